@@ -1,0 +1,30 @@
+"""The compile pipeline as one readable list: (pass, why). A lint runs after each pass."""
+from __future__ import annotations
+
+from ..errors import GraphError
+from ..ir import Network
+from . import passes as P
+
+PASSES = [
+    (P.remove_dropout,        "dropout is the identity at inference"),
+    (P.eliminate_dead_nodes,  "nothing computes a value no output needs"),
+    (P.fold_batch_norm,       "conv -> BN with one user: BN folds into the conv's weights and bias"),
+    (P.batch_norm_to_scale,   "a BN left over is a per-channel affine map"),
+    (P.fuse_residual_add,     "conv -> add: the residual add runs in the conv's epilogue"),
+    (P.fuse_relu,             "conv/linear/add -> relu: ReLU runs in the producer's epilogue"),
+    (P.eliminate_dead_nodes,  "fusions may leave constants and ops without users"),
+]
+
+
+def run_passes(net: Network, passes=None) -> tuple[Network, list[str]]:
+    """Run the passes in order; return the optimized network and a log line per pass."""
+    log = []
+    for fn, why in (PASSES if passes is None else passes):
+        try:
+            res = fn(net)
+            res.network.lint()
+        except GraphError as e:
+            raise GraphError(e.node, f"{e.args[0]} (while running pass {fn.__name__})") from e
+        log.append(f"{fn.__name__}: {res.detail or ('changed' if res.changed else 'no change')}")
+        net = res.network
+    return net, log

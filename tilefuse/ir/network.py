@@ -1,0 +1,304 @@
+"""Network: op nodes plus ordered variable inputs and outputs, and the builder most users use.
+
+    net = tilefuse.Network("tiny")
+    x = net.input("x", (1, 3, 32, 32))
+    y = net.conv2d(x, w, b, stride=1, padding=1)
+    y = net.relu(y)
+    net.output(y)
+
+Every builder call normalizes its parameters and infers the output shape at once, so a wrong
+shape, dtype or parameter raises a GraphError naming the node.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import GraphError
+from . import ops as opdefs
+from .node import DataNode, OpNode
+
+
+class Network:
+    """A directed acyclic graph of OpNodes over DataNodes.
+
+    `ops` are kept in a topological order; `inputs` and `outputs` are ordered variable nodes.
+    """
+
+    def __init__(self, name: str = "network", ops: Sequence[OpNode] | None = None,
+                 inputs: Sequence[DataNode] | None = None, outputs: Sequence[DataNode] | None = None):
+        self.name = str(name)
+        self.ops: list[OpNode] = []
+        self.inputs: list[DataNode] = list(inputs or [])
+        self.outputs: list[DataNode] = []
+        self._names: set[str] = {d.name for d in self.inputs}
+        self._counter = itertools.count()
+        if ops:
+            self.ops = _toposort(list(ops), self.inputs)
+            for op in self.ops:
+                self._names.add(op.name)
+                for d in op.inputs + op.outputs:
+                    self._names.add(d.name)
+        if outputs:
+            self.output(*outputs)
+
+    # ---------------------------------------------------------------- graph queries
+
+    @property
+    def data(self) -> dict[str, DataNode]:
+        """All data nodes by name, in first-appearance order."""
+        out: dict[str, DataNode] = {d.name: d for d in self.inputs}
+        for op in self.ops:
+            for d in op.inputs + op.outputs:
+                out.setdefault(d.name, d)
+        return out
+
+    def constants(self) -> list[DataNode]:
+        return [d for d in self.data.values() if d.is_constant]
+
+    def hidden(self) -> list[DataNode]:
+        """Variables that are neither network inputs nor outputs."""
+        io = {id(d) for d in self.inputs + self.outputs}
+        return [d for d in self.data.values() if not d.is_constant and id(d) not in io]
+
+    def op(self, name: str) -> OpNode:
+        for o in self.ops:
+            if o.name == name:
+                return o
+        raise KeyError(f"network '{self.name}' has no op named '{name}'")
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __repr__(self) -> str:
+        return f"Network({self.name!r}, {len(self.ops)} ops, inputs={[d.name for d in self.inputs]}, " \
+               f"outputs={[d.name for d in self.outputs]})"
+
+    def summary(self) -> str:
+        lines = [f"network {self.name}: {len(self.ops)} ops"]
+        for d in self.inputs:
+            lines.append(f"  input  {d.name:<24} {d.shape} {d.dtype}")
+        for op in self.ops:
+            ins = ", ".join(d.name for d in op.inputs if not d.is_constant)
+            lines.append(f"  {op.op:<20} {op.name:<24} ({ins}) -> {op.outputs[0].shape}")
+        for d in self.outputs:
+            lines.append(f"  output {d.name:<24} {d.shape} {d.dtype}")
+        return "\n".join(lines)
+
+    # ---------------------------------------------------------------- construction
+
+    def _fresh(self, base: str) -> str:
+        while True:
+            name = f"{base}_{next(self._counter)}"
+            if name not in self._names:
+                return name
+
+    def _claim(self, name: str) -> str:
+        if name in self._names:
+            raise GraphError(name, f"name '{name}' is already used in network '{self.name}'; "
+                                   f"expected a unique name")
+        self._names.add(name)
+        return name
+
+    def input(self, name: str, shape, dtype=np.float32) -> DataNode:
+        """Declare a variable network input (in order)."""
+        d = DataNode(self._claim(name), shape, dtype)
+        self.inputs.append(d)
+        return d
+
+    def constant(self, name: str, array, dtype=None) -> DataNode:
+        """A data node with a bound constant."""
+        a = np.asarray(array)
+        if dtype is None:
+            dtype = a.dtype if a.dtype in (np.float16, np.float32, np.float64) else np.float32
+        d = DataNode(self._claim(name), a.shape, dtype)
+        d.bind_constant(a.astype(dtype, copy=False))
+        return d
+
+    def output(self, *nodes: DataNode) -> None:
+        """Mark data nodes as network outputs (in order)."""
+        for d in nodes:
+            if not isinstance(d, DataNode):
+                raise GraphError(self.name, f"output() takes DataNodes, got {type(d).__name__}")
+            if d.is_constant:
+                raise GraphError(d.name, "a constant cannot be a network output; expected a computed node")
+            if d.producer is None:
+                raise GraphError(d.name, "is a network input; expected an op's output as network output")
+            if any(d is o for o in self.outputs):
+                raise GraphError(d.name, "is already a network output")
+            self.outputs.append(d)
+
+    def add_op(self, op: str, inputs: Sequence[DataNode], params: dict | None = None,
+               name: str | None = None) -> DataNode:
+        """Append an op (inputs must already exist), infer its output and return it."""
+        name = name if name else self._fresh(op)
+        if name in self._names:
+            raise GraphError(name, f"name '{name}' is already used in network '{self.name}'; "
+                                   f"expected a unique name")
+        sch = opdefs.schema(op, name)
+        p = sch.normalize(name, dict(params or {}))
+        roles = sch.input_roles(p)
+        variadic = roles and roles[-1].endswith("*")
+        if (not variadic and len(inputs) != len(roles)) or (variadic and len(inputs) < 1):
+            raise GraphError(name, f"{op} takes inputs ({', '.join(roles)}), got {len(inputs)}")
+        for d in inputs:
+            if not isinstance(d, DataNode):
+                raise GraphError(name, f"input {d!r} is not a DataNode")
+        shape = sch.infer(name, list(inputs), p)
+        self._claim(name)
+        out = DataNode(name, shape, inputs[0].dtype)
+        node = OpNode(name=name, op=op, inputs=list(inputs), outputs=[out], params=p)
+        out.producer = node
+        for d in inputs:
+            d.consumers.append(node)
+        self.ops.append(node)
+        return out
+
+    def _const(self, opname: str, role: str, v, dtype) -> DataNode:
+        if isinstance(v, DataNode):
+            return v
+        return self.constant(f"{opname}.{role}", np.asarray(v), dtype=dtype)
+
+    def _name(self, op: str, name: str | None) -> str:
+        return name if name else self._fresh(op)
+
+    # ---------------------------------------------------------------- builder ops
+
+    def conv2d(self, x: DataNode, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
+               name: str | None = None) -> DataNode:
+        n = self._name("conv2d", name)
+        ins = [x, self._const(n, "weight", weight, x.dtype)]
+        if bias is not None:
+            ins.append(self._const(n, "bias", bias, x.dtype))
+        return self.add_op("conv2d", ins, dict(stride=stride, padding=padding, dilation=dilation,
+                                               groups=groups, has_bias=bias is not None), n)
+
+    def batch_norm(self, x: DataNode, gamma, beta, mean, var, eps=1e-5, name: str | None = None) -> DataNode:
+        n = self._name("batch_norm", name)
+        ins = [x] + [self._const(n, r, v, x.dtype) for r, v in
+                     (("gamma", gamma), ("beta", beta), ("mean", mean), ("var", var))]
+        return self.add_op("batch_norm", ins, {"eps": eps}, n)
+
+    def scale(self, x: DataNode, alpha, beta, name: str | None = None) -> DataNode:
+        n = self._name("scale", name)
+        return self.add_op("scale", [x, self._const(n, "alpha", alpha, x.dtype),
+                                     self._const(n, "beta", beta, x.dtype)], {}, n)
+
+    def relu(self, x: DataNode, name: str | None = None) -> DataNode:
+        return self.add_op("relu", [x], {}, name)
+
+    def add(self, a: DataNode, b: DataNode, name: str | None = None) -> DataNode:
+        return self.add_op("add", [a, b], {}, name)
+
+    def max_pool(self, x: DataNode, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                 name: str | None = None) -> DataNode:
+        return self.add_op("max_pool", [x], dict(kernel_size=kernel_size, stride=stride, padding=padding,
+                                                 dilation=dilation, ceil_mode=ceil_mode), name)
+
+    def avg_pool(self, x: DataNode, kernel_size, stride=None, padding=0, ceil_mode=False,
+                 count_include_pad=True, name: str | None = None) -> DataNode:
+        return self.add_op("avg_pool", [x], dict(kernel_size=kernel_size, stride=stride, padding=padding,
+                                                 ceil_mode=ceil_mode, count_include_pad=count_include_pad),
+                           name)
+
+    def global_avg_pool(self, x: DataNode, name: str | None = None) -> DataNode:
+        return self.add_op("global_avg_pool", [x], {}, name)
+
+    def linear(self, x: DataNode, weight, bias=None, name: str | None = None) -> DataNode:
+        n = self._name("linear", name)
+        ins = [x, self._const(n, "weight", weight, x.dtype)]
+        if bias is not None:
+            ins.append(self._const(n, "bias", bias, x.dtype))
+        return self.add_op("linear", ins, {"has_bias": bias is not None}, n)
+
+    def flatten(self, x: DataNode, start_dim: int = 1, name: str | None = None) -> DataNode:
+        return self.add_op("flatten", [x], {"start_dim": start_dim}, name)
+
+    def softmax(self, x: DataNode, axis: int = 1, name: str | None = None) -> DataNode:
+        return self.add_op("softmax", [x], {"axis": axis}, name)
+
+    def local_response_norm(self, x: DataNode, size: int, alpha=1e-4, beta=0.75, k=1.0,
+                            name: str | None = None) -> DataNode:
+        return self.add_op("local_response_norm", [x], dict(size=size, alpha=alpha, beta=beta, k=k), name)
+
+    def concat(self, xs: Iterable[DataNode], axis: int = 1, name: str | None = None) -> DataNode:
+        return self.add_op("concat", list(xs), {"axis": axis}, name)
+
+    def dropout(self, x: DataNode, p: float = 0.5, name: str | None = None) -> DataNode:
+        return self.add_op("dropout", [x], {"p": p}, name)
+
+    # ---------------------------------------------------------------- checks and copies
+
+    def lint(self) -> None:
+        """Cheap structural check run between compiler passes; raises GraphError."""
+        seen: set[int] = {id(d) for d in self.inputs}
+        names: set[str] = set()
+        for op in self.ops:
+            if op.name in names:
+                raise GraphError(op.name, "duplicate op name")
+            names.add(op.name)
+            for d in op.inputs:
+                if not d.is_constant and id(d) not in seen:
+                    raise GraphError(op.name, f"input '{d.name}' is used before it is produced "
+                                              f"(not a network input, constant or earlier op output)")
+                if op not in d.consumers:
+                    raise GraphError(op.name, f"input '{d.name}' does not list this op as a consumer")
+            for d in op.outputs:
+                if d.producer is not op:
+                    raise GraphError(op.name, f"output '{d.name}' has a different producer")
+                seen.add(id(d))
+            sch = opdefs.schema(op.op, op.name)
+            shape = sch.infer(op.name, op.inputs, op.params)
+            if tuple(shape) != op.outputs[0].shape:
+                raise GraphError(op.name, f"output shape {op.outputs[0].shape} disagrees with inferred {shape}")
+        for d in self.outputs:
+            if id(d) not in seen:
+                raise GraphError(d.name, "network output is not produced by any op")
+
+    def clone(self, name: str | None = None) -> "Network":
+        """A structural copy (new nodes; constant arrays shared, they are read-only)."""
+        mapping: dict[int, DataNode] = {}
+
+        def cp(d: DataNode) -> DataNode:
+            if id(d) not in mapping:
+                nd = DataNode(d.name, d.shape, d.dtype)
+                nd.value = d.value
+                mapping[id(d)] = nd
+            return mapping[id(d)]
+
+        new = Network(name or self.name)
+        new.inputs = [cp(d) for d in self.inputs]
+        for op in self.ops:
+            nop = OpNode(op.name, op.op, [cp(d) for d in op.inputs], [cp(d) for d in op.outputs],
+                         dict(op.params))
+            for d in nop.inputs:
+                d.consumers.append(nop)
+            for d in nop.outputs:
+                d.producer = nop
+            new.ops.append(nop)
+        new.outputs = [cp(d) for d in self.outputs]
+        new._names = set(self._names)
+        new._counter = itertools.count(next(self._counter))
+        return new
+
+
+def _toposort(ops: list[OpNode], inputs: list[DataNode]) -> list[OpNode]:
+    """Order ops so each runs after the producers of its inputs (Kahn's algorithm)."""
+    produced = {id(d) for d in inputs}
+    pending = list(ops)
+    order: list[OpNode] = []
+    while pending:
+        ready = [o for o in pending if all(d.is_constant or id(d) in produced for d in o.inputs)]
+        if not ready:
+            stuck = pending[0]
+            missing = [d.name for d in stuck.inputs if not d.is_constant and id(d) not in produced]
+            raise GraphError(stuck.name, f"inputs {missing} are neither network inputs, constants nor "
+                                         f"produced by another op (or the graph has a cycle)")
+        for o in ready:
+            order.append(o)
+            for d in o.outputs:
+                produced.add(id(d))
+        pending = [o for o in pending if o not in ready]
+    return order

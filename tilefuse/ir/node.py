@@ -1,0 +1,97 @@
+"""Graph nodes: DataNode (a tensor) and OpNode (an operation), as QingLong's DtNode/OpNode.
+
+A DataNode with a bound constant is a constant; without one it is a variable (a network input,
+output or hidden intermediate).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import GraphError
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+
+
+def as_dtype(dtype, where: str) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise GraphError(where, f"dtype {dtype!r} is not a numpy dtype") from e
+    if dt not in SUPPORTED_DTYPES:
+        raise GraphError(where, f"dtype {dt} is not supported; expected one of "
+                                f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+    return dt
+
+
+def as_shape(shape, where: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+    except (TypeError, ValueError) as e:
+        raise GraphError(where, f"shape {shape!r} is not a sequence of integers") from e
+    if any(d <= 0 for d in dims) or any(int(d) != d for d in shape):
+        raise GraphError(where, f"shape {shape!r} must have positive integer dimensions")
+    return dims
+
+
+class DataNode:
+    """A tensor in the network: name, shape, dtype, producer, consumers, optional constant."""
+
+    __slots__ = ("name", "shape", "dtype", "producer", "consumers", "value")
+
+    def __init__(self, name: str, shape, dtype=np.float32, value: np.ndarray | None = None):
+        self.name = str(name)
+        self.shape = as_shape(shape, self.name)
+        self.dtype = as_dtype(dtype, self.name)
+        self.producer: OpNode | None = None
+        self.consumers: list[OpNode] = []
+        self.value: np.ndarray | None = None
+        if value is not None:
+            self.bind_constant(value)
+
+    def bind_constant(self, array) -> "DataNode":
+        """Bind constant data to this node (QingLong's bindConstant); it stops being a variable."""
+        a = np.asarray(array)
+        if a.shape != self.shape:
+            raise GraphError(self.name, f"bound constant has shape {a.shape}, expected {self.shape}")
+        if a.dtype != self.dtype:
+            if not np.can_cast(a.dtype, self.dtype, casting="same_kind"):
+                raise GraphError(self.name, f"bound constant has dtype {a.dtype}, expected {self.dtype}")
+            a = a.astype(self.dtype)
+        if not np.all(np.isfinite(a)):
+            raise GraphError(self.name, "bound constant contains NaN or infinity")
+        if self.producer is not None:
+            raise GraphError(self.name, f"is produced by op '{self.producer.name}' and cannot be a constant")
+        self.value = np.ascontiguousarray(a)
+        self.value.flags.writeable = False
+        return self
+
+    @property
+    def is_constant(self) -> bool:
+        return self.value is not None
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        kind = "const" if self.is_constant else "var"
+        return f"DataNode({self.name!r}, {self.shape}, {self.dtype}, {kind})"
+
+
+@dataclass(eq=False)
+class OpNode:
+    """An operation: type, parameters, input data nodes and its output data node(s)."""
+
+    name: str
+    op: str
+    inputs: list[DataNode]
+    outputs: list[DataNode]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(d.name for d in self.inputs)
+        outs = ", ".join(d.name for d in self.outputs)
+        return f"{self.name} = {self.op}({ins}) -> {outs} {self.params}"
