@@ -22,20 +22,16 @@ def compute_network(session: Session, in_addrs, out_addrs) -> None:
     session.compute(in_addrs, out_addrs)
 
 
+_LAZY = {"models": "tilefuse.models", "imaging": "tilefuse.imaging", "training": "tilefuse.training"}
+
+
 def __getattr__(name):
-    # heavy or optional parts load on first use
-    if name == "models":
-        from . import models
-        return models
+    # heavier parts load on first use
+    import importlib
+    if name in _LAZY:
+        return importlib.import_module(_LAZY[name])
     if name == "from_torch":
-        from .frontend import from_torch
-        return from_torch
-    if name == "imaging":
-        from . import imaging
-        return imaging
-    if name == "training":
-        from . import training
-        return training
+        return importlib.import_module("tilefuse.frontend").from_torch
     raise AttributeError(f"module 'tilefuse' has no attribute '{name}'")
 
 

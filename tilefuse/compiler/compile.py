@@ -95,6 +95,8 @@ def _conv_rule(options: dict):
         from ..kernels import conv as fast
     except ImportError:
         return None
+    if not all(hasattr(fast, f) for f in ("select_algorithm", "conv2d_prepare", "conv2d_run")):
+        return None
 
     def rule(op):
         x, w = op.inputs[0], op.inputs[1]

@@ -1,0 +1,148 @@
+"""Passes, lowering, memory planning, REOFF packing and the plan report."""
+import numpy as np
+import pytest
+
+import tilefuse
+from tilefuse.compiler import passes as P
+from tilefuse.compiler.memory import plan_hidden
+from tilefuse.compiler.program import CONST, HIDDEN, IO, decode
+from tilefuse.errors import GraphError
+
+
+def rand_bn(net, y, c, rng, name=None):
+    return net.batch_norm(y, rng.uniform(0.5, 2, c), rng.standard_normal(c), rng.standard_normal(c),
+                          rng.uniform(0.5, 2, c), name=name)
+
+
+def residual_block(seed=0, c=5, h=9, w=7):
+    """conv-BN-ReLU-conv-BN (+ conv-BN shortcut) -> add -> ReLU, odd sizes."""
+    rng = np.random.default_rng(seed)
+    net = tilefuse.Network("block")
+    x = net.input("x", (2, c, h, w))
+    y = net.relu(rand_bn(net, net.conv2d(x, rng.standard_normal((c, c, 3, 3)) * 0.3, padding=1), c, rng))
+    y = rand_bn(net, net.conv2d(y, rng.standard_normal((c + 2, c, 3, 3)) * 0.3, padding=(1, 1, 3, 1),
+                                dilation=(1, 2)), c + 2, rng)
+    s = rand_bn(net, net.conv2d(x, rng.standard_normal((c + 2, c, 1, 1))), c + 2, rng)
+    o = net.relu(net.add(y, s))
+    net.output(o)
+    return net
+
+
+def count(net, op):
+    return sum(o.op == op for o in net.ops)
+
+
+def test_fold_bn_and_fuse_epilogues():
+    net = residual_block()
+    compiled = tilefuse.compile(net)
+    opt = compiled.network
+    assert count(opt, "batch_norm") == 0 and count(opt, "relu") == 0 and count(opt, "add") == 0
+    assert count(opt, "conv2d") == 3
+    last = [o for o in opt.ops if o.params.get("has_residual")]
+    assert len(last) == 1 and last[0].params["relu"]
+    x = np.random.default_rng(1).standard_normal((2, 5, 9, 7)).astype(np.float32)
+    np.testing.assert_allclose(tilefuse.Session(compiled).run(x), tilefuse.evaluate(net, x)[0],
+                               rtol=1e-4, atol=1e-4)
+    # the source network is untouched
+    assert count(net, "batch_norm") == 3
+
+
+def test_bn_not_folded_when_conv_has_two_users():
+    rng = np.random.default_rng(0)
+    net = tilefuse.Network("two_users")
+    x = net.input("x", (1, 3, 6, 6))
+    c = net.conv2d(x, rng.standard_normal((4, 3, 3, 3)), padding=1)
+    b = rand_bn(net, c, 4, rng)
+    net.output(net.add(b, c))
+    opt = P.fold_batch_norm(net).network
+    assert count(opt, "batch_norm") == 1
+    compiled = tilefuse.compile(net)
+    assert count(compiled.network, "scale") == 1  # the leftover BN became a scale
+    xi = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(tilefuse.Session(compiled).run(xi), tilefuse.evaluate(net, xi)[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_relu_not_fused_into_conv_that_is_a_network_output():
+    rng = np.random.default_rng(0)
+    net = tilefuse.Network("out")
+    x = net.input("x", (1, 2, 5, 5))
+    c = net.conv2d(x, rng.standard_normal((2, 2, 3, 3)))
+    net.output(c, net.relu(c))
+    opt = tilefuse.compile(net).network
+    assert count(opt, "relu") == 1
+
+
+def test_dead_nodes_removed():
+    rng = np.random.default_rng(0)
+    net = tilefuse.Network("dead")
+    x = net.input("x", (1, 2, 5, 5))
+    net.conv2d(x, rng.standard_normal((2, 2, 3, 3)))  # unused
+    net.output(net.relu(x) if False else net.max_pool(x, 2))
+    res = P.eliminate_dead_nodes(net)
+    assert res.changed and count(res.network, "conv2d") == 0
+
+
+def test_pass_results_say_whether_they_changed():
+    net = residual_block()
+    assert P.fold_batch_norm(net).changed
+    assert not P.remove_dropout(net).changed
+
+
+def test_memory_planner_shares_and_respects_lifetimes():
+    blocks = {"a": 1000, "b": 1000, "c": 1000, "d": 64}
+    life = {"a": (0, 1), "b": (1, 2), "c": (2, 3), "d": (0, 3)}
+    plan = plan_hidden(blocks, life)
+    assert plan.naive_bytes == 3 * 1024 + 64
+    assert plan.planned_bytes < plan.naive_bytes
+    items = list(blocks)
+    for i, p in enumerate(items):
+        for q in items[i + 1:]:
+            lp, lq = life[p], life[q]
+            if not (lp[1] < lq[0] or lq[1] < lp[0]):  # live together -> disjoint memory
+                op, oq = plan.offsets[p], plan.offsets[q]
+                assert op + blocks[p] <= oq or oq + blocks[q] <= op, (p, q)
+    assert plan.offsets["a"] == plan.offsets["c"]  # a dies before c is born
+
+
+def test_reoff_layout_and_offsets():
+    net = residual_block()
+    compiled = tilefuse.compile(net)
+    pkg = compiled.package
+    prog = decode(pkg.const_area[:pkg.program_size])  # instructions first in the constant area
+    consts = {b.name: b for b in pkg.blocks if b.segment == "const"}
+    hidden = {b.name: b for b in pkg.blocks if b.segment == "hidden"}
+    assert min(b.offset for b in consts.values()) >= pkg.program_size
+    assert pkg.io_bytes == 8 * 2
+    for ins in prog:
+        for op in ins.operands:
+            if op.segment == CONST:
+                assert op.seg_offset == consts[op.name].offset
+                raw = pkg.const_area[op.seg_offset:op.seg_offset + op.nbytes]
+                node = next(d for d in compiled.lowered.constants if d.name == op.name)
+                assert raw == node.value.tobytes()
+            elif op.segment == HIDDEN:
+                assert op.seg_offset == hidden[op.name].offset
+            else:
+                assert op.segment == IO and op.seg_offset in (0, 8)
+    assert pkg.const_bytes == max(b.offset + b.nbytes for b in consts.values()) + \
+        (-max(b.offset + b.nbytes for b in consts.values())) % 64
+
+
+def test_plan_reports_kernels_flops_and_memory():
+    compiled = tilefuse.compile(residual_block())
+    plan = compiled.plan()
+    assert [r["kernel"] for r in plan.rows] == ["conv2d"] * 3
+    assert plan.rows[0]["flops"] == 2 * 2 * 5 * 9 * 7 * 5 * 9
+    assert plan.hidden_bytes <= plan.hidden_naive_bytes
+    text = str(plan)
+    assert "planned vs" in text and "x@io+0*" in text
+
+
+def test_compile_errors():
+    net = tilefuse.Network("empty")
+    net.input("x", (1, 1, 2, 2))
+    with pytest.raises(GraphError, match="no outputs"):
+        tilefuse.compile(net)
+    with pytest.raises(ValueError, match="target 'gpu' is not supported"):
+        tilefuse.compile(residual_block(), target="gpu")
