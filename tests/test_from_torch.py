@@ -1,0 +1,303 @@
+"""tilefuse.frontend.from_torch: user-defined torch models the zoo does not have, imported via
+torch.fx and run by the reference evaluator, against torch (eval mode).
+
+fp32: rtol = atol = 1e-4 (activations O(1); measured ~1e-6). fp64: 1e-10.
+Unsupported ops must raise UnsupportedOpError naming the op and the fx node.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tilefuse.errors import GraphError, UnsupportedOpError
+from tilefuse.frontend import from_torch
+from tilefuse.interpreter import evaluate
+
+TOL = {torch.float32: 1e-4, torch.float64: 1e-10}
+
+
+def randomize_bn(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Non-trivial BN statistics (fresh modules have mean 0, var 1, gamma 1, beta 0)."""
+    g = torch.Generator().manual_seed(seed)
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            c = m.num_features
+            m.running_mean.copy_(torch.rand(c, generator=g) - 0.5)
+            m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
+            if m.affine:
+                m.weight.data.copy_(torch.rand(c, generator=g) + 0.5)
+                m.bias.data.copy_(torch.rand(c, generator=g) * 0.5 - 0.25)
+    return module
+
+
+def check_import(module: nn.Module, *shapes, dtype=torch.float32, seed: int = 0):
+    """Import `module`, run both on the same random inputs, compare every output."""
+    torch.manual_seed(seed)
+    module = randomize_bn(module.to(dtype), seed).eval()
+    xs = [torch.randn(s, dtype=dtype) for s in shapes]
+    net = from_torch(module, xs[0] if len(xs) == 1 else tuple(xs))
+    net.lint()
+    got = evaluate(net, [x.numpy() for x in xs])
+    with torch.no_grad():
+        want = module(*xs)
+    want = list(want) if isinstance(want, (tuple, list)) else [want]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == tuple(w.shape) and g.dtype == np.dtype(str(dtype).replace("torch.", ""))
+        np.testing.assert_allclose(g, w.numpy(), rtol=TOL[dtype], atol=TOL[dtype])
+    return net
+
+
+# ----------------------------------------------------------------------------- models that import
+
+class OddNet(nn.Module):
+    """Odd channels, rectangular kernels, stride (2, 1), dilation, depthwise with 'same'
+    padding, BN without affine, ceil-mode max pool, avg pool without padding counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(5, 7, (3, 5), stride=(2, 1), padding=(1, 2), dilation=(1, 2))
+        self.bn1 = nn.BatchNorm2d(7, eps=1e-3)
+        self.act = nn.ReLU(inplace=True)
+        self.dw = nn.Conv2d(7, 14, 3, groups=7, padding="same", dilation=2, bias=False)
+        self.bn2 = nn.BatchNorm2d(14, affine=False)
+        self.pool1 = nn.MaxPool2d(3, 2, 1, ceil_mode=True)
+        self.pool2 = nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.flat = nn.Flatten()
+        self.fc = nn.Linear(14, 9)
+        self.sm = nn.Softmax(dim=1)
+
+    def forward(self, x):
+        x = self.act(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.dw(x)))
+        x = self.pool2(self.pool1(x))
+        return self.sm(self.fc(self.flat(self.gap(x))))
+
+
+class Inception(nn.Module):
+    """Concat branches (valid / even-kernel 'same' / pooled), a residual add, LRN, dropout,
+    identity, functional ops, view-flatten and two outputs."""
+
+    def __init__(self, c=6):
+        super().__init__()
+        self.b1 = nn.Conv2d(c, 3, 1)
+        self.b2 = nn.Sequential(nn.Conv2d(c, 4, 1), nn.ReLU(), nn.Conv2d(4, 5, (2, 4), padding="same"))
+        self.b3 = nn.Conv2d(c, 2, 3, padding="valid")
+        self.pad_pool = nn.MaxPool2d(3, 1, 1)
+        self.mix = nn.Conv2d(3 + 5 + c, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.lrn = nn.LocalResponseNorm(5, alpha=1e-2, beta=0.75, k=2.0)
+        self.drop = nn.Dropout(0.3)
+        self.ident = nn.Identity()
+        self.head = nn.Linear(2 * 9 * 7, 4)
+
+    def forward(self, x):
+        y = torch.cat([self.b1(x), self.b2(x), self.pad_pool(x)], dim=1)
+        y = self.bn(self.mix(y))
+        y += x                                   # residual (in-place add)
+        y = torch.relu(y)
+        y = self.lrn(self.ident(y))
+        side = self.b3(self.drop(y))             # 'valid': 11x9 -> 9x7
+        side = side.view(side.size(0), -1)
+        return y, self.head(side)
+
+
+class MultiInput(nn.Module):
+    """Two inputs, a shared (reused) conv, torch.add, functional pools, tensor methods."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 2 * 2, 5)
+
+    def forward(self, a, b):
+        ya = self.bn(self.conv(a))
+        yb = self.bn(self.conv(b))               # the same module (and constants) twice
+        y = torch.add(ya, yb).relu()
+        y = F.max_pool2d(y, 2, ceil_mode=True)
+        z = F.avg_pool2d(y, 3, stride=1, padding=1, count_include_pad=False)
+        z = F.adaptive_avg_pool2d(z, (2, 2))
+        z = torch.flatten(z, start_dim=1)
+        logits = self.fc(z)
+        return [F.softmax(logits, dim=-1), y.flatten(1), z.reshape(z.shape[0], -1),
+                y.view(y.size(0), y.size(1), -1)]       # a flatten from dim 2
+
+
+class ResidualStack(nn.Module):
+    """Residual blocks with projection shortcuts, strided 5x5, F.relu_ and operator.add."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 10, 5, stride=2, padding=2, bias=False)
+        self.bn0 = nn.BatchNorm2d(10)
+        self.blocks = nn.ModuleList()
+        for cin, cout, s in [(10, 10, 1), (10, 19, 2), (19, 19, 1)]:
+            self.blocks.append(nn.ModuleDict({
+                "conv": nn.Conv2d(cin, cout, 3, stride=s, padding=1, bias=False),
+                "bn": nn.BatchNorm2d(cout),
+                "short": nn.Identity() if (cin, s) == (cout, 1) else
+                nn.Sequential(nn.Conv2d(cin, cout, 1, stride=s, bias=False), nn.BatchNorm2d(cout)),
+            }))
+        self.pool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(19, 3)
+
+    def forward(self, x):
+        x = F.relu_(self.bn0(self.stem(x)))
+        for blk in self.blocks:
+            x = F.relu(blk["bn"](blk["conv"](x)) + blk["short"](x))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def test_oddnet():
+    check_import(OddNet(), (1, 5, 17, 23))
+    check_import(OddNet(), (3, 5, 9, 12), seed=1)
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+def test_inception_concat_residual_two_outputs():
+    net = check_import(Inception(), (2, 6, 11, 9))
+    assert len(net.outputs) == 2
+    ops = {o.name: o for o in net.ops}
+    assert ops["b2.2"].params["padding"] == (0, 1, 1, 2)   # even kernel 'same': extra pad after
+    assert ops["cat"].op == "concat" and ops["add"].op == "add"
+    assert ops["drop"].op == "dropout" and "ident" not in ops
+    assert ops["view"].op == "flatten"
+
+
+def test_multi_input_shared_module():
+    net = check_import(MultiInput(), (1, 3, 7, 7), (1, 3, 7, 7))
+    assert [d.name for d in net.inputs] == ["a", "b"]
+    assert len(net.outputs) == 4 and net.outputs[3].shape == (1, 8, 16)
+    consts = [d.name for d in net.constants()]
+    assert sorted(consts) == sorted(["conv.weight", "conv.bias", "bn.weight", "bn.bias",
+                                     "bn.running_mean", "bn.running_var", "fc.weight", "fc.bias"])
+    names = [o.name for o in net.ops]
+    assert names[:4] == ["conv", "bn", "conv_1", "bn_1"]
+
+
+def test_residual_stack_names():
+    net = check_import(ResidualStack(), (2, 3, 20, 20))
+    names = [o.name for o in net.ops]
+    assert "blocks.1.short.0" in names and "blocks.1.short.1" in names
+    assert net.op("blocks.1.conv").params["stride"] == (2, 2)
+    assert net.data["blocks.1.short.1.running_var"].shape == (19,)
+
+
+def test_float64_model():
+    net = check_import(OddNet(), (1, 5, 10, 10), dtype=torch.float64)
+    assert {d.dtype for d in net.constants()} == {np.dtype(np.float64)}
+
+
+def test_training_mode_is_restored_and_ignored():
+    m = randomize_bn(OddNet())
+    m.train()
+    x = torch.randn(1, 5, 12, 12)
+    net = from_torch(m, x)
+    assert m.training and m.bn1.training
+    with torch.no_grad():
+        want = m.eval()(x).numpy()              # import uses inference semantics
+    np.testing.assert_allclose(evaluate(net, x.numpy())[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_returning_an_input_or_a_tensor_twice():
+    class Echo(nn.Module):
+        def forward(self, x):
+            y = torch.relu(x)
+            return x, y, y
+
+    net = check_import(Echo(), (1, 2, 3, 3))
+    assert len(net.outputs) == 3 and len({id(d) for d in net.outputs}) == 3
+
+
+def test_name_argument_and_input_types():
+    net = from_torch(nn.Sequential(nn.ReLU()), torch.zeros(1, 2, 3, 3), name="seq")
+    assert net.name == "seq" and [o.name for o in net.ops] == ["0"]
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        from_torch(lambda x: x, torch.zeros(1))
+    with pytest.raises(TypeError, match=r"example_input\[0\] is ndarray"):
+        from_torch(nn.ReLU(), (np.zeros((1, 2)),))
+    with pytest.raises(GraphError, match="takes 1 tensor inputs"):
+        from_torch(nn.ReLU(), (torch.zeros(1, 2), torch.zeros(1, 2)))
+
+
+# ----------------------------------------------------------------------------- unsupported ops
+
+class Wrap(nn.Module):
+    def __init__(self, fn, **mods):
+        super().__init__()
+        self.fn = fn
+        for k, v in mods.items():
+            setattr(self, k, v)
+
+    def forward(self, x):
+        return self.fn(self, x)
+
+
+UNSUPPORTED = [
+    # (module, input shape, fragments the message must contain)
+    (Wrap(lambda s, x: s.act(s.conv(x)), conv=nn.Conv2d(3, 4, 3), act=nn.GELU()),
+     ["fx node 'act'", "torch.nn.modules.activation.GELU", "supported modules:", "Conv2d"]),
+    (Wrap(lambda s, x: torch.sigmoid(x)), ["fx node 'sigmoid'", "function torch.sigmoid",
+                                          "supported functions:", "torch.cat"]),
+    (Wrap(lambda s, x: x.mean((2, 3))), ["fx node 'mean'", "tensor method .mean()", "supported methods:"]),
+    (Wrap(lambda s, x: s.pad(x), pad=nn.ZeroPad2d((1, 0, 2, 0))), ["fx node 'pad'", "ZeroPad2d"]),
+    (Wrap(lambda s, x: s.c(x), c=nn.Conv2d(3, 3, 3, padding=1, padding_mode="reflect")),
+     ["fx node 'c'", "padding_mode='reflect'", "supported: padding_mode='zeros'"]),
+    (Wrap(lambda s, x: s.bn(x), bn=nn.BatchNorm2d(3, track_running_stats=False)),
+     ["fx node 'bn'", "track_running_stats=False"]),
+    (Wrap(lambda s, x: s.p(x), p=nn.AdaptiveAvgPool2d(3)), ["fx node 'p'", "AdaptiveAvgPool2d from 8x8",
+                                                          "integer multiple"]),
+    (Wrap(lambda s, x: s.p(x)[0], p=nn.MaxPool2d(2, return_indices=True)), ["return_indices=True"]),
+    (Wrap(lambda s, x: x.view(x.size(0), 8, -1)), ["fx node 'view'", "reshape/view from (1, 3, 8, 8) "
+                                                   "to (1, 8, 24)"]),
+    (Wrap(lambda s, x: x + 1.0), ["fx node 'add'", "add of a tensor and a float"]),
+    (Wrap(lambda s, x: torch.add(x, x, alpha=2)), ["fx node 'add'", "alpha=2"]),
+    (Wrap(lambda s, x: torch.flatten(x)), ["fx node 'flatten'", "start_dim=0"]),
+    (Wrap(lambda s, x: s.c(x), c=nn.Conv1d(3, 3, 1)), ["Conv1d"]),
+    (Wrap(lambda s, x: x * 2), ["fx node 'mul'", "function operator.mul"]),
+    (Wrap(lambda s, x: F.softmax(x)), ["softmax without dim"]),
+]
+
+
+@pytest.mark.parametrize("module,fragments", UNSUPPORTED, ids=lambda v: v[0] if isinstance(v, list) else "")
+def test_unsupported_op_raises(module, fragments):
+    with pytest.raises(UnsupportedOpError) as info:
+        from_torch(module, torch.zeros(1, 3, 8, 8))
+    msg = str(info.value)
+    assert "not supported by tilefuse.from_torch" in msg
+    for f in fragments:
+        assert f in msg, f"{f!r} not in {msg!r}"
+
+
+def test_direct_parameter_access_raises():
+    class Raw(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(4, 3, 1, 1))
+
+        def forward(self, x):
+            return F.conv2d(x, self.w)
+
+    with pytest.raises(UnsupportedOpError, match="fx node 'w': direct parameter/buffer access 'w'"):
+        from_torch(Raw(), torch.zeros(1, 3, 4, 4))
+
+
+def test_untraceable_control_flow_raises():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x
+
+    with pytest.raises(UnsupportedOpError, match="torch.fx could not trace Branchy"):
+        from_torch(Branchy(), torch.zeros(1, 3, 4, 4))
+
+
+def test_unsupported_is_never_skipped():
+    """An unsupported op in the middle of a supported chain still fails the import."""
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Hardswish(), nn.Conv2d(4, 4, 1))
+    with pytest.raises(UnsupportedOpError, match="fx node '_2'.*Hardswish \\('2'\\)"):
+        from_torch(m, torch.zeros(1, 3, 8, 8))
