@@ -112,15 +112,27 @@ def _conv_rule(options: dict):
     return rule
 
 
-def compile(net: Network, target: str = "cpu", *, passes=None, winograd: bool = True,
-            algorithm: str | None = None, threads: int | None = None) -> CompiledNetwork:
+SCHEDULES = ("layer", "stream")
+
+
+def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passes=None,
+            winograd: bool = True, algorithm: str | None = None, threads: int | None = None,
+            stream_options: dict | None = None):
     """Compile a network once into a program and a REOFF data package.
 
+    schedule: "layer" runs the layers one after another over whole tensors (a CompiledNetwork);
+              "stream" runs the convolutional part depth-first, a few rows per layer at a time
+              (a StreamedNetwork, see docs/streaming.md; stream_options go to compile_stream).
     algorithm: force one conv algorithm for every conv ("reference" = plain numpy kernel).
     winograd: allow Winograd for stride-1 3x3 convs when the heuristic picks it.
     """
     if target not in TARGETS:
         raise ValueError(f"target '{target}' is not supported; expected one of {TARGETS}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule '{schedule}' is not supported; expected one of {SCHEDULES}")
+    if schedule == "stream":
+        from ..stream import compile_stream
+        return compile_stream(net, **(stream_options or {}))
     if not isinstance(net, Network):
         raise TypeError(f"compile() takes a tilefuse Network, got {type(net).__name__}")
     if not net.outputs:

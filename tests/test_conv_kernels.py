@@ -1,0 +1,226 @@
+"""Fast conv kernels (tilefuse.kernels.conv) against the reference conv2d (the spec).
+
+Tolerances: max |fast - ref| <= TOL[algorithm] * max(|ref|, 1), per algorithm, with the reason.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilefuse.kernels import reference as ref
+from tilefuse.kernels.conv import (ALGORITHMS, candidates, conv2d_prepare, conv2d_run, direct_nchwc,
+                                   estimate_cost, from_nchwc, select_algorithm, to_nchwc)
+from tilefuse.kernels.conv import planner, winograd
+from tilefuse.kernels.conv.select import algorithm_flops
+
+TOL = {
+    # same products as the reference, only the fp32 summation order differs (blocked K, FMA)
+    "gemm1x1": 1e-4,
+    "direct": 1e-4,
+    "im2col": 1e-4,
+    # transforms with coefficients up to 1 (B, A) / 1/2 (G) add a few roundings per output
+    "winograd2": 1e-3,
+    # F(4,3): coefficients up to 8 in A^T and 5 in B^T amplify rounding ~10x (docs/kernels.md)
+    "winograd4": 5e-3,
+}
+
+# (name, N, Ci, H, W, Co, k, stride, padding (t, b, l, r), dilation, groups)
+# ResNet50 / VGG16 / AlexNet layers keep their channel counts, spatial size reduced.
+SHAPES = [
+    ("r50_stem_7x7s2", 1, 3, 32, 32, 64, 7, 2, (3, 3, 3, 3), 1, 1),
+    ("r50_1x1_256_64", 1, 256, 14, 14, 64, 1, 1, (0, 0, 0, 0), 1, 1),
+    ("r50_1x1_512_128", 1, 512, 7, 7, 128, 1, 1, (0, 0, 0, 0), 1, 1),
+    ("r50_1x1_1024_256", 1, 1024, 7, 7, 256, 1, 1, (0, 0, 0, 0), 1, 1),
+    ("r50_1x1_2048_512", 1, 2048, 7, 7, 512, 1, 1, (0, 0, 0, 0), 1, 1),
+    ("r50_1x1s2_512_1024", 1, 512, 14, 14, 1024, 1, 2, (0, 0, 0, 0), 1, 1),
+    ("r50_3x3_64", 1, 64, 14, 14, 64, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("r50_3x3_128", 1, 128, 14, 14, 128, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("r50_3x3_256", 1, 256, 7, 7, 256, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("r50_3x3_512", 1, 512, 7, 7, 512, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("r50_3x3s2_128", 1, 128, 14, 14, 128, 3, 2, (1, 1, 1, 1), 1, 1),
+    ("vgg_3x3_3_64", 1, 3, 16, 16, 64, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("vgg_3x3_64_128", 1, 64, 16, 16, 128, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("vgg_3x3_256_256", 1, 256, 8, 8, 256, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("vgg_3x3_512_512", 1, 512, 7, 7, 512, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("alex_11x11s4", 1, 3, 63, 63, 64, 11, 4, (2, 2, 2, 2), 1, 1),
+    ("alex_5x5", 1, 64, 15, 15, 192, 5, 1, (2, 2, 2, 2), 1, 1),
+    ("alex_3x3_192_384", 1, 192, 7, 7, 384, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("alex_3x3_384_256", 1, 384, 7, 7, 256, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("odd_1x1_7x7", 1, 17, 7, 7, 33, 1, 1, (0, 0, 0, 0), 1, 1),
+    ("odd_3x3_13x17", 1, 17, 13, 17, 33, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("odd_5x5s2", 1, 3, 15, 15, 20, 5, 2, (2, 2, 2, 2), 1, 1),
+    ("odd_asym_pad", 1, 16, 11, 9, 17, 3, 1, (2, 1, 0, 2), 1, 1),
+    ("odd_batch3", 3, 33, 9, 10, 16, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("odd_dilation2", 1, 16, 12, 12, 32, 3, 1, (2, 2, 2, 2), 2, 1),
+    ("odd_groups2", 2, 32, 9, 9, 48, 3, 1, (1, 1, 1, 1), 1, 2),
+    ("odd_depthwise", 1, 32, 10, 10, 32, 3, 2, (1, 1, 1, 1), 1, 32),
+    ("odd_depthwise_mult2", 1, 8, 9, 9, 16, 3, 1, (1, 0, 1, 0), 1, 8),
+    ("odd_1x1_pad", 1, 16, 6, 6, 16, 1, 1, (1, 1, 1, 1), 1, 1),
+    ("odd_3x3_s3", 1, 17, 13, 13, 17, 3, 3, (0, 1, 1, 0), 1, 1),
+]
+EPILOGUES = ["none", "bias", "bias_relu", "bias_res_relu"]
+
+
+def _case(shape, epi, seed=0):
+    name, n, ci, h, w, co, k, s, pad, d, g = shape
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, ci, h, w), dtype=np.float32)
+    wt = (rng.standard_normal((co, ci // g, k, k), dtype=np.float32) / np.sqrt(ci // g * k * k)).astype(np.float32)
+    b = rng.standard_normal(co, dtype=np.float32) if epi != "none" else None
+    ho = ref.conv_out_size(h, k, s, pad[0], pad[1], d)
+    wo = ref.conv_out_size(w, k, s, pad[2], pad[3], d)
+    res = rng.standard_normal((n, co, ho, wo), dtype=np.float32) if "res" in epi else None
+    relu = "relu" in epi
+    kw = dict(stride=(s, s), padding=pad, dilation=(d, d), groups=g)
+    want = ref.conv2d(x, wt, b, kw["stride"], pad, kw["dilation"], g, residual=res, relu=relu)
+    return x, wt, b, res, relu, kw, want
+
+
+def _run(alg, x, wt, b, res, relu, kw, threads=None):
+    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"])
+    for key, v in prep.items():
+        assert isinstance(v, np.ndarray) and v.dtype == np.float32, (alg, key)
+    out = np.full((x.shape[0], wt.shape[0]) + _out_hw(x, wt, kw), np.nan, np.float32)
+    conv2d_run(alg, out, x, prep, res, relu=relu, threads=threads, **kw)
+    return out
+
+
+def _out_hw(x, wt, kw):
+    k = wt.shape[2]
+    p, s, d = kw["padding"], kw["stride"][0], kw["dilation"][0]
+    return (ref.conv_out_size(x.shape[2], k, s, p[0], p[1], d), ref.conv_out_size(x.shape[3], k, s, p[2], p[3], d))
+
+
+def _check(alg, got, want):
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.isfinite(got).all(), f"{alg}: non-finite output (unwritten elements?)"
+    err = np.abs(got - want).max() / max(1.0, float(np.abs(want).max()))
+    assert err <= TOL[alg], f"{alg}: max error {err:.3g} > {TOL[alg]} (rel. to max|ref|)"
+
+
+CASES = [(shape, alg, EPILOGUES[i % 4])
+         for i, shape in enumerate(SHAPES)
+         for alg in candidates((shape[1], shape[2], shape[3], shape[4]), (shape[5], shape[2] // shape[10], shape[6],
+                                                                          shape[6]),
+                               (shape[7],) * 2, shape[8], (shape[9],) * 2, shape[10])]
+
+
+@pytest.mark.parametrize("shape,alg,epi", CASES, ids=[f"{s[0]}-{a}-{e}" for s, a, e in CASES])
+def test_against_reference(shape, alg, epi):
+    x, wt, b, res, relu, kw, want = _case(shape, epi)
+    _check(alg, _run(alg, x, wt, b, res, relu, kw), want)
+
+
+def test_every_algorithm_is_covered():
+    assert {a for _, a, _ in CASES} == set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("alg", ALGORITHMS)
+@pytest.mark.parametrize("epi", EPILOGUES)
+def test_epilogues(alg, epi):
+    shape = ("epi", 2, 20, 10, 11, 24, 1 if alg == "gemm1x1" else 3, 1, (0, 0, 0, 0) if alg == "gemm1x1" else
+             (1, 1, 1, 1), 1, 1)
+    x, wt, b, res, relu, kw, want = _case(shape, epi, seed=1)
+    _check(alg, _run(alg, x, wt, b, res, relu, kw), want)
+
+
+THREAD_SHAPES = {
+    "gemm1x1": ("t", 3, 64, 20, 20, 80, 1, 2, (0, 0, 0, 0), 1, 1),
+    "direct": ("t", 3, 40, 23, 21, 40, 3, 1, (1, 1, 1, 1), 1, 1),
+    "winograd2": ("t", 3, 40, 23, 21, 40, 3, 1, (1, 1, 1, 1), 1, 1),
+    "winograd4": ("t", 3, 40, 33, 29, 40, 3, 1, (1, 1, 1, 1), 1, 1),
+    "im2col": ("t", 3, 32, 23, 21, 48, 3, 1, (1, 1, 1, 1), 1, 2),
+}
+
+
+@pytest.mark.parametrize("alg", ALGORITHMS)
+def test_one_and_two_threads_bitwise_identical(alg):
+    x, wt, b, res, relu, kw, want = _case(THREAD_SHAPES[alg], "bias_res_relu", seed=2)
+    o1 = _run(alg, x, wt, b, res, relu, kw, threads=1)
+    o2 = _run(alg, x, wt, b, res, relu, kw, threads=2)
+    o3 = _run(alg, x, wt, b, res, relu, kw, threads=None)
+    assert np.array_equal(o1, o2) and np.array_equal(o1, o3)
+    _check(alg, o1, want)
+
+
+def test_direct_nchwc_native():
+    x, wt, b, res, relu, kw, want = _case(("n", 2, 20, 9, 12, 24, 3, 2, (1, 2, 0, 1), 1, 1), "bias_res_relu", 3)
+    prep = conv2d_prepare("direct", wt, b, kw["stride"], kw["padding"], kw["dilation"], 1)
+    xb = to_nchwc(x, kw["padding"])
+    rb = to_nchwc(res)
+    ob = np.empty(rb.shape, np.float32)
+    direct_nchwc(ob, xb, prep, rb, stride=kw["stride"], dilation=kw["dilation"], relu=True)
+    _check("direct", from_nchwc(ob, 24), want)
+
+
+def test_layout_roundtrip_and_padding():
+    x = np.random.default_rng(4).standard_normal((2, 19, 5, 6), dtype=np.float32)
+    xb = to_nchwc(x, (1, 2, 3, 0))
+    assert xb.shape == (2, 2, 8, 9, 16)
+    assert np.array_equal(from_nchwc(xb[:, :, 1:6, 3:9], 19), x)
+    assert not xb[:, 1, :, :, 3:].any() and not xb[:, :, 0].any()
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_winograd_matrices_are_exact(m):
+    assert winograd.check_transform(m) < 1e-12
+
+
+def test_winograd_generated_source_is_current():
+    import pathlib
+    path = pathlib.Path(winograd.__file__).with_name("_winograd_gen.py")
+    assert path.read_text() == winograd.generate_transform_source(), "run: python -m tilefuse.kernels.conv.winograd"
+
+
+RESNET_3X3 = [((32, c, s, s), (c, c, 3, 3)) for c, s in ((64, 56), (128, 28), (256, 14), (512, 7))]
+RESNET_1X1 = [((32, ci, s, s), (co, ci, 1, 1)) for ci, co, s in ((256, 64, 56), (512, 128, 28), (1024, 256, 14),
+                                                                 (2048, 512, 7))]
+
+
+def test_select_algorithm():
+    one = ((1, 1), (1, 1, 1, 1), (1, 1), 1)
+    for xs, ws in RESNET_3X3:
+        assert select_algorithm(xs, ws, *one).startswith("winograd")
+        assert select_algorithm(xs, ws, *one, allow_winograd=False) == "direct"
+    for xs, ws in RESNET_1X1:
+        assert select_algorithm(xs, ws, (1, 1), (0, 0, 0, 0), (1, 1), 1) == "gemm1x1"
+    assert select_algorithm((1, 32, 8, 8), (32, 1, 3, 3), *one[:3], 32) == "im2col"
+    assert select_algorithm((1, 32, 8, 8), (64, 16, 3, 3), *one[:3], 2) == "im2col"
+    assert select_algorithm((1, 64, 9, 9), (64, 64, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1) in ("direct", "im2col")
+    assert "winograd4" not in candidates((1, 64, 9, 9), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1), (2, 2), 1)
+
+
+def test_cost_model_winograd_saves_multiplies():
+    # the GEMM stage of F(4,3) does < 0.6 of the direct kernel's work on a ResNet 3x3 layer
+    xs, ws = RESNET_3X3[0]
+    one = ((1, 1), (1, 1, 1, 1), (1, 1), 1)
+    assert algorithm_flops("winograd4", xs, ws, *one) < 0.6 * algorithm_flops("direct", xs, ws, *one)
+    assert algorithm_flops("winograd2", xs, ws, *one) < 0.6 * algorithm_flops("direct", xs, ws, *one)
+    # and the cost model, transforms included, still prefers it
+    assert estimate_cost("winograd4", xs, ws, *one) < min(estimate_cost("winograd2", xs, ws, *one),
+                                                          estimate_cost("direct", xs, ws, *one))
+
+
+def test_bad_algorithm_errors():
+    w = np.zeros((8, 8, 3, 3), np.float32)
+    with pytest.raises(ValueError, match="unknown conv algorithm 'fft'"):
+        conv2d_prepare("fft", w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    with pytest.raises(ValueError, match="cannot run weight"):
+        conv2d_prepare("winograd2", w, None, (2, 2), (1, 1, 1, 1), (1, 1), 1)
+    with pytest.raises(ValueError, match="cannot run weight"):
+        conv2d_prepare("gemm1x1", w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+
+
+def test_planner_reads_and_overrides_cache_sizes():
+    c = planner.cache_sizes()
+    assert 8 << 10 <= c.l1d <= 1 << 20 and c.l1d < c.l2
+    try:
+        planner.set_cache_sizes(l2=256 << 10)
+        small = planner.plan_gemm1x1(1024, 256, 196)
+        planner.set_cache_sizes(l2=4 << 20)
+        big = planner.plan_gemm1x1(1024, 256, 196)
+        assert small["Nb"] < big["Nb"] and small["Nb"] % 16 == 0
+        assert 1024 * small["Nb"] * 4 <= (256 << 10) / 2
+    finally:
+        planner.set_cache_sizes()
+    assert planner.cache_sizes() == c

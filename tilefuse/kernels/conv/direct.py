@@ -1,0 +1,204 @@
+"""Direct kxk convolution on the blocked NCHWc layout (seed 000, conv3x3 strategy, on AVX-512).
+
+Layouts:
+  input   xb (N, Cb, Hp, Wp, 16)       NCHWc, already zero padded (no bounds checks inside)
+  weights wb (Ob, Cb, KH, KW, 16, 16)  wb[ob, cb, kh, kw, ci, co] = w[ob*16+co, cb*16+ci, kh, kw]
+  output     (N, Ob, Ho, Wo, 16)       NCHWc (or NCHW through `run`)
+
+Vectorized over a block of 16 output channels (one zmm register: the analogue of the paper's
+48 lanes = 16 PEs x 3 FMACs) and register-blocked over RB = 8 output positions of a row: the
+8 accumulators live in registers for the whole Ci*KH*KW reduction, each weight vector load
+feeds 8 FMAs, each input scalar is broadcast once. Window-level partitioning: a task owns a
+band of output rows of one image (all output channels), so cores split the output image.
+Any kernel size, stride, dilation and (through the padded input) padding.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba import njit
+
+from tilefuse.kernels.conv._nb import LANES, stack_f32
+from tilefuse.kernels.conv.epilogue import bias_or_zeros
+from tilefuse.kernels.conv.layout import to_nchwc
+from tilefuse.kernels.conv.planner import plan_direct
+from tilefuse.kernels.conv.threads import parallel_for, scratch
+
+EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
+
+
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """(Co, Ci, KH, KW) -> (Ob, Cb, KH, KW, 16ci, 16co), zero padded channels."""
+    co, ci, kh, kw = w.shape
+    ob, cb = -(-co // LANES), -(-ci // LANES)
+    wp = np.zeros((ob * LANES, cb * LANES, kh, kw), np.float32)
+    wp[:co, :ci] = w
+    # (Ob*16co, Cb*16ci, KH, KW) -> (Ob, 16co, Cb, 16ci, KH, KW) -> (Ob, Cb, KH, KW, 16ci, 16co)
+    return np.ascontiguousarray(wp.reshape(ob, LANES, cb, LANES, kh, kw).transpose(0, 2, 4, 5, 3, 1))
+
+
+def prepare(w, b) -> dict:
+    co = w.shape[0]
+    bias = np.zeros(-(-co // LANES) * LANES, np.float32)
+    bias[:co] = bias_or_zeros(b, co)
+    return {"weight": pack_weights(np.asarray(w, np.float32)), "bias": bias}
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _direct_rows(out, n_out, row_off, xb, wb, n, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, relu):
+    """out[n_out, ob, (oh - row_off)*Wo + ow, :] for oh in [oh0, oh1), all ob, all ow.
+
+    Flat views: xb (N, Cb, Hp*Wp, 16), out (N', Ob, R*Wo, 16), res (N, Ob, Ho*Wo, 16) or EMPTY4.
+    The register block is 8 consecutive output positions of the band in row-major order, so it
+    may wrap to the next row (narrow 7x7 / 14x14 maps keep all 8 accumulators busy); the last
+    partial block repeats its final position and stores only the valid ones.
+    Epilogue in registers: + bias[ob*16+l] (+ res) then ReLU.
+    """
+    Cb = xb.shape[1]
+    Ob, _, KH, KW, _, _ = wb.shape
+    a0 = nb.carray(stack_f32(16), 16)
+    a1 = nb.carray(stack_f32(16), 16)
+    a2 = nb.carray(stack_f32(16), 16)
+    a3 = nb.carray(stack_f32(16), 16)
+    a4 = nb.carray(stack_f32(16), 16)
+    a5 = nb.carray(stack_f32(16), 16)
+    a6 = nb.carray(stack_f32(16), 16)
+    a7 = nb.carray(stack_f32(16), 16)
+    acc = nb.carray(stack_f32(128), (8, 16))
+    bv = nb.carray(stack_f32(16), 16)
+    offs = np.empty(8, np.int64)
+    p_begin, p_end = oh0 * Wo, oh1 * Wo
+    for ob in range(Ob):
+        for l in range(16):
+            bv[l] = bias[ob * 16 + l]
+        o = out[n_out, ob]
+        for pb in range(p_begin, p_end, 8):
+            for r in range(8):
+                p = min(pb + r, p_end - 1)
+                offs[r] = (p // Wo) * sh * Wp + (p % Wo) * sw
+            f0, f1, f2, f3 = offs[0], offs[1], offs[2], offs[3]
+            f4, f5, f6, f7 = offs[4], offs[5], offs[6], offs[7]
+            for l in range(16):
+                a0[l] = 0.0
+                a1[l] = 0.0
+                a2[l] = 0.0
+                a3[l] = 0.0
+                a4[l] = 0.0
+                a5[l] = 0.0
+                a6[l] = 0.0
+                a7[l] = 0.0
+            for cb in range(Cb):
+                xr = xb[n, cb]
+                for kh in range(KH):
+                    for kw in range(KW):
+                        wk = wb[ob, cb, kh, kw]
+                        k0 = kh * dh * Wp + kw * dw
+                        for ci in range(16):
+                            wv = wk[ci]
+                            x0 = xr[f0 + k0, ci]
+                            x1 = xr[f1 + k0, ci]
+                            x2 = xr[f2 + k0, ci]
+                            x3 = xr[f3 + k0, ci]
+                            x4 = xr[f4 + k0, ci]
+                            x5 = xr[f5 + k0, ci]
+                            x6 = xr[f6 + k0, ci]
+                            x7 = xr[f7 + k0, ci]
+                            for l in range(16):
+                                q = wv[l]
+                                a0[l] += x0 * q
+                                a1[l] += x1 * q
+                                a2[l] += x2 * q
+                                a3[l] += x3 * q
+                                a4[l] += x4 * q
+                                a5[l] += x5 * q
+                                a6[l] += x6 * q
+                                a7[l] += x7 * q
+            for l in range(16):
+                acc[0, l] = a0[l] + bv[l]
+                acc[1, l] = a1[l] + bv[l]
+                acc[2, l] = a2[l] + bv[l]
+                acc[3, l] = a3[l] + bv[l]
+                acc[4, l] = a4[l] + bv[l]
+                acc[5, l] = a5[l] + bv[l]
+                acc[6, l] = a6[l] + bv[l]
+                acc[7, l] = a7[l] + bv[l]
+            nv = min(8, p_end - pb)
+            for r in range(nv):
+                p = pb + r
+                if has_res:
+                    for l in range(16):
+                        acc[r, l] += res[n, ob, p, l]
+                if relu:
+                    for l in range(16):
+                        acc[r, l] = max(acc[r, l], 0.0)
+                q = p - row_off * Wo
+                for l in range(16):
+                    o[q, l] = acc[r, l]
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _band_to_nchw(out, band, n, oh0, res, has_res, relu):
+    """band (1, Ob, R*Wo, 16) -> out[n, :, oh0:oh0+R, :] (NCHW) with residual and ReLU."""
+    Co, Wo = out.shape[1], out.shape[3]
+    R = band.shape[2] // Wo
+    for c in range(Co):
+        ob, l = c // 16, c % 16
+        for r in range(R):
+            for ow in range(Wo):
+                v = band[0, ob, r * Wo + ow, l]
+                if has_res:
+                    v += res[n, c, oh0 + r, ow]
+                if relu:
+                    v = max(v, 0.0)
+                out[n, c, oh0 + r, ow] = v
+
+
+def _bands(ho, rows):
+    return [(r0, min(r0 + rows, ho)) for r0 in range(0, ho, rows)]
+
+
+def direct_nchwc(out_blocked, x_blocked, prepared, residual_blocked=None, *, stride=(1, 1), dilation=(1, 1),
+                 relu=False, threads=None) -> None:
+    """NCHWc-native direct conv. x_blocked is already padded (see layout.to_nchwc(x, padding)).
+
+    out_blocked (N, Ob, Ho, Wo, 16); residual_blocked the same shape or None.
+    """
+    wb, bias = prepared["weight"], prepared["bias"]
+    n, cb, hp, wp, _ = x_blocked.shape
+    ho = out_blocked.shape[2]
+    p = plan_direct(cb, wb.shape[2], dilation[0], stride[0], ho, wp)
+    wo = out_blocked.shape[3]
+    has_res = residual_blocked is not None
+    # (N, C, H, W, 16) -> (N, C, H*W, 16) flat views, no copy
+    res = residual_blocked.reshape(n, -1, ho * wo, LANES) if has_res else EMPTY4
+    ofl = out_blocked.reshape(n, -1, ho * wo, LANES)
+    xfl = x_blocked.reshape(n, cb, hp * wp, LANES)
+    tasks = [(i, r0, r1) for i in range(n) for (r0, r1) in _bands(ho, p["rows"])]
+    parallel_for(lambda t: _direct_rows(ofl, t[0], 0, xfl, wb, t[0], t[1], t[2], wo, wp, stride[0], stride[1],
+                                        dilation[0], dilation[1], bias, res, has_res, relu), tasks, threads)
+
+
+def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), relu=False,
+        threads=None) -> None:
+    """NCHW in, NCHW out: pad+block the input once, then per row band compute in NCHWc into a
+    per-thread buffer and unblock it into `out` with the residual and ReLU while it is in cache."""
+    wb, bias = prepared["weight"], prepared["bias"]
+    n = x.shape[0]
+    ob = wb.shape[0]
+    _, _, ho, wo = out.shape
+    xb = to_nchwc(x, padding, threads=threads)
+    p = plan_direct(xb.shape[1], wb.shape[2], dilation[0], stride[0], ho, xb.shape[3])
+    has_res = residual is not None
+    res = residual if has_res else np.zeros((0, 0, 0, 0), np.float32)
+    tasks = [(i, r0, r1) for i in range(n) for (r0, r1) in _bands(ho, p["rows"])]
+    _, cb, hp, wp, _ = xb.shape
+    xfl = xb.reshape(n, cb, hp * wp, LANES)  # (N, Cb, Hp, Wp, 16) -> (N, Cb, Hp*Wp, 16)
+
+    def task(t):
+        i, r0, r1 = t
+        band = scratch("direct_band", ob * (r1 - r0) * wo * LANES).reshape(1, ob, (r1 - r0) * wo, LANES)
+        _direct_rows(band, 0, r0, xfl, wb, i, r0, r1, wo, wp, stride[0], stride[1], dilation[0], dilation[1],
+                     bias, EMPTY4, False, False)
+        _band_to_nchw(out, band, i, r0, res, has_res, relu)
+
+    parallel_for(task, tasks, threads)

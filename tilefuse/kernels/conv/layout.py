@@ -1,0 +1,80 @@
+"""NCHW <-> NCHWc (channel blocks of 16 innermost) conversions, with zero padding.
+
+NCHWc: (N, C, H, W) -> (N, ceil(C/16), H, W, 16); channel c lives at [:, c // 16, :, :, c % 16];
+the padded channels are zero. `to_nchwc` can also add spatial zero padding (top, bottom,
+left, right), which the direct and Winograd kernels use instead of bounds checks.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from tilefuse.kernels.conv._nb import LANES
+from tilefuse.kernels.conv.threads import parallel_for
+
+
+@njit(nogil=True, cache=True)
+def _to_nchwc_one(xb, x, n, cb, pt, pl):
+    # x (N, C, H, W) -> xb[n, cb] (Hp, Wp, 16), zeros outside
+    C, H, W = x.shape[1], x.shape[2], x.shape[3]
+    Hp, Wp = xb.shape[2], xb.shape[3]
+    c0 = cb * 16
+    nl = min(16, C - c0)
+    for hp in range(Hp):
+        h = hp - pt
+        if h < 0 or h >= H:
+            for wp in range(Wp):
+                for l in range(16):
+                    xb[n, cb, hp, wp, l] = 0.0
+            continue
+        for wp in range(Wp):
+            w = wp - pl
+            if w < 0 or w >= W:
+                for l in range(16):
+                    xb[n, cb, hp, wp, l] = 0.0
+            else:
+                for l in range(nl):
+                    xb[n, cb, hp, wp, l] = x[n, c0 + l, h, w]
+                for l in range(nl, 16):
+                    xb[n, cb, hp, wp, l] = 0.0
+
+
+@njit(nogil=True, cache=True)
+def _from_nchwc_one(x, xb, n, cb):
+    C, H, W = x.shape[1], x.shape[2], x.shape[3]
+    c0 = cb * 16
+    nl = min(16, C - c0)
+    for l in range(nl):
+        for h in range(H):
+            for w in range(W):
+                x[n, c0 + l, h, w] = xb[n, cb, h, w, l]
+
+
+def nchwc_shape(shape, padding=(0, 0, 0, 0)) -> tuple:
+    n, c, h, w = shape
+    t, b, l, r = padding
+    return (n, -(-c // LANES), h + t + b, w + l + r, LANES)
+
+
+def to_nchwc(x: np.ndarray, padding=(0, 0, 0, 0), out: np.ndarray | None = None, threads=None) -> np.ndarray:
+    """(N, C, H, W) -> (N, Cb, H+t+b, W+l+r, 16) with zero padding (spatial and channel)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    shape = nchwc_shape(x.shape, padding)
+    if out is None:
+        out = np.empty(shape, np.float32)
+    elif out.shape != shape:
+        raise ValueError(f"to_nchwc: out has shape {out.shape}, expected {shape}")
+    t, _, l, _ = padding
+    tasks = [(n, cb) for n in range(shape[0]) for cb in range(shape[1])]
+    parallel_for(lambda nc: _to_nchwc_one(out, x, nc[0], nc[1], t, l), tasks, threads)
+    return out
+
+
+def from_nchwc(xb: np.ndarray, channels: int, out: np.ndarray | None = None, threads=None) -> np.ndarray:
+    """(N, Cb, H, W, 16) -> (N, channels, H, W); the padded channels are dropped."""
+    n, cb, h, w, _ = xb.shape
+    if out is None:
+        out = np.empty((n, channels, h, w), np.float32)
+    tasks = [(i, j) for i in range(n) for j in range(cb)]
+    parallel_for(lambda nc: _from_nchwc_one(out, xb, nc[0], nc[1]), tasks, threads)
+    return out

@@ -1,0 +1,169 @@
+"""Blocking planner: tile sizes from the cache sizes of this machine.
+
+Cache sizes come from /sys/devices/system/cpu/cpu0/cache (fallback: `lscpu`, then 32 KB /
+1 MB / 32 MB); `set_cache_sizes(l1=..., l2=...)` or the environment variables
+TILEFUSE_L1D / TILEFUSE_L2 / TILEFUSE_L3 (bytes, suffix K/M allowed) override them.
+
+The rules, in the spirit of seed 000's conv1x1 blocking (weight block m x K with m in 6..12,
+K = Ci halved until it fits SM, input block K x Nb with Nb grown while it fits AM); here L1
+plays SM's role and L2 plays AM's:
+
+gemm1x1  (out[Co, HW] = W[Co, Ci] @ X[Ci, HW] per image; the BLAS blocks its own inner loops)
+  - K  = Ci, never split (one GEMM accumulates the whole depth, so no partial sums).
+  - Nb = HW columns per task: the largest multiple of 16 with K*Nb*4 <= L2/2 (the input block
+    stays in L2 while all the task's output rows are produced), at least 16, at most HW.
+  - m  = Co rows per task (feature-map-level partitioning: tasks split the output channels and
+    every task reads the whole input block): the largest multiple of 16 with
+    m*Nb*4 <= L2/4 (the output block is still in L2 when the epilogue runs) and
+    m*K*4 <= L2/4; halved (not below 16) until there are >= 4 tasks per thread-capable core.
+
+direct   (NCHWc, out[ob, oh, ow:ow+RB, 16] accumulated in RB zmm registers)
+  - RB = 8 output positions x 16 output channels: 8 accumulators + 1 weight vector + the
+    broadcast input fit the 32 AVX-512 registers; each weight vector load feeds 8 FMAs.
+  - rows per task (window-level partitioning: tasks split the output rows): the largest R with
+    the input band Cb*((R-1)*sh + (KH-1)*dh + 1)*Wp*64 B <= L2/2, at most ceil(Ho/2) so that
+    two cores always have work; the packed weights of one output block (Cb*KH*KW*1 KB) are
+    re-read from L2 for every register block.
+
+winograd (F(m x m, 3 x 3), alpha = m + 2)
+  - P tiles per task: V (alpha^2 x P x Ci) and M (alpha^2 x P x Co) together <= L2:
+    P = L2 / (4*alpha^2*(Ci+Co)), rounded down to a multiple of 8 and clamped to [64, 512]
+    (measured: OpenBLAS runs the (P x Ci) @ (Ci x Co) planes at 60-80% of its peak from
+    P = 64 up, and far worse below). When U = alpha^2*Ci*Co*4 B exceeds L2 it is streamed from
+    L3/DRAM once per task, so P grows to half the layer's tiles (at most 512).
+
+im2col   (cols[K = Cg*kh*kw, R*Wo] then out[og, R*Wo] = Wg @ cols)
+  - rows per task: the largest R with K*R*Wo*4 <= L2/2, at least 1.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+
+_OVERRIDE: dict[str, int] = {}
+
+
+@dataclass(frozen=True)
+class CacheSizes:
+    l1d: int
+    l2: int
+    l3: int
+    source: str
+
+
+def _parse_size(s: str) -> int:
+    m = re.match(r"\s*([\d.]+)\s*([KMG]?)i?B?", s.strip(), re.I)
+    if not m:
+        raise ValueError(f"cannot parse a cache size from {s!r}; expected e.g. '48K' or '1048576'")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
+    return int(float(m.group(1)) * mult)
+
+
+@functools.lru_cache(maxsize=1)
+def _detect() -> CacheSizes:
+    found: dict[str, int] = {}
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for d in sorted(os.listdir(base)):
+            if not d.startswith("index"):
+                continue
+            rd = lambda f: open(os.path.join(base, d, f)).read().strip()  # noqa: E731
+            level, typ, size = rd("level"), rd("type"), rd("size")
+            key = {"1": "l1d", "2": "l2", "3": "l3"}.get(level)
+            if key and typ in ("Data", "Unified"):
+                found[key] = _parse_size(size)
+        if {"l1d", "l2"} <= found.keys():
+            return CacheSizes(found["l1d"], found["l2"], found.get("l3", found["l2"]), "sysfs")
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+        for ln in out.splitlines():
+            m = re.match(r"(L1d|L2|L3) cache:\s*([\d.]+ ?[KMG]i?B)(?: \((\d+) instances?\))?", ln.strip())
+            if m:
+                total = _parse_size(m.group(2).replace(" ", ""))
+                per = total // int(m.group(3) or 1)
+                found[{"L1d": "l1d", "L2": "l2", "L3": "l3"}[m.group(1)]] = per if m.group(1) != "L3" else total
+        if {"l1d", "l2"} <= found.keys():
+            return CacheSizes(found["l1d"], found["l2"], found.get("l3", found["l2"]), "lscpu")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return CacheSizes(32 << 10, 1 << 20, 32 << 20, "default")
+
+
+def cache_sizes() -> CacheSizes:
+    """Per-core L1d and L2, shared L3, in bytes (overrides applied)."""
+    c = _detect()
+    env = {k: os.environ.get(f"TILEFUSE_{k.upper()}") for k in ("l1d", "l2", "l3")}
+    vals = {}
+    for k in ("l1d", "l2", "l3"):
+        if k in _OVERRIDE:
+            vals[k] = _OVERRIDE[k]
+        elif env[k]:
+            vals[k] = _parse_size(env[k])
+        else:
+            vals[k] = getattr(c, k)
+    src = c.source if not (_OVERRIDE or any(env.values())) else c.source + "+override"
+    return CacheSizes(vals["l1d"], vals["l2"], vals["l3"], src)
+
+
+def set_cache_sizes(l1d: int | None = None, l2: int | None = None, l3: int | None = None) -> None:
+    """Override detected cache sizes (bytes); pass None to keep, call with no args to reset."""
+    if l1d is None and l2 is None and l3 is None:
+        _OVERRIDE.clear()
+        return
+    for k, v in (("l1d", l1d), ("l2", l2), ("l3", l3)):
+        if v is not None:
+            if v <= 0:
+                raise ValueError(f"cache size {k} must be positive, got {v}")
+            _OVERRIDE[k] = int(v)
+
+
+def _floor_mult(v: float, m: int) -> int:
+    return int(v) // m * m
+
+
+def plan_gemm1x1(ci: int, co: int, hw: int) -> dict:
+    l2 = cache_sizes().l2
+    nb = max(16, min(hw, _floor_mult(l2 / 2 / (4 * ci), 16)))
+    m = max(16, _floor_mult(min(l2 / 4 / (4 * nb), l2 / 4 / (4 * ci)), 16))
+    m = min(m, co)
+    n_hw = math.ceil(hw / nb)
+    while m > 16 and n_hw * math.ceil(co / m) < 8:
+        m = max(16, _floor_mult(m // 2, 16))
+    return {"K": ci, "Nb": nb, "m": m}
+
+
+RB = 8
+
+
+def plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int) -> dict:
+    l2 = cache_sizes().l2
+    best = 1
+    for r in range(1, ho + 1):
+        band = cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64
+        if band > l2 / 2:
+            break
+        best = r
+    best = max(1, min(best, math.ceil(ho / 2)))
+    return {"RB": RB, "rows": best}
+
+
+def plan_winograd(alpha: int, cip: int, cop: int, total_tiles: int | None = None) -> dict:
+    l2 = cache_sizes().l2
+    p = _floor_mult(l2 / (4 * alpha * alpha * (cip + cop)), 8)
+    p = max(64, min(512, p))
+    if total_tiles is not None and 4 * alpha * alpha * cip * cop > l2:
+        # U does not fit L2 and is re-read by every task: fewer, larger tasks (>= 2 for 2 cores)
+        p = max(p, min(512, -(-total_tiles // 2)))
+    return {"tiles": p}
+
+
+def plan_im2col(k: int, wo: int, ho: int) -> dict:
+    l2 = cache_sizes().l2
+    r = int(l2 / 2 / (4 * k * max(wo, 1)))
+    return {"rows": max(1, min(ho, r))}

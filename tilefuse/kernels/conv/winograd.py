@@ -1,0 +1,260 @@
+"""Winograd minimal filtering F(m x m, 3 x 3) for stride-1, dilation-1, ungrouped 3x3 convs.
+
+    Y = A^T [ (G g G^T) (.) (B^T d B) ] A            (Lavin & Gray, "Fast Algorithms for
+                                                      Convolutional Neural Networks", CVPR 2016,
+                                                      arXiv:1509.09308, section 4; seed 003)
+
+d is an alpha x alpha input tile (alpha = m + 2), tiles overlap by 2; g the 3x3 filter.
+The matrices below are the paper's, written out: F(2,3) from its eqs. (7)-(8) (interpolation
+points 0, 1, -1, inf) and F(4,3) from its section 4.2 (points 0, 1, -1, 2, -2, inf; the same
+matrices as Lavin's Cook-Toom generator `wincnn`). `check_transform(m)` verifies the 1-D
+identity A^T [(G g) (.) (B^T d)] = correlate(d, g) exactly in float64; the tests call it.
+
+Pipeline per task (a chunk of P tiles, P from the planner so V and M stay in L2):
+  1. input transform (numba, 16 channels per vector): xb NCHWc -> V (alpha^2, P, Ci)
+  2. element-wise stage as alpha^2 GEMMs, one batched np.matmul:
+     M (alpha^2, P, Co) = V (alpha^2, P, Ci) @ U (alpha^2, Ci, Co)
+  3. output transform (numba, 16 output channels per vector) + bias, residual, ReLU, stored
+     straight into the NCHW output.
+U = G g G^T is computed once by `prepare` (compile time; it goes into the data package).
+F(4,3) does 36 multiplies per 16 outputs (4x fewer than direct) but its transforms have larger
+coefficients, so its fp32 error is larger (docs/kernels.md has the measured table).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tilefuse.kernels.conv._nb import LANES
+from tilefuse.kernels.conv.epilogue import bias_or_zeros
+from tilefuse.kernels.conv.layout import to_nchwc
+from tilefuse.kernels.conv.planner import plan_winograd
+from tilefuse.kernels.conv.threads import blas_threads, parallel_for, scratch
+
+# F(2, 3): Lavin & Gray eq. (7)/(8)
+BT2 = np.array([[1, 0, -1, 0],
+                [0, 1, 1, 0],
+                [0, -1, 1, 0],
+                [0, 1, 0, -1]], np.float64)
+G2 = np.array([[1, 0, 0],
+               [1 / 2, 1 / 2, 1 / 2],
+               [1 / 2, -1 / 2, 1 / 2],
+               [0, 0, 1]], np.float64)
+AT2 = np.array([[1, 1, 1, 0],
+                [0, 1, -1, -1]], np.float64)
+
+# F(4, 3): Lavin & Gray section 4.2
+BT4 = np.array([[4, 0, -5, 0, 1, 0],
+                [0, -4, -4, 1, 1, 0],
+                [0, 4, -4, -1, 1, 0],
+                [0, -2, -1, 2, 1, 0],
+                [0, 2, -1, -2, 1, 0],
+                [0, 4, 0, -5, 0, 1]], np.float64)
+G4 = np.array([[1 / 4, 0, 0],
+               [-1 / 6, -1 / 6, -1 / 6],
+               [-1 / 6, 1 / 6, -1 / 6],
+               [1 / 24, 1 / 12, 1 / 6],
+               [1 / 24, -1 / 12, 1 / 6],
+               [0, 0, 1]], np.float64)
+AT4 = np.array([[1, 1, 1, 1, 1, 0],
+                [0, 1, -1, 2, -2, 0],
+                [0, 1, 1, 4, 4, 0],
+                [0, 1, -1, 8, -8, 1]], np.float64)
+
+MATRICES = {2: (BT2, G2, AT2), 4: (BT4, G4, AT4)}
+
+
+def check_transform(m: int, trials: int = 10, seed: int = 0) -> float:
+    """Max abs error of the 1-D identity A^T[(G g) * (B^T d)] == correlate(d, g), float64."""
+    bt, g_, at = MATRICES[m]
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for _ in range(trials):
+        d, g = rng.standard_normal(m + 2), rng.standard_normal(3)
+        y = at @ ((g_ @ g) * (bt @ d))
+        ref = np.array([d[i:i + 3] @ g for i in range(m)])
+        worst = max(worst, float(np.abs(y - ref).max()))
+    return worst
+
+
+def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
+    """(Co, Ci, 3, 3) -> U (alpha^2, Cip, Cop), U[a*alpha+b, ci, co] = (G w[co, ci] G^T)[a, b],
+    channels zero padded to multiples of 16. Computed in float64, stored float32."""
+    co, ci, kh, kw = w.shape
+    if (kh, kw) != (3, 3):
+        raise ValueError(f"winograd F({m}x{m},3x3) needs a 3x3 kernel, got weight shape {w.shape}")
+    _, g, _ = MATRICES[m]
+    alpha = m + 2
+    u = np.einsum("ai,ocij,bj->aboc", g, w.astype(np.float64), g)  # (alpha, alpha, Co, Ci)
+    cip, cop = -(-ci // LANES) * LANES, -(-co // LANES) * LANES
+    U = np.zeros((alpha * alpha, cip, cop), np.float32)
+    # (alpha, alpha, Co, Ci) -> (alpha^2, Ci, Co)
+    U[:, :ci, :co] = u.reshape(alpha * alpha, co, ci).transpose(0, 2, 1)
+    return U
+
+
+def prepare(w, b, m: int) -> dict:
+    co = w.shape[0]
+    bias = np.zeros(-(-co // LANES) * LANES, np.float32)
+    bias[:co] = bias_or_zeros(b, co)
+    return {"weight": transform_weights(np.asarray(w, np.float32), m), "bias": bias}
+
+
+# Transform code generation ------------------------------------------------------------------
+# The numba transforms are straight-line code generated from the matrices above (zeros dropped,
+# +-1 folded), one loop over 16 channel lanes per row/column, so LLVM keeps everything in
+# vector registers; loops over a runtime coefficient table were 3x slower. The output is the
+# committed module _winograd_gen.py; tests check that it matches `generate_transform_source()`.
+# Regenerate: python -m tilefuse.kernels.conv.winograd
+
+def _term(c, v):
+    c = float(c)
+    if c == 1: return f"+ {v}"
+    if c == -1: return f"- {v}"
+    s = "-" if c < 0 else "+"
+    return f"{s} np.float32({abs(c)!r}) * {v}"
+
+def _expr(row, names, init=None):
+    parts = [_term(c, names[i]) for i, c in enumerate(row) if c != 0]
+    if init: parts = [f"+ {init}"] + parts
+    e = " ".join(parts)
+    return e[2:] if e.startswith("+ ") else "-" + e[2:]
+
+def _gen_one(m, BT, AT):
+    alpha = m + 2
+    A2 = alpha * alpha
+    L = []
+    w = L.append
+    w(f"@njit(nogil=True, cache=True, fastmath=True)")
+    w(f"def _wino_input_{m}(V, xb, p0, P, th, tw):")
+    w(f'    """V[a*{alpha}+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi (F({m}x{m},3x3), generated)."""')
+    w(f"    Cb = xb.shape[1]")
+    w(f"    t = nb.carray(stack_f32({A2 * 16}), ({alpha}, {alpha}, 16))")
+    w(f"    per_img = th * tw")
+    w(f"    for pi in range(P):")
+    w(f"        p = p0 + pi")
+    w(f"        n = p // per_img")
+    w(f"        r = p % per_img")
+    w(f"        y0 = (r // tw) * {m}")
+    w(f"        x0 = (r % tw) * {m}")
+    w(f"        for cb in range(Cb):")
+    w(f"            for j in range({alpha}):  # t = B^T d")
+    w(f"                for l in range(16):")
+    for i in range(alpha):
+        w(f"                    d{i} = xb[n, cb, y0 + {i}, x0 + j, l]")
+    dn = [f"d{i}" for i in range(alpha)]
+    for a in range(alpha):
+        w(f"                    t[{a}, j, l] = {_expr(BT[a], dn)}")
+    w(f"            for a in range({alpha}):  # V = t B")
+    w(f"                for l in range(16):")
+    for j in range(alpha):
+        w(f"                    e{j} = t[a, {j}, l]")
+    en = [f"e{j}" for j in range(alpha)]
+    for b in range(alpha):
+        w(f"                    V[a * {alpha} + {b}, pi, cb * 16 + l] = {_expr(BT[b], en)}")
+    w("")
+    w("")
+    w(f"@njit(nogil=True, cache=True, fastmath=True)")
+    w(f"def _wino_output_{m}(out, M, p0, P, th, tw, bias, res, has_res, relu):")
+    w(f'    """out[n, c, y0+i, x0+j] = (A^T M A)[i, j] + bias[c] (+ res) (ReLU), valid positions (generated)."""')
+    w(f"    Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]")
+    w(f"    Ob = M.shape[2] // 16")
+    w(f"    mm = nb.carray(stack_f32({A2 * 16}), ({A2}, 16))")
+    w(f"    s = nb.carray(stack_f32({alpha * m * 16}), ({alpha}, {m}, 16))")
+    w(f"    y = nb.carray(stack_f32({m * m * 16}), (16, {m}, {m}))")
+    w(f"    per_img = th * tw")
+    w(f"    for pi in range(P):")
+    w(f"        p = p0 + pi")
+    w(f"        n = p // per_img")
+    w(f"        r = p % per_img")
+    w(f"        y0 = (r // tw) * {m}")
+    w(f"        x0 = (r % tw) * {m}")
+    w(f"        mh = min({m}, Ho - y0)")
+    w(f"        mw = min({m}, Wo - x0)")
+    w(f"        for ob in range(Ob):")
+    w(f"            for k in range({A2}):")
+    w(f"                for l in range(16):")
+    w(f"                    mm[k, l] = M[k, pi, ob * 16 + l]")
+    w(f"            for a in range({alpha}):  # s = M A")
+    w(f"                for l in range(16):")
+    for b in range(alpha):
+        w(f"                    e{b} = mm[a * {alpha} + {b}, l]")
+    for j in range(m):
+        w(f"                    s[a, {j}, l] = {_expr(AT[j], en)}")
+    w(f"            for j in range({m}):  # y = A^T s + bias")
+    w(f"                for l in range(16):")
+    w(f"                    bl = bias[ob * 16 + l]")
+    for a in range(alpha):
+        w(f"                    e{a} = s[{a}, j, l]")
+    for i in range(m):
+        w(f"                    y[l, {i}, j] = {_expr(AT[i], en, init='bl')}")
+    w(f"            nl = min(16, Co - ob * 16)")
+    w(f"            for l in range(nl):")
+    w(f"                co = ob * 16 + l")
+    w(f"                for i in range(mh):")
+    w(f"                    orow = out[n, co, y0 + i]")
+    w(f"                    for j in range(mw):")
+    w(f"                        v = y[l, i, j]")
+    w(f"                        if has_res:")
+    w(f"                            v += res[n, co, y0 + i, x0 + j]")
+    w(f"                        if relu:")
+    w(f"                            v = max(v, np.float32(0.0))")
+    w(f"                        orow[x0 + j] = v")
+    return "\n".join(L) + "\n"
+
+
+GEN_HEADER = ('"""GENERATED by tilefuse.kernels.conv.winograd.generate_transform_source(); do not edit.\n\n'
+              'Winograd input/output transforms F(2x2,3x3) and F(4x4,3x3), Lavin & Gray (arXiv:1509.09308)."""\n'
+              'import numba as nb\nimport numpy as np\nfrom numba import njit\n\n'
+              'from tilefuse.kernels.conv._nb import stack_f32\n\n\n')
+
+
+def generate_transform_source() -> str:
+    parts = [_gen_one(m, MATRICES[m][0], MATRICES[m][2]) for m in (2, 4)]
+    return GEN_HEADER + "\n\n".join(parts)
+
+
+def run(out, x, prepared, residual=None, *, m: int, padding=(0, 0, 0, 0), relu=False, threads=None,
+        plan=None) -> None:
+    U, bias = prepared["weight"], prepared["bias"]
+    n, ci, h, w = x.shape
+    a2, cip, cop = U.shape
+    alpha = m + 2
+    if a2 != alpha * alpha:
+        raise ValueError(f"winograd F({m}x{m},3x3) expects U with {alpha * alpha} planes, got {U.shape}")
+    _, co, ho, wo = out.shape
+    th, tw = -(-ho // m), -(-wo // m)
+    t, b, l, r = padding
+    # pad so that every alpha x alpha tile reads inside the array: Hp = th*m + 2, Wp = tw*m + 2
+    eb, er = th * m + 2 - (h + t + b), tw * m + 2 - (w + l + r)
+    xb = to_nchwc(x, (t, b + eb, l, r + er), threads=threads)
+    f_in, f_out = _TRANSFORMS[m]
+    p_tot = n * th * tw
+    pc = (plan or plan_winograd(alpha, cip, cop, p_tot))["tiles"]
+    has_res = residual is not None
+    res = residual if has_res else np.zeros((0, 0, 0, 0), np.float32)
+    tasks = [(p0, min(pc, p_tot - p0)) for p0 in range(0, p_tot, pc)]
+
+    def task(tk):
+        p0, P = tk
+        V = scratch("wino_V", a2 * P * cip).reshape(a2, P, cip)
+        M = scratch("wino_M", a2 * P * cop).reshape(a2, P, cop)
+        f_in(V, xb, p0, P, th, tw)
+        np.matmul(V, U, out=M)  # (a2, P, Ci) @ (a2, Ci, Co) -> (a2, P, Co)
+        f_out(out, M, p0, P, th, tw, bias, res, has_res, relu)
+
+    with blas_threads(1):
+        parallel_for(task, tasks, threads)
+
+
+def _load_transforms():
+    from tilefuse.kernels.conv import _winograd_gen as g
+    return {2: (g._wino_input_2, g._wino_output_2), 4: (g._wino_input_4, g._wino_output_4)}
+
+
+_TRANSFORMS = _load_transforms()
+
+if __name__ == "__main__":
+    import pathlib
+    path = pathlib.Path(__file__).with_name("_winograd_gen.py")
+    path.write_text(generate_transform_source())
+    print(f"wrote {path}")
