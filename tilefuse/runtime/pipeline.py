@@ -6,8 +6,9 @@ Each item takes a free slot (a resource such as a set of device IO buffers; `len
 are in flight at most), then passes through the stages in order, each stage on its own thread;
 `stage(item, slot, carry) -> carry` gets what the previous stage returned. The last stage's
 return value is the item's result. Results come back in input order. The first exception in
-any stage stops the pipeline and is re-raised in the caller once every thread has ended;
-slots are always handed back to the caller's `release` (so buffers can be freed).
+any stage stops the pipeline and is re-raised in the caller once every thread has ended.
+The caller owns the slots (and frees their buffers afterwards, whatever happened).
+`iter_pipeline` is the generator form, for streams of unknown length (imaging.filter_stream).
 numpy / numba kernels release the GIL, so the stages overlap for real.
 """
 from __future__ import annotations
@@ -68,19 +69,23 @@ class Progress:
         self.stream.flush()
 
 
-def run_pipeline(items: Iterable[Any], stages: Sequence[Callable], slots: Sequence[Any],
-                 names: Sequence[str] | None = None, progress: bool | Progress = False,
-                 total: int | None = None) -> tuple[list[Any], PipelineStats]:
+def iter_pipeline(items: Iterable[Any], stages: Sequence[Callable], slots: Sequence[Any],
+                  names: Sequence[str] | None = None, progress: bool | Progress = False,
+                  total: int | None = None, stats: PipelineStats | None = None):
+    """Generator form: yields (index, result, seconds per stage) in input order as items finish.
+
+    Closing the generator early stops the stages and joins their threads.
+    """
     if not slots:
-        raise ValueError("run_pipeline needs at least one slot (depth >= 1)")
+        raise ValueError("a pipeline needs at least one slot (depth >= 1)")
     names = list(names or [f"stage{i}" for i in range(len(stages))])
-    stats = PipelineStats(names, [0.0] * len(stages))
+    if stats is None:
+        stats = PipelineStats(names)
+    stats.stage_names, stats.stage_seconds = names, [0.0] * len(stages)
     free: queue.Queue = queue.Queue()
     for s in slots:
         free.put(s)
-    qs = [queue.Queue(maxsize=len(slots)) for _ in stages]   # input queue of each stage
-    results: dict[int, Any] = {}
-    timings: dict[int, list[float]] = {}
+    qs = [queue.Queue(maxsize=len(slots)) for _ in range(len(stages) + 1)]  # stage inputs + results
     error: list[BaseException] = []
     stop = threading.Event()
     bar = progress if isinstance(progress, Progress) else (Progress(total, "run_many") if progress else None)
@@ -111,10 +116,7 @@ def run_pipeline(items: Iterable[Any], stages: Sequence[Callable], slots: Sequen
         try:
             for i, item in enumerate(items):
                 slot = get(free)
-                if slot is _STOP:
-                    return
-                if not put(qs[0], (i, item, slot, None)):
-                    free.put(slot)
+                if slot is _STOP or not put(qs[0], (i, item, slot, None, [])):
                     return
         except BaseException as e:  # the input iterator itself failed
             fail(e)
@@ -126,29 +128,20 @@ def run_pipeline(items: Iterable[Any], stages: Sequence[Callable], slots: Sequen
         while True:
             msg = get(qs[k])
             if msg is _STOP:
-                if not last:
-                    put(qs[k + 1], _STOP)
+                put(qs[k + 1], _STOP)
                 return
-            i, item, slot, carry = msg
+            i, item, slot, carry, times = msg
             t = time.perf_counter()
             try:
                 carry = fn(item, slot, carry)
             except BaseException as e:
-                free.put(slot)
                 fail(e)
-                if not last:
-                    put(qs[k + 1], _STOP)
                 return
-            dt = time.perf_counter() - t
-            stats.stage_seconds[k] += dt
-            timings.setdefault(i, [0.0] * len(stages))[k] = dt
+            times.append(time.perf_counter() - t)
+            stats.stage_seconds[k] += times[-1]
             if last:
-                results[i] = carry
-                free.put(slot)
-                if bar:
-                    bar.update()
-            elif not put(qs[k + 1], (i, item, slot, carry)):
-                free.put(slot)
+                free.put(slot)  # the last stage is done with the slot's buffers
+            if not put(qs[k + 1], (i, item, slot, carry, times)):
                 return
 
     t0 = time.perf_counter()
@@ -157,22 +150,33 @@ def run_pipeline(items: Iterable[Any], stages: Sequence[Callable], slots: Sequen
                 for k in range(len(stages))]
     for th in threads:
         th.start()
-    for th in threads:
-        th.join()
-    # drain anything left in the queues so the caller gets every slot back
-    for q in qs:
+    try:
         while True:
-            try:
-                msg = q.get_nowait()
-            except queue.Empty:
+            msg = get(qs[-1])
+            if msg is _STOP:
                 break
-            if msg is not _STOP:
-                free.put(msg[2])
-    stats.wall_seconds = time.perf_counter() - t0
-    if bar:
-        bar.close()
+            i, _, _, result, times = msg
+            stats.items += 1
+            stats.per_item.append(times)
+            stats.wall_seconds = time.perf_counter() - t0
+            if bar:
+                bar.update()
+            yield i, result, times
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
+        stats.wall_seconds = time.perf_counter() - t0
+        if bar:
+            bar.close()
     if error:
         raise error[0]
-    stats.items = len(results)
-    stats.per_item = [timings[i] for i in range(len(results))]
-    return [results[i] for i in range(len(results))], stats
+
+
+def run_pipeline(items: Iterable[Any], stages: Sequence[Callable], slots: Sequence[Any],
+                 names: Sequence[str] | None = None, progress: bool | Progress = False,
+                 total: int | None = None) -> tuple[list[Any], PipelineStats]:
+    """Run every item through the stages; return the results in input order and the stats."""
+    stats = PipelineStats(list(names or []))
+    results = [r for _, r, _ in iter_pipeline(items, stages, slots, names, progress, total, stats)]
+    return results, stats

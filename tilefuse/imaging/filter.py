@@ -1,0 +1,223 @@
+"""`filter2d`: tiled 2-D correlation of an image on the CPU's cores (OpenCV filter2D semantics).
+
+Checks and dtype rules live here; the arithmetic is in ``kernels.py`` (fast, numba) and
+``reference.py`` (spec, numpy); tile geometry in ``tiles.py``.
+
+Output dtype:
+
+- float32 image -> float32.
+- uint8 / int16 / int32 image with an integer-valued kernel -> int32, exact (int32 arithmetic,
+  wrapping modulo 2**32 if the sums overflow, as int32 hardware does).
+- integer image with a kernel holding non-integers (e.g. a normalised Gaussian) -> float32.
+- ``saturate=True`` casts an integer image's result back to the image dtype like OpenCV's
+  ``filter2D(src, -1, ...)``: round half to even, then clip to the dtype's range.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import kernels, tiles
+from .reference import BORDER_CODES, BORDERS
+
+DTYPES = (np.dtype(np.uint8), np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.float32))
+MAX_KERNEL = 31  # per side; direct correlation costs kh*kw per pixel, beyond this use an FFT
+METHODS = ("direct", "paper")
+_BANDS_PER_WORKER = 2  # auto tile: full-width row bands, this many per worker
+
+
+def default_workers() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    if workers not in _POOLS:
+        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="tilefuse-imaging")
+    return _POOLS[workers]
+
+
+def check_image(image) -> np.ndarray:
+    """The image as an array, or a ValueError / TypeError naming what is wrong."""
+    arr = np.asarray(image)
+    if arr.ndim not in (2, 3):
+        raise ValueError(f"image: found a {arr.ndim}-D array of shape {arr.shape}, "
+                         "expected 2-D (H, W) or 3-D (H, W, C)")
+    if arr.size == 0:
+        raise ValueError(f"image: found an empty array of shape {arr.shape}, "
+                         "expected at least one pixel")
+    if arr.dtype not in DTYPES:
+        raise TypeError(f"image: found dtype {arr.dtype}, expected one of "
+                        f"{', '.join(str(d) for d in DTYPES)}")
+    return arr
+
+
+def _check_kernel_array(k, name: str, ndim: int) -> np.ndarray:
+    arr = np.asarray(k)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name}: found dtype {arr.dtype}, expected integer or float weights")
+    if arr.size == 0:
+        raise ValueError(f"{name}: found an empty kernel of shape {arr.shape}, "
+                         "expected odd sides (1, 3, 5, 7, ...)")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name}: found a {arr.ndim}-D array of shape {arr.shape}, "
+                         f"expected {ndim}-D")
+    if any(s % 2 == 0 for s in arr.shape):
+        raise ValueError(f"{name}: found shape {arr.shape} with an even side, "
+                         "expected odd sides (1, 3, 5, 7, ...) so the kernel has a centre")
+    if any(s > MAX_KERNEL for s in arr.shape):
+        raise ValueError(f"{name}: found shape {arr.shape}, expected sides of at most "
+                         f"{MAX_KERNEL} (direct correlation; use an FFT for larger kernels)")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name}: found non-finite weights (nan or inf), expected finite ones")
+    return arr
+
+
+def check_kernel(kernel) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """(2-D kernel, separable factors or None). A tuple of two 1-D arrays ``(v, h)`` is the
+    separable kernel ``outer(v, h)``: ``v`` runs down the rows, ``h`` along the columns."""
+    if isinstance(kernel, tuple) and len(kernel) == 2 and all(np.ndim(f) == 1 for f in kernel):
+        v = _check_kernel_array(kernel[0], "kernel[0] (vertical factor)", 1)
+        h = _check_kernel_array(kernel[1], "kernel[1] (horizontal factor)", 1)
+        return np.outer(v, h), (v, h)
+    return _check_kernel_array(kernel, "kernel", 2), None
+
+
+def _is_integral(arr: np.ndarray) -> bool:
+    if arr.dtype.kind in "biu":
+        return bool(np.all((arr >= -2**31) & (arr < 2**31)))
+    return bool(np.all(arr == np.round(arr)) and np.all(np.abs(arr) < 2**31))
+
+
+def accumulator_dtype(image_dtype, kernel) -> np.dtype:
+    """int32 for an integer image and integer-valued kernel (exact), float32 otherwise."""
+    kernels_ = kernel if isinstance(kernel, tuple) else (kernel,)
+    if np.dtype(image_dtype).kind in "iu" and all(_is_integral(np.asarray(k)) for k in kernels_):
+        return np.dtype(np.int32)
+    return np.dtype(np.float32)
+
+
+def check_tile(tile, shape: tuple[int, int], ksize: tuple[int, int], workers: int) -> tuple[int, int]:
+    """The (rows, cols) tile size; "auto" picks full-width row bands, a few per worker."""
+    h, w = shape
+    kh, kw = ksize
+    if isinstance(tile, str):
+        if tile != "auto":
+            raise ValueError(f"tile: found {tile!r}, expected 'auto' or (rows, cols)")
+        bands = max(1, workers * _BANDS_PER_WORKER)
+        return (-(-h // bands) + kh - 1, w + kw - 1)
+    try:
+        th, tw = (int(s) for s in tile)
+        exact = all(int(s) == s for s in tile)
+    except (TypeError, ValueError):
+        raise ValueError(f"tile: found {tile!r}, expected 'auto' or a pair (rows, cols)") from None
+    if not exact or th < 1 or tw < 1:
+        raise ValueError(f"tile: found {tile!r}, expected two positive integers (rows, cols)")
+    if th < kh or tw < kw:
+        raise ValueError(
+            f"tile: found {(th, tw)}, smaller than the kernel halo allows: tiles overlap by "
+            f"the halo {(kh - 1, kw - 1)}, so each side must be at least the kernel size "
+            f"{(kh, kw)} (halo + 1 pixel of output)")
+    return th, tw
+
+
+def check_workers(workers) -> int:
+    if workers is None:
+        return default_workers()
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise ValueError(f"workers: found {workers!r}, expected a positive integer or None")
+    return int(workers)
+
+
+def saturate_cast(result: np.ndarray, dtype) -> np.ndarray:
+    """Round half to even and clip to ``dtype``'s range (OpenCV's saturate_cast)."""
+    info = np.iinfo(dtype)
+    if result.dtype.kind == "f":
+        result = np.rint(result)
+    return np.clip(result, info.min, info.max).astype(dtype)
+
+
+def _filter_plane(src: np.ndarray, k: np.ndarray, sep, border: str, tile, workers: int,
+                  method: str, out: np.ndarray) -> None:
+    """Filter one C-contiguous 2-D plane into ``out`` (accumulator dtype)."""
+    plan = tiles.plan_tiles(src.shape, tile, k.shape)
+    if method == "paper":
+        work = [plan[core::workers] for core in range(min(workers, len(plan)))]
+        futures = [_pool(workers).submit(tiles.filter_tiles, src, k, g, out) for g in work]
+        for f in futures:
+            f.result()
+        return
+    groups = tiles.assign(plan, workers)
+    mode = BORDER_CODES[border]
+    if sep is None:
+        run, args = kernels.correlate_regions, (src, k)
+    else:
+        run, args = kernels.separable_regions, (src, sep[0], sep[1])
+    if len(groups) == 1:
+        run(*args, out, groups[0], mode)
+        return
+    futures = [_pool(workers).submit(run, *args, out, g, mode) for g in groups]
+    for f in futures:
+        f.result()
+
+
+def filter2d(image, kernel, border: str = "replicate", tile="auto", workers: int | None = None,
+             saturate: bool = False, method: str = "direct", out: np.ndarray | None = None
+             ) -> np.ndarray:
+    """Correlate ``image`` (H, W) or (H, W, C) with an odd ``kernel``, OpenCV filter2D style.
+
+    kernel: (kh, kw) array with odd sides up to ``MAX_KERNEL``, or a tuple ``(v, h)`` of two
+        1-D arrays for the separable kernel ``outer(v, h)`` (computed in two passes).
+    border: "replicate" (default, the paper's), "constant" (zeros) or "reflect"
+        (OpenCV BORDER_REFLECT_101 = scipy "mirror": ``dcb|abcd|cba``).
+    tile: (rows, cols) of input pixels per tile, halo included (the paper uses (64, 32)), or
+        "auto": full-width row bands, ``_BANDS_PER_WORKER`` per worker (fastest here).
+    workers: threads the tiles are spread over (default: all cores this process may use).
+    saturate: for integer images, cast back to the image dtype (see module doc).
+    method: "direct" (numba kernels read each tile's halo from the image) or "paper" (each
+        tile copied to a buffer, padded and filtered on its own; replicate border only).
+    out: optional preallocated result (accumulator dtype, image shape), written in place.
+    """
+    img = check_image(image)
+    k2d, sep = check_kernel(kernel)
+    if border not in BORDERS:
+        raise ValueError(f"border: found {border!r}, expected one of {BORDERS}")
+    if method not in METHODS:
+        raise ValueError(f"method: found {method!r}, expected one of {METHODS}")
+    if method == "paper" and border != "replicate":
+        raise ValueError(f"border: found {border!r} with method='paper', expected 'replicate' "
+                         "(the paper's per-tile padding rules are replicate rules)")
+    nworkers = check_workers(workers)
+    th_tw = check_tile(tile, img.shape[:2], k2d.shape, nworkers)
+    acc = accumulator_dtype(img.dtype, kernel if sep is None else sep)
+    if out is None:
+        out = np.empty(img.shape, dtype=acc)
+    elif out.shape != img.shape or out.dtype != acc or not out.flags.c_contiguous:
+        raise ValueError(f"out: found {out.dtype} array of shape {out.shape}, expected a "
+                         f"C-contiguous {acc} array of shape {img.shape}")
+    k = k2d.astype(acc)
+    if sep is not None and method == "direct":
+        sep = (sep[0].astype(acc), sep[1].astype(acc))
+    else:
+        sep = None
+    if img.ndim == 2:
+        _filter_plane(np.ascontiguousarray(img), k, sep, border, th_tw, nworkers, method, out)
+    else:
+        # (H, W, C) -> C planes (H, W), filtered one after another
+        plane = np.empty(img.shape[:2], dtype=acc)
+        for c in range(img.shape[2]):
+            _filter_plane(np.ascontiguousarray(img[..., c]), k, sep, border, th_tw, nworkers,
+                          method, plane)
+            out[..., c] = plane
+    if saturate and img.dtype.kind in "iu":
+        return saturate_cast(out, img.dtype)
+    return out
