@@ -1,0 +1,580 @@
+"""Unfused and fused training schedules over a Network.
+
+A schedule runs one training step as a list of units (see traffic.py):
+
+* unfused: every op is its own unit (BN is two: statistics, then apply; its backward is two:
+  sums, then apply), every tensor goes to main memory, and a tensor with several consumers
+  gets its gradient summed by a separate error-Add unit;
+* fused: the patterns found by patterns.find_patterns become conv-centred units:
+    forward  C1 unit:  conv, epilogue = bias + BN step 1 (per-channel sums of x and x^2), after
+                       which F1, F2, F3 and the running statistics are computed;
+             C2 unit:  input stage = BN step 2 (F1*x + F2) [+ shortcut, itself BN3-step-2'd in
+                       4-2] [+ ReLU], applied per im2col plane; pattern 4 also writes the
+                       result (C2's input, kept for its weight gradient);
+    backward C2 unit:  post-processing of its input gradient = error Add (+ the other
+                       branch's gradient) -> ReLU' -> BN step 1 (sums S1, S2 of the BN(s));
+             C1/C3 unit: pre-processing of its output gradient = F1*dz + B*x + C;
+                       the error Add at the shortcut's fork in its post-processing.
+  Layers outside the patterns run as in the unfused schedule.
+
+Activations are CNHW inside (kernels.py); network inputs and input gradients are NCHW.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from ..errors import GraphError, UnsupportedOpError
+from ..ir import Network
+from . import kernels as K
+from .patterns import Pattern, find_patterns
+from .traffic import MemoryTracker, TrafficLog
+
+MEMORY_BOUND = ("batch_norm", "relu", "add", "scale")
+
+
+def _nb(a) -> int:
+    return int(a.nbytes)
+
+
+class Schedule:
+    """One network's training step under the 'unfused' or 'fused' schedule."""
+
+    def __init__(self, net: Network, params: dict, buffers: dict, mode: str = "fused",
+                 bn_momentum: float = 0.1, seed: int = 0):
+        if mode not in ("fused", "unfused"):
+            raise ValueError(f"schedule '{mode}' is not known; expected 'fused' or 'unfused'")
+        self.net, self.params, self.buffers, self.mode = net, params, buffers, mode
+        self.momentum = bn_momentum
+        self.rng = np.random.default_rng(seed)
+        if len(net.outputs) != 1:
+            raise GraphError(net.name, f"has {len(net.outputs)} outputs; training expects one "
+                                       f"(the logits)")
+        self.ops = list(net.ops)
+        out = net.outputs[0]
+        if out.producer.op == "softmax":     # cross-entropy takes the softmax's input
+            self.ops.remove(out.producer)
+            out = out.producer.inputs[0]
+        if len(out.shape) != 2:
+            raise GraphError(out.name, f"logits have shape {out.shape}; expected (N, classes)")
+        self.logits = out
+        for op in self.ops:
+            self._check(op)
+        # the patterns are found in both schedules (the unfused report is per pattern too);
+        # only the fused schedule executes them as fused units
+        self.found: list[Pattern] = find_patterns(net)
+        self.patterns: list[Pattern] = self.found if mode == "fused" else []
+        self.pattern_of: dict[str, Pattern] = {}     # memory-bound op name -> pattern
+        self.c2_of: dict[str, Pattern] = {}          # conv name -> pattern it is C2 of
+        self.stat_of: dict[str, tuple] = {}          # conv name -> (pattern, bn op)
+        self.fork_owner: dict[str, str] = {}         # tensor -> layer charged for its error Add
+        for p in self.patterns:
+            for m in p.members:
+                self.pattern_of[m.name] = p
+            self.c2_of[p.c2.name] = p
+            if p.bn is not None:
+                self.stat_of[p.c1.name] = (p, p.bn)
+            if p.bn3 is not None:
+                self.stat_of[p.c3.name] = (p, p.bn3)
+        found_of = {m.name: p for p in self.found for m in p.members}
+        for op in self.ops:                          # the error Add of a residual shortcut
+            if op.op == "add":
+                p = found_of.get(op.name)
+                sc = p.shortcut if p is not None else None
+                for d in op.inputs:
+                    if len(d.consumers) > 1:
+                        self.fork_owner.setdefault(d.name, op.name)
+                if sc is not None:
+                    self.fork_owner[sc.name] = op.name
+        self.order = {op.name: i for i, op in enumerate(self.ops)}
+        self.timing: dict[str, float] = defaultdict(float)
+
+    @staticmethod
+    def _check(op):
+        if op.op == "conv2d" and (op.params.get("relu") or op.params.get("has_residual")):
+            raise UnsupportedOpError(f"{op.name}: conv2d with a fused relu/residual epilogue cannot be "
+                                     f"trained; expected a network before inference fusion")
+        if op.op in ("softmax", "local_response_norm"):
+            raise UnsupportedOpError(f"{op.name}: {op.op} inside the network is not trainable; "
+                                     f"expected softmax only as the last op")
+        if op.op == "flatten" and op.params["start_dim"] != 1:
+            raise UnsupportedOpError(f"{op.name}: flatten(start_dim={op.params['start_dim']}); "
+                                     f"expected start_dim=1")
+
+    # ------------------------------------------------------------------ helpers
+
+    def P(self, d):
+        """Value of a constant (trainable copy or buffer) or a live activation."""
+        if d.is_constant:
+            return self.params[d.name] if d.name in self.params else self.buffers[d.name]
+        return self.env[d.name]
+
+    def _store(self, u, name, arr, layer, writer):
+        self.env[name] = arr
+        u.write(name, _nb(arr), layer)
+        self.mem.alloc(name, _nb(arr), layer, writer)
+
+    def _param_grad(self, name, g):
+        g = np.asarray(g, dtype=self.params[name].dtype).reshape(self.params[name].shape)
+        if name in self.pgrads:
+            self.pgrads[name] = self.pgrads[name] + g
+        else:
+            self.pgrads[name] = g
+
+    def _layer_of_fork(self, t):
+        return self.fork_owner.get(t, f"error-add:{t}")
+
+    def _contribute(self, t, arr, u=None, layer=None, alias=False):
+        """Add a gradient contribution for tensor t (a separate error-Add unit if needed)."""
+        if t not in self.grads:
+            self.grads[t] = arr
+            if not alias:
+                u.write("d:" + t, _nb(arr), layer)
+                self.mem.alloc("d:" + t, _nb(arr), "grad", "d:" + t)
+            return
+        owner = self._layer_of_fork(t)
+        ua = self.log.unit("bwd", f"error-add {t}")
+        t0 = time.perf_counter()
+        old = self.grads[t]
+        ua.read("d:" + t, _nb(old), owner)
+        ua.read("d:" + t + "'", _nb(arr), owner)
+        s = K.add(old, arr)
+        ua.write("d:" + t, _nb(s), owner)
+        self.grads[t] = s
+        self.mem.alloc("d:" + t, _nb(s), "grad", "d:" + t)
+        if not alias and u is not None:
+            u.write("d:" + t + "'", _nb(arr), layer)
+        dt = time.perf_counter() - t0
+        self.timing["memory-bound"] += dt
+        self.timing["bwd:error-add"] += dt
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, inputs: list) -> np.ndarray:
+        self.env: dict = {}
+        self.grads: dict = {}
+        self.pgrads: dict = {}
+        self.bn: dict = {}
+        self.saved: dict = {}
+        self.log = TrafficLog()
+        self.mem = MemoryTracker()
+        for d, a in zip(self.net.inputs, inputs):
+            a = K.to_cnhw(a) if a.ndim == 4 else np.ascontiguousarray(a)
+            self.env[d.name] = a
+            self.mem.alloc(d.name, _nb(a), "input", "input")
+        for op in self.ops:
+            if op.name in self.pattern_of:
+                continue                              # runs inside a conv unit
+            t0 = time.perf_counter()
+            getattr(self, "_fwd_" + op.op)(op)
+            dt = time.perf_counter() - t0
+            self.timing["conv" if op.op == "conv2d" else
+                        ("memory-bound" if op.op in MEMORY_BOUND else "other")] += dt
+            self.timing["fwd:" + op.op] += dt
+        self.mem.end_forward()
+        return self.env[self.logits.name]
+
+    def _fwd_conv2d(self, op):
+        u = self.log.unit("fwd", op.name)
+        x, w = op.inputs[0], op.inputs[1]
+        p = op.params
+        g = K.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
+        bias = self.P(op.inputs[2]) if p["has_bias"] else None
+        pre, src = K.IDENTITY, x
+        pat = self.c2_of.get(op.name)
+        if pat is not None:
+            src, pre = self._fwd_pre(pat, op, u)
+        else:
+            u.read(x.name, _nb(self.env[x.name]), op.name)
+        stats = None
+        if op.name in self.stat_of:
+            stats = (np.zeros(g.O), np.zeros(g.O))
+        y = K.conv_forward_cnhw(self.env[src.name], self.P(w), g, bias=bias, pre=pre, stats=stats)
+        self._store(u, op.outputs[0].name, y, op.name, op.name)
+        if stats is not None:
+            _, bn = self.stat_of[op.name]
+            self._bn_finalize(bn, stats[0], stats[1], g.N * g.ho * g.wo)
+
+    def _fwd_pre(self, pat: Pattern, op, u):
+        """Input stage of C2: returns (stored source tensor, Pre)."""
+        x1 = pat.x1
+        u.read(x1.name, _nb(self.env[x1.name]), op.name)
+        if pat.kind == "1":
+            return x1, K.Pre(relu=True)
+        f1, f2 = self.bn[pat.bn.name].fwd_coefs(x1.dtype)
+        if pat.kind == "2":
+            return x1, K.Pre(a=f1, b=f2)
+        if pat.kind == "3":
+            return x1, K.Pre(a=f1, b=f2, relu=True)
+        add_l = pat.add.name
+        relu_l = pat.relu.name if pat.relu is not None else add_l
+        r = np.empty(self.env[x1.name].shape, x1.dtype)
+        self.env[pat.r.name] = r
+        u.write(pat.r.name, _nb(r), relu_l)
+        self.mem.alloc(pat.r.name, _nb(r), relu_l, op.name)
+        if pat.kind == "4-1":
+            s = self.env[pat.shortcut.name]
+            u.read(pat.shortcut.name, _nb(s), add_l)
+            return x1, K.Pre(a=f1, b=f2, s=s, relu=True, r_out=r)
+        x3 = pat.c3.outputs[0]
+        s = self.env[x3.name]
+        u.read(x3.name, _nb(s), add_l)
+        a2, b2 = self.bn[pat.bn3.name].fwd_coefs(x1.dtype)
+        return x1, K.Pre(a=f1, b=f2, s=s, a2=a2, b2=b2, relu=True, r_out=r)
+
+    def _bn_finalize(self, bn, s, ss, m):
+        g, b, mean, var = bn.inputs[1:]
+        run = None
+        if mean.name in self.buffers and var.name in self.buffers:
+            run = (self.buffers[mean.name], self.buffers[var.name])
+        st = K.BNState().finalize_forward(s, ss, m, self.P(g), self.P(b), bn.params["eps"], run,
+                                          self.momentum)
+        self.bn[bn.name] = st
+        return st
+
+    def _fwd_batch_norm(self, op):
+        x = self.env[op.inputs[0].name]
+        u1 = self.log.unit("fwd", op.name + ".stats")
+        u1.read(op.inputs[0].name, _nb(x), op.name)
+        s, ss, m = K.bn_stats(x)
+        st = self._bn_finalize(op, s, ss, m)
+        u2 = self.log.unit("fwd", op.name + ".apply")
+        u2.read(op.inputs[0].name, _nb(x), op.name)
+        self._store(u2, op.outputs[0].name, K.bn_apply(x, *st.fwd_coefs(x.dtype)), op.name, op.name)
+
+    def _fwd_scale(self, op):
+        x = self.env[op.inputs[0].name]
+        u = self.log.unit("fwd", op.name)
+        u.read(op.inputs[0].name, _nb(x), op.name)
+        a, b = self.P(op.inputs[1]), self.P(op.inputs[2])
+        self._store(u, op.outputs[0].name, K.bn_apply(x, a, b), op.name, op.name)
+
+    def _fwd_relu(self, op):
+        x = self.env[op.inputs[0].name]
+        u = self.log.unit("fwd", op.name)
+        u.read(op.inputs[0].name, _nb(x), op.name)
+        self._store(u, op.outputs[0].name, K.relu(x), op.name, op.name)
+
+    def _fwd_add(self, op):
+        a, b = (self.env[d.name] for d in op.inputs)
+        u = self.log.unit("fwd", op.name)
+        u.read(op.inputs[0].name, _nb(a), op.name)
+        u.read(op.inputs[1].name, _nb(b), op.name)
+        y = K.add(a, b)
+        if op.params.get("relu"):
+            y = K.relu(y)
+        self._store(u, op.outputs[0].name, y, op.name, op.name)
+
+    def _simple(self, op, fn):
+        x = self.env[op.inputs[0].name]
+        u = self.log.unit("fwd", op.name)
+        u.read(op.inputs[0].name, _nb(x), op.name)
+        self._store(u, op.outputs[0].name, fn(x), op.name, op.name)
+
+    def _fwd_max_pool(self, op):
+        p = op.params
+        out = {}
+
+        def run(x):
+            y, idx = K.max_pool_forward(x, p["kernel_size"], p["stride"], p["padding"], p["dilation"],
+                                        p["ceil_mode"])
+            out["idx"] = idx
+            return y
+        self._simple(op, run)
+        self.saved[op.name] = out["idx"]
+
+    def _fwd_avg_pool(self, op):
+        p = op.params
+        self._simple(op, lambda x: K.avg_pool_forward(x, p["kernel_size"], p["stride"], p["padding"],
+                                                      p["ceil_mode"], p["count_include_pad"]))
+
+    def _fwd_global_avg_pool(self, op):
+        self._simple(op, K.global_avg_pool_forward)
+
+    def _fwd_flatten(self, op):
+        def run(x):
+            if x.ndim == 4:            # CNHW -> (N, C*H*W) in NCHW order
+                return np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(x.shape[1], -1)
+            return x.reshape(x.shape[0], -1)
+        self._simple(op, run)
+
+    def _fwd_linear(self, op):
+        w = self.P(op.inputs[1])
+        b = self.P(op.inputs[2]) if op.params["has_bias"] else None
+        self._simple(op, lambda x: K.linear_forward(x, w, b))
+        if op.params.get("relu"):
+            self.env[op.outputs[0].name] = K.relu(self.env[op.outputs[0].name])
+
+    def _fwd_dropout(self, op):
+        prob = op.params["p"]
+        x = self.env[op.inputs[0].name]
+        mask = (self.rng.random(x.shape) >= prob).astype(x.dtype) / (1.0 - prob) if prob > 0 else None
+        self.saved[op.name] = mask
+        self._simple(op, lambda x: x * mask if mask is not None else x.copy())
+
+    def _fwd_concat(self, op):
+        ax = op.params["axis"] % len(op.inputs[0].shape)
+        phys = {0: 1, 1: 0}.get(ax, ax) if len(op.inputs[0].shape) == 4 else ax
+        xs = [self.env[d.name] for d in op.inputs]
+        u = self.log.unit("fwd", op.name)
+        for d, x in zip(op.inputs, xs):
+            u.read(d.name, _nb(x), op.name)
+        self._store(u, op.outputs[0].name, np.concatenate(xs, axis=phys), op.name, op.name)
+
+    # ------------------------------------------------------------------ backward
+
+    def backward(self, dlogits: np.ndarray):
+        """Gradients of every trainable constant (self.pgrads) and every network input."""
+        self.grads[self.logits.name] = dlogits
+        for op in reversed(self.ops):
+            t0 = time.perf_counter()
+            if op.name in self.pattern_of:
+                if op.op == "add":             # pass-through bookkeeping only
+                    self._bwd_add_virtual(op)
+                continue
+            gname = op.outputs[0].name
+            if op.name in self.stat_of:
+                gname = self.stat_of[op.name][1].outputs[0].name
+            if gname not in self.grads:
+                continue                      # no gradient reaches this op
+            getattr(self, "_bwd_" + op.op)(op)
+            self.mem.free_written_by(op.name)
+            self.mem.free("d:" + op.outputs[0].name)
+            dt = time.perf_counter() - t0
+            self.timing["conv" if op.op == "conv2d" else
+                        ("memory-bound" if op.op in MEMORY_BOUND else "other")] += dt
+            self.timing["bwd:" + op.op] += dt
+        out = {}
+        for d in self.net.inputs:
+            g = self.grads.get(d.name)
+            if g is not None:
+                out[d.name] = K.to_nchw(g) if g.ndim == 4 else g
+        self.mem.free_written_by("input")
+        return out
+
+    def _bwd_add_virtual(self, op):
+        """The Add inside pattern 4: the C2 unit stored d(Add out); pass it to the operands."""
+        dz = self.grads[op.outputs[0].name]
+        for d in op.inputs:
+            self._contribute(d.name, dz, alias=True)
+
+    def _bwd_conv2d(self, op):
+        u = self.log.unit("bwd", op.name)
+        x, w = op.inputs[0], op.inputs[1]
+        p = op.params
+        g = K.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
+        # ---- output side: dy, or F1*dz + B*x + C when this conv feeds a fused BN
+        dy_pre, dy = None, None
+        if op.name in self.stat_of:
+            pat, bn = self.stat_of[op.name]
+            dz_name = bn.outputs[0].name
+            dz = self.grads[dz_name]
+            xb = self.env[op.outputs[0].name]
+            u.read("d:" + dz_name, _nb(dz), op.name, side="out")
+            u.read(op.outputs[0].name, _nb(xb), bn.name, side="out")
+            dy_pre = (dz, xb) + self.bn[bn.name].bwd_coefs(xb.dtype)
+        else:
+            dy = self.grads[op.outputs[0].name]
+            u.read("d:" + op.outputs[0].name, _nb(dy), op.name, side="out")
+        # ---- input side: WG input (recomputed through the input stage) and post-processing
+        pat = self.c2_of.get(op.name)
+        pre, src, post, target = K.IDENTITY, x, None, x.name
+        need_dx = x.producer is not None or x in self.net.inputs
+        if pat is not None:
+            src, pre, post, target = self._bwd_c2(pat, op, u)
+        else:
+            u.read(x.name, _nb(self.env[x.name]), op.name)
+            if self.mode == "fused" and target in self.grads and target in self.fork_owner \
+                    and self.fork_owner[target] in self.pattern_of_names():
+                acc = self.grads[target]
+                u.read("d:" + target, _nb(acc), self.fork_owner[target])
+                post = K.Post(acc=acc)
+        dw, db, dx = K.conv_backward_cnhw(dy, self.env[src.name], self.P(w), g, pre=pre, post=post,
+                                          dy_pre=dy_pre, need_dx=need_dx, has_bias=p["has_bias"])
+        self._param_grad(w.name, dw)
+        if p["has_bias"]:
+            self._param_grad(op.inputs[2].name, db)
+        if op.name in self.stat_of:
+            pat_, bn = self.stat_of[op.name]
+            self.mem.free("d:" + bn.outputs[0].name)
+            if pat_.add is not None:
+                self.mem.free("d:" + pat_.add.outputs[0].name)
+        if not need_dx:
+            return
+        if post is not None and post.acc is not None:      # the error Add ran in post-processing
+            self.grads.pop(target, None)
+        if pat is not None:
+            self._finish_c2(pat, op, u, dx, post, target)
+        else:
+            self._contribute(target, dx, u, op.name)
+
+    def pattern_of_names(self):
+        if not hasattr(self, "_pnames"):
+            self._pnames = set(self.pattern_of)
+        return self._pnames
+
+    def _bwd_c2(self, pat: Pattern, op, u):
+        """C2's backward input side: (WG source, Pre, Post, gradient target)."""
+        x1 = pat.x1
+        ex1 = self.env[x1.name]
+        if pat.kind in ("1", "2", "3"):
+            u.read(x1.name, _nb(ex1), op.name)
+            if pat.kind == "1":
+                return x1, K.Pre(relu=True), K.Post(mk=ex1), x1.name
+            f1, f2 = self.bn[pat.bn.name].fwd_coefs(x1.dtype)
+            if pat.kind == "2":
+                return x1, K.Pre(a=f1, b=f2), K.Post(x1=ex1), pat.bn.outputs[0].name
+            return (x1, K.Pre(a=f1, b=f2, relu=True), K.Post(mk=ex1, ma=f1, mb=f2, x1=ex1),
+                    pat.bn.outputs[0].name)
+        r = pat.r
+        er = self.env[r.name]
+        u.read(r.name, _nb(er), op.name)                   # stored C2 input: WG and ReLU'
+        u.read(x1.name, _nb(ex1), pat.bn.name)             # BN step 1 needs BN's input
+        acc = self.grads.get(r.name)
+        if acc is not None:                                # error Add with the other branch
+            u.read("d:" + r.name, _nb(acc), self._layer_of_fork(r.name))
+        x3 = self.env[pat.c3.outputs[0].name] if pat.kind == "4-2" else None
+        if x3 is not None:
+            u.read(pat.c3.outputs[0].name, _nb(x3), pat.bn3.name)
+        return r, K.IDENTITY, K.Post(acc=acc, mk=er, x1=ex1, x2=x3), pat.add.outputs[0].name
+
+    def _finish_c2(self, pat, op, u, dx, post, target):
+        """Store C2's post-processed input gradient; finish BN step 1 of the backward pass."""
+        r = pat.r
+        self.grads.pop(r.name, None)
+        self.mem.free("d:" + r.name)
+        self.grads[target] = dx
+        u.write("d:" + target, _nb(dx), op.name)
+        self.mem.alloc("d:" + target, _nb(dx), "grad", "d:" + target)
+        if pat.bn is not None:
+            for bn, s2 in ((pat.bn, post.s2a), (pat.bn3, post.s2b)):
+                if bn is None:
+                    continue
+                st = self.bn[bn.name].finalize_backward(post.s1, s2)
+                self._param_grad(bn.inputs[1].name, st.dgamma)
+                self._param_grad(bn.inputs[2].name, st.dbeta)
+
+    def _bwd_batch_norm(self, op):
+        x = self.env[op.inputs[0].name]
+        dy = self.grads[op.outputs[0].name]
+        st = self.bn[op.name]
+        u1 = self.log.unit("bwd", op.name + ".sums")
+        u1.read("d:" + op.outputs[0].name, _nb(dy), op.name)
+        u1.read(op.inputs[0].name, _nb(x), op.name)
+        s1, s2 = K.bn_bwd_sums(dy, x)
+        st.finalize_backward(s1, s2)
+        self._param_grad(op.inputs[1].name, st.dgamma)
+        self._param_grad(op.inputs[2].name, st.dbeta)
+        u2 = self.log.unit("bwd", op.name + ".apply")
+        u2.read("d:" + op.outputs[0].name, _nb(dy), op.name)
+        u2.read(op.inputs[0].name, _nb(x), op.name)
+        self._contribute(op.inputs[0].name, K.bn_bwd_apply(dy, x, *st.bwd_coefs(x.dtype)), u2, op.name)
+
+    def _bwd_scale(self, op):
+        x = self.env[op.inputs[0].name]
+        dy = self.grads[op.outputs[0].name]
+        u = self.log.unit("bwd", op.name)
+        u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
+        u.read(op.inputs[0].name, _nb(x), op.name)
+        s1, s2 = K.bn_bwd_sums(dy, x)
+        self._param_grad(op.inputs[1].name, s2)
+        self._param_grad(op.inputs[2].name, s1)
+        a = self.P(op.inputs[1])
+        z = np.zeros_like(a)
+        self._contribute(op.inputs[0].name, K.bn_bwd_apply(dy, x, a, z, z), u, op.name)
+
+    def _bwd_relu(self, op):
+        x = self.env[op.inputs[0].name]
+        dy = self.grads[op.outputs[0].name]
+        u = self.log.unit("bwd", op.name)
+        u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
+        u.read(op.inputs[0].name, _nb(x), op.name)
+        self._contribute(op.inputs[0].name, K.relu_backward(dy, x), u, op.name)
+
+    def _bwd_add(self, op):
+        dy = self.grads[op.outputs[0].name]
+        if op.params.get("relu"):
+            y = self.env[op.outputs[0].name]
+            u = self.log.unit("bwd", op.name)
+            u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
+            u.read(op.outputs[0].name, _nb(y), op.name)
+            dy = K.relu_backward(dy, y)
+            u.write("d:" + op.name + ".pre", _nb(dy), op.name)
+        for d in op.inputs:                   # d(a) = d(b) = d(out): no data moves
+            if d.producer is not None or d in self.net.inputs:
+                self._contribute(d.name, dy, alias=True)
+
+    def _bwd_simple(self, op, fn, reads_x=True):
+        dy = self.grads[op.outputs[0].name]
+        u = self.log.unit("bwd", op.name)
+        u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
+        x = self.env.get(op.inputs[0].name)
+        if reads_x:
+            u.read(op.inputs[0].name, _nb(x), op.name)
+        d = op.inputs[0]
+        if d.producer is not None or d in self.net.inputs:
+            self._contribute(d.name, fn(dy, x), u, op.name)
+
+    def _phys_shape(self, d):
+        s = d.shape
+        return (s[1], s[0], s[2], s[3]) if len(s) == 4 else s
+
+    def _bwd_max_pool(self, op):
+        idx = self.saved[op.name]
+        shape = self._phys_shape(op.inputs[0])
+        self._bwd_simple(op, lambda dy, x: K.max_pool_backward(dy, idx, shape), reads_x=False)
+
+    def _bwd_avg_pool(self, op):
+        p = op.params
+        shape = self._phys_shape(op.inputs[0])
+        self._bwd_simple(op, lambda dy, x: K.avg_pool_backward(
+            dy, shape, p["kernel_size"], p["stride"], p["padding"], p["count_include_pad"]),
+            reads_x=False)
+
+    def _bwd_global_avg_pool(self, op):
+        shape = self._phys_shape(op.inputs[0])
+        self._bwd_simple(op, lambda dy, x: K.global_avg_pool_backward(dy, shape), reads_x=False)
+
+    def _bwd_flatten(self, op):
+        d = op.inputs[0]
+
+        def run(dy, x):
+            if len(d.shape) == 4:
+                n, c, h, w = d.shape
+                return np.ascontiguousarray(dy.reshape(n, c, h, w).transpose(1, 0, 2, 3))
+            return dy.reshape(d.shape)
+        self._bwd_simple(op, run, reads_x=False)
+
+    def _bwd_linear(self, op):
+        w = self.P(op.inputs[1])
+        has_bias = op.params["has_bias"]
+
+        def run(dy, x):
+            if op.params.get("relu"):
+                dy = dy * (self.env[op.outputs[0].name] > 0)
+            dx, dw, db = K.linear_backward(dy, x, w, has_bias)
+            self._param_grad(op.inputs[1].name, dw)
+            if has_bias:
+                self._param_grad(op.inputs[2].name, db)
+            return dx
+        d = op.inputs[0]
+        if d.producer is None and d not in self.net.inputs:
+            d = None
+        self._bwd_simple(op, run)
+
+    def _bwd_dropout(self, op):
+        mask = self.saved[op.name]
+        self._bwd_simple(op, lambda dy, x: dy * mask if mask is not None else dy, reads_x=False)
+
+    def _bwd_concat(self, op):
+        dy = self.grads[op.outputs[0].name]
+        ax = op.params["axis"] % len(op.inputs[0].shape)
+        phys = {0: 1, 1: 0}.get(ax, ax) if len(op.inputs[0].shape) == 4 else ax
+        u = self.log.unit("bwd", op.name)
+        u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
+        sizes = np.cumsum([self.env[d.name].shape[phys] for d in op.inputs])[:-1]
+        for d, part in zip(op.inputs, np.split(dy, sizes, axis=phys)):
+            if d.producer is not None or d in self.net.inputs:
+                self._contribute(d.name, np.ascontiguousarray(part), u, op.name)

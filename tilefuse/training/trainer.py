@@ -1,0 +1,185 @@
+"""Trainer: one network, one optimizer, one schedule ("fused" or "unfused").
+
+    trainer = Trainer(net, SGD(lr=0.1, momentum=0.9), schedule="fused")
+    loss = trainer.step(x, labels)                  # forward, backward, update
+    loss, grads = trainer.forward_backward(x, labels)
+    trainer.state_dict()                            # numpy, keyed by constant names
+    trainer.to_torch_state_dict()                   # torch tensors (zoo/from_torch: loads as is)
+    print(trainer.traffic_report())
+
+Trainable parameters are the constants that are weights: conv2d/linear weight and bias,
+batch_norm gamma/beta, scale alpha/beta. batch_norm mean/var are buffers (running statistics,
+updated with `bn_momentum`, PyTorch's unbiased variance). The network's constants are never
+modified: the trainer keeps its own writable copies.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ..errors import GraphError
+from ..interpreter import bind_inputs
+from ..ir import Network
+from . import kernels as K
+from .schedule import MEMORY_BOUND, Schedule
+from .traffic import format_report, pattern_table
+
+_TRAINABLE = {"conv2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2)}
+
+
+class Trainer:
+    def __init__(self, net: Network, optimizer=None, schedule: str = "fused",
+                 loss: str = "cross_entropy", bn_momentum: float = 0.1, seed: int = 0):
+        if loss != "cross_entropy":
+            raise ValueError(f"loss '{loss}' is not supported; expected 'cross_entropy'")
+        net.lint()
+        self.net = net
+        self.optimizer = optimizer
+        self.params: dict[str, np.ndarray] = {}
+        self.buffers: dict[str, np.ndarray] = {}
+        self._bn_prefixes: list[str] = []
+        for op in net.ops:
+            for i in _TRAINABLE.get(op.op, ()):
+                if i < len(op.inputs) and op.inputs[i].is_constant:
+                    d = op.inputs[i]
+                    self.params.setdefault(d.name, np.array(d.value, copy=True))
+            if op.op == "batch_norm":
+                for d in op.inputs[3:5]:
+                    if d.is_constant:
+                        self.buffers.setdefault(d.name, np.array(d.value, copy=True))
+                mean = op.inputs[3].name
+                if mean.endswith(".running_mean"):
+                    self._bn_prefixes.append(mean[: -len(".running_mean")])
+        self.num_batches_tracked = 0
+        self.schedule = Schedule(net, self.params, self.buffers, schedule, bn_momentum, seed)
+        self.last_loss = None
+
+    @property
+    def patterns(self):
+        return self.schedule.found
+
+    # ------------------------------------------------------------------ steps
+
+    def forward(self, x) -> np.ndarray:
+        """Training-mode forward pass; returns the logits (N, classes)."""
+        xs = bind_inputs(self.net, x)
+        return self.schedule.forward(xs)
+
+    def forward_backward(self, x, labels):
+        """(loss, grads): gradients of every trainable parameter by constant name, plus the
+        network inputs' gradients under their input names (NCHW)."""
+        with _threads():
+            return self._forward_backward(x, labels)
+
+    def _forward_backward(self, x, labels):
+        logits = self.forward(x)
+        loss, dlogits = K.softmax_cross_entropy(logits, labels)
+        dins = self.schedule.backward(dlogits)
+        self.num_batches_tracked += 1
+        grads = dict(self.schedule.pgrads)
+        grads.update(dins)
+        self.last_loss = loss
+        return loss, grads
+
+    def step(self, x, labels) -> float:
+        if self.optimizer is None:
+            raise ValueError("Trainer.step needs an optimizer; construct Trainer(net, SGD(...))")
+        loss, grads = self.forward_backward(x, labels)
+        self.optimizer.step(self.params, {k: v for k, v in grads.items() if k in self.params})
+        return loss
+
+    def predict(self, x, batch: int | None = None) -> np.ndarray:
+        """Inference logits with the trained weights (running statistics, reference kernels)."""
+        from ..interpreter import evaluate
+        net = self.inference_network()
+        return evaluate(net, x)[0]
+
+    # ------------------------------------------------------------------ weights
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Weights and BN running statistics by constant name (torch keys for zoo/from_torch
+        networks, which also get `<bn>.num_batches_tracked`)."""
+        out = {k: v.copy() for k, v in self.params.items()}
+        out.update({k: v.copy() for k, v in self.buffers.items()})
+        for p in self._bn_prefixes:
+            out[p + ".num_batches_tracked"] = np.array(self.num_batches_tracked, dtype=np.int64)
+        return out
+
+    def to_torch_state_dict(self):
+        import torch
+        return {k: torch.from_numpy(np.array(v)) for k, v in self.state_dict().items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, v in state.items():
+            v = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
+            if k in self.params:
+                self.params[k][...] = v
+            elif k in self.buffers:
+                self.buffers[k][...] = v
+            elif k.endswith(".num_batches_tracked"):
+                self.num_batches_tracked = int(v)
+            else:
+                raise KeyError(f"state key '{k}' is not a parameter or buffer of '{self.net.name}'")
+
+    def inference_network(self, batch: int | None = None) -> Network:
+        """A copy of the network with the trained weights bound (for the reference evaluator
+        or the compiler); softmax tail kept."""
+        new = self.net.clone()
+        for d in new.constants():
+            v = self.params.get(d.name, self.buffers.get(d.name))
+            if v is not None:
+                d.value = None
+                d.bind_constant(v)
+        if batch is not None and batch != new.inputs[0].shape[0]:
+            raise GraphError(new.name, f"batch {batch} differs from the network's batch "
+                                       f"{new.inputs[0].shape[0]}; rebuild the network")
+        return new
+
+    # ------------------------------------------------------------------ reports
+
+    def traffic(self) -> list[dict]:
+        """Per-pattern traffic and memory held of the last step (bytes and paper units)."""
+        s = self.schedule
+        return pattern_table(s.found, s.log, s.mem)
+
+    def traffic_report(self, print_it: bool = True) -> str:
+        s = self.schedule
+        if not hasattr(s, "log"):
+            raise RuntimeError("traffic_report() needs one executed step first")
+        layers = [(op.name, op.op) for op in s.ops]
+        mb = {op.name for op in s.ops if op.op in MEMORY_BOUND}
+        unit_of = {op.name: op.inputs[0].nbytes for op in s.ops}
+        for p in s.found:
+            for m in p.members:
+                unit_of[m.name] = p.unit_bytes
+        text = format_report(s.mode, layers, s.found, s.log, s.mem, mb, unit_of)
+        if print_it:
+            print(text)
+        return text
+
+
+@contextlib.contextmanager
+def _threads():
+    """One thread for numba loops and BLAS while a step runs (measured fastest here).
+
+    OpenBLAS worker threads spin after each GEMM, numba's OpenMP threads wait at every
+    parallel region, and this machine's 2 cores are shared with other jobs: with both thread
+    pools active a short numba loop waited ~6-10 ms for a descheduled thread, and a ResNet50
+    batch-8 64x64 step took 2.0 s (numba 2 + BLAS 1: same; numba 1 + BLAS 2: 1.1-4.7 s)
+    instead of 0.36-0.41 s with one thread each. BLAS is limited with threadpoolctl when it
+    is installed (it comes with scikit-learn).
+    """
+    import numba
+    old = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            yield
+            return
+        with threadpool_limits(1, user_api="blas"):
+            yield
+    finally:
+        numba.set_num_threads(old)
