@@ -30,12 +30,12 @@ def __getattr__(name):
     import importlib
     if name in _LAZY:
         return importlib.import_module(_LAZY[name])
-    if name == "from_torch":
-        return importlib.import_module("tilefuse.frontend").from_torch
+    if name in ("from_torch", "from_onnx"):
+        return getattr(importlib.import_module("tilefuse.frontend"), name)
     raise AttributeError(f"module 'tilefuse' has no attribute '{name}'")
 
 
 __all__ = ["Network", "DataNode", "OpNode", "compile", "CompiledNetwork", "DataPackage",
            "load_package", "Session", "CPUDevice", "evaluate", "dev_malloc", "dev_free", "dev_memcpy",
            "compute_network", "HOST_TO_DEV", "DEV_TO_HOST", "GraphError", "PackageError",
-           "UnsupportedOpError", "OutOfDeviceMemory", "errors", "models", "from_torch"]
+           "UnsupportedOpError", "OutOfDeviceMemory", "errors", "models", "from_torch", "from_onnx"]
