@@ -32,6 +32,9 @@ def _describe_plan(compiled, out) -> None:
 
 
 def cmd_run(args) -> int:
+    if getattr(args, "schedule", "layer") == "stream":
+        from .stream.cli import run_stream_command
+        return run_stream_command(args)
     import tilefuse
     from .runtime import Session
     out = sys.stdout
@@ -42,7 +45,11 @@ def cmd_run(args) -> int:
         print(f"package {args.model}: {pkg.name}", file=out)
     else:
         t = time.perf_counter()
-        net = _model(args.model, args.batch, args.image_size, args.seed)
+        if getattr(args, "input_size", None):
+            from .stream.cli import model_for_input, parse_size
+            net = model_for_input(args.model, parse_size(args.input_size), batch=args.batch, seed=args.seed)
+        else:
+            net = _model(args.model, args.batch, args.image_size, args.seed)
         print(f"model {args.model}: batch {args.batch}, input {net.inputs[0].shape}, "
               f"{len(net.ops)} ops, built in {time.perf_counter() - t:.2f} s", file=out)
         compiled = tilefuse.compile(net, winograd=not args.no_winograd, algorithm=args.algorithm,
@@ -68,6 +75,8 @@ def cmd_run(args) -> int:
           f"{dt:.3f} s: {1e3 * dt / args.inputs:.1f} ms per run, {n_img / dt:.1f} images/s", file=out)
     print(f"stages per run: " + ", ".join(f"{nm} {1e3 * s / max(st.items, 1):.2f} ms"
                                           for nm, s in zip(st.stage_names, st.stage_seconds)), file=out)
+    from .stream.cli import peak_rss_bytes
+    print(f"peak memory (RSS) {peak_rss_bytes() / 2**20:.0f} MiB", file=out)
     if net is not None and not args.no_check:
         from .interpreter import evaluate
         t = time.perf_counter()
@@ -141,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-check", action="store_true")
     r.add_argument("--rtol", type=float, default=1e-3)
     r.add_argument("--atol", type=float, default=1e-4)
+    from .stream.cli import add_stream_arguments
+    add_stream_arguments(r)  # --input-size HxW, --schedule {layer,stream}, --band-rows, --stream-workers
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("compile", help="compile a zoo model into a .tfpkg package")

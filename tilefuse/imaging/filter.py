@@ -171,8 +171,8 @@ def _filter_plane(src: np.ndarray, k: np.ndarray, sep, border: str, tile, worker
 
 
 def filter2d(image, kernel, border: str = "replicate", tile="auto", workers: int | None = None,
-             saturate: bool = False, method: str = "direct", out: np.ndarray | None = None
-             ) -> np.ndarray:
+             saturate: bool = False, method: str = "direct", out: np.ndarray | None = None,
+             algorithm: str = "tiled") -> np.ndarray:
     """Correlate ``image`` (H, W) or (H, W, C) with an odd ``kernel``, OpenCV filter2D style.
 
     kernel: (kh, kw) array with odd sides up to ``MAX_KERNEL``, or a tuple ``(v, h)`` of two
@@ -186,7 +186,15 @@ def filter2d(image, kernel, border: str = "replicate", tile="auto", workers: int
     method: "direct" (numba kernels read each tile's halo from the image) or "paper" (each
         tile copied to a buffer, padded and filtered on its own; replicate border only).
     out: optional preallocated result (accumulator dtype, image shape), written in place.
+    algorithm: "tiled" (this module) or "linebuffer" (rows streamed through a k-row ring
+        buffer, seed 003; `imaging/linebuffer.py`; `tile` and `method` do not apply).
     """
+    if algorithm == "linebuffer":
+        from .linebuffer import filter2d_linebuffer
+        return filter2d_linebuffer(image, kernel, border=border, workers=workers, saturate=saturate,
+                                   out=out)
+    if algorithm != "tiled":
+        raise ValueError(f"algorithm: found {algorithm!r}, expected 'tiled' or 'linebuffer'")
     img = check_image(image)
     k2d, sep = check_kernel(kernel)
     if border not in BORDERS:

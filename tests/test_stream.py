@@ -1,0 +1,326 @@
+"""Streaming execution (issue 6): streamed == layer-by-layer, rings, stage balancing, plan numbers.
+
+Tolerance (float32): streamed results are compared with the layer-by-layer compiled session and
+with the reference evaluator at |a - b| <= ATOL * max(1, max|b|) + RTOL * |b|, RTOL = ATOL = 1e-5.
+The band kernels run the same im2col + GEMM arithmetic as the reference on row bands, but the
+GEMMs are blocked differently (chunks of a band instead of the whole map), so sums are added in
+a different order: a few float32 ulps per layer, not bit-identical.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilefuse
+from tilefuse.errors import GraphError
+from tilefuse.interpreter import evaluate
+from tilefuse.ir import Network
+from tilefuse.stream import (FullRows, RingError, RowRing, balance_stages, build_schedule,
+                             compile_stream, split_streamable)
+from tilefuse.stream.netutil import trunk, with_input_shape
+from tilefuse.stream.plan import layer_by_layer_bytes
+
+RTOL = ATOL = 1e-5
+
+
+def assert_close(got, ref, what=""):
+    got, ref = np.asarray(got), np.asarray(ref)
+    assert got.shape == ref.shape and got.dtype == ref.dtype, (what, got.shape, ref.shape)
+    scale = max(1.0, float(np.max(np.abs(ref))))
+    err = np.abs(got.astype(np.float64) - ref)
+    bound = ATOL * scale + RTOL * np.abs(ref)
+    assert np.all(err <= bound), f"{what}: max error {err.max():.3g} (scale {scale:.3g})"
+
+
+class W:
+    """Seeded weights with roughly unit-variance outputs."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def conv(self, o, c, kh, kw=None, groups=1):
+        kw = kh if kw is None else kw
+        fan = c // groups * kh * kw
+        return (self.rng.standard_normal((o, c // groups, kh, kw)) / np.sqrt(fan)).astype(np.float32)
+
+    def vec(self, n, lo=-0.5, hi=0.5):
+        return self.rng.uniform(lo, hi, n).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- hand-built nets
+
+def net_kernels(h, w):
+    """3x3, 5x5 stride 2, 7x7, dilated 3x3, asymmetric padding, 1x1 stride 2."""
+    p = W(1)
+    net = Network("kernels")
+    x = net.input("x", (1, 3, h, w))
+    y = net.relu(net.conv2d(x, p.conv(8, 3, 3), p.vec(8), padding=1))
+    y = net.relu(net.conv2d(y, p.conv(8, 8, 5), p.vec(8), stride=2, padding=2))
+    y = net.conv2d(y, p.conv(6, 8, 7), p.vec(6), padding=3)
+    y = net.relu(net.conv2d(y, p.conv(6, 6, 3), None, padding=2, dilation=2))
+    y = net.conv2d(y, p.conv(5, 6, 3, 2), p.vec(5), padding=(1, 0, 2, 1))
+    y = net.conv2d(y, p.conv(4, 5, 1), p.vec(4), stride=2)
+    net.output(y)
+    return net
+
+
+def net_pools(h, w):
+    """max/avg pooling with padding, ceil mode, count_include_pad off, dilated max pool, BN left
+    unfolded (becomes a scale), standalone ReLU."""
+    p = W(2)
+    net = Network("pools")
+    x = net.input("x", (1, 4, h, w))
+    y = net.conv2d(x, p.conv(6, 4, 3), p.vec(6), padding=1)
+    y = net.max_pool(y, 3, stride=2, padding=1)
+    y = net.batch_norm(y, p.vec(6, 0.5, 1.5), p.vec(6), p.vec(6), p.vec(6, 0.5, 2.0))
+    y = net.relu(y)
+    y = net.avg_pool(y, 3, stride=1, padding=1)
+    y = net.avg_pool(y, 3, stride=2, padding=1, count_include_pad=False, ceil_mode=True)
+    y = net.conv2d(y, p.conv(6, 6, 3), p.vec(6), padding=1)
+    y = net.max_pool(y, 2, stride=2, ceil_mode=True)
+    y = net.max_pool(y, 3, stride=1, padding=1, dilation=2) if min(y.shape[2:]) >= 5 else y
+    net.output(y)
+    return net
+
+
+def net_residual_concat(h, w):
+    """Residual blocks (one with a strided 1x1 downsample), a three-branch concat whose branches
+    have different receptive fields, a grouped and a depthwise conv, an add of two pools."""
+    p = W(3)
+    net = Network("branches")
+    x = net.input("x", (1, 4, h, w))
+    s = net.relu(net.conv2d(x, p.conv(8, 4, 3), p.vec(8), padding=1))
+    b = net.relu(net.conv2d(s, p.conv(8, 8, 3), p.vec(8), padding=1))
+    b = net.conv2d(b, p.conv(8, 8, 3), p.vec(8), padding=1)
+    s = net.relu(net.add(b, s))                                    # identity block
+    b = net.relu(net.conv2d(s, p.conv(12, 8, 3), p.vec(12), stride=2, padding=1))
+    b = net.conv2d(b, p.conv(12, 12, 3), p.vec(12), padding=1)
+    d = net.conv2d(s, p.conv(12, 8, 1), p.vec(12), stride=2)
+    s = net.relu(net.add(b, d))                                    # downsampling block
+    c1 = net.conv2d(s, p.conv(4, 12, 1), p.vec(4))
+    c2 = net.conv2d(s, p.conv(4, 12, 5), p.vec(4), padding=2)
+    c3 = net.max_pool(s, 3, stride=1, padding=1)
+    y = net.concat([c1, c2, c3], axis=1)                           # 20 channels
+    y = net.conv2d(y, p.conv(20, 20, 3, groups=4), p.vec(20), padding=1, groups=4)
+    y = net.conv2d(y, p.conv(20, 20, 3, groups=20), p.vec(20), padding=1, groups=20)
+    a = net.max_pool(y, 3, stride=1, padding=1)
+    v = net.avg_pool(y, 5, stride=1, padding=2)
+    net.output(net.add(a, v))
+    return net
+
+
+NETS = {"kernels": net_kernels, "pools": net_pools, "branches": net_residual_concat}
+SIZES = [(37, 23), (20, 41), (9, 9)]
+
+
+@pytest.mark.parametrize("name", list(NETS))
+@pytest.mark.parametrize("hw", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_hand_built_equals_layer_by_layer(name, hw):
+    net = NETS[name](*hw)
+    x = np.random.default_rng(7).standard_normal(net.inputs[0].shape).astype(np.float32)
+    ref = evaluate(net, x)[0]
+    lbl = tilefuse.Session(tilefuse.compile(net)).run(x)
+    assert_close(lbl, ref, "layer by layer vs reference")
+    for band in (1, 2, 3, 8):
+        got = compile_stream(net, band_rows=band).run(x)
+        assert_close(got, lbl, f"{name} {hw} band {band}")
+
+
+@pytest.mark.parametrize("name", list(NETS))
+def test_pipeline_equals_layer_by_layer(name):
+    net = NETS[name](31, 19)
+    x = np.random.default_rng(8).standard_normal(net.inputs[0].shape).astype(np.float32)
+    ref = evaluate(net, x)[0]
+    for workers, band, queue in ((2, 1, 1), (2, 4, 2), (3, 2, 0)):
+        s = compile_stream(net, band_rows=band, workers=workers, queue_bands=queue)
+        for _ in range(2):  # the rings are reused across runs
+            assert_close(s.run(x), ref, f"{name} workers {workers} band {band}")
+
+
+def test_resnet18_zoo_streamed_with_head():
+    # the whole zoo network: 21 ops stream, global pool / flatten / fc run on whole tensors
+    net = with_input_shape(tilefuse.models.resnet18(seed=0), (1, 3, 67, 45))
+    x = np.random.default_rng(0).standard_normal((1, 3, 67, 45)).astype(np.float32)
+    ref = evaluate(net, x)[0]
+    s = compile_stream(net, band_rows=2)
+    assert [op.op for op in s.schedule.tail] == ["global_avg_pool", "flatten", "linear"]
+    assert_close(s.run(x), ref, "resnet18 67x45")
+
+
+@pytest.mark.parametrize("band,workers", [(1, 1), (5, 1), (3, 2)])
+def test_resnet18_trunk_equals_layer_by_layer(band, workers):
+    net = trunk(tilefuse.models.resnet18(seed=1), (1, 3, 67, 45))
+    assert [d.shape for d in net.outputs] == [(1, 512, 3, 2)]
+    x = np.random.default_rng(1).standard_normal((1, 3, 67, 45)).astype(np.float32)
+    lbl = tilefuse.Session(tilefuse.compile(net)).run(x)
+    s = compile_stream(net, band_rows=band, workers=workers)
+    assert not s.schedule.tail
+    assert_close(s.run(x), lbl, f"resnet18 trunk band {band} workers {workers}")
+
+
+def test_batch_of_two():
+    net = NETS["branches"](15, 13)
+    net2 = with_input_shape(net, (2, 4, 15, 13))
+    x = np.random.default_rng(3).standard_normal((2, 4, 15, 13)).astype(np.float32)
+    assert_close(compile_stream(net2, band_rows=3).run(x), evaluate(net2, x)[0], "batch 2")
+
+
+# ----------------------------------------------------------------------------- the split
+
+def test_split_stops_at_global_ops():
+    net = tilefuse.models.resnet18(seed=0, image_size=64)
+    streamed, tail = split_streamable(net)
+    assert [op.op for op in tail] == ["global_avg_pool", "flatten", "linear"]
+    assert all(op.op in ("conv2d", "batch_norm", "relu", "add", "max_pool") for op in streamed)
+
+
+def test_not_streamable_first_op_is_named():
+    net = Network("flat")
+    x = net.input("x", (1, 3, 8, 8))
+    net.output(net.global_avg_pool(x, name="gap"))
+    with pytest.raises(GraphError, match="global_avg_pool"):
+        compile_stream(net)
+
+
+def test_wrong_input_shape_is_reported():
+    s = compile_stream(NETS["kernels"](20, 20))
+    with pytest.raises(GraphError, match=r"expected \(1, 3, 20, 20\)"):
+        s.run(np.zeros((1, 3, 21, 20), np.float32))
+
+
+# ----------------------------------------------------------------------------- ring buffer
+
+def test_ring_rotates_and_reads_logical_rows_in_order():
+    r = RowRing("t", (1, 2, 10, 3), capacity=4, consumers=1)
+    rows = np.arange(10 * 2 * 3, dtype=np.float32).reshape(10, 2, 3).transpose(1, 0, 2)[None]  # (1, 2, 10, 3)
+    r.write(0, rows[:, :, 0:3])
+    assert np.array_equal(r.read(0, 3), rows[:, :, 0:3])
+    r.release(0, 2)                       # rows 0, 1 are free
+    r.write(3, rows[:, :, 3:5])           # physical slots 3, 0: row 4 overwrote row 0
+    assert r.buf[0, 0, 0, 0] == rows[0, 0, 4, 0]
+    got = r.read(2, 5)                    # logical rows 2, 3, 4 across the physical end
+    assert np.array_equal(got, rows[:, :, 2:5])
+    out = np.zeros((1, 2, 3, 5), np.float32)
+    r.read_into(2, 5, out)
+    assert np.array_equal(out[..., :3], rows[:, :, 2:5]) and not out[..., 3:].any()
+
+
+def test_ring_refuses_overwriting_needed_rows_and_reading_evicted_ones():
+    r = RowRing("t", (1, 1, 10, 2), capacity=3, consumers=2)
+    r.write(0, np.zeros((1, 1, 3, 2), np.float32))
+    r.release(0, 2)                       # consumer 1 still needs row 0
+    with pytest.raises(RingError, match="would overwrite row 0"):
+        r.write(3, np.zeros((1, 1, 1, 2), np.float32))
+    r.release(1, 1)
+    r.write(3, np.zeros((1, 1, 1, 2), np.float32))
+    with pytest.raises(RingError, match=r"held are \[1, 4\)"):
+        r.read(0, 2)
+    with pytest.raises(RingError, match="expected row 4"):
+        r.write(5, np.zeros((1, 1, 1, 2), np.float32))
+
+
+def test_full_rows_never_evict():
+    a = np.arange(12, dtype=np.float32).reshape(1, 1, 4, 3)
+    f = FullRows("x", a, consumers=1, written=True)
+    f.release(0, 4)
+    assert np.array_equal(f.read(0, 4), a)
+
+
+def test_too_small_ring_is_caught():
+    net = NETS["kernels"](21, 17)
+    s = compile_stream(net, band_rows=2)
+    ring = next(iter(s.executor.rings.rings.values()))
+    s.executor.rings.rings[ring.name] = RowRing(ring.name, s.schedule.tensors[ring.name].shape,
+                                                max(1, ring.capacity - 2), consumers=len(ring.lows))
+    with pytest.raises((RingError, GraphError), match="would overwrite|requested"):
+        s.run(np.zeros(net.inputs[0].shape, np.float32))
+
+
+# ----------------------------------------------------------------------------- stage balancing
+
+@pytest.mark.parametrize("costs,k,expected", [
+    ([1, 1, 1, 1], 2, [0, 0, 1, 1]),
+    ([5, 1, 1, 1, 1, 1], 2, [0, 1, 1, 1, 1, 1]),
+    ([1, 1, 1, 1, 1, 5], 2, [0, 0, 0, 0, 0, 1]),
+    ([3, 3, 2, 2, 2], 3, [0, 1, 1, 2, 2]),
+    ([7], 4, [0]),
+    ([2, 2, 2], 1, [0, 0, 0]),
+])
+def test_balance_stages(costs, k, expected):
+    assert balance_stages(costs, k) == expected
+
+
+def test_balance_stages_is_optimal_on_random_costs():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        costs = [int(c) for c in rng.integers(1, 50, rng.integers(2, 9))]
+        k = int(rng.integers(2, 4))
+        got = balance_stages(costs, k)
+        worst = max(sum(c for c, s in zip(costs, got) if s == j) for j in set(got))
+        # brute force over every way to cut into <= k contiguous groups
+        import itertools
+        n = len(costs)
+        best = min(max(sum(costs[a:b]) for a, b in zip((0,) + cut, cut + (n,)))
+                   for m in range(0, k) for cut in itertools.combinations(range(1, n), m))
+        assert worst == best and got == sorted(got)
+
+
+def test_pipeline_stage_split_is_flop_balanced():
+    net = trunk(tilefuse.models.resnet18(seed=0), (1, 3, 67, 45))
+    s = compile_stream(net, band_rows=2, workers=2)
+    f = s.executor.stage_flops()
+    assert len(f) == 2 and max(f) / sum(f) < 0.6
+    assert "layer pipeline, 2 stages" in str(s.plan())
+
+
+# ----------------------------------------------------------------------------- plan numbers
+
+def chain(h, w, c=4, k=3, n=3):
+    p = W(4)
+    net = Network("chain")
+    y = net.input("x", (1, c, h, w))
+    for _ in range(n):
+        y = net.conv2d(y, p.conv(c, c, k), None, padding=k // 2)
+    net.output(y)
+    return net
+
+
+@pytest.mark.parametrize("k,band", [(3, 1), (3, 4), (5, 2)])
+def test_ring_rows_of_a_conv_chain(k, band):
+    # a stride-1 kxk chain: each hidden tensor holds its consumer's window (k rows) plus what
+    # its producer runs ahead (one band), nothing more
+    net = chain(40, 9, k=k)
+    s = compile_stream(net, band_rows=band)
+    hidden = [t for t in s.schedule.tensors.values() if not t.whole]
+    assert len(hidden) == 2
+    for t in hidden:
+        assert k <= t.capacity <= k + band, (t.name, t.capacity)
+    assert_close(s.run(np.ones((1, 4, 40, 9), np.float32)), evaluate(net, np.ones((1, 4, 40, 9), np.float32))[0])
+
+
+def test_layer_by_layer_bytes_of_a_chain():
+    net = chain(10, 6, c=4, n=3)
+    t = 4 * 10 * 6 * 4
+    assert layer_by_layer_bytes(net) == 2 * t       # a conv's input and output are live together
+
+
+def test_plan_reports_rows_and_bytes():
+    net = chain(64, 16, c=8, n=4)
+    s = compile_stream(net, band_rows=2)
+    p = s.plan()
+    assert [r["whole"] for r in p.rows] == [False, False, False, True]
+    assert all(r["capacity"] <= 5 for r in p.rows[:3])
+    row = 8 * 16 * 4
+    assert p.ring_bytes == sum(r["capacity"] for r in p.rows[:3]) * row
+    assert p.sink_bytes == 64 * row
+    assert p.layer_by_layer_bytes == 2 * 64 * row
+    text = str(p)
+    assert "rows held" in text and "layer by layer" in text
+
+
+def test_plan_resnet18_trunk_at_4k_cuts_activations_10x():
+    # no execution: the schedule and the rings only (about 40 MiB allocated)
+    net = trunk(tilefuse.models.resnet18(seed=0), (1, 3, 2160, 3840))
+    p = compile_stream(net, band_rows=2).plan()
+    assert p.layer_by_layer_bytes > 600 * 2**20
+    assert p.reduction >= 10, str(p)

@@ -1,0 +1,366 @@
+"""Band kernels: one streamed layer computing output rows [r0, r1) from its input rings.
+
+Every runner reads the input rows its band needs (`RowWindow.rows`), builds the padded band
+in a scratch buffer when the op has a window, and writes its output rows straight into the
+output ring's slots (ring capacities are whole bands, so a band write never wraps).
+
+conv2d, per image and group (numpy im2col + one GEMM per band, the reference algorithm on a
+band instead of the whole map):
+    xp    (C, Rin, W + l + r)        the padded input band, Rin = (R-1)*sh + d*(kh-1) + 1
+    cols  (Cg*kh*kw, R*Wo)           im2col of the band, one strided copy per tap
+    out   (Og, R*Wo) = Wg (Og, Cg*kh*kw) @ cols, then + bias (+ residual rows), ReLU, in place
+A 1x1 stride-1 unpadded conv multiplies the ring rows directly (no copy); a depthwise conv
+accumulates its taps with broadcasting instead of a GEMM.
+
+Pooling sums or maxes its taps over the padded band (max pads with -inf, avg with 0 and
+divides by separable per-row x per-column counts, PyTorch's count_include_pad and ceil_mode
+rules, as `kernels/reference.py`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import reference as ref
+from .schedule import Schedule, StreamLayer
+
+# target size of one im2col columns chunk (measured: 1-2 MiB best with a 1 MiB L2 per core)
+COLS_BYTES = 2 << 20
+
+
+class Scratch:
+    """Named scratch buffers shared by the layers of one thread (sized for the largest band)."""
+
+    def __init__(self):
+        self.bufs: dict[tuple[str, np.dtype], np.ndarray] = {}
+
+    def reserve(self, slot: str, nelem: int, dtype) -> None:
+        key = (slot, np.dtype(dtype))
+        if key not in self.bufs or self.bufs[key].size < nelem:
+            self.bufs[key] = np.empty(max(int(nelem), 1), dtype=dtype)
+
+    def get(self, slot: str, shape, dtype) -> np.ndarray:
+        n = int(np.prod(shape))
+        key = (slot, np.dtype(dtype))
+        buf = self.bufs.get(key)
+        if buf is None or buf.size < n:
+            self.reserve(slot, n, dtype)
+            buf = self.bufs[key]
+        return buf[:n].reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.bufs.values())
+
+
+class Runner:
+    """Computes one layer's output band; subclasses per op family."""
+
+    def __init__(self, layer: StreamLayer, sched: Schedule):
+        self.layer = layer
+        self.op = layer.op
+        self.in_shapes = [sched.tensors[n].shape for n in layer.inputs]
+        self.out_shape = sched.tensors[layer.output].shape
+        self.dtype = sched.tensors[layer.output].dtype
+        self.band = sched.band_rows
+        self.consts = [d.value for d in layer.op.inputs if d.is_constant]
+
+    def scratch_need(self) -> dict[str, int]:
+        """Scratch elements per slot for the largest band."""
+        return {}
+
+    def release_rows(self, r1: int) -> list[int]:
+        """After output rows [.., r1): the first row of each input still needed."""
+        out = []
+        for shape, win in zip(self.in_shapes, self.layer.windows):
+            h = shape[2]
+            out.append(h if r1 >= self.layer.rows else max(0, min(h, win.rows(r1, r1 + 1)[0])))
+        return out
+
+    def run(self, rings, scratch: Scratch, r0: int, r1: int, dst: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+def _fill_band(ring, scratch: Scratch, slot: str, shape, lo: int, hi: int, left: int, width: int,
+               pad_value, dtype, extra_rows: int = 0) -> np.ndarray:
+    """The padded input band (N, C, hi - lo, width): ring rows [lo, hi) ∩ [0, H) at column
+    `left`, pad_value everywhere else (and `extra_rows` more rows of pad_value below)."""
+    n, c, h, w = shape
+    xp = scratch.get(slot, (n, c, hi - lo + extra_rows, width), dtype)
+    if extra_rows:
+        xp[:, :, hi - lo:] = pad_value
+    a, b = max(lo, 0), min(hi, h)
+    if a > lo:
+        xp[:, :, :a - lo] = pad_value
+    if hi > b:
+        xp[:, :, max(b, a) - lo:] = pad_value
+    if left:
+        xp[:, :, a - lo:b - lo, :left] = pad_value
+    if width > left + w:
+        xp[:, :, a - lo:b - lo, left + w:] = pad_value
+    if b > a:
+        ring.read_into(a, b, xp[:, :, a - lo:b - lo, left:left + w])
+    return xp
+
+
+class ConvRunner(Runner):
+    def __init__(self, layer, sched):
+        super().__init__(layer, sched)
+        p = self.op.params
+        self.p = p
+        w = self.consts[0]
+        self.o, self.cg, self.kh, self.kw = w.shape
+        self.g = p["groups"]
+        self.og = self.o // self.g
+        acc = ref._acc_dtype(self.dtype)
+        self.acc = acc
+        # (O, Cg, kh, kw) -> (G, Og, Cg*kh*kw)
+        self.wm = np.ascontiguousarray(w.astype(acc).reshape(self.g, self.og, self.cg * self.kh * self.kw))
+        self.bias = self.consts[1].astype(acc).reshape(-1, 1, 1) if p["has_bias"] else None
+        n, c, h, wd = self.in_shapes[0]
+        t, b, l, r = p["padding"]
+        self.wo = self.out_shape[3]
+        self.width = wd + l + r
+        self.direct = (self.kh == self.kw == 1 and p["stride"] == (1, 1) and p["padding"] == (0, 0, 0, 0)
+                       and self.dtype == acc)
+        self.depthwise = self.cg == 1 and self.og == 1 and self.g > 1
+        self.flat = p["stride"] == (1, 1) and not self.direct
+
+    def _rin(self, rows):
+        return (rows - 1) * self.p["stride"][0] + self.p["dilation"][0] * (self.kh - 1) + 1
+
+    def scratch_need(self):
+        n, c, _, _ = self.in_shapes[0]
+        k = self.cg * self.kh * self.kw
+        need = {}
+        if not self.direct:
+            need["pad"] = n * c * (self._rin(self.band) + 1) * self.width
+        if self.depthwise:
+            need["tap"] = self.o * self.band * self.wo
+        elif self.flat:
+            span = self.band * self.width
+            need["cols"] = k * min(span, self._flat_chunk())
+            need["gemm"] = self.og * span
+        elif not self.direct:
+            need["cols"] = k * min(self.band, self._row_chunk()) * self.wo
+        return need
+
+    def _flat_chunk(self) -> int:
+        """Flat output positions per im2col chunk: the columns buffer stays near COLS_BYTES."""
+        return max(64, COLS_BYTES // (self.cg * self.kh * self.kw * self.acc.itemsize))
+
+    def _row_chunk(self) -> int:
+        """Output rows per im2col chunk (strided convs)."""
+        return max(1, COLS_BYTES // (self.cg * self.kh * self.kw * self.wo * self.acc.itemsize))
+
+    def run(self, rings, scratch, r0, r1, dst):
+        p = self.p
+        x_ring = rings[0]
+        R = r1 - r0
+        n = self.in_shapes[0][0]
+        if self.direct:
+            xb = x_ring.read(r0, r1)                                  # (N, C, R, W), no padding
+        else:
+            lo, hi = self.layer.windows[0].rows(r0, r1)
+            xb = _fill_band(x_ring, scratch, "pad", self.in_shapes[0], lo, hi, p["padding"][2],
+                            self.width, 0, self.acc, extra_rows=1)    # (N, C, Rin + 1, Wp)
+        res = rings[1].read(r0, r1) if p["has_residual"] else None   # (N, O, R, Wo)
+        for i in range(n):
+            if self.depthwise:
+                self._depthwise(xb[i], dst[i], scratch, R)
+                self._epilogue(dst[i], None if res is None else res[i])
+                continue
+            for g in range(self.g):
+                gs = slice(g * self.og, (g + 1) * self.og)
+                y = dst[i, gs]                                        # (Og, R, Wo): ring slots
+                rg = None if res is None else res[i, gs]
+                if self.direct:
+                    cols = xb[i, g * self.cg:(g + 1) * self.cg].reshape(self.cg, R * self.wo)  # a view
+                    self._gemm(g, cols, y)
+                    self._epilogue(y, rg, gs)
+                elif self.flat:
+                    self._flat_gemm(xb[i], g, y, rg, scratch, R)
+                else:
+                    self._strided_gemm(xb[i], g, y, rg, scratch, R)
+
+    def _gemm(self, g, cols, y):
+        """y (Og, R, W') = Wg @ cols (K, R*W'), written in place when y's rows are contiguous."""
+        og, R, m = y.shape
+        y2 = y.reshape(og, R * m) if y.dtype == self.acc else None
+        if y2 is not None and np.shares_memory(y2, y):
+            np.matmul(self.wm[g], cols, out=y2)
+        else:
+            y[...] = (self.wm[g] @ cols).reshape(og, R, m)
+
+    def _flat_gemm(self, xb, g, y, res, scratch, R):
+        """Stride 1: im2col over the padded width. With the band flattened to xf (Cg, (Rin+1)*Wp),
+        tap (a, b) of output position j = r*Wp + c is xf[:, a*dh*Wp + b*dw + j], so every tap
+        row of the columns is one contiguous run; positions c >= Wo are computed and dropped
+        (Wp - Wo of every Wp, a few per mille on wide images). Chunks over j keep the columns
+        buffer near COLS_BYTES."""
+        dh, dw = self.p["dilation"]
+        cg, kh, kw, wp = self.cg, self.kh, self.kw, self.width
+        xf = xb[g * cg:(g + 1) * cg].reshape(cg, -1)                  # (Cg, (Rin+1)*Wp), a view
+        span = R * wp
+        out = scratch.get("gemm", (self.og, span), self.acc)          # (Og, R*Wp)
+        step = self._flat_chunk()
+        for j0 in range(0, span, step):
+            m = min(step, span - j0)
+            cols3 = scratch.get("cols", (cg, kh * kw, m), self.acc)
+            for a in range(kh):
+                for b in range(kw):
+                    o = a * dh * wp + b * dw + j0
+                    cols3[:, a * kw + b] = xf[:, o:o + m]
+            np.matmul(self.wm[g], cols3.reshape(cg * kh * kw, m), out=out[:, j0:j0 + m])
+        out3 = out.reshape(self.og, R, wp)[:, :, :self.wo]            # (Og, R, Wo) valid columns
+        gs = slice(g * self.og, (g + 1) * self.og)
+        if self.bias is not None:
+            np.add(out3, self.bias[gs], out=y)
+        else:
+            y[...] = out3
+        if res is not None:
+            y += res
+        if self.p["relu"]:
+            np.maximum(y, 0, out=y)
+
+    def _strided_gemm(self, xb, g, y, res, scratch, R):
+        """Strided convs: im2col of whole output rows (one strided copy per tap), chunks of rows."""
+        sh, sw = self.p["stride"]
+        dh, dw = self.p["dilation"]
+        wo, cg, kh, kw = self.wo, self.cg, self.kh, self.kw
+        gs = slice(g * self.og, (g + 1) * self.og)
+        step = self._row_chunk()
+        for q0 in range(0, R, step):
+            rc = min(step, R - q0)
+            cols6 = scratch.get("cols", (cg, kh, kw, rc, wo), self.acc)
+            for a in range(kh):
+                for b in range(kw):
+                    # tap (a, b): rows (q0*sh + a*dh) + sh*[0, rc), columns b*dw + sw*[0, Wo)
+                    y0 = q0 * sh + a * dh
+                    cols6[:, a, b] = xb[g * cg:(g + 1) * cg, y0:y0 + (rc - 1) * sh + 1:sh,
+                                        b * dw:b * dw + (wo - 1) * sw + 1:sw]
+            yc = y[:, q0:q0 + rc]
+            self._gemm(g, cols6.reshape(cg * kh * kw, rc * wo), yc)
+            self._epilogue(yc, None if res is None else res[:, q0:q0 + rc], gs)
+
+    def _depthwise(self, xb, y, scratch, R):
+        # xb (C, Rin, Wp), y (C, R, Wo); per-channel weights (C, 1, kh, kw)
+        sh, sw = self.p["stride"]
+        dh, dw = self.p["dilation"]
+        wo = self.wo
+        w = self.wm.reshape(self.o, self.kh, self.kw)
+        tap = scratch.get("tap", (self.o, R, wo), self.acc)
+        y[...] = 0
+        for a in range(self.kh):
+            for b in range(self.kw):
+                np.multiply(xb[:, a * dh:a * dh + (R - 1) * sh + 1:sh, b * dw:b * dw + (wo - 1) * sw + 1:sw],
+                            w[:, a, b].reshape(-1, 1, 1), out=tap)
+                y += tap
+
+    def _epilogue(self, y, res, gs=slice(None)):
+        """y (O', R, W') += bias (+ residual rows), ReLU; in place, while y is in cache."""
+        if self.bias is not None:
+            y += self.bias[gs]
+        if res is not None:
+            y += res
+        if self.p["relu"]:
+            np.maximum(y, 0, out=y)
+
+
+class PoolRunner(Runner):
+    def __init__(self, layer, sched):
+        super().__init__(layer, sched)
+        p = self.op.params
+        self.p = p
+        self.is_max = self.op.op == "max_pool"
+        self.k = p["kernel_size"]
+        self.d = p.get("dilation", (1, 1))
+        n, c, h, w = self.in_shapes[0]
+        ho, wo = self.out_shape[2], self.out_shape[3]
+        t, b, l, r = p["padding"]
+        s = p["stride"]
+        self.width = max(w + l + r, (wo - 1) * s[1] + self.d[1] * (self.k[1] - 1) + 1)
+        self.acc = ref._acc_dtype(self.dtype)
+        if not self.is_max:
+            inc = p["count_include_pad"]
+
+            def counts(size, k, st, lo, hi, out):
+                # window [i*st - lo, i*st - lo + k) counted inside [-lo, size + hi) or [0, size)
+                a0, a1 = (-lo, size + hi) if inc else (0, size)
+                start = np.arange(out) * st - lo
+                return (np.minimum(start + k, a1) - np.maximum(start, a0)).astype(self.acc)
+            self.div_rows = counts(h, self.k[0], s[0], t, b, ho)
+            self.div_cols = counts(w, self.k[1], s[1], l, r, wo)
+
+    def scratch_need(self):
+        n, c, _, _ = self.in_shapes[0]
+        rin = (self.band - 1) * self.p["stride"][0] + self.d[0] * (self.k[0] - 1) + 1
+        need = {"pad": n * c * rin * self.width}
+        if not self.is_max and self.dtype != self.acc:
+            need["acc"] = n * c * self.band * self.out_shape[3]
+        return need
+
+    def run(self, rings, scratch, r0, r1, dst):
+        p = self.p
+        lo, hi = self.layer.windows[0].rows(r0, r1)
+        pad = -np.inf if self.is_max else 0
+        dt = self.dtype if self.is_max else self.acc
+        xp = _fill_band(rings[0], scratch, "pad", self.in_shapes[0], lo, hi, p["padding"][2], self.width,
+                        pad, dt)
+        R, wo = r1 - r0, self.out_shape[3]
+        sh, sw = p["stride"]
+        dh, dw = self.d
+        y = dst if dt == dst.dtype else scratch.get("acc", dst.shape, dt)
+        first = True
+        for a in range(self.k[0]):
+            for b in range(self.k[1]):
+                tap = xp[:, :, a * dh:a * dh + (R - 1) * sh + 1:sh, b * dw:b * dw + (wo - 1) * sw + 1:sw]
+                if first:
+                    y[...] = tap
+                    first = False
+                elif self.is_max:
+                    np.maximum(y, tap, out=y)
+                else:
+                    y += tap
+        if not self.is_max:
+            y /= self.div_rows[r0:r1, None] * self.div_cols[None, :]
+        if y is not dst:
+            dst[...] = y
+
+
+class RowLocalRunner(Runner):
+    def scratch_need(self):
+        return {}
+
+    def run(self, rings, scratch, r0, r1, dst):
+        op, p = self.op.op, self.op.params
+        xs = [ring.read(r0, r1) for ring in rings]
+        if op == "relu":
+            np.maximum(xs[0], 0, out=dst)
+        elif op == "add":
+            np.add(xs[0], xs[1], out=dst)
+            if p["relu"]:
+                np.maximum(dst, 0, out=dst)
+        elif op == "scale":
+            alpha, beta = self.consts
+            dst[...] = ref.scale(xs[0], alpha, beta)
+        elif op == "batch_norm":
+            dst[...] = ref.batch_norm(xs[0], *self.consts, eps=p["eps"])
+        elif op == "dropout":
+            dst[...] = xs[0]
+        elif op == "local_response_norm":
+            dst[...] = ref.local_response_norm(xs[0], **p)
+        elif op == "concat":
+            c0 = 0
+            for x in xs:
+                dst[:, c0:c0 + x.shape[1]] = x
+                c0 += x.shape[1]
+        else:  # pragma: no cover - schedule.STREAMABLE and this table must agree
+            raise NotImplementedError(f"{self.op.name}: no band kernel for op '{op}'")
+
+
+def make_runner(layer: StreamLayer, sched: Schedule) -> Runner:
+    if layer.kind == "conv2d":
+        return ConvRunner(layer, sched)
+    if layer.kind in ("max_pool", "avg_pool"):
+        return PoolRunner(layer, sched)
+    return RowLocalRunner(layer, sched)

@@ -1,0 +1,240 @@
+"""The streaming schedule: which ops stream, which rows each output band needs, ring sizes.
+
+Streamable ops (row-local in H): conv2d (any kernel, stride, dilation, padding, groups, fused
+bias/residual/ReLU), max_pool / avg_pool (padding, ceil_mode), relu, add, scale, batch_norm,
+dropout, local_response_norm, channel concat. The streamed part of a network is every op whose
+variable inputs are the (single, NCHW) network input or outputs of streamed ops; everything
+else (global pooling, flatten, linear, softmax and all that follows) is the tail, run on whole
+tensors afterwards. Streamed tensors the tail or the caller reads ("sinks") are kept whole.
+
+Row requirements. Output row r of a window op needs input rows
+    [r*s - pad_top, r*s - pad_top + d*(k-1)]            (clipped to [0, H_in); outside is padding)
+and of a row-local op (and of a conv's residual input) just row r.
+
+The schedule is found by a dry run over row counts (no data): input rows are fed `band_rows` at
+a time; after each feed the layers are swept in topological order, each emitting one band of as
+many output rows as its inputs allow (at most `band_rows`), and the sweep repeats while any
+layer can fire. So a full-resolution layer emits `band_rows` rows per feed, a layer after a
+stride-2 one half as many, and so on down the network: each layer lags its input by its
+window's halo, not by a whole band. (Waiting for full bands at every layer instead makes every
+layer lag by a band, and the rings of a ResNet18 at 4K hold 4x more rows.) The dry run records
+the steps (layer, r0, r1) and, for every tensor, the most rows ever held at once (rows written
+minus the smallest row a consumer still needs): that is its ring capacity. Replaying the steps
+with rings of those capacities is exact and never overwrites a row still needed (`ring.py`
+checks every write).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import GraphError
+from ..ir import Network, OpNode
+from ..ir.ops import flops as op_flops
+
+WINDOW_OPS = ("conv2d", "max_pool", "avg_pool")
+ROW_LOCAL_OPS = ("relu", "add", "scale", "batch_norm", "dropout", "local_response_norm", "concat")
+STREAMABLE = WINDOW_OPS + ROW_LOCAL_OPS
+
+
+@dataclass(frozen=True)
+class RowWindow:
+    """Output row r needs input rows r*stride + offset + [0, span)."""
+    stride: int = 1
+    offset: int = 0
+    span: int = 1
+
+    def rows(self, r0: int, r1: int) -> tuple[int, int]:
+        """Input rows [lo, hi) needed for output rows [r0, r1), unclipped (may be < 0 or > H)."""
+        return r0 * self.stride + self.offset, (r1 - 1) * self.stride + self.offset + self.span
+
+
+IDENTITY = RowWindow()
+
+
+@dataclass
+class StreamTensor:
+    name: str
+    shape: tuple[int, int, int, int]
+    dtype: np.dtype
+    producer: int                       # layer index, -1 for the network input
+    consumers: list[tuple[int, int]] = field(default_factory=list)   # (layer, input position)
+    sink: bool = False                  # kept whole: read by the tail or a network output
+    capacity: int = 0                   # rows held (ring size); the height for whole tensors
+    band: int = 1                       # rows per write
+
+    @property
+    def row_bytes(self) -> int:
+        n, c, _, w = self.shape
+        return n * c * w * self.dtype.itemsize
+
+    @property
+    def whole(self) -> bool:
+        return self.producer < 0 or self.sink
+
+    @property
+    def held_bytes(self) -> int:
+        return self.capacity * self.row_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[2] * self.row_bytes
+
+
+@dataclass
+class StreamLayer:
+    index: int
+    op: OpNode
+    inputs: list[str]                   # variable input tensors, in op input order
+    windows: list[RowWindow]            # row requirement per variable input
+    output: str
+    rows: int                           # output height
+    flops: int
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    @property
+    def kind(self) -> str:
+        return self.op.op
+
+
+@dataclass
+class Schedule:
+    network: Network                    # the optimized network the schedule was made for
+    input: str
+    layers: list[StreamLayer]
+    tensors: dict[str, StreamTensor]
+    sinks: list[str]
+    tail: list[OpNode]
+    steps: list[tuple[int, int, int]]   # (layer, r0, r1) in execution order
+    band_rows: int
+
+    @property
+    def streamed_flops(self) -> int:
+        return sum(l.flops for l in self.layers)
+
+
+def _window(op: OpNode) -> RowWindow:
+    p = op.params
+    k = op.inputs[1].shape[2] if op.op == "conv2d" else p["kernel_size"][0]
+    d = p.get("dilation", (1, 1))[0]
+    return RowWindow(p["stride"][0], -p["padding"][0], d * (k - 1) + 1)
+
+
+def _streamable(op: OpNode) -> bool:
+    if op.op not in STREAMABLE:
+        return False
+    if any(len(d.shape) != 4 for d in op.inputs if not d.is_constant) or len(op.outputs[0].shape) != 4:
+        return False
+    if op.op == "concat" and op.params["axis"] % 4 != 1:
+        return False
+    return True
+
+
+def split_streamable(net: Network) -> tuple[list[OpNode], list[OpNode]]:
+    """(streamed ops, tail ops), both in topological order."""
+    if len(net.inputs) != 1 or len(net.inputs[0].shape) != 4:
+        raise GraphError(net.name, f"streaming needs one (N, C, H, W) network input; found "
+                                   f"{[(d.name, d.shape) for d in net.inputs]}")
+    streamed_ids = {id(net.inputs[0])}
+    streamed, tail = [], []
+    for op in net.ops:
+        ins = [d for d in op.inputs if not d.is_constant]
+        if _streamable(op) and all(id(d) in streamed_ids for d in ins):
+            streamed.append(op)
+            streamed_ids.add(id(op.outputs[0]))
+        else:
+            tail.append(op)
+    return streamed, tail
+
+
+def build_schedule(net: Network, band_rows: int = 8) -> Schedule:
+    """Streamed part, tensors, dry-run steps and ring capacities of an optimized network."""
+    if band_rows < 1:
+        raise ValueError(f"band_rows must be >= 1, got {band_rows}")
+    streamed, tail = split_streamable(net)
+    if not streamed:
+        raise GraphError(net.name, "no op can be streamed: the first op is "
+                                   f"'{net.ops[0].op}' ({net.ops[0].name}); expected a conv, pool "
+                                   f"or element-wise op on the (N, C, H, W) input")
+    x = net.inputs[0]
+    tensors: dict[str, StreamTensor] = {x.name: StreamTensor(x.name, x.shape, x.dtype, -1)}
+    layers: list[StreamLayer] = []
+    for i, op in enumerate(streamed):
+        names, wins = [], []
+        for pos, d in enumerate(op.inputs):
+            if d.is_constant:
+                continue
+            win = _window(op) if (op.op in WINDOW_OPS and pos == 0) else IDENTITY
+            tensors[d.name].consumers.append((i, len(names)))
+            names.append(d.name)
+            wins.append(win)
+        out = op.outputs[0]
+        tensors[out.name] = StreamTensor(out.name, out.shape, out.dtype, i, band=band_rows)
+        layers.append(StreamLayer(i, op, names, wins, out.name, out.shape[2], op_flops(op)))
+    tail_reads = {d.name for op in tail for d in op.inputs if not d.is_constant}
+    outputs = {d.name for d in net.outputs}
+    sinks = [t.name for t in tensors.values() if t.producer >= 0 and (t.name in tail_reads or t.name in outputs)]
+    for s in sinks:
+        tensors[s].sink = True
+    steps = _dry_run(layers, tensors, x.name, band_rows)
+    return Schedule(net, x.name, layers, tensors, sinks, tail, steps, band_rows)
+
+
+def _dry_run(layers, tensors, input_name, band) -> list[tuple[int, int, int]]:
+    """Simulate the row flow; fill in tensor capacities; return the steps."""
+    produced = {name: 0 for name in tensors}
+    lows = {name: [0] * len(t.consumers) for name, t in tensors.items()}
+    peak = {name: 0 for name in tensors}
+    next_row = [0] * len(layers)
+    steps: list[tuple[int, int, int]] = []
+    x = tensors[input_name]
+    height = x.shape[2]
+
+    def ready(layer: StreamLayer) -> tuple[int, int] | None:
+        """The next band: up to `band` rows, as many as the inputs' rows allow (at least one)."""
+        r0 = next_row[layer.index]
+        r1 = min(r0 + band, layer.rows)
+        for name, win in zip(layer.inputs, layer.windows):
+            h, have = tensors[name].shape[2], produced[name]
+            if have < h:  # rows needing input row >= have must wait: (r - 1)*s + off + span <= have
+                r1 = min(r1, (have - win.offset - win.span) // win.stride + 1)
+        return (r0, r1) if r1 > r0 else None
+
+    while True:
+        if produced[input_name] < height:
+            produced[input_name] = min(height, produced[input_name] + band)
+        elif all(next_row[l.index] >= l.rows for l in layers):
+            break
+        # sweep the layers in order, each firing at most one band per sweep, until none can:
+        # depth first, so a layer that could emit several bands (the flush after the last
+        # input row) lets its consumers catch up between them
+        progress, fired = False, True
+        while fired:
+            fired = False
+            for layer in layers:
+                span = ready(layer)
+                if span is None:
+                    continue
+                r0, r1 = span
+                steps.append((layer.index, r0, r1))
+                out = layer.output
+                produced[out] = r1
+                low = min(lows[out]) if lows[out] else r1
+                peak[out] = max(peak[out], r1 - min(low, r0))
+                next_row[layer.index] = r1
+                for pos, (name, win) in enumerate(zip(layer.inputs, layer.windows)):
+                    h = tensors[name].shape[2]
+                    nxt = h if r1 >= layer.rows else max(0, min(h, win.rows(r1, r1 + 1)[0]))
+                    k = tensors[name].consumers.index((layer.index, pos))
+                    lows[name][k] = max(lows[name][k], nxt)
+                fired = progress = True
+        if not progress and produced[input_name] >= height:
+            stuck = [l.name for l in layers if next_row[l.index] < l.rows]
+            raise GraphError(stuck[0], f"streaming schedule is stuck with layers {stuck[:4]} unfinished")
+    for name, t in tensors.items():
+        t.capacity = t.shape[2] if t.whole else min(t.shape[2], max(peak[name], 1))
+    return steps
