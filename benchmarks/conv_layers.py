@@ -10,11 +10,17 @@ Per layer, batch and thread count: tilefuse time (algorithm from select_algorith
 torch.set_num_threads. Peak per thread count = max(numpy sgemm 4096^3, best torch conv
 figure of the run, which is oneDNN on this CPU).
 
-OpenBLAS in numpy's wheel does not recognise Zen 5 and falls back to its Haswell (AVX2)
-kernels (this machine's environment also pins OPENBLAS_CORETYPE=Haswell). With
---blas-coretype auto (default) the script keeps an existing OPENBLAS_CORETYPE and otherwise sets
-SkylakeX when the CPU has avx512f; --blas-coretype SkylakeX forces the AVX-512 kernels, which
-doubles sgemm here. The core type in use is printed in the header.
+Layout (--layout, default nchwc): the form the compiled network runs, blocked NCHW16c input and
+output (the layout pass keeps activations blocked between layers; the stem reads NCHW and writes
+NCHW16c); --layout nchw times the NCHW entry points (which convert inside every call).
+--tuned times every candidate algorithm and reports the fastest, which is what
+`tilefuse.compile(net, tune=True)` picks; otherwise the cost model's choice.
+
+BLAS: this machine's environment pins OPENBLAS_CORETYPE=Haswell (AVX2 sgemm, ~half the AVX-512
+speed). Run benchmarks with it unset in that command alone:
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/conv_layers.py
+(OpenBLAS 0.3.31 then picks SkylakeX by itself). --blas-coretype none|<type> leaves / sets it;
+the core type in use is printed in the header.
 """
 from __future__ import annotations
 
@@ -43,7 +49,9 @@ def _args():
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per measurement (median)")
     ap.add_argument("--algorithm", default=None, help="force one algorithm (default: select_algorithm)")
     ap.add_argument("--no-winograd", action="store_true")
-    ap.add_argument("--blas-coretype", default="auto", help="auto | none | an OPENBLAS_CORETYPE value")
+    ap.add_argument("--blas-coretype", default="none", help="none (keep the environment) | an OPENBLAS_CORETYPE value")
+    ap.add_argument("--layout", default="nchwc", choices=["nchwc", "nchw"])
+    ap.add_argument("--tuned", action="store_true", help="time every candidate, report the fastest")
     return ap.parse_args()
 
 
@@ -51,10 +59,7 @@ def main():
     args = _args()
     if "numpy" in sys.modules:
         raise RuntimeError("conv_layers.py must set OPENBLAS_CORETYPE before numpy is imported")
-    if args.blas_coretype == "auto":
-        if "OPENBLAS_CORETYPE" not in os.environ and "avx512f" in open("/proc/cpuinfo").read():
-            os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
-    elif args.blas_coretype != "none":
+    if args.blas_coretype != "none":
         os.environ["OPENBLAS_CORETYPE"] = args.blas_coretype
 
     import platform
@@ -66,7 +71,9 @@ def main():
     import torch
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from tilefuse.kernels.conv import conv2d_prepare, conv2d_run, select_algorithm
+    from tilefuse.compiler.layout import conv_layout
+    from tilefuse.kernels.conv import (conv2d_prepare, conv2d_run, conv2d_run_nchwc, conv2d_run_to_nchwc,
+                                       select_algorithm, to_nchwc)
     from tilefuse.kernels.conv.threads import blas_info, blas_threads, cpu_count
 
     def med(fn, repeat):
@@ -82,7 +89,8 @@ def main():
                   .stdout.splitlines() if ln.startswith("Model name")), platform.processor())
     load = os.getloadavg()
     print(f"# machine: {model}, {cpu_count()} cores; OpenBLAS core type {blas_info()}; "
-          f"torch {torch.__version__}; load average at start {load[0]:.2f}")
+          f"torch {torch.__version__}; load average at start {load[0]:.2f}; layout {args.layout}; "
+          f"{'tuned (fastest candidate)' if args.tuned else 'cost-model choice'}")
 
     # measured peak per thread count
     peak = {}
@@ -105,16 +113,38 @@ def main():
             ho = (h + 2 * p - k) // s + 1
             flops = 2 * bsz * ho * ho * k * k * ci * co
             kw = dict(stride=(s, s), padding=(p, p, p, p), dilation=(1, 1), groups=1)
-            alg = args.algorithm or select_algorithm(x.shape, w.shape, (s, s), (p,) * 4, (1, 1), 1,
-                                                      allow_winograd=not args.no_winograd)
-            prep = conv2d_prepare(alg, w, b, **kw)
-            out = np.empty((bsz, co, ho, ho), np.float32)
+            if args.algorithm:
+                algs = [args.algorithm]
+            elif args.tuned:
+                from tilefuse.compiler.tune import tune_candidates
+                algs = tune_candidates(x.shape, w.shape, dict(stride=(s, s), padding=(p,) * 4, dilation=(1, 1),
+                                                              groups=1), not args.no_winograd,
+                                       "auto" if args.layout == "nchwc" else "nchw")
+            else:
+                algs = [select_algorithm(x.shape, w.shape, (s, s), (p,) * 4, (1, 1), 1,
+                                         allow_winograd=not args.no_winograd)]
+            xb = to_nchwc(x)
+
+            def runner(alg, t):
+                lay = conv_layout(alg, "auto" if args.layout == "nchwc" else "nchw", ci, co)
+                prep = conv2d_prepare(alg, w, b, layout=lay, **kw)
+                if lay == "nchwc":
+                    ob = np.empty((bsz, -(-co // 16), ho, ho, 16), np.float32)
+                    return lambda: conv2d_run_nchwc(alg, ob, xb, prep, None, relu=True, threads=t, **kw)
+                if args.layout == "nchwc" and alg == "im2col":  # the stem: NCHW in, blocked out
+                    ob = np.empty((bsz, -(-co // 16), ho, ho, 16), np.float32)
+                    return lambda: conv2d_run_to_nchwc(alg, ob, x, prep, None, relu=True, threads=t, **kw)
+                out = np.empty((bsz, co, ho, ho), np.float32)
+                return lambda: conv2d_run(alg, out, x, prep, None, relu=True, threads=t, **kw)
+
             xt, wt, bt = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b)
             xcl = xt.contiguous(memory_format=torch.channels_last)
             wcl = wt.contiguous(memory_format=torch.channels_last)
             for t in args.threads:
                 torch.set_num_threads(t)
-                tf = med(lambda: conv2d_run(alg, out, x, prep, None, relu=True, threads=t, **kw), args.repeat)
+                times = {a: med(runner(a, t), args.repeat) for a in algs}
+                alg = min(times, key=times.get)
+                tf = times[alg]
                 with torch.no_grad():
                     fn = lambda xx, ww: torch.relu_(torch.nn.functional.conv2d(xx, ww, bt, s, p))  # noqa: E731
                     tn = med(lambda: fn(xt, wt), args.repeat)

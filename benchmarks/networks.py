@@ -3,6 +3,15 @@
     python benchmarks/networks.py                       # the table (takes a while)
     python benchmarks/networks.py --cases resnet50:1 resnet18:16 --reps 3 --threads 2
 
+BLAS: run with the environment's OpenBLAS pins unset in that command alone (OpenBLAS then
+uses its SkylakeX AVX-512 kernels; the header prints the one in use):
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/networks.py --threads 2 --tune
+
+--tune compiles with tune=True (per-layer measured algorithm choice, cached in
+~/.cache/tilefuse/tune.json or $TILEFUSE_CACHE_DIR) and also times the cost-model compile
+("tf model s"). "jit s" is Session.warmup(): the first call, which compiles or loads the numba
+kernels (cache=True: a second process loads them from disk).
+
 Each engine gets the same weights (the zoo's seeded ones loaded into the torch module, which
 is exported to ONNX for ONNX Runtime), the same input and the same thread count. Times are
 the median of --reps runs after one warm-up run. A ratio > 1 means tilefuse is faster.
@@ -52,6 +61,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--no-ort", action="store_true")
+    ap.add_argument("--tune", action="store_true", help="compile with tune=True (and time the cost-model choice too)")
     args = ap.parse_args()
 
     import onnxruntime as ort
@@ -60,11 +70,14 @@ def main() -> int:
     import torch_zoo
     from tilefuse import models
 
+    from tilefuse.kernels.conv.threads import blas_info
     torch.set_num_threads(args.threads)
     print(f"# networks: {cpu_name()}, {os.cpu_count()} cores, threads={args.threads}, torch {torch.__version__}, "
-          f"onnxruntime {ort.__version__}, reps={args.reps} (median)")
-    hdr = (f"{'model':<9} {'batch':>5} {'tilefuse s':>10} {'torch s':>9} {'torch_cl s':>10} {'ort s':>8} "
-           f"{'vs torch':>8} {'vs cl':>7} {'vs ort':>7} {'max|diff|':>9}")
+          f"onnxruntime {ort.__version__}, reps={args.reps} (median), OpenBLAS core {blas_info()}, "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}, tune={args.tune}, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    hdr = (f"{'model':<9} {'batch':>5} {'tilefuse s':>10} {'tf model s':>10} {'torch s':>9} {'torch_cl s':>10} "
+           f"{'ort s':>8} {'vs torch':>8} {'vs cl':>7} {'vs ort':>7} {'max|diff|':>9} {'jit s':>6}")
     print(hdr)
     print("-" * len(hdr))
     for case in args.cases:
@@ -75,13 +88,18 @@ def main() -> int:
         x = np.random.default_rng(0).standard_normal(net.inputs[0].shape).astype(np.float32)
         xt = torch.from_numpy(x)
 
-        compiled = tilefuse.compile(net, threads=args.threads)
+        compiled = tilefuse.compile(net, threads=args.threads, tune=args.tune)
         sess = tilefuse.Session(compiled, threads=args.threads)
-        sess.copy_constants()
-        t = time.perf_counter()
+        first = sess.warmup()
         y_tf = sess.run(x)
-        first = time.perf_counter() - t
         t_tf = median_time(lambda: sess.run(x), args.reps)
+        t_model = float("nan")
+        if args.tune:
+            c_model = tilefuse.compile(net, threads=args.threads)
+            s_model = tilefuse.Session(c_model, threads=args.threads)
+            s_model.warmup()
+            t_model = median_time(lambda: s_model.run(x), args.reps)
+            s_model.release()
 
         with torch.no_grad():
             y_t = tm(xt).numpy()
@@ -105,9 +123,9 @@ def main() -> int:
             t_ort = median_time(lambda: osess.run(None, {"x": x}), args.reps)
 
         diff = float(np.max(np.abs(y_tf - y_t)))
-        print(f"{name:<9} {batch:>5} {t_tf:>10.4f} {t_torch:>9.4f} {t_cl:>10.4f} {t_ort:>8.4f} "
-              f"{t_torch / t_tf:>8.2f} {t_cl / t_tf:>7.2f} {t_ort / t_tf:>7.2f} {diff:>9.2e}"
-              f"   (tilefuse first run {first:.2f} s, compile {compiled.compile_seconds:.2f} s)", flush=True)
+        print(f"{name:<9} {batch:>5} {t_tf:>10.4f} {t_model:>10.4f} {t_torch:>9.4f} {t_cl:>10.4f} {t_ort:>8.4f} "
+              f"{t_torch / t_tf:>8.2f} {t_cl / t_tf:>7.2f} {t_ort / t_tf:>7.2f} {diff:>9.2e} {first:>6.2f}"
+              f"   (compile {compiled.compile_seconds:.2f} s, load {os.getloadavg()[0]:.2f})", flush=True)
         sess.release()
     return 0
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from tilefuse.kernels import reference as ref
-from tilefuse.kernels.conv import (ALGORITHMS, candidates, conv2d_prepare, conv2d_run, direct_nchwc,
-                                   estimate_cost, from_nchwc, select_algorithm, to_nchwc)
+from tilefuse.kernels.conv import (ALGORITHMS, NCHWC_ALGORITHMS, candidates, conv2d_prepare, conv2d_run,
+                                   conv2d_run_nchwc, conv2d_run_to_nchwc, direct_nchwc, estimate_cost, from_nchwc,
+                                   nchwc_shape, select_algorithm, to_nchwc)
 from tilefuse.kernels.conv import planner, winograd
 from tilefuse.kernels.conv.select import algorithm_flops
 
@@ -224,3 +225,52 @@ def test_planner_reads_and_overrides_cache_sizes():
     finally:
         planner.set_cache_sizes()
     assert planner.cache_sizes() == c
+
+
+# NCHW16c forms (the layout the compiler keeps between layers) ---------------------------------
+NCHWC_CASES = [(shape, alg, EPILOGUES[i % 4]) for i, (shape, alg, _) in enumerate(CASES) if alg in NCHWC_ALGORITHMS]
+
+
+@pytest.mark.parametrize("shape,alg,epi", NCHWC_CASES, ids=[f"{s[0]}-{a}-{e}" for s, a, e in NCHWC_CASES])
+def test_nchwc_forms_against_reference(shape, alg, epi):
+    """Unpadded blocked input, blocked output; padded output channels must come out zero."""
+    x, wt, b, res, relu, kw, want = _case(shape, epi)
+    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], 1, layout="nchwc")
+    ob = np.full(nchwc_shape(want.shape), np.nan, np.float32)
+    conv2d_run_nchwc(alg, ob, to_nchwc(x), prep, to_nchwc(res) if res is not None else None, relu=relu, **kw)
+    co = want.shape[1]
+    assert not ob[:, -1, ..., co - (ob.shape[1] - 1) * 16:].any(), "padded channels must be zero"
+    _check(alg, from_nchwc(ob, co), want)
+
+
+@pytest.mark.parametrize("alg", NCHWC_ALGORITHMS)
+def test_nchwc_one_and_two_threads_bitwise_identical(alg):
+    x, wt, b, res, relu, kw, _ = _case(THREAD_SHAPES[alg], "bias_res_relu", seed=2)
+    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], 1, layout="nchwc")
+    outs = []
+    for t in (1, 2):
+        ob = np.empty(nchwc_shape((x.shape[0], wt.shape[0]) + _out_hw(x, wt, kw)), np.float32)
+        conv2d_run_nchwc(alg, ob, to_nchwc(x), prep, to_nchwc(res), relu=relu, threads=t, **kw)
+        outs.append(ob)
+    assert np.array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("name", ["r50_stem_7x7s2", "alex_11x11s4", "odd_5x5s2"])
+def test_im2col_writes_nchwc(name):
+    shape = next(s for s in SHAPES if s[0] == name)
+    x, wt, b, res, relu, kw, want = _case(shape, "bias_res_relu")
+    prep = conv2d_prepare("im2col", wt, b, kw["stride"], kw["padding"], kw["dilation"], 1)
+    ob = np.full(nchwc_shape(want.shape), np.nan, np.float32)
+    conv2d_run_to_nchwc("im2col", ob, x, prep, to_nchwc(res), relu=relu, **kw)
+    assert np.isfinite(ob).all()
+    _check("im2col", from_nchwc(ob, want.shape[1]), want)
+
+
+def test_nchwc_errors_name_the_problem():
+    wt = np.zeros((16, 16, 3, 3), np.float32)
+    with pytest.raises(ValueError, match="no NCHWc form"):
+        conv2d_prepare("im2col", wt, None, (1, 1), (1, 1, 1, 1), (1, 1), 1, layout="nchwc")
+    prep = conv2d_prepare("direct", wt, None, (1, 1), (1, 1, 1, 1), (1, 1), 1, layout="nchwc")
+    with pytest.raises(ValueError, match=r"\(N, C/16, H, W, 16\)"):
+        conv2d_run_nchwc("direct", np.zeros((1, 16, 4, 4), np.float32), np.zeros((1, 1, 4, 4, 16), np.float32),
+                         prep, stride=1, padding=1, dilation=1, relu=False)

@@ -53,9 +53,11 @@ def cmd_run(args) -> int:
         print(f"model {args.model}: batch {args.batch}, input {net.inputs[0].shape}, "
               f"{len(net.ops)} ops, built in {time.perf_counter() - t:.2f} s", file=out)
         compiled = tilefuse.compile(net, winograd=not args.no_winograd, algorithm=args.algorithm,
-                                    threads=args.threads)
-        print(f"compiled in {compiled.compile_seconds:.2f} s", file=out)
+                                    threads=args.threads, tune=args.tune, layout=args.layout)
+        print(f"compiled in {compiled.compile_seconds:.2f} s" + (" (tuned)" if args.tune else ""), file=out)
         _describe_plan(compiled, out)
+        if args.plan:
+            print(compiled.plan(), file=out)
     sess = Session(compiled, threads=args.threads)
     t = time.perf_counter()
     sess.copy_constants()
@@ -63,15 +65,17 @@ def cmd_run(args) -> int:
           f"{time.perf_counter() - t:.3f} s", file=out)
     shapes = [(s.shape, s.dtype) for s in sess.package.inputs]
     xs = [[rng.standard_normal(sh).astype(dt) for sh, dt in shapes] for _ in range(args.inputs)]
+    jit = sess.warmup()  # numba compiles, or loads its on-disk cache, on the first call
     t = time.perf_counter()
-    sess.run(xs[0])  # warm-up: JIT compilation and first touch of memory
-    warm = time.perf_counter() - t
+    sess.run(xs[0])
+    single = time.perf_counter() - t
     t = time.perf_counter()
     ys = sess.run_many(xs, depth=args.depth, progress=args.inputs > 4 and sys.stderr.isatty())
     dt = time.perf_counter() - t
     st = sess.last_stats
     n_img = args.inputs * shapes[0][0][0]
-    print(f"first run (warm-up) {warm:.3f} s; {args.inputs} runs through the 3-stage pipeline in "
+    print(f"first call (JIT / cache load) {jit:.3f} s; one run {single:.3f} s; {args.inputs} runs through "
+          f"the 3-stage pipeline in "
           f"{dt:.3f} s: {1e3 * dt / args.inputs:.1f} ms per run, {n_img / dt:.1f} images/s", file=out)
     print(f"stages per run: " + ", ".join(f"{nm} {1e3 * s / max(st.items, 1):.2f} ms"
                                           for nm, s in zip(st.stage_names, st.stage_seconds)), file=out)
@@ -100,7 +104,8 @@ def cmd_run(args) -> int:
 def cmd_compile(args) -> int:
     import tilefuse
     net = _model(args.model, args.batch, args.image_size, args.seed)
-    compiled = tilefuse.compile(net, winograd=not args.no_winograd, algorithm=args.algorithm)
+    compiled = tilefuse.compile(net, winograd=not args.no_winograd, algorithm=args.algorithm,
+                                threads=args.threads, tune=args.tune, layout=args.layout)
     path = compiled.save(args.output)
     _describe_plan(compiled, sys.stdout)
     print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
@@ -140,13 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--image-size", type=int, default=None, help="input H = W (default: the model's)")
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--no-winograd", action="store_true", help="never pick Winograd for 3x3 convs")
-        q.add_argument("--algorithm", default=None, help="force one conv algorithm (e.g. reference)")
+        q.add_argument("--algorithm", default=None,
+                       help="force one conv algorithm (gemm1x1, direct, winograd2, winograd4, im2col, reference)")
+        q.add_argument("--threads", type=int, default=None, help="kernel threads (default: all cores)")
+        q.add_argument("--tune", action="store_true",
+                       help="measure the conv algorithms per layer on this machine (cached in ~/.cache/tilefuse)")
+        q.add_argument("--layout", choices=("auto", "nchw"), default="auto",
+                       help="auto: NCHW16c between layers with blocked kernels; nchw: plain NCHW everywhere")
 
     r = sub.add_parser("run", help="compile, copy constants once, run inputs, check against the reference")
     model_args(r)
     r.add_argument("--inputs", type=int, default=8, help="number of inputs to run (default 8)")
     r.add_argument("--depth", type=int, default=3, help="IO buffer sets in flight")
-    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("--plan", action="store_true", help="print the full per-instruction plan")
     r.add_argument("--no-check", action="store_true")
     r.add_argument("--rtol", type=float, default=1e-3)
     r.add_argument("--atol", type=float, default=1e-4)

@@ -1,4 +1,4 @@
-"""compile(): Network -> passes -> lowering -> memory plan -> REOFF -> CompiledNetwork."""
+"""compile(): Network -> passes -> lowering (+ tuning) -> layouts -> memory plan -> REOFF -> CompiledNetwork."""
 from __future__ import annotations
 
 import time
@@ -9,7 +9,8 @@ import numpy as np
 
 from ..errors import GraphError
 from ..ir import Network
-from .lower import Lowered, lower
+from .layout import NCHW, assign_layouts, check_layouts, conv_layout
+from .lower import Lowered, lower, with_program
 from .memory import MemoryPlan, plan_hidden
 from .package import DataPackage, reoff_pack, save_package
 from .pipeline import run_passes
@@ -32,16 +33,25 @@ class Plan:
     def total_flops(self) -> int:
         return sum(r["flops"] for r in self.rows)
 
+    @property
+    def total_bytes(self) -> int:
+        return sum(r["bytes"] for r in self.rows)
+
     def __str__(self) -> str:
-        head = f"{'#':>3} {'kernel':<16} {'algorithm':<10} {'output':<22} {'MFLOP':>9}  operands (segment+offset)"
+        head = (f"{'#':>3} {'kernel':<16} {'algorithm':<10} {'layout':<6} {'partitioning':<12} {'tiles':<18} "
+                f"{'output':<22} {'MFLOP':>9} {'MB':>7} {'ms':>7}  operands (segment+offset)")
         lines = [head, "-" * len(head)]
         for r in self.rows:
             ops = " ".join(r["addresses"])
-            lines.append(f"{r['index']:>3} {r['kernel']:<16} {r['algorithm']:<10} {str(r['output_shape']):<22} "
-                         f"{r['flops'] / 1e6:>9.2f}  {ops}")
+            tiles = ",".join(f"{k}={v}" for k, v in r["tiles"].items()) or "-"
+            ms = f"{r['measured_seconds'] * 1e3:>7.2f}" if r.get("measured_seconds") else f"{'-':>7}"
+            lines.append(f"{r['index']:>3} {r['kernel']:<16} {r['algorithm']:<10} {r['layout']:<6} "
+                         f"{r['partitioning']:<12} {tiles:<18} {str(r['output_shape']):<22} "
+                         f"{r['flops'] / 1e6:>9.2f} {r['bytes'] / 1e6:>7.2f} {ms}  {ops}")
         lines.append("-" * len(head))
         saved = 1 - self.hidden_bytes / self.hidden_naive_bytes if self.hidden_naive_bytes else 0.0
-        lines.append(f"total {self.total_flops / 1e9:.3f} GFLOP; constants {self.const_bytes / 2**20:.2f} MiB; "
+        lines.append(f"total {self.total_flops / 1e9:.3f} GFLOP, {self.total_bytes / 1e6:.1f} MB moved; "
+                     f"constants {self.const_bytes / 2**20:.2f} MiB; "
                      f"hidden {self.hidden_bytes / 2**20:.2f} MiB planned vs {self.hidden_naive_bytes / 2**20:.2f} "
                      f"MiB naive ({100 * saved:.0f}% saved by liveness sharing); IO addresses {self.io_bytes} B")
         return "\n".join(lines)
@@ -57,22 +67,54 @@ class CompiledNetwork:
     pass_log: list[str]
     compile_seconds: float
     options: dict
+    tuning: dict = field(default_factory=dict)   # conv output name -> {"seconds": {alg: s}, "cached": bool}
+    layout_log: str = ""
 
     def plan(self) -> Plan:
+        """Per instruction: kernel, algorithm, layout, partitioning and tile sizes (conv, from the
+        planner), FLOPs, bytes moved (operands read + written), measured seconds when tuned."""
+        from ..kernels.conv.planner import describe
         rows = []
         for i, (ins, fl) in enumerate(zip(self.package.program(), self.lowered.flops)):
             addrs = []
             for op in ins.operands:
                 seg = SEGMENTS[op.segment]
                 addrs.append(f"{op.name}@{seg}+{op.seg_offset}" + ("*" if seg == "io" else ""))
+            alg = ins.params.get("algorithm", "-")
+            layout = ins.params.get("layout", NCHW)
+            part, tiles, measured = "-", {}, None
+            if ins.kernel == "conv2d" and alg not in ("-", "reference"):
+                x, w = ins.inputs[0], self._conv_weight_shape(ins)
+                o = ins.output.shape
+                as_nchw = lambda s, c: (s[0], c, s[2], s[3]) if len(s) == 5 else tuple(s)  # noqa: E731
+                d = describe(alg, as_nchw(x.shape, w[1] * ins.params["groups"]), w, as_nchw(o, w[0]),
+                             ins.params["groups"], ins.params["stride"], ins.params["padding"],
+                             ins.params["dilation"], layout)
+                part, tiles = d["partitioning"], d["tiles"]
+                t = self.tuning.get(ins.output.name.split("@")[0])
+                measured = t["seconds"].get(alg) if t else None
+            elif ins.kernel in ("to_nchwc", "from_nchwc"):
+                layout = "nchw>c" if ins.kernel == "to_nchwc" else "c>nchw"
             rows.append({
-                "index": i, "kernel": ins.kernel, "algorithm": ins.params.get("algorithm", "-"),
+                "index": i, "kernel": ins.kernel, "algorithm": alg, "layout": layout,
+                "partitioning": part, "tiles": tiles,
                 "output": ins.output.name, "output_shape": ins.output.shape,
-                "input_shapes": [op.shape for op in ins.inputs], "flops": fl, "addresses": addrs,
-                "params": ins.params,
+                "input_shapes": [op.shape for op in ins.inputs], "flops": fl,
+                "bytes": sum(op.nbytes for op in ins.operands), "measured_seconds": measured,
+                "addresses": addrs, "params": ins.params,
             })
         return Plan(rows, self.package.const_bytes, self.package.hidden_bytes,
                     self.memory.naive_bytes, self.package.io_bytes, list(self.pass_log))
+
+    def _conv_weight_shape(self, ins) -> tuple:
+        return tuple(self._weights.get(ins.output.name.split("@")[0], (0, 0, 0, 0)))
+
+    @property
+    def _weights(self) -> dict:
+        if not hasattr(self, "_wshapes"):
+            self._wshapes = {op.outputs[0].name: op.inputs[1].shape for op in self.network.ops
+                             if op.op == "conv2d"}
+        return self._wshapes
 
     def save(self, path) -> Path:
         return save_package(self.package, path)
@@ -86,8 +128,9 @@ class CompiledNetwork:
         return self.package.outputs
 
 
-def _conv_rule(options: dict):
-    """Choose each conv's algorithm and prepare its constants (None: reference kernel)."""
+def _conv_rule(options: dict, tuning: dict):
+    """Choose each conv's algorithm (heuristic, forced, or measured when options["tune"]) and
+    the layout it runs in, and prepare its constants (None: reference kernel)."""
     algo_forced = options.get("algorithm")
     if algo_forced == "reference":
         return None
@@ -98,26 +141,50 @@ def _conv_rule(options: dict):
     if not all(hasattr(fast, f) for f in ("select_algorithm", "conv2d_prepare", "conv2d_run")):
         return None
 
+    layout_mode = options.get("layout", "auto")
+    cache = None
+    if options.get("tune") and not algo_forced:
+        from .tune import TuneCache
+        cache = TuneCache().load()
+
     def rule(op):
         x, w = op.inputs[0], op.inputs[1]
         if x.dtype != np.float32:
             return None
         p = op.params
-        algo = algo_forced or fast.select_algorithm(x.shape, w.shape, p["stride"], p["padding"],
-                                                    p["dilation"], p["groups"],
-                                                    allow_winograd=options.get("winograd", True))
+        allow_w = options.get("winograd", True)
+        if algo_forced:
+            algo = algo_forced
+        elif cache is not None:
+            from .tune import choose
+            from ..kernels.conv.threads import resolve_threads
+            algo, secs, hit = choose(cache, x.shape, w.shape, p, threads=resolve_threads(options.get("threads")),
+                                     allow_winograd=allow_w, layout_mode=layout_mode)
+            tuning[op.outputs[0].name] = {"seconds": secs, "cached": hit}
+        else:
+            algo = fast.select_algorithm(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"],
+                                         allow_winograd=allow_w)
+        layout = conv_layout(algo, layout_mode, x.shape[1], w.shape[0], p["groups"])
         b = op.inputs[2].value if p["has_bias"] else None
-        prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"])
-        return {"algorithm": algo}, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}
+        prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
+                                       layout=layout)
+        params = {"algorithm": algo}
+        if layout != NCHW:
+            params["layout"] = layout
+        return params, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}
+    rule.cache = cache
     return rule
 
 
 SCHEDULES = ("layer", "stream")
 
 
+LAYOUTS = ("auto", "nchw")
+
+
 def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passes=None,
             winograd: bool = True, algorithm: str | None = None, threads: int | None = None,
-            stream_options: dict | None = None):
+            stream_options: dict | None = None, tune: bool = False, layout: str = "auto"):
     """Compile a network once into a program and a REOFF data package.
 
     schedule: "layer" runs the layers one after another over whole tensors (a CompiledNetwork);
@@ -125,6 +192,12 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
               (a StreamedNetwork, see docs/streaming.md; stream_options go to compile_stream).
     algorithm: force one conv algorithm for every conv ("reference" = plain numpy kernel).
     winograd: allow Winograd for stride-1 3x3 convs when the heuristic picks it.
+    threads: the thread count the kernels use (None: all cores); a Session made from the result
+             uses it unless given its own. With tune=True it is also the count tuning measures.
+    tune: time the candidate algorithms of every conv on this machine and take the fastest;
+          choices persist in $TILEFUSE_CACHE_DIR/tune.json (default ~/.cache/tilefuse), see tune.py.
+    layout: "auto" keeps activations in NCHW16c between the layers that have a blocked kernel
+            (compiler/layout.py); "nchw" runs every kernel on NCHW.
     """
     if target not in TARGETS:
         raise ValueError(f"target '{target}' is not supported; expected one of {TARGETS}")
@@ -137,13 +210,28 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
         raise TypeError(f"compile() takes a tilefuse Network, got {type(net).__name__}")
     if not net.outputs:
         raise GraphError(net.name, "network has no outputs; call net.output(node) first")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout '{layout}' is not supported; expected one of {LAYOUTS}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     t0 = time.perf_counter()
     net.lint()
-    options = {"target": target, "winograd": winograd, "algorithm": algorithm, "threads": threads}
-    opt, log = run_passes(net, passes)
-    low = lower(opt, _conv_rule(options))
-    mem = plan_hidden(low.hidden, low.lifetimes)
-    meta = {"pass_log": log, "options": {k: v for k, v in options.items() if v is not None},
+    options = {"target": target, "winograd": winograd, "algorithm": algorithm, "threads": threads,
+               "tune": tune, "layout": layout}
+    tuning: dict = {}
+    opt, log = run_passes(net, passes)                       # graph passes (pipeline.py)
+    rule = _conv_rule(options, tuning)
+    low = lower(opt, rule)                                   # ops -> instructions, conv algorithms
+    if rule is not None and getattr(rule, "cache", None) is not None:
+        rule.cache.save()                                    # persist what tuning measured
+    res = assign_layouts(low.instructions, low.flops, layout)  # NCHW16c between blocked kernels
+    check_layouts(res.instructions)
+    low = with_program(low, res.instructions, res.flops)
+    layout_log = (f"assign_layouts: {res.conversions} conversions, {res.cancelled} inverse pairs cancelled"
+                  if res.changed else "assign_layouts: no change")
+    log = log + [layout_log]
+    mem = plan_hidden(low.hidden, low.lifetimes)             # liveness sharing of hidden blocks
+    meta = {"pass_log": log, "options": {k: v for k, v in options.items() if v not in (None, False)},
             "gflops": sum(low.flops) / 1e9}
     pkg = reoff_pack(net.name, low, mem, meta)
-    return CompiledNetwork(opt, net, pkg, low, mem, log, time.perf_counter() - t0, options)
+    return CompiledNetwork(opt, net, pkg, low, mem, log, time.perf_counter() - t0, options, tuning, layout_log)

@@ -4,8 +4,9 @@ Each op becomes one instruction whose kernel is named after the op (the CPU kern
 `kernels/cpu.py`, maps names to functions). Operands are classified into the three QingLong
 segments: bound constants -> CONST (direct), network inputs/outputs -> IO (indirect),
 everything else -> HIDDEN (direct). Segment offsets stay 0 here; REOFF fills them in.
-Conv layers get their algorithm here, and an algorithm that transforms weights at compile
-time (Winograd, blocked layouts) adds its prepared arrays as new constant operands.
+Conv layers get their algorithm (and the layout it runs in) here, and an algorithm that
+transforms weights at compile time (Winograd, blocked layouts) adds its prepared arrays as
+new constant operands. The layout pass (`layout.py`) then rewrites the instruction list.
 """
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ class Lowered:
 
 
 def lower(net: Network, conv_rule=None) -> Lowered:
-    """conv_rule(op) -> (params to add, {role: ndarray} prepared constants) or None."""
+    """conv_rule(op) -> (params to add, {role: ndarray} prepared constants) or None.
+
+    The params may carry "layout": "nchwc" (the prepared constants are then the blocked form);
+    the layout pass inserts the conversions such a conv needs."""
     io_names = [d.name for d in net.inputs] + [d.name for d in net.outputs]
     io_set = set(io_names)
     constants: list[DataNode] = []
@@ -73,3 +77,10 @@ def lower(net: Network, conv_rule=None) -> Lowered:
     return Lowered(instructions, constants, hidden, {k: (v[0], v[1]) for k, v in lifetimes.items()},
                    [(d.name, "input", d.dtype, d.shape) for d in net.inputs]
                    + [(d.name, "output", d.dtype, d.shape) for d in net.outputs], flops)
+
+
+def with_program(low: Lowered, instructions: list[Instruction], flops: list[int]) -> Lowered:
+    """The same lowering with a rewritten instruction list: hidden blocks and lifetimes recomputed."""
+    from .layout import hidden_and_lifetimes
+    hidden, lifetimes = hidden_and_lifetimes(instructions)
+    return Lowered(instructions, low.constants, hidden, lifetimes, low.io, flops)

@@ -2,19 +2,39 @@
 
 A compiled program's instructions name their kernel; the runtime looks it up here and calls it
 with views of device memory, so every kernel writes its result into `out` in place. Conv2d
-dispatches on the `algorithm` the compiler chose (`kernels/conv`); the other ops use
-vectorized numpy, bit-compatible with `reference.py` or within its stated tolerance.
+dispatches on the `algorithm` the compiler chose (`kernels/conv`); pooling, element-wise,
+linear and softmax use the numba kernels of `fast_misc.py`; the rest vectorized numpy, all
+within the tolerance `tests/` states against `reference.py`.
+
+Instructions the layout pass (compiler/layout.py) moved to NCHW16c carry params["layout"] =
+"nchwc" and get blocked (N, C/16, H, W, 16) views; `to_nchwc` / `from_nchwc` convert.
+Kernels in THREADED take `threads` (the session's thread count) as a parameter.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from . import fast_misc as fm
 from . import reference as ref
 
 
 def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu,
-            algorithm="reference", prepared=(), threads=None, **_):
+            algorithm="reference", prepared=(), threads=None, layout="nchw", out_layout=None, **_):
     args = list(args)
+    if layout == "nchw" and out_layout == "nchwc":
+        from .conv import conv2d_run_to_nchwc
+        prep = {k: args.pop(0) for k in prepared}
+        res = args.pop(0) if has_residual else None
+        conv2d_run_to_nchwc(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
+                            groups=groups, relu=relu, threads=threads)
+        return
+    if layout == "nchwc":
+        from .conv import conv2d_run_nchwc
+        prep = {k: args.pop(0) for k in prepared}
+        res = args.pop(0) if has_residual else None
+        conv2d_run_nchwc(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
+                         groups=groups, relu=relu, threads=threads)
+        return
     if algorithm == "reference":
         w = args.pop(0)
         b = args.pop(0) if has_bias else None
@@ -28,33 +48,28 @@ def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_resi
                groups=groups, relu=relu, threads=threads)
 
 
-def _scale(out, x, alpha, beta):
-    shape = (1, -1) + (1,) * (x.ndim - 2)
-    np.multiply(x, alpha.reshape(shape), out=out)
-    out += beta.reshape(shape)
+def _to_nchwc(out, x, channels=None, threads=None, **_):
+    from .conv import to_nchwc
+    to_nchwc(x, out=out, threads=threads)
 
 
-def _relu(out, x):
-    np.maximum(x, 0, out=out)
+def _from_nchwc(out, xb, channels, threads=None, **_):
+    from .conv import from_nchwc
+    from_nchwc(xb, channels, out=out, threads=threads)
 
 
-def _add(out, a, b, relu=False):
-    np.add(a, b, out=out)
-    if relu:
-        np.maximum(out, 0, out=out)
+def _max_pool(out, x, **p):
+    if x.dtype != np.float32:
+        out[...] = ref.max_pool(x, **{k: v for k, v in p.items() if k not in ("layout", "threads")})
+        return
+    fm.max_pool(out, x, **p)
 
 
-def _linear(out, x, w, *b, has_bias, relu):
-    np.matmul(x, w.T, out=out)
-    if has_bias:
-        out += b[0]
-    if relu:
-        np.maximum(out, 0, out=out)
-
-
-def _global_avg_pool(out, x):
-    acc = np.float64 if x.dtype == np.float64 else np.float32
-    out[...] = x.mean(axis=(2, 3), keepdims=True, dtype=acc)
+def _avg_pool(out, x, **p):
+    if x.dtype != np.float32:
+        out[...] = ref.avg_pool(x, **{k: v for k, v in p.items() if k not in ("layout", "threads")})
+        return
+    fm.avg_pool(out, x, **p)
 
 
 def _copy_reshape(out, x, **_):
@@ -72,16 +87,22 @@ def _wrap(fn):
 KERNELS = {
     "conv2d": _conv2d,
     "batch_norm": _wrap(lambda x, g, b, m, v, eps: ref.batch_norm(x, g, b, m, v, eps)),
-    "scale": _scale,
-    "relu": _relu,
-    "add": _add,
-    "max_pool": _wrap(ref.max_pool),
-    "avg_pool": _wrap(ref.avg_pool),
-    "global_avg_pool": _global_avg_pool,
-    "linear": _linear,
+    "scale": fm.scale,
+    "relu": fm.relu,
+    "add": fm.add,
+    "max_pool": _max_pool,
+    "avg_pool": _avg_pool,
+    "global_avg_pool": fm.global_avg_pool,
+    "linear": fm.linear,
     "flatten": _copy_reshape,
     "dropout": _copy_reshape,
-    "softmax": _wrap(lambda x, axis: ref.softmax(x, axis)),
+    "softmax": fm.softmax,
     "local_response_norm": _wrap(ref.local_response_norm),
     "concat": _wrap(lambda *xs, axis: ref.concat(*xs, axis=axis)),
+    "to_nchwc": _to_nchwc,
+    "from_nchwc": _from_nchwc,
 }
+
+# kernels that take the session's thread count as params["threads"]
+THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
+                      "from_nchwc", "linear"})

@@ -3,6 +3,7 @@
     sess = Session(compiled_or_package, device)
     sess.copy_constants()               # once: allocate the 3 segments, copy the constant area,
                                         #       write the segment bases
+    sess.warmup()                       # optional: first call (numba JIT / cache load), seconds
     y = sess.run(x)                     # alloc IO, copy in, compute, copy out, free
     ys = sess.run_many(xs, depth=3)     # the same as a 3-stage pipeline
 
@@ -19,7 +20,7 @@ import numpy as np
 from ..compiler.package import DataPackage
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
 from ..errors import DeviceError, GraphError
-from ..kernels.cpu import KERNELS
+from ..kernels.cpu import KERNELS, THREADED
 from .device import CPUDevice
 from .pipeline import PipelineStats, run_pipeline
 
@@ -51,7 +52,12 @@ class Session:
                             f"{type(compiled_or_package).__name__}")
         self.package = pkg
         self.device = device if device is not None else CPUDevice()
+        # threads: None -> the count the network was compiled for (compile(threads=)), else all cores
+        if threads is None:
+            t = (pkg.meta.get("options") or {}).get("threads") if isinstance(pkg.meta.get("options"), dict) else None
+            threads = t if isinstance(t, int) and not isinstance(t, bool) and t > 0 else None
         self.threads = threads
+        self.jit_seconds: float | None = None
         self.segments: dict[str, int] = {}
         self._program: list[Instruction] | None = None
         self._bound: list | None = None
@@ -93,7 +99,7 @@ class Session:
                 else:
                     views.append(op)
             params = dict(ins.params)
-            if ins.kernel == "conv2d":
+            if ins.kernel in THREADED:
                 params["threads"] = self.threads
             bound.append((fn, views, params, ins))
         self._bound = bound
@@ -134,6 +140,16 @@ class Session:
                 fn(args[-1], *args[:-1], **params)
             except Exception as e:
                 raise RuntimeError(f"instruction {ins.kernel} -> '{ins.output.name}' failed: {e}") from e
+
+    def warmup(self) -> float:
+        """Run the program once on zero inputs: numba compiles (or loads from its on-disk cache,
+        cache=True) every kernel on first use. Returns and keeps the seconds (`jit_seconds`)."""
+        import time
+        self.copy_constants()
+        t = time.perf_counter()
+        self.run([np.zeros(s.shape, np.dtype(s.dtype)) for s in self.package.inputs])
+        self.jit_seconds = time.perf_counter() - t
+        return self.jit_seconds
 
     # ---------------------------------------------------------------- convenience
 

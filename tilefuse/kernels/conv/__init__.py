@@ -11,8 +11,17 @@ The runtime calls exactly this interface (arrays NCHW float32 C-contiguous, `out
         out = conv(x) + bias (+ residual), ReLU if relu; threads=None means all cores.
 
 padding is (top, bottom, left, right); stride and dilation are (h, w) pairs (as in
-tilefuse.kernels.reference.conv2d, the spec). NCHWc-native entry points: `direct_nchwc`,
-`to_nchwc`, `from_nchwc`.
+tilefuse.kernels.reference.conv2d, the spec).
+
+The blocked layout the compiler keeps between layers (NCHW16c: (N, ceil(C/16), H, W, 16), padded
+channels zero, no spatial padding):
+
+    NCHWC_ALGORITHMS                             gemm1x1, direct, winograd2, winograd4
+    conv2d_prepare(algorithm, ..., layout="nchwc")   channel-padded weights and bias
+    conv2d_run_nchwc(algorithm, out_b, x_b, prepared, residual_b=None, *, stride, padding,
+                     dilation, relu, threads=None)
+    to_nchwc / from_nchwc                        conversions (to_nchwc can also pad spatially)
+    direct_nchwc                                 direct conv on an already padded blocked input
 """
 from __future__ import annotations
 
@@ -25,7 +34,10 @@ from tilefuse.kernels.conv.select import (ALGORITHMS, algorithm_flops, candidate
                                           select_algorithm)
 from tilefuse.kernels.conv.threads import resolve_threads
 
-__all__ = ["ALGORITHMS", "select_algorithm", "candidates", "estimate_cost", "conv_flops", "conv2d_prepare",
+NCHWC_ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4")
+
+__all__ = ["ALGORITHMS", "NCHWC_ALGORITHMS", "conv2d_run_nchwc", "conv2d_run_to_nchwc", "select_algorithm",
+           "candidates", "estimate_cost", "conv_flops", "conv2d_prepare",
            "conv2d_run", "algorithm_flops", "direct_nchwc", "to_nchwc", "from_nchwc", "nchwc_shape"]
 
 
@@ -49,11 +61,20 @@ def _check_applicable(algorithm, w_shape, stride, padding, dilation, groups):
                          f"padding={padding}, dilation={dilation}, groups={groups}; candidates: {cands}")
 
 
-def conv2d_prepare(algorithm, w, b, stride, padding, dilation, groups) -> dict:
-    """Pack or transform the constant weights for `algorithm` (run once, at compile time)."""
+def conv2d_prepare(algorithm, w, b, stride, padding, dilation, groups, layout="nchw") -> dict:
+    """Pack or transform the constant weights for `algorithm` (run once, at compile time).
+
+    layout "nchwc": the form `conv2d_run_nchwc` takes (channels zero padded to multiples of 16)."""
     stride, padding, dilation = _pair(stride), _pad4(padding), _pair(dilation)
     w = np.asarray(w, np.float32)
     _check_applicable(algorithm, w.shape, stride, padding, dilation, groups)
+    if layout not in ("nchw", "nchwc"):
+        raise ValueError(f"conv2d_prepare: layout {layout!r} unknown; expected 'nchw' or 'nchwc'")
+    if layout == "nchwc":
+        if algorithm not in NCHWC_ALGORITHMS:
+            raise ValueError(f"conv algorithm {algorithm!r} has no NCHWc form; NCHWc algorithms: {NCHWC_ALGORITHMS}")
+        if algorithm == "gemm1x1":
+            return gemm1x1.prepare_nchwc(w, b)
     if algorithm == "gemm1x1":
         return gemm1x1.prepare(w, b)
     if algorithm == "direct":
@@ -86,3 +107,42 @@ def conv2d_run(algorithm, out, x, prepared, residual=None, *, stride, padding, d
                    relu=relu, threads=threads)
     else:
         raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+
+
+def conv2d_run_to_nchwc(algorithm, out_b, x, prepared, residual_b=None, *, stride, padding, dilation, relu,
+                        threads=None, groups=1) -> None:
+    """NCHW input, NCHW16c output (im2col, groups=1): a first layer feeding blocked layers."""
+    stride, padding, dilation = _pair(stride), _pad4(padding), _pair(dilation)
+    if algorithm != "im2col" or groups != 1:
+        raise ValueError(f"conv2d_run_to_nchwc: only im2col with groups=1, got {algorithm!r}, groups={groups}")
+    im2col.run_to_nchwc(out_b, np.ascontiguousarray(x, np.float32), prepared, residual_b, stride=stride,
+                        padding=padding, dilation=dilation, relu=relu, threads=resolve_threads(threads))
+
+
+def conv2d_run_nchwc(algorithm, out_b, x_b, prepared, residual_b=None, *, stride, padding, dilation, relu,
+                     threads=None, groups=1) -> None:
+    """The conv on NCHW16c tensors: x_b (N, Cb, H, W, 16) unpadded -> out_b (N, Ob, Ho, Wo, 16).
+
+    `prepared` comes from conv2d_prepare(..., layout="nchwc"); padded output channels come out 0
+    (zero weights and bias; a residual's padded channels are 0 too, so they stay 0 after ReLU)."""
+    stride, padding, dilation = _pair(stride), _pad4(padding), _pair(dilation)
+    threads = resolve_threads(threads)
+    for name, a in (("x", x_b), ("out", out_b)) + ((("residual", residual_b),) if residual_b is not None else ()):
+        if a.dtype != np.float32 or not a.flags.c_contiguous or a.ndim != 5 or a.shape[-1] != 16:
+            raise ValueError(f"conv2d_run_nchwc({algorithm}): {name} must be a C-contiguous float32 "
+                             f"(N, C/16, H, W, 16) array, got dtype {a.dtype}, shape {a.shape}")
+    if residual_b is not None and residual_b.shape != out_b.shape:
+        raise ValueError(f"conv2d_run_nchwc({algorithm}): residual shape {residual_b.shape} != output shape "
+                         f"{out_b.shape}")
+    if groups != 1:
+        raise ValueError(f"conv2d_run_nchwc({algorithm}): groups={groups}; the NCHWc forms need groups=1")
+    if algorithm == "gemm1x1":
+        gemm1x1.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, relu=relu, threads=threads)
+    elif algorithm == "direct":
+        direct.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, padding=padding, dilation=dilation,
+                         relu=relu, threads=threads)
+    elif algorithm in ("winograd2", "winograd4"):
+        winograd.run_nchwc(out_b, x_b, prepared, residual_b, m=int(algorithm[-1]), padding=padding, relu=relu,
+                           threads=threads)
+    else:
+        raise ValueError(f"conv algorithm {algorithm!r} has no NCHWc form; NCHWc algorithms: {NCHWC_ALGORITHMS}")

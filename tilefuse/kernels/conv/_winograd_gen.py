@@ -96,6 +96,55 @@ def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, relu):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
+def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, relu):
+    """NCHWc output: out[n, ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU) (generated)."""
+    Ho, Wo = out.shape[2], out.shape[3]
+    Ob = M.shape[2] // 16
+    mm = nb.carray(stack_f32(256), (16, 16))
+    s = nb.carray(stack_f32(128), (4, 2, 16))
+    y = nb.carray(stack_f32(64), (2, 2, 16))
+    per_img = th * tw
+    for pi in range(P):
+        p = p0 + pi
+        n = p // per_img
+        r = p % per_img
+        y0 = (r // tw) * 2
+        x0 = (r % tw) * 2
+        mh = min(2, Ho - y0)
+        mw = min(2, Wo - x0)
+        for ob in range(Ob):
+            for k in range(16):
+                for l in range(16):
+                    mm[k, l] = M[k, pi, ob * 16 + l]
+            for a in range(4):  # s = M A
+                for l in range(16):
+                    e0 = mm[a * 4 + 0, l]
+                    e1 = mm[a * 4 + 1, l]
+                    e2 = mm[a * 4 + 2, l]
+                    e3 = mm[a * 4 + 3, l]
+                    s[a, 0, l] = e0 + e1 + e2
+                    s[a, 1, l] = e1 - e2 - e3
+            for j in range(2):  # y = A^T s + bias
+                for l in range(16):
+                    bl = bias[ob * 16 + l]
+                    e0 = s[0, j, l]
+                    e1 = s[1, j, l]
+                    e2 = s[2, j, l]
+                    e3 = s[3, j, l]
+                    y[0, j, l] = bl + e0 + e1 + e2
+                    y[1, j, l] = bl + e1 - e2 - e3
+            for i in range(mh):
+                for j in range(mw):
+                    for l in range(16):
+                        v = y[i, j, l]
+                        if has_res:
+                            v += res[n, ob, y0 + i, x0 + j, l]
+                        if relu:
+                            v = max(v, np.float32(0.0))
+                        out[n, ob, y0 + i, x0 + j, l] = v
+
+
+@njit(nogil=True, cache=True, fastmath=True)
 def _wino_input_4(V, xb, p0, P, th, tw):
     """V[a*6+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi (F(4x4,3x3), generated)."""
     Cb = xb.shape[1]
@@ -196,3 +245,60 @@ def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, relu):
                         if relu:
                             v = max(v, np.float32(0.0))
                         orow[x0 + j] = v
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, relu):
+    """NCHWc output: out[n, ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU) (generated)."""
+    Ho, Wo = out.shape[2], out.shape[3]
+    Ob = M.shape[2] // 16
+    mm = nb.carray(stack_f32(576), (36, 16))
+    s = nb.carray(stack_f32(384), (6, 4, 16))
+    y = nb.carray(stack_f32(256), (4, 4, 16))
+    per_img = th * tw
+    for pi in range(P):
+        p = p0 + pi
+        n = p // per_img
+        r = p % per_img
+        y0 = (r // tw) * 4
+        x0 = (r % tw) * 4
+        mh = min(4, Ho - y0)
+        mw = min(4, Wo - x0)
+        for ob in range(Ob):
+            for k in range(36):
+                for l in range(16):
+                    mm[k, l] = M[k, pi, ob * 16 + l]
+            for a in range(6):  # s = M A
+                for l in range(16):
+                    e0 = mm[a * 6 + 0, l]
+                    e1 = mm[a * 6 + 1, l]
+                    e2 = mm[a * 6 + 2, l]
+                    e3 = mm[a * 6 + 3, l]
+                    e4 = mm[a * 6 + 4, l]
+                    e5 = mm[a * 6 + 5, l]
+                    s[a, 0, l] = e0 + e1 + e2 + e3 + e4
+                    s[a, 1, l] = e1 - e2 + np.float32(2.0) * e3 - np.float32(2.0) * e4
+                    s[a, 2, l] = e1 + e2 + np.float32(4.0) * e3 + np.float32(4.0) * e4
+                    s[a, 3, l] = e1 - e2 + np.float32(8.0) * e3 - np.float32(8.0) * e4 + e5
+            for j in range(4):  # y = A^T s + bias
+                for l in range(16):
+                    bl = bias[ob * 16 + l]
+                    e0 = s[0, j, l]
+                    e1 = s[1, j, l]
+                    e2 = s[2, j, l]
+                    e3 = s[3, j, l]
+                    e4 = s[4, j, l]
+                    e5 = s[5, j, l]
+                    y[0, j, l] = bl + e0 + e1 + e2 + e3 + e4
+                    y[1, j, l] = bl + e1 - e2 + np.float32(2.0) * e3 - np.float32(2.0) * e4
+                    y[2, j, l] = bl + e1 + e2 + np.float32(4.0) * e3 + np.float32(4.0) * e4
+                    y[3, j, l] = bl + e1 - e2 + np.float32(8.0) * e3 - np.float32(8.0) * e4 + e5
+            for i in range(mh):
+                for j in range(mw):
+                    for l in range(16):
+                        v = y[i, j, l]
+                        if has_res:
+                            v += res[n, ob, y0 + i, x0 + j, l]
+                        if relu:
+                            v = max(v, np.float32(0.0))
+                        out[n, ob, y0 + i, x0 + j, l] = v

@@ -45,10 +45,13 @@ def prepare(w, b) -> dict:
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _direct_rows(out, n_out, row_off, xb, wb, n, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, relu):
-    """out[n_out, ob, (oh - row_off)*Wo + ow, :] for oh in [oh0, oh1), all ob, all ow.
+def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
+                 relu):
+    """out[n_out, ob, oh*Wo + ow - q_off, :] for oh in [oh0, oh1), all ob, all ow.
 
-    Flat views: xb (N, Cb, Hp*Wp, 16), out (N', Ob, R*Wo, 16), res (N, Ob, Ho*Wo, 16) or EMPTY4.
+    Flat views: xb (N, Cb, Hp*Wp, 16) whose row 0 is padded input row x_row0 (a whole padded
+    image: x_row0 = 0; a padded band: x_row0 = the band's first row), out (N', Ob, R*Wo, 16),
+    res (N', Ob, Ho*Wo, 16) or EMPTY4 (indexed by n_out and the output position).
     The register block is 8 consecutive output positions of the band in row-major order, so it
     may wrap to the next row (narrow 7x7 / 14x14 maps keep all 8 accumulators busy); the last
     partial block repeats its final position and stores only the valid ones.
@@ -75,7 +78,7 @@ def _direct_rows(out, n_out, row_off, xb, wb, n, oh0, oh1, Wo, Wp, sh, sw, dh, d
         for pb in range(p_begin, p_end, 8):
             for r in range(8):
                 p = min(pb + r, p_end - 1)
-                offs[r] = (p // Wo) * sh * Wp + (p % Wo) * sw
+                offs[r] = ((p // Wo) * sh - x_row0) * Wp + (p % Wo) * sw
             f0, f1, f2, f3 = offs[0], offs[1], offs[2], offs[3]
             f4, f5, f6, f7 = offs[4], offs[5], offs[6], offs[7]
             for l in range(16):
@@ -127,11 +130,11 @@ def _direct_rows(out, n_out, row_off, xb, wb, n, oh0, oh1, Wo, Wp, sh, sw, dh, d
                 p = pb + r
                 if has_res:
                     for l in range(16):
-                        acc[r, l] += res[n, ob, p, l]
+                        acc[r, l] += res[n_out, ob, p, l]
                 if relu:
                     for l in range(16):
                         acc[r, l] = max(acc[r, l], 0.0)
-                q = p - row_off * Wo
+                q = p - q_off
                 for l in range(16):
                     o[q, l] = acc[r, l]
 
@@ -174,7 +177,7 @@ def direct_nchwc(out_blocked, x_blocked, prepared, residual_blocked=None, *, str
     ofl = out_blocked.reshape(n, -1, ho * wo, LANES)
     xfl = x_blocked.reshape(n, cb, hp * wp, LANES)
     tasks = [(i, r0, r1) for i in range(n) for (r0, r1) in _bands(ho, p["rows"])]
-    parallel_for(lambda t: _direct_rows(ofl, t[0], 0, xfl, wb, t[0], t[1], t[2], wo, wp, stride[0], stride[1],
+    parallel_for(lambda t: _direct_rows(ofl, t[0], 0, xfl, t[0], 0, wb, t[1], t[2], wo, wp, stride[0], stride[1],
                                         dilation[0], dilation[1], bias, res, has_res, relu), tasks, threads)
 
 
@@ -197,8 +200,73 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0),
     def task(t):
         i, r0, r1 = t
         band = scratch("direct_band", ob * (r1 - r0) * wo * LANES).reshape(1, ob, (r1 - r0) * wo, LANES)
-        _direct_rows(band, 0, r0, xfl, wb, i, r0, r1, wo, wp, stride[0], stride[1], dilation[0], dilation[1],
-                     bias, EMPTY4, False, False)
+        _direct_rows(band, 0, r0 * wo, xfl, i, 0, wb, r0, r1, wo, wp, stride[0], stride[1], dilation[0],
+                     dilation[1], bias, EMPTY4, False, False)
         _band_to_nchw(out, band, i, r0, res, has_res, relu)
+
+    parallel_for(task, tasks, threads)
+
+
+@njit(nogil=True, cache=True)
+def _pad_band(band, x, n, h0, pl):
+    """band (1, Cb, R, Wp, 16) = rows h0 .. h0+R-1 of x[n] (N, Cb, H, W, 16) zero padded:
+    row h < 0 or >= H is zeros, columns [0, pl) and [pl+W, Wp) are zeros."""
+    Cb, R, Wp = band.shape[1], band.shape[2], band.shape[3]
+    H, W = x.shape[2], x.shape[3]
+    for cb in range(Cb):
+        for r in range(R):
+            h = h0 + r
+            if h < 0 or h >= H:
+                for j in range(Wp):
+                    for l in range(16):
+                        band[0, cb, r, j, l] = 0.0
+                continue
+            for j in range(pl):
+                for l in range(16):
+                    band[0, cb, r, j, l] = 0.0
+            for j in range(W):
+                for l in range(16):
+                    band[0, cb, r, pl + j, l] = x[n, cb, h, j, l]
+            for j in range(pl + W, Wp):
+                for l in range(16):
+                    band[0, cb, r, j, l] = 0.0
+
+
+def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+              relu=False, threads=None) -> None:
+    """NCHWc in, NCHWc out, input NOT padded (the compiler's convention between layers).
+
+    x_b (N, Cb, H, W, 16), out_b / residual_b (N, Ob, Ho, Wo, 16). Padding is folded into the
+    per-task band copy: a task (one image, a band of output rows) copies the input rows its
+    windows read into a per-thread zero-bordered scratch band (it fits L2/2, see the planner)
+    and runs the register-blocked kernel on it. Without padding the kernel reads x_b directly.
+    """
+    wb, bias = prepared["weight"], prepared["bias"]
+    n, cb, h, w, _ = x_b.shape
+    _, ob, ho, wo, _ = out_b.shape
+    kh = wb.shape[2]
+    t, b, l, r = padding
+    hp, wp = h + t + b, w + l + r
+    p = plan_direct(cb, kh, dilation[0], stride[0], ho, wp)
+    has_res = residual_b is not None
+    res = residual_b.reshape(n, ob, ho * wo, LANES) if has_res else EMPTY4
+    ofl = out_b.reshape(n, ob, ho * wo, LANES)  # (N, Ob, Ho, Wo, 16) -> (N, Ob, Ho*Wo, 16)
+    tasks = [(i, r0, r1) for i in range(n) for (r0, r1) in _bands(ho, p["rows"])]
+    if padding == (0, 0, 0, 0):
+        xfl = x_b.reshape(n, cb, h * w, LANES)
+        parallel_for(lambda tk: _direct_rows(ofl, tk[0], 0, xfl, tk[0], 0, wb, tk[1], tk[2], wo, wp, stride[0],
+                                             stride[1], dilation[0], dilation[1], bias, res, has_res, relu),
+                     tasks, threads)
+        return
+
+    def task(tk):
+        i, r0, r1 = tk
+        x0 = r0 * stride[0]                                  # first padded input row of the band
+        rows = (r1 - 1 - r0) * stride[0] + (kh - 1) * dilation[0] + 1
+        band = scratch("direct_pad", cb * rows * wp * LANES).reshape(1, cb, rows, wp, LANES)
+        _pad_band(band, x_b, i, x0 - t, l)
+        bfl = band.reshape(1, cb, rows * wp, LANES)
+        _direct_rows(ofl, i, 0, bfl, 0, x0, wb, r0, r1, wo, wp, stride[0], stride[1], dilation[0], dilation[1],
+                     bias, res, has_res, relu)
 
     parallel_for(task, tasks, threads)

@@ -118,3 +118,55 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0),
 
     with blas_threads(1):
         parallel_for(task, tasks, threads)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _scatter_rows_nchwc(out, o, n, q0, bias, res, has_res, relu):
+    """o (Co, L) GEMM block of positions q0..q0+L -> out[n, c//16, q0+j, c%16] (flat (N, Ob, HW, 16))
+    with bias, residual, ReLU; padded channels (c >= Co) are written as zeros."""
+    Co, L = o.shape
+    Ob = out.shape[1]
+    for ob in range(Ob):
+        for j in range(L):
+            for l in range(16):
+                c = ob * 16 + l
+                v = np.float32(0.0)
+                if c < Co:
+                    v = o[c, j] + bias[c]
+                    if has_res:
+                        v += res[n, ob, q0 + j, l]
+                    if relu:
+                        v = max(v, np.float32(0.0))
+                out[n, ob, q0 + j, l] = v
+
+
+def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                 relu=False, threads=None, plan=None) -> None:
+    """NCHW in, NCHW16c out (groups = 1): the network's first conv (3 input channels, where a
+    blocked input would waste 13/16 of the work) feeding blocked layers. The GEMM writes a
+    per-thread (Co, R*Wo) block that the epilogue scatters into the blocked output."""
+    w5, bias = prepared["weight"], prepared["bias"]
+    g_, co, cg, kh, kw = w5.shape
+    if g_ != 1:
+        raise ValueError(f"im2col.run_to_nchwc needs groups=1, got {g_}")
+    k = cg * kh * kw
+    w2 = w5.reshape(co, k)  # (1, Co, Cg, KH, KW) -> (Co, K), no copy
+    n = x.shape[0]
+    _, ob, ho, wo, _ = out_b.shape
+    has_res = residual_b is not None
+    ofl = out_b.reshape(n, ob, ho * wo, 16)  # (N, Ob, Ho, Wo, 16) -> (N, Ob, Ho*Wo, 16)
+    res = residual_b.reshape(n, ob, ho * wo, 16) if has_res else np.zeros((0, 0, 0, 0), np.float32)
+    rows = (plan or plan_im2col(k, wo, ho))["rows"]
+    tasks = [(i, r0, min(r0 + rows, ho)) for i in range(n) for r0 in range(0, ho, rows)]
+
+    def task(t):
+        i, r0, r1 = t
+        cols = scratch("im2col", k * (r1 - r0) * wo).reshape(k, (r1 - r0) * wo)
+        _im2col(cols, x, i, 0, cg, kh, kw, stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
+                r0, r1, wo)
+        o = scratch("im2col_o", co * (r1 - r0) * wo).reshape(co, (r1 - r0) * wo)
+        np.matmul(w2, cols, out=o)  # (Co, K) @ (K, R*Wo) -> (Co, R*Wo)
+        _scatter_rows_nchwc(ofl, o, i, r0 * wo, bias, res, has_res, relu)
+
+    with blas_threads(1):
+        parallel_for(task, tasks, threads)

@@ -16,6 +16,8 @@ gemm1x1  (out[Co, HW] = W[Co, Ci] @ X[Ci, HW] per image; the BLAS blocks its own
     every task reads the whole input block): the largest multiple of 16 with
     m*Nb*4 <= L2/4 (the output block is still in L2 when the epilogue runs) and
     m*K*4 <= L2/4; halved (not below 16) until there are >= 4 tasks per thread-capable core.
+  - on NCHW16c (what compiled networks run) the GEMM is (Nb, Ci) @ (Ci, m) on gathered position
+    blocks instead, with measured sizes: see `plan_gemm1x1_nchwc`.
 
 direct   (NCHWc, out[ob, oh, ow:ow+RB, 16] accumulated in RB zmm registers)
   - RB = 8 output positions x 16 output channels: 8 accumulators + 1 weight vector + the
@@ -138,6 +140,27 @@ def plan_gemm1x1(ci: int, co: int, hw: int) -> dict:
     return {"K": ci, "Nb": nb, "m": m}
 
 
+def plan_gemm1x1_nchwc(cip: int, cop: int, positions: int) -> dict:
+    """gemm1x1 on NCHW16c: a task gathers Nb output positions (N*Ho*Wo in all, blocks may span
+    images) as an (Nb, Cip) block and multiplies it by Wt[:, c0:c0+m] (Cip, m).
+
+    - Nb = 384 rows (at most N*Ho*Wo): OpenBLAS blocks K and packs the weight panel itself, and
+      measured on the ResNet50 1x1 layers (batch 16, one core) 384..512 rows reach 185-200
+      GFLOP/s where 64..128 rows reach 113-170; the L2 rule of the NCHW form (block <= L2/2)
+      would give 64 rows for Ci = 2048, 40% slower.
+    - m = Co (the gathered block is used once, by one GEMM); halved (multiple of 16, not below
+      64) while there are fewer than 4 tasks, so small batch-1 maps still feed both cores
+      (then cores split Co: seed 000's feature-map-level partitioning).
+    """
+    nb = min(positions, NB_NCHWC)
+    m = cop
+    n_pos = math.ceil(positions / nb)
+    while m > 64 and n_pos * math.ceil(cop / m) < 4:
+        m = max(64, _floor_mult(m // 2, 16))
+    return {"K": cip, "Nb": nb, "m": m}
+
+
+NB_NCHWC = 384
 RB = 8
 
 
@@ -167,3 +190,36 @@ def plan_im2col(k: int, wo: int, ho: int) -> dict:
     l2 = cache_sizes().l2
     r = int(l2 / 2 / (4 * k * max(wo, 1)))
     return {"rows": max(1, min(ho, r))}
+
+
+def describe(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1),
+             padding=(0, 0, 0, 0), dilation=(1, 1), layout: str = "nchwc") -> dict:
+    """How a conv layer is cut into tasks, for `compiled.plan()`: partitioning and tile sizes.
+
+    Shapes are NCHW (N, C, H, W) and (Co, Cg, KH, KW)."""
+    n, ci, h, w = x_shape
+    co, cg, kh, kw = w_shape
+    _, _, ho, wo = out_shape
+    cip, cop = -(-ci // 16) * 16, -(-co // 16) * 16
+    if algorithm == "gemm1x1":
+        if layout == "nchwc":
+            p, cout = plan_gemm1x1_nchwc(cip, cop, n * ho * wo), cop
+            tasks = math.ceil(n * ho * wo / p["Nb"]) * math.ceil(cout / p["m"])
+        else:
+            p, cout = plan_gemm1x1(ci, co, ho * wo), co
+            tasks = n * math.ceil(ho * wo / p["Nb"]) * math.ceil(cout / p["m"])
+        # seed 000's feature-map level: cores split Co; with many positions they split columns
+        return {"partitioning": "Co split" if p["m"] < cout else "cols split", "tiles": p, "tasks": tasks}
+    if algorithm == "direct":
+        p = plan_direct(cip // 16, kh, dilation[0], stride[0], ho, w + padding[2] + padding[3])
+        return {"partitioning": "rows split", "tiles": p, "tasks": n * math.ceil(ho / p["rows"])}
+    if algorithm.startswith("winograd"):
+        m = int(algorithm[-1])
+        tiles = n * math.ceil(ho / m) * math.ceil(wo / m)
+        p = plan_winograd(m + 2, cip, cop, tiles)
+        return {"partitioning": "tiles split", "tiles": p, "tasks": math.ceil(tiles / p["tiles"])}
+    if algorithm == "im2col":
+        p = plan_im2col(cg * kh * kw, wo, ho)
+        return {"partitioning": "rows split", "tiles": p,
+                "tasks": n * groups * math.ceil(ho / p["rows"])}
+    return {"partitioning": "-", "tiles": {}, "tasks": 1}

@@ -23,6 +23,7 @@ coefficients, so its fp32 error is larger (docs/kernels.md has the measured tabl
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from tilefuse.kernels.conv._nb import LANES
 from tilefuse.kernels.conv.epilogue import bias_or_zeros
@@ -199,6 +200,51 @@ def _gen_one(m, BT, AT):
     w(f"                        if relu:")
     w(f"                            v = max(v, np.float32(0.0))")
     w(f"                        orow[x0 + j] = v")
+    w("")
+    w("")
+    w(f"@njit(nogil=True, cache=True, fastmath=True)")
+    w(f"def _wino_output_{m}_c(out, M, p0, P, th, tw, bias, res, has_res, relu):")
+    w(f'    """NCHWc output: out[n, ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU) (generated)."""')
+    w(f"    Ho, Wo = out.shape[2], out.shape[3]")
+    w(f"    Ob = M.shape[2] // 16")
+    w(f"    mm = nb.carray(stack_f32({A2 * 16}), ({A2}, 16))")
+    w(f"    s = nb.carray(stack_f32({alpha * m * 16}), ({alpha}, {m}, 16))")
+    w(f"    y = nb.carray(stack_f32({m * m * 16}), ({m}, {m}, 16))")
+    w(f"    per_img = th * tw")
+    w(f"    for pi in range(P):")
+    w(f"        p = p0 + pi")
+    w(f"        n = p // per_img")
+    w(f"        r = p % per_img")
+    w(f"        y0 = (r // tw) * {m}")
+    w(f"        x0 = (r % tw) * {m}")
+    w(f"        mh = min({m}, Ho - y0)")
+    w(f"        mw = min({m}, Wo - x0)")
+    w(f"        for ob in range(Ob):")
+    w(f"            for k in range({A2}):")
+    w(f"                for l in range(16):")
+    w(f"                    mm[k, l] = M[k, pi, ob * 16 + l]")
+    w(f"            for a in range({alpha}):  # s = M A")
+    w(f"                for l in range(16):")
+    for b in range(alpha):
+        w(f"                    e{b} = mm[a * {alpha} + {b}, l]")
+    for j in range(m):
+        w(f"                    s[a, {j}, l] = {_expr(AT[j], en)}")
+    w(f"            for j in range({m}):  # y = A^T s + bias")
+    w(f"                for l in range(16):")
+    w(f"                    bl = bias[ob * 16 + l]")
+    for a in range(alpha):
+        w(f"                    e{a} = s[{a}, j, l]")
+    for i in range(m):
+        w(f"                    y[{i}, j, l] = {_expr(AT[i], en, init='bl')}")
+    w(f"            for i in range(mh):")
+    w(f"                for j in range(mw):")
+    w(f"                    for l in range(16):")
+    w(f"                        v = y[i, j, l]")
+    w(f"                        if has_res:")
+    w(f"                            v += res[n, ob, y0 + i, x0 + j, l]")
+    w(f"                        if relu:")
+    w(f"                            v = max(v, np.float32(0.0))")
+    w(f"                        out[n, ob, y0 + i, x0 + j, l] = v")
     return "\n".join(L) + "\n"
 
 
@@ -227,7 +273,7 @@ def run(out, x, prepared, residual=None, *, m: int, padding=(0, 0, 0, 0), relu=F
     # pad so that every alpha x alpha tile reads inside the array: Hp = th*m + 2, Wp = tw*m + 2
     eb, er = th * m + 2 - (h + t + b), tw * m + 2 - (w + l + r)
     xb = to_nchwc(x, (t, b + eb, l, r + er), threads=threads)
-    f_in, f_out = _TRANSFORMS[m]
+    f_in, f_out = _TRANSFORMS[m][:2]
     p_tot = n * th * tw
     pc = (plan or plan_winograd(alpha, cip, cop, p_tot))["tiles"]
     has_res = residual is not None
@@ -246,9 +292,71 @@ def run(out, x, prepared, residual=None, *, m: int, padding=(0, 0, 0, 0), relu=F
         parallel_for(task, tasks, threads)
 
 
+def run_nchwc(out_b, x_b, prepared, residual_b=None, *, m: int, padding=(0, 0, 0, 0), relu=False, threads=None,
+              plan=None) -> None:
+    """NCHWc in (unpadded), NCHWc out: x_b (N, Cb, H, W, 16) -> out_b (N, Ob, Ho, Wo, 16).
+
+    The input is copied once into a zero-bordered NCHWc buffer (whole 64-byte vectors, no
+    transpose), the output transform stores whole 16-channel vectors with the epilogue."""
+    U, bias = prepared["weight"], prepared["bias"]
+    n, cb, h, w, _ = x_b.shape
+    a2, cip, cop = U.shape
+    alpha = m + 2
+    if a2 != alpha * alpha:
+        raise ValueError(f"winograd F({m}x{m},3x3) expects U with {alpha * alpha} planes, got {U.shape}")
+    _, ob, ho, wo, _ = out_b.shape
+    th, tw = -(-ho // m), -(-wo // m)
+    t, _, l, _ = padding
+    hp, wp = th * m + 2, tw * m + 2  # every alpha x alpha tile reads inside the padded buffer
+    xp = _pad_buffer((n, cb, hp, wp, LANES))
+    parallel_for(lambda nc: _pad_nchwc(xp, x_b, nc[0], nc[1], t, l), [(i, c) for i in range(n) for c in range(cb)],
+                 threads)
+    f_in, f_out = _TRANSFORMS[m][0], _TRANSFORMS[m][2]
+    p_tot = n * th * tw
+    pc = (plan or plan_winograd(alpha, cip, cop, p_tot))["tiles"]
+    has_res = residual_b is not None
+    res = residual_b if has_res else np.zeros((0, 0, 0, 0, 0), np.float32)
+    tasks = [(p0, min(pc, p_tot - p0)) for p0 in range(0, p_tot, pc)]
+
+    def task(tk):
+        p0, P = tk
+        V = scratch("wino_V", a2 * P * cip).reshape(a2, P, cip)
+        M = scratch("wino_M", a2 * P * cop).reshape(a2, P, cop)
+        f_in(V, xp, p0, P, th, tw)
+        np.matmul(V, U, out=M)  # (a2, P, Ci) @ (a2, Ci, Co) -> (a2, P, Co)
+        f_out(out_b, M, p0, P, th, tw, bias, res, has_res, relu)
+
+    with blas_threads(1):
+        parallel_for(task, tasks, threads)
+
+
+def _pad_buffer(shape):
+    # the calling thread's scratch; the pad tasks write disjoint (n, cb) planes of it
+    return scratch("wino_pad", int(np.prod(shape))).reshape(shape)
+
+
+@njit(nogil=True, cache=True)
+def _pad_nchwc(xp, x, n, cb, pt, pl):
+    """xp[n, cb] (Hp, Wp, 16) = x[n, cb] (H, W, 16) placed at (pt, pl), zeros elsewhere."""
+    H, W = x.shape[2], x.shape[3]
+    Hp, Wp = xp.shape[2], xp.shape[3]
+    for hh in range(Hp):
+        h = hh - pt
+        for ww in range(Wp):
+            wv = ww - pl
+            if 0 <= h < H and 0 <= wv < W:
+                for q in range(16):
+                    xp[n, cb, hh, ww, q] = x[n, cb, h, wv, q]
+            else:
+                for q in range(16):
+                    xp[n, cb, hh, ww, q] = 0.0
+
+
 def _load_transforms():
     from tilefuse.kernels.conv import _winograd_gen as g
-    return {2: (g._wino_input_2, g._wino_output_2), 4: (g._wino_input_4, g._wino_output_4)}
+    # getattr: regenerating the module imports this one before the new functions exist
+    return {m: tuple(getattr(g, nm, None) for nm in (f"_wino_input_{m}", f"_wino_output_{m}", f"_wino_output_{m}_c"))
+            for m in (2, 4)}
 
 
 _TRANSFORMS = _load_transforms()

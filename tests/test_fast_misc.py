@@ -1,0 +1,122 @@
+"""Fast pooling / element-wise / linear / softmax kernels (kernels/fast_misc.py) against the
+reference (kernels/reference.py), on NCHW and on the blocked NCHW16c layout.
+
+Tolerances: max pool exact (no arithmetic); average pools 1e-6 relative (float32 sums, other
+order); linear 1e-5 relative (BLAS blocks K differently); softmax 1e-6.
+"""
+import numpy as np
+import pytest
+
+from tilefuse.kernels import fast_misc as fm
+from tilefuse.kernels import reference as ref
+from tilefuse.kernels.conv import from_nchwc, nchwc_shape, to_nchwc
+
+RNG = np.random.default_rng(0)
+
+POOLS = [  # kernel, stride, padding (t, b, l, r), dilation, ceil_mode, shape
+    ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False, (2, 64, 17, 16)),    # ResNet stem max pool
+    ((2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False, (1, 20, 14, 14)),    # VGG
+    ((3, 3), (2, 2), (0, 0, 0, 0), (1, 1), True, (1, 17, 13, 12)),     # AlexNet-like, ceil mode
+    ((3, 2), (1, 2), (1, 0, 1, 1), (2, 1), False, (3, 5, 9, 7)),       # odd: dilation, asymmetric
+]
+
+
+def _pool_call(kind, fn_out, x, k, s, p, d, ceil, layout, cip=True):
+    o = np.full(fn_out, np.nan, np.float32)
+    if kind == "max":
+        fm.max_pool(o, x, kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil, layout=layout)
+    else:
+        fm.avg_pool(o, x, kernel_size=k, stride=s, padding=p, ceil_mode=ceil, count_include_pad=cip, layout=layout)
+    return o
+
+
+@pytest.mark.parametrize("case", POOLS)
+@pytest.mark.parametrize("kind,cip", [("max", True), ("avg", True), ("avg", False)])
+@pytest.mark.parametrize("layout", ["nchw", "nchwc"])
+def test_pools_against_reference(case, kind, cip, layout):
+    k, s, p, d, ceil, shape = case
+    if kind == "avg":
+        d = (1, 1)
+        p = tuple(min(v, kk // 2) for v, kk in zip(p, (k[0], k[0], k[1], k[1])))
+    x = RNG.standard_normal(shape, dtype=np.float32)
+    if kind == "max":
+        want = ref.max_pool(x, k, s, p, d, ceil)
+    else:
+        want = ref.avg_pool(x, k, s, p, ceil, cip)
+    assert want.dtype == np.float32
+    if layout == "nchw":
+        got = _pool_call(kind, want.shape, x, k, s, p, d, ceil, layout, cip)
+    else:
+        got = from_nchwc(_pool_call(kind, nchwc_shape(want.shape), to_nchwc(x), k, s, p, d, ceil, layout, cip),
+                         shape[1])
+    if kind == "max":
+        assert np.array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 7, 7), (1, 20, 3, 5)])
+def test_global_avg_pool_both_layouts(shape):
+    x = RNG.standard_normal(shape, dtype=np.float32)
+    want = ref.global_avg_pool(x)
+    for layout, xin in (("nchw", x), ("nchwc", to_nchwc(x))):
+        o = np.full(want.shape, np.nan, np.float32)
+        fm.global_avg_pool(o, xin, layout=layout)
+        np.testing.assert_allclose(o, want, rtol=1e-6, atol=1e-6)
+
+
+def test_elementwise_and_scale():
+    a, b = RNG.standard_normal((2, 3, 70000), dtype=np.float32), RNG.standard_normal((2, 3, 70000), dtype=np.float32)
+    for relu in (False, True):
+        o = np.empty_like(a)
+        fm.add(o, a, b, relu=relu)
+        assert np.array_equal(o, ref.add(a, b, relu=relu))
+    o = np.empty_like(a)
+    fm.relu(o, a)
+    assert np.array_equal(o, ref.relu(a))
+    x = RNG.standard_normal((2, 20, 4, 5), dtype=np.float32)
+    al, be = RNG.standard_normal(20, dtype=np.float32), RNG.standard_normal(20, dtype=np.float32)
+    want = ref.scale(x, al, be)
+    o = np.empty_like(x)
+    fm.scale(o, x, al, be)
+    np.testing.assert_allclose(o, want, rtol=1e-6, atol=1e-6)
+    ob = np.empty(nchwc_shape(x.shape), np.float32)
+    fm.scale(ob, to_nchwc(x), al, be, layout="nchwc")
+    np.testing.assert_allclose(from_nchwc(ob, 20), want, rtol=1e-6, atol=1e-6)
+    assert not ob[:, 1, ..., 4:].any()   # padded channels stay zero
+
+
+@pytest.mark.parametrize("has_bias,relu", [(False, False), (True, False), (True, True)])
+def test_linear(has_bias, relu):
+    x = RNG.standard_normal((3, 600), dtype=np.float32)
+    w = RNG.standard_normal((1000, 600), dtype=np.float32) / 25
+    b = RNG.standard_normal(1000, dtype=np.float32)
+    want = ref.linear(x, w, b if has_bias else None, relu)
+    outs = []
+    for t in (1, 2):
+        o = np.empty((3, 1000), np.float32)
+        fm.linear(o, x, w, *([b] if has_bias else []), has_bias=has_bias, relu=relu, threads=t)
+        outs.append(o)
+    assert np.array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_softmax():
+    x = RNG.standard_normal((4, 1000), dtype=np.float32) * 10
+    o = np.empty_like(x)
+    fm.softmax(o, x, axis=1)
+    np.testing.assert_allclose(o, ref.softmax(x, 1), rtol=1e-6, atol=1e-7)
+    x3 = RNG.standard_normal((2, 5, 3), dtype=np.float32)
+    o3 = np.empty_like(x3)
+    fm.softmax(o3, x3, axis=1)                  # not the last axis: the reference path
+    np.testing.assert_allclose(o3, ref.softmax(x3, 1), rtol=1e-6)
+
+
+def test_pools_identical_for_one_and_two_threads():
+    x = to_nchwc(RNG.standard_normal((2, 40, 15, 15), dtype=np.float32))
+    outs = []
+    for t in (1, 2):
+        o = np.empty((2, 3, 7, 7, 16), np.float32)
+        fm.avg_pool(o, x, kernel_size=(3, 3), stride=(2, 2), padding=(0, 0, 0, 0), layout="nchwc", threads=t)
+        outs.append(o)
+    assert np.array_equal(*outs)
