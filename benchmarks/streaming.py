@@ -8,9 +8,10 @@ Networks (single image, float32, seeded weights):
   resnet18-trunk  ResNet18 without avgpool/fc (conv1 .. layer4), BN folded by the passes
   vgg-stack       VGG-style 3x3 stack 16,16,M,32,32,M,64,64,M,128,128 (channels reduced from
                   VGG's 64..512 so that layer-by-layer and PyTorch fit at 4K on this machine)
-Modes:
-  stream   tilefuse.stream.compile_stream(net, band_rows=B).run(x): one thread (BLAS held to 1)
-  pipe2    the same with workers=2: the layer pipeline, 2 FLOP-balanced stages, BLAS 1 thread each
+Modes (":B" after a stream mode overrides --band for it, e.g. stream:8):
+  stream   tilefuse.stream.compile_stream(net, band_rows=B).run(x): one stream, every band's conv
+           on the fast kernels of kernels/conv with all cores (threads=None)
+  pipe2    the same with workers=2: the layer pipeline, 2 cost-balanced stages, kernels 1 thread each
   lbl      layer by layer: tilefuse.Session(tilefuse.compile(net)).run(x)
   torch    the same optimized network (BN folded) run op by op with torch.nn.functional,
            torch.inference_mode, torch's default threads
@@ -20,6 +21,10 @@ end, "run added" is VmHWM minus the RSS just before the first run (after buildin
 the weights and the input): the memory the runs themselves added, buffers first touched included.
 Time is the best of --repeat runs after one warm-up run. Outputs are checked against the
 layer-by-layer result at 1080p (max abs error / max abs value).
+
+--interleave: timing only, in one process per (net, size): layer by layer and every stream mode
+run in turn, --repeat rounds, medians and best; on a shared machine compare these ratios, not
+times from different subprocesses.
 
 Part 2: line-buffer vs tiled filter on 4K uint8 frames (3x3 and 5x5 integer kernels, 1 and 2
 workers), ms per frame, median of 10, checked equal.
@@ -36,7 +41,7 @@ import time
 import numpy as np
 
 SIZES = {"1080p": (1080, 1920), "4k": (2160, 3840), "8k": (4320, 7680), "small": (270, 480)}
-MODES = ("stream", "pipe2", "lbl", "torch")
+MODES = ("stream", "stream:8", "pipe2", "lbl", "torch")
 NETS = ("resnet18-trunk", "vgg-stack")
 
 
@@ -112,25 +117,55 @@ def torch_runner(net):
     return run
 
 
+def parse_mode(mode: str, band: int):
+    name, _, b = mode.partition(":")
+    return name, int(b) if b else band
+
+
+def make_runner(net, mode: str, band: int):
+    """(run function, info dict) for one mode."""
+    name, band = parse_mode(mode, band)
+    if name in ("stream", "pipe2"):
+        from tilefuse.stream import compile_stream
+        s = compile_stream(net, band_rows=band, workers=2 if name == "pipe2" else 1)
+        p = s.plan()
+        return s.run, {"plan_streamed_bytes": p.streamed_bytes, "plan_lbl_bytes": p.layer_by_layer_bytes}
+    if name == "lbl":
+        import tilefuse
+        sess = tilefuse.Session(tilefuse.compile(net))
+        sess.copy_constants()
+        return sess.run, {}
+    return torch_runner(net), {}
+
+
+def interleave(net_name: str, size: str, modes: list[str], repeat: int, band: int) -> list[str]:
+    hw = SIZES[size]
+    net = build(net_name, hw)
+    x = np.random.default_rng(1).standard_normal((1, 3) + hw, dtype=np.float32)
+    fns = {m: make_runner(net, m, band)[0] for m in modes}
+    ts = {m: [] for m in modes}
+    for f in fns.values():
+        f(x)
+    for _ in range(repeat):
+        for m, f in fns.items():
+            t = time.perf_counter()
+            f(x)
+            ts[m].append(time.perf_counter() - t)
+    base = float(np.median(ts["lbl"])) if "lbl" in ts else None
+    rows = []
+    for m in modes:
+        med = float(np.median(ts[m]))
+        ratio = f"{med / base:.2f}" if base else ""
+        rows.append(f"| {net_name} | {size} | {m} | {med:.2f} | {min(ts[m]):.2f} | {ratio} |")
+    return rows
+
+
 def run_case(net_name: str, size: str, mode: str, repeat: int, band: int) -> dict:
     hw = SIZES[size]
     net = build(net_name, hw)
     # float32 directly: a float64 temporary would set the peak RSS before the run starts
     x = np.random.default_rng(1).standard_normal((1, 3) + hw, dtype=np.float32)
-    info = {}
-    if mode in ("stream", "pipe2"):
-        from tilefuse.stream import compile_stream
-        s = compile_stream(net, band_rows=band, workers=2 if mode == "pipe2" else 1)
-        p = s.plan()
-        info = {"plan_streamed_bytes": p.streamed_bytes, "plan_lbl_bytes": p.layer_by_layer_bytes}
-        fn = s.run
-    elif mode == "lbl":
-        import tilefuse
-        sess = tilefuse.Session(tilefuse.compile(net))
-        sess.copy_constants()
-        fn = sess.run
-    else:
-        fn = torch_runner(net)
+    fn, info = make_runner(net, mode, band)
     try:  # reset VmHWM to the current RSS (Linux >= 4.0), so the peak is the run's own
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -147,7 +182,7 @@ def run_case(net_name: str, size: str, mode: str, repeat: int, band: int) -> dic
         times.append(time.perf_counter() - t)
     out = {"net": net_name, "size": size, "mode": mode, "first_s": first, "time_s": min(times or [first]),
            "peak_bytes": rss_bytes("VmHWM"), "base_bytes": base, "out_shape": list(y.shape), **info}
-    if size in ("1080p", "small") and mode != "lbl":
+    if size in ("1080p", "small") and not mode.startswith("lbl"):
         import tilefuse
         ref = tilefuse.Session(tilefuse.compile(net)).run(x)
         out["max_err_rel"] = float(np.max(np.abs(y - ref)) / max(1e-30, float(np.max(np.abs(ref)))))
@@ -183,7 +218,8 @@ def main(argv=None) -> int:
     ap.add_argument("--nets", default=",".join(NETS))
     ap.add_argument("--sizes", default="1080p,4k")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--band", type=int, default=8)
+    ap.add_argument("--band", type=int, default=4)
+    ap.add_argument("--interleave", action="store_true", help="timing ratios in one process (see above)")
     ap.add_argument("--repeat", type=int, default=0, help="timed runs after the warm-up (default: 2, 1 at 8K)")
     ap.add_argument("--no-filter", action="store_true")
     ap.add_argument("--case", help=argparse.SUPPRESS)
@@ -194,7 +230,18 @@ def main(argv=None) -> int:
         print(json.dumps(run_case(net_name, size, mode, rep, args.band)))
         return 0
     mib = 2.0 ** 20
-    print(f"machine: {os.cpu_count()} cores; load average {os.getloadavg()}", flush=True)
+    from tilefuse.kernels.conv.threads import blas_info
+    print(f"machine: {os.cpu_count()} cores; load average {os.getloadavg()}; OpenBLAS core {blas_info()}; "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}", flush=True)
+    if args.interleave:
+        print("| net | size | mode | median s | best s | median / lbl median |")
+        print("|---|---|---|---|---|---|")
+        for net_name in args.nets.split(","):
+            for size in args.sizes.split(","):
+                modes = [m for m in args.modes.split(",") if m != "torch"]
+                for row in interleave(net_name, size, modes, args.repeat or 5, args.band):
+                    print(row, flush=True)
+        return 0
     print("| net | size | mode | time s | first run s | peak RSS MiB | run added MiB | plan act. MiB "
           "(stream / lbl) | check |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -205,7 +252,7 @@ def main(argv=None) -> int:
                 if args.repeat:
                     cmd += ["--repeat", str(args.repeat)]
                 env = dict(os.environ)
-                if mode == "pipe2":
+                if mode.startswith("pipe2"):
                     env["OPENBLAS_NUM_THREADS"] = "1"
                 p = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if p.returncode != 0:

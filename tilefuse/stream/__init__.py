@@ -1,15 +1,15 @@
 """Streaming execution for large images (issue 6, seed 003): line buffers and a layer pipeline.
 
     from tilefuse.stream import compile_stream
-    s = compile_stream(net, band_rows=8)          # workers=2: the layer pipeline over 2 threads
+    s = compile_stream(net, band_rows=4)          # workers=2: the layer pipeline over 2 threads
     y = s.run(x)                                   # numpy NCHW in, the network's outputs out
     print(s.plan())                                # rows each layer holds, bytes, stage split
 
 The network goes through the same passes as `tilefuse.compile` (BN folded, ReLU and residual
 adds fused into conv epilogues); then every conv, pooling and element-wise op on the input side
 streams: bands of rows flow depth-first through the whole streamed part, each tensor held in a
-ring of a few rows (`schedule.py`, `ring.py`, `executor.py`); global pooling / linear / softmax
-end it and run on whole tensors. `docs/streaming.md` has the details and the numbers.
+ring of a few rows (`schedule.py`, `ring.py`, `executor.py`), float32 convs on the fast kernels
+of `kernels/conv` (`bands.py`); global pooling / linear / softmax end it and run on whole tensors. `docs/streaming.md` has the details and the numbers.
 """
 from __future__ import annotations
 
@@ -31,17 +31,21 @@ class StreamedNetwork:
     """A network compiled for streamed execution; `.run(x)` like `Session.run`."""
 
     def __init__(self, source: Network, network: Network, schedule: Schedule, workers: int,
-                 pass_log: list[str], compile_seconds: float, queue_bands: int = 2):
+                 pass_log: list[str], compile_seconds: float, queue_bands: int = 2, threads: int | None = None,
+                 kernels: str = "fast", winograd: bool = True, algorithm: str | None = None):
         self.source = source
         self.network = network
         self.schedule = schedule
         self.pass_log = pass_log
         self.compile_seconds = compile_seconds
         self.workers = workers
+        self.kernels = kernels
         if workers > 1:
-            self.executor = PipelineExecutor(schedule, workers, queue_bands)
+            self.executor = PipelineExecutor(schedule, workers, queue_bands, kernels=kernels, winograd=winograd,
+                                             algorithm=algorithm)
         else:
-            self.executor = StreamExecutor(schedule)
+            self.executor = StreamExecutor(schedule, threads=threads, kernels=kernels, winograd=winograd,
+                                           algorithm=algorithm)
         self.last_seconds = 0.0
 
     @property
@@ -70,15 +74,30 @@ class StreamedNetwork:
                 f"band {s.band_rows} rows, workers {self.workers})")
 
 
-def compile_stream(net: Network, band_rows: int = 8, workers: int = 1, *, passes=None,
-                   queue_bands: int = 2) -> StreamedNetwork:
+def compile_stream(net: Network, band_rows: int = 4, workers: int = 1, *, passes=None,
+                   queue_bands: int = 2, band_mode: str = "layer", layer_rows=None, threads: int | None = None,
+                   kernels: str = "fast", winograd: bool = True, algorithm: str | None = None) -> StreamedNetwork:
     """Compile `net` for streamed (depth-first, row-band) execution.
 
     band_rows: output rows each layer computes per step (1 = the paper's row-by-row line
-        buffer; 4-16 vectorize better).
-    workers: 1 = one thread, layers in turn band by band; >1 = the layer pipeline, the streamed
-        layers cut into `workers` stages of balanced FLOPs, one thread each.
+        buffer). Default 4: the fast conv kernels need a few rows per call (Winograd F(4,3)
+        computes 4-row tiles) and 4 keeps the ResNet18 trunk at 4K above 10x less activation
+        memory than layer by layer; 8 is ~10-20% faster and holds ~1.6x the rows.
+    workers: 1 = one thread stream, each band's conv on all cores (`threads`); >1 = the layer
+        pipeline, the streamed layers cut into `workers` stages of balanced estimated time, one
+        thread each, kernels single-threaded.
     queue_bands: extra bands of ring capacity on tensors that cross a stage boundary.
+    band_mode: "layer" (default): every layer computes `band_rows` output rows per step (its
+        first step may be shorter, which aligns it with its producer's bands); "input": rows are
+        fed `band_rows` at a time and every layer emits as many rows as its inputs allow (the
+        first version; after k stride-2 layers a step has band_rows / 2**k rows).
+    layer_rows: with band_mode "layer", a function StreamLayer -> rows per step overriding
+        band_rows per layer.
+    threads: conv kernel threads for workers=1 (None: all cores).
+    kernels: "fast" (default): float32 convs run `kernels.conv.conv2d_run` on bands, weights
+        prepared once here; "numpy": im2col + GEMM on bands (also used for other dtypes).
+    winograd: allow Winograd for 3x3 stride-1 convs (changes rounding, see docs/streaming.md).
+    algorithm: force one conv algorithm wherever the conv library can run it (else select).
     """
     if not isinstance(net, Network):
         raise TypeError(f"compile_stream() takes a tilefuse Network, got {type(net).__name__}")
@@ -86,11 +105,20 @@ def compile_stream(net: Network, band_rows: int = 8, workers: int = 1, *, passes
         raise GraphError(net.name, "network has no outputs; call net.output(node) first")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if band_mode not in ("layer", "input"):
+        raise ValueError(f"band_mode must be 'layer' or 'input', got {band_mode!r}")
+    if kernels not in ("fast", "numpy"):
+        raise ValueError(f"kernels must be 'fast' or 'numpy', got {kernels!r}")
+    if band_mode == "input":
+        layer_rows = None
+    elif layer_rows is None:
+        layer_rows = lambda layer: band_rows  # noqa: E731
     t = time.perf_counter()
     net.lint()
     opt, log = run_passes(net, passes)
-    sched = build_schedule(opt, band_rows)
-    return StreamedNetwork(net, opt, sched, workers, log, time.perf_counter() - t, queue_bands)
+    sched = build_schedule(opt, band_rows, layer_rows)
+    return StreamedNetwork(net, opt, sched, workers, log, time.perf_counter() - t, queue_bands, threads=threads,
+                           kernels=kernels, winograd=winograd, algorithm=algorithm)
 
 
 __all__ = ["StreamedNetwork", "compile_stream", "StreamPlan", "Schedule", "RowWindow", "RowRing",

@@ -1,7 +1,7 @@
 """Pieces for `tilefuse run MODEL --input-size HxW --schedule stream` (wired in tilefuse/cli.py).
 
     net = model_for_input("resnet18", (2160, 3840), batch=1, seed=0)
-    report = stream_run_report(net, x, band_rows=8, workers=1)
+    report = stream_run_report(net, x, band_rows=4, workers=1)
     print(format_report(report))
 
 Peak memory is the process's peak resident set (VmHWM in /proc/self/status; it only grows over
@@ -55,7 +55,7 @@ def peak_rss_bytes() -> int:
     return 0
 
 
-def stream_run_report(net: Network, x: np.ndarray, band_rows: int = 8, workers: int = 1,
+def stream_run_report(net: Network, x: np.ndarray, band_rows: int = 4, workers: int = 1,
                       repeat: int = 1, trace: bool = False) -> dict:
     """Compile `net` for streaming, run it once (timed as the first run: JIT, first touch of
     memory), then `repeat` more times (time_s is the best), and report time and memory."""
@@ -116,7 +116,7 @@ def add_stream_arguments(parser) -> None:
     parser.add_argument("--schedule", choices=("layer", "stream"), default="layer",
                         help="layer: whole feature maps, layer by layer (default); stream: bands of "
                              "rows flow through the network, a few rows per layer in memory")
-    parser.add_argument("--band-rows", type=int, default=8, help="stream: output rows per band (default 8)")
+    parser.add_argument("--band-rows", type=int, default=4, help="stream: output rows per band and layer (default 4)")
     parser.add_argument("--stream-workers", type=int, default=1,
                         help="stream: >1 runs the layer pipeline with that many FLOP-balanced stages")
 
@@ -142,7 +142,7 @@ def run_stream_command(args, out=None) -> int:
           f"{[d.shape for d in net.outputs]}, built in {time.perf_counter() - t:.2f} s", file=out)
     rng = np.random.default_rng(args.seed)
     x = rng.standard_normal(net.inputs[0].shape).astype(np.float32)
-    r = stream_run_report(net, x, band_rows=getattr(args, "band_rows", 8),
+    r = stream_run_report(net, x, band_rows=getattr(args, "band_rows", 4),
                           workers=getattr(args, "stream_workers", 1), repeat=max(getattr(args, "inputs", 1), 1))
     print(format_report(r), file=out)
     if getattr(args, "verbose", False):

@@ -61,9 +61,14 @@ def consumer_slot(sched: Schedule, tensor: str, layer: int, pos: int) -> int:
 class StreamExecutor:
     """Runs a schedule on one thread."""
 
-    def __init__(self, sched: Schedule):
+    def __init__(self, sched: Schedule, threads: int | None = None, kernels: str = "fast", winograd: bool = True,
+                 algorithm: str | None = None):
         self.sched = sched
-        self.runners: list[Runner] = [make_runner(l, sched) for l in sched.layers]
+        self.threads = threads
+        self.runners: list[Runner] = [make_runner(l, sched, kernels, winograd, algorithm) for l in sched.layers]
+        for r in self.runners:
+            if hasattr(r, "threads"):
+                r.threads = threads
         self.slots = [[consumer_slot(sched, n, l.index, k) for k, n in enumerate(l.inputs)]
                       for l in sched.layers]
         self.rings = RingSet(sched)

@@ -3,8 +3,11 @@
 Activation bytes are counted the same way on both sides; the network input (the caller's
 array) and the constants are not activations:
   streamed        = every ring (capacity x row bytes) + the sinks (whole: the streamed part's
-                    results) + the scratch buffers of the band kernels (padded bands, im2col
-                    columns; one set per thread) + the tail's peak of live tensors
+                    results) + the scratch buffers of the band kernels (gathered input band,
+                    output band, residual band; numpy path: padded bands, im2col columns; one
+                    set per thread) + the tail's peak of live tensors. Not counted: the conv
+                    kernels' own per-call scratch (their NCHW16c copy of the band, Winograd
+                    V/M tiles), a few MiB, as on the layer-by-layer side.
   layer by layer  = the peak over ops of the live intermediate and output tensors when each
                     op writes its whole output (tensors freed after their last reader: the
                     ideal that tilefuse's liveness planner approaches; im2col scratch of the

@@ -111,6 +111,16 @@ class Schedule:
     tail: list[OpNode]
     steps: list[tuple[int, int, int]]   # (layer, r0, r1) in execution order
     band_rows: int
+    layer_rows: list[int] = field(default_factory=list)   # minimum output rows per step, per layer
+
+    def step_rows(self, layer: int) -> list[int]:
+        """Rows of each step of `layer`, in order."""
+        if not hasattr(self, "_step_rows"):
+            per: list[list[int]] = [[] for _ in self.layers]
+            for li, r0, r1 in self.steps:
+                per[li].append(r1 - r0)
+            self._step_rows = per
+        return self._step_rows[layer]
 
     @property
     def streamed_flops(self) -> int:
@@ -151,8 +161,12 @@ def split_streamable(net: Network) -> tuple[list[OpNode], list[OpNode]]:
     return streamed, tail
 
 
-def build_schedule(net: Network, band_rows: int = 8) -> Schedule:
-    """Streamed part, tensors, dry-run steps and ring capacities of an optimized network."""
+def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> Schedule:
+    """Streamed part, tensors, dry-run steps and ring capacities of an optimized network.
+
+    layer_rows: None (every layer emits as many rows as its inputs allow, up to band_rows), or
+    a function (StreamLayer) -> int: that layer fires only once it can emit that many rows (or
+    its last rows), and emits exactly that many per step."""
     if band_rows < 1:
         raise ValueError(f"band_rows must be >= 1, got {band_rows}")
     streamed, tail = split_streamable(net)
@@ -180,11 +194,12 @@ def build_schedule(net: Network, band_rows: int = 8) -> Schedule:
     sinks = [t.name for t in tensors.values() if t.producer >= 0 and (t.name in tail_reads or t.name in outputs)]
     for s in sinks:
         tensors[s].sink = True
-    steps = _dry_run(layers, tensors, x.name, band_rows)
-    return Schedule(net, x.name, layers, tensors, sinks, tail, steps, band_rows)
+    mins = [max(1, int(layer_rows(l))) if layer_rows else 1 for l in layers]
+    steps = _dry_run(layers, tensors, x.name, band_rows, mins)
+    return Schedule(net, x.name, layers, tensors, sinks, tail, steps, band_rows, mins)
 
 
-def _dry_run(layers, tensors, input_name, band) -> list[tuple[int, int, int]]:
+def _dry_run(layers, tensors, input_name, band, mins=None) -> list[tuple[int, int, int]]:
     """Simulate the row flow; fill in tensor capacities; return the steps."""
     produced = {name: 0 for name in tensors}
     lows = {name: [0] * len(t.consumers) for name, t in tensors.items()}
@@ -197,11 +212,14 @@ def _dry_run(layers, tensors, input_name, band) -> list[tuple[int, int, int]]:
     def ready(layer: StreamLayer) -> tuple[int, int] | None:
         """The next band: up to `band` rows, as many as the inputs' rows allow (at least one)."""
         r0 = next_row[layer.index]
-        r1 = min(r0 + band, layer.rows)
+        want = mins[layer.index] if mins else 1
+        r1 = min(r0 + (band if want <= 1 else want), layer.rows)
         for name, win in zip(layer.inputs, layer.windows):
             h, have = tensors[name].shape[2], produced[name]
             if have < h:  # rows needing input row >= have must wait: (r - 1)*s + off + span <= have
                 r1 = min(r1, (have - win.offset - win.span) // win.stride + 1)
+        if r1 - r0 < want and r1 < layer.rows and r0 > 0:
+            return None
         return (r0, r1) if r1 > r0 else None
 
     while True:
