@@ -274,3 +274,86 @@ def test_nchwc_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"\(N, C/16, H, W, 16\)"):
         conv2d_run_nchwc("direct", np.zeros((1, 16, 4, 4), np.float32), np.zeros((1, 1, 4, 4, 16), np.float32),
                          prep, stride=1, padding=1, dilation=1, relu=False)
+
+
+# The numba NCHW16c 1x1 kernel (k1x1.py: what gemm1x1 runs on NCHW16c) -------------------------
+K1X1_SHAPES = [
+    ("k_7x7_2048_512", 1, 2048, 7, 7, 512, 1, 1, (0, 0, 0, 0), 1, 1),    # ResNet50 stage 5, batch 1
+    ("k_14x14_1024_256", 1, 1024, 14, 14, 256, 1, 1, (0, 0, 0, 0), 1, 1),
+    ("k_7x7_odd", 1, 17, 7, 7, 33, 1, 1, (0, 0, 0, 0), 1, 1),            # Ci, Co not multiples of 16, odd Ob
+    ("k_7x7_b3", 3, 64, 7, 7, 48, 1, 1, (0, 0, 0, 0), 1, 1),             # blocks of 7 span images
+    ("k_s2_odd", 3, 40, 9, 11, 24, 1, 2, (0, 0, 0, 0), 1, 1),            # stride 2 on an odd map
+    ("k_s2_r50", 1, 256, 14, 14, 512, 1, 2, (0, 0, 0, 0), 1, 1),         # ResNet50 projection, stride 2
+    ("k_1x5", 1, 16, 1, 5, 16, 1, 1, (0, 0, 0, 0), 1, 1),                # fewer positions than one block
+    ("k_s2x1", 2, 32, 8, 9, 32, 1, 1, (0, 0, 0, 0), 1, 1),
+]
+K1X1_CASES = [(s, e) for s in K1X1_SHAPES for e in EPILOGUES]
+
+
+@pytest.mark.parametrize("shape,epi", K1X1_CASES, ids=[f"{s[0]}-{e}" for s, e in K1X1_CASES])
+def test_k1x1_against_reference(shape, epi):
+    from tilefuse.kernels.conv import k1x1
+    x, wt, b, res, relu, kw, want = _case(shape, epi)
+    if shape[0] == "k_s2x1":
+        kw["stride"] = (2, 1)
+        want = ref.conv2d(x, wt, b, (2, 1), (0, 0, 0, 0), (1, 1), 1, relu=relu)
+        res = None
+    prep = k1x1.prepare(wt, b)
+    ob = np.full(nchwc_shape(want.shape), np.nan, np.float32)
+    k1x1.run_nchwc(ob, to_nchwc(x), prep, to_nchwc(res) if res is not None else None, stride=kw["stride"],
+                   relu=relu)
+    co = want.shape[1]
+    assert not ob[:, -1, ..., co - (ob.shape[1] - 1) * 16:].any(), "padded channels must be zero"
+    _check("gemm1x1", from_nchwc(ob, co), want)
+
+
+@pytest.mark.parametrize("name", ["k_7x7_2048_512", "k_s2_odd", "k_7x7_b3"])
+@pytest.mark.parametrize("q_outer", [None, True, False])
+def test_k1x1_one_and_two_threads_bitwise_identical(name, q_outer):
+    """Task boundaries come from the shape only and each output is one full-K dot product: any
+    thread count (and either loop order) gives the same bits."""
+    from tilefuse.kernels.conv import k1x1
+    shape = next(s for s in K1X1_SHAPES if s[0] == name)
+    x, wt, b, res, relu, kw, _ = _case(shape, "bias_res_relu", seed=3)
+    prep = k1x1.prepare(wt, b)
+    outs = []
+    try:
+        k1x1.Q_OUTER = q_outer
+        for t in (1, 2, 2):
+            ob = np.empty(nchwc_shape((x.shape[0], wt.shape[0]) + _out_hw(x, wt, kw)), np.float32)
+            conv2d_run_nchwc("gemm1x1", ob, to_nchwc(x), prep, to_nchwc(res), relu=relu, threads=t, **kw)
+            outs.append(ob)
+    finally:
+        k1x1.Q_OUTER = None
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+def test_k1x1_plan_splits_channels_on_small_maps():
+    p = planner.plan_k1x1(2048, 16, 49)             # ResNet50 1x1 on 7x7, batch 1: Co split
+    assert p["Q"] == 49 and p["P"] < 16 and p["Q"] % 7 == 0
+    big = planner.plan_k1x1(256, 2, 32 * 3136)      # batch 32 56x56: positions split
+    assert big["P"] == 2 and big["Q"] % 7 == 0 and big["Q"] * 256 * 4 <= planner.cache_sizes().l2 / 2 + 1
+
+
+@pytest.mark.parametrize("shape", [("d_odd_ob", 2, 20, 9, 11, 40, 3, 1, (1, 1, 1, 1), 1, 1),
+                                   ("d_s2", 1, 32, 14, 14, 48, 3, 2, (1, 1, 1, 1), 1, 1),
+                                   ("d_5x5_dil", 1, 16, 13, 12, 16, 5, 1, (4, 4, 4, 4), 2, 1)],
+                         ids=lambda s: s[0])
+def test_direct_7x2_blocking_matches_8x1(shape):
+    """direct.py's 7-position x 2-output-block micro-kernel (the one the runs use) against the
+    8 x 1 one: same products summed in the same order, so bitwise equal; and against the spec."""
+    from tilefuse.kernels.conv import direct
+    x, wt, b, res, relu, kw, want = _case(shape, "bias_res_relu")
+    prep = conv2d_prepare("direct", wt, b, kw["stride"], kw["padding"], kw["dilation"], 1, layout="nchwc")
+    xb, rb = to_nchwc(x, kw["padding"]), to_nchwc(res)
+    outs = []
+    for k in (direct._direct_rows, direct._direct_rows2):
+        ob = np.full(nchwc_shape(want.shape), np.nan, np.float32)
+        n, cb, hp, wp, _ = xb.shape
+        ofl, rfl = ob.reshape(n, ob.shape[1], -1, 16), rb.reshape(n, rb.shape[1], -1, 16)
+        for i in range(n):
+            k(ofl, i, 0, xb.reshape(n, cb, hp * wp, 16), i, 0, prep["weight"], 0, want.shape[2], want.shape[3], wp,
+              kw["stride"][0], kw["stride"][1], kw["dilation"][0], kw["dilation"][1], prep["bias"], rfl, True, relu)
+        outs.append(ob)
+    assert np.array_equal(outs[0], outs[1])
+    _check("direct", from_nchwc(outs[1], want.shape[1]), want)

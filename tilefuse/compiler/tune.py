@@ -11,7 +11,8 @@ the fastest wins. Results persist in a JSON file so a layer is measured once per
                                                    "seconds": {"direct": 0.0012, ...}}}}}
 
 machine key: CPU model | usable cores | threads | OpenBLAS core type (the BLAS kernels change
-             the GEMM-based algorithms' speed, and OPENBLAS_CORETYPE is set per process)
+             the GEMM-based algorithms' speed, and OPENBLAS_CORETYPE is set per process) |
+             fingerprint of the conv kernels' source (a changed kernel is measured again)
 layer key:   x shape | weight shape | stride | padding | dilation | groups | residual | relu |
              winograd allowed | layout mode
 
@@ -52,9 +53,26 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown cpu"
 
 
+_FINGERPRINT: str | None = None
+
+
+def kernels_fingerprint() -> str:
+    """A short hash of the conv kernels' source files: tuned choices are only valid for them."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        import hashlib
+        from ..kernels import conv
+        h = hashlib.sha256()
+        for f in sorted(Path(conv.__file__).parent.glob("*.py")):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+        _FINGERPRINT = h.hexdigest()[:12]
+    return _FINGERPRINT
+
+
 def machine_key(threads: int) -> str:
     from ..kernels.conv.threads import blas_info, cpu_count
-    return f"{cpu_model()}|{cpu_count()} cores|{threads} threads|blas {blas_info()}"
+    return (f"{cpu_model()}|{cpu_count()} cores|{threads} threads|blas {blas_info()}"
+            f"|kernels {kernels_fingerprint()}")
 
 
 def layer_key(x_shape, w_shape, p: dict, allow_winograd: bool, layout_mode: str) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tilefuse.kernels.conv import direct, gemm1x1, im2col, winograd
+from tilefuse.kernels.conv import direct, gemm1x1, im2col, k1x1, winograd
 from tilefuse.kernels.conv.direct import direct_nchwc
 from tilefuse.kernels.conv.layout import from_nchwc, nchwc_shape, to_nchwc
 from tilefuse.kernels.conv.select import (ALGORITHMS, algorithm_flops, candidates, conv_flops, estimate_cost,
@@ -74,7 +74,7 @@ def conv2d_prepare(algorithm, w, b, stride, padding, dilation, groups, layout="n
         if algorithm not in NCHWC_ALGORITHMS:
             raise ValueError(f"conv algorithm {algorithm!r} has no NCHWc form; NCHWc algorithms: {NCHWC_ALGORITHMS}")
         if algorithm == "gemm1x1":
-            return gemm1x1.prepare_nchwc(w, b)
+            return k1x1.prepare(w, b)  # numba NCHW16c kernel (gemm1x1.prepare_nchwc: the BLAS form)
     if algorithm == "gemm1x1":
         return gemm1x1.prepare(w, b)
     if algorithm == "direct":
@@ -137,7 +137,7 @@ def conv2d_run_nchwc(algorithm, out_b, x_b, prepared, residual_b=None, *, stride
     if groups != 1:
         raise ValueError(f"conv2d_run_nchwc({algorithm}): groups={groups}; the NCHWc forms need groups=1")
     if algorithm == "gemm1x1":
-        gemm1x1.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, relu=relu, threads=threads)
+        k1x1.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, relu=relu, threads=threads)
     elif algorithm == "direct":
         direct.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, padding=padding, dilation=dilation,
                          relu=relu, threads=threads)

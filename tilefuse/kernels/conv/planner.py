@@ -162,6 +162,30 @@ def plan_gemm1x1_nchwc(cip: int, cop: int, positions: int) -> dict:
 
 NB_NCHWC = 384
 RB = 8
+RB1X1 = 7
+
+
+def plan_k1x1(cip: int, op: int, positions: int) -> dict:
+    """The numba NCHW16c 1x1 kernel (k1x1.py, what gemm1x1 runs on NCHW16c): task tiles from the
+    shape only (never the thread count, so 1 and 2 threads give bitwise identical results).
+
+    - Q positions per task: a multiple of RB1X1 = 7 with Q*Cip*4 <= L2/2 (the task's input block
+      stays in L2 while the task's channel pairs sweep it), at least 7, at most all positions.
+    - P output-channel pairs (32 channels) per task: all, halved while there are fewer than 8
+      tasks (batch-1 7x7 / 14x14 maps: the cores split the output channels, each reading the
+      small input: seed 000's feature-map-level partitioning).
+    - loop order inside a task: position block outer (7 positions of input stay in L1, the
+      weights stream from L2) when the task's weights P*Cip*128 B fit L2/2, else channel pair
+      outer (one pair's weights stay cached while the input block streams).
+    """
+    l2 = cache_sizes().l2
+    q = max(RB1X1, int(l2 / 2 / (4 * cip)) // RB1X1 * RB1X1)
+    q = min(q, -(-positions // RB1X1) * RB1X1)
+    p = op
+    nq = math.ceil(positions / q)
+    while p > 1 and nq * math.ceil(op / p) < 8:
+        p = -(-p // 2)
+    return {"Q": q, "P": p, "RB": RB1X1, "q_outer": p * cip * 128 <= l2 / 2}
 
 
 def plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int) -> dict:
@@ -203,8 +227,12 @@ def describe(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, strid
     cip, cop = -(-ci // 16) * 16, -(-co // 16) * 16
     if algorithm == "gemm1x1":
         if layout == "nchwc":
-            p, cout = plan_gemm1x1_nchwc(cip, cop, n * ho * wo), cop
-            tasks = math.ceil(n * ho * wo / p["Nb"]) * math.ceil(cout / p["m"])
+            op = -(-co // 32)
+            p = plan_k1x1(cip, op, n * ho * wo)
+            tasks = math.ceil(n * ho * wo / p["Q"]) * math.ceil(op / p["P"])
+            # K = reduction depth, Nb = output positions (GEMM columns) and m = output channels per task
+            tiles = {"K": cip, "Nb": p["Q"], "m": p["P"] * 32, "RB": f"{p['RB']}x32", "q_outer": p["q_outer"]}
+            return {"partitioning": "Co split" if p["P"] < op else "cols split", "tiles": tiles, "tasks": tasks}
         else:
             p, cout = plan_gemm1x1(ci, co, ho * wo), co
             tasks = n * math.ceil(ho * wo / p["Nb"]) * math.ceil(cout / p["m"])

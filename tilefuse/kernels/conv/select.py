@@ -6,8 +6,11 @@ is a cost model computed from the layer shape only (testable without timing anyt
 
 Cost model (seconds on one core): t = flops / (PEAK * eff) + bytes / BW, with
   PEAK = 200 GFLOP/s  (the order of one AVX-512 core's sgemm here; only ratios matter)
-  gemm1x1   flops = 2*N*Ho*Wo*Ci*Co, eff 0.75; bytes: the stride > 1 gather
-  direct    flops = 2*N*Ho*Wo*Cip*Cop*KH*KW (channels padded to 16), eff 0.65;
+  gemm1x1   flops = 2*N*Ho*Wo*Ci*Co, eff 1.05 (the numba 7x2 NCHW16c kernel, 190-240 GFLOP/s on
+            ResNet50's 1x1 layers); bytes: the stride > 1 gather
+  direct    flops = 2*N*Ho*Wo*Cip*Cop*KH*KW (channels padded to 16), eff 0.9 (7x2 register
+            blocking: 230-260 GFLOP/s on ResNet50's 3x3 layers, one core; held at 0.9 because the Winograd
+            term below underestimates F(4x4) on 7x7-28x28 maps, 290-490 effective GFLOP/s);
             bytes: the NCHW -> padded NCHWc conversion and the NCHWc -> NCHW output copy
   winogradM flops = 2*N*tiles*alpha^2*Cip*Cop, eff 0.75 * P/(P+32) for P tiles per task
             (small GEMMs lose to call overhead); bytes: layout + V and M written and read
@@ -28,7 +31,7 @@ ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4", "im2col")
 PEAK = 200e9
 BW = 10e9             # NCHW <-> NCHWc copies, gathers
 TRANSFORM_BW = 6e9    # Winograd transforms, bytes of V + M per second (measured ~5-9 GB/s)
-EFF = {"gemm1x1": 0.75, "direct": 0.65, "winograd": 0.75, "im2col": 0.6, "depthwise": 0.08}
+EFF = {"gemm1x1": 1.05, "direct": 0.9, "winograd": 0.75, "im2col": 0.6, "depthwise": 0.08}
 
 
 def _out_hw(x_shape, w_shape, stride, padding, dilation):

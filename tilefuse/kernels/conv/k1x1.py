@@ -1,0 +1,197 @@
+"""Numba 1x1 convolution on NCHW16c, no gather/scatter (issue 3, batch-1 gap).
+
+    input   x  (N, Cb, H, W, 16)       read in place (flat), stride by strided position offsets
+    weights wp (OP, Cip, 32)           wp[p, ci, 16*k + l] = w[(2p+k)*16 + l, ci], k in {0, 1};
+                                       Cop padded to an even number of 16-channel blocks
+    output     (N, Ob, Ho, Wo, 16)     written in place, bias / residual / ReLU fused
+
+Micro-kernel: RB = 7 output positions x 2 output-channel blocks = 14 zmm accumulators held for
+the whole Ci reduction; per input channel one 128-byte weight row (2 vector loads) feeds
+14 FMAs with 7 broadcast input scalars. 7 divides every ResNet map (49, 196, 784, 3136), so no
+partial blocks; positions are flat over the batch (n*Ho*Wo + j), blocks may span images.
+
+Tasks: (block of positions, range of output-channel pairs) with boundaries from the layer shape
+only; every output element is one full-K dot product computed by the same code whichever task
+or thread owns it, so any thread count gives bitwise identical results. Small maps (batch 1)
+split the output channels (seed 000's feature-map-level partitioning), large ones positions.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba import njit
+
+from tilefuse.kernels.conv._nb import stack_f32
+from tilefuse.kernels.conv.epilogue import bias_or_zeros
+from tilefuse.kernels.conv.planner import RB1X1 as RB
+from tilefuse.kernels.conv.planner import plan_k1x1 as plan
+from tilefuse.kernels.conv.threads import parallel_for
+
+Q_OUTER = None  # force the loop order (benchmarks); None: the plan's
+EMPTY1 = np.zeros(0, np.float32)
+
+
+def prepare(w, b) -> dict:
+    """weight (OP, Cip, 32) as above, bias (2*OP*16,) zero padded."""
+    co, ci, kh, kw = w.shape
+    if (kh, kw) != (1, 1):
+        raise ValueError(f"gemm1x1 needs a 1x1 kernel, got weight shape {w.shape}")
+    cip = -(-ci // 16) * 16
+    op = -(-co // 32)
+    wpad = np.zeros((op * 32, cip), np.float32)
+    wpad[:co, :ci] = np.asarray(w, np.float32).reshape(co, ci)
+    # (OP*32, Cip) -> (OP, 32, Cip) -> (OP, Cip, 32)
+    wp = np.ascontiguousarray(wpad.reshape(op, 32, cip).transpose(0, 2, 1))
+    bias = np.zeros(op * 32, np.float32)
+    bias[:co] = bias_or_zeros(b, co)
+    return {"weight": wp, "bias": bias}
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _k1x1(of, xf, wp, bias, rf, has_res, relu, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer):
+    """of / rf flat (N*Ob*HWo*16), xf flat (N*Cb*HWi*16); positions [q0, q1), channel pairs [p0, p1)."""
+    a0 = nb.carray(stack_f32(16), 16)
+    a1 = nb.carray(stack_f32(16), 16)
+    a2 = nb.carray(stack_f32(16), 16)
+    a3 = nb.carray(stack_f32(16), 16)
+    a4 = nb.carray(stack_f32(16), 16)
+    a5 = nb.carray(stack_f32(16), 16)
+    a6 = nb.carray(stack_f32(16), 16)
+    b0 = nb.carray(stack_f32(16), 16)
+    b1 = nb.carray(stack_f32(16), 16)
+    b2 = nb.carray(stack_f32(16), 16)
+    b3 = nb.carray(stack_f32(16), 16)
+    b4 = nb.carray(stack_f32(16), 16)
+    b5 = nb.carray(stack_f32(16), 16)
+    b6 = nb.carray(stack_f32(16), 16)
+    acc = nb.carray(stack_f32(224), (7, 32))
+    cs = HWi * 16
+    os_ = HWo * 16
+    # input / output offsets of every position of the task, computed once (integer divisions
+    # per block cost as much as a K = 64 reduction); unsigned input offsets: no negative-index
+    # wraparound code in the inner loop. The last block repeats position q1 - 1.
+    nqp = (q1 - q0 + 6) // 7 * 7
+    io_all = np.empty(nqp, np.uint64)
+    oo_all = np.empty(nqp, np.int64)
+    for i in range(nqp):
+        q = min(q0 + i, q1 - 1)
+        n = q // HWo
+        j = q - n * HWo
+        io_all[i] = np.uint64(n * Cb * cs + ((j // Wo) * sh * Wi + (j % Wo) * sw) * 16)
+        oo_all[i] = n * Ob * os_ + j * 16
+    nq = (q1 - q0 + 6) // 7
+    npr = p1 - p0
+    for it in range(nq * npr):
+        if q_outer:  # a 7-position input block stays in L1 while the weights stream from L2
+            qb = q0 + (it // npr) * 7
+            p = p0 + it % npr
+        else:        # a channel pair's weights stay in L1/L2 while the positions stream
+            p = p0 + it // nq
+            qb = q0 + (it % nq) * 7
+        w = wp[p]
+        ob0 = 2 * p
+        two = ob0 + 1 < Ob
+        io = io_all[qb - q0:qb - q0 + 7]
+        oo = oo_all[qb - q0:qb - q0 + 7]
+        f0, f1, f2, f3, f4, f5, f6 = io[0], io[1], io[2], io[3], io[4], io[5], io[6]
+        for l in range(16):
+            a0[l] = 0.0
+            a1[l] = 0.0
+            a2[l] = 0.0
+            a3[l] = 0.0
+            a4[l] = 0.0
+            a5[l] = 0.0
+            a6[l] = 0.0
+            b0[l] = 0.0
+            b1[l] = 0.0
+            b2[l] = 0.0
+            b3[l] = 0.0
+            b4[l] = 0.0
+            b5[l] = 0.0
+            b6[l] = 0.0
+        for cb in range(Cb):
+            base = np.uint64(cb * cs)
+            for c in range(16):
+                wv = w[cb * 16 + c]
+                k = base + np.uint64(c)
+                x0 = xf[f0 + k]
+                x1 = xf[f1 + k]
+                x2 = xf[f2 + k]
+                x3 = xf[f3 + k]
+                x4 = xf[f4 + k]
+                x5 = xf[f5 + k]
+                x6 = xf[f6 + k]
+                for l in range(16):
+                    u = wv[l]
+                    v = wv[16 + l]
+                    a0[l] += x0 * u
+                    a1[l] += x1 * u
+                    a2[l] += x2 * u
+                    a3[l] += x3 * u
+                    a4[l] += x4 * u
+                    a5[l] += x5 * u
+                    a6[l] += x6 * u
+                    b0[l] += x0 * v
+                    b1[l] += x1 * v
+                    b2[l] += x2 * v
+                    b3[l] += x3 * v
+                    b4[l] += x4 * v
+                    b5[l] += x5 * v
+                    b6[l] += x6 * v
+        for l in range(16):
+            u = bias[ob0 * 16 + l]
+            v = bias[ob0 * 16 + 16 + l]
+            acc[0, l] = a0[l] + u
+            acc[1, l] = a1[l] + u
+            acc[2, l] = a2[l] + u
+            acc[3, l] = a3[l] + u
+            acc[4, l] = a4[l] + u
+            acc[5, l] = a5[l] + u
+            acc[6, l] = a6[l] + u
+            acc[0, 16 + l] = b0[l] + v
+            acc[1, 16 + l] = b1[l] + v
+            acc[2, 16 + l] = b2[l] + v
+            acc[3, 16 + l] = b3[l] + v
+            acc[4, 16 + l] = b4[l] + v
+            acc[5, 16 + l] = b5[l] + v
+            acc[6, 16 + l] = b6[l] + v
+        nv = min(7, q1 - qb)
+        nk = 2 if two else 1
+        for r in range(nv):
+            for kk in range(nk):
+                d = oo[r] + (ob0 + kk) * os_
+                if has_res:
+                    for l in range(16):
+                        acc[r, kk * 16 + l] += rf[d + l]
+                if relu:
+                    for l in range(16):
+                        acc[r, kk * 16 + l] = max(acc[r, kk * 16 + l], 0.0)
+                for l in range(16):
+                    of[d + l] = acc[r, kk * 16 + l]
+
+
+def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=False, threads=None) -> None:
+    """x_b (N, Cb, H, W, 16) -> out_b (N, Ob, Ho, Wo, 16), no padding (1x1)."""
+    wp, bias = prepared["weight"], prepared["bias"]
+    n, cb, h, w, _ = x_b.shape
+    _, ob, ho, wo, _ = out_b.shape
+    op, cip, _ = wp.shape
+    if cip != cb * 16:
+        raise ValueError(f"gemm1x1 (NCHWc): weight has {cip} input channels, input {cb * 16}")
+    hw = ho * wo
+    total = n * hw
+    pl = plan(cip, op, total)
+    q_, p_ = pl["Q"], pl["P"]
+    has_res = residual_b is not None
+    of = out_b.reshape(-1)
+    xf = x_b.reshape(-1)
+    rf = residual_b.reshape(-1) if has_res else EMPTY1
+    sh, sw = stride
+    qo = Q_OUTER if Q_OUTER is not None else pl["q_outer"]
+    tasks = [(q0, min(q0 + q_, total), p0, min(p0 + p_, op)) for q0 in range(0, total, q_) for p0 in range(0, op, p_)]
+    if len(tasks) == 1 or threads == 1:
+        for t in tasks:
+            _k1x1(of, xf, wp, bias, rf, has_res, relu, t[0], t[1], t[2], t[3], hw, wo, h * w, w, cb, ob, sh, sw, qo)
+        return
+    parallel_for(lambda t: _k1x1(of, xf, wp, bias, rf, has_res, relu, t[0], t[1], t[2], t[3], hw, wo, h * w, w,
+                                 cb, ob, sh, sw, qo), tasks, threads)
