@@ -30,7 +30,8 @@ _TRAINABLE = {"conv2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale":
 
 class Trainer:
     def __init__(self, net: Network, optimizer=None, schedule: str = "fused",
-                 loss: str = "cross_entropy", bn_momentum: float = 0.1, seed: int = 0):
+                 loss: str = "cross_entropy", bn_momentum: float = 0.1, seed: int = 0,
+                 threads: int | None = None):
         if loss != "cross_entropy":
             raise ValueError(f"loss '{loss}' is not supported; expected 'cross_entropy'")
         net.lint()
@@ -52,6 +53,7 @@ class Trainer:
                 if mean.endswith(".running_mean"):
                     self._bn_prefixes.append(mean[: -len(".running_mean")])
         self.num_batches_tracked = 0
+        self.threads = threads                       # None: all cores (os.cpu_count())
         self.schedule = Schedule(net, self.params, self.buffers, schedule, bn_momentum, seed)
         self.last_loss = None
 
@@ -69,7 +71,7 @@ class Trainer:
     def forward_backward(self, x, labels):
         """(loss, grads): gradients of every trainable parameter by constant name, plus the
         network inputs' gradients under their input names (NCHW)."""
-        with _threads():
+        with _threads(self.threads):
             return self._forward_backward(x, labels)
 
     def _forward_backward(self, x, labels):
@@ -160,26 +162,24 @@ class Trainer:
 
 
 @contextlib.contextmanager
-def _threads():
-    """One thread for numba loops and BLAS while a step runs (measured fastest here).
+def _threads(threads=None):
+    """One thread pool per step: the trainer's thread split (parallel.py, `threads` threads,
+    default all cores) runs every kernel; BLAS runs single-threaded inside it and numba's own
+    pool is set to one thread.
 
-    OpenBLAS worker threads spin after each GEMM, numba's OpenMP threads wait at every
-    parallel region, and this machine's 2 cores are shared with other jobs: with both thread
-    pools active a short numba loop waited ~6-10 ms for a descheduled thread, and a ResNet50
-    batch-8 64x64 step took 2.0 s (numba 2 + BLAS 1: same; numba 1 + BLAS 2: 1.1-4.7 s)
-    instead of 0.36-0.41 s with one thread each. BLAS is limited with threadpoolctl when it
-    is installed (it comes with scikit-learn).
+    With two pools (OpenBLAS workers spin after each GEMM, numba's OpenMP threads wait at
+    every parallel region) on this machine's 2 shared cores a short numba loop waited ~6-10 ms
+    for a descheduled thread, and a ResNet50 batch-8 64x64 step took 2.0 s instead of
+    0.36-0.41 s on one thread; with one pool whose idle workers block, both cores work on
+    independent tiles (image ranges, column ranges, channel ranges).
     """
     import numba
+
+    from . import parallel as par
     old = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:
-            yield
-            return
-        with threadpool_limits(1, user_api="blas"):
+        with par.blas_threads(1), par.using(threads):
             yield
     finally:
         numba.set_num_threads(old)
