@@ -44,16 +44,6 @@ def median_time(fn, reps: int) -> float:
     return float(np.median(ts))
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown cpu"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="*", default=DEFAULT_CASES, help="model:batch pairs")
@@ -68,11 +58,12 @@ def main() -> int:
     import torch
     import tilefuse
     import torch_zoo
+    from tilefuse.compiler.tune import cpu_model
     from tilefuse import models
 
     from tilefuse.kernels.conv.threads import blas_info
     torch.set_num_threads(args.threads)
-    print(f"# networks: {cpu_name()}, {os.cpu_count()} cores, threads={args.threads}, torch {torch.__version__}, "
+    print(f"# networks: {cpu_model()}, {os.cpu_count()} cores, threads={args.threads}, torch {torch.__version__}, "
           f"onnxruntime {ort.__version__}, reps={args.reps} (median), OpenBLAS core {blas_info()}, "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}, tune={args.tune}, "
           f"load average {os.getloadavg()[0]:.2f}")

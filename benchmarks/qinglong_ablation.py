@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 
@@ -25,16 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import tilefuse  # noqa: E402
 from tilefuse import models  # noqa: E402
 from tilefuse.ablation import MODES, run_mode  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from tilefuse.compiler.tune import cpu_model  # noqa: E402
 
 
 def layer_net(kind: str, seed: int = 0) -> tilefuse.Network:
@@ -84,7 +74,7 @@ def main() -> int:
                          "(networks run once: VGG16's baseline alone takes minutes)")
     args = ap.parse_args()
     cases = args.only or LAYERS + NETWORKS
-    print(f"# QingLong ablation, {args.inputs} inputs per case; machine: {cpu_name()}, "
+    print(f"# QingLong ablation, {args.inputs} inputs per case; machine: {cpu_model()}, "
           f"{os.cpu_count()} cores, tilefuse {tilefuse.__version__}")
     print(f"{'case':<8} " + " ".join(f"{m + ' s':>11}" for m in args.modes) + "  "
           + " ".join(f"{m + ' x':>9}" for m in args.modes if m != "baseline") + "  check")
