@@ -328,6 +328,32 @@ def test_k1x1_one_and_two_threads_bitwise_identical(name, q_outer):
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
+@pytest.mark.parametrize("name", ["k_s2_odd", "k_7x7_b3", "k_1x5", "k_7x7_odd"])
+@pytest.mark.parametrize("q_outer", [True, False])
+def test_k1x1_software_prefetch_does_not_change_bits(name, q_outer):
+    """The software prefetch (input PF_BLOCKS blocks ahead, output with write intent) is a hint:
+    every distance, on or off, gives the same bits, and prefetch targets past the task's end
+    (clamped to its last position) stay inside the arrays."""
+    from tilefuse.kernels.conv import k1x1
+    shape = next(s for s in K1X1_SHAPES if s[0] == name)
+    x, wt, b, res, relu, kw, want = _case(shape, "bias_res_relu", seed=5)
+    prep = k1x1.prepare(wt, b)
+    old = (k1x1.PF_BLOCKS, k1x1.PF_OUT, k1x1.Q_OUTER)
+    outs = []
+    try:
+        k1x1.Q_OUTER = q_outer
+        for pfd, pfo in ((0, False), (1, False), (1, True), (3, True)):
+            k1x1.PF_BLOCKS, k1x1.PF_OUT = pfd, pfo
+            for t in (1, 2):
+                ob = np.empty(nchwc_shape(want.shape), np.float32)
+                conv2d_run_nchwc("gemm1x1", ob, to_nchwc(x), prep, to_nchwc(res), relu=relu, threads=t, **kw)
+                outs.append(ob)
+    finally:
+        k1x1.PF_BLOCKS, k1x1.PF_OUT, k1x1.Q_OUTER = old
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    _check("gemm1x1", from_nchwc(outs[0], want.shape[1]), want)
+
+
 def test_k1x1_plan_splits_channels_on_small_maps():
     p = planner.plan_k1x1(2048, 16, 49)             # ResNet50 1x1 on 7x7, batch 1: Co split
     assert p["Q"] == 49 and p["P"] < 16 and p["Q"] % 7 == 0

@@ -27,3 +27,35 @@ def stack_f32(typingctx, size):
         return cgutils.alloca_once(builder, ty, size=context.get_constant(types.intp, n))
 
     return sig, codegen
+
+
+def _prefetch_impl(typingctx, arr, idx, rw):
+    if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+        return None
+    sig = types.void(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i8p = ir.IntType(8).as_pointer()
+        ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), i8p)
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, ir.Constant(i32, rw), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, idx):
+    """Software prefetch (prefetcht0) of the cache line holding arr[idx] (1-D contiguous array);
+    a hint only: never faults, so idx may run past the end."""
+    return _prefetch_impl(typingctx, arr, idx, 0)
+
+
+@intrinsic
+def prefetchw(typingctx, arr, idx):
+    """prefetch with intent to write (prefetchw): the line arrives in exclusive state."""
+    return _prefetch_impl(typingctx, arr, idx, 1)

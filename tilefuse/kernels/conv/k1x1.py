@@ -21,7 +21,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import stack_f32
+from tilefuse.kernels.conv._nb import prefetch, prefetchw, stack_f32
 from tilefuse.kernels.conv.epilogue import bias_or_zeros
 from tilefuse.kernels.conv.planner import RB1X1 as RB
 from tilefuse.kernels.conv.planner import plan_k1x1 as plan
@@ -29,6 +29,8 @@ from tilefuse.kernels.conv.threads import parallel_for
 
 Q_OUTER = None  # force the loop order (benchmarks); None: the plan's
 EMPTY1 = np.zeros(0, np.float32)
+PF_OUT = True  # also prefetchw the output lines of the block ahead (docs/kernels.md)
+PF_BLOCKS = 1  # software-prefetch distance in 7-position blocks (0: off)
 
 
 def prepare(w, b) -> dict:
@@ -48,7 +50,7 @@ def prepare(w, b) -> dict:
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _k1x1(of, xf, wp, bias, rf, has_res, relu, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer):
+def _k1x1(of, xf, wp, bias, rf, has_res, relu, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo):
     """of / rf flat (N*Ob*HWo*16), xf flat (N*Cb*HWi*16); positions [q0, q1), channel pairs [p0, p1)."""
     a0 = nb.carray(stack_f32(16), 16)
     a1 = nb.carray(stack_f32(16), 16)
@@ -71,9 +73,10 @@ def _k1x1(of, xf, wp, bias, rf, has_res, relu, q0, q1, p0, p1, HWo, Wo, HWi, Wi,
     # per block cost as much as a K = 64 reduction); unsigned input offsets: no negative-index
     # wraparound code in the inner loop. The last block repeats position q1 - 1.
     nqp = (q1 - q0 + 6) // 7 * 7
-    io_all = np.empty(nqp, np.uint64)
-    oo_all = np.empty(nqp, np.int64)
-    for i in range(nqp):
+    # + pfd blocks of prefetch targets past the end (clamped to the task's last position)
+    io_all = np.empty(nqp + 7 * pfd, np.uint64)
+    oo_all = np.empty(nqp + 7 * pfd, np.int64)
+    for i in range(nqp + 7 * pfd):
         q = min(q0 + i, q1 - 1)
         n = q // HWo
         j = q - n * HWo
@@ -94,6 +97,16 @@ def _k1x1(of, xf, wp, bias, rf, has_res, relu, q0, q1, p0, p1, HWo, Wo, HWi, Wi,
         io = io_all[qb - q0:qb - q0 + 7]
         oo = oo_all[qb - q0:qb - q0 + 7]
         f0, f1, f2, f3, f4, f5, f6 = io[0], io[1], io[2], io[3], io[4], io[5], io[6]
+        # software prefetch of the input block pfd blocks ahead (once per block: the many
+        # 64-byte-per-position plane streams of a large map defeat the hardware prefetcher)
+        pf = pfd > 0 and ((not q_outer) or it % npr == 0)
+        pio = io_all[qb - q0 + 7 * pfd:qb - q0 + 7 * pfd + 7]
+        if pfo and pfd > 0:
+            poo = oo_all[qb - q0 + 7 * pfd:qb - q0 + 7 * pfd + 7]
+            for r in range(7):
+                prefetchw(of, poo[r] + ob0 * os_)
+                if two:
+                    prefetchw(of, poo[r] + (ob0 + 1) * os_)
         for l in range(16):
             a0[l] = 0.0
             a1[l] = 0.0
@@ -111,6 +124,9 @@ def _k1x1(of, xf, wp, bias, rf, has_res, relu, q0, q1, p0, p1, HWo, Wo, HWi, Wi,
             b6[l] = 0.0
         for cb in range(Cb):
             base = np.uint64(cb * cs)
+            if pf:
+                for r in range(7):
+                    prefetch(xf, pio[r] + base)
             for c in range(16):
                 wv = w[cb * 16 + c]
                 k = base + np.uint64(c)
@@ -191,7 +207,7 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     tasks = [(q0, min(q0 + q_, total), p0, min(p0 + p_, op)) for q0 in range(0, total, q_) for p0 in range(0, op, p_)]
     if len(tasks) == 1 or threads == 1:
         for t in tasks:
-            _k1x1(of, xf, wp, bias, rf, has_res, relu, t[0], t[1], t[2], t[3], hw, wo, h * w, w, cb, ob, sh, sw, qo)
+            _k1x1(of, xf, wp, bias, rf, has_res, relu, t[0], t[1], t[2], t[3], hw, wo, h * w, w, cb, ob, sh, sw, qo, PF_BLOCKS, PF_OUT)
         return
     parallel_for(lambda t: _k1x1(of, xf, wp, bias, rf, has_res, relu, t[0], t[1], t[2], t[3], hw, wo, h * w, w,
-                                 cb, ob, sh, sw, qo), tasks, threads)
+                                 cb, ob, sh, sw, qo, PF_BLOCKS, PF_OUT), tasks, threads)
