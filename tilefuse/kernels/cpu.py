@@ -106,3 +106,88 @@ KERNELS = {
 # kernels that take the session's thread count as params["threads"]
 THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
                       "from_nchwc", "linear"})
+
+
+# ---------------------------------------------------------------- bind-time preparation (issue 3)
+# Session._bind calls `bind(kernel, views, params)` once per instruction: it returns the callable
+# the compute loop runs, fn(out, *inputs). For blocked convs it validates the arguments once
+# (shapes and dtypes do not change between runs: constants and hidden blocks are fixed views,
+# IO operands have fixed shapes) and returns a closure straight to the algorithm's kernel,
+# skipping conv2d_run_nchwc's per-call checks (~15 us per instruction). It also pins tiny layers
+# to one thread (`threads_for`): a rule on the shape only, and every kernel gives bitwise
+# identical results for any thread count, so outputs never depend on it.
+
+SMALL_BYTES = 64 << 10      # non-conv kernels touching less than this run on the calling thread
+SMALL_CONV_FLOPS = 2e6      # convs below this (~10 us on one core) too: the pool hand-off costs ~40 us
+
+
+def _shape_dtype(v):
+    return tuple(v.shape), np.dtype(v.dtype)
+
+
+def threads_for(kernel: str, views, params: dict, threads):
+    """The thread count an instruction runs with: 1 for tiny layers, else `threads`."""
+    if kernel not in THREADED:
+        return threads
+    shapes = [_shape_dtype(v)[0] for v in views]
+    if kernel == "conv2d":
+        out = shapes[-1]
+        positions = int(np.prod(out[:-1])) if params.get("layout") == "nchwc" or params.get("out_layout") == \
+            "nchwc" else int(np.prod(out)) // max(out[1], 1)
+        prepared = params.get("prepared") or ()
+        wsize = int(np.prod(shapes[1])) if prepared else 0
+        if wsize and 2.0 * positions * wsize < SMALL_CONV_FLOPS:
+            return 1
+        return threads
+    nbytes = sum(int(np.prod(s)) * _shape_dtype(v)[1].itemsize for s, v in zip(shapes, views))
+    return 1 if nbytes < SMALL_BYTES else threads
+
+
+def _bind_conv2d(views, params):
+    """A validated closure for a blocked conv (layout nchwc), or None (generic path: also when the
+    arguments are invalid, so the error is raised where it always was, at compute time)."""
+    from .conv import NCHWC_ALGORITHMS, direct, k1x1, winograd
+    from .conv import _pad4, _pair
+    from .conv.threads import resolve_threads
+    p = params
+    if p.get("layout") != "nchwc" or p.get("algorithm") not in NCHWC_ALGORITHMS or p.get("groups", 1) != 1:
+        return None
+    alg = p["algorithm"]
+    keys = tuple(p.get("prepared") or ())
+    has_res = bool(p["has_residual"])
+    if len(views) != 2 + len(keys) + has_res:
+        return None
+    for name, v in [("x", views[0]), ("out", views[-1])] + ([("residual", views[-2])] if has_res else []):
+        shape, dt = _shape_dtype(v)
+        contiguous = v.flags.c_contiguous if isinstance(v, np.ndarray) else True
+        if dt != np.float32 or not contiguous or len(shape) != 5 or shape[-1] != 16:
+            return None  # the generic path raises conv2d_run_nchwc's error at compute time
+    if has_res and _shape_dtype(views[-2])[0] != _shape_dtype(views[-1])[0]:
+        return None
+    stride, padding, dilation = _pair(p["stride"]), _pad4(p["padding"]), _pair(p["dilation"])
+    relu = p["relu"]
+    threads = resolve_threads(p.get("threads"))
+    if alg == "gemm1x1":
+        f, kw = k1x1.run_nchwc, dict(stride=stride, relu=relu, threads=threads)
+    elif alg == "direct":
+        f, kw = direct.run_nchwc, dict(stride=stride, padding=padding, dilation=dilation, relu=relu, threads=threads)
+    else:
+        f, kw = winograd.run_nchwc, dict(m=int(alg[-1]), padding=padding, relu=relu, threads=threads)
+    nk = len(keys)
+
+    def call(out, x, *args):
+        f(out, x, dict(zip(keys, args[:nk])), args[nk] if has_res else None, **kw)
+    call.__name__ = f"conv2d_{alg}_nchwc"
+    return call
+
+
+def bind(kernel: str, views, params: dict):
+    """(fn, params) the runtime calls as fn(out, *inputs, **params); see the section comment."""
+    params = dict(params)
+    if kernel in THREADED:
+        params["threads"] = threads_for(kernel, views, params, params.get("threads"))
+    if kernel == "conv2d":
+        fast = _bind_conv2d(views, params)
+        if fast is not None:
+            return fast, {}
+    return KERNELS[kernel], params

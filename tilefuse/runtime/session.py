@@ -20,7 +20,7 @@ import numpy as np
 from ..compiler.package import DataPackage
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
 from ..errors import DeviceError, GraphError
-from ..kernels.cpu import KERNELS, THREADED
+from ..kernels.cpu import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
 from .device import CPUDevice
 from .pipeline import PipelineStats, run_pipeline
 
@@ -91,7 +91,6 @@ class Session:
         dev = self.device
         bound = []
         for ins in self._program:
-            fn = KERNELS[ins.kernel]
             views = []
             for op in ins.operands:
                 if op.mode == DIRECT:
@@ -101,6 +100,9 @@ class Session:
             params = dict(ins.params)
             if ins.kernel in THREADED:
                 params["threads"] = self.threads
+            # validated once here (kernels.cpu.bind): blocked convs get a closure without per-call
+            # argument checks, tiny layers run on one thread (shape rule, results unchanged)
+            fn, params = bind_kernel(ins.kernel, views, params)
             bound.append((fn, views, params, ins))
         self._bound = bound
 

@@ -1,0 +1,244 @@
+"""Stem conv for few input channels (Cin <= 4, any k, stride, padding, dilation): NCHW in, NCHW16c out.
+
+The 7x7/s2 ResNet stem (Cin = 3) has a reduction of only Cin*KH*KW = 147 taps: im2col + GEMM
+spends most of its time gathering cols and scattering the GEMM block into NCHW16c. Here a task
+(one image, a band of output rows) copies the input rows its windows read into a per-thread
+zero-bordered scratch band (Cin, rows, Wp) (this is the border/interior split: the padding is
+materialized once per band, so the inner loop has no bounds checks), then for each pair of
+output-channel blocks runs a register-blocked kernel: 8 output positions x 2 blocks of 16
+output channels = 16 zmm accumulators, live across the whole Cin*KH*KW reduction (2 weight
+vectors + 8 broadcasts feed 16 FMAs per tap). Epilogue in registers: + bias (+ residual), ReLU,
+stored straight into the blocked output; padded output channels come out 0 (zero weights/bias).
+
+Weights are packed once per prepared array (cached by identity): (Ob, Cin, KH, KW, 16co).
+Task boundaries depend on the shape only, so 1 and 2 threads give bitwise identical results.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import numba as nb
+import numpy as np
+from numba import njit
+
+from tilefuse.kernels.conv._nb import LANES, stack_f32
+from tilefuse.kernels.conv.threads import parallel_for, scratch
+
+MAX_CIN = 4
+RB = 8
+EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
+
+_PACK_CACHE: dict[int, tuple] = {}
+
+
+def applies(cin: int, groups: int) -> bool:
+    return groups == 1 and cin <= MAX_CIN
+
+
+def pack_weights(w5: np.ndarray) -> np.ndarray:
+    """im2col weight (1, Co, Cg, KH, KW) -> (Ob, Cg, KH, KW, 16) zero padded output channels.
+
+    Cached by identity of the (constant) prepared array through a weak reference: the cache
+    never keeps a session's device memory alive, and a recycled id() cannot hit (the dead
+    reference no longer points at the array)."""
+    hit = _PACK_CACHE.get(id(w5))
+    if hit is not None and hit[0]() is w5:
+        return hit[1]
+    _, co, cg, kh, kw = w5.shape
+    ob = -(-co // LANES)
+    wp = np.zeros((ob * LANES, cg, kh, kw), np.float32)
+    wp[:co] = w5[0]
+    # (Ob*16, Cg, KH, KW) -> (Ob, 16, Cg, KH, KW) -> (Ob, Cg, KH, KW, 16)
+    packed = np.ascontiguousarray(wp.reshape(ob, LANES, cg, kh, kw).transpose(0, 2, 3, 4, 1))
+    if len(_PACK_CACHE) > 256:
+        _PACK_CACHE.clear()
+    _PACK_CACHE[id(w5)] = (weakref.ref(w5), packed)
+    return packed
+
+
+def pad_bias(bias: np.ndarray, ob: int) -> np.ndarray:
+    b = np.zeros(ob * LANES, np.float32)
+    b[:bias.shape[0]] = bias
+    return b
+
+
+def band_rows(ho: int, wo: int) -> int:
+    """Output rows per task: about 8 tasks per image (>= 2 cores busy, small bands stay in L1/L2),
+    at least enough rows for ~4 register blocks. Shape only."""
+    r = max(1, math.ceil(ho / 8))
+    r = max(r, math.ceil(4 * RB / max(wo, 1)))
+    return min(ho, r)
+
+
+@njit(nogil=True, cache=True)
+def _pad_rows(band, x, n, h0, pl):
+    """band (C, R, Wp) = rows h0 .. h0+R-1 of x[n] (N, C, H, W) zero padded (columns [pl, pl+W))."""
+    C, R, Wp = band.shape
+    H, W = x.shape[2], x.shape[3]
+    for c in range(C):
+        for r in range(R):
+            h = h0 + r
+            if h < 0 or h >= H:
+                for j in range(Wp):
+                    band[c, r, j] = 0.0
+                continue
+            for j in range(Wp):
+                band[c, r, j] = 0.0
+            jn = min(W, Wp - pl)
+            for j in range(jn):
+                band[c, r, pl + j] = x[n, c, h, j]
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, relu):
+    """out (N, Ob, Ho*Wo, 16) flat blocked output, positions [oh0*Wo, oh1*Wo) of image n, all Ob.
+
+    band (C, R, Wp) zero-padded input whose row 0 is padded input row x_row0; wb (Ob, C, KH, KW, 16).
+    Register block: 8 consecutive positions (row-major, may wrap rows; the last partial block
+    repeats its final position and stores only the valid ones) x 2 output blocks."""
+    C, R, Wp = band.shape
+    Ob, _, KH, KW, _ = wb.shape
+    bf = band.reshape(band.size)
+    a0 = nb.carray(stack_f32(16), 16)
+    a1 = nb.carray(stack_f32(16), 16)
+    a2 = nb.carray(stack_f32(16), 16)
+    a3 = nb.carray(stack_f32(16), 16)
+    a4 = nb.carray(stack_f32(16), 16)
+    a5 = nb.carray(stack_f32(16), 16)
+    a6 = nb.carray(stack_f32(16), 16)
+    a7 = nb.carray(stack_f32(16), 16)
+    b0 = nb.carray(stack_f32(16), 16)
+    b1 = nb.carray(stack_f32(16), 16)
+    b2 = nb.carray(stack_f32(16), 16)
+    b3 = nb.carray(stack_f32(16), 16)
+    b4 = nb.carray(stack_f32(16), 16)
+    b5 = nb.carray(stack_f32(16), 16)
+    b6 = nb.carray(stack_f32(16), 16)
+    b7 = nb.carray(stack_f32(16), 16)
+    acc = nb.carray(stack_f32(256), (8, 32))
+    offs = np.empty(8, np.uint64)
+    p_begin, p_end = oh0 * Wo, oh1 * Wo
+    RWp = R * Wp
+    for ob in range(0, Ob, 2):
+        ob1 = min(ob + 1, Ob - 1)
+        nk = 2 if ob + 1 < Ob else 1
+        for pb in range(p_begin, p_end, 8):
+            for r in range(8):
+                p = min(pb + r, p_end - 1)
+                offs[r] = np.uint64(((p // Wo) * sh - x_row0) * Wp + (p % Wo) * sw)
+            f0, f1, f2, f3 = offs[0], offs[1], offs[2], offs[3]
+            f4, f5, f6, f7 = offs[4], offs[5], offs[6], offs[7]
+            for l in range(16):
+                a0[l] = 0.0
+                a1[l] = 0.0
+                a2[l] = 0.0
+                a3[l] = 0.0
+                a4[l] = 0.0
+                a5[l] = 0.0
+                a6[l] = 0.0
+                a7[l] = 0.0
+                b0[l] = 0.0
+                b1[l] = 0.0
+                b2[l] = 0.0
+                b3[l] = 0.0
+                b4[l] = 0.0
+                b5[l] = 0.0
+                b6[l] = 0.0
+                b7[l] = 0.0
+            for c in range(C):
+                for kh in range(KH):
+                    for kw in range(KW):
+                        u0 = wb[ob, c, kh, kw]
+                        v0 = wb[ob1, c, kh, kw]
+                        k = np.uint64(c * RWp + kh * dh * Wp + kw * dw)
+                        x0 = bf[f0 + k]
+                        x1 = bf[f1 + k]
+                        x2 = bf[f2 + k]
+                        x3 = bf[f3 + k]
+                        x4 = bf[f4 + k]
+                        x5 = bf[f5 + k]
+                        x6 = bf[f6 + k]
+                        x7 = bf[f7 + k]
+                        for l in range(16):
+                            u = u0[l]
+                            v = v0[l]
+                            a0[l] += x0 * u
+                            a1[l] += x1 * u
+                            a2[l] += x2 * u
+                            a3[l] += x3 * u
+                            a4[l] += x4 * u
+                            a5[l] += x5 * u
+                            a6[l] += x6 * u
+                            a7[l] += x7 * u
+                            b0[l] += x0 * v
+                            b1[l] += x1 * v
+                            b2[l] += x2 * v
+                            b3[l] += x3 * v
+                            b4[l] += x4 * v
+                            b5[l] += x5 * v
+                            b6[l] += x6 * v
+                            b7[l] += x7 * v
+            for l in range(16):
+                u = bias[ob * 16 + l]
+                v = bias[ob1 * 16 + l]
+                acc[0, l] = a0[l] + u
+                acc[1, l] = a1[l] + u
+                acc[2, l] = a2[l] + u
+                acc[3, l] = a3[l] + u
+                acc[4, l] = a4[l] + u
+                acc[5, l] = a5[l] + u
+                acc[6, l] = a6[l] + u
+                acc[7, l] = a7[l] + u
+                acc[0, 16 + l] = b0[l] + v
+                acc[1, 16 + l] = b1[l] + v
+                acc[2, 16 + l] = b2[l] + v
+                acc[3, 16 + l] = b3[l] + v
+                acc[4, 16 + l] = b4[l] + v
+                acc[5, 16 + l] = b5[l] + v
+                acc[6, 16 + l] = b6[l] + v
+                acc[7, 16 + l] = b7[l] + v
+            nv = min(8, p_end - pb)
+            for kk in range(nk):
+                o = out[n, ob + kk]
+                for r in range(nv):
+                    p = pb + r
+                    if has_res:
+                        for l in range(16):
+                            acc[r, kk * 16 + l] += res[n, ob + kk, p, l]
+                    if relu:
+                        for l in range(16):
+                            acc[r, kk * 16 + l] = max(acc[r, kk * 16 + l], 0.0)
+                    for l in range(16):
+                        o[p, l] = acc[r, kk * 16 + l]
+
+
+def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                 relu=False, threads=None) -> None:
+    """NCHW x (N, Cin <= 4, H, W) -> NCHW16c out_b (N, Ob, Ho, Wo, 16); `prepared` is im2col's
+    (groups 1): {"weight": (1, Co, Cin, KH, KW), "bias": (Co,)}."""
+    w5, bias = prepared["weight"], prepared["bias"]
+    wb = pack_weights(w5)
+    n, cin, h, w = x.shape
+    _, ob, ho, wo, _ = out_b.shape
+    kh = w5.shape[3]
+    bp = pad_bias(bias, ob)
+    t, _, l, r = padding
+    wp = w + l + r
+    sh, sw = stride
+    dh, dw = dilation
+    has_res = residual_b is not None
+    ofl = out_b.reshape(n, ob, ho * wo, LANES)  # (N, Ob, Ho, Wo, 16) -> (N, Ob, Ho*Wo, 16)
+    res = residual_b.reshape(n, ob, ho * wo, LANES) if has_res else EMPTY4
+    rows = band_rows(ho, wo)
+    tasks = [(i, r0, min(r0 + rows, ho)) for i in range(n) for r0 in range(0, ho, rows)]
+
+    def task(tk):
+        i, r0, r1 = tk
+        x0 = r0 * sh                                         # first padded input row of the band
+        nr = (r1 - 1 - r0) * sh + (kh - 1) * dh + 1
+        band = scratch("stem_band", cin * nr * wp).reshape(cin, nr, wp)
+        _pad_rows(band, x, i, x0 - t, l)
+        _stem_rows(ofl, i, band, x0, wb, r0, r1, wo, sh, sw, dh, dw, bp, res, has_res, relu)
+
+    parallel_for(task, tasks, threads)
