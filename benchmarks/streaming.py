@@ -12,6 +12,9 @@ Modes (":B" after a stream mode overrides --band for it, e.g. stream:8):
   stream   tilefuse.stream.compile_stream(net, band_rows=B).run(x): one stream, every band's conv
            on the fast kernels of kernels/conv with all cores (threads=None)
   pipe2    the same with workers=2: the layer pipeline, 2 cost-balanced stages, kernels 1 thread each
+  stream-nchw, pipe2-nchw   the same with layout="nchw": NCHW rings, every band through conv2d_run
+           (the first version, for comparison; the default rings are NCHW16c)
+  stream-wide   stream with min_band_pixels=480 (narrow deep layers take 2-4x the rows per step)
   lbl      layer by layer: tilefuse.Session(tilefuse.compile(net)).run(x)
   torch    the same optimized network (BN folded) run op by op with torch.nn.functional,
            torch.inference_mode, torch's default threads
@@ -125,9 +128,11 @@ def parse_mode(mode: str, band: int):
 def make_runner(net, mode: str, band: int):
     """(run function, info dict) for one mode."""
     name, band = parse_mode(mode, band)
-    if name in ("stream", "pipe2"):
+    if name in ("stream", "pipe2", "stream-nchw", "pipe2-nchw", "stream-wide"):
         from tilefuse.stream import compile_stream
-        s = compile_stream(net, band_rows=band, workers=2 if name == "pipe2" else 1)
+        s = compile_stream(net, band_rows=band, workers=2 if name.startswith("pipe2") else 1,
+                           layout="nchw" if name.endswith("-nchw") else "nchwc",
+                           min_band_pixels=480 if name == "stream-wide" else 0)
         p = s.plan()
         return s.run, {"plan_streamed_bytes": p.streamed_bytes, "plan_lbl_bytes": p.layer_by_layer_bytes}
     if name == "lbl":

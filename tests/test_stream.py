@@ -115,7 +115,39 @@ def net_residual_concat(h, w):
     return net
 
 
-NETS = {"kernels": net_kernels, "pools": net_pools, "branches": net_residual_concat}
+def net_blocked(h, w):
+    """Blocked (NCHW16c) rings between every kind of layer that can run blocked: channel counts
+    that are not multiples of 16 (5, 20, 33), stride 2, dilation, 1x1 (gemm1x1), fused residual
+    adds, a standalone add and ReLU of blocked tensors, max and avg pooling (padding, ceil mode,
+    count_include_pad off) on blocked rows, a concat of whole channel blocks (16 + 20: blocked)
+    and one that is not (20 + 33: its tensors fall back to NCHW rings)."""
+    p = W(4)
+    net = Network("blocked")
+    x = net.input("x", (1, 5, h, w))
+    s = net.relu(net.conv2d(x, p.conv(20, 5, 3), p.vec(20), padding=1))
+    b = net.relu(net.conv2d(s, p.conv(20, 20, 3), p.vec(20), padding=1))
+    b = net.conv2d(b, p.conv(20, 20, 3), p.vec(20), padding=1)
+    s = net.relu(net.add(b, s))                                    # fused residual
+    b = net.relu(net.conv2d(s, p.conv(33, 20, 3), p.vec(33), stride=2, padding=1))
+    b = net.conv2d(b, p.conv(33, 33, 3), p.vec(33), padding=2, dilation=2)
+    d = net.conv2d(s, p.conv(33, 20, 1), p.vec(33), stride=2)      # strided 1x1 downsample
+    s = net.relu(net.add(b, d))
+    m = net.max_pool(s, 3, stride=1, padding=1)
+    a = net.avg_pool(s, 3, stride=1, padding=1, count_include_pad=False)
+    s = net.relu(net.add(m, a))                                    # standalone add of two pools
+    c16 = net.conv2d(s, p.conv(16, 33, 1), p.vec(16))
+    c20 = net.conv2d(s, p.conv(20, 33, 3), p.vec(20), padding=1)
+    y = net.concat([c16, c20], axis=1)                             # 16 + 20: whole blocks, blocked
+    y = net.conv2d(y, p.conv(20, 36, 3), p.vec(20), padding=1)
+    z = net.conv2d(y, p.conv(33, 20, 1), p.vec(33))
+    y = net.concat([y, z], axis=1)                                 # 20 + 33: NCHW rings
+    y = net.max_pool(y, 2, stride=2, ceil_mode=True)
+    y = net.conv2d(y, p.conv(7, 53, 3), p.vec(7), padding=(1, 0, 2, 1))
+    net.output(y)
+    return net
+
+
+NETS = {"kernels": net_kernels, "pools": net_pools, "branches": net_residual_concat, "blocked": net_blocked}
 SIZES = [(37, 23), (20, 41), (9, 9)]
 
 
@@ -130,6 +162,72 @@ def test_hand_built_equals_layer_by_layer(name, hw):
     for band in (1, 2, 3, 8):
         got = compile_stream(net, band_rows=band).run(x)
         assert_close(got, lbl, f"{name} {hw} band {band}")
+
+
+@pytest.mark.parametrize("name", list(NETS))
+def test_nchw_layout_still_equals_layer_by_layer(name):
+    # layout="nchw": the first version (NCHW rings, conv2d_run on every band), kept selectable
+    net = NETS[name](29, 21)
+    x = np.random.default_rng(3).standard_normal(net.inputs[0].shape).astype(np.float32)
+    lbl = tilefuse.Session(tilefuse.compile(net)).run(x)
+    for band in (1, 4):
+        s = compile_stream(net, band_rows=band, layout="nchw")
+        assert not s.executor.blocked and all(r.buf.ndim == 4 for r in s.executor.rings.rings.values())
+        assert_close(s.run(x), lbl, f"{name} nchw band {band}")
+
+
+@pytest.mark.parametrize("hw", [(37, 23), (20, 41), (9, 9), (16, 16)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_blocked_rings_equal_layer_by_layer(hw):
+    net = net_blocked(*hw)
+    x = np.random.default_rng(11).standard_normal(net.inputs[0].shape).astype(np.float32)
+    ref = evaluate(net, x)[0]
+    lbl = tilefuse.Session(tilefuse.compile(net)).run(x)
+    assert_close(lbl, ref, "layer by layer vs reference")
+    for band, workers in ((1, 1), (2, 1), (3, 1), (5, 1), (4, 2), (2, 3)):
+        s = compile_stream(net, band_rows=band, workers=workers)
+        ex = s.executor.seq if workers > 1 else s.executor
+        rings = s.executor.rings.rings
+        kinds = {s.schedule.layers[s.schedule.tensors[n].producer].kind for n in ex.blocked}
+        # conv, pooling, add and concat outputs are blocked; the 20 + 33 concat is not
+        assert {"conv2d", "max_pool", "avg_pool", "add", "concat"} <= kinds, kinds
+        for name, ring in rings.items():
+            assert ring.blocked == (name in ex.blocked)
+            if ring.blocked:
+                n, c, _, w = s.schedule.tensors[name].shape
+                assert ring.buf.shape == (n, -(-c // 16), ring.capacity, w, 16)
+        odd = [l for l in s.schedule.layers if l.kind == "concat" and l.op.inputs[0].shape[1] % 16]
+        assert odd and all(n not in ex.blocked for n in odd[0].inputs + [odd[0].output])
+        for _ in range(2):   # rings reused across runs
+            assert_close(s.run(x), lbl, f"blocked {hw} band {band} workers {workers}")
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "gemm1x1", "winograd2", "winograd4"])
+def test_blocked_forced_algorithm_odd_channels(algorithm):
+    # 20 channels (a padded second block) through every NCHW16c algorithm on bands
+    p = W(6)
+    net = Network("odd")
+    y = net.input("x", (1, 20, 23, 29))
+    k = 1 if algorithm == "gemm1x1" else 3
+    for _ in range(3):
+        y = net.relu(net.conv2d(y, p.conv(20, 20, k), p.vec(20, -0.1, 0.1), padding=k // 2))
+    net.output(y)
+    x = np.random.default_rng(6).standard_normal((1, 20, 23, 29)).astype(np.float32)
+    ref = evaluate(net, x)[0]
+    for band in (1, 3, 4):
+        s = compile_stream(net, band_rows=band, algorithm=algorithm)
+        assert all(r.blocked and r.algorithm == algorithm for r in s.executor.runners)
+        assert len(s.executor.blocked) == 2          # the two rings; input and output stay NCHW
+        assert_close(s.run(x), ref, f"{algorithm} band {band}", tol=TOL[algorithm])
+
+
+def test_blocked_ring_rotates_like_nchw():
+    ring = RowRing("t", (1, 5, 10, 3), 4, consumers=1, blocked=True)
+    assert ring.buf.shape == (1, 1, 4, 3, 16) and ring.nbytes == 4 * 3 * 16 * 4
+    rows = np.arange(1 * 1 * 10 * 3 * 16, dtype=np.float32).reshape(1, 1, 10, 3, 16)
+    for r0 in range(0, 10, 2):
+        ring.write(r0, rows[:, :, r0:r0 + 2])
+        np.testing.assert_array_equal(ring.read(max(0, r0 - 2), r0 + 2), rows[:, :, max(0, r0 - 2):r0 + 2])
+        ring.release(0, r0)
 
 
 @pytest.mark.parametrize("name", list(NETS))
@@ -255,6 +353,18 @@ def test_layer_bands_have_band_rows_per_step():
     old = compile_stream(net, band_rows=4, band_mode="input")
     assert np.median(old.schedule.step_rows(5)) == 1       # stride 4 behind the input: 1 row a step
     assert len(s.schedule.steps) < len(old.schedule.steps)
+
+
+def test_min_band_pixels_widens_narrow_layers():
+    net = trunk(tilefuse.models.resnet18(seed=0), (1, 3, 131, 77))
+    x = np.random.default_rng(2).standard_normal((1, 3, 131, 77)).astype(np.float32)
+    s = compile_stream(net, band_rows=2, min_band_pixels=40)
+    for li, layer in enumerate(s.schedule.layers):
+        wo = layer.op.outputs[0].shape[3]
+        want = 2 if 2 * wo >= 40 else (4 if 4 * wo >= 40 else 8)
+        assert all(r == want for r in s.schedule.step_rows(li)[1:-1]), (layer.name, wo)
+    lbl = tilefuse.Session(tilefuse.compile(net)).run(x)
+    assert_close(s.run(x), lbl, "min_band_pixels")
 
 
 def test_max_pool_fast_path_matches_reference():
@@ -426,14 +536,18 @@ def test_layer_by_layer_bytes_of_a_chain():
     assert layer_by_layer_bytes(net) == 2 * t       # a conv's input and output are live together
 
 
-def test_plan_reports_rows_and_bytes():
+@pytest.mark.parametrize("layout", ["nchw", "nchwc"])
+def test_plan_reports_rows_and_bytes(layout):
     net = chain(64, 16, c=8, n=4)
-    s = compile_stream(net, band_rows=2)
+    s = compile_stream(net, band_rows=2, layout=layout)
     p = s.plan()
     assert [r["whole"] for r in p.rows] == [False, False, False, True]
     assert all(r["capacity"] <= 5 for r in p.rows[:3])
     row = 8 * 16 * 4
-    assert p.ring_bytes == sum(r["capacity"] for r in p.rows[:3]) * row
+    # NCHW16c rings hold their padded channels: 8 channels take a whole block of 16
+    ring_row = row if layout == "nchw" else 16 * 16 * 4
+    assert [r["layout"] for r in p.rows] == ([layout] * 3 + ["nchw"])
+    assert p.ring_bytes == sum(r["capacity"] for r in p.rows[:3]) * ring_row
     assert p.sink_bytes == 64 * row
     assert p.layer_by_layer_bytes == 2 * 64 * row
     text = str(p)

@@ -4,8 +4,13 @@ Every runner reads the input rows its band needs (`RowWindow.rows`), builds the 
 in a scratch buffer when the op has a window, and writes its output rows into the output
 ring's slots (a band that would wrap the ring is computed in scratch and stored in two pieces).
 
-float32 conv2d: `KernelConvRunner`, the fast kernels of `kernels/conv` (weights prepared once,
-`conv2d_run` on the gathered band with padding (0, 0, l, r), fused epilogue).
+float32 conv2d: `KernelConvRunner`, the fast kernels of `kernels/conv` (weights prepared once).
+With NCHW16c rings (layout "nchwc", the default; `assign_layouts` picks the rings) a conv with
+an NCHW16c algorithm gathers its band as NCHW16c rows and runs `direct_nchwc` (on the band
+padded left/right) or `conv2d_run_nchwc` (padding (0, 0, l, r)); im2col writes NCHW16c rows
+through `conv2d_run_to_nchwc`; NCHW rings go through `conv2d_run` on the gathered band as
+before, and a ring of the other layout is converted one band at a time (`band_as`,
+`store_band`). Max pooling reads a blocked ring in place.
 
 Other dtypes, or kernels="numpy": `NumpyConvRunner`, per image and group (numpy im2col + one
 GEMM per band, the reference algorithm on a band instead of the whole map):
@@ -26,6 +31,8 @@ from numba import njit
 
 from ..kernels import reference as ref
 from .schedule import Schedule, StreamLayer
+
+LANES = 16   # NCHW16c channel block (kernels/conv)
 
 # target size of one im2col columns chunk (measured: 1-2 MiB best with a 1 MiB L2 per core)
 COLS_BYTES = 2 << 20
@@ -57,7 +64,15 @@ class Scratch:
 
 
 class Runner:
-    """Computes one layer's output band; subclasses per op family."""
+    """Computes one layer's output band; subclasses per op family.
+
+    Layouts (`role`): "nchw" reads and writes NCHW rings only; "same" runs on NCHW or NCHW16c
+    rings but needs all its inputs and its output in one layout; "any" (the fast convs)
+    converts whatever it is given. `native_in` / `native_out`: NCHW16c without a conversion."""
+
+    role = "nchw"
+    native_in = native_out = False
+    out_blocked = False          # set by the executor: its output ring is NCHW16c
 
     def __init__(self, layer: StreamLayer, sched: Schedule):
         self.layer = layer
@@ -122,7 +137,7 @@ class KernelConvRunner(Runner):
     written straight into the ring slots when they are C-contiguous, else into scratch and
     copied (one pass; a ring of C > 1 channels holds rows of every channel apart)."""
 
-    def __init__(self, layer, sched, algorithm=None, allow_winograd=True):
+    def __init__(self, layer, sched, algorithm=None, allow_winograd=True, blocked=False):
         super().__init__(layer, sched)
         from ..kernels import conv as fast
         self.fast = fast
@@ -143,9 +158,19 @@ class KernelConvRunner(Runner):
             algorithm = fast.select_algorithm(self.in_shapes[0], w.shape, p["stride"], p["padding"], p["dilation"],
                                               p["groups"], allow_winograd=allow_winograd)
         self.algorithm = algorithm
+        # blocked: the NCHW16c kernels (conv2d_run_nchwc / direct_nchwc) on NCHW16c bands
+        self.blocked = bool(blocked) and algorithm in fast.NCHWC_ALGORITHMS and p["groups"] == 1
+        # native_in / native_out: reads / writes NCHW16c rings without a layout conversion
+        self.native_in = self.blocked
+        self.native_out = self.blocked or (bool(blocked) and algorithm == "im2col" and p["groups"] == 1)
+        self.role = "any"            # converts whatever layout its rings have
         bias = self.consts[1] if p["has_bias"] else None
         self.prepared = {k: np.ascontiguousarray(v, dtype=np.float32)
-                         for k, v in fast.conv2d_prepare(algorithm, w, bias, **self.kw_args).items()}
+                         for k, v in fast.conv2d_prepare(algorithm, w, bias, **self.kw_args,
+                                                         layout="nchwc" if self.blocked else "nchw").items()}
+        self.cb_in = -(-c // LANES)
+        self.cb_out = -(-self.out_shape[1] // LANES)
+        self.bpad = (l, r) if algorithm == "direct" else (0, 0)   # direct_nchwc reads a padded band
         self.threads = None          # set by the executor: None = all cores, 1 per pipeline stage
         self.acc = np.dtype(np.float32)
 
@@ -167,12 +192,66 @@ class KernelConvRunner(Runner):
     def scratch_need(self):
         n, c, _, w = self.in_shapes[0]
         o, wo = self.out_shape[1], self.out_shape[3]
+        # one slot per role whatever the layout (a runner uses one layout per slot)
+        ob = n * self.cb_out * self.rows_max * wo * LANES
+        if self.blocked:
+            need = {"xband": n * self.cb_in * self.rin_max * (w + sum(self.bpad)) * LANES, "yband": ob}
+            if self.p["has_residual"]:
+                need["rband"] = ob
+            return need
         need = {"xband": n * c * self.rin_max * w, "yband": n * o * self.rows_max * wo}
         if self.p["has_residual"]:
             need["rband"] = n * o * self.rows_max * wo
+        if self.native_out and self.out_blocked:
+            need["yband"] = ob
+            if self.p["has_residual"]:
+                need["rband"] = ob
         return need
 
+    def _run_blocked(self, rings, scratch, r0, r1, dst):
+        """NCHW16c band: gather the input rows (zero rows outside [0, H), and for direct zero
+        columns left/right) into a contiguous blocked band, run the blocked kernel into the
+        output ring's rows (or a contiguous scratch band, then one copy), epilogue fused."""
+        p = self.p
+        R = r1 - r0
+        n, c, h, w = self.in_shapes[0]
+        lo, hi = self.layer.windows[0].rows(r0, r1)
+        src = rings[0]
+        a, b = max(lo, 0), min(hi, h)
+        left, right = self.bpad
+        width = w + left + right
+        xb = scratch.get("xband", (n, self.cb_in, hi - lo, width, LANES), np.float32)
+        if src.blocked:
+            if a > lo:
+                xb[:, :, :a - lo] = 0
+            if hi > b:
+                xb[:, :, max(b, a) - lo:] = 0
+            if left:
+                xb[:, :, a - lo:b - lo, :left] = 0
+            if right:
+                xb[:, :, a - lo:b - lo, left + w:] = 0
+            if b > a:
+                src.read_into(a, b, xb[:, :, a - lo:b - lo, left:left + w])
+        else:
+            self.fast.to_nchwc(src.read(a, b), padding=(a - lo, hi - b, left, right), out=xb, threads=self.threads)
+        res = None
+        if p["has_residual"]:
+            res = band_as(rings[1], r0, r1, True, scratch, "rband", self.threads)
+        y = dst if (dst.ndim == 5 and dst.flags.c_contiguous) else \
+            scratch.get("yband", (n, self.cb_out, R, self.out_shape[3], LANES), np.float32)
+        if self.algorithm == "direct":
+            self.fast.direct_nchwc(y, xb, self.prepared, res, stride=p["stride"], dilation=p["dilation"],
+                                   relu=p["relu"], threads=self.threads)
+        else:
+            self.fast.conv2d_run_nchwc(self.algorithm, y, xb, self.prepared, res, stride=p["stride"],
+                                       padding=self.hpad, dilation=p["dilation"], relu=p["relu"],
+                                       threads=self.threads)
+        if y is not dst:
+            store_band(y, dst, self.out_shape[1], self.threads)
+
     def run(self, rings, scratch, r0, r1, dst):
+        if self.blocked:
+            return self._run_blocked(rings, scratch, r0, r1, dst)
         p = self.p
         R = r1 - r0
         n, c, h, w = self.in_shapes[0]
@@ -188,23 +267,67 @@ class KernelConvRunner(Runner):
             if hi > b:
                 xb[:, :, max(b, a) - lo:] = 0
             if b > a:
-                src.read_into(a, b, xb[:, :, a - lo:b - lo])
+                if src.blocked:
+                    self.fast.from_nchwc(src.read(a, b), c, out=xb[:, :, a - lo:b - lo], threads=self.threads)
+                else:
+                    src.read_into(a, b, xb[:, :, a - lo:b - lo])
+        if dst.ndim == 5 and self.native_out:
+            # im2col, groups 1: NCHW band in, NCHW16c rows out (conv2d_run_to_nchwc)
+            res = band_as(rings[1], r0, r1, True, scratch, "rband", self.threads) if p["has_residual"] else None
+            y = dst if dst.flags.c_contiguous else \
+                scratch.get("yband", (n, self.cb_out, R, self.out_shape[3], LANES), np.float32)
+            self.fast.conv2d_run_to_nchwc(self.algorithm, y, xb, self.prepared, res, stride=p["stride"],
+                                          padding=self.hpad, dilation=p["dilation"], relu=p["relu"],
+                                          threads=self.threads)
+            if y is not dst:
+                dst[...] = y
+            return
         res = None
         if p["has_residual"]:
-            res = rings[1].read(r0, r1)
-            if not res.flags.c_contiguous:
-                res = _copy_into(scratch.get("rband", res.shape, np.float32), res)
-        y = dst if dst.flags.c_contiguous and dst.dtype == np.float32 else \
+            res = band_as(rings[1], r0, r1, False, scratch, "rband", self.threads)
+        y = dst if dst.ndim == 4 and dst.flags.c_contiguous and dst.dtype == np.float32 else \
             scratch.get("yband", (n, self.out_shape[1], R, self.out_shape[3]), np.float32)
         self.fast.conv2d_run(self.algorithm, y, xb, self.prepared, res, relu=p["relu"], threads=self.threads,
                              **self.kw_args)
         if y is not dst:
-            dst[...] = y
+            store_band(y, dst, self.out_shape[1], self.threads)
 
 
 def _copy_into(out, a):
     out[...] = a
     return out
+
+
+def band_as(ring, r0: int, r1: int, blocked: bool, scratch: Scratch, slot: str, threads=None) -> np.ndarray:
+    """Rows [r0, r1) of a ring as a C-contiguous band in the wanted layout (NCHW16c if
+    `blocked`, else NCHW): a view when possible, else one copy / conversion into scratch."""
+    from ..kernels import conv as fast
+    rows = ring.read(r0, r1)
+    if ring.blocked == blocked:
+        if rows.flags.c_contiguous:
+            return rows
+        return _copy_into(scratch.get(slot, rows.shape, rows.dtype), rows)
+    if blocked:
+        n, c, R, w = rows.shape
+        out = scratch.get(slot, (n, -(-c // LANES), R, w, LANES), np.float32)
+        fast.to_nchwc(rows, out=out, threads=threads)
+        return out
+    n, _, R, w, _ = rows.shape
+    out = scratch.get(slot, (n, ring.channels, R, w), np.float32)
+    fast.from_nchwc(rows, ring.channels, out=out, threads=threads)
+    return out
+
+
+def store_band(y: np.ndarray, dst: np.ndarray, channels: int, threads=None) -> None:
+    """Copy a computed band into the output rows, converting the layout when they differ."""
+    if y.ndim == dst.ndim:
+        dst[...] = y
+        return
+    from ..kernels import conv as fast
+    if y.ndim == 5:
+        fast.from_nchwc(y, channels, out=dst, threads=threads)
+    else:
+        fast.to_nchwc(y, out=dst, threads=threads)
 
 
 class NumpyConvRunner(Runner):
@@ -229,6 +352,7 @@ class NumpyConvRunner(Runner):
                        and self.dtype == acc)
         self.depthwise = self.cg == 1 and self.og == 1 and self.g > 1
         self.flat = p["stride"] == (1, 1) and not self.direct
+        self.role = "nchw"
 
     def _rin(self, rows):
         return (rows - 1) * self.p["stride"][0] + self.p["dilation"][0] * (self.kh - 1) + 1
@@ -399,11 +523,96 @@ def _max_pool_band(y, xp, kh, kw, sh, sw, dh, dw):
                     y[n, c, r, j] = m
 
 
+@njit(nogil=True, cache=True)
+def _max_pool_band_b(y, xp, kh, kw, sh, sw, dh, dw):
+    """_max_pool_band on NCHW16c bands: y (N, Cb, R, Wo, 16), xp (N, Cb, Rin, Wp, 16); the
+    16 lanes of a pixel are one vector."""
+    N, C, R, Wo, L = y.shape
+    Wp = xp.shape[3]
+    t = np.empty((Wp, L), xp.dtype)
+    for n in range(N):
+        for c in range(C):
+            for r in range(R):
+                r0 = r * sh
+                for j in range(Wp):
+                    for l in range(L):
+                        t[j, l] = xp[n, c, r0, j, l]
+                for a in range(1, kh):
+                    row = r0 + a * dh
+                    for j in range(Wp):
+                        for l in range(L):
+                            v = xp[n, c, row, j, l]
+                            t[j, l] = v if v > t[j, l] else t[j, l]
+                for j in range(Wo):
+                    for l in range(L):
+                        m = t[j * sw, l]
+                        for b in range(1, kw):
+                            v = t[j * sw + b * dw, l]
+                            m = v if v > m else m
+                        y[n, c, r, j, l] = m
+
+
+@njit(nogil=True, cache=True)
+def _max_pool_ring_b(y, buf, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl):
+    """Max pooling straight from an NCHW16c ring, no padded band: y (N, Cb, R, Wo, 16) = output
+    rows [r0, r0 + R); logical input row i lives in slot i % cap of buf (N, Cb, cap, W, 16).
+    Padding is skipped by bounds (PyTorch: every window holds a real row and column)."""
+    N, C, R, Wo, L = y.shape
+    t = np.empty((w, L), buf.dtype)
+    for n in range(N):
+        for c in range(C):
+            for r in range(R):
+                base = (r0 + r) * sh - pt
+                for j in range(w):
+                    for l in range(L):
+                        t[j, l] = -np.inf
+                for a in range(kh):
+                    i = base + a * dh
+                    if i < 0 or i >= h:
+                        continue
+                    s = i % cap
+                    for j in range(w):
+                        for l in range(L):
+                            v = buf[n, c, s, j, l]
+                            t[j, l] = v if v > t[j, l] else t[j, l]
+                for j in range(Wo):
+                    c0 = j * sw - pl
+                    for l in range(L):
+                        m = -np.inf
+                        for b in range(kw):
+                            q = c0 + b * dw
+                            if q >= 0 and q < w:
+                                v = t[q, l]
+                                m = v if v > m else m
+                        y[n, c, r, j, l] = m
+
+
+def _fill_band_b(ring, scratch: Scratch, slot: str, shape, lo: int, hi: int, left: int, width: int,
+                 pad_value, dtype) -> np.ndarray:
+    """_fill_band on an NCHW16c ring: (N, Cb, hi - lo, width, 16)."""
+    n, c, h, w = shape
+    xp = scratch.get(slot, (n, -(-c // LANES), hi - lo, width, LANES), dtype)
+    a, b = max(lo, 0), min(hi, h)
+    if a > lo:
+        xp[:, :, :a - lo] = pad_value
+    if hi > b:
+        xp[:, :, max(b, a) - lo:] = pad_value
+    if left:
+        xp[:, :, a - lo:b - lo, :left] = pad_value
+    if width > left + w:
+        xp[:, :, a - lo:b - lo, left + w:] = pad_value
+    if b > a:
+        ring.read_into(a, b, xp[:, :, a - lo:b - lo, left:left + w])
+    return xp
+
+
 class PoolRunner(Runner):
     def __init__(self, layer, sched):
         super().__init__(layer, sched)
         p = self.op.params
         self.p = p
+        self.role = "same" if self.dtype == np.float32 else "nchw"
+        self.native_in = self.native_out = self.role == "same"
         self.is_max = self.op.op == "max_pool"
         self.k = p["kernel_size"]
         self.d = p.get("dilation", (1, 1))
@@ -428,6 +637,8 @@ class PoolRunner(Runner):
         n, c, _, _ = self.in_shapes[0]
         rin = (self.band - 1) * self.p["stride"][0] + self.d[0] * (self.k[0] - 1) + 1
         need = {"pad": n * c * rin * self.width}
+        if self.out_blocked:   # max pooling reads the blocked ring in place: no band
+            need["pad"] = 0 if self.is_max else n * -(-c // LANES) * rin * self.width * LANES
         if not self.is_max and self.dtype != self.acc:
             need["acc"] = n * c * self.band * self.out_shape[3]
         return need
@@ -437,11 +648,38 @@ class PoolRunner(Runner):
         lo, hi = self.layer.windows[0].rows(r0, r1)
         pad = -np.inf if self.is_max else 0
         dt = self.dtype if self.is_max else self.acc
-        xp = _fill_band(rings[0], scratch, "pad", self.in_shapes[0], lo, hi, p["padding"][2], self.width,
-                        pad, dt)
         R, wo = r1 - r0, self.out_shape[3]
         sh, sw = p["stride"]
         dh, dw = self.d
+        if rings[0].blocked:
+            if dst.ndim != 5:  # pragma: no cover - the layout assignment keeps both sides alike
+                raise ValueError("pooling: NCHW16c input needs NCHW16c output rows")
+            if self.is_max:
+                src = rings[0]
+                a, b = max(lo, 0), min(hi, src.height)
+                src._check_read(a, b)                   # the rows are held (as read() checks)
+                n, c, h, w = self.in_shapes[0]
+                _max_pool_ring_b(dst, src.buf, src.capacity, r0, h, w, self.k[0], self.k[1], sh, sw, dh, dw,
+                                 p["padding"][0], p["padding"][2])
+                return
+            xp = _fill_band_b(rings[0], scratch, "pad", self.in_shapes[0], lo, hi, p["padding"][2], self.width,
+                              pad, dt)
+            if self.is_max:
+                _max_pool_band_b(dst, xp, self.k[0], self.k[1], sh, sw, dh, dw)
+                return
+            first = True
+            for a in range(self.k[0]):
+                for b in range(self.k[1]):
+                    tap = xp[:, :, a * dh:a * dh + (R - 1) * sh + 1:sh, b * dw:b * dw + (wo - 1) * sw + 1:sw]
+                    if first:
+                        dst[...] = tap
+                        first = False
+                    else:
+                        dst += tap
+            dst /= (self.div_rows[r0:r1, None] * self.div_cols[None, :])[:, :, None]
+            return
+        xp = _fill_band(rings[0], scratch, "pad", self.in_shapes[0], lo, hi, p["padding"][2], self.width,
+                        pad, dt)
         if self.is_max and dst.dtype in (np.float32, np.float64):
             _max_pool_band(dst, xp, self.k[0], self.k[1], sh, sw, dh, dw)   # fast path
             return
@@ -464,6 +702,14 @@ class PoolRunner(Runner):
 
 
 class RowLocalRunner(Runner):
+    def __init__(self, layer, sched):
+        super().__init__(layer, sched)
+        ok = self.dtype == np.float32 and self.op.op in ("relu", "add", "dropout", "concat")
+        if self.op.op == "concat":   # whole channel blocks: every input but the last a multiple of 16
+            ok = ok and all(s[1] % LANES == 0 for s in self.in_shapes[:-1])
+        self.role = "same" if ok else "nchw"
+        self.native_in = self.native_out = ok
+
     def scratch_need(self):
         return {}
 
@@ -509,11 +755,42 @@ def _forced(algorithm, layer: StreamLayer):
 
 
 def make_runner(layer: StreamLayer, sched: Schedule, kernels: str = "fast", winograd: bool = True,
-                algorithm: str | None = None) -> Runner:
+                algorithm: str | None = None, layout: str = "nchwc") -> Runner:
     if layer.kind == "conv2d":
         if layer.op.outputs[0].dtype == np.float32 and kernels == "fast":
-            return KernelConvRunner(layer, sched, algorithm=_forced(algorithm, layer), allow_winograd=winograd)
+            return KernelConvRunner(layer, sched, algorithm=_forced(algorithm, layer), allow_winograd=winograd,
+                                    blocked=layout == "nchwc")
         return NumpyConvRunner(layer, sched)
     if layer.kind in ("max_pool", "avg_pool"):
-        return PoolRunner(layer, sched)
-    return RowLocalRunner(layer, sched)
+        r = PoolRunner(layer, sched)
+    else:
+        r = RowLocalRunner(layer, sched)
+    if layout != "nchwc":
+        r.role, r.native_in, r.native_out = "nchw", False, False
+    return r
+
+
+def assign_layouts(sched: Schedule, runners: list[Runner]) -> set[str]:
+    """The ring tensors kept in NCHW16c. A ring is blocked when its producer writes NCHW16c
+    natively, some consumer reads it natively and none needs NCHW; then every "same" layer
+    (pooling, element-wise) with one NCHW tensor gets all of its tensors NCHW, to a fixpoint.
+    Whole tensors (the network input, the sinks) stay NCHW."""
+    blocked = set()
+    for name, t in sched.tensors.items():
+        if t.whole:
+            continue
+        prod = runners[t.producer]
+        cons = [runners[c] for c, _ in t.consumers]
+        if prod.native_out and any(c.native_in for c in cons) and all(c.role != "nchw" for c in cons):
+            blocked.add(name)
+    changed = True
+    while changed:
+        changed = False
+        for layer, r in zip(sched.layers, runners):
+            if r.role != "same":
+                continue
+            names = list(layer.inputs) + [layer.output]
+            if any(n in blocked for n in names) and not all(n in blocked for n in names):
+                blocked.difference_update(names)
+                changed = True
+    return blocked

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import GraphError
 from ..interpreter import bind_inputs
 from ..ir.ops import schema
-from .bands import Runner, Scratch, make_runner
+from .bands import Runner, Scratch, assign_layouts, make_runner
 from .ring import FullRows, RowRing
 from .schedule import Schedule
 
@@ -23,7 +23,7 @@ from .schedule import Schedule
 class RingSet:
     """The rings of every streamed tensor (allocated once, reset before each run)."""
 
-    def __init__(self, sched: Schedule, extra_rows: dict[str, int] | None = None):
+    def __init__(self, sched: Schedule, extra_rows: dict[str, int] | None = None, blocked=()):
         self.sched = sched
         self.rings: dict[str, RowRing] = {}
         extra_rows = extra_rows or {}
@@ -31,7 +31,8 @@ class RingSet:
             if t.whole:
                 continue
             cap = min(t.shape[2], t.capacity + extra_rows.get(name, 0))
-            self.rings[name] = RowRing(name, t.shape, cap, t.dtype, consumers=len(t.consumers))
+            self.rings[name] = RowRing(name, t.shape, cap, t.dtype, consumers=len(t.consumers),
+                                       blocked=name in blocked)
 
     @property
     def ring_bytes(self) -> int:
@@ -62,16 +63,21 @@ class StreamExecutor:
     """Runs a schedule on one thread."""
 
     def __init__(self, sched: Schedule, threads: int | None = None, kernels: str = "fast", winograd: bool = True,
-                 algorithm: str | None = None):
+                 algorithm: str | None = None, layout: str = "nchwc"):
         self.sched = sched
         self.threads = threads
-        self.runners: list[Runner] = [make_runner(l, sched, kernels, winograd, algorithm) for l in sched.layers]
+        self.layout = layout
+        self.runners: list[Runner] = [make_runner(l, sched, kernels, winograd, algorithm, layout)
+                                      for l in sched.layers]
+        self.blocked = assign_layouts(sched, self.runners) if layout == "nchwc" else set()
+        for l, r in zip(sched.layers, self.runners):
+            r.out_blocked = l.output in self.blocked
         for r in self.runners:
             if hasattr(r, "threads"):
                 r.threads = threads
         self.slots = [[consumer_slot(sched, n, l.index, k) for k, n in enumerate(l.inputs)]
                       for l in sched.layers]
-        self.rings = RingSet(sched)
+        self.rings = RingSet(sched, blocked=self.blocked)
         self.scratch = Scratch()
         for r in self.runners:
             for slot, n in r.scratch_need().items():
@@ -115,8 +121,8 @@ def compute_band(runner: Runner, ins: list, out, scratch: Scratch, r0: int, r1: 
     if dst is not None:
         runner.run(ins, scratch, r0, r1, dst)
         return
-    n, c, _, w = out.buf.shape
-    tmp = scratch.get("wrap", (n, c, r1 - r0, w), out.buf.dtype)
+    shape = out.buf.shape[:2] + (r1 - r0,) + out.buf.shape[3:]
+    tmp = scratch.get("wrap", shape, out.buf.dtype)
     runner.run(ins, scratch, r0, r1, tmp)
     out.store(r0, tmp)
 

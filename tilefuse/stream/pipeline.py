@@ -71,10 +71,11 @@ class PipelineExecutor:
     """Runs a schedule as `workers` stage threads connected by bounded rings."""
 
     def __init__(self, sched: Schedule, workers: int = 2, queue_bands: int = 2, kernels: str = "fast",
-                 winograd: bool = True, algorithm: str | None = None):
+                 winograd: bool = True, algorithm: str | None = None, layout: str = "nchwc"):
         self.sched = sched
         # runners and consumer slots are shared; each stage's kernels run on its own thread only
-        self.seq = StreamExecutor(sched, threads=1, kernels=kernels, winograd=winograd, algorithm=algorithm)
+        self.seq = StreamExecutor(sched, threads=1, kernels=kernels, winograd=winograd, algorithm=algorithm,
+                                  layout=layout)
         # balanced by estimated time, not FLOPs: Winograd layers do a quarter of their nominal
         # FLOPs and im2col (conv1) runs at half the direct kernel's rate (measured, ResNet18 at 4K:
         # FLOP-balanced stages were busy 2.38 s and 1.47 s)
@@ -88,7 +89,7 @@ class PipelineExecutor:
             if any(self.stage_of[c] != self.stage_of[t.producer] for c, _ in t.consumers):
                 extra[name] = queue_bands * t.band
         self.crossing = sorted(extra)
-        self.rings = RingSet(sched, extra)
+        self.rings = RingSet(sched, extra, self.seq.blocked)
         self.seq.rings = self.rings
         self.stage_steps = [[s for s in sched.steps if self.stage_of[s[0]] == k] for k in range(self.workers)]
         self.scratch = [Scratch() for _ in range(self.workers)]

@@ -2,12 +2,14 @@
 
 Activation bytes are counted the same way on both sides; the network input (the caller's
 array) and the constants are not activations:
-  streamed        = every ring (capacity x row bytes) + the sinks (whole: the streamed part's
+  streamed        = every ring (its real bytes: capacity x row bytes, an NCHW16c ring's rows
+                    with the channels padded to a multiple of 16) + the sinks (whole: the streamed part's
                     results) + the scratch buffers of the band kernels (gathered input band,
                     output band, residual band; numpy path: padded bands, im2col columns; one
                     set per thread) + the tail's peak of live tensors. Not counted: the conv
-                    kernels' own per-call scratch (their NCHW16c copy of the band, Winograd
-                    V/M tiles), a few MiB, as on the layer-by-layer side.
+                    kernels' own per-call scratch (Winograd's zero-bordered band copy and V/M
+                    tiles, the direct kernel's per-task band), a few MiB, as on the
+                    layer-by-layer side.
   layer by layer  = the peak over ops of the live intermediate and output tensors when each
                     op writes its whole output (tensors freed after their last reader: the
                     ideal that tilefuse's liveness planner approaches; im2col scratch of the
@@ -80,10 +82,12 @@ class StreamPlan:
         lines = [head, "-" * len(head)]
         for r in self.rows:
             held = "whole" if r["whole"] else f"{r['capacity']}/{r['height']}"
+            held += "c" if r.get("layout") == "nchwc" else " "
             lines.append(f"{r['index']:>3} {r['op']:<10} {r['name'][:22]:<22} {str(r['shape']):<22} {held:>10} "
                          f"{r['held_bytes'] / mib:>9.2f} {r['bytes'] / mib:>10.2f} {r['flops'] / 1e6:>9.1f} "
                          f"{r['stage']:>5}")
         lines.append("-" * len(head))
+        lines.append("rows held ending in 'c': an NCHW16c ring (channels padded to 16, bytes counted padded)")
         lines.append(f"band {self.band_rows} rows, {self.steps} steps; tail (whole tensors): "
                      f"{', '.join(self.tail_ops) or 'none'}")
         lines.append(f"activation memory streamed {self.streamed_bytes / mib:.2f} MiB (rings "
@@ -112,7 +116,8 @@ def make_plan(streamed) -> StreamPlan:
         held = t.nbytes if t.whole else rings[t.name].nbytes
         rows.append({"index": l.index, "op": l.kind, "name": l.name, "shape": t.shape, "height": t.shape[2],
                      "capacity": t.capacity if t.whole else rings[t.name].capacity, "whole": t.whole,
-                     "held_bytes": held, "bytes": t.nbytes, "flops": l.flops, "stage": stage_of[l.index]})
+                     "held_bytes": held, "bytes": t.nbytes, "flops": l.flops, "stage": stage_of[l.index],
+                     "layout": "nchwc" if (not t.whole and rings[t.name].blocked) else "nchw"})
     scratch = sum(s.nbytes for s in ex.scratch) if pipe else ex.scratch.nbytes
     sink_bytes = sum(sched.tensors[s].nbytes for s in sched.sinks)
     tail_bytes = 0

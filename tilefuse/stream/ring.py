@@ -31,14 +31,22 @@ class RowRing:
 
     full = False
 
-    def __init__(self, name: str, shape, capacity: int, dtype=np.float32, consumers: int = 1):
+    def __init__(self, name: str, shape, capacity: int, dtype=np.float32, consumers: int = 1,
+                 blocked: bool = False):
         n, c, h, w = (int(s) for s in shape)
         if capacity < 1:
             raise RingError(f"ring '{name}': capacity must be >= 1 row, got {capacity}")
         self.name = name
         self.height = h
+        self.channels = c
         self.capacity = int(min(capacity, h))
-        self.buf = np.empty((n, c, self.capacity, w), dtype=dtype)  # (N, C, cap, W)
+        self.blocked = bool(blocked)
+        if self.blocked:
+            # NCHW16c rows: (N, ceil(C/16), cap, W, 16), padded channels kept zero by the producers
+            # (rows stay axis 2, so every slot computation below is the same)
+            self.buf = np.zeros((n, -(-c // 16), self.capacity, w, 16), dtype=dtype)
+        else:
+            self.buf = np.empty((n, c, self.capacity, w), dtype=dtype)  # (N, C, cap, W)
         self.end = 0                        # next logical row to be written
         self.lows = [0] * max(consumers, 1)  # first row each consumer still needs
 
@@ -142,10 +150,12 @@ class FullRows:
     """The RowRing interface over a whole tensor (no eviction): the network input, the outputs."""
 
     full = True
+    blocked = False
 
     def __init__(self, name: str, array: np.ndarray, consumers: int = 0, written: bool = False):
         self.name = name
         self.buf = array
+        self.channels = array.shape[1]
         self.height = array.shape[2]
         self.capacity = self.height
         self.end = self.height if written else 0
