@@ -304,3 +304,27 @@ def test_fused_and_unfused_agree_over_steps():
         assert la == pytest.approx(lb, rel=1e-5)
     for k, v in a.state_dict().items():
         np.testing.assert_allclose(v, b.state_dict()[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("ks,st,pd,dl", [((3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+                                         ((2, 3), (1, 2), (0, 0, 1, 1), (2, 1)),
+                                         ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))])
+def test_max_pool_ties_nan_match_torch(ks, st, pd, dl):
+    """Separable max pool: values and argmax (first maximum, last NaN in (ki, kj) order) and
+    the backward scatter match PyTorch on integer-valued data full of ties, NaN and -inf."""
+    from tilefuse.training import kernels as K
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 3, (3, 2, 9, 11)).astype(np.float32)      # CNHW
+    x[0, 0, 2, 3] = np.nan
+    x[1, 1, 0, 0] = -np.inf
+    x[2, 1] = -np.inf
+    y, idx = K.max_pool_forward(x, ks, st, pd, dl, False)
+    xt = torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 2, 3)))
+    yt, it = torch.nn.functional.max_pool2d(xt, ks, st, (pd[0], pd[2]), dl, return_indices=True)
+    assert np.array_equal(y.transpose(1, 0, 2, 3), yt.numpy(), equal_nan=True)
+    assert np.array_equal(idx.transpose(1, 0, 2, 3), it.numpy())
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx = K.max_pool_backward(dy, idx, x.shape)
+    dxt = torch.zeros_like(xt).flatten(2).scatter_add_(
+        2, it.flatten(2), torch.from_numpy(np.ascontiguousarray(dy.transpose(1, 0, 2, 3))).flatten(2))
+    np.testing.assert_allclose(dx.transpose(1, 0, 2, 3), dxt.reshape(xt.shape).numpy(), rtol=1e-6)
