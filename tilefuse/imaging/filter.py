@@ -170,6 +170,16 @@ def _filter_plane(src: np.ndarray, k: np.ndarray, sep, border: str, tile, worker
         f.result()
 
 
+def check_out(out, shape, acc) -> np.ndarray:
+    """A new result array, or the caller's `out` if it is C-contiguous with the right shape/dtype."""
+    if out is None:
+        return np.empty(shape, dtype=acc)
+    if out.shape != shape or out.dtype != acc or not out.flags.c_contiguous:
+        raise ValueError(f"out: found {out.dtype} array of shape {out.shape}, expected a "
+                         f"C-contiguous {acc} array of shape {shape}")
+    return out
+
+
 def filter2d(image, kernel, border: str = "replicate", tile="auto", workers: int | None = None,
              saturate: bool = False, method: str = "direct", out: np.ndarray | None = None,
              algorithm: str = "tiled") -> np.ndarray:
@@ -207,11 +217,7 @@ def filter2d(image, kernel, border: str = "replicate", tile="auto", workers: int
     nworkers = check_workers(workers)
     th_tw = check_tile(tile, img.shape[:2], k2d.shape, nworkers)
     acc = accumulator_dtype(img.dtype, kernel if sep is None else sep)
-    if out is None:
-        out = np.empty(img.shape, dtype=acc)
-    elif out.shape != img.shape or out.dtype != acc or not out.flags.c_contiguous:
-        raise ValueError(f"out: found {out.dtype} array of shape {out.shape}, expected a "
-                         f"C-contiguous {acc} array of shape {img.shape}")
+    out = check_out(out, img.shape, acc)
     k = k2d.astype(acc)
     if sep is not None and method == "direct":
         sep = (sep[0].astype(acc), sep[1].astype(acc))

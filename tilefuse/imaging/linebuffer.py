@@ -25,7 +25,8 @@ import threading
 import numba
 import numpy as np
 
-from .filter import accumulator_dtype, check_image, check_kernel, check_workers, saturate_cast
+from .filter import (accumulator_dtype, check_image, check_kernel, check_out, check_workers,
+                     saturate_cast)
 from .reference import BORDERS, border_index
 
 
@@ -93,11 +94,7 @@ def filter2d_linebuffer(image, kernel, border: str = "replicate", workers: int |
         raise ValueError(f"border: found {border!r}, expected one of {BORDERS}")
     nworkers = check_workers(workers)
     acc = accumulator_dtype(img.dtype, kernel if sep is None else sep)
-    if out is None:
-        out = np.empty(img.shape, dtype=acc)
-    elif out.shape != img.shape or out.dtype != acc or not out.flags.c_contiguous:
-        raise ValueError(f"out: found {out.dtype} array of shape {out.shape}, expected a "
-                         f"C-contiguous {acc} array of shape {img.shape}")
+    out = check_out(out, img.shape, acc)
     h, w = img.shape[:2]
     chans = img.shape[2] if img.ndim == 3 else 1
     kh, kw = k2d.shape
