@@ -57,9 +57,10 @@ def test_zoo_model_matches_torch(name, batch, size, tmp_path):
     check_all_paths(net, x, torch_out(tm, x), tmp_path)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "tinynet"])
-def test_zoo_model_through_from_torch(name, tmp_path):
-    net0 = models.get(name, seed=2, batch=1, image_size=48)
+@pytest.mark.parametrize("name, batch, size", [("resnet18", 1, 48), ("resnet50", 2, 40), ("alexnet", 1, 224),
+                                              ("vgg16", 1, 224), ("tinynet", 2, 48)])
+def test_zoo_model_through_from_torch(name, batch, size, tmp_path):
+    net0 = models.get(name, seed=2, batch=batch, image_size=size)
     tm = torch_zoo_load(name, net0)
     x = np.random.default_rng(3).standard_normal(net0.inputs[0].shape).astype(np.float32)
     net = tilefuse.from_torch(tm, torch.from_numpy(x))
