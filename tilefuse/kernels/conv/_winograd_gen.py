@@ -44,6 +44,65 @@ def _wino_input_2(V, xb, p0, P, th, tw):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
+def _wino_input_2_c(V, x, p0, P, th, tw, pt, pl):
+    """_wino_input_2 from unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (generated)."""
+    Cb, H, W = x.shape[1], x.shape[2], x.shape[3]
+    t = nb.carray(stack_f32(256), (4, 4, 16))
+    d = nb.carray(stack_f32(256), (4, 4, 16))
+    per_img = th * tw
+    for pi in range(P):
+        p = p0 + pi
+        n = p // per_img
+        r = p % per_img
+        y0 = (r // tw) * 2 - pt
+        x0 = (r % tw) * 2 - pl
+        inside = y0 >= 0 and x0 >= 0 and y0 + 4 <= H and x0 + 4 <= W
+        for cb in range(Cb):
+            if inside:
+                for j in range(4):  # t = B^T d
+                    for l in range(16):
+                        d0 = x[n, cb, y0 + 0, x0 + j, l]
+                        d1 = x[n, cb, y0 + 1, x0 + j, l]
+                        d2 = x[n, cb, y0 + 2, x0 + j, l]
+                        d3 = x[n, cb, y0 + 3, x0 + j, l]
+                        t[0, j, l] = d0 - d2
+                        t[1, j, l] = d1 + d2
+                        t[2, j, l] = -d1 + d2
+                        t[3, j, l] = d1 - d3
+            else:
+                for i in range(4):
+                    for j in range(4):
+                        yy = y0 + i
+                        xx = x0 + j
+                        if 0 <= yy < H and 0 <= xx < W:
+                            for l in range(16):
+                                d[i, j, l] = x[n, cb, yy, xx, l]
+                        else:
+                            for l in range(16):
+                                d[i, j, l] = 0.0
+                for j in range(4):  # t = B^T d
+                    for l in range(16):
+                        d0 = d[0, j, l]
+                        d1 = d[1, j, l]
+                        d2 = d[2, j, l]
+                        d3 = d[3, j, l]
+                        t[0, j, l] = d0 - d2
+                        t[1, j, l] = d1 + d2
+                        t[2, j, l] = -d1 + d2
+                        t[3, j, l] = d1 - d3
+            for a in range(4):  # V = t B
+                for l in range(16):
+                    e0 = t[a, 0, l]
+                    e1 = t[a, 1, l]
+                    e2 = t[a, 2, l]
+                    e3 = t[a, 3, l]
+                    V[a * 4 + 0, pi, cb * 16 + l] = e0 - e2
+                    V[a * 4 + 1, pi, cb * 16 + l] = e1 + e2
+                    V[a * 4 + 2, pi, cb * 16 + l] = -e1 + e2
+                    V[a * 4 + 3, pi, cb * 16 + l] = e1 - e3
+
+
+@njit(nogil=True, cache=True, fastmath=True)
 def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, relu):
     """out[n, c, y0+i, x0+j] = (A^T M A)[i, j] + bias[c] (+ res) (ReLU), valid positions (generated)."""
     Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
@@ -96,8 +155,8 @@ def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, relu):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, relu):
-    """NCHWc output: out[n, ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU) (generated)."""
+def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):
+    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU); M and bias hold channel blocks ob0.. (generated)."""
     Ho, Wo = out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
     mm = nb.carray(stack_f32(256), (16, 16))
@@ -138,10 +197,10 @@ def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, relu):
                     for l in range(16):
                         v = y[i, j, l]
                         if has_res:
-                            v += res[n, ob, y0 + i, x0 + j, l]
+                            v += res[n, ob0 + ob, y0 + i, x0 + j, l]
                         if relu:
                             v = max(v, np.float32(0.0))
-                        out[n, ob, y0 + i, x0 + j, l] = v
+                        out[n, ob0 + ob, y0 + i, x0 + j, l] = v
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -171,6 +230,77 @@ def _wino_input_4(V, xb, p0, P, th, tw):
                     t[3, j, l] = -np.float32(2.0) * d1 - d2 + np.float32(2.0) * d3 + d4
                     t[4, j, l] = np.float32(2.0) * d1 - d2 - np.float32(2.0) * d3 + d4
                     t[5, j, l] = np.float32(4.0) * d1 - np.float32(5.0) * d3 + d5
+            for a in range(6):  # V = t B
+                for l in range(16):
+                    e0 = t[a, 0, l]
+                    e1 = t[a, 1, l]
+                    e2 = t[a, 2, l]
+                    e3 = t[a, 3, l]
+                    e4 = t[a, 4, l]
+                    e5 = t[a, 5, l]
+                    V[a * 6 + 0, pi, cb * 16 + l] = np.float32(4.0) * e0 - np.float32(5.0) * e2 + e4
+                    V[a * 6 + 1, pi, cb * 16 + l] = -np.float32(4.0) * e1 - np.float32(4.0) * e2 + e3 + e4
+                    V[a * 6 + 2, pi, cb * 16 + l] = np.float32(4.0) * e1 - np.float32(4.0) * e2 - e3 + e4
+                    V[a * 6 + 3, pi, cb * 16 + l] = -np.float32(2.0) * e1 - e2 + np.float32(2.0) * e3 + e4
+                    V[a * 6 + 4, pi, cb * 16 + l] = np.float32(2.0) * e1 - e2 - np.float32(2.0) * e3 + e4
+                    V[a * 6 + 5, pi, cb * 16 + l] = np.float32(4.0) * e1 - np.float32(5.0) * e3 + e5
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _wino_input_4_c(V, x, p0, P, th, tw, pt, pl):
+    """_wino_input_4 from unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (generated)."""
+    Cb, H, W = x.shape[1], x.shape[2], x.shape[3]
+    t = nb.carray(stack_f32(576), (6, 6, 16))
+    d = nb.carray(stack_f32(576), (6, 6, 16))
+    per_img = th * tw
+    for pi in range(P):
+        p = p0 + pi
+        n = p // per_img
+        r = p % per_img
+        y0 = (r // tw) * 4 - pt
+        x0 = (r % tw) * 4 - pl
+        inside = y0 >= 0 and x0 >= 0 and y0 + 6 <= H and x0 + 6 <= W
+        for cb in range(Cb):
+            if inside:
+                for j in range(6):  # t = B^T d
+                    for l in range(16):
+                        d0 = x[n, cb, y0 + 0, x0 + j, l]
+                        d1 = x[n, cb, y0 + 1, x0 + j, l]
+                        d2 = x[n, cb, y0 + 2, x0 + j, l]
+                        d3 = x[n, cb, y0 + 3, x0 + j, l]
+                        d4 = x[n, cb, y0 + 4, x0 + j, l]
+                        d5 = x[n, cb, y0 + 5, x0 + j, l]
+                        t[0, j, l] = np.float32(4.0) * d0 - np.float32(5.0) * d2 + d4
+                        t[1, j, l] = -np.float32(4.0) * d1 - np.float32(4.0) * d2 + d3 + d4
+                        t[2, j, l] = np.float32(4.0) * d1 - np.float32(4.0) * d2 - d3 + d4
+                        t[3, j, l] = -np.float32(2.0) * d1 - d2 + np.float32(2.0) * d3 + d4
+                        t[4, j, l] = np.float32(2.0) * d1 - d2 - np.float32(2.0) * d3 + d4
+                        t[5, j, l] = np.float32(4.0) * d1 - np.float32(5.0) * d3 + d5
+            else:
+                for i in range(6):
+                    for j in range(6):
+                        yy = y0 + i
+                        xx = x0 + j
+                        if 0 <= yy < H and 0 <= xx < W:
+                            for l in range(16):
+                                d[i, j, l] = x[n, cb, yy, xx, l]
+                        else:
+                            for l in range(16):
+                                d[i, j, l] = 0.0
+                for j in range(6):  # t = B^T d
+                    for l in range(16):
+                        d0 = d[0, j, l]
+                        d1 = d[1, j, l]
+                        d2 = d[2, j, l]
+                        d3 = d[3, j, l]
+                        d4 = d[4, j, l]
+                        d5 = d[5, j, l]
+                        t[0, j, l] = np.float32(4.0) * d0 - np.float32(5.0) * d2 + d4
+                        t[1, j, l] = -np.float32(4.0) * d1 - np.float32(4.0) * d2 + d3 + d4
+                        t[2, j, l] = np.float32(4.0) * d1 - np.float32(4.0) * d2 - d3 + d4
+                        t[3, j, l] = -np.float32(2.0) * d1 - d2 + np.float32(2.0) * d3 + d4
+                        t[4, j, l] = np.float32(2.0) * d1 - d2 - np.float32(2.0) * d3 + d4
+                        t[5, j, l] = np.float32(4.0) * d1 - np.float32(5.0) * d3 + d5
             for a in range(6):  # V = t B
                 for l in range(16):
                     e0 = t[a, 0, l]
@@ -248,8 +378,8 @@ def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, relu):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, relu):
-    """NCHWc output: out[n, ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU) (generated)."""
+def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):
+    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU); M and bias hold channel blocks ob0.. (generated)."""
     Ho, Wo = out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
     mm = nb.carray(stack_f32(576), (36, 16))
@@ -298,7 +428,7 @@ def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, relu):
                     for l in range(16):
                         v = y[i, j, l]
                         if has_res:
-                            v += res[n, ob, y0 + i, x0 + j, l]
+                            v += res[n, ob0 + ob, y0 + i, x0 + j, l]
                         if relu:
                             v = max(v, np.float32(0.0))
-                        out[n, ob, y0 + i, x0 + j, l] = v
+                        out[n, ob0 + ob, y0 + i, x0 + j, l] = v

@@ -154,6 +154,56 @@ def _gen_one(m, BT, AT):
         w(f"                    V[a * {alpha} + {b}, pi, cb * 16 + l] = {_expr(BT[b], en)}")
     w("")
     w("")
+    # the same transform reading the unpadded NCHWc input (no separate pad pass over the layer):
+    # interior tiles read it in place, border tiles gather their patch (zeros outside) first;
+    # the arithmetic is the same, so the result is bitwise that of _wino_input_m on a padded copy
+    w(f"@njit(nogil=True, cache=True, fastmath=True)")
+    w(f"def _wino_input_{m}_c(V, x, p0, P, th, tw, pt, pl):")
+    w(f'    """_wino_input_{m} from unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (generated)."""')
+    w(f"    Cb, H, W = x.shape[1], x.shape[2], x.shape[3]")
+    w(f"    t = nb.carray(stack_f32({A2 * 16}), ({alpha}, {alpha}, 16))")
+    w(f"    d = nb.carray(stack_f32({A2 * 16}), ({alpha}, {alpha}, 16))")
+    w(f"    per_img = th * tw")
+    w(f"    for pi in range(P):")
+    w(f"        p = p0 + pi")
+    w(f"        n = p // per_img")
+    w(f"        r = p % per_img")
+    w(f"        y0 = (r // tw) * {m} - pt")
+    w(f"        x0 = (r % tw) * {m} - pl")
+    w(f"        inside = y0 >= 0 and x0 >= 0 and y0 + {alpha} <= H and x0 + {alpha} <= W")
+    w(f"        for cb in range(Cb):")
+    w(f"            if inside:")
+    w(f"                for j in range({alpha}):  # t = B^T d")
+    w(f"                    for l in range(16):")
+    for i in range(alpha):
+        w(f"                        d{i} = x[n, cb, y0 + {i}, x0 + j, l]")
+    for a in range(alpha):
+        w(f"                        t[{a}, j, l] = {_expr(BT[a], dn)}")
+    w(f"            else:")
+    w(f"                for i in range({alpha}):")
+    w(f"                    for j in range({alpha}):")
+    w(f"                        yy = y0 + i")
+    w(f"                        xx = x0 + j")
+    w(f"                        if 0 <= yy < H and 0 <= xx < W:")
+    w(f"                            for l in range(16):")
+    w(f"                                d[i, j, l] = x[n, cb, yy, xx, l]")
+    w(f"                        else:")
+    w(f"                            for l in range(16):")
+    w(f"                                d[i, j, l] = 0.0")
+    w(f"                for j in range({alpha}):  # t = B^T d")
+    w(f"                    for l in range(16):")
+    for i in range(alpha):
+        w(f"                        d{i} = d[{i}, j, l]")
+    for a in range(alpha):
+        w(f"                        t[{a}, j, l] = {_expr(BT[a], dn)}")
+    w(f"            for a in range({alpha}):  # V = t B")
+    w(f"                for l in range(16):")
+    for j in range(alpha):
+        w(f"                    e{j} = t[a, {j}, l]")
+    for b in range(alpha):
+        w(f"                    V[a * {alpha} + {b}, pi, cb * 16 + l] = {_expr(BT[b], en)}")
+    w("")
+    w("")
     w(f"@njit(nogil=True, cache=True, fastmath=True)")
     w(f"def _wino_output_{m}(out, M, p0, P, th, tw, bias, res, has_res, relu):")
     w(f'    """out[n, c, y0+i, x0+j] = (A^T M A)[i, j] + bias[c] (+ res) (ReLU), valid positions (generated)."""')
@@ -203,8 +253,8 @@ def _gen_one(m, BT, AT):
     w("")
     w("")
     w(f"@njit(nogil=True, cache=True, fastmath=True)")
-    w(f"def _wino_output_{m}_c(out, M, p0, P, th, tw, bias, res, has_res, relu):")
-    w(f'    """NCHWc output: out[n, ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU) (generated)."""')
+    w(f"def _wino_output_{m}_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):")
+    w(f'    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU); M and bias hold channel blocks ob0.. (generated)."""')
     w(f"    Ho, Wo = out.shape[2], out.shape[3]")
     w(f"    Ob = M.shape[2] // 16")
     w(f"    mm = nb.carray(stack_f32({A2 * 16}), ({A2}, 16))")
@@ -241,10 +291,10 @@ def _gen_one(m, BT, AT):
     w(f"                    for l in range(16):")
     w(f"                        v = y[i, j, l]")
     w(f"                        if has_res:")
-    w(f"                            v += res[n, ob, y0 + i, x0 + j, l]")
+    w(f"                            v += res[n, ob0 + ob, y0 + i, x0 + j, l]")
     w(f"                        if relu:")
     w(f"                            v = max(v, np.float32(0.0))")
-    w(f"                        out[n, ob, y0 + i, x0 + j, l] = v")
+    w(f"                        out[n, ob0 + ob, y0 + i, x0 + j, l] = v")
     return "\n".join(L) + "\n"
 
 
@@ -307,27 +357,59 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, m: int, padding=(0, 0, 0
     _, ob, ho, wo, _ = out_b.shape
     th, tw = -(-ho // m), -(-wo // m)
     t, _, l, _ = padding
-    hp, wp = th * m + 2, tw * m + 2  # every alpha x alpha tile reads inside the padded buffer
-    xp = _pad_buffer((n, cb, hp, wp, LANES))
-    parallel_for(lambda nc: _pad_nchwc(xp, x_b, nc[0], nc[1], t, l), [(i, c) for i in range(n) for c in range(cb)],
-                 threads)
-    f_in, f_out = _TRANSFORMS[m][0], _TRANSFORMS[m][2]
+    f_out = _TRANSFORMS[m][2]
+    if FUSED_PAD:
+        f_in0 = _TRANSFORMS[m][3]
+        f_in = lambda V, xsrc, p0, P, th, tw: f_in0(V, xsrc, p0, P, th, tw, t, l)  # noqa: E731
+        xp = x_b
+    else:
+        hp, wp = th * m + 2, tw * m + 2  # every alpha x alpha tile reads inside the padded buffer
+        xp = _pad_buffer((n, cb, hp, wp, LANES))
+        nq = n * cb
+        qc = _pad_chunk(nq, hp * wp)
+        parallel_for(lambda q0: _pad_nchwc_planes(xp, x_b, q0, min(nq, q0 + qc), t, l), range(0, nq, qc), threads)
+        f_in = _TRANSFORMS[m][0]
     p_tot = n * th * tw
     pc = (plan or plan_winograd(alpha, cip, cop, p_tot))["tiles"]
     has_res = residual_b is not None
     res = residual_b if has_res else np.zeros((0, 0, 0, 0, 0), np.float32)
     tasks = [(p0, min(pc, p_tot - p0)) for p0 in range(0, p_tot, pc)]
 
+    # few tile blocks (small batch / feature map): split the output channels too, so that both
+    # cores work; each (tiles, channels) task transforms its input tiles itself
+    cob = _co_block(len(tasks), cop) if CO_SPLIT else cop
+    tasks = [(p0, P, c0) for p0, P in tasks for c0 in range(0, cop, cob)]
+
     def task(tk):
-        p0, P = tk
+        p0, P, c0 = tk
         V = scratch("wino_V", a2 * P * cip).reshape(a2, P, cip)
-        M = scratch("wino_M", a2 * P * cop).reshape(a2, P, cop)
+        M = scratch("wino_M", a2 * P * cob).reshape(a2, P, cob)
         f_in(V, xp, p0, P, th, tw)
-        np.matmul(V, U, out=M)  # (a2, P, Ci) @ (a2, Ci, Co) -> (a2, P, Co)
-        f_out(out_b, M, p0, P, th, tw, bias, res, has_res, relu)
+        np.matmul(V, U if cob == cop else U[:, :, c0:c0 + cob], out=M)  # (a2, P, Ci) @ (a2, Ci, Co) -> (a2, P, Co)
+        f_out(out_b, M, p0, P, th, tw, bias[c0:c0 + cob], res, has_res, relu, c0 // LANES)
 
     with blas_threads(1):
         parallel_for(task, tasks, threads)
+
+
+def _co_block(tile_tasks: int, cop: int) -> int:
+    """Output channels per task: with a single tile block (batch 1 at 28x28 and below), halved
+    (while the half is >= 64 and a multiple of 16) until there are >= 4 tasks; else all of them
+    (measured at batch 32, 14x14 and 7x7 with 2 tile blocks: splitting channels too was 10-20%
+    slower). From the shape only, so 1 vs 2 threads stay bitwise identical."""
+    cob = cop
+    if tile_tasks > 1:
+        return cob
+    while tile_tasks * (cop // cob) < 4 and cob % 32 == 0 and cob // 2 >= 64:
+        cob //= 2
+    return cob
+
+
+# run_nchwc reads the unpadded input in the input transform (True) instead of first copying the
+# whole layer into a zero-bordered buffer (False: the previous path, kept for A/B measurements)
+FUSED_PAD = True
+# run_nchwc splits output channels across tasks when there are few tile blocks (False: never)
+CO_SPLIT = True
 
 
 def _pad_buffer(shape):
@@ -352,10 +434,25 @@ def _pad_nchwc(xp, x, n, cb, pt, pl):
                     xp[n, cb, hh, ww, q] = 0.0
 
 
+def _pad_chunk(planes: int, plane_px: int) -> int:
+    """(n, cb) planes per pad task: ~256 KB of output each (one Python task per 14x14 plane cost
+    more than its copy and serialised on the GIL at 2 threads), at least 1."""
+    return max(1, min(planes, (1 << 18) // (plane_px * LANES * 4)))
+
+
+@njit(nogil=True, cache=True)
+def _pad_nchwc_planes(xp, x, q0, q1, pt, pl):
+    """_pad_nchwc for the flattened (n, cb) planes q0 <= q < q1."""
+    Cb = x.shape[1]
+    for q in range(q0, q1):
+        _pad_nchwc(xp, x, q // Cb, q % Cb, pt, pl)
+
+
 def _load_transforms():
     from tilefuse.kernels.conv import _winograd_gen as g
     # getattr: regenerating the module imports this one before the new functions exist
-    return {m: tuple(getattr(g, nm, None) for nm in (f"_wino_input_{m}", f"_wino_output_{m}", f"_wino_output_{m}_c"))
+    return {m: tuple(getattr(g, nm, None) for nm in (f"_wino_input_{m}", f"_wino_output_{m}", f"_wino_output_{m}_c",
+                                                      f"_wino_input_{m}_c"))
             for m in (2, 4)}
 
 
