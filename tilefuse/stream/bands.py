@@ -112,6 +112,13 @@ def _fill_band(ring, scratch: Scratch, slot: str, shape, lo: int, hi: int, left:
     xp = scratch.get(slot, (n, c, hi - lo + extra_rows, width), dtype)
     if extra_rows:
         xp[:, :, hi - lo:] = pad_value
+    return _fill_rows(ring, xp, h, w, lo, hi, left, width, pad_value)
+
+
+def _fill_rows(ring, xp: np.ndarray, h: int, w: int, lo: int, hi: int, left: int, width: int,
+               pad_value) -> np.ndarray:
+    """Copy ring rows [max(lo, 0), min(hi, h)) into `xp` (rows on axis 2, columns on axis 3, for
+    NCHW and NCHW16c alike) at column `left`, pad_value around them."""
     a, b = max(lo, 0), min(hi, h)
     if a > lo:
         xp[:, :, :a - lo] = pad_value
@@ -592,18 +599,7 @@ def _fill_band_b(ring, scratch: Scratch, slot: str, shape, lo: int, hi: int, lef
     """_fill_band on an NCHW16c ring: (N, Cb, hi - lo, width, 16)."""
     n, c, h, w = shape
     xp = scratch.get(slot, (n, -(-c // LANES), hi - lo, width, LANES), dtype)
-    a, b = max(lo, 0), min(hi, h)
-    if a > lo:
-        xp[:, :, :a - lo] = pad_value
-    if hi > b:
-        xp[:, :, max(b, a) - lo:] = pad_value
-    if left:
-        xp[:, :, a - lo:b - lo, :left] = pad_value
-    if width > left + w:
-        xp[:, :, a - lo:b - lo, left + w:] = pad_value
-    if b > a:
-        ring.read_into(a, b, xp[:, :, a - lo:b - lo, left:left + w])
-    return xp
+    return _fill_rows(ring, xp, h, w, lo, hi, left, width, pad_value)
 
 
 class PoolRunner(Runner):
