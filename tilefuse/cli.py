@@ -134,6 +134,10 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+SUBCOMMAND_MODULES = ("tilefuse.imaging.cli", "tilefuse.training.cli", "tilefuse.targets.cli",
+                      "tilefuse.distributed.cli", "tilefuse.profile")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tilefuse", description="Compile CNNs once, run them many times.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -175,11 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--all", action="store_true")
     i.set_defaults(func=cmd_inspect)
 
-    for mod in ("tilefuse.imaging.cli", "tilefuse.training.cli"):
+    # subcommands that live with their subsystem: each module has `register(subparsers)`; a module
+    # that is not there (yet) is skipped, a module that fails to import is an error
+    import importlib
+    for mod in SUBCOMMAND_MODULES:
         try:
-            m = __import__(mod, fromlist=["register"])
-        except ImportError:
-            continue
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name is not None and (mod + ".").startswith(e.name + "."):
+                continue
+            raise
         m.register(sub)
     return p
 
