@@ -13,7 +13,7 @@ from .layout import NCHW, assign_layouts, check_layouts, conv_layout
 from .lower import Lowered, lower, with_program
 from .memory import MemoryPlan, plan_hidden
 from .package import DataPackage, reoff_pack, save_package
-from .pipeline import run_passes
+from .passlist import run_passes
 from .program import SEGMENTS
 
 TARGETS = ("cpu",)
@@ -157,7 +157,7 @@ def _conv_rule(options: dict, tuning: dict):
             algo = algo_forced
         elif cache is not None:
             from .tune import choose
-            from ..kernels.conv.threads import resolve_threads
+            from ..kernels.threads import resolve_threads
             algo, secs, hit = choose(cache, x.shape, w.shape, p, threads=resolve_threads(options.get("threads")),
                                      allow_winograd=allow_w, layout_mode=layout_mode)
             tuning[op.outputs[0].name] = {"seconds": secs, "cached": hit}
@@ -219,7 +219,7 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     options = {"target": target, "winograd": winograd, "algorithm": algorithm, "threads": threads,
                "tune": tune, "layout": layout}
     tuning: dict = {}
-    opt, log = run_passes(net, passes)                       # graph passes (pipeline.py)
+    opt, log = run_passes(net, passes)                       # graph passes (passlist.py)
     rule = _conv_rule(options, tuning)
     low = lower(opt, rule)                                   # ops -> instructions, conv algorithms
     if rule is not None and getattr(rule, "cache", None) is not None:

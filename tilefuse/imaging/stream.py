@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ..runtime.pipeline import iter_pipeline
+from ..runtime.stages import iter_pipeline
 from .filter import accumulator_dtype, check_image, check_kernel, filter2d, saturate_cast
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ import time
 
 import numpy as np
 
-from ..compiler.pipeline import run_passes
+from ..compiler.passlist import run_passes
 from ..errors import GraphError
 from ..ir import Network
 from .executor import StreamExecutor, prepare_input, run_tail
-from .pipeline import PipelineExecutor, balance_stages
+from .layer_pipeline import PipelineExecutor, balance_stages
 from .plan import StreamPlan, make_plan
 from .ring import FullRows, RingError, RowRing
 from .schedule import RowWindow, Schedule, build_schedule, split_streamable

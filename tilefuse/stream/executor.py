@@ -106,7 +106,7 @@ class StreamExecutor:
         small, and waking BLAS threads for each of them costs more than it gains (measured
         5x slower with 2 threads on a busy 2-core machine); the layer pipeline is the way to
         use more cores."""
-        from .pipeline import one_blas_thread
+        from .layer_pipeline import one_blas_thread
         rows = self.rings.bind(x)
         with one_blas_thread():
             for li, r0, r1 in self.sched.steps:

@@ -7,7 +7,7 @@ order); linear 1e-5 relative (BLAS blocks K differently); softmax 1e-6.
 import numpy as np
 import pytest
 
-from tilefuse.kernels import fast_misc as fm
+from tilefuse.kernels import pool as fm
 from tilefuse.kernels import reference as ref
 from tilefuse.kernels.conv import from_nchwc, nchwc_shape, to_nchwc
 

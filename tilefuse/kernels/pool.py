@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .conv.threads import blas_threads, parallel_for, scratch
+from .threads import blas_threads, parallel_for, scratch
 
 
 def _blocks(x: np.ndarray, layout: str) -> np.ndarray:

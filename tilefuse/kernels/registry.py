@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import fast_misc as fm
+from . import pool as fm
 from . import reference as ref
 
 
@@ -148,7 +148,7 @@ def _bind_conv2d(views, params):
     arguments are invalid, so the error is raised where it always was, at compute time)."""
     from .conv import NCHWC_ALGORITHMS, direct, k1x1, winograd
     from .conv import _pad4, _pair
-    from .conv.threads import resolve_threads
+    from .threads import resolve_threads
     p = params
     if p.get("layout") != "nchwc" or p.get("algorithm") not in NCHWC_ALGORITHMS or p.get("groups", 1) != 1:
         return None
