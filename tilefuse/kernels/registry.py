@@ -3,7 +3,7 @@
 A compiled program's instructions name their kernel; the runtime looks it up here and calls it
 with views of device memory, so every kernel writes its result into `out` in place. Conv2d
 dispatches on the `algorithm` the compiler chose (`kernels/conv`); pooling, element-wise,
-linear and softmax use the numba kernels of `fast_misc.py`; the rest vectorized numpy, all
+linear and softmax use the numba kernels of `pool.py`, `elementwise.py` and `dense.py`; the rest vectorized numpy, all
 within the tolerance `tests/` states against `reference.py`.
 
 Instructions the layout pass (compiler/layout.py) moved to NCHW16c carry params["layout"] =
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import pool as fm
+from . import dense, elementwise, pool
 from . import reference as ref
 
 
@@ -62,14 +62,14 @@ def _max_pool(out, x, **p):
     if x.dtype != np.float32:
         out[...] = ref.max_pool(x, **{k: v for k, v in p.items() if k not in ("layout", "threads")})
         return
-    fm.max_pool(out, x, **p)
+    pool.max_pool(out, x, **p)
 
 
 def _avg_pool(out, x, **p):
     if x.dtype != np.float32:
         out[...] = ref.avg_pool(x, **{k: v for k, v in p.items() if k not in ("layout", "threads")})
         return
-    fm.avg_pool(out, x, **p)
+    pool.avg_pool(out, x, **p)
 
 
 def _copy_reshape(out, x, **_):
@@ -87,16 +87,16 @@ def _wrap(fn):
 KERNELS = {
     "conv2d": _conv2d,
     "batch_norm": _wrap(lambda x, g, b, m, v, eps: ref.batch_norm(x, g, b, m, v, eps)),
-    "scale": fm.scale,
-    "relu": fm.relu,
-    "add": fm.add,
+    "scale": elementwise.scale,
+    "relu": elementwise.relu,
+    "add": elementwise.add,
     "max_pool": _max_pool,
     "avg_pool": _avg_pool,
-    "global_avg_pool": fm.global_avg_pool,
-    "linear": fm.linear,
+    "global_avg_pool": pool.global_avg_pool,
+    "linear": dense.linear,
     "flatten": _copy_reshape,
     "dropout": _copy_reshape,
-    "softmax": fm.softmax,
+    "softmax": dense.softmax,
     "local_response_norm": _wrap(ref.local_response_norm),
     "concat": _wrap(lambda *xs, axis: ref.concat(*xs, axis=axis)),
     "to_nchwc": _to_nchwc,
