@@ -5,7 +5,7 @@ in a scratch buffer when the op has a window, and writes its output rows into th
 ring's slots (a band that would wrap the ring is computed in scratch and stored in two pieces).
 
 float32 conv2d: `KernelConvRunner`, the fast kernels of `kernels/conv` (weights prepared once).
-With NCHW16c rings (layout "nchwc", the default; `assign_layouts` picks the rings) a conv with
+With NCHW16c rings (layout "nchwc", the default; `assign_ring_layouts` picks the rings) a conv with
 an NCHW16c algorithm gathers its band as NCHW16c rows and runs `direct_nchwc` (on the band
 padded left/right) or `conv2d_run_nchwc` (padding (0, 0, l, r)); im2col writes NCHW16c rows
 through `conv2d_run_to_nchwc`; NCHW rings go through `conv2d_run` on the gathered band as
@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit
 
 from ..kernels import reference as ref
-from .schedule import Schedule, StreamLayer
+from .schedule import BandSchedule, StreamLayer
 
 LANES = 16   # NCHW16c channel block (kernels/conv)
 
@@ -74,7 +74,7 @@ class Runner:
     native_in = native_out = False
     out_blocked = False          # set by the executor: its output ring is NCHW16c
 
-    def __init__(self, layer: StreamLayer, sched: Schedule):
+    def __init__(self, layer: StreamLayer, sched: BandSchedule):
         self.layer = layer
         self.op = layer.op
         self.in_shapes = [sched.tensors[n].shape for n in layer.inputs]
@@ -750,7 +750,7 @@ def _forced(algorithm, layer: StreamLayer):
     return algorithm if algorithm in ok and algorithm in ok_band else None
 
 
-def make_runner(layer: StreamLayer, sched: Schedule, kernels: str = "fast", winograd: bool = True,
+def make_runner(layer: StreamLayer, sched: BandSchedule, kernels: str = "fast", winograd: bool = True,
                 algorithm: str | None = None, layout: str = "nchwc") -> Runner:
     if layer.kind == "conv2d":
         if layer.op.outputs[0].dtype == np.float32 and kernels == "fast":
@@ -766,7 +766,7 @@ def make_runner(layer: StreamLayer, sched: Schedule, kernels: str = "fast", wino
     return r
 
 
-def assign_layouts(sched: Schedule, runners: list[Runner]) -> set[str]:
+def assign_ring_layouts(sched: BandSchedule, runners: list[Runner]) -> set[str]:
     """The ring tensors kept in NCHW16c. A ring is blocked when its producer writes NCHW16c
     natively, some consumer reads it natively and none needs NCHW; then every "same" layer
     (pooling, element-wise) with one NCHW tensor gets all of its tensors NCHW, to a fixpoint.

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import GraphError
 from .bands import Scratch
 from .executor import RingSet, StreamExecutor, compute_band
-from .schedule import Schedule
+from .schedule import BandSchedule
 
 
 def balance_stages(costs: list[int], stages: int) -> list[int]:
@@ -70,7 +70,7 @@ def one_blas_thread():
 class PipelineExecutor:
     """Runs a schedule as `workers` stage threads connected by bounded rings."""
 
-    def __init__(self, sched: Schedule, workers: int = 2, queue_bands: int = 2, kernels: str = "fast",
+    def __init__(self, sched: BandSchedule, workers: int = 2, queue_bands: int = 2, kernels: str = "fast",
                  winograd: bool = True, algorithm: str | None = None, layout: str = "nchwc"):
         self.sched = sched
         # runners and consumer slots are shared; each stage's kernels run on its own thread only

@@ -102,7 +102,7 @@ class StreamLayer:
 
 
 @dataclass
-class Schedule:
+class BandSchedule:
     network: Network                    # the optimized network the schedule was made for
     input: str
     layers: list[StreamLayer]
@@ -161,7 +161,7 @@ def split_streamable(net: Network) -> tuple[list[OpNode], list[OpNode]]:
     return streamed, tail
 
 
-def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> Schedule:
+def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> BandSchedule:
     """Streamed part, tensors, dry-run steps and ring capacities of an optimized network.
 
     layer_rows: None (every layer emits as many rows as its inputs allow, up to band_rows), or
@@ -196,7 +196,7 @@ def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> Schedul
         tensors[s].sink = True
     mins = [max(1, int(layer_rows(l))) if layer_rows else 1 for l in layers]
     steps = _dry_run(layers, tensors, x.name, band_rows, mins)
-    return Schedule(net, x.name, layers, tensors, sinks, tail, steps, band_rows, mins)
+    return BandSchedule(net, x.name, layers, tensors, sinks, tail, steps, band_rows, mins)
 
 
 def _dry_run(layers, tensors, input_name, band, mins=None) -> list[tuple[int, int, int]]:

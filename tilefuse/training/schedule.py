@@ -39,7 +39,7 @@ def _nb(a) -> int:
     return int(a.nbytes)
 
 
-class Schedule:
+class TrainingSchedule:
     """One network's training step under the 'unfused' or 'fused' schedule."""
 
     def __init__(self, net: Network, params: dict, buffers: dict, mode: str = "fused",

@@ -22,7 +22,7 @@ from ..errors import GraphError
 from ..interpreter import bind_inputs
 from ..ir import Network
 from . import kernels as K
-from .schedule import MEMORY_BOUND, Schedule
+from .schedule import MEMORY_BOUND, TrainingSchedule
 from .traffic import format_report, pattern_table
 
 _TRAINABLE = {"conv2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2)}
@@ -54,7 +54,7 @@ class Trainer:
                     self._bn_prefixes.append(mean[: -len(".running_mean")])
         self.num_batches_tracked = 0
         self.threads = threads                       # None: all cores (os.cpu_count())
-        self.schedule = Schedule(net, self.params, self.buffers, schedule, bn_momentum, seed)
+        self.schedule = TrainingSchedule(net, self.params, self.buffers, schedule, bn_momentum, seed)
         self.last_loss = None
 
     @property
