@@ -182,6 +182,17 @@ SCHEDULES = ("layer", "stream")
 LAYOUTS = ("auto", "nchw")
 
 
+def _compile_streamed(net: Network, stream_options: dict | None):
+    """schedule="stream": the one place the compiler reaches into `stream/`.
+
+    `stream/` builds on the compiler (it runs `passlist.run_passes`), so the compiler imports it
+    here, at call time, and nowhere else: importing `tilefuse.compiler` never loads `stream`.
+    (tests/test_imports.py allows exactly this edge; it goes when the row-band schedule becomes
+    a compiler stage, issue 12.)"""
+    from ..stream import compile_stream
+    return compile_stream(net, **(stream_options or {}))
+
+
 def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passes=None,
             winograd: bool = True, algorithm: str | None = None, threads: int | None = None,
             stream_options: dict | None = None, tune: bool = False, layout: str = "auto"):
@@ -204,8 +215,7 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule '{schedule}' is not supported; expected one of {SCHEDULES}")
     if schedule == "stream":
-        from ..stream import compile_stream
-        return compile_stream(net, **(stream_options or {}))
+        return _compile_streamed(net, stream_options)
     if not isinstance(net, Network):
         raise TypeError(f"compile() takes a tilefuse Network, got {type(net).__name__}")
     if not net.outputs:

@@ -25,7 +25,7 @@ import threading
 import numba
 import numpy as np
 
-from .filter import (accumulator_dtype, check_image, check_kernel, check_out, check_workers,
+from .checks import (accumulator_dtype, check_image, check_kernel, check_out, check_workers,
                      saturate_cast)
 from .reference import BORDERS, border_index
 

@@ -27,7 +27,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..runtime.stages import iter_pipeline
-from .filter import accumulator_dtype, check_image, check_kernel, filter2d, saturate_cast
+from .checks import accumulator_dtype, check_image, check_kernel, saturate_cast
+from .filter import filter2d
 
 @dataclass(frozen=True)
 class FrameTiming:

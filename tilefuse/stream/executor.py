@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import GraphError
 from ..interpreter import bind_inputs
 from ..ir.ops import schema
+from ..kernels.threads import blas_threads
 from .bands import Runner, Scratch, assign_ring_layouts, make_runner
 from .ring import FullRows, RowRing
 from .schedule import BandSchedule
@@ -102,13 +103,12 @@ class StreamExecutor:
     def run_streamed(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """The sinks (whole arrays) for input x (N, C, H, W).
 
-        OpenBLAS is held to one thread (if threadpoolctl is installed): a band's GEMMs are
+        OpenBLAS is held to one thread (`kernels.threads.blas_threads`): a band's GEMMs are
         small, and waking BLAS threads for each of them costs more than it gains (measured
         5x slower with 2 threads on a busy 2-core machine); the layer pipeline is the way to
         use more cores."""
-        from .layer_pipeline import one_blas_thread
         rows = self.rings.bind(x)
-        with one_blas_thread():
+        with blas_threads(1):
             for li, r0, r1 in self.sched.steps:
                 self.step(rows, li, r0, r1, self.scratch)
         return {s: rows[s].buf for s in self.sched.sinks}

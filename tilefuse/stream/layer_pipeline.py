@@ -11,17 +11,17 @@ until its producer has written the rows its band needs, a producer waits until e
 has released the rows it is about to overwrite. Each stage executes its steps in the order of
 the sequential schedule, and that order satisfies every wait with the sequential capacities,
 so the pipeline cannot deadlock (the earliest unfinished step of the global order can always
-run). OpenBLAS is held to one thread per stage while the pipeline runs (if threadpoolctl is
-installed), so stages do not oversubscribe the cores.
+run). OpenBLAS is held to one thread per stage while the pipeline runs
+(`kernels.threads.blas_threads`), so stages do not oversubscribe the cores.
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import numpy as np
 
 from ..errors import GraphError
+from ..kernels.threads import blas_threads
 from .bands import Scratch
 from .executor import RingSet, StreamExecutor, compute_band
 from .schedule import BandSchedule
@@ -54,17 +54,6 @@ def balance_stages(costs: list[int], stages: int) -> list[int]:
             out[t] = j - 1
         i = s
     return out
-
-
-@contextlib.contextmanager
-def one_blas_thread():
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
-    with threadpool_limits(1, user_api="blas"):
-        yield
 
 
 class PipelineExecutor:
@@ -162,7 +151,7 @@ class PipelineExecutor:
 
         threads = [threading.Thread(target=stage, args=(k,), name=f"stream-stage{k}", daemon=True)
                    for k in range(self.workers)]
-        with one_blas_thread():
+        with blas_threads(1):
             for t in threads:
                 t.start()
             for t in threads:
