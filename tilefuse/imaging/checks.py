@@ -5,20 +5,12 @@ Errors say what was found and what was expected, naming the argument.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from ..kernels.threads import cpu_count
 
 DTYPES = (np.dtype(np.uint8), np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.float32))
 MAX_KERNEL = 31  # per side; direct correlation costs kh*kw per pixel, beyond this use an FFT
-
-
-def default_workers() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def check_image(image) -> np.ndarray:
@@ -83,7 +75,7 @@ def accumulator_dtype(image_dtype, kernel) -> np.dtype:
 
 def check_workers(workers) -> int:
     if workers is None:
-        return default_workers()
+        return cpu_count()
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise ValueError(f"workers: found {workers!r}, expected a positive integer or None")
     return int(workers)

@@ -15,10 +15,9 @@ Output dtype:
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
+from ..kernels.threads import parallel_for
 from . import kernels, tiles
 from .checks import accumulator_dtype, check_image, check_kernel, check_out, check_workers, saturate_cast
 from .linebuffer import filter2d_linebuffer
@@ -26,15 +25,6 @@ from .reference import BORDER_CODES, BORDERS
 
 METHODS = ("direct", "paper")
 _BANDS_PER_WORKER = 2  # auto tile: full-width row bands, this many per worker
-
-
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    if workers not in _POOLS:
-        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="tilefuse-imaging")
-    return _POOLS[workers]
 
 
 def check_tile(tile, shape: tuple[int, int], ksize: tuple[int, int], workers: int) -> tuple[int, int]:
@@ -67,9 +57,7 @@ def _filter_plane(src: np.ndarray, k: np.ndarray, sep, border: str, tile, worker
     plan = tiles.plan_tiles(src.shape, tile, k.shape)
     if method == "paper":
         work = [plan[core::workers] for core in range(min(workers, len(plan)))]
-        futures = [_pool(workers).submit(tiles.filter_tiles, src, k, g, out) for g in work]
-        for f in futures:
-            f.result()
+        parallel_for(lambda g: tiles.filter_tiles(src, k, g, out), work, workers)
         return
     groups = tiles.assign(plan, workers)
     mode = BORDER_CODES[border]
@@ -80,9 +68,7 @@ def _filter_plane(src: np.ndarray, k: np.ndarray, sep, border: str, tile, worker
     if len(groups) == 1:
         run(*args, out, groups[0], mode)
         return
-    futures = [_pool(workers).submit(run, *args, out, g, mode) for g in groups]
-    for f in futures:
-        f.result()
+    parallel_for(lambda g: run(*args, out, g, mode), groups, workers)
 
 
 def filter2d(image, kernel, border: str = "replicate", tile="auto", workers: int | None = None,

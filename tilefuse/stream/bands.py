@@ -30,37 +30,13 @@ import numpy as np
 from numba import njit
 
 from ..kernels import reference as ref
+from ..kernels.threads import Scratch
 from .schedule import BandSchedule, StreamLayer
 
 LANES = 16   # NCHW16c channel block (kernels/conv)
 
 # target size of one im2col columns chunk (measured: 1-2 MiB best with a 1 MiB L2 per core)
 COLS_BYTES = 2 << 20
-
-
-class Scratch:
-    """Named scratch buffers shared by the layers of one thread (sized for the largest band)."""
-
-    def __init__(self):
-        self.bufs: dict[tuple[str, np.dtype], np.ndarray] = {}
-
-    def reserve(self, slot: str, nelem: int, dtype) -> None:
-        key = (slot, np.dtype(dtype))
-        if key not in self.bufs or self.bufs[key].size < nelem:
-            self.bufs[key] = np.empty(max(int(nelem), 1), dtype=dtype)
-
-    def get(self, slot: str, shape, dtype) -> np.ndarray:
-        n = int(np.prod(shape))
-        key = (slot, np.dtype(dtype))
-        buf = self.bufs.get(key)
-        if buf is None or buf.size < n:
-            self.reserve(slot, n, dtype)
-            buf = self.bufs[key]
-        return buf[:n].reshape(shape)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.bufs.values())
 
 
 class Runner:

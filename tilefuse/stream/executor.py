@@ -15,8 +15,8 @@ import numpy as np
 from ..errors import GraphError
 from ..interpreter import bind_inputs
 from ..ir.ops import schema
-from ..kernels.threads import blas_threads
-from .bands import Runner, Scratch, assign_ring_layouts, make_runner
+from ..kernels.threads import Scratch, blas_threads
+from .bands import Runner, assign_ring_layouts, make_runner
 from .ring import FullRows, RowRing
 from .schedule import BandSchedule
 

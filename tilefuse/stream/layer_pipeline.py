@@ -21,8 +21,7 @@ import threading
 import numpy as np
 
 from ..errors import GraphError
-from ..kernels.threads import blas_threads
-from .bands import Scratch
+from ..kernels.threads import Scratch, blas_threads
 from .executor import RingSet, StreamExecutor, compute_band
 from .schedule import BandSchedule
 

@@ -53,7 +53,7 @@ class Trainer:
                 if mean.endswith(".running_mean"):
                     self._bn_prefixes.append(mean[: -len(".running_mean")])
         self.num_batches_tracked = 0
-        self.threads = threads                       # None: all cores (os.cpu_count())
+        self.threads = threads                       # None: all cores (kernels.threads.cpu_count())
         self.schedule = TrainingSchedule(net, self.params, self.buffers, schedule, bn_momentum, seed)
         self.last_loss = None
 
@@ -175,11 +175,12 @@ def _threads(threads=None):
     """
     import numba
 
+    from ..kernels.threads import blas_threads
     from . import parallel as par
     old = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
-        with par.blas_threads(1), par.using(threads):
+        with blas_threads(1), par.using(threads):
             yield
     finally:
         numba.set_num_threads(old)
