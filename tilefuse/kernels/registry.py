@@ -103,6 +103,12 @@ KERNELS = {
     "from_nchwc": _from_nchwc,
 }
 
+# kernels besides conv2d with an NCHW16c form (params["layout"] = "nchwc"): the layout pass
+# (compiler/layout.py) lets them follow their input's layout; BLOCKED_TO_NCHW ones read blocked
+# input and write NCHW
+BLOCKED_FORM = frozenset({"max_pool", "avg_pool", "add", "relu", "scale", "global_avg_pool"})
+BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
+
 # kernels that take the session's thread count as params["threads"]
 THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
                       "from_nchwc", "linear"})

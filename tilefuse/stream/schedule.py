@@ -30,12 +30,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import GraphError
-from ..ir import Network, OpNode
+from ..ir import Network, OpNode, ops
 from ..ir.ops import flops as op_flops
 
-WINDOW_OPS = ("conv2d", "max_pool", "avg_pool")
-ROW_LOCAL_OPS = ("relu", "add", "scale", "batch_norm", "dropout", "local_response_norm", "concat")
-STREAMABLE = WINDOW_OPS + ROW_LOCAL_OPS
+STREAMABLE = ops.WINDOW | ops.ROW_LOCAL
 
 
 @dataclass(frozen=True)
@@ -182,7 +180,7 @@ def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> BandSch
         for pos, d in enumerate(op.inputs):
             if d.is_constant:
                 continue
-            win = _window(op) if (op.op in WINDOW_OPS and pos == 0) else IDENTITY
+            win = _window(op) if (op.op in ops.WINDOW and pos == 0) else IDENTITY
             tensors[d.name].consumers.append((i, len(names)))
             names.append(d.name)
             wins.append(win)

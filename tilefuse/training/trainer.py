@@ -20,9 +20,9 @@ import numpy as np
 
 from ..errors import GraphError
 from ..interpreter import bind_inputs
-from ..ir import Network
+from ..ir import Network, ops
 from . import kernels as K
-from .schedule import MEMORY_BOUND, TrainingSchedule
+from .schedule import TrainingSchedule
 from .traffic import format_report, pattern_table
 
 _TRAINABLE = {"conv2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2)}
@@ -150,7 +150,7 @@ class Trainer:
         if not hasattr(s, "log"):
             raise RuntimeError("traffic_report() needs one executed step first")
         layers = [(op.name, op.op) for op in s.ops]
-        mb = {op.name for op in s.ops if op.op in MEMORY_BOUND}
+        mb = {op.name for op in s.ops if op.op in ops.MEMORY_BOUND}
         unit_of = {op.name: op.inputs[0].nbytes for op in s.ops}
         for p in s.found:
             for m in p.members:
