@@ -235,7 +235,3 @@ class Session:
                 self.free_io(b)
         self.last_stats = stats
         return results
-
-    # paper-style name
-    def compute_network(self, in_addrs, out_addrs) -> None:
-        self.compute(in_addrs, out_addrs)
