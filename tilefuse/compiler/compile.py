@@ -187,7 +187,7 @@ def _compile_streamed(net: Network, stream_options: dict | None):
 
     `stream/` builds on the compiler (it runs `passlist.run_passes`), so the compiler imports it
     here, at call time, and nowhere else: importing `tilefuse.compiler` never loads `stream`.
-    (tests/test_imports.py allows exactly this edge; it goes when the row-band schedule becomes
+    (tests/test_structure.py allows exactly this edge; it goes when the row-band schedule becomes
     a compiler stage, issue 12.)"""
     from ..stream import compile_stream
     return compile_stream(net, **(stream_options or {}))
