@@ -36,7 +36,7 @@ class TilefuseRun:
         self.fw, self.bw, self.timings = [], [], []
 
     def step(self):
-        from tilefuse.training import kernels as K
+        from tilefuse.kernels import dense as K
         from tilefuse.training.trainer import _threads
         tr = self.tr
         s = tr.schedule

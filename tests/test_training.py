@@ -199,7 +199,7 @@ def test_pattern_1x1_consumer_matches_torch(kind):
 def test_conv_paths_and_threads_agree(kind, monkeypatch):
     """The shifted-GEMM path (forced on these small planes) and the im2col path, on 1 and 2
     threads, match torch."""
-    from tilefuse.training import kernels as K
+    from tilefuse.kernels import train_conv as K
     monkeypatch.setattr(K, "SHIFT_MAX_WASTE", 100.0)
     net = one_pattern(kind)
     x = RNG.standard_normal(net.inputs[0].shape).astype(np.float32)
@@ -214,7 +214,7 @@ def test_conv_paths_and_threads_agree(kind, monkeypatch):
 
 
 def test_gemm_accumulates_on_views():
-    from tilefuse.training.parallel import gemm
+    from tilefuse.kernels.blas import gemm
     a = RNG.standard_normal((7, 5)).astype(np.float32)
     b = RNG.standard_normal((9, 5)).astype(np.float32)
     big = RNG.standard_normal((7, 20)).astype(np.float32)
@@ -312,7 +312,7 @@ def test_fused_and_unfused_agree_over_steps():
 def test_max_pool_ties_nan_match_torch(ks, st, pd, dl):
     """Separable max pool: values and argmax (first maximum, last NaN in (ki, kj) order) and
     the backward scatter match PyTorch on integer-valued data full of ties, NaN and -inf."""
-    from tilefuse.training import kernels as K
+    from tilefuse.kernels import pool as K
     rng = np.random.default_rng(3)
     x = rng.integers(0, 3, (3, 2, 9, 11)).astype(np.float32)      # CNHW
     x[0, 0, 2, 3] = np.nan

@@ -1,5 +1,6 @@
 """Fast element-wise kernels: add (+ ReLU), ReLU, per-channel scale. Numba (`nogil`,
 `cache=True`) next to the numpy reference (`kernels/reference.py`; `tests/test_layer_kernels.py`).
+The training forms (new arrays, ReLU' for the backward pass) are at the end.
 
 Any layout: add and relu run over the flat buffer in fixed chunks (CHUNK elements per task on
 the shared thread pool, boundaries from the size only, so 1 and 2 threads give identical
@@ -7,9 +8,11 @@ results); scale takes the NCHW or NCHW16c per-channel view.
 """
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 from numba import njit
 
+from .cnhw import JIT, flat_split
 from .threads import parallel_for
 
 
@@ -66,3 +69,48 @@ def scale(out, x, alpha, beta, *, layout="nchw", **_):
     shape = (1, -1) + (1,) * (x.ndim - 2)
     np.multiply(x, alpha.reshape(shape), out=out)
     out += beta.reshape(shape)
+
+
+# training forms (kernels/cnhw.py: the step's thread split) -------------------------------------
+
+@nb.njit(**JIT)
+def _relu_copy(x1, out):
+    for k in range(x1.shape[0]):
+        v = x1[k]
+        out[k] = v if v > 0 else 0
+
+
+@nb.njit(**JIT)
+def _relu_grad(dy, x, out):
+    for k in range(dy.shape[0]):
+        out[k] = dy[k] if x[k] > 0 else 0
+
+
+@nb.njit(**JIT)
+def _add_copy(a, b, out):
+    for k in range(a.shape[0]):
+        out[k] = a[k] + b[k]
+
+
+def relu_forward(x):
+    """A new array max(x, 0) (training: `v if v > 0 else 0`, NaN -> 0), split over the step's threads."""
+    out = np.empty_like(x)
+    a, o = x.reshape(-1), out.reshape(-1)
+    flat_split(a.shape[0], lambda lo, hi: _relu_copy(a[lo:hi], o[lo:hi]))
+    return out
+
+
+def relu_backward(dy, x):
+    """dy where x > 0, else 0 (a new array)."""
+    out = np.empty_like(dy)
+    d, a, o = dy.reshape(-1), x.reshape(-1), out.reshape(-1)
+    flat_split(d.shape[0], lambda lo, hi: _relu_grad(d[lo:hi], a[lo:hi], o[lo:hi]))
+    return out
+
+
+def add_forward(a, b):
+    """A new array a + b (training; the error Add of a fork too)."""
+    out = np.empty_like(a)
+    a1, b1, o = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+    flat_split(a1.shape[0], lambda lo, hi: _add_copy(a1[lo:hi], b1[lo:hi], o[lo:hi]))
+    return out

@@ -27,8 +27,8 @@ rules, as `kernels/reference.py`); max pooling of float bands is a separable num
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ..kernels import pool
 from ..kernels import reference as ref
 from ..kernels.threads import Scratch
 from .schedule import BandSchedule, StreamLayer
@@ -478,98 +478,6 @@ class NumpyConvRunner(Runner):
             np.maximum(y, 0, out=y)
 
 
-@njit(nogil=True, cache=True)
-def _max_pool_band(y, xp, kh, kw, sh, sw, dh, dw):
-    """y (N, C, R, Wo) = max over the kh x kw taps of the padded band xp (N, C, Rin, Wp),
-    separably: per output row the max of its kh input rows (contiguous, vectorized) into a
-    row buffer, then the max of kw strided columns of it. kh + kw passes over a row in L1
-    instead of numpy's kh * kw strided passes over the band (measured 2.2x faster, 3x3 s2)."""
-    N, C, R, Wo = y.shape
-    Wp = xp.shape[3]
-    t = np.empty(Wp, xp.dtype)
-    for n in range(N):
-        for c in range(C):
-            for r in range(R):
-                r0 = r * sh
-                for j in range(Wp):
-                    t[j] = xp[n, c, r0, j]
-                for a in range(1, kh):
-                    row = r0 + a * dh
-                    for j in range(Wp):
-                        v = xp[n, c, row, j]
-                        t[j] = v if v > t[j] else t[j]
-                for j in range(Wo):
-                    m = t[j * sw]
-                    for b in range(1, kw):
-                        v = t[j * sw + b * dw]
-                        m = v if v > m else m
-                    y[n, c, r, j] = m
-
-
-@njit(nogil=True, cache=True)
-def _max_pool_band_b(y, xp, kh, kw, sh, sw, dh, dw):
-    """_max_pool_band on NCHW16c bands: y (N, Cb, R, Wo, 16), xp (N, Cb, Rin, Wp, 16); the
-    16 lanes of a pixel are one vector."""
-    N, C, R, Wo, L = y.shape
-    Wp = xp.shape[3]
-    t = np.empty((Wp, L), xp.dtype)
-    for n in range(N):
-        for c in range(C):
-            for r in range(R):
-                r0 = r * sh
-                for j in range(Wp):
-                    for l in range(L):
-                        t[j, l] = xp[n, c, r0, j, l]
-                for a in range(1, kh):
-                    row = r0 + a * dh
-                    for j in range(Wp):
-                        for l in range(L):
-                            v = xp[n, c, row, j, l]
-                            t[j, l] = v if v > t[j, l] else t[j, l]
-                for j in range(Wo):
-                    for l in range(L):
-                        m = t[j * sw, l]
-                        for b in range(1, kw):
-                            v = t[j * sw + b * dw, l]
-                            m = v if v > m else m
-                        y[n, c, r, j, l] = m
-
-
-@njit(nogil=True, cache=True)
-def _max_pool_ring_b(y, buf, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl):
-    """Max pooling straight from an NCHW16c ring, no padded band: y (N, Cb, R, Wo, 16) = output
-    rows [r0, r0 + R); logical input row i lives in slot i % cap of buf (N, Cb, cap, W, 16).
-    Padding is skipped by bounds (PyTorch: every window holds a real row and column)."""
-    N, C, R, Wo, L = y.shape
-    t = np.empty((w, L), buf.dtype)
-    for n in range(N):
-        for c in range(C):
-            for r in range(R):
-                base = (r0 + r) * sh - pt
-                for j in range(w):
-                    for l in range(L):
-                        t[j, l] = -np.inf
-                for a in range(kh):
-                    i = base + a * dh
-                    if i < 0 or i >= h:
-                        continue
-                    s = i % cap
-                    for j in range(w):
-                        for l in range(L):
-                            v = buf[n, c, s, j, l]
-                            t[j, l] = v if v > t[j, l] else t[j, l]
-                for j in range(Wo):
-                    c0 = j * sw - pl
-                    for l in range(L):
-                        m = -np.inf
-                        for b in range(kw):
-                            q = c0 + b * dw
-                            if q >= 0 and q < w:
-                                v = t[q, l]
-                                m = v if v > m else m
-                        y[n, c, r, j, l] = m
-
-
 def _fill_band_b(ring, scratch: Scratch, slot: str, shape, lo: int, hi: int, left: int, width: int,
                  pad_value, dtype) -> np.ndarray:
     """_fill_band on an NCHW16c ring: (N, Cb, hi - lo, width, 16)."""
@@ -586,6 +494,8 @@ class PoolRunner(Runner):
         self.role = "same" if self.dtype == np.float32 else "nchw"
         self.native_in = self.native_out = self.role == "same"
         self.is_max = self.op.op == "max_pool"
+        # float max pooling: kernels.pool.max_pool_rows straight from the ring (both layouts)
+        self.fast_max = self.is_max and self.dtype in (np.float32, np.float64)
         self.k = p["kernel_size"]
         self.d = p.get("dilation", (1, 1))
         n, c, h, w = self.in_shapes[0]
@@ -609,8 +519,10 @@ class PoolRunner(Runner):
         n, c, _, _ = self.in_shapes[0]
         rin = (self.band - 1) * self.p["stride"][0] + self.d[0] * (self.k[0] - 1) + 1
         need = {"pad": n * c * rin * self.width}
-        if self.out_blocked:   # max pooling reads the blocked ring in place: no band
-            need["pad"] = 0 if self.is_max else n * -(-c // LANES) * rin * self.width * LANES
+        if self.fast_max:      # max pooling reads the rings in place: no band
+            need["pad"] = 0
+        elif self.out_blocked:
+            need["pad"] = n * -(-c // LANES) * rin * self.width * LANES
         if not self.is_max and self.dtype != self.acc:
             need["acc"] = n * c * self.band * self.out_shape[3]
         return need
@@ -623,22 +535,20 @@ class PoolRunner(Runner):
         R, wo = r1 - r0, self.out_shape[3]
         sh, sw = p["stride"]
         dh, dw = self.d
+        if self.fast_max:
+            src = rings[0]
+            src.check_read(max(lo, 0), min(hi, src.height))     # the rows are held
+            if src.blocked != (dst.ndim == 5):  # pragma: no cover - the layout assignment keeps both sides alike
+                raise ValueError("pooling: input and output rows must have one layout")
+            x5, y5 = (src.buf, dst) if src.blocked else (src.buf[..., None], dst[..., None])
+            pool.max_pool_rows(y5, x5, src.capacity, r0, src.height, kernel_size=self.k, stride=p["stride"],
+                               padding=p["padding"], dilation=self.d, threads=1)
+            return
         if rings[0].blocked:
             if dst.ndim != 5:  # pragma: no cover - the layout assignment keeps both sides alike
                 raise ValueError("pooling: NCHW16c input needs NCHW16c output rows")
-            if self.is_max:
-                src = rings[0]
-                a, b = max(lo, 0), min(hi, src.height)
-                src._check_read(a, b)                   # the rows are held (as read() checks)
-                n, c, h, w = self.in_shapes[0]
-                _max_pool_ring_b(dst, src.buf, src.capacity, r0, h, w, self.k[0], self.k[1], sh, sw, dh, dw,
-                                 p["padding"][0], p["padding"][2])
-                return
             xp = _fill_band_b(rings[0], scratch, "pad", self.in_shapes[0], lo, hi, p["padding"][2], self.width,
                               pad, dt)
-            if self.is_max:
-                _max_pool_band_b(dst, xp, self.k[0], self.k[1], sh, sw, dh, dw)
-                return
             first = True
             for a in range(self.k[0]):
                 for b in range(self.k[1]):
@@ -652,9 +562,6 @@ class PoolRunner(Runner):
             return
         xp = _fill_band(rings[0], scratch, "pad", self.in_shapes[0], lo, hi, p["padding"][2], self.width,
                         pad, dt)
-        if self.is_max and dst.dtype in (np.float32, np.float64):
-            _max_pool_band(dst, xp, self.k[0], self.k[1], sh, sw, dh, dw)   # fast path
-            return
         y = dst if dt == dst.dtype else scratch.get("acc", dst.shape, dt)
         first = True
         for a in range(self.k[0]):

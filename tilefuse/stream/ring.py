@@ -120,14 +120,15 @@ class RowRing:
             raise RingError(f"ring '{self.name}': writing rows [{r0}, {r1}) would overwrite row "
                             f"{self.min_low()} that a consumer still needs (capacity {self.capacity} rows)")
 
-    def _check_read(self, r0: int, r1: int) -> None:
+    def check_read(self, r0: int, r1: int) -> None:
+        """Rows [r0, r1) are held (written and not overwritten); RingError otherwise."""
         if r0 < 0 or r1 > self.end or r0 < self.end - self.capacity or r0 > r1:
             raise RingError(f"ring '{self.name}': rows [{r0}, {r1}) requested; held are "
                             f"[{max(0, self.end - self.capacity)}, {self.end})")
 
     def read(self, r0: int, r1: int) -> np.ndarray:
         """Logical rows [r0, r1) as (N, C, r1 - r0, W): a view when contiguous, else a copy."""
-        self._check_read(r0, r1)
+        self.check_read(r0, r1)
         pieces = self._slots(r0, r1) if r1 > r0 else ((0, 0),)
         if len(pieces) == 1:
             s, k = pieces[0]
@@ -136,7 +137,7 @@ class RowRing:
 
     def read_into(self, r0: int, r1: int, out: np.ndarray) -> None:
         """Copy logical rows [r0, r1) into out (N, C, r1 - r0, W') (W' >= W: left-aligned)."""
-        self._check_read(r0, r1)
+        self.check_read(r0, r1)
         if r1 <= r0:
             return
         at = 0
@@ -187,9 +188,12 @@ class FullRows:
         self.store(r0, rows)
         self.end = r0 + rows.shape[2]
 
-    def read(self, r0: int, r1: int) -> np.ndarray:
+    def check_read(self, r0: int, r1: int) -> None:
         if r0 < 0 or r1 > self.end:
             raise RingError(f"'{self.name}': rows [{r0}, {r1}) requested; written are [0, {self.end})")
+
+    def read(self, r0: int, r1: int) -> np.ndarray:
+        self.check_read(r0, r1)
         return self.buf[:, :, r0:r1]
 
     def read_into(self, r0: int, r1: int, out: np.ndarray) -> None:

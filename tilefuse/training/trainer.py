@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import GraphError
 from ..interpreter import bind_inputs
 from ..ir import Network, ops
-from . import kernels as K
+from ..kernels import dense
 from .schedule import TrainingSchedule
 from .traffic import format_report, pattern_table
 
@@ -76,7 +76,7 @@ class Trainer:
 
     def _forward_backward(self, x, labels):
         logits = self.forward(x)
-        loss, dlogits = K.softmax_cross_entropy(logits, labels)
+        loss, dlogits = dense.softmax_cross_entropy(logits, labels)
         dins = self.schedule.backward(dlogits)
         self.num_batches_tracked += 1
         grads = dict(self.schedule.pgrads)
@@ -163,8 +163,8 @@ class Trainer:
 
 @contextlib.contextmanager
 def _threads(threads=None):
-    """One thread pool per step: the trainer's thread split (parallel.py, `threads` threads,
-    default all cores) runs every kernel; BLAS runs single-threaded inside it and numba's own
+    """One thread pool per step: the step's thread split (kernels/threads.py `using`, `threads`
+    threads, default all cores) runs every kernel; BLAS runs single-threaded inside it and numba's own
     pool is set to one thread.
 
     With two pools (OpenBLAS workers spin after each GEMM, numba's OpenMP threads wait at
@@ -175,12 +175,12 @@ def _threads(threads=None):
     """
     import numba
 
-    from ..kernels.threads import blas_threads
-    from . import parallel as par
+    from ..kernels.blas import blas_threads
+    from ..kernels.threads import using
     old = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
-        with blas_threads(1), par.using(threads):
+        with blas_threads(1), using(threads):
             yield
     finally:
         numba.set_num_threads(old)

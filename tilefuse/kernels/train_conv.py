@@ -1,75 +1,33 @@
-"""Training kernels: forward and backward of every op the trainer runs.
+"""Convolution for training: forward and backward on CNHW tensors, with the fused pre- and
+post-processing of seed 004 (the trainer's conv-centred units, `training/schedule.py`).
 
-Internal layout is CNHW ("channel-major"): a 4-D activation of logical shape (N, C, H, W) is
-stored as (C, N, H, W), so a per-channel reduction (batch-norm statistics) walks one
-contiguous row, and a convolution is one GEMM per column tile,
-``Y (O, N*Ho*Wo) = W (O, C*kh*kw) @ cols (C*kh*kw, N*Ho*Wo)``, with no transposes; a 1x1
-stride-1 convolution needs no im2col at all. 2-D activations (N, F) keep their layout.
+A convolution is one GEMM per column tile, ``Y (O, N*Ho*Wo) = W (O, C*kh*kw) @ cols (C*kh*kw,
+N*Ho*Wo)``, with no transposes (CNHW, `cnhw.py`); a 1x1 stride-1 convolution needs no im2col at
+all, and a stride-1 conv whose padded plane wastes little runs as shifted GEMMs on one padded
+copy of its input. GEMMs are `kernels.blas.gemm` (single-threaded OpenBLAS, in place into
+views); tiles are split over the step's threads (`kernels/threads.py`).
 
-Three kinds of functions live here:
-
-* numba loops (``nogil``, ``cache``, one tile per call, split over threads by parallel.py)
-  that carry the fused pre- and
-  post-processing of the paper: im2col with an input-stage transform (BN step 2, shortcut Add,
-  ReLU), col2im with a post-processing (error Add, ReLU', BN step-1 sums S1/S2), the backward
-  pre-processing ``dy = F1*dz + B*x + C``, and the conv epilogue (bias, BN step-1 sums of x
-  and x^2);
-* the unfused memory-bound passes (BN statistics, BN apply, ReLU, their backward passes);
-* NCHW free functions (``conv2d_forward``/``conv2d_backward``, ``batch_norm_forward`` ...)
-  that the tests check one by one against PyTorch autograd.
-
-Batch-norm algebra (paper eqs. 9-18; the printed eq. 11 ``F2 = beta - mu + F1`` is a typo for
-``beta - mu*F1``):
-    F1 = gamma / sqrt(var + eps),  F2 = beta - mu*F1,  F3 = 1 / (var + eps)
-    forward  y  = F1*x + F2,     var = E[x^2] - mu^2 (biased)
-    backward dx = F1*dy + B*x + C,  S1 = mean(dy), S2 = mean(dy*x)
-             B  = F1*F3*(mu*S1 - S2),  C = -mu*B - F1*S1
-             dgamma = m*(S2 - mu*S1)/sqrt(var + eps),  dbeta = m*S1
-Sums are accumulated in float64.
+The numba loops (``nogil``, ``cache``, one tile per call) carry the fused processing:
+im2col with an input-stage transform (BN step 2, shortcut Add, ReLU), col2im with a
+post-processing (error Add, ReLU', BN step-1 sums S1/S2), the backward pre-processing
+``dy = F1*dz + B*x + C``, and the conv epilogue (bias, BN step-1 sums of x and x^2); the batch
+norm algebra itself is in `norm.py`. `conv2d_forward` / `conv2d_backward` are the NCHW free
+functions the tests check against PyTorch autograd.
 """
 from __future__ import annotations
 
 import numba as nb
 import numpy as np
 
-from ..kernels.reference import conv_out_size, pool_out_size
-from ..kernels.threads import scratch
-from . import parallel as par
-
-# numba loops run single-threaded inside the trainer's own thread split (parallel.py): each
-# call works on one tile (a range of images, columns or channels) handed to one thread
-_JIT = dict(nogil=True, cache=True)
-# reductions (float64 sums of float32 values) may be reassociated so that they vectorize
-_JITR = dict(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-
-_DUMMY: dict = {}
-
-
-def dummies(dtype):
-    """Placeholder arrays for unused optional kernel arguments (numba needs fixed types)."""
-    dt = np.dtype(dtype)
-    if dt not in _DUMMY:
-        _DUMMY[dt] = (np.zeros(1, dt), np.zeros((1, 1, 1, 1), dt), np.zeros((1, 1), dt))
-    return _DUMMY[dt]
-
-
-_D64 = np.zeros(1, np.float64)
+from .blas import gemm
+from .cnhw import _D64, JIT, JITR, _o, _valid, dummies, to_cnhw, to_nchw
+from .reference import conv_out_size
+from .threads import nthreads, ranges, scratch, split
 
 
 # ============================================================================ numba loops
 
-@nb.njit(**_JIT)
-def _valid(off, s, n_in, n_out):
-    """[lo, hi): output positions o with 0 <= o*s + off < n_in."""
-    lo = 0 if off >= 0 else (-off + s - 1) // s
-    top = n_in - 1 - off
-    hi = top // s + 1 if top >= 0 else 0
-    hi = min(hi, n_out)
-    lo = min(lo, hi)
-    return lo, hi
-
-
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _im2col_pre(x, a, b, s, a2, b2, r_out, cols, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw,
                 ho, wo, affine, skind, relu, write_r):
     """cols[(c, i, j), (n - n0, oh, ow)] = t(x)[c, n, oh*sh - pt + i*dh, ow*sw - pl + j*dw].
@@ -140,7 +98,7 @@ def _im2col_pre(x, a, b, s, a2, b2, r_out, cols, n0, n1, kh, kw, sh, sw, pt, pl,
                             cols[row, col + ow] = 0
 
 
-@nb.njit(**_JITR)
+@nb.njit(**JITR)
 def _pre_rows(x2, a, b, s2, a2, b2, r2, out, k0, k1, affine, skind, relu, write_r):
     """The input-stage transform of _im2col_pre for a 1x1 stride-1 conv, on the column tile
     [k0, k1) of the (C, M) rows: out[:, k - k0] = t(x2[:, k]) (a per-thread scratch tile that
@@ -181,7 +139,7 @@ def _pre_rows(x2, a, b, s2, a2, b2, r2, out, k0, k1, affine, skind, relu, write_
                 rr[j] = v
 
 
-@nb.njit(**_JITR)
+@nb.njit(**JITR)
 def _col2im_post(dcols, dx, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, ho, wo,
                  acc, has_acc, mk, mask_mode, ma, mb, x1, x2, nstat, s1, s2a, s2b):
     """dx[c, n] = post(sum of the dcols entries that land on (c, n, ih, iw)), n in [n0, n1).
@@ -256,7 +214,7 @@ def _col2im_post(dcols, dx, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, ho, wo,
             s2b[c] += t3
 
 
-@nb.njit(**_JITR)
+@nb.njit(**JITR)
 def _post_rows(d2, k0, k1, acc2, has_acc, mk2, mask_mode, ma, mb, x12, x22, nstat, s1, s2a, s2b):
     """The post-processing of _col2im_post in place on the column tile [k0, k1) of the (C, M)
     input gradient of a 1x1 stride-1 conv (just written by the GEMM, still in cache).
@@ -301,7 +259,7 @@ def _post_rows(d2, k0, k1, acc2, has_acc, mk2, mask_mode, ma, mb, x12, x22, nsta
             s2b[c] += t3
 
 
-@nb.njit(**_JITR)
+@nb.njit(**JITR)
 def _epilogue(y2, c0, c1, bias, has_bias, stats, s, ss):
     """In place on the column tile y2[:, c0:c1]: add bias; accumulate per-row sum and sum of
     squares (BN step 1 of the consuming batch norm)."""
@@ -324,7 +282,7 @@ def _epilogue(y2, c0, c1, bias, has_bias, stats, s, ss):
             ss[o] += tt
 
 
-@nb.njit(**_JITR)
+@nb.njit(**JITR)
 def _bwd_pre(dz, x, f1, bb, cc, out, c0, c1):
     """out[:, k - c0] = F1*dz[:, k] + B*x[:, k] + C over the column tile (BN step 2 backward).
 
@@ -348,7 +306,8 @@ def _bwd_pre(dz, x, f1, bb, cc, out, c0, c1):
 # positions (oh < ho, ow < wo) are the conv's outputs. No im2col/col2im: the input is
 # copied once instead of kh*kw times, and the tiles stay in cache.
 
-@nb.njit(**_JITR)
+
+@nb.njit(**JITR)
 def _pad_pre(x, a, b, s, a2, b2, r_out, xp, n0, n1, pt, pl, Hp, Wp,
              affine, skind, relu, write_r):
     """xp[c, (n - n0)*Hp*Wp + (i + pt)*Wp + j + pl] = t(x)[c, n, i, j], zeros around (and in
@@ -404,7 +363,7 @@ def _pad_pre(x, a, b, s, a2, b2, r_out, xp, n0, n1, pt, pl, Hp, Wp,
                         rr[j] = v
 
 
-@nb.njit(**_JITR)
+@nb.njit(**JITR)
 def _unwide(yw, y, n0, n1, Hp, Wp, bias, has_bias, stats, s, ss):
     """y[o, n, oh, ow] = yw[o, (n - n0)*Hp*Wp + oh*Wp + ow] (+ bias), BN step-1 sums."""
     O, N, ho, wo = y.shape
@@ -428,7 +387,7 @@ def _unwide(yw, y, n0, n1, Hp, Wp, bias, has_bias, stats, s, ss):
             ss[o] += tt
 
 
-@nb.njit(**_JITR)
+@nb.njit(**JITR)
 def _wide_dy(dz, xb, f1, bb, cc, pre, dyw, n0, n1, Hp, Wp):
     """dyw[o, (n - n0)*Hp*Wp + oh*Wp + ow] = dy[o, n, oh, ow], zero elsewhere; dy = dz, or
     F1*dz + B*xb + C when pre (BN step 2 backward)."""
@@ -452,7 +411,7 @@ def _wide_dy(dz, xb, f1, bb, cc, pre, dyw, n0, n1, Hp, Wp):
                     dyw[o, r + j] = 0
 
 
-@nb.njit(**_JITR)
+@nb.njit(**JITR)
 def _unpad_post(dxp, dx, n0, n1, pt, pl, Hp, Wp, acc, has_acc, mk, mask_mode, ma, mb,
                 x1, x2, nstat, s1, s2a, s2b):
     """dx[c, n, i, j] = post(dxp[c, (n - n0)*Hp*Wp + (i + pt)*Wp + j + pl]); post as in
@@ -504,202 +463,6 @@ def _unpad_post(dxp, dx, n0, n1, pt, pl, Hp, Wp, acc, has_acc, mk, mask_mode, ma
             s2b[c] += t3
 
 
-# ----------------------------------------------------------------- unfused memory-bound passes
-# (called on channel-row slices, one per task of the thread split)
-
-@nb.njit(**_JITR)
-def _row_sums(x2, s, ss):
-    """s[c] = sum(x[c]), ss[c] = sum(x[c]^2) over rows of a (C, L) array."""
-    C, L = x2.shape
-    for c in range(C):
-        t = 0.0
-        tt = 0.0
-        for k in range(L):
-            v = x2[c, k]
-            t += v
-            tt += v * v
-        s[c] = t
-        ss[c] = tt
-
-
-@nb.njit(**_JITR)
-def _row_affine(x2, a, b, out):
-    C, L = x2.shape
-    for c in range(C):
-        for k in range(L):
-            out[c, k] = a[c] * x2[c, k] + b[c]
-
-
-@nb.njit(**_JITR)
-def _row_dot_sums(dy, x, s1, s2):
-    """s1[c] = sum(dy[c]), s2[c] = sum(dy[c]*x[c])."""
-    C, L = dy.shape
-    for c in range(C):
-        t = 0.0
-        tt = 0.0
-        for k in range(L):
-            v = dy[c, k]
-            t += v
-            tt += v * x[c, k]
-        s1[c] = t
-        s2[c] = tt
-
-
-@nb.njit(**_JITR)
-def _row_bn_bwd(dy, x, f1, bb, cc, out):
-    C, L = dy.shape
-    for c in range(C):
-        for k in range(L):
-            out[c, k] = f1[c] * dy[c, k] + bb[c] * x[c, k] + cc[c]
-
-
-@nb.njit(**_JIT)
-def _relu(x1, out):
-    for k in range(x1.shape[0]):
-        v = x1[k]
-        out[k] = v if v > 0 else 0
-
-
-@nb.njit(**_JIT)
-def _relu_bwd(dy, x, out):
-    for k in range(dy.shape[0]):
-        out[k] = dy[k] if x[k] > 0 else 0
-
-
-@nb.njit(**_JIT)
-def _add(a, b, out):
-    for k in range(a.shape[0]):
-        out[k] = a[k] + b[k]
-
-
-# ----------------------------------------------------------------- pooling (per (c, n) plane)
-
-@nb.njit(**_JIT)
-def _max_pool_fwd(x, y, idx, kh, kw, sh, sw, pt, pl, dh, dw):
-    P, H, W = x.shape
-    _, ho, wo = y.shape
-    for p in range(P):
-        for oh in range(ho):
-            i0 = oh * sh - pt
-            ki0, ki1 = _valid(i0, dh, H, kh)         # taps inside the image
-            for ow in range(wo):
-                j0 = ow * sw - pl
-                kj0, kj1 = _valid(j0, dw, W, kw)
-                best = -np.inf
-                bi = -1
-                for ki in range(ki0, ki1):
-                    ih = i0 + ki * dh
-                    for kj in range(kj0, kj1):
-                        iw = j0 + kj * dw
-                        v = x[p, ih, iw]
-                        if v > best or bi < 0 or v != v:
-                            best = v
-                            bi = ih * W + iw
-                y[p, oh, ow] = best
-                idx[p, oh, ow] = bi
-
-
-@nb.njit(**_JIT)
-def _max_pool_fwd_sep(x, y, idx, kh, kw, sh, sw, pt, pl, dh, dw):
-    """_max_pool_fwd in two separable passes (per input row: max over the kw taps of each
-    output column; then per output row: max over the kh row results), kh + kw instead of
-    kh*kw compares per output. Same selection rule as PyTorch's loop over (ki, kj): a strictly
-    greater value or a NaN replaces the current best, so the first maximum (or the last NaN) in
-    (ki, kj) order wins: the row pass keeps the first maximum of its row, and the column pass,
-    scanning rows in ki order with the same rule, keeps the first row holding the maximum."""
-    P, H, W = x.shape
-    _, ho, wo = y.shape
-    rv = np.empty((H, wo), x.dtype)
-    ri = np.empty((H, wo), np.int32)
-    lo_j = np.empty(wo, np.int64)
-    hi_j = np.empty(wo, np.int64)
-    for ow in range(wo):
-        lo_j[ow], hi_j[ow] = _valid(ow * sw - pl, dw, W, kw)
-    for p in range(P):
-        for ih in range(H):
-            for ow in range(wo):
-                j0 = ow * sw - pl
-                kj0 = lo_j[ow]
-                kj1 = hi_j[ow]
-                if kj0 >= kj1:
-                    rv[ih, ow] = -np.inf
-                    ri[ih, ow] = -1
-                    continue
-                iw = j0 + kj0 * dw
-                best = x[p, ih, iw]
-                bi = iw
-                for kj in range(kj0 + 1, kj1):     # branch-free selects (random data)
-                    iw = j0 + kj * dw
-                    v = x[p, ih, iw]
-                    t = (v > best) | (v != v)
-                    best = v if t else best
-                    bi = iw if t else bi
-                rv[ih, ow] = best
-                ri[ih, ow] = bi
-        for oh in range(ho):
-            i0 = oh * sh - pt
-            ki0, ki1 = _valid(i0, dh, H, kh)
-            for ow in range(wo):
-                best = -np.inf
-                bi = -1
-                for ki in range(ki0, ki1):
-                    ih = i0 + ki * dh
-                    c = ri[ih, ow]
-                    v = rv[ih, ow]
-                    t = (c >= 0) & ((bi < 0) | (v > best) | (v != v))
-                    best = v if t else best
-                    bi = ih * W + c if t else bi
-                y[p, oh, ow] = best
-                idx[p, oh, ow] = bi
-
-
-@nb.njit(**_JIT)
-def _max_pool_bwd(dy, idx, dx):
-    P, ho, wo = dy.shape
-    W = dx.shape[2]
-    for p in range(P):
-        dx[p, :, :] = 0
-        for oh in range(ho):
-            for ow in range(wo):
-                k = idx[p, oh, ow]
-                dx[p, k // W, k % W] += dy[p, oh, ow]
-
-
-@nb.njit(**_JIT)
-def _avg_pool(x, y, dy, dx, backward, kh, kw, sh, sw, pt, pb, pl, pr, include_pad):
-    """Forward y = window means, or (backward) dx = scatter of dy / divisor; PyTorch divisor
-    rule: the window clipped to the padded extent, or to the image without include_pad."""
-    P, H, W = x.shape
-    _, ho, wo = y.shape
-    for p in range(P):
-        if backward:
-            dx[p, :, :] = 0
-        for oh in range(ho):
-            h0 = oh * sh - pt
-            h1 = min(h0 + kh, H + pb)
-            for ow in range(wo):
-                w0 = ow * sw - pl
-                w1 = min(w0 + kw, W + pr)
-                size = (h1 - h0) * (w1 - w0)
-                a0 = max(h0, 0)
-                a1 = min(h1, H)
-                b0 = max(w0, 0)
-                b1 = min(w1, W)
-                if not include_pad:
-                    size = (a1 - a0) * (b1 - b0)
-                if backward:
-                    g = dy[p, oh, ow] / size
-                    for i in range(a0, a1):
-                        for j in range(b0, b1):
-                            dx[p, i, j] += g
-                else:
-                    t = 0.0
-                    for i in range(a0, a1):
-                        for j in range(b0, b1):
-                            t += x[p, i, j]
-                    y[p, oh, ow] = t / size
-
-
 # ============================================================================ python wrappers
 
 # per-thread tile budgets: an im2col tile (C*kh*kw, columns) of about _COLS_BYTES, and for
@@ -749,7 +512,7 @@ class ConvGeom:
     def tiles(self, target_bytes=_COLS_BYTES, itemsize=4, threads=None):
         """Image ranges [n0, n1) whose im2col buffer is about target_bytes (>= 1 image, and
         >= _MIN_COLS GEMM columns when the batch allows), a multiple of `threads` of them."""
-        t = par.nthreads() if threads is None else threads
+        t = nthreads() if threads is None else threads
         hw = self.ho * self.wo
         per_image = self.C * self.kh * self.kw * hw * itemsize
         nb_ = max(1, target_bytes // max(per_image, 1), -(-_MIN_COLS // max(hw, 1)))
@@ -763,7 +526,7 @@ class ConvGeom:
     def shift_tiles(self, itemsize=4, threads=None):
         """Image ranges for the shifted-GEMM path: padded input + wide output of a tile in
         about _SHIFT_BYTES."""
-        t = par.nthreads() if threads is None else threads
+        t = nthreads() if threads is None else threads
         per_image = (self.C + self.O) * self.Hp * self.Wp * itemsize
         nb_ = max(1, min(_SHIFT_BYTES // per_image, -(-self.N // t)))
         nt = -(-self.N // nb_)
@@ -774,11 +537,11 @@ class ConvGeom:
 
     def col_tiles(self, itemsize=4, threads=None):
         """Column ranges of the (C, N*H*W) rows of a 1x1 stride-1 conv (see _L2_TILE)."""
-        t = par.nthreads() if threads is None else threads
+        t = nthreads() if threads is None else threads
         M = self.N * self.ho * self.wo
         m = max(1024, _L2_TILE // (itemsize * (self.C + self.O)) // 64 * 64)
         m = min(m, max(64, -(-M // t)))
-        return par.ranges(M, -(-M // m))
+        return ranges(M, -(-M // m))
 
 
 class Pre:
@@ -857,9 +620,6 @@ class Post:
             a += b
 
 
-_NO_POST = None
-
-
 def col2im(dcols, dx, g: ConvGeom, n0, n1, post: Post | None = None, sums=None):
     """Scatter-add dcols into dx[:, n0:n1] (CNHW), then post-process (see Post); the BN sums
     go to `sums` (per-thread) or to post.s1/s2a/s2b."""
@@ -882,10 +642,6 @@ def post_rows(dx2, k0, k1, post: Post, sums):
         return d2 if t is None else t.reshape(C, -1)
     _post_rows(dx2, k0, k1, r(post.acc), post.acc is not None, r(post.mk), mask_mode,
                _o(post.ma, d1), _o(post.mb, d1), r(post.x1), r(post.x2), nstat, *sums)
-
-
-def _o(a, dummy):
-    return dummy if a is None else a
 
 
 def epilogue(y2, c0, c1, bias=None, stats=None):
@@ -926,14 +682,14 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
     """Y (O, N, Ho, Wo) = conv(t(x), w) [+ bias], BN step-1 sums into stats, tile by tile.
 
     Tiles (ranges of images, or of columns for 1x1 stride-1 convs) are split over the
-    threads of parallel.py; each thread transforms its tile into its own scratch buffer,
+    threads of `kernels.threads.split`; each thread transforms its tile into its own scratch buffer,
     runs one single-threaded GEMM per group and the epilogue on the tile it just wrote."""
     y = out if out is not None else np.empty((g.O, g.N, g.ho, g.wo), x.dtype)
     y2 = y.reshape(g.O, -1)
     og = g.O // g.groups
     w2 = w.reshape(g.O, -1)                         # (O, Cg*kh*kw)
     hw = g.ho * g.wo
-    T = par.nthreads()
+    T = nthreads()
     st = _thread_sums(g.O, T, stats is not None)
     x2 = x.reshape(x.shape[0], -1)
     direct = g.direct and tiles is None
@@ -955,11 +711,11 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
                     im2col(x, g, n0, n1, pre,
                            out=scratch("cols", (g.C * g.kh * g.kw, c1 - c0), x.dtype)))
         for gi in range(g.groups):
-            par.gemm(w2[gi * og:(gi + 1) * og], cols[gi * g.K:(gi + 1) * g.K],
+            gemm(w2[gi * og:(gi + 1) * og], cols[gi * g.K:(gi + 1) * g.K],
                      y2[gi * og:(gi + 1) * og, c0:c1])
         epilogue(y2, c0, c1, bias, st[tid])
 
-    par.run(len(tl), task)
+    split(len(tl), task)
     if stats is not None:
         for s in st:
             stats[0][...] += s[0]
@@ -979,12 +735,12 @@ def _shift_forward(x, w, g: ConvGeom, y, bias, pre, stats, st):
         xp = pad_pre(x, g, n0, n1, pre)
         yw = scratch("yw", (g.O, L), x.dtype)
         for k, off in enumerate(g.offs):
-            par.gemm(wk[k], xp[:, off:off + L], yw, beta=0.0 if k == 0 else 1.0)
+            gemm(wk[k], xp[:, off:off + L], yw, beta=0.0 if k == 0 else 1.0)
         s_, ss_ = st[tid] if st[tid] is not None else (_D64, _D64)
         _unwide(yw, y, n0, n1, g.Hp, g.Wp, _o(bias, d1), bias is not None, st[tid] is not None,
                 s_, ss_)
 
-    par.run(len(tl), task)
+    split(len(tl), task)
     if stats is not None:
         for s in st:
             stats[0][...] += s[0]
@@ -993,7 +749,7 @@ def _shift_forward(x, w, g: ConvGeom, y, bias, pre, stats, st):
 
 
 def _shift_backward(dy, x, w, g: ConvGeom, pre, post, dy_pre, need_dx, has_bias):
-    T = par.nthreads()
+    T = nthreads()
     wk = _taps(w, g)
     kk = g.kh * g.kw
     dwks = [np.zeros((kk, g.O, g.C), w.dtype) for _ in range(T)]
@@ -1020,18 +776,18 @@ def _shift_backward(dy, x, w, g: ConvGeom, pre, post, dy_pre, need_dx, has_bias)
         xp = pad_pre(x, g, n0, n1, pre)
         dwk = dwks[tid]
         for k, off in enumerate(g.offs):
-            par.gemm(dyw, xp[:, off:off + L].T, dwk[k], beta=1.0)
+            gemm(dyw, xp[:, off:off + L].T, dwk[k], beta=1.0)
         if not need_dx:
             return
         dxp = scratch("dxp", (g.C, L + g.tail), x.dtype)
         dxp[:, L:] = 0
         for k, off in enumerate(g.offs):
-            par.gemm(wk[k].T, dyw, dxp[:, off:off + L], beta=0.0 if k == 0 else 1.0)
+            gemm(wk[k].T, dyw, dxp[:, off:off + L], beta=0.0 if k == 0 else 1.0)
         _unpad_post(dxp, dx, n0, n1, g.pt, g.pl, g.Hp, g.Wp, _o(post.acc, d4),
                     post.acc is not None, _o(post.mk, d4), mask_mode, _o(post.ma, d1),
                     _o(post.mb, d1), _o(post.x1, d4), _o(post.x2, d4), nstat, *sums[tid])
 
-    par.run(len(tl), task)
+    split(len(tl), task)
     dwk = dwks[0]
     for d in dwks[1:]:
         dwk += d
@@ -1065,7 +821,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     og = g.O // g.groups
     hw = g.ho * g.wo
     w2 = w.reshape(g.O, -1)
-    T = par.nthreads()
+    T = nthreads()
     # weight gradient per group as the transposed product dW^T (K, og) = cols @ dy^T when
     # K > og: OpenBLAS runs it 5-25% faster than dy @ cols^T (stem: (147, 64) vs (64, 147))
     wt = g.K > og
@@ -1106,27 +862,27 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
         dw_t = dws[tid]
         for gi in range(g.groups):
             if wt:
-                par.gemm(cols[gi * g.K:(gi + 1) * g.K], dyt[gi * og:(gi + 1) * og].T, dw_t[gi],
+                gemm(cols[gi * g.K:(gi + 1) * g.K], dyt[gi * og:(gi + 1) * og].T, dw_t[gi],
                          beta=1.0)
             else:
-                par.gemm(dyt[gi * og:(gi + 1) * og], cols[gi * g.K:(gi + 1) * g.K].T,
+                gemm(dyt[gi * og:(gi + 1) * og], cols[gi * g.K:(gi + 1) * g.K].T,
                          dw_t[gi * og:(gi + 1) * og], beta=1.0)
         if not need_dx:
             return
         if g.direct:
             for gi in range(g.groups):
-                par.gemm(w2[gi * og:(gi + 1) * og].T, dyt[gi * og:(gi + 1) * og],
+                gemm(w2[gi * og:(gi + 1) * og].T, dyt[gi * og:(gi + 1) * og],
                          dx2[gi * g.K:(gi + 1) * g.K, c0:c1])
             if not post_id:
                 post_rows(dx2, c0, c1, post, sums[tid])
             return
         dcols = scratch("dcols", (g.C * g.kh * g.kw, c1 - c0), x.dtype)
         for gi in range(g.groups):
-            par.gemm(w2[gi * og:(gi + 1) * og].T, dyt[gi * og:(gi + 1) * og],
+            gemm(w2[gi * og:(gi + 1) * og].T, dyt[gi * og:(gi + 1) * og],
                      dcols[gi * g.K:(gi + 1) * g.K])
         col2im(dcols, dx, g, n0, n1, post, sums[tid])
 
-    par.run(len(tl), task)
+    split(len(tl), task)
     dw = dws[0]
     for d in dws[1:]:
         dw += d
@@ -1143,216 +899,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     return dw.reshape(w.shape), (db.astype(w.dtype) if has_bias else None), dx
 
 
-# ----------------------------------------------------------------- batch norm algebra
-
-class BNState:
-    """Per-channel quantities of one batch norm in one training step (paper's F1, F2, F3)."""
-
-    __slots__ = ("m", "mean", "var", "inv", "f1", "f2", "f3", "B", "C", "dgamma", "dbeta")
-
-    def finalize_forward(self, s, ss, m, gamma, beta, eps, running=None, momentum=0.1):
-        """Sums of x and x^2 over m values per channel -> F1, F2, F3; update running stats
-        (PyTorch: unbiased variance, running = (1 - momentum)*running + momentum*batch)."""
-        self.m = m
-        self.mean = s / m
-        self.var = np.maximum(ss / m - self.mean ** 2, 0.0)
-        self.inv = 1.0 / np.sqrt(self.var + eps)
-        self.f1 = gamma.astype(np.float64) * self.inv
-        self.f2 = beta.astype(np.float64) - self.mean * self.f1
-        self.f3 = self.inv ** 2
-        if running is not None:
-            rm, rv = running
-            unbiased = self.var * (m / max(m - 1, 1))
-            rm *= 1.0 - momentum
-            rm += momentum * self.mean
-            rv *= 1.0 - momentum
-            rv += momentum * unbiased
-        return self
-
-    def finalize_backward(self, s1sum, s2sum):
-        """Sums of dy and dy*x -> B, C, dgamma, dbeta (eqs. 13, 14, 16, 17)."""
-        s1 = s1sum / self.m
-        s2 = s2sum / self.m
-        self.B = self.f1 * self.f3 * (self.mean * s1 - s2)
-        self.C = -self.mean * self.B - self.f1 * s1
-        self.dgamma = (s2sum - self.mean * s1sum) * self.inv
-        self.dbeta = s1sum.copy()
-        return self
-
-    def fwd_coefs(self, dtype):
-        return self.f1.astype(dtype), self.f2.astype(dtype)
-
-    def bwd_coefs(self, dtype):
-        return self.f1.astype(dtype), self.B.astype(dtype), self.C.astype(dtype)
-
-
-def rows(x):
-    """Channel rows of an activation: CNHW (C, N, H, W) -> (C, N*H*W); (N, C) -> (C, N) copy."""
-    if x.ndim == 2:
-        return np.ascontiguousarray(x.T)
-    return x.reshape(x.shape[0], -1)
-
-
-def unrows(r, like):
-    return np.ascontiguousarray(r.T) if like.ndim == 2 else r.reshape(like.shape)
-
-
-def _rows_split(C, fn):
-    """fn(lo, hi) over channel-row ranges split across the threads (parallel.py)."""
-    par.split_rows(C, lambda lo, hi, tid: fn(lo, hi))
-
-
-def _flat_split(n, fn):
-    rs = par.ranges(n, 2 * par.nthreads(), align=4096) if par.nthreads() > 1 else [(0, n)]
-    par.run(len(rs), lambda i, tid: fn(*rs[i]))
-
-
-def bn_stats(x):
-    r = rows(x)
-    s = np.empty(r.shape[0])
-    ss = np.empty(r.shape[0])
-    _rows_split(r.shape[0], lambda lo, hi: _row_sums(r[lo:hi], s[lo:hi], ss[lo:hi]))
-    return s, ss, r.shape[1]
-
-
-def bn_apply(x, f1, f2):
-    r = rows(x)
-    out = np.empty_like(r)
-    _rows_split(r.shape[0], lambda lo, hi: _row_affine(r[lo:hi], f1[lo:hi], f2[lo:hi], out[lo:hi]))
-    return unrows(out, x)
-
-
-def bn_bwd_sums(dy, x):
-    r, xr = rows(dy), rows(x)
-    s1 = np.empty(r.shape[0])
-    s2 = np.empty(r.shape[0])
-    _rows_split(r.shape[0], lambda lo, hi: _row_dot_sums(r[lo:hi], xr[lo:hi], s1[lo:hi], s2[lo:hi]))
-    return s1, s2
-
-
-def bn_bwd_apply(dy, x, f1, bb, cc):
-    r, xr = rows(dy), rows(x)
-    out = np.empty_like(r)
-    _rows_split(r.shape[0], lambda lo, hi: _row_bn_bwd(r[lo:hi], xr[lo:hi], f1[lo:hi], bb[lo:hi],
-                                                       cc[lo:hi], out[lo:hi]))
-    return unrows(out, dy)
-
-
-def relu(x):
-    out = np.empty_like(x)
-    a, o = x.reshape(-1), out.reshape(-1)
-    _flat_split(a.shape[0], lambda lo, hi: _relu(a[lo:hi], o[lo:hi]))
-    return out
-
-
-def relu_backward(dy, x):
-    out = np.empty_like(dy)
-    d, a, o = dy.reshape(-1), x.reshape(-1), out.reshape(-1)
-    _flat_split(d.shape[0], lambda lo, hi: _relu_bwd(d[lo:hi], a[lo:hi], o[lo:hi]))
-    return out
-
-
-def add(a, b):
-    out = np.empty_like(a)
-    a1, b1, o = a.reshape(-1), b.reshape(-1), out.reshape(-1)
-    _flat_split(a1.shape[0], lambda lo, hi: _add(a1[lo:hi], b1[lo:hi], o[lo:hi]))
-    return out
-
-
-# ----------------------------------------------------------------- pooling wrappers (CNHW)
-
-def _planes(x):
-    return x.reshape(-1, x.shape[2], x.shape[3])
-
-
-def max_pool_forward(x, kernel_size, stride, padding, dilation, ceil_mode):
-    """x (C, N, H, W) -> (y, argmax) with PyTorch MaxPool2d semantics."""
-    C, N, H, W = x.shape
-    ho = pool_out_size(H, dilation[0] * (kernel_size[0] - 1) + 1, stride[0], padding[0], padding[1], ceil_mode)
-    wo = pool_out_size(W, dilation[1] * (kernel_size[1] - 1) + 1, stride[1], padding[2], padding[3], ceil_mode)
-    y = np.empty((C, N, ho, wo), x.dtype)
-    idx = np.empty((C, N, ho, wo), np.int32)
-    xp, yp, ip = _planes(x), _planes(y), _planes(idx)
-    _rows_split(xp.shape[0], lambda lo, hi: _max_pool_fwd_sep(
-        xp[lo:hi], yp[lo:hi], ip[lo:hi], kernel_size[0], kernel_size[1], stride[0], stride[1],
-        padding[0], padding[2], dilation[0], dilation[1]))
-    return y, idx
-
-
-def max_pool_backward(dy, idx, x_shape):
-    dx = np.empty(x_shape, dy.dtype)
-    dp, ip, xp = _planes(dy), _planes(idx), _planes(dx)
-    _rows_split(dp.shape[0], lambda lo, hi: _max_pool_bwd(dp[lo:hi], ip[lo:hi], xp[lo:hi]))
-    return dx
-
-
-def avg_pool_forward(x, kernel_size, stride, padding, ceil_mode, count_include_pad):
-    C, N, H, W = x.shape
-    ho = pool_out_size(H, kernel_size[0], stride[0], padding[0], padding[1], ceil_mode)
-    wo = pool_out_size(W, kernel_size[1], stride[1], padding[2], padding[3], ceil_mode)
-    y = np.empty((C, N, ho, wo), x.dtype)
-    xp, yp = _planes(x), _planes(y)
-    _rows_split(xp.shape[0], lambda lo, hi: _avg_pool(
-        xp[lo:hi], yp[lo:hi], yp[lo:hi], xp[lo:hi], False, kernel_size[0], kernel_size[1],
-        stride[0], stride[1], padding[0], padding[1], padding[2], padding[3], count_include_pad))
-    return y
-
-
-def avg_pool_backward(dy, x_shape, kernel_size, stride, padding, count_include_pad):
-    dx = np.empty(x_shape, dy.dtype)
-    xp, dp = _planes(dx), _planes(dy)
-    _rows_split(xp.shape[0], lambda lo, hi: _avg_pool(
-        xp[lo:hi], dp[lo:hi], dp[lo:hi], xp[lo:hi], True, kernel_size[0], kernel_size[1],
-        stride[0], stride[1], padding[0], padding[1], padding[2], padding[3], count_include_pad))
-    return dx
-
-
-def global_avg_pool_forward(x):
-    """(C, N, H, W) -> (C, N, 1, 1)."""
-    return x.mean(axis=(2, 3), keepdims=True, dtype=np.float64).astype(x.dtype)
-
-
-def global_avg_pool_backward(dy, x_shape):
-    hw = x_shape[2] * x_shape[3]
-    return np.broadcast_to(dy / hw, x_shape).astype(dy.dtype)
-
-
-def linear_forward(x, w, b=None):
-    y = x @ w.T
-    if b is not None:
-        y += b
-    return y
-
-
-def linear_backward(dy, x, w, has_bias):
-    """(N, M) dy, (N, K) x, (M, K) w -> dx (N, K), dw (M, K), db (M,)."""
-    return dy @ w, dy.T @ x, (dy.sum(axis=0) if has_bias else None)
-
-
-def softmax_cross_entropy(logits, labels):
-    """Mean cross-entropy over the batch and its gradient w.r.t. the logits (N, K)."""
-    z = logits.astype(np.float64)
-    z = z - z.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(z).sum(axis=1, keepdims=True))
-    logp = z - lse
-    n = logits.shape[0]
-    labels = np.asarray(labels, dtype=np.int64)
-    loss = -logp[np.arange(n), labels].mean()
-    grad = np.exp(logp)
-    grad[np.arange(n), labels] -= 1.0
-    return float(loss), (grad / n).astype(logits.dtype)
-
-
 # ============================================================================ NCHW free functions
-
-def to_cnhw(x):
-    """(N, C, H, W) -> contiguous (C, N, H, W)."""
-    return np.ascontiguousarray(np.asarray(x).transpose(1, 0, 2, 3))
-
-
-def to_nchw(x):
-    return np.ascontiguousarray(x.transpose(1, 0, 2, 3))
-
 
 def conv2d_forward(x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1):
     """NCHW conv2d (PyTorch semantics, IR-normalized params) via im2col + GEMM."""
@@ -1367,23 +914,3 @@ def conv2d_backward(dy, x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 
     dw, db, dx = conv_backward_cnhw(to_cnhw(dy), to_cnhw(x), np.ascontiguousarray(w), g,
                                     has_bias=has_bias)
     return to_nchw(dx), dw, db
-
-
-def batch_norm_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.1):
-    """Training-mode BN on NCHW or (N, C) x; updates running stats in place.
-
-    Returns (y, state) where state feeds batch_norm_backward."""
-    xc = to_cnhw(x) if x.ndim == 4 else x
-    s, ss, m = bn_stats(xc)
-    st = BNState().finalize_forward(s, ss, m, gamma, beta, eps, (running_mean, running_var), momentum)
-    y = bn_apply(xc, *st.fwd_coefs(x.dtype))
-    return (to_nchw(y) if x.ndim == 4 else y), st
-
-
-def batch_norm_backward(dy, x, state: BNState):
-    """(dx, dgamma, dbeta) for NCHW or (N, C) tensors."""
-    dyc, xc = (to_cnhw(dy), to_cnhw(x)) if x.ndim == 4 else (dy, x)
-    s1, s2 = bn_bwd_sums(dyc, xc)
-    state.finalize_backward(s1, s2)
-    dx = bn_bwd_apply(dyc, xc, *state.bwd_coefs(x.dtype))
-    return (to_nchw(dx) if x.ndim == 4 else dx), state.dgamma, state.dbeta
