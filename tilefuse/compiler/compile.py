@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ..ir import Network
+from .algorithms import choose_algorithms
 from .layout import NCHW, assign_layouts, check_layouts, conv_layout
 from .lower import Lowered, lower, with_program
 from .memory import MemoryPlan, plan_hidden
@@ -128,42 +129,17 @@ class CompiledNetwork:
         return self.package.outputs
 
 
-def _conv_rule(options: dict, tuning: dict):
-    """Choose each conv's algorithm (heuristic, forced, or measured when options["tune"]) and
-    the layout it runs in, and prepare its constants (None: reference kernel)."""
-    algo_forced = options.get("algorithm")
-    if algo_forced == "reference":
-        return None
-    try:
-        from ..kernels import conv as fast
-    except ImportError:
-        return None
-    if not all(hasattr(fast, f) for f in ("select_algorithm", "conv2d_prepare", "conv2d_run")):
-        return None
-
-    layout_mode = options.get("layout", "auto")
-    cache = None
-    if options.get("tune") and not algo_forced:
-        from .tune import TuneCache
-        cache = TuneCache().load()
+def _conv_rule(layout_mode: str):
+    """Lowering's conv rule: prepare each conv's constants for the algorithm the algorithm pass
+    chose (compiler/algorithms.py) in the layout it runs in (`conv_layout`); None for the
+    reference kernel."""
+    from ..kernels import conv as fast
 
     def rule(op):
-        x, w = op.inputs[0], op.inputs[1]
-        if x.dtype != np.float32:
+        algo = op.params.get("algorithm", "reference")
+        if algo == "reference":
             return None
-        p = op.params
-        allow_w = options.get("winograd", True)
-        if algo_forced:
-            algo = algo_forced
-        elif cache is not None:
-            from .tune import choose
-            from ..kernels.threads import resolve_threads
-            algo, secs, hit = choose(cache, x.shape, w.shape, p, threads=resolve_threads(options.get("threads")),
-                                     allow_winograd=allow_w, layout_mode=layout_mode)
-            tuning[op.outputs[0].name] = {"seconds": secs, "cached": hit}
-        else:
-            algo = fast.select_algorithm(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"],
-                                         allow_winograd=allow_w)
+        x, w, p = op.inputs[0], op.inputs[1], op.params
         layout = conv_layout(algo, layout_mode, x.shape[1], w.shape[0], p["groups"])
         b = op.inputs[2].value if p["has_bias"] else None
         prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
@@ -172,7 +148,6 @@ def _conv_rule(options: dict, tuning: dict):
         if layout != NCHW:
             params["layout"] = layout
         return params, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}
-    rule.cache = cache
     return rule
 
 
@@ -230,10 +205,10 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
                "tune": tune, "layout": layout}
     tuning: dict = {}
     opt, log = run_passes(net, passes)                       # graph passes (passlist.py)
-    rule = _conv_rule(options, tuning)
-    low = lower(opt, rule)                                   # ops -> instructions, conv algorithms
-    if rule is not None and getattr(rule, "cache", None) is not None:
-        rule.cache.save()                                    # persist what tuning measured
+    res = choose_algorithms(opt, algorithm=algorithm, winograd=winograd, tune=tune, threads=threads,
+                            layout=layout, tuning=tuning)    # each conv's algorithm (algorithms.py)
+    opt, log = res.network, log + [f"choose_algorithms: {res.detail}"]
+    low = lower(opt, _conv_rule(layout))                     # ops -> instructions, prepared weights
     res = assign_layouts(low.instructions, low.flops, layout)  # NCHW16c between blocked kernels
     check_layouts(res.instructions)
     low = with_program(low, res.instructions, res.flops)

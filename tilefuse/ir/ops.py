@@ -124,7 +124,7 @@ def _prod(s) -> int:
 # conv2d --------------------------------------------------------------------------------
 
 def _conv_norm(node, p):
-    return {
+    out = {
         "stride": pair(node, "stride", p.get("stride", 1)),
         "padding": padding4(node, p.get("padding", 0)),
         "dilation": pair(node, "dilation", p.get("dilation", 1)),
@@ -133,6 +133,13 @@ def _conv_norm(node, p):
         "has_residual": bool(p.get("has_residual", False)),
         "relu": bool(p.get("relu", False)),
     }
+    if p.get("algorithm") is not None:   # the compiler's annotation (compiler/algorithms.py)
+        from ..kernels.conv.select import ALGORITHMS
+        alg, known = p["algorithm"], ALGORITHMS + ("reference",)
+        if not isinstance(alg, str) or alg not in known:
+            raise GraphError(node, f"parameter algorithm={alg!r}; expected one of {known}")
+        out["algorithm"] = alg
+    return out
 
 
 def _conv_infer(node, ins, p):
@@ -163,7 +170,7 @@ def _conv_infer(node, ins, p):
     return (n, o, ho, wo)
 
 
-def _conv_ref(x, w, *rest, stride, padding, dilation, groups, has_bias, has_residual, relu):
+def _conv_ref(x, w, *rest, stride, padding, dilation, groups, has_bias, has_residual, relu, algorithm=None):
     rest = list(rest)
     b = rest.pop(0) if has_bias else None
     res = rest.pop(0) if has_residual else None

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from ..compiler.algorithms import choose_algorithms
 from ..compiler.passlist import run_passes
 from ..errors import GraphError
 from ..ir import Network
@@ -32,7 +33,7 @@ class StreamedNetwork:
 
     def __init__(self, source: Network, network: Network, schedule: BandSchedule, workers: int,
                  pass_log: list[str], compile_seconds: float, queue_bands: int = 2, threads: int | None = None,
-                 kernels: str = "fast", winograd: bool = True, algorithm: str | None = None, layout: str = "nchwc"):
+                 kernels: str = "fast", layout: str = "nchwc"):
         self.source = source
         self.layout = layout
         self.network = network
@@ -42,11 +43,9 @@ class StreamedNetwork:
         self.workers = workers
         self.kernels = kernels
         if workers > 1:
-            self.executor = PipelineExecutor(schedule, workers, queue_bands, kernels=kernels, winograd=winograd,
-                                             algorithm=algorithm, layout=layout)
+            self.executor = PipelineExecutor(schedule, workers, queue_bands, kernels=kernels, layout=layout)
         else:
-            self.executor = StreamExecutor(schedule, threads=threads, kernels=kernels, winograd=winograd,
-                                           algorithm=algorithm, layout=layout)
+            self.executor = StreamExecutor(schedule, threads=threads, kernels=kernels, layout=layout)
         self.last_seconds = 0.0
 
     @property
@@ -136,9 +135,11 @@ def compile_stream(net: Network, band_rows: int = 4, workers: int = 1, *, passes
     t = time.perf_counter()
     net.lint()
     opt, log = run_passes(net, passes)
+    res = choose_algorithms(opt, algorithm=algorithm, winograd=winograd, threads=threads)
+    opt, log = res.network, log + [f"choose_algorithms: {res.detail}"]
     sched = build_schedule(opt, band_rows, layer_rows)
     return StreamedNetwork(net, opt, sched, workers, log, time.perf_counter() - t, queue_bands, threads=threads,
-                           kernels=kernels, winograd=winograd, algorithm=algorithm, layout=layout)
+                           kernels=kernels, layout=layout)
 
 
 __all__ = ["StreamedNetwork", "compile_stream", "StreamPlan", "BandSchedule", "RowWindow", "RowRing",

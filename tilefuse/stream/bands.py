@@ -120,7 +120,7 @@ class KernelConvRunner(Runner):
     written straight into the ring slots when they are C-contiguous, else into scratch and
     copied (one pass; a ring of C > 1 channels holds rows of every channel apart)."""
 
-    def __init__(self, layer, sched, algorithm=None, allow_winograd=True, blocked=False):
+    def __init__(self, layer, sched, blocked=False):
         super().__init__(layer, sched)
         from ..kernels import conv as fast
         self.fast = fast
@@ -135,11 +135,7 @@ class KernelConvRunner(Runner):
         typical = max(set(rows), key=rows.count) if rows else 1
         self.rin_max = self._rin(self.rows_max)
         self.kw_args = dict(stride=p["stride"], padding=self.hpad, dilation=p["dilation"], groups=p["groups"])
-        if algorithm is None:
-            # the whole layer's shape, as layer by layer selects (measured: a band's own shape makes
-            # the cost model prefer direct over Winograd F(4,3), which is 2x faster on bands too)
-            algorithm = fast.select_algorithm(self.in_shapes[0], w.shape, p["stride"], p["padding"], p["dilation"],
-                                              p["groups"], allow_winograd=allow_winograd)
+        algorithm = p["algorithm"]   # the algorithm pass's choice (compiler/algorithms.py)
         self.algorithm = algorithm
         # blocked: the NCHW16c kernels (conv2d_run_nchwc / direct_nchwc) on NCHW16c bands
         self.blocked = bool(blocked) and algorithm in fast.NCHWC_ALGORITHMS and p["groups"] == 1
@@ -619,26 +615,10 @@ class RowLocalRunner(Runner):
             raise NotImplementedError(f"{self.op.name}: no band kernel for op '{op}'")
 
 
-def _forced(algorithm, layer: StreamLayer):
-    """A forced algorithm where the conv library can run it on this layer, else None (select)."""
-    if algorithm is None:
-        return None
-    from ..kernels import conv as fast
-    p = layer.op.params
-    t, b, l, r = p["padding"]
-    w = layer.op.inputs[1].shape
-    x = layer.op.inputs[0].shape
-    ok = fast.candidates(x, w, p["stride"], p["padding"], p["dilation"], p["groups"])
-    ok_band = fast.candidates(x, w, p["stride"], (0, 0, l, r), p["dilation"], p["groups"])
-    return algorithm if algorithm in ok and algorithm in ok_band else None
-
-
-def make_runner(layer: StreamLayer, sched: BandSchedule, kernels: str = "fast", winograd: bool = True,
-                algorithm: str | None = None, layout: str = "nchwc") -> Runner:
+def make_runner(layer: StreamLayer, sched: BandSchedule, kernels: str = "fast", layout: str = "nchwc") -> Runner:
     if layer.kind == "conv2d":
-        if layer.op.outputs[0].dtype == np.float32 and kernels == "fast":
-            return KernelConvRunner(layer, sched, algorithm=_forced(algorithm, layer), allow_winograd=winograd,
-                                    blocked=layout == "nchwc")
+        if layer.op.params.get("algorithm", "reference") != "reference" and kernels == "fast":
+            return KernelConvRunner(layer, sched, blocked=layout == "nchwc")
         return NumpyConvRunner(layer, sched)
     if layer.kind in ("max_pool", "avg_pool"):
         r = PoolRunner(layer, sched)

@@ -63,12 +63,12 @@ def consumer_slot(sched: BandSchedule, tensor: str, layer: int, pos: int) -> int
 class StreamExecutor:
     """Runs a schedule on one thread."""
 
-    def __init__(self, sched: BandSchedule, threads: int | None = None, kernels: str = "fast", winograd: bool = True,
-                 algorithm: str | None = None, layout: str = "nchwc"):
+    def __init__(self, sched: BandSchedule, threads: int | None = None, kernels: str = "fast",
+                 layout: str = "nchwc"):
         self.sched = sched
         self.threads = threads
         self.layout = layout
-        self.runners: list[Runner] = [make_runner(l, sched, kernels, winograd, algorithm, layout)
+        self.runners: list[Runner] = [make_runner(l, sched, kernels, layout)
                                       for l in sched.layers]
         self.blocked = assign_ring_layouts(sched, self.runners) if layout == "nchwc" else set()
         for l, r in zip(sched.layers, self.runners):

@@ -59,11 +59,10 @@ class PipelineExecutor:
     """Runs a schedule as `workers` stage threads connected by bounded rings."""
 
     def __init__(self, sched: BandSchedule, workers: int = 2, queue_bands: int = 2, kernels: str = "fast",
-                 winograd: bool = True, algorithm: str | None = None, layout: str = "nchwc"):
+                 layout: str = "nchwc"):
         self.sched = sched
         # runners and consumer slots are shared; each stage's kernels run on its own thread only
-        self.seq = StreamExecutor(sched, threads=1, kernels=kernels, winograd=winograd, algorithm=algorithm,
-                                  layout=layout)
+        self.seq = StreamExecutor(sched, threads=1, kernels=kernels, layout=layout)
         # balanced by estimated time, not FLOPs: Winograd layers do a quarter of their nominal
         # FLOPs and im2col (conv1) runs at half the direct kernel's rate (measured, ResNet18 at 4K:
         # FLOP-balanced stages were busy 2.38 s and 1.47 s)

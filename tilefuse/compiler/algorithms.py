@@ -1,0 +1,78 @@
+"""Algorithm choice: one annotating pass that both schedules read.
+
+    res = choose_algorithms(net, algorithm=None, winograd=True, tune=False, threads=None, layout="auto")
+
+Every conv2d of the optimized network gets `params["algorithm"]`, the kernel its layer runs:
+
+  - forced (`compile(algorithm=...)`): that algorithm wherever the conv library can run the
+    layer (`kernels.conv.candidates`), the heuristic elsewhere (the pass says how many fell
+    back); "reference" forces the plain numpy kernel everywhere;
+  - tuned (`compile(tune=True)`): every candidate measured on this machine, the fastest kept
+    and cached per layer shape and machine (`compiler/tune.py`);
+  - else the cost model's pick (`kernels.conv.select_algorithm`, on the whole layer's shape).
+
+Convs on other dtypes than float32 get "reference". The layer schedule (`lower.py`) prepares
+each conv's weights for its algorithm and the layout `layout.conv_layout` gives it; the row-band
+schedule (`bands.py`) prepares them for its rings' layouts; neither picks an algorithm again.
+Choosing on a band's shape instead of the layer's was measured worse: the cost model then
+prefers direct over Winograd F(4,3), which is about 2x faster on bands too.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Network, ops
+from .passes import PassResult
+
+REFERENCE = "reference"
+
+
+def choose_algorithms(net: Network, *, algorithm: str | None = None, winograd: bool = True, tune: bool = False,
+                      threads: int | None = None, layout: str = "auto",
+                      tuning: dict | None = None) -> PassResult:
+    """Annotate every conv2d with params["algorithm"]; `tuning` (if given) receives, per conv
+    output name, the measured seconds of each candidate and whether they came from the cache."""
+    from ..kernels import conv as fast
+    net = net.clone()
+    cache = None
+    if tune and not algorithm:
+        from .tune import TuneCache
+        cache = TuneCache().load()
+    counts: dict[str, int] = {}
+    fell_back = 0
+    for op in net.ops:
+        if op.op not in ops.CONV:
+            continue
+        x, w = op.inputs[0], op.inputs[1]
+        p = op.params
+        if algorithm == REFERENCE or x.dtype != np.float32:
+            algo = REFERENCE
+        else:
+            cands = fast.candidates(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"],
+                                    allow_winograd=winograd)
+            if algorithm and algorithm in cands:
+                algo = algorithm
+            elif cache is not None:
+                from ..kernels.threads import resolve_threads
+                from .tune import choose
+                algo, secs, hit = choose(cache, x.shape, w.shape, p, threads=resolve_threads(threads),
+                                         allow_winograd=winograd, layout_mode=layout)
+                if tuning is not None:
+                    tuning[op.outputs[0].name] = {"seconds": secs, "cached": hit}
+            else:
+                if algorithm:
+                    if algorithm not in fast.ALGORITHMS:
+                        raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of "
+                                         f"{fast.ALGORITHMS + (REFERENCE,)}")
+                    fell_back += 1
+                algo = fast.select_algorithm(x.shape, w.shape, p["stride"], p["padding"], p["dilation"],
+                                             p["groups"], allow_winograd=winograd)
+        op.params = {**p, "algorithm": algo}
+        counts[algo] = counts.get(algo, 0) + 1
+    if cache is not None:
+        cache.save()                                     # persist what tuning measured
+    how = "tuned" if cache is not None else ("forced" if algorithm else "heuristic")
+    detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no conv"
+    if fell_back:
+        detail += f"; {fell_back} conv(s) cannot run {algorithm!r}: heuristic there"
+    return PassResult(net, bool(counts), f"{how}: {detail}")
