@@ -283,7 +283,8 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
     from ..kernels.registry import KERNELS
     sizes = {CONST: pkg.const_bytes, HIDDEN: pkg.hidden_bytes}
     slots = {s.offset: s for s in pkg.io}
-    for i, ins in enumerate(pkg.program()):
+    program = pkg.program()
+    for i, ins in enumerate(program):
         if ins.kernel not in KERNELS:
             raise PackageError(f"{where}: instruction {i} uses unknown kernel '{ins.kernel}'")
         for op in ins.operands:
@@ -300,3 +301,10 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
                 if op.seg_offset < lo or end > sizes[op.segment]:
                     raise PackageError(f"{w}: [{op.seg_offset}, {end}) lies outside the "
                                        f"{SEGMENTS[op.segment]} segment ({sizes[op.segment]} bytes)")
+    if any(ins.kernel in ("stream", "band") for ins in program):
+        from .streaming import validate_stream        # band params, shapes, steps replayed
+
+        def read_const(op):
+            return np.frombuffer(pkg.const_area, op.dtype, int(np.prod(op.shape)),
+                                 op.seg_offset + op.block_offset).reshape(op.shape)
+        validate_stream(program, read_const, where)

@@ -431,9 +431,10 @@ SHAPE = ops_in("shape")              # data movement (flatten, concat)
 
 # property groups:
 # output row r reads a window of input rows (kernel_size / stride / padding / dilation in H):
-# the ops streaming runs through row windows (stream/schedule.py)
+# the ops the row-band schedule runs through row windows (compiler/bands.py)
 WINDOW = frozenset({"conv2d", "max_pool", "avg_pool"})
-# output row r reads input row r only: streamed as is (stream/bands.py has a band kernel each)
+# output row r reads input row r only: streamed as is (kernels/bands.py: relu, add, dropout,
+# concat on rows of either layout; any other op through its reference kernel on NCHW rows)
 ROW_LOCAL = frozenset({"relu", "add", "scale", "batch_norm", "dropout", "local_response_norm", "concat"})
 # ops with a `relu` parameter: a following ReLU fuses into them (compiler/passes.py fuse_relu)
 RELU_EPILOGUE = frozenset({"conv2d", "linear", "add"})

@@ -17,12 +17,15 @@ from typing import Sequence
 
 import numpy as np
 
+from ..compiler.compile import CompiledNetwork
 from ..compiler.package import DataPackage
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
-from ..errors import DeviceError, GraphError
+from ..errors import DeviceError
+from ..ir.node import check_inputs
 from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
 from .device import CPUDevice
 from .stages import PipelineStats, run_pipeline
+from .streaming import bind_region, region_length
 
 _SEG_NAMES = {CONST: "const", HIDDEN: "hidden", IO: "io"}
 
@@ -87,16 +90,25 @@ class Session:
         self._bind()
 
     def _bind(self) -> None:
-        """Resolve direct operands once (their bases do not change); IO ones per compute."""
+        """Resolve direct operands once (their bases do not change); IO ones per compute. A
+        stream region (a `stream` header and its band instructions) binds as one entry: the
+        runtime's stream mode (runtime/streaming.py) over views of the same memory."""
         dev = self.device
+
+        def views_of(ins):
+            return [dev.view(resolve(dev, op), op.dtype, op.shape) if op.mode == DIRECT else op
+                    for op in ins.operands]
         bound = []
-        for ins in self._program:
-            views = []
-            for op in ins.operands:
-                if op.mode == DIRECT:
-                    views.append(dev.view(resolve(dev, op), op.dtype, op.shape))
-                else:
-                    views.append(op)
+        prog, i = self._program, 0
+        while i < len(prog):
+            ins = prog[i]
+            if ins.kernel == "stream":
+                n = region_length(prog, i)
+                bound.append(bind_region(prog, i, [views_of(x) for x in prog[i:i + n]], self.threads))
+                i += n
+                continue
+            i += 1
+            views = views_of(ins)
             params = dict(ins.params)
             if ins.kernel in THREADED:
                 params["threads"] = self.threads
@@ -156,23 +168,7 @@ class Session:
     # ---------------------------------------------------------------- convenience
 
     def _check_inputs(self, xs) -> list[np.ndarray]:
-        if isinstance(xs, np.ndarray):
-            xs = [xs]
-        xs = list(xs)
-        if len(xs) != len(self.package.inputs):
-            raise GraphError(self.package.name, f"got {len(xs)} inputs, expected {len(self.package.inputs)} "
-                                                f"({', '.join(s.name for s in self.package.inputs)})")
-        out = []
-        for slot, x in zip(self.package.inputs, xs):
-            a = np.asarray(x)
-            if a.shape != slot.shape:
-                raise GraphError(slot.name, f"input has shape {a.shape}, expected {slot.shape}")
-            if a.dtype != np.dtype(slot.dtype):
-                if not np.can_cast(a.dtype, slot.dtype, casting="same_kind"):
-                    raise GraphError(slot.name, f"input has dtype {a.dtype}, expected {np.dtype(slot.dtype)}")
-                a = a.astype(slot.dtype)
-            out.append(a)
-        return out
+        return check_inputs([(s.name, s.shape, s.dtype) for s in self.package.inputs], xs, self.package.name)
 
     def alloc_io(self) -> tuple[list[int], list[int]]:
         dev = self.device
@@ -235,3 +231,6 @@ class Session:
                 self.free_io(b)
         self.last_stats = stats
         return results
+
+
+CompiledNetwork.session_class = Session      # compiled.run(x) / run_many(xs): a Session of it

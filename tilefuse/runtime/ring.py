@@ -11,8 +11,9 @@ Rows are only overwritten once every consumer has released them: each consumer o
 mark" (the first row it still needs); `start` is the smallest low mark, and a write that would
 reach past `start + capacity` is an error (the sequential executor) or waits (the pipeline).
 
-`FullRows` has the same interface over a whole tensor (the network input, which the caller
-already holds, and the streamed part's outputs): it never evicts.
+`FullRows` has the same interface over a whole tensor (the network input and the streamed
+part's outputs, whole blocks of device memory): it never evicts. The stream mode of the runtime
+(`runtime/streaming.py`) makes both over views of device memory.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class RowRing:
     full = False
 
     def __init__(self, name: str, shape, capacity: int, dtype=np.float32, consumers: int = 1,
-                 blocked: bool = False):
+                 blocked: bool = False, buf: np.ndarray | None = None):
         n, c, h, w = (int(s) for s in shape)
         if capacity < 1:
             raise RingError(f"ring '{name}': capacity must be >= 1 row, got {capacity}")
@@ -41,14 +42,21 @@ class RowRing:
         self.channels = c
         self.capacity = int(min(capacity, h))
         self.blocked = bool(blocked)
-        if self.blocked:
-            # NCHW16c rows: (N, ceil(C/16), cap, W, 16), padded channels kept zero by the producers
-            # (rows stay axis 2, so every slot computation below is the same)
-            self.buf = np.zeros((n, -(-c // 16), self.capacity, w, 16), dtype=dtype)
-        else:
-            self.buf = np.empty((n, c, self.capacity, w), dtype=dtype)  # (N, C, cap, W)
+        # NCHW16c rows: (N, ceil(C/16), cap, W, 16), padded channels written zero by every producer
+        # (rows stay axis 2, so every slot computation below is the same); NCHW: (N, C, cap, W)
+        want = (n, -(-c // 16), self.capacity, w, 16) if self.blocked else (n, c, self.capacity, w)
+        if buf is None:
+            buf = np.zeros(want, dtype=dtype)
+        elif tuple(buf.shape) != want or buf.dtype != np.dtype(dtype):
+            raise RingError(f"ring '{name}': storage {buf.shape} {buf.dtype}, expected {want} {np.dtype(dtype)}")
+        self.buf = buf                      # the stream mode's: a block of the hidden segment
         self.end = 0                        # next logical row to be written
         self.lows = [0] * max(consumers, 1)  # first row each consumer still needs
+
+    def reset(self) -> None:
+        """Empty, for the next run (the storage is reused)."""
+        self.end = 0
+        self.lows = [0] * len(self.lows)
 
     # -------------------------------------------------------------- bookkeeping
 
