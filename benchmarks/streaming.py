@@ -86,6 +86,16 @@ def rss_bytes(field: str) -> int:
     return 0
 
 
+def reset_peak() -> int:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so the peak is the runs' own; the RSS now."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return rss_bytes("VmRSS")
+
+
 def torch_runner(net):
     """Run the optimized network op by op with torch.nn.functional."""
     import torch
@@ -180,21 +190,21 @@ def interleave(net_name: str, size: str, modes: list[str], repeat: int, band: in
     return rows
 
 
-def run_case(net_name: str, size: str, mode: str, repeat: int, band: int) -> dict:
-    hw = SIZES[size]
-    net = build(net_name, hw)
+def first_run(net_name: str, size: str, mode: str, band: int):
+    """Build the case, reset the peak RSS, run once: (net, x, run function, info, RSS before the
+    run, output, seconds of the first run)."""
+    net = build(net_name, SIZES[size])
     # float32 directly: a float64 temporary would set the peak RSS before the run starts
-    x = np.random.default_rng(1).standard_normal((1, 3) + hw, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((1, 3) + SIZES[size], dtype=np.float32)
     fn, info = make_runner(net, mode, band)
-    try:  # reset VmHWM to the current RSS (Linux >= 4.0), so the peak is the run's own
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-    base = rss_bytes("VmRSS")
+    base = reset_peak()
     t = time.perf_counter()
     y = fn(x)
-    first = time.perf_counter() - t
+    return net, x, fn, info, base, y, time.perf_counter() - t
+
+
+def run_case(net_name: str, size: str, mode: str, repeat: int, band: int) -> dict:
+    net, x, fn, info, base, y, first = first_run(net_name, size, mode, band)
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -212,20 +222,9 @@ def run_case(net_name: str, size: str, mode: str, repeat: int, band: int) -> dic
 def serve(net_name: str, size: str, mode: str, band: int) -> int:
     """A worker for --old: build the case, then run it once per "run" line on stdin, printing
     the seconds; "stats" prints the peak RSS and what the runs added to it (JSON lines)."""
-    hw = SIZES[size]
-    net = build(net_name, hw)
-    x = np.random.default_rng(1).standard_normal((1, 3) + hw, dtype=np.float32)
-    fn, info = make_runner(net, mode, band)
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-    base = rss_bytes("VmRSS")
-    t = time.perf_counter()
-    y = fn(x)
-    print(json.dumps({"ready": True, "first_s": time.perf_counter() - t, "sum": float(np.sum(y, dtype=np.float64)),
-                      **info}), flush=True)
+    net, x, fn, info, base, y, first = first_run(net_name, size, mode, band)
+    print(json.dumps({"ready": True, "first_s": first, "sum": float(np.sum(y, dtype=np.float64)), **info}),
+          flush=True)
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "run":

@@ -227,30 +227,20 @@ class KernelConvRunner(Runner):
                 need["rband"] = ob
         return need
 
-    def _run_blocked(self, rings, scratch, r0, r1, dst):
-        """NCHW16c band: gather the input rows (zero rows outside [0, H), and for direct zero
-        columns left/right) into a contiguous blocked band, run the blocked kernel into the
-        output ring's rows (or a contiguous scratch band, then one copy), epilogue fused."""
+    def _run_blocked(self, rings, scratch, r0, r1, dst, lo, hi):
+        """NCHW16c band: gather the input rows [lo, hi) (zero rows outside [0, H), and for
+        direct zero columns left/right) into a contiguous blocked band, run the blocked kernel
+        into the output ring's rows (or a contiguous scratch band, then one copy), epilogue fused."""
         p = self.p
         R = r1 - r0
         n, c, h, w = self.in_shapes[0]
-        lo, hi = self.layer.windows[0].rows(r0, r1)
         src = rings[0]
         a, b = max(lo, 0), min(hi, h)
         left, right = self.bpad
         width = w + left + right
         xb = scratch.get("xband", (n, self.cb_in, hi - lo, width, LANES), np.float32)
         if src.blocked:
-            if a > lo:
-                xb[:, :, :a - lo] = 0
-            if hi > b:
-                xb[:, :, max(b, a) - lo:] = 0
-            if left:
-                xb[:, :, a - lo:b - lo, :left] = 0
-            if right:
-                xb[:, :, a - lo:b - lo, left + w:] = 0
-            if b > a:
-                src.read_into(a, b, xb[:, :, a - lo:b - lo, left:left + w])
+            _fill_rows(src, xb, h, w, lo, hi, left, width, 0)
         else:
             self.fast.to_nchwc(src.read(a, b), padding=(a - lo, hi - b, left, right), out=xb, threads=self.threads)
         res = None
@@ -269,12 +259,12 @@ class KernelConvRunner(Runner):
             store_band(y, dst, self.out_shape[1], self.threads)
 
     def run(self, rings, scratch, r0, r1, dst):
+        lo, hi = self.layer.windows[0].rows(r0, r1)        # the input rows of the band, unclipped
         if self.blocked:
-            return self._run_blocked(rings, scratch, r0, r1, dst)
+            return self._run_blocked(rings, scratch, r0, r1, dst, lo, hi)
         p = self.p
         R = r1 - r0
         n, c, h, w = self.in_shapes[0]
-        lo, hi = self.layer.windows[0].rows(r0, r1)
         src = rings[0]
         a, b = max(lo, 0), min(hi, h)
         if lo >= 0 and hi <= h and src.full and src.buf.flags.c_contiguous and (n == 1 and c == 1):
@@ -441,24 +431,11 @@ class PoolRunner(Runner):
             pool.max_pool_rows(y5, x5, src.capacity, r0, src.height, kernel_size=self.k, stride=p["stride"],
                                padding=p["padding"], dilation=self.d, threads=1)
             return
-        if rings[0].blocked:
-            if dst.ndim != 5:  # pragma: no cover - the layout assignment keeps both sides alike
-                raise ValueError("pooling: NCHW16c input needs NCHW16c output rows")
-            xp = _fill_band_b(rings[0], scratch, "pad", self.in_shapes[0], lo, hi, p["padding"][2], self.width,
-                              pad, dt)
-            first = True
-            for a in range(self.k[0]):
-                for b in range(self.k[1]):
-                    tap = xp[:, :, a * dh:a * dh + (R - 1) * sh + 1:sh, b * dw:b * dw + (wo - 1) * sw + 1:sw]
-                    if first:
-                        dst[...] = tap
-                        first = False
-                    else:
-                        dst += tap
-            dst /= (self.div_rows[r0:r1, None] * self.div_cols[None, :])[:, :, None]
-            return
-        xp = _fill_band(rings[0], scratch, "pad", self.in_shapes[0], lo, hi, p["padding"][2], self.width,
-                        pad, dt)
+        blocked = rings[0].blocked
+        if blocked != (dst.ndim == 5):  # pragma: no cover - the layout assignment keeps both sides alike
+            raise ValueError("pooling: input and output rows must have one layout")
+        fill = _fill_band_b if blocked else _fill_band
+        xp = fill(rings[0], scratch, "pad", self.in_shapes[0], lo, hi, p["padding"][2], self.width, pad, dt)
         y = dst if dt == dst.dtype else scratch.get("acc", dst.shape, dt)
         first = True
         for a in range(self.k[0]):
@@ -472,7 +449,8 @@ class PoolRunner(Runner):
                 else:
                     y += tap
         if not self.is_max:
-            y /= self.div_rows[r0:r1, None] * self.div_cols[None, :]
+            div = self.div_rows[r0:r1, None] * self.div_cols[None, :]      # (R, Wo)
+            y /= div[:, :, None] if blocked else div                      # NCHW16c: the lanes innermost
         if y is not dst:
             dst[...] = y
 
