@@ -23,6 +23,7 @@ kernels read the thread count a step set for its thread (`using`, `nthreads`, `s
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -150,7 +151,7 @@ class Scratch:
 
     def get(self, slot: str, shape, dtype=np.float32) -> np.ndarray:
         """A view of `shape` (an int: 1-D) on the slot's buffer."""
-        n = int(np.prod(shape))
+        n = shape if isinstance(shape, int) else math.prod(shape)   # (np.prod: ~20 us a call)
         key = (slot, np.dtype(dtype))
         buf = self.bufs.get(key)
         if buf is None or buf.size < n:

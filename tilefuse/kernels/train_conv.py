@@ -1,20 +1,47 @@
 """Convolution for training: forward and backward on CNHW tensors, with the fused pre- and
 post-processing of seed 004 (the trainer's conv-centred units, `training/schedule.py`).
 
-A convolution is one GEMM per column tile, ``Y (O, N*Ho*Wo) = W (O, C*kh*kw) @ cols (C*kh*kw,
-N*Ho*Wo)``, with no transposes (CNHW, `cnhw.py`); a 1x1 stride-1 convolution needs no im2col at
-all, and a stride-1 conv whose padded plane wastes little runs as shifted GEMMs on one padded
-copy of its input. GEMMs are `kernels.blas.gemm` (single-threaded OpenBLAS, in place into
-views); tiles are split over the step's threads (`kernels/threads.py`).
+A convolution is GEMMs on column tiles, ``Y (O, m) = W (O, C*kh*kw) @ cols (C*kh*kw, m)``,
+with no transposes (CNHW, `cnhw.py`); a 1x1 stride-1 convolution needs no im2col at all. The
+backward pass computes, per tile,
 
-The numba loops (``nogil``, ``cache``, one tile per call) carry the fused processing:
-im2col with an input-stage transform (BN step 2, shortcut Add, ReLU), col2im with a
-post-processing (error Add, ReLU', BN step-1 sums S1/S2), the backward pre-processing
-``dy = F1*dz + B*x + C``, and the conv epilogue (bias, BN step-1 sums of x and x^2); the batch
-norm algebra itself is in `norm.py`. `conv2d_forward` / `conv2d_backward` are the NCHW free
-functions the tests check against PyTorch autograd.
+    weight gradient   dW^T (C*kh*kw, O) += cols (C*kh*kw, m) @ dy^T (m, O)
+    input gradient    stride-1 "same" convs:  dX (C, m) = Wd (C, O*kh*kw) @ cols_dy (O*kh*kw, m)
+                      (the im2col of dy with the taps mirrored: a gather, no scatter-add)
+                      1x1 stride 1:           dX (C, m) = W^T (C, O) @ dy (O, m)
+                      otherwise:              dcols = W^T @ dy, then col2im (scatter-add)
+
+GEMMs are `kernels.blas.gemm` (single-threaded OpenBLAS, in place into views). The numba loops
+(``nogil``, ``cache``, one tile per call) carry the fused processing: im2col with an input-stage
+transform (BN step 2, shortcut Add, ReLU), the post-processing of the input gradient (error Add,
+ReLU', BN step-1 sums S1/S2) on the GEMM's output tile while it is in cache, the backward
+pre-processing ``dy = F1*dz + B*x + C``, and the conv epilogue (bias, BN step-1 sums of x and
+x^2); the batch-norm algebra itself is in `norm.py`. `conv2d_forward` / `conv2d_backward` are
+the NCHW free functions the tests check against PyTorch autograd.
+
+im2col. A stride-1 conv whose output plane has its input's shape ("same" padding: ResNet's 3x3
+convs) reads tap t of output position q at input position q + d_t of the flattened planes of a
+tile of images, so a cols row is one shifted copy of the (transformed) tile under a 0/1 mask of
+the positions whose tap falls inside the image (`_cols_shift`: contiguous loads and selects,
+~0.1 ns per element). Other convs gather through a (taps, positions) index table into one
+transformed plane with a zero slot for padding (`_cols_gather`).
+
+Partitioning (the same for every thread count). Every conv call runs a task grid that depends
+only on the layer's shape, planned for up to `TASKS` threads (`Plan`): column tiles (image
+ranges, or column ranges for 1x1 stride-1 convs) of about `COLS_BYTES` of operand, split further
+into output-channel blocks (forward) or input-channel blocks (input gradient) when a layer has
+fewer tiles than `TASKS`, and weight-gradient tasks (input-channel block x a fixed group of
+tiles, each group accumulating its tiles in order into its own partial dW, the partials summed
+in group order). Tasks are handed to the step's threads (`kernels.threads.split`) in any order;
+every GEMM call has the same operands whichever thread runs it, and every reduction across tasks
+(BN sums, bias gradient, dW partials) goes through per-task partials summed in a fixed order, so
+the results are bitwise identical for 1, 2, 3, ... threads. A thread builds a tile's cols once
+and reuses them for the next block of the same tile it runs.
 """
 from __future__ import annotations
+
+import threading
+from functools import lru_cache
 
 import numba as nb
 import numpy as np
@@ -22,191 +49,191 @@ import numpy as np
 from .blas import gemm
 from .cnhw import _D64, JIT, JITR, _o, _valid, dummies, to_cnhw, to_nchw
 from .reference import conv_out_size
-from .threads import nthreads, ranges, scratch, split
+from .threads import scratch, split
+
+# ============================================================================ task grid
+
+TASKS = 16                 # the grid is planned for up to this many threads (any count runs it)
+COLS_BYTES = 2 << 20       # operand bytes of a column tile (about one core's L2)
+MIN_COLS = 256             # GEMM columns of a tile when the layer has them
+MAX_COLS = 8192
+MIN_BLOCK = 128            # output / input channels of a block when a layer is split by channels
+                           # (smaller blocks re-pack the tile's cols for too few GEMM rows)
+MIN_KROWS = 128            # cols rows of a weight-gradient block
+DW_PARTIAL_BYTES = 16 << 20  # at most this much memory of weight-gradient partials
+
+_LOCAL = threading.local()
 
 
 # ============================================================================ numba loops
 
 @nb.njit(**JIT)
-def _im2col_pre(x, a, b, s, a2, b2, r_out, cols, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw,
-                ho, wo, affine, skind, relu, write_r):
-    """cols[(c, i, j), (n - n0, oh, ow)] = t(x)[c, n, oh*sh - pt + i*dh, ow*sw - pl + j*dw].
-
-    x: (C, N, H, W); cols: (C*kh*kw, (n1 - n0)*ho*wo). The input-stage transform t is
-        v = a[c]*x + b[c]            if affine (BN step 2), else x
-        v += s  or  a2[c]*s + b2[c]  if skind == 1 or 2 (shortcut Add, optionally BN3 step 2)
-        v = max(v, 0)                if relu
-    computed once per (c, n) plane into a scratch plane (the paper's stashed pre-processing
-    result) and, with write_r, also stored to r_out (pattern 4 keeps C2's input for backward).
-    Padding positions are zero (padding belongs to the conv's actual input t(x)).
-    """
-    C, N, H, W = x.shape
-    kk = kh * kw
-    hw_o = ho * wo
-    transform = affine or skind != 0 or relu or write_r
-    plane = np.empty((H, W), x.dtype)
-    for c in range(C):
-        for n in range(n0, n1):
-            if transform:
-                ac = a[c] if affine else 1
-                bc = b[c] if affine else 0
-                a2c = a2[c] if skind == 2 else 0
-                b2c = b2[c] if skind == 2 else 0
-                for i in range(H):                 # 1-D row slices (they vectorize)
-                    xr = x[c, n, i]
-                    pr = plane[i]
-                    sr = s[c, n, i] if skind != 0 else xr
-                    rr = r_out[c, n, i] if write_r else xr
-                    for j in range(W):
-                        v = xr[j]
-                        if affine:
-                            v = ac * v + bc
-                        if skind == 1:
-                            v += sr[j]
-                        elif skind == 2:
-                            v += a2c * sr[j] + b2c
-                        if relu and v < 0:
-                            v = 0
-                        pr[j] = v
-                        if write_r:
-                            rr[j] = v
-                src = plane
-            else:
-                src = x[c, n]
-            base = (n - n0) * hw_o
-            for ki in range(kh):
-                for kj in range(kw):
-                    row = c * kk + ki * kw + kj
-                    off = kj * dw - pl
-                    lo, hi = _valid(off, sw, W, wo)
-                    for oh in range(ho):
-                        ih = oh * sh - pt + ki * dh
-                        col = base + oh * wo
-                        if ih < 0 or ih >= H:
-                            for ow in range(wo):
-                                cols[row, col + ow] = 0
-                            continue
-                        for ow in range(lo):
-                            cols[row, col + ow] = 0
-                        if sw == 1:
-                            for ow in range(lo, hi):
-                                cols[row, col + ow] = src[ih, ow + off]
-                        else:
-                            for ow in range(lo, hi):
-                                cols[row, col + ow] = src[ih, ow * sw + off]
-                        for ow in range(hi, wo):
-                            cols[row, col + ow] = 0
+def _transform(xr, ac, bc, sr, a2c, b2c, rr, out, affine, skind, relu, write_r):
+    """out[k] = t(xr[k]) over 1-D views (one channel's values), the input-stage transform
+        v = ac*x + bc                if affine (BN step 2), else x
+        v += s  or  a2c*s + b2c      if skind == 1 or 2 (shortcut Add, optionally BN3 step 2)
+        v = max(v, 0)                if relu (NaN stays NaN)
+    and with write_r also rr[k] = v (pattern 4 keeps C2's input for the backward pass)."""
+    n = xr.shape[0]
+    if skind == 0 and not write_r:                 # one tight loop per case (they vectorize)
+        if affine and relu:
+            for k in range(n):
+                v = ac * xr[k] + bc
+                out[k] = 0 if v < 0 else v
+        elif affine:
+            for k in range(n):
+                out[k] = ac * xr[k] + bc
+        elif relu:
+            for k in range(n):
+                v = xr[k]
+                out[k] = 0 if v < 0 else v
+        else:
+            for k in range(n):
+                out[k] = xr[k]
+        return
+    for k in range(n):
+        v = xr[k]
+        if affine:
+            v = ac * v + bc
+        if skind == 1:
+            v += sr[k]
+        elif skind == 2:
+            v += a2c * sr[k] + b2c
+        if relu:
+            v = 0 if v < 0 else v
+        out[k] = v
+        if write_r:
+            rr[k] = v
 
 
-@nb.njit(**JITR)
-def _pre_rows(x2, a, b, s2, a2, b2, r2, out, k0, k1, affine, skind, relu, write_r):
-    """The input-stage transform of _im2col_pre for a 1x1 stride-1 conv, on the column tile
-    [k0, k1) of the (C, M) rows: out[:, k - k0] = t(x2[:, k]) (a per-thread scratch tile that
-    the GEMM reads while it is in cache); with write_r also r2[:, k] = t(x2[:, k])."""
-    C = x2.shape[0]
-    for c in range(C):
+@nb.njit(**JIT)
+def _cols_shift(x2, a, b, s2, a2, b2, r2, cols, n0, n1, c0, c1, hw, d, mask, margin,
+                affine, skind, relu, write_r):
+    """Stride-1 "same" conv: cols[(c - c0)*kk + t, q] = t(x)[c, n0*hw + q + d[t]] where mask[t, q],
+    else 0, for c in [c0, c1) and q < (n1 - n0)*hw.
+
+    x2, s2, r2: (C, N*H*W) rows (hw = H*W); cols: ((c1 - c0)*kk, >= (n1 - n0)*hw); d: (kk,)
+    flat offset of tap t; mask: (kk, >= (n1 - n0)*hw) whether tap t of position q is inside
+    its image. The tile's transformed row sits in a buffer with `margin` zeros on both sides,
+    so every shifted read stays inside it."""
+    L = (n1 - n0) * hw
+    kk = d.shape[0]
+    tb = np.zeros(L + 2 * margin, x2.dtype)
+    mid = tb[margin:margin + L]
+    for c in range(c0, c1):
         ac = a[c] if affine else 1
         bc = b[c] if affine else 0
         a2c = a2[c] if skind == 2 else 0
         b2c = b2[c] if skind == 2 else 0
-        if skind == 0 and not write_r:            # patterns 1-3: one tight loop per row
-            xr = x2[c, k0:k1]                     # (1-D row slices vectorize)
-            orow = out[c]
-            if relu:
-                for j in range(k1 - k0):
-                    v = ac * xr[j] + bc
-                    orow[j] = v if v > 0 else 0
-            else:
-                for j in range(k1 - k0):
-                    orow[j] = ac * xr[j] + bc
-            continue
+        xr = x2[c, n0 * hw:n1 * hw]
+        sr = s2[c, n0 * hw:n1 * hw] if skind != 0 else xr
+        rr = r2[c, n0 * hw:n1 * hw] if write_r else xr
+        _transform(xr, ac, bc, sr, a2c, b2c, rr, mid, affine, skind, relu, write_r)
+        for t in range(kk):
+            row = cols[(c - c0) * kk + t, :L]
+            o = margin + d[t]
+            src = tb[o:o + L]
+            mt = mask[t, :L]
+            for q in range(L):
+                row[q] = src[q] if mt[q] else 0
+
+
+@nb.njit(**JIT)
+def _cols_gather(x2, a, b, s2, a2, b2, r2, cols, n0, n1, c0, c1, HW, idx,
+                 affine, skind, relu, write_r):
+    """Any conv: cols[(c - c0)*kk + t, (n - n0)*hw + p] = plane[idx[t, p]] where plane is the
+    transformed input plane (c, n) (HW values) followed by one zero (the padding slot)."""
+    kk, hw = idx.shape
+    plane = np.zeros(HW + 1, x2.dtype)
+    pv = plane[:HW]
+    for c in range(c0, c1):
+        ac = a[c] if affine else 1
+        bc = b[c] if affine else 0
+        a2c = a2[c] if skind == 2 else 0
+        b2c = b2[c] if skind == 2 else 0
+        for n in range(n0, n1):
+            xr = x2[c, n * HW:(n + 1) * HW]
+            sr = s2[c, n * HW:(n + 1) * HW] if skind != 0 else xr
+            rr = r2[c, n * HW:(n + 1) * HW] if write_r else xr
+            _transform(xr, ac, bc, sr, a2c, b2c, rr, pv, affine, skind, relu, write_r)
+            base = (n - n0) * hw
+            for t in range(kk):
+                row = cols[(c - c0) * kk + t, base:base + hw]
+                it = idx[t]
+                for p in range(hw):
+                    row[p] = plane[it[p]]
+
+
+@nb.njit(**JIT)
+def _pre_rows(x2, a, b, s2, a2, b2, r2, out, k0, k1, affine, skind, relu, write_r):
+    """1x1 stride-1 conv: out[c, k - k0] = t(x2[c, k]) for k in [k0, k1) (t as in _transform)."""
+    for c in range(x2.shape[0]):
+        ac = a[c] if affine else 1
+        bc = b[c] if affine else 0
+        a2c = a2[c] if skind == 2 else 0
+        b2c = b2[c] if skind == 2 else 0
         xr = x2[c, k0:k1]
-        orow = out[c]
         sr = s2[c, k0:k1] if skind != 0 else xr
-        rr = r2[c, k0:k1] if write_r else orow
-        for j in range(k1 - k0):
-            v = xr[j]
-            if affine:
-                v = ac * v + bc
-            if skind == 1:
-                v += sr[j]
-            elif skind == 2:
-                v += a2c * sr[j] + b2c
-            if relu and v < 0:
-                v = 0
-            orow[j] = v
-            if write_r:
-                rr[j] = v
+        rr = r2[c, k0:k1] if write_r else xr
+        _transform(xr, ac, bc, sr, a2c, b2c, rr, out[c, :k1 - k0], affine, skind, relu, write_r)
 
 
 @nb.njit(**JITR)
-def _col2im_post(dcols, dx, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, ho, wo,
-                 acc, has_acc, mk, mask_mode, ma, mb, x1, x2, nstat, s1, s2a, s2b):
-    """dx[c, n] = post(sum of the dcols entries that land on (c, n, ih, iw)), n in [n0, n1).
-
-    dcols: (C*kh*kw, (n1 - n0)*ho*wo); dx: (C, N, H, W). Post-processing, in this order:
-        v += acc[c, n, ih, iw]              if has_acc (the error Add at a fork)
-        v *= (mk > 0) or (ma*mk + mb > 0)   if mask_mode == 1 or 2 (ReLU')
+def _col2im_post(df, ld, dx2, n0, n1, HW, tbl, acc2, has_acc, mk2, mask_mode, ma, mb, x12, x22,
+                 nstat, s1, s2a, s2b):
+    """dx[c, n] = post(sum of the dcols entries that land on (c, n, ih, iw)), n in [n0, n1): the
+    col2im as a gather (no scatter-add): input position p of local image l receives
+    df[c*kk*ld + tbl[j, l, p]] for j < J (kk = rows per channel; unused entries point at a
+    zero column of row c*kk), summed in j order, then post-processed in one pass:
+        v += acc                            if has_acc (the error Add at a fork)
+        v = v if mk > 0 / ma*mk + mb > 0    if mask_mode == 1 / 2 (ReLU')
         s1[c] += v, s2a[c] += v*x1, s2b[c] += v*x2   for nstat >= 1, >= 1, == 2 (BN step 1)
-    """
-    C, N, H, W = dx.shape
-    kk = kh * kw
-    hw_o = ho * wo
-    plane = np.empty((H, W), dx.dtype)
+
+    df: the flat dcols scratch, rows of ld values (a channel block's C*kk rows); dx2, acc2,
+    mk2, x12, x22: (C, N*HW) rows of the block's channels."""
+    C = dx2.shape[0]
+    J = tbl.shape[0]
+    kk_ld = (df.shape[0] // ld) // C * ld
+    plane = np.empty(HW, dx2.dtype)
     for c in range(C):
+        cb = c * kk_ld
         mac = ma[c] if mask_mode == 2 else 1
         mbc = mb[c] if mask_mode == 2 else 0
         t1 = 0.0
         t2 = 0.0
         t3 = 0.0
         for n in range(n0, n1):
-            plane[:, :] = 0
-            base = (n - n0) * hw_o
-            for ki in range(kh):
-                for kj in range(kw):
-                    row = c * kk + ki * kw + kj
-                    off = kj * dw - pl
-                    lo, hi = _valid(off, sw, W, wo)
-                    for oh in range(ho):
-                        ih = oh * sh - pt + ki * dh
-                        if ih < 0 or ih >= H:
-                            continue
-                        col = base + oh * wo
-                        if sw == 1:
-                            for ow in range(lo, hi):
-                                plane[ih, ow + off] += dcols[row, col + ow]
-                        else:
-                            for ow in range(lo, hi):
-                                plane[ih, ow * sw + off] += dcols[row, col + ow]
-            for i in range(H):
-                src = plane[i]                    # 1-D row slices (they vectorize)
-                dr = dx[c, n, i]
-                for j in range(W):
-                    dr[j] = src[j]
+            tl = tbl[:, n - n0]
+            t0 = tl[0]
+            for q in range(HW):                   # gathers in table order (they vectorize)
+                plane[q] = df[cb + t0[q]]
+            for j in range(1, J):
+                tj = tl[j]
+                for q in range(HW):
+                    plane[q] += df[cb + tj[q]]
+            dr = dx2[c, n * HW:(n + 1) * HW]
+            if has_acc == 0 and mask_mode == 0 and nstat == 0:
+                for q in range(HW):
+                    dr[q] = plane[q]
+                continue
+            ar = acc2[c, n * HW:(n + 1) * HW] if has_acc else plane
+            mr = mk2[c, n * HW:(n + 1) * HW] if mask_mode != 0 else plane
+            xr = x12[c, n * HW:(n + 1) * HW] if nstat >= 1 else plane
+            xr2 = x22[c, n * HW:(n + 1) * HW] if nstat == 2 else plane
+            for q in range(HW):                   # one fused pass, selects (no jumps)
+                v = plane[q]
                 if has_acc:
-                    ar = acc[c, n, i]
-                    for j in range(W):
-                        dr[j] += ar[j]
+                    v += ar[q]
                 if mask_mode == 1:
-                    mr = mk[c, n, i]
-                    for j in range(W):
-                        v = dr[j]
-                        dr[j] = v if mr[j] > 0 else 0
+                    v = v if mr[q] > 0 else 0
                 elif mask_mode == 2:
-                    mr = mk[c, n, i]
-                    for j in range(W):
-                        v = dr[j]
-                        dr[j] = v if mac * mr[j] + mbc > 0 else 0
+                    v = v if mac * mr[q] + mbc > 0 else 0
+                dr[q] = v
                 if nstat >= 1:
-                    xr = x1[c, n, i]
-                    for j in range(W):
-                        v = dr[j]
-                        t1 += v
-                        t2 += v * xr[j]
+                    t1 += v
+                    t2 += v * xr[q]
                 if nstat == 2:
-                    xr2 = x2[c, n, i]
-                    for j in range(W):
-                        t3 += dr[j] * xr2[j]
+                    t3 += v * xr2[q]
         if nstat >= 1:
             s1[c] += t1
             s2a[c] += t2
@@ -217,7 +244,7 @@ def _col2im_post(dcols, dx, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, ho, wo,
 @nb.njit(**JITR)
 def _post_rows(d2, k0, k1, acc2, has_acc, mk2, mask_mode, ma, mb, x12, x22, nstat, s1, s2a, s2b):
     """The post-processing of _col2im_post in place on the column tile [k0, k1) of the (C, M)
-    input gradient of a 1x1 stride-1 conv (just written by the GEMM, still in cache).
+    input gradient rows d2 (a channel block, just written by the GEMM, still in cache).
 
     One branch-free inner loop per mode (selects instead of jumps: the ReLU' masks are
     data-dependent and ~50% taken, and per-element branches keep the loop from vectorizing)."""
@@ -261,8 +288,8 @@ def _post_rows(d2, k0, k1, acc2, has_acc, mk2, mask_mode, ma, mb, x12, x22, nsta
 
 @nb.njit(**JITR)
 def _epilogue(y2, c0, c1, bias, has_bias, stats, s, ss):
-    """In place on the column tile y2[:, c0:c1]: add bias; accumulate per-row sum and sum of
-    squares (BN step 1 of the consuming batch norm)."""
+    """In place on the column tile y2[:, c0:c1] (an output-channel block): add bias; per-row sum
+    and sum of squares (BN step 1 of the consuming batch norm) into s, ss."""
     O = y2.shape[0]
     for o in range(O):
         t = 0.0
@@ -283,204 +310,62 @@ def _epilogue(y2, c0, c1, bias, has_bias, stats, s, ss):
 
 
 @nb.njit(**JITR)
-def _bwd_pre(dz, x, f1, bb, cc, out, c0, c1):
-    """out[:, k - c0] = F1*dz[:, k] + B*x[:, k] + C over the column tile (BN step 2 backward).
-
-    dz, x: (O, M) views; out: (O, c1 - c0) contiguous."""
-    O = dz.shape[0]
-    for o in range(O):        # 1-D row slices: 2-D indexing with an offset does not vectorize
+def _bwd_pre(dz, x, f1, bb, cc, out):
+    """out = F1*dz + B*x + C row by row (BN step 2 backward); dz, x, out: (O, L) views."""
+    for o in range(dz.shape[0]):   # 1-D row slices: 2-D indexing with an offset does not vectorize
         fo = f1[o]
         bo = bb[o]
         co = cc[o]
-        d = dz[o, c0:c1]
-        xr = x[o, c0:c1]
+        d = dz[o]
+        xr = x[o]
         orow = out[o]
-        for j in range(c1 - c0):
+        for j in range(d.shape[0]):
             orow[j] = fo * d[j] + bo * xr[j] + co
 
 
-# ----------------------------------------------------------------- shifted-GEMM convolution
-# (stride 1, one group): the input tile is copied once into a zero-padded plane layout
-# (C, images*Hp*Wp); tap (ki, kj) of the kernel is then a GEMM on the same buffer shifted by
-# ki*dh*Wp + kj*dw, accumulated (beta = 1) into a "wide" output (O, images*Hp*Wp) whose
-# positions (oh < ho, ow < wo) are the conv's outputs. No im2col/col2im: the input is
-# copied once instead of kh*kw times, and the tiles stay in cache.
+@nb.njit(**JIT)
+def _sum_transpose(dwp, dw3, gi, k0, k1):
+    """dw3[gi, o, k] = sum over partials p in order of dwp[p, gi, k, o], for k in [k0, k1):
+    the weight-gradient partials (transposed, (K, og) per conv group) summed and turned into
+    W's layout in one pass: 16 rows of K at a time summed into a buffer (contiguous rows of og),
+    then stored transposed (16 contiguous values per output channel)."""
+    P, _, K, og = dwp.shape
+    t = np.empty((16, og), dwp.dtype)
+    for kb in range(k0, k1, 16):
+        nk = min(kb + 16, k1) - kb
+        for i in range(nk):
+            tr = t[i]
+            src = dwp[0, gi, kb + i]
+            for j in range(og):
+                tr[j] = src[j]
+            for q in range(1, P):
+                src = dwp[q, gi, kb + i]
+                for j in range(og):
+                    tr[j] += src[j]
+        for o in range(og):
+            r = dw3[gi, o]
+            for i in range(nk):
+                r[kb + i] = t[i, o]
 
 
 @nb.njit(**JITR)
-def _pad_pre(x, a, b, s, a2, b2, r_out, xp, n0, n1, pt, pl, Hp, Wp,
-             affine, skind, relu, write_r):
-    """xp[c, (n - n0)*Hp*Wp + (i + pt)*Wp + j + pl] = t(x)[c, n, i, j], zeros around (and in
-    the tail of xp); t as in _im2col_pre (with write_r also r_out = t(x))."""
-    C, N, H, W = x.shape
-    P = Hp * Wp
-    L = (n1 - n0) * P
-    for c in range(C):
-        ac = a[c] if affine else 1
-        bc = b[c] if affine else 0
-        a2c = a2[c] if skind == 2 else 0
-        b2c = b2[c] if skind == 2 else 0
-        for k in range(L, xp.shape[1]):
-            xp[c, k] = 0
-        for n in range(n0, n1):
-            base = (n - n0) * P
-            for i in range(Hp):
-                r = base + i * Wp
-                ii = i - pt
-                if ii < 0 or ii >= H:
-                    for j in range(Wp):
-                        xp[c, r + j] = 0
-                    continue
-                for j in range(pl):
-                    xp[c, r + j] = 0
-                for j in range(pl + W, Wp):
-                    xp[c, r + j] = 0
-                xr = x[c, n, ii]                 # 1-D row slices (they vectorize)
-                orow = xp[c, r + pl:r + pl + W]
-                if not (skind != 0 or write_r):
-                    for j in range(W):
-                        v = xr[j]
-                        if affine:
-                            v = ac * v + bc
-                        if relu and v < 0:
-                            v = 0
-                        orow[j] = v
-                    continue
-                sr = s[c, n, ii] if skind != 0 else xr
-                rr = r_out[c, n, ii] if write_r else xr
-                for j in range(W):
-                    v = xr[j]
-                    if affine:
-                        v = ac * v + bc
-                    if skind == 1:
-                        v += sr[j]
-                    elif skind == 2:
-                        v += a2c * sr[j] + b2c
-                    if relu and v < 0:
-                        v = 0
-                    orow[j] = v
-                    if write_r:
-                        rr[j] = v
-
-
-@nb.njit(**JITR)
-def _unwide(yw, y, n0, n1, Hp, Wp, bias, has_bias, stats, s, ss):
-    """y[o, n, oh, ow] = yw[o, (n - n0)*Hp*Wp + oh*Wp + ow] (+ bias), BN step-1 sums."""
-    O, N, ho, wo = y.shape
-    P = Hp * Wp
-    for o in range(O):
+def _row_sums(a2, out):
+    """out[o] = sum of row o of a2 (float64)."""
+    for o in range(a2.shape[0]):
         t = 0.0
-        tt = 0.0
-        for n in range(n0, n1):
-            base = (n - n0) * P
-            for i in range(ho):
-                for j in range(wo):
-                    v = yw[o, base + i * Wp + j]
-                    if has_bias:
-                        v += bias[o]
-                    y[o, n, i, j] = v
-                    if stats:
-                        t += v
-                        tt += v * v
-        if stats:
-            s[o] += t
-            ss[o] += tt
+        r = a2[o]
+        for j in range(r.shape[0]):
+            t += r[j]
+        out[o] = t
 
 
-@nb.njit(**JITR)
-def _wide_dy(dz, xb, f1, bb, cc, pre, dyw, n0, n1, Hp, Wp):
-    """dyw[o, (n - n0)*Hp*Wp + oh*Wp + ow] = dy[o, n, oh, ow], zero elsewhere; dy = dz, or
-    F1*dz + B*xb + C when pre (BN step 2 backward)."""
-    O, N, ho, wo = dz.shape
-    P = Hp * Wp
-    for o in range(O):
-        for n in range(n0, n1):
-            base = (n - n0) * P
-            for i in range(Hp):
-                r = base + i * Wp
-                if i >= ho:
-                    for j in range(Wp):
-                        dyw[o, r + j] = 0
-                    continue
-                for j in range(wo):
-                    v = dz[o, n, i, j]
-                    if pre:
-                        v = f1[o] * v + bb[o] * xb[o, n, i, j] + cc[o]
-                    dyw[o, r + j] = v
-                for j in range(wo, Wp):
-                    dyw[o, r + j] = 0
-
-
-@nb.njit(**JITR)
-def _unpad_post(dxp, dx, n0, n1, pt, pl, Hp, Wp, acc, has_acc, mk, mask_mode, ma, mb,
-                x1, x2, nstat, s1, s2a, s2b):
-    """dx[c, n, i, j] = post(dxp[c, (n - n0)*Hp*Wp + (i + pt)*Wp + j + pl]); post as in
-    _col2im_post."""
-    C, N, H, W = dx.shape
-    P = Hp * Wp
-    for c in range(C):
-        mac = ma[c] if mask_mode == 2 else 1
-        mbc = mb[c] if mask_mode == 2 else 0
-        t1 = 0.0
-        t2 = 0.0
-        t3 = 0.0
-        for n in range(n0, n1):
-            base = (n - n0) * P
-            for i in range(H):
-                r = base + (i + pt) * Wp + pl
-                src = dxp[c, r:r + W]             # 1-D row slices (they vectorize)
-                dr = dx[c, n, i]
-                for j in range(W):
-                    dr[j] = src[j]
-                if has_acc:
-                    ar = acc[c, n, i]
-                    for j in range(W):
-                        dr[j] += ar[j]
-                if mask_mode == 1:
-                    mr = mk[c, n, i]
-                    for j in range(W):
-                        v = dr[j]
-                        dr[j] = v if mr[j] > 0 else 0
-                elif mask_mode == 2:
-                    mr = mk[c, n, i]
-                    for j in range(W):
-                        v = dr[j]
-                        dr[j] = v if mac * mr[j] + mbc > 0 else 0
-                if nstat >= 1:
-                    xr = x1[c, n, i]
-                    for j in range(W):
-                        v = dr[j]
-                        t1 += v
-                        t2 += v * xr[j]
-                if nstat == 2:
-                    xr2 = x2[c, n, i]
-                    for j in range(W):
-                        t3 += dr[j] * xr2[j]
-        if nstat >= 1:
-            s1[c] += t1
-            s2a[c] += t2
-        if nstat == 2:
-            s2b[c] += t3
-
-
-# ============================================================================ python wrappers
-
-# per-thread tile budgets: an im2col tile (C*kh*kw, columns) of about _COLS_BYTES, and for
-# 1x1 stride-1 convs a column tile whose input and output rows fit in the 1 MB L2 of a core
-# (the transformed input tile and the post-processed gradient tile never leave the cache)
-_COLS_BYTES = 4 << 20
-_L2_TILE = 4 << 20
-_MIN_COLS = 512
-_SHIFT_BYTES = 2 << 20
-SHIFT_MAX_WASTE = 1.2      # padded plane / output plane above which im2col is used instead
-
+# ============================================================================ geometry
 
 class ConvGeom:
     """Static geometry of one conv2d op (IR-normalized params) on CNHW tensors."""
 
     __slots__ = ("C", "N", "H", "W", "O", "kh", "kw", "sh", "sw", "pt", "pb", "pl", "pr",
-                 "dh", "dw", "groups", "ho", "wo", "direct", "K", "shift", "Hp", "Wp", "tail",
-                 "offs")
+                 "dh", "dw", "groups", "ho", "wo", "direct", "same", "K", "key")
 
     def __init__(self, x_shape, w_shape, stride, padding, dilation, groups):
         self.N, self.C, self.H, self.W = x_shape           # logical NCHW shape
@@ -495,57 +380,170 @@ class ConvGeom:
         # 1x1, stride 1, no padding: cols is the input itself, (C, N*H*W)
         self.direct = (self.kh == self.kw == 1 and self.sh == self.sw == 1
                        and tuple(padding) == (0, 0, 0, 0))
-        # stride 1, one group, kh*kw > 1: shifted GEMMs on a padded copy (see _pad_pre) when
-        # the padded plane wastes little (< 20%) GEMM work on the positions it skips
-        self.Hp, self.Wp = self.H + self.pt + self.pb, self.W + self.pl + self.pr
-        self.tail = self.dh * (self.kh - 1) * self.Wp + self.dw * (self.kw - 1)
-        self.offs = [ki * self.dh * self.Wp + kj * self.dw
-                     for ki in range(self.kh) for kj in range(self.kw)]
-        self.shift = (self.sh == self.sw == 1 and groups == 1 and self.kh * self.kw > 1
-                      and self.ho > 0 and self.wo > 0
-                      and self.Hp * self.Wp <= SHIFT_MAX_WASTE * self.ho * self.wo)
+        # stride 1, output plane = input plane: im2col and the input gradient are shifted copies
+        self.same = (not self.direct and self.sh == self.sw == 1 and self.ho == self.H
+                     and self.wo == self.W)
+        self.key = (self.N, self.C, self.H, self.W, self.O, cg, self.kh, self.kw, self.sh,
+                    self.sw, tuple(padding), self.dh, self.dw, groups)
 
     def args(self):
         return (self.kh, self.kw, self.sh, self.sw, self.pt, self.pl, self.dh, self.dw,
                 self.ho, self.wo)
 
-    def tiles(self, target_bytes=_COLS_BYTES, itemsize=4, threads=None):
-        """Image ranges [n0, n1) whose im2col buffer is about target_bytes (>= 1 image, and
-        >= _MIN_COLS GEMM columns when the batch allows), a multiple of `threads` of them."""
-        t = nthreads() if threads is None else threads
-        hw = self.ho * self.wo
-        per_image = self.C * self.kh * self.kw * hw * itemsize
-        nb_ = max(1, target_bytes // max(per_image, 1), -(-_MIN_COLS // max(hw, 1)))
-        nb_ = min(nb_, max(1, -(-self.N // t)))
-        nt = -(-self.N // nb_)
-        if nt > 1:
-            nt = -(-nt // t) * t
-        nb_ = -(-self.N // nt)
-        return [(n0, min(self.N, n0 + nb_)) for n0 in range(0, self.N, nb_)]
+    @property
+    def kk(self):
+        return self.kh * self.kw
 
-    def shift_tiles(self, itemsize=4, threads=None):
-        """Image ranges for the shifted-GEMM path: padded input + wide output of a tile in
-        about _SHIFT_BYTES."""
-        t = nthreads() if threads is None else threads
-        per_image = (self.C + self.O) * self.Hp * self.Wp * itemsize
-        nb_ = max(1, min(_SHIFT_BYTES // per_image, -(-self.N // t)))
-        nt = -(-self.N // nb_)
-        if nt > 1:
-            nt = -(-nt // t) * t
-        nb_ = -(-self.N // nt)
-        return [(n0, min(self.N, n0 + nb_)) for n0 in range(0, self.N, nb_)]
 
-    def col_tiles(self, itemsize=4, threads=None):
-        """Column ranges of the (C, N*H*W) rows of a 1x1 stride-1 conv (see _L2_TILE)."""
-        t = nthreads() if threads is None else threads
-        M = self.N * self.ho * self.wo
-        m = max(1024, _L2_TILE // (itemsize * (self.C + self.O)) // 64 * 64)
-        m = min(m, max(64, -(-M // t)))
-        return ranges(M, -(-M // m))
+@lru_cache(maxsize=256)
+def _shift_tables(key, nb_, mirrored):
+    """(d, mask, margin) of the shifted im2col of a "same" conv for tiles of nb_ images: tap t of
+    output position q reads input position q + d[t] when mask[t, q]. mirrored: the tables of the
+    input gradient's gather (output position q - d[t] feeds input position q)."""
+    N, C, H, W, O, cg, kh, kw, sh, sw, pad, dh, dw, groups = key
+    pt, pl = pad[0], pad[2]
+    ih = np.arange(H)[:, None]
+    iw = np.arange(W)[None, :]
+    d = np.empty(kh * kw, np.int64)
+    mask = np.empty((kh * kw, nb_ * H * W), np.bool_)
+    for ki in range(kh):
+        for kj in range(kw):
+            t = ki * kw + kj
+            oy, ox = ki * dh - pt, kj * dw - pl
+            if mirrored:           # input (ih, iw) <- output (ih - oy, iw - ox)
+                ok = (ih - oy >= 0) & (ih - oy < H) & (iw - ox >= 0) & (iw - ox < W)
+                d[t] = -(oy * W + ox)
+            else:                  # output (oh, ow) <- input (oh + oy, ow + ox)
+                ok = (ih + oy >= 0) & (ih + oy < H) & (iw + ox >= 0) & (iw + ox < W)
+                d[t] = oy * W + ox
+            mask[t] = np.tile(ok.reshape(-1), nb_)
+    return d, mask, int(np.abs(d).max()) if d.size else 0
 
+
+@lru_cache(maxsize=256)
+def _gather_table(key):
+    """idx (kk, ho*wo): the flat input position tap t of output position p reads, or H*W (the
+    zero slot) where it falls into the padding."""
+    N, C, H, W, O, cg, kh, kw, sh, sw, pad, dh, dw, groups = key
+    pt, pl = pad[0], pad[2]
+    ho = conv_out_size(H, kh, sh, pad[0], pad[1], dh)
+    wo = conv_out_size(W, kw, sw, pad[2], pad[3], dw)
+    oh = np.arange(ho)[:, None]
+    ow = np.arange(wo)[None, :]
+    idx = np.empty((kh * kw, ho * wo), np.int32)
+    for ki in range(kh):
+        for kj in range(kw):
+            ih = oh * sh - pt + ki * dh
+            iw = ow * sw - pl + kj * dw
+            ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            idx[ki * kw + kj] = np.where(ok, ih * W + iw, H * W).reshape(-1)
+    return idx
+
+
+@lru_cache(maxsize=256)
+def _col2im_table(key, nb_, ld):
+    """tbl (J, nb_, H*W) int32 for _col2im_post: for input position p of local image l, the
+    offsets t*ld + l*ho*wo + q of the dcols entries (tap t, output position q) that land on it,
+    in tap order, padded with ld - 1 (a zero column); J = the most any position receives."""
+    N, C, H, W, O, cg, kh, kw, sh, sw, pad, dh, dw, groups = key
+    pt, pl = pad[0], pad[2]
+    ho = conv_out_size(H, kh, sh, pad[0], pad[1], dh)
+    wo = conv_out_size(W, kw, sw, pad[2], pad[3], dw)
+    lists = [[] for _ in range(H * W)]
+    for ki in range(kh):
+        for kj in range(kw):
+            for oh in range(ho):
+                ih = oh * sh - pt + ki * dh
+                if not 0 <= ih < H:
+                    continue
+                for ow in range(wo):
+                    iw = ow * sw - pl + kj * dw
+                    if 0 <= iw < W:
+                        lists[ih * W + iw].append((ki * kw + kj) * ld + oh * wo + ow)
+    J = max(1, max(len(v) for v in lists))
+    tbl = np.full((J, nb_, H * W), ld - 1, np.int32)
+    for p, v in enumerate(lists):
+        for j, off in enumerate(v):
+            tbl[j, :, p] = off + np.arange(nb_) * (ho * wo)
+    return tbl
+
+
+# ============================================================================ task grid
+
+def _ranges(n, parts, align=1):
+    """range(n) in `parts` contiguous [lo, hi) pieces of equal size (multiples of align)."""
+    parts = max(1, min(parts, -(-n // align)))
+    step = -(-n // parts)
+    step = -(-step // align) * align
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+
+def _blocks(rows, groups, ntiles, min_rows=MIN_BLOCK):
+    """(group, lo, hi) row blocks of each group's `rows` rows: one per group when the layer has
+    TASKS tiles, else enough for about TASKS tasks (blocks of >= min_rows, multiples of 16)."""
+    per = 1
+    if ntiles * groups < TASKS:
+        per = max(1, min(-(-TASKS // (ntiles * groups)), rows // min_rows))
+    out = []
+    for gi in range(groups):
+        for lo, hi in _ranges(rows, per, 16 if rows >= 16 * per else 1):
+            out.append((gi, gi * rows + lo, gi * rows + hi))
+    return out
+
+
+class Plan:
+    """A conv's task grid (shape only, see the module docstring).
+
+    tiles: column tiles, as image ranges [n0, n1) (im2col) or column ranges (direct);
+    cols(i): the tile's GEMM columns [c0, c1); oblocks / cblocks: (group, lo, hi) output / input
+    channel blocks of the forward and input-gradient tasks; kblocks: (group, c_lo, c_hi)
+    input-channel blocks of the weight gradient; dw_groups: tile ranges whose weight-gradient
+    partial one task accumulates in order."""
+
+    def __init__(self, g: ConvGeom, itemsize=4):
+        hw = g.ho * g.wo
+        M = g.N * hw
+        Cg = g.C // g.groups
+        og = g.O // g.groups
+        rows = max(g.C * g.kk, g.O * g.kk if g.same else 0)   # operand rows per column
+        m = max(MIN_COLS, min(MAX_COLS, COLS_BYTES // max(rows * itemsize, 1)))
+        m = min(m, max(MIN_COLS, -(-M // TASKS)))            # TASKS tiles when the layer has them
+        if g.direct:
+            self.unit = 1
+            self.tiles = _ranges(M, -(-M // m), 64)
+        else:
+            nb_ = max(1, min(g.N, round(m / max(hw, 1))))
+            self.unit = hw
+            self.tiles = _ranges(g.N, -(-g.N // nb_))
+        nt = len(self.tiles)
+        self.max_units = max(hi - lo for lo, hi in self.tiles)
+        self.oblocks = _blocks(og, g.groups, nt)
+        self.cblocks = _blocks(Cg, g.groups, nt)
+        # weight gradient: tile groups that accumulate their own partial dW, as many as TASKS
+        # needs while the partials stay within DW_PARTIAL_BYTES; input-channel blocks (of >=
+        # MIN_KROWS cols rows) for the rest
+        dw_bytes = g.O * g.K * itemsize
+        ng = max(1, min(nt, TASKS, DW_PARTIAL_BYTES // max(dw_bytes, 1)))
+        nk = max(1, min(Cg, (Cg * g.kk) // MIN_KROWS, -(-TASKS // (ng * g.groups))))
+        self.kblocks = [(gi, gi * Cg + lo, gi * Cg + hi) for gi in range(g.groups)
+                        for lo, hi in _ranges(Cg, nk)]
+        self.dw_groups = _ranges(nt, ng)
+
+    def cols(self, i):
+        lo, hi = self.tiles[i]
+        return lo * self.unit, hi * self.unit
+
+
+@lru_cache(maxsize=256)
+def plan(key, itemsize=4) -> Plan:
+    N, C, H, W, O, cg, kh, kw, sh, sw, pad, dh, dw, groups = key
+    return Plan(ConvGeom((N, C, H, W), (O, cg, kh, kw), (sh, sw), pad, (dh, dw), groups), itemsize)
+
+
+# ============================================================================ python wrappers
 
 class Pre:
-    """Input-stage transform of a fused conv (see _im2col_pre); all None = identity."""
+    """Input-stage transform of a fused conv (see _transform); all None = identity."""
 
     __slots__ = ("a", "b", "s", "a2", "b2", "relu", "r_out")
 
@@ -561,31 +559,15 @@ class Pre:
         return (self.a is not None, 0 if self.s is None else (2 if self.a2 is not None else 1),
                 self.relu, self.r_out is not None)
 
+    def args(self, dtype, C):
+        """(a, b, s2, a2, b2, r2) with placeholders for the unused ones; s, r as (C, L) rows."""
+        d1, _, d2 = dummies(dtype)
+        return (_o(self.a, d1), _o(self.b, d1),
+                d2 if self.s is None else self.s.reshape(C, -1), _o(self.a2, d1), _o(self.b2, d1),
+                d2 if self.r_out is None else self.r_out.reshape(C, -1))
+
 
 IDENTITY = Pre()
-
-
-def im2col(x, g: ConvGeom, n0, n1, pre: Pre = IDENTITY, out=None):
-    """(C, N, H, W) -> cols (C*kh*kw, (n1-n0)*ho*wo) of the transformed input (see Pre)."""
-    m = (n1 - n0) * g.ho * g.wo
-    if g.direct and pre.identity:
-        return x[:, n0:n1].reshape(x.shape[0], m)  # (C, nb, H, W) -> (C, nb*H*W), no copy
-    d1, d4, _ = dummies(x.dtype)
-    cols = out if out is not None else np.empty((x.shape[0] * g.kh * g.kw, m), x.dtype)
-    _im2col_pre(x, _o(pre.a, d1), _o(pre.b, d1), _o(pre.s, d4), _o(pre.a2, d1), _o(pre.b2, d1),
-                _o(pre.r_out, d4), cols, n0, n1, *g.args(), *pre.flags())
-    return cols
-
-
-def pre_rows(x, g: ConvGeom, k0, k1, pre: Pre, out):
-    """1x1 stride-1 conv: the transformed input columns [k0, k1) into the scratch tile `out`."""
-    d1, _, d2 = dummies(x.dtype)
-    x2 = x.reshape(x.shape[0], -1)
-    s2 = d2 if pre.s is None else pre.s.reshape(x2.shape)
-    r2 = d2 if pre.r_out is None else pre.r_out.reshape(x2.shape)
-    _pre_rows(x2, _o(pre.a, d1), _o(pre.b, d1), s2, _o(pre.a2, d1), _o(pre.b2, d1), r2, out,
-              k0, k1, *pre.flags())
-    return out
 
 
 class Post:
@@ -611,292 +593,245 @@ class Post:
         return (0 if self.mk is None else (2 if self.ma is not None else 1),
                 0 if self.x1 is None else (2 if self.x2 is not None else 1))
 
-    def local_sums(self):
-        """Fresh (s1, s2a, s2b) accumulators for one thread."""
-        return np.zeros_like(self.s1), np.zeros_like(self.s2a), np.zeros_like(self.s2b)
 
-    def add_sums(self, sums):
-        for a, b in zip((self.s1, self.s2a, self.s2b), sums):
-            a += b
-
-
-def col2im(dcols, dx, g: ConvGeom, n0, n1, post: Post | None = None, sums=None):
-    """Scatter-add dcols into dx[:, n0:n1] (CNHW), then post-process (see Post); the BN sums
-    go to `sums` (per-thread) or to post.s1/s2a/s2b."""
-    post = post or Post()
-    d1, d4, _ = dummies(dx.dtype)
-    mask_mode, nstat = post.modes()
-    s1, s2a, s2b = sums if sums is not None else (post.s1, post.s2a, post.s2b)
-    _col2im_post(dcols, dx, n0, n1, *g.args(), _o(post.acc, d4), post.acc is not None,
-                 _o(post.mk, d4), mask_mode, _o(post.ma, d1), _o(post.mb, d1),
-                 _o(post.x1, d4), _o(post.x2, d4), nstat, s1, s2a, s2b)
-
-
-def post_rows(dx2, k0, k1, post: Post, sums):
-    """1x1 stride-1 conv: post-process the input-gradient columns [k0, k1) in place."""
-    d1, _, d2 = dummies(dx2.dtype)
-    mask_mode, nstat = post.modes()
-    C = dx2.shape[0]
-
-    def r(t):
-        return d2 if t is None else t.reshape(C, -1)
-    _post_rows(dx2, k0, k1, r(post.acc), post.acc is not None, r(post.mk), mask_mode,
-               _o(post.ma, d1), _o(post.mb, d1), r(post.x1), r(post.x2), nstat, *sums)
-
-
-def epilogue(y2, c0, c1, bias=None, stats=None):
-    """Bias add and BN step-1 sums on a GEMM output column tile; stats = (s, ss) float64."""
-    d1, _, _ = dummies(y2.dtype)
-    s, ss = stats if stats is not None else (_D64, _D64)
-    if bias is None and stats is None:
-        return
-    _epilogue(y2, c0, c1, _o(bias, d1), bias is not None, stats is not None, s, ss)
-
-
-def bwd_pre(dz2, x2, f1, bb, cc, c0, c1, out=None):
-    out = out if out is not None else np.empty((dz2.shape[0], c1 - c0), dz2.dtype)
-    _bwd_pre(dz2, x2, f1, bb, cc, out, c0, c1)
+def _tile_cols(x, g: ConvGeom, p: Plan, i, c0, c1, pre: Pre, out, token=None):
+    """The cols rows of input channels [c0, c1) for tile i: a view of x (1x1 stride 1, no
+    transform) or `out` filled by the fused im2col. With a token, a thread that built the same
+    (token, tile, channels) last returns its buffer as is."""
+    lo, hi = p.tiles[i]
+    if g.direct and pre.identity:
+        return x.reshape(x.shape[0], -1)[c0:c1, lo:hi]
+    if token is not None:
+        key = (token, i, c0, c1)
+        if getattr(_LOCAL, "cols_key", None) == key:   # same call (token), tile and channels:
+            return out                                   # the scratch still holds them
+    C = x.shape[0]
+    x2 = x.reshape(C, -1)
+    a, b, s2, a2, b2, r2 = pre.args(x.dtype, C)
+    if g.direct:
+        _pre_rows(x2[c0:c1], a[c0:c1] if pre.a is not None else a,
+                  b[c0:c1] if pre.b is not None else b,
+                  s2[c0:c1] if pre.s is not None else s2,
+                  a2[c0:c1] if pre.a2 is not None else a2,
+                  b2[c0:c1] if pre.b2 is not None else b2,
+                  r2[c0:c1] if pre.r_out is not None else r2, out, lo, hi, *pre.flags())
+    elif g.same:
+        d, mask, margin = _shift_tables(g.key, p.max_units, False)
+        _cols_shift(x2, a, b, s2, a2, b2, r2, out, lo, hi, c0, c1, g.H * g.W, d, mask, margin,
+                    *pre.flags())
+    else:
+        _cols_gather(x2, a, b, s2, a2, b2, r2, out, lo, hi, c0, c1, g.H * g.W,
+                     _gather_table(g.key), *pre.flags())
+    if token is not None:
+        _LOCAL.cols_key = (token, i, c0, c1)
     return out
 
 
-def pad_pre(x, g: ConvGeom, n0, n1, pre: Pre):
-    """The tile's transformed input in the padded-plane layout of the shifted-GEMM path."""
-    d1, d4, _ = dummies(x.dtype)
-    xp = scratch("xp", (g.C, (n1 - n0) * g.Hp * g.Wp + g.tail), x.dtype)
-    _pad_pre(x, _o(pre.a, d1), _o(pre.b, d1), _o(pre.s, d4), _o(pre.a2, d1), _o(pre.b2, d1),
-             _o(pre.r_out, d4), xp, n0, n1, g.pt, g.pl, g.Hp, g.Wp, *pre.flags())
-    return xp
+def _dy_cols(dy, g: ConvGeom, p: Plan, i, out, token):
+    """The im2col of the output gradient with mirrored taps (stride-1 "same" convs): rows
+    (o, t), the columns of tile i (thread-cached like _tile_cols)."""
+    key = (token, i)
+    if getattr(_LOCAL, "dcols_key", None) == key:
+        return out
+    lo, hi = p.tiles[i]
+    O = dy.shape[0]
+    d1, _, d2 = dummies(dy.dtype)
+    d, mask, margin = _shift_tables(g.key, p.max_units, True)
+    _cols_shift(dy.reshape(O, -1), d1, d1, d2, d1, d1, d2, out, lo, hi, 0, O, g.H * g.W, d, mask,
+                margin, False, 0, False, False)
+    _LOCAL.dcols_key = key
+    return out
 
 
-def _taps(w, g: ConvGeom):
-    """(kh*kw, O, C): one (O, C) weight matrix per kernel tap."""
-    return np.ascontiguousarray(w.reshape(g.O, g.C, g.kh * g.kw).transpose(2, 0, 1))
+def _sum_rows(part, out):
+    """out += the per-task partials part (tasks, n) summed in task order (fixed for a grid)."""
+    acc = part[0].copy()
+    for r in part[1:]:
+        acc += r
+    out += acc
 
 
-def _thread_sums(O, threads, on):
-    return [(np.zeros(O), np.zeros(O)) if on else None for _ in range(threads)]
+def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=None, out=None):
+    """Y (O, N, Ho, Wo) = conv(t(x), w) [+ bias], BN step-1 sums added into stats = (s, ss).
 
-
-def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=None,
-                      out=None, tiles=None):
-    """Y (O, N, Ho, Wo) = conv(t(x), w) [+ bias], BN step-1 sums into stats, tile by tile.
-
-    Tiles (ranges of images, or of columns for 1x1 stride-1 convs) are split over the
-    threads of `kernels.threads.split`; each thread transforms its tile into its own scratch buffer,
-    runs one single-threaded GEMM per group and the epilogue on the tile it just wrote."""
+    Tasks (tile, output-channel block) of the layer's Plan: each builds its tile's cols (the
+    transformed input, im2col) in its thread's scratch (once per tile and thread), runs one
+    single-threaded GEMM into its block of Y and the epilogue on the block it just wrote; the
+    BN sums go to per-tile partials summed in tile order."""
+    p = plan(g.key, x.dtype.itemsize)
     y = out if out is not None else np.empty((g.O, g.N, g.ho, g.wo), x.dtype)
     y2 = y.reshape(g.O, -1)
-    og = g.O // g.groups
     w2 = w.reshape(g.O, -1)                         # (O, Cg*kh*kw)
-    hw = g.ho * g.wo
-    T = nthreads()
-    st = _thread_sums(g.O, T, stats is not None)
-    x2 = x.reshape(x.shape[0], -1)
-    direct = g.direct and tiles is None
-    if g.shift and tiles is None:
-        return _shift_forward(x, w, g, y, bias, pre, stats, st)
-    tl = g.col_tiles(x.dtype.itemsize) if direct else (tiles or g.tiles(itemsize=x.dtype.itemsize))
-
-    def task(i, tid):
-        if direct:
-            c0, c1 = tl[i]
-            if pre.identity:
-                cols = x2[:, c0:c1]
-            else:
-                cols = pre_rows(x, g, c0, c1, pre, scratch("cols", (g.C, c1 - c0), x.dtype))
-        else:
-            n0, n1 = tl[i]
-            c0, c1 = n0 * hw, n1 * hw
-            cols = (im2col(x, g, n0, n1, pre) if g.direct and pre.identity else
-                    im2col(x, g, n0, n1, pre,
-                           out=scratch("cols", (g.C * g.kh * g.kw, c1 - c0), x.dtype)))
-        for gi in range(g.groups):
-            gemm(w2[gi * og:(gi + 1) * og], cols[gi * g.K:(gi + 1) * g.K],
-                     y2[gi * og:(gi + 1) * og, c0:c1])
-        epilogue(y2, c0, c1, bias, st[tid])
-
-    split(len(tl), task)
-    if stats is not None:
-        for s in st:
-            stats[0][...] += s[0]
-            stats[1][...] += s[1]
-    return y
-
-
-def _shift_forward(x, w, g: ConvGeom, y, bias, pre, stats, st):
-    wk = _taps(w, g)
-    tl = g.shift_tiles(x.dtype.itemsize)
-    P = g.Hp * g.Wp
+    K = g.K
+    nt, nb_ = len(p.tiles), len(p.oblocks)
     d1, _, _ = dummies(x.dtype)
+    part = np.zeros((nt, 2, g.O)) if stats is not None else None
+    token = object()
+    rows = g.C if g.direct else g.C * g.kk
 
-    def task(i, tid):
-        n0, n1 = tl[i]
-        L = (n1 - n0) * P
-        xp = pad_pre(x, g, n0, n1, pre)
-        yw = scratch("yw", (g.O, L), x.dtype)
-        for k, off in enumerate(g.offs):
-            gemm(wk[k], xp[:, off:off + L], yw, beta=0.0 if k == 0 else 1.0)
-        s_, ss_ = st[tid] if st[tid] is not None else (_D64, _D64)
-        _unwide(yw, y, n0, n1, g.Hp, g.Wp, _o(bias, d1), bias is not None, st[tid] is not None,
-                s_, ss_)
+    def task(k, tid):
+        i, j = divmod(k, nb_)
+        gi, o0, o1 = p.oblocks[j]
+        c0, c1 = p.cols(i)
+        cols = _tile_cols(x, g, p, i, 0, g.C, pre, scratch("cols", (rows, c1 - c0), x.dtype), token)
+        gemm(w2[o0:o1], cols[gi * K:(gi + 1) * K], y2[o0:o1, c0:c1])
+        if bias is not None or part is not None:
+            s, ss = (part[i, 0, o0:o1], part[i, 1, o0:o1]) if part is not None else (_D64, _D64)
+            _epilogue(y2[o0:o1], c0, c1, bias[o0:o1] if bias is not None else d1,
+                      bias is not None, part is not None, s, ss)
 
-    split(len(tl), task)
+    split(nt * nb_, task)
     if stats is not None:
-        for s in st:
-            stats[0][...] += s[0]
-            stats[1][...] += s[1]
+        _sum_rows(part[:, 0], stats[0])
+        _sum_rows(part[:, 1], stats[1])
     return y
 
 
-def _shift_backward(dy, x, w, g: ConvGeom, pre, post, dy_pre, need_dx, has_bias):
-    T = nthreads()
-    wk = _taps(w, g)
-    kk = g.kh * g.kw
-    dwks = [np.zeros((kk, g.O, g.C), w.dtype) for _ in range(T)]
-    dbs = [np.zeros(g.O, np.float64) for _ in range(T)] if has_bias else None
-    dx = np.empty((g.C, g.N, g.H, g.W), x.dtype) if need_dx else None
-    post = post or Post()
-    sums = [post.local_sums() for _ in range(T)]
-    mask_mode, nstat = post.modes()
-    d1, d4, _ = dummies(x.dtype)
-    tl = g.shift_tiles(x.dtype.itemsize)
-    P = g.Hp * g.Wp
-    if dy_pre is None:
-        src, xb, f1, bb, cc = dy, d4, d1, d1, d1
-    else:
-        src, xb, f1, bb, cc = dy_pre
+@nb.njit(**JIT)
+def _mirror_rows(w4, out, c0, c1):
+    """out[c, o*kk + t] = w4[group(c), o, c - group(c)*Cg, t] for c in [c0, c1)."""
+    groups, og, Cg, kk = w4.shape
+    for c in range(c0, c1):
+        gi = c // Cg
+        cl = c - gi * Cg
+        r = out[c]
+        for o in range(og):
+            src = w4[gi, o, cl]
+            for t in range(kk):
+                r[o * kk + t] = src[t]
 
-    def task(i, tid):
-        n0, n1 = tl[i]
-        L = (n1 - n0) * P
-        dyw = scratch("dyw", (g.O, L), x.dtype)
-        _wide_dy(src, xb, f1, bb, cc, dy_pre is not None, dyw, n0, n1, g.Hp, g.Wp)
-        if has_bias:
-            dbs[tid] += dyw.sum(axis=1, dtype=np.float64)
-        xp = pad_pre(x, g, n0, n1, pre)
-        dwk = dwks[tid]
-        for k, off in enumerate(g.offs):
-            gemm(dyw, xp[:, off:off + L].T, dwk[k], beta=1.0)
-        if not need_dx:
-            return
-        dxp = scratch("dxp", (g.C, L + g.tail), x.dtype)
-        dxp[:, L:] = 0
-        for k, off in enumerate(g.offs):
-            gemm(wk[k].T, dyw, dxp[:, off:off + L], beta=0.0 if k == 0 else 1.0)
-        _unpad_post(dxp, dx, n0, n1, g.pt, g.pl, g.Hp, g.Wp, _o(post.acc, d4),
-                    post.acc is not None, _o(post.mk, d4), mask_mode, _o(post.ma, d1),
-                    _o(post.mb, d1), _o(post.x1, d4), _o(post.x2, d4), nstat, *sums[tid])
 
-    split(len(tl), task)
-    dwk = dwks[0]
-    for d in dwks[1:]:
-        dwk += d
-    dw = np.ascontiguousarray(dwk.transpose(1, 2, 0)).reshape(w.shape)
-    db = None
-    if has_bias:
-        db = dbs[0]
-        for d in dbs[1:]:
-            db += d
-        db = db.astype(w.dtype)
-    if need_dx:
-        for s in sums:
-            post.add_sums(s)
-    return dw, db, dx
+def _mirror_weights(w, g: ConvGeom):
+    """Wd (C, og*kh*kw): Wd[c, o*kk + t] = W[group(c)*og + o, c - group(c)*Cg, t], the weights
+    of the input gradient's GEMM (scratch, split over the step's threads)."""
+    og, Cg = g.O // g.groups, g.C // g.groups
+    w4 = w.reshape(g.groups, og, Cg, g.kk)
+    out = scratch("wd", (g.C, og * g.kk), w.dtype)
+    rs = _ranges(g.C, min(g.C, 2 * TASKS))
+    split(len(rs), lambda k, tid: _mirror_rows(w4, out, rs[k][0], rs[k][1]))
+    return out
 
 
 def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | None = None,
-                       dy_pre=None, need_dx=True, has_bias=False, tiles=None):
-    """Weight, bias and input gradients of Y = conv(t(x), w), tile by tile.
+                       dy_pre=None, need_dx=True, has_bias=False):
+    """Weight, bias and input gradients of Y = conv(t(x), w).
 
     dy: (O, N, Ho, Wo) output gradient, or with dy_pre=(dz, xb, F1, B, C) the output gradient
-    is computed per tile as F1*dz + B*xb + C (the consumer-side BN step 2 backward).
-    Returns (dw, db, dx); dx is CNHW and post-processed by `post`.
+    is F1*dz + B*xb + C (the consumer-side BN step 2 backward, computed once into scratch).
+    Returns (dw, db, dx); dx is CNHW and post-processed by `post` (its BN sums into post.s1,
+    post.s2a, post.s2b).
 
-    Per tile and thread: dy tile (pre-processed into scratch), the transformed input tile
-    (im2col, or the 1x1 transform), dW += dy_t @ cols_t^T accumulated in place (GEMM beta=1)
-    into the thread's own dW, then dcols = W^T @ dy_t and col2im + post-processing of the
-    tile's images (1x1 stride 1: the GEMM writes dx's columns, post-processed in place)."""
-    if g.shift and tiles is None:
-        return _shift_backward(dy, x, w, g, pre, post, dy_pre, need_dx, has_bias)
-    og = g.O // g.groups
+    One parallel region of the layer's Plan: weight-gradient tasks (input-channel block x
+    tile group: per tile the block's cols, then dW^T += cols @ dy^T, GEMM beta = 1, into the
+    group's partial) and input-gradient tasks (tile x input-channel block: the GEMM writes dx's
+    block, post-processed in place; or dcols and col2im with the post-processing)."""
+    p = plan(g.key, x.dtype.itemsize)
+    og, Cg, K, kk = g.O // g.groups, g.C // g.groups, g.K, g.kk
     hw = g.ho * g.wo
-    w2 = w.reshape(g.O, -1)
-    T = nthreads()
-    # weight gradient per group as the transposed product dW^T (K, og) = cols @ dy^T when
-    # K > og: OpenBLAS runs it 5-25% faster than dy @ cols^T (stem: (147, 64) vs (64, 147))
-    wt = g.K > og
-    dws = [np.zeros((g.groups, g.K, og) if wt else w2.shape, w.dtype) for _ in range(T)]
-    dbs = [np.zeros(g.O, np.float64) for _ in range(T)] if has_bias else None
+    M = g.N * hw
+    nt = len(p.tiles)
+    post = post if post is not None else Post()
+    post_id = post.identity
+    mask_mode, nstat = post.modes()
+    # ---- the output gradient, pre-processed once (elementwise: any split gives the same bits)
+    if dy_pre is None:
+        dy2 = dy.reshape(g.O, M)
+    else:
+        dz, xb, f1, bb, cc = dy_pre
+        dy2 = scratch("dy", (g.O, M), x.dtype)
+        dz2, xb2 = dz.reshape(g.O, M), xb.reshape(g.O, M)
+        rs = _ranges(g.O, min(g.O, 2 * TASKS))
+        split(len(rs), lambda k, tid: _bwd_pre(dz2[rs[k][0]:rs[k][1]], xb2[rs[k][0]:rs[k][1]],
+                                               f1[rs[k][0]:rs[k][1]], bb[rs[k][0]:rs[k][1]],
+                                               cc[rs[k][0]:rs[k][1]], dy2[rs[k][0]:rs[k][1]]))
+    dy4 = dy2.reshape(g.O, g.N, g.ho, g.wo)
+    # ---- weight gradient: partials (dw group, groups, K, og), transposed dW per conv group
+    ng = len(p.dw_groups)
+    dwp = scratch("dwp", (ng, g.groups, K, og), w.dtype)
+    dbp = np.zeros((nt, g.O)) if has_bias else None
+    # ---- input gradient
     dx = np.empty((g.C, g.N, g.H, g.W), x.dtype) if need_dx else None
     dx2 = dx.reshape(g.C, -1) if need_dx else None
-    post_id = post is None or post.identity
-    sums = [post.local_sums() for _ in range(T)] if post is not None and need_dx else [None] * T
-    src = dy if dy_pre is None else dy_pre[0]
-    src2 = src.reshape(g.O, -1)
-    xb2 = dy_pre[1].reshape(g.O, -1) if dy_pre is not None else None
-    x2 = x.reshape(x.shape[0], -1)
-    direct = g.direct and tiles is None
-    tl = g.col_tiles(x.dtype.itemsize) if direct else (tiles or g.tiles(itemsize=x.dtype.itemsize))
+    sums = np.zeros((nt, 3, g.C)) if need_dx and nstat else None
+    w2 = w.reshape(g.O, -1)
+    wd = _mirror_weights(w, g) if need_dx and g.same else None
+    d1, d4, d2 = dummies(x.dtype)
+    C2 = (lambda t: d2 if t is None else t.reshape(g.C, -1))
+    acc2, mk2, x12, x22 = C2(post.acc), C2(post.mk), C2(post.x1), C2(post.x2)
+    ma, mb = _o(post.ma, d1), _o(post.mb, d1)
+    token = object()
+    wtasks = [(gg, kb) for gg in range(ng) for kb in range(len(p.kblocks))]
+    xtasks = [(i, cb) for i in range(nt) for cb in range(len(p.cblocks))] if need_dx else []
 
-    def task(i, tid):
-        if direct:
-            c0, c1 = tl[i]
-        else:
-            n0, n1 = tl[i]
-            c0, c1 = n0 * hw, n1 * hw
-        if dy_pre is None:
-            dyt = src2[:, c0:c1]
-        else:
-            dyt = bwd_pre(src2, xb2, dy_pre[2], dy_pre[3], dy_pre[4], c0, c1,
-                          out=scratch("dy", (g.O, c1 - c0), x.dtype))
-        if has_bias:
-            dbs[tid] += dyt.sum(axis=1, dtype=np.float64)
-        if direct:
-            cols = x2[:, c0:c1] if pre.identity else pre_rows(
-                x, g, c0, c1, pre, scratch("cols", (g.C, c1 - c0), x.dtype))
-        elif g.direct and pre.identity:
-            cols = im2col(x, g, n0, n1)
-        else:
-            cols = im2col(x, g, n0, n1, pre,
-                          out=scratch("cols", (g.C * g.kh * g.kw, c1 - c0), x.dtype))
-        dw_t = dws[tid]
-        for gi in range(g.groups):
-            if wt:
-                gemm(cols[gi * g.K:(gi + 1) * g.K], dyt[gi * og:(gi + 1) * og].T, dw_t[gi],
-                         beta=1.0)
+    def dw_task(gg, kb):
+        gi, c_lo, c_hi = p.kblocks[kb]
+        r0, r1 = (c_lo - gi * Cg) * kk, (c_hi - gi * Cg) * kk
+        t0, t1 = p.dw_groups[gg]
+        first_block = c_lo == gi * Cg
+        for i in range(t0, t1):
+            c0, c1 = p.cols(i)
+            cols = _tile_cols(x, g, p, i, c_lo, c_hi, pre,
+                              scratch("wcols", ((c_hi - c_lo) * (1 if g.direct else kk), c1 - c0),
+                                      x.dtype))
+            dyt = dy2[gi * og:(gi + 1) * og, c0:c1]
+            gemm(cols, dyt.T, dwp[gg, gi, r0:r1], beta=0.0 if i == t0 else 1.0)
+            if dbp is not None and first_block:
+                _row_sums(dyt, dbp[i, gi * og:(gi + 1) * og])
+
+    def dx_task(i, cb):
+        gi, c_lo, c_hi = p.cblocks[cb]
+        c0, c1 = p.cols(i)
+        dyt = dy2[gi * og:(gi + 1) * og, c0:c1]
+        cl, ch = c_lo - gi * Cg, c_hi - gi * Cg
+        s1, s2a, s2b = ((sums[i, 0, c_lo:c_hi], sums[i, 1, c_lo:c_hi], sums[i, 2, c_lo:c_hi])
+                        if sums is not None else (_D64, _D64, _D64))
+        if g.direct or g.same:
+            if g.direct:
+                gemm(w2[gi * og:(gi + 1) * og, cl:ch].T, dyt, dx2[c_lo:c_hi, c0:c1])
             else:
-                gemm(dyt[gi * og:(gi + 1) * og], cols[gi * g.K:(gi + 1) * g.K].T,
-                         dw_t[gi * og:(gi + 1) * og], beta=1.0)
-        if not need_dx:
-            return
-        if g.direct:
-            for gi in range(g.groups):
-                gemm(w2[gi * og:(gi + 1) * og].T, dyt[gi * og:(gi + 1) * og],
-                         dx2[gi * g.K:(gi + 1) * g.K, c0:c1])
+                dc = _dy_cols(dy4, g, p, i, scratch("dcols", (g.O * kk, c1 - c0), x.dtype), token)
+                gemm(wd[c_lo:c_hi], dc[gi * og * kk:(gi + 1) * og * kk], dx2[c_lo:c_hi, c0:c1])
             if not post_id:
-                post_rows(dx2, c0, c1, post, sums[tid])
+                sl = (lambda a: a if a is d2 else a[c_lo:c_hi])
+                _post_rows(dx2[c_lo:c_hi], c0, c1, sl(acc2), post.acc is not None, sl(mk2),
+                           mask_mode, ma[c_lo:c_hi] if post.ma is not None else ma,
+                           mb[c_lo:c_hi] if post.mb is not None else mb, sl(x12), sl(x22), nstat,
+                           s1, s2a, s2b)
             return
-        dcols = scratch("dcols", (g.C * g.kh * g.kw, c1 - c0), x.dtype)
-        for gi in range(g.groups):
-            gemm(w2[gi * og:(gi + 1) * og].T, dyt[gi * og:(gi + 1) * og],
-                     dcols[gi * g.K:(gi + 1) * g.K])
-        col2im(dcols, dx, g, n0, n1, post, sums[tid])
+        n0, n1 = p.tiles[i]
+        ld = p.max_units * hw + 1                 # one zero column (the table's padding slot)
+        dcols = scratch("dcols", ((c_hi - c_lo) * kk, ld), x.dtype)
+        dcols[:, ld - 1] = 0
+        gemm(w2[gi * og:(gi + 1) * og, cl * kk:ch * kk].T, dyt, dcols[:, :c1 - c0])
+        sl = (lambda a: a if a is d2 else a[c_lo:c_hi])
+        _col2im_post(dcols.reshape(-1), ld, dx2[c_lo:c_hi], n0, n1, g.H * g.W,
+                     _col2im_table(g.key, p.max_units, ld), sl(acc2), post.acc is not None,
+                     sl(mk2), mask_mode, ma[c_lo:c_hi] if post.ma is not None else ma,
+                     mb[c_lo:c_hi] if post.mb is not None else mb, sl(x12), sl(x22), nstat,
+                     s1, s2a, s2b)
 
-    split(len(tl), task)
-    dw = dws[0]
-    for d in dws[1:]:
-        dw += d
-    if wt:
-        dw = np.ascontiguousarray(dw.transpose(0, 2, 1)).reshape(g.O, g.K)
+    def task(k, tid):
+        if k < len(wtasks):
+            dw_task(*wtasks[k])
+        else:
+            dx_task(*xtasks[k - len(wtasks)])
+
+    split(len(wtasks) + len(xtasks), task)
+    dw = np.empty(w.shape, w.dtype)
+    dw3 = dw.reshape(g.groups, og, K)
+    rs = _ranges(K, TASKS, 16)
+    split(g.groups * len(rs), lambda k, tid: _sum_transpose(dwp, dw3, k // len(rs),
+                                                            *rs[k % len(rs)]))
     db = None
-    if has_bias:
-        db = dbs[0]
-        for d in dbs[1:]:
-            db += d
-    if post is not None and need_dx:
-        for s in sums:
-            post.add_sums(s)
-    return dw.reshape(w.shape), (db.astype(w.dtype) if has_bias else None), dx
+    if dbp is not None:
+        db = np.zeros(g.O)
+        _sum_rows(dbp, db)
+        db = db.astype(w.dtype)
+    if sums is not None:
+        _sum_rows(sums[:, 0], post.s1)
+        _sum_rows(sums[:, 1], post.s2a)
+        _sum_rows(sums[:, 2], post.s2b)
+    return dw, db, dx
 
 
 # ============================================================================ NCHW free functions

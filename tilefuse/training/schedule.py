@@ -324,8 +324,10 @@ class TrainingSchedule:
 
     # ------------------------------------------------------------------ backward
 
-    def backward(self, dlogits: np.ndarray):
-        """Gradients of every trainable constant (self.pgrads) and every network input."""
+    def backward(self, dlogits: np.ndarray, input_grads: bool = True):
+        """Gradients of every trainable constant (self.pgrads) and, with input_grads, of every
+        network input (a training step needs none: the stem's input gradient is skipped)."""
+        self.input_grads = input_grads
         self.grads[self.logits.name] = dlogits
         for op in reversed(self.ops):
             t0 = time.perf_counter()
@@ -352,6 +354,10 @@ class TrainingSchedule:
                 out[d.name] = cnhw.to_nchw(g) if g.ndim == 4 else g
         self.mem.free_written_by("input")
         return out
+
+    def _wants(self, d) -> bool:
+        """Does the backward pass need the gradient of tensor d?"""
+        return d.producer is not None or (getattr(self, "input_grads", True) and d in self.net.inputs)
 
     def _bwd_add_virtual(self, op):
         """The Add inside pattern 4: the C2 unit stored d(Add out); pass it to the operands."""
@@ -380,7 +386,7 @@ class TrainingSchedule:
         # ---- input side: WG input (recomputed through the input stage) and post-processing
         pat = self.c2_of.get(op.name)
         pre, src, post, target = tc.IDENTITY, x, None, x.name
-        need_dx = x.producer is not None or x in self.net.inputs
+        need_dx = self._wants(x)
         if pat is not None:
             src, pre, post, target = self._bwd_c2(pat, op, u)
         else:
@@ -502,7 +508,7 @@ class TrainingSchedule:
             dy = ew.relu_backward(dy, y)
             u.write("d:" + op.name + ".pre", _nb(dy), op.name)
         for d in op.inputs:                   # d(a) = d(b) = d(out): no data moves
-            if d.producer is not None or d in self.net.inputs:
+            if self._wants(d):
                 self._contribute(d.name, dy, alias=True)
 
     def _bwd_simple(self, op, fn, reads_x=True):
@@ -512,9 +518,9 @@ class TrainingSchedule:
         x = self.env.get(op.inputs[0].name)
         if reads_x:
             u.read(op.inputs[0].name, _nb(x), op.name)
-        d = op.inputs[0]
-        if d.producer is not None or d in self.net.inputs:
-            self._contribute(d.name, fn(dy, x), u, op.name)
+        dx = fn(dy, x)                        # (fn may also produce parameter gradients)
+        if self._wants(op.inputs[0]):
+            self._contribute(op.inputs[0].name, dx, u, op.name)
 
     def _phys_shape(self, d):
         s = d.shape
@@ -558,9 +564,6 @@ class TrainingSchedule:
             if has_bias:
                 self._param_grad(op.inputs[2].name, db)
             return dx
-        d = op.inputs[0]
-        if d.producer is None and d not in self.net.inputs:
-            d = None
         self._bwd_simple(op, run)
 
     def _bwd_dropout(self, op):
@@ -575,5 +578,5 @@ class TrainingSchedule:
         u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
         sizes = np.cumsum([self.env[d.name].shape[phys] for d in op.inputs])[:-1]
         for d, part in zip(op.inputs, np.split(dy, sizes, axis=phys)):
-            if d.producer is not None or d in self.net.inputs:
+            if self._wants(d):
                 self._contribute(d.name, np.ascontiguousarray(part), u, op.name)

@@ -68,16 +68,16 @@ class Trainer:
         xs = bind_inputs(self.net, x)
         return self.schedule.forward(xs)
 
-    def forward_backward(self, x, labels):
-        """(loss, grads): gradients of every trainable parameter by constant name, plus the
-        network inputs' gradients under their input names (NCHW)."""
+    def forward_backward(self, x, labels, input_grads: bool = True):
+        """(loss, grads): gradients of every trainable parameter by constant name, plus (with
+        input_grads) the network inputs' gradients under their input names (NCHW)."""
         with _threads(self.threads):
-            return self._forward_backward(x, labels)
+            return self._forward_backward(x, labels, input_grads)
 
-    def _forward_backward(self, x, labels):
+    def _forward_backward(self, x, labels, input_grads=True):
         logits = self.forward(x)
         loss, dlogits = dense.softmax_cross_entropy(logits, labels)
-        dins = self.schedule.backward(dlogits)
+        dins = self.schedule.backward(dlogits, input_grads)
         self.num_batches_tracked += 1
         grads = dict(self.schedule.pgrads)
         grads.update(dins)
@@ -87,7 +87,7 @@ class Trainer:
     def step(self, x, labels) -> float:
         if self.optimizer is None:
             raise ValueError("Trainer.step needs an optimizer; construct Trainer(net, SGD(...))")
-        loss, grads = self.forward_backward(x, labels)
+        loss, grads = self.forward_backward(x, labels, input_grads=False)
         self.optimizer.step(self.params, {k: v for k, v in grads.items() if k in self.params})
         return loss
 
@@ -177,6 +177,7 @@ def _threads(threads=None):
 
     from ..kernels.blas import blas_threads
     from ..kernels.threads import using
+    _keep_freed_memory()
     old = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
@@ -184,3 +185,27 @@ def _threads(threads=None):
             yield
     finally:
         numba.set_num_threads(old)
+
+
+_HEAP = {"done": False}
+
+
+def _keep_freed_memory() -> None:
+    """Once per process, on glibc: keep freed memory in the heap (no mmap for large blocks, no
+    trimming), so that a step's activations and gradients reuse the pages the last step freed.
+    Otherwise every large array is a fresh mmap whose pages fault in on first touch: ~8000
+    page faults and 0.1-0.3 s of system time per ResNet18 batch-32 112x112 step (1.7 s of
+    CPU). The process keeps its peak heap instead of returning it to the system."""
+    if _HEAP["done"]:
+        return
+    _HEAP["done"] = True
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):                # not glibc: nothing to tune
+        return
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+    mallopt(M_MMAP_MAX, 0)
+    mallopt(M_TRIM_THRESHOLD, 1 << 30)
