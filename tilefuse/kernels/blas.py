@@ -13,6 +13,11 @@ tilefuse goes through it:
                        through ctypes (which releases the GIL), so that gradients accumulate in
                        place (beta = 1) without a temporary; np.matmul (+ add) without the
                        library or with TILEFUSE_TRAIN_NUMPY_GEMM set
+  SGEMM, nb_gemm       the same cblas_sgemm called from inside numba kernels (~1 us a call
+                       instead of ~25 us through Python): SGEMM is the function's address (an
+                       integer argument, so the kernels stay cacheable), 0 where numpy's OpenBLAS
+                       has no 64-bit-integer cblas_sgemm (numpy < 2); nb_gemm(SGEMM, a, b, c,
+                       beta, trans_b) is c = a @ (b.T if trans_b else b) + beta*c
 """
 from __future__ import annotations
 
@@ -23,7 +28,11 @@ import os
 import threading
 from pathlib import Path
 
+import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core.extending import intrinsic
 
 _LIB = None
 _LIB_FOUND = False
@@ -169,3 +178,54 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) -> np
     else:
         out += a @ b
     return out
+
+
+# ---------------------------------------------------------------------------- GEMM from numba
+
+@intrinsic
+def _call_sgemm(typingctx, addr, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+    """cblas_sgemm64_(RowMajor, ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc) at the address
+    `addr` (an integer argument, so that the calling kernels stay cacheable); a, b, c are
+    addresses (integers: same calling convention as pointers)."""
+    sig = types.void(types.int64, types.int32, types.int32, types.int64, types.int64, types.int64,
+                     types.uint64, types.int64, types.uint64, types.int64, types.float32,
+                     types.uint64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32, i64, i64, i64,
+                                               i64, f32, i64, i64])
+        (addr_, ta_, tb_, m_, n_, k_, a_, lda_, b_, ldb_, beta_, c_, ldc_) = args
+        fn = builder.inttoptr(addr_, fnty.as_pointer())
+        builder.call(fn, [ir.Constant(i32, _ROW), ta_, tb_, m_, n_, k_, ir.Constant(f32, 1.0), a_,
+                          lda_, b_, ldb_, beta_, c_, ldc_])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def _nb_sgemm_address() -> int:
+    if os.environ.get("TILEFUSE_TRAIN_NUMPY_GEMM"):
+        return 0
+    fn = _symbol("scipy_cblas_sgemm64_")
+    return 0 if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
+
+
+SGEMM = _nb_sgemm_address()
+
+
+@nb.njit(nogil=True, cache=True)
+def nb_gemm(fn, a, b, c, beta, trans_b):
+    """c = a @ op(b) + beta*c, op(b) = b.T if trans_b else b; 2-D float32 views, unit stride in
+    the last dimension (C order rows of any pitch); fn = SGEMM (the library's address)."""
+    m, k = a.shape
+    n = c.shape[1]
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        for i in range(m):
+            for j in range(n):
+                c[i, j] = c[i, j] * np.float32(beta)
+        return
+    _call_sgemm(fn, np.int32(_NT), np.int32(_T if trans_b else _NT), m, n, k,
+                a.ctypes.data, a.strides[0] // 4, b.ctypes.data, b.strides[0] // 4,
+                np.float32(beta), c.ctypes.data, c.strides[0] // 4)

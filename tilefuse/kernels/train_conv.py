@@ -40,13 +40,15 @@ and reuses them for the next block of the same tile it runs.
 """
 from __future__ import annotations
 
+import os
 import threading
 from functools import lru_cache
 
 import numba as nb
 import numpy as np
 
-from .blas import gemm
+from . import train_winograd as wg
+from .blas import SGEMM, gemm
 from .cnhw import _D64, JIT, JITR, _o, _valid, dummies, to_cnhw, to_nchw
 from .reference import conv_out_size
 from .threads import scratch, split
@@ -61,6 +63,10 @@ MIN_BLOCK = 128            # output / input channels of a block when a layer is 
                            # (smaller blocks re-pack the tile's cols for too few GEMM rows)
 MIN_KROWS = 128            # cols rows of a weight-gradient block
 DW_PARTIAL_BYTES = 16 << 20  # at most this much memory of weight-gradient partials
+WINO_DW_PATCHES = 1536     # patches a Winograd weight-gradient GEMM reduces over (at least)
+# Winograd F(2x2, 3x3) (`train_winograd.py`) for the 3x3 stride-1 pad-1 one-group float32 convs
+# where cblas_sgemm can be called from numba (blas.SGEMM); False: im2col + GEMM for all
+WINOGRAD = SGEMM != 0 and os.environ.get("TILEFUSE_TRAIN_WINOGRAD", "1") != "0"
 
 _LOCAL = threading.local()
 
@@ -365,7 +371,7 @@ class ConvGeom:
     """Static geometry of one conv2d op (IR-normalized params) on CNHW tensors."""
 
     __slots__ = ("C", "N", "H", "W", "O", "kh", "kw", "sh", "sw", "pt", "pb", "pl", "pr",
-                 "dh", "dw", "groups", "ho", "wo", "direct", "same", "K", "key")
+                 "dh", "dw", "groups", "ho", "wo", "direct", "same", "wino", "K", "key")
 
     def __init__(self, x_shape, w_shape, stride, padding, dilation, groups):
         self.N, self.C, self.H, self.W = x_shape           # logical NCHW shape
@@ -383,6 +389,9 @@ class ConvGeom:
         # stride 1, output plane = input plane: im2col and the input gradient are shifted copies
         self.same = (not self.direct and self.sh == self.sw == 1 and self.ho == self.H
                      and self.wo == self.W)
+        # 3x3, stride 1, pad 1, one group: Winograd F(2x2, 3x3) for float32 (see WINOGRAD)
+        self.wino = (self.kh == self.kw == 3 and self.sh == self.sw == 1 and groups == 1
+                     and self.dh == self.dw == 1 and tuple(padding) == (1, 1, 1, 1))
         self.key = (self.N, self.C, self.H, self.W, self.O, cg, self.kh, self.kw, self.sh,
                     self.sw, tuple(padding), self.dh, self.dw, groups)
 
@@ -500,19 +509,23 @@ class Plan:
     input-channel blocks of the weight gradient; dw_groups: tile ranges whose weight-gradient
     partial one task accumulates in order."""
 
-    def __init__(self, g: ConvGeom, itemsize=4):
+    def __init__(self, g: ConvGeom, itemsize=4, wino=False):
         hw = g.ho * g.wo
         M = g.N * hw
         Cg = g.C // g.groups
         og = g.O // g.groups
-        rows = max(g.C * g.kk, g.O * g.kk if g.same else 0)   # operand rows per column
+        self.wino = wino
+        if wino:                 # Winograd: th*tw patches per image, 16*C (16*O) values each
+            unit, rows = ((g.H + 1) // 2) * ((g.W + 1) // 2), 16 * max(g.C, g.O)
+        else:                    # operand rows per column of cols (and of dy's im2col)
+            unit, rows = (1 if g.direct else hw), max(g.C * g.kk, g.O * g.kk if g.same else 0)
         m = max(MIN_COLS, min(MAX_COLS, COLS_BYTES // max(rows * itemsize, 1)))
-        m = min(m, max(MIN_COLS, -(-M // TASKS)))            # TASKS tiles when the layer has them
+        m = min(m, max(MIN_COLS, -(-(g.N * unit) // TASKS)))  # TASKS tiles when the layer has them
         if g.direct:
             self.unit = 1
             self.tiles = _ranges(M, -(-M // m), 64)
         else:
-            nb_ = max(1, min(g.N, round(m / max(hw, 1))))
+            nb_ = max(1, min(g.N, round(m / max(unit, 1))))
             self.unit = hw
             self.tiles = _ranges(g.N, -(-g.N // nb_))
         nt = len(self.tiles)
@@ -521,10 +534,18 @@ class Plan:
         self.cblocks = _blocks(Cg, g.groups, nt)
         # weight gradient: tile groups that accumulate their own partial dW, as many as TASKS
         # needs while the partials stay within DW_PARTIAL_BYTES; input-channel blocks (of >=
-        # MIN_KROWS cols rows) for the rest
-        dw_bytes = g.O * g.K * itemsize
+        # MIN_KROWS cols rows, or 64 channels for Winograd) for the rest
+        dw_bytes = g.O * (16 * g.C if wino else g.K) * itemsize
         ng = max(1, min(nt, TASKS, DW_PARTIAL_BYTES // max(dw_bytes, 1)))
-        nk = max(1, min(Cg, (Cg * g.kk) // MIN_KROWS, -(-TASKS // (ng * g.groups))))
+        if wino:
+            # Winograd's weight-gradient GEMMs reduce over patches: long chunks of them
+            # (WINO_DW_PATCHES, whole images), fewer groups; input-channel blocks of >= 64
+            ng = max(1, min(ng, (g.N * unit) // WINO_DW_PATCHES))
+            per = max(1, WINO_DW_PATCHES // unit)
+            self.dw_chunks = [[(a + lo, a + hi) for lo, hi in _ranges(b - a, -(-(b - a) // per))]
+                              for a, b in _ranges(g.N, ng)]
+        most = Cg // 64 if wino else (Cg * g.kk) // MIN_KROWS
+        nk = max(1, min(Cg, most, -(-TASKS // (ng * g.groups))))
         self.kblocks = [(gi, gi * Cg + lo, gi * Cg + hi) for gi in range(g.groups)
                         for lo, hi in _ranges(Cg, nk)]
         self.dw_groups = _ranges(nt, ng)
@@ -535,9 +556,14 @@ class Plan:
 
 
 @lru_cache(maxsize=256)
-def plan(key, itemsize=4) -> Plan:
+def plan(key, itemsize=4, wino=False) -> Plan:
     N, C, H, W, O, cg, kh, kw, sh, sw, pad, dh, dw, groups = key
-    return Plan(ConvGeom((N, C, H, W), (O, cg, kh, kw), (sh, sw), pad, (dh, dw), groups), itemsize)
+    return Plan(ConvGeom((N, C, H, W), (O, cg, kh, kw), (sh, sw), pad, (dh, dw), groups), itemsize,
+                wino)
+
+
+def _use_wino(g: ConvGeom, dtype) -> bool:
+    return WINOGRAD and g.wino and np.dtype(dtype) == np.float32
 
 
 # ============================================================================ python wrappers
@@ -658,7 +684,8 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
     transformed input, im2col) in its thread's scratch (once per tile and thread), runs one
     single-threaded GEMM into its block of Y and the epilogue on the block it just wrote; the
     BN sums go to per-tile partials summed in tile order."""
-    p = plan(g.key, x.dtype.itemsize)
+    wino = _use_wino(g, x.dtype)
+    p = plan(g.key, x.dtype.itemsize, wino)
     y = out if out is not None else np.empty((g.O, g.N, g.ho, g.wo), x.dtype)
     y2 = y.reshape(g.O, -1)
     w2 = w.reshape(g.O, -1)                         # (O, Cg*kh*kw)
@@ -668,13 +695,25 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
     part = np.zeros((nt, 2, g.O)) if stats is not None else None
     token = object()
     rows = g.C if g.direct else g.C * g.kk
+    if wino:
+        U = _wino_weights(w, g, True)
+        T = ((g.H + 1) // 2) * ((g.W + 1) // 2)
 
     def task(k, tid):
         i, j = divmod(k, nb_)
         gi, o0, o1 = p.oblocks[j]
         c0, c1 = p.cols(i)
-        cols = _tile_cols(x, g, p, i, 0, g.C, pre, scratch("cols", (rows, c1 - c0), x.dtype), token)
-        gemm(w2[o0:o1], cols[gi * K:(gi + 1) * K], y2[o0:o1, c0:c1])
+        if wino:
+            n0, n1 = p.tiles[i]
+            P = (n1 - n0) * T
+            V = _wino_in(x, g, i, n0, n1, 0, g.C, pre, _wbuf("wv", g.C, P, x.dtype), token)
+            Mt = _wbuf("wm", o1 - o0, P, x.dtype)
+            wg.wino_gemms(SGEMM, U, V, Mt, o0, o1 - o0, g.C, P, 0.0, False)
+            wg.wino_output(Mt, o1 - o0, y2, n0, n1, o0, g.H, g.W)
+        else:
+            cols = _tile_cols(x, g, p, i, 0, g.C, pre, scratch("cols", (rows, c1 - c0), x.dtype),
+                              token)
+            gemm(w2[o0:o1], cols[gi * K:(gi + 1) * K], y2[o0:o1, c0:c1])
         if bias is not None or part is not None:
             s, ss = (part[i, 0, o0:o1], part[i, 1, o0:o1]) if part is not None else (_D64, _D64)
             _epilogue(y2[o0:o1], c0, c1, bias[o0:o1] if bias is not None else d1,
@@ -712,6 +751,46 @@ def _mirror_weights(w, g: ConvGeom):
     return out
 
 
+def _wino_weights(w, g: ConvGeom, forward):
+    """Winograd filters (scratch): U (16, O, C) for the forward pass (split over output-channel
+    ranges), or Ud (16, C, O) for the input gradient (over input-channel ranges)."""
+    w2 = w.reshape(g.O, g.C * 9)                  # (O, C*3*3) rows
+    if forward:
+        out = scratch("wu", (16, g.O, g.C), w.dtype)
+        rs = _ranges(g.O, min(g.O, 2 * TASKS))
+        split(len(rs), lambda k, tid: wg.wino_weights(w2, out, *rs[k]))
+    else:
+        out = scratch("wud", (16, g.C, g.O), w.dtype)
+        rs = _ranges(g.C, min(g.C, 2 * TASKS))
+        split(len(rs), lambda k, tid: wg.wino_weights_mirrored(w2, out, *rs[k]))
+    return out
+
+
+def _wbuf(name, rows, P, dtype):
+    """A Winograd buffer (16, rows + 1, pitch) for `rows` rows of P patches (train_winograd.pitch)."""
+    return scratch(name, (16, rows + 1, wg.pitch(rows, P)), dtype)
+
+
+def _wino_dummies(dtype):
+    d1, _, d2 = dummies(dtype)
+    return d1, d2, np.zeros((1, 1, 1), dtype)
+
+
+def _wino_in(x, g: ConvGeom, i, n0, n1, c0, c1, pre: Pre, out, token=None, name="wv"):
+    """Winograd input transform of t(x) for tile i (images [n0, n1)), channels [c0, c1), into
+    `out` (16, c1 - c0, patches); with a token, reused by the thread that built it last."""
+    if token is not None:
+        key = (token, i, c0, c1)
+        if getattr(_LOCAL, name, None) == key:
+            return out
+    C = x.shape[0]
+    wg.wino_input(x.reshape(C, -1), *pre.args(x.dtype, C), out, n0, n1, c0, c1, g.H, g.W,
+                  *pre.flags())
+    if token is not None:
+        setattr(_LOCAL, name, (token, i, c0, c1))
+    return out
+
+
 def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | None = None,
                        dy_pre=None, need_dx=True, has_bias=False):
     """Weight, bias and input gradients of Y = conv(t(x), w).
@@ -725,7 +804,8 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     tile group: per tile the block's cols, then dW^T += cols @ dy^T, GEMM beta = 1, into the
     group's partial) and input-gradient tasks (tile x input-channel block: the GEMM writes dx's
     block, post-processed in place; or dcols and col2im with the post-processing)."""
-    p = plan(g.key, x.dtype.itemsize)
+    wino = _use_wino(g, x.dtype)
+    p = plan(g.key, x.dtype.itemsize, wino)
     og, Cg, K, kk = g.O // g.groups, g.C // g.groups, g.K, g.kk
     hw = g.ho * g.wo
     M = g.N * hw
@@ -745,16 +825,20 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
                                                f1[rs[k][0]:rs[k][1]], bb[rs[k][0]:rs[k][1]],
                                                cc[rs[k][0]:rs[k][1]], dy2[rs[k][0]:rs[k][1]]))
     dy4 = dy2.reshape(g.O, g.N, g.ho, g.wo)
-    # ---- weight gradient: partials (dw group, groups, K, og), transposed dW per conv group
-    ng = len(p.dw_groups)
-    dwp = scratch("dwp", (ng, g.groups, K, og), w.dtype)
-    dbp = np.zeros((nt, g.O)) if has_bias else None
+    # ---- weight gradient: partials (dw group, groups, K, og), transposed dW per conv group;
+    # Winograd: (dw group, 16, C, O) transposed products
+    ng = len(p.dw_chunks) if wino else len(p.dw_groups)
+    dwp = scratch("dwp", (ng, 16, g.C, g.O) if wino else (ng, g.groups, K, og), w.dtype)
+    dbp = np.zeros((g.N if wino else nt, g.O)) if has_bias else None    # per tile / chunk
     # ---- input gradient
     dx = np.empty((g.C, g.N, g.H, g.W), x.dtype) if need_dx else None
     dx2 = dx.reshape(g.C, -1) if need_dx else None
     sums = np.zeros((nt, 3, g.C)) if need_dx and nstat else None
     w2 = w.reshape(g.O, -1)
-    wd = _mirror_weights(w, g) if need_dx and g.same else None
+    wd = _mirror_weights(w, g) if need_dx and g.same and not wino else None
+    ud = _wino_weights(w, g, False) if need_dx and wino else None
+    T = ((g.H + 1) // 2) * ((g.W + 1) // 2)
+    d1w, d2w, d3w = _wino_dummies(x.dtype)
     d1, d4, d2 = dummies(x.dtype)
     C2 = (lambda t: d2 if t is None else t.reshape(g.C, -1))
     acc2, mk2, x12, x22 = C2(post.acc), C2(post.mk), C2(post.x1), C2(post.x2)
@@ -762,6 +846,42 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     token = object()
     wtasks = [(gg, kb) for gg in range(ng) for kb in range(len(p.kblocks))]
     xtasks = [(i, cb) for i in range(nt) for cb in range(len(p.cblocks))] if need_dx else []
+
+    def wdw_task(gg, kb):                      # Winograd weight gradient
+        _, c_lo, c_hi = p.kblocks[kb]
+        for ci, (n0, n1) in enumerate(p.dw_chunks[gg]):
+            P = (n1 - n0) * T
+            vx = _wino_in(x, g, None, n0, n1, c_lo, c_hi, pre, _wbuf("wvx", c_hi - c_lo, P, x.dtype))
+            D = _wbuf("wdy", g.O, P, x.dtype)
+            if getattr(_LOCAL, "wdy", None) != (token, n0):
+                wg.wino_dy(dy2, D, n0, n1, 0, g.O, g.H, g.W)
+                _LOCAL.wdy = (token, n0)
+            wg.wino_gemms(SGEMM, vx, D, dwp[gg, :, c_lo:c_hi], 0, c_hi - c_lo, P, g.O,
+                          0.0 if ci == 0 else 1.0, True)
+            if dbp is not None and c_lo == 0:
+                _row_sums(dy2[:, n0 * hw:n1 * hw], dbp[n0])
+
+    def wdx_task(i, cb):                       # Winograd input gradient
+        _, c_lo, c_hi = p.cblocks[cb]
+        n0, n1 = p.tiles[i]
+        c0, c1 = p.cols(i)
+        P = (n1 - n0) * T
+        vd = _wbuf("wvd", g.O, P, x.dtype)
+        if getattr(_LOCAL, "wvd", None) != (token, i):
+            wg.wino_input(dy2, d1w, d1w, d2w, d1w, d1w, d2w, vd, n0, n1, 0, g.O, g.H, g.W,
+                          False, 0, False, False)
+            _LOCAL.wvd = (token, i)
+        Md = _wbuf("wmd", c_hi - c_lo, P, x.dtype)
+        wg.wino_gemms(SGEMM, ud, vd, Md, c_lo, c_hi - c_lo, g.O, P, 0.0, False)
+        wg.wino_output(Md, c_hi - c_lo, dx2, n0, n1, c_lo, g.H, g.W)
+        if not post_id:
+            s1, s2a, s2b = ((sums[i, 0, c_lo:c_hi], sums[i, 1, c_lo:c_hi], sums[i, 2, c_lo:c_hi])
+                            if sums is not None else (_D64, _D64, _D64))
+            sl = (lambda a: a if a is d2 else a[c_lo:c_hi])
+            _post_rows(dx2[c_lo:c_hi], c0, c1, sl(acc2), post.acc is not None, sl(mk2),
+                       mask_mode, ma[c_lo:c_hi] if post.ma is not None else ma,
+                       mb[c_lo:c_hi] if post.mb is not None else mb, sl(x12), sl(x22), nstat,
+                       s1, s2a, s2b)
 
     def dw_task(gg, kb):
         gi, c_lo, c_hi = p.kblocks[kb]
@@ -810,18 +930,25 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
                      mb[c_lo:c_hi] if post.mb is not None else mb, sl(x12), sl(x22), nstat,
                      s1, s2a, s2b)
 
+    wt_fn, xt_fn = (wdw_task, wdx_task) if wino else (dw_task, dx_task)
+
     def task(k, tid):
         if k < len(wtasks):
-            dw_task(*wtasks[k])
+            wt_fn(*wtasks[k])
         else:
-            dx_task(*xtasks[k - len(wtasks)])
+            xt_fn(*xtasks[k - len(wtasks)])
 
     split(len(wtasks) + len(xtasks), task)
     dw = np.empty(w.shape, w.dtype)
-    dw3 = dw.reshape(g.groups, og, K)
-    rs = _ranges(K, TASKS, 16)
-    split(g.groups * len(rs), lambda k, tid: _sum_transpose(dwp, dw3, k // len(rs),
-                                                            *rs[k % len(rs)]))
+    if wino:
+        dw4 = dw.reshape(g.O, g.C, 3, 3)
+        rs = _ranges(g.C, min(g.C, TASKS))
+        split(len(rs), lambda k, tid: wg.wino_dw(dwp, dw4, *rs[k]))
+    else:
+        dw3 = dw.reshape(g.groups, og, K)
+        rs = _ranges(K, TASKS, 16)
+        split(g.groups * len(rs), lambda k, tid: _sum_transpose(dwp, dw3, k // len(rs),
+                                                                *rs[k % len(rs)]))
     db = None
     if dbp is not None:
         db = np.zeros(g.O)
