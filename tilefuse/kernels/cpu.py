@@ -16,6 +16,7 @@ import numpy as np
 
 from . import fast_misc as fm
 from . import reference as ref
+from . import validate as V
 
 
 def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu,
@@ -104,8 +105,40 @@ KERNELS = {
 }
 
 # kernels that take the session's thread count as params["threads"]
-THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
-                      "from_nchwc", "linear"})
+THREADED = {"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
+            "from_nchwc", "linear"}
+
+# every kernel's validator (kernels/validate.py): what the kernel accepts, checked when a package
+# loads; a kernel without one cannot load (PackageError), and tests/test_validate.py fails.
+# A kernel computing an IR op on NCHW operands in the op's input order: V.op_validator("op").
+VALIDATORS = {
+    "conv2d": V.validate_conv2d,
+    "batch_norm": V.op_validator("batch_norm"),
+    "scale": V.op_validator("scale", layouts=("nchw", "nchwc"), channels_from="alpha"),
+    "relu": V.op_validator("relu", layouts=("nchw", "nchwc")),
+    "add": V.op_validator("add", layouts=("nchw", "nchwc")),
+    "max_pool": V.op_validator("max_pool", layouts=("nchw", "nchwc")),
+    "avg_pool": V.op_validator("avg_pool", layouts=("nchw", "nchwc")),
+    "global_avg_pool": V.op_validator("global_avg_pool", layouts=("nchw", "nchwc"), channels_from="output"),
+    "linear": V.op_validator("linear"),
+    "flatten": V.op_validator("flatten"),
+    "dropout": V.op_validator("dropout"),
+    "softmax": V.op_validator("softmax"),
+    "local_response_norm": V.op_validator("local_response_norm"),
+    "concat": V.op_validator("concat"),
+    "to_nchwc": V.validate_to_nchwc,
+    "from_nchwc": V.validate_from_nchwc,
+}
+
+
+def register(name: str, fn, validator, threaded: bool = False) -> None:
+    """Add a runtime kernel with its validator (both are required; see kernels/validate.py)."""
+    if not callable(fn) or not callable(validator):
+        raise TypeError(f"kernel '{name}': register needs a kernel function and a validator")
+    KERNELS[name] = fn
+    VALIDATORS[name] = validator
+    if threaded:
+        THREADED.add(name)
 
 
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
