@@ -21,6 +21,7 @@ and views of disjoint blocks run concurrently.
 from __future__ import annotations
 
 import bisect
+import os
 import struct
 import threading
 
@@ -31,6 +32,14 @@ from ..errors import DeviceError, OutOfDeviceMemory
 SEGMENT_BASE_AREA = 64       # bytes reserved at address 0
 DEFAULT_ARENA_BYTES = 64 << 20
 KINDS = ("user", "segment")
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this host (the most a growable device takes), or None if unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 class _Arena:
@@ -119,7 +128,13 @@ class CPUDevice:
                 if addr is not None:
                     return addr
             if self.growable:
-                a = self._add_arena(max(size, self.arena_bytes))
+                grow = max(size, self.arena_bytes)
+                limit = host_memory_bytes()
+                if limit and self.reserved_bytes + grow > limit:
+                    raise OutOfDeviceMemory(
+                        f"{self.name}: cannot allocate {nbytes} bytes: the device holds {self.reserved_bytes} "
+                        f"bytes and this host has {limit}; expected a request that fits in memory")
+                a = self._add_arena(grow)
                 return self._take(a, size, kind)
             largest = max((f for a in self._arenas for _, f in a.free), default=0)
             raise OutOfDeviceMemory(

@@ -102,7 +102,7 @@ class StreamExecutor:
     def run_streamed(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """The sinks (whole arrays) for input x (N, C, H, W).
 
-        OpenBLAS is held to one thread (if threadpoolctl is installed): a band's GEMMs are
+        OpenBLAS is held to one thread (`one_blas_thread`): a band's GEMMs are
         small, and waking BLAS threads for each of them costs more than it gains (measured
         5x slower with 2 threads on a busy 2-core machine); the layer pipeline is the way to
         use more cores."""

@@ -11,8 +11,8 @@ until its producer has written the rows its band needs, a producer waits until e
 has released the rows it is about to overwrite. Each stage executes its steps in the order of
 the sequential schedule, and that order satisfies every wait with the sequential capacities,
 so the pipeline cannot deadlock (the earliest unfinished step of the global order can always
-run). OpenBLAS is held to one thread per stage while the pipeline runs (if threadpoolctl is
-installed), so stages do not oversubscribe the cores.
+run). OpenBLAS is held to one thread per stage while the pipeline runs (`one_blas_thread`), so
+stages do not oversubscribe the cores.
 """
 from __future__ import annotations
 
@@ -58,12 +58,10 @@ def balance_stages(costs: list[int], stages: int) -> list[int]:
 
 @contextlib.contextmanager
 def one_blas_thread():
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
-    with threadpool_limits(1, user_api="blas"):
+    """OpenBLAS at one thread (kernels.conv.threads.blas_threads: the library is found once;
+    threadpoolctl scanned every loaded library on each call, ~4 ms per run)."""
+    from ..kernels.conv.threads import blas_threads
+    with blas_threads(1):
         yield
 
 
