@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import copy
 import faulthandler
-import hashlib
-import json
 import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -24,56 +21,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilefuse
-from tilefuse.compiler.memory import align
-from tilefuse.compiler.package import MAGIC, FORMAT_VERSION, from_bytes, to_bytes
-from tilefuse.compiler.program import CONST, DTYPES, HIDDEN, IO, decode, encode
+from tilefuse.compiler.package import from_bytes
+from tilefuse.compiler.program import CONST, DTYPES, HIDDEN, IO
 from tilefuse.errors import OutOfDeviceMemory, PackageError
 from tilefuse.runtime import CPUDevice, Session
 
-from fuzz_nets import VARIANTS, compiled, inputs_for
+from fuzz_nets import VARIANTS, compiled, inputs_for, join, split
 from program_reference import run_reference
 
 EXAMPLES = 2000
 PACKAGES = {name: compiled(name)[1].package for name in VARIANTS}
 STATS = {"examples": 0, "rejected": 0, "ran": 0, "too_big": 0}
-
-
-# ----------------------------------------------------------------------------- parts <-> bytes
-
-def split(pkg):
-    blob = to_bytes(pkg)
-    hlen = struct.unpack_from("<I", blob, 12)[0]
-    h = json.loads(blob[16:16 + hlen])
-    area = bytearray(blob[align(16 + hlen + 4):])
-    return h, decode(bytes(area[:h["program_size"]])), area
-
-
-def join(h, prog, area, raw=None) -> bytes:
-    """Re-encode the program into the constant area (moving the constants if its aligned size
-    changed), then re-sign: what anyone can do to a package file."""
-    old = h["program_size"]
-    body, _ = encode(prog)
-    delta = align(len(body)) - align(old)
-    if delta:
-        for b in h["blocks"]:
-            if b["segment"] == "const" and b["offset"] >= old:
-                b["offset"] += delta
-        for ins in prog:
-            for op in ins.operands:
-                if op.segment == CONST and op.seg_offset >= old:
-                    op.seg_offset += delta
-        body, _ = encode(prog)
-        area = bytearray(align(len(body))) + area[align(old):]
-        h["tags"]["const_bytes"] += delta
-    area[:align(len(body))] = bytes(body) + bytes(align(len(body)) - len(body))
-    h["program_size"] = len(body)
-    if raw is not None:
-        pos, val = raw
-        area[pos % len(body)] = val
-    h["const_sha256"] = hashlib.sha256(area).hexdigest()
-    head = json.dumps(h).encode()
-    pre = MAGIC + struct.pack("<II", FORMAT_VERSION, len(head)) + head + struct.pack("<I", zlib.crc32(head))
-    return pre + b"\0" * (align(len(pre)) - len(pre)) + bytes(area)
 
 
 # ----------------------------------------------------------------------------- mutations

@@ -330,23 +330,36 @@ def _from_bytes(data: bytes, where: str) -> DataPackage:
 
 
 class _Written:
-    """Byte ranges written so far in one segment (or IO slot): merged sorted intervals."""
+    """Which block last wrote each byte range of one segment (or IO slot): sorted, disjoint
+    (start, end, name) spans. A read of block N must find every byte last written as N."""
 
     def __init__(self):
-        self.spans: list[list[int]] = []
+        self.spans: list[tuple[int, int, str]] = []
 
-    def add(self, a: int, b: int) -> None:
+    def add(self, a: int, b: int, name: str) -> None:
         out = []
-        for s in self.spans:
-            if s[1] < a or s[0] > b:
-                out.append(s)
-            else:
-                a, b = min(a, s[0]), max(b, s[1])
-        out.append([a, b])
+        for s0, s1, n in self.spans:
+            if s1 <= a or s0 >= b:
+                out.append((s0, s1, n))
+                continue
+            if s0 < a:
+                out.append((s0, a, n))
+            if s1 > b:
+                out.append((b, s1, n))
+        out.append((a, b, name))
         self.spans = sorted(out)
 
-    def covers(self, a: int, b: int) -> bool:
-        return a >= b or any(s[0] <= a and b <= s[1] for s in self.spans)
+    def covers(self, a: int, b: int, name: str) -> bool:
+        if a >= b:
+            return True
+        pos = a
+        for s0, s1, n in self.spans:
+            if s1 <= pos or s0 >= b:
+                continue
+            if s0 > pos or n != name:
+                return False
+            pos = s1
+        return pos >= b
 
 
 def validate_package(pkg: DataPackage, where: str = "package") -> None:
@@ -394,8 +407,10 @@ def _validate_package(pkg: DataPackage, where: str) -> None:
 def validate_program(pkg: DataPackage, where: str = "package") -> None:
     """Every instruction: a kernel with a validator; every operand inside the block it names, with
     its dtype and an aligned offset; outputs into hidden blocks or output slots only, never over
-    their own inputs; hidden and output bytes read only after they were written; every output
-    written completely; the kernel's validator (re-derived shapes, bounded parameters)."""
+    their own inputs; a hidden or output block read only where an earlier instruction wrote it as
+    that block and nothing overwrote it since (so shared hidden memory respects the lifetimes);
+    every output written completely; the kernel's validator (re-derived shapes, bounded
+    parameters)."""
     from ..kernels.cpu import KERNELS, VALIDATORS
     blocks = {(CONST if b.segment == "const" else HIDDEN, b.name): b for b in pkg.blocks}
     slots = {s.offset: s for s in pkg.io}
@@ -452,14 +467,15 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
             if key == okey and a < o1 and o0 < b:
                 raise PackageError(f"{w}: output [{o0}, {o1}) overlaps input '{op.name}' [{a}, {b}) "
                                    f"in the same segment; expected disjoint memory")
-            if key in written and not written[key].covers(a, b):
-                raise PackageError(f"{w}: reads '{op.name}' bytes [{a}, {b}) before any instruction wrote them")
+            if key in written and not written[key].covers(a, b, op.name):
+                raise PackageError(f"{w}: reads '{op.name}' bytes [{a}, {b}) that no earlier instruction "
+                                   f"wrote as '{op.name}' (never written, or overwritten since)")
         try:
             validator(ins)
         except ValueError as e:
             raise PackageError(f"{w}: {e}") from None
-        written[okey].add(o0, o1)
+        written[okey].add(o0, o1, out.name)
     for s in pkg.outputs:
         size = int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
-        if not written[("io", s.name)].covers(0, size):
+        if not written[("io", s.name)].covers(0, size, s.name):
             raise PackageError(f"{where}: output '{s.name}' ({size} bytes) is not written completely by the program")
