@@ -166,8 +166,11 @@ def _conv_rule(options: dict, tuning: dict):
                                          allow_winograd=allow_w)
         layout = conv_layout(algo, layout_mode, x.shape[1], w.shape[0], p["groups"])
         b = op.inputs[2].value if p["has_bias"] else None
-        prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
-                                       layout=layout)
+        try:
+            prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
+                                           layout=layout)
+        except ValueError as e:   # a forced algorithm this conv cannot use: name the layer
+            raise GraphError(op.name, f"{e}; expected an algorithm every conv can run (or none forced)") from None
         params = {"algorithm": algo, "weight_shape": tuple(int(d) for d in w.shape)}  # for validation
         if layout != NCHW:
             params["layout"] = layout
