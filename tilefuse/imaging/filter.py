@@ -16,10 +16,10 @@ Output dtype:
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..kernels.conv.threads import parallel_for
 from . import kernels, tiles
 from .reference import BORDER_CODES, BORDERS
 
@@ -35,15 +35,6 @@ def default_workers() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    if workers not in _POOLS:
-        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="tilefuse-imaging")
-    return _POOLS[workers]
 
 
 def check_image(image) -> np.ndarray:
@@ -150,11 +141,11 @@ def _filter_plane(src: np.ndarray, k: np.ndarray, sep, border: str, tile, worker
                   method: str, out: np.ndarray) -> None:
     """Filter one C-contiguous 2-D plane into ``out`` (accumulator dtype)."""
     plan = tiles.plan_tiles(src.shape, tile, k.shape)
+    # the work runs on the one shared worker pool (kernels.conv.threads), `workers` at a time,
+    # the calling thread included
     if method == "paper":
         work = [plan[core::workers] for core in range(min(workers, len(plan)))]
-        futures = [_pool(workers).submit(tiles.filter_tiles, src, k, g, out) for g in work]
-        for f in futures:
-            f.result()
+        parallel_for(lambda g: tiles.filter_tiles(src, k, g, out), work, workers)
         return
     groups = tiles.assign(plan, workers)
     mode = BORDER_CODES[border]
@@ -165,9 +156,7 @@ def _filter_plane(src: np.ndarray, k: np.ndarray, sep, border: str, tile, worker
     if len(groups) == 1:
         run(*args, out, groups[0], mode)
         return
-    futures = [_pool(workers).submit(run, *args, out, g, mode) for g in groups]
-    for f in futures:
-        f.result()
+    parallel_for(lambda g: run(*args, out, g, mode), groups, workers)
 
 
 def check_out(out, shape, acc) -> np.ndarray:
@@ -198,7 +187,17 @@ def filter2d(image, kernel, border: str = "replicate", tile="auto", workers: int
     out: optional preallocated result (accumulator dtype, image shape), written in place.
     algorithm: "tiled" (this module) or "linebuffer" (rows streamed through a k-row ring
         buffer, seed 003; `imaging/linebuffer.py`; `tile` and `method` do not apply).
+
+    ``out`` may be the image itself (``filter2d(a, k, out=a)``): the result is computed into a
+    scratch array and then copied into ``out``, since the kernels read pixels around the ones
+    they write.
     """
+    if out is not None and isinstance(out, np.ndarray) and np.shares_memory(np.asarray(image), out):
+        tmp = np.empty(out.shape, out.dtype)
+        res = filter2d(image, kernel, border=border, tile=tile, workers=workers, saturate=saturate,
+                       method=method, out=tmp, algorithm=algorithm)
+        out[...] = tmp
+        return out if res is tmp else res
     if algorithm == "linebuffer":
         from .linebuffer import filter2d_linebuffer
         return filter2d_linebuffer(image, kernel, border=border, workers=workers, saturate=saturate,
