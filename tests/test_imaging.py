@@ -304,7 +304,7 @@ def test_one_shared_pool_whatever_the_workers_value():
     for w in range(1, 201, 7):
         for kw, y in zip(ways, want):
             np.testing.assert_allclose(filter2d(img, k, workers=w, **kw), y, rtol=1e-6, atol=1e-6)
-    from tilefuse.kernels.conv.threads import cpu_count
+    from tilefuse.kernels.threads import cpu_count
     assert threading.active_count() <= before + max(2, cpu_count())
 
 

@@ -18,7 +18,7 @@ import tilefuse
 from tilefuse.compiler.package import from_bytes, load_package, to_bytes
 from tilefuse.compiler.program import CONST, IO
 from tilefuse.errors import PackageError
-from tilefuse.kernels import cpu
+from tilefuse.kernels import registry as cpu
 
 from fuzz_nets import compiled, inputs_for, join, split
 

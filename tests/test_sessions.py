@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tilefuse
+from tilefuse import qinglong as ql
 from tilefuse.compiler.package import Block, DataPackage, IOSlot, load_package
 from tilefuse.compiler.program import CONST, DIRECT, HIDDEN, INDIRECT, IO, Instruction, Operand, encode
 from tilefuse.errors import DeviceError, GraphError, OutOfDeviceMemory
@@ -184,9 +185,9 @@ def qsess():
     sess = Session(tilefuse.compile(net), dev)
     sess.copy_constants()
     x = _x(net, 0)
-    i = tilefuse.dev_malloc(dev, x.nbytes)
-    o = tilefuse.dev_malloc(dev, 4 * int(np.prod(net.outputs[0].shape)))
-    tilefuse.dev_memcpy(dev, tilefuse.HOST_TO_DEV, i, x)
+    i = ql.dev_malloc(dev, x.nbytes)
+    o = ql.dev_malloc(dev, 4 * int(np.prod(net.outputs[0].shape)))
+    ql.dev_memcpy(dev, ql.HOST_TO_DEV, i, x)
     return net, dev, sess, x, i, o
 
 
@@ -195,7 +196,7 @@ def test_compute_network_into_the_constant_segment_is_refused(qsess):
     want = sess.run(x)
     const = sess.segments["const"]
     with pytest.raises(DeviceError, match="segment block"):
-        tilefuse.compute_network(sess, [i], [const + 64])
+        ql.compute_network(sess, [i], [const + 64])
     np.testing.assert_array_equal(sess.run(x), want)          # later runs are still right
 
 
@@ -206,28 +207,28 @@ def test_compute_network_into_any_session_segment_is_refused(qsess, which):
     other.copy_constants()
     for s in (sess, other):
         with pytest.raises(DeviceError, match="expected a block from dev_malloc"):
-            tilefuse.compute_network(sess, [i], [s.segments[which]])
+            ql.compute_network(sess, [i], [s.segments[which]])
         with pytest.raises(DeviceError, match="expected a block from dev_malloc"):
-            tilefuse.compute_network(sess, [s.segments[which]], [o])
+            ql.compute_network(sess, [s.segments[which]], [o])
 
 
 def test_compute_network_address_checks(qsess):
     net, dev, sess, x, i, o = qsess
     with pytest.raises(DeviceError, match="not inside an allocated block"):
-        tilefuse.compute_network(sess, [i], [10 ** 12])
-    small = tilefuse.dev_malloc(dev, 8)
+        ql.compute_network(sess, [i], [10 ** 12])
+    small = ql.dev_malloc(dev, 8)
     with pytest.raises(DeviceError, match="not inside an allocated block"):
-        tilefuse.compute_network(sess, [small], [o])            # too small for the input
+        ql.compute_network(sess, [small], [o])            # too small for the input
     with pytest.raises(DeviceError, match="overlaps input"):
-        big = tilefuse.dev_malloc(dev, x.nbytes)
-        tilefuse.dev_memcpy(dev, tilefuse.HOST_TO_DEV, big, x)
-        tilefuse.compute_network(sess, [big], [big])
+        big = ql.dev_malloc(dev, x.nbytes)
+        ql.dev_memcpy(dev, ql.HOST_TO_DEV, big, x)
+        ql.compute_network(sess, [big], [big])
     with pytest.raises(DeviceError, match="not an integer"):
-        tilefuse.compute_network(sess, [float(i)], [o])
+        ql.compute_network(sess, [float(i)], [o])
     with pytest.raises(DeviceError, match="expected 1 and 1"):
-        tilefuse.compute_network(sess, [i], [o, o])
-    tilefuse.compute_network(sess, [i], [o])
-    y = tilefuse.dev_memcpy(dev, tilefuse.DEV_TO_HOST, o, shape=net.outputs[0].shape, dtype=np.float32)
+        ql.compute_network(sess, [i], [o, o])
+    ql.compute_network(sess, [i], [o])
+    y = ql.dev_memcpy(dev, ql.DEV_TO_HOST, o, shape=net.outputs[0].shape, dtype=np.float32)
     np.testing.assert_allclose(y, tilefuse.evaluate(net, x)[0], rtol=1e-5, atol=1e-5)
 
 
@@ -422,7 +423,7 @@ def test_paper_indirect_addressing_through_a_device_and_package(tmp_path):
     assert sess.segments["io"] == 9000
     x = np.array([[1.5, -2.0, 3.25, 4.0]], np.float16)
     dev.copy_in(inp, x)
-    tilefuse.compute_network(sess, [inp], [out])
+    ql.compute_network(sess, [inp], [out])
     assert dev.read_u64(9000 + 8) == 10000
     assert dev.view(10006, np.float16, (1,))[0] == np.float16(4.0)
     np.testing.assert_array_equal(dev.copy_out(out, (1, 4), np.float16), x)

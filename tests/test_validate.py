@@ -1,4 +1,4 @@
-"""The kernel validator registry (kernels/validate.py, kernels/cpu.py VALIDATORS)."""
+"""The kernel validator registry (compiler/validate.py VALIDATORS, one per kernels/registry.py KERNELS)."""
 from __future__ import annotations
 
 import itertools
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tilefuse.compiler.program import CONST, DIRECT, HIDDEN, Instruction, Operand
-from tilefuse.kernels import cpu
-from tilefuse.kernels import validate as V
+from tilefuse.kernels import registry as cpu
+from tilefuse.compiler import validate as V
 from tilefuse.kernels.conv import ALGORITHMS, NCHWC_ALGORITHMS, conv2d_prepare
 from tilefuse.kernels.conv.select import candidates
 
@@ -16,15 +16,15 @@ from tilefuse.kernels.conv.select import candidates
 def test_every_registered_kernel_has_a_validator():
     """Fails when someone adds a kernel to KERNELS without its validator (see
     docs/architecture.md, "Package validation")."""
-    missing = sorted(set(cpu.KERNELS) - set(cpu.VALIDATORS))
-    assert not missing, f"kernels without a validator: {missing}; add VALIDATORS entries (kernels/validate.py)"
-    assert all(callable(v) for v in cpu.VALIDATORS.values())
-    assert not set(cpu.VALIDATORS) - set(cpu.KERNELS), "validators of kernels that do not exist"
+    missing = sorted(set(cpu.KERNELS) - set(V.VALIDATORS))
+    assert not missing, f"kernels without a validator: {missing}; add VALIDATORS entries (compiler/validate.py)"
+    assert all(callable(v) for v in V.VALIDATORS.values())
+    assert not set(V.VALIDATORS) - set(cpu.KERNELS), "validators of kernels that do not exist"
 
 
 def test_every_conv_algorithm_declares_its_prepared_shapes():
     missing = sorted(set(ALGORITHMS) - set(V.PREPARED))
-    assert not missing, f"conv algorithms without a PREPARED entry in kernels/validate.py: {missing}"
+    assert not missing, f"conv algorithms without a PREPARED entry in compiler/validate.py: {missing}"
 
 
 @pytest.mark.parametrize("co, ci, k, groups", [(1, 1, 1, 1), (5, 3, 3, 1), (16, 16, 1, 1), (17, 33, 3, 1),
@@ -46,7 +46,7 @@ def test_prepared_shapes_match_conv2d_prepare(co, ci, k, groups):
 
 def test_register_requires_a_validator():
     with pytest.raises(TypeError, match="validator"):
-        cpu.register("nothing", lambda out, x: None, None)
+        V.register("nothing", lambda out, x: None, None)
     assert "nothing" not in cpu.KERNELS
 
 
@@ -84,18 +84,18 @@ def _ins(kernel, shapes, out, params, dtype=np.float32, segs=None):
 def test_validators_accept_consistent_and_refuse_inconsistent(kernel, shapes, out, params, ok):
     ins = _ins(kernel, shapes, out, params)
     if ok:
-        cpu.VALIDATORS[kernel](ins)
+        V.VALIDATORS[kernel](ins)
     else:
         with pytest.raises(ValueError):
-            cpu.VALIDATORS[kernel](ins)
+            V.VALIDATORS[kernel](ins)
 
 
 def test_dtypes_are_checked():
-    cpu.VALIDATORS["relu"](_ins("relu", [(2, 3)], (2, 3), {}, np.float64))
+    V.VALIDATORS["relu"](_ins("relu", [(2, 3)], (2, 3), {}, np.float64))
     with pytest.raises(ValueError, match="float dtype"):
-        cpu.VALIDATORS["relu"](_ins("relu", [(2, 3)], (2, 3), {}, np.int32))
+        V.VALIDATORS["relu"](_ins("relu", [(2, 3)], (2, 3), {}, np.int32))
     with pytest.raises(ValueError, match="float32"):
-        cpu.VALIDATORS["relu"](_ins("relu", [(1, 1, 2, 2, 16)], (1, 1, 2, 2, 16), {"layout": "nchwc"}, np.float64))
+        V.VALIDATORS["relu"](_ins("relu", [(1, 1, 2, 2, 16)], (1, 1, 2, 2, 16), {"layout": "nchwc"}, np.float64))
 
 
 def _conv(alg, x, w_shape, out, layout=None, res=False, groups=1, stride=1, padding=0, prepared_shapes=None):

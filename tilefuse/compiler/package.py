@@ -26,7 +26,7 @@ checks every block and IO slot against its segment, decodes the program and chec
 instruction (`validate_program`): each operand lies inside the block it names with the block's
 dtype, outputs never write constants or inputs nor overlap their own inputs, every hidden or
 output byte an instruction reads was written before, every output is written completely, and
-the kernel's validator (kernels/validate.py) re-derives the operand shapes from the parameters
+the kernel's validator (compiler/validate.py) re-derives the operand shapes from the parameters
 with the IR's shape inference. Any problem raises PackageError.
 
 The CRC-32 and SHA-256 catch accidents (truncated downloads, flipped bits, text-mode
@@ -411,7 +411,8 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
     that block and nothing overwrote it since (so shared hidden memory respects the lifetimes);
     every output written completely; the kernel's validator (re-derived shapes, bounded
     parameters)."""
-    from ..kernels.cpu import KERNELS, VALIDATORS
+    from ..kernels.registry import KERNELS
+    from .validate import VALIDATORS
     blocks = {(CONST if b.segment == "const" else HIDDEN, b.name): b for b in pkg.blocks}
     slots = {s.offset: s for s in pkg.io}
     written = {HIDDEN: _Written()}
@@ -423,7 +424,7 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
                                f"known: {', '.join(sorted(KERNELS))}")
         validator = VALIDATORS.get(ins.kernel)
         if validator is None:
-            raise PackageError(f"{w}: kernel '{ins.kernel}' has no validator (kernels/cpu.py VALIDATORS), "
+            raise PackageError(f"{w}: kernel '{ins.kernel}' has no validator (compiler/validate.py VALIDATORS), "
                                f"so no package may use it")
         spans = []    # (key, start, end, operand) per operand
         for op in ins.operands:

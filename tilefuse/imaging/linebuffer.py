@@ -16,15 +16,15 @@ interleaved: a tap's column offset is j*C. Semantics, dtypes and borders are tho
 images and integer-valued kernels, exact modulo 2**32; float32 otherwise).
 
 `workers` > 1 cuts the rows into that many bands, each streamed through its own ring on the
-shared worker pool (numba releases the GIL); a band re-reads kh - 1 halo rows of its neighbour.
+shared thread pool (`kernels/threads.py`; numba releases the GIL); a band re-reads kh - 1 halo rows of its neighbour.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from ..kernels.conv.threads import parallel_for
-from .filter import (accumulator_dtype, check_image, check_kernel, check_out, check_workers,
+from ..kernels.threads import parallel_for
+from .checks import (accumulator_dtype, check_image, check_kernel, check_out, check_workers,
                      saturate_cast)
 from .reference import BORDERS, border_index
 
@@ -108,7 +108,7 @@ def filter2d_linebuffer(image, kernel, border: str = "replicate", workers: int |
         ring = np.empty((kh, (w + kw - 1) * chans), dtype=acc)
         _linebuffer_rows(src, rowmap, colmap, chans, k, dst, ring, cuts[b], cuts[b + 1])
 
-    parallel_for(run, range(bands), nworkers)   # the one shared worker pool, caller included
+    parallel_for(run, range(bands), bands)
     if saturate and img.dtype.kind in "iu":
         return saturate_cast(out, img.dtype)
     return out

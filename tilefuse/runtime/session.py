@@ -33,9 +33,9 @@ import numpy as np
 from ..compiler.package import DataPackage, validate_package
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
 from ..errors import DeviceError, GraphError
-from ..kernels.cpu import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
+from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
 from .device import CPUDevice
-from .pipeline import PipelineStats, run_pipeline
+from .stages import PipelineStats, run_pipeline
 
 RECORD_BYTES = 24            # a segment-base record: u64 const, hidden, IO-address base
 _SLOT = {CONST: 0, HIDDEN: 8, IO: 16}
@@ -170,7 +170,7 @@ class Session:
             params = dict(ins.params)
             if ins.kernel in THREADED:
                 params["threads"] = self.threads
-            # kernels.cpu.bind: blocked convs get a closure without per-call argument checks,
+            # kernels.registry.bind: blocked convs get a closure without per-call argument checks,
             # tiny layers run on one thread (shape rule, results unchanged)
             fn, params = bind_kernel(ins.kernel, views, params)
             ctx.bound.append((fn, views, params, ins))
@@ -367,7 +367,3 @@ class Session:
                 self.free_io(b)
         self.last_stats = stats
         return results
-
-    # paper-style name
-    def compute_network(self, in_addrs, out_addrs) -> None:
-        self.compute(in_addrs, out_addrs)

@@ -3,7 +3,7 @@
 A compiled program's instructions name their kernel; the runtime looks it up here and calls it
 with views of device memory, so every kernel writes its result into `out` in place. Conv2d
 dispatches on the `algorithm` the compiler chose (`kernels/conv`); pooling, element-wise,
-linear and softmax use the numba kernels of `fast_misc.py`; the rest vectorized numpy, all
+linear and softmax use the numba kernels of `pool.py`, `elementwise.py` and `dense.py`; the rest vectorized numpy, all
 within the tolerance `tests/` states against `reference.py`.
 
 Instructions the layout pass (compiler/layout.py) moved to NCHW16c carry params["layout"] =
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import fast_misc as fm
+from . import dense, elementwise, pool
 from . import reference as ref
-from . import validate as V
 
 
 def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu,
@@ -63,14 +62,14 @@ def _max_pool(out, x, **p):
     if x.dtype != np.float32:
         out[...] = ref.max_pool(x, **{k: v for k, v in p.items() if k not in ("layout", "threads")})
         return
-    fm.max_pool(out, x, **p)
+    pool.max_pool(out, x, **p)
 
 
 def _avg_pool(out, x, **p):
     if x.dtype != np.float32:
         out[...] = ref.avg_pool(x, **{k: v for k, v in p.items() if k not in ("layout", "threads")})
         return
-    fm.avg_pool(out, x, **p)
+    pool.avg_pool(out, x, **p)
 
 
 def _copy_reshape(out, x, **_):
@@ -88,58 +87,31 @@ def _wrap(fn):
 KERNELS = {
     "conv2d": _conv2d,
     "batch_norm": _wrap(lambda x, g, b, m, v, eps: ref.batch_norm(x, g, b, m, v, eps)),
-    "scale": fm.scale,
-    "relu": fm.relu,
-    "add": fm.add,
+    "scale": elementwise.scale,
+    "relu": elementwise.relu,
+    "add": elementwise.add,
     "max_pool": _max_pool,
     "avg_pool": _avg_pool,
-    "global_avg_pool": fm.global_avg_pool,
-    "linear": fm.linear,
+    "global_avg_pool": pool.global_avg_pool,
+    "linear": dense.linear,
     "flatten": _copy_reshape,
     "dropout": _copy_reshape,
-    "softmax": fm.softmax,
+    "softmax": dense.softmax,
     "local_response_norm": _wrap(ref.local_response_norm),
     "concat": _wrap(lambda *xs, axis: ref.concat(*xs, axis=axis)),
     "to_nchwc": _to_nchwc,
     "from_nchwc": _from_nchwc,
 }
 
+# kernels besides conv2d with an NCHW16c form (params["layout"] = "nchwc"): the layout pass
+# (compiler/layout.py) lets them follow their input's layout; BLOCKED_TO_NCHW ones read blocked
+# input and write NCHW
+BLOCKED_FORM = frozenset({"max_pool", "avg_pool", "add", "relu", "scale", "global_avg_pool"})
+BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
+
 # kernels that take the session's thread count as params["threads"]
 THREADED = {"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
             "from_nchwc", "linear"}
-
-# every kernel's validator (kernels/validate.py): what the kernel accepts, checked when a package
-# loads; a kernel without one cannot load (PackageError), and tests/test_validate.py fails.
-# A kernel computing an IR op on NCHW operands in the op's input order: V.op_validator("op").
-VALIDATORS = {
-    "conv2d": V.validate_conv2d,
-    "batch_norm": V.op_validator("batch_norm"),
-    "scale": V.op_validator("scale", layouts=("nchw", "nchwc"), channels_from="alpha"),
-    "relu": V.op_validator("relu", layouts=("nchw", "nchwc")),
-    "add": V.op_validator("add", layouts=("nchw", "nchwc")),
-    "max_pool": V.op_validator("max_pool", layouts=("nchw", "nchwc")),
-    "avg_pool": V.op_validator("avg_pool", layouts=("nchw", "nchwc")),
-    "global_avg_pool": V.op_validator("global_avg_pool", layouts=("nchw", "nchwc"), channels_from="output"),
-    "linear": V.op_validator("linear"),
-    "flatten": V.op_validator("flatten"),
-    "dropout": V.op_validator("dropout"),
-    "softmax": V.op_validator("softmax"),
-    "local_response_norm": V.op_validator("local_response_norm"),
-    "concat": V.op_validator("concat"),
-    "to_nchwc": V.validate_to_nchwc,
-    "from_nchwc": V.validate_from_nchwc,
-}
-
-
-def register(name: str, fn, validator, threaded: bool = False) -> None:
-    """Add a runtime kernel with its validator (both are required; see kernels/validate.py)."""
-    if not callable(fn) or not callable(validator):
-        raise TypeError(f"kernel '{name}': register needs a kernel function and a validator")
-    KERNELS[name] = fn
-    VALIDATORS[name] = validator
-    if threaded:
-        THREADED.add(name)
-
 
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
 # Session._bind calls `bind(kernel, views, params)` once per instruction: it returns the callable
@@ -181,7 +153,7 @@ def _bind_conv2d(views, params):
     arguments are invalid, so the error is raised where it always was, at compute time)."""
     from .conv import NCHWC_ALGORITHMS, direct, k1x1, winograd
     from .conv import _pad4, _pair
-    from .conv.threads import resolve_threads
+    from .threads import resolve_threads
     p = params
     if p.get("layout") != "nchwc" or p.get("algorithm") not in NCHWC_ALGORITHMS or p.get("groups", 1) != 1:
         return None

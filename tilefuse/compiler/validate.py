@@ -1,8 +1,8 @@
 """Kernel validators: what each runtime kernel accepts, checked before a package may run.
 
 A package is untrusted input. Its instructions name a kernel, give JSON parameters and operand
-shapes; a kernel trusts all three (numba does not check bounds). So every kernel name in the
-registry (`kernels/cpu.py`: KERNELS and VALIDATORS, one entry each) has a validator
+shapes; a kernel trusts all three (numba does not check bounds). So every kernel name of the
+runtime registry (`kernels/registry.py: KERNELS`) has an entry in `VALIDATORS` below:
 
     validator(ins: Instruction) -> None        raises ValueError saying what is wrong
 
@@ -11,12 +11,15 @@ shape inference (`ir/ops.py`), checks the operand count, shapes and dtypes, the 
 types and bounds, and refuses any parameter the kernel does not declare. The package loader
 (`compiler/package.py: validate_program`) runs it on every instruction, after checking that
 every operand lies inside the block it names; a kernel without a validator cannot load.
+(The validators live in the compiler layer because they read the IR; kernels/ imports neither.)
 
 Adding a kernel (docs/architecture.md, "Package validation"):
-  - a kernel that computes an IR op on NCHW operands in the op's input order:
-        KERNELS["gelu"] = my_gelu;  VALIDATORS["gelu"] = op_validator("gelu")
-  - one with extra parameters: op_validator(op, extra={"name": check}) where check(value)
-    raises ValueError, or layouts=("nchw", "nchwc") for a blocked form
+  - a kernel that computes an IR op on operands in the op's input order: one line here,
+        VALIDATORS["gelu"] = op_validator("gelu")
+    (its NCHW16c form, when kernels/registry.py lists it in BLOCKED_FORM, is accepted too);
+    or `register("gelu", fn, op_validator("gelu"))` from anywhere, which adds both
+  - one with extra parameters: op_validator(op, extra={"name": check}), check(value) raising
+    ValueError
   - anything else (conversions, prepared weights): a function like `validate_conv2d`
   - a new conv algorithm: an entry in PREPARED (its prepared constants' shapes)
 `tests/test_validate.py` fails while a kernel or a conv algorithm lacks its entry.
@@ -27,6 +30,13 @@ import math
 from typing import Callable
 
 import numpy as np
+
+from ..errors import GraphError
+from ..ir.ops import normalize, schema
+from ..kernels import registry
+from ..kernels.conv import NCHWC_ALGORITHMS
+from ..kernels.conv.select import candidates
+from .program import CONST
 
 LANES = 16
 MAX_DIM = 1 << 31            # any tensor dimension
@@ -44,7 +54,6 @@ class _T:
 
 
 def _is_const(op) -> bool:
-    from ..compiler.program import CONST
     return op.segment == CONST
 
 
@@ -109,8 +118,6 @@ def _same(a, b) -> bool:
 
 def _normalized(op: str, node: str, params: dict) -> dict:
     """The op's parameters as the IR normalizes them; the instruction must carry exactly these."""
-    from ..errors import GraphError
-    from ..ir.ops import normalize
     try:
         norm = normalize(op, node, params)
     except GraphError as e:
@@ -124,8 +131,6 @@ def _normalized(op: str, node: str, params: dict) -> dict:
 
 
 def _infer(op: str, node: str, ins_t: list, params: dict) -> tuple[int, ...]:
-    from ..errors import GraphError
-    from ..ir.ops import schema
     try:
         return tuple(schema(op).infer(node, ins_t, params))
     except GraphError as e:
@@ -150,7 +155,6 @@ def op_validator(op: str, layouts=("nchw",), extra: dict[str, Callable] | None =
     the output; params = the op's normalized params (+ `layout` when `layouts` has "nchwc",
     + the `extra` keys, each checked by its function). In NCHW16c the logical channel count is
     Cb*16, or taken from `channels_from` ("output" or an input role)."""
-    from ..ir.ops import schema
     s = schema(op)
     extra = dict(extra or {})
 
@@ -257,8 +261,6 @@ def validate_conv2d(ins) -> None:
     """conv2d: the reference form (x, weight, bias?, residual?) or an algorithm's form
     (x, prepared constants in `prepared` order, residual?) in NCHW, NCHW16c, or NCHW in and
     NCHW16c out; every shape re-derived from `weight_shape` and the IR's conv inference."""
-    from ..kernels.conv import NCHWC_ALGORITHMS
-    from ..kernels.conv.select import candidates
     p = dict(ins.params)
     check_bounded(p)
     node = ins.output.name
@@ -377,3 +379,33 @@ def _conversion(direction: str):
 
 validate_to_nchwc = _conversion("to_nchwc")
 validate_from_nchwc = _conversion("from_nchwc")
+
+
+# ----------------------------------------------------------------------------- the registry
+
+def _layouts(kernel: str) -> tuple[str, ...]:
+    """NCHW, and NCHW16c for the kernels with a blocked form (kernels/registry.py)."""
+    return ("nchw", "nchwc") if kernel in registry.BLOCKED_FORM else ("nchw",)
+
+
+# kernel name -> validator, one per kernels/registry.py KERNELS entry (tests/test_validate.py)
+VALIDATORS: dict[str, Callable] = {
+    "conv2d": validate_conv2d,
+    "to_nchwc": validate_to_nchwc,
+    "from_nchwc": validate_from_nchwc,
+    "scale": op_validator("scale", _layouts("scale"), channels_from="alpha"),
+    "global_avg_pool": op_validator("global_avg_pool", _layouts("global_avg_pool"), channels_from="output"),
+}
+for _k in ("batch_norm", "relu", "add", "max_pool", "avg_pool", "linear", "flatten", "dropout", "softmax",
+           "local_response_norm", "concat"):
+    VALIDATORS[_k] = op_validator(_k, _layouts(_k))
+
+
+def register(name: str, fn, validator, threaded: bool = False) -> None:
+    """Add a runtime kernel and its validator together (both are required)."""
+    if not callable(fn) or not callable(validator):
+        raise TypeError(f"kernel '{name}': register needs a kernel function and a validator")
+    registry.KERNELS[name] = fn
+    VALIDATORS[name] = validator
+    if threaded:
+        registry.THREADED.add(name)
