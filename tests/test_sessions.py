@@ -65,26 +65,31 @@ def _sequential(sess, xs):
     return [sess.run(x) for x in xs]
 
 
-def test_eight_threads_200_runs_each_on_one_session():
-    net = small_net(n=1)
-    sess = Session(tilefuse.compile(net), threads=1)
-    xs = [[_x(net, 1000 * t + i) for i in range(200)] for t in range(8)]
-    want = [_sequential(sess, x) for x in xs]
-    got: list = [None] * 8
-    errors = []
+def _in_threads(run, xs_per_thread):
+    """[[run(x) for x in xs] for xs in xs_per_thread], one thread per list, all at once."""
+    got, errors = [None] * len(xs_per_thread), []
 
     def worker(t):
         try:
-            got[t] = [sess.run(x) for x in xs[t]]
+            got[t] = [run(x) for x in xs_per_thread[t]]
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(len(xs_per_thread))]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
     assert not errors, errors
+    return got
+
+
+def test_eight_threads_200_runs_each_on_one_session():
+    net = small_net(n=1)
+    sess = Session(tilefuse.compile(net), threads=1)
+    xs = [[_x(net, 1000 * t + i) for i in range(200)] for t in range(8)]
+    want = [_sequential(sess, x) for x in xs]
+    got = _in_threads(sess.run, xs)
     wrong = sum(not np.array_equal(a, b) for t in range(8) for a, b in zip(got[t], want[t]))
     assert wrong == 0, f"{wrong} of 1600 results wrong"
     assert 2 <= sess.contexts <= sess.max_concurrent   # the calls really ran side by side
@@ -137,18 +142,7 @@ def test_streamed_network_eight_threads_200_runs():
     xs = [[d[i % 20] for i in range(200)] for d in distinct]          # 200 runs per thread
     ref = [[s.run(x) for x in d] for d in distinct]
     want = [[r[i % 20] for i in range(200)] for r in ref]
-    got, errors = [None] * 8, []
-
-    def worker(t):
-        try:
-            got[t] = [s.run(x) for x in xs[t]]
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    ths = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    [t.start() for t in ths]
-    [t.join() for t in ths]
-    assert not errors, errors
+    got = _in_threads(s.run, xs)
     assert sum(not np.array_equal(a, b) for t in range(8) for a, b in zip(got[t], want[t])) == 0
     np.testing.assert_allclose(want[0][0], tilefuse.evaluate(net, xs[0][0])[0], rtol=1e-4, atol=1e-4)
 
