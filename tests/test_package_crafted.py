@@ -116,7 +116,7 @@ CRAFTED = [
     ("blocked", lambda h, p, a: setattr(p[7], "kernel", "mystery"), r"unknown kernel 'mystery'"),
     ("nchw", _param(0, "groups", 3), r"groups=3 must divide|per group"),
     ("nchw", _param(3, "alpha", float("nan")), r"alpha=nan is not finite"),
-    ("nchw", _param(3, "size", 10 ** 9), r"out of bounds"),
+    ("nchw", _param(3, "size", 10 ** 10), r"out of bounds"),
     ("nchw", _output_into_input, r"writes into network input 'x'"),
     ("wino4", _param(1, "channels", 17), r"expected \(N, 17, H, W\)"),
     ("wino4", _param(2, "stride", (2, 2)), r"cannot run weight|give"),

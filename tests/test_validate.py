@@ -136,9 +136,9 @@ def test_conv_validator_rederives_every_shape():
 
 
 def test_bounds():
-    V.check_bounded({"a": (1, 2), "b": 1.5, "c": "s", "d": None, "e": True})
+    V.check_bounded({"a": (1, 2), "b": 1.5, "c": "s", "d": None, "e": True, "shape": (100352, 7)})
     for bad in ({"a": V.MAX_PARAM + 1}, {"a": (1, -V.MAX_PARAM - 1)}, {"a": float("inf")}, {"a": float("nan")},
-                {"a": object()}):
+                {"a": object()}, {"stride": (1, V.MAX_SPATIAL + 1)}, {"padding": (0, 0, 0, V.MAX_SPATIAL + 1)}):
         with pytest.raises(ValueError):
             V.check_bounded(bad)
 

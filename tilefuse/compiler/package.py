@@ -412,7 +412,7 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
     every output written completely; the kernel's validator (re-derived shapes, bounded
     parameters)."""
     from ..kernels.registry import KERNELS
-    from .validate import VALIDATORS
+    from .validate import VALIDATORS, check_shapes
     blocks = {(CONST if b.segment == "const" else HIDDEN, b.name): b for b in pkg.blocks}
     slots = {s.offset: s for s in pkg.io}
     written = {HIDDEN: _Written()}
@@ -472,6 +472,7 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
                 raise PackageError(f"{w}: reads '{op.name}' bytes [{a}, {b}) that no earlier instruction "
                                    f"wrote as '{op.name}' (never written, or overwritten since)")
         try:
+            check_shapes(ins)
             validator(ins)
         except ValueError as e:
             raise PackageError(f"{w}: {e}") from None

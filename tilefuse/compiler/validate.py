@@ -40,7 +40,9 @@ from .program import CONST
 
 LANES = 16
 MAX_DIM = 1 << 31            # any tensor dimension
-MAX_PARAM = 1 << 16          # stride, dilation, padding, kernel size, groups, sizes in params
+MAX_PARAM = 1 << 31          # any integer in the params
+MAX_SPATIAL = 1 << 16        # stride, dilation, padding, kernel size (and a conv's weight_shape)
+SPATIAL = ("stride", "dilation", "padding", "kernel_size", "weight_shape")
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 F32 = np.dtype(np.float32)
 
@@ -80,13 +82,15 @@ def _unblock(shape, what: str, channels: int | None = None) -> tuple[int, ...]:
 
 
 def check_bounded(params: dict, where: str = "parameter") -> None:
-    """Every number in the params: ints within +-MAX_PARAM, floats finite."""
+    """Every number in the params: ints within +-MAX_PARAM (the spatial ones, SPATIAL, within
+    +-MAX_SPATIAL), floats finite."""
     def walk(k, v):
         if isinstance(v, bool) or v is None or isinstance(v, str):
             return
         if isinstance(v, int):
-            if abs(v) > MAX_PARAM:
-                _fail(f"{where} {k}={v} is out of bounds; expected |value| <= {MAX_PARAM}")
+            limit = MAX_SPATIAL if k in SPATIAL else MAX_PARAM
+            if abs(v) > limit:
+                _fail(f"{where} {k}={v} is out of bounds; expected |value| <= {limit}")
         elif isinstance(v, float):
             if not math.isfinite(v):
                 _fail(f"{where} {k}={v} is not finite")
@@ -296,7 +300,7 @@ def validate_conv2d(ins) -> None:
         _fail(f"conv algorithm {alg!r} has no validator; known: {sorted(PREPARED)}")
     ws = p.get("weight_shape")
     if not (isinstance(ws, (tuple, list)) and len(ws) == 4
-            and all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= MAX_PARAM for d in ws)):
+            and all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= MAX_SPATIAL for d in ws)):
         _fail(f"parameter weight_shape={ws!r}; expected (out channels, in channels / groups, kh, kw)")
     ws = tuple(ws)
     keys = p.get("prepared")

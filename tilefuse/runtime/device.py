@@ -21,6 +21,7 @@ and views of disjoint blocks run concurrently.
 from __future__ import annotations
 
 import bisect
+import math
 import os
 import struct
 import threading
@@ -228,7 +229,7 @@ class CPUDevice:
     def view(self, addr: int, dtype, shape) -> np.ndarray:
         """A zero-copy array over device memory (what kernels read and write)."""
         dt = np.dtype(dtype)
-        n = int(np.prod(shape)) * dt.itemsize
+        n = math.prod(shape) * dt.itemsize
         return self._bytes(addr, n).view(dt).reshape(shape)
 
     def read_bytes(self, addr: int, n: int) -> bytes:
@@ -245,7 +246,7 @@ class CPUDevice:
     def copy_out(self, addr: int, shape, dtype) -> np.ndarray:
         """Device -> host copy; returns a new array."""
         dt = np.dtype(dtype)
-        n = int(np.prod(shape)) * dt.itemsize
+        n = math.prod(shape) * dt.itemsize
         self.block_of(addr, n)
         with self._lock:
             self.bytes_out += n

@@ -24,6 +24,7 @@ device memory (`resolve`).
 """
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Sequence
@@ -230,7 +231,7 @@ class Session:
         for slot, addr in zip(pkg.io, in_addrs + out_addrs):
             if isinstance(addr, bool) or not isinstance(addr, (int, np.integer)):
                 raise DeviceError(f"{slot.kind} '{slot.name}': address {addr!r} is not an integer")
-            nbytes = int(np.prod(slot.shape)) * np.dtype(slot.dtype).itemsize
+            nbytes = math.prod(slot.shape) * np.dtype(slot.dtype).itemsize
             try:
                 # the block must be the user's (dev_malloc), never a session's segment, and hold the tensor
                 dev.block_of(int(addr), nbytes, kind="user")
@@ -309,9 +310,9 @@ class Session:
         ins, outs = [], []
         try:
             for s in self.package.inputs:
-                ins.append(dev.alloc(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize))
+                ins.append(dev.alloc(math.prod(s.shape) * np.dtype(s.dtype).itemsize))
             for s in self.package.outputs:
-                outs.append(dev.alloc(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize))
+                outs.append(dev.alloc(math.prod(s.shape) * np.dtype(s.dtype).itemsize))
         except Exception:
             self.free_io((ins, outs))
             raise
