@@ -68,10 +68,6 @@ class _Context:
         self.record, self.hidden, self.io = record, hidden, io
         self.bound: list = []
 
-    @property
-    def blocks(self) -> list[int]:
-        return [self.record, self.hidden, self.io]
-
 
 def _free_blocks(device: CPUDevice, blocks: list[int]) -> None:
     """Finalizer: a dropped Session gives its segments back."""
@@ -95,8 +91,6 @@ class Session:
         if not isinstance(pkg, DataPackage):
             raise TypeError(f"Session takes a compiled network or a DataPackage, got "
                             f"{type(compiled_or_package).__name__}")
-        if device is not None and not isinstance(device, CPUDevice):
-            raise TypeError(f"device must be a CPUDevice, got {type(device).__name__}")
         if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
             raise ValueError(f"max_concurrent must be a positive integer, got {max_concurrent!r}")
         self.package = pkg
