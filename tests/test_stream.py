@@ -63,7 +63,7 @@ def region(compiled):
     """The bound stream region of the compiled network's session (runtime/streaming.py)."""
     sess = compiled.session()
     sess.copy_constants()
-    return sess._bound[0][0]
+    return sess._contexts[0].bound[0][0]
 
 
 class W:
