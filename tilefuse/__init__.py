@@ -30,6 +30,8 @@ def __getattr__(name):
     import importlib
     if name in _LAZY:
         return importlib.import_module(_LAZY[name])
+    if name == "simulate":
+        return importlib.import_module("tilefuse.targets").simulate
     if name in ("from_torch", "from_onnx"):
         return getattr(importlib.import_module("tilefuse.frontend"), name)
     raise AttributeError(f"module 'tilefuse' has no attribute '{name}'")

@@ -7,8 +7,12 @@
 See docs/simulate.md.
 """
 from .machine import CapacityError, Scratchpad, Timeline
-from .simulate import LayerReport, SimReport, SimulationError, simulate
+from .simulate import LayerReport, ScalingReport, SimReport, SimulationError, scaling, simulate
 from .spec import Param, Target, TargetError, builtin_names, load_target, parse_quantity
+from .strategies.cambricon import ModeTimes, qinglong_modes
+from .strategies.trainer004 import TrainingJob, fusion_speedup
+from .strategies.vck5000 import FilterJob
 
-__all__ = ["simulate", "SimReport", "LayerReport", "SimulationError", "Target", "TargetError", "Param",
-           "load_target", "builtin_names", "parse_quantity", "CapacityError", "Scratchpad", "Timeline"]
+__all__ = ["simulate", "scaling", "ScalingReport", "SimReport", "LayerReport", "SimulationError", "Target",
+           "TargetError", "Param", "load_target", "builtin_names", "parse_quantity", "CapacityError",
+           "Scratchpad", "Timeline", "FilterJob", "TrainingJob", "fusion_speedup", "qinglong_modes", "ModeTimes"]

@@ -459,3 +459,68 @@ def _bind_inputs(prog: _Program, inputs, seed: int) -> list[np.ndarray]:
             raise SimulationError(f"input '{s.name}' has shape {a.shape}, expected {tuple(s.shape)}")
         out.append(a.astype(np.dtype(s.dtype)))
     return out
+
+
+# ----------------------------------------------------------------------------- multi-core scaling
+
+@dataclass
+class ScalingReport:
+    """One program simulated at several core counts: per layer efficiency and S_n = P_n / (n P_1)."""
+    target: Target
+    cores: list[int]
+    runs: dict[int, SimReport]
+
+    def layer_rows(self) -> list[dict]:
+        base = self.runs[self.cores[0]]
+        n0 = self.cores[0]
+        rows = []
+        for i, r0 in enumerate(base.layers):
+            if r0.flops == 0:
+                continue
+            row = {"index": r0.index, "name": r0.name, "kernel": r0.kernel, "eff": {}, "S": {}, "seconds": {},
+                   "saturated": {}}
+            p0 = r0.flops / r0.seconds / n0 if r0.seconds > 0 else 0.0
+            for n in self.cores:
+                r = self.runs[n].layers[i]
+                row["eff"][n] = r.efficiency
+                row["seconds"][n] = r.seconds
+                row["S"][n] = (r.flops / r.seconds) / (n * p0) if r.seconds > 0 and p0 > 0 else 0.0
+                row["saturated"][n] = r.saturated_links()
+            rows.append(row)
+        return rows
+
+    def slower_without_reason(self) -> list[str]:
+        """Layers that got slower with more cores while the report names no saturated shared link
+        (the invariant says there are none)."""
+        bad = []
+        for row in self.layer_rows():
+            for a, b in zip(self.cores, self.cores[1:]):
+                if row["seconds"][b] > row["seconds"][a] * (1 + 1e-9) and not row["saturated"][b]:
+                    bad.append(f"{row['name']}: {a} -> {b} cores")
+        return bad
+
+    def table(self) -> str:
+        cs = self.cores
+        head = (f"{'#':>3} {'layer':<26} " + " ".join(f"{'eff' + str(n):>7}" for n in cs) + "  "
+                + " ".join(f"{'S' + str(n):>6}" for n in cs) + "  saturated link at the most cores")
+        lines = [f"target {self.target.name}: efficiency (% of the peak of the cores used) and scaling "
+                 f"S_n = P_n / (n P_1)", head, "-" * len(head)]
+        for row in self.layer_rows():
+            lines.append(f"{row['index']:>3} {row['name'][:26]:<26} "
+                         + " ".join(f"{100 * row['eff'][n]:>7.1f}" for n in cs) + "  "
+                         + " ".join(f"{100 * row['S'][n]:>6.1f}" for n in cs) + "  "
+                         + (", ".join(row["saturated"][cs[-1]]) or "-"))
+        tot = [self.runs[n] for n in cs]
+        p1 = tot[0].flops / tot[0].seconds / cs[0] if tot[0].seconds else 0
+        lines.append("-" * len(head))
+        lines.append(f"{'':>3} {'total':<26} " + " ".join(f"{100 * r.efficiency:>7.1f}" for r in tot) + "  "
+                     + " ".join(f"{100 * (r.flops / r.seconds) / (n * p1) if p1 else 0:>6.1f}" for n, r in zip(cs, tot)))
+        return "\n".join(lines)
+
+
+def scaling(compiled, target, cores=(1, 2, 4, 8), **kw) -> ScalingReport:
+    """simulate() at each core count (timing only unless functional=True is given)."""
+    kw.setdefault("functional", False)
+    tgt = load_target(target)
+    runs = {n: simulate(compiled, tgt, cores=n, **kw) for n in cores}
+    return ScalingReport(runs[cores[0]].target, list(cores), runs)

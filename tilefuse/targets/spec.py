@@ -314,8 +314,8 @@ class Target:
 
         def newp(old: Param | None, kind: str, clock_hz=None) -> Param:
             v = parse_quantity(val, kind, where, clock_hz)
-            if v <= 0:
-                raise TargetError(where, f"{path} must be positive, found {val!r}")
+            if v < 0 or (v == 0 and kind in ("bytes", "bandwidth", "frequency")):
+                raise TargetError(where, f"{path} must be {'positive' if kind in ('bytes', 'bandwidth', 'frequency') else 'non-negative'}, found {val!r}")
             return Param(path, v, kind, src, f"was {old.text() if old else 'unset'} ({old.source if old else ''})",
                          None, val)
         sec = parts[0]

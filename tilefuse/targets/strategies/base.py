@@ -15,7 +15,12 @@ import numpy as np
 from ...errors import UnsupportedOpError
 from ...kernels import reference as ref
 from ..machine import Buffer, CapacityError, Scratchpad, Timeline, Traffic
+from ...ir.ops import schema
 from ..simulate import Layer, LayerReport, SimReport
+
+
+def schema_ref(kernel: str, name: str):
+    return schema(kernel, name).reference
 from ..spec import Target, require
 
 PER_CHANNEL = ("relu", "add", "scale", "batch_norm", "max_pool", "avg_pool", "global_avg_pool")
@@ -108,6 +113,7 @@ class Strategy:
     # ------------------------------------------------------------------ per-layer machinery
 
     def begin(self) -> None:
+        self._pending: list = []
         self.tl = Timeline()
         self.traffic = Traffic()
         self.pads: dict[tuple[str, int], Scratchpad] = {}
@@ -122,6 +128,16 @@ class Strategy:
             label = memory if spec.per in ("chip", "cluster", "card", "host") else f"{memory}[{spec.per} {instance}]"
             self.pads[key] = Scratchpad(label, self.t.capacity(memory), self.functional)
         return self.pads[key]
+
+    def defer(self, fn) -> None:
+        """Queue a store: issued after the next block's first load (the order a double-buffered
+        loop issues its DMAs in: prefetch the next block, then write back the last one)."""
+        self._pending.append(fn)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for fn in pending:
+            fn()
 
     def link_seconds(self, link: str, nbytes: float) -> float:
         ln = self.t.link(link)
@@ -183,6 +199,8 @@ class Strategy:
         per_unit = (in_e + out_e) * isz
         cap = self.t.capacity(memory)
         fit = int(cap // (2 * per_unit))
+        if fit < 1 and not whole and len(osh) == 4 and not lay.params.get("ceil_mode", False):
+            return self._stream_bands(lay, memory, link, n, acts)
         if fit < 1:
             raise CapacityError(memory, f"{k} chunk of one {'image' if whole else 'channel plane'} "
                                         f"(double buffered)", int(2 * per_unit), 0, cap)
@@ -210,10 +228,11 @@ class Strategy:
                 cnt = c1 - c0
                 prev = ends[core]
                 t_in = self.xfer(link, cnt * in_e * isz, (prev[-2],) if len(prev) >= 2 else (), core)
+                self.flush()
                 t_c = self.compute(core, self.vector_seconds(cnt * work_e, ops),
                                    (t_in,) + ((prev[-1],) if prev else ()))
                 prev.append(t_c)
-                self.xfer(link, cnt * out_e * isz, (t_c,), core)
+                self.defer(lambda b=cnt * out_e * isz, t=t_c, c=core: self.xfer(link, b, (t,), c))
                 ib, ob = bufs[core][0][len(prev) % 2], bufs[core][1][len(prev) % 2]
                 if self.functional:
                     args = self._chunk_args(lay, acts, img, c0, c1)
@@ -235,10 +254,82 @@ class Strategy:
                     ib.load(None, (cnt * in_e,))
                     ob.load(None, (cnt * out_e,))
                 step += 1
+        self.flush()
         lay.out = out
         return self.report(lay, f"streamed through {memory} over {link}: {chunk} "
                                 f"{'image' if whole else 'plane'}(s) per chunk, double buffered, "
                                 f"{used} core(s)", cores=n)
+
+    def _stream_bands(self, lay: Layer, memory: str, link: str, n: int, acts) -> LayerReport:
+        """A channel plane larger than the memory: bands of output rows of one plane (with the
+        input rows their windows need), double buffered."""
+        k = lay.kernel
+        isz = lay.itemsize
+        N, C, Ho, Wo = lay.out_shape
+        H, W = lay.in_shapes[0][2:]
+        kh = lay.params.get("kernel_size", (1, 1))[0] if k in ("max_pool", "avg_pool") else 1
+        sh = lay.params.get("stride", (1, 1))[0] if k in ("max_pool", "avg_pool") else 1
+        pt = lay.params.get("padding", (0, 0, 0, 0))[0] if k in ("max_pool", "avg_pool") else 0
+        gap = k == "global_avg_pool"
+        rows_in = lambda r: (r - 1) * sh + kh if not gap else r  # noqa: E731
+        need = lambda r: 2 * (len(acts) * rows_in(r) * W + (r * Wo if not gap else 1)) * isz  # noqa: E731
+        cap = self.t.capacity(memory)
+        out_rows = H if gap else Ho
+        r = 1
+        if need(1) > cap:
+            raise CapacityError(memory, f"{k} band of one row (double buffered)", int(need(1)), 0, cap)
+        while r < out_rows and need(r + 1) <= cap:
+            r += 1
+        bands = [(b0, min(out_rows, b0 + r)) for b0 in range(0, out_rows, r)]
+        units = [(img, c, b) for img in range(N) for c in range(C) for b in bands]
+        used = min(n, len(units))
+        bufs = {c: ([self.pad(memory, c).alloc(f"{k} input band[{j}]", (len(acts) * rows_in(r) * W,), lay.dtype)
+                     for j in range(2)],
+                    [self.pad(memory, c).alloc(f"{k} output band[{j}]", (r * Wo if not gap else 1,), lay.dtype)
+                     for j in range(2)]) for c in range(used)}
+        ops = OPS_PER_ELEMENT.get(k) or kh * kh
+        out = np.zeros(lay.out_shape, np.float32 if gap else lay.dtype) if self.functional else None
+        ends: dict[int, list[float]] = {c: [] for c in bufs}
+        for i, (img, ch, (o0, o1)) in enumerate(units):
+            core = i % used
+            prev = ends[core]
+            a0, a1 = (o0, o1) if gap else (o0 * sh - pt, (o1 - 1) * sh - pt + kh)
+            lo, hi = max(a0, 0), min(a1, H)
+            t_in = self.xfer(link, len(acts) * (hi - lo) * W * isz, (prev[-2],) if len(prev) >= 2 else (), core)
+            self.flush()
+            t_c = self.compute(core, self.vector_seconds((o1 - o0) * (Wo if not gap else W), ops),
+                               (t_in,) + ((prev[-1],) if prev else ()))
+            prev.append(t_c)
+            self.defer(lambda b=(o1 - o0) * Wo * isz if not gap else isz, t=t_c, c=core: self.xfer(link, b, (t,), c))
+            ib, ob = bufs[core][0][len(prev) % 2], bufs[core][1][len(prev) % 2]
+            if not self.functional:
+                ib.load(None, (len(acts) * (hi - lo) * W,))
+                continue
+            args = []
+            for j, a in enumerate(lay.inputs):
+                if j in acts:
+                    args.append(a[img:img + 1, ch:ch + 1, lo:hi])
+                elif a is not None and a.ndim == 1 and a.shape[0] == C:
+                    args.append(a[ch:ch + 1])
+                else:
+                    args.append(a)
+            ib.load(np.concatenate([args[q].reshape(-1) for q in acts]))     # the bands go through the buffer
+            if gap:
+                y = lay.reference(*args).astype(np.float32) * (hi - lo) / H      # a band's share of the mean
+                out[img, ch] += y[0, 0]
+                ob.load(y.reshape(-1).astype(lay.dtype))
+                continue
+            if k in ("max_pool", "avg_pool"):
+                p = dict(lay.params)
+                p["padding"] = (lo - a0, a1 - hi, p["padding"][2], p["padding"][3])
+                y = schema_ref(k, lay.name)(*args, **p)
+            else:
+                y = lay.reference(*args)
+            out[img, ch, o0:o1] = ob.load(y.reshape(-1)).reshape(o1 - o0, Wo)
+        self.flush()
+        lay.out = out.astype(lay.dtype) if out is not None else None
+        return self.report(lay, f"streamed through {memory} over {link}: bands of {r} row(s) of one plane, "
+                                f"double buffered, {used} core(s)", cores=n)
 
     def _chunk_args(self, lay: Layer, acts, img: int, c0: int, c1: int) -> list:
         whole = lay.kernel in WHOLE_IMAGE
@@ -359,6 +450,8 @@ class Strategy:
                     nr, nq = span(r1 - r0, sh, kh, dh), span(q1 - q0, sw, kw, dw)
                     t_in = self.xfer(in_link, (ci1 - ci0) * nr * nq * isz, free_in, core=c,
                                      levels=(self.t.link(in_link).src, in_mem))
+                    if ci0 == 0:
+                        self.flush()
                     deps = [t_in, last_c[c], w_ready]
                     if not stationary:
                         deps.append(self.xfer(w_link, (co1 - co0) * (ci1 - ci0) * kh * kw * isz, free_in, core=c,
@@ -378,13 +471,14 @@ class Strategy:
                         part = ref.conv2d(view.astype(np.float32), w32[co0:co1, ci0:ci1], None, (sh, sw),
                                           (0, 0, 0, 0), (dh, dw))           # (1, co, r, q)
                         acc = part if acc is None else acc + part
-                st[c].append(self.xfer(out_link, (co1 - co0) * (r1 - r0) * (q1 - q0) * isz
-                                       * (2 if res is not None or (lay.kernel == "conv2d" and p["has_residual"]) else 1),
-                                       [last_c[c]], core=c, levels=(out_mem, self.t.link(out_link).src)))
+                nbytes = (co1 - co0) * (r1 - r0) * (q1 - q0) * isz * (2 if lay.kernel == "conv2d" and p["has_residual"] else 1)
+                self.defer(lambda b=nbytes, t=last_c[c], cc=c: st[cc].append(
+                    self.xfer(out_link, b, [t], core=cc, levels=(out_mem, self.t.link(out_link).src))))
                 if self.functional:
                     r_t = res[img:img + 1, co0:co1, r0:r1, q0:q1] if res is not None else None
                     b_t = lay.bias[co0:co1] if lay.bias is not None else None
                     out[img:img + 1, co0:co1, r0:r1, q0:q1] = epilogue(acc, b_t, r_t, relu, lay.dtype)
+        self.flush()
         lay.out = out.reshape(lay.out_shape) if out is not None else None
         return self.report(lay, f"{note}co block {cob}, ci block {cib}{' (weights stay)' if stationary else ''}, "
                                 f"tile {rows}x{cols} px, {len(tiles)} tiles x {len(co_blocks)} co blocks, "

@@ -183,6 +183,8 @@ class FTM7032(Strategy):
                         # computes on the load two back have finished
                         t_ib = self.xfer(src_in, (k1 - k0) * npx * lanes * isz,
                                          [ib_used[-2]] if len(ib_used) >= 2 else [], levels=(lv_in, "AM"))
+                        if kb == 0:
+                            self.flush()            # the previous block's Ob stores follow this prefetch
                         tile = None
                         if self.functional:
                             tile = np.zeros((lanes, k1 - k0, 1, npx), lay.dtype)       # N4CHW4 block
@@ -219,14 +221,15 @@ class FTM7032(Strategy):
                         if a1 <= a0:
                             continue
                         nbytes = (a1 - a0) * npx * lanes * isz
-                        st_end[c] = self.xfer(src_out, nbytes * (2 if has_res else 1), [c_last[c]], core=c,
-                                              levels=("AM", lv_out))
+                        self.defer(lambda b=nbytes * (2 if has_res else 1), t=c_last[c], cc=c: st_end.__setitem__(
+                            cc, self.xfer(src_out, b, [t], core=cc, levels=("AM", lv_out))))
                         if self.functional:
                             acc = ob[c].array[:nn, :a1 - a0, 0, :npx]                    # (n, co, npx)
                             res = residual[g * lanes:g * lanes + nn, a0:a1][:, :, rows, cols] if has_res else None
                             y = epilogue(acc, bias[a0:a1] if bias is not None else None, res, relu, lay.dtype)
                             view = out[g * lanes:g * lanes + nn, a0:a1]
                             view[:, :, rows, cols] = y
+        self.flush()
         lay.out = out
         return self.report(lay, f"1x1: Co split {used} way(s), m_core={m_core}, Wb {m}x{K} in SM, "
                                 f"Ib {K}x{nb}x{lanes} in AM" + (f", {len(passes)} passes" if len(passes) > 1 else "")
@@ -318,6 +321,8 @@ class FTM7032(Strategy):
                                   nq, dh, 1, batch_pad=lanes) if self.functional else None
                     view = ibuf[c][len(hist) % 2].load(tile, (lanes, ci1 - ci0, span_h, nq))
                     hist.append([view, 0.0])
+                if cb == 0:
+                    self.flush()                    # the previous step's Ob stores follow these prefetches
                 for ob0, (co0, co1) in enumerate(co_blocks):
                     # Wb: one broadcast into every core's AM, ping-pong (section 2.4: two buffers in
                     # SM and in AM): it waits until the computes on the broadcast two back are done
@@ -358,13 +363,14 @@ class FTM7032(Strategy):
                 g, r, s = parts[c][step]
                 q0, q1 = segs[s]
                 nbytes = Co * (q1 - q0) * lanes * isz
-                st_end[c] = self.xfer(link_out, nbytes * (2 if p["has_residual"] else 1), [c_end[c][-1]], core=c,
-                                      levels=("AM", "DDR" if link_out == "ddr" else "GSM"))
+                self.defer(lambda b=nbytes * (2 if p["has_residual"] else 1), t=c_end[c][-1], cc=c: st_end.__setitem__(
+                    cc, self.xfer(link_out, b, [t], core=cc, levels=("AM", "DDR" if link_out == "ddr" else "GSM"))))
                 if self.functional:
                     nn = min(lanes, N - g * lanes)
                     acc = obuf[c].array[:nn, :Co, 0, :q1 - q0]
                     res = lay.residual[g * lanes:g * lanes + nn, :, r, q0:q1] if p["has_residual"] else None
                     out[g * lanes:g * lanes + nn, :, r, q0:q1] = epilogue(acc, lay.bias, res, p["relu"], lay.dtype)
+        self.flush()
         lay.out = out
         return self.report(lay, f"{kh}x{kw}: regions split {used} way(s), Wb {kh}x{kw}x{cib}x{cob}x{lanes} in AM "
                                 f"(broadcast), Ib {cib}x{span_h}x{win}x{lanes} in SM, Wib={wib}, via {link_in}")
