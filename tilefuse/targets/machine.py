@@ -90,9 +90,10 @@ class Timeline:
     """List scheduling of steps on named resources.
 
     A compute unit runs its steps in program order. A link (a resource whose name starts with
-    'link:') serves transfers one at a time in the order they become ready: a transfer issued
-    later in the program but ready earlier (a prefetch) takes an idle gap before a transfer that
-    still waits for its data (a store after a compute), as a DMA engine with several queues does.
+    'link:') never idles while a transfer is ready: a transfer issued later in the program but
+    ready earlier (a prefetch while a store waits for its compute) uses the link's idle time
+    after it became ready, in pieces if need be, and finishes when its last byte has moved (a
+    DMA engine with several queues sharing one link).
     """
     GAPS = 64       # idle gaps remembered per link
 
@@ -111,28 +112,36 @@ class Timeline:
         self.busy[resource] += seconds
         if resource.startswith("link:"):
             gaps = self.gaps[resource]
-            for i, g in enumerate(gaps):            # the earliest idle gap that holds the transfer
+            left = seconds
+            end = ready
+            i = 0
+            while i < len(gaps) and left > 0:          # idle time after `ready`, earliest first
+                g = gaps[i]
                 st = g[0] if g[0] > ready else ready
-                if st + seconds <= g[1]:
-                    if st > g[0] and st + seconds < g[1]:
-                        gaps.insert(i + 1, [st + seconds, g[1]])
-                        g[1] = st
-                    elif st > g[0]:
-                        g[1] = st
-                    else:
-                        g[0] = st + seconds
-                    if g[1] - g[0] <= 0:
-                        gaps.remove(g)
-                    end = st + seconds
-                    if end > self.end:
-                        self.end = end
-                    return end
+                if st >= g[1]:
+                    i += 1
+                    continue
+                take = min(left, g[1] - st)
+                left -= take
+                end = st + take
+                if st > g[0]:                          # keep the idle part before the piece
+                    gaps.insert(i, [g[0], st])
+                    i += 1
+                if end < g[1]:
+                    g[0] = end
+                else:
+                    gaps.pop(i)
+            if left <= 0:
+                if end > self.end:
+                    self.end = end
+                return end
             start = self.free_at[resource]
             if ready > start:
                 gaps.append([start, ready])
                 if len(gaps) > self.GAPS:
                     del gaps[0]
                 start = ready
+            seconds = left
         else:
             start = max(self.free_at[resource], ready)
         end = start + seconds
