@@ -289,18 +289,9 @@ class Target:
                 raise TargetError(where, f"cores must be an integer in 1..{self.max_cores}")
             return replace(self, cores=n, overrides=rec)
         path = None
-        for name in self.memories:
-            if name.lower() == lk:
-                path = f"memory.{name}.capacity"
-        for name in self.links:
-            if name.lower() == lk:
-                path = f"link.{name}.bandwidth"
-        for name in self.clocks:
-            if name.lower() == lk:
-                path = f"clock.{name}"
-        for name in self.params:
-            if name.lower() == lk:
-                path = f"param.{name}"
+        for names, fmt in ((self.memories, "memory.{}.capacity"), (self.links, "link.{}.bandwidth"),
+                           (self.clocks, "clock.{}"), (self.params, "param.{}")):
+            path = next((fmt.format(nm) for nm in names if nm.lower() == lk), path)
         if path is None and "." in k:
             path = k
         if path is None:

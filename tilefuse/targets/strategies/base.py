@@ -51,6 +51,25 @@ def gather(x: np.ndarray | None, n0: int, n1: int, c0: int, c1: int, r0: int, nr
     return out
 
 
+class ConvGeom:
+    """A conv (or a linear layer seen as a 1x1 conv) layer's sizes, unpacked once."""
+    __slots__ = ("N", "Ci", "H", "W", "Co", "Ho", "Wo", "kh", "kw", "sh", "sw", "dh", "dw", "pt", "pb", "pl", "pr")
+
+    def __init__(self, lay):
+        if lay.kernel == "linear":
+            (self.N, self.Ci), self.Co = lay.in_shapes[0], lay.out_shape[1]
+            self.H = self.W = self.Ho = self.Wo = self.kh = self.kw = self.sh = self.sw = self.dh = self.dw = 1
+            self.pt = self.pb = self.pl = self.pr = 0
+            return
+        p = lay.params
+        self.N, self.Ci, self.H, self.W = lay.in_shapes[0]
+        _, self.Co, self.Ho, self.Wo = lay.out_shape
+        self.kh, self.kw = lay.weight.shape[2:]
+        self.sh, self.sw = p["stride"]
+        self.dh, self.dw = p["dilation"]
+        self.pt, self.pb, self.pl, self.pr = p["padding"]
+
+
 def epilogue(acc: np.ndarray, bias, residual, relu: bool, dtype) -> np.ndarray:
     """y = acc + bias + residual, ReLU; the conv epilogue (reference order), cast to the target dtype."""
     y = acc.astype(np.float32, copy=True) if acc.dtype != np.float64 else acc.copy()
@@ -71,6 +90,7 @@ class Strategy:
     PARAMS: tuple = ()
     CLOCKS: tuple = ()
     KERNELS: tuple | None = None        # kernels it maps (None: all of the op vocabulary)
+    GROUPED = False                     # maps grouped convolutions
     STREAM_MEMORY = ""                  # on-chip memory streamed ops use
     STREAM_LINK = ""                    # link they stream over
 
@@ -89,6 +109,8 @@ class Strategy:
         """Why this target cannot run the layer (None: it can)."""
         if self.KERNELS is not None and lay.kernel not in self.KERNELS:
             return f"the {self.t.name} mapping has no {lay.kernel}; it maps {', '.join(self.KERNELS)}"
+        if lay.kernel == "conv2d" and lay.params["groups"] != 1 and not self.GROUPED:
+            return f"the {self.t.name} mapping takes ungrouped convolutions; found groups={lay.params['groups']}"
         return None
 
     def check_program(self, layers) -> None:
@@ -357,25 +379,15 @@ class Strategy:
         p = lay.params
         n = self.cores if cores is None else cores
         isz = lay.itemsize
+        g = ConvGeom(lay)
+        N, Ci, H, W, Co, Ho, Wo, kh, kw = g.N, g.Ci, g.H, g.W, g.Co, g.Ho, g.Wo, g.kh, g.kw
+        sh, sw, dh, dw, pt, pl = g.sh, g.sw, g.dh, g.dw, g.pt, g.pl
         if lay.kernel == "linear":
-            N, Ci = lay.in_shapes[0]
-            Co = lay.out_shape[1]
-            H = W = Ho = Wo = kh = kw = 1
-            sh = sw = dh = dw = 1
-            pt = pl = 0
             x = lay.x.reshape(N, Ci, 1, 1) if lay.x is not None else None
             w = lay.weight.reshape(Co, Ci, 1, 1)
             relu, res = p.get("relu", False), None
         else:
-            N, Ci, H, W = lay.in_shapes[0]
-            _, Co, Ho, Wo = lay.out_shape
-            _, _, kh, kw = lay.weight.shape
-            sh, sw = p["stride"]
-            dh, dw = p["dilation"]
-            pt, _, pl, _ = p["padding"]
             x, w, relu, res = lay.x, lay.weight, p["relu"], lay.residual
-            if p["groups"] != 1:
-                raise CapacityError(in_mem, f"grouped convolution (groups={p['groups']})", 0, 0, 0)
         mems = self.t.memories
         dbl = lambda m: 2 if mems[m].double_buffered else 1  # noqa: E731
         shared = lambda m: mems[m].per in ("chip", "cluster", "card", "host")  # noqa: E731

@@ -38,10 +38,6 @@ class CambriconX(Strategy):
     def _cycles(self, co, ci, kh, kw, pix):
         return pix * math.ceil(ci * kh * kw / self.t.p("dot_width"))
 
-    def unsupported(self, lay: Layer) -> str | None:
-        if lay.kernel == "conv2d" and lay.params["groups"] != 1:
-            return f"the Cambricon-X model maps ungrouped convolutions; found groups={lay.params['groups']}"
-        return super().unsupported(lay)
 
     def layer_conv2d(self, lay: Layer) -> LayerReport:
         # the PEs work in lock step on one tile: one compute unit, the SBs per channel

@@ -30,7 +30,7 @@ import numpy as np
 
 from ...kernels import reference as ref
 from ..simulate import Layer, LayerReport
-from .base import Strategy, epilogue, gather
+from .base import ConvGeom, Strategy, epilogue, gather
 
 
 class FTM7032(Strategy):
@@ -134,10 +134,6 @@ class FTM7032(Strategy):
                                  p["stride"], p["has_residual"], p["relu"])
         return self._convkxk(lay)
 
-    def unsupported(self, lay: Layer) -> str | None:
-        if lay.kernel == "conv2d" and lay.params["groups"] != 1:
-            return f"seed 000 maps ungrouped convolutions only; found groups={lay.params['groups']}"
-        return super().unsupported(lay)
 
     def _conv1x1(self, lay, x, w, bias, residual, xshape, oshape, stride, has_res, relu) -> LayerReport:
         n = self.cores
@@ -250,12 +246,9 @@ class FTM7032(Strategy):
     def _convkxk(self, lay: Layer) -> LayerReport:
         p = lay.params
         n = self.cores
-        N, Ci, H, W = lay.in_shapes[0]
-        _, Co, Ho, Wo = lay.out_shape
-        Co_, _, kh, kw = lay.weight.shape
-        sh, sw = p["stride"]
-        dh, dw = p["dilation"]
-        pt, pb, pl, pr = p["padding"]
+        g_ = ConvGeom(lay)
+        N, Ci, H, W, Co, Ho, Wo, kh, kw = g_.N, g_.Ci, g_.H, g_.W, g_.Co, g_.Ho, g_.Wo, g_.kh, g_.kw
+        sh, sw, dh, dw, pt, pl = g_.sh, g_.sw, g_.dh, g_.dw, g_.pt, g_.pl
         isz = lay.itemsize
         lanes = self._lanes()
         groups = math.ceil(N / lanes)

@@ -26,10 +26,6 @@ class Host(Strategy):
         lanes = int(self.t.p("vector_lanes"))
         return math.ceil(co / lanes) * lanes * ci * kh * kw * pix / self.t.macs_per_cycle()
 
-    def unsupported(self, lay: Layer) -> str | None:
-        if lay.kernel == "conv2d" and lay.params["groups"] != 1:
-            return f"the host model maps ungrouped convolutions; found groups={lay.params['groups']}"
-        return super().unsupported(lay)
 
     def layer_conv2d(self, lay: Layer) -> LayerReport:
         return self.tiled_conv(lay, in_mem="L2", w_mem="L3", out_mem="L2", in_link="dram", w_link="dram",

@@ -59,10 +59,6 @@ class Trainer004(Strategy):
         p = self.t.p
         return math.ceil(pix / p("pu_rows")) * math.ceil(co / p("pu_cols")) * math.ceil(ci * kh * kw / p("pu_macs"))
 
-    def unsupported(self, lay: Layer) -> str | None:
-        if lay.kernel == "conv2d" and lay.params["groups"] != 1:
-            return f"the PU array maps ungrouped convolutions; found groups={lay.params['groups']}"
-        return super().unsupported(lay)
 
     def layer_conv2d(self, lay: Layer) -> LayerReport:
         return self.tiled_conv(lay, in_mem="Fbuf_In", w_mem="Wbuf", out_mem="Fbuf_Out", in_link="feature",

@@ -23,7 +23,7 @@ import numpy as np
 from ...kernels import reference as ref
 from ..machine import CapacityError, Scratchpad, Timeline, Traffic
 from ..simulate import Layer, LayerReport, SimReport
-from .base import Strategy, gather
+from .base import ConvGeom, Strategy, gather
 
 
 def _is_winograd(lay: Layer) -> bool:
@@ -91,18 +91,13 @@ class Virtex7(Strategy):
         return rep
 
     def layer_conv2d(self, lay: Layer) -> LayerReport:
-        p = lay.params
-        N, Ci, H, W = lay.in_shapes[0]
-        _, Co, Ho, Wo = lay.out_shape
-        _, _, kh, kw = lay.weight.shape
-        sh, sw = p["stride"]
-        dh, dw = p["dilation"]
-        pt, pb, pl, pr = p["padding"]
+        g = ConvGeom(lay)
+        Ci, W, kh, kw, dh, sh = g.Ci, g.W, g.kh, g.kw, g.dh, g.sh
         isz = lay.itemsize
         wino = _is_winograd(lay)
         m = int(self.t.p("winograd_m")) if wino else 1
         span = (m - 1) * sh + (kh - 1) * dh + 1            # rows one step of the stage reads
-        Wp = W + pl + pr
+        Wp = W + g.pl + g.pr
         self.bram.alloc(f"{lay.name} line buffer {Ci}x{span}x{Wp}", (Ci, span, Wp), lay.dtype)
         wbytes = lay.weight.size * isz
         on_chip = self.bram.used + wbytes <= self.bram.capacity
@@ -111,7 +106,7 @@ class Virtex7(Strategy):
         dsp = self.dsps[lay.index]
         f = self.t.clock()
         compute_s = self.multiplies(lay) / (dsp * f)
-        ddr = (0 if on_chip else wbytes) + (N and 0)
+        ddr = 0 if on_chip else wbytes
         out = None
         if self.functional:
             out = self._run_rows(lay, wino, m, span)
@@ -125,11 +120,9 @@ class Virtex7(Strategy):
     def _run_rows(self, lay: Layer, wino: bool, m: int, span: int) -> np.ndarray:
         """Slide the line buffer down each image: m output rows per step."""
         p = lay.params
-        N, Ci, H, W = lay.in_shapes[0]
-        _, Co, Ho, Wo = lay.out_shape
-        sh, sw = p["stride"]
-        dh, dw = p["dilation"]
-        pt, pb, pl, pr = p["padding"]
+        g = ConvGeom(lay)
+        N, Ci, W, Co, Ho, Wo = g.N, g.Ci, g.W, g.Co, g.Ho, g.Wo
+        sh, sw, dh, dw, pt, pl, pr = g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.pr
         x = lay.x
         out = np.empty(lay.out_shape, np.float32)
         buf = self.bram.buffers[-2] if self.bram.buffers[-1].what.endswith("weights") else self.bram.buffers[-1]
