@@ -7,11 +7,14 @@
 See docs/simulate.md.
 """
 from .machine import CapacityError, Scratchpad, Timeline
-from .simulate import LayerReport, ScalingReport, SimReport, SimulationError, scaling, simulate
-from .spec import Param, Target, TargetError, builtin_names, load_target, parse_quantity
+from .load import builtin_names, load_target
+from .report import LayerReport, ScalingReport, SimReport, SimulationError
+from .simulate import scaling, simulate
+from .spec import Param, Target, TargetError, parse_quantity
 from .strategies.cambricon import ModeTimes, qinglong_modes
-from .strategies.trainer004 import TrainingJob, fusion_speedup
+from .strategies.trainer004 import TrainingJob
 from .strategies.vck5000 import FilterJob
+from .studies import fusion_speedup
 
 __all__ = ["simulate", "scaling", "ScalingReport", "SimReport", "LayerReport", "SimulationError", "Target",
            "TargetError", "Param", "load_target", "builtin_names", "parse_quantity", "CapacityError",

@@ -17,18 +17,14 @@ Units: capacities in B, KB/KiB, MB/MiB, GB/GiB (KB = KiB = 1024 B, the papers' u
 on-chip memories); bandwidths in B/s, KB/s, MB/s, GB/s, TB/s (decimal), Gbit/s, or B/cycle
 (then the table names its `clock`); frequencies in Hz, kHz, MHz, GHz; times in s, ms, us, ns.
 
-`load_target(name_or_path)` returns a `Target`; `Target.with_overrides(AM="1MiB", ddr="85GB/s")`
+`load_target(name_or_path)` (load.py) returns a `Target`; `Target.with_overrides(AM="1MiB", ddr="85GB/s")`
 returns a changed copy. Anything missing or inconsistent raises `TargetError` naming the file
 and the field.
 """
 from __future__ import annotations
 
-import copy
 import re
-import tomllib
 from dataclasses import dataclass, field, replace
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from ..errors import TilefuseError
@@ -365,9 +361,10 @@ def _need(tbl: dict, key: str, typ, where: str, path: str):
     return v
 
 
-def parse_target(doc: dict, where: str = "<target>") -> Target:
-    """Validate a parsed TOML document and build a Target (TargetError names the field)."""
-    from .strategies import STRATEGIES
+def parse_target(doc: dict, where: str = "<target>", strategies: dict | None = None) -> Target:
+    """Validate a parsed TOML document and build a Target (TargetError names the field).
+    strategies: name -> class with `check_target(target)` (the fields that strategy needs)."""
+    STRATEGIES = strategies or {}
     known = {"target", "clock", "compute", "memory", "link", "param"}
     extra = set(doc) - known
     if extra:
@@ -378,7 +375,7 @@ def parse_target(doc: dict, where: str = "<target>") -> Target:
     name = _need(t, "name", str, where, "target.")
     title = _need(t, "title", str, where, "target.")
     strategy = _need(t, "strategy", str, where, "target.")
-    if strategy not in STRATEGIES:
+    if STRATEGIES and strategy not in STRATEGIES:
         raise TargetError(where, f"target.strategy: found '{strategy}', expected one of "
                                  f"{', '.join(sorted(STRATEGIES))}")
     seed = str(t.get("seed", ""))
@@ -500,53 +497,15 @@ def parse_target(doc: dict, where: str = "<target>") -> Target:
         params[pname] = _param(pv, f"param.{pname}", kind, where, clocks=clocks)
     tgt = Target(name, title, strategy, seed, dtype, cores, max_cores, clocks, compute, cclock, mems,
                  links, params, where, str(t.get("notes", "")))
-    STRATEGIES[strategy].check_target(tgt)       # the strategy's own required fields
+    if STRATEGIES:
+        STRATEGIES[strategy].check_target(tgt)   # the strategy's own required fields
     return tgt
 
 
 def require(tgt: Target, memories=(), links=(), params=(), clocks=()) -> None:
     """Raise TargetError naming the first field a strategy needs that the file lacks."""
-    for m in memories:
-        if m not in tgt.memories:
-            raise TargetError(tgt.path, f"memory.{m}: missing (strategy '{tgt.strategy}' needs it)")
-    for ln in links:
-        if ln not in tgt.links:
-            raise TargetError(tgt.path, f"link.{ln}: missing (strategy '{tgt.strategy}' needs it)")
-    for p in params:
-        if p not in tgt.params:
-            raise TargetError(tgt.path, f"param.{p}: missing (strategy '{tgt.strategy}' needs it)")
-    for c in clocks:
-        if c not in tgt.clocks:
-            raise TargetError(tgt.path, f"clock.{c}: missing (strategy '{tgt.strategy}' needs it)")
-
-
-def builtin_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files(__package__).iterdir()
-                  if p.name.endswith(".toml"))
-
-
-def load_target(target, **overrides) -> Target:
-    """A built-in target by name ('ft-m7032'), a path to a .toml file, or a Target; overrides
-    as in Target.with_overrides."""
-    if isinstance(target, Target):
-        return target.with_overrides(**overrides) if overrides else target
-    if not isinstance(target, (str, Path)):
-        raise TypeError(f"target must be a name, a path or a Target, got {type(target).__name__}")
-    s = str(target)
-    if s in builtin_names():
-        data = resources.files(__package__).joinpath(s + ".toml").read_bytes()
-        where = f"{s}.toml"
-    else:
-        p = Path(s)
-        if not p.is_file():
-            raise TargetError(s, f"no such target: not a built-in ({', '.join(builtin_names())}) and "
-                                 f"not a file")
-        data, where = p.read_bytes(), str(p)
-    try:
-        doc = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise TargetError(where, f"not UTF-8 text: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise TargetError(where, f"not valid TOML: {e}") from None
-    tgt = parse_target(copy.deepcopy(doc), where)
-    return tgt.with_overrides(**overrides) if overrides else tgt
+    for section, names, have in (("memory", memories, tgt.memories), ("link", links, tgt.links),
+                                 ("param", params, tgt.params), ("clock", clocks, tgt.clocks)):
+        for nm in names:
+            if nm not in have:
+                raise TargetError(tgt.path, f"{section}.{nm}: missing (strategy '{tgt.strategy}' needs it)")

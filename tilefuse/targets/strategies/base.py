@@ -13,10 +13,10 @@ import math
 import numpy as np
 
 from ...errors import UnsupportedOpError
-from ...kernels import reference as ref
-from ..machine import Buffer, CapacityError, Scratchpad, Timeline, Traffic
 from ...ir.ops import schema
-from ..simulate import Layer, LayerReport, SimReport
+from ...kernels import reference as ref
+from ..machine import CapacityError, Scratchpad, Timeline, Traffic
+from ..report import Layer, LayerReport, SimReport
 
 
 def schema_ref(kernel: str, name: str):

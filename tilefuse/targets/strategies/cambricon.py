@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..simulate import Layer, LayerReport, SimReport
+from ..report import Layer, LayerReport, SimReport
 from .base import Strategy
 
 

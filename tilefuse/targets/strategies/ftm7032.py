@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from ...kernels import reference as ref
-from ..simulate import Layer, LayerReport
+from ..report import Layer, LayerReport
 from .base import ConvGeom, Strategy, epilogue, gather
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..simulate import Layer, LayerReport
+from ..report import Layer, LayerReport
 from .base import Strategy
 
 

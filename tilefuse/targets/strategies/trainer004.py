@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...ir import Network
-from ..simulate import Layer, LayerReport, SimReport
+from ..report import Layer, LayerReport, SimReport
 from .base import Strategy
 
 
@@ -172,16 +172,3 @@ class Trainer004(Strategy):
                               mapping, phase)
             reports.append(rep)
         return reports
-
-
-def fusion_speedup(net: Network, target="trainer-004", batch_scale: int = 1, seed: int = 0, **overrides) -> dict:
-    """Forward and backward time of one training step, separate vs fused, and the gains
-    (separate / fused - 1, the paper's Table 4 numbers)."""
-    from ..simulate import simulate
-    out = {}
-    for mode in ("separate", "fused"):
-        r = simulate(TrainingJob(net, mode, batch_scale), target, seed=seed, **overrides)
-        out[mode] = {"fwd": r.extra["fwd_seconds"], "bwd": r.extra["bwd_seconds"], "report": r}
-    out["fwd_gain"] = out["separate"]["fwd"] / out["fused"]["fwd"] - 1
-    out["bwd_gain"] = out["separate"]["bwd"] / out["fused"]["bwd"] - 1
-    return out

@@ -25,7 +25,7 @@ import numpy as np
 from ...errors import UnsupportedOpError
 from ...imaging.reference import correlate_valid, extend
 from ...kernels import reference as ref
-from ..simulate import Layer, LayerReport, SimReport
+from ..report import Layer, LayerReport, SimReport
 from .base import Strategy
 
 

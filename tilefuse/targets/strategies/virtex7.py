@@ -22,7 +22,7 @@ import numpy as np
 
 from ...kernels import reference as ref
 from ..machine import CapacityError, Scratchpad, Timeline, Traffic
-from ..simulate import Layer, LayerReport, SimReport
+from ..report import Layer, LayerReport, SimReport
 from .base import ConvGeom, Strategy, gather
 
 
