@@ -453,6 +453,20 @@ def test_streamed_package_saved_loaded_and_run_many(tmp_path, which, options):
     assert_close(sess.run(xs[0]), ys[0], "run after run_many")
 
 
+@pytest.mark.parametrize("target", ["host", "cambricon-x"])
+def test_a_streamed_program_runs_on_the_machine_models(target):
+    """One program format whoever runs it: simulate() reads a streamed program's band
+    instructions as their ops (the header skipped) and computes what the layer program does."""
+    from tilefuse.targets import simulate
+    net = net_fcn(21, 17)
+    x = np.random.default_rng(4).standard_normal(net.inputs[0].shape).astype(np.float32)
+    streamed = simulate(tilefuse.compile(net, schedule="stream", stream_options={"band_rows": 2}), target, inputs=x)
+    layer = simulate(tilefuse.compile(net), target, inputs=x)
+    assert [r.kernel for r in streamed.layers] == [r.kernel for r in layer.layers]
+    tol = 1e-5 if target == "host" else 5e-3                  # cambricon-x computes in float16
+    assert_close(streamed.outputs[0], layer.outputs[0], "simulate streamed vs layer", tol=tol)
+
+
 def test_inspect_shows_a_streamed_package(tmp_path, capsys):
     from tilefuse.cli import main
     path = compile_stream(net_fcn(21, 17), band_rows=2).save(tmp_path / "fcn.tfpkg")
