@@ -467,6 +467,19 @@ def test_a_streamed_program_runs_on_the_machine_models(target):
     assert_close(streamed.outputs[0], layer.outputs[0], "simulate streamed vs layer", tol=tol)
 
 
+def test_a_row_local_op_streams_by_its_group_alone(monkeypatch):
+    """Streaming is table-driven: an op in the streamable groups with no band kernel of its own
+    (here softmax over the channels, row-local in H) runs its reference kernel on the rows."""
+    from tilefuse.compiler import bands as stage
+    net = net_fcn(19, 15)
+    x = np.random.default_rng(5).standard_normal(net.inputs[0].shape).astype(np.float32)
+    want = tilefuse.Session(tilefuse.compile(net)).run(x)
+    monkeypatch.setattr(stage, "STREAMABLE", stage.STREAMABLE | {"softmax"})
+    s = compile_stream(net, band_rows=2)
+    assert not s.schedule.tail and bands(s)[-1].params["op"] == "softmax"
+    assert_close(s.run(x), want, "softmax on bands")
+
+
 def test_inspect_shows_a_streamed_package(tmp_path, capsys):
     from tilefuse.cli import main
     path = compile_stream(net_fcn(21, 17), band_rows=2).save(tmp_path / "fcn.tfpkg")

@@ -43,7 +43,8 @@ from ..ir.node import DataNode
 from ..ir.ops import schema
 from ..kernels.bands import LANES, BandLayer, RowWindow, band_layout, make_runner
 from ..kernels.threads import Scratch
-from .bands import (STREAMABLE, BandSchedule, assign_ring_layouts, balance_stages, build_schedule, check_steps,
+from . import bands
+from .bands import (BandSchedule, assign_ring_layouts, balance_stages, build_schedule, check_steps,
                     layer_cost, ring_capacities, window_of)
 from .layout import assign_layouts, check_layouts, hidden_and_lifetimes
 from .lower import Lowered, lower
@@ -407,8 +408,8 @@ def _check_band(ins: Instruction) -> dict:
     if extra:
         raise ValueError(f"parameter(s) {extra} unknown to the band kernel")
     op = p.get("op")
-    if op not in STREAMABLE:
-        raise ValueError(f"op {op!r} does not stream; expected one of {sorted(STREAMABLE)}")
+    if op not in bands.STREAMABLE:
+        raise ValueError(f"op {op!r} does not stream; expected one of {sorted(bands.STREAMABLE)}")
     attrs = p.get("attrs")
     if not isinstance(attrs, dict) or not isinstance(p.get("name"), str):
         raise ValueError("params 'attrs' (an object) and 'name' (a string) are required")
