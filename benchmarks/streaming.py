@@ -32,8 +32,10 @@ times from different subprocesses.
 
 --old TREE: old vs new (issue 12 moved streaming into the compiler and the runtime): every
 stream mode on the tilefuse at TREE and on this tree, one resident worker process each, timed
-runs alternating between them (--repeat rounds); medians, their ratio, each worker's peak RSS
-and what its runs added, the plan's activation bytes, and whether the outputs agree:
+runs alternating between them (--repeat rounds, who goes first alternating too); medians of wall
+and process CPU time (all threads; on a loaded machine the fairer measure of the work done) and
+their ratios, each worker's peak RSS and what its runs added, the plan's activation bytes, and
+whether the outputs agree:
 
     git worktree add /tmp/tilefuse-old <commit before issue 12 phase 2>
     PYTHONPATH=. python benchmarks/streaming.py --old /tmp/tilefuse-old --sizes 1080p,4k \
@@ -228,9 +230,9 @@ def serve(net_name: str, size: str, mode: str, band: int) -> int:
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "run":
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             fn(x)
-            print(json.dumps({"s": time.perf_counter() - t}), flush=True)
+            print(json.dumps({"s": time.perf_counter() - t, "cpu": time.process_time() - c}), flush=True)
         elif cmd == "stats":
             print(json.dumps({"peak_bytes": rss_bytes("VmHWM"), "base_bytes": base}), flush=True)
         else:
@@ -243,8 +245,9 @@ def old_vs_new(old_tree: str, nets, sizes, modes, repeat: int, band: int) -> lis
     that point) and on this one: one resident worker process per tree and case, the timed runs
     alternating old, new, old, new, ... so both see the same machine load."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    rows = ["| net | size | mode | old median s | new median s | new / old | old peak / run added MiB | "
-            "new peak / run added MiB | plan MiB old / new | outputs equal |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| net | size | mode | old median s | new median s | new / old | CPU s old / new | CPU new / old | "
+            "old peak / run added MiB | new peak / run added MiB | plan MiB old / new | outputs equal |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     mib = 2.0 ** 20
     print("\n".join(rows), flush=True)
     for net_name in nets:
@@ -259,12 +262,14 @@ def old_vs_new(old_tree: str, nets, sizes, modes, repeat: int, band: int) -> lis
                         [sys.executable, os.path.abspath(__file__), "--serve", f"{net_name},{size},{mode}", "--band",
                          str(band)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
                     ready[tag] = json.loads(procs[tag].stdout.readline())
-                ts = {"old": [], "new": []}
-                for _ in range(repeat):
-                    for tag in ("old", "new"):
+                ts, cpu = {"old": [], "new": []}, {"old": [], "new": []}
+                for r in range(repeat):
+                    for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):   # alternate who goes first
                         procs[tag].stdin.write("run\n")
                         procs[tag].stdin.flush()
-                        ts[tag].append(json.loads(procs[tag].stdout.readline())["s"])
+                        got = json.loads(procs[tag].stdout.readline())
+                        ts[tag].append(got["s"])
+                        cpu[tag].append(got["cpu"])
                 stats = {}
                 for tag, p in procs.items():
                     p.stdin.write("stats\nquit\n")
@@ -272,12 +277,14 @@ def old_vs_new(old_tree: str, nets, sizes, modes, repeat: int, band: int) -> lis
                     stats[tag] = json.loads(p.stdout.readline())
                     p.wait()
                 med = {k: float(np.median(v)) for k, v in ts.items()}
+                mcpu = {k: float(np.median(v)) for k, v in cpu.items()}
                 mem = {k: f"{v['peak_bytes'] / mib:.0f} / {(v['peak_bytes'] - v['base_bytes']) / mib:.0f}"
                        for k, v in stats.items()}
                 plan = " / ".join(f"{ready[k].get('plan_streamed_bytes', 0) / mib:.1f}" for k in ("old", "new"))
                 same = abs(ready["old"]["sum"] - ready["new"]["sum"]) <= 1e-6 * max(1.0, abs(ready["old"]["sum"]))
                 rows.append(f"| {net_name} | {size} | {mode} | {med['old']:.3f} | {med['new']:.3f} | "
-                            f"{med['new'] / med['old']:.3f} | {mem['old']} | {mem['new']} | {plan} | {same} |")
+                            f"{med['new'] / med['old']:.3f} | {mcpu['old']:.2f} / {mcpu['new']:.2f} | "
+                            f"{mcpu['new'] / mcpu['old']:.3f} | {mem['old']} | {mem['new']} | {plan} | {same} |")
                 print(rows[-1], flush=True)
     return rows
 

@@ -7,6 +7,7 @@ import pytest
 import tilefuse
 from tilefuse.compiler.algorithms import choose_algorithms
 from tilefuse.compiler.passlist import run_passes
+from tilefuse.errors import GraphError
 from tilefuse.ir import Network
 from tilefuse.kernels import conv as fast
 
@@ -42,11 +43,11 @@ def test_heuristic_annotates_every_conv_with_the_cost_models_pick():
     assert all("algorithm" not in op.params for op in run_passes(net)[0].ops)
 
 
-def test_forced_where_it_can_run_heuristic_elsewhere():
-    got, res = annotated(small_net(), algorithm="winograd4")
-    assert got["c3"] == "winograd4"                       # 3x3 stride 1
-    assert got["c1"] != "winograd4" and got["c5s2"] != "winograd4"
-    assert "2 conv(s) cannot run 'winograd4'" in res.detail
+def test_forced_for_every_conv_or_an_error_naming_the_layer():
+    got, res = annotated(small_net(), algorithm="im2col")     # im2col runs every conv
+    assert set(got.values()) == {"im2col"} and res.detail == "forced: im2col 3"
+    with pytest.raises(GraphError, match=r"c1: conv algorithm 'winograd4' cannot run weight \(32, 16, 1, 1\)"):
+        annotated(small_net(), algorithm="winograd4")         # c3 could, c1 (1x1) cannot
     with pytest.raises(ValueError, match="unknown conv algorithm 'fft'"):
         annotated(small_net(), algorithm="fft")
 
@@ -77,6 +78,6 @@ def test_both_schedules_read_the_annotation_and_never_pick_again(schedule, monke
         assert {b.params["name"]: b.params["attrs"]["algorithm"] for b in bands} == want
         sess = compiled.session()
         sess.copy_constants()
-        assert {r.layer.name: r.algorithm for r in sess._bound[0][0].runners} == want
+        assert {r.layer.name: r.algorithm for r in sess._contexts[0].bound[0][0].runners} == want
     x = np.random.default_rng(1).standard_normal((1, 16, 12, 10)).astype(np.float32)
     np.testing.assert_allclose(compiled.run(x), tilefuse.evaluate(net, x)[0], rtol=1e-4, atol=1e-4)

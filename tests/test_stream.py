@@ -63,7 +63,7 @@ def region(compiled):
     """The bound stream region of the compiled network's session (runtime/streaming.py)."""
     sess = compiled.session()
     sess.copy_constants()
-    return sess._bound[0][0]
+    return sess._contexts[0].bound[0][0]
 
 
 class W:
@@ -451,6 +451,33 @@ def test_streamed_package_saved_loaded_and_run_many(tmp_path, which, options):
     for x, y in zip(xs, ys):
         assert_close(y, layer.run(x), f"{which} {options}")
     assert_close(sess.run(xs[0]), ys[0], "run after run_many")
+
+
+@pytest.mark.parametrize("target", ["host", "cambricon-x"])
+def test_a_streamed_program_runs_on_the_machine_models(target):
+    """One program format whoever runs it: simulate() reads a streamed program's band
+    instructions as their ops (the header skipped) and computes what the layer program does."""
+    from tilefuse.targets import simulate
+    net = net_fcn(21, 17)
+    x = np.random.default_rng(4).standard_normal(net.inputs[0].shape).astype(np.float32)
+    streamed = simulate(tilefuse.compile(net, schedule="stream", stream_options={"band_rows": 2}), target, inputs=x)
+    layer = simulate(tilefuse.compile(net), target, inputs=x)
+    assert [r.kernel for r in streamed.layers] == [r.kernel for r in layer.layers]
+    tol = 1e-5 if target == "host" else 5e-3                  # cambricon-x computes in float16
+    assert_close(streamed.outputs[0], layer.outputs[0], "simulate streamed vs layer", tol=tol)
+
+
+def test_a_row_local_op_streams_by_its_group_alone(monkeypatch):
+    """Streaming is table-driven: an op in the streamable groups with no band kernel of its own
+    (here softmax over the channels, row-local in H) runs its reference kernel on the rows."""
+    from tilefuse.compiler import bands as stage
+    net = net_fcn(19, 15)
+    x = np.random.default_rng(5).standard_normal(net.inputs[0].shape).astype(np.float32)
+    want = tilefuse.Session(tilefuse.compile(net)).run(x)
+    monkeypatch.setattr(stage, "STREAMABLE", stage.STREAMABLE | {"softmax"})
+    s = compile_stream(net, band_rows=2)
+    assert not s.schedule.tail and bands(s)[-1].params["op"] == "softmax"
+    assert_close(s.run(x), want, "softmax on bands")
 
 
 def test_inspect_shows_a_streamed_package(tmp_path, capsys):

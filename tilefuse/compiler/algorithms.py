@@ -4,9 +4,9 @@
 
 Every conv2d of the optimized network gets `params["algorithm"]`, the kernel its layer runs:
 
-  - forced (`compile(algorithm=...)`): that algorithm wherever the conv library can run the
-    layer (`kernels.conv.candidates`), the heuristic elsewhere (the pass says how many fell
-    back); "reference" forces the plain numpy kernel everywhere;
+  - forced (`compile(algorithm=...)`): that algorithm for every conv; a conv the conv library
+    cannot run with it (`kernels.conv.candidates`) raises GraphError naming the layer;
+    "reference" forces the plain numpy kernel everywhere;
   - tuned (`compile(tune=True)`): every candidate measured on this machine, the fastest kept
     and cached per layer shape and machine (`compiler/tune.py`);
   - else the cost model's pick (`kernels.conv.select_algorithm`, on the whole layer's shape).
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import GraphError
 from ..ir import Network, ops
 from .passes import PassResult
 
@@ -38,8 +39,9 @@ def choose_algorithms(net: Network, *, algorithm: str | None = None, winograd: b
     if tune and not algorithm:
         from .tune import TuneCache
         cache = TuneCache().load()
+    if algorithm and algorithm != REFERENCE and algorithm not in fast.ALGORITHMS:
+        raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of {fast.ALGORITHMS + (REFERENCE,)}")
     counts: dict[str, int] = {}
-    fell_back = 0
     for op in net.ops:
         if op.op not in ops.CONV:
             continue
@@ -50,7 +52,12 @@ def choose_algorithms(net: Network, *, algorithm: str | None = None, winograd: b
         else:
             cands = fast.candidates(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"],
                                     allow_winograd=winograd)
-            if algorithm and algorithm in cands:
+            if algorithm:
+                if algorithm not in cands:
+                    raise GraphError(op.name, f"conv algorithm {algorithm!r} cannot run weight {w.shape} with "
+                                              f"stride={p['stride']}, padding={p['padding']}, "
+                                              f"dilation={p['dilation']}, groups={p['groups']}; candidates: "
+                                              f"{cands}; expected an algorithm every conv can run (or none forced)")
                 algo = algorithm
             elif cache is not None:
                 from ..kernels.threads import resolve_threads
@@ -60,11 +67,6 @@ def choose_algorithms(net: Network, *, algorithm: str | None = None, winograd: b
                 if tuning is not None:
                     tuning[op.outputs[0].name] = {"seconds": secs, "cached": hit}
             else:
-                if algorithm:
-                    if algorithm not in fast.ALGORITHMS:
-                        raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of "
-                                         f"{fast.ALGORITHMS + (REFERENCE,)}")
-                    fell_back += 1
                 algo = fast.select_algorithm(x.shape, w.shape, p["stride"], p["padding"], p["dilation"],
                                              p["groups"], allow_winograd=winograd)
         op.params = {**p, "algorithm": algo}
@@ -73,6 +75,4 @@ def choose_algorithms(net: Network, *, algorithm: str | None = None, winograd: b
         cache.save()                                     # persist what tuning measured
     how = "tuned" if cache is not None else ("forced" if algorithm else "heuristic")
     detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no conv"
-    if fell_back:
-        detail += f"; {fell_back} conv(s) cannot run {algorithm!r}: heuristic there"
     return PassResult(net, bool(counts), f"{how}: {detail}")

@@ -13,7 +13,7 @@ from .algorithms import choose_algorithms
 from .layout import NCHW, assign_layouts, check_layouts, conv_layout
 from .lower import Lowered, lower, with_program
 from .memory import MemoryPlan, plan_hidden
-from .package import DataPackage, reoff_pack, save_package, validate_program
+from .package import DataPackage, reoff_pack, save_package, validate_package
 from .passlist import run_passes
 from .program import SEGMENTS
 from .streaming import RING_C, WHOLE, StreamInfo, StreamPlan, lower_streamed, stream_plan
@@ -169,6 +169,16 @@ class CompiledNetwork:
         return self.package.outputs
 
 
+def _share_constants(low: Lowered, pkg: DataPackage) -> None:
+    """Point every lowered constant at its bytes in the package's constant area, so the
+    compiled network holds its constants once: prepared weights (Winograd's are 4x the raw
+    ones) were held a second time by the lowering otherwise."""
+    offsets = {b.name: b.offset for b in pkg.blocks if b.segment == "const"}
+    for d in low.constants:
+        view = np.frombuffer(pkg.const_area, d.dtype, int(np.prod(d.shape)), offsets[d.name]).reshape(d.shape)
+        d.value = view                                   # read-only, like every bound constant
+
+
 def _conv_rule(layout_mode: str):
     """Lowering's conv rule: prepare each conv's constants for the algorithm the algorithm pass
     chose (compiler/algorithms.py) in the layout it runs in (`conv_layout`); None for the
@@ -184,7 +194,7 @@ def _conv_rule(layout_mode: str):
         b = op.inputs[2].value if p["has_bias"] else None
         prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
                                        layout=layout)
-        params = {"algorithm": algo}
+        params = {"algorithm": algo, "weight_shape": tuple(int(d) for d in w.shape)}  # for validation
         if layout != NCHW:
             params["layout"] = layout
         return params, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}
@@ -206,8 +216,8 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
               convolutional part depth-first, a few rows per layer at a time, in band
               instructions over row rings (compiler/streaming.py, docs/streaming.md;
               stream_options: band_rows, workers, queue_bands, band_mode, layer_rows, layout,
-              min_band_pixels). Both give the same CompiledNetwork: saved, loaded and run by
-              Session alike.
+              min_band_pixels, threads (= the threads argument)). Both give the same
+              CompiledNetwork: saved, loaded and run by Session alike.
     algorithm: force one conv algorithm wherever the conv library can run it ("reference" =
                plain numpy kernel everywhere); see compiler/algorithms.py.
     winograd: allow Winograd for stride-1 3x3 convs when the heuristic picks it.
@@ -228,6 +238,8 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
         raise GraphError(net.name, "network has no outputs; call net.output(node) first")
     if layout not in LAYOUTS:
         raise ValueError(f"layout '{layout}' is not supported; expected one of {LAYOUTS}")
+    if threads is None and stream_options and stream_options.get("threads") is not None:
+        threads = stream_options["threads"]                  # compile_stream(threads=) spelled as an option
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     if stream_options and schedule != "stream":
@@ -256,7 +268,7 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     meta = {"pass_log": log, "options": {k: v for k, v in options.items() if v not in (None, False)},
             "gflops": sum(low.flops) / 1e9}
     pkg = reoff_pack(net.name, low, mem, meta)
-    if stream is not None:
-        validate_program(pkg, f"compiled '{net.name}'")    # the region as a loader checks it
+    _share_constants(low, pkg)                               # one copy of the constants, in the package
+    validate_package(pkg, f"compiled '{net.name}'")           # what a loader would check, now
     return CompiledNetwork(opt, net, pkg, low, mem, log, time.perf_counter() - t0, options, tuning, layout_log,
                            stream)

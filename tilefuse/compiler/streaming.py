@@ -43,16 +43,18 @@ from ..ir.node import DataNode
 from ..ir.ops import schema
 from ..kernels.bands import LANES, BandLayer, RowWindow, band_layout, make_runner
 from ..kernels.threads import Scratch
-from .bands import (STREAMABLE, BandSchedule, assign_ring_layouts, balance_stages, build_schedule, check_steps,
+from . import bands
+from .bands import (BandSchedule, assign_ring_layouts, balance_stages, build_schedule, check_steps,
                     layer_cost, ring_capacities, window_of)
 from .layout import assign_layouts, check_layouts, hidden_and_lifetimes
 from .lower import Lowered, lower
 from .program import CONST, DIRECT, HIDDEN, INDIRECT, IO, Instruction, Operand
 
 STEPS = "__stream_steps__"
+REGION_HEADERS = frozenset({"stream"})     # instructions that open a region (they write nothing)
 # how a band operand holds its tensor ("tensors": [N, C, H, W, rows held, kind] per operand)
 WHOLE, RING, RING_C = 0, 1, 2           # whole NCHW tensor, NCHW ring, NCHW16c ring
-OPTIONS = ("band_rows", "workers", "queue_bands", "band_mode", "layer_rows", "layout", "min_band_pixels")
+OPTIONS = ("band_rows", "workers", "queue_bands", "band_mode", "layer_rows", "layout", "min_band_pixels", "threads")
 
 
 @dataclass
@@ -90,6 +92,7 @@ class StreamInfo:
 def stream_options(options: dict | None, layout_mode: str) -> dict:
     """The stream options with their defaults; unknown names and bad values raise."""
     o = dict(options or {})
+    o.pop("threads", None)          # the session's thread count: compile() takes it from here
     unknown = sorted(set(o) - set(OPTIONS))
     if unknown:
         raise ValueError(f"stream option(s) {unknown} unknown; expected some of {OPTIONS}")
@@ -398,15 +401,15 @@ HEADER_PARAMS = {"layers", "band_rows", "band_mode", "workers", "stages", "rings
 BAND_PARAMS = {"op", "name", "attrs", "windows", "tensors", "rows_max", "weight_shape", "prepared", "layout"}
 
 
-def _check_band(ins: Instruction, where: str) -> dict:
+def _check_band(ins: Instruction) -> dict:
     """One band instruction against the op table; returns what `check_steps` needs of it."""
     p = ins.params
     extra = sorted(set(p) - BAND_PARAMS)
     if extra:
         raise ValueError(f"parameter(s) {extra} unknown to the band kernel")
     op = p.get("op")
-    if op not in STREAMABLE:
-        raise ValueError(f"op {op!r} does not stream; expected one of {sorted(STREAMABLE)}")
+    if op not in bands.STREAMABLE:
+        raise ValueError(f"op {op!r} does not stream; expected one of {sorted(bands.STREAMABLE)}")
     attrs = p.get("attrs")
     if not isinstance(attrs, dict) or not isinstance(p.get("name"), str):
         raise ValueError("params 'attrs' (an object) and 'name' (a string) are required")
@@ -479,45 +482,67 @@ def _check_band(ins: Instruction, where: str) -> dict:
             "rows": descs[-1][0][2], "descs": {o.name: d for o, d in zip(acts, descs)}}
 
 
+def validate_header(ins: Instruction) -> None:
+    """The `stream` header alone (the package loader's validator for it); ValueError if wrong."""
+    p = ins.params
+    extra = sorted(set(p) - HEADER_PARAMS)
+    if extra:
+        raise ValueError(f"parameter(s) {extra} unknown to the stream header")
+    L, workers = p.get("layers"), p.get("workers")
+    for k, v in (("layers", L), ("workers", workers), ("band_rows", p.get("band_rows"))):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k}={v!r} must be a positive integer")
+    if p.get("band_mode") not in ("layer", "input") or p.get("rings") not in ("nchwc", "nchw"):
+        raise ValueError(f"band_mode {p.get('band_mode')!r} / rings {p.get('rings')!r}; expected layer or input / "
+                         f"nchwc or nchw")
+    if workers > 1:
+        stages = _int_list(p.get("stages"), L, "stages")
+        if stages != sorted(stages) or stages[0] != 0 or stages[-1] != workers - 1 or \
+                any(b - a > 1 for a, b in zip(stages, stages[1:])):
+            raise ValueError(f"stages {stages} must cut the layers into {workers} contiguous runs")
+    elif p.get("stages") not in ((), []):
+        raise ValueError(f"stages {p.get('stages')!r} with one worker; expected none")
+    if len(ins.operands) != 1 or ins.operands[0].segment != CONST or \
+            ins.operands[0].dtype != np.int32 or len(ins.operands[0].shape) != 2 or \
+            ins.operands[0].shape[1] != 3:
+        raise ValueError("its one operand must be the (S, 3) int32 constant of steps")
+
+
+def validate_band(ins: Instruction) -> None:
+    """One `band` instruction alone (the package loader's validator for it); ValueError if wrong."""
+    try:
+        _check_band(ins)
+    except (GraphError, KeyError, TypeError, IndexError) as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+
+
 def validate_stream(program: list[Instruction], read_const, where: str = "package") -> None:
-    """Every stream region of a decoded program: header, band instructions, steps replayed.
-    `read_const(operand)` returns a constant operand's array. Raises PackageError."""
+    """Every stream region of a decoded program: a header followed by its band instructions
+    (none elsewhere), each tensor described alike everywhere, the steps replayed against the
+    capacities (`check_steps`). `read_const(operand)` returns a constant operand's array. The
+    instructions one by one are the validators' business (`validate_header`, `validate_band`).
+    Raises PackageError."""
     i = 0
     while i < len(program):
         ins = program[i]
         if ins.kernel == "band":
             raise PackageError(f"{where}: instruction {i} (band) is outside a stream region")
-        if ins.kernel != "stream":
+        if ins.kernel not in REGION_HEADERS:
             i += 1
             continue
         w = f"{where}: instruction {i} (stream)"
-        p = ins.params
         try:
-            extra = sorted(set(p) - HEADER_PARAMS)
-            if extra:
-                raise ValueError(f"parameter(s) {extra} unknown to the stream header")
-            L, workers = p.get("layers"), p.get("workers")
-            for k, v in (("layers", L), ("workers", workers), ("band_rows", p.get("band_rows"))):
-                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                    raise ValueError(f"{k}={v!r} must be a positive integer")
+            validate_header(ins)
+            L = ins.params["layers"]
             if i + L >= len(program) or any(b.kernel != "band" for b in program[i + 1:i + 1 + L]):
                 raise ValueError(f"expected {L} band instructions after the header")
-            if workers > 1:
-                stages = _int_list(p.get("stages"), L, "stages")
-                if stages != sorted(stages) or stages[0] != 0 or stages[-1] != workers - 1 or \
-                        any(b - a > 1 for a, b in zip(stages, stages[1:])):
-                    raise ValueError(f"stages {stages} must cut the layers into {workers} contiguous runs")
-            if len(ins.operands) != 1 or ins.operands[0].segment != CONST or \
-                    ins.operands[0].dtype != np.int32 or len(ins.operands[0].shape) != 2 or \
-                    ins.operands[0].shape[1] != 3:
-                raise ValueError("its one operand must be the (S, 3) int32 constant of steps")
         except ValueError as e:
             raise PackageError(f"{w}: {e}") from None
         layers, tensors = [], {}
         for li in range(L):
             b = program[i + 1 + li]
             try:
-                info = _check_band(b, where)
+                info = _check_band(b)
             except (ValueError, GraphError, KeyError, TypeError, IndexError) as e:
                 raise PackageError(f"{where}: instruction {i + 1 + li} (band {b.params.get('op')!r}): {e}") from None
             for name, d in info.pop("descs").items():

@@ -39,9 +39,9 @@ def as_shape(shape, where: str) -> tuple[int, ...]:
 def check_inputs(specs, inputs, where: str) -> list[np.ndarray]:
     """The one input validator (the reference evaluator, Session.run, the trainer): `inputs` is
     one array, a sequence in input order or a {name: array} mapping; `specs` are the expected
-    (name, shape, dtype) in order. Each array must have its shape; a dtype that casts safely
-    within its kind (float64 -> float32) is converted, anything else raises GraphError naming
-    the input with what was found and what was expected."""
+    (name, shape, dtype) in order. Each array must have its shape; a float of another precision
+    is converted, integers, bools and the rest are refused: GraphError naming the input with
+    what was found and what was expected."""
     specs = [(n, tuple(s), np.dtype(d)) for n, s, d in specs]
     names = [n for n, _, _ in specs]
     if isinstance(inputs, np.ndarray) or np.isscalar(inputs):
@@ -61,8 +61,9 @@ def check_inputs(specs, inputs, where: str) -> list[np.ndarray]:
         if a.shape != shape:
             raise GraphError(name, f"input has shape {a.shape}, expected {shape}")
         if a.dtype != dt:
-            if not np.can_cast(a.dtype, dt, casting="same_kind"):
-                raise GraphError(name, f"input has dtype {a.dtype}, expected {dt}")
+            if a.dtype.kind != "f" or dt.kind != "f":
+                raise GraphError(name, f"input has dtype {a.dtype}, expected {dt} (the network does not take "
+                                       f"{a.dtype}; convert it first if that is meant)")
             a = a.astype(dt)
         out.append(a)
     return out
