@@ -91,7 +91,7 @@ def _close(name, got, ref, rel):
 @pytest.mark.parametrize("geom", list(GEOMS))
 def test_conv_paths_match_torch_and_threads(geom, prekind, winograd, monkeypatch):
     if winograd and not tc.WINOGRAD:
-        pytest.skip("Winograd needs numpy's 64-bit-integer OpenBLAS (blas.SGEMM)")
+        pytest.skip("Winograd needs numpy's OpenBLAS (blas.SGEMM)")
     monkeypatch.setattr(tc, "WINOGRAD", winograd)
     N, C, H, W, O, (kh, kw), st, pad, dil, groups = GEOMS[geom]
     g = tc.ConvGeom((N, C, H, W), (O, C // groups, kh, kw), st, pad, dil, groups)
@@ -162,8 +162,8 @@ def test_tasks_run_on_several_threads(monkeypatch):
 
 
 def test_nb_gemm_matches_numpy():
-    if not blas.SGEMM:
-        pytest.skip("numpy's OpenBLAS has no 64-bit-integer cblas_sgemm")
+    if not blas.SGEMM[0]:
+        pytest.skip("numpy's OpenBLAS has no cblas_sgemm")
     rng = np.random.default_rng(0)
     a = rng.standard_normal((13, 70)).astype(np.float32)
     b = rng.standard_normal((21, 70)).astype(np.float32)
@@ -175,3 +175,10 @@ def test_nb_gemm_matches_numpy():
     out = np.empty((13, 21), np.float32)
     blas.nb_gemm(blas.SGEMM, a, np.ascontiguousarray(b.T), out, 0.0, False)
     np.testing.assert_allclose(out, a @ b.T, rtol=1e-5, atol=1e-5)
+    lp64 = blas._symbol("scipy_cblas_sgemm")     # the 32-bit-integer interface, where present
+    if lp64 is not None:
+        import ctypes
+        out[:] = 0
+        blas.nb_gemm((ctypes.cast(lp64, ctypes.c_void_p).value, False), a, np.ascontiguousarray(b.T),
+                     out, 0.0, False)
+        np.testing.assert_allclose(out, a @ b.T, rtol=1e-5, atol=1e-5)

@@ -203,7 +203,7 @@ def test_steps_bitwise_equal_across_threads(kind, winograd, monkeypatch):
     both match torch."""
     from tilefuse.kernels import train_conv as K
     if winograd and not K.WINOGRAD:
-        pytest.skip("Winograd needs numpy's 64-bit-integer OpenBLAS")
+        pytest.skip("Winograd needs numpy's OpenBLAS (kernels.blas.SGEMM)")
     monkeypatch.setattr(K, "WINOGRAD", winograd)
     net = odd_network(n=5) if kind == "odd" else one_pattern(kind, n=5, c=16, hw=10)
     x = RNG.standard_normal(net.inputs[0].shape).astype(np.float32)

@@ -14,10 +14,10 @@ tilefuse goes through it:
                        place (beta = 1) without a temporary; np.matmul (+ add) without the
                        library or with TILEFUSE_TRAIN_NUMPY_GEMM set
   SGEMM, nb_gemm       the same cblas_sgemm called from inside numba kernels (~1 us a call
-                       instead of ~25 us through Python): SGEMM is the function's address (an
-                       integer argument, so the kernels stay cacheable), 0 where numpy's OpenBLAS
-                       has no 64-bit-integer cblas_sgemm (numpy < 2); nb_gemm(SGEMM, a, b, c,
-                       beta, trans_b) is c = a @ (b.T if trans_b else b) + beta*c
+                       instead of ~25 us through Python): SGEMM = (the function's address, whether
+                       its integers are 64-bit), an argument of the kernels (so they stay
+                       cacheable), address 0 without the library; nb_gemm(SGEMM, a, b, c, beta,
+                       trans_b) is c = a @ (b.T if trans_b else b) + beta*c
 """
 from __future__ import annotations
 
@@ -182,41 +182,55 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) -> np
 
 # ---------------------------------------------------------------------------- GEMM from numba
 
-@intrinsic
-def _call_sgemm(typingctx, addr, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
-    """cblas_sgemm64_(RowMajor, ta, tb, m, n, k, 1, a, lda, b, ldb, beta, c, ldc) at the address
-    `addr` (an integer argument, so that the calling kernels stay cacheable); a, b, c are
-    addresses (integers: same calling convention as pointers)."""
-    sig = types.void(types.int64, types.int32, types.int32, types.int64, types.int64, types.int64,
-                     types.uint64, types.int64, types.uint64, types.int64, types.float32,
-                     types.uint64, types.int64)
+def _sgemm_intrinsic(bits):
+    """An intrinsic calling cblas_sgemm at an address with `bits`-bit integer arguments:
+    (addr, transa, transb, m, n, k, a, lda, b, ldb, beta, c, ldc), RowMajor and alpha = 1; the
+    integers arrive as int64 (truncated for the 32-bit interface), a, b, c are addresses."""
+    @intrinsic
+    def call(typingctx, addr, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+        sig = types.void(types.int64, types.int32, types.int32, types.int64, types.int64,
+                         types.int64, types.uint64, types.int64, types.uint64, types.int64,
+                         types.float32, types.uint64, types.int64)
 
-    def codegen(context, builder, signature, args):
-        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32, i64, i64, i64,
-                                               i64, f32, i64, i64])
-        (addr_, ta_, tb_, m_, n_, k_, a_, lda_, b_, ldb_, beta_, c_, ldc_) = args
-        fn = builder.inttoptr(addr_, fnty.as_pointer())
-        builder.call(fn, [ir.Constant(i32, _ROW), ta_, tb_, m_, n_, k_, ir.Constant(f32, 1.0), a_,
-                          lda_, b_, ldb_, beta_, c_, ldc_])
-        return context.get_dummy_value()
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            i32, idx, ptr, f32 = ir.IntType(32), ir.IntType(bits), ir.IntType(64), ir.FloatType()
+            fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, idx, idx, idx, f32, ptr, idx,
+                                                   ptr, idx, f32, ptr, idx])
+            (addr_, ta_, tb_, m_, n_, k_, a_, lda_, b_, ldb_, beta_, c_, ldc_) = args
+            cast = (lambda v: builder.trunc(v, idx)) if bits == 32 else (lambda v: v)
+            fn = builder.inttoptr(addr_, fnty.as_pointer())
+            builder.call(fn, [ir.Constant(i32, _ROW), ta_, tb_, cast(m_), cast(n_), cast(k_),
+                              ir.Constant(f32, 1.0), a_, cast(lda_), b_, cast(ldb_), beta_, c_,
+                              cast(ldc_)])
+            return context.get_dummy_value()
+        return sig, codegen
+    return call
 
 
-def _nb_sgemm_address() -> int:
+_call_sgemm64 = _sgemm_intrinsic(64)
+_call_sgemm32 = _sgemm_intrinsic(32)
+
+
+def _nb_sgemm():
+    """(address, 64-bit integers?) of numpy's cblas_sgemm, or (0, True) without one (or with
+    TILEFUSE_TRAIN_NUMPY_GEMM set)."""
     if os.environ.get("TILEFUSE_TRAIN_NUMPY_GEMM"):
-        return 0
-    fn = _symbol("scipy_cblas_sgemm64_")
-    return 0 if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
+        return (0, True)
+    for sym, ilp64 in (("scipy_cblas_sgemm64_", True), ("scipy_cblas_sgemm", False)):
+        fn = _symbol(sym)
+        if fn is not None:
+            return (ctypes.cast(fn, ctypes.c_void_p).value, ilp64)
+    return (0, True)
 
 
-SGEMM = _nb_sgemm_address()
+SGEMM = _nb_sgemm()
 
 
 @nb.njit(nogil=True, cache=True)
 def nb_gemm(fn, a, b, c, beta, trans_b):
     """c = a @ op(b) + beta*c, op(b) = b.T if trans_b else b; 2-D float32 views, unit stride in
-    the last dimension (C order rows of any pitch); fn = SGEMM (the library's address)."""
+    the last dimension (C order rows of any pitch); fn = SGEMM (the library's address and
+    interface; the address must not be 0)."""
     m, k = a.shape
     n = c.shape[1]
     if m == 0 or n == 0:
@@ -226,6 +240,13 @@ def nb_gemm(fn, a, b, c, beta, trans_b):
             for j in range(n):
                 c[i, j] = c[i, j] * np.float32(beta)
         return
-    _call_sgemm(fn, np.int32(_NT), np.int32(_T if trans_b else _NT), m, n, k,
-                a.ctypes.data, a.strides[0] // 4, b.ctypes.data, b.strides[0] // 4,
-                np.float32(beta), c.ctypes.data, c.strides[0] // 4)
+    addr, ilp64 = fn
+    tb = np.int32(_T if trans_b else _NT)
+    if ilp64:
+        _call_sgemm64(addr, np.int32(_NT), tb, m, n, k, a.ctypes.data, a.strides[0] // 4,
+                      b.ctypes.data, b.strides[0] // 4, np.float32(beta), c.ctypes.data,
+                      c.strides[0] // 4)
+    else:
+        _call_sgemm32(addr, np.int32(_NT), tb, m, n, k, a.ctypes.data, a.strides[0] // 4,
+                      b.ctypes.data, b.strides[0] // 4, np.float32(beta), c.ctypes.data,
+                      c.strides[0] // 4)

@@ -66,7 +66,7 @@ DW_PARTIAL_BYTES = 16 << 20  # at most this much memory of weight-gradient parti
 WINO_DW_PATCHES = 1536     # patches a Winograd weight-gradient GEMM reduces over (at least)
 # Winograd F(2x2, 3x3) (`train_winograd.py`) for the 3x3 stride-1 pad-1 one-group float32 convs
 # where cblas_sgemm can be called from numba (blas.SGEMM); False: im2col + GEMM for all
-WINOGRAD = SGEMM != 0 and os.environ.get("TILEFUSE_TRAIN_WINOGRAD", "1") != "0"
+WINOGRAD = SGEMM[0] != 0 and os.environ.get("TILEFUSE_TRAIN_WINOGRAD", "1") != "0"
 
 _LOCAL = threading.local()
 
