@@ -698,6 +698,8 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
     if wino:
         U = _wino_weights(w, g, True)
         T = ((g.H + 1) // 2) * ((g.W + 1) // 2)
+        # several output-channel blocks per tile: the tiles' V once, shared (phase 1)
+        vall = _wino_shared_input(x, g, p, pre, T) if nb_ > 1 else None
 
     def task(k, tid):
         i, j = divmod(k, nb_)
@@ -706,9 +708,12 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
         if wino:
             n0, n1 = p.tiles[i]
             P = (n1 - n0) * T
-            V = _wino_in(x, g, i, n0, n1, 0, g.C, pre, _wbuf("wv", g.C, P, x.dtype), token)
+            if vall is None:
+                V, b0 = _wino_in(x, g, n0, n1, 0, g.C, pre, _wbuf("wv", g.C, P, x.dtype)), 0
+            else:
+                V, b0 = vall, n0 * T
             Mt = _wbuf("wm", o1 - o0, P, x.dtype)
-            wg.wino_gemms(SGEMM, U, V, Mt, o0, o1 - o0, g.C, P, 0.0, False)
+            wg.wino_gemms(SGEMM, U, V, Mt, o0, o1 - o0, g.C, P, b0, 0.0, False)
             wg.wino_output(Mt, o1 - o0, y2, n0, n1, o0, g.H, g.W)
         else:
             cols = _tile_cols(x, g, p, i, 0, g.C, pre, scratch("cols", (rows, c1 - c0), x.dtype),
@@ -776,18 +781,27 @@ def _wino_dummies(dtype):
     return d1, d2, np.zeros((1, 1, 1), dtype)
 
 
-def _wino_in(x, g: ConvGeom, i, n0, n1, c0, c1, pre: Pre, out, token=None, name="wv"):
-    """Winograd input transform of t(x) for tile i (images [n0, n1)), channels [c0, c1), into
-    `out` (16, c1 - c0, patches); with a token, reused by the thread that built it last."""
-    if token is not None:
-        key = (token, i, c0, c1)
-        if getattr(_LOCAL, name, None) == key:
-            return out
+def _wino_in(x, g: ConvGeom, n0, n1, c0, c1, pre: Pre, out, vr0=0, p0=0):
+    """Winograd input transform of t(x), images [n0, n1), channels [c0, c1), into `out` (16,
+    rows, pitch) at row vr0 and patch column p0."""
     C = x.shape[0]
-    wg.wino_input(x.reshape(C, -1), *pre.args(x.dtype, C), out, n0, n1, c0, c1, g.H, g.W,
-                  *pre.flags())
-    if token is not None:
-        setattr(_LOCAL, name, (token, i, c0, c1))
+    wg.wino_input(x.reshape(C, -1), *pre.args(x.dtype, C), out, vr0, p0, n0, n1, c0, c1, g.H,
+                  g.W, *pre.flags())
+    return out
+
+
+def _wino_shared_input(x, g: ConvGeom, p: Plan, pre: Pre, T, name="wv_all"):
+    """V of every tile in one buffer (16, C + 1, pitch) of the calling thread, built by tasks
+    (tile, channel range) (phase 1 of a layer whose tiles several tasks read)."""
+    C = x.shape[0]
+    out = _wbuf(name, C, g.N * T, x.dtype)
+    cr = _ranges(C, max(1, -(-2 * TASKS // len(p.tiles))))
+    tasks = [(i, c) for i in range(len(p.tiles)) for c in cr]
+
+    def task(k, tid):
+        (n0, n1), (c0, c1) = p.tiles[tasks[k][0]], tasks[k][1]
+        _wino_in(x, g, n0, n1, c0, c1, pre, out, c0, n0 * T)
+    split(len(tasks), task)
     return out
 
 
@@ -846,17 +860,36 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     token = object()
     wtasks = [(gg, kb) for gg in range(ng) for kb in range(len(p.kblocks))]
     xtasks = [(i, cb) for i in range(nt) for cb in range(len(p.cblocks))] if need_dx else []
+    dall = vdall = None
+    if wino:      # transforms of dy that several tasks read: once, shared (phase 1)
+        dall = _wbuf("wdy_all", g.O, g.N * T, x.dtype) if len(p.kblocks) > 1 else None
+        vdall = (_wbuf("wvd_all", g.O, g.N * T, x.dtype)
+                 if need_dx and len(p.cblocks) > 1 else None)
+        ors = _ranges(g.O, max(1, -(-2 * TASKS // nt)))
+        ptasks = ([("d", a, b, o) for c in p.dw_chunks for a, b in c for o in ors]
+                  if dall is not None else [])
+        ptasks += ([("v", a, b, o) for a, b in p.tiles for o in ors] if vdall is not None else [])
+
+        def ptask(k, tid):
+            kind, n0, n1, (o0, o1) = ptasks[k]
+            if kind == "d":
+                wg.wino_dy(dy2, dall, o0, n0 * T, n0, n1, o0, o1, g.H, g.W)
+            else:
+                wg.wino_input(dy2, d1w, d1w, d2w, d1w, d1w, d2w, vdall, o0, n0 * T, n0, n1, o0,
+                              o1, g.H, g.W, False, 0, False, False)
+        split(len(ptasks), ptask)
 
     def wdw_task(gg, kb):                      # Winograd weight gradient
         _, c_lo, c_hi = p.kblocks[kb]
         for ci, (n0, n1) in enumerate(p.dw_chunks[gg]):
             P = (n1 - n0) * T
-            vx = _wino_in(x, g, None, n0, n1, c_lo, c_hi, pre, _wbuf("wvx", c_hi - c_lo, P, x.dtype))
-            D = _wbuf("wdy", g.O, P, x.dtype)
-            if getattr(_LOCAL, "wdy", None) != (token, n0):
-                wg.wino_dy(dy2, D, n0, n1, 0, g.O, g.H, g.W)
-                _LOCAL.wdy = (token, n0)
-            wg.wino_gemms(SGEMM, vx, D, dwp[gg, :, c_lo:c_hi], 0, c_hi - c_lo, P, g.O,
+            vx = _wino_in(x, g, n0, n1, c_lo, c_hi, pre, _wbuf("wvx", c_hi - c_lo, P, x.dtype))
+            if dall is None:
+                D, b0 = _wbuf("wdy", g.O, P, x.dtype), 0
+                wg.wino_dy(dy2, D, 0, 0, n0, n1, 0, g.O, g.H, g.W)
+            else:
+                D, b0 = dall, n0 * T
+            wg.wino_gemms(SGEMM, vx, D, dwp[gg, :, c_lo:c_hi], 0, c_hi - c_lo, P, g.O, b0,
                           0.0 if ci == 0 else 1.0, True)
             if dbp is not None and c_lo == 0:
                 _row_sums(dy2[:, n0 * hw:n1 * hw], dbp[n0])
@@ -866,13 +899,14 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
         n0, n1 = p.tiles[i]
         c0, c1 = p.cols(i)
         P = (n1 - n0) * T
-        vd = _wbuf("wvd", g.O, P, x.dtype)
-        if getattr(_LOCAL, "wvd", None) != (token, i):
-            wg.wino_input(dy2, d1w, d1w, d2w, d1w, d1w, d2w, vd, n0, n1, 0, g.O, g.H, g.W,
+        if vdall is None:
+            vd, b0 = _wbuf("wvd", g.O, P, x.dtype), 0
+            wg.wino_input(dy2, d1w, d1w, d2w, d1w, d1w, d2w, vd, 0, 0, n0, n1, 0, g.O, g.H, g.W,
                           False, 0, False, False)
-            _LOCAL.wvd = (token, i)
+        else:
+            vd, b0 = vdall, n0 * T
         Md = _wbuf("wmd", c_hi - c_lo, P, x.dtype)
-        wg.wino_gemms(SGEMM, ud, vd, Md, c_lo, c_hi - c_lo, g.O, P, 0.0, False)
+        wg.wino_gemms(SGEMM, ud, vd, Md, c_lo, c_hi - c_lo, g.O, P, b0, 0.0, False)
         wg.wino_output(Md, c_hi - c_lo, dx2, n0, n1, c_lo, g.H, g.W)
         if not post_id:
             s1, s2a, s2b = ((sums[i, 0, c_lo:c_hi], sums[i, 1, c_lo:c_hi], sums[i, 2, c_lo:c_hi])

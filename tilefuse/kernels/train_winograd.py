@@ -141,9 +141,11 @@ def _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, pb, H, W, affine, skind, relu, wri
 
 
 @nb.njit(**JIT)
-def wino_input(x2, a, b, s2, a2, b2, r2, V, n0, n1, c0, c1, H, W, affine, skind, relu, write_r):
-    """V[xi, c - c0, p] = (B^T d B)[xi] of the transformed input t(x) (train_conv._transform) for
-    the patches p of images [n0, n1) (p = (n - n0)*th*tw + ty*tw + tx), channels [c0, c1).
+def wino_input(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind, relu,
+               write_r):
+    """V[xi, vr0 + c - c0, p0 + p] = (B^T d B)[xi] of the transformed input t(x)
+    (train_conv._transform) for the patches p of images [n0, n1) (p = (n - n0)*th*tw + ty*tw
+    + tx), channels [c0, c1).
 
     x2, s2, r2: (C, N*H*W) rows; with write_r also r2 = t(x) (pattern 4's stored C2 input);
     V: a contiguous (16, rows, pitch) buffer, written through unsigned flat offsets (no
@@ -168,7 +170,7 @@ def wino_input(x2, a, b, s2, a2, b2, r2, V, n0, n1, c0, c1, H, W, affine, skind,
             sr = s2[c, n * HW:(n + 1) * HW] if skind != 0 else xr
             rr = r2[c, n * HW:(n + 1) * HW] if write_r else xr
             _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, pb, H, W, affine, skind, relu, write_r)
-            base = np.uint64((c - c0) * ld + (n - n0) * T)
+            base = np.uint64((vr0 + c - c0) * ld + p0 + (n - n0) * T)
             for ty in range(th):
                 d0 = pb[2 * ty]
                 d1 = pb[2 * ty + 1]
@@ -248,9 +250,9 @@ def wino_output(M, rows, y2, n0, n1, o0, H, W):
 
 
 @nb.njit(**JIT)
-def wino_dy(dy2, D, n0, n1, o0, o1, H, W):
-    """D[xi, o - o0, p] = (A g A^T)[xi] for the 2x2 tiles g of dy (zero beyond H x W),
-    A = [[1, 0], [1, 1], [1, -1], [0, -1]], images [n0, n1), channels [o0, o1)."""
+def wino_dy(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
+    """D[xi, dr0 + o - o0, p0 + p] = (A g A^T)[xi] for the 2x2 tiles g of dy (zero beyond
+    H x W), A = [[1, 0], [1, 1], [1, -1], [0, -1]], images [n0, n1), channels [o0, o1)."""
     th = (H + 1) // 2
     tw = (W + 1) // 2
     HW = H * W
@@ -258,7 +260,7 @@ def wino_dy(dy2, D, n0, n1, o0, o1, H, W):
     g0 = np.zeros(2 * tw, D.dtype)
     g1 = np.zeros(2 * tw, D.dtype)
     for o in range(o0, o1):
-        oc = o - o0
+        oc = dr0 + o - o0
         for n in range(n0, n1):
             dr = dy2[o, n * HW:(n + 1) * HW]
             for ty in range(th):
@@ -272,7 +274,7 @@ def wino_dy(dy2, D, n0, n1, o0, o1, H, W):
                 else:
                     for j in range(W):
                         g1[j] = 0
-                pt = (n - n0) * T + ty * tw
+                pt = p0 + (n - n0) * T + ty * tw
                 d0 = D[0, oc, pt:pt + tw]
                 d1 = D[1, oc, pt:pt + tw]
                 d2 = D[2, oc, pt:pt + tw]
@@ -294,17 +296,17 @@ def wino_dy(dy2, D, n0, n1, o0, o1, H, W):
                     a1 = g0[2 * tx + 1]              # (a0 - b0, a1 - b1), (-b0, -b1)
                     b0 = g1[2 * tx]
                     b1 = g1[2 * tx + 1]
-                    p0, p1 = a0 + b0, a1 + b1
+                    e0, e1 = a0 + b0, a1 + b1
                     q0, q1 = a0 - b0, a1 - b1
                     # each row (u, v) -> (u, u + v, u - v, -v)
                     d0[tx] = a0
                     d1[tx] = a0 + a1
                     d2[tx] = a0 - a1
                     d3[tx] = -a1
-                    d4[tx] = p0
-                    d5[tx] = p0 + p1
-                    d6[tx] = p0 - p1
-                    d7[tx] = -p1
+                    d4[tx] = e0
+                    d5[tx] = e0 + e1
+                    d6[tx] = e0 - e1
+                    d7[tx] = -e1
                     d8[tx] = q0
                     d9[tx] = q0 + q1
                     d10[tx] = q0 - q1
@@ -355,11 +357,11 @@ def wino_dw(Mw, dw4, c0, c1):
 # ============================================================================ tasks
 
 @nb.njit(**JIT)
-def wino_gemms(fn, A, B, Cm, a0, m, kd, n, beta, trans_b):
+def wino_gemms(fn, A, B, Cm, a0, m, kd, n, b0, beta, trans_b):
     """Cm[xi, :m, :n] = A[xi, a0:a0 + m, :kd] @ op(B[xi]) (+ beta*Cm) for the 16 xi, op(B[xi]) =
-    B[xi, :n, :kd].T if trans_b else B[xi, :kd, :n] (blas.nb_gemm)."""
+    B[xi, :n, b0:b0 + kd].T if trans_b else B[xi, :kd, b0:b0 + n] (blas.nb_gemm)."""
     for k in range(16):
         if trans_b:
-            nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :n, :kd], Cm[k, :m, :n], beta, True)
+            nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :n, b0:b0 + kd], Cm[k, :m, :n], beta, True)
         else:
-            nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :kd, :n], Cm[k, :m, :n], beta, False)
+            nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :kd, b0:b0 + n], Cm[k, :m, :n], beta, False)
