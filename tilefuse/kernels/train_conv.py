@@ -1,30 +1,32 @@
 """Convolution for training: forward and backward on CNHW tensors, with the fused pre- and
 post-processing of seed 004 (the trainer's conv-centred units, `training/schedule.py`).
 
-A convolution is GEMMs on column tiles, ``Y (O, m) = W (O, C*kh*kw) @ cols (C*kh*kw, m)``,
-with no transposes (CNHW, `cnhw.py`); a 1x1 stride-1 convolution needs no im2col at all. The
-backward pass computes, per tile,
+Three paths, all GEMMs on column tiles with no transposes (CNHW, `cnhw.py`):
 
-    weight gradient   dW^T (C*kh*kw, O) += cols (C*kh*kw, m) @ dy^T (m, O)
-    input gradient    stride-1 "same" convs:  dX (C, m) = Wd (C, O*kh*kw) @ cols_dy (O*kh*kw, m)
-                      (the im2col of dy with the taps mirrored: a gather, no scatter-add)
-                      1x1 stride 1:           dX (C, m) = W^T (C, O) @ dy (O, m)
-                      otherwise:              dcols = W^T @ dy, then col2im (scatter-add)
+    Winograd   3x3, stride 1, pad 1, one group, float32 (`train_winograd.py`): 16 GEMMs per
+               tile on transformed filters and input patches, 2.25x fewer multiplies
+    direct     1x1, stride 1, no padding: cols is the input itself (or its transform)
+    im2col     everything else: Y (O, m) = W (O, C*kh*kw) @ cols (C*kh*kw, m); backward
+                   dW^T (C*kh*kw, O) += cols (C*kh*kw, m) @ dy^T (m, O)
+                   dX (C, m) = Wd (C, O*kh*kw) @ cols_dy (O*kh*kw, m) for stride-1 "same"
+                   convs (the im2col of dy with the taps mirrored: a gather, no scatter-add),
+                   else dcols = W^T @ dy and col2im (a gather too, `_col2im_post`)
 
-GEMMs are `kernels.blas.gemm` (single-threaded OpenBLAS, in place into views). The numba loops
-(``nogil``, ``cache``, one tile per call) carry the fused processing: im2col with an input-stage
-transform (BN step 2, shortcut Add, ReLU), the post-processing of the input gradient (error Add,
-ReLU', BN step-1 sums S1/S2) on the GEMM's output tile while it is in cache, the backward
+GEMMs are `kernels.blas.gemm` (single-threaded OpenBLAS through ctypes, in place into views)
+or `blas.nb_gemm` (the same library called from inside numba). The numba loops (``nogil``,
+``cache``, one tile per call) carry the fused processing: im2col with an input-stage transform
+(BN step 2, shortcut Add, ReLU), the post-processing of the input gradient (error Add, ReLU',
+BN step-1 sums S1/S2) on the GEMM's output tile while it is in cache, the backward
 pre-processing ``dy = F1*dz + B*x + C``, and the conv epilogue (bias, BN step-1 sums of x and
 x^2); the batch-norm algebra itself is in `norm.py`. `conv2d_forward` / `conv2d_backward` are
 the NCHW free functions the tests check against PyTorch autograd.
 
-im2col. A stride-1 conv whose output plane has its input's shape ("same" padding: ResNet's 3x3
-convs) reads tap t of output position q at input position q + d_t of the flattened planes of a
-tile of images, so a cols row is one shifted copy of the (transformed) tile under a 0/1 mask of
-the positions whose tap falls inside the image (`_cols_shift`: contiguous loads and selects,
-~0.1 ns per element). Other convs gather through a (taps, positions) index table into one
-transformed plane with a zero slot for padding (`_cols_gather`).
+im2col. A stride-1 conv whose output plane has its input's shape ("same" padding) reads tap t
+of output position q at input position q + d_t of the flattened planes of a tile of images,
+so a cols row is one shifted copy of the (transformed) tile under a 0/1 mask of the positions
+whose tap falls inside the image (`_cols_shift`: contiguous loads and selects, ~0.1 ns per
+element). Other convs gather through a (taps, positions) index table into one transformed
+plane with a zero slot for padding (`_cols_gather`).
 
 Partitioning (the same for every thread count). Every conv call runs a task grid that depends
 only on the layer's shape, planned for up to `TASKS` threads (`Plan`): column tiles (image
@@ -35,8 +37,10 @@ tiles, each group accumulating its tiles in order into its own partial dW, the p
 in group order). Tasks are handed to the step's threads (`kernels.threads.split`) in any order;
 every GEMM call has the same operands whichever thread runs it, and every reduction across tasks
 (BN sums, bias gradient, dW partials) goes through per-task partials summed in a fixed order, so
-the results are bitwise identical for 1, 2, 3, ... threads. A thread builds a tile's cols once
-and reuses them for the next block of the same tile it runs.
+the results are bitwise identical for 1, 2, 3, ... threads. (A grid sized for the thread count
+would not be: OpenBLAS's result for an element depends on the size of the GEMM that computes
+it.) A tile that several tasks read is built once: by the thread that runs them (im2col), or
+into a shared buffer in a first parallel phase (Winograd's transforms).
 """
 from __future__ import annotations
 
