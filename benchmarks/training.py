@@ -2,7 +2,7 @@
 PyTorch CPU, same process, interleaved steps.
 
     PYTHONPATH=. python3 benchmarks/training.py [--batch 32] [--image-size 112] [--steps 5]
-        [--models resnet18,resnet50] [--threads 2[,16,...]] [--profile] [--no-unfused]
+        [--models resnet18,resnet50] [--threads 2[,16,...]] [--profile] [--kernels] [--no-unfused]
 
 Needs numpy, numba and torch only (the torch models are tests/torch_zoo.py). For each thread
 count T of --threads (run one after the other): tilefuse runs its steps on T threads
@@ -17,6 +17,10 @@ step each, so they see the same machine load; the table gives median wall times,
 CPU time of a step (process time: every thread; PyTorch's OpenMP threads spin while they wait,
 which counts as CPU), and "vs PyTorch" = PyTorch's median step / ours (> 1: tilefuse faster).
 The forward / backward split of tilefuse comes from the schedule's timers.
+
+--kernels: after the timed steps, the CPU time of a few more fused steps by kernel role (the
+GEMMs of the forward pass, the input gradient and the weight gradient; Winograd transforms;
+im2col/col2im with the fused input stage; pre/post-processing and epilogues; unfused BN).
 
 --profile: per op type, the median time of a tilefuse fused step (its schedule's timers: the
 fused convolutions include the BN/ReLU/Add work moved into them) next to PyTorch's (one
@@ -180,6 +184,58 @@ def profile_table(fused, torch_prof):
           f"{fused['bwd']:.3f} + the rest)")
 
 
+class KernelTimer:
+    """--kernels: CPU time (thread_time, summed over threads) of the training kernels by role,
+    by wrapping the module-level functions the conv and BN code calls (a few us per call)."""
+
+    ROLES = {
+        "gemm": None, "wino_gemms": None,                   # split by caller below
+        "wino_input": "Winograd transforms", "wino_output": "Winograd transforms",
+        "wino_dy": "Winograd transforms", "wino_dw": "Winograd transforms",
+        "wino_weights": "Winograd transforms", "wino_weights_mirrored": "Winograd transforms",
+        "_cols_shift": "im2col / col2im (+ input stage)", "_cols_gather": "im2col / col2im (+ input stage)",
+        "_col2im_post": "im2col / col2im (+ input stage)", "_mirror_rows": "im2col / col2im (+ input stage)",
+        "_pre_rows": "pre/post-processing, epilogue", "_post_rows": "pre/post-processing, epilogue",
+        "_epilogue": "pre/post-processing, epilogue", "_bwd_pre": "pre/post-processing, epilogue",
+        "_sum_transpose": "weight-gradient partial sums", "_row_sums": "pre/post-processing, epilogue",
+    }
+    CALLERS = {"task": "GEMM forward", "dw_task": "GEMM weight gradient",
+               "wdw_task": "GEMM weight gradient", "dx_task": "GEMM input gradient",
+               "wdx_task": "GEMM input gradient"}
+
+    def __init__(self):
+        import threading
+        from tilefuse.kernels import norm, train_conv, train_winograd
+        self.lock = threading.Lock()
+        self.t = {}
+        self.saved = []
+        for mod in (train_conv, train_winograd):
+            for fn_name, role in self.ROLES.items():
+                if hasattr(mod, fn_name) and not (mod is train_winograd and fn_name == "gemm"):
+                    self._wrap(mod, fn_name, role)
+        for fn_name in ("_row_sums", "_row_affine", "_row_dot_sums", "_row_bn_bwd"):
+            self._wrap(norm, fn_name, "batch norm (unfused layers)")
+
+    def _wrap(self, mod, fn_name, role):
+        f = getattr(mod, fn_name)
+        callers = self.CALLERS
+
+        def w(*args, **kw):
+            c0 = time.thread_time()
+            r = f(*args, **kw)
+            dt = time.thread_time() - c0
+            key = role or callers.get(sys._getframe(1).f_code.co_name, "GEMM (other)")
+            with self.lock:
+                self.t[key] = self.t.get(key, 0.0) + dt
+            return r
+        self.saved.append((mod, fn_name, f))
+        setattr(mod, fn_name, w)
+
+    def restore(self):
+        for mod, fn_name, f in self.saved:
+            setattr(mod, fn_name, f)
+
+
 def run_model(name, a, threads, rng):
     import tilefuse.models as models
     net = getattr(models, name)(seed=0, batch=a.batch, image_size=a.image_size, num_classes=1000)
@@ -207,6 +263,22 @@ def run_model(name, a, threads, rng):
         print_overheads(res)
     if a.profile:
         profile_table(res["fused"], runs["pytorch"].profile())
+    if a.kernels:
+        kt = KernelTimer()
+        fr = runs["fused"]
+        steps = []
+        for _ in range(max(1, a.steps // 2)):
+            kt.t = {}
+            c0 = time.process_time()
+            fr.tr.step(fr.x, fr.labels)
+            steps.append((time.process_time() - c0, dict(kt.t)))
+        kt.restore()
+        cpu, t = steps[len(steps) // 2]
+        print(f"\n  fused step, CPU time by kernel role (all threads; step {cpu:.3f} s CPU):")
+        for k, v in sorted(t.items(), key=lambda kv: -kv[1]):
+            print(f"  {k:<38} {v:8.4f} s  {v / cpu:5.1%}")
+        print(f"  {'the rest (pools, ReLU/Add, loss, SGD, checks, Python)':<38} "
+              f"{cpu - sum(t.values()):8.4f} s")
 
 
 def print_overheads(res):
@@ -239,6 +311,8 @@ def main(argv=None):
                     help="thread counts, comma-separated (each runs on its own, e.g. 2,16)")
     ap.add_argument("--profile", action="store_true", help="per-op-type times vs torch.profiler")
     ap.add_argument("--no-unfused", action="store_true", help="skip the unfused schedule")
+    ap.add_argument("--kernels", action="store_true",
+                    help="CPU time of the fused step by kernel role (GEMMs fwd / dX / dW, transforms, ...)")
     a = ap.parse_args(argv)
     import numba
     import torch

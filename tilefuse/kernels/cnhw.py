@@ -47,6 +47,46 @@ def _valid(off, s, n_in, n_out):
     return lo, hi
 
 
+@nb.njit(**JIT)
+def _transform(xr, ac, bc, sr, a2c, b2c, rr, out, affine, skind, relu, write_r):
+    """out[k] = t(xr[k]) over 1-D views (one channel's values), the input-stage transform of a
+    fused conv (train_conv.py, train_winograd.py)
+        v = ac*x + bc                if affine (BN step 2), else x
+        v += s  or  a2c*s + b2c      if skind == 1 or 2 (shortcut Add, optionally BN3 step 2)
+        v = max(v, 0)                if relu (NaN stays NaN)
+    and with write_r also rr[k] = v (pattern 4 keeps C2's input for the backward pass)."""
+    n = xr.shape[0]
+    if skind == 0 and not write_r:                 # one tight loop per case (they vectorize)
+        if affine and relu:
+            for k in range(n):
+                v = ac * xr[k] + bc
+                out[k] = 0 if v < 0 else v
+        elif affine:
+            for k in range(n):
+                out[k] = ac * xr[k] + bc
+        elif relu:
+            for k in range(n):
+                v = xr[k]
+                out[k] = 0 if v < 0 else v
+        else:
+            for k in range(n):
+                out[k] = xr[k]
+        return
+    for k in range(n):
+        v = xr[k]
+        if affine:
+            v = ac * v + bc
+        if skind == 1:
+            v += sr[k]
+        elif skind == 2:
+            v += a2c * sr[k] + b2c
+        if relu:
+            v = 0 if v < 0 else v
+        out[k] = v
+        if write_r:
+            rr[k] = v
+
+
 def _o(a, dummy):
     """`a`, or the placeholder when it is None (numba needs fixed argument types)."""
     return dummy if a is None else a

@@ -114,3 +114,34 @@ def add_forward(a, b):
     a1, b1, o = a.reshape(-1), b.reshape(-1), out.reshape(-1)
     flat_split(a1.shape[0], lambda lo, hi: _add_copy(a1[lo:hi], b1[lo:hi], o[lo:hi]))
     return out
+
+
+@nb.njit(**JIT)
+def _sgd(p, g, buf, lr, momentum, wd, has_wd, has_mom, first):
+    """One pass of torch.optim.SGD (dampening 0, no Nesterov) over flat float32 views, with
+    numpy's float32 operation order (no contraction into FMAs, so the bits equal the numpy
+    form): d = g + wd*p; buf = d (first) or buf*momentum + d; p -= lr*buf (or lr*d)."""
+    for k in range(p.shape[0]):
+        d = g[k]
+        if has_wd:
+            d = d + wd * p[k]
+        if has_mom:
+            if first:
+                b = d
+            else:
+                b = buf[k] * momentum
+                b = b + d
+            buf[k] = b
+            d = b
+        p[k] = p[k] - lr * d
+
+
+def sgd_update(p, g, buf, lr, momentum, weight_decay, first):
+    """In place, split over the step's threads: the SGD update of one float32 parameter p with
+    gradient g and momentum buffer buf (all the same shape, contiguous)."""
+    f32 = np.float32
+    p1, g1 = p.reshape(-1), g.reshape(-1)
+    b1 = buf.reshape(-1) if buf is not None else p1
+    flat_split(p1.shape[0], lambda lo, hi: _sgd(
+        p1[lo:hi], g1[lo:hi], b1[lo:hi], f32(lr), f32(momentum), f32(weight_decay),
+        weight_decay != 0, buf is not None, first))

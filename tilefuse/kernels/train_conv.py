@@ -53,7 +53,7 @@ import numpy as np
 
 from . import train_winograd as wg
 from .blas import SGEMM, gemm
-from .cnhw import _D64, JIT, JITR, _o, _valid, dummies, to_cnhw, to_nchw
+from .cnhw import _D64, JIT, JITR, _o, _transform, _valid, dummies, to_cnhw, to_nchw
 from .reference import conv_out_size
 from .threads import scratch, split
 
@@ -76,45 +76,6 @@ _LOCAL = threading.local()
 
 
 # ============================================================================ numba loops
-
-@nb.njit(**JIT)
-def _transform(xr, ac, bc, sr, a2c, b2c, rr, out, affine, skind, relu, write_r):
-    """out[k] = t(xr[k]) over 1-D views (one channel's values), the input-stage transform
-        v = ac*x + bc                if affine (BN step 2), else x
-        v += s  or  a2c*s + b2c      if skind == 1 or 2 (shortcut Add, optionally BN3 step 2)
-        v = max(v, 0)                if relu (NaN stays NaN)
-    and with write_r also rr[k] = v (pattern 4 keeps C2's input for the backward pass)."""
-    n = xr.shape[0]
-    if skind == 0 and not write_r:                 # one tight loop per case (they vectorize)
-        if affine and relu:
-            for k in range(n):
-                v = ac * xr[k] + bc
-                out[k] = 0 if v < 0 else v
-        elif affine:
-            for k in range(n):
-                out[k] = ac * xr[k] + bc
-        elif relu:
-            for k in range(n):
-                v = xr[k]
-                out[k] = 0 if v < 0 else v
-        else:
-            for k in range(n):
-                out[k] = xr[k]
-        return
-    for k in range(n):
-        v = xr[k]
-        if affine:
-            v = ac * v + bc
-        if skind == 1:
-            v += sr[k]
-        elif skind == 2:
-            v += a2c * sr[k] + b2c
-        if relu:
-            v = 0 if v < 0 else v
-        out[k] = v
-        if write_r:
-            rr[k] = v
-
 
 @nb.njit(**JIT)
 def _cols_shift(x2, a, b, s2, a2, b2, r2, cols, n0, n1, c0, c1, hw, d, mask, margin,

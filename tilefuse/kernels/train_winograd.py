@@ -33,7 +33,7 @@ import numba as nb
 import numpy as np
 
 from .blas import nb_gemm
-from .cnhw import JIT
+from .cnhw import JIT, _transform
 
 # ============================================================================ transforms
 
@@ -117,27 +117,15 @@ def wino_weights_mirrored(w2, Ud, c0, c1):
 
 
 @nb.njit(**JIT)
-def _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, pb, H, W, affine, skind, relu, write_r):
-    """pb[1 + i, 1:1 + W] = t(x row i) (train_conv._transform: the same order of operations);
-    the border of pb stays zero."""
+def _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, tmp, pb, H, W, affine, skind, relu, write_r):
+    """pb[1 + i, 1:1 + W] = t(x row i) (cnhw._transform on the whole plane into tmp, then
+    the rows into the padded plane); the border of pb stays zero."""
+    _transform(xr, ac, bc, sr, a2c, b2c, rr, tmp, affine, skind, relu, write_r)
     for i in range(H):
         dst = pb[1 + i, 1:1 + W]
-        x = xr[i * W:(i + 1) * W]
-        s = sr[i * W:(i + 1) * W]
-        r = rr[i * W:(i + 1) * W]
+        src = tmp[i * W:(i + 1) * W]
         for j in range(W):
-            v = x[j]
-            if affine:
-                v = ac * v + bc
-            if skind == 1:
-                v += s[j]
-            elif skind == 2:
-                v += a2c * s[j] + b2c
-            if relu:
-                v = 0 if v < 0 else v
-            dst[j] = v
-            if write_r:
-                r[j] = v
+            dst[j] = src[j]
 
 
 @nb.njit(**JIT)
@@ -156,6 +144,7 @@ def wino_input(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affin
     T = th * tw
     Wp = 2 * tw + 2
     pb = np.zeros((2 * th + 2, Wp), V.dtype)
+    tmp = np.empty(HW, V.dtype)
     R = np.empty((4, Wp), V.dtype)
     ld = V.shape[2]
     S = np.uint64(V.shape[1] * ld)              # xi plane stride
@@ -169,7 +158,8 @@ def wino_input(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affin
             xr = x2[c, n * HW:(n + 1) * HW]
             sr = s2[c, n * HW:(n + 1) * HW] if skind != 0 else xr
             rr = r2[c, n * HW:(n + 1) * HW] if write_r else xr
-            _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, pb, H, W, affine, skind, relu, write_r)
+            _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, tmp, pb, H, W, affine, skind, relu,
+                        write_r)
             base = np.uint64((vr0 + c - c0) * ld + p0 + (n - n0) * T)
             for ty in range(th):
                 d0 = pb[2 * ty]

@@ -119,7 +119,8 @@ class Trainer:
         if self.optimizer is None:
             raise ValueError("Trainer.step needs an optimizer; construct Trainer(net, SGD(...))")
         loss, grads = self.forward_backward(x, labels, input_grads=False)
-        self.optimizer.step(self.params, {k: v for k, v in grads.items() if k in self.params})
+        with _threads(self.threads):                 # (the update splits over the step's threads)
+            self.optimizer.step(self.params, {k: v for k, v in grads.items() if k in self.params})
         for k, v in self.params.items():
             _check_finite(self.num_batches_tracked, "parameter", k, v, "after the update: lower the learning rate")
         return loss
