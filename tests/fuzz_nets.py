@@ -91,9 +91,8 @@ VARIANTS = {
     "reference": (net_nchw, {"algorithm": "reference"}),
     # the row-band schedule: a stream region (header, band instructions, rings) and a tail
     "stream": (net_blocked, {"schedule": "stream", "stream_options": {"band_rows": 2}}),
-    "stream-pipe": (net_direct, {"algorithm": "direct", "schedule": "stream",
-                                 "stream_options": {"band_rows": 1, "workers": 2}}),
-    "stream-nchw": (net_nchw, {"schedule": "stream", "stream_options": {"band_rows": 3, "layout": "nchw"}}),
+    "stream-nchw": (net_nchw, {"schedule": "stream", "stream_options": {"band_rows": 3, "layout": "nchw",
+                                                                        "workers": 2}}),
 }
 
 

@@ -626,6 +626,13 @@ def test_loader_validates_the_stream_region():
     def extra(p):
         p[3].params["threads"] = 8
     broken(extra, "unknown to the band kernel")
+    # without their header the band instructions are refused by the loader itself
+    pkg = s.package
+    from tilefuse.compiler import package as package_mod
+    monkey = copy.copy(pkg)
+    monkey.program = lambda: prog[1:]
+    with pytest.raises(PackageError, match="outside a stream region"):
+        package_mod.validate_program(monkey)
 
 
 # ----------------------------------------------------------------------------- stage balancing

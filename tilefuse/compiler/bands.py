@@ -132,6 +132,10 @@ def _streamable(op: OpNode) -> bool:
         return False
     if op.op == "concat" and op.params["axis"] % 4 != 1:
         return False
+    # constants of a streamed op are parameters (a conv's weights, per-channel vectors), never
+    # a whole feature map: that would need its own rows
+    if op.op not in ops.CONV and any(d.is_constant and len(d.shape) == 4 for d in op.inputs):
+        return False
     return True
 
 

@@ -51,7 +51,7 @@ from ..errors import PackageError
 from .lower import Lowered
 from .memory import ALIGN, MemoryPlan, align
 from .program import CONST, HIDDEN, IO, IO_SLOT_BYTES, SEGMENTS, decode, encode, patch
-from .streaming import REGION_HEADERS, validate_stream
+from .streaming import REGION_HEADERS, REGION_KERNELS, validate_stream
 
 MAGIC = b"TFPKG\r\n\x1a"
 FORMAT_VERSION = 1
@@ -490,7 +490,7 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
         size = int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
         if not written[("io", s.name)].covers(0, size, s.name):
             raise PackageError(f"{where}: output '{s.name}' ({size} bytes) is not written completely by the program")
-    if any(ins.kernel in REGION_HEADERS for ins in program):
+    if any(ins.kernel in REGION_KERNELS for ins in program):
         def read_const(op):
             return np.frombuffer(pkg.const_area, op.dtype, int(np.prod(op.shape)),
                                  op.seg_offset + op.block_offset).reshape(op.shape)

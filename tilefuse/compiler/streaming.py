@@ -41,6 +41,7 @@ from ..errors import GraphError, PackageError
 from ..ir import Network, ops
 from ..ir.node import DataNode
 from ..ir.ops import schema
+from ..kernels import bands as kernel_bands
 from ..kernels.bands import LANES, BandLayer, RowWindow, band_layout, make_runner
 from ..kernels.threads import Scratch
 from . import bands
@@ -52,6 +53,7 @@ from .program import CONST, DIRECT, HIDDEN, INDIRECT, IO, Instruction, Operand
 
 STEPS = "__stream_steps__"
 REGION_HEADERS = frozenset({"stream"})     # instructions that open a region (they write nothing)
+REGION_KERNELS = REGION_HEADERS | {"band"}  # a program with any of these gets `validate_stream`
 # how a band operand holds its tensor ("tensors": [N, C, H, W, rows held, kind] per operand)
 WHOLE, RING, RING_C = 0, 1, 2           # whole NCHW tensor, NCHW ring, NCHW16c ring
 OPTIONS = ("band_rows", "workers", "queue_bands", "band_mode", "layer_rows", "layout", "min_band_pixels", "threads")
@@ -410,6 +412,11 @@ def _check_band(ins: Instruction) -> dict:
     op = p.get("op")
     if op not in bands.STREAMABLE:
         raise ValueError(f"op {op!r} does not stream; expected one of {sorted(bands.STREAMABLE)}")
+    conv_only = sorted({"weight_shape", "prepared", "layout"} & set(p))
+    if op != "conv2d" and conv_only:
+        raise ValueError(f"parameter(s) {conv_only} are for conv2d bands, not {op}")
+    if op == "conv2d" and ("prepared" in p) != ("layout" in p):
+        raise ValueError("'prepared' and 'layout' come together (prepared weights and their layout)")
     attrs = p.get("attrs")
     if not isinstance(attrs, dict) or not isinstance(p.get("name"), str):
         raise ValueError("params 'attrs' (an object) and 'name' (a string) are required")
@@ -420,6 +427,16 @@ def _check_band(ins: Instruction) -> dict:
     consts = [o for o in ins.inputs if o.segment == CONST]
     if not acts or acts[-1] is not ins.output:
         raise ValueError("the output must be an activation (hidden or IO) operand")
+    # operands in the op's input order, constants where its parameters go (the band kernels and
+    # every reader of the program take them by position)
+    pattern = "".join("c" if o.segment == CONST else "a" for o in ins.inputs)
+    if op == "conv2d":
+        k = len(p["prepared"]) if p.get("prepared") else 1 + int(bool(attrs.get("has_bias")))
+        want = "a" + "c" * k + "a" * int(bool(attrs.get("has_residual")))
+        if pattern != want:
+            raise ValueError(f"operands are {pattern!r} (a: activation, c: constant); a conv takes {want!r}")
+    elif (op in ops.POOL or op in kernel_bands.BLOCKED_ROW_OPS) and "c" in pattern:
+        raise ValueError(f"{op} takes no constant operands; found {pattern!r} (a: activation, c: constant)")
     tensors = p.get("tensors")
     if not isinstance(tensors, (list, tuple)) or len(tensors) != len(acts):
         raise ValueError(f"'tensors' must describe the {len(acts)} activation operands")
