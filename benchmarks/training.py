@@ -45,8 +45,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+if not os.environ.get("PYTHONPATH"):          # the repository's tilefuse unless PYTHONPATH says
+    sys.path.insert(0, str(ROOT))
 
 MB_OPS = ("batch_norm", "relu", "add", "error-add")
 
@@ -323,8 +324,9 @@ def main(argv=None):
     print(f"batch {a.batch}, {a.image_size}x{a.image_size}, median of {a.steps} interleaved "
           f"steps (seconds); {cpu_count()} CPUs usable; numpy {np.__version__}, numba "
           f"{numba.__version__}, torch {torch.__version__}; OpenBLAS core {blas.blas_info()}, "
-          f"sgemm from numba: {'yes' if blas.SGEMM else 'no'}, Winograd 3x3: "
-          f"{train_conv.WINOGRAD}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}; "
+          f"sgemm from numba: {'yes' if getattr(blas, 'SGEMM', (0,))[0] else 'no'}, Winograd 3x3: "
+          f"{getattr(train_conv, 'WINOGRAD', False)}; tilefuse from {Path(train_conv.__file__).parents[2]}; "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}; "
           f"load average {tuple(round(v, 2) for v in os.getloadavg())}")
     rng = np.random.default_rng(0)
     for threads in counts:
