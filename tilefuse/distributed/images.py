@@ -20,13 +20,15 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import TilefuseError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 RESIZE_MODES = ("crop", "stretch")
 
 
-class ImageError(ValueError):
+class ImageError(TilefuseError, ValueError):
     """A file that is not a readable PNG/JPEG image; the message says why."""
 
 
@@ -55,7 +57,9 @@ def decode(data: bytes, channels: int = 3):
             raise ImageError(f"image too large: {e}") from None
         except Image.DecompressionBombWarning as e:
             raise ImageError(f"image too large: {e}") from None
-        except Exception as e:   # UnidentifiedImageError, truncated data, bad chunks ...
+        except Image.UnidentifiedImageError:
+            raise ImageError("not a readable PNG/JPEG image (the data is neither)") from None
+        except Exception as e:   # truncated data, bad chunks, bad Huffman tables ...
             raise ImageError(f"not a readable PNG/JPEG image ({type(e).__name__}: {e})") from None
     if img.width < 1 or img.height < 1:
         raise ImageError(f"image has size {img.width}x{img.height}")

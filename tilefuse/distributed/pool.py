@@ -29,6 +29,7 @@ Ray is imported here only, on first use; `import tilefuse` never imports it.
 from __future__ import annotations
 
 import collections
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -199,6 +200,7 @@ class Pool:
         self._args = (threads_per_worker, depth, samples, preprocess, postprocess)
         self._slots: list[_Slot] = []
         self._closed = False
+        self._busy = False
         self._replaced = 0
         try:
             for i in range(workers):
@@ -288,6 +290,12 @@ class Pool:
         window = window or (self.tasks_per_worker + 1) * self.workers
         if window < 1:
             raise ValueError(f"window must be >= 1 batch, got {window}")
+        return self._imap(inputs, batch, window, progress, total)
+
+    def _imap(self, inputs, batch: int, window: int, progress: bool, total: int | None):
+        if self._busy:
+            raise DistributedError("this pool is already running inputs: one run at a time per pool")
+        self._busy = True
         ray = self._ray
         st = self.stats = RunStats(self.package_puts, self.stats.package_bytes, self.stats.package_digest)
         for s in self._slots:                      # this run's counts, the workers' identity kept
@@ -376,7 +384,7 @@ class Pool:
                 if len(task.items) > 1:
                     retry.extend(_Task(task.start + k, [x], task.attempts) for k, x in enumerate(task.items))
                 else:
-                    done[task.start] = [InputFailure(task.start, _cause(e))]
+                    done[task.start] = [InputFailure(task.start, f"could not run on the worker: {_cause(e)}")]
                 return None
             except ray.exceptions.RayError as e:            # the worker died, or its node
                 return e
@@ -446,6 +454,14 @@ class Pool:
                         next_out += 1
         finally:
             st.wall_seconds = time.perf_counter() - t0
+            self._busy = False
+            for ref in owner:                      # stopped early: drop what is still queued
+                try:
+                    ray.cancel(ref)
+                except Exception:
+                    pass
+            for s in self._slots:
+                s.running.clear()
             if bar:
                 bar.close()
 
@@ -465,8 +481,12 @@ class Pool:
 
 
 def _cause(e: BaseException) -> str:
-    """A Ray error in one line: its type and the first line that says why."""
-    text = str(e).strip().splitlines()
+    """A Ray error in one line: the type and first line of what went wrong (for a task error,
+    of its cause: "RaySystemError: System error: cannot rebuild this input")."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException) and cause is not e:
+        e = cause
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
     first = next((ln.strip() for ln in text if ln.strip()), "")
     return f"{type(e).__name__}: {first}"[:500]
 
