@@ -187,7 +187,7 @@ def run(args) -> int:
 
 
 def _in_process(runner, items, chunk: int, total: int, progress: bool):
-    from ..runtime.pipeline import Progress
+    from ..runtime.stages import Progress
     bar = Progress(total, "tilefuse batch") if progress else None
     start, batch = 0, []
     try:

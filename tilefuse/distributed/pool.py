@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..runtime.pipeline import Progress
+from ..runtime.stages import Progress
 from .runner import (BatchRunner, DistributedError, InputErrors, InputFailure, describe_error,
                      package_blob, package_digest)
 
