@@ -185,9 +185,26 @@ def test_run_many_function_and_pool_teardown(cluster, tiny):
     assert st.items == 40 and st.package_puts == 1
     p = Pool(tilefuse.compiler.package.to_bytes(pkg), workers=1)      # .tfpkg bytes work too
     actor = p.actors[0]
-    p.close()
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actor.info.remote(), timeout=60)
+    p.close()                                           # ray.kill: the actor goes, its CPU comes back
+    assert _eventually(lambda: _is_dead(actor)) and _eventually(lambda: ray.available_resources().get("CPU") == 2)
+
+
+def _eventually(cond, seconds=60.0):
+    import time
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _is_dead(actor) -> bool:
+    try:
+        ray.get(actor.info.remote(), timeout=30)
+        return False
+    except ray.exceptions.RayActorError:
+        return True
 
 
 def test_pool_refuses_more_cpus_than_the_cluster_has(cluster, tiny):
