@@ -166,7 +166,7 @@ def run(args) -> int:
                     preprocess=prep, postprocess=post)
         stream = pool.imap(items, batch=args.chunk, progress=progress, total=len(files))
         results = (r for _, r in stream)
-        where = f"on {workers} Ray workers x {threads} threads"
+        where = f"on {workers} Ray workers x {threads} thread{'s' if threads > 1 else ''}"
     try:
         n_ok, failed = _write_csv(Path(args.output), files, root, results, post.k, labels)
     finally:

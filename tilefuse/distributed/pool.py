@@ -29,6 +29,7 @@ Ray is imported here only, on first use; `import tilefuse` never imports it.
 from __future__ import annotations
 
 import collections
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -72,7 +73,13 @@ def connect(address: str | None = None, **init_options) -> bool:
     if address in (None, "local"):
         opts.setdefault("include_dashboard", False)
     opts.setdefault("logging_level", "WARNING")
-    ray.init(address=address, **opts)
+    try:
+        ray.init(address=address, **opts)
+    except ConnectionError as e:
+        hint = ("" if os.environ.get("RAY_AUTH_MODE") else
+                "; a cluster started with `ray start` (Ray >= 2.59) takes drivers with RAY_AUTH_MODE=token "
+                "and its token (~/.ray/auth_token or RAY_AUTH_TOKEN) in their environment")
+        raise DistributedError(f"cannot connect to the Ray cluster at {address}: {e}{hint}") from None
     return True
 
 
@@ -140,7 +147,8 @@ class _Worker:
         import ray
         self.runner = BatchRunner(package_blob, threads=threads, depth=depth, samples=samples,
                                   preprocess=preprocess, postprocess=postprocess)
-        self._info = {"pid": os.getpid(), "node": ray.util.get_node_ip_address(),
+        node = f"{ray.util.get_node_ip_address()}/{ray.get_runtime_context().get_node_id()[:6]}"
+        self._info = {"pid": os.getpid(), "node": node,                 # IP/node id (nodes may share an IP)
                       "digest": self.runner.digest, "load_seconds": self.runner.load_seconds}
 
     def info(self) -> dict:
