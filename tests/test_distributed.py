@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 import pytest
+import ray                       # the test extra pins it (ray[client,data]); missing -> these fail
+from PIL import Image
 
-ray = pytest.importorskip("ray")  # the test extra installs it; this only guards odd setups
-
-import tilefuse  # noqa: E402
-from tilefuse.distributed import (InputErrors, InputFailure, Pool, Predictor, WorkerLost,  # noqa: E402
-                                  put_package, run_many)
+import tilefuse
+from tilefuse.distributed import (InputErrors, InputFailure, Pool, Predictor, WorkerLost, put_package,
+                                  run_many)
 
 N = 2000
 SIZE = 16
@@ -251,7 +251,6 @@ def test_importing_tilefuse_and_the_batch_cli_does_not_import_ray():
 
 # ----------------------------------------------------------------------------- tilefuse batch
 
-Image = pytest.importorskip("PIL.Image")
 MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
 
 
