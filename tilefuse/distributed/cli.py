@@ -180,10 +180,15 @@ def run(args) -> int:
     if pool is not None:
         print(pool.stats.summary())
     for name, err in failed[:20]:
-        print(f"  {name}: {err}", file=sys.stderr)
+        print(f"  {_shown(name)}: {_shown(err)}", file=sys.stderr)
     if len(failed) > 20:
         print(f"  ... and {len(failed) - 20} more (see the error column)", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _shown(text) -> str:
+    """A file's name or a decoder's message for the terminal: control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 def _in_process(runner, items, chunk: int, total: int, progress: bool):
