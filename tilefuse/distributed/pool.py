@@ -38,8 +38,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from ..runtime.stages import Progress
-from .runner import (BatchRunner, DistributedError, InputErrors, InputFailure, describe_error,
-                     package_blob, package_digest)
+from .runner import BatchRunner, DistributedError, InputErrors, InputFailure, package_blob, package_digest
 
 RAY_HINT = "install it with: pip install 'tilefuse[distributed]'"
 
