@@ -7,7 +7,7 @@ from numba import njit
 
 from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv._nb import stack_f32
-from tilefuse.kernels.conv.epilogue import store16
+from tilefuse.kernels.conv.epilogue import RB_OFFSETS, store_block
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -194,9 +194,8 @@ def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, bet
                     y[0 + j, l] = bl + e0 + e1 + e2
                     y[2 + j, l] = bl + e1 - e2 - e3
             for i in range(mh):
-                for j in range(mw):
-                    d = (((n * Obo + ob0 + ob) * Ho + y0 + i) * Wo + x0 + j) * 16
-                    store16(of, d, y, i * 2 + j, 0, rf, d, has_res, code, alpha, beta)
+                store_block(of, rf, has_res, y, i * 2, RB_OFFSETS, (((n * Obo + ob0 + ob) * Ho + y0 + i) * Wo + x0) * 16,
+                            mw, 1, 0, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -419,6 +418,5 @@ def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, bet
                     y[8 + j, l] = bl + e1 + e2 + np.float32(4.0) * e3 + np.float32(4.0) * e4
                     y[12 + j, l] = bl + e1 - e2 + np.float32(8.0) * e3 - np.float32(8.0) * e4 + e5
             for i in range(mh):
-                for j in range(mw):
-                    d = (((n * Obo + ob0 + ob) * Ho + y0 + i) * Wo + x0 + j) * 16
-                    store16(of, d, y, i * 4 + j, 0, rf, d, has_res, code, alpha, beta)
+                store_block(of, rf, has_res, y, i * 4, RB_OFFSETS, (((n * Obo + ob0 + ob) * Ho + y0 + i) * Wo + x0) * 16,
+                            mw, 1, 0, code, alpha, beta)

@@ -20,7 +20,7 @@ from numba import njit
 
 from tilefuse.kernels.conv._nb import LANES, stack_f32
 from tilefuse.kernels.activations import apply_scalar
-from tilefuse.kernels.conv.epilogue import EMPTY4, bias_or_zeros, resolve_act, store16
+from tilefuse.kernels.conv.epilogue import EMPTY4, bias_or_zeros, RB_OFFSETS, resolve_act, store_block
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_direct
 from tilefuse.kernels.conv.threads import parallel_for, scratch
@@ -51,11 +51,11 @@ def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
 
     Flat views: xb (N, Cb, Hp*Wp, 16) whose row 0 is padded input row x_row0 (a whole padded
     image: x_row0 = 0; a padded band: x_row0 = the band's first row), out (N', Ob, R*Wo, 16),
-    res (N', Ob, Ho*Wo, 16) or EMPTY4 (indexed by n_out and the output position).
+    res out's shape (then q_off = 0) or EMPTY4.
     The register block is 8 consecutive output positions of the band in row-major order, so it
     may wrap to the next row (narrow 7x7 / 14x14 maps keep all 8 accumulators busy); the last
     partial block repeats its final position and stores only the valid ones.
-    Epilogue (epilogue.store16): + bias[ob*16+l] as the accumulators leave registers, then
+    Epilogue (epilogue.store_block): + bias[ob*16+l] as the accumulators leave registers, then
     (+ res) and the activation (code, alpha, beta).
     """
     Cb = xb.shape[1]
@@ -72,8 +72,8 @@ def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
     bv = nb.carray(stack_f32(16), 16)
     offs = np.empty(8, np.int64)
     p_begin, p_end = oh0 * Wo, oh1 * Wo
-    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16) / (N', Ob, HWr, 16)
-    P, HWr = out.shape[2], res.shape[2]
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16); res the same or empty
+    P = out.shape[2]
     for ob in range(Ob):
         for l in range(16):
             bv[l] = bias[ob * 16 + l]
@@ -128,10 +128,8 @@ def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
                 acc[6, l] = a6[l] + bv[l]
                 acc[7, l] = a7[l] + bv[l]
             nv = min(8, p_end - pb)
-            for r in range(nv):
-                p = pb + r
-                store16(of, ((n_out * Ob + ob) * P + p - q_off) * 16, acc, r, 0, rf, ((n_out * Ob + ob) * HWr + p) * 16,
-                        has_res, code, alpha, beta)
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, 1, 0,
+                        code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -163,8 +161,8 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
     offs = np.empty(7, np.uint64)
     p_begin, p_end = oh0 * Wo, oh1 * Wo
     nbase = n * Cb * HWp * 16
-    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16) / (N', Ob, HWr, 16)
-    P, HWr = out.shape[2], res.shape[2]
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16); res the same or empty
+    P = out.shape[2]
     for ob in range(0, Ob, 2):
         ob1 = min(ob + 1, Ob - 1)
         nk = 2 if ob + 1 < Ob else 1
@@ -222,8 +220,8 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
                                 b5[l] += x5 * v
                                 b6[l] += x6 * v
             for l in range(16):
-                u = bias[ob * 16 + l]
-                v = bias[ob1 * 16 + l]
+                u = bias[np.uint64(ob * 16 + l)]
+                v = bias[np.uint64(ob1 * 16 + l)]
                 acc[0, l] = a0[l] + u
                 acc[1, l] = a1[l] + u
                 acc[2, l] = a2[l] + u
@@ -239,11 +237,8 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
                 acc[5, 16 + l] = b5[l] + v
                 acc[6, 16 + l] = b6[l] + v
             nv = min(7, p_end - pb)
-            for kk in range(nk):
-                for r in range(nv):
-                    p = pb + r
-                    store16(of, ((n_out * Ob + ob + kk) * P + p - q_off) * 16, acc, r, kk * 16, rf,
-                            ((n_out * Ob + ob + kk) * HWr + p) * 16, has_res, code, alpha, beta)
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, nk, P * 16,
+                        code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)

@@ -7,9 +7,10 @@ act relu, kept for the callers that only know ReLU).
 
 Three forms, so that the order (bias, then residual, then the activation) and the activation code
 live here only:
-  - `store16(dst, d, acc, r, c0, res, rd, has_res, code, alpha, beta)`: the register-blocked
-    store of 16 output channels (one AVX-512 vector) of the direct, k1x1, stem and Winograd
-    NCHWc kernels; `acc` already holds conv + bias (added as the accumulators leave registers).
+  - `store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta)`: the store of
+    a register block (nv output positions x nk blocks of 16 output channels, one AVX-512 vector
+    each) of the direct, k1x1, stem and Winograd NCHWc kernels; `acc` already holds conv + bias
+    (added as the accumulators leave registers).
   - `epilogue_rows(o, bias, res, has_res, code, alpha, beta)`: rows of a GEMM output block in
     place (gemm1x1 and im2col, NCHW).
   - `activations.apply_scalar(code, v, alpha, beta)`: one value, for the scattering stores
@@ -68,22 +69,52 @@ def resolve_act(relu: bool = False, act=None, where: str = "conv") -> tuple:
 
 
 @njit(inline="always")
-def store16(dst, d, acc, r, c0, res, rd, has_res, code, alpha, beta):
-    """dst[d + l] = act(acc[r, c0 + l] (+ res[rd + l])) for the 16 lanes l; dst and res 1-D.
+def store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta):
+    """The register block's epilogue and store: for r < nv, k < nk, the 16 lanes l,
+        dst[o0 + offs[r] + k*dk + l] = act(acc[a0 + r, 16k + l] (+ res[same offset]))
+    dst and res 1-D with the same layout; acc (rows, >= 16 nk) holds conv + bias; offsets >= 0.
 
-    acc holds conv + bias; the residual is added into acc first (same order as the reference)."""
-    if has_res:
-        for l in range(16):
-            acc[r, c0 + l] += res[rd + l]
-    if code == 1:
-        for l in range(16):
-            dst[d + l] = max(acc[r, c0 + l], np.float32(0.0))
-    elif code == 0:
-        for l in range(16):
-            dst[d + l] = acc[r, c0 + l]
-    else:
-        for l in range(16):
-            dst[d + l] = apply_scalar(code, acc[r, c0 + l], alpha, beta)
+    The residual is added before the activation (the reference's order). Unsigned indices keep
+    numba's negative-index wraparound code out of the stores; identity and ReLU compute in
+    registers without writing acc back; the other activations go through `act_lanes`. One call
+    per register block (not per 16 lanes), so the array bookkeeping of an inlined call is paid
+    once per block."""
+    for r in range(nv):
+        for k in range(nk):
+            du = np.uint64(o0 + offs[r] + k * dk)
+            ar, cu = np.uint64(a0 + r), np.uint64(16 * k)
+            if has_res:
+                if code == 1:
+                    for l in range(16):
+                        lu = np.uint64(l)
+                        dst[du + lu] = max(acc[ar, cu + lu] + res[du + lu], np.float32(0.0))
+                elif code == 0:
+                    for l in range(16):
+                        lu = np.uint64(l)
+                        dst[du + lu] = acc[ar, cu + lu] + res[du + lu]
+                else:
+                    for l in range(16):
+                        lu = np.uint64(l)
+                        acc[ar, cu + lu] += res[du + lu]
+                    act_lanes(dst, du, acc, a0 + r, 16 * k, code, alpha, beta)
+            elif code == 1:
+                for l in range(16):
+                    lu = np.uint64(l)
+                    dst[du + lu] = max(acc[ar, cu + lu], np.float32(0.0))
+            elif code == 0:
+                for l in range(16):
+                    lu = np.uint64(l)
+                    dst[du + lu] = acc[ar, cu + lu]
+            else:
+                act_lanes(dst, du, acc, a0 + r, 16 * k, code, alpha, beta)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def act_lanes(dst, d, acc, r, c0, code, alpha, beta):
+    """dst[d + l] = act(acc[r, c0 + l]), l < 16: the activations other than identity and ReLU,
+    called (not inlined) so that their code (exp, erf, tanh) stays out of the kernels' loops."""
+    for l in range(16):
+        dst[d + np.uint64(l)] = apply_scalar(code, acc[r, c0 + l], alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -117,3 +148,6 @@ def bias_or_zeros(b, n: int) -> np.ndarray:
     if b.shape != (n,):
         raise ValueError(f"conv bias has shape {b.shape}, expected ({n},)")
     return np.ascontiguousarray(b)
+
+
+RB_OFFSETS = np.arange(16, dtype=np.int64) * 16  # offs for a register block of consecutive positions

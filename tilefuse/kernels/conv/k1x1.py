@@ -3,7 +3,7 @@
     input   x  (N, Cb, H, W, 16)       read in place (flat), stride by strided position offsets
     weights wp (OP, Cip, 32)           wp[p, ci, 16*k + l] = w[(2p+k)*16 + l, ci], k in {0, 1};
                                        Cop padded to an even number of 16-channel blocks
-    output     (N, Ob, Ho, Wo, 16)     written in place, bias / residual / activation fused (epilogue.store16)
+    output     (N, Ob, Ho, Wo, 16)     written in place, bias / residual / activation fused (epilogue.store_block)
 
 Micro-kernel: RB = 7 output positions x 2 output-channel blocks = 14 zmm accumulators held for
 the whole Ci reduction; per input channel one 128-byte weight row (2 vector loads) feeds
@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.conv._nb import prefetch, prefetchw, stack_f32
-from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act, store16
+from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act, store_block
 from tilefuse.kernels.conv.planner import RB1X1 as RB
 from tilefuse.kernels.conv.planner import plan_k1x1 as plan
 from tilefuse.kernels.conv.threads import parallel_for
@@ -154,8 +154,8 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
                     b5[l] += x5 * v
                     b6[l] += x6 * v
         for l in range(16):
-            u = bias[ob0 * 16 + l]
-            v = bias[ob0 * 16 + 16 + l]
+            u = bias[np.uint64(ob0 * 16 + l)]
+            v = bias[np.uint64(ob0 * 16 + 16 + l)]
             acc[0, l] = a0[l] + u
             acc[1, l] = a1[l] + u
             acc[2, l] = a2[l] + u
@@ -172,10 +172,7 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
             acc[6, 16 + l] = b6[l] + v
         nv = min(7, q1 - qb)
         nk = 2 if two else 1
-        for r in range(nv):
-            for kk in range(nk):
-                d = oo[r] + (ob0 + kk) * os_
-                store16(of, d, acc, r, kk * 16, rf, d, has_res, code, alpha, beta)
+        store_block(of, rf, has_res, acc, 0, oo, ob0 * os_, nv, nk, os_, code, alpha, beta)
 
 
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=False, act=None, threads=None) -> None:

@@ -7,7 +7,7 @@ zero-bordered scratch band (Cin, rows, Wp) (this is the border/interior split: t
 materialized once per band, so the inner loop has no bounds checks), then for each pair of
 output-channel blocks runs a register-blocked kernel: 8 output positions x 2 blocks of 16
 output channels = 16 zmm accumulators, live across the whole Cin*KH*KW reduction (2 weight
-vectors + 8 broadcasts feed 16 FMAs per tap). Epilogue (epilogue.store16): + bias (+ residual), activation,
+vectors + 8 broadcasts feed 16 FMAs per tap). Epilogue (epilogue.store_block): + bias (+ residual), activation,
 stored straight into the blocked output; padded output channels come out 0 (zero weights/bias).
 
 Weights are packed once per prepared array (cached by identity): (Ob, Cin, KH, KW, 16co).
@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.conv._nb import LANES, stack_f32
-from tilefuse.kernels.conv.epilogue import EMPTY4, resolve_act, store16
+from tilefuse.kernels.conv.epilogue import EMPTY4, RB_OFFSETS, resolve_act, store_block
 from tilefuse.kernels.conv.threads import parallel_for, scratch
 
 MAX_CIN = 4
@@ -182,8 +182,8 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
                             b6[l] += x6 * v
                             b7[l] += x7 * v
             for l in range(16):
-                u = bias[ob * 16 + l]
-                v = bias[ob1 * 16 + l]
+                u = bias[np.uint64(ob * 16 + l)]
+                v = bias[np.uint64(ob1 * 16 + l)]
                 acc[0, l] = a0[l] + u
                 acc[1, l] = a1[l] + u
                 acc[2, l] = a2[l] + u
@@ -201,10 +201,8 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
                 acc[6, 16 + l] = b6[l] + v
                 acc[7, 16 + l] = b7[l] + v
             nv = min(8, p_end - pb)
-            for kk in range(nk):
-                for r in range(nv):
-                    d = ((n * Ob + ob + kk) * HW + pb + r) * 16
-                    store16(of, d, acc, r, kk * 16, rf, d, has_res, code, alpha, beta)
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n * Ob + ob) * HW + pb) * 16, nv, nk, HW * 16,
+                        code, alpha, beta)
 
 
 def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
