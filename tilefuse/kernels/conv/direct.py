@@ -23,7 +23,7 @@ from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv.epilogue import EMPTY4, bias_or_zeros, RB_OFFSETS, resolve_act, store_block
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_direct
-from tilefuse.kernels.conv.threads import parallel_for, scratch
+from tilefuse.kernels.threads import parallel_for, scratch
 
 
 

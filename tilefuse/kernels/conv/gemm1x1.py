@@ -16,7 +16,7 @@ from numba import njit
 from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv.epilogue import EMPTY2, EMPTY4, bias_or_zeros, epilogue_rows, resolve_act
 from tilefuse.kernels.conv.planner import plan_gemm1x1, plan_gemm1x1_nchwc
-from tilefuse.kernels.conv.threads import blas_threads, parallel_for, scratch
+from tilefuse.kernels.threads import blas_threads, parallel_for, scratch
 
 
 

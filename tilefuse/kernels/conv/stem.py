@@ -24,7 +24,7 @@ from numba import njit
 
 from tilefuse.kernels.conv._nb import LANES, stack_f32
 from tilefuse.kernels.conv.epilogue import EMPTY4, RB_OFFSETS, resolve_act, store_block
-from tilefuse.kernels.conv.threads import parallel_for, scratch
+from tilefuse.kernels.threads import parallel_for, scratch
 
 MAX_CIN = 4
 RB = 8
