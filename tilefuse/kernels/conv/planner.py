@@ -318,18 +318,38 @@ def _plan_stem(cin, kh, kw, sh, dh, ho, wo, wp, n, ob, threads):
             ("threads", threads))
 
 
-def plan_winograd(alpha: int, cip: int, cop: int, total_tiles: int | None = None) -> dict:
-    l2 = cache_sizes().l2
-    p = _floor_mult(l2 / (4 * alpha * alpha * (cip + cop)), 8)
-    p = max(64, min(512, p))
-    if total_tiles is not None and 4 * alpha * alpha * cip * cop > l2:
-        # U does not fit L2 and is re-read by every task: fewer, larger tasks, but an even number
-        # of equal ones (<= 256 tiles each) so that 2 cores finish together: 1568 tiles (28x28,
-        # batch 32) as 4 x 512 ran 3 + 1 tasks per core (74% scaling), as 8 x 200 it scales 91%
-        k = max(2, -(-total_tiles // 256))
-        k += k % 2
-        p = max(p, _ceil_mult(-(-total_tiles // k), 8))
-    return {"tiles": p}
+def plan_winograd(alpha: int, cip: int, cop: int, total_tiles: int | None = None, threads: int = 1) -> dict:
+    """Winograd F(m x m, 3 x 3) on NCHWc (winograd.py): a task is P tiles x a group of output-
+    channel pairs: it transforms its tiles' input (all Cip channels) into V (alpha^2, P, Cip),
+    runs the alpha^2 GEMMs into M (alpha^2, P, cob) and the output transform. The cost model
+    (above) picks P (a multiple of 7, the GEMM's register block, up to 512) and the pair group for T
+    threads: per task the FLOPs of its GEMMs (7-row blocks), the packed U of its pairs
+    (alpha^2*Cip*32 floats per pair, from L3: larger P amortizes it), V and M written and read
+    (a channel split transforms the same tiles again). total_tiles None: one image's worth is
+    assumed large (the plan for a layer of unknown size)."""
+    tiles = 512 if total_tiles is None else int(total_tiles)
+    return dict(_plan_winograd(alpha, cip, cop, tiles, max(1, int(threads))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_winograd(alpha, cip, cop, total, threads):
+    a2 = alpha * alpha
+    op = -(-cop // 32)
+    c7 = lambda v: -(-v // 7) * 7  # noqa: E731
+    ps = {min(512, c7(-(-total // k))) for k in range(1, 4 * threads + 1)} | {min(c7(total), q) for q in (64, 128, 256)}
+    cands = []
+    for pt in sorted(ps):
+        nt = -(-total // pt)
+        for npr in _splits(op, 2 * threads):
+            cob = min(32 * npr, cop)
+            flops = 2.0 * a2 * c7(pt) * cip * 32 * npr
+            nbytes = 4.0 * a2 * (cip * 32 * npr + 2 * pt * cip + 2 * pt * cob)
+            cands.append(((pt, npr), nt * -(-op // npr), _task_seconds(flops, nbytes)))
+    pt, npr = _pick(cands, threads)
+    nt, ng = -(-total // pt), -(-op // npr)
+    part = ("tiles x Co split" if nt > 1 and ng > 1 else "Co split" if ng > 1 else "tiles split" if nt > 1
+            else "one task")
+    return (("tiles", pt), ("pairs", npr), ("tasks", nt * ng), ("partitioning", part), ("threads", threads))
 
 
 def plan_im2col(k: int, wo: int, ho: int) -> dict:
