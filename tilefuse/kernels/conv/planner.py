@@ -358,38 +358,55 @@ def plan_im2col(k: int, wo: int, ho: int) -> dict:
     return {"rows": max(1, min(ho, r))}
 
 
-def describe(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1),
-             padding=(0, 0, 0, 0), dilation=(1, 1), layout: str = "nchwc") -> dict:
-    """How a conv layer is cut into tasks, for `compiled.plan()`: partitioning and tile sizes.
+def layer_plan(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1), padding=(0, 0, 0, 0),
+               dilation=(1, 1), layout: str = "nchwc", threads: int = 1, out_layout: str | None = None) -> dict:
+    """The plan a conv layer runs with on `threads` threads: {"partitioning", "tasks", "tiles" (the
+    tile sizes, for `compiled.plan()`), "threads", "plan" (what the kernel takes as plan=, or None
+    for the BLAS kernels, whose grids depend on the shape only)}. The conv front door
+    (`conv.bind`) and `compiled.plan()` both read it, so the plan shown is the plan run.
 
     Shapes are NCHW (N, C, H, W) and (Co, Cg, KH, KW)."""
     n, ci, h, w = x_shape
     co, cg, kh, kw = w_shape
     _, _, ho, wo = out_shape
     cip, cop = -(-ci // 16) * 16, -(-co // 16) * 16
+    t = max(1, int(threads))
+    out = {"threads": t, "plan": None}
+    if algorithm == "gemm1x1" and layout == "nchwc":
+        op = -(-co // 32)
+        p = plan_k1x1(cip, op, n * ho * wo, t)
+        # K = reduction depth, Nb = output positions per task, m = output channels per task
+        tiles = {"K": cip, "Nb": p["Q"], "m": p["P"] * 32}
+        return dict(out, partitioning=p["partitioning"], tasks=p["tasks"], tiles=tiles, plan=p)
     if algorithm == "gemm1x1":
-        if layout == "nchwc":
-            op = -(-co // 32)
-            p = plan_k1x1(cip, op, n * ho * wo)
-            tasks = math.ceil(n * ho * wo / p["Q"]) * math.ceil(op / p["P"])
-            # K = reduction depth, Nb = output positions (GEMM columns) and m = output channels per task
-            tiles = {"K": cip, "Nb": p["Q"], "m": p["P"] * 32, "RB": f"{p['RB']}x32", "q_outer": p["q_outer"]}
-            return {"partitioning": "Co split" if p["P"] < op else "cols split", "tiles": tiles, "tasks": tasks}
-        else:
-            p, cout = plan_gemm1x1(ci, co, ho * wo), co
-            tasks = n * math.ceil(ho * wo / p["Nb"]) * math.ceil(cout / p["m"])
+        p = plan_gemm1x1(ci, co, ho * wo)
+        tasks = n * math.ceil(ho * wo / p["Nb"]) * math.ceil(co / p["m"])
         # seed 000's feature-map level: cores split Co; with many positions they split columns
-        return {"partitioning": "Co split" if p["m"] < cout else "cols split", "tiles": p, "tasks": tasks}
+        return dict(out, partitioning="Co split" if p["m"] < co else "cols split", tasks=tasks, tiles=p)
     if algorithm == "direct":
-        p = plan_direct(cip // 16, kh, dilation[0], stride[0], ho, w + padding[2] + padding[3])
-        return {"partitioning": "rows split", "tiles": p, "tasks": n * math.ceil(ho / p["rows"])}
+        p = plan_direct(cip // 16, kh, dilation[0], stride[0], ho, w + padding[2] + padding[3], wo=wo, n=n,
+                        ob=cop // 16, kw=kw, padded=tuple(padding) != (0, 0, 0, 0), threads=t)
+        return dict(out, partitioning=p["partitioning"], tasks=p["tasks"],
+                    tiles={"rows": p["rows"], "Co": 16 * p["blocks"]}, plan=p)
     if algorithm.startswith("winograd"):
         m = int(algorithm[-1])
-        tiles = n * math.ceil(ho / m) * math.ceil(wo / m)
-        p = plan_winograd(m + 2, cip, cop, tiles)
-        return {"partitioning": "tiles split", "tiles": p, "tasks": math.ceil(tiles / p["tiles"])}
+        p = plan_winograd(m + 2, cip, cop, n * math.ceil(ho / m) * math.ceil(wo / m), t)
+        return dict(out, partitioning=p["partitioning"], tasks=p["tasks"],
+                    tiles={"tiles": p["tiles"], "Co": 32 * p["pairs"]}, plan=p)
+    if algorithm == "im2col" and out_layout == "nchwc" and groups == 1 and ci <= 4:
+        p = plan_stem(ci, kh, kw, stride[0], dilation[0], ho, wo, w + padding[2] + padding[3], n, cop // 16, t)
+        return dict(out, partitioning=p["partitioning"] + " (stem kernel)", tasks=p["tasks"],
+                    tiles={"rows": p["rows"]}, plan=p)
     if algorithm == "im2col":
         p = plan_im2col(cg * kh * kw, wo, ho)
-        return {"partitioning": "rows split", "tiles": p,
-                "tasks": n * groups * math.ceil(ho / p["rows"])}
-    return {"partitioning": "-", "tiles": {}, "tasks": 1}
+        return dict(out, partitioning="rows split", tasks=n * groups * math.ceil(ho / p["rows"]), tiles=p)
+    return dict(out, partitioning="-", tasks=1, tiles={})
+
+
+def describe(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1),
+             padding=(0, 0, 0, 0), dilation=(1, 1), layout: str = "nchwc", threads: int = 1,
+             out_layout: str | None = None) -> dict:
+    """`layer_plan` without the kernel's plan: {"partitioning", "tiles", "tasks", "threads"}."""
+    d = layer_plan(algorithm, x_shape, w_shape, out_shape, groups, stride, padding, dilation, layout, threads, out_layout)
+    d.pop("plan")
+    return d
