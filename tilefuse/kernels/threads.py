@@ -146,7 +146,13 @@ def parallel_range(ntasks: int, fn, threads=None) -> None:
 # microseconds whatever the thread count. Every such kernel has the same loop compiled without
 # parallel=True too (`seq`), used for one thread and inside our own pool's workers.
 #
-#     numba_region(par, seq, threads, ntasks, *args)   ->  par(*args) on nt threads, or seq(*args)
+#     numba_region(par, seq, threads, ntasks, *args)   ->  par(nt, *args) on nt threads, or seq(*args)
+#
+# `par` runs `for _ in prange(nt)` (one worker per thread) and each worker takes the next task from
+# a shared atomic counter (conv/_nb.atomic_add) until none is left: the tasks are handed out
+# dynamically, so a thread the OS does not schedule (a loaded machine) never holds up the others
+# with a fixed share of the work. Tasks write disjoint outputs; which thread runs one does not
+# change its bits.
 #
 # numba's "workqueue" layer (the fallback when neither OpenMP nor TBB is installed) aborts the
 # process when two threads launch at once, so launches are serialized there; OpenMP and TBB take
@@ -163,11 +169,20 @@ def numba_max_threads() -> int:
     return max(1, int(config.NUMBA_NUM_THREADS))
 
 
+# GNU OpenMP's idle threads spin before they sleep (GOMP_SPINCOUNT, 300000 by default: about a
+# millisecond). A short spin keeps back-to-back layers' wake-ups fast; the default spin on a
+# machine with more runnable threads than cores (a shared machine) made 2 threads 7x slower than
+# 1 here. Set before numba loads libgomp, unless the user chose a wait policy.
+GOMP_SPIN_DEFAULT = "30000"
+
+
 def numba_layer() -> str:
     """numba's threading layer ('omp', 'tbb' or 'workqueue'), starting its pool if needed."""
     if "layer" not in _NUMBA:
         import numba
         from numba.np.ufunc import parallel
+        if "OMP_WAIT_POLICY" not in os.environ:
+            os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPIN_DEFAULT)
         parallel._launch_threads()
         _NUMBA["set"] = getattr(parallel, "_set_num_threads", None) or numba.set_num_threads
         _NUMBA["layer"] = numba.threading_layer()
@@ -181,7 +196,7 @@ def region_threads(threads, ntasks: int) -> int:
 
 
 def numba_region(par, seq, threads, ntasks: int, *args) -> int:
-    """Run a task loop: `seq(*args)` on the calling thread, or `par(*args)` on nt of numba's
+    """Run a task loop: `seq(*args)` on the calling thread, or `par(nt, *args)` on nt of numba's
     threads. Returns the thread count used."""
     nt = region_threads(threads, ntasks)
     if nt <= 1:
@@ -193,9 +208,9 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
         _LOCAL.numba_nt = nt
     if layer == "workqueue":
         with _NUMBA_LOCK:
-            par(*args)
+            par(nt, *args)
     else:
-        par(*args)
+        par(nt, *args)
     return nt
 
 

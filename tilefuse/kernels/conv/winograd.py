@@ -28,8 +28,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES
-from tilefuse.kernels.conv._nb import stack_f32
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
 from tilefuse.kernels.conv.epilogue import EMPTY4, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_winograd
@@ -439,12 +438,17 @@ def _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _wino_par_c(tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
+def _wino_par_c(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
     """Every task (rows (p0, P, pa0, pa1)) on numba's pool; vbuf / mbuf (threads, size) scratch."""
-    for i in nb.prange(tasks.shape[0]):
-        t = nb.get_thread_id()
-        _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0], tasks[i, 1],
-                     tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            t = nb.get_thread_id()
+            _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0], tasks[i, 1],
+                         tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
 
 
 @njit(nogil=True, cache=True)
@@ -455,11 +459,16 @@ def _wino_seq_c(tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, m
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _wino_par_nchw(tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
-    for i in nb.prange(tasks.shape[0]):
-        t = nb.get_thread_id()
-        _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0],
-                        tasks[i, 1], tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+def _wino_par_nchw(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            t = nb.get_thread_id()
+            _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0],
+                            tasks[i, 1], tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
 
 
 @njit(nogil=True, cache=True)
