@@ -170,10 +170,40 @@ def numba_max_threads() -> int:
 
 
 # GNU OpenMP's idle threads spin before they sleep (GOMP_SPINCOUNT, 300000 by default: about a
-# millisecond). A short spin keeps back-to-back layers' wake-ups fast; the default spin on a
-# machine with more runnable threads than cores (a shared machine) made 2 threads 7x slower than
-# 1 here. Set before numba loads libgomp, unless the user chose a wait policy.
+# millisecond). On a machine with idle cores a short spin (GOMP_SPIN_DEFAULT) keeps the wake-up of
+# back-to-back layers at a few microseconds; on a machine with more runnable threads than cores
+# any spinning starves the thread being waited for (measured on the loaded 2-core development
+# machine: an empty 2-thread region took 700 us spinning, 70 us passive, 26 us on the Python
+# pool). So the wait policy is chosen when numba starts its pool, before it loads libgomp:
+# TILEFUSE_WAIT=spin|passive if set; else OMP_WAIT_POLICY / GOMP_SPINCOUNT if the user set
+# them; else passive when the 1-minute load average exceeds 3/4 of the usable cores, spin
+# (short) otherwise. `wait_policy()` says which.
 GOMP_SPIN_DEFAULT = "30000"
+
+
+def _choose_wait_policy() -> str:
+    want = os.environ.get("TILEFUSE_WAIT", "").strip().lower()
+    if want not in ("spin", "passive"):
+        if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+            return "user (" + ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+                                       if k in os.environ) + ")"
+        try:
+            busy = os.getloadavg()[0] > 0.75 * cpu_count()
+        except OSError:
+            busy = False
+        want = "passive" if busy else "spin"
+    if want == "passive":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    else:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+        os.environ["GOMP_SPINCOUNT"] = os.environ.get("GOMP_SPINCOUNT", GOMP_SPIN_DEFAULT)
+    return want
+
+
+def wait_policy() -> str:
+    """How numba's OpenMP threads wait between regions: 'spin', 'passive' or the user's setting."""
+    numba_layer()
+    return _NUMBA["wait"]
 
 
 def numba_layer() -> str:
@@ -181,8 +211,7 @@ def numba_layer() -> str:
     if "layer" not in _NUMBA:
         import numba
         from numba.np.ufunc import parallel
-        if "OMP_WAIT_POLICY" not in os.environ:
-            os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPIN_DEFAULT)
+        _NUMBA["wait"] = _choose_wait_policy()
         parallel._launch_threads()
         _NUMBA["set"] = getattr(parallel, "_set_num_threads", None) or numba.set_num_threads
         _NUMBA["layer"] = numba.threading_layer()
