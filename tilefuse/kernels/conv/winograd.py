@@ -10,13 +10,17 @@ points 0, 1, -1, inf) and F(4,3) from its section 4.2 (points 0, 1, -1, 2, -2, i
 matrices as Lavin's Cook-Toom generator `wincnn`). `check_transform(m)` verifies the 1-D
 identity A^T [(G g) (.) (B^T d)] = correlate(d, g) exactly in float64; the tests call it.
 
-Pipeline per task (a chunk of P tiles, P from the planner so V and M stay in L2):
-  1. input transform (numba, 16 channels per vector): xb NCHWc -> V (alpha^2, P, Ci)
-  2. element-wise stage as alpha^2 GEMMs, one batched np.matmul:
-     M (alpha^2, P, Co) = V (alpha^2, P, Ci) @ U (alpha^2, Ci, Co)
+Pipeline per task (P tiles x a group of output-channel pairs, from planner.plan_winograd for the
+thread count; the layer's tasks run in one numba parallel loop):
+  1. input transform (numba, 16 channels per vector) of the task's tiles, read from the unpadded
+     NCHWc input (border tiles gather a zero-padded patch): V (alpha^2, P, Ci)
+  2. element-wise stage as alpha^2 GEMMs in numba (`_wino_gemm`, the k1x1 micro-kernel):
+     M (alpha^2, P, cob) = V (alpha^2, P, Ci) @ U (alpha^2, Ci, cob), summed over Ci in order
   3. output transform (numba, 16 output channels per vector) + bias, residual, activation, stored
-     straight into the NCHW output.
-U = G g G^T is computed once by `prepare` (compile time; it goes into the data package).
+     straight into the NCHWc (or NCHW) output.
+U = G g G^T is computed and packed once by `prepare` (compile time; it goes into the data package).
+Every output element's arithmetic is the same whatever the task grid or thread count (no BLAS,
+whose result may depend on the GEMM's size), so the results are bitwise identical across them.
 F(4,3) does 36 multiplies per 16 outputs (4x fewer than direct) but its transforms have larger
 coefficients, so its fp32 error is larger (docs/kernels.md has the measured table).
 """
