@@ -85,18 +85,12 @@ class Profile:
 
 
 def _timed_pass(sess, in_addrs, out_addrs, acc: list[float]) -> None:
-    """One compute with a timer around every instruction (the Session's loop, instrumented)."""
-    from .runtime.session import resolve
-    sess.compute(in_addrs, out_addrs)  # writes the IO addresses; the timed loop below repeats the work
-    dev = sess.device
-    bound = getattr(sess, "_bound", None)
-    if not bound or len(bound[0]) != 4:
-        raise RuntimeError("tilefuse profile: the Session's bound program has an unexpected form")
-    for i, (fn, views, params, _ins) in enumerate(bound):
-        args = [v if isinstance(v, np.ndarray) else dev.view(resolve(dev, v), v.dtype, v.shape) for v in views]
-        t = time.perf_counter()
-        fn(args[-1], *args[:-1], **params)
-        acc[i] = time.perf_counter() - t
+    """One compute with the Session timing every kernel call (Session.compute(timings=))."""
+    t: list[float] = []
+    sess.compute(in_addrs, out_addrs, timings=t)
+    if len(t) != len(acc):
+        raise RuntimeError(f"tilefuse profile: {len(t)} instruction times for a program of {len(acc)}")
+    acc[:] = t
 
 
 def profile(compiled, threads: int | None = None, repeat: int = 10, peak_core: float | None = None,

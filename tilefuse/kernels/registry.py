@@ -117,9 +117,8 @@ BLOCKED_FORM = frozenset({"max_pool", "avg_pool", "add", "relu", "scale", "globa
 BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
 
 # kernels that take the session's thread count as params["threads"]
-THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
-                      "from_nchwc", "linear"})
-
+THREADED = {"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
+            "from_nchwc", "linear"}
 
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
 # Session._bind calls `bind(kernel, views, params)` once per instruction: it returns the callable
