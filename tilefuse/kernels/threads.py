@@ -176,9 +176,24 @@ def numba_max_threads() -> int:
 # machine: an empty 2-thread region took 700 us spinning, 70 us passive, 26 us on the Python
 # pool). So the wait policy is chosen when numba starts its pool, before it loads libgomp:
 # TILEFUSE_WAIT=spin|passive if set; else OMP_WAIT_POLICY / GOMP_SPINCOUNT if the user set
-# them; else passive when the 1-minute load average exceeds 3/4 of the usable cores, spin
-# (short) otherwise. `wait_policy()` says which.
+# them; else passive when other runnable threads (/proc/stat procs_running, sampled now: not the
+# 1-minute load average, which a benchmark run just before would inflate) exceed 3/4 of the
+# usable cores, spin (short) otherwise. `wait_policy()` says which.
 GOMP_SPIN_DEFAULT = "30000"
+
+
+def _others_running(samples: int = 5) -> float:
+    """Runnable threads on the machine besides this one (median of a few /proc/stat samples)."""
+    import time
+    seen = []
+    for _ in range(samples):
+        try:
+            with open("/proc/stat") as f:
+                seen.append(next(int(ln.split()[1]) for ln in f if ln.startswith("procs_running")) - 1)
+        except (OSError, StopIteration, ValueError):
+            return 0.0
+        time.sleep(0.002)
+    return sorted(seen)[len(seen) // 2]
 
 
 def _choose_wait_policy() -> str:
@@ -187,11 +202,7 @@ def _choose_wait_policy() -> str:
         if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
             return "user (" + ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
                                        if k in os.environ) + ")"
-        try:
-            busy = os.getloadavg()[0] > 0.75 * cpu_count()
-        except OSError:
-            busy = False
-        want = "passive" if busy else "spin"
+        want = "passive" if _others_running() > 0.75 * cpu_count() else "spin"
     if want == "passive":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     else:
