@@ -1,20 +1,20 @@
 """`tilefuse profile MODEL [--threads N] [--batch B] [--plot out.png]`: where a network's time goes.
 
 For every instruction of the compiled program: the kernel, the conv algorithm, the partitioning
-and task count it runs with (the plan, for the thread count), its time (median of --repeat
-runs), GFLOP/s and the share of the measured peak (`kernels.isa.measure_peak()`, one core's
+and task count it runs with (the plan, for the thread count), its time (the best of --repeat
+runs: the least disturbed by other work on the machine), GFLOP/s and the share of the measured peak (`kernels.isa.measure_peak()`, one core's
 float32 FMA peak, times the thread count). Winograd rows count the direct convolution's FLOPs
 (the work they replace), so their "GFLOP/s" can exceed what the multiply stage runs at. The
-last row is the overhead between kernels: the median time of the whole compute (the Session's
-own loop) minus the sum of the per-instruction medians (the Python loop, operand address
-resolution, the thread hand-offs not inside a kernel's call). --plot writes the rows as a PNG
+last row is the overhead between kernels: the best time of the whole compute (the Session's own
+loop) minus the sum of the per-instruction best times (the Python loop, operand address
+resolution, the thread hand-offs not inside a kernel's call; on a busy machine noise makes it
+uncertain, it can even come out negative). --plot writes the rows as a PNG
 bar chart (tilefuse/barchart.py, no plotting library needed).
 
     profile(compiled_or_network, threads=None, repeat=10) -> Profile
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,7 +26,7 @@ import numpy as np
 class Profile:
     name: str
     rows: list[dict]
-    total_seconds: float          # median whole compute (Session.compute)
+    total_seconds: float          # best whole compute (Session.compute)
     threads: int
     peak_core: float              # measured single-core FLOP/s
     target: dict = field(default_factory=dict)
@@ -130,9 +130,9 @@ def profile(compiled, threads: int | None = None, repeat: int = 10, peak_core: f
     for r in plan.rows:
         rows.append({"index": r["index"], "kernel": r["kernel"], "algorithm": r["algorithm"], "layout": r["layout"],
                      "partitioning": r["partitioning"], "tasks": r.get("tasks"), "output_shape": r["output_shape"],
-                     "flops": r["flops"], "seconds": statistics.median(p[r["index"]] for p in per)})
+                     "flops": r["flops"], "seconds": min(p[r["index"]] for p in per)})
     pk = peak_core if peak_core is not None else measure_peak()
-    return Profile(name or compiled.package.name, rows, statistics.median(totals), t, pk, dict(plan.target or info()))
+    return Profile(name or compiled.package.name, rows, min(totals), t, pk, dict(plan.target or info()))
 
 
 def cmd_profile(args) -> int:
@@ -155,7 +155,7 @@ def register(subparsers) -> None:
     q.add_argument("--batch", type=int, default=1)
     q.add_argument("--image-size", type=int, default=None)
     q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--repeat", type=int, default=10, help="runs to take the medians over (default 10)")
+    q.add_argument("--repeat", type=int, default=10, help="runs to take the best of (default 10)")
     q.add_argument("--no-winograd", action="store_true")
     q.add_argument("--algorithm", default=None, help="force one conv algorithm")
     q.add_argument("--plot", default=None, metavar="PNG", help="write a bar chart of the rows")
