@@ -31,6 +31,9 @@ conv k x k (000:115-119, 3.2, window-level parallel): output rows (of all image 
   (9 groups); then the 9 groups are summed; the Ci blocks accumulate in Ob (FP32); Algorithm 3
   transposes the Wib x 48 block before it leaves (000:290).
 linear: as conv 1x1 over (N, K, 1, 1) (000:352). Other ops stream through AM (base.stream_layer).
+Fusion (000:352): the BN and the ReLU after a convolution are applied in registers before the
+  store; a residual Add the program fused into a convolution runs as its own streamed pass
+  (param fuse_residual = 0; 1 keeps tilefuse's fusion).
 Synchronisation: a block's outputs leave only when every core has computed it ("所有核都计算结束
   后", 000:113; "等到所有核的卷积计算完成", 000:119); Ob has one buffer (2.4), so a core's next
   block waits for its store.
@@ -53,7 +56,8 @@ class FTM7032(Strategy):
     LINKS = ("ddr", "gsm")
     PARAMS = ("images_per_word", "m_min", "m_max", "nb_unit", "ci_block", "co_block", "vpes", "fmacs",
               "vector_registers", "reserved_registers", "broadcasts_per_cycle", "vector_bytes_per_cycle",
-              "stores_per_cycle", "fmac_latency", "loop_overhead", "gsm_tensor_fraction")
+              "stores_per_cycle", "fmac_latency", "loop_overhead", "gsm_tensor_fraction", "fuse_residual",
+              "kxk_weight_buffers")
     STREAM_MEMORY = "AM"
     STREAM_LINK = "ddr"
 
@@ -167,11 +171,40 @@ class FTM7032(Strategy):
 
     def layer_conv2d(self, lay: Layer) -> LayerReport:
         p = lay.params
+        if p["has_residual"] and self.t.p("fuse_residual") < 0.5:
+            return self._conv_then_add(lay)
         w = lay.weight
         if w.shape[2:] == (1, 1) and p["padding"] == (0, 0, 0, 0):
             return self._conv1x1(lay, lay.x, w, lay.bias, lay.residual, lay.in_shapes[0], lay.out_shape,
                                  p["stride"], p["has_residual"], p["relu"])
         return self._convkxk(lay)
+
+    def _conv_then_add(self, lay: Layer) -> LayerReport:
+        """A convolution whose program fuses a residual Add: the seed fuses only the BN and the
+        ReLU into the convolution (000:352), so the conv stores its BN'd output and the Add (with
+        the ReLU that follows it) streams through AM as its own element-wise pass."""
+        params, res = lay.params, lay.residual
+        lay.params, lay.residual = dict(params, has_residual=False, relu=False), None
+        try:
+            conv = self.layer_conv2d(lay)
+        finally:
+            lay.params, lay.residual = params, res
+        self.begin()
+        add = Layer(lay.index, lay.name + ".add", "add", {"relu": params["relu"]}, [lay.out, res],
+                    [lay.out_shape, lay.out_shape], lay.out_shape, 0, lay.dtype, functional=self.functional)
+        tail = self.stream_layer(add)
+        lay.out = add.out
+        busy = dict(conv.busy)
+        for k, v in tail.busy.items():
+            busy[k] = busy.get(k, 0.0) + v
+        nbytes = dict(conv.bytes)
+        for k, v in tail.bytes.items():
+            nbytes[k] = nbytes.get(k, 0) + v
+        peaks = {k: max(conv.peaks.get(k, 0), tail.peaks.get(k, 0)) for k in set(conv.peaks) | set(tail.peaks)}
+        return LayerReport(lay.index, lay.name, lay.kernel, lay.out_shape, lay.flops, conv.seconds + tail.seconds,
+                           conv.cores, conv.peak, conv.clock, busy, nbytes,
+                           f"{conv.mapping}; then the residual Add{' + ReLU' if params['relu'] else ''} "
+                           f"{tail.mapping}", "", peaks, conv.instructions + tail.instructions)
 
     def _conv1x1(self, lay, x, w, bias, residual, xshape, oshape, stride, has_res, relu) -> LayerReport:
         n = self.cores
@@ -315,11 +348,13 @@ class FTM7032(Strategy):
         ob_bytes = lambda q: lanes * co_pad * q * 4  # noqa: E731  FP32 partial sums
         # Ci block: 64 (section 3.2.1, chosen for ResNet50's 3x3 layers and AM), halved until one
         # Wb and a one-word Ob fit AM (larger kernels, a smaller AM) and two one-word Ib fit SM
-        while cib > 1 and (wb_bytes(cib) + ob_bytes(1) > am or sm_need(cib, 1) > sm):
+        while cib > 1 and (max(1, int(self.t.p("kxk_weight_buffers"))) * wb_bytes(cib) + ob_bytes(1) > am
+                           or sm_need(cib, 1) > sm):
             cib = math.ceil(cib / 2)
+        wbufs = max(1, int(self.t.p("kxk_weight_buffers")))     # 1: section 2.4 (000:131)
         # Wib: the widest output segment whose two Ib fit SM and whose Ob fits AM beside the Wb
         wib = Wo
-        while wib > 1 and (sm_need(cib, wib) > sm or wb_bytes(cib) + ob_bytes(wib) > am):
+        while wib > 1 and (sm_need(cib, wib) > sm or wbufs * wb_bytes(cib) + ob_bytes(wib) > am):
             wib -= 1
         win = width(wib)
         ci_blocks = [(c0, min(Ci, c0 + cib)) for c0 in range(0, Ci, cib)]
@@ -337,8 +372,8 @@ class FTM7032(Strategy):
         ams = {c: self.pad("AM", c) for c in range(used)}
         ibuf = {c: [sms[c].alloc(f"Ib[{j}] {cib}x{span_h}x{win}x{lanes}", (lanes, cib, span_h, win), lay.dtype)
                     for j in range(2)] for c in range(used)}
-        wbuf = {c: ams[c].alloc(f"Wb {kh}x{kw}x{cib}x{cob}x{lanes} (one buffer)", (kh, kw, cib, cob, lanes),
-                                lay.dtype) for c in range(used)}
+        wbuf = {c: [ams[c].alloc(f"Wb[{j}] {kh}x{kw}x{cib}x{cob}x{lanes}", (kh, kw, cib, cob, lanes), lay.dtype)
+                    for j in range(wbufs)] for c in range(used)}
         obuf = {c: ams[c].alloc(f"Ob {co_pad}x{wib}x{lanes} (FP32 partial sums)", (lanes, co_pad, 1, wib),
                                 np.float32) for c in range(used)}
         out = np.zeros(lay.out_shape, lay.dtype) if self.functional else None
@@ -348,7 +383,7 @@ class FTM7032(Strategy):
         ib_ends = {c: [] for c in range(used)}
         st_end = {c: 0.0 for c in range(used)}
         cyc_cache: dict = {}
-        wb_free = 0.0                   # the single Wb buffer: free once every core is done with it
+        wb_used: list[float] = []       # per Wb broadcast: when every core has finished with it
         for step in range(per):
             active = [c for c in range(used) if step < len(parts[c])]
             for cb, (ci0, ci1) in enumerate(ci_blocks):
@@ -370,14 +405,15 @@ class FTM7032(Strategy):
                 if cb == 0:
                     self.flush()                    # the previous step's Ob stores follow these prefetches
                 for ob0, (co0, co1) in enumerate(co_blocks):
-                    # Wb: one broadcast into every core's AM, into the single buffer once every
-                    # core has finished computing on the previous block
-                    t_w = self.xfer(link_w, wb_bytes(ci1 - ci0), [wb_free], levels=("DDR", "AM"))
+                    # Wb: one broadcast into every core's AM, into its buffer once every core has
+                    # finished computing on the block that buffer held (one buffer: the previous)
+                    free = [wb_used[-wbufs]] if len(wb_used) >= wbufs else []
+                    t_w = self.xfer(link_w, wb_bytes(ci1 - ci0), free, levels=("DDR", "AM"))
                     last = []
                     for c in active:
                         g, r, s = parts[c][step]
                         q0, q1 = segs[s]
-                        wbuf[c].load(None, (kh, kw, ci1 - ci0, cob, lanes))
+                        wbuf[c][len(wb_used) % wbufs].load(None, (kh, kw, ci1 - ci0, cob, lanes))
                         key = (q1 - q0, ci1 - ci0, cb == 0)
                         if key not in cyc_cache:
                             cyc_cache[key] = self._cyc(self.kxk_cycles(q1 - q0, ci1 - ci0, kh, kw, cob, cb == 0))
@@ -387,7 +423,7 @@ class FTM7032(Strategy):
                         tc = self.compute(c, cyc_cache[key], deps)
                         c_end[c].append(tc)
                         last.append(tc)
-                    wb_free = max(last)
+                    wb_used.append(max(last))
                 for c in active:
                     ib_ends[c][-1][1] = c_end[c][-1]       # this Ib buffer is free again
                     if self.functional:
@@ -419,5 +455,5 @@ class FTM7032(Strategy):
         self.flush()
         lay.out = out
         return self.report(lay, f"{kh}x{kw}: regions split {used} way(s), Wb {kh}x{kw}x{cib}x{cob}x{lanes} in AM "
-                                f"(broadcast, one buffer), "
+                                f"(broadcast, {'one buffer' if wbufs == 1 else f'{wbufs} buffers'}), "
                                 f"Ib {cib}x{span_h}x{win}x{lanes} in SM, Wib={wib}, via {link_in}")
