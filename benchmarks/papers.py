@@ -142,6 +142,9 @@ def paper_000(quick: bool, batch: int = 32) -> None:
                         "memory.SM.capacity"])
     if not quick:
         f8 = figs[1][0]
+        sweep("ft-m7032", lambda **ov: 100 * simulate(f8, "ft-m7032", cores=1, functional=False,
+                                                      **ov).layers[0].efficiency,
+              "Fig. 8 conv1x1 efficiency at 1 core (paper 64.95%)")
         sweep("ft-m7032", lambda **ov: 100 * simulate(f8, "ft-m7032", cores=8, functional=False,
                                                       **ov).layers[0].efficiency,
               "Fig. 8 conv1x1 efficiency at 8 cores (paper 31.41%)")
