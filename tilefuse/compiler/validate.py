@@ -35,6 +35,7 @@ from ..errors import GraphError
 from ..ir.ops import normalize, schema
 from ..kernels import registry
 from ..kernels.conv import NCHWC_ALGORITHMS
+from ..kernels.conv.stem import applies as stem_applies
 from ..kernels.conv.select import candidates
 from .program import CONST
 
@@ -237,15 +238,18 @@ def _prepared_direct(w, groups, layout):
 
 
 def _prepared_winograd(m):
-    def shapes(w, groups, layout):
+    def shapes(w, groups, layout):   # winograd.prepare: U packed (alpha^2, OP, Cip, 32)
         co, ci = w[0], w[1]
-        return {"weight": ((m + 2) ** 2, _ceil16(ci), _ceil16(co)), "bias": (_ceil16(co),)}
+        return {"weight": ((m + 2) ** 2, -(-co // 32), _ceil16(ci), 32), "bias": (_ceil16(co),)}
     return shapes
 
 
 def _prepared_im2col(w, groups, layout):
     co, cg, kh, kw = w
-    return {"weight": (groups, co // groups, cg, kh, kw), "bias": (co,)}
+    out = {"weight": (groups, co // groups, cg, kh, kw), "bias": (co,)}
+    if stem_applies(cg, groups):    # the stem kernel's packing too (stem.prepare, via im2col.prepare)
+        out.update({"stem_weight": (-(-co // LANES), cg, kh, kw, LANES), "stem_bias": (_ceil16(co),)})
+    return out
 
 
 # algorithm -> fn(weight_shape, groups, layout) -> {role: shape}: the constants conv2d_prepare makes
@@ -306,9 +310,12 @@ def validate_conv2d(ins) -> None:
     keys = p.get("prepared")
     if ins.output.dtype != F32:
         _fail(f"algorithm {alg!r} runs float32 only, operands are {ins.output.dtype}")
-    if keys is None or list(keys) != ["weight", "bias"]:
-        _fail(f"parameter prepared={keys!r}; expected ('weight', 'bias')")
     g = norm["groups"]
+    if g < 1 or ws[0] % g:
+        _fail(f"weight_shape {ws} with groups={g}; expected out channels divisible by groups")
+    expect_keys = list(PREPARED[alg](ws, g, lay))
+    if keys is None or list(keys) != expect_keys:
+        _fail(f"parameter prepared={keys!r}; expected {tuple(expect_keys)}")
     if lay == "nchwc" or out_lay == "nchwc":
         if g != 1:
             _fail(f"groups={g} in NCHW16c; expected 1")
@@ -420,23 +427,22 @@ def validate_band(ins) -> None:
         check_bounded(p["attrs"])
     check_band(ins)
     if p["op"] == "conv2d" and p.get("prepared"):
-        attrs = p["attrs"]
-        alg = attrs.get("algorithm")
-        if alg not in PREPARED:
-            _fail(f"conv algorithm {alg!r} has no validator; known: {sorted(PREPARED)}")
-        if ins.output.dtype != F32 or list(p["prepared"]) != ["weight", "bias"]:
-            _fail(f"prepared {p['prepared']!r} on {ins.output.dtype}; expected ('weight', 'bias') on float32")
-        ws, g = tuple(p["weight_shape"]), attrs["groups"]
-        if p["layout"] == "nchwc" and (g != 1 or alg not in NCHWC_ALGORITHMS):
-            _fail(f"NCHW16c weights for algorithm {alg!r}, groups={g}; expected one of {NCHWC_ALGORITHMS}, groups 1")
-        cands = candidates((1, ws[1] * g, 1, 1), ws, attrs["stride"], attrs["padding"], attrs["dilation"], g)
-        if alg not in cands:
-            _fail(f"algorithm {alg!r} cannot run weight {ws}; candidates: {cands}")
-        shapes = PREPARED[alg](ws, g, p["layout"])
-        for k, o in zip(p["prepared"], [o for o in ins.inputs if _is_const(o)]):
-            if tuple(o.shape) != tuple(shapes[k]):
-                _fail(f"prepared {k} '{o.name}' has shape {o.shape}; algorithm {alg!r} with weight_shape {ws} "
-                      f"needs {tuple(shapes[k])}")
+        # the prepared weights as the layer's conv2d validator sees them: the same instruction on
+        # whole logical tensors (NCHW16c when the weights are the blocked form)
+        from .program import DIRECT, HIDDEN, Instruction, Operand
+        blk = p["layout"] == "nchwc"
+        acts = iter(tuple(t[:4]) for t in p["tensors"])
+
+        def whole(o):
+            if _is_const(o):
+                return o
+            shape = next(acts)
+            return Operand(o.name, DIRECT, HIDDEN, o.dtype, blocked(shape) if blk else shape)
+        ops = [whole(o) for o in ins.operands]
+        params = dict(p["attrs"], prepared=p["prepared"], weight_shape=p["weight_shape"])
+        if blk:
+            params["layout"] = "nchwc"
+        validate_conv2d(Instruction("conv2d", ops, params))
 
 
 def validate_stream_header(ins) -> None:
