@@ -20,7 +20,7 @@ from numba import njit
 
 from . import activations as A
 from . import reference as ref
-from .conv.threads import parallel_for
+from .threads import parallel_for
 
 CHUNK = 1 << 16  # elements per task
 

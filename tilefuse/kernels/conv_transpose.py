@@ -14,7 +14,7 @@ from numba import njit
 
 from . import activations as A
 from . import reference as ref
-from .conv.threads import blas_threads, parallel_for, scratch
+from .threads import blas_threads, parallel_for, scratch
 
 
 @njit(nogil=True, cache=True, fastmath=True)

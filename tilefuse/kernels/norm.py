@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from . import reference as ref
-from .conv.threads import parallel_for
+from .threads import parallel_for
 
 
 @njit(nogil=True, cache=True, fastmath=True)

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from . import reference as ref
-from .conv.threads import parallel_for
+from .threads import parallel_for
 
 
 def _view5(x, layout):

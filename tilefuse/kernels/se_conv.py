@@ -17,7 +17,7 @@ import numpy as np
 
 from . import reference as ref
 from .broadcast import _code, apply_act_inplace
-from .conv.threads import blas_threads, parallel_for
+from .threads import blas_threads, parallel_for
 
 
 def conv2d_input_scaled(out, x, w, *rest, stride, padding, dilation, groups, has_bias, has_residual, relu,
