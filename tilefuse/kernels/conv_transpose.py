@@ -76,3 +76,4 @@ def conv_transpose2d(out, x, w, *b, stride, padding, output_padding=(0, 0), dila
 KERNELS = {"conv_transpose2d": conv_transpose2d}
 THREADED = frozenset(KERNELS)
 ACT_KERNELS = frozenset(KERNELS)
+BLOCKED = frozenset()

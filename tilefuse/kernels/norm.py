@@ -55,3 +55,4 @@ def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, **_):
 
 KERNELS = {"channel_norm": channel_norm, "layer_norm": layer_norm}
 THREADED = frozenset({"channel_norm"})
+BLOCKED = frozenset()
