@@ -66,6 +66,7 @@ BLOCKED_CASES = {
     "pad_const": lambda n, y: n.pad(y, (0, 0, 0, 0, 1, 0, 0, 1), "constant", 0.5),
     "slice_channels": lambda n, y: n.slice(y, 1, 3, 37, 2),
     "slice_h": lambda n, y: n.slice(y, 2, 1, None, 2),
+    "channel_norm": lambda n, y: n.channel_norm(n.max_pool(y, 3, 1, 1), np.linspace(0.5, 1.5, C), np.zeros(C) + 0.1),
     "concat_odd": lambda n, y: n.concat([y, n.relu(y), n.slice(y, 1, 0, 7)], axis=1),
     "concat_aligned": lambda n, y: n.concat([n.slice(y, 1, 0, 16), n.slice(y, 1, 16, 32)], axis=1),
 }
