@@ -1,0 +1,58 @@
+"""The activation table: numpy reference and the njit scalar form against PyTorch, float32."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilefuse.kernels import activations as A
+
+X = np.concatenate([np.linspace(-100, 100, 2001), np.random.default_rng(0).standard_normal(4000) * 4,
+                    [0.0, -0.0, 3.0, -3.0, 1e-30, -1e-30]]).astype(np.float32)
+
+# name, params, torch function; tolerance: float32, atol 2e-6 + rtol 2e-6 (transcendental ulps)
+CASES = [
+    ("identity", {}, lambda t: t),
+    ("relu", {}, F.relu),
+    ("clip", {"min": 0.0, "max": 6.0}, F.relu6),
+    ("clip", {"min": -1.0, "max": 1.0}, F.hardtanh),
+    ("clip", {"min": -2.5, "max": 0.5}, lambda t: torch.clamp(t, -2.5, 0.5)),
+    ("hardswish", {}, F.hardswish),
+    ("hardsigmoid", {}, F.hardsigmoid),
+    ("hardsigmoid", {"alpha": 0.2, "beta": 0.5}, lambda t: torch.clamp(0.2 * t + 0.5, 0, 1)),
+    ("sigmoid", {}, torch.sigmoid),
+    ("silu", {}, F.silu),
+    ("gelu", {}, F.gelu),
+    ("gelu_tanh", {}, lambda t: F.gelu(t, approximate="tanh")),
+    ("leaky_relu", {}, F.leaky_relu),
+    ("leaky_relu", {"negative_slope": 0.2}, lambda t: F.leaky_relu(t, 0.2)),
+    ("elu", {}, F.elu),
+    ("elu", {"alpha": 1.7}, lambda t: F.elu(t, 1.7)),
+    ("tanh", {}, torch.tanh),
+]
+
+
+@pytest.mark.parametrize("name,params,fn", CASES, ids=[f"{c[0]}{i}" for i, c in enumerate(CASES)])
+def test_activation_matches_torch(name, params, fn):
+    want = fn(torch.from_numpy(X)).numpy()
+    n, a, b = A.normalize(name, params)
+    got_ref = A.reference(n, X, a, b)
+    y = X.copy()
+    A.apply_inplace(y, *A.encode(n, a, b))
+    assert got_ref.dtype == np.float32 and y.dtype == np.float32
+    np.testing.assert_allclose(got_ref, want, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(y, want, rtol=2e-6, atol=2e-6)
+    assert np.isfinite(y).all()
+
+
+def test_normalize_errors_name_the_problem():
+    with pytest.raises(ValueError, match="unknown activation 'swish2'"):
+        A.normalize("swish2")
+    with pytest.raises(ValueError, match="takes parameters"):
+        A.normalize("relu", {"alpha": 1})
+    with pytest.raises(ValueError, match="min 6.0 > max 0.0"):
+        A.normalize("clip", {"min": 6, "max": 0})
+
+
+def test_codes_are_unique_and_dense():
+    codes = sorted(c for c, _, _ in A.ACTIVATIONS.values())
+    assert codes == list(range(len(codes)))
