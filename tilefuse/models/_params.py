@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import GraphError
 from ..ir import DataNode, Network
 
 
@@ -68,13 +67,10 @@ def conv_bn(net: Network, pf: ParamFactory, x: DataNode, conv: str, bn: str, out
     return net.batch_norm(y, *pf.bn(bn, out_c, gamma_range), eps=1e-5, name=bn)
 
 
-def adaptive_avg_pool(net: Network, x: DataNode, output_size, name: str, error=GraphError) -> DataNode:
-    """AdaptiveAvgPool2d lowered to the op vocabulary.
-
-    output 1x1 -> global_avg_pool; input == output -> identity (returns x, no op);
-    input divisible by output -> avg_pool with kernel = stride = input // output.
-    Anything else (uneven or overlapping adaptive windows, upsampling) raises `error`.
-    """
+def adaptive_avg_pool(net: Network, x: DataNode, output_size, name: str) -> DataNode:
+    """AdaptiveAvgPool2d in its cheapest form: output 1x1 -> global_avg_pool; input == output ->
+    identity (returns x, no op); input divisible by output -> avg_pool with kernel = stride =
+    input // output; anything else the adaptive_avg_pool op (PyTorch's overlapping windows)."""
     if isinstance(output_size, int):
         output_size = (output_size, output_size)
     h, w = x.shape[2], x.shape[3]
@@ -87,8 +83,4 @@ def adaptive_avg_pool(net: Network, x: DataNode, output_size, name: str, error=G
     if h % oh == 0 and w % ow == 0:
         k = (h // oh, w // ow)
         return net.avg_pool(x, kernel_size=k, stride=k, name=name)
-    msg = (f"adaptive average pooling from {h}x{w} to {oh}x{ow} is not supported; expected an "
-           f"input size equal to, or an integer multiple of, the output size (or output 1x1)")
-    if error is GraphError:
-        raise GraphError(name, msg)
-    raise error(f"{name}: {msg}")
+    return net.adaptive_avg_pool(x, (oh, ow), name=name)
