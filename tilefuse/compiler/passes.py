@@ -140,7 +140,8 @@ def fuse_residual_add(net: Network) -> PassResult:
                 continue  # add(x, x), or a constant (fold_channel_affine's job)
             other.consumers.remove(add)
             d.consumers.remove(add)
-            conv.inputs = conv.inputs + [other]
+            at = 2 + int(conv.params["has_bias"])   # roles: x, weight, bias?, residual?, input_scale?
+            conv.inputs = conv.inputs[:at] + [other] + conv.inputs[at:]
             other.consumers.append(conv)
             conv.params = dict(conv.params, has_residual=True)
             _replace_output(net, conv, add)
