@@ -330,3 +330,21 @@ def test_inputs_bound_as_constants():
         tilefuse.from_onnx(m, constants={"w": w[0]})
     with pytest.raises(GraphError, match="not graph inputs"):
         tilefuse.from_onnx(m, constants={"nope": w})
+
+
+def test_docs_ops_table_matches_the_importer_table():
+    """docs/ops.md lists every ONNX rule with its versions, IR ops and limits, and the folded ops."""
+    from pathlib import Path
+
+    from tilefuse.frontend.onnx_import import RULES, fold
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ops.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] in RULES:
+            rows[cells[0]] = cells[1:]
+    for op, r in RULES.items():
+        assert rows.get(op) == [", ".join(map(str, r.versions)), ", ".join(r.ir), r.limits], op
+    folded = text.split("It folds:")[1].split(". `constants")[0]
+    for op in fold.FOLD:
+        assert op in folded, op

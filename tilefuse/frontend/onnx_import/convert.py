@@ -798,7 +798,7 @@ RULES: dict[str, Rule] = {
                     "activation(leaky_relu)"),
     "Elu": _r(_activation("elu", alpha=("alpha", 1.0)), (6, 22), "alpha", "activation(elu)"),
     "Tanh": _r(_activation("tanh"), (6, 13), "", "activation(tanh)"),
-    "Gelu": _r(_gelu, (20,), "approximate", "activation(gelu, gelu_tanh)"),
+    "Gelu": _r(_gelu, (20,), "approximate", "activation(gelu) activation(gelu_tanh)"),
     "PRelu": _r(_prelu, (7, 9, 16), "", "prelu relu sub mul add",
                  "a constant slope; per channel: prelu, other shapes: relu(x) + slope * (x - relu(x))"),
     "Softmax": _r(_softmax, (1, 11, 13), "axis", "softmax reshape",
