@@ -14,9 +14,13 @@ EXPORTERS = ("torchscript", "dynamo")
 
 
 def export(module, x: np.ndarray, exporter: str, opset: int | None = None, dynamic: bool = False) -> bytes:
-    """ONNX bytes of `module` traced at `x` by torch.onnx.export(dynamo=False) ("torchscript") or
-    torch.onnx.export(dynamo=True) ("dynamo"); the input is named "x", the output "y"."""
+    """ONNX bytes of `module` traced at `x` by torch.onnx.export(dynamo=False) ("torchscript"),
+    torch.onnx.export(dynamo=True) ("dynamo"), or the latter without its graph optimizer
+    ("dynamo_unoptimized": Shape/Expand/CastLike chains left for the importer to fold); the input is
+    named "x", the output "y"."""
     kw = {} if opset is None else {"opset_version": opset}
+    if exporter == "dynamo_unoptimized":
+        kw["optimize"] = False
     if dynamic:
         kw["dynamic_axes" if exporter == "torchscript" else "dynamic_shapes"] = (
             {"x": {0: "n"}} if exporter == "torchscript" else ({0: torch.export.Dim("n", min=1, max=64)},))
@@ -24,7 +28,7 @@ def export(module, x: np.ndarray, exporter: str, opset: int | None = None, dynam
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), (torch.from_numpy(x.copy()),), f, dynamo=exporter == "dynamo",
+        torch.onnx.export(module.eval(), (torch.from_numpy(x.copy()),), f, dynamo=exporter != "torchscript",
                           input_names=["x"], output_names=["y"], **kw)
     return f.getvalue()
 

@@ -227,3 +227,19 @@ def test_modern_block(name, exporter):
     assert_close_to_max(y, ort_run(blob, x), what=f"{name}/{exporter} vs ONNX Runtime")
     assert_close_to_max(y, torch_run(m, x), what=f"{name}/{exporter} vs PyTorch")
     assert_close_to_max(tilefuse.evaluate(net, x)[0], torch_run(m, x), what=f"{name}/{exporter} reference")
+
+
+@pytest.mark.parametrize("name", ["mobile", "efficient", "yolo_neck"])
+def test_unoptimized_dynamo_export_folds(name):
+    """torch.onnx.export(dynamo=True, optimize=False) leaves Shape -> Expand, CastLike, Constant and
+    BatchNormalization chains in the graph; the importer folds the constant ones."""
+    cls, shape = MODELS[name]
+    torch.manual_seed(1)
+    m = _randomize_bn(cls()).eval()
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    blob = export(m, x, "dynamo_unoptimized")
+    ops = {n.op_type for n in __import__("onnx").load_from_string(blob).graph.node}
+    assert {"Shape", "Expand", "CastLike"} <= ops
+    y = tilefuse.Session(tilefuse.compile(tilefuse.from_onnx(blob))).run(x)
+    assert_close_to_max(y, ort_run(blob, x), what=f"{name} vs ONNX Runtime")
+    assert_close_to_max(y, torch_run(m, x), what=f"{name} vs PyTorch")

@@ -202,13 +202,15 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
     attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
     nd = OnnxNode(name, n.op_type, version, list(n.input), list(n.output), attrs)
     ins = list(n.input)
-    shape_of_computed = n.op_type in ("Shape", "Size") and ins and ins[0] in cx.env
+    meta = fold.META_INPUTS.get(n.op_type, ())
     try:
-        if n.op_type in fold.FOLD and (shape_of_computed or all(t in cx.consts for t in ins if t)):
+        if n.op_type in fold.FOLD and all(t in cx.consts or (i in meta and t in cx.env)
+                                          for i, t in enumerate(ins) if t):
             unknown = sorted(set(attrs) - fold.FOLD_ATTRS.get(n.op_type, set()))
             if unknown:
                 raise nd.refuse(f"attribute(s) {unknown} are not supported when folding constants")
-            vals = [cx.env[ins[0]]] if shape_of_computed else [cx.consts[t] if t else None for t in ins]
+            # a computed tensor in a metadata input is passed as its DataNode (shape and dtype only)
+            vals = [None if not t else cx.consts[t] if t in cx.consts else cx.env[t] for t in ins]
             for t, v in zip(n.output, fold.FOLD[n.op_type](nd, vals, attrs)):
                 if t:
                     cx.consts[t] = np.asarray(v)

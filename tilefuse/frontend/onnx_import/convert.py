@@ -493,19 +493,21 @@ def _gather(cx: Ctx, nd: OnnxNode, used):
     if ((idx < -n) | (idx >= n)).any():
         raise GraphError(nd.where, f"indices {idx.reshape(-1).tolist()[:8]} out of range for axis {axis} "
                                    f"of size {n}")
-    if idx.ndim > 1:
-        raise nd.refuse(f"indices of shape {idx.shape}; tilefuse gathers a scalar or a 1-D list of indices")
+    if idx.size == 0:
+        raise nd.refuse(f"indices of shape {idx.shape} are empty; expected at least one index")
     ids = [int(i) % n for i in idx.reshape(-1)]
-    if idx.ndim == 0:      # x[..., i, ...]: a slice of one, then the axis removed
-        y = _slice_axis(cx, nd, x, axis, range(ids[0], ids[0] + 1))
-        return _reshape_to(cx, nd, y, x.shape[:axis] + x.shape[axis + 1:])
-    runs, start = [], 0    # consecutive runs of indices -> one slice each, concatenated
+    runs, start = [], 0    # consecutive runs of the (flattened) indices -> one slice each, concatenated
     for k in range(1, len(ids) + 1):
         if k == len(ids) or ids[k] != ids[k - 1] + 1:
             runs.append(range(ids[start], ids[k - 1] + 1))
             start = k
-    parts = [_slice_axis(cx, nd, x, axis, rg, name=cx.fresh(nd.name) if len(runs) == 1 else None) for rg in runs]
-    return parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=axis, name=cx.fresh(nd.name))
+    if len(runs) > 64:
+        raise nd.refuse(f"indices {idx.reshape(-1).tolist()[:8]}... form {len(runs)} runs; tilefuse gathers up "
+                        f"to 64 runs of consecutive indices (as slices)")
+    parts = [_slice_axis(cx, nd, x, axis, rg) for rg in runs]
+    y = parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=axis, name=cx.fresh(nd.name + ".concat"))
+    # (..., len(ids), ...) -> (..., *indices.shape, ...)
+    return _reshape_to(cx, nd, y, x.shape[:axis] + idx.shape + x.shape[axis + 1:])
 
 
 def _split(cx: Ctx, nd: OnnxNode, used):
@@ -732,7 +734,10 @@ def _identity(cx: Ctx, nd: OnnxNode, used):
 
 def _cast(cx: Ctx, nd: OnnxNode, used):
     x = cx.computed(nd, 0)
-    to = fold.np_dtype(nd, nd.attrs["to"])
+    if nd.op == "CastLike":
+        to = np.dtype(cx.consts[nd.inputs[1]].dtype if cx.is_const(nd, 1) else cx.computed(nd, 1).dtype)
+    else:
+        to = fold.np_dtype(nd, nd.attrs["to"])
     if to != np.dtype(x.dtype):
         raise nd.refuse(f"Cast of a computed {np.dtype(x.dtype)} tensor to {to}; tilefuse casts constants only "
                         f"(a cast to the tensor's own dtype is the identity)")
@@ -808,6 +813,8 @@ RULES: dict[str, Rule] = {
     "Identity": _r(_identity, (1, 13, 14, 16, 19, 21, 23, 24, 25), "", "-", "tensors"),
     "Cast": _r(_cast, (6, 9, 13, 19, 21, 23, 24, 25, 28), "to saturate round_mode", "-",
                "computed tensors: to their own dtype (the identity); constants: folded"),
+    "CastLike": _r(_cast, (15, 19, 21, 23, 24, 25), "saturate round_mode", "-",
+                   "computed tensors: to their own dtype (the identity); constants: folded"),
     # movement
     "Flatten": _r(_flatten, (1, 9, 11, 13, 21, 23, 24, 25), "axis", "flatten reshape"),
     "Reshape": _r(_reshape, (5, 13, 14, 19, 21, 23, 24, 25), "allowzero", "reshape flatten", "constant shape"),
@@ -815,7 +822,8 @@ RULES: dict[str, Rule] = {
     "Unsqueeze": _r(_unsqueeze, (1, 11, 13, 21, 23, 24, 25), "axes", "reshape", "constant axes"),
     "Transpose": _r(_transpose, (1, 13, 21, 23, 24, 25), "perm", "permute"),
     "Slice": _r(_slice, (1, 10, 11, 13), "starts ends axes", "slice", "constant starts/ends/axes/steps; steps >= 1"),
-    "Gather": _r(_gather, (1, 11, 13), "axis", "slice reshape concat", "constant scalar or 1-D indices"),
+    "Gather": _r(_gather, (1, 11, 13), "axis", "slice reshape concat",
+                  "constant indices forming at most 64 runs of consecutive values"),
     "Split": _r(_split, (2, 11, 13, 18), "axis split num_outputs", "slice", "constant split"),
     "Concat": _r(_concat, (4, 11, 13), "axis", "concat"),
     "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad",

@@ -383,6 +383,7 @@ FOLD = {
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
     "Cast": _cast,
+    "CastLike": lambda node, ins, a: [np.asarray(ins[0]).astype(np.dtype(ins[1].dtype))],
     "Slice": _slice,
     "Reshape": _reshape,
     "Transpose": _transpose,
@@ -408,11 +409,14 @@ FOLD = {
 }
 """ONNX op -> numpy folder; the ops whose constant-only nodes the importer evaluates."""
 
+# Inputs a folder reads only the static shape or dtype of: a computed tensor there still folds.
+META_INPUTS = {"Shape": (0,), "Size": (0,), "CastLike": (1,)}
+
 # Attributes each folder reads; any other attribute on a folded node is refused by name.
 FOLD_ATTRS = {
     "Constant": {"value", "sparse_value", "value_float", "value_floats", "value_int", "value_ints",
                  "value_string", "value_strings"},
     "Shape": {"start", "end"}, "Gather": {"axis"}, "Concat": {"axis"}, "Unsqueeze": {"axes"},
-    "Squeeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"}, "Slice": {"starts", "ends", "axes"},
+    "Squeeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"}, "CastLike": {"saturate", "round_mode"}, "Slice": {"starts", "ends", "axes"},
     "Reshape": {"allowzero"}, "Transpose": {"perm"}, "ConstantOfShape": {"value"}, "Range": {"stash_type"},
 }
