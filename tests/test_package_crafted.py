@@ -112,7 +112,7 @@ CRAFTED = [
     ("blocked", _output_over_input, r"overlaps input"),
     ("blocked", _swap(2, 3), r"that no earlier instruction wrote as"),
     ("blocked", _prepared_weight_resized, r"prepared weight .* needs"),
-    ("blocked", _output_slot_enlarged, r"IO slot 'softmax_15' \(1, 9\); expected the whole slot"),
+    ("blocked", _output_slot_enlarged, r"'softmax_15' \(36 bytes\) is not written completely"),
     ("blocked", lambda h, p, a: setattr(p[7], "kernel", "mystery"), r"unknown kernel 'mystery'"),
     ("nchw", _param(0, "groups", 3), r"groups=3 must divide|per group"),
     ("nchw", _param(3, "alpha", float("nan")), r"alpha=nan is not finite"),
