@@ -158,8 +158,8 @@ def _conv_rule(options: dict, tuning: dict):
 
     def rule(op):
         x, w = op.inputs[0], op.inputs[1]
-        if x.dtype != np.float32:
-            return None
+        if x.dtype != np.float32 or op.params.get("has_input_scale"):
+            return None   # an input-scaled conv (fused squeeze-excitation) runs kernels/se_conv.py
         p = op.params
         allow_w = options.get("winograd", True)
         if algo_forced:
