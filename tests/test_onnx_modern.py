@@ -243,3 +243,18 @@ def test_unoptimized_dynamo_export_folds(name):
     y = tilefuse.Session(tilefuse.compile(tilefuse.from_onnx(blob))).run(x)
     assert_close_to_max(y, ort_run(blob, x), what=f"{name} vs ONNX Runtime")
     assert_close_to_max(y, torch_run(m, x), what=f"{name} vs PyTorch")
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_modern_block_old_opsets(name, opset):
+    """The TorchScript exporter at opsets 11 and 13: Clip with min/max inputs, Resize-11/13,
+    HardSigmoid * x for hardswish, LayerNorm and GELU spelled out of ReduceMean/Pow/Sqrt and Erf."""
+    cls, shape = MODELS[name]
+    torch.manual_seed(2)
+    m = _randomize_bn(cls()).eval()
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    blob = export(m, x, "torchscript", opset)
+    y = tilefuse.Session(tilefuse.compile(tilefuse.from_onnx(blob))).run(x)
+    assert_close_to_max(y, ort_run(blob, x), what=f"{name}/opset {opset} vs ONNX Runtime")
+    assert_close_to_max(y, torch_run(m, x), what=f"{name}/opset {opset} vs PyTorch")

@@ -616,7 +616,8 @@ def _layer_norm(cx: Ctx, nd: OnnxNode, used):
     r = len(x.shape)
     axis = fold._axis(nd, nd.attrs.get("axis", -1), r)
     norm_shape = x.shape[axis:]
-    g = _float_array(nd, cx.const(nd, 1, "Scale"), "Scale")
+    g = cx.const(nd, 1, "Scale")
+    g = np.ones(norm_shape, np.float32) if g is None else _float_array(nd, g, "Scale")
     b = cx.const(nd, 2, "B")
     b = np.zeros(norm_shape, g.dtype) if b is None else _float_array(nd, b, "B")
     try:
@@ -624,7 +625,7 @@ def _layer_norm(cx: Ctx, nd: OnnxNode, used):
     except ValueError:
         raise GraphError(nd.where, f"Scale {g.shape} / B {b.shape} do not broadcast to the normalized shape "
                                    f"{norm_shape}") from None
-    return cx.net.layer_norm(x, cx.const_node(nd.inputs[1], g, x.dtype),
+    return cx.net.layer_norm(x, cx.const_node(nd.inputs[1] if nd.has(1) else nd.name + ".Scale", g, x.dtype),
                              cx.const_node(nd.inputs[2] if nd.has(2) else nd.name + ".B", b, x.dtype),
                              axis=axis, eps=nd.attrs.get("epsilon", 1e-5), name=cx.fresh(nd.name))
 
