@@ -12,6 +12,7 @@ from tilefuse.kernels.conv import (ALGORITHMS, NCHWC_ALGORITHMS, candidates, con
                                    conv2d_run_nchwc, conv2d_run_to_nchwc, direct_nchwc, estimate_cost, from_nchwc,
                                    nchwc_shape, select_algorithm, to_nchwc)
 from tilefuse.kernels.conv import planner, winograd
+from tilefuse.kernels.conv.epilogue import resolve_act
 from tilefuse.kernels.conv.select import algorithm_flops
 
 TOL = {
@@ -379,7 +380,8 @@ def test_direct_7x2_blocking_matches_8x1(shape):
         ofl, rfl = ob.reshape(n, ob.shape[1], -1, 16), rb.reshape(n, rb.shape[1], -1, 16)
         for i in range(n):
             k(ofl, i, 0, xb.reshape(n, cb, hp * wp, 16), i, 0, prep["weight"], 0, want.shape[2], want.shape[3], wp,
-              kw["stride"][0], kw["stride"][1], kw["dilation"][0], kw["dilation"][1], prep["bias"], rfl, True, relu)
+              kw["stride"][0], kw["stride"][1], kw["dilation"][0], kw["dilation"][1], prep["bias"], rfl, True,
+              *resolve_act(relu))
         outs.append(ob)
     assert np.array_equal(outs[0], outs[1])
     _check("direct", from_nchwc(outs[1], want.shape[1]), want)
@@ -437,8 +439,8 @@ def test_stem_applies_only_to_few_channels():
 
 
 def test_bound_conv_matches_generic_call():
-    """kernels.cpu.bind: the validated closure gives the same bits as the generic kernel call."""
-    from tilefuse.kernels import cpu
+    """kernels.registry.bind: the validated closure gives the same bits as the generic kernel call."""
+    from tilefuse.kernels import registry
     rng = np.random.default_rng(3)
     x = to_nchwc(rng.standard_normal((1, 32, 9, 9), dtype=np.float32))
     wt = rng.standard_normal((32, 32, 3, 3), dtype=np.float32)
@@ -450,14 +452,14 @@ def test_bound_conv_matches_generic_call():
                       has_residual=True, relu=True, algorithm=alg, prepared=tuple(prep), layout="nchwc", threads=2)
         o1, o2 = np.zeros_like(res), np.zeros_like(res)
         views = [x, *prep.values(), res, o1]
-        fn, p = cpu.bind("conv2d", views, params)
-        assert fn is not cpu.KERNELS["conv2d"]
+        fn, p = registry.bind("conv2d", views, params)
+        assert fn is not registry.KERNELS["conv2d"]
         fn(o1, *views[:-1], **p)
-        cpu.KERNELS["conv2d"](o2, *views[:-1], **params)
+        registry.KERNELS["conv2d"](o2, *views[:-1], **params)
         assert np.array_equal(o1, o2)
     # invalid arguments: no fast path, the generic kernel raises at call time as before
-    fn, p = cpu.bind("conv2d", [x[..., :8], *prep.values(), res, o1], params)
-    assert fn is cpu.KERNELS["conv2d"]
+    fn, p = registry.bind("conv2d", [x[..., :8], *prep.values(), res, o1], params)
+    assert fn is registry.KERNELS["conv2d"]
 
 
 # Winograd NCHWc: the input transform reads the unpadded input (border tiles gather a zero-padded

@@ -26,7 +26,7 @@ import pytest
 import tilefuse
 from tilefuse.errors import TilefuseError
 from tilefuse.frontend.onnx_import import RULES, claimed_ops
-from tilefuse.kernels.cpu import KERNELS
+from tilefuse.kernels.registry import KERNELS
 
 # Ops whose node cases are all refused, and why (a claim with no passing case must be explained).
 NO_PASSING_CASE = {

@@ -13,7 +13,7 @@ from .layout import NCHW, assign_layouts, check_layouts, conv_layout
 from .lower import Lowered, lower, with_program
 from .memory import MemoryPlan, plan_hidden
 from .package import DataPackage, reoff_pack, save_package
-from .pipeline import run_passes
+from .passlist import run_passes
 from .program import SEGMENTS
 
 TARGETS = ("cpu",)
@@ -28,6 +28,7 @@ class Plan:
     hidden_naive_bytes: int
     io_bytes: int
     passes: list[str] = field(default_factory=list)
+    target: dict = field(default_factory=dict)     # kernels/isa.info() + threads: what the kernels run on
 
     @property
     def total_flops(self) -> int:
@@ -41,6 +42,10 @@ class Plan:
         head = (f"{'#':>3} {'kernel':<16} {'algorithm':<10} {'layout':<6} {'partitioning':<12} {'tiles':<18} "
                 f"{'output':<22} {'MFLOP':>9} {'MB':>7} {'ms':>7}  operands (segment+offset)")
         lines = [head, "-" * len(head)]
+        if self.target:
+            t = self.target
+            lines.insert(0, f"target: {t.get('cpu_model')} ({t.get('llvm_cpu')}), {t.get('vector_bits')}-bit vectors, "
+                            f"{t.get('threads')} threads")
         for r in self.rows:
             ops = " ".join(r["addresses"])
             tiles = ",".join(f"{k}={v}" for k, v in r["tiles"].items()) or "-"
@@ -103,8 +108,9 @@ class CompiledNetwork:
                 "bytes": sum(op.nbytes for op in ins.operands), "measured_seconds": measured,
                 "addresses": addrs, "params": ins.params,
             })
+        target = dict(self.package.meta.get("target") or {})
         return Plan(rows, self.package.const_bytes, self.package.hidden_bytes,
-                    self.memory.naive_bytes, self.package.io_bytes, list(self.pass_log))
+                    self.memory.naive_bytes, self.package.io_bytes, list(self.pass_log), target)
 
     def _conv_weight_shape(self, ins) -> tuple:
         return tuple(self._weights.get(ins.output.name.split("@")[0], (0, 0, 0, 0)))
@@ -157,7 +163,7 @@ def _conv_rule(options: dict, tuning: dict):
             algo = algo_forced
         elif cache is not None:
             from .tune import choose
-            from ..kernels.conv.threads import resolve_threads
+            from ..kernels.threads import resolve_threads
             algo, secs, hit = choose(cache, x.shape, w.shape, p, threads=resolve_threads(options.get("threads")),
                                      allow_winograd=allow_w, layout_mode=layout_mode)
             tuning[op.outputs[0].name] = {"seconds": secs, "cached": hit}
@@ -182,6 +188,17 @@ SCHEDULES = ("layer", "stream")
 LAYOUTS = ("auto", "nchw")
 
 
+def _compile_streamed(net: Network, stream_options: dict | None):
+    """schedule="stream": the one place the compiler reaches into `stream/`.
+
+    `stream/` builds on the compiler (it runs `passlist.run_passes`), so the compiler imports it
+    here, at call time, and nowhere else: importing `tilefuse.compiler` never loads `stream`.
+    (tests/test_structure.py allows exactly this edge; it goes when the row-band schedule becomes
+    a compiler stage, issue 12.)"""
+    from ..stream import compile_stream
+    return compile_stream(net, **(stream_options or {}))
+
+
 def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passes=None,
             winograd: bool = True, algorithm: str | None = None, threads: int | None = None,
             stream_options: dict | None = None, tune: bool = False, layout: str = "auto"):
@@ -204,8 +221,7 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule '{schedule}' is not supported; expected one of {SCHEDULES}")
     if schedule == "stream":
-        from ..stream import compile_stream
-        return compile_stream(net, **(stream_options or {}))
+        return _compile_streamed(net, stream_options)
     if not isinstance(net, Network):
         raise TypeError(f"compile() takes a tilefuse Network, got {type(net).__name__}")
     if not net.outputs:
@@ -219,7 +235,7 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     options = {"target": target, "winograd": winograd, "algorithm": algorithm, "threads": threads,
                "tune": tune, "layout": layout}
     tuning: dict = {}
-    opt, log = run_passes(net, passes)                       # graph passes (pipeline.py)
+    opt, log = run_passes(net, passes)                       # graph passes (passlist.py)
     rule = _conv_rule(options, tuning)
     low = lower(opt, rule)                                   # ops -> instructions, conv algorithms
     if rule is not None and getattr(rule, "cache", None) is not None:
@@ -231,7 +247,11 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
                   if res.changed else "assign_layouts: no change")
     log = log + [layout_log]
     mem = plan_hidden(low.hidden, low.lifetimes)             # liveness sharing of hidden blocks
+    from ..kernels.isa import info as isa_info
+    from ..kernels.threads import resolve_threads
+    target = {k: v for k, v in isa_info().items() if k in ("cpu_model", "llvm_cpu", "vector_bits")}
+    target["threads"] = resolve_threads(threads)
     meta = {"pass_log": log, "options": {k: v for k, v in options.items() if v not in (None, False)},
-            "gflops": sum(low.flops) / 1e9}
+            "gflops": sum(low.flops) / 1e9, "target": target}
     pkg = reoff_pack(net.name, low, mem, meta)
     return CompiledNetwork(opt, net, pkg, low, mem, log, time.perf_counter() - t0, options, tuning, layout_log)

@@ -1,7 +1,7 @@
 """Lowering: an optimized Network -> instructions over (segment, block) operands.
 
 Each op becomes one instruction whose kernel is named after the op (the CPU kernel registry,
-`kernels/cpu.py`, maps names to functions). Operands are classified into the three QingLong
+`kernels/registry.py`, maps names to functions). Operands are classified into the three QingLong
 segments: bound constants -> CONST (direct), network inputs/outputs -> IO (indirect),
 everything else -> HIDDEN (direct). Segment offsets stay 0 here; REOFF fills them in.
 An op whose fused activation (params "act", not ReLU) its kernel cannot apply becomes two
@@ -20,7 +20,7 @@ from ..ir import Network
 from ..ir.node import DataNode
 from ..ir.ops import IDENTITY_ACT, epilogue_act
 from ..ir.ops import flops as op_flops
-from ..kernels.cpu import ACT_KERNELS
+from ..kernels.registry import ACT_KERNELS
 from .program import CONST, DIRECT, HIDDEN, INDIRECT, IO, Instruction, Operand
 
 

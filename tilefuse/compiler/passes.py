@@ -2,7 +2,7 @@
 
 Passes never mutate their input; they work on a clone. Each fusion is a rewrite that looks at
 one op and returns without change when it does not apply (single-user checks as in torch.fx
-`fuse()`). The pipeline that runs them is `compiler.pipeline.PASSES`.
+`fuse()`). The pipeline that runs them is `compiler.passlist.PASSES`.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir import Network, OpNode
+from ..ir import Network, OpNode, ops
 from ..ir.network import _toposort
 from ..ir.node import DataNode
 from ..ir.ops import IDENTITY_ACT
@@ -152,9 +152,6 @@ def fuse_residual_add(net: Network) -> PassResult:
     return PassResult(net, n > 0, f"{n} add fused into conv2d epilogue")
 
 
-ACT_PRODUCERS = ("conv2d", "conv_transpose2d", "linear", "add", "sub", "mul", "div")
-
-
 def fuse_activation(net: Network) -> PassResult:
     """conv2d / conv_transpose2d / linear / add / sub / mul / div -> relu or activation (single
     user): the activation becomes the producer's epilogue, y = act(op(...)) (params relu / act).
@@ -164,7 +161,7 @@ def fuse_activation(net: Network) -> PassResult:
     for a in [o for o in net.ops if o.op in ("relu", "activation")]:
         d = a.inputs[0]
         prod = d.producer
-        if prod is None or prod.op not in ACT_PRODUCERS or _has_act(prod):
+        if prod is None or prod.op not in ops.ACT_EPILOGUE or _has_act(prod):
             continue
         if _single_user(net, d) is not a:
             continue

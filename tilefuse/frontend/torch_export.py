@@ -68,6 +68,7 @@ def from_torch(module, example_input, name: str | None = None) -> Network:
                                                 f"example tensor each; got {len(examples)}")
     was_training = module.training
     module.eval()
+    name = name or type(module).__name__
     try:
         with _leaf_ops(module), torch.no_grad():
             try:
@@ -77,10 +78,48 @@ def from_torch(module, example_input, name: str | None = None) -> Network:
                     f"torch.export could not export {type(module).__name__}: {type(e).__name__}: "
                     f"{_first_lines(str(e), 6)}; expected a forward() whose control flow depends on "
                     f"shapes only, not on tensor values") from e
+            # fast path: the exported graph as is, when every op maps and no mutation aliases a view;
+            # else (the general path) functionalized and decomposed to core ATen, which takes seconds
+            if _mutations_are_local(ep):
+                try:
+                    return _Importer(ep, name, direct=True).run(examples)
+                except _NeedsDecomposition:
+                    pass
             ep = ep.run_decompositions(_decomposition_table())
-        return _Importer(ep, name or type(module).__name__).run(examples)
+        return _Importer(ep, name).run(examples)
     finally:
         module.train(was_training)
+
+
+class _NeedsDecomposition(Exception):
+    """The exported (training IR) graph has an op that may decompose into supported ones."""
+
+
+def _is_view(node) -> bool:
+    """A node whose value aliases another tensor (a view op, or an element of a split's list)."""
+    t = getattr(node, "target", None)
+    if t is operator.getitem:
+        return _is_view(node.args[0])
+    schema = getattr(t, "_schema", None)
+    if schema is None or schema.is_mutable:
+        return False
+    return any(r.alias_info is not None for r in schema.returns)
+
+
+def _mutations_are_local(ep) -> bool:
+    """Every in-place op mutates a tensor that is no view and has no views: importing the op as
+    functional and rebinding the mutated tensor to its result is then exact."""
+    for n in ep.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is None or not schema.is_mutable:
+            continue
+        if n.target._opname.rstrip("_").endswith("dropout") and len(n.args) > 2 and not n.args[2]:
+            continue   # in-place dropout at inference: the identity, nothing changes
+        m = n.args[0]
+        if not hasattr(m, "op") or m.op == "placeholder" or _is_view(m) or \
+                any(_is_view(u) for u in m.users if u is not n):
+            return False
+    return True
 
 
 def _positional_arity(module) -> int | None:
@@ -178,8 +217,9 @@ _NONDETERMINISTIC = ("rand", "randn", "randint", "bernoulli", "dropout", "native
 
 
 class _Importer:
-    def __init__(self, ep, name: str):
+    def __init__(self, ep, name: str, direct: bool = False):
         self.ep = ep
+        self.direct = direct          # the undecomposed graph: unknown ops ask for decomposition
         self.net = Network(name)
         self.env: dict[Any, Any] = {}
         self.used: set[str] = set()
@@ -340,9 +380,15 @@ class _Importer:
             return self.fold(target, args, kwargs)
         fn = _ATEN.get(name.rstrip("_") if name not in _ATEN else name)
         if fn is None:
+            if self.direct:
+                raise _NeedsDecomposition(name)
             raise self.fail(f"ATen op {self.target_name()}",
                             "supported ATen ops: " + ", ".join(sorted(_ATEN)))
-        return fn(self, *args, **kwargs)
+        out = fn(self, *args, **kwargs)
+        schema = getattr(target, "_schema", None)
+        if schema is not None and schema.is_mutable and n.args and hasattr(n.args[0], "op"):
+            self.env[n.args[0]] = out     # x.add_(y): later reads of x see the result
+        return out
 
     def fold(self, target, args, kwargs):
         """Evaluate a constant-only node with torch (e.g. a transposed weight, a scalar tensor)."""
@@ -412,8 +458,10 @@ def _convolution(imp, x, w, b, stride, padding, dilation, transposed, output_pad
     return imp.net.conv2d(x, wd, bd, _pair(stride), (ph, ph, pw, pw), _pair(dilation), int(groups), name=name)
 
 
-def _conv2d_padding(imp, x, w, b=None, stride=1, padding="valid", dilation=1, groups=1):
-    """F.conv2d / nn.Conv2d with padding='same' or 'valid' (torch puts an odd extra pad after)."""
+def _conv2d_padding(imp, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    """aten.conv2d: padding as numbers, or 'same' / 'valid' (torch puts an odd extra pad after)."""
+    if not isinstance(padding, str):
+        return _convolution(imp, x, w, b, stride, padding, dilation, False, (0, 0), groups)
     x = imp.tensor(x)
     w = imp.weight(w, "weight")
     kh, kw = w.shape[2:]
@@ -439,6 +487,17 @@ def _batch_norm(imp, x, w, b, mean, var, momentum, eps):
                                                                   np.zeros(c, imp.dtype), imp.dtype)
     y = imp.net.batch_norm(x, g, bb, imp.const_node(mean), imp.const_node(var), eps=float(eps), name=imp.op_name())
     return (y, None, None)
+
+
+def _batch_norm_aten(imp, x, w, b, mean, var, training, momentum, eps, *rest):
+    """aten.batch_norm (the exported graph before decomposition)."""
+    if training or mean is None:
+        return _batch_norm_training(imp)
+    return _batch_norm(imp, x, w, b, mean, var, momentum, eps)[0]
+
+
+def _conv_transpose(imp, x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _convolution(imp, x, w, b, stride, padding, dilation, True, output_padding, groups)
 
 
 def _batch_norm_training(imp, *a, **k):
@@ -808,6 +867,8 @@ _ATEN = {
     "conv2d": _conv2d_padding,
     "_native_batch_norm_legit_no_training": _batch_norm,
     "_native_batch_norm_legit": _batch_norm_training,
+    "batch_norm": _batch_norm_aten,
+    "conv_transpose2d": _conv_transpose,
     "native_batch_norm": _batch_norm_training,
     "relu": _relu,
     "relu6": lambda imp, x: _clip(imp, x, 0.0, 6.0),

@@ -79,7 +79,7 @@ def _expect_same_dtype(node: str, inputs):
 @dataclass(frozen=True)
 class OpSchema:
     name: str
-    group: str                      # conv | norm | elementwise | pool | linear | shape | reduce | movement | resize
+    group: str                      # one of GROUP_NAMES (the op groups, end of this file)
     inputs: tuple[str, ...]         # input roles, in order (optional ones end with '?')
     normalize: Callable[[str, dict], dict]
     infer: Callable[[str, list, dict], Shape]
@@ -101,9 +101,12 @@ class OpSchema:
 
 
 OPS: dict[str, OpSchema] = {}
+GROUP_NAMES = ("conv", "pool", "global", "norm", "elementwise", "linear", "reduce", "shape", "resize")
 
 
 def _register(schema: OpSchema):
+    if schema.group not in GROUP_NAMES:
+        raise ValueError(f"op '{schema.name}': group '{schema.group}', expected one of {GROUP_NAMES}")
     OPS[schema.name] = schema
     return schema
 
@@ -387,7 +390,7 @@ def _gap_infer(node, ins, p):
     return (x.shape[0], x.shape[1], 1, 1)
 
 
-_register(OpSchema("global_avg_pool", "pool", ("x",), lambda n, p: {}, _gap_infer,
+_register(OpSchema("global_avg_pool", "global", ("x",), lambda n, p: {}, _gap_infer,
                    lambda x: ref.global_avg_pool(x), lambda i, o, p: _prod(i[0])))
 
 
@@ -432,7 +435,7 @@ def _softmax_infer(node, ins, p):
     return tuple(x.shape)
 
 
-_register(OpSchema("softmax", "elementwise", ("x",), _axis_norm, _softmax_infer,
+_register(OpSchema("softmax", "reduce", ("x",), _axis_norm, _softmax_infer,
                    lambda x, axis: ref.softmax(x, axis), lambda i, o, p: 5 * _prod(o)))
 
 
@@ -619,7 +622,7 @@ def _reshape_infer(node, ins, p):
     return shape
 
 
-_register(OpSchema("reshape", "movement", ("x",), _reshape_norm, _reshape_infer,
+_register(OpSchema("reshape", "shape", ("x",), _reshape_norm, _reshape_infer,
                    lambda x, shape: ref.reshape(x, shape), lambda i, o, p: 0))
 
 
@@ -641,7 +644,7 @@ def _permute_infer(node, ins, p):
     return tuple(x.shape[a] for a in p["perm"])
 
 
-_register(OpSchema("permute", "movement", ("x",), _permute_norm, _permute_infer,
+_register(OpSchema("permute", "shape", ("x",), _permute_norm, _permute_infer,
                    lambda x, perm: ref.permute(x, perm), lambda i, o, p: 0))
 
 
@@ -665,7 +668,7 @@ def _slice_infer(node, ins, p):
     return tuple(out)
 
 
-_register(OpSchema("slice", "movement", ("x",), _slice_norm, _slice_infer,
+_register(OpSchema("slice", "shape", ("x",), _slice_norm, _slice_infer,
                    lambda x, axis, start, stop, step: ref.slice_axis(x, axis % x.ndim, start, stop, step),
                    lambda i, o, p: 0))
 
@@ -703,7 +706,7 @@ def _pad_infer(node, ins, p):
     return tuple(out)
 
 
-_register(OpSchema("pad", "movement", ("x",), _pad_norm, _pad_infer,
+_register(OpSchema("pad", "shape", ("x",), _pad_norm, _pad_infer,
                    lambda x, pads, mode, value: ref.pad(x, pads, mode, value), lambda i, o, p: 0))
 
 
@@ -792,6 +795,45 @@ def _adaptive_infer(node, ins, p):
 
 _register(OpSchema("adaptive_avg_pool", "pool", ("x",), _adaptive_norm, _adaptive_infer,
                    lambda x, output_size: ref.adaptive_avg_pool(x, output_size), lambda i, o, p: _prod(i[0])))
+
+# ----------------------------------------------------------------------------- named op groups
+# What passes, layouts, streaming and training match on, defined once (tinygrad's GroupOp).
+# Every op has one `group` (its schema's field); the family groups below are read from it, so a
+# new op joins its family by naming it. The property groups are contracts that code elsewhere
+# implements op by op, so an op joins one only when that code handles it.
+
+
+def ops_in(*groups: str) -> frozenset[str]:
+    """The ops whose schema group is one of `groups`."""
+    unknown = [g for g in groups if g not in GROUP_NAMES]
+    if unknown:
+        raise ValueError(f"unknown op group(s) {unknown}; expected one of {GROUP_NAMES}")
+    return frozenset(n for n, s in OPS.items() if s.group in groups)
+
+
+CONV = ops_in("conv")                # convolutions (conv2d, conv_transpose2d)
+POOL = ops_in("pool")                # windowed pooling (max_pool, avg_pool, adaptive_avg_pool)
+GLOBAL = ops_in("global")            # whole-plane reductions (global_avg_pool)
+NORM = ops_in("norm")                # per-channel / cross-channel maps (batch_norm, scale, lrn)
+ELEMENTWISE = ops_in("elementwise")  # one output element per input element (relu, activation, add, ...)
+LINEAR = ops_in("linear")            # dense layers (linear)
+REDUCE = ops_in("reduce")            # reductions along axes (softmax, mean, sum)
+SHAPE = ops_in("shape")              # data movement (flatten, concat, reshape, permute, slice, pad)
+RESIZE = ops_in("resize")            # spatial resampling (resize: nearest, bilinear)
+
+# property groups:
+# output row r reads a window of input rows (kernel_size / stride / padding / dilation in H):
+# the ops streaming runs through row windows (stream/schedule.py)
+WINDOW = frozenset({"conv2d", "max_pool", "avg_pool"})
+# output row r reads input row r only: streamed as is (stream/bands.py has a band kernel each)
+ROW_LOCAL = frozenset({"relu", "add", "scale", "batch_norm", "dropout", "local_response_norm", "concat"})
+# ops with a fused epilogue activation (`relu` / `act` parameters): a following ReLU or activation
+# fuses into them (compiler/passes.py fuse_activation); lowering splits it out again for a kernel
+# that cannot apply it
+ACT_EPILOGUE = frozenset({"conv2d", "conv_transpose2d", "linear", "add", "sub", "mul", "div"})
+# seed 004's memory-bound layers (BN, its inference form scale, ReLU, Add): what training fuses
+# into the convolutions and its traffic tables count as memory-bound
+MEMORY_BOUND = frozenset({"batch_norm", "scale", "relu", "add"})
 
 
 def normalize(op: str, node: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from numba import njit
 
 from . import activations as A
 from . import reference as ref
-from .conv.threads import blas_threads, parallel_for, scratch
+from .threads import blas_threads, parallel_for, scratch
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -76,3 +76,4 @@ def conv_transpose2d(out, x, w, *b, stride, padding, output_padding=(0, 0), dila
 KERNELS = {"conv_transpose2d": conv_transpose2d}
 THREADED = frozenset(KERNELS)
 ACT_KERNELS = frozenset(KERNELS)
+BLOCKED = frozenset()

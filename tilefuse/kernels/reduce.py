@@ -2,7 +2,7 @@
 
 NCHW (any rank) only; the layout pass keeps their inputs NCHW. Global average pooling (mean
 over H and W with keepdim) is canonicalized by the importers to the `global_avg_pool` op, which
-has its own blocked kernel (kernels/fast_misc.py). Accumulation in float32 (float64 for float64),
+has its own blocked kernel (kernels/pool.py). Accumulation in float32 (float64 for float64),
 numpy's pairwise summation: within 1e-6 relative of the reference.
 """
 from __future__ import annotations
@@ -30,3 +30,4 @@ def adaptive_avg_pool(out, x, *, output_size, **_):
 
 KERNELS = {"mean": _reduce("mean"), "sum": _reduce("sum"), "adaptive_avg_pool": adaptive_avg_pool}
 THREADED: frozenset = frozenset()
+BLOCKED = frozenset()

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from . import reference as ref
-from .conv.threads import parallel_for
+from .threads import parallel_for
 
 
 def _view5(x, layout):
@@ -66,3 +66,4 @@ def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nea
 
 KERNELS = {"resize": resize}
 THREADED = frozenset(KERNELS)
+BLOCKED = frozenset(KERNELS)   # kernels with an NCHW16c form

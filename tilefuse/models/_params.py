@@ -48,6 +48,22 @@ class ParamFactory:
         w = self.weight(f"{prefix}.weight", (out_f, in_f), fan_in=in_f, gain=gain)
         return w, self.bias(f"{prefix}.bias", out_f)
 
+    def conv_transpose(self, prefix: str, in_c: int, out_c: int, k, stride, groups: int = 1, bias: bool = True):
+        """ConvTranspose2d (weight (in, out/groups, kh, kw)); fan-in = the inputs each output sees."""
+        kh, kw = (k, k) if isinstance(k, int) else k
+        sh, sw = (stride, stride) if isinstance(stride, int) else stride
+        fan_in = max(1, (in_c // groups) * kh * kw // (sh * sw))
+        w = self.weight(f"{prefix}.weight", (in_c, out_c // groups, kh, kw), fan_in=fan_in)
+        return w, (self.bias(f"{prefix}.bias", out_c) if bias else None)
+
+    def layer_norm(self, prefix: str, shape):
+        """(weight, bias) of a LayerNorm, gamma ~ U[0.5, 1.5], beta ~ U[-0.25, 0.25]."""
+        return (self._const(f"{prefix}.weight", self.rng.uniform(0.5, 1.5, shape)),
+                self._const(f"{prefix}.bias", self.rng.uniform(-0.25, 0.25, shape)))
+
+    def uniform(self, name: str, shape, lo: float, hi: float) -> DataNode:
+        return self._const(name, self.rng.uniform(lo, hi, shape))
+
     def bn(self, prefix: str, c: int, gamma_range=(0.5, 1.5)):
         """(gamma, beta, running_mean, running_var) named like nn.BatchNorm2d's state_dict."""
         r = self.rng

@@ -3,7 +3,7 @@
 A compiled program's instructions name their kernel; the runtime looks it up here and calls it
 with views of device memory, so every kernel writes its result into `out` in place. Conv2d
 dispatches on the `algorithm` the compiler chose (`kernels/conv`); pooling, element-wise,
-linear and softmax use the numba kernels of `fast_misc.py`; the rest vectorized numpy, all
+linear and softmax use the numba kernels of `pool.py`, `elementwise.py` and `dense.py`; the rest vectorized numpy, all
 within the tolerance `tests/` states against `reference.py`.
 
 Instructions the layout pass (compiler/layout.py) moved to NCHW16c carry params["layout"] =
@@ -14,44 +14,52 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import fast_misc as fm
+from . import dense, elementwise, pool
 from . import reference as ref
 
 
-def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu,
+def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu=False, act=None,
             algorithm="reference", prepared=(), threads=None, layout="nchw", out_layout=None,
-            has_input_scale=False, act=None, **_):
+            has_input_scale=False, **_):
     args = list(args)
     if has_input_scale:   # a fused squeeze-excitation scale: the compiler left it on the plain path
         from .se_conv import conv2d_input_scaled
         conv2d_input_scaled(out, x, *args, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                            has_bias=has_bias, has_residual=has_residual, relu=relu, act=act, threads=threads)
+                            has_bias=has_bias, has_residual=has_residual, relu=relu, act=act, threads=threads,
+                            layout=layout)
         return
     if layout == "nchw" and out_layout == "nchwc":
         from .conv import conv2d_run_to_nchwc
         prep = {k: args.pop(0) for k in prepared}
         res = args.pop(0) if has_residual else None
         conv2d_run_to_nchwc(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
-                            groups=groups, relu=relu, threads=threads)
+                            groups=groups, relu=relu, act=act, threads=threads)
         return
     if layout == "nchwc":
         from .conv import conv2d_run_nchwc
         prep = {k: args.pop(0) for k in prepared}
         res = args.pop(0) if has_residual else None
         conv2d_run_nchwc(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
-                         groups=groups, relu=relu, threads=threads)
+                         groups=groups, relu=relu, act=act, threads=threads)
         return
     if algorithm == "reference":
         w = args.pop(0)
         b = args.pop(0) if has_bias else None
         res = args.pop(0) if has_residual else None
-        out[...] = ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res, relu=relu, act=act)
+        if act is None:
+            out[...] = ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res, relu=relu)
+            return
+        from .activations import NAMES, reference as act_reference
+        from .conv.epilogue import resolve_act
+        code, al, be = resolve_act(relu, act, "conv2d")
+        y = ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res)
+        out[...] = act_reference(NAMES[code], y, float(al), float(be))
         return
     from .conv import conv2d_run
     prep = {k: args.pop(0) for k in prepared}
     res = args.pop(0) if has_residual else None
     conv2d_run(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
-               groups=groups, relu=relu, threads=threads)
+               groups=groups, relu=relu, act=act, threads=threads)
 
 
 def _to_nchwc(out, x, channels=None, threads=None, **_):
@@ -68,14 +76,14 @@ def _max_pool(out, x, **p):
     if x.dtype != np.float32:
         out[...] = ref.max_pool(x, **{k: v for k, v in p.items() if k not in ("layout", "threads")})
         return
-    fm.max_pool(out, x, **p)
+    pool.max_pool(out, x, **p)
 
 
 def _avg_pool(out, x, **p):
     if x.dtype != np.float32:
         out[...] = ref.avg_pool(x, **{k: v for k, v in p.items() if k not in ("layout", "threads")})
         return
-    fm.avg_pool(out, x, **p)
+    pool.avg_pool(out, x, **p)
 
 
 def _copy_reshape(out, x, **_):
@@ -93,21 +101,26 @@ def _wrap(fn):
 KERNELS = {
     "conv2d": _conv2d,
     "batch_norm": _wrap(lambda x, g, b, m, v, eps: ref.batch_norm(x, g, b, m, v, eps)),
-    "scale": fm.scale,
-    "relu": fm.relu,
-    "add": fm.add,
+    "scale": elementwise.scale,
+    "relu": elementwise.relu,
+    "add": elementwise.add,
     "max_pool": _max_pool,
     "avg_pool": _avg_pool,
-    "global_avg_pool": fm.global_avg_pool,
-    "linear": fm.linear,
+    "global_avg_pool": pool.global_avg_pool,
+    "linear": dense.linear,
     "flatten": _copy_reshape,
     "dropout": _copy_reshape,
-    "softmax": fm.softmax,
+    "softmax": dense.softmax,
     "local_response_norm": _wrap(ref.local_response_norm),
-    "concat": _wrap(lambda *xs, axis: ref.concat(*xs, axis=axis)),
     "to_nchwc": _to_nchwc,
     "from_nchwc": _from_nchwc,
 }
+
+# kernels besides conv2d with an NCHW16c form (params["layout"] = "nchwc"): the layout pass
+# (compiler/layout.py) lets them follow their input's layout; BLOCKED_TO_NCHW ones read blocked
+# input and write NCHW
+BLOCKED_FORM = frozenset({"max_pool", "avg_pool", "add", "relu", "scale", "global_avg_pool"})
+BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
 
 # kernels that take the session's thread count as params["threads"]
 THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
@@ -117,11 +130,12 @@ THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add"
 from . import broadcast, conv_transpose, movement, norm, reduce, resize  # noqa: E402
 
 for _m in (broadcast, conv_transpose, movement, norm, reduce, resize):
-    KERNELS.update(_m.KERNELS)
+    KERNELS.update(_m.KERNELS)      # "add" (any broadcasting, any activation) and "concat" included
     THREADED = THREADED | _m.THREADED
+    BLOCKED_FORM = BLOCKED_FORM | _m.BLOCKED
 # kernels that apply a fused activation (params "act") themselves; lowering emits a separate
 # activation instruction after any other kernel whose op carries a non-ReLU activation
-ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS
+ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"}
 
 
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
@@ -164,7 +178,7 @@ def _bind_conv2d(views, params):
     arguments are invalid, so the error is raised where it always was, at compute time)."""
     from .conv import NCHWC_ALGORITHMS, direct, k1x1, winograd
     from .conv import _pad4, _pair
-    from .conv.threads import resolve_threads
+    from .threads import resolve_threads
     p = params
     if p.get("layout") != "nchwc" or p.get("algorithm") not in NCHWC_ALGORITHMS or p.get("groups", 1) != 1:
         return None
@@ -181,14 +195,18 @@ def _bind_conv2d(views, params):
     if has_res and _shape_dtype(views[-2])[0] != _shape_dtype(views[-1])[0]:
         return None
     stride, padding, dilation = _pair(p["stride"]), _pad4(p["padding"]), _pair(p["dilation"])
-    relu = p["relu"]
+    from .conv.epilogue import resolve_act
+    try:
+        act = resolve_act(p.get("relu", False), p.get("act"), f"conv2d({alg})")
+    except ValueError:
+        return None  # the generic path raises it at compute time
     threads = resolve_threads(p.get("threads"))
     if alg == "gemm1x1":
-        f, kw = k1x1.run_nchwc, dict(stride=stride, relu=relu, threads=threads)
+        f, kw = k1x1.run_nchwc, dict(stride=stride, act=act, threads=threads)
     elif alg == "direct":
-        f, kw = direct.run_nchwc, dict(stride=stride, padding=padding, dilation=dilation, relu=relu, threads=threads)
+        f, kw = direct.run_nchwc, dict(stride=stride, padding=padding, dilation=dilation, act=act, threads=threads)
     else:
-        f, kw = winograd.run_nchwc, dict(m=int(alg[-1]), padding=padding, relu=relu, threads=threads)
+        f, kw = winograd.run_nchwc, dict(m=int(alg[-1]), padding=padding, act=act, threads=threads)
     nk = len(keys)
 
     def call(out, x, *args):
