@@ -7,8 +7,12 @@ The model is read with the `onnx` package (protobuf, never pickle) and checked w
     any tensor, whose shape is static) are evaluated in numpy (`fold.py`): exporters' shape
     arithmetic (`Shape -> Gather -> Unsqueeze -> Concat -> Reshape`), `Identity` on shared
     initializers, `Cast`, `Range`, `ConstantOfShape`, ... never reach the network;
+  * chains that older opsets use to spell LayerNorm and GELU are recognized as those ops
+    (`patterns.py`);
   * every other node is translated by its row of the op table (`convert.RULES`), for the op's
     version in the model's default-domain (`''`/`ai.onnx`) opset.
+
+Nodes no graph output depends on are not imported.
 
 Anything else (an op outside the table, an op version, attribute or mode the converter does not
 implement, a training-mode node) raises UnsupportedOpError naming the node, the op and version,
@@ -159,8 +163,9 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
             overridden |= any(d is not None and d != s for d, s in zip(dims, shape))
         cx.env[vi.name] = cx.net.input(cx.fresh(vi.name), tuple(shape), dt)
 
-    used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
-    for i, n in enumerate(_recognize(cx, g, input_shapes)):
+    nodes = _live(_recognize(cx, g, input_shapes), [o.name for o in g.output])
+    used = {t for n in nodes for t in n.input} | {o.name for o in g.output}
+    for i, n in enumerate(nodes):
         _import_node(cx, n, i, opset, used)
 
     outs = []
@@ -182,6 +187,16 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
         _check_declared(cx, list(g.value_info) + list(g.output))
     cx.net.output(*outs)
     return cx.net
+
+
+def _live(nodes, outputs) -> list:
+    """The nodes the graph outputs depend on, in order (dead nodes are never imported)."""
+    need, keep = set(outputs), []
+    for n in reversed(nodes):
+        if any(o in need for o in n.output if o):
+            keep.append(n)
+            need.update(t for t in n.input if t)
+    return keep[::-1]
 
 
 def _recognize(cx: Ctx, g, input_shapes) -> list:
