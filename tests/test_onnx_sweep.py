@@ -143,10 +143,10 @@ def _pad_slice(rng):
                          rng.integers(0, 3)], np.int64)
         return (helper.make_node("Pad", ["x", "pads", "v"], ["y"], mode=mode), shape,
                 {"pads": pads, "v": np.array(rng.standard_normal(), np.float32)})
-    axes = rng.permutation(4)[:int(rng.integers(1, 4))]
-    starts = [int(rng.integers(-shape[a] - 2, shape[a] + 1)) for a in axes]
-    ends = [int(rng.integers(-shape[a] - 2, shape[a] + 3)) for a in axes]
-    steps = [int(rng.choice([1, 2, 3, -1])) for _ in axes]
+    axes = rng.permutation(4)[:int(rng.integers(1, 3))]
+    starts = [int(rng.integers(-shape[a] - 2, shape[a])) for a in axes]          # clamped and negative
+    ends = [int(rng.choice([rng.integers(-shape[a], shape[a] + 3), 1 << 40])) for a in axes]
+    steps = [int(rng.choice([1, 1, 2, 3, -1])) for _ in axes]                    # -1: refused (reversal)
     return (helper.make_node("Slice", ["x", "s", "e", "a", "t"], ["y"]), shape,
             {"s": np.array(starts, np.int64), "e": np.array(ends, np.int64), "a": np.array(axes, np.int64),
              "t": np.array(steps, np.int64)})
