@@ -26,8 +26,8 @@ def permute(out, x, *, perm, **_):
 def slice_(out, x, *, axis, start, stop, step, layout="nchw", in_channels=None, channels=None, **_):
     if layout == "nchwc" and axis % 4 == 1:
         c0, _, st = slice(start, stop, step).indices(int(in_channels[0]))
+        _copy_channels(out, 0, x, c0, int(channels), st)
         for n in range(out.shape[0]):
-            _copy_channels(out, 0, x, c0, int(channels), st, n)
             _zero_lanes_from(out, int(channels), n)
         return
     rank = 4 if layout == "nchwc" else x.ndim
@@ -75,31 +75,39 @@ THREADED: frozenset = frozenset()
 # channel copies for blocked (NCHW16c) tensors ------------------------------------------------
 
 @njit(nogil=True, cache=True)
-def _copy_channels(out5, o0, x5, c0, count, step, n):
-    """out5[n, channel o0 + j] = x5[n, channel c0 + j * step] for j < count (channel c lives at
-    block c // 16, lane c % 16); whole 16-lane blocks copy as rows when aligned."""
+def _copy_lanes(out5, o0, x5, c0, j0, count, step, n):
+    """out5[n, channel o0 + j] = x5[n, channel c0 + j * step] for j0 <= j < count (channel c lives
+    at block c // 16, lane c % 16); positions outer, channels inner (neighbouring lanes)."""
     H, W = x5.shape[2], x5.shape[3]
-    if step == 1 and o0 % 16 == 0 and c0 % 16 == 0:
+    for h in range(H):
+        for w in range(W):
+            for j in range(j0, count):
+                c, o = c0 + j * step, o0 + j
+                out5[n, o // 16, h, w, o % 16] = x5[n, c // 16, h, w, c % 16]
+
+
+def _copy_channels(out5, o0, x5, c0, count, step):
+    """Channels c0, c0 + step, ... (count of them) of x5 to channels o0.. of out5, every image:
+    whole 16-lane blocks with one numpy copy when aligned, the rest lane by lane."""
+    done = 0
+    if step == 1 and o0 % 16 == 0 and c0 % 16 == 0 and count >= 16:
         nb = count // 16
-        for b in range(nb):
-            out5[n, o0 // 16 + b] = x5[n, c0 // 16 + b]
+        out5[:, o0 // 16:o0 // 16 + nb] = x5[:, c0 // 16:c0 // 16 + nb]
         done = nb * 16
-    else:
-        done = 0
-    for j in range(done, count):
-        c, o = c0 + j * step, o0 + j
-        cb, cl, ob, ol = c // 16, c % 16, o // 16, o % 16
-        for h in range(H):
-            for w in range(W):
-                out5[n, ob, h, w, ol] = x5[n, cb, h, w, cl]
+    if done < count:
+        for n in range(out5.shape[0]):
+            _copy_lanes(out5, o0, x5, c0, done, count, step, n)
 
 
 @njit(nogil=True, cache=True)
 def _zero_lanes_from(out5, channels, n):
     cb = out5.shape[1]
-    for l in range(channels - (cb - 1) * 16, 16):
-        for h in range(out5.shape[2]):
-            for w in range(out5.shape[3]):
+    l0 = channels - (cb - 1) * 16
+    if l0 >= 16:
+        return
+    for h in range(out5.shape[2]):
+        for w in range(out5.shape[3]):
+            for l in range(l0, 16):
                 out5[n, cb - 1, h, w, l] = 0.0
 
 
@@ -111,8 +119,7 @@ def concat(out, *xs, axis=1, layout="nchw", in_channels=None, channels=None, **_
         return
     off = 0
     for x, c in zip(xs, in_channels):
-        for n in range(out.shape[0]):
-            _copy_channels(out, off, x, 0, int(c), 1, n)
+        _copy_channels(out, off, x, 0, int(c), 1)
         off += int(c)
     for n in range(out.shape[0]):
         _zero_lanes_from(out, int(channels), n)
