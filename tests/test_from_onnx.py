@@ -1,7 +1,5 @@
 """from_onnx: models exported by torch.onnx (legacy exporter) and hand-built ONNX graphs,
 compiled and run, against ONNX Runtime and PyTorch (fp32, rtol = atol = 1e-4)."""
-import io
-import warnings
 
 import numpy as np
 import onnx
@@ -21,16 +19,11 @@ RTOL = ATOL = 1e-4
 
 
 def export(module, x, dynamic=False):
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.from_numpy(x.copy()),), f, dynamo=False, input_names=["x"],
-                          output_names=["y"], dynamic_axes={"x": {0: "n"}} if dynamic else None)
-    return f.getvalue()
+    return export_with(module, x, "torchscript", dynamic=dynamic)
 
 
 def ort_run(blob, x):
-    return ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    return [ort_x(blob, x)]
 
 
 class Small(nn.Module):

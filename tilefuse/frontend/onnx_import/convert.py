@@ -120,6 +120,12 @@ def _spatial(nd: OnnxNode, x: DataNode, what: str = "input") -> None:
                         f"expected a 4-D (N, C, H, W) tensor")
 
 
+def _str(a: dict, key: str, default: str) -> str:
+    """A string attribute (ONNX stores bytes) as str."""
+    v = a.get(key, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def _hw(nd: OnnxNode, a: dict, key: str, default) -> tuple[int, int]:
     v = list(a.get(key, default))
     if len(v) != 2:
@@ -129,8 +135,7 @@ def _hw(nd: OnnxNode, a: dict, key: str, default) -> tuple[int, int]:
 
 def _pads(nd: OnnxNode, a: dict, x: DataNode, kernel, strides, dilations) -> tuple[int, int, int, int]:
     """ONNX pads / auto_pad -> tilefuse (top, bottom, left, right)."""
-    auto = a.get("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    auto = _str(a, "auto_pad", "NOTSET")
     if auto == "NOTSET":
         p = [int(v) for v in a.get("pads", [0, 0, 0, 0])]
         if len(p) != 4:
@@ -161,20 +166,26 @@ def _check_training_outputs(nd: OnnxNode, used: set[str], keep: int, what: str) 
 # ----------------------------------------------------------------------------- converters
 # Each takes (ctx, node, used) and returns the DataNode(s) of the node's outputs, in order.
 
-def _conv(cx: Ctx, nd: OnnxNode, used):
+def _conv_operands(cx: Ctx, nd: OnnxNode, w_layout: str):
+    """Conv / ConvTranspose: x, the weight and bias DataNodes, kernel, strides, dilations."""
     x = cx.computed(nd, 0)
     _spatial(nd, x)
     w = _float_array(nd, cx.const(nd, 1, "weight W"), "weight W")
     if w.ndim != 4:
-        raise nd.refuse(f"weight W has shape {w.shape}; expected (M, C/group, kH, kW)")
+        raise nd.refuse(f"weight W has shape {w.shape}; expected {w_layout}")
     a = nd.attrs
     k = _hw(nd, a, "kernel_shape", w.shape[2:])
     if k != w.shape[2:]:
         raise GraphError(nd.where, f"kernel_shape={list(k)} disagrees with weight W of shape {w.shape}")
     s, d = _hw(nd, a, "strides", (1, 1)), _hw(nd, a, "dilations", (1, 1))
-    wn = cx.const_node(nd.inputs[1], w, x.dtype)
     b = cx.const(nd, 2, "bias B")
     bn = cx.const_node(nd.inputs[2], b, x.dtype) if b is not None else None
+    return x, cx.const_node(nd.inputs[1], w, x.dtype), bn, k, s, d
+
+
+def _conv(cx: Ctx, nd: OnnxNode, used):
+    x, wn, bn, k, s, d = _conv_operands(cx, nd, "(M, C/group, kH, kW)")
+    a = nd.attrs
     return cx.net.conv2d(x, wn, bn, stride=s, padding=_pads(nd, a, x, k, s, d), dilation=d,
                          groups=int(a.get("group", 1)), name=cx.fresh(nd.name))
 
@@ -407,8 +418,7 @@ def _clip(cx: Ctx, nd: OnnxNode, used):
 
 
 def _gelu(cx: Ctx, nd: OnnxNode, used):
-    approx = nd.attrs.get("approximate", b"none")
-    approx = approx.decode() if isinstance(approx, bytes) else str(approx)
+    approx = _str(nd.attrs, "approximate", "none")
     if approx not in ("none", "tanh"):
         raise nd.refuse(f"approximate={approx!r}; expected 'none' or 'tanh'")
     return cx.net.gelu(cx.computed(nd, 0), approximate=approx, name=cx.fresh(nd.name))
@@ -576,8 +586,7 @@ def _pad(cx: Ctx, nd: OnnxNode, used):
     x = cx.computed(nd, 0, "data")
     r = len(x.shape)
     a = nd.attrs
-    mode = a.get("mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = _str(a, "mode", "constant")
     if nd.version < 11:
         pads, value, axes = list(a.get("pads", [])), float(a.get("value", 0.0)), None
     else:
@@ -666,19 +675,10 @@ def _layer_norm(cx: Ctx, nd: OnnxNode, used):
 
 
 def _conv_transpose(cx: Ctx, nd: OnnxNode, used):
-    x = cx.computed(nd, 0)
-    _spatial(nd, x)
-    w = _float_array(nd, cx.const(nd, 1, "weight W"), "weight W")
-    if w.ndim != 4:
-        raise nd.refuse(f"weight W has shape {w.shape}; expected (C, M/group, kH, kW)")
+    x, wn, bn, k, s, d = _conv_operands(cx, nd, "(C, M/group, kH, kW)")
     a = nd.attrs
-    k = _hw(nd, a, "kernel_shape", w.shape[2:])
-    if k != w.shape[2:]:
-        raise GraphError(nd.where, f"kernel_shape={list(k)} disagrees with weight W of shape {w.shape}")
-    s, d = _hw(nd, a, "strides", (1, 1)), _hw(nd, a, "dilations", (1, 1))
     op = _hw(nd, a, "output_padding", (0, 0))
-    auto = a.get("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    auto = _str(a, "auto_pad", "NOTSET")
     full = [s[i] * (x.shape[2 + i] - 1) + op[i] + (k[i] - 1) * d[i] + 1 for i in range(2)]  # unpadded size
     out = [int(v) for v in a["output_shape"][-2:]] if "output_shape" in a else None
     op = list(op)
@@ -706,9 +706,6 @@ def _conv_transpose(cx: Ctx, nd: OnnxNode, used):
                     raise nd.refuse(f"output_shape {out} is smaller than the transposed conv's output on axis "
                                     f"{2 + i}; expected at least {full[i] - pads[2 * i] - pads[2 * i + 1]}")
                 op[i] += extra
-    wn = cx.const_node(nd.inputs[1], w, x.dtype)
-    b = cx.const(nd, 2, "bias B")
-    bn = cx.const_node(nd.inputs[2], b, x.dtype) if b is not None else None
     return cx.net.conv_transpose2d(x, wn, bn, stride=s, padding=pads, output_padding=tuple(op), dilation=d,
                                    groups=int(a.get("group", 1)), name=cx.fresh(nd.name))
 
@@ -819,8 +816,7 @@ def _depth_space(cx: Ctx, nd: OnnxNode, used):
         raise GraphError(nd.where, "attribute blocksize is missing")
     b = int(nd.attrs["blocksize"])
     n, c, h, w = x.shape
-    mode = nd.attrs.get("mode", b"DCR")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = _str(nd.attrs, "mode", "DCR")
     if mode not in ("DCR", "CRD"):
         raise nd.refuse(f"mode={mode!r}; expected DCR or CRD")
     if nd.op == "DepthToSpace":
