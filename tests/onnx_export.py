@@ -17,7 +17,7 @@ def export(module, x: np.ndarray, exporter: str, opset: int | None = None, dynam
     """ONNX bytes of `module` traced at `x` by torch.onnx.export(dynamo=False) ("torchscript"),
     torch.onnx.export(dynamo=True) ("dynamo"), or the latter without its graph optimizer
     ("dynamo_unoptimized": Shape/Expand/CastLike chains left for the importer to fold); the input is
-    named "x", the output "y"."""
+    named "x"."""
     kw = {} if opset is None else {"opset_version": opset}
     if exporter == "dynamo_unoptimized":
         kw["optimize"] = False
@@ -29,20 +29,26 @@ def export(module, x: np.ndarray, exporter: str, opset: int | None = None, dynam
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(module.eval(), (torch.from_numpy(x.copy()),), f, dynamo=exporter != "torchscript",
-                          input_names=["x"], output_names=["y"], **kw)
+                          input_names=["x"], **kw)
     return f.getvalue()
 
 
-def ort_run(blob: bytes, x: np.ndarray) -> np.ndarray:
+def ort_run(blob: bytes, x: np.ndarray, all_outputs: bool = False):
+    """ONNX Runtime's first output (or every output) for input "x"."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
-    return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ys = ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    return ys if all_outputs else ys[0]
 
 
-def torch_run(module, x: np.ndarray) -> np.ndarray:
+def torch_run(module, x: np.ndarray, all_outputs: bool = False):
+    """PyTorch's output (or every output, as a list) for x, in eval mode."""
     with torch.no_grad():
-        return module.eval()(torch.from_numpy(x.copy())).numpy()
+        y = module.eval()(torch.from_numpy(x.copy()))
+    if all_outputs:
+        return [t.numpy() for t in (y if isinstance(y, (list, tuple)) else [y])]
+    return y.numpy()
 
 
 def assert_close_to_max(y: np.ndarray, ref: np.ndarray, rel: float = 1e-4, what: str = ""):

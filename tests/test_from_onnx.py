@@ -1,7 +1,5 @@
 """from_onnx: models exported by torch.onnx (legacy exporter) and hand-built ONNX graphs,
 compiled and run, against ONNX Runtime and PyTorch (fp32, rtol = atol = 1e-4)."""
-import io
-import warnings
 
 import numpy as np
 import onnx
@@ -13,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tilefuse
 from tilefuse import models
+from onnx_export import export as export_with, ort_run as ort_x
 from tilefuse.errors import GraphError, UnsupportedOpError
 from torch_zoo import load as torch_zoo_load
 
@@ -20,16 +19,11 @@ RTOL = ATOL = 1e-4
 
 
 def export(module, x, dynamic=False):
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.from_numpy(x.copy()),), f, dynamo=False, input_names=["x"],
-                          output_names=["y"], dynamic_axes={"x": {0: "n"}} if dynamic else None)
-    return f.getvalue()
+    return export_with(module, x, "torchscript", dynamic=dynamic)
 
 
 def ort_run(blob, x):
-    return ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    return [ort_x(blob, x)]
 
 
 class Small(nn.Module):
@@ -355,3 +349,52 @@ def test_docs_ops_table_matches_the_importer_table():
     folded = text.split("It folds:")[1].split(". `constants")[0]
     for op in fold.FOLD:
         assert op in folded, op
+
+
+class _Decomposed(nn.Module):
+    """LayerNorm and GELU, which exporters spell out of ReduceMean/Pow/Sqrt and Erf before opsets 17/20."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.ln2 = nn.LayerNorm([4, 8], elementwise_affine=False)
+        with torch.no_grad():
+            self.ln.weight.uniform_(0.5, 1.5)
+            self.ln.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        manual = 0.5 * x * (1 + torch.erf(x / 1.4142135623730951))
+        return torch.nn.functional.gelu(self.ln(x)) + manual + self.ln2(x)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17, 20])
+def test_decomposed_layer_norm_and_gelu_are_recognized(opset):
+    torch.manual_seed(0)
+    m = _Decomposed().eval()
+    x = np.random.default_rng(9).standard_normal((2, 4, 8)).astype(np.float32)
+    blob = export_with(m, x, "torchscript", opset)
+    onnx_ops = {n.op_type for n in onnx.load_from_string(blob).graph.node}
+    assert "Erf" in onnx_ops and ("Gelu" in onnx_ops) == (opset >= 20) and ("Sqrt" in onnx_ops) == (opset < 17)
+    net = tilefuse.from_onnx(blob)
+    ops = [o.op for o in net.ops]
+    assert ops.count("layer_norm") == 2
+    assert sum(o.op == "activation" and o.params["act"][0] == "gelu" for o in net.ops) == 2
+    y = tilefuse.Session(tilefuse.compile(net)).run(x)
+    np.testing.assert_allclose(y, ort_x(blob, x), rtol=RTOL, atol=ATOL)
+    with torch.no_grad():
+        np.testing.assert_allclose(y, m(torch.from_numpy(x)).numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_a_chain_that_is_not_gelu_stays_refused():
+    """x * (1 + erf(x / 1.5)) * 0.5 is not GELU: Erf is refused by name, nothing is silently fused."""
+    nodes = [helper.make_node("Div", ["x", "c15"], ["t"]), helper.make_node("Erf", ["t"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])]
+    inits = [("c15", np.array(1.5, np.float32)), ("one", np.array(1.0, np.float32)),
+             ("half", np.array(0.5, np.float32))]
+    m = _model(nodes, [("x", (2, 3))], [("y", 2)], inits)
+    with pytest.raises(UnsupportedOpError, match="ONNX op 'Erf' in node 'erf'"):
+        tilefuse.from_onnx(m)
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array(np.sqrt(2), np.float32), "c15"))
+    x = np.random.default_rng(10).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(_run(m, x), _ort(m, x=x)[0], rtol=RTOL, atol=ATOL)

@@ -191,6 +191,38 @@ class EfficientBlock(nn.Module):
         return x.view(x.size(0), -1)[:, ::3]
 
 
+class Audio1d(nn.Module):
+    """A 1-D CNN (keyword spotting style): Conv1d, BatchNorm1d, pools, ReLU6 written as min/max."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(2, 8, 5, stride=2, padding=2)
+        self.bn = nn.BatchNorm1d(8)
+        self.c2 = nn.Conv1d(8, 8, 3, padding=2, dilation=2, groups=4)
+        self.up = nn.ConvTranspose1d(8, 4, 4, stride=2, padding=1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = torch.clamp(torch.maximum(self.bn(self.c1(x)), torch.tensor(0.0)), max=6.0)
+        y = F.max_pool1d(self.c2(y), 3, stride=1, padding=1) + F.avg_pool1d(y, 3, 1, 1)
+        y = self.up(y)
+        return self.fc(F.adaptive_avg_pool1d(-y, 1).flatten(1))
+
+
+class SuperRes(nn.Module):
+    """ESPCN-style super-resolution: PixelShuffle (DepthToSpace) and PixelUnshuffle, Tanh output."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(12, 16, 3, padding=1)
+        self.c2 = nn.Conv2d(16, 3 * 16, 3, padding=1)
+
+    def forward(self, x):
+        y = F.pixel_unshuffle(x, 2)                         # (N, 3, 16, 16) -> (N, 12, 8, 8)
+        y = torch.tanh(self.c2(F.elu(self.c1(y))))
+        return F.pixel_shuffle(y, 4) + F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)
+
+
 MODELS = {
     "mobile": (MobileBlocks, (2, 3, 32, 32)),
     "shuffle": (ShuffleBlock, (1, 3, 12, 10)),
@@ -199,6 +231,8 @@ MODELS = {
     "aspp": (ASPPHead, (1, 3, 20, 24)),
     "yolo_neck": (YoloNeck, (1, 3, 32, 32)),
     "efficient": (EfficientBlock, (2, 3, 16, 16)),
+    "audio1d": (Audio1d, (2, 2, 30)),
+    "superres": (SuperRes, (1, 3, 16, 16)),
 }
 
 
@@ -206,7 +240,7 @@ def _randomize_bn(m):
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for mod in m.modules():
-            if isinstance(mod, nn.BatchNorm2d):
+            if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
                 mod.running_mean.copy_(torch.rand(mod.num_features, generator=g) - 0.5)
                 mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
                 mod.weight.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
@@ -243,3 +277,18 @@ def test_unoptimized_dynamo_export_folds(name):
     y = tilefuse.Session(tilefuse.compile(tilefuse.from_onnx(blob))).run(x)
     assert_close_to_max(y, ort_run(blob, x), what=f"{name} vs ONNX Runtime")
     assert_close_to_max(y, torch_run(m, x), what=f"{name} vs PyTorch")
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_modern_block_old_opsets(name, opset):
+    """The TorchScript exporter at opsets 11 and 13: Clip with min/max inputs, Resize-11/13,
+    HardSigmoid * x for hardswish, LayerNorm and GELU spelled out of ReduceMean/Pow/Sqrt and Erf."""
+    cls, shape = MODELS[name]
+    torch.manual_seed(2)
+    m = _randomize_bn(cls()).eval()
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    blob = export(m, x, "torchscript", opset)
+    y = tilefuse.Session(tilefuse.compile(tilefuse.from_onnx(blob))).run(x)
+    assert_close_to_max(y, ort_run(blob, x), what=f"{name}/opset {opset} vs ONNX Runtime")
+    assert_close_to_max(y, torch_run(m, x), what=f"{name}/opset {opset} vs PyTorch")

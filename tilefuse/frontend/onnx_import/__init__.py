@@ -7,8 +7,12 @@ The model is read with the `onnx` package (protobuf, never pickle) and checked w
     any tensor, whose shape is static) are evaluated in numpy (`fold.py`): exporters' shape
     arithmetic (`Shape -> Gather -> Unsqueeze -> Concat -> Reshape`), `Identity` on shared
     initializers, `Cast`, `Range`, `ConstantOfShape`, ... never reach the network;
+  * chains that older opsets use to spell LayerNorm and GELU are recognized as those ops
+    (`patterns.py`);
   * every other node is translated by its row of the op table (`convert.RULES`), for the op's
     version in the model's default-domain (`''`/`ai.onnx`) opset.
+
+Nodes no graph output depends on are not imported.
 
 Anything else (an op outside the table, an op version, attribute or mode the converter does not
 implement, a training-mode node) raises UnsupportedOpError naming the node, the op and version,
@@ -28,7 +32,7 @@ import numpy as np
 
 from ...errors import GraphError, TilefuseError, UnsupportedOpError
 from ...ir import Network
-from . import fold
+from . import fold, patterns
 from .convert import RULES, Ctx, OnnxNode
 
 __all__ = ["from_onnx", "RULES", "claimed_ops"]
@@ -159,8 +163,9 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
             overridden |= any(d is not None and d != s for d, s in zip(dims, shape))
         cx.env[vi.name] = cx.net.input(cx.fresh(vi.name), tuple(shape), dt)
 
-    used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
-    for i, n in enumerate(g.node):
+    nodes = _live(_recognize(cx, g, input_shapes), [o.name for o in g.output])
+    used = {t for n in nodes for t in n.input} | {o.name for o in g.output}
+    for i, n in enumerate(nodes):
         _import_node(cx, n, i, opset, used)
 
     outs = []
@@ -184,10 +189,48 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
     return cx.net
 
 
+def _live(nodes, outputs) -> list:
+    """The nodes the graph outputs depend on, in order (dead nodes are never imported)."""
+    need, keep = set(outputs), []
+    for n in reversed(nodes):
+        if any(o in need for o in n.output if o):
+            keep.append(n)
+            need.update(t for t in n.input if t)
+    return keep[::-1]
+
+
+def _recognize(cx: Ctx, g, input_shapes) -> list:
+    """The graph's nodes with decomposed GELU / LayerNorm chains replaced (patterns.py)."""
+    from onnx import helper
+    constant_nodes = {n.output[0]: n for n in g.node
+                      if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1}
+    ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in list(g.input) + list(g.value_info)
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+    ranks.update({k: len(v) for k, v in input_shapes.items()})
+
+    def const(name):
+        if name in cx.consts:
+            return cx.consts[name]
+        n = constant_nodes.get(name)
+        if n is None:
+            return None
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        try:
+            return fold.FOLD["Constant"](OnnxNode(n.name, "Constant", 0, [], [], attrs), [], attrs)[0]
+        except TilefuseError:
+            return None
+    return patterns.rewrite(g.node, const, ranks.get, [o.name for o in g.output])
+
+
 def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
     import onnx
     from onnx import helper
     name = n.name or f"{n.op_type}_{i}"
+    if n.domain == patterns.DOMAIN:      # a recognized chain: the op it spells, at that op's version
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        nd = OnnxNode(name, n.op_type, RULES[n.op_type].versions[-1], list(n.input), list(n.output), attrs)
+        cx.env[n.output[0]] = RULES[n.op_type].convert(cx, nd, used)
+        return
     if n.domain not in ("", "ai.onnx"):
         raise UnsupportedOpError(f"ONNX op '{n.domain}::{n.op_type}' in node '{name}' is not supported; "
                                  f"tilefuse imports the default ONNX domain only")

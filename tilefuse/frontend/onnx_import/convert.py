@@ -120,6 +120,12 @@ def _spatial(nd: OnnxNode, x: DataNode, what: str = "input") -> None:
                         f"expected a 4-D (N, C, H, W) tensor")
 
 
+def _str(a: dict, key: str, default: str) -> str:
+    """A string attribute (ONNX stores bytes) as str."""
+    v = a.get(key, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def _hw(nd: OnnxNode, a: dict, key: str, default) -> tuple[int, int]:
     v = list(a.get(key, default))
     if len(v) != 2:
@@ -129,8 +135,7 @@ def _hw(nd: OnnxNode, a: dict, key: str, default) -> tuple[int, int]:
 
 def _pads(nd: OnnxNode, a: dict, x: DataNode, kernel, strides, dilations) -> tuple[int, int, int, int]:
     """ONNX pads / auto_pad -> tilefuse (top, bottom, left, right)."""
-    auto = a.get("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    auto = _str(a, "auto_pad", "NOTSET")
     if auto == "NOTSET":
         p = [int(v) for v in a.get("pads", [0, 0, 0, 0])]
         if len(p) != 4:
@@ -161,20 +166,26 @@ def _check_training_outputs(nd: OnnxNode, used: set[str], keep: int, what: str) 
 # ----------------------------------------------------------------------------- converters
 # Each takes (ctx, node, used) and returns the DataNode(s) of the node's outputs, in order.
 
-def _conv(cx: Ctx, nd: OnnxNode, used):
+def _conv_operands(cx: Ctx, nd: OnnxNode, w_layout: str):
+    """Conv / ConvTranspose: x, the weight and bias DataNodes, kernel, strides, dilations."""
     x = cx.computed(nd, 0)
     _spatial(nd, x)
     w = _float_array(nd, cx.const(nd, 1, "weight W"), "weight W")
     if w.ndim != 4:
-        raise nd.refuse(f"weight W has shape {w.shape}; expected (M, C/group, kH, kW)")
+        raise nd.refuse(f"weight W has shape {w.shape}; expected {w_layout}")
     a = nd.attrs
     k = _hw(nd, a, "kernel_shape", w.shape[2:])
     if k != w.shape[2:]:
         raise GraphError(nd.where, f"kernel_shape={list(k)} disagrees with weight W of shape {w.shape}")
     s, d = _hw(nd, a, "strides", (1, 1)), _hw(nd, a, "dilations", (1, 1))
-    wn = cx.const_node(nd.inputs[1], w, x.dtype)
     b = cx.const(nd, 2, "bias B")
     bn = cx.const_node(nd.inputs[2], b, x.dtype) if b is not None else None
+    return x, cx.const_node(nd.inputs[1], w, x.dtype), bn, k, s, d
+
+
+def _conv(cx: Ctx, nd: OnnxNode, used):
+    x, wn, bn, k, s, d = _conv_operands(cx, nd, "(M, C/group, kH, kW)")
+    a = nd.attrs
     return cx.net.conv2d(x, wn, bn, stride=s, padding=_pads(nd, a, x, k, s, d), dilation=d,
                          groups=int(a.get("group", 1)), name=cx.fresh(nd.name))
 
@@ -191,11 +202,46 @@ def _batch_norm(cx: Ctx, nd: OnnxNode, used):
         raise nd.refuse("spatial=0 (per-activation statistics); expected spatial=1")
     _check_training_outputs(nd, used, 1, "running statistics")
     x = cx.computed(nd, 0)
-    if len(x.shape) not in (2, 4):
-        raise nd.refuse(f"input '{x.name}' has shape {x.shape}; expected (N, C) or (N, C, H, W)")
+    if len(x.shape) < 2:
+        raise GraphError(nd.where, f"input '{x.name}' has shape {x.shape}; expected (N, C, ...)")
     params = [cx.const_node(nd.inputs[i], _float_array(nd, cx.const(nd, i, r), r), x.dtype)
               for i, r in ((1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var"))]
-    return cx.net.batch_norm(x, *params, eps=a.get("epsilon", 1e-5), name=cx.fresh(nd.name))
+    if len(x.shape) in (2, 4):
+        return cx.net.batch_norm(x, *params, eps=a.get("epsilon", 1e-5), name=cx.fresh(nd.name))
+    # (N, C, D1, ..., Dk) -> (N, C, D1 * ... * Dk, 1) -> batch_norm -> back
+    x4 = cx.net.reshape(x, x.shape[:2] + (int(np.prod(x.shape[2:])), 1), name=cx.fresh(nd.name + ".4d"))
+    y = cx.net.batch_norm(x4, *params, eps=a.get("epsilon", 1e-5), name=cx.fresh(nd.name + ".bn"))
+    return cx.net.reshape(y, x.shape, name=cx.fresh(nd.name))
+
+
+def _lift_1d(convert_2d):
+    """A 2-D converter applied to a 1-D node: (N, C, L) as (N, C, 1, L), the attributes and a 3-D
+    weight given a unit H, and the result reshaped back to (N, C', L')."""
+    def convert(cx: Ctx, nd: OnnxNode, used):
+        x = cx.computed(nd, 0)
+        if len(x.shape) != 3:
+            return convert_2d(cx, nd, used)
+        a = dict(nd.attrs)
+        for k, unit in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("output_padding", 0),
+                        ("output_shape", 1)):
+            if k in a:
+                a[k] = [unit] + list(a[k])
+        if "pads" in a:
+            if len(a["pads"]) != 2:
+                raise nd.refuse(f"attribute pads={list(a['pads'])}; expected 2 values for a 1-D op")
+            a["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
+        ins = list(nd.inputs)
+        ins[0] = cx.fresh(nd.name + ".2d")
+        x4 = x.shape[:2] + (1, x.shape[2])
+        src = x.producer.inputs[0] if x.producer is not None and x.producer.op == "reshape" else None
+        # (N, C, L) -> (N, C, 1, L); a tensor just reshaped from that form is taken as it was
+        cx.env[ins[0]] = src if src is not None and src.shape == x4 else cx.net.reshape(x, x4, name=ins[0])
+        if nd.op in ("Conv", "ConvTranspose") and cx.is_const(nd, 1) and cx.consts[nd.inputs[1]].ndim == 3:
+            ins[1] = cx.fresh(nd.inputs[1] + ".2d")
+            cx.consts[ins[1]] = cx.consts[nd.inputs[1]][:, :, None, :]            # (M, C/g, k) -> (M, C/g, 1, k)
+        y = convert_2d(cx, OnnxNode(nd.name, nd.op, nd.version, ins, nd.outputs, a), used)
+        return cx.net.reshape(y, (y.shape[0], y.shape[1], y.shape[3]), name=cx.fresh(nd.name))
+    return convert
 
 
 def _relu(cx: Ctx, nd: OnnxNode, used):
@@ -372,8 +418,7 @@ def _clip(cx: Ctx, nd: OnnxNode, used):
 
 
 def _gelu(cx: Ctx, nd: OnnxNode, used):
-    approx = nd.attrs.get("approximate", b"none")
-    approx = approx.decode() if isinstance(approx, bytes) else str(approx)
+    approx = _str(nd.attrs, "approximate", "none")
     if approx not in ("none", "tanh"):
         raise nd.refuse(f"approximate={approx!r}; expected 'none' or 'tanh'")
     return cx.net.gelu(cx.computed(nd, 0), approximate=approx, name=cx.fresh(nd.name))
@@ -541,8 +586,7 @@ def _pad(cx: Ctx, nd: OnnxNode, used):
     x = cx.computed(nd, 0, "data")
     r = len(x.shape)
     a = nd.attrs
-    mode = a.get("mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    mode = _str(a, "mode", "constant")
     if nd.version < 11:
         pads, value, axes = list(a.get("pads", [])), float(a.get("value", 0.0)), None
     else:
@@ -616,7 +660,8 @@ def _layer_norm(cx: Ctx, nd: OnnxNode, used):
     r = len(x.shape)
     axis = fold._axis(nd, nd.attrs.get("axis", -1), r)
     norm_shape = x.shape[axis:]
-    g = _float_array(nd, cx.const(nd, 1, "Scale"), "Scale")
+    g = cx.const(nd, 1, "Scale")
+    g = np.ones(norm_shape, np.float32) if g is None else _float_array(nd, g, "Scale")
     b = cx.const(nd, 2, "B")
     b = np.zeros(norm_shape, g.dtype) if b is None else _float_array(nd, b, "B")
     try:
@@ -624,25 +669,16 @@ def _layer_norm(cx: Ctx, nd: OnnxNode, used):
     except ValueError:
         raise GraphError(nd.where, f"Scale {g.shape} / B {b.shape} do not broadcast to the normalized shape "
                                    f"{norm_shape}") from None
-    return cx.net.layer_norm(x, cx.const_node(nd.inputs[1], g, x.dtype),
+    return cx.net.layer_norm(x, cx.const_node(nd.inputs[1] if nd.has(1) else nd.name + ".Scale", g, x.dtype),
                              cx.const_node(nd.inputs[2] if nd.has(2) else nd.name + ".B", b, x.dtype),
                              axis=axis, eps=nd.attrs.get("epsilon", 1e-5), name=cx.fresh(nd.name))
 
 
 def _conv_transpose(cx: Ctx, nd: OnnxNode, used):
-    x = cx.computed(nd, 0)
-    _spatial(nd, x)
-    w = _float_array(nd, cx.const(nd, 1, "weight W"), "weight W")
-    if w.ndim != 4:
-        raise nd.refuse(f"weight W has shape {w.shape}; expected (C, M/group, kH, kW)")
+    x, wn, bn, k, s, d = _conv_operands(cx, nd, "(C, M/group, kH, kW)")
     a = nd.attrs
-    k = _hw(nd, a, "kernel_shape", w.shape[2:])
-    if k != w.shape[2:]:
-        raise GraphError(nd.where, f"kernel_shape={list(k)} disagrees with weight W of shape {w.shape}")
-    s, d = _hw(nd, a, "strides", (1, 1)), _hw(nd, a, "dilations", (1, 1))
     op = _hw(nd, a, "output_padding", (0, 0))
-    auto = a.get("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    auto = _str(a, "auto_pad", "NOTSET")
     full = [s[i] * (x.shape[2 + i] - 1) + op[i] + (k[i] - 1) * d[i] + 1 for i in range(2)]  # unpadded size
     out = [int(v) for v in a["output_shape"][-2:]] if "output_shape" in a else None
     op = list(op)
@@ -670,9 +706,6 @@ def _conv_transpose(cx: Ctx, nd: OnnxNode, used):
                     raise nd.refuse(f"output_shape {out} is smaller than the transposed conv's output on axis "
                                     f"{2 + i}; expected at least {full[i] - pads[2 * i] - pads[2 * i + 1]}")
                 op[i] += extra
-    wn = cx.const_node(nd.inputs[1], w, x.dtype)
-    b = cx.const(nd, 2, "bias B")
-    bn = cx.const_node(nd.inputs[2], b, x.dtype) if b is not None else None
     return cx.net.conv_transpose2d(x, wn, bn, stride=s, padding=pads, output_padding=tuple(op), dilation=d,
                                    groups=int(a.get("group", 1)), name=cx.fresh(nd.name))
 
@@ -681,6 +714,128 @@ def _global_max_pool(cx: Ctx, nd: OnnxNode, used):
     x = cx.computed(nd, 0)
     _spatial(nd, x)
     return cx.net.max_pool(x, x.shape[2:], 1, name=cx.fresh(nd.name))   # (N, C, H, W) -> (N, C, 1, 1)
+
+
+def _variadic_sum(cx: Ctx, nd: OnnxNode, used):
+    """Sum / Mean of any number of tensors (NumPy broadcasting): a chain of adds (then / n)."""
+    ins = [i for i in range(len(nd.inputs)) if nd.has(i)]
+    comp = [cx.computed(nd, i) for i in ins if not cx.is_const(nd, i)]
+    xs = [cx.operand(nd, i, comp[0].dtype) for i in ins]
+    if len(xs) == 1:
+        return xs[0]
+    y = xs[0]
+    for k, b in enumerate(xs[1:], 1):
+        last = k == len(xs) - 1 and nd.op == "Sum"
+        y = cx.net.add(y, b, name=cx.fresh(nd.name if last else f"{nd.name}.add{k}"))
+    if nd.op == "Mean":
+        y = cx.net.div(y, cx.const_node(nd.name + ".n", np.array([len(xs)]), y.dtype), name=cx.fresh(nd.name))
+    return y
+
+
+def _neg(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    return cx.net.mul(x, cx.const_node("minus_one", np.array([-1.0]), x.dtype), name=cx.fresh(nd.name))
+
+
+def _reciprocal(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    return cx.net.div(cx.const_node("one", np.array([1.0]), x.dtype), x, name=cx.fresh(nd.name))
+
+
+def _pow(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0, "X")
+    e = cx.const(nd, 1, "exponent Y")
+    if e is None or e.size != 1 or float(e.reshape(-1)[0]) not in (1.0, 2.0, 3.0, -1.0):
+        raise nd.refuse(f"exponent {None if e is None else e.reshape(-1)[:4].tolist()}; tilefuse implements "
+                        f"the constant exponents 1, 2, 3 (products) and -1 (a reciprocal)")
+    k = float(e.reshape(-1)[0])
+    name = cx.fresh(nd.name)
+    if np.broadcast_shapes(x.shape, e.shape) != x.shape:
+        raise nd.refuse(f"exponent of shape {e.shape} broadcasts the input {x.shape}; expected a scalar")
+    if k == 1.0:
+        return x
+    if k == -1.0:
+        return cx.net.div(cx.const_node("one", np.array([1.0]), x.dtype), x, name=name)
+    sq = cx.net.mul(x, x, name=name if k == 2.0 else cx.fresh(nd.name + ".sq"))
+    return sq if k == 2.0 else cx.net.mul(sq, x, name=name)
+
+
+def _max_min(cx: Ctx, nd: OnnxNode, used):
+    """Max / Min of a tensor and scalar constants: a clip (relu for max(x, 0))."""
+    ins = [i for i in range(len(nd.inputs)) if nd.has(i)]
+    comp = [i for i in ins if not cx.is_const(nd, i)]
+    if len(comp) != 1:
+        raise nd.refuse(f"{nd.op} of {len(comp)} computed tensors; tilefuse implements one tensor and scalar "
+                        f"constants (a clip)")
+    x = cx.computed(nd, comp[0])
+    cs = [cx.const(nd, i, "bound") for i in ins if i != comp[0]]
+    if any(c.size != 1 for c in cs):
+        raise nd.refuse(f"{nd.op} with a constant of shape {[c.shape for c in cs if c.size != 1][0]}; "
+                        f"tilefuse implements scalar bounds")
+    if not cs:
+        return x
+    v = [float(c.reshape(-1)[0]) for c in cs]
+    name = cx.fresh(nd.name)
+    if nd.op == "Max":
+        return cx.net.relu(x, name=name) if max(v) == 0 else cx.net.activation(x, "clip", name=name, min=max(v))
+    return cx.net.activation(x, "clip", name=name, max=min(v))
+
+
+def _expand(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    shape = fold._ints(nd, cx.const(nd, 1, "shape"), "shape")
+    try:
+        out = tuple(int(d) for d in np.broadcast_shapes(x.shape, tuple(shape)))
+    except ValueError:
+        raise GraphError(nd.where, f"Expand of {x.shape} to {shape}: shapes do not broadcast") from None
+    if out == x.shape:
+        return x
+    xs = (1,) * (len(out) - len(x.shape)) + x.shape
+    ones = np.ones([o if d == 1 else 1 for d, o in zip(xs, out)])     # only the expanded axes
+    return cx.net.mul(x, cx.const_node(nd.name + ".ones", ones, x.dtype), name=cx.fresh(nd.name))   # exact
+
+
+def _tile(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    reps = fold._ints(nd, cx.const(nd, 1, "repeats"), "repeats")
+    if reps is None or len(reps) != len(x.shape) or min(reps) < 1:
+        raise GraphError(nd.where, f"repeats {reps} for input {x.shape}; expected {len(x.shape)} values >= 1")
+    if max(reps) > 64:
+        raise nd.refuse(f"repeats {reps}; tilefuse tiles up to 64 copies per axis (as a concat)")
+    y = x
+    for ax, r in enumerate(reps):
+        if r > 1:
+            y = cx.net.concat([y] * r, axis=ax, name=cx.fresh(f"{nd.name}.axis{ax}"))
+    return y
+
+
+def _depth_space(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    _spatial(nd, x)
+    if "blocksize" not in nd.attrs:
+        raise GraphError(nd.where, "attribute blocksize is missing")
+    b = int(nd.attrs["blocksize"])
+    n, c, h, w = x.shape
+    mode = _str(nd.attrs, "mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise nd.refuse(f"mode={mode!r}; expected DCR or CRD")
+    if nd.op == "DepthToSpace":
+        if c % (b * b):
+            raise GraphError(nd.where, f"channels {c} are not a multiple of blocksize^2 = {b * b}")
+        if mode == "DCR":     # (N, b, b, C/b^2, H, W) -> (N, C/b^2, H, b, W, b)
+            shape6, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+        else:                 # CRD: (N, C/b^2, b, b, H, W) -> (N, C/b^2, H, b, W, b)
+            shape6, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+        out = (n, c // (b * b), h * b, w * b)
+    else:
+        if h % b or w % b:
+            raise GraphError(nd.where, f"H, W = {h}, {w} are not multiples of blocksize {b}")
+        # (N, C, H/b, b, W/b, b) -> DCR (N, b, b, C, H/b, W/b), CRD (N, C, b, b, H/b, W/b)
+        shape6, out = (n, c, h // b, b, w // b, b), (n, c * b * b, h // b, w // b)
+        perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    y = cx.net.reshape(x, shape6, name=cx.fresh(nd.name + ".6d"))
+    y = cx.net.permute(y, perm, name=cx.fresh(nd.name + ".perm"))
+    return cx.net.reshape(y, out, name=cx.fresh(nd.name))
 
 
 def _softmax(cx: Ctx, nd: OnnxNode, used):
@@ -764,21 +919,23 @@ _RESIZE = ("antialias axes coordinate_transformation_mode cubic_coeff_a exclude_
 
 RULES: dict[str, Rule] = {
     # convolution, pooling, normalization
-    "Conv": _r(_conv, (1, 11, 22), "auto_pad dilations group kernel_shape pads strides", "conv2d",
-               "2-D; constant W and B"),
-    "ConvTranspose": _r(_conv_transpose, (1, 11, 22), "auto_pad dilations group kernel_shape output_padding "
-                        "output_shape pads strides", "conv_transpose2d", "2-D; constant W and B"),
+    "Conv": _r(_lift_1d(_conv), (1, 11, 22), "auto_pad dilations group kernel_shape pads strides",
+               "conv2d reshape", "1-D (as 2-D) or 2-D; constant W and B"),
+    "ConvTranspose": _r(_lift_1d(_conv_transpose), (1, 11, 22), "auto_pad dilations group kernel_shape "
+                        "output_padding output_shape pads strides", "conv_transpose2d reshape",
+                        "1-D (as 2-D) or 2-D; constant W and B"),
     "BatchNormalization": _r(_batch_norm, (7, 9, 14, 15), "epsilon momentum spatial training_mode",
-                             "batch_norm", "inference (training_mode=0); constant statistics"),
+                             "batch_norm reshape", "inference (training_mode=0); constant statistics"),
     "LayerNormalization": _r(_layer_norm, (17,), "axis epsilon stash_type", "layer_norm",
                              "constant Scale and B; the Mean/InvStdDev outputs are refused"),
     "LRN": _r(_lrn, (1, 13), "alpha beta bias size", "local_response_norm"),
-    "MaxPool": _r(_pool, (1, 8, 10, 11, 12, 22), _POOL + " storage_order", "max_pool",
-                  "2-D; the Indices output is refused"),
-    "AveragePool": _r(_pool, (1, 7, 10, 11, 19, 22), _POOL + " count_include_pad", "avg_pool",
-                      "2-D; dilations 1"),
-    "GlobalAveragePool": _r(_global_avg_pool, (1, 22), "", "global_avg_pool", "2-D"),
-    "GlobalMaxPool": _r(_global_max_pool, (1, 22), "", "max_pool", "2-D"),
+    "MaxPool": _r(_lift_1d(_pool), (1, 8, 10, 11, 12, 22), _POOL + " storage_order", "max_pool reshape",
+                  "1-D (as 2-D) or 2-D; the Indices output is refused"),
+    "AveragePool": _r(_lift_1d(_pool), (1, 7, 10, 11, 19, 22), _POOL + " count_include_pad", "avg_pool reshape",
+                      "1-D (as 2-D) or 2-D; dilations 1"),
+    "GlobalAveragePool": _r(_lift_1d(_global_avg_pool), (1, 22), "", "global_avg_pool reshape",
+                            "1-D (as 2-D) or 2-D"),
+    "GlobalMaxPool": _r(_lift_1d(_global_max_pool), (1, 22), "", "max_pool reshape", "1-D (as 2-D) or 2-D"),
     "ReduceMean": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "mean global_avg_pool",
                      "constant axes; over H, W of (N, C, H, W): global_avg_pool"),
     "ReduceSum": _r(_reduce, (1, 11, 13), "axes keepdims noop_with_empty_axes", "sum", "constant axes"),
@@ -793,6 +950,13 @@ RULES: dict[str, Rule] = {
     "Sub": _r(_elementwise, _EW, "", "sub scale", "NumPy broadcasting"),
     "Mul": _r(_elementwise, _EW, "", "mul scale activation(silu)", "NumPy broadcasting"),
     "Div": _r(_elementwise, _EW, "", "div", "NumPy broadcasting"),
+    "Sum": _r(_variadic_sum, (8, 13), "", "add", "NumPy broadcasting"),
+    "Mean": _r(_variadic_sum, (8, 13), "", "add div", "NumPy broadcasting"),
+    "Neg": _r(_neg, (6, 13), "", "mul", "as x * -1"),
+    "Reciprocal": _r(_reciprocal, (6, 13), "", "div", "as 1 / x"),
+    "Pow": _r(_pow, (7, 12, 13, 15), "", "mul div", "a constant exponent 1, 2, 3 or -1"),
+    "Max": _r(_max_min, (8, 12, 13), "", "activation(clip) relu", "one tensor and scalar constants"),
+    "Min": _r(_max_min, (8, 12, 13), "", "activation(clip)", "one tensor and scalar constants"),
     "Relu": _r(_relu, (1, 6, 13, 14), "", "relu"),
     "Clip": _r(_clip, (6, 11, 12, 13), "min max", "activation(clip) relu", "constant min and max"),
     "Sigmoid": _r(_activation("sigmoid"), (6, 13), "", "activation(sigmoid)"),
@@ -828,5 +992,9 @@ RULES: dict[str, Rule] = {
     "Concat": _r(_concat, (4, 11, 13), "axis", "concat"),
     "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad",
               "constant pads >= 0; constant, reflect, edge"),
+    "Expand": _r(_expand, (8, 13), "", "mul", "constant shape; as x * ones over the expanded axes"),
+    "Tile": _r(_tile, (6, 13), "", "concat", "constant repeats, up to 64 per axis"),
+    "DepthToSpace": _r(_depth_space, (11, 13, 28), "blocksize mode", "reshape permute", "DCR and CRD"),
+    "SpaceToDepth": _r(_depth_space, (1, 13, 28), "blocksize mode", "reshape permute", "DCR and CRD"),
 }
 """ONNX op type -> Rule; the importer's vocabulary (constant-only nodes go to fold.FOLD)."""

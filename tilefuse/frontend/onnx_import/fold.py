@@ -47,12 +47,13 @@ def np_dtype(node, elem_type: int):
 
 def tensor_to_array(node, t) -> np.ndarray:
     """A TensorProto (raw or typed fields; external data is refused) -> numpy array."""
-    from onnx import numpy_helper
+    from onnx import TensorProto, numpy_helper
     if t.data_location == 1:  # TensorProto.EXTERNAL
         raise UnsupportedOpError(f"{node.where}: tensor '{t.name}' stores its data in an external file; "
                                  f"load the model with onnx.load(path) (which reads external data) and pass "
                                  f"the ModelProto")
-    np_dtype(node, t.data_type)
+    if t.data_type != TensorProto.STRING:    # strings load (as objects); no converter accepts them
+        np_dtype(node, t.data_type)
     try:
         return np.asarray(numpy_helper.to_array(t))
     except Exception as e:
@@ -209,9 +210,10 @@ def _constant(node, ins, a):
         return [np.array(v, np.int64)]
     if k == "value_ints":
         return [np.array(list(v), np.int64)]
-    if k in ("value_string", "value_strings"):
-        raise UnsupportedOpError(f"{node.where}: string constants ({k}) are not supported; expected a "
-                                 f"numeric tensor")
+    if k == "value_string":          # kept as a value; any converter given a string refuses it
+        return [np.array(v.decode() if isinstance(v, bytes) else v, dtype=object)]
+    if k == "value_strings":
+        return [np.array([s.decode() if isinstance(s, bytes) else s for s in v], dtype=object)]
     raise GraphError(node.where, f"Constant attribute '{k}' is not a value attribute")
 
 
