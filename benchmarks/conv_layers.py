@@ -74,7 +74,7 @@ def main():
     from tilefuse.compiler.layout import conv_layout
     from tilefuse.kernels.conv import (conv2d_prepare, conv2d_run, conv2d_run_nchwc, conv2d_run_to_nchwc,
                                        select_algorithm, to_nchwc)
-    from tilefuse.kernels.conv.threads import blas_info, blas_threads, cpu_count
+    from tilefuse.kernels.threads import blas_info, blas_threads, cpu_count
 
     def med(fn, repeat):
         fn()  # warm-up (JIT, caches, allocator)

@@ -61,7 +61,7 @@ def main() -> int:
     from tilefuse.compiler.tune import cpu_model
     from tilefuse import models
 
-    from tilefuse.kernels.conv.threads import blas_info
+    from tilefuse.kernels.threads import blas_info
     torch.set_num_threads(args.threads)
     print(f"# networks: {cpu_model()}, {os.cpu_count()} cores, threads={args.threads}, torch {torch.__version__}, "
           f"onnxruntime {ort.__version__}, reps={args.reps} (median), OpenBLAS core {blas_info()}, "

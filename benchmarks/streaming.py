@@ -81,7 +81,7 @@ def torch_runner(net):
     import torch
     import torch.nn.functional as F
 
-    from tilefuse.compiler.pipeline import run_passes
+    from tilefuse.compiler.passlist import run_passes
     opt, _ = run_passes(net)
     consts = {d.name: torch.from_numpy(np.array(d.value)) for d in opt.constants()}
 
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
         print(json.dumps(run_case(net_name, size, mode, rep, args.band)))
         return 0
     mib = 2.0 ** 20
-    from tilefuse.kernels.conv.threads import blas_info
+    from tilefuse.kernels.threads import blas_info
     print(f"machine: {os.cpu_count()} cores; load average {os.getloadavg()}; OpenBLAS core {blas_info()}; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}", flush=True)
     if args.interleave:

@@ -437,8 +437,8 @@ def test_stem_applies_only_to_few_channels():
 
 
 def test_bound_conv_matches_generic_call():
-    """kernels.cpu.bind: the validated closure gives the same bits as the generic kernel call."""
-    from tilefuse.kernels import cpu
+    """kernels.registry.bind: the validated closure gives the same bits as the generic kernel call."""
+    from tilefuse.kernels import registry
     rng = np.random.default_rng(3)
     x = to_nchwc(rng.standard_normal((1, 32, 9, 9), dtype=np.float32))
     wt = rng.standard_normal((32, 32, 3, 3), dtype=np.float32)
@@ -450,14 +450,14 @@ def test_bound_conv_matches_generic_call():
                       has_residual=True, relu=True, algorithm=alg, prepared=tuple(prep), layout="nchwc", threads=2)
         o1, o2 = np.zeros_like(res), np.zeros_like(res)
         views = [x, *prep.values(), res, o1]
-        fn, p = cpu.bind("conv2d", views, params)
-        assert fn is not cpu.KERNELS["conv2d"]
+        fn, p = registry.bind("conv2d", views, params)
+        assert fn is not registry.KERNELS["conv2d"]
         fn(o1, *views[:-1], **p)
-        cpu.KERNELS["conv2d"](o2, *views[:-1], **params)
+        registry.KERNELS["conv2d"](o2, *views[:-1], **params)
         assert np.array_equal(o1, o2)
     # invalid arguments: no fast path, the generic kernel raises at call time as before
-    fn, p = cpu.bind("conv2d", [x[..., :8], *prep.values(), res, o1], params)
-    assert fn is cpu.KERNELS["conv2d"]
+    fn, p = registry.bind("conv2d", [x[..., :8], *prep.values(), res, o1], params)
+    assert fn is registry.KERNELS["conv2d"]
 
 
 # Winograd NCHWc: the input transform reads the unpadded input (border tiles gather a zero-padded

@@ -113,19 +113,22 @@ def test_session_out_of_memory_on_small_device():
 
 
 def test_qingling_style_calls():
+    from tilefuse import qinglong as ql
     net = small_net()
     compiled = tilefuse.compile(net)
     dev = CPUDevice()
     sess = Session(compiled, dev)
     sess.copy_constants()
     x = np.ones(net.inputs[0].shape, np.float32)
-    i = tilefuse.dev_malloc(dev, x.nbytes)
-    o = tilefuse.dev_malloc(dev, 4 * int(np.prod(net.outputs[0].shape)))
-    tilefuse.dev_memcpy(dev, tilefuse.HOST_TO_DEV, i, x)
-    tilefuse.compute_network(sess, [i], [o])
-    y = tilefuse.dev_memcpy(dev, tilefuse.DEV_TO_HOST, o, shape=net.outputs[0].shape, dtype=np.float32)
-    tilefuse.dev_free(dev, i)
-    tilefuse.dev_free(dev, o)
+    i = ql.dev_malloc(dev, x.nbytes)
+    o = ql.dev_malloc(dev, 4 * int(np.prod(net.outputs[0].shape)))
+    ql.dev_memcpy(dev, ql.HOST_TO_DEV, i, x)
+    ql.compute_network(sess, [i], [o])
+    y = ql.dev_memcpy(dev, ql.DEV_TO_HOST, o, shape=net.outputs[0].shape, dtype=np.float32)
+    ql.dev_free(dev, i)
+    ql.dev_free(dev, o)
+    # the paper's names stay reachable from the top level for existing code
+    assert tilefuse.dev_malloc is ql.dev_malloc and tilefuse.compute_network is ql.compute_network
     np.testing.assert_allclose(y, tilefuse.evaluate(net, x)[0], rtol=1e-5, atol=1e-5)
 
 

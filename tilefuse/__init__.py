@@ -5,37 +5,40 @@
     compiled = tilefuse.compile(net)
     sess = tilefuse.Session(compiled)
     y = sess.run(x)
+
+The names here are the ones a user needs; the rest lives in the subpackages (`tilefuse.ir`,
+`tilefuse.compiler`, `tilefuse.runtime`, `tilefuse.kernels`, ...), the QingLong paper's API
+names in `tilefuse.qinglong`.
 """
 from . import errors
 from .compiler import CompiledNetwork, DataPackage, compile, load_package
 from .errors import GraphError, OutOfDeviceMemory, PackageError, UnsupportedOpError
 from .interpreter import evaluate
-from .ir import DataNode, Network, OpNode
-from .runtime import (DEV_TO_HOST, HOST_TO_DEV, CPUDevice, Session, dev_free, dev_malloc,
-                      dev_memcpy)
+from .ir import Network
+from .runtime import CPUDevice, Session
 
 __version__ = "0.1.0"
 
-
-def compute_network(session: Session, in_addrs, out_addrs) -> None:
-    """QingLong's computeNetwork: run the program on device buffers."""
-    session.compute(in_addrs, out_addrs)
-
-
-_LAZY = {"models": "tilefuse.models", "imaging": "tilefuse.imaging", "training": "tilefuse.training"}
+# heavier parts load on first use
+_LAZY = {"models": "tilefuse.models", "imaging": "tilefuse.imaging", "training": "tilefuse.training",
+         "qinglong": "tilefuse.qinglong"}
+_LAZY_NAMES = {"from_torch": "tilefuse.frontend", "from_onnx": "tilefuse.frontend",
+               # moved out of the top level; still importable from here for existing code
+               "DataNode": "tilefuse.ir", "OpNode": "tilefuse.ir",
+               "dev_malloc": "tilefuse.qinglong", "dev_free": "tilefuse.qinglong",
+               "dev_memcpy": "tilefuse.qinglong", "compute_network": "tilefuse.qinglong",
+               "HOST_TO_DEV": "tilefuse.qinglong", "DEV_TO_HOST": "tilefuse.qinglong"}
 
 
 def __getattr__(name):
-    # heavier parts load on first use
     import importlib
     if name in _LAZY:
         return importlib.import_module(_LAZY[name])
-    if name in ("from_torch", "from_onnx"):
-        return getattr(importlib.import_module("tilefuse.frontend"), name)
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     raise AttributeError(f"module 'tilefuse' has no attribute '{name}'")
 
 
-__all__ = ["Network", "DataNode", "OpNode", "compile", "CompiledNetwork", "DataPackage",
-           "load_package", "Session", "CPUDevice", "evaluate", "dev_malloc", "dev_free", "dev_memcpy",
-           "compute_network", "HOST_TO_DEV", "DEV_TO_HOST", "GraphError", "PackageError",
-           "UnsupportedOpError", "OutOfDeviceMemory", "errors", "models", "from_torch", "from_onnx"]
+__all__ = ["Network", "compile", "CompiledNetwork", "load_package", "DataPackage", "Session", "CPUDevice",
+           "evaluate", "from_torch", "from_onnx", "models", "imaging", "training", "qinglong", "errors",
+           "GraphError", "PackageError", "UnsupportedOpError", "OutOfDeviceMemory"]

@@ -12,7 +12,7 @@ function, `LayoutResult.changed` says whether it did anything):
 1. choose: a conv whose algorithm has an NCHWc form (`conv_layout`, also used by lowering to
    prepare the weights) runs nchwc; an im2col conv (groups 1: the 3-channel stems) reads nchw
    and writes nchwc when a blocked conv reads it (`_blocked_output_pays`); the kernels
-   that have both forms (pooling, add, relu, scale: `FOLLOW`) take the layout of their
+   that have both forms (pooling, add, relu, scale: `kernels.registry.BLOCKED_FORM`) take the layout of their
    first activation input's producer; global average pool reads nchwc and writes
    (N, C, 1, 1) nchw; everything else runs nchw.
 2. expand: every nchwc instruction gets a `to_nchwc` before each activation input and a
@@ -28,12 +28,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..kernels.registry import BLOCKED_FORM, BLOCKED_TO_NCHW
 from .program import CONST, DIRECT, HIDDEN, Instruction, Operand
 
 NCHW, NCHWC = "nchw", "nchwc"
 LANES = 16
-FOLLOW = frozenset({"max_pool", "avg_pool", "add", "relu", "scale", "global_avg_pool"})
-OUT_NCHW = frozenset({"global_avg_pool"})
 CONVERSIONS = frozenset({"to_nchwc", "from_nchwc"})
 
 
@@ -87,7 +86,7 @@ def _blocked_output_pays(ins: Instruction, program: list[Instruction]) -> bool:
         return False
     blocked = lambda r: r.kernel == "conv2d" and r.params.get("layout") == NCHWC  # noqa: E731
     for r in _readers(ins.output.name, program):
-        if blocked(r) or (r.kernel in FOLLOW and r.kernel not in OUT_NCHW
+        if blocked(r) or (r.kernel in BLOCKED_FORM and r.kernel not in BLOCKED_TO_NCHW
                           and any(blocked(q) for q in _readers(r.output.name, program))):
             return True
     return False
@@ -103,9 +102,9 @@ def _choose(program: list[Instruction]) -> list[tuple[str, str]]:
             lin = lout = ins.params.get("layout", NCHW)
             if lin == NCHW and _blocked_output_pays(ins, program):
                 lout = NCHWC
-        elif k in FOLLOW and acts and ins.inputs[acts[0]].dtype.kind == "f" and len(ins.inputs[acts[0]].shape) == 4:
+        elif k in BLOCKED_FORM and acts and ins.inputs[acts[0]].dtype.kind == "f" and len(ins.inputs[acts[0]].shape) == 4:
             lin = produced.get(ins.inputs[acts[0]].name, NCHW)
-            lout = NCHW if k in OUT_NCHW else lin
+            lout = NCHW if k in BLOCKED_TO_NCHW else lin
         produced[ins.output.name] = lout
         out.append((lin, lout))
     return out

@@ -1,7 +1,7 @@
 """Lowering: an optimized Network -> instructions over (segment, block) operands.
 
 Each op becomes one instruction whose kernel is named after the op (the CPU kernel registry,
-`kernels/cpu.py`, maps names to functions). Operands are classified into the three QingLong
+`kernels/registry.py`, maps names to functions). Operands are classified into the three QingLong
 segments: bound constants -> CONST (direct), network inputs/outputs -> IO (indirect),
 everything else -> HIDDEN (direct). Segment offsets stay 0 here; REOFF fills them in.
 Conv layers get their algorithm (and the layout it runs in) here, and an algorithm that

@@ -280,7 +280,7 @@ def _from_bytes(data: bytes, where: str) -> DataPackage:
 
 def validate_program(pkg: DataPackage, where: str = "package") -> None:
     """Every operand must lie inside its segment and IO operands must match their slot."""
-    from ..kernels.cpu import KERNELS
+    from ..kernels.registry import KERNELS
     sizes = {CONST: pkg.const_bytes, HIDDEN: pkg.hidden_bytes}
     slots = {s.offset: s for s in pkg.io}
     for i, ins in enumerate(pkg.program()):

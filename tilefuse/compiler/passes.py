@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir import Network, OpNode
+from ..ir import Network, OpNode, ops
 from ..ir.network import _toposort
 from ..ir.node import DataNode
 
@@ -152,7 +152,7 @@ def fuse_relu(net: Network) -> PassResult:
     for relu in [o for o in net.ops if o.op == "relu"]:
         d = relu.inputs[0]
         prod = d.producer
-        if prod is None or prod.op not in ("conv2d", "linear", "add") or prod.params.get("relu"):
+        if prod is None or prod.op not in ops.RELU_EPILOGUE or prod.params.get("relu"):
             continue
         if _single_user(net, d) is not relu:
             continue

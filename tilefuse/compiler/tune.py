@@ -70,7 +70,7 @@ def kernels_fingerprint() -> str:
 
 
 def machine_key(threads: int) -> str:
-    from ..kernels.conv.threads import blas_info, cpu_count
+    from ..kernels.threads import blas_info, cpu_count
     return (f"{cpu_model()}|{cpu_count()} cores|{threads} threads|blas {blas_info()}"
             f"|kernels {kernels_fingerprint()}")
 

@@ -7,7 +7,8 @@ cut into overlapping tiles that are spread over the CPU's cores, plus a 3-stage 
 
 import numpy as np
 
-from .filter import DTYPES, MAX_KERNEL, accumulator_dtype, filter2d, saturate_cast
+from .checks import DTYPES, MAX_KERNEL, accumulator_dtype, saturate_cast
+from .filter import filter2d
 from .reference import BORDERS, correlate_reference
 from .stream import FrameTiming, StreamReport, filter_stream
 from .tiles import Tile, plan_tiles

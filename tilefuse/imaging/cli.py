@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from . import KERNELS
-from .filter import filter2d, saturate_cast
+from .checks import saturate_cast
+from .filter import filter2d
 from .reference import BORDERS, correlate_reference
 from .stream import StreamReport, filter_stream
 

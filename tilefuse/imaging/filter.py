@@ -1,7 +1,7 @@
 """`filter2d`: tiled 2-D correlation of an image on the CPU's cores (OpenCV filter2D semantics).
 
-Checks and dtype rules live here; the arithmetic is in ``kernels.py`` (fast, numba) and
-``reference.py`` (spec, numpy); tile geometry in ``tiles.py``.
+Argument checks and dtype rules are in ``checks.py``; the arithmetic is in ``kernels.py`` (fast,
+numba) and ``reference.py`` (spec, numpy); tile geometry in ``tiles.py``.
 
 Output dtype:
 
@@ -15,95 +15,16 @@ Output dtype:
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
+from ..kernels.threads import parallel_for
 from . import kernels, tiles
+from .checks import accumulator_dtype, check_image, check_kernel, check_out, check_workers, saturate_cast
+from .linebuffer import filter2d_linebuffer
 from .reference import BORDER_CODES, BORDERS
 
-DTYPES = (np.dtype(np.uint8), np.dtype(np.int16), np.dtype(np.int32), np.dtype(np.float32))
-MAX_KERNEL = 31  # per side; direct correlation costs kh*kw per pixel, beyond this use an FFT
 METHODS = ("direct", "paper")
 _BANDS_PER_WORKER = 2  # auto tile: full-width row bands, this many per worker
-
-
-def default_workers() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    if workers not in _POOLS:
-        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="tilefuse-imaging")
-    return _POOLS[workers]
-
-
-def check_image(image) -> np.ndarray:
-    """The image as an array, or a ValueError / TypeError naming what is wrong."""
-    arr = np.asarray(image)
-    if arr.ndim not in (2, 3):
-        raise ValueError(f"image: found a {arr.ndim}-D array of shape {arr.shape}, "
-                         "expected 2-D (H, W) or 3-D (H, W, C)")
-    if arr.size == 0:
-        raise ValueError(f"image: found an empty array of shape {arr.shape}, "
-                         "expected at least one pixel")
-    if arr.dtype not in DTYPES:
-        raise TypeError(f"image: found dtype {arr.dtype}, expected one of "
-                        f"{', '.join(str(d) for d in DTYPES)}")
-    return arr
-
-
-def _check_kernel_array(k, name: str, ndim: int) -> np.ndarray:
-    arr = np.asarray(k)
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"{name}: found dtype {arr.dtype}, expected integer or float weights")
-    if arr.size == 0:
-        raise ValueError(f"{name}: found an empty kernel of shape {arr.shape}, "
-                         "expected odd sides (1, 3, 5, 7, ...)")
-    if arr.ndim != ndim:
-        raise ValueError(f"{name}: found a {arr.ndim}-D array of shape {arr.shape}, "
-                         f"expected {ndim}-D")
-    if any(s % 2 == 0 for s in arr.shape):
-        raise ValueError(f"{name}: found shape {arr.shape} with an even side, "
-                         "expected odd sides (1, 3, 5, 7, ...) so the kernel has a centre")
-    if any(s > MAX_KERNEL for s in arr.shape):
-        raise ValueError(f"{name}: found shape {arr.shape}, expected sides of at most "
-                         f"{MAX_KERNEL} (direct correlation; use an FFT for larger kernels)")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name}: found non-finite weights (nan or inf), expected finite ones")
-    return arr
-
-
-def check_kernel(kernel) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
-    """(2-D kernel, separable factors or None). A tuple of two 1-D arrays ``(v, h)`` is the
-    separable kernel ``outer(v, h)``: ``v`` runs down the rows, ``h`` along the columns."""
-    if isinstance(kernel, tuple) and len(kernel) == 2 and all(np.ndim(f) == 1 for f in kernel):
-        v = _check_kernel_array(kernel[0], "kernel[0] (vertical factor)", 1)
-        h = _check_kernel_array(kernel[1], "kernel[1] (horizontal factor)", 1)
-        return np.outer(v, h), (v, h)
-    return _check_kernel_array(kernel, "kernel", 2), None
-
-
-def _is_integral(arr: np.ndarray) -> bool:
-    if arr.dtype.kind in "biu":
-        return bool(np.all((arr >= -2**31) & (arr < 2**31)))
-    return bool(np.all(arr == np.round(arr)) and np.all(np.abs(arr) < 2**31))
-
-
-def accumulator_dtype(image_dtype, kernel) -> np.dtype:
-    """int32 for an integer image and integer-valued kernel (exact), float32 otherwise."""
-    kernels_ = kernel if isinstance(kernel, tuple) else (kernel,)
-    if np.dtype(image_dtype).kind in "iu" and all(_is_integral(np.asarray(k)) for k in kernels_):
-        return np.dtype(np.int32)
-    return np.dtype(np.float32)
 
 
 def check_tile(tile, shape: tuple[int, int], ksize: tuple[int, int], workers: int) -> tuple[int, int]:
@@ -130,31 +51,13 @@ def check_tile(tile, shape: tuple[int, int], ksize: tuple[int, int], workers: in
     return th, tw
 
 
-def check_workers(workers) -> int:
-    if workers is None:
-        return default_workers()
-    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
-        raise ValueError(f"workers: found {workers!r}, expected a positive integer or None")
-    return int(workers)
-
-
-def saturate_cast(result: np.ndarray, dtype) -> np.ndarray:
-    """Round half to even and clip to ``dtype``'s range (OpenCV's saturate_cast)."""
-    info = np.iinfo(dtype)
-    if result.dtype.kind == "f":
-        result = np.rint(result)
-    return np.clip(result, info.min, info.max).astype(dtype)
-
-
 def _filter_plane(src: np.ndarray, k: np.ndarray, sep, border: str, tile, workers: int,
                   method: str, out: np.ndarray) -> None:
     """Filter one C-contiguous 2-D plane into ``out`` (accumulator dtype)."""
     plan = tiles.plan_tiles(src.shape, tile, k.shape)
     if method == "paper":
         work = [plan[core::workers] for core in range(min(workers, len(plan)))]
-        futures = [_pool(workers).submit(tiles.filter_tiles, src, k, g, out) for g in work]
-        for f in futures:
-            f.result()
+        parallel_for(lambda g: tiles.filter_tiles(src, k, g, out), work, workers)
         return
     groups = tiles.assign(plan, workers)
     mode = BORDER_CODES[border]
@@ -165,19 +68,7 @@ def _filter_plane(src: np.ndarray, k: np.ndarray, sep, border: str, tile, worker
     if len(groups) == 1:
         run(*args, out, groups[0], mode)
         return
-    futures = [_pool(workers).submit(run, *args, out, g, mode) for g in groups]
-    for f in futures:
-        f.result()
-
-
-def check_out(out, shape, acc) -> np.ndarray:
-    """A new result array, or the caller's `out` if it is C-contiguous with the right shape/dtype."""
-    if out is None:
-        return np.empty(shape, dtype=acc)
-    if out.shape != shape or out.dtype != acc or not out.flags.c_contiguous:
-        raise ValueError(f"out: found {out.dtype} array of shape {out.shape}, expected a "
-                         f"C-contiguous {acc} array of shape {shape}")
-    return out
+    parallel_for(lambda g: run(*args, out, g, mode), groups, workers)
 
 
 def filter2d(image, kernel, border: str = "replicate", tile="auto", workers: int | None = None,
@@ -200,7 +91,6 @@ def filter2d(image, kernel, border: str = "replicate", tile="auto", workers: int
         buffer, seed 003; `imaging/linebuffer.py`; `tile` and `method` do not apply).
     """
     if algorithm == "linebuffer":
-        from .linebuffer import filter2d_linebuffer
         return filter2d_linebuffer(image, kernel, border=border, workers=workers, saturate=saturate,
                                    out=out)
     if algorithm != "tiled":

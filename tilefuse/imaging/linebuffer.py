@@ -15,17 +15,16 @@ interleaved: a tap's column offset is j*C. Semantics, dtypes and borders are tho
 `filter2d` (OpenCV filter2D: correlation, anchor at the centre; int32 accumulation for integer
 images and integer-valued kernels, exact modulo 2**32; float32 otherwise).
 
-`workers` > 1 cuts the rows into that many bands, each streamed through its own ring on its own
-thread (numba releases the GIL); a band re-reads kh - 1 halo rows of its neighbour.
+`workers` > 1 cuts the rows into that many bands, each streamed through its own ring on the
+shared thread pool (`kernels/threads.py`; numba releases the GIL); a band re-reads kh - 1 halo rows of its neighbour.
 """
 from __future__ import annotations
-
-import threading
 
 import numba
 import numpy as np
 
-from .filter import (accumulator_dtype, check_image, check_kernel, check_out, check_workers,
+from ..kernels.threads import parallel_for
+from .checks import (accumulator_dtype, check_image, check_kernel, check_out, check_workers,
                      saturate_cast)
 from .reference import BORDERS, border_index
 
@@ -109,14 +108,7 @@ def filter2d_linebuffer(image, kernel, border: str = "replicate", workers: int |
         ring = np.empty((kh, (w + kw - 1) * chans), dtype=acc)
         _linebuffer_rows(src, rowmap, colmap, chans, k, dst, ring, cuts[b], cuts[b + 1])
 
-    if bands == 1:
-        run(0)
-    else:
-        threads = [threading.Thread(target=run, args=(b,)) for b in range(bands)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    parallel_for(run, range(bands), bands)
     if saturate and img.dtype.kind in "iu":
         return saturate_cast(out, img.dtype)
     return out

@@ -26,8 +26,9 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ..runtime.pipeline import iter_pipeline
-from .filter import accumulator_dtype, check_image, check_kernel, filter2d, saturate_cast
+from ..runtime.stages import iter_pipeline
+from .checks import accumulator_dtype, check_image, check_kernel, saturate_cast
+from .filter import filter2d
 
 @dataclass(frozen=True)
 class FrameTiming:

@@ -78,7 +78,7 @@ def _expect_same_dtype(node: str, inputs):
 @dataclass(frozen=True)
 class OpSchema:
     name: str
-    group: str                      # conv | norm | elementwise | pool | linear | shape
+    group: str                      # one of GROUP_NAMES (the op groups, end of this file)
     inputs: tuple[str, ...]         # input roles, in order (optional ones end with '?')
     normalize: Callable[[str, dict], dict]
     infer: Callable[[str, list, dict], Shape]
@@ -100,9 +100,12 @@ class OpSchema:
 
 
 OPS: dict[str, OpSchema] = {}
+GROUP_NAMES = ("conv", "pool", "global", "norm", "elementwise", "linear", "reduce", "shape")
 
 
 def _register(schema: OpSchema):
+    if schema.group not in GROUP_NAMES:
+        raise ValueError(f"op '{schema.name}': group '{schema.group}', expected one of {GROUP_NAMES}")
     OPS[schema.name] = schema
     return schema
 
@@ -291,7 +294,7 @@ def _gap_infer(node, ins, p):
     return (x.shape[0], x.shape[1], 1, 1)
 
 
-_register(OpSchema("global_avg_pool", "pool", ("x",), lambda n, p: {}, _gap_infer,
+_register(OpSchema("global_avg_pool", "global", ("x",), lambda n, p: {}, _gap_infer,
                    lambda x: ref.global_avg_pool(x), lambda i, o, p: _prod(i[0])))
 
 
@@ -334,7 +337,7 @@ def _softmax_infer(node, ins, p):
     return tuple(x.shape)
 
 
-_register(OpSchema("softmax", "elementwise", ("x",), _axis_norm, _softmax_infer,
+_register(OpSchema("softmax", "reduce", ("x",), _axis_norm, _softmax_infer,
                    lambda x, axis: ref.softmax(x, axis), lambda i, o, p: 5 * _prod(o)))
 
 
@@ -392,6 +395,44 @@ def _concat_infer(node, ins, p):
 
 _register(OpSchema("concat", "shape", ("x*",), _axis_norm, _concat_infer,
                    lambda *xs, axis: ref.concat(*xs, axis=axis), lambda i, o, p: 0))
+
+
+
+# ----------------------------------------------------------------------------- named op groups
+# What passes, layouts, streaming and training match on, defined once (tinygrad's GroupOp).
+# Every op has one `group` (its schema's field); the family groups below are read from it, so a
+# new op joins its family by naming it. The property groups are contracts that code elsewhere
+# implements op by op, so an op joins one only when that code handles it.
+
+
+def ops_in(*groups: str) -> frozenset[str]:
+    """The ops whose schema group is one of `groups`."""
+    unknown = [g for g in groups if g not in GROUP_NAMES]
+    if unknown:
+        raise ValueError(f"unknown op group(s) {unknown}; expected one of {GROUP_NAMES}")
+    return frozenset(n for n, s in OPS.items() if s.group in groups)
+
+
+CONV = ops_in("conv")                # convolutions (conv2d)
+POOL = ops_in("pool")                # windowed pooling (max_pool, avg_pool)
+GLOBAL = ops_in("global")            # whole-plane reductions (global_avg_pool)
+NORM = ops_in("norm")                # per-channel / cross-channel maps (batch_norm, scale, lrn)
+ELEMENTWISE = ops_in("elementwise")  # one output element per input element (relu, add, dropout)
+LINEAR = ops_in("linear")            # dense layers (linear)
+REDUCE = ops_in("reduce")            # reductions along an axis (softmax)
+SHAPE = ops_in("shape")              # data movement (flatten, concat)
+
+# property groups:
+# output row r reads a window of input rows (kernel_size / stride / padding / dilation in H):
+# the ops streaming runs through row windows (stream/schedule.py)
+WINDOW = frozenset({"conv2d", "max_pool", "avg_pool"})
+# output row r reads input row r only: streamed as is (stream/bands.py has a band kernel each)
+ROW_LOCAL = frozenset({"relu", "add", "scale", "batch_norm", "dropout", "local_response_norm", "concat"})
+# ops with a `relu` parameter: a following ReLU fuses into them (compiler/passes.py fuse_relu)
+RELU_EPILOGUE = frozenset({"conv2d", "linear", "add"})
+# seed 004's memory-bound layers (BN, its inference form scale, ReLU, Add): what training fuses
+# into the convolutions and its traffic tables count as memory-bound
+MEMORY_BOUND = frozenset({"batch_norm", "scale", "relu", "add"})
 
 
 def normalize(op: str, node: str, params: dict[str, Any]) -> dict[str, Any]:

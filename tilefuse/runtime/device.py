@@ -128,29 +128,3 @@ class CPUDevice:
 
     def __repr__(self) -> str:
         return f"CPUDevice({self.name}, {self.used_bytes}/{self.capacity} bytes used)"
-
-
-# QingLong-style free functions ------------------------------------------------------------
-
-HOST_TO_DEV, DEV_TO_HOST = "host_to_dev", "dev_to_host"
-
-
-def dev_malloc(device: CPUDevice, nbytes: int) -> int:
-    return device.alloc(nbytes)
-
-
-def dev_free(device: CPUDevice, addr: int) -> None:
-    device.free(addr)
-
-
-def dev_memcpy(device: CPUDevice, direction: str, addr: int, host=None, shape=None, dtype=np.float32):
-    """dev_memcpy(dev, HOST_TO_DEV, addr, array) or dev_memcpy(dev, DEV_TO_HOST, addr, shape=, dtype=)."""
-    if direction == HOST_TO_DEV:
-        device.copy_in(addr, host)
-        return None
-    if direction == DEV_TO_HOST:
-        if host is not None:
-            host[...] = device.copy_out(addr, host.shape, host.dtype)
-            return host
-        return device.copy_out(addr, shape, dtype)
-    raise DeviceError(f"direction must be HOST_TO_DEV or DEV_TO_HOST, got {direction!r}")

@@ -20,9 +20,9 @@ import numpy as np
 from ..compiler.package import DataPackage
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
 from ..errors import DeviceError, GraphError
-from ..kernels.cpu import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
+from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
 from .device import CPUDevice
-from .pipeline import PipelineStats, run_pipeline
+from .stages import PipelineStats, run_pipeline
 
 _SEG_NAMES = {CONST: "const", HIDDEN: "hidden", IO: "io"}
 
@@ -100,7 +100,7 @@ class Session:
             params = dict(ins.params)
             if ins.kernel in THREADED:
                 params["threads"] = self.threads
-            # validated once here (kernels.cpu.bind): blocked convs get a closure without per-call
+            # validated once here (kernels.registry.bind): blocked convs get a closure without per-call
             # argument checks, tiny layers run on one thread (shape rule, results unchanged)
             fn, params = bind_kernel(ins.kernel, views, params)
             bound.append((fn, views, params, ins))
@@ -235,7 +235,3 @@ class Session:
                 self.free_io(b)
         self.last_stats = stats
         return results
-
-    # paper-style name
-    def compute_network(self, in_addrs, out_addrs) -> None:
-        self.compute(in_addrs, out_addrs)

@@ -17,20 +17,20 @@ import time
 
 import numpy as np
 
-from ..compiler.pipeline import run_passes
+from ..compiler.passlist import run_passes
 from ..errors import GraphError
 from ..ir import Network
 from .executor import StreamExecutor, prepare_input, run_tail
-from .pipeline import PipelineExecutor, balance_stages
+from .layer_pipeline import PipelineExecutor, balance_stages
 from .plan import StreamPlan, make_plan
 from .ring import FullRows, RingError, RowRing
-from .schedule import RowWindow, Schedule, build_schedule, split_streamable
+from .schedule import BandSchedule, RowWindow, build_schedule, split_streamable
 
 
 class StreamedNetwork:
     """A network compiled for streamed execution; `.run(x)` like `Session.run`."""
 
-    def __init__(self, source: Network, network: Network, schedule: Schedule, workers: int,
+    def __init__(self, source: Network, network: Network, schedule: BandSchedule, workers: int,
                  pass_log: list[str], compile_seconds: float, queue_bands: int = 2, threads: int | None = None,
                  kernels: str = "fast", winograd: bool = True, algorithm: str | None = None, layout: str = "nchwc"):
         self.source = source
@@ -141,6 +141,6 @@ def compile_stream(net: Network, band_rows: int = 4, workers: int = 1, *, passes
                            kernels=kernels, winograd=winograd, algorithm=algorithm, layout=layout)
 
 
-__all__ = ["StreamedNetwork", "compile_stream", "StreamPlan", "Schedule", "RowWindow", "RowRing",
+__all__ = ["StreamedNetwork", "compile_stream", "StreamPlan", "BandSchedule", "RowWindow", "RowRing",
            "FullRows", "RingError", "build_schedule", "split_streamable", "balance_stages",
            "StreamExecutor", "PipelineExecutor"]

@@ -5,7 +5,7 @@ in a scratch buffer when the op has a window, and writes its output rows into th
 ring's slots (a band that would wrap the ring is computed in scratch and stored in two pieces).
 
 float32 conv2d: `KernelConvRunner`, the fast kernels of `kernels/conv` (weights prepared once).
-With NCHW16c rings (layout "nchwc", the default; `assign_layouts` picks the rings) a conv with
+With NCHW16c rings (layout "nchwc", the default; `assign_ring_layouts` picks the rings) a conv with
 an NCHW16c algorithm gathers its band as NCHW16c rows and runs `direct_nchwc` (on the band
 padded left/right) or `conv2d_run_nchwc` (padding (0, 0, l, r)); im2col writes NCHW16c rows
 through `conv2d_run_to_nchwc`; NCHW rings go through `conv2d_run` on the gathered band as
@@ -30,37 +30,13 @@ import numpy as np
 from numba import njit
 
 from ..kernels import reference as ref
-from .schedule import Schedule, StreamLayer
+from ..kernels.threads import Scratch
+from .schedule import BandSchedule, StreamLayer
 
 LANES = 16   # NCHW16c channel block (kernels/conv)
 
 # target size of one im2col columns chunk (measured: 1-2 MiB best with a 1 MiB L2 per core)
 COLS_BYTES = 2 << 20
-
-
-class Scratch:
-    """Named scratch buffers shared by the layers of one thread (sized for the largest band)."""
-
-    def __init__(self):
-        self.bufs: dict[tuple[str, np.dtype], np.ndarray] = {}
-
-    def reserve(self, slot: str, nelem: int, dtype) -> None:
-        key = (slot, np.dtype(dtype))
-        if key not in self.bufs or self.bufs[key].size < nelem:
-            self.bufs[key] = np.empty(max(int(nelem), 1), dtype=dtype)
-
-    def get(self, slot: str, shape, dtype) -> np.ndarray:
-        n = int(np.prod(shape))
-        key = (slot, np.dtype(dtype))
-        buf = self.bufs.get(key)
-        if buf is None or buf.size < n:
-            self.reserve(slot, n, dtype)
-            buf = self.bufs[key]
-        return buf[:n].reshape(shape)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.bufs.values())
 
 
 class Runner:
@@ -74,7 +50,7 @@ class Runner:
     native_in = native_out = False
     out_blocked = False          # set by the executor: its output ring is NCHW16c
 
-    def __init__(self, layer: StreamLayer, sched: Schedule):
+    def __init__(self, layer: StreamLayer, sched: BandSchedule):
         self.layer = layer
         self.op = layer.op
         self.in_shapes = [sched.tensors[n].shape for n in layer.inputs]
@@ -750,7 +726,7 @@ def _forced(algorithm, layer: StreamLayer):
     return algorithm if algorithm in ok and algorithm in ok_band else None
 
 
-def make_runner(layer: StreamLayer, sched: Schedule, kernels: str = "fast", winograd: bool = True,
+def make_runner(layer: StreamLayer, sched: BandSchedule, kernels: str = "fast", winograd: bool = True,
                 algorithm: str | None = None, layout: str = "nchwc") -> Runner:
     if layer.kind == "conv2d":
         if layer.op.outputs[0].dtype == np.float32 and kernels == "fast":
@@ -766,7 +742,7 @@ def make_runner(layer: StreamLayer, sched: Schedule, kernels: str = "fast", wino
     return r
 
 
-def assign_layouts(sched: Schedule, runners: list[Runner]) -> set[str]:
+def assign_ring_layouts(sched: BandSchedule, runners: list[Runner]) -> set[str]:
     """The ring tensors kept in NCHW16c. A ring is blocked when its producer writes NCHW16c
     natively, some consumer reads it natively and none needs NCHW; then every "same" layer
     (pooling, element-wise) with one NCHW tensor gets all of its tensors NCHW, to a fixpoint.

@@ -15,15 +15,16 @@ import numpy as np
 from ..errors import GraphError
 from ..interpreter import bind_inputs
 from ..ir.ops import schema
-from .bands import Runner, Scratch, assign_layouts, make_runner
+from ..kernels.threads import Scratch, blas_threads
+from .bands import Runner, assign_ring_layouts, make_runner
 from .ring import FullRows, RowRing
-from .schedule import Schedule
+from .schedule import BandSchedule
 
 
 class RingSet:
     """The rings of every streamed tensor (allocated once, reset before each run)."""
 
-    def __init__(self, sched: Schedule, extra_rows: dict[str, int] | None = None, blocked=()):
+    def __init__(self, sched: BandSchedule, extra_rows: dict[str, int] | None = None, blocked=()):
         self.sched = sched
         self.rings: dict[str, RowRing] = {}
         extra_rows = extra_rows or {}
@@ -55,21 +56,21 @@ class RingSet:
         return rows
 
 
-def consumer_slot(sched: Schedule, tensor: str, layer: int, pos: int) -> int:
+def consumer_slot(sched: BandSchedule, tensor: str, layer: int, pos: int) -> int:
     return sched.tensors[tensor].consumers.index((layer, pos))
 
 
 class StreamExecutor:
     """Runs a schedule on one thread."""
 
-    def __init__(self, sched: Schedule, threads: int | None = None, kernels: str = "fast", winograd: bool = True,
+    def __init__(self, sched: BandSchedule, threads: int | None = None, kernels: str = "fast", winograd: bool = True,
                  algorithm: str | None = None, layout: str = "nchwc"):
         self.sched = sched
         self.threads = threads
         self.layout = layout
         self.runners: list[Runner] = [make_runner(l, sched, kernels, winograd, algorithm, layout)
                                       for l in sched.layers]
-        self.blocked = assign_layouts(sched, self.runners) if layout == "nchwc" else set()
+        self.blocked = assign_ring_layouts(sched, self.runners) if layout == "nchwc" else set()
         for l, r in zip(sched.layers, self.runners):
             r.out_blocked = l.output in self.blocked
         for r in self.runners:
@@ -102,13 +103,12 @@ class StreamExecutor:
     def run_streamed(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """The sinks (whole arrays) for input x (N, C, H, W).
 
-        OpenBLAS is held to one thread (if threadpoolctl is installed): a band's GEMMs are
+        OpenBLAS is held to one thread (`kernels.threads.blas_threads`): a band's GEMMs are
         small, and waking BLAS threads for each of them costs more than it gains (measured
         5x slower with 2 threads on a busy 2-core machine); the layer pipeline is the way to
         use more cores."""
-        from .pipeline import one_blas_thread
         rows = self.rings.bind(x)
-        with one_blas_thread():
+        with blas_threads(1):
             for li, r0, r1 in self.sched.steps:
                 self.step(rows, li, r0, r1, self.scratch)
         return {s: rows[s].buf for s in self.sched.sinks}
@@ -127,7 +127,7 @@ def compute_band(runner: Runner, ins: list, out, scratch: Scratch, r0: int, r1: 
     out.store(r0, tmp)
 
 
-def run_tail(sched: Schedule, x: np.ndarray, sinks: dict[str, np.ndarray]) -> list[np.ndarray]:
+def run_tail(sched: BandSchedule, x: np.ndarray, sinks: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run the non-streamed ops on whole tensors; return the network outputs in order."""
     env = dict(sinks)
     env[sched.input] = x
@@ -140,6 +140,6 @@ def run_tail(sched: Schedule, x: np.ndarray, sinks: dict[str, np.ndarray]) -> li
     return [env[d.name] for d in sched.network.outputs]
 
 
-def prepare_input(sched: Schedule, x) -> np.ndarray:
+def prepare_input(sched: BandSchedule, x) -> np.ndarray:
     (a,) = bind_inputs(sched.network, x)
     return np.ascontiguousarray(a)

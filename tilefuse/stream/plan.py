@@ -104,7 +104,7 @@ class StreamPlan:
 
 
 def make_plan(streamed) -> StreamPlan:
-    from .pipeline import PipelineExecutor
+    from .layer_pipeline import PipelineExecutor
     sched = streamed.schedule
     ex = streamed.executor
     pipe = isinstance(ex, PipelineExecutor)

@@ -30,12 +30,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import GraphError
-from ..ir import Network, OpNode
+from ..ir import Network, OpNode, ops
 from ..ir.ops import flops as op_flops
 
-WINDOW_OPS = ("conv2d", "max_pool", "avg_pool")
-ROW_LOCAL_OPS = ("relu", "add", "scale", "batch_norm", "dropout", "local_response_norm", "concat")
-STREAMABLE = WINDOW_OPS + ROW_LOCAL_OPS
+STREAMABLE = ops.WINDOW | ops.ROW_LOCAL
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ class StreamLayer:
 
 
 @dataclass
-class Schedule:
+class BandSchedule:
     network: Network                    # the optimized network the schedule was made for
     input: str
     layers: list[StreamLayer]
@@ -161,7 +159,7 @@ def split_streamable(net: Network) -> tuple[list[OpNode], list[OpNode]]:
     return streamed, tail
 
 
-def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> Schedule:
+def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> BandSchedule:
     """Streamed part, tensors, dry-run steps and ring capacities of an optimized network.
 
     layer_rows: None (every layer emits as many rows as its inputs allow, up to band_rows), or
@@ -182,7 +180,7 @@ def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> Schedul
         for pos, d in enumerate(op.inputs):
             if d.is_constant:
                 continue
-            win = _window(op) if (op.op in WINDOW_OPS and pos == 0) else IDENTITY
+            win = _window(op) if (op.op in ops.WINDOW and pos == 0) else IDENTITY
             tensors[d.name].consumers.append((i, len(names)))
             names.append(d.name)
             wins.append(win)
@@ -196,7 +194,7 @@ def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> Schedul
         tensors[s].sink = True
     mins = [max(1, int(layer_rows(l))) if layer_rows else 1 for l in layers]
     steps = _dry_run(layers, tensors, x.name, band_rows, mins)
-    return Schedule(net, x.name, layers, tensors, sinks, tail, steps, band_rows, mins)
+    return BandSchedule(net, x.name, layers, tensors, sinks, tail, steps, band_rows, mins)
 
 
 def _dry_run(layers, tensors, input_name, band, mins=None) -> list[tuple[int, int, int]]:

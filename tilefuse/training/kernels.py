@@ -33,6 +33,7 @@ import numba as nb
 import numpy as np
 
 from ..kernels.reference import conv_out_size, pool_out_size
+from ..kernels.threads import scratch
 from . import parallel as par
 
 # numba loops run single-threaded inside the trainer's own thread split (parallel.py): each
@@ -902,10 +903,10 @@ def bwd_pre(dz2, x2, f1, bb, cc, c0, c1, out=None):
     return out
 
 
-def pad_pre(x, g: ConvGeom, n0, n1, pre: Pre, tid):
+def pad_pre(x, g: ConvGeom, n0, n1, pre: Pre):
     """The tile's transformed input in the padded-plane layout of the shifted-GEMM path."""
     d1, d4, _ = dummies(x.dtype)
-    xp = par.scratch(tid, "xp", (g.C, (n1 - n0) * g.Hp * g.Wp + g.tail), x.dtype)
+    xp = scratch("xp", (g.C, (n1 - n0) * g.Hp * g.Wp + g.tail), x.dtype)
     _pad_pre(x, _o(pre.a, d1), _o(pre.b, d1), _o(pre.s, d4), _o(pre.a2, d1), _o(pre.b2, d1),
              _o(pre.r_out, d4), xp, n0, n1, g.pt, g.pl, g.Hp, g.Wp, *pre.flags())
     return xp
@@ -946,13 +947,13 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
             if pre.identity:
                 cols = x2[:, c0:c1]
             else:
-                cols = pre_rows(x, g, c0, c1, pre, par.scratch(tid, "cols", (g.C, c1 - c0), x.dtype))
+                cols = pre_rows(x, g, c0, c1, pre, scratch("cols", (g.C, c1 - c0), x.dtype))
         else:
             n0, n1 = tl[i]
             c0, c1 = n0 * hw, n1 * hw
             cols = (im2col(x, g, n0, n1, pre) if g.direct and pre.identity else
                     im2col(x, g, n0, n1, pre,
-                           out=par.scratch(tid, "cols", (g.C * g.kh * g.kw, c1 - c0), x.dtype)))
+                           out=scratch("cols", (g.C * g.kh * g.kw, c1 - c0), x.dtype)))
         for gi in range(g.groups):
             par.gemm(w2[gi * og:(gi + 1) * og], cols[gi * g.K:(gi + 1) * g.K],
                      y2[gi * og:(gi + 1) * og, c0:c1])
@@ -975,8 +976,8 @@ def _shift_forward(x, w, g: ConvGeom, y, bias, pre, stats, st):
     def task(i, tid):
         n0, n1 = tl[i]
         L = (n1 - n0) * P
-        xp = pad_pre(x, g, n0, n1, pre, tid)
-        yw = par.scratch(tid, "yw", (g.O, L), x.dtype)
+        xp = pad_pre(x, g, n0, n1, pre)
+        yw = scratch("yw", (g.O, L), x.dtype)
         for k, off in enumerate(g.offs):
             par.gemm(wk[k], xp[:, off:off + L], yw, beta=0.0 if k == 0 else 1.0)
         s_, ss_ = st[tid] if st[tid] is not None else (_D64, _D64)
@@ -1012,17 +1013,17 @@ def _shift_backward(dy, x, w, g: ConvGeom, pre, post, dy_pre, need_dx, has_bias)
     def task(i, tid):
         n0, n1 = tl[i]
         L = (n1 - n0) * P
-        dyw = par.scratch(tid, "dyw", (g.O, L), x.dtype)
+        dyw = scratch("dyw", (g.O, L), x.dtype)
         _wide_dy(src, xb, f1, bb, cc, dy_pre is not None, dyw, n0, n1, g.Hp, g.Wp)
         if has_bias:
             dbs[tid] += dyw.sum(axis=1, dtype=np.float64)
-        xp = pad_pre(x, g, n0, n1, pre, tid)
+        xp = pad_pre(x, g, n0, n1, pre)
         dwk = dwks[tid]
         for k, off in enumerate(g.offs):
             par.gemm(dyw, xp[:, off:off + L].T, dwk[k], beta=1.0)
         if not need_dx:
             return
-        dxp = par.scratch(tid, "dxp", (g.C, L + g.tail), x.dtype)
+        dxp = scratch("dxp", (g.C, L + g.tail), x.dtype)
         dxp[:, L:] = 0
         for k, off in enumerate(g.offs):
             par.gemm(wk[k].T, dyw, dxp[:, off:off + L], beta=0.0 if k == 0 else 1.0)
@@ -1091,17 +1092,17 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
             dyt = src2[:, c0:c1]
         else:
             dyt = bwd_pre(src2, xb2, dy_pre[2], dy_pre[3], dy_pre[4], c0, c1,
-                          out=par.scratch(tid, "dy", (g.O, c1 - c0), x.dtype))
+                          out=scratch("dy", (g.O, c1 - c0), x.dtype))
         if has_bias:
             dbs[tid] += dyt.sum(axis=1, dtype=np.float64)
         if direct:
             cols = x2[:, c0:c1] if pre.identity else pre_rows(
-                x, g, c0, c1, pre, par.scratch(tid, "cols", (g.C, c1 - c0), x.dtype))
+                x, g, c0, c1, pre, scratch("cols", (g.C, c1 - c0), x.dtype))
         elif g.direct and pre.identity:
             cols = im2col(x, g, n0, n1)
         else:
             cols = im2col(x, g, n0, n1, pre,
-                          out=par.scratch(tid, "cols", (g.C * g.kh * g.kw, c1 - c0), x.dtype))
+                          out=scratch("cols", (g.C * g.kh * g.kw, c1 - c0), x.dtype))
         dw_t = dws[tid]
         for gi in range(g.groups):
             if wt:
@@ -1119,7 +1120,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
             if not post_id:
                 post_rows(dx2, c0, c1, post, sums[tid])
             return
-        dcols = par.scratch(tid, "dcols", (g.C * g.kh * g.kw, c1 - c0), x.dtype)
+        dcols = scratch("dcols", (g.C * g.kh * g.kw, c1 - c0), x.dtype)
         for gi in range(g.groups):
             par.gemm(w2[gi * og:(gi + 1) * og].T, dyt[gi * og:(gi + 1) * og],
                      dcols[gi * g.K:(gi + 1) * g.K])

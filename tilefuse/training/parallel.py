@@ -1,11 +1,12 @@
 """Thread split and GEMM for the training kernels.
 
-One thread pool does everything during a step: ``run(ntasks, fn)`` hands tasks
-``fn(task, tid)`` to ``threads`` threads (the caller is thread 0) in dynamic order; the
+One thread pool does everything during a step, the shared pool of `kernels/threads.py`:
+``using(threads)`` sets the step's thread count, ``run(ntasks, fn)`` hands tasks
+``fn(task, tid)`` to that many threads (the caller is thread 0) in dynamic order; the
 kernels inside are numba ``nogil`` loops (compiled without numba's own thread pool) and
-single-threaded BLAS GEMMs, so both cores work on independent tiles and no second pool
-spins while this one works (see docs/training.md "Threads"). Idle workers block on a
-condition variable.
+single-threaded BLAS GEMMs (``kernels.threads.blas_threads``), so both cores work on
+independent tiles and no second pool spins while this one works (see docs/training.md
+"Threads"). Idle workers block. Per-thread buffers: ``kernels.threads.scratch``.
 
 ``gemm(a, b, out, beta)`` is ``out = a @ b + beta*out`` on 2-D float32 views with unit stride
 in the last dimension (either operand may be a transposed view). It calls ``cblas_sgemm`` of
@@ -17,126 +18,43 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import itertools
 import os
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from ..kernels.threads import parallel_range, resolve_threads
+
 # ---------------------------------------------------------------------------- thread split
 
-
-class ThreadSplit:
-    def __init__(self, threads: int):
-        self.threads = max(1, int(threads))
-        self._cv = threading.Condition()
-        self._job = None
-        self._gen = 0
-        self._pending = 0
-        self._errors: list = []
-        self._workers = []
-        for tid in range(1, self.threads):
-            t = threading.Thread(target=self._loop, args=(tid,), daemon=True,
-                                 name=f"tilefuse-train-{tid}")
-            t.start()
-            self._workers.append(t)
-
-    def _loop(self, tid):
-        seen = 0
-        while True:
-            with self._cv:
-                while self._gen == seen:
-                    self._cv.wait()
-                seen = self._gen
-                job = self._job
-            try:
-                job(tid)
-            except BaseException as e:          # re-raised in the caller
-                self._errors.append(e)
-            with self._cv:
-                self._pending -= 1
-                if self._pending == 0:
-                    self._cv.notify_all()
-
-    def run(self, ntasks: int, fn, threads: int | None = None) -> None:
-        """fn(task, tid) for task in range(ntasks), over min(threads, ntasks) threads."""
-        use = min(self.threads if threads is None else threads, ntasks)
-        if use <= 1:
-            for i in range(ntasks):
-                fn(i, 0)
-            return
-        counter = itertools.count()
-
-        def body(tid):
-            if tid >= use:
-                return
-            while True:
-                i = next(counter)              # atomic under the GIL
-                if i >= ntasks:
-                    return
-                fn(i, tid)
-
-        with self._cv:
-            self._job = body
-            self._pending = len(self._workers)
-            self._errors = []
-            self._gen += 1
-            self._cv.notify_all()
-        err = None
-        try:
-            body(0)
-        except BaseException as e:
-            err = e
-        with self._cv:
-            while self._pending:
-                self._cv.wait()
-        if err is not None:
-            raise err
-        if self._errors:
-            raise self._errors[0]
-
-
-_POOLS: dict[int, ThreadSplit] = {}
 _local = threading.local()
 
 
-def default_threads() -> int:
-    return os.cpu_count() or 1
-
-
-def pool() -> ThreadSplit:
-    """The thread split active in this thread (set by `using`), 1 thread outside a step."""
-    return getattr(_local, "pool", None) or _pool(1)
-
-
-def _pool(n: int) -> ThreadSplit:
-    if n not in _POOLS:
-        _POOLS[n] = ThreadSplit(n)
-    return _POOLS[n]
-
-
 class using:
-    """with using(threads): kernels called in this thread split over `threads` threads."""
+    """with using(threads): kernels called in this thread split over `threads` threads
+    (None: all cores, `kernels.threads.resolve_threads`)."""
 
     def __init__(self, threads: int | None):
-        self.n = default_threads() if threads is None else max(1, int(threads))
+        self.n = resolve_threads(threads)
 
     def __enter__(self):
-        self.old = getattr(_local, "pool", None)
-        _local.pool = _pool(self.n)
-        return _local.pool
+        self.old = getattr(_local, "threads", None)
+        _local.threads = self.n
+        return self
 
     def __exit__(self, *exc):
-        _local.pool = self.old
-
-
-def run(ntasks: int, fn) -> None:
-    pool().run(ntasks, fn)
+        _local.threads = self.old
 
 
 def nthreads() -> int:
-    return pool().threads
+    """The thread count set by `using` in this thread; 1 outside a step."""
+    return getattr(_local, "threads", None) or 1
+
+
+def run(ntasks: int, fn) -> None:
+    """fn(task, tid) for task in range(ntasks) over `nthreads()` threads of the shared pool."""
+    parallel_range(ntasks, fn, nthreads())
 
 
 def ranges(n: int, parts: int, align: int = 1):
@@ -155,31 +73,15 @@ def split_rows(n: int, fn, min_per_task: int = 1) -> None:
     run(len(rs), lambda i, tid: fn(rs[i][0], rs[i][1], tid))
 
 
-# ---------------------------------------------------------------------------- per-thread scratch
-
-_SCRATCH: dict = {}
-
-
-def scratch(tid: int, key: str, shape, dtype=np.float32) -> np.ndarray:
-    """A reusable per-thread buffer (contents undefined), grown as needed."""
-    n = int(np.prod(shape))
-    k = (tid, key, np.dtype(dtype))
-    buf = _SCRATCH.get(k)
-    if buf is None or buf.size < n:
-        buf = np.empty(max(n, 1), dtype)
-        _SCRATCH[k] = buf
-    return buf[:n].reshape(shape)
-
-
 # ---------------------------------------------------------------------------- GEMM
 
 _ROW, _NT, _T = 101, 111, 112
 
 
 def _load_sgemm():
-    """(cblas_sgemm, get_num_threads, set_num_threads) of numpy's OpenBLAS, or Nones."""
+    """cblas_sgemm of numpy's OpenBLAS, or None."""
     if os.environ.get("TILEFUSE_TRAIN_NUMPY_GEMM"):
-        return None, None, None
+        return None
     libdir = Path(np.__file__).resolve().parent.parent / "numpy.libs"
     for so in sorted(glob.glob(str(libdir / "libscipy_openblas*.so*"))):
         try:
@@ -194,44 +96,11 @@ def _load_sgemm():
             fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, it, it, it, ctypes.c_float,
                            ctypes.c_void_p, it, ctypes.c_void_p, it, ctypes.c_float,
                            ctypes.c_void_p, it]
-            sfx = "64_" if sym.endswith("64_") else ""
-            get = getattr(lib, f"scipy_openblas_get_num_threads{sfx}", None)
-            put = getattr(lib, f"scipy_openblas_set_num_threads{sfx}", None)
-            if get is not None and put is not None:
-                get.restype, get.argtypes = ctypes.c_int, []
-                put.restype, put.argtypes = None, [ctypes.c_int]
-            else:
-                get = put = None
-            return fn, get, put
-    return None, None, None
+            return fn
+    return None
 
 
-_SGEMM, _GET_THREADS, _SET_THREADS = _load_sgemm()
-
-
-class blas_threads:
-    """with blas_threads(1): numpy's BLAS runs in the calling thread (threadpoolctl when it
-    is installed, else numpy's OpenBLAS directly); our threads call it concurrently."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def __enter__(self):
-        self._ctl = None
-        try:
-            from threadpoolctl import threadpool_limits
-            self._ctl = threadpool_limits(self.n, user_api="blas")
-        except ImportError:
-            if _SET_THREADS is not None:
-                self._old = _GET_THREADS()
-                _SET_THREADS(self.n)
-        return self
-
-    def __exit__(self, *exc):
-        if self._ctl is not None:
-            self._ctl.restore_original_limits()
-        elif _SET_THREADS is not None:
-            _SET_THREADS(self._old)
+_SGEMM = _load_sgemm()
 
 
 def _desc(a):

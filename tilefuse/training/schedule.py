@@ -27,19 +27,18 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import GraphError, UnsupportedOpError
-from ..ir import Network
+from ..ir import Network, ops
 from . import kernels as K
 from .patterns import Pattern, find_patterns
 from .traffic import MemoryTracker, TrafficLog
 
-MEMORY_BOUND = ("batch_norm", "relu", "add", "scale")
 
 
 def _nb(a) -> int:
     return int(a.nbytes)
 
 
-class Schedule:
+class TrainingSchedule:
     """One network's training step under the 'unfused' or 'fused' schedule."""
 
     def __init__(self, net: Network, params: dict, buffers: dict, mode: str = "fused",
@@ -171,7 +170,7 @@ class Schedule:
             getattr(self, "_fwd_" + op.op)(op)
             dt = time.perf_counter() - t0
             self.timing["conv" if op.op == "conv2d" else
-                        ("memory-bound" if op.op in MEMORY_BOUND else "other")] += dt
+                        ("memory-bound" if op.op in ops.MEMORY_BOUND else "other")] += dt
             self.timing["fwd:" + op.op] += dt
         self.mem.end_forward()
         return self.env[self.logits.name]
@@ -344,7 +343,7 @@ class Schedule:
             self.mem.free("d:" + op.outputs[0].name)
             dt = time.perf_counter() - t0
             self.timing["conv" if op.op == "conv2d" else
-                        ("memory-bound" if op.op in MEMORY_BOUND else "other")] += dt
+                        ("memory-bound" if op.op in ops.MEMORY_BOUND else "other")] += dt
             self.timing["bwd:" + op.op] += dt
         out = {}
         for d in self.net.inputs:

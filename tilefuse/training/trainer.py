@@ -20,9 +20,9 @@ import numpy as np
 
 from ..errors import GraphError
 from ..interpreter import bind_inputs
-from ..ir import Network
+from ..ir import Network, ops
 from . import kernels as K
-from .schedule import MEMORY_BOUND, Schedule
+from .schedule import TrainingSchedule
 from .traffic import format_report, pattern_table
 
 _TRAINABLE = {"conv2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2)}
@@ -53,8 +53,8 @@ class Trainer:
                 if mean.endswith(".running_mean"):
                     self._bn_prefixes.append(mean[: -len(".running_mean")])
         self.num_batches_tracked = 0
-        self.threads = threads                       # None: all cores (os.cpu_count())
-        self.schedule = Schedule(net, self.params, self.buffers, schedule, bn_momentum, seed)
+        self.threads = threads                       # None: all cores (kernels.threads.cpu_count())
+        self.schedule = TrainingSchedule(net, self.params, self.buffers, schedule, bn_momentum, seed)
         self.last_loss = None
 
     @property
@@ -150,7 +150,7 @@ class Trainer:
         if not hasattr(s, "log"):
             raise RuntimeError("traffic_report() needs one executed step first")
         layers = [(op.name, op.op) for op in s.ops]
-        mb = {op.name for op in s.ops if op.op in MEMORY_BOUND}
+        mb = {op.name for op in s.ops if op.op in ops.MEMORY_BOUND}
         unit_of = {op.name: op.inputs[0].nbytes for op in s.ops}
         for p in s.found:
             for m in p.members:
@@ -175,11 +175,12 @@ def _threads(threads=None):
     """
     import numba
 
+    from ..kernels.threads import blas_threads
     from . import parallel as par
     old = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
-        with par.blas_threads(1), par.using(threads):
+        with blas_threads(1), par.using(threads):
             yield
     finally:
         numba.set_num_threads(old)

@@ -32,7 +32,7 @@ from tilefuse.kernels.conv.direct import direct_nchwc
 from tilefuse.kernels.conv.layout import from_nchwc, nchwc_shape, to_nchwc
 from tilefuse.kernels.conv.select import (ALGORITHMS, algorithm_flops, candidates, conv_flops, estimate_cost,
                                           select_algorithm)
-from tilefuse.kernels.conv.threads import resolve_threads
+from tilefuse.kernels.threads import resolve_threads
 
 NCHWC_ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4")
 

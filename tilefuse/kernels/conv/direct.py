@@ -22,7 +22,7 @@ from tilefuse.kernels.conv._nb import LANES, stack_f32
 from tilefuse.kernels.conv.epilogue import bias_or_zeros
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_direct
-from tilefuse.kernels.conv.threads import parallel_for, scratch
+from tilefuse.kernels.threads import parallel_for, scratch
 
 EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
 

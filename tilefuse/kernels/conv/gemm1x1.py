@@ -15,7 +15,7 @@ from numba import njit
 
 from tilefuse.kernels.conv.epilogue import EMPTY2, bias_or_zeros, epilogue_rows
 from tilefuse.kernels.conv.planner import plan_gemm1x1, plan_gemm1x1_nchwc
-from tilefuse.kernels.conv.threads import blas_threads, parallel_for, scratch
+from tilefuse.kernels.threads import blas_threads, parallel_for, scratch
 
 EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
 

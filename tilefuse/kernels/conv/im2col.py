@@ -14,7 +14,7 @@ from numba import njit
 
 from tilefuse.kernels.conv.epilogue import EMPTY2, bias_or_zeros, epilogue_rows
 from tilefuse.kernels.conv.planner import plan_im2col
-from tilefuse.kernels.conv.threads import blas_threads, parallel_for, scratch
+from tilefuse.kernels.threads import blas_threads, parallel_for, scratch
 
 
 def prepare(w, b, groups: int) -> dict:

@@ -25,7 +25,7 @@ from tilefuse.kernels.conv._nb import prefetch, prefetchw, stack_f32
 from tilefuse.kernels.conv.epilogue import bias_or_zeros
 from tilefuse.kernels.conv.planner import RB1X1 as RB
 from tilefuse.kernels.conv.planner import plan_k1x1 as plan
-from tilefuse.kernels.conv.threads import parallel_for
+from tilefuse.kernels.threads import parallel_for
 
 Q_OUTER = None  # force the loop order (benchmarks); None: the plan's
 EMPTY1 = np.zeros(0, np.float32)

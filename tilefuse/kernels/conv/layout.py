@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.conv._nb import LANES
-from tilefuse.kernels.conv.threads import parallel_for
+from tilefuse.kernels.threads import parallel_for
 
 
 @njit(nogil=True, cache=True)

@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.conv._nb import LANES, stack_f32
-from tilefuse.kernels.conv.threads import parallel_for, scratch
+from tilefuse.kernels.threads import parallel_for, scratch
 
 MAX_CIN = 4
 RB = 8

@@ -29,7 +29,7 @@ from tilefuse.kernels.conv._nb import LANES
 from tilefuse.kernels.conv.epilogue import bias_or_zeros
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_winograd
-from tilefuse.kernels.conv.threads import blas_threads, parallel_for, scratch
+from tilefuse.kernels.threads import blas_threads, parallel_for, scratch
 
 # F(2, 3): Lavin & Gray eq. (7)/(8)
 BT2 = np.array([[1, 0, -1, 0],

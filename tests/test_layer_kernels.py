@@ -1,5 +1,5 @@
-"""Fast pooling / element-wise / linear / softmax kernels (kernels/fast_misc.py) against the
-reference (kernels/reference.py), on NCHW and on the blocked NCHW16c layout.
+"""Fast pooling / element-wise / linear / softmax kernels (kernels/pool.py, elementwise.py,
+dense.py) against the reference (kernels/reference.py), on NCHW and on the blocked NCHW16c layout.
 
 Tolerances: max pool exact (no arithmetic); average pools 1e-6 relative (float32 sums, other
 order); linear 1e-5 relative (BLAS blocks K differently); softmax 1e-6.
@@ -7,7 +7,7 @@ order); linear 1e-5 relative (BLAS blocks K differently); softmax 1e-6.
 import numpy as np
 import pytest
 
-from tilefuse.kernels import fast_misc as fm
+from tilefuse.kernels import dense, elementwise, pool
 from tilefuse.kernels import reference as ref
 from tilefuse.kernels.conv import from_nchwc, nchwc_shape, to_nchwc
 
@@ -24,9 +24,9 @@ POOLS = [  # kernel, stride, padding (t, b, l, r), dilation, ceil_mode, shape
 def _pool_call(kind, fn_out, x, k, s, p, d, ceil, layout, cip=True):
     o = np.full(fn_out, np.nan, np.float32)
     if kind == "max":
-        fm.max_pool(o, x, kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil, layout=layout)
+        pool.max_pool(o, x, kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil, layout=layout)
     else:
-        fm.avg_pool(o, x, kernel_size=k, stride=s, padding=p, ceil_mode=ceil, count_include_pad=cip, layout=layout)
+        pool.avg_pool(o, x, kernel_size=k, stride=s, padding=p, ceil_mode=ceil, count_include_pad=cip, layout=layout)
     return o
 
 
@@ -61,7 +61,7 @@ def test_global_avg_pool_both_layouts(shape):
     want = ref.global_avg_pool(x)
     for layout, xin in (("nchw", x), ("nchwc", to_nchwc(x))):
         o = np.full(want.shape, np.nan, np.float32)
-        fm.global_avg_pool(o, xin, layout=layout)
+        pool.global_avg_pool(o, xin, layout=layout)
         np.testing.assert_allclose(o, want, rtol=1e-6, atol=1e-6)
 
 
@@ -69,19 +69,19 @@ def test_elementwise_and_scale():
     a, b = RNG.standard_normal((2, 3, 70000), dtype=np.float32), RNG.standard_normal((2, 3, 70000), dtype=np.float32)
     for relu in (False, True):
         o = np.empty_like(a)
-        fm.add(o, a, b, relu=relu)
+        elementwise.add(o, a, b, relu=relu)
         assert np.array_equal(o, ref.add(a, b, relu=relu))
     o = np.empty_like(a)
-    fm.relu(o, a)
+    elementwise.relu(o, a)
     assert np.array_equal(o, ref.relu(a))
     x = RNG.standard_normal((2, 20, 4, 5), dtype=np.float32)
     al, be = RNG.standard_normal(20, dtype=np.float32), RNG.standard_normal(20, dtype=np.float32)
     want = ref.scale(x, al, be)
     o = np.empty_like(x)
-    fm.scale(o, x, al, be)
+    elementwise.scale(o, x, al, be)
     np.testing.assert_allclose(o, want, rtol=1e-6, atol=1e-6)
     ob = np.empty(nchwc_shape(x.shape), np.float32)
-    fm.scale(ob, to_nchwc(x), al, be, layout="nchwc")
+    elementwise.scale(ob, to_nchwc(x), al, be, layout="nchwc")
     np.testing.assert_allclose(from_nchwc(ob, 20), want, rtol=1e-6, atol=1e-6)
     assert not ob[:, 1, ..., 4:].any()   # padded channels stay zero
 
@@ -95,7 +95,7 @@ def test_linear(has_bias, relu):
     outs = []
     for t in (1, 2):
         o = np.empty((3, 1000), np.float32)
-        fm.linear(o, x, w, *([b] if has_bias else []), has_bias=has_bias, relu=relu, threads=t)
+        dense.linear(o, x, w, *([b] if has_bias else []), has_bias=has_bias, relu=relu, threads=t)
         outs.append(o)
     assert np.array_equal(outs[0], outs[1])
     np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-5)
@@ -104,11 +104,11 @@ def test_linear(has_bias, relu):
 def test_softmax():
     x = RNG.standard_normal((4, 1000), dtype=np.float32) * 10
     o = np.empty_like(x)
-    fm.softmax(o, x, axis=1)
+    dense.softmax(o, x, axis=1)
     np.testing.assert_allclose(o, ref.softmax(x, 1), rtol=1e-6, atol=1e-7)
     x3 = RNG.standard_normal((2, 5, 3), dtype=np.float32)
     o3 = np.empty_like(x3)
-    fm.softmax(o3, x3, axis=1)                  # not the last axis: the reference path
+    dense.softmax(o3, x3, axis=1)                  # not the last axis: the reference path
     np.testing.assert_allclose(o3, ref.softmax(x3, 1), rtol=1e-6)
 
 
@@ -117,6 +117,6 @@ def test_pools_identical_for_one_and_two_threads():
     outs = []
     for t in (1, 2):
         o = np.empty((2, 3, 7, 7, 16), np.float32)
-        fm.avg_pool(o, x, kernel_size=(3, 3), stride=(2, 2), padding=(0, 0, 0, 0), layout="nchwc", threads=t)
+        pool.avg_pool(o, x, kernel_size=(3, 3), stride=(2, 2), padding=(0, 0, 0, 0), layout="nchwc", threads=t)
         outs.append(o)
     assert np.array_equal(*outs)

@@ -3,7 +3,7 @@
 A compiled program's instructions name their kernel; the runtime looks it up here and calls it
 with views of device memory, so every kernel writes its result into `out` in place. Conv2d
 dispatches on the `algorithm` the compiler chose (`kernels/conv`); pooling, element-wise,
-linear and softmax use the numba kernels of `fast_misc.py`; the rest vectorized numpy, all
+linear and softmax use the numba kernels of `pool.py`, `elementwise.py` and `dense.py`; the rest vectorized numpy, all
 within the tolerance `tests/` states against `reference.py`.
 
 Instructions the layout pass (compiler/layout.py) moved to NCHW16c carry params["layout"] =
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import fast_misc as fm
+from . import dense, elementwise, pool
 from . import reference as ref
 
 
@@ -62,14 +62,14 @@ def _max_pool(out, x, **p):
     if x.dtype != np.float32:
         out[...] = ref.max_pool(x, **{k: v for k, v in p.items() if k not in ("layout", "threads")})
         return
-    fm.max_pool(out, x, **p)
+    pool.max_pool(out, x, **p)
 
 
 def _avg_pool(out, x, **p):
     if x.dtype != np.float32:
         out[...] = ref.avg_pool(x, **{k: v for k, v in p.items() if k not in ("layout", "threads")})
         return
-    fm.avg_pool(out, x, **p)
+    pool.avg_pool(out, x, **p)
 
 
 def _copy_reshape(out, x, **_):
@@ -87,21 +87,27 @@ def _wrap(fn):
 KERNELS = {
     "conv2d": _conv2d,
     "batch_norm": _wrap(lambda x, g, b, m, v, eps: ref.batch_norm(x, g, b, m, v, eps)),
-    "scale": fm.scale,
-    "relu": fm.relu,
-    "add": fm.add,
+    "scale": elementwise.scale,
+    "relu": elementwise.relu,
+    "add": elementwise.add,
     "max_pool": _max_pool,
     "avg_pool": _avg_pool,
-    "global_avg_pool": fm.global_avg_pool,
-    "linear": fm.linear,
+    "global_avg_pool": pool.global_avg_pool,
+    "linear": dense.linear,
     "flatten": _copy_reshape,
     "dropout": _copy_reshape,
-    "softmax": fm.softmax,
+    "softmax": dense.softmax,
     "local_response_norm": _wrap(ref.local_response_norm),
     "concat": _wrap(lambda *xs, axis: ref.concat(*xs, axis=axis)),
     "to_nchwc": _to_nchwc,
     "from_nchwc": _from_nchwc,
 }
+
+# kernels besides conv2d with an NCHW16c form (params["layout"] = "nchwc"): the layout pass
+# (compiler/layout.py) lets them follow their input's layout; BLOCKED_TO_NCHW ones read blocked
+# input and write NCHW
+BLOCKED_FORM = frozenset({"max_pool", "avg_pool", "add", "relu", "scale", "global_avg_pool"})
+BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
 
 # kernels that take the session's thread count as params["threads"]
 THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
@@ -148,7 +154,7 @@ def _bind_conv2d(views, params):
     arguments are invalid, so the error is raised where it always was, at compute time)."""
     from .conv import NCHWC_ALGORITHMS, direct, k1x1, winograd
     from .conv import _pad4, _pair
-    from .conv.threads import resolve_threads
+    from .threads import resolve_threads
     p = params
     if p.get("layout") != "nchwc" or p.get("algorithm") not in NCHWC_ALGORITHMS or p.get("groups", 1) != 1:
         return None

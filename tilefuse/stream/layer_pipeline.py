@@ -11,20 +11,19 @@ until its producer has written the rows its band needs, a producer waits until e
 has released the rows it is about to overwrite. Each stage executes its steps in the order of
 the sequential schedule, and that order satisfies every wait with the sequential capacities,
 so the pipeline cannot deadlock (the earliest unfinished step of the global order can always
-run). OpenBLAS is held to one thread per stage while the pipeline runs (if threadpoolctl is
-installed), so stages do not oversubscribe the cores.
+run). OpenBLAS is held to one thread per stage while the pipeline runs
+(`kernels.threads.blas_threads`), so stages do not oversubscribe the cores.
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import numpy as np
 
 from ..errors import GraphError
-from .bands import Scratch
+from ..kernels.threads import Scratch, blas_threads
 from .executor import RingSet, StreamExecutor, compute_band
-from .schedule import Schedule
+from .schedule import BandSchedule
 
 
 def balance_stages(costs: list[int], stages: int) -> list[int]:
@@ -56,21 +55,10 @@ def balance_stages(costs: list[int], stages: int) -> list[int]:
     return out
 
 
-@contextlib.contextmanager
-def one_blas_thread():
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
-    with threadpool_limits(1, user_api="blas"):
-        yield
-
-
 class PipelineExecutor:
     """Runs a schedule as `workers` stage threads connected by bounded rings."""
 
-    def __init__(self, sched: Schedule, workers: int = 2, queue_bands: int = 2, kernels: str = "fast",
+    def __init__(self, sched: BandSchedule, workers: int = 2, queue_bands: int = 2, kernels: str = "fast",
                  winograd: bool = True, algorithm: str | None = None, layout: str = "nchwc"):
         self.sched = sched
         # runners and consumer slots are shared; each stage's kernels run on its own thread only
@@ -162,7 +150,7 @@ class PipelineExecutor:
 
         threads = [threading.Thread(target=stage, args=(k,), name=f"stream-stage{k}", daemon=True)
                    for k in range(self.workers)]
-        with one_blas_thread():
+        with blas_threads(1):
             for t in threads:
                 t.start()
             for t in threads:

@@ -1,14 +1,15 @@
-"""Fast kernels for the layers around the convolutions (issue 3): pooling, global average pool,
-linear, softmax, element-wise. Numba (`nogil`, `cache=True`) next to the numpy reference
-(`kernels/reference.py`, the spec; `tests/test_fast_misc.py` checks each against it).
+"""Fast pooling kernels (max, average, global average) on both layouts the compiler uses.
+Numba (`nogil`, `cache=True`) next to the numpy reference (`kernels/reference.py`, the spec;
+`tests/test_layer_kernels.py` checks each against it). Element-wise kernels are in
+`elementwise.py`, linear and softmax in `dense.py`.
 
-Every spatial kernel works on both layouts the compiler uses, through one view:
+Every spatial kernel works on both layouts through one view:
   NCHW   (N, C, H, W)          viewed as (N, C, H, W, 1)      one channel per "block"
   NCHWc  (N, C/16, H, W, 16)   as is                         16 channels per block, the inner
                                                               loops run over the 16 lanes (a zmm)
 so one numba function serves both (L = 1 or 16 lanes). Work is split into (image, channel
-block) tasks on the conv kernels' thread pool; every output element is computed by the same
-code whatever the thread count, so results are identical for 1 and 2 threads.
+block) tasks on the shared thread pool (`kernels/threads.py`); every output element is computed
+by the same code whatever the thread count, so results are identical for 1 and 2 threads.
 
 Tolerances against the reference: max pool is exact (no arithmetic); average pools sum in
 float32 in window order (the reference sums in float32 too, in numpy's order): <= 1e-6 relative.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .conv.threads import blas_threads, parallel_for, scratch
+from .threads import parallel_for
 
 
 def _blocks(x: np.ndarray, layout: str) -> np.ndarray:
@@ -160,132 +161,3 @@ def global_avg_pool(out, x, *, layout="nchw", threads=None, **_):
         parallel_for(lambda n: _gap_nchwc(out, x, n), range(x.shape[0]), threads)
     else:
         out[...] = x.mean(axis=(2, 3), keepdims=True, dtype=np.float64 if x.dtype == np.float64 else np.float32)
-
-
-# element-wise -----------------------------------------------------------------------------------
-
-@njit(nogil=True, cache=True, fastmath=True)
-def _add_flat(out, a, b, i0, i1, relu):
-    for i in range(i0, i1):
-        v = a[i] + b[i]
-        out[i] = max(v, np.float32(0.0)) if relu else v
-
-
-@njit(nogil=True, cache=True, fastmath=True)
-def _relu_flat(out, a, i0, i1):
-    for i in range(i0, i1):
-        out[i] = max(a[i], np.float32(0.0))
-
-
-CHUNK = 1 << 16  # elements per task (256 KB of float32: a few tasks per L2)
-
-
-def _chunks(size):
-    return [(i, min(i + CHUNK, size)) for i in range(0, size, CHUNK)]
-
-
-def add(out, a, b, *, relu=False, threads=None, **_):
-    """out = a + b (ReLU) in one pass; any layout (both operands have the output's shape)."""
-    if out.dtype != np.float32 or a.shape != out.shape or b.shape != out.shape:
-        np.add(a, b, out=out)
-        if relu:
-            np.maximum(out, 0, out=out)
-        return
-    o, x, y = out.reshape(-1), a.reshape(-1), b.reshape(-1)
-    parallel_for(lambda c: _add_flat(o, x, y, c[0], c[1], relu), _chunks(o.size), threads)
-
-
-def relu(out, x, *, threads=None, **_):
-    if out.dtype != np.float32:
-        np.maximum(x, 0, out=out)
-        return
-    o, a = out.reshape(-1), x.reshape(-1)
-    parallel_for(lambda c: _relu_flat(o, a, c[0], c[1]), _chunks(o.size), threads)
-
-
-def scale(out, x, alpha, beta, *, layout="nchw", **_):
-    """Per-channel affine map; NCHWc pads alpha and beta with zeros to the blocked channels."""
-    if layout == "nchwc":
-        cb = x.shape[1]
-        a = np.zeros(cb * 16, x.dtype)
-        bt = np.zeros(cb * 16, x.dtype)
-        a[:alpha.size], bt[:beta.size] = alpha, beta
-        shape = (1, cb, 1, 1, 16)  # (C,) -> (1, Cb, 1, 1, 16)
-        np.multiply(x, a.reshape(shape), out=out)
-        out += bt.reshape(shape)
-        return
-    shape = (1, -1) + (1,) * (x.ndim - 2)
-    np.multiply(x, alpha.reshape(shape), out=out)
-    out += beta.reshape(shape)
-
-
-# linear, softmax ------------------------------------------------------------------------------
-
-@njit(nogil=True, cache=True, fastmath=True)
-def _bias_relu_rows(o, b, has_bias, relu):
-    N, M = o.shape
-    for i in range(N):
-        for j in range(M):
-            v = o[i, j]
-            if has_bias:
-                v += b[j]
-            if relu:
-                v = max(v, np.float32(0.0))
-            o[i, j] = v
-
-
-LINEAR_COLS = 256  # output features per task
-
-
-def linear(out, x, w, *b, has_bias, relu, threads=None, **_):
-    """out (N, M) = x (N, K) @ w (M, K)^T + bias, ReLU.
-
-    Tasks are blocks of LINEAR_COLS output features on our thread pool, each one OpenBLAS call
-    with OpenBLAS held at one thread: the blocks depend on the shape only, so 1 and 2 threads
-    give identical results (a multi-threaded BLAS call may split K differently), and OpenBLAS's
-    own threads do not fight the pool's."""
-    if out.dtype != np.float32 or not out.flags.c_contiguous or x.ndim != 2:
-        np.matmul(x, w.T, out=out)
-        if has_bias:
-            out += b[0]
-        if relu:
-            np.maximum(out, 0, out=out)
-        return
-    m = w.shape[0]
-    bias = b[0] if has_bias else out[0]
-
-    def task(j0):
-        j1 = min(j0 + LINEAR_COLS, m)
-        blk = scratch("linear", x.shape[0] * (j1 - j0)).reshape(x.shape[0], j1 - j0)
-        np.matmul(x, w[j0:j1].T, out=blk)  # (N, K) @ (K, cols) -> (N, cols)
-        _bias_relu_rows(blk, bias[j0:j1] if has_bias else bias, has_bias, relu)
-        out[:, j0:j1] = blk
-
-    with blas_threads(1):
-        parallel_for(task, range(0, m, LINEAR_COLS), threads)
-
-
-@njit(nogil=True, cache=True)
-def _softmax_rows(out, x):
-    """Row-wise softmax of (R, K), max-subtracted, summed in float64."""
-    R, K = x.shape
-    for r in range(R):
-        m = x[r, 0]
-        for k in range(1, K):
-            m = max(m, x[r, k])
-        s = 0.0
-        for k in range(K):
-            e = np.exp(x[r, k] - m)
-            out[r, k] = e
-            s += e
-        inv = 1.0 / s
-        for k in range(K):
-            out[r, k] = out[r, k] * inv
-
-
-def softmax(out, x, *, axis=1, **_):
-    if x.dtype != np.float32 or axis not in (x.ndim - 1, -1) or not x.flags.c_contiguous:
-        from . import reference as ref
-        out[...] = ref.softmax(x, axis)
-        return
-    _softmax_rows(out.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1]))

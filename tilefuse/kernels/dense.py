@@ -1,0 +1,81 @@
+"""Fast dense kernels: linear (N, K) x (M, K)^T with fused bias and ReLU, row-wise softmax.
+Numba / OpenBLAS next to the numpy reference (`kernels/reference.py`;
+`tests/test_layer_kernels.py`). Tolerances: linear 1e-5 relative (BLAS blocks K differently),
+softmax 1e-6.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .threads import blas_threads, parallel_for, scratch
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _bias_relu_rows(o, b, has_bias, relu):
+    N, M = o.shape
+    for i in range(N):
+        for j in range(M):
+            v = o[i, j]
+            if has_bias:
+                v += b[j]
+            if relu:
+                v = max(v, np.float32(0.0))
+            o[i, j] = v
+
+
+LINEAR_COLS = 256  # output features per task
+
+
+def linear(out, x, w, *b, has_bias, relu, threads=None, **_):
+    """out (N, M) = x (N, K) @ w (M, K)^T + bias, ReLU.
+
+    Tasks are blocks of LINEAR_COLS output features on our thread pool, each one OpenBLAS call
+    with OpenBLAS held at one thread: the blocks depend on the shape only, so 1 and 2 threads
+    give identical results (a multi-threaded BLAS call may split K differently), and OpenBLAS's
+    own threads do not fight the pool's."""
+    if out.dtype != np.float32 or not out.flags.c_contiguous or x.ndim != 2:
+        np.matmul(x, w.T, out=out)
+        if has_bias:
+            out += b[0]
+        if relu:
+            np.maximum(out, 0, out=out)
+        return
+    m = w.shape[0]
+    bias = b[0] if has_bias else out[0]
+
+    def task(j0):
+        j1 = min(j0 + LINEAR_COLS, m)
+        blk = scratch("linear", x.shape[0] * (j1 - j0)).reshape(x.shape[0], j1 - j0)
+        np.matmul(x, w[j0:j1].T, out=blk)  # (N, K) @ (K, cols) -> (N, cols)
+        _bias_relu_rows(blk, bias[j0:j1] if has_bias else bias, has_bias, relu)
+        out[:, j0:j1] = blk
+
+    with blas_threads(1):
+        parallel_for(task, range(0, m, LINEAR_COLS), threads)
+
+
+@njit(nogil=True, cache=True)
+def _softmax_rows(out, x):
+    """Row-wise softmax of (R, K), max-subtracted, summed in float64."""
+    R, K = x.shape
+    for r in range(R):
+        m = x[r, 0]
+        for k in range(1, K):
+            m = max(m, x[r, k])
+        s = 0.0
+        for k in range(K):
+            e = np.exp(x[r, k] - m)
+            out[r, k] = e
+            s += e
+        inv = 1.0 / s
+        for k in range(K):
+            out[r, k] = out[r, k] * inv
+
+
+def softmax(out, x, *, axis=1, **_):
+    if x.dtype != np.float32 or axis not in (x.ndim - 1, -1) or not x.flags.c_contiguous:
+        from . import reference as ref
+        out[...] = ref.softmax(x, axis)
+        return
+    _softmax_rows(out.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1]))

@@ -1,0 +1,243 @@
+"""Threads for every kernel in tilefuse: one pool, one thread-count rule, one BLAS limiter,
+one scratch allocator. Used by the inference kernels (`kernels/`, `kernels/conv/`), the
+streamed band kernels (`stream/`), the training kernels (`training/parallel.py`) and the image
+filters (`imaging/`).
+
+Parallelism is ours, not the BLAS library's: a kernel splits its work into tasks whose
+boundaries depend only on the layer shape (never on the thread count), and `parallel_for`
+(fn(task)) or `parallel_range` (fn(i, tid)) runs them on one shared ThreadPoolExecutor, the
+calling thread working too. Numba kernels are `nogil` and numpy's matmul drops the GIL, so the
+threads run truly in parallel. Because every output element is computed by the same code in
+the same order whichever thread runs its task, results are bitwise identical for 1 and 2 (or
+any number of) threads.
+
+While our threads run, OpenBLAS is held at one thread (`blas_threads(1)`) so the two levels
+of parallelism do not oversubscribe the cores.
+
+The thread count: `resolve_threads(None)` is every core this process may run on (`cpu_count`,
+the CPU affinity); a positive int is taken as given. Scratch: `scratch(name, shape, dtype)` is
+a per-thread buffer reused across calls; `Scratch` is the same allocator as an object, for
+callers that account for their buffers (the streamed executor reports its scratch bytes).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+_LOCAL = threading.local()
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (its CPU affinity; os.cpu_count() where there is none)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_threads(threads) -> int:
+    """None -> all cores (`cpu_count`); otherwise a positive int."""
+    if threads is None:
+        return cpu_count()
+    t = int(threads)
+    if t < 1:
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    return t
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=max(2, cpu_count()), thread_name_prefix="tilefuse",
+                                       initializer=_mark_worker)
+        return _POOL
+
+
+def _mark_worker() -> None:
+    _LOCAL.worker = True
+
+
+def _spread(body, nt: int) -> None:
+    """body(tid) for tid in range(nt): tid 0 on the calling thread, the others on the pool.
+    Waits for all; re-raises the caller's exception, else the first worker's."""
+    futs = [_pool().submit(body, tid) for tid in range(1, nt)]
+    err = None
+    try:
+        body(0)
+    except BaseException as e:
+        err = e
+    for f in futs:
+        try:
+            f.result()
+        except BaseException as e:
+            err = err or e
+    if err is not None:
+        raise err
+
+
+def _width(threads, ntasks: int) -> int:
+    """Threads a parallel region uses: at most `threads` (None: all cores) and `ntasks`; 1 inside
+    a pool worker (a nested region runs inline, so it can never wait for its own pool)."""
+    if getattr(_LOCAL, "worker", False):
+        return 1
+    return min(resolve_threads(threads), ntasks)
+
+
+def parallel_for(fn, tasks, threads=None) -> None:
+    """Run fn(task) for every task; `threads` workers at most (None: all cores).
+
+    Tasks are handed out dynamically; they must write disjoint outputs.
+    """
+    tasks = list(tasks)
+    nt = _width(threads, len(tasks))
+    if nt <= 1:
+        for t in tasks:
+            fn(t)
+        return
+    it = iter(tasks)
+    lock = threading.Lock()
+
+    def body(_tid):
+        while True:
+            with lock:
+                t = next(it, None)
+            if t is None:
+                return
+            fn(t)
+
+    _spread(body, nt)
+
+
+def parallel_range(ntasks: int, fn, threads=None) -> None:
+    """fn(i, tid) for i in range(ntasks), handed out dynamically over min(threads, ntasks)
+    threads; tid (0 = the caller) indexes per-thread accumulators the caller sized for
+    `threads`."""
+    nt = _width(threads, ntasks)
+    if nt <= 1:
+        for i in range(ntasks):
+            fn(i, 0)
+        return
+    counter = itertools.count()
+
+    def body(tid):
+        while True:
+            i = next(counter)              # atomic under the GIL
+            if i >= ntasks:
+                return
+            fn(i, tid)
+
+    _spread(body, nt)
+
+
+class Scratch:
+    """Named, typed scratch buffers, grown on demand and reused (contents undefined)."""
+
+    def __init__(self):
+        self.bufs: dict[tuple[str, np.dtype], np.ndarray] = {}
+
+    def reserve(self, slot: str, nelem: int, dtype=np.float32) -> None:
+        key = (slot, np.dtype(dtype))
+        if key not in self.bufs or self.bufs[key].size < nelem:
+            self.bufs[key] = np.empty(max(int(nelem), 1), dtype=dtype)
+
+    def get(self, slot: str, shape, dtype=np.float32) -> np.ndarray:
+        """A view of `shape` (an int: 1-D) on the slot's buffer."""
+        n = int(np.prod(shape))
+        key = (slot, np.dtype(dtype))
+        buf = self.bufs.get(key)
+        if buf is None or buf.size < n:
+            self.reserve(slot, n, dtype)
+            buf = self.bufs[key]
+        return buf[:n].reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.bufs.values())
+
+
+def scratch(name: str, shape, dtype=np.float32) -> np.ndarray:
+    """A per-thread buffer of `shape` (an int: 1-D), reused across calls of this thread."""
+    s = getattr(_LOCAL, "scratch", None)
+    if s is None:
+        s = _LOCAL.scratch = Scratch()
+    return s.get(name, shape, dtype)
+
+
+# OpenBLAS thread control ---------------------------------------------------------------------
+
+def _find_openblas():
+    names = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+             "openblas_set_num_threads64_", "openblas_set_num_threads")
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln})
+    except OSError:
+        return None, None
+    for p in paths:
+        try:
+            lib = ctypes.CDLL(p)
+        except OSError:
+            continue
+        for nm in names:
+            setter = getattr(lib, nm, None)
+            getter = getattr(lib, nm.replace("set_num_threads", "get_num_threads"), None)
+            if setter is not None and getter is not None:
+                setter.argtypes = [ctypes.c_int]
+                getter.restype = ctypes.c_int
+                return setter, getter
+    return None, None
+
+
+_BLAS = None
+_BLAS_LOCK = threading.Lock()
+
+
+def _blas():
+    global _BLAS
+    if _BLAS is None:
+        _BLAS = _find_openblas()
+    return _BLAS
+
+
+@contextlib.contextmanager
+def blas_threads(n: int):
+    """Temporarily set OpenBLAS's thread count (no-op if numpy is not on OpenBLAS)."""
+    setter, getter = _blas()
+    if setter is None:
+        yield
+        return
+    with _BLAS_LOCK:
+        old = getter()
+        setter(int(n))
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            setter(old)
+
+
+def blas_info() -> str:
+    """OpenBLAS core type in use, e.g. 'Haswell' or 'SkylakeX' (set OPENBLAS_CORETYPE before numpy loads)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln})
+        for p in paths:
+            lib = ctypes.CDLL(p)
+            for nm in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename",
+                       "openblas_get_corename64_", "openblas_get_corename"):
+                fn = getattr(lib, nm, None)
+                if fn is not None:
+                    fn.restype = ctypes.c_char_p
+                    return fn().decode()
+    except OSError:
+        pass
+    return "unknown"
