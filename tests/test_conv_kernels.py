@@ -12,6 +12,7 @@ from tilefuse.kernels.conv import (ALGORITHMS, NCHWC_ALGORITHMS, candidates, con
                                    conv2d_run_nchwc, conv2d_run_to_nchwc, direct_nchwc, estimate_cost, from_nchwc,
                                    nchwc_shape, select_algorithm, to_nchwc)
 from tilefuse.kernels.conv import planner, winograd
+from tilefuse.kernels.conv.epilogue import resolve_act
 from tilefuse.kernels.conv.select import algorithm_flops
 
 TOL = {
@@ -379,7 +380,8 @@ def test_direct_7x2_blocking_matches_8x1(shape):
         ofl, rfl = ob.reshape(n, ob.shape[1], -1, 16), rb.reshape(n, rb.shape[1], -1, 16)
         for i in range(n):
             k(ofl, i, 0, xb.reshape(n, cb, hp * wp, 16), i, 0, prep["weight"], 0, want.shape[2], want.shape[3], wp,
-              kw["stride"][0], kw["stride"][1], kw["dilation"][0], kw["dilation"][1], prep["bias"], rfl, True, relu)
+              kw["stride"][0], kw["stride"][1], kw["dilation"][0], kw["dilation"][1], prep["bias"], rfl, True,
+              *resolve_act(relu))
         outs.append(ob)
     assert np.array_equal(outs[0], outs[1])
     _check("direct", from_nchwc(outs[1], want.shape[1]), want)

@@ -18,7 +18,7 @@ from . import dense, elementwise, pool
 from . import reference as ref
 
 
-def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu,
+def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu=False, act=None,
             algorithm="reference", prepared=(), threads=None, layout="nchw", out_layout=None, **_):
     args = list(args)
     if layout == "nchw" and out_layout == "nchwc":
@@ -26,26 +26,33 @@ def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_resi
         prep = {k: args.pop(0) for k in prepared}
         res = args.pop(0) if has_residual else None
         conv2d_run_to_nchwc(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
-                            groups=groups, relu=relu, threads=threads)
+                            groups=groups, relu=relu, act=act, threads=threads)
         return
     if layout == "nchwc":
         from .conv import conv2d_run_nchwc
         prep = {k: args.pop(0) for k in prepared}
         res = args.pop(0) if has_residual else None
         conv2d_run_nchwc(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
-                         groups=groups, relu=relu, threads=threads)
+                         groups=groups, relu=relu, act=act, threads=threads)
         return
     if algorithm == "reference":
         w = args.pop(0)
         b = args.pop(0) if has_bias else None
         res = args.pop(0) if has_residual else None
-        out[...] = ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res, relu=relu)
+        if act is None:
+            out[...] = ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res, relu=relu)
+            return
+        from .activations import NAMES, reference as act_reference
+        from .conv.epilogue import resolve_act
+        code, al, be = resolve_act(relu, act, "conv2d")
+        y = ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res)
+        out[...] = act_reference(NAMES[code], y, float(al), float(be))
         return
     from .conv import conv2d_run
     prep = {k: args.pop(0) for k in prepared}
     res = args.pop(0) if has_residual else None
     conv2d_run(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
-               groups=groups, relu=relu, threads=threads)
+               groups=groups, relu=relu, act=act, threads=threads)
 
 
 def _to_nchwc(out, x, channels=None, threads=None, **_):
@@ -171,14 +178,18 @@ def _bind_conv2d(views, params):
     if has_res and _shape_dtype(views[-2])[0] != _shape_dtype(views[-1])[0]:
         return None
     stride, padding, dilation = _pair(p["stride"]), _pad4(p["padding"]), _pair(p["dilation"])
-    relu = p["relu"]
+    from .conv.epilogue import resolve_act
+    try:
+        act = resolve_act(p.get("relu", False), p.get("act"), f"conv2d({alg})")
+    except ValueError:
+        return None  # the generic path raises it at compute time
     threads = resolve_threads(p.get("threads"))
     if alg == "gemm1x1":
-        f, kw = k1x1.run_nchwc, dict(stride=stride, relu=relu, threads=threads)
+        f, kw = k1x1.run_nchwc, dict(stride=stride, act=act, threads=threads)
     elif alg == "direct":
-        f, kw = direct.run_nchwc, dict(stride=stride, padding=padding, dilation=dilation, relu=relu, threads=threads)
+        f, kw = direct.run_nchwc, dict(stride=stride, padding=padding, dilation=dilation, act=act, threads=threads)
     else:
-        f, kw = winograd.run_nchwc, dict(m=int(alg[-1]), padding=padding, relu=relu, threads=threads)
+        f, kw = winograd.run_nchwc, dict(m=int(alg[-1]), padding=padding, act=act, threads=threads)
     nk = len(keys)
 
     def call(out, x, *args):

@@ -7,8 +7,9 @@ The runtime calls exactly this interface (arrays NCHW float32 C-contiguous, `out
     conv2d_prepare(algorithm, w, b, stride, padding, dilation, groups) -> dict[str, np.ndarray]
         compile-time weight packing/transform; {"weight": float32 array, "bias": float32 array}
     conv2d_run(algorithm, out, x, prepared, residual=None, *, stride, padding, dilation, groups,
-               relu, threads=None) -> None
-        out = conv(x) + bias (+ residual), ReLU if relu; threads=None means all cores.
+               relu=False, act=None, threads=None) -> None
+        out = act(conv(x) + bias (+ residual)); act an activation of kernels/activations.py as
+        (code, alpha, beta) (or a name); relu=True is act relu; threads=None means all cores.
 
 padding is (top, bottom, left, right); stride and dilation are (h, w) pairs (as in
 tilefuse.kernels.reference.conv2d, the spec).
@@ -19,7 +20,7 @@ channels zero, no spatial padding):
     NCHWC_ALGORITHMS                             gemm1x1, direct, winograd2, winograd4
     conv2d_prepare(algorithm, ..., layout="nchwc")   channel-padded weights and bias
     conv2d_run_nchwc(algorithm, out_b, x_b, prepared, residual_b=None, *, stride, padding,
-                     dilation, relu, threads=None)
+                     dilation, relu=False, act=None, threads=None)
     to_nchwc / from_nchwc                        conversions (to_nchwc can also pad spatially)
     direct_nchwc                                 direct conv on an already padded blocked input
 """
@@ -29,6 +30,7 @@ import numpy as np
 
 from tilefuse.kernels.conv import direct, gemm1x1, im2col, k1x1, stem, winograd
 from tilefuse.kernels.conv.direct import direct_nchwc
+from tilefuse.kernels.conv.epilogue import resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, nchwc_shape, to_nchwc
 from tilefuse.kernels.conv.select import (ALGORITHMS, algorithm_flops, candidates, conv_flops, estimate_cost,
                                           select_algorithm)
@@ -84,10 +86,11 @@ def conv2d_prepare(algorithm, w, b, stride, padding, dilation, groups, layout="n
     return im2col.prepare(w, b, groups)
 
 
-def conv2d_run(algorithm, out, x, prepared, residual=None, *, stride, padding, dilation, groups, relu,
-               threads=None) -> None:
-    """Compute the conv into `out` (N, Co, Ho, Wo) with the fused epilogue."""
+def conv2d_run(algorithm, out, x, prepared, residual=None, *, stride, padding, dilation, groups, relu=False,
+               act=None, threads=None) -> None:
+    """Compute the conv into `out` (N, Co, Ho, Wo) with the fused epilogue act(conv + bias + residual)."""
     stride, padding, dilation = _pair(stride), _pad4(padding), _pair(dilation)
+    act = resolve_act(relu, act, f"conv2d_run({algorithm})")
     threads = resolve_threads(threads)
     for name, a in (("x", x), ("out", out)) + ((("residual", residual),) if residual is not None else ()):
         if a.dtype != np.float32 or not a.flags.c_contiguous or a.ndim != 4:
@@ -96,40 +99,44 @@ def conv2d_run(algorithm, out, x, prepared, residual=None, *, stride, padding, d
     if residual is not None and residual.shape != out.shape:
         raise ValueError(f"conv2d_run({algorithm}): residual shape {residual.shape} != output shape {out.shape}")
     if algorithm == "gemm1x1":
-        gemm1x1.run(out, x, prepared, residual, stride=stride, relu=relu, threads=threads)
+        gemm1x1.run(out, x, prepared, residual, stride=stride, act=act, threads=threads)
     elif algorithm == "direct":
-        direct.run(out, x, prepared, residual, stride=stride, padding=padding, dilation=dilation, relu=relu,
+        direct.run(out, x, prepared, residual, stride=stride, padding=padding, dilation=dilation, act=act,
                    threads=threads)
     elif algorithm in ("winograd2", "winograd4"):
-        winograd.run(out, x, prepared, residual, m=int(algorithm[-1]), padding=padding, relu=relu, threads=threads)
+        winograd.run(out, x, prepared, residual, m=int(algorithm[-1]), padding=padding, act=act, threads=threads)
     elif algorithm == "im2col":
         im2col.run(out, x, prepared, residual, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                   relu=relu, threads=threads)
+                   act=act, threads=threads)
     else:
         raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
 
-def conv2d_run_to_nchwc(algorithm, out_b, x, prepared, residual_b=None, *, stride, padding, dilation, relu,
-                        threads=None, groups=1) -> None:
+def conv2d_run_to_nchwc(algorithm, out_b, x, prepared, residual_b=None, *, stride, padding, dilation, relu=False,
+                        act=None, threads=None, groups=1) -> None:
     """NCHW input, NCHW16c output (im2col, groups=1): a first layer feeding blocked layers."""
     stride, padding, dilation = _pair(stride), _pad4(padding), _pair(dilation)
+    act = resolve_act(relu, act, f"conv2d_run_to_nchwc({algorithm})")
     if algorithm != "im2col" or groups != 1:
         raise ValueError(f"conv2d_run_to_nchwc: only im2col with groups=1, got {algorithm!r}, groups={groups}")
     x = np.ascontiguousarray(x, np.float32)
     # few input channels (the 3-channel stems): the register-blocked numba stem kernel (stem.py),
     # 2-3x faster than im2col + GEMM + scatter; shape-only rule, same prepared weights
     f = stem.run_to_nchwc if stem.applies(x.shape[1], groups) else im2col.run_to_nchwc
-    f(out_b, x, prepared, residual_b, stride=stride, padding=padding, dilation=dilation, relu=relu,
+    f(out_b, x, prepared, residual_b, stride=stride, padding=padding, dilation=dilation, act=act,
       threads=resolve_threads(threads))
 
 
-def conv2d_run_nchwc(algorithm, out_b, x_b, prepared, residual_b=None, *, stride, padding, dilation, relu,
-                     threads=None, groups=1) -> None:
+def conv2d_run_nchwc(algorithm, out_b, x_b, prepared, residual_b=None, *, stride, padding, dilation, relu=False,
+                     act=None, threads=None, groups=1) -> None:
     """The conv on NCHW16c tensors: x_b (N, Cb, H, W, 16) unpadded -> out_b (N, Ob, Ho, Wo, 16).
 
     `prepared` comes from conv2d_prepare(..., layout="nchwc"); padded output channels come out 0
-    (zero weights and bias; a residual's padded channels are 0 too, so they stay 0 after ReLU)."""
+    (zero weights and bias; a residual's padded channels are 0 too, so they stay 0 after ReLU).
+    An activation with act(0) != 0 (sigmoid, hardsigmoid, a clip excluding 0, ...) writes act(0)
+    into the padded channels; the next layer's weights for them are zero, so no result depends on it."""
     stride, padding, dilation = _pair(stride), _pad4(padding), _pair(dilation)
+    act = resolve_act(relu, act, f"conv2d_run_nchwc({algorithm})")
     threads = resolve_threads(threads)
     for name, a in (("x", x_b), ("out", out_b)) + ((("residual", residual_b),) if residual_b is not None else ()):
         if a.dtype != np.float32 or not a.flags.c_contiguous or a.ndim != 5 or a.shape[-1] != 16:
@@ -141,12 +148,12 @@ def conv2d_run_nchwc(algorithm, out_b, x_b, prepared, residual_b=None, *, stride
     if groups != 1:
         raise ValueError(f"conv2d_run_nchwc({algorithm}): groups={groups}; the NCHWc forms need groups=1")
     if algorithm == "gemm1x1":
-        k1x1.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, relu=relu, threads=threads)
+        k1x1.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, act=act, threads=threads)
     elif algorithm == "direct":
         direct.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, padding=padding, dilation=dilation,
-                         relu=relu, threads=threads)
+                         act=act, threads=threads)
     elif algorithm in ("winograd2", "winograd4"):
-        winograd.run_nchwc(out_b, x_b, prepared, residual_b, m=int(algorithm[-1]), padding=padding, relu=relu,
+        winograd.run_nchwc(out_b, x_b, prepared, residual_b, m=int(algorithm[-1]), padding=padding, act=act,
                            threads=threads)
     else:
         raise ValueError(f"conv algorithm {algorithm!r} has no NCHWc form; NCHWc algorithms: {NCHWC_ALGORITHMS}")

@@ -5,7 +5,9 @@ import numba as nb
 import numpy as np
 from numba import njit
 
+from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv._nb import stack_f32
+from tilefuse.kernels.conv.epilogue import RB_OFFSETS, store_block
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -103,8 +105,8 @@ def _wino_input_2_c(V, x, p0, P, th, tw, pt, pl):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, relu):
-    """out[n, c, y0+i, x0+j] = (A^T M A)[i, j] + bias[c] (+ res) (ReLU), valid positions (generated)."""
+def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta):
+    """out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias[c] (+ res)), valid positions (generated)."""
     Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
     mm = nb.carray(stack_f32(256), (16, 16))
@@ -149,19 +151,18 @@ def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, relu):
                         v = y[l, i, j]
                         if has_res:
                             v += res[n, co, y0 + i, x0 + j]
-                        if relu:
-                            v = max(v, np.float32(0.0))
-                        orow[x0 + j] = v
+                        orow[x0 + j] = apply_scalar(code, v, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):
-    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU); M and bias hold channel blocks ob0.. (generated)."""
-    Ho, Wo = out.shape[2], out.shape[3]
+def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
+    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = act((A^T M A)[i, j] + bias (+ res)); M and bias hold channel blocks ob0.. (generated)."""
+    Obo, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N, Ob, Ho, Wo, 16), the same or empty
     mm = nb.carray(stack_f32(256), (16, 16))
     s = nb.carray(stack_f32(128), (4, 2, 16))
-    y = nb.carray(stack_f32(64), (2, 2, 16))
+    y = nb.carray(stack_f32(64), (4, 16))  # y[i*2 + j, l]
     per_img = th * tw
     for pi in range(P):
         p = p0 + pi
@@ -190,17 +191,11 @@ def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):
                     e1 = s[1, j, l]
                     e2 = s[2, j, l]
                     e3 = s[3, j, l]
-                    y[0, j, l] = bl + e0 + e1 + e2
-                    y[1, j, l] = bl + e1 - e2 - e3
+                    y[0 + j, l] = bl + e0 + e1 + e2
+                    y[2 + j, l] = bl + e1 - e2 - e3
             for i in range(mh):
-                for j in range(mw):
-                    for l in range(16):
-                        v = y[i, j, l]
-                        if has_res:
-                            v += res[n, ob0 + ob, y0 + i, x0 + j, l]
-                        if relu:
-                            v = max(v, np.float32(0.0))
-                        out[n, ob0 + ob, y0 + i, x0 + j, l] = v
+                store_block(of, rf, has_res, y, i * 2, RB_OFFSETS, (((n * Obo + ob0 + ob) * Ho + y0 + i) * Wo + x0) * 16,
+                            mw, 1, 0, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -318,8 +313,8 @@ def _wino_input_4_c(V, x, p0, P, th, tw, pt, pl):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, relu):
-    """out[n, c, y0+i, x0+j] = (A^T M A)[i, j] + bias[c] (+ res) (ReLU), valid positions (generated)."""
+def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta):
+    """out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias[c] (+ res)), valid positions (generated)."""
     Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
     mm = nb.carray(stack_f32(576), (36, 16))
@@ -372,19 +367,18 @@ def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, relu):
                         v = y[l, i, j]
                         if has_res:
                             v += res[n, co, y0 + i, x0 + j]
-                        if relu:
-                            v = max(v, np.float32(0.0))
-                        orow[x0 + j] = v
+                        orow[x0 + j] = apply_scalar(code, v, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):
-    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU); M and bias hold channel blocks ob0.. (generated)."""
-    Ho, Wo = out.shape[2], out.shape[3]
+def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
+    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = act((A^T M A)[i, j] + bias (+ res)); M and bias hold channel blocks ob0.. (generated)."""
+    Obo, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N, Ob, Ho, Wo, 16), the same or empty
     mm = nb.carray(stack_f32(576), (36, 16))
     s = nb.carray(stack_f32(384), (6, 4, 16))
-    y = nb.carray(stack_f32(256), (4, 4, 16))
+    y = nb.carray(stack_f32(256), (16, 16))  # y[i*4 + j, l]
     per_img = th * tw
     for pi in range(P):
         p = p0 + pi
@@ -419,16 +413,10 @@ def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):
                     e3 = s[3, j, l]
                     e4 = s[4, j, l]
                     e5 = s[5, j, l]
-                    y[0, j, l] = bl + e0 + e1 + e2 + e3 + e4
-                    y[1, j, l] = bl + e1 - e2 + np.float32(2.0) * e3 - np.float32(2.0) * e4
-                    y[2, j, l] = bl + e1 + e2 + np.float32(4.0) * e3 + np.float32(4.0) * e4
-                    y[3, j, l] = bl + e1 - e2 + np.float32(8.0) * e3 - np.float32(8.0) * e4 + e5
+                    y[0 + j, l] = bl + e0 + e1 + e2 + e3 + e4
+                    y[4 + j, l] = bl + e1 - e2 + np.float32(2.0) * e3 - np.float32(2.0) * e4
+                    y[8 + j, l] = bl + e1 + e2 + np.float32(4.0) * e3 + np.float32(4.0) * e4
+                    y[12 + j, l] = bl + e1 - e2 + np.float32(8.0) * e3 - np.float32(8.0) * e4 + e5
             for i in range(mh):
-                for j in range(mw):
-                    for l in range(16):
-                        v = y[i, j, l]
-                        if has_res:
-                            v += res[n, ob0 + ob, y0 + i, x0 + j, l]
-                        if relu:
-                            v = max(v, np.float32(0.0))
-                        out[n, ob0 + ob, y0 + i, x0 + j, l] = v
+                store_block(of, rf, has_res, y, i * 4, RB_OFFSETS, (((n * Obo + ob0 + ob) * Ho + y0 + i) * Wo + x0) * 16,
+                            mw, 1, 0, code, alpha, beta)

@@ -19,12 +19,12 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.conv._nb import LANES, stack_f32
-from tilefuse.kernels.conv.epilogue import bias_or_zeros
+from tilefuse.kernels.activations import apply_scalar
+from tilefuse.kernels.conv.epilogue import EMPTY4, bias_or_zeros, RB_OFFSETS, resolve_act, store_block
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_direct
 from tilefuse.kernels.threads import parallel_for, scratch
 
-EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
@@ -46,16 +46,17 @@ def prepare(w, b) -> dict:
 
 @njit(nogil=True, cache=True, fastmath=True)
 def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
-                 relu):
+                 code, alpha, beta):
     """out[n_out, ob, oh*Wo + ow - q_off, :] for oh in [oh0, oh1), all ob, all ow.
 
     Flat views: xb (N, Cb, Hp*Wp, 16) whose row 0 is padded input row x_row0 (a whole padded
     image: x_row0 = 0; a padded band: x_row0 = the band's first row), out (N', Ob, R*Wo, 16),
-    res (N', Ob, Ho*Wo, 16) or EMPTY4 (indexed by n_out and the output position).
+    res out's shape (then q_off = 0) or EMPTY4.
     The register block is 8 consecutive output positions of the band in row-major order, so it
     may wrap to the next row (narrow 7x7 / 14x14 maps keep all 8 accumulators busy); the last
     partial block repeats its final position and stores only the valid ones.
-    Epilogue in registers: + bias[ob*16+l] (+ res) then ReLU.
+    Epilogue (epilogue.store_block): + bias[ob*16+l] as the accumulators leave registers, then
+    (+ res) and the activation (code, alpha, beta).
     """
     Cb = xb.shape[1]
     Ob, _, KH, KW, _, _ = wb.shape
@@ -71,10 +72,11 @@ def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
     bv = nb.carray(stack_f32(16), 16)
     offs = np.empty(8, np.int64)
     p_begin, p_end = oh0 * Wo, oh1 * Wo
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16); res the same or empty
+    P = out.shape[2]
     for ob in range(Ob):
         for l in range(16):
             bv[l] = bias[ob * 16 + l]
-        o = out[n_out, ob]
         for pb in range(p_begin, p_end, 8):
             for r in range(8):
                 p = min(pb + r, p_end - 1)
@@ -126,22 +128,13 @@ def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
                 acc[6, l] = a6[l] + bv[l]
                 acc[7, l] = a7[l] + bv[l]
             nv = min(8, p_end - pb)
-            for r in range(nv):
-                p = pb + r
-                if has_res:
-                    for l in range(16):
-                        acc[r, l] += res[n_out, ob, p, l]
-                if relu:
-                    for l in range(16):
-                        acc[r, l] = max(acc[r, l], 0.0)
-                q = p - q_off
-                for l in range(16):
-                    o[q, l] = acc[r, l]
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, 1, 0,
+                        code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
 def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
-                  relu):
+                  code, alpha, beta):
     """Same contract as `_direct_rows`, register-blocked as RB2 = 7 output positions x 2 output
     blocks (14 zmm accumulators): per (ci, kh, kw) two weight vectors feed 14 FMAs with 7
     broadcasts (the 8 x 1 blocking loads 9 vectors per 8 FMAs and is load-bound on small maps).
@@ -168,6 +161,8 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
     offs = np.empty(7, np.uint64)
     p_begin, p_end = oh0 * Wo, oh1 * Wo
     nbase = n * Cb * HWp * 16
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16); res the same or empty
+    P = out.shape[2]
     for ob in range(0, Ob, 2):
         ob1 = min(ob + 1, Ob - 1)
         nk = 2 if ob + 1 < Ob else 1
@@ -225,8 +220,8 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
                                 b5[l] += x5 * v
                                 b6[l] += x6 * v
             for l in range(16):
-                u = bias[ob * 16 + l]
-                v = bias[ob1 * 16 + l]
+                u = bias[np.uint64(ob * 16 + l)]
+                v = bias[np.uint64(ob1 * 16 + l)]
                 acc[0, l] = a0[l] + u
                 acc[1, l] = a1[l] + u
                 acc[2, l] = a2[l] + u
@@ -242,23 +237,13 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
                 acc[5, 16 + l] = b5[l] + v
                 acc[6, 16 + l] = b6[l] + v
             nv = min(7, p_end - pb)
-            for kk in range(nk):
-                o = out[n_out, ob + kk]
-                for r in range(nv):
-                    p = pb + r
-                    if has_res:
-                        for l in range(16):
-                            acc[r, kk * 16 + l] += res[n_out, ob + kk, p, l]
-                    if relu:
-                        for l in range(16):
-                            acc[r, kk * 16 + l] = max(acc[r, kk * 16 + l], 0.0)
-                    for l in range(16):
-                        o[p - q_off, l] = acc[r, kk * 16 + l]
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, nk, P * 16,
+                        code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _band_to_nchw(out, band, n, oh0, res, has_res, relu):
-    """band (1, Ob, R*Wo, 16) -> out[n, :, oh0:oh0+R, :] (NCHW) with residual and ReLU."""
+def _band_to_nchw(out, band, n, oh0, res, has_res, code, alpha, beta):
+    """band (1, Ob, R*Wo, 16) -> out[n, :, oh0:oh0+R, :] (NCHW) with residual and activation."""
     Co, Wo = out.shape[1], out.shape[3]
     R = band.shape[2] // Wo
     for c in range(Co):
@@ -268,9 +253,7 @@ def _band_to_nchw(out, band, n, oh0, res, has_res, relu):
                 v = band[0, ob, r * Wo + ow, l]
                 if has_res:
                     v += res[n, c, oh0 + r, ow]
-                if relu:
-                    v = max(v, 0.0)
-                out[n, c, oh0 + r, ow] = v
+                out[n, c, oh0 + r, ow] = apply_scalar(code, v, alpha, beta)
 
 
 def _bands(ho, rows):
@@ -278,11 +261,12 @@ def _bands(ho, rows):
 
 
 def direct_nchwc(out_blocked, x_blocked, prepared, residual_blocked=None, *, stride=(1, 1), dilation=(1, 1),
-                 relu=False, threads=None) -> None:
+                 relu=False, act=None, threads=None) -> None:
     """NCHWc-native direct conv. x_blocked is already padded (see layout.to_nchwc(x, padding)).
 
     out_blocked (N, Ob, Ho, Wo, 16); residual_blocked the same shape or None.
     """
+    code, al, be = resolve_act(relu, act, "direct")
     wb, bias = prepared["weight"], prepared["bias"]
     n, cb, hp, wp, _ = x_blocked.shape
     ho = out_blocked.shape[2]
@@ -295,13 +279,14 @@ def direct_nchwc(out_blocked, x_blocked, prepared, residual_blocked=None, *, str
     xfl = x_blocked.reshape(n, cb, hp * wp, LANES)
     tasks = [(i, r0, r1) for i in range(n) for (r0, r1) in _bands(ho, p["rows"])]
     parallel_for(lambda t: _direct_rows2(ofl, t[0], 0, xfl, t[0], 0, wb, t[1], t[2], wo, wp, stride[0], stride[1],
-                                        dilation[0], dilation[1], bias, res, has_res, relu), tasks, threads)
+                                        dilation[0], dilation[1], bias, res, has_res, code, al, be), tasks, threads)
 
 
 def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), relu=False,
-        threads=None) -> None:
+        act=None, threads=None) -> None:
     """NCHW in, NCHW out: pad+block the input once, then per row band compute in NCHWc into a
-    per-thread buffer and unblock it into `out` with the residual and ReLU while it is in cache."""
+    per-thread buffer and unblock it into `out` with the residual and activation while it is in cache."""
+    code, al, be = resolve_act(relu, act, "direct")
     wb, bias = prepared["weight"], prepared["bias"]
     n = x.shape[0]
     ob = wb.shape[0]
@@ -318,8 +303,8 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0),
         i, r0, r1 = t
         band = scratch("direct_band", ob * (r1 - r0) * wo * LANES).reshape(1, ob, (r1 - r0) * wo, LANES)
         _direct_rows2(band, 0, r0 * wo, xfl, i, 0, wb, r0, r1, wo, wp, stride[0], stride[1], dilation[0],
-                     dilation[1], bias, EMPTY4, False, False)
-        _band_to_nchw(out, band, i, r0, res, has_res, relu)
+                     dilation[1], bias, EMPTY4, False, 0, al, be)
+        _band_to_nchw(out, band, i, r0, res, has_res, code, al, be)
 
     parallel_for(task, tasks, threads)
 
@@ -350,7 +335,7 @@ def _pad_band(band, x, n, h0, pl):
 
 
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-              relu=False, threads=None) -> None:
+              relu=False, act=None, threads=None) -> None:
     """NCHWc in, NCHWc out, input NOT padded (the compiler's convention between layers).
 
     x_b (N, Cb, H, W, 16), out_b / residual_b (N, Ob, Ho, Wo, 16). Padding is folded into the
@@ -358,6 +343,7 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(
     windows read into a per-thread zero-bordered scratch band (it fits L2/2, see the planner)
     and runs the register-blocked kernel on it. Without padding the kernel reads x_b directly.
     """
+    code, al, be = resolve_act(relu, act, "direct")
     wb, bias = prepared["weight"], prepared["bias"]
     n, cb, h, w, _ = x_b.shape
     _, ob, ho, wo, _ = out_b.shape
@@ -372,7 +358,7 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(
     if padding == (0, 0, 0, 0):
         xfl = x_b.reshape(n, cb, h * w, LANES)
         parallel_for(lambda tk: _direct_rows2(ofl, tk[0], 0, xfl, tk[0], 0, wb, tk[1], tk[2], wo, wp, stride[0],
-                                             stride[1], dilation[0], dilation[1], bias, res, has_res, relu),
+                                             stride[1], dilation[0], dilation[1], bias, res, has_res, code, al, be),
                      tasks, threads)
         return
 
@@ -384,6 +370,6 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(
         _pad_band(band, x_b, i, x0 - t, l)
         bfl = band.reshape(1, cb, rows * wp, LANES)
         _direct_rows2(ofl, i, 0, bfl, 0, x0, wb, r0, r1, wo, wp, stride[0], stride[1], dilation[0], dilation[1],
-                     bias, res, has_res, relu)
+                     bias, res, has_res, code, al, be)
 
     parallel_for(task, tasks, threads)

@@ -7,7 +7,7 @@ zero-bordered scratch band (Cin, rows, Wp) (this is the border/interior split: t
 materialized once per band, so the inner loop has no bounds checks), then for each pair of
 output-channel blocks runs a register-blocked kernel: 8 output positions x 2 blocks of 16
 output channels = 16 zmm accumulators, live across the whole Cin*KH*KW reduction (2 weight
-vectors + 8 broadcasts feed 16 FMAs per tap). Epilogue in registers: + bias (+ residual), ReLU,
+vectors + 8 broadcasts feed 16 FMAs per tap). Epilogue (epilogue.store_block): + bias (+ residual), activation,
 stored straight into the blocked output; padded output channels come out 0 (zero weights/bias).
 
 Weights are packed once per prepared array (cached by identity): (Ob, Cin, KH, KW, 16co).
@@ -23,11 +23,11 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.conv._nb import LANES, stack_f32
+from tilefuse.kernels.conv.epilogue import EMPTY4, RB_OFFSETS, resolve_act, store_block
 from tilefuse.kernels.threads import parallel_for, scratch
 
 MAX_CIN = 4
 RB = 8
-EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
 
 _PACK_CACHE: dict[int, tuple] = {}
 
@@ -91,7 +91,7 @@ def _pad_rows(band, x, n, h0, pl):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, relu):
+def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
     """out (N, Ob, Ho*Wo, 16) flat blocked output, positions [oh0*Wo, oh1*Wo) of image n, all Ob.
 
     band (C, R, Wp) zero-padded input whose row 0 is padded input row x_row0; wb (Ob, C, KH, KW, 16).
@@ -120,6 +120,8 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
     offs = np.empty(8, np.uint64)
     p_begin, p_end = oh0 * Wo, oh1 * Wo
     RWp = R * Wp
+    HW = out.shape[2]
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N, Ob, Ho*Wo, 16), the same or empty
     for ob in range(0, Ob, 2):
         ob1 = min(ob + 1, Ob - 1)
         nk = 2 if ob + 1 < Ob else 1
@@ -180,8 +182,8 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
                             b6[l] += x6 * v
                             b7[l] += x7 * v
             for l in range(16):
-                u = bias[ob * 16 + l]
-                v = bias[ob1 * 16 + l]
+                u = bias[np.uint64(ob * 16 + l)]
+                v = bias[np.uint64(ob1 * 16 + l)]
                 acc[0, l] = a0[l] + u
                 acc[1, l] = a1[l] + u
                 acc[2, l] = a2[l] + u
@@ -199,24 +201,15 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
                 acc[6, 16 + l] = b6[l] + v
                 acc[7, 16 + l] = b7[l] + v
             nv = min(8, p_end - pb)
-            for kk in range(nk):
-                o = out[n, ob + kk]
-                for r in range(nv):
-                    p = pb + r
-                    if has_res:
-                        for l in range(16):
-                            acc[r, kk * 16 + l] += res[n, ob + kk, p, l]
-                    if relu:
-                        for l in range(16):
-                            acc[r, kk * 16 + l] = max(acc[r, kk * 16 + l], 0.0)
-                    for l in range(16):
-                        o[p, l] = acc[r, kk * 16 + l]
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n * Ob + ob) * HW + pb) * 16, nv, nk, HW * 16,
+                        code, alpha, beta)
 
 
 def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                 relu=False, threads=None) -> None:
+                 relu=False, act=None, threads=None) -> None:
     """NCHW x (N, Cin <= 4, H, W) -> NCHW16c out_b (N, Ob, Ho, Wo, 16); `prepared` is im2col's
     (groups 1): {"weight": (1, Co, Cin, KH, KW), "bias": (Co,)}."""
+    code, al, be = resolve_act(relu, act, "stem")
     w5, bias = prepared["weight"], prepared["bias"]
     wb = pack_weights(w5)
     n, cin, h, w = x.shape
@@ -239,6 +232,6 @@ def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=
         nr = (r1 - 1 - r0) * sh + (kh - 1) * dh + 1
         band = scratch("stem_band", cin * nr * wp).reshape(cin, nr, wp)
         _pad_rows(band, x, i, x0 - t, l)
-        _stem_rows(ofl, i, band, x0, wb, r0, r1, wo, sh, sw, dh, dw, bp, res, has_res, relu)
+        _stem_rows(ofl, i, band, x0, wb, r0, r1, wo, sh, sw, dh, dw, bp, res, has_res, code, al, be)
 
     parallel_for(task, tasks, threads)
