@@ -37,19 +37,24 @@ CONVERSIONS = frozenset({"to_nchwc", "from_nchwc"})
 
 
 MAX_PAD_WASTE = 1.5
+GROUPED_BLOCKED = frozenset({"depthwise", "grouped"})   # the blocked forms of grouped convs
 
 
 def conv_layout(algorithm: str | None, mode: str = "auto", ci: int = 16, co: int = 16, groups: int = 1) -> str:
     """The layout a conv runs in: nchwc when its algorithm has a blocked form, the mode allows,
-    and padding the channels to multiples of 16 adds at most 50% multiplies
-    (pad16(Ci)*pad16(Co) <= 1.5*Ci*Co: a 5-channel layer would do 10x the work blocked)."""
-    if mode == NCHW or algorithm is None or groups != 1:
-        return NCHW
+    and padding the channels to multiples of 16 adds at most 50% work: pad16(Ci)*pad16(Co) <=
+    1.5*Ci*Co for a dense conv (a 5-channel layer would do 10x the work blocked); for depthwise and
+    grouped convs, whose work grows with each padded count separately, pad16(C) <= 1.5*C for the
+    input and the output channels."""
     from ..kernels.conv import NCHWC_ALGORITHMS
-    pad = lambda c: -(-c // LANES) * LANES  # noqa: E731
-    if pad(ci) * pad(co) > MAX_PAD_WASTE * ci * co:
+    if mode == NCHW or algorithm is None or algorithm not in NCHWC_ALGORITHMS:
         return NCHW
-    return NCHWC if algorithm in NCHWC_ALGORITHMS else NCHW
+    pad = lambda c: -(-c // LANES) * LANES  # noqa: E731
+    if algorithm in GROUPED_BLOCKED:
+        return NCHWC if max(pad(ci) / ci, pad(co) / co) <= MAX_PAD_WASTE else NCHW
+    if groups != 1 or pad(ci) * pad(co) > MAX_PAD_WASTE * ci * co:
+        return NCHW
+    return NCHWC
 
 
 def blocked_shape(shape) -> tuple[int, ...]:

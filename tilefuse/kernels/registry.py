@@ -149,6 +149,8 @@ def threads_for(kernel: str, views, params: dict, threads):
             "nchwc" else int(np.prod(out)) // max(out[1], 1)
         prepared = params.get("prepared") or ()
         wsize = int(np.prod(shapes[1])) if prepared else 0
+        if params.get("algorithm") == "depthwise" and prepared:
+            wsize = int(np.prod(shapes[1][1:]))    # (Ob, KH, KW, 16): one block's taps per position
         if wsize and 2.0 * positions * wsize < SMALL_CONV_FLOPS:
             return 1
         return threads
@@ -159,11 +161,13 @@ def threads_for(kernel: str, views, params: dict, threads):
 def _bind_conv2d(views, params):
     """A validated closure for a blocked conv (layout nchwc), or None (generic path: also when the
     arguments are invalid, so the error is raised where it always was, at compute time)."""
-    from .conv import NCHWC_ALGORITHMS, direct, k1x1, winograd
+    from .conv import NCHWC_ALGORITHMS, depthwise, direct, grouped, k1x1, winograd
     from .conv import _pad4, _pair
     from .threads import resolve_threads
     p = params
-    if p.get("layout") != "nchwc" or p.get("algorithm") not in NCHWC_ALGORITHMS or p.get("groups", 1) != 1:
+    if p.get("layout") != "nchwc" or p.get("algorithm") not in NCHWC_ALGORITHMS:
+        return None
+    if p.get("groups", 1) != 1 and p["algorithm"] not in ("depthwise", "grouped"):
         return None
     alg = p["algorithm"]
     keys = tuple(p.get("prepared") or ())
@@ -186,8 +190,9 @@ def _bind_conv2d(views, params):
     threads = resolve_threads(p.get("threads"))
     if alg == "gemm1x1":
         f, kw = k1x1.run_nchwc, dict(stride=stride, act=act, threads=threads)
-    elif alg == "direct":
-        f, kw = direct.run_nchwc, dict(stride=stride, padding=padding, dilation=dilation, act=act, threads=threads)
+    elif alg in ("direct", "depthwise", "grouped"):
+        f = {"direct": direct, "depthwise": depthwise, "grouped": grouped}[alg].run_nchwc
+        kw = dict(stride=stride, padding=padding, dilation=dilation, act=act, threads=threads)
     else:
         f, kw = winograd.run_nchwc, dict(m=int(alg[-1]), padding=padding, act=act, threads=threads)
     nk = len(keys)

@@ -44,9 +44,9 @@ from numba.extending import intrinsic
 
 from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv._nb import LANES, stack_f32
-from tilefuse.kernels.conv.epilogue import bias_or_zeros
+from tilefuse.kernels.conv.epilogue import bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
-from tilefuse.kernels.conv.threads import parallel_for, scratch
+from tilefuse.kernels.threads import parallel_for, scratch
 
 RB = 8                  # output positions per register block
 TASK_VFMAS = 1 << 15    # target work per task in vector FMAs (~15-30 us on one core)
@@ -397,18 +397,11 @@ def _dw_task_gather(o2, x2, w2, bias, src, r2, has_res, code, alpha, beta, n, ob
                     orr[l] = apply_scalar(code, v, al, be)
 
 
-def _act(act, relu):
-    if act is None:
-        return (1, 0.0, 0.0) if relu else (0, 0.0, 0.0)
-    code, alpha, beta = act
-    return int(code), float(alpha), float(beta)
-
-
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
               relu=False, act=None, threads=None) -> None:
     """x_b (N, Cb, H, W, 16) unpadded -> out_b (N, Ob, Ho, Wo, 16), y = act(conv + bias + residual).
 
-    act = (code, alpha, beta) from activations.encode(); None means relu ? relu : identity."""
+    act: an activation of kernels/activations.py as epilogue.resolve_act takes it (relu=True is act relu)."""
     wd, bias = prepared["weight"], prepared["bias"]
     src = prepared.get("src")
     n, cb, h, w, _ = x_b.shape
@@ -424,7 +417,7 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(
     sh, sw = stride
     dh, dw = dilation
     geo = np.array([cb, h, w, ob, ho, wo, kh, kw, sh, sw, dh, dw, t, l], np.int64)
-    code, alpha, beta = _act(act, relu)
+    code, alpha, beta = resolve_act(relu, act, "depthwise")
     has_res = residual_b is not None
     if has_res and residual_b.shape != out_b.shape:
         raise ValueError(f"depthwise (NCHWc): residual {residual_b.shape} != output {out_b.shape}")
