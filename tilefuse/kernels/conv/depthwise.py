@@ -49,7 +49,7 @@ from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
 from tilefuse.kernels.threads import parallel_for, scratch
 
 RB = 8                  # output positions per register block
-TASK_VFMAS = 1 << 15    # target work per task in vector FMAs (~15-30 us on one core)
+TASK_VFMAS = 1 << 14    # target work per task in vector FMAs (~10 us on one core)
 EMPTY1 = np.zeros(0, np.float32)
 EMPTY2 = np.zeros((0, LANES), np.float32)
 # fused multiply-add but no reassociation: with "reassoc" LLVM vectorizes the kw loop as a

@@ -188,8 +188,9 @@ def describe(x_shape, w_shape, out_shape, groups, stride, padding, dilation) -> 
     """Partitioning and tiles for `compiled.plan()` (NCHW shapes)."""
     n, ci, h, w = x_shape
     co, cg, kh, kw = w_shape
-    ho = out_shape[2]
+    ho, wo = out_shape[2], out_shape[3]
     L, cbg, obg, gp = bundle(ci, co, groups)
     rows = plan_direct(cbg, kh, dilation[0], stride[0], ho, w + padding[2] + padding[3])["rows"]
-    return {"partitioning": "groups x rows", "tasks": n * gp * math.ceil(ho / rows),
-            "tiles": {"L": L, "Cbg": cbg, "Obg": obg, "rows": rows}}
+    tasks = plan_tasks(n, gp, cbg, obg, kh, kw, ho, wo, rows)
+    return {"partitioning": "groups x rows", "tasks": len(tasks),
+            "tiles": {"L": L, "Cbg": cbg, "Obg": obg, "rows": rows, "groups/task": max(t[2] - t[1] for t in tasks)}}

@@ -278,6 +278,16 @@ def describe(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, strid
         tiles = n * math.ceil(ho / m) * math.ceil(wo / m)
         p = plan_winograd(m + 2, cip, cop, tiles)
         return {"partitioning": "tiles split", "tiles": p, "tasks": math.ceil(tiles / p["tiles"])}
+    if algorithm == "depthwise":
+        from tilefuse.kernels.conv import depthwise  # noqa: PLC0415 (depthwise imports this module's users)
+        tasks = depthwise.plan_tasks(n, -(-co // 16), ho, wo, kh * kw)
+        rows = max(t[4] - t[3] for t in tasks)
+        blocks = max(t[2] - t[1] for t in tasks)
+        return {"partitioning": "rows split" if rows < ho else "blocks split", "tasks": len(tasks),
+                "tiles": {"RB": 8, "rows": rows, "blocks": blocks, "padded": depthwise.use_padded(ho, wo)}}
+    if algorithm == "grouped":
+        from tilefuse.kernels.conv import grouped  # noqa: PLC0415 (grouped imports plan_direct from here)
+        return grouped.describe(x_shape, w_shape, out_shape, groups, stride, padding, dilation)
     if algorithm == "im2col":
         p = plan_im2col(cg * kh * kw, wo, ho)
         return {"partitioning": "rows split", "tiles": p,

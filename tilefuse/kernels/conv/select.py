@@ -138,8 +138,8 @@ def estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups
         in_bytes = 4 * n * _pad16(ci) * (h + padding[0] + padding[1]) * (w + padding[2] + padding[3])
         return f / (PEAK * EFF["direct" if obg % 2 == 0 else "direct1"]) + in_bytes / BW
     if algorithm == "im2col":
-        if cg == 1:
-            return flops / (PEAK * EFF["depthwise"])
+        if cg == 1:   # its per-channel loop reads the input and writes the output like depthwise does
+            return flops / (PEAK * EFF["depthwise"]) + 4 * n * (ci * h * w + co * ho * wo) / BW
         cols = 4 * n * ho * wo * cg * kh * kw * groups
         return flops / (PEAK * EFF["im2col"]) + 2 * cols / BW
     raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of {ALGORITHMS}")
