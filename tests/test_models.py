@@ -159,14 +159,17 @@ def test_adaptive_avg_pool_lowering(hw, out, op):
     np.testing.assert_allclose(evaluate(net, xv)[0], want, rtol=1e-6, atol=1e-6)
 
 
-def test_adaptive_avg_pool_unsupported_sizes():
+def test_adaptive_avg_pool_uneven_sizes_use_the_adaptive_op():
     net = Network("ap")
     x = net.input("x", (1, 3, 7, 7))
-    with pytest.raises(GraphError, match=r"avgpool: adaptive average pooling from 7x7 to 3x3 is not "
-                                         r"supported; expected"):
-        models.adaptive_avg_pool(net, x, 3, name="avgpool")
-    with pytest.raises(GraphError, match="from 7x7 to 6x6"):
-        models.alexnet(image_size=256)   # features end at 7x7 (6x6 at 224)
+    y = models.adaptive_avg_pool(net, x, 3, name="avgpool")
+    assert net.ops[-1].op == "adaptive_avg_pool" and y.shape == (1, 3, 3, 3)
+    net.output(y)
+    xv = np.random.default_rng(4).standard_normal(x.shape).astype(np.float32)
+    want = torch.nn.functional.adaptive_avg_pool2d(torch.from_numpy(xv), 3).numpy()
+    np.testing.assert_allclose(evaluate(net, xv)[0], want, rtol=1e-6, atol=1e-6)
+    alex = models.alexnet(image_size=256)        # features end at 7x7, pooled to 6x6
+    assert alex.op("avgpool").op == "adaptive_avg_pool"
 
 
 def test_load_into_torch_rejects_mismatch():

@@ -208,8 +208,9 @@ def test_op_groups():
     assert ops.WINDOW <= ops.CONV | ops.POOL
     assert ops.ROW_LOCAL <= ops.ELEMENTWISE | ops.NORM | ops.SHAPE
     assert ops.MEMORY_BOUND <= ops.ELEMENTWISE | ops.NORM
-    for name in ops.RELU_EPILOGUE:                       # each carries a fused relu flag
-        assert "relu" in ops.OPS[name].normalize(name, {"has_bias": False}), name
+    for name in ops.ACT_EPILOGUE:                        # each carries a fused relu / act
+        p = ops.OPS[name].normalize(name, {"has_bias": False})
+        assert "relu" in p and "act" in p, name
     with pytest.raises(ValueError, match="unknown op group"):
         ops.ops_in("convolution")
 
@@ -219,4 +220,4 @@ def test_streaming_and_passes_match_on_the_groups():
     from tilefuse.ir import ops
     from tilefuse.stream import schedule
     assert schedule.STREAMABLE == ops.WINDOW | ops.ROW_LOCAL
-    assert "ops.RELU_EPILOGUE" in Path(passes.__file__).read_text()
+    assert "ops.ACT_EPILOGUE" in Path(passes.__file__).read_text()

@@ -28,6 +28,7 @@ class Plan:
     hidden_naive_bytes: int
     io_bytes: int
     passes: list[str] = field(default_factory=list)
+    target: dict = field(default_factory=dict)     # kernels/isa.info() + threads: what the kernels run on
 
     @property
     def total_flops(self) -> int:
@@ -41,6 +42,10 @@ class Plan:
         head = (f"{'#':>3} {'kernel':<16} {'algorithm':<10} {'layout':<6} {'partitioning':<12} {'tiles':<18} "
                 f"{'output':<22} {'MFLOP':>9} {'MB':>7} {'ms':>7}  operands (segment+offset)")
         lines = [head, "-" * len(head)]
+        if self.target:
+            t = self.target
+            lines.insert(0, f"target: {t.get('cpu_model')} ({t.get('llvm_cpu')}), {t.get('vector_bits')}-bit vectors, "
+                            f"{t.get('threads')} threads")
         for r in self.rows:
             ops = " ".join(r["addresses"])
             tiles = ",".join(f"{k}={v}" for k, v in r["tiles"].items()) or "-"
@@ -103,8 +108,9 @@ class CompiledNetwork:
                 "bytes": sum(op.nbytes for op in ins.operands), "measured_seconds": measured,
                 "addresses": addrs, "params": ins.params,
             })
+        target = dict(self.package.meta.get("target") or {})
         return Plan(rows, self.package.const_bytes, self.package.hidden_bytes,
-                    self.memory.naive_bytes, self.package.io_bytes, list(self.pass_log))
+                    self.memory.naive_bytes, self.package.io_bytes, list(self.pass_log), target)
 
     def _conv_weight_shape(self, ins) -> tuple:
         return tuple(self._weights.get(ins.output.name.split("@")[0], (0, 0, 0, 0)))
@@ -149,8 +155,8 @@ def _conv_rule(options: dict, tuning: dict):
 
     def rule(op):
         x, w = op.inputs[0], op.inputs[1]
-        if x.dtype != np.float32:
-            return None
+        if x.dtype != np.float32 or op.params.get("has_input_scale"):
+            return None   # an input-scaled conv (fused squeeze-excitation) runs kernels/se_conv.py
         p = op.params
         allow_w = options.get("winograd", True)
         if algo_forced:
@@ -241,7 +247,11 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
                   if res.changed else "assign_layouts: no change")
     log = log + [layout_log]
     mem = plan_hidden(low.hidden, low.lifetimes)             # liveness sharing of hidden blocks
+    from ..kernels.isa import info as isa_info
+    from ..kernels.threads import resolve_threads
+    target = {k: v for k, v in isa_info().items() if k in ("cpu_model", "llvm_cpu", "vector_bits")}
+    target["threads"] = resolve_threads(threads)
     meta = {"pass_log": log, "options": {k: v for k, v in options.items() if v not in (None, False)},
-            "gflops": sum(low.flops) / 1e9}
+            "gflops": sum(low.flops) / 1e9, "target": target}
     pkg = reoff_pack(net.name, low, mem, meta)
     return CompiledNetwork(opt, net, pkg, low, mem, log, time.perf_counter() - t0, options, tuning, layout_log)

@@ -19,8 +19,14 @@ from . import reference as ref
 
 
 def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu=False, act=None,
-            algorithm="reference", prepared=(), threads=None, layout="nchw", out_layout=None, **_):
+            algorithm="reference", prepared=(), threads=None, layout="nchw", out_layout=None,
+            has_input_scale=False, **_):
     args = list(args)
+    if has_input_scale:   # a fused squeeze-excitation scale: the compiler left it on the plain path
+        from .se_conv import conv2d_input_scaled
+        conv2d_input_scaled(out, x, *args, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                            has_bias=has_bias, has_residual=has_residual, relu=relu, act=act, threads=threads)
+        return
     if layout == "nchw" and out_layout == "nchwc":
         from .conv import conv2d_run_to_nchwc
         prep = {k: args.pop(0) for k in prepared}
@@ -119,6 +125,16 @@ BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
 # kernels that take the session's thread count as params["threads"]
 THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
                       "from_nchwc", "linear"})
+
+# the modern-CNN ops (issue 9), one module per op family, each with its KERNELS and THREADED
+from . import broadcast, conv_transpose, movement, norm, reduce, resize  # noqa: E402
+
+for _m in (broadcast, conv_transpose, movement, norm, reduce, resize):
+    KERNELS.update(_m.KERNELS)
+    THREADED = THREADED | _m.THREADED
+# kernels that apply a fused activation (params "act") themselves; lowering emits a separate
+# activation instruction after any other kernel whose op carries a non-ReLU activation
+ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"}
 
 
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
