@@ -365,10 +365,13 @@ def test_k1x1_software_prefetch_does_not_change_bits(name, q_outer):
 
 
 def test_k1x1_plan_splits_channels_on_small_maps():
-    p = planner.plan_k1x1(2048, 16, 49)             # ResNet50 1x1 on 7x7, batch 1: Co split
-    assert p["Q"] == 49 and p["P"] < 16 and p["Q"] % 7 == 0
-    big = planner.plan_k1x1(256, 2, 32 * 3136)      # batch 32 56x56: positions split
+    for t in (2, 8, 16):                            # ResNet50 1x1 on 7x7, batch 1: Co split, t tasks
+        p = planner.plan_k1x1(2048, 16, 49, threads=t)
+        assert p["Q"] == 49 and p["P"] == 16 // t and p["tasks"] == t and p["partitioning"].startswith("Co split")
+    assert planner.plan_k1x1(2048, 16, 49, threads=1)["tasks"] == 1
+    big = planner.plan_k1x1(256, 2, 32 * 3136, threads=16)      # batch 32 56x56: positions split
     assert big["P"] == 2 and big["Q"] % 7 == 0 and big["Q"] * 256 * 4 <= planner.cache_sizes().l2 / 2 + 1
+    assert big["tasks"] % 16 == 0 and big["partitioning"] == "positions split"
 
 
 @pytest.mark.parametrize("shape", [("d_odd_ob", 2, 20, 9, 11, 40, 3, 1, (1, 1, 1, 1), 1, 1),
@@ -390,7 +393,7 @@ def test_direct_7x2_blocking_matches_8x1(shape):
         for i in range(n):
             k(ofl, i, 0, xb.reshape(n, cb, hp * wp, 16), i, 0, prep["weight"], 0, want.shape[2], want.shape[3], wp,
               kw["stride"][0], kw["stride"][1], kw["dilation"][0], kw["dilation"][1], prep["bias"], rfl, True,
-              *resolve_act(relu))
+              *resolve_act(relu), *((0, ob.shape[1]) if k is direct._direct_rows2 else ()))
         outs.append(ob)
     assert np.array_equal(outs[0], outs[1])
     _check("direct", from_nchwc(outs[1], want.shape[1]), want)

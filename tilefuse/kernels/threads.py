@@ -138,6 +138,67 @@ def parallel_range(ntasks: int, fn, threads=None) -> None:
     _spread(body, nt)
 
 
+# Numba parallel regions ---------------------------------------------------------------------
+# The numba kernels (conv/k1x1.py, conv/direct.py, conv/stem.py, conv/winograd.py) run a layer's
+# task table inside one numba function: a `prange` over the tasks, compiled with parallel=True,
+# on numba's persistent thread pool (OpenMP or TBB where available). One call per layer, no
+# Python per task, no thread pool hand-off per task: the per-layer dispatch cost stays a few
+# microseconds whatever the thread count. Every such kernel has the same loop compiled without
+# parallel=True too (`seq`), used for one thread and inside our own pool's workers.
+#
+#     numba_region(par, seq, threads, ntasks, *args)   ->  par(*args) on nt threads, or seq(*args)
+#
+# numba's "workqueue" layer (the fallback when neither OpenMP nor TBB is installed) aborts the
+# process when two threads launch at once, so launches are serialized there; OpenMP and TBB take
+# concurrent launches. The thread count is numba's per-thread setting, set here (not inside the
+# jitted loop: that would keep numba from caching it).
+
+_NUMBA: dict = {}
+_NUMBA_LOCK = threading.Lock()
+
+
+def numba_max_threads() -> int:
+    """The most threads a numba parallel region can use (NUMBA_NUM_THREADS, default: all CPUs)."""
+    from numba import config
+    return max(1, int(config.NUMBA_NUM_THREADS))
+
+
+def numba_layer() -> str:
+    """numba's threading layer ('omp', 'tbb' or 'workqueue'), starting its pool if needed."""
+    if "layer" not in _NUMBA:
+        import numba
+        from numba.np.ufunc import parallel
+        parallel._launch_threads()
+        _NUMBA["set"] = getattr(parallel, "_set_num_threads", None) or numba.set_num_threads
+        _NUMBA["layer"] = numba.threading_layer()
+    return _NUMBA["layer"]
+
+
+def region_threads(threads, ntasks: int) -> int:
+    """Threads a numba parallel region of `ntasks` tasks runs on: min(threads (None: all cores),
+    ntasks, NUMBA_NUM_THREADS); 1 inside one of our pool's workers."""
+    return min(_width(threads, ntasks), numba_max_threads())
+
+
+def numba_region(par, seq, threads, ntasks: int, *args) -> int:
+    """Run a task loop: `seq(*args)` on the calling thread, or `par(*args)` on nt of numba's
+    threads. Returns the thread count used."""
+    nt = region_threads(threads, ntasks)
+    if nt <= 1:
+        seq(*args)
+        return 1
+    layer = numba_layer()
+    if getattr(_LOCAL, "numba_nt", 0) != nt:
+        _NUMBA["set"](nt)          # numba's per-thread count: set once per change (a ctypes call)
+        _LOCAL.numba_nt = nt
+    if layer == "workqueue":
+        with _NUMBA_LOCK:
+            par(*args)
+    else:
+        par(*args)
+    return nt
+
+
 class Scratch:
     """Named, typed scratch buffers, grown on demand and reused (contents undefined)."""
 

@@ -136,8 +136,8 @@ def conv2d_run_to_nchwc(algorithm, out_b, x, prepared, residual_b=None, *, strid
         raise ValueError(f"conv2d_run_to_nchwc: only im2col with groups=1, got {algorithm!r}, groups={groups}")
     x = np.ascontiguousarray(x, np.float32)
     # few input channels (the 3-channel stems): the register-blocked numba stem kernel (stem.py),
-    # 2-3x faster than im2col + GEMM + scatter; shape-only rule, same prepared weights
-    f = stem.run_to_nchwc if stem.applies(x.shape[1], groups) else im2col.run_to_nchwc
+    # 2-3x faster than im2col + GEMM + scatter; its packed weights come with im2col's prepared ones
+    f = stem.run_to_nchwc if stem.applies(x.shape[1], groups) and "stem_weight" in prepared else im2col.run_to_nchwc
     f(out_b, x, prepared, residual_b, stride=stride, padding=padding, dilation=dilation, act=act,
       threads=resolve_threads(threads))
 

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.activations import apply_scalar
+from tilefuse.kernels.conv import stem
 from tilefuse.kernels.conv.epilogue import EMPTY2, EMPTY4, bias_or_zeros, epilogue_rows, resolve_act
 from tilefuse.kernels.conv.planner import plan_im2col
 from tilefuse.kernels.threads import blas_threads, parallel_for, scratch
@@ -24,8 +25,11 @@ def prepare(w, b, groups: int) -> dict:
         raise ValueError(f"im2col: {co} output channels not divisible by groups={groups}")
     og = co // groups
     # (Co, Cg, KH, KW) -> (G, og, Cg, KH, KW)
-    return {"weight": np.ascontiguousarray(np.asarray(w, np.float32).reshape(groups, og, cg, kh, kw)),
+    prep = {"weight": np.ascontiguousarray(np.asarray(w, np.float32).reshape(groups, og, cg, kh, kw)),
             "bias": bias_or_zeros(b, co)}
+    if stem.applies(cg, groups):  # few input channels: the stem kernel's own packing too (NCHW16c output)
+        prep.update(stem.prepare(w, prep["bias"]))
+    return prep
 
 
 @njit(nogil=True, cache=True)

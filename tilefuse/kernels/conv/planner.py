@@ -189,43 +189,133 @@ RB = 8
 RB1X1 = 7
 
 
-def plan_k1x1(cip: int, op: int, positions: int) -> dict:
-    """The numba NCHW16c 1x1 kernel (k1x1.py, what gemm1x1 runs on NCHW16c): task tiles from the
-    shape only (never the thread count, so 1 and 2 threads give bitwise identical results).
+# Thread-aware task grids (issue 13, seed 000's partitioning levels) ----------------------------
+# A conv layer is cut into equal tasks; numba's parallel loop hands each thread a contiguous run of
+# ceil(tasks / threads) of them. The grid is chosen per layer by a small cost model that knows the
+# thread count T: minimize  ceil(tasks / T) * task_seconds,  task_seconds = FLOPs / PEAK_CORE +
+# bytes moved / BW_CORE + TASK_SECONDS (ties: fewer tasks). Large tasks reuse their input and
+# weight blocks (fewer bytes per FLOP); more tasks than threads balance the load. The kernels that
+# use these grids (k1x1, direct, stem) compute every output element with the same full-length
+# reduction in the same order whatever task holds it, so the grid (and the thread count) never
+# changes a bit of the result.
+PEAK_CORE = 100e9      # FLOP/s of one core in the model (only ratios matter)
+BW_CORE = 10e9         # bytes/s one core streams from L3/DRAM
+TASK_SECONDS = 2e-6    # fixed cost of a task (offsets, scratch, loop set-up)
 
-    - Q positions per task: a multiple of RB1X1 = 7 with Q*Cip*4 <= L2/2 (the task's input block
-      stays in L2 while the task's channel pairs sweep it), at least 7, at most all positions.
-    - P output-channel pairs (32 channels) per task: all, halved while there are fewer than 8
-      tasks (batch-1 7x7 / 14x14 maps: the cores split the output channels, each reading the
-      small input: seed 000's feature-map-level partitioning).
-    - loop order inside a task: position block outer (7 positions of input stay in L1, the
-      weights stream from L2) when the task's weights P*Cip*128 B fit L2/2, else channel pair
-      outer (one pair's weights stay cached while the input block streams).
+
+def _pick(cands, threads: int):
+    """cands: (key, ntasks, seconds per task) -> the key of the least makespan."""
+    t = max(1, int(threads))
+    return min(cands, key=lambda c: (math.ceil(c[1] / t) * c[2], c[1]))[0]
+
+
+def _splits(n: int, most: int) -> list[int]:
+    """Distinct chunk sizes ceil(n / k) for k = 1 .. most (largest first)."""
+    return sorted({-(-n // k) for k in range(1, max(1, min(n, most)) + 1)}, reverse=True)
+
+
+def _task_seconds(flops: float, nbytes: float) -> float:
+    return flops / PEAK_CORE + nbytes / BW_CORE + TASK_SECONDS
+
+
+def plan_k1x1(cip: int, op: int, positions: int, threads: int = 1) -> dict:
+    """The numba NCHW16c 1x1 kernel (k1x1.py, what gemm1x1 runs on NCHW16c).
+
+    A task is Q output positions (flat over the batch, a multiple of RB1X1 = 7) x P output-
+    channel pairs (32 channels). Q is at most the L2 rule Q*Cip*4 <= L2/2 (the task's input
+    block stays in L2 while its channel pairs sweep it); the cost model (above) then picks Q and P
+    for T threads: with many positions (large maps, large batch) whole-channel tasks over position
+    blocks; with few (batch-1 7x7 / 14x14 maps) the cores split the output channels and every
+    task reads the same small input block (seed 000's feature-map level).
+    Loop order inside a task: position block outer (7 positions of input stay in L1, the weights
+    stream from L2) when the task's weights P*Cip*128 B fit L2/2, else channel pair outer.
     """
-    l2 = cache_sizes().l2
-    q = max(RB1X1, int(l2 / 2 / (4 * cip)) // RB1X1 * RB1X1)
-    q = min(q, -(-positions // RB1X1) * RB1X1)
-    p = op
-    nq = math.ceil(positions / q)
-    while p > 1 and nq * math.ceil(op / p) < 8:
-        p = -(-p // 2)
-    return {"Q": q, "P": p, "RB": RB1X1, "q_outer": p * cip * 128 <= l2 / 2}
+    return dict(_plan_k1x1(cip, op, positions, max(1, int(threads)), cache_sizes().l2))
 
 
-def plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int) -> dict:
-    return dict(_plan_direct(cb, kh, dh, sh, ho, wp, cache_sizes().l2))
+@functools.lru_cache(maxsize=4096)
+def _plan_k1x1(cip, op, positions, threads, l2):
+    c7 = lambda v: -(-v // RB1X1) * RB1X1  # noqa: E731
+    qmax = min(max(RB1X1, int(l2 / 2 / (4 * cip)) // RB1X1 * RB1X1), c7(positions))
+    kmin = -(-positions // qmax)
+    qs = {c7(-(-positions // k)) for k in range(kmin, kmin + 2 * threads + 1)}
+    qs |= {q for q in (c7(-(-positions // k)) for k in range(1, 4 * threads + 1)) if q <= qmax}
+    cands = []
+    for q in sorted(q for q in qs if q <= qmax):
+        nq = -(-positions // q)
+        for p in _splits(op, 4 * threads):
+            flops = 2.0 * c7(q) * cip * 32 * p
+            nbytes = 4.0 * q * cip + 128.0 * p * cip + 128.0 * q * p
+            cands.append(((q, p), nq * -(-op // p), _task_seconds(flops, nbytes)))
+    q, p = _pick(cands, threads)
+    nq, npr = -(-positions // q), -(-op // p)
+    part = ("positions x Co split" if nq > 1 and npr > 1 else "Co split (input shared)" if npr > 1
+            else "positions split" if nq > 1 else "one task")
+    return (("Q", q), ("P", p), ("RB", RB1X1), ("q_outer", p * cip * 128 <= l2 / 2), ("tasks", nq * npr),
+            ("partitioning", part), ("threads", threads))
+
+
+def plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int, *, wo: int | None = None, n: int = 1,
+                ob: int = 1, kw: int | None = None, padded: bool = True, threads: int = 1) -> dict:
+    """The direct NCHWc kernel: a task is (one image, a band of R output rows, G output-channel
+    blocks). R is at most the L2 rule (the band's input Cb*((R-1)*sh + (KH-1)*dh + 1)*Wp*64 B
+    <= L2/2); the cost model picks R and G for T threads: whole images per task when the batch
+    alone feeds the threads (seed 000's task level), row bands (window level: cores split the
+    image into regions) when it does not, and output-channel blocks too for small late layers
+    (7x7, 14x14 maps at batch 1). G is even (the 7x2 micro-kernel works on block pairs).
+    padded: the task copies its input rows into a zero-bordered band (run_nchwc with padding),
+    so smaller bands and channel splits re-copy more."""
+    wo = wp if wo is None else wo
+    kw = kh if kw is None else kw
+    return dict(_plan_direct(cb, kh, kw, dh, sh, ho, wp, wo, n, ob, bool(padded), max(1, int(threads)),
+                             cache_sizes().l2))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_direct(cb, kh, kw, dh, sh, ho, wp, wo, n, ob, padded, threads, l2):
+    rmax = 1
+    for r in range(1, ho + 1):
+        if cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64 > l2 / 2:
+            break
+        rmax = r
+    c7 = lambda v: -(-v // 7) * 7  # noqa: E731
+    gs = sorted({min(ob, g + g % 2) for g in _splits(ob, 2 * threads)}, reverse=True)
+    cands = []
+    for r in (r for r in _splits(ho, 4 * threads) if r <= rmax):
+        band = cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64
+        for g in gs:
+            flops = 2.0 * c7(r * wo) * cb * 16 * kh * kw * 16 * (g + g % 2)
+            nbytes = (2.0 * band if padded else band) + g * cb * kh * kw * 1024.0 + 64.0 * r * wo * g
+            cands.append(((r, g), n * -(-ho // r) * -(-ob // g), _task_seconds(flops, nbytes)))
+    r, g = _pick(cands, threads)
+    nb, ng = -(-ho // r), -(-ob // g)
+    part = "images" if nb == 1 and ng == 1 else "rows split" if ng == 1 else \
+        "Co split" if nb == 1 else "rows x Co split"
+    return (("RB", 7), ("rows", r), ("blocks", g), ("tasks", n * nb * ng), ("partitioning", part),
+            ("threads", threads))
+
+
+def plan_stem(cin: int, kh: int, kw: int, sh: int, dh: int, ho: int, wo: int, wp: int, n: int = 1, ob: int = 1,
+              threads: int = 1) -> dict:
+    """The stem kernel (stem.py, Cin <= 4): a task is (one image, a band of R output rows, all
+    output channels), its input rows copied into a zero-bordered band; the cost model picks R
+    for T threads (at least one full 8-position register block per task where the map allows)."""
+    return dict(_plan_stem(cin, kh, kw, sh, dh, ho, wo, wp, n, ob, max(1, int(threads))))
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int, l2: int) -> dict:
-    best = 1
-    for r in range(1, ho + 1):
-        band = cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64
-        if band > l2 / 2:
-            break
-        best = r
-    best = max(1, min(best, math.ceil(ho / 2)))
-    return {"RB": RB, "rows": best}
+def _plan_stem(cin, kh, kw, sh, dh, ho, wo, wp, n, ob, threads):
+    c8 = lambda v: -(-v // 8) * 8  # noqa: E731
+    rmin = min(ho, -(-8 // max(wo, 1)))
+    cands = []
+    for r in (r for r in _splits(ho, 8 * threads) if r >= rmin):
+        band = 4.0 * cin * ((r - 1) * sh + (kh - 1) * dh + 1) * wp
+        flops = 2.0 * c8(r * wo) * cin * kh * kw * 16 * (ob + ob % 2)
+        cands.append((r, n * -(-ho // r), _task_seconds(flops, 2 * band + 64.0 * r * wo * ob)))
+    r = _pick(cands, threads)
+    nb = -(-ho // r)
+    return (("RB", 8), ("rows", r), ("tasks", n * nb), ("partitioning", "images" if nb == 1 else "rows split"),
+            ("threads", threads))
 
 
 def plan_winograd(alpha: int, cip: int, cop: int, total_tiles: int | None = None) -> dict:

@@ -10,13 +10,14 @@ output channels = 16 zmm accumulators, live across the whole Cin*KH*KW reduction
 vectors + 8 broadcasts feed 16 FMAs per tap). Epilogue (epilogue.store_block): + bias (+ residual), activation,
 stored straight into the blocked output; padded output channels come out 0 (zero weights/bias).
 
-Weights are packed once per prepared array (cached by identity): (Ob, Cin, KH, KW, 16co).
-Task boundaries depend on the shape only, so 1 and 2 threads give bitwise identical results.
+Weights are packed at compile time (`prepare`: (Ob, Cin, KH, KW, 16co) and a padded bias, added
+to im2col's prepared constants) and read from the data package. Tasks (image, band of rows)
+from planner.plan_stem for the thread count, run in one numba parallel loop; every output is
+the same reduction whatever its task, so every grid and thread count gives the same bits.
 """
 from __future__ import annotations
 
-import math
-import weakref
+import functools
 
 import numba as nb
 import numpy as np
@@ -24,37 +25,24 @@ from numba import njit
 
 from tilefuse.kernels.conv._nb import LANES, stack_f32
 from tilefuse.kernels.conv.epilogue import EMPTY4, RB_OFFSETS, resolve_act, store_block
-from tilefuse.kernels.threads import parallel_for, scratch
+from tilefuse.kernels.conv.planner import plan_stem
+from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
 
 MAX_CIN = 4
 RB = 8
-
-_PACK_CACHE: dict[int, tuple] = {}
-
 
 def applies(cin: int, groups: int) -> bool:
     return groups == 1 and cin <= MAX_CIN
 
 
-def pack_weights(w5: np.ndarray) -> np.ndarray:
-    """im2col weight (1, Co, Cg, KH, KW) -> (Ob, Cg, KH, KW, 16) zero padded output channels.
-
-    Cached by identity of the (constant) prepared array through a weak reference: the cache
-    never keeps a session's device memory alive, and a recycled id() cannot hit (the dead
-    reference no longer points at the array)."""
-    hit = _PACK_CACHE.get(id(w5))
-    if hit is not None and hit[0]() is w5:
-        return hit[1]
-    _, co, cg, kh, kw = w5.shape
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """(Co, Cin, KH, KW) -> (Ob, Cin, KH, KW, 16) zero padded output channels (compile time)."""
+    co, cg, kh, kw = w.shape
     ob = -(-co // LANES)
     wp = np.zeros((ob * LANES, cg, kh, kw), np.float32)
-    wp[:co] = w5[0]
+    wp[:co] = w
     # (Ob*16, Cg, KH, KW) -> (Ob, 16, Cg, KH, KW) -> (Ob, Cg, KH, KW, 16)
-    packed = np.ascontiguousarray(wp.reshape(ob, LANES, cg, kh, kw).transpose(0, 2, 3, 4, 1))
-    if len(_PACK_CACHE) > 256:
-        _PACK_CACHE.clear()
-    _PACK_CACHE[id(w5)] = (weakref.ref(w5), packed)
-    return packed
+    return np.ascontiguousarray(wp.reshape(ob, LANES, cg, kh, kw).transpose(0, 2, 3, 4, 1))
 
 
 def pad_bias(bias: np.ndarray, ob: int) -> np.ndarray:
@@ -63,12 +51,13 @@ def pad_bias(bias: np.ndarray, ob: int) -> np.ndarray:
     return b
 
 
-def band_rows(ho: int, wo: int) -> int:
-    """Output rows per task: about 8 tasks per image (>= 2 cores busy, small bands stay in L1/L2),
-    at least enough rows for ~4 register blocks. Shape only."""
-    r = max(1, math.ceil(ho / 8))
-    r = max(r, math.ceil(4 * RB / max(wo, 1)))
-    return min(ho, r)
+def prepare(w, bias) -> dict:
+    """The stem's own constants, added to im2col's prepared weights (`im2col.prepare`) for convs
+    it applies to: {"stem_weight": (Ob, Cin, KH, KW, 16), "stem_bias": (Ob*16,)}. They travel in
+    the data package like every prepared constant, so the kernel reads device memory (no host
+    side copy)."""
+    w = np.asarray(w, np.float32)
+    return {"stem_weight": pack_weights(w), "stem_bias": pad_bias(np.asarray(bias, np.float32), -(-w.shape[0] // LANES))}
 
 
 @njit(nogil=True, cache=True)
@@ -205,33 +194,67 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
                         code, alpha, beta)
 
 
+@njit(nogil=True, cache=True)
+def _stem_task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0, r1, pt, pl, Wp, Wo, sh, sw, dh, dw):
+    """One task: image n, output rows [r0, r1): pad its input rows into `band` (1-D scratch), run
+    the register-blocked kernel."""
+    C = x.shape[1]
+    x0 = r0 * sh                                         # first padded input row of the band
+    nr = (r1 - 1 - r0) * sh + (wb.shape[2] - 1) * dh + 1
+    b3 = band[:C * nr * Wp].reshape(C, nr, Wp)
+    _pad_rows(b3, x, n, x0 - pt, pl)
+    _stem_rows(out, n, b3, x0, wb, r0, r1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _stem_par(tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, Wo, sh, sw, dh, dw):
+    for i in nb.prange(tasks.shape[0]):
+        _stem_task(out, x, band[nb.get_thread_id()], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0],
+                   tasks[i, 1], tasks[i, 2], pt, pl, Wp, Wo, sh, sw, dh, dw)
+
+
+@njit(nogil=True, cache=True)
+def _stem_seq(tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, Wo, sh, sw, dh, dw):
+    for i in range(tasks.shape[0]):
+        _stem_task(out, x, band[0], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1],
+                   tasks[i, 2], pt, pl, Wp, Wo, sh, sw, dh, dw)
+
+
+@functools.lru_cache(maxsize=256)
+def task_table(n: int, ho: int, rows: int) -> np.ndarray:
+    """(T, 3) int64 rows (n, r0, r1)."""
+    t = np.array([(i, r0, min(r0 + rows, ho)) for i in range(n) for r0 in range(0, ho, rows)], np.int64).reshape(-1, 3)
+    t.flags.writeable = False
+    return t
+
+
 def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                 relu=False, act=None, threads=None) -> None:
-    """NCHW x (N, Cin <= 4, H, W) -> NCHW16c out_b (N, Ob, Ho, Wo, 16); `prepared` is im2col's
-    (groups 1): {"weight": (1, Co, Cin, KH, KW), "bias": (Co,)}."""
+                 relu=False, act=None, threads=None, plan=None) -> None:
+    """NCHW x (N, Cin <= 4, H, W) -> NCHW16c out_b (N, Ob, Ho, Wo, 16); `prepared` holds the
+    stem's constants ("stem_weight", "stem_bias", from `prepare`; im2col's conv2d_prepare adds
+    them for the convs this kernel applies to)."""
     code, al, be = resolve_act(relu, act, "stem")
-    w5, bias = prepared["weight"], prepared["bias"]
-    wb = pack_weights(w5)
+    if "stem_weight" not in prepared:
+        raise ValueError("stem kernel: prepared weights have no 'stem_weight' (prepare them with "
+                         "conv2d_prepare('im2col', ...) or stem.prepare)")
+    wb, bp = prepared["stem_weight"], prepared["stem_bias"]
     n, cin, h, w = x.shape
     _, ob, ho, wo, _ = out_b.shape
-    kh = w5.shape[3]
-    bp = pad_bias(bias, ob)
+    if wb.shape[0] != ob or wb.shape[1] != cin:
+        raise ValueError(f"stem kernel: stem_weight {wb.shape} does not match input channels {cin} and output "
+                         f"blocks {ob}")
+    kh, kw = wb.shape[2], wb.shape[3]
     t, _, l, r = padding
     wp = w + l + r
     sh, sw = stride
     dh, dw = dilation
+    threads = resolve_threads(threads)
+    p = plan or plan_stem(cin, kh, kw, sh, dh, ho, wo, wp, n, ob, threads)
+    tasks = task_table(n, ho, p["rows"])
     has_res = residual_b is not None
     ofl = out_b.reshape(n, ob, ho * wo, LANES)  # (N, Ob, Ho, Wo, 16) -> (N, Ob, Ho*Wo, 16)
     res = residual_b.reshape(n, ob, ho * wo, LANES) if has_res else EMPTY4
-    rows = band_rows(ho, wo)
-    tasks = [(i, r0, min(r0 + rows, ho)) for i in range(n) for r0 in range(0, ho, rows)]
-
-    def task(tk):
-        i, r0, r1 = tk
-        x0 = r0 * sh                                         # first padded input row of the band
-        nr = (r1 - 1 - r0) * sh + (kh - 1) * dh + 1
-        band = scratch("stem_band", cin * nr * wp).reshape(cin, nr, wp)
-        _pad_rows(band, x, i, x0 - t, l)
-        _stem_rows(ofl, i, band, x0, wb, r0, r1, wo, sh, sw, dh, dw, bp, res, has_res, code, al, be)
-
-    parallel_for(task, tasks, threads)
+    nband = cin * ((p["rows"] - 1) * sh + (kh - 1) * dh + 1) * wp
+    band = scratch("stem_band", (numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1, nband))
+    numba_region(_stem_par, _stem_seq, threads, len(tasks), tasks, ofl, x, band, wb, bp, res, has_res, code, al, be,
+                 t, l, wp, wo, sh, sw, dh, dw)
