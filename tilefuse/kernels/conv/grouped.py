@@ -39,7 +39,7 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.conv._nb import LANES
-from tilefuse.kernels.conv.direct import _bands, _direct_rows, _direct_rows2, _pad_band
+from tilefuse.kernels.conv.direct import _direct_rows, _direct_rows2, _pad_band
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
 from tilefuse.kernels.conv.planner import plan_direct
@@ -122,9 +122,20 @@ def _groups_task(of, xf, wt, bias, rf, has_res, band, i, j0, j1, r0, r1, geo, co
             xv = xin.reshape(1, c1 - c0, h * w, 16)
             xr0 = 0
         if obg % 2 == 0:
-            _direct_rows2(ov, 0, 0, xv, 0, xr0, wg, r0, r1, wo, wp, sh, sw, dh, dw, bg, rv, has_res, code, al, be)
+            _direct_rows2(ov, 0, 0, xv, 0, xr0, wg, r0, r1, wo, wp, sh, sw, dh, dw, bg, rv, has_res, code, al, be,
+                          0, o1 - o0)
         else:
             _direct_rows(ov, 0, 0, xv, 0, xr0, wg, r0, r1, wo, wp, sh, sw, dh, dw, bg, rv, has_res, code, al, be)
+
+
+def _bands(ho, rows):
+    return [(r0, min(r0 + rows, ho)) for r0 in range(0, ho, rows)]
+
+
+def _rows(cbg, obg, kh, kw, stride, dilation, ho, wo, wp, padded) -> int:
+    """Row band height: the direct planner's for one block group, planned for one thread (so the
+    tasks depend on the shape only)."""
+    return plan_direct(cbg, kh, dilation[0], stride[0], ho, wp, wo=wo, ob=obg, kw=kw, padded=padded)["rows"]
 
 
 TASK_FLOPS = 4e6        # block groups per task: about this much work (a task call costs ~5-10 us)
@@ -157,7 +168,7 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(
     t, b, l, r = padding
     padded = padding != (0, 0, 0, 0)
     wp = w + l + r
-    rows = plan_direct(cbg, kh, dilation[0], stride[0], ho, wp)["rows"]
+    rows = _rows(cbg, obg, kh, kw, stride, dilation, ho, wo, wp, padded)
     has_res = residual_b is not None
     of, xf = out_b.reshape(-1), x_b.reshape(-1)       # flat views, no copy
     rf = residual_b.reshape(-1) if has_res else EMPTY1
@@ -190,7 +201,8 @@ def describe(x_shape, w_shape, out_shape, groups, stride, padding, dilation) -> 
     co, cg, kh, kw = w_shape
     ho, wo = out_shape[2], out_shape[3]
     L, cbg, obg, gp = bundle(ci, co, groups)
-    rows = plan_direct(cbg, kh, dilation[0], stride[0], ho, w + padding[2] + padding[3])["rows"]
+    rows = _rows(cbg, obg, kh, kw, stride, dilation, ho, wo, w + padding[2] + padding[3],
+                 tuple(padding) != (0, 0, 0, 0))
     tasks = plan_tasks(n, gp, cbg, obg, kh, kw, ho, wo, rows)
     return {"partitioning": "groups x rows", "tasks": len(tasks),
             "tiles": {"L": L, "Cbg": cbg, "Obg": obg, "rows": rows, "groups/task": max(t[2] - t[1] for t in tasks)}}
