@@ -180,6 +180,7 @@ def test_depthwise_every_activation_with_residual(case, name):
 @pytest.mark.parametrize("case", [DW_CASES[1], DW_CASES[11], DW_CASES[13], DW_CASES[15]], ids=lambda c: c[0])
 def test_depthwise_thread_counts_bitwise_identical(case, monkeypatch):
     monkeypatch.setattr(depthwise, "TASK_VFMAS", 600)   # small tasks: many per layer, split rows and blocks
+    monkeypatch.setattr(depthwise, "TASK_MIN_VFMAS", 64)
     x, wt, b, res, kw = _dw_case(case, seed=7, residual=True)
     outs = [_run_nchwc("depthwise", x, wt, b, res, kw, act=("silu", 0.0, 0.0), threads=t)[0] for t in THREADS]
     assert len(depthwise.plan_tasks(x.shape[0], -(-wt.shape[0] // 16), outs[0].shape[2], outs[0].shape[3],
@@ -192,10 +193,13 @@ def test_depthwise_tasks_split_large_maps_and_group_small_ones():
     big = depthwise.plan_tasks(2, 6, 112, 112, 9)
     assert all(t[2] - t[1] == 1 for t in big) and max(t[4] - t[3] for t in big) < 112
     assert sorted((t[0], t[1], t[3]) for t in big) == sorted({(t[0], t[1], t[3]) for t in big})
-    small = depthwise.plan_tasks(1, 60, 7, 7, 9)
-    assert all(t[3:] == (0, 7) for t in small) and max(t[2] - t[1] for t in small) > 1
-    covered = sorted(b for t in small for b in range(t[1], t[2]))
-    assert covered == list(range(60))
+    for threads in (1, 16):
+        small = depthwise.plan_tasks(1, 60, 7, 7, 9, threads)
+        assert all(t[3:] == (0, 7) for t in small) and max(t[2] - t[1] for t in small) > 1
+        covered = sorted(b for t in small for b in range(t[1], t[2]))
+        assert covered == list(range(60))
+    # more threads: smaller tasks (never below TASK_MIN_VFMAS), so 16 cores get work at batch 1
+    assert len(depthwise.plan_tasks(1, 6, 56, 56, 9, 16)) > len(depthwise.plan_tasks(1, 6, 56, 56, 9, 1))
     assert depthwise.use_padded(7, 7) and depthwise.use_padded(28, 28) and not depthwise.use_padded(56, 56)
 
 

@@ -46,10 +46,11 @@ from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv._nb import LANES, stack_f32
 from tilefuse.kernels.conv.epilogue import bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
-from tilefuse.kernels.threads import parallel_for, scratch
+from tilefuse.kernels.threads import (numba_max_threads, numba_region, parallel_for, region_threads, resolve_threads,
+                                      scratch)
 
 RB = 8                  # output positions per register block
-TASK_VFMAS = 1 << 14    # target work per task in vector FMAs (~10 us on one core)
+TASK_VFMAS = 1 << 15    # work per task in vector FMAs on one thread (~20 us on one core)
 EMPTY1 = np.zeros(0, np.float32)
 EMPTY2 = np.zeros((0, LANES), np.float32)
 # fused multiply-add but no reassociation: with "reassoc" LLVM vectorizes the kw loop as a
@@ -90,15 +91,24 @@ def use_padded(ho: int, wo: int) -> bool:
     return ho * wo <= PAD_MAX_POSITIONS
 
 
-def plan_tasks(n: int, ob: int, ho: int, wo: int, taps: int) -> list[tuple[int, int, int, int, int]]:
-    """(image, ob0, ob1, oh0, oh1) tasks from the layer shape only: about TASK_VFMAS vector FMAs
-    each; rows split when one channel block's map is larger than that, else blocks grouped."""
+TASK_MIN_VFMAS = 1 << 12   # smallest task worth handing to a thread (~3 us)
+
+
+def plan_tasks(n: int, ob: int, ho: int, wo: int, taps: int, threads: int = 1) -> list[tuple[int, int, int, int, int]]:
+    """(image, ob0, ob1, oh0, oh1) tasks of about `target` vector FMAs: TASK_VFMAS on one thread,
+    down to TASK_MIN_VFMAS so that `threads` threads get ~3 tasks each. A channel block's map
+    larger than the target is split into row bands (window level); smaller maps (7x7, 14x14) are
+    bundled, several channel blocks per task (a row split would re-copy the padded band's halo).
+    The split never changes a result: every output value is computed by the same code in the same
+    order whichever task holds it (bitwise identical for every thread count)."""
+    total = n * ob * ho * wo * taps
+    target = max(TASK_MIN_VFMAS, min(TASK_VFMAS, total // (3 * max(1, threads)) + 1))
     plane = ho * wo * taps
-    if plane >= TASK_VFMAS:
-        rows = max(1, math.ceil(TASK_VFMAS / (wo * taps)))
+    if plane > target:
+        rows = max(1, math.ceil(target / (wo * taps)))
         rows = -(-ho // -(-ho // rows))          # equal bands
         return [(i, b, b + 1, r, min(r + rows, ho)) for i in range(n) for b in range(ob) for r in range(0, ho, rows)]
-    g = max(1, TASK_VFMAS // plane)
+    g = max(1, target // plane)
     g = -(-ob // -(-ob // g))                    # equal groups
     return [(i, b, min(b + g, ob), 0, ho) for i in range(n) for b in range(0, ob, g)]
 
@@ -397,6 +407,21 @@ def _dw_task_gather(o2, x2, w2, bias, src, r2, has_res, code, alpha, beta, n, ob
                     orr[l] = apply_scalar(code, v, al, be)
 
 
+@njit(parallel=True, nogil=True, cache=True)
+def _dw_par(tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded):
+    """Every task (rows (n, ob0, ob1, oh0, oh1)) on numba's pool; band (threads, size) scratch."""
+    for i in nb.prange(tasks.shape[0]):
+        _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
+                 tasks[i, 3], tasks[i, 4], geo, band[nb.get_thread_id()], padded)
+
+
+@njit(nogil=True, cache=True)
+def _dw_seq(tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded):
+    for i in range(tasks.shape[0]):
+        _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
+                 tasks[i, 3], tasks[i, 4], geo, band[0], padded)
+
+
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
               relu=False, act=None, threads=None) -> None:
     """x_b (N, Cb, H, W, 16) unpadded -> out_b (N, Ob, Ho, Wo, 16), y = act(conv + bias + residual).
@@ -426,24 +451,21 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(
     # (N, C, H, W, 16) -> (N*C*H*W, 16): one vector per row (the gather variant)
     o2, x2, w2 = out_b.reshape(-1, LANES), x_b.reshape(-1, LANES), wd.reshape(-1, LANES)
     r2 = residual_b.reshape(-1, LANES) if has_res else EMPTY2
-    tasks = plan_tasks(n, ob, ho, wo, kh * kw)
+    threads = resolve_threads(threads)
+    tasks = plan_tasks(n, ob, ho, wo, kh * kw, threads)
+    if src is not None:
+        parallel_for(lambda tk: _dw_task_gather(o2, x2, w2, bias, src, r2, has_res, code, alpha, beta, tk[0], tk[1],
+                                                tk[2], tk[3], tk[4], geo), tasks, threads)
+        return
     padded = PADDED if PADDED is not None else use_padded(ho, wo)
     wp = (wo - 1) * sw + (kw - 1) * dw + 1
-    if src is None:
-        def task(tk):
-            rows = (tk[4] - 1 - tk[3]) * sh + (kh - 1) * dh + 1
-            sp = scratch("dw_pad", rows * wp * LANES) if padded else EMPTY1
-            _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tk[0], tk[1], tk[2], tk[3], tk[4], geo, sp,
-                     padded)
-    else:
-        def task(tk):
-            _dw_task_gather(o2, x2, w2, bias, src, r2, has_res, code, alpha, beta, tk[0], tk[1], tk[2], tk[3],
-                            tk[4], geo)
-    if len(tasks) == 1 or threads == 1:
-        for tk in tasks:
-            task(tk)
-        return
-    parallel_for(task, tasks, threads)
+    band_rows = max(t[4] - t[3] for t in tasks) * sh + (kh - 1) * dh if padded else 0
+    table = np.array(tasks, np.int64).reshape(-1, 5)
+    # one padded-band scratch row per thread of the region (thread ids range over numba's pool)
+    nrows = numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1
+    band = scratch("dw_band", (nrows, max(1, band_rows * wp * LANES)))
+    numba_region(_dw_par, _dw_seq, threads, len(tasks), table, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo,
+                 band, padded)
 
 
 def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), relu=False,
