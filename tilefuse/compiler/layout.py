@@ -38,6 +38,7 @@ CONVERSIONS = frozenset({"to_nchwc", "from_nchwc"})
 
 MAX_PAD_WASTE = 1.5
 GROUPED_BLOCKED = frozenset({"depthwise", "grouped"})   # the blocked forms of grouped convs
+CONVS = ("conv2d", "conv_transpose2d")                  # kernels whose params say their layout
 
 
 def conv_layout(algorithm: str | None, mode: str = "auto", ci: int = 16, co: int = 16, groups: int = 1) -> str:
@@ -55,6 +56,13 @@ def conv_layout(algorithm: str | None, mode: str = "auto", ci: int = 16, co: int
     if groups != 1 or pad(ci) * pad(co) > MAX_PAD_WASTE * ci * co:
         return NCHW
     return NCHWC
+
+
+def conv_transpose_layout(mode: str, ci: int, co: int) -> str:
+    """The layout of a conv_transpose2d on the phase kernel (kernels/conv/transpose.py): nchwc
+    unless the mode says nchw or padding the channels adds more than 50% multiplies."""
+    pad = lambda c: -(-c // LANES) * LANES  # noqa: E731
+    return NCHW if mode == NCHW or pad(ci) * pad(co) > MAX_PAD_WASTE * ci * co else NCHWC
 
 
 def blocked_shape(shape) -> tuple[int, ...]:
@@ -89,7 +97,7 @@ def _blocked_output_pays(ins: Instruction, program: list[Instruction]) -> bool:
     co = ins.output.shape[1]
     if -(-co // LANES) * LANES > MAX_PAD_WASTE * co:
         return False
-    blocked = lambda r: r.kernel == "conv2d" and r.params.get("layout") == NCHWC  # noqa: E731
+    blocked = lambda r: r.kernel in CONVS and r.params.get("layout") == NCHWC  # noqa: E731
     for r in _readers(ins.output.name, program):
         if blocked(r) or (r.kernel in BLOCKED_FORM and r.kernel not in BLOCKED_TO_NCHW
                           and any(blocked(q) for q in _readers(r.output.name, program))):
@@ -103,7 +111,7 @@ def _choose(program: list[Instruction]) -> list[tuple[str, str]]:
     for ins in program:
         k, acts = ins.kernel, _activations(ins)
         lin = lout = NCHW
-        if k == "conv2d":
+        if k in CONVS:
             lin = lout = ins.params.get("layout", NCHW)
             if lin == NCHW and _blocked_output_pays(ins, program):
                 lout = NCHWC
