@@ -300,7 +300,11 @@ def _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0,
             nk = kh_hi - kh_lo
             orow = obase + oh * Wo * 16
             # interior: blocks of RB positions
-            for pb in range(owa, owb, RB):
+            for pb0 in range(owa, owb, RB):
+                # a short last block moves left to end at owb when the interior holds a whole block:
+                # it recomputes a few positions of the previous block (the same values, the same
+                # order) but runs the constant-offset code instead of the clamped one
+                pb = max(owa, min(pb0, owb - RB))
                 nv = min(RB, owb - pb)
                 for l in range(16):
                     a0[l] = 0.0
@@ -329,6 +333,19 @@ def _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0,
                 elif nv == RB and dw == 1 and sw == 1 and KW == 7:
                     _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 7,
                            16, 32, 48, 64, 80, 96, 112, 16)
+                # 7-wide maps (the last stage of MobileNet / EfficientNet): 7 positions, the 8th repeats the 7th
+                elif nv == 7 and dw == 1 and sw == 1 and KW == 3:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 3,
+                           16, 32, 48, 64, 80, 96, 96, 16)
+                elif nv == 7 and dw == 1 and sw == 2 and KW == 3:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 3,
+                           32, 64, 96, 128, 160, 192, 192, 16)
+                elif nv == 7 and dw == 1 and sw == 1 and KW == 5:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 5,
+                           16, 32, 48, 64, 80, 96, 96, 16)
+                elif nv == 7 and dw == 1 and sw == 2 and KW == 5:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 5,
+                           32, 64, 96, 128, 160, 192, 192, 16)
                 else:
                     # any geometry; a partial last block repeats its final position (clamped offsets)
                     _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, KW,
