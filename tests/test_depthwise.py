@@ -42,6 +42,11 @@ DW_CASES = [
     ("big_k5_s2", 2, 20, 35, 37, 1, 5, 2, (2, 2, 2, 2), 1),
     ("big_k7_s1_asym", 1, 16, 30, 43, 1, 7, 1, (3, 2, 1, 3), 1),
     ("big_k3_dil2", 1, 16, 31, 33, 1, 3, 1, (2, 2, 2, 2), 2),
+    # 7-wide outputs (the last stages of MobileNetV2 / EfficientNet-B0): their own constant-offset code
+    ("w7_k3_s1", 1, 48, 7, 7, 1, 3, 1, (1, 1, 1, 1), 1),
+    ("w7_k3_s2", 1, 32, 13, 14, 1, 3, 2, (1, 1, 1, 1), 1),
+    ("w7_k5_s1", 2, 40, 6, 7, 1, 5, 1, (2, 2, 2, 2), 1),
+    ("w7_k5_s2", 1, 16, 14, 13, 1, 5, 2, (2, 2, 2, 2), 1),
 ]
 
 # (name, N, Ci, H, W, Co, groups, k, stride, padding, dilation): L = groups per block group
@@ -148,7 +153,7 @@ def test_depthwise_nchwc_against_reference(case):
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["in_place", "padded_band"])
-@pytest.mark.parametrize("case", [DW_CASES[i] for i in (1, 3, 4, 9, 12, 14, 16)], ids=lambda c: c[0])
+@pytest.mark.parametrize("case", [DW_CASES[i] for i in (1, 3, 4, 9, 12, 14, 16, 18, 21)], ids=lambda c: c[0])
 def test_depthwise_both_paths(case, padded, monkeypatch):
     """Small maps run on a zero-bordered band copy, large ones in place with border positions:
     force each path on each shape."""
