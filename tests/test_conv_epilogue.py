@@ -165,3 +165,53 @@ def test_im2col_run_to_nchwc_direct_call_has_every_activation():
     im2col.run_to_nchwc(ob, x, prep, to_nchwc(res), stride=kw["stride"], padding=kw["padding"],
                         dilation=kw["dilation"], act=A.encode("gelu"))
     np.testing.assert_allclose(from_nchwc(ob, wt.shape[0]), A.reference("gelu", base), atol=1e-4 * np.abs(base).max())
+
+
+# ---------------------------------------------------------------- the conv front door (conv.bind)
+def test_bind_runs_every_form_like_the_per_call_entry_points():
+    """A bound layer gives the bits of the per-call entry points, for every form and algorithm."""
+    from tilefuse.kernels import conv
+    for path in PATHS:
+        name, alg = path[0], path[1]
+        if name in ("nchwc-gemm1x1-blas", "nchwc-direct-prepadded"):
+            continue  # not a front-door form (the BLAS 1x1 on NCHWc; direct_nchwc on a padded input)
+        x, wt, b, res, kw = _data(path, seed=4)
+        form = "nchw" if name.startswith("nchw-") else "nchwc" if name.startswith("nchwc") else "nchw>nchwc"
+        lay = "nchwc" if form == "nchwc" else "nchw"
+        prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], layout=lay)
+        want, _ = _run(path, x, wt, b, res, kw, act=A.encode("hardswish"))
+        xin = to_nchwc(x) if form == "nchwc" else x
+        rin = res if form == "nchw" else to_nchwc(res)
+        out = np.full(rin.shape, np.nan, np.float32)
+        layer = conv.bind(alg, xin.shape, out.shape, prep, has_residual=True, act=A.encode("hardswish"), layout=lay,
+                          out_layout="nchwc" if form == "nchw>nchwc" else None, threads=2, **kw)
+        layer(out, xin, prep, rin)
+        got = out if form == "nchw" else from_nchwc(out, wt.shape[0])
+        assert np.array_equal(got, want), name
+        d = layer.describe()
+        assert d["form"] == form and d["tasks"] >= 1 and d["activation"] == "hardswish" and d["threads"] == 2
+
+
+def test_bind_errors_say_found_and_expected():
+    from tilefuse.kernels import conv
+    wt = np.zeros((32, 16, 3, 3), np.float32)
+    prep = conv2d_prepare("direct", wt, None, 1, 1, 1, 1, layout="nchwc")
+    kw = dict(stride=1, padding=1, dilation=1, layout="nchwc")
+    x, out = (1, 1, 8, 8, 16), (1, 2, 8, 8, 16)
+    assert conv.bind("direct", x, out, prep, **kw).describe()["partitioning"]
+    cases = [
+        (dict(out_shape=(1, 2, 7, 8, 16)), r"out has shape \(1, 2, 7, 8, 16\), expected \(1, 2, 8, 8, 16\)"),
+        (dict(x_shape=(1, 2, 8, 8, 16)), "input has 32 channels, the weights expect 16"),
+        (dict(x_shape=(1, 16, 8, 8)), r"x has shape \(1, 16, 8, 8\), expected NCHW16c"),
+        (dict(algorithm="fft"), "unknown conv algorithm"),
+        (dict(algorithm="im2col"), "no NCHWc form"),
+        (dict(layout="nhwc"), "layout 'nhwc'"),
+        (dict(dtype=np.float64), "take float32, found float64"),
+        (dict(act=("mish", 0, 0)), "unknown activation 'mish'"),
+        (dict(prepared={"bias": prep["bias"]}), "no 'weight'"),
+    ]
+    for change, msg in cases:
+        args = dict(algorithm="direct", x_shape=x, out_shape=out, prepared=prep, **kw)
+        args.update(change)
+        with pytest.raises(ValueError, match=msg):
+            conv.bind(**args)

@@ -39,8 +39,8 @@ class Plan:
         return sum(r["bytes"] for r in self.rows)
 
     def __str__(self) -> str:
-        head = (f"{'#':>3} {'kernel':<16} {'algorithm':<10} {'layout':<6} {'partitioning':<12} {'tiles':<18} "
-                f"{'output':<22} {'MFLOP':>9} {'MB':>7} {'ms':>7}  operands (segment+offset)")
+        head = (f"{'#':>3} {'kernel':<16} {'algorithm':<10} {'layout':<6} {'partitioning':<24} {'tasks':>5} "
+                f"{'tiles':<22} {'output':<22} {'MFLOP':>9} {'MB':>7} {'ms':>7}  operands (segment+offset)")
         lines = [head, "-" * len(head)]
         if self.target:
             t = self.target
@@ -50,8 +50,9 @@ class Plan:
             ops = " ".join(r["addresses"])
             tiles = ",".join(f"{k}={v}" for k, v in r["tiles"].items()) or "-"
             ms = f"{r['measured_seconds'] * 1e3:>7.2f}" if r.get("measured_seconds") else f"{'-':>7}"
+            tasks = r.get("tasks") if r.get("tasks") is not None else "-"
             lines.append(f"{r['index']:>3} {r['kernel']:<16} {r['algorithm']:<10} {r['layout']:<6} "
-                         f"{r['partitioning']:<12} {tiles:<18} {str(r['output_shape']):<22} "
+                         f"{r['partitioning']:<24} {tasks:>5} {tiles:<22} {str(r['output_shape']):<22} "
                          f"{r['flops'] / 1e6:>9.2f} {r['bytes'] / 1e6:>7.2f} {ms}  {ops}")
         lines.append("-" * len(head))
         saved = 1 - self.hidden_bytes / self.hidden_naive_bytes if self.hidden_naive_bytes else 0.0
@@ -79,6 +80,8 @@ class CompiledNetwork:
         """Per instruction: kernel, algorithm, layout, partitioning and tile sizes (conv, from the
         planner), FLOPs, bytes moved (operands read + written), measured seconds when tuned."""
         from ..kernels.conv.planner import describe
+        from ..kernels.threads import resolve_threads
+        threads = resolve_threads(self.options.get("threads"))
         rows = []
         for i, (ins, fl) in enumerate(zip(self.package.program(), self.lowered.flops)):
             addrs = []
@@ -87,22 +90,22 @@ class CompiledNetwork:
                 addrs.append(f"{op.name}@{seg}+{op.seg_offset}" + ("*" if seg == "io" else ""))
             alg = ins.params.get("algorithm", "-")
             layout = ins.params.get("layout", NCHW)
-            part, tiles, measured = "-", {}, None
+            part, tiles, measured, tasks = "-", {}, None, None
             if ins.kernel == "conv2d" and alg not in ("-", "reference"):
                 x, w = ins.inputs[0], self._conv_weight_shape(ins)
                 o = ins.output.shape
                 as_nchw = lambda s, c: (s[0], c, s[2], s[3]) if len(s) == 5 else tuple(s)  # noqa: E731
                 d = describe(alg, as_nchw(x.shape, w[1] * ins.params["groups"]), w, as_nchw(o, w[0]),
                              ins.params["groups"], ins.params["stride"], ins.params["padding"],
-                             ins.params["dilation"], layout)
-                part, tiles = d["partitioning"], d["tiles"]
+                             ins.params["dilation"], layout, threads=threads, out_layout=ins.params.get("out_layout"))
+                part, tiles, tasks = d["partitioning"], d["tiles"], d["tasks"]
                 t = self.tuning.get(ins.output.name.split("@")[0])
                 measured = t["seconds"].get(alg) if t else None
             elif ins.kernel in ("to_nchwc", "from_nchwc"):
                 layout = "nchw>c" if ins.kernel == "to_nchwc" else "c>nchw"
             rows.append({
                 "index": i, "kernel": ins.kernel, "algorithm": alg, "layout": layout,
-                "partitioning": part, "tiles": tiles,
+                "partitioning": part, "tiles": tiles, "tasks": tasks,
                 "output": ins.output.name, "output_shape": ins.output.shape,
                 "input_shapes": [op.shape for op in ins.inputs], "flops": fl,
                 "bytes": sum(op.nbytes for op in ins.operands), "measured_seconds": measured,

@@ -139,12 +139,12 @@ ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"}
 
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
 # Session._bind calls `bind(kernel, views, params)` once per instruction: it returns the callable
-# the compute loop runs, fn(out, *inputs). For blocked convs it validates the arguments once
-# (shapes and dtypes do not change between runs: constants and hidden blocks are fixed views,
-# IO operands have fixed shapes) and returns a closure straight to the algorithm's kernel,
-# skipping conv2d_run_nchwc's per-call checks (~15 us per instruction). It also pins tiny layers
-# to one thread (`threads_for`): a rule on the shape only, and every kernel gives bitwise
-# identical results for any thread count, so outputs never depend on it.
+# the compute loop runs, fn(out, *inputs). Convs go through the conv front door (conv.bind): the
+# arguments are validated once (shapes and dtypes do not change between runs: constants and
+# hidden blocks are fixed views, IO operands have fixed shapes) and the task grid is fixed for
+# the thread count, so a call goes straight to the algorithm's kernel with no per-call checks.
+# It also pins tiny layers to one thread (`threads_for`): a rule on the shape only, and every
+# kernel gives bitwise identical results for any thread count, so outputs never depend on it.
 
 SMALL_BYTES = 64 << 10      # non-conv kernels touching less than this run on the calling thread
 SMALL_CONV_FLOPS = 2e6      # convs below this (~10 us on one core) too: the pool hand-off costs ~40 us
@@ -175,47 +175,36 @@ def threads_for(kernel: str, views, params: dict, threads):
 
 
 def _bind_conv2d(views, params):
-    """A validated closure for a blocked conv (layout nchwc), or None (generic path: also when the
-    arguments are invalid, so the error is raised where it always was, at compute time)."""
-    from .conv import NCHWC_ALGORITHMS, depthwise, direct, grouped, k1x1, winograd
-    from .conv import _pad4, _pair
-    from .threads import resolve_threads
+    """The conv front door's bound layer (conv.bind: validated once, task grid fixed for the thread
+    count) as fn(out, x, *prepared, residual?), or None: the reference algorithm, or arguments
+    bind rejects (the generic path then raises the kernel's error at compute time, where it
+    always was)."""
+    from . import conv
     p = params
-    if p.get("layout") != "nchwc" or p.get("algorithm") not in NCHWC_ALGORITHMS:
-        return None
-    if p.get("groups", 1) != 1 and p["algorithm"] not in ("depthwise", "grouped"):
-        return None
-    alg = p["algorithm"]
     keys = tuple(p.get("prepared") or ())
-    has_res = bool(p["has_residual"])
-    if len(views) != 2 + len(keys) + has_res:
+    if not keys or p.get("algorithm") in (None, "reference"):
         return None
-    for name, v in [("x", views[0]), ("out", views[-1])] + ([("residual", views[-2])] if has_res else []):
-        shape, dt = _shape_dtype(v)
-        contiguous = v.flags.c_contiguous if isinstance(v, np.ndarray) else True
-        if dt != np.float32 or not contiguous or len(shape) != 5 or shape[-1] != 16:
-            return None  # the generic path raises conv2d_run_nchwc's error at compute time
-    if has_res and _shape_dtype(views[-2])[0] != _shape_dtype(views[-1])[0]:
-        return None
-    stride, padding, dilation = _pair(p["stride"]), _pad4(p["padding"]), _pair(p["dilation"])
-    from .conv.epilogue import resolve_act
-    try:
-        act = resolve_act(p.get("relu", False), p.get("act"), f"conv2d({alg})")
-    except ValueError:
-        return None  # the generic path raises it at compute time
-    threads = resolve_threads(p.get("threads"))
-    if alg == "gemm1x1":
-        f, kw = k1x1.run_nchwc, dict(stride=stride, act=act, threads=threads)
-    elif alg in ("direct", "depthwise", "grouped"):
-        f = {"direct": direct, "depthwise": depthwise, "grouped": grouped}[alg].run_nchwc
-        kw = dict(stride=stride, padding=padding, dilation=dilation, act=act, threads=threads)
-    else:
-        f, kw = winograd.run_nchwc, dict(m=int(alg[-1]), padding=padding, act=act, threads=threads)
+    has_res = bool(p.get("has_residual"))
     nk = len(keys)
+    if len(views) != 2 + nk + has_res:
+        return None
+    dts = {np.dtype(v.dtype) for v in (views[0], views[-1]) + ((views[-2],) if has_res else ())}
+    contiguous = all(v.flags.c_contiguous for v in views if isinstance(v, np.ndarray))
+    if len(dts) != 1 or not contiguous or (has_res and tuple(views[-2].shape) != tuple(views[-1].shape)):
+        return None
+    try:
+        layer = conv.bind(p["algorithm"], views[0].shape, views[-1].shape, dict(zip(keys, views[1:1 + nk])),
+                          stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p.get("groups", 1),
+                          has_residual=has_res, relu=p.get("relu", False), act=p.get("act"),
+                          layout=p.get("layout", "nchw"), out_layout=p.get("out_layout"), threads=p.get("threads"),
+                          dtype=dts.pop())
+    except ValueError:
+        return None
 
     def call(out, x, *args):
-        f(out, x, dict(zip(keys, args[:nk])), args[nk] if has_res else None, **kw)
-    call.__name__ = f"conv2d_{alg}_nchwc"
+        layer(out, x, dict(zip(keys, args[:nk])), args[nk] if has_res else None)
+    call.__name__ = f"conv2d_{layer.algorithm}_{layer.form.replace('>', '_to_')}"
+    call.layer = layer
     return call
 
 

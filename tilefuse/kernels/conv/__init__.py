@@ -1,6 +1,9 @@
 """Fast CPU convolution kernels (issue 3), each a free function next to the reference.
 
-The runtime calls exactly this interface (arrays NCHW float32 C-contiguous, `out` preallocated):
+The front door (front.py): `prepare` at compile time, `bind` once per layer -> a validated
+callable that runs the layer with its task grid fixed for the thread count; the runtime binds
+every conv instruction that way (kernels/registry.bind). The per-call entry points below
+(arrays NCHW float32 C-contiguous, `out` preallocated) check their arguments on every call:
 
     ALGORITHMS                                   names: gemm1x1, direct, winograd2, winograd4, im2col,
                                                  depthwise, grouped
@@ -36,27 +39,17 @@ import numpy as np
 from tilefuse.kernels.conv import depthwise, direct, gemm1x1, grouped, im2col, k1x1, stem, winograd
 from tilefuse.kernels.conv.direct import direct_nchwc
 from tilefuse.kernels.conv.epilogue import resolve_act
+from tilefuse.kernels.conv.front import NCHWC_ALGORITHMS, BoundConv, bind
+from tilefuse.kernels.conv.front import pad4 as _pad4
+from tilefuse.kernels.conv.front import pair as _pair
 from tilefuse.kernels.conv.layout import from_nchwc, nchwc_shape, to_nchwc
 from tilefuse.kernels.conv.select import (ALGORITHMS, algorithm_flops, candidates, conv_flops, estimate_cost,
                                           select_algorithm)
 from tilefuse.kernels.threads import resolve_threads
 
-NCHWC_ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4", "depthwise", "grouped")
-
-__all__ = ["ALGORITHMS", "NCHWC_ALGORITHMS", "conv2d_run_nchwc", "conv2d_run_to_nchwc", "select_algorithm",
-           "candidates", "estimate_cost", "conv_flops", "conv2d_prepare",
+__all__ = ["ALGORITHMS", "NCHWC_ALGORITHMS", "prepare", "bind", "BoundConv", "conv2d_run_nchwc",
+           "conv2d_run_to_nchwc", "select_algorithm", "candidates", "estimate_cost", "conv_flops", "conv2d_prepare",
            "conv2d_run", "algorithm_flops", "direct_nchwc", "to_nchwc", "from_nchwc", "nchwc_shape"]
-
-
-def _pair(v):
-    return (int(v), int(v)) if np.isscalar(v) else tuple(int(i) for i in v)
-
-
-def _pad4(p):
-    if np.isscalar(p):
-        return (int(p),) * 4
-    p = tuple(int(i) for i in p)
-    return p if len(p) == 4 else (p[0], p[0], p[1], p[1])
 
 
 def _check_applicable(algorithm, w_shape, stride, padding, dilation, groups):
@@ -93,6 +86,9 @@ def conv2d_prepare(algorithm, w, b, stride, padding, dilation, groups, layout="n
     if algorithm in ("winograd2", "winograd4"):
         return winograd.prepare(w, b, int(algorithm[-1]))
     return im2col.prepare(w, b, groups)
+
+
+prepare = conv2d_prepare  # the front door's first half (front.py: bind is the second)
 
 
 def conv2d_run(algorithm, out, x, prepared, residual=None, *, stride, padding, dilation, groups, relu=False,

@@ -11,43 +11,8 @@ from tilefuse.kernels.conv.epilogue import RB_OFFSETS, store_block
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_input_2(V, xb, p0, P, th, tw):
-    """V[a*4+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi (F(2x2,3x3), generated)."""
-    Cb = xb.shape[1]
-    t = nb.carray(stack_f32(256), (4, 4, 16))
-    per_img = th * tw
-    for pi in range(P):
-        p = p0 + pi
-        n = p // per_img
-        r = p % per_img
-        y0 = (r // tw) * 2
-        x0 = (r % tw) * 2
-        for cb in range(Cb):
-            for j in range(4):  # t = B^T d
-                for l in range(16):
-                    d0 = xb[n, cb, y0 + 0, x0 + j, l]
-                    d1 = xb[n, cb, y0 + 1, x0 + j, l]
-                    d2 = xb[n, cb, y0 + 2, x0 + j, l]
-                    d3 = xb[n, cb, y0 + 3, x0 + j, l]
-                    t[0, j, l] = d0 - d2
-                    t[1, j, l] = d1 + d2
-                    t[2, j, l] = -d1 + d2
-                    t[3, j, l] = d1 - d3
-            for a in range(4):  # V = t B
-                for l in range(16):
-                    e0 = t[a, 0, l]
-                    e1 = t[a, 1, l]
-                    e2 = t[a, 2, l]
-                    e3 = t[a, 3, l]
-                    V[a * 4 + 0, pi, cb * 16 + l] = e0 - e2
-                    V[a * 4 + 1, pi, cb * 16 + l] = e1 + e2
-                    V[a * 4 + 2, pi, cb * 16 + l] = -e1 + e2
-                    V[a * 4 + 3, pi, cb * 16 + l] = e1 - e3
-
-
-@njit(nogil=True, cache=True, fastmath=True)
 def _wino_input_2_c(V, x, p0, P, th, tw, pt, pl):
-    """_wino_input_2 from unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (generated)."""
+    """V[a*4+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi of unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (F(2x2,3x3), generated)."""
     Cb, H, W = x.shape[1], x.shape[2], x.shape[3]
     t = nb.carray(stack_f32(256), (4, 4, 16))
     d = nb.carray(stack_f32(256), (4, 4, 16))
@@ -105,8 +70,8 @@ def _wino_input_2_c(V, x, p0, P, th, tw, pt, pl):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta):
-    """out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias[c] (+ res)), valid positions (generated)."""
+def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
+    """NCHW output: out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias (+ res)), valid positions; M and bias hold channel blocks ob0.. (generated)."""
     Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
     mm = nb.carray(stack_f32(256), (16, 16))
@@ -142,9 +107,9 @@ def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta)
                     e3 = s[3, j, l]
                     y[l, 0, j] = bl + e0 + e1 + e2
                     y[l, 1, j] = bl + e1 - e2 - e3
-            nl = min(16, Co - ob * 16)
+            nl = min(16, Co - (ob0 + ob) * 16)
             for l in range(nl):
-                co = ob * 16 + l
+                co = (ob0 + ob) * 16 + l
                 for i in range(mh):
                     orow = out[n, co, y0 + i]
                     for j in range(mw):
@@ -199,51 +164,8 @@ def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, bet
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_input_4(V, xb, p0, P, th, tw):
-    """V[a*6+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi (F(4x4,3x3), generated)."""
-    Cb = xb.shape[1]
-    t = nb.carray(stack_f32(576), (6, 6, 16))
-    per_img = th * tw
-    for pi in range(P):
-        p = p0 + pi
-        n = p // per_img
-        r = p % per_img
-        y0 = (r // tw) * 4
-        x0 = (r % tw) * 4
-        for cb in range(Cb):
-            for j in range(6):  # t = B^T d
-                for l in range(16):
-                    d0 = xb[n, cb, y0 + 0, x0 + j, l]
-                    d1 = xb[n, cb, y0 + 1, x0 + j, l]
-                    d2 = xb[n, cb, y0 + 2, x0 + j, l]
-                    d3 = xb[n, cb, y0 + 3, x0 + j, l]
-                    d4 = xb[n, cb, y0 + 4, x0 + j, l]
-                    d5 = xb[n, cb, y0 + 5, x0 + j, l]
-                    t[0, j, l] = np.float32(4.0) * d0 - np.float32(5.0) * d2 + d4
-                    t[1, j, l] = -np.float32(4.0) * d1 - np.float32(4.0) * d2 + d3 + d4
-                    t[2, j, l] = np.float32(4.0) * d1 - np.float32(4.0) * d2 - d3 + d4
-                    t[3, j, l] = -np.float32(2.0) * d1 - d2 + np.float32(2.0) * d3 + d4
-                    t[4, j, l] = np.float32(2.0) * d1 - d2 - np.float32(2.0) * d3 + d4
-                    t[5, j, l] = np.float32(4.0) * d1 - np.float32(5.0) * d3 + d5
-            for a in range(6):  # V = t B
-                for l in range(16):
-                    e0 = t[a, 0, l]
-                    e1 = t[a, 1, l]
-                    e2 = t[a, 2, l]
-                    e3 = t[a, 3, l]
-                    e4 = t[a, 4, l]
-                    e5 = t[a, 5, l]
-                    V[a * 6 + 0, pi, cb * 16 + l] = np.float32(4.0) * e0 - np.float32(5.0) * e2 + e4
-                    V[a * 6 + 1, pi, cb * 16 + l] = -np.float32(4.0) * e1 - np.float32(4.0) * e2 + e3 + e4
-                    V[a * 6 + 2, pi, cb * 16 + l] = np.float32(4.0) * e1 - np.float32(4.0) * e2 - e3 + e4
-                    V[a * 6 + 3, pi, cb * 16 + l] = -np.float32(2.0) * e1 - e2 + np.float32(2.0) * e3 + e4
-                    V[a * 6 + 4, pi, cb * 16 + l] = np.float32(2.0) * e1 - e2 - np.float32(2.0) * e3 + e4
-                    V[a * 6 + 5, pi, cb * 16 + l] = np.float32(4.0) * e1 - np.float32(5.0) * e3 + e5
-
-
-@njit(nogil=True, cache=True, fastmath=True)
 def _wino_input_4_c(V, x, p0, P, th, tw, pt, pl):
-    """_wino_input_4 from unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (generated)."""
+    """V[a*6+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi of unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (F(4x4,3x3), generated)."""
     Cb, H, W = x.shape[1], x.shape[2], x.shape[3]
     t = nb.carray(stack_f32(576), (6, 6, 16))
     d = nb.carray(stack_f32(576), (6, 6, 16))
@@ -313,8 +235,8 @@ def _wino_input_4_c(V, x, p0, P, th, tw, pt, pl):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta):
-    """out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias[c] (+ res)), valid positions (generated)."""
+def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
+    """NCHW output: out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias (+ res)), valid positions; M and bias hold channel blocks ob0.. (generated)."""
     Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
     mm = nb.carray(stack_f32(576), (36, 16))
@@ -358,9 +280,9 @@ def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta)
                     y[l, 1, j] = bl + e1 - e2 + np.float32(2.0) * e3 - np.float32(2.0) * e4
                     y[l, 2, j] = bl + e1 + e2 + np.float32(4.0) * e3 + np.float32(4.0) * e4
                     y[l, 3, j] = bl + e1 - e2 + np.float32(8.0) * e3 - np.float32(8.0) * e4 + e5
-            nl = min(16, Co - ob * 16)
+            nl = min(16, Co - (ob0 + ob) * 16)
             for l in range(nl):
-                co = ob * 16 + l
+                co = (ob0 + ob) * 16 + l
                 for i in range(mh):
                     orow = out[n, co, y0 + i]
                     for j in range(mw):

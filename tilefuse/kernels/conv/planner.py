@@ -318,18 +318,38 @@ def _plan_stem(cin, kh, kw, sh, dh, ho, wo, wp, n, ob, threads):
             ("threads", threads))
 
 
-def plan_winograd(alpha: int, cip: int, cop: int, total_tiles: int | None = None) -> dict:
-    l2 = cache_sizes().l2
-    p = _floor_mult(l2 / (4 * alpha * alpha * (cip + cop)), 8)
-    p = max(64, min(512, p))
-    if total_tiles is not None and 4 * alpha * alpha * cip * cop > l2:
-        # U does not fit L2 and is re-read by every task: fewer, larger tasks, but an even number
-        # of equal ones (<= 256 tiles each) so that 2 cores finish together: 1568 tiles (28x28,
-        # batch 32) as 4 x 512 ran 3 + 1 tasks per core (74% scaling), as 8 x 200 it scales 91%
-        k = max(2, -(-total_tiles // 256))
-        k += k % 2
-        p = max(p, _ceil_mult(-(-total_tiles // k), 8))
-    return {"tiles": p}
+def plan_winograd(alpha: int, cip: int, cop: int, total_tiles: int | None = None, threads: int = 1) -> dict:
+    """Winograd F(m x m, 3 x 3) on NCHWc (winograd.py): a task is P tiles x a group of output-
+    channel pairs: it transforms its tiles' input (all Cip channels) into V (alpha^2, P, Cip),
+    runs the alpha^2 GEMMs into M (alpha^2, P, cob) and the output transform. The cost model
+    (above) picks P (a multiple of 7, the GEMM's register block, up to 512) and the pair group for T
+    threads: per task the FLOPs of its GEMMs (7-row blocks), the packed U of its pairs
+    (alpha^2*Cip*32 floats per pair, from L3: larger P amortizes it), V and M written and read
+    (a channel split transforms the same tiles again). total_tiles None: one image's worth is
+    assumed large (the plan for a layer of unknown size)."""
+    tiles = 512 if total_tiles is None else int(total_tiles)
+    return dict(_plan_winograd(alpha, cip, cop, tiles, max(1, int(threads))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_winograd(alpha, cip, cop, total, threads):
+    a2 = alpha * alpha
+    op = -(-cop // 32)
+    c7 = lambda v: -(-v // 7) * 7  # noqa: E731
+    ps = {min(512, c7(-(-total // k))) for k in range(1, 4 * threads + 1)} | {min(c7(total), q) for q in (64, 128, 256)}
+    cands = []
+    for pt in sorted(ps):
+        nt = -(-total // pt)
+        for npr in _splits(op, 2 * threads):
+            cob = min(32 * npr, cop)
+            flops = 2.0 * a2 * c7(pt) * cip * 32 * npr
+            nbytes = 4.0 * a2 * (cip * 32 * npr + 2 * pt * cip + 2 * pt * cob)
+            cands.append(((pt, npr), nt * -(-op // npr), _task_seconds(flops, nbytes)))
+    pt, npr = _pick(cands, threads)
+    nt, ng = -(-total // pt), -(-op // npr)
+    part = ("tiles x Co split" if nt > 1 and ng > 1 else "Co split" if ng > 1 else "tiles split" if nt > 1
+            else "one task")
+    return (("tiles", pt), ("pairs", npr), ("tasks", nt * ng), ("partitioning", part), ("threads", threads))
 
 
 def plan_im2col(k: int, wo: int, ho: int) -> dict:
@@ -338,48 +358,65 @@ def plan_im2col(k: int, wo: int, ho: int) -> dict:
     return {"rows": max(1, min(ho, r))}
 
 
-def describe(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1),
-             padding=(0, 0, 0, 0), dilation=(1, 1), layout: str = "nchwc") -> dict:
-    """How a conv layer is cut into tasks, for `compiled.plan()`: partitioning and tile sizes.
+def layer_plan(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1), padding=(0, 0, 0, 0),
+               dilation=(1, 1), layout: str = "nchwc", threads: int = 1, out_layout: str | None = None) -> dict:
+    """The plan a conv layer runs with on `threads` threads: {"partitioning", "tasks", "tiles" (the
+    tile sizes, for `compiled.plan()`), "threads", "plan" (what the kernel takes as plan=, or None
+    for the BLAS kernels, whose grids depend on the shape only)}. The conv front door
+    (`conv.bind`) and `compiled.plan()` both read it, so the plan shown is the plan run.
 
     Shapes are NCHW (N, C, H, W) and (Co, Cg, KH, KW)."""
     n, ci, h, w = x_shape
     co, cg, kh, kw = w_shape
     _, _, ho, wo = out_shape
     cip, cop = -(-ci // 16) * 16, -(-co // 16) * 16
+    t = max(1, int(threads))
+    out = {"threads": t, "plan": None}
+    if algorithm == "gemm1x1" and layout == "nchwc":
+        op = -(-co // 32)
+        p = plan_k1x1(cip, op, n * ho * wo, t)
+        # K = reduction depth, Nb = output positions per task, m = output channels per task
+        tiles = {"K": cip, "Nb": p["Q"], "m": p["P"] * 32}
+        return dict(out, partitioning=p["partitioning"], tasks=p["tasks"], tiles=tiles, plan=p)
     if algorithm == "gemm1x1":
-        if layout == "nchwc":
-            op = -(-co // 32)
-            p = plan_k1x1(cip, op, n * ho * wo)
-            tasks = math.ceil(n * ho * wo / p["Q"]) * math.ceil(op / p["P"])
-            # K = reduction depth, Nb = output positions (GEMM columns) and m = output channels per task
-            tiles = {"K": cip, "Nb": p["Q"], "m": p["P"] * 32, "RB": f"{p['RB']}x32", "q_outer": p["q_outer"]}
-            return {"partitioning": "Co split" if p["P"] < op else "cols split", "tiles": tiles, "tasks": tasks}
-        else:
-            p, cout = plan_gemm1x1(ci, co, ho * wo), co
-            tasks = n * math.ceil(ho * wo / p["Nb"]) * math.ceil(cout / p["m"])
+        p = plan_gemm1x1(ci, co, ho * wo)
+        tasks = n * math.ceil(ho * wo / p["Nb"]) * math.ceil(co / p["m"])
         # seed 000's feature-map level: cores split Co; with many positions they split columns
-        return {"partitioning": "Co split" if p["m"] < cout else "cols split", "tiles": p, "tasks": tasks}
+        return dict(out, partitioning="Co split" if p["m"] < co else "cols split", tasks=tasks, tiles=p)
     if algorithm == "direct":
-        p = plan_direct(cip // 16, kh, dilation[0], stride[0], ho, w + padding[2] + padding[3])
-        return {"partitioning": "rows split", "tiles": p, "tasks": n * math.ceil(ho / p["rows"])}
+        p = plan_direct(cip // 16, kh, dilation[0], stride[0], ho, w + padding[2] + padding[3], wo=wo, n=n,
+                        ob=cop // 16, kw=kw, padded=tuple(padding) != (0, 0, 0, 0), threads=t)
+        return dict(out, partitioning=p["partitioning"], tasks=p["tasks"],
+                    tiles={"rows": p["rows"], "Co": 16 * p["blocks"]}, plan=p)
     if algorithm.startswith("winograd"):
         m = int(algorithm[-1])
-        tiles = n * math.ceil(ho / m) * math.ceil(wo / m)
-        p = plan_winograd(m + 2, cip, cop, tiles)
-        return {"partitioning": "tiles split", "tiles": p, "tasks": math.ceil(tiles / p["tiles"])}
+        p = plan_winograd(m + 2, cip, cop, n * math.ceil(ho / m) * math.ceil(wo / m), t)
+        return dict(out, partitioning=p["partitioning"], tasks=p["tasks"],
+                    tiles={"tiles": p["tiles"], "Co": 32 * p["pairs"]}, plan=p)
+    if algorithm == "im2col" and out_layout == "nchwc" and groups == 1 and ci <= 4:
+        p = plan_stem(ci, kh, kw, stride[0], dilation[0], ho, wo, w + padding[2] + padding[3], n, cop // 16, t)
+        return dict(out, partitioning=p["partitioning"] + " (stem kernel)", tasks=p["tasks"],
+                    tiles={"rows": p["rows"]}, plan=p)
     if algorithm == "depthwise":
         from tilefuse.kernels.conv import depthwise  # noqa: PLC0415 (depthwise imports this module's users)
-        tasks = depthwise.plan_tasks(n, -(-co // 16), ho, wo, kh * kw)
-        rows = max(t[4] - t[3] for t in tasks)
-        blocks = max(t[2] - t[1] for t in tasks)
-        return {"partitioning": "rows split" if rows < ho else "blocks split", "tasks": len(tasks),
-                "tiles": {"RB": 8, "rows": rows, "blocks": blocks, "padded": depthwise.use_padded(ho, wo)}}
+        tasks = depthwise.plan_tasks(n, -(-co // 16), ho, wo, kh * kw, t)
+        rows = max(q[4] - q[3] for q in tasks)
+        blocks = max(q[2] - q[1] for q in tasks)
+        return dict(out, partitioning="rows split" if rows < ho else "blocks split", tasks=len(tasks),
+                    tiles={"RB": 8, "rows": rows, "blocks": blocks, "padded": depthwise.use_padded(ho, wo)})
     if algorithm == "grouped":
         from tilefuse.kernels.conv import grouped  # noqa: PLC0415 (grouped imports plan_direct from here)
-        return grouped.describe(x_shape, w_shape, out_shape, groups, stride, padding, dilation)
+        return dict(out, **grouped.describe(x_shape, w_shape, out_shape, groups, stride, padding, dilation))
     if algorithm == "im2col":
         p = plan_im2col(cg * kh * kw, wo, ho)
-        return {"partitioning": "rows split", "tiles": p,
-                "tasks": n * groups * math.ceil(ho / p["rows"])}
-    return {"partitioning": "-", "tiles": {}, "tasks": 1}
+        return dict(out, partitioning="rows split", tasks=n * groups * math.ceil(ho / p["rows"]), tiles=p)
+    return dict(out, partitioning="-", tasks=1, tiles={})
+
+
+def describe(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1),
+             padding=(0, 0, 0, 0), dilation=(1, 1), layout: str = "nchwc", threads: int = 1,
+             out_layout: str | None = None) -> dict:
+    """`layer_plan` without the kernel's plan: {"partitioning", "tiles", "tasks", "threads"}."""
+    d = layer_plan(algorithm, x_shape, w_shape, out_shape, groups, stride, padding, dilation, layout, threads, out_layout)
+    d.pop("plan")
+    return d
