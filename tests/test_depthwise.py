@@ -14,6 +14,7 @@ import pytest
 import tilefuse
 from tilefuse.kernels import activations as A
 from tilefuse.kernels import reference as ref
+from tilefuse.kernels.conv import planner
 from tilefuse.kernels.conv import (candidates, conv2d_prepare, conv2d_run, conv2d_run_nchwc, depthwise, from_nchwc,
                                    grouped, nchwc_shape, select_algorithm, to_nchwc)
 
@@ -184,8 +185,8 @@ def test_depthwise_every_activation_with_residual(case, name):
 
 @pytest.mark.parametrize("case", [DW_CASES[1], DW_CASES[11], DW_CASES[13], DW_CASES[15]], ids=lambda c: c[0])
 def test_depthwise_thread_counts_bitwise_identical(case, monkeypatch):
-    monkeypatch.setattr(depthwise, "TASK_VFMAS", 600)   # small tasks: many per layer, split rows and blocks
-    monkeypatch.setattr(depthwise, "TASK_MIN_VFMAS", 64)
+    monkeypatch.setattr(planner, "DW_TASK_VFMAS", 600)   # small tasks: many per layer, split rows and blocks
+    monkeypatch.setattr(planner, "DW_TASK_MIN_VFMAS", 64)
     x, wt, b, res, kw = _dw_case(case, seed=7, residual=True)
     outs = [_run_nchwc("depthwise", x, wt, b, res, kw, act=("silu", 0.0, 0.0), threads=t)[0] for t in THREADS]
     assert len(depthwise.plan_tasks(x.shape[0], -(-wt.shape[0] // 16), outs[0].shape[2], outs[0].shape[3],
@@ -203,7 +204,7 @@ def test_depthwise_tasks_split_large_maps_and_group_small_ones():
         assert all(t[3:] == (0, 7) for t in small) and max(t[2] - t[1] for t in small) > 1
         covered = sorted(b for t in small for b in range(t[1], t[2]))
         assert covered == list(range(60))
-    # more threads: smaller tasks (never below TASK_MIN_VFMAS), so 16 cores get work at batch 1
+    # more threads: smaller tasks (never below planner.DW_TASK_MIN_VFMAS), so 16 cores get work at batch 1
     assert len(depthwise.plan_tasks(1, 6, 56, 56, 9, 16)) > len(depthwise.plan_tasks(1, 6, 56, 56, 9, 1))
     assert depthwise.use_padded(7, 7) and depthwise.use_padded(28, 28) and not depthwise.use_padded(56, 56)
 
@@ -248,7 +249,7 @@ def test_grouped_nchw_entry():
 
 @pytest.mark.parametrize("case", [GROUPED_CASES[1], GROUPED_CASES[3], GROUPED_CASES[7]], ids=lambda c: c[0])
 def test_grouped_thread_counts_bitwise_identical(case, monkeypatch):
-    monkeypatch.setattr(grouped, "TASK_FLOPS", 1e4)      # one block group per task, several row bands
+    monkeypatch.setattr(planner, "GROUPED_TASK_FLOPS", 1e4)   # one block group per task, several row bands
     x, wt, b, res, kw = _grouped_case(case, seed=9, residual=True)
     outs = [_run_nchwc("grouped", x, wt, b, res, kw, act=("hardswish", 0.0, 0.0), threads=t)[0] for t in THREADS]
     for o in outs[1:]:

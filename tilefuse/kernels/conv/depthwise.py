@@ -35,7 +35,6 @@ around the NCHW16c kernel; compiled networks keep depthwise layers in NCHW16c.
 """
 from __future__ import annotations
 
-import math
 
 import numba as nb
 import numpy as np
@@ -46,11 +45,11 @@ from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv._nb import LANES, stack_f32
 from tilefuse.kernels.conv.epilogue import bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
+from tilefuse.kernels.conv.planner import plan_depthwise_padded, plan_depthwise_tasks
 from tilefuse.kernels.threads import (numba_max_threads, numba_region, parallel_for, region_threads, resolve_threads,
                                       scratch)
 
 RB = 8                  # output positions per register block
-TASK_VFMAS = 1 << 15    # work per task in vector FMAs on one thread (~20 us on one core)
 EMPTY1 = np.zeros(0, np.float32)
 EMPTY2 = np.zeros((0, LANES), np.float32)
 # fused multiply-add but no reassociation: with "reassoc" LLVM vectorizes the kw loop as a
@@ -83,34 +82,8 @@ def prepare(w, b, groups: int) -> dict:
 
 
 PADDED = None           # force the padded-band path on/off (benchmarks, tests); None: use_padded()
-PAD_MAX_POSITIONS = 28 * 28
-
-
-def use_padded(ho: int, wo: int) -> bool:
-    """Small maps run on a zero-bordered copy of their input rows (see _dw_task): shape-only rule."""
-    return ho * wo <= PAD_MAX_POSITIONS
-
-
-TASK_MIN_VFMAS = 1 << 12   # smallest task worth handing to a thread (~3 us)
-
-
-def plan_tasks(n: int, ob: int, ho: int, wo: int, taps: int, threads: int = 1) -> list[tuple[int, int, int, int, int]]:
-    """(image, ob0, ob1, oh0, oh1) tasks of about `target` vector FMAs: TASK_VFMAS on one thread,
-    down to TASK_MIN_VFMAS so that `threads` threads get ~3 tasks each. A channel block's map
-    larger than the target is split into row bands (window level); smaller maps (7x7, 14x14) are
-    bundled, several channel blocks per task (a row split would re-copy the padded band's halo).
-    The split never changes a result: every output value is computed by the same code in the same
-    order whichever task holds it (bitwise identical for every thread count)."""
-    total = n * ob * ho * wo * taps
-    target = max(TASK_MIN_VFMAS, min(TASK_VFMAS, total // (3 * max(1, threads)) + 1))
-    plane = ho * wo * taps
-    if plane > target:
-        rows = max(1, math.ceil(target / (wo * taps)))
-        rows = -(-ho // -(-ho // rows))          # equal bands
-        return [(i, b, b + 1, r, min(r + rows, ho)) for i in range(n) for b in range(ob) for r in range(0, ho, rows)]
-    g = max(1, target // plane)
-    g = -(-ob // -(-ob // g))                    # equal groups
-    return [(i, b, min(b + g, ob), 0, ho) for i in range(n) for b in range(0, ob, g)]
+use_padded = plan_depthwise_padded   # the shape rule (planner.py)
+plan_tasks = plan_depthwise_tasks    # the task table (planner.py)
 
 
 @intrinsic

@@ -33,7 +33,6 @@ bitwise identical results.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from numba import njit
@@ -42,18 +41,11 @@ from tilefuse.kernels.conv._nb import LANES
 from tilefuse.kernels.conv.direct import _direct_rows, _direct_rows2, _pad_band
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
-from tilefuse.kernels.conv.planner import plan_direct
+from tilefuse.kernels.conv.planner import grouped_bundle as bundle
+from tilefuse.kernels.conv.planner import plan_grouped_rows, plan_grouped_tasks
 from tilefuse.kernels.threads import parallel_for, scratch
 
 MAX_WASTE = 4   # largest L (FLOPs multiplied by L) the blocked grouped form takes on
-
-
-def bundle(cin: int, cout: int, groups: int) -> tuple[int, int, int, int]:
-    """(L, Cbg, Obg, G'): groups per block group, input / output blocks per block group, block groups."""
-    cg, og = cin // groups, cout // groups
-    lcm = lambda a, b: a * b // math.gcd(a, b)  # noqa: E731
-    L = lcm(LANES // math.gcd(LANES, cg), LANES // math.gcd(LANES, og))
-    return L, L * cg // LANES, L * og // LANES, -(-groups // L)
 
 
 def applies(cin: int, cout: int, groups: int) -> bool:
@@ -128,26 +120,7 @@ def _groups_task(of, xf, wt, bias, rf, has_res, band, i, j0, j1, r0, r1, geo, co
             _direct_rows(ov, 0, 0, xv, 0, xr0, wg, r0, r1, wo, wp, sh, sw, dh, dw, bg, rv, has_res, code, al, be)
 
 
-def _bands(ho, rows):
-    return [(r0, min(r0 + rows, ho)) for r0 in range(0, ho, rows)]
-
-
-def _rows(cbg, obg, kh, kw, stride, dilation, ho, wo, wp, padded) -> int:
-    """Row band height: the direct planner's for one block group, planned for one thread (so the
-    tasks depend on the shape only)."""
-    return plan_direct(cbg, kh, dilation[0], stride[0], ho, wp, wo=wo, ob=obg, kw=kw, padded=padded)["rows"]
-
-
-TASK_FLOPS = 4e6        # block groups per task: about this much work (a task call costs ~5-10 us)
-
-
-def plan_tasks(n, gp, cbg, obg, kh, kw, ho, wo, rows) -> list[tuple[int, int, int, int, int]]:
-    """(image, j0, j1, r0, r1) from the shape only: row bands of the direct planner, block groups
-    bundled until a task does about TASK_FLOPS."""
-    per = 2.0 * rows * wo * obg * cbg * 256 * kh * kw
-    k = max(1, min(gp, int(TASK_FLOPS // max(per, 1.0))))
-    k = -(-gp // -(-gp // k))                           # equal bundles
-    return [(i, j, min(j + k, gp), r0, r1) for i in range(n) for j in range(0, gp, k) for (r0, r1) in _bands(ho, rows)]
+_rows, plan_tasks = plan_grouped_rows, plan_grouped_tasks   # planner.py
 
 
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
@@ -193,16 +166,3 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0),
     run_nchwc(out_b, to_nchwc(x, threads=threads), prepared, rb, stride=stride, padding=padding, dilation=dilation,
               relu=relu, act=act, threads=threads)
     from_nchwc(out_b, co, out=out, threads=threads)
-
-
-def describe(x_shape, w_shape, out_shape, groups, stride, padding, dilation) -> dict:
-    """Partitioning and tiles for `compiled.plan()` (NCHW shapes)."""
-    n, ci, h, w = x_shape
-    co, cg, kh, kw = w_shape
-    ho, wo = out_shape[2], out_shape[3]
-    L, cbg, obg, gp = bundle(ci, co, groups)
-    rows = _rows(cbg, obg, kh, kw, stride, dilation, ho, wo, w + padding[2] + padding[3],
-                 tuple(padding) != (0, 0, 0, 0))
-    tasks = plan_tasks(n, gp, cbg, obg, kh, kw, ho, wo, rows)
-    return {"partitioning": "groups x rows", "tasks": len(tasks),
-            "tiles": {"L": L, "Cbg": cbg, "Obg": obg, "rows": rows, "groups/task": max(t[2] - t[1] for t in tasks)}}
