@@ -331,3 +331,21 @@ def test_shape_logic_resolves_like_pytorch():
     net = check_import(Idioms(), (2, 6, 8, 7))
     kinds = {o.op for o in net.ops}
     assert {"pad", "reshape", "permute", "slice", "concat", "adaptive_avg_pool", "mean"} <= kinds
+
+
+def test_docs_ops_table_lists_every_ir_op_and_aten_op():
+    """docs/ops.md: one row per IR op, and every ATen op from_torch maps named in the ATen column."""
+    from pathlib import Path
+
+    from tilefuse.frontend.torch_export import _ATEN
+    from tilefuse.ir.ops import OPS
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ops.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in OPS:
+            rows[cells[0]] = cells[1]
+    assert set(rows) == set(OPS)
+    aten_column = " ".join(rows.values())
+    missing = [op for op in _ATEN if op not in aten_column.replace(",", " ").split() and op not in aten_column]
+    assert not missing, missing

@@ -127,7 +127,9 @@ def test_activations_stay_order_one():
 
 
 def test_registry():
-    assert models.NAMES == ("alexnet", "vgg16", "resnet18", "resnet50", "tinynet")
+    assert models.NAMES == ("alexnet", "vgg16", "resnet18", "resnet50", "tinynet", "mobilenet_v2",
+                            "mobilenet_v3_large", "efficientnet_b0", "shufflenet_v2", "regnet_y_400mf",
+                            "convnext_tiny", "unet", "deeplabv3")
     net = models.get("TinyNet", batch=2, num_classes=5)
     assert net.inputs[0].shape == (2, 3, 32, 32) and net.outputs[0].shape == (2, 5)
     with pytest.raises(KeyError, match="unknown model 'lenet'; expected one of alexnet"):

@@ -121,3 +121,10 @@ def test_source_line_of_an_unsupported_op_in_real_model_code():
         tilefuse.from_torch(Bad(3, 8).eval(), torch.zeros(1, 3, 8, 8))
     msg = str(info.value)
     assert "aten.sort" in msg and "test_modern_models.py" in msg and "torch.sort(x1, dim=1)" in msg
+
+
+@pytest.mark.parametrize("name", ["shufflenet_v2", "unet"])
+def test_tilefuse_run_new_zoo_models(name, capsys):
+    from tilefuse.cli import main
+    assert main(["run", name, "--image-size", "32", "--inputs", "1"]) == 0
+    assert "-> OK" in capsys.readouterr().out

@@ -157,7 +157,7 @@ def _binary_channel(out3, x3, s, n, kind, swap, lanes, code, alpha, beta):
             out3[n, j, p] = A.apply_scalar(code, v, al, be)
 
 
-def _channel_operand(full_shape, other_shape, layout):
+def channel_operand(full_shape, other_shape, layout="nchw"):
     """True when `other` is a per-channel operand (N or 1, C, 1, 1) / (C, 1, 1) of a 4-D tensor."""
     if len(full_shape) not in (4, 5) or len(other_shape) > 4:
         return False
@@ -183,7 +183,7 @@ def binary(kind, out, a, b, *, relu=False, act=None, layout="nchw", channels=Non
         _fix_padding(out, layout, channels, code, al, be, always=True)   # 0/0 in padded lanes of a div
         return
     for full, other, swap in ((a, b, False), (b, a, True)):
-        if full.shape == out.shape and _channel_operand(full.shape, other.shape, layout):
+        if full.shape == out.shape and channel_operand(full.shape, other.shape, layout):
             n, cb = full.shape[0], full.shape[1]
             s = np.ascontiguousarray(other, np.float32)
             s2 = s.reshape(s.shape[0] if s.ndim == 4 else 1, -1)   # (Ns, C, 1, 1) -> (Ns, C)
@@ -210,9 +210,11 @@ def _binary_kernel(kind):
 KERNELS = {
     "activation": activation,
     "prelu": prelu,
+    "add": _binary_kernel("add"),
     "sub": _binary_kernel("sub"),
     "mul": _binary_kernel("mul"),
     "div": _binary_kernel("div"),
 }
 THREADED = frozenset(KERNELS)
-ACT_KERNELS = frozenset({"activation", "sub", "mul", "div"})   # kernels that apply the act param themselves
+ACT_KERNELS = frozenset({"activation", "add", "sub", "mul", "div"})   # kernels that apply the act param themselves
+BLOCKED = frozenset(KERNELS)   # every kernel here has the NCHW16c form

@@ -30,3 +30,4 @@ def adaptive_avg_pool(out, x, *, output_size, **_):
 
 KERNELS = {"mean": _reduce("mean"), "sum": _reduce("sum"), "adaptive_avg_pool": adaptive_avg_pool}
 THREADED: frozenset = frozenset()
+BLOCKED = frozenset()

@@ -25,7 +25,8 @@ def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_resi
     if has_input_scale:   # a fused squeeze-excitation scale: the compiler left it on the plain path
         from .se_conv import conv2d_input_scaled
         conv2d_input_scaled(out, x, *args, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                            has_bias=has_bias, has_residual=has_residual, relu=relu, act=act, threads=threads)
+                            has_bias=has_bias, has_residual=has_residual, relu=relu, act=act, threads=threads,
+                            layout=layout)
         return
     if layout == "nchw" and out_layout == "nchwc":
         from .conv import conv2d_run_to_nchwc
@@ -111,7 +112,6 @@ KERNELS = {
     "dropout": _copy_reshape,
     "softmax": dense.softmax,
     "local_response_norm": _wrap(ref.local_response_norm),
-    "concat": _wrap(lambda *xs, axis: ref.concat(*xs, axis=axis)),
     "to_nchwc": _to_nchwc,
     "from_nchwc": _from_nchwc,
 }
@@ -130,8 +130,9 @@ THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add"
 from . import broadcast, conv_transpose, movement, norm, reduce, resize  # noqa: E402
 
 for _m in (broadcast, conv_transpose, movement, norm, reduce, resize):
-    KERNELS.update(_m.KERNELS)
+    KERNELS.update(_m.KERNELS)      # "add" (any broadcasting, any activation) and "concat" included
     THREADED = THREADED | _m.THREADED
+    BLOCKED_FORM = BLOCKED_FORM | _m.BLOCKED
 # kernels that apply a fused activation (params "act") themselves; lowering emits a separate
 # activation instruction after any other kernel whose op carries a non-ReLU activation
 ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"}

@@ -66,3 +66,4 @@ def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nea
 
 KERNELS = {"resize": resize}
 THREADED = frozenset(KERNELS)
+BLOCKED = frozenset(KERNELS)   # kernels with an NCHW16c form
