@@ -120,6 +120,37 @@ def test_user_torch_model_odd_shapes(batch, h, w, tmp_path):
     check_all_paths(net, x, torch_out(tm, x), tmp_path)
 
 
+def test_ablation_modes_are_what_they_claim(monkeypatch):
+    """Counted, so collapsing the modes fails: compiles, constant copies, pipelined runs."""
+    import tilefuse.ablation as ab
+    from tilefuse.runtime import Session
+    counts = {}
+
+    def compile_counted(*a, **k):
+        counts["compiles"] += 1
+        return tilefuse.compile(*a, **k)
+
+    class Counted(Session):
+        def copy_constants(self):
+            if not self.segments:
+                counts["copies"] += 1
+            super().copy_constants()
+
+        def run_many(self, *a, **k):
+            counts["pipelined"] += 1
+            return super().run_many(*a, **k)
+
+    monkeypatch.setattr(ab, "compile_net", compile_counted)
+    monkeypatch.setattr(ab, "Session", Counted)
+    net = models.get("tinynet", seed=0, batch=1, image_size=16)
+    xs = [np.random.default_rng(i).standard_normal(net.inputs[0].shape).astype(np.float32) for i in range(5)]
+    want = {"baseline": (5, 5, 0), "ql1": (1, 5, 0), "ql2": (1, 1, 0), "ql3": (1, 1, 1)}
+    for mode, (compiles, copies, pipelined) in want.items():
+        counts.update(compiles=0, copies=0, pipelined=0)
+        ab.run_mode(net, xs, mode)
+        assert (counts["compiles"], counts["copies"], counts["pipelined"]) == (compiles, copies, pipelined), mode
+
+
 def test_ablation_modes_agree():
     from tilefuse.ablation import MODES, run_mode
     net = models.get("tinynet", seed=0, batch=1, image_size=16)

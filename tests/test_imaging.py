@@ -287,3 +287,40 @@ def test_errors_name_argument_found_and_expected(kwargs, exc, pattern):
     args = {"image": IMG, "kernel": KERNELS["sharpen"], **kwargs}
     with pytest.raises(exc, match=pattern):
         filter2d(**args)
+
+
+# ----------------------------------------------------------------------------- issue 11
+
+def test_one_shared_pool_whatever_the_workers_value():
+    """workers = 1..200 used to leave a thread pool per value (3,099 threads)."""
+    import threading
+
+    from tilefuse.imaging import filter2d
+    img = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+    k = np.ones((3, 3), np.float32) / 9
+    ways = [{}, {"method": "paper"}, {"algorithm": "linebuffer"}]
+    want = [filter2d(img, k, workers=1, **kw) for kw in ways]
+    before = threading.active_count()
+    for w in range(1, 201, 7):
+        for kw, y in zip(ways, want):
+            np.testing.assert_allclose(filter2d(img, k, workers=w, **kw), y, rtol=1e-6, atol=1e-6)
+    from tilefuse.kernels.threads import cpu_count
+    assert threading.active_count() <= before + max(2, cpu_count())
+
+
+@pytest.mark.parametrize("algorithm", ["tiled", "linebuffer"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_out_may_be_the_input(algorithm, dtype):
+    from tilefuse.imaging import filter2d
+    rng = np.random.default_rng(1)
+    img = rng.integers(-50, 50, (37, 29)).astype(dtype)
+    k = np.array([[0, -1, 0], [-1, 5, -1], [0, -1, 0]], dtype)
+    want = filter2d(img, k, algorithm=algorithm)
+    a = img.copy()
+    got = filter2d(a, k, out=a, algorithm=algorithm)
+    assert got is a
+    np.testing.assert_array_equal(a, want)
+    b = img.copy()          # out overlapping the image without being it
+    view = b.reshape(-1)[:b.size].reshape(b.shape)
+    filter2d(b, k, out=view, algorithm=algorithm)
+    np.testing.assert_array_equal(view, want)

@@ -23,10 +23,15 @@ def w(shape, scale=None):
     return (RNG.standard_normal(shape) * (scale or np.sqrt(2.0 / fan))).astype(np.float32)
 
 
-def run_both(net, xs, threads=None):
+def run_both(net, xs, threads=None, tmp=None):
+    """compile -> save -> load_package (every instruction through its validator) -> run."""
+    import tempfile
+    from pathlib import Path
     want = evaluate(net, xs)
     c = tilefuse.compile(net, threads=threads)
-    got = tilefuse.Session(c).run(xs if len(xs) > 1 else xs[0])
+    with tempfile.TemporaryDirectory() as d:
+        pkg = tilefuse.load_package(c.save(Path(d) / "n.tfpkg"))
+    got = tilefuse.Session(pkg, threads=threads).run(xs if len(xs) > 1 else xs[0])
     got = got if isinstance(got, list) else [got]
     for g, v in zip(got, want):
         assert g.shape == v.shape
@@ -128,3 +133,47 @@ def test_nchw_kernels_match_reference(name, threads):
     net.output(NCHW_CASES[name](net, x))
     xv = RNG.standard_normal(x.shape).astype(np.float32)
     run_both(net, [xv], threads=threads)
+
+
+def test_validators_refuse_inconsistent_blocked_instructions():
+    """Crafted NCHW16c instructions of the new kernels: channel counts, shapes and operand layouts
+    that disagree are refused before anything runs (compiler/validate.py)."""
+    from tilefuse.compiler import validate as V
+    from tilefuse.compiler.program import CONST, DIRECT, HIDDEN, Instruction, Operand
+
+    def ins(kernel, shapes, out, params, segs=None):
+        segs = segs or [HIDDEN] * len(shapes)
+        ops = [Operand(f"i{k}", DIRECT, sg, np.dtype(np.float32), sh) for k, (sh, sg) in enumerate(zip(shapes, segs))]
+        return Instruction(kernel, ops + [Operand("o", DIRECT, HIDDEN, np.dtype(np.float32), out)], params)
+
+    act = ("identity", 0.0, 0.0)
+    blk = dict(layout="nchwc", relu=False, act=act)
+    ok = [
+        ins("mul", [(2, 3, 5, 5, 16), (2, 40, 1, 1)], (2, 3, 5, 5, 16), dict(blk, channels=40, in_channels=[40])),
+        ins("concat", [(1, 3, 4, 4, 16), (1, 1, 4, 4, 16)], (1, 4, 4, 4, 16),
+            dict(axis=1, layout="nchwc", channels=56, in_channels=[40, 16])),
+        ins("slice", [(1, 3, 4, 4, 16)], (1, 2, 4, 4, 16),
+            dict(axis=1, start=3, stop=37, step=2, layout="nchwc", channels=17, in_channels=[40])),
+        ins("conv2d", [(1, 3, 4, 4, 16), (32, 40, 1, 1), (1, 40, 1, 1)], (1, 2, 4, 4, 16),
+            dict(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, has_bias=False, has_residual=False,
+                 has_input_scale=True, relu=False, act=act, layout="nchwc"), [HIDDEN, CONST, HIDDEN]),
+    ]
+    for i in ok:
+        V.VALIDATORS[i.kernel](i)
+    bad = [
+        (ins("mul", [(2, 3, 5, 5, 16), (2, 40, 1, 1)], (2, 3, 5, 5, 16), dict(blk, channels=40, in_channels=[33])),
+         "broadcast"),
+        (ins("mul", [(2, 3, 5, 5, 16), (2, 40, 1, 1)], (2, 3, 5, 5, 16), dict(blk, channels=60, in_channels=[40])),
+         "channel"),
+        (ins("concat", [(1, 3, 4, 4, 16), (1, 1, 4, 4, 16)], (1, 4, 4, 4, 16),
+             dict(axis=1, layout="nchwc", channels=56, in_channels=[40])), "in_channels"),
+        (ins("resize", [(1, 3, 4, 4, 16)], (1, 3, 8, 8, 16),
+             dict(size=(8, 8), scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor",
+                  channels=40, in_channels=[40])), "NCHW16c form"),
+        (ins("conv2d", [(1, 3, 4, 4, 16), (32, 40, 3, 3), (1, 40, 1, 1)], (1, 2, 2, 2, 16),
+             dict(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, has_bias=False, has_residual=False,
+                  has_input_scale=True, relu=False, act=act, layout="nchwc"), [HIDDEN, CONST, HIDDEN]), "1x1"),
+    ]
+    for i, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            V.VALIDATORS[i.kernel](i)

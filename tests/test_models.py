@@ -85,7 +85,7 @@ def test_resnet_architecture_details():
     assert "layer3.0.downsample.1" in r18 and "layer1.0.downsample.0" not in r18
 
 
-def test_zoo_names_match_torch_fx_import():
+def test_zoo_names_match_from_torch_import():
     """from_torch of the torchvision module gives the zoo's op and constant names exactly."""
     from tilefuse.frontend import from_torch
     for name, kw in [("resnet18", dict(image_size=64)), ("tinynet", {})]:

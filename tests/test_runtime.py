@@ -31,8 +31,11 @@ def test_paper_direct_addressing_example():
 
 def test_paper_indirect_addressing_example():
     # IO segment at 9000; its slot at offset 8 holds the user's block address 10000;
-    # byte 6 of the output -> 10006
-    dev = CPUDevice(capacity_bytes=1 << 16)
+    # byte 6 of the output -> 10006 (through real device memory)
+    dev = CPUDevice(capacity_bytes=1 << 16, alignment=8)
+    dev.alloc(9000 - 64)                       # [64, 9000)
+    io = dev.alloc(16)
+    assert io == 9000
     dev.write_u64(9000 + 8, 10000)
     assert resolve_indirect(dev, 9000, 8, 6) == 10006
 
@@ -42,16 +45,16 @@ def test_session_resolves_through_device_memory():
     sess = Session(tilefuse.compile(net))
     sess.copy_constants()
     dev = sess.device
-    assert dev.segment_base("const") == sess.segments["const"]
-    assert dev.segment_base("hidden") == sess.segments["hidden"]
-    assert dev.segment_base("io") == sess.segments["io"]
+    seg = sess.segments
+    # the session's own segment-base record, in device memory
+    assert [dev.read_u64(seg["bases"] + 8 * i) for i in range(3)] == [seg["const"], seg["hidden"], seg["io"]]
     ins, outs = sess.alloc_io()
     x = np.random.default_rng(1).standard_normal(net.inputs[0].shape).astype(np.float32)
     dev.copy_in(ins[0], x)
     sess.compute(ins, outs)
     # the IO segment now holds the user's addresses (segment-indirect addressing)
-    assert dev.read_u64(sess.segments["io"]) == ins[0]
-    assert dev.read_u64(sess.segments["io"] + 8) == outs[0]
+    assert dev.read_u64(seg["io"]) == ins[0]
+    assert dev.read_u64(seg["io"] + 8) == outs[0]
     y = dev.copy_out(outs[0], net.outputs[0].shape, np.float32)
     np.testing.assert_allclose(y, tilefuse.evaluate(net, x)[0], rtol=1e-5, atol=1e-5)
     sess.free_io((ins, outs))
@@ -142,8 +145,9 @@ def test_run_checks_input_shape_and_dtype():
         sess.run([np.zeros((2, 3, 7, 5))] * 2)
     with pytest.raises(GraphError, match="dtype complex128"):
         sess.run(np.zeros((2, 3, 7, 5), np.complex128))
+    # the constant segment and one context (record, hidden, IO addresses); no IO buffer left behind
     assert sess.device.used_bytes == sum(
-        -(-s // 64) * 64 for s in (max(sess.package.const_bytes, 1), max(sess.package.hidden_bytes, 1),
+        -(-s // 64) * 64 for s in (max(sess.package.const_bytes, 1), 24, max(sess.package.hidden_bytes, 1),
                                    max(sess.package.io_bytes, 1)))
 
 

@@ -328,3 +328,56 @@ def test_max_pool_ties_nan_match_torch(ks, st, pd, dl):
     dxt = torch.zeros_like(xt).flatten(2).scatter_add_(
         2, it.flatten(2), torch.from_numpy(np.ascontiguousarray(dy.transpose(1, 0, 2, 3))).flatten(2))
     np.testing.assert_allclose(dx.transpose(1, 0, 2, 3), dxt.reshape(xt.shape).numpy(), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- checks (issue 11)
+
+from tilefuse.errors import GraphError, NonFiniteError  # noqa: E402
+
+
+def _trainer(lr=0.1):
+    net = odd_network(n=8)
+    x = RNG.standard_normal(net.inputs[0].shape).astype(np.float32)
+    return net, x, Trainer(net, SGD(lr, momentum=0.9), schedule="fused")
+
+
+def test_one_nan_pixel_is_an_error_naming_the_step_and_input():
+    net, x, tr = _trainer()
+    labels = np.arange(8) % 4
+    tr.step(x, labels)
+    before = {k: v.copy() for k, v in tr.params.items()}
+    x[3, 0, 2, 1] = np.nan
+    with pytest.raises(NonFiniteError, match=rf"step 2: input '{net.inputs[0].name}' has 1 non-finite"):
+        tr.step(x, labels)
+    assert all(np.array_equal(before[k], v) for k, v in tr.params.items())   # nothing trained on NaN
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_diverging_run_names_the_step_and_the_first_nonfinite_tensor():
+    net, x, tr = _trainer(lr=1e12)
+    labels = np.arange(8) % 4
+    with pytest.raises(NonFiniteError, match=r"step \d+: .*'[^']+'.*expected finite") as e:
+        for _ in range(20):
+            tr.step(x, labels)
+    assert "step" in str(e.value)
+    assert all(np.all(np.isfinite(v)) for v in tr.params.values()) or "after the update" in str(e.value)
+
+
+@pytest.mark.parametrize("labels, message", [
+    (np.array([0, 1, 2, 3, 0, 1, 2, -1]), r"found -1 at position 7 .*expected class indices in \[0, 4\)"),
+    (np.array([0, 1, 2, 3, 0, 1, 2, 4]), r"found 4 at position 7"),
+    (np.array([0, 1, 2, 3, 0, 1, 2, 1.5]), r"non-integer"),
+    (np.array([0, 1, 2]), r"found shape \(3,\), expected \(8,\)"),
+    (np.array(["a"] * 8), r"expected integer class indices"),
+])
+def test_labels_out_of_range_are_an_error(labels, message):
+    net, x, tr = _trainer()
+    with pytest.raises(GraphError, match=message):
+        tr.step(x, labels)
+    assert tr.num_batches_tracked == 0
+
+
+def test_integer_inputs_are_refused_not_cast():
+    net, x, tr = _trainer()
+    with pytest.raises(GraphError, match="expected float32"):
+        tr.step(x.astype(np.int32), np.arange(8) % 4)

@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 # heavier parts load on first use
 _LAZY = {"models": "tilefuse.models", "imaging": "tilefuse.imaging", "training": "tilefuse.training",
          "qinglong": "tilefuse.qinglong"}
-_LAZY_NAMES = {"from_torch": "tilefuse.frontend", "from_onnx": "tilefuse.frontend",
+_LAZY_NAMES = {"from_torch": "tilefuse.frontend", "from_onnx": "tilefuse.frontend", "simulate": "tilefuse.targets",
                # moved out of the top level; still importable from here for existing code
                "DataNode": "tilefuse.ir", "OpNode": "tilefuse.ir",
                "dev_malloc": "tilefuse.qinglong", "dev_free": "tilefuse.qinglong",

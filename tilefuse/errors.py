@@ -27,3 +27,7 @@ class DeviceError(TilefuseError, RuntimeError):
 
 class OutOfDeviceMemory(DeviceError, MemoryError):
     """An allocation did not fit; the message reports requested, used and capacity bytes."""
+
+
+class NonFiniteError(TilefuseError, FloatingPointError):
+    """Training produced NaN or infinity: the message names the step and the first tensor."""

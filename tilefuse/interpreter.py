@@ -34,8 +34,10 @@ def bind_inputs(net: Network, inputs) -> list[np.ndarray]:
         if a.shape != d.shape:
             raise GraphError(d.name, f"input has shape {a.shape}, expected {d.shape}")
         if a.dtype != d.dtype:
-            if not np.can_cast(a.dtype, d.dtype, casting="same_kind"):
-                raise GraphError(d.name, f"input has dtype {a.dtype}, expected {d.dtype}")
+            # a float of another precision converts; integers, bools and the rest are refused
+            if a.dtype.kind != "f" or np.dtype(d.dtype).kind != "f":
+                raise GraphError(d.name, f"input has dtype {a.dtype}, expected {d.dtype} (the network "
+                                         f"does not take {a.dtype}; convert it first if that is meant)")
             a = a.astype(d.dtype)
         out.append(a)
     return out

@@ -12,7 +12,7 @@ from ..ir import Network
 from .layout import NCHW, assign_layouts, check_layouts, conv_layout, conv_transpose_layout
 from .lower import Lowered, lower, with_program
 from .memory import MemoryPlan, plan_hidden
-from .package import DataPackage, reoff_pack, save_package
+from .package import DataPackage, reoff_pack, save_package, validate_package
 from .passlist import run_passes
 from .program import SEGMENTS
 
@@ -177,9 +177,12 @@ def _conv_rule(options: dict, tuning: dict):
                                          allow_winograd=allow_w)
         layout = conv_layout(algo, layout_mode, x.shape[1], w.shape[0], p["groups"])
         b = op.inputs[2].value if p["has_bias"] else None
-        prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
-                                       layout=layout)
-        params = {"algorithm": algo}
+        try:
+            prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
+                                           layout=layout)
+        except ValueError as e:   # a forced algorithm this conv cannot use: name the layer
+            raise GraphError(op.name, f"{e}; expected an algorithm every conv can run (or none forced)") from None
+        params = {"algorithm": algo, "weight_shape": tuple(int(d) for d in w.shape)}  # for validation
         if layout != NCHW:
             params["layout"] = layout
         return params, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}
@@ -274,4 +277,5 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     meta = {"pass_log": log, "options": {k: v for k, v in options.items() if v not in (None, False)},
             "gflops": sum(low.flops) / 1e9, "target": target}
     pkg = reoff_pack(net.name, low, mem, meta)
+    validate_package(pkg, f"compiled '{net.name}'")           # what a loader would check, now
     return CompiledNetwork(opt, net, pkg, low, mem, log, time.perf_counter() - t0, options, tuning, layout_log)

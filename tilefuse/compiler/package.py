@@ -17,13 +17,28 @@ File format (.tfpkg), little endian:
                       const-area SHA-256, metadata
   16+H       u32      CRC-32 of the header bytes
   then zero padding up to a multiple of 64 bytes, then the constant area (tags.const_bytes),
-  and nothing after it. Loading checks every one of these and every offset; any problem
-  raises PackageError. Nothing is ever unpickled.
+  and nothing after it. Nothing is ever unpickled.
+
+A package file is untrusted input. `load_package` reads the 16-byte prefix first (magic,
+version, header length bounded by MAX_HEADER and by the file size), then the header, checks the
+sizes it declares against the file size, and only then reads the body. `validate_package` then
+checks every block and IO slot against its segment, decodes the program and checks every
+instruction (`validate_program`): each operand lies inside the block it names with the block's
+dtype, outputs never write constants or inputs nor overlap their own inputs, every hidden or
+output byte an instruction reads was written before, every output is written completely, and
+the kernel's validator (compiler/validate.py) re-derives the operand shapes from the parameters
+with the IR's shape inference. Any problem raises PackageError.
+
+The CRC-32 and SHA-256 catch accidents (truncated downloads, flipped bits, text-mode
+mangling); they are not a signature: anyone can recompute them, so they prove nothing about
+who made the file. The validation above is what keeps a crafted package from running.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -72,6 +87,7 @@ class DataPackage:
     blocks: list[Block]
     io: list[IOSlot]
     meta: dict[str, Any] = field(default_factory=dict)
+    validated: bool = field(default=False, compare=False, repr=False)   # validate_package passed
 
     @property
     def inputs(self) -> list[IOSlot]:
@@ -161,12 +177,36 @@ def save_package(pkg: DataPackage, path) -> Path:
 
 
 def load_package(path) -> DataPackage:
-    """Read and fully validate a .tfpkg file; any problem raises PackageError."""
+    """Read and fully validate a .tfpkg file; any problem raises PackageError.
+
+    The prefix and the header are read and checked before the body, so a file that is not a
+    package (or claims impossible sizes) costs a 16-byte read; only regular files are opened."""
+    where = str(path)
     try:
-        data = Path(path).read_bytes()
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise PackageError(f"{where}: not a regular file (a device, pipe or directory); "
+                               f"expected a .tfpkg file")
+        size = st.st_size
+        with open(path, "rb") as f:
+            pre = f.read(16)
+            hlen = _check_prefix(pre, size, where)
+            head = f.read(hlen + 4)
+            if len(head) != hlen + 4:
+                raise PackageError(f"{where}: file ended inside the header (changed while reading?)")
+            h = _parse_header(head[:hlen], struct.unpack_from("<I", head, hlen)[0], where)
+            cb = _req(_req(h, "tags", dict, where), "const_bytes", int, where)
+            start = align(16 + hlen + 4)
+            if size != start + cb:
+                raise PackageError(f"{where}: file is {size} bytes; header says {start + cb} "
+                                   f"({start} header + {cb} constant area): "
+                                   f"{'truncated' if size < start + cb else 'trailing bytes'}")
+            body = f.read(size - 16 - hlen - 4)
+    except PackageError:
+        raise
     except OSError as e:
-        raise PackageError(f"cannot read package file {path}: {e}") from e
-    return from_bytes(data, str(path))
+        raise PackageError(f"cannot read package file {where}: {e}") from e
+    return from_bytes(pre + head + body, where)
 
 
 def from_bytes(data: bytes, where: str = "<bytes>") -> DataPackage:
@@ -208,27 +248,38 @@ def _shape(v, where: str) -> tuple[int, ...]:
     return tuple(v)
 
 
-def _from_bytes(data: bytes, where: str) -> DataPackage:
-    if len(data) < 20:
-        raise PackageError(f"{where}: file is {len(data)} bytes, too short for a package header (20)")
-    if data[:8] != MAGIC:
-        raise PackageError(f"{where}: bad magic {data[:8]!r}; expected {MAGIC!r} (not a tilefuse package)")
-    version, hlen = struct.unpack_from("<II", data, 8)
+def _check_prefix(pre: bytes, size: int, where: str) -> int:
+    """Magic, version and header length of the first 16 bytes; returns the header length."""
+    if size < 20 or len(pre) < 16:
+        raise PackageError(f"{where}: file is {size} bytes, too short for a package header (20)")
+    if pre[:8] != MAGIC:
+        raise PackageError(f"{where}: bad magic {pre[:8]!r}; expected {MAGIC!r} (not a tilefuse package)")
+    version, hlen = struct.unpack_from("<II", pre, 8)
     if version != FORMAT_VERSION:
         raise PackageError(f"{where}: format version {version} is not supported; expected {FORMAT_VERSION}")
-    if hlen > MAX_HEADER or 16 + hlen + 4 > len(data):
-        raise PackageError(f"{where}: header length {hlen} exceeds the file ({len(data)} bytes): truncated?")
-    head = data[16:16 + hlen]
-    (crc,) = struct.unpack_from("<I", data, 16 + hlen)
+    if hlen > MAX_HEADER or 16 + hlen + 4 > size:
+        raise PackageError(f"{where}: header length {hlen} exceeds the file ({size} bytes) or the "
+                           f"{MAX_HEADER}-byte limit: truncated or not a package?")
+    return hlen
+
+
+def _parse_header(head: bytes, crc: int, where: str) -> dict:
     if zlib.crc32(head) != crc:
         raise PackageError(f"{where}: header checksum mismatch (stored {crc:#010x}, "
-                           f"computed {zlib.crc32(head):#010x}): the file was altered")
+                           f"computed {zlib.crc32(head):#010x}): the file was damaged")
     try:
         h = json.loads(head.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise PackageError(f"{where}: header is not valid JSON: {e}") from e
     if not isinstance(h, dict) or h.get("format") != "tilefuse-package":
         raise PackageError(f"{where}: header does not describe a tilefuse package")
+    return h
+
+
+def _from_bytes(data: bytes, where: str) -> DataPackage:
+    hlen = _check_prefix(data[:16], len(data), where)
+    (crc,) = struct.unpack_from("<I", data, 16 + hlen)
+    h = _parse_header(data[16:16 + hlen], crc, where)
     name = _req(h, "name", str, where)
     tags = _req(h, "tags", dict, where)
     cb, hb, ib = (_req(tags, k, int, where) for k in ("const_bytes", "hidden_bytes", "io_bytes"))
@@ -242,7 +293,7 @@ def _from_bytes(data: bytes, where: str) -> DataPackage:
         raise PackageError(f"{where}: padding after the header is not zero")
     area = data[start:]
     if hashlib.sha256(area).hexdigest() != _req(h, "const_sha256", str, where):
-        raise PackageError(f"{where}: constant area checksum (SHA-256) mismatch: the file was altered")
+        raise PackageError(f"{where}: constant area checksum (SHA-256) mismatch: the file was damaged")
     if psize > cb:
         raise PackageError(f"{where}: program size {psize} exceeds the constant area {cb}")
     if ib % 8:
@@ -274,29 +325,159 @@ def _from_bytes(data: bytes, where: str) -> DataPackage:
     if 8 * len(io) != ib:
         raise PackageError(f"{where}: {len(io)} io slots need {8 * len(io)} bytes, tag says {ib}")
     pkg = DataPackage(name, cb, hb, ib, psize, area, blocks, io, _req(h, "meta", dict, where))
-    validate_program(pkg, where)
+    validate_package(pkg, where)
     return pkg
 
 
+class _Written:
+    """Which block last wrote each byte range of one segment (or IO slot): sorted, disjoint
+    (start, end, name) spans. A read of block N must find every byte last written as N."""
+
+    def __init__(self):
+        self.spans: list[tuple[int, int, str]] = []
+
+    def add(self, a: int, b: int, name: str) -> None:
+        out = []
+        for s0, s1, n in self.spans:
+            if s1 <= a or s0 >= b:
+                out.append((s0, s1, n))
+                continue
+            if s0 < a:
+                out.append((s0, a, n))
+            if s1 > b:
+                out.append((b, s1, n))
+        out.append((a, b, name))
+        self.spans = sorted(out)
+
+    def covers(self, a: int, b: int, name: str) -> bool:
+        if a >= b:
+            return True
+        pos = a
+        for s0, s1, n in self.spans:
+            if s1 <= pos or s0 >= b:
+                continue
+            if s0 > pos or n != name:
+                return False
+            pos = s1
+        return pos >= b
+
+
+def validate_package(pkg: DataPackage, where: str = "package") -> None:
+    """Blocks and IO slots against the tags, then the program (`validate_program`); marks the
+    package validated. Any problem raises PackageError."""
+    try:
+        _validate_package(pkg, where)
+    except PackageError:
+        raise
+    except Exception as e:  # a malformed package must never escape as another error
+        raise PackageError(f"{where}: malformed package ({type(e).__name__}: {e})") from e
+    pkg.validated = True
+
+
+def _validate_package(pkg: DataPackage, where: str) -> None:
+    if len(pkg.const_area) != pkg.const_bytes or pkg.program_size > pkg.const_bytes:
+        raise PackageError(f"{where}: constant area is {len(pkg.const_area)} bytes, tag says "
+                           f"{pkg.const_bytes}, program {pkg.program_size}")
+    seen = set()
+    const_spans = [(0, pkg.program_size, "__program__")]
+    hidden_end = 0
+    for b in pkg.blocks:
+        if (b.segment, b.name) in seen:
+            raise PackageError(f"{where}: block '{b.name}' appears twice in the {b.segment} segment")
+        seen.add((b.segment, b.name))
+        if b.segment == "const":
+            const_spans.append((b.offset, b.offset + b.nbytes, b.name))
+        else:
+            hidden_end = max(hidden_end, b.offset + b.nbytes)
+    const_spans.sort()
+    for (a0, a1, an), (b0, b1, bn) in zip(const_spans, const_spans[1:]):
+        if b0 < a1:
+            raise PackageError(f"{where}: constant blocks '{an}' [{a0}, {a1}) and '{bn}' [{b0}, {b1}) overlap")
+    if pkg.hidden_bytes > align(hidden_end):
+        raise PackageError(f"{where}: hidden segment of {pkg.hidden_bytes} bytes, but its blocks end at "
+                           f"{hidden_end}; expected at most {align(hidden_end)}")
+    names = [s.name for s in pkg.io]
+    if len(set(names)) != len(names):
+        raise PackageError(f"{where}: IO slot names {names} repeat; expected distinct names")
+    if not pkg.outputs:
+        raise PackageError(f"{where}: the package has no outputs")
+    validate_program(pkg, where)
+
+
 def validate_program(pkg: DataPackage, where: str = "package") -> None:
-    """Every operand must lie inside its segment and IO operands must match their slot."""
+    """Every instruction: a kernel with a validator; every operand inside the block it names, with
+    its dtype and an aligned offset; outputs into hidden blocks or output slots only, never over
+    their own inputs; a hidden or output block read only where an earlier instruction wrote it as
+    that block and nothing overwrote it since (so shared hidden memory respects the lifetimes);
+    every output written completely; the kernel's validator (re-derived shapes, bounded
+    parameters)."""
     from ..kernels.registry import KERNELS
-    sizes = {CONST: pkg.const_bytes, HIDDEN: pkg.hidden_bytes}
+    from .validate import VALIDATORS, check_shapes
+    blocks = {(CONST if b.segment == "const" else HIDDEN, b.name): b for b in pkg.blocks}
     slots = {s.offset: s for s in pkg.io}
+    written = {HIDDEN: _Written()}
+    written.update({("io", s.name): _Written() for s in pkg.outputs})
     for i, ins in enumerate(pkg.program()):
+        w = f"{where}: instruction {i} ({ins.kernel} -> '{ins.output.name}')"
         if ins.kernel not in KERNELS:
-            raise PackageError(f"{where}: instruction {i} uses unknown kernel '{ins.kernel}'")
+            raise PackageError(f"{where}: instruction {i} uses unknown kernel '{ins.kernel}'; "
+                               f"known: {', '.join(sorted(KERNELS))}")
+        validator = VALIDATORS.get(ins.kernel)
+        if validator is None:
+            raise PackageError(f"{w}: kernel '{ins.kernel}' has no validator (compiler/validate.py VALIDATORS), "
+                               f"so no package may use it")
+        spans = []    # (key, start, end, operand) per operand
         for op in ins.operands:
-            w = f"{where}: instruction {i} ({ins.kernel}) operand '{op.name}'"
+            ow = f"{w} operand '{op.name}'"
+            item = op.dtype.itemsize
+            if op.block_offset % item:
+                raise PackageError(f"{ow}: block offset {op.block_offset} is not a multiple of its "
+                                   f"{op.dtype} item size {item}")
             if op.segment == IO:
                 s = slots.get(op.seg_offset)
                 if s is None:
-                    raise PackageError(f"{w}: IO slot offset {op.seg_offset} is not a slot")
-                if op.block_offset + op.nbytes > int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize:
-                    raise PackageError(f"{w}: reads past the end of IO block '{s.name}'")
+                    raise PackageError(f"{ow}: IO slot offset {op.seg_offset} is not a slot")
+                size = int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
+                if s.name != op.name or np.dtype(s.dtype) != op.dtype:
+                    raise PackageError(f"{ow} ({op.dtype}): IO slot +{op.seg_offset} is '{s.name}' "
+                                       f"({np.dtype(s.dtype)}); expected the same name and dtype")
+                if op.block_offset + op.nbytes > size:
+                    raise PackageError(f"{ow}: [{op.block_offset}, {op.block_offset + op.nbytes}) reaches past "
+                                       f"the end of IO block '{s.name}' ({size} bytes)")
+                key = ("io", s.name)
+                spans.append((key, op.block_offset, op.block_offset + op.nbytes, op, s.kind))
             else:
-                end = op.seg_offset + op.block_offset + op.nbytes
-                lo = pkg.program_size if op.segment == CONST else 0
-                if op.seg_offset < lo or end > sizes[op.segment]:
-                    raise PackageError(f"{w}: [{op.seg_offset}, {end}) lies outside the "
-                                       f"{SEGMENTS[op.segment]} segment ({sizes[op.segment]} bytes)")
+                b = blocks.get((op.segment, op.name))
+                seg = SEGMENTS[op.segment]
+                if b is None:
+                    raise PackageError(f"{ow}: no {seg} block named '{op.name}'")
+                if op.seg_offset != b.offset or np.dtype(b.dtype) != op.dtype:
+                    raise PackageError(f"{ow}: at {seg} offset {op.seg_offset} as {op.dtype}; block "
+                                       f"'{b.name}' is at {b.offset} as {np.dtype(b.dtype)}")
+                if op.block_offset + op.nbytes > b.nbytes:
+                    raise PackageError(f"{ow}: [{op.block_offset}, {op.block_offset + op.nbytes}) reaches "
+                                       f"past the end of its block ({b.nbytes} bytes)")
+                start = b.offset + op.block_offset
+                spans.append((op.segment, start, start + op.nbytes, op, None))
+        *reads, (okey, o0, o1, out, okind) = spans
+        if okey == CONST:
+            raise PackageError(f"{w}: writes into the constant segment; expected a hidden block or an output")
+        if okind == "input":
+            raise PackageError(f"{w}: writes into network input '{out.name}'; expected a hidden block or an output")
+        for key, a, b, op, kind in reads:
+            if key == okey and a < o1 and o0 < b:
+                raise PackageError(f"{w}: output [{o0}, {o1}) overlaps input '{op.name}' [{a}, {b}) "
+                                   f"in the same segment; expected disjoint memory")
+            if key in written and not written[key].covers(a, b, op.name):
+                raise PackageError(f"{w}: reads '{op.name}' bytes [{a}, {b}) that no earlier instruction "
+                                   f"wrote as '{op.name}' (never written, or overwritten since)")
+        try:
+            check_shapes(ins)
+            validator(ins)
+        except ValueError as e:
+            raise PackageError(f"{w}: {e}") from None
+        written[okey].add(o0, o1, out.name)
+    for s in pkg.outputs:
+        size = int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
+        if not written[("io", s.name)].covers(0, size, s.name):
+            raise PackageError(f"{where}: output '{s.name}' ({size} bytes) is not written completely by the program")

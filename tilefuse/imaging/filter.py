@@ -55,6 +55,8 @@ def _filter_plane(src: np.ndarray, k: np.ndarray, sep, border: str, tile, worker
                   method: str, out: np.ndarray) -> None:
     """Filter one C-contiguous 2-D plane into ``out`` (accumulator dtype)."""
     plan = tiles.plan_tiles(src.shape, tile, k.shape)
+    # the work runs on the one shared worker pool (kernels.threads), `workers` at a time,
+    # the calling thread included
     if method == "paper":
         work = [plan[core::workers] for core in range(min(workers, len(plan)))]
         parallel_for(lambda g: tiles.filter_tiles(src, k, g, out), work, workers)
@@ -89,7 +91,17 @@ def filter2d(image, kernel, border: str = "replicate", tile="auto", workers: int
     out: optional preallocated result (accumulator dtype, image shape), written in place.
     algorithm: "tiled" (this module) or "linebuffer" (rows streamed through a k-row ring
         buffer, seed 003; `imaging/linebuffer.py`; `tile` and `method` do not apply).
+
+    ``out`` may be the image itself (``filter2d(a, k, out=a)``): the result is computed into a
+    scratch array and then copied into ``out``, since the kernels read pixels around the ones
+    they write.
     """
+    if out is not None and isinstance(out, np.ndarray) and np.shares_memory(np.asarray(image), out):
+        tmp = np.empty(out.shape, out.dtype)
+        res = filter2d(image, kernel, border=border, tile=tile, workers=workers, saturate=saturate,
+                       method=method, out=tmp, algorithm=algorithm)
+        out[...] = tmp
+        return out if res is tmp else res
     if algorithm == "linebuffer":
         return filter2d_linebuffer(image, kernel, border=border, workers=workers, saturate=saturate,
                                    out=out)

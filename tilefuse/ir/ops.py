@@ -139,9 +139,15 @@ def act_param(node: str, v) -> tuple[str, float, float]:
     else:
         raise GraphError(node, f"activation {v!r} must be a name, (name, params) or (name, alpha, beta)")
     try:
-        return _acts.normalize(name, params, where=node)
+        name, a, b = _acts.normalize(name, params, where=node)
     except ValueError as e:
         raise GraphError(node, str(e).split(": ", 1)[-1]) from None
+    if name == "clip":   # an open bound is the float32 range: finite, so packages can carry it
+        a, b = (max(min(v, _F32_MAX), -_F32_MAX) for v in (a, b))
+    return name, a, b
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 IDENTITY_ACT = ("identity", 0.0, 0.0)

@@ -123,20 +123,20 @@ BLOCKED_FORM = frozenset({"max_pool", "avg_pool", "add", "relu", "scale", "globa
 BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
 
 # kernels that take the session's thread count as params["threads"]
-THREADED = frozenset({"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
-                      "from_nchwc", "linear"})
+THREADED = {"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
+            "from_nchwc", "linear"}
 
-# the modern-CNN ops (issue 9), one module per op family, each with its KERNELS and THREADED
+# the modern-CNN ops (issue 9), one module per op family, each with its KERNELS, THREADED and
+# BLOCKED (the kernels with an NCHW16c form); their validators are in compiler/validate.py
 from . import broadcast, conv_transpose, movement, norm, reduce, resize  # noqa: E402
 
 for _m in (broadcast, conv_transpose, movement, norm, reduce, resize):
     KERNELS.update(_m.KERNELS)      # "add" (any broadcasting, any activation) and "concat" included
-    THREADED = THREADED | _m.THREADED
+    THREADED |= _m.THREADED
     BLOCKED_FORM = BLOCKED_FORM | _m.BLOCKED
 # kernels that apply a fused activation (params "act") themselves; lowering emits a separate
 # activation instruction after any other kernel whose op carries a non-ReLU activation
 ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"}
-
 
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
 # Session._bind calls `bind(kernel, views, params)` once per instruction: it returns the callable

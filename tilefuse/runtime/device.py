@@ -1,14 +1,28 @@
-"""A device with real memory: one byte array, an allocator, host<->device copies.
+"""A device with real memory: arenas of bytes, an allocator, host<->device copies.
 
-Address space (byte addresses into the device memory):
-  [0, SEGMENT_BASE_AREA)   reserved segment-base area: three u64 base addresses
-                           (constants, hidden data, IO addresses), written by copy_constants
-  [SEGMENT_BASE_AREA, capacity)  allocatable; blocks are aligned to `alignment` bytes
-Address 0 is never returned by alloc, so it can mean "no block".
+Address space (byte addresses; 0 is never a block, so it can mean "no block"):
+  [0, SEGMENT_BASE_AREA)   reserved: no memory, never allocated
+  arenas                   each a numpy byte array at a fixed base address; blocks are aligned to
+                           `alignment` bytes and never straddle two arenas
+
+`CPUDevice(capacity_bytes=N)` has one arena of N bytes (first fit inside it, as before).
+`CPUDevice()` grows: it starts empty, adds an arena when an allocation does not fit (at least
+`arena_bytes`, or the request), and returns an arena that becomes empty to the OS (one small
+spare is kept so that per-run IO buffers do not map and unmap memory every call). Arena base
+addresses only increase, so an address into a returned arena is never valid again.
+
+Blocks have a kind: "user" (dev_malloc / alloc) or "segment" (a Session's constant, hidden,
+IO-address segments and segment-base records). `compute_network` refuses IO addresses inside
+segment blocks of any session (`block_of(..., kind="user")`).
+
+All methods are thread-safe: the allocator and the arena list are guarded by one lock; copies
+and views of disjoint blocks run concurrently.
 """
 from __future__ import annotations
 
 import bisect
+import math
+import os
 import struct
 import threading
 
@@ -17,114 +31,251 @@ import numpy as np
 from ..errors import DeviceError, OutOfDeviceMemory
 
 SEGMENT_BASE_AREA = 64       # bytes reserved at address 0
-BASE_SLOTS = {"const": 0, "hidden": 8, "io": 16}
+DEFAULT_ARENA_BYTES = 64 << 20
+KINDS = ("user", "segment")
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this host (the most a growable device takes), or None if unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class _Arena:
+    __slots__ = ("base", "size", "memory", "free", "used")
+
+    def __init__(self, base: int, size: int):
+        self.base, self.size = base, size
+        try:
+            self.memory = np.zeros(size, dtype=np.uint8)
+        except MemoryError:
+            raise OutOfDeviceMemory(f"the host refused {size} bytes of device memory") from None
+        self.free: list[tuple[int, int]] = [(base, size)]   # sorted (addr, size)
+        self.used: dict[int, tuple[int, str]] = {}           # addr -> (size, kind)
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
 
 
 class CPUDevice:
-    """Device memory in host RAM. `capacity_bytes` is reserved lazily (pages appear on use)."""
+    """Device memory in host RAM.
 
-    def __init__(self, capacity_bytes: int = 8 << 30, alignment: int = 64, name: str = "cpu0"):
-        if capacity_bytes <= SEGMENT_BASE_AREA:
-            raise DeviceError(f"capacity must exceed the {SEGMENT_BASE_AREA}-byte segment-base area, "
-                              f"got {capacity_bytes}")
+    capacity_bytes: None (default) grows on demand (arenas of `arena_bytes` or the request);
+        an int fixes the device at that many bytes (one arena, pages appear on first use).
+    """
+
+    def __init__(self, capacity_bytes: int | None = None, alignment: int = 64, name: str = "cpu0",
+                 arena_bytes: int = DEFAULT_ARENA_BYTES):
         if alignment <= 0 or alignment & (alignment - 1):
             raise DeviceError(f"alignment must be a power of two, got {alignment}")
+        if capacity_bytes is not None:
+            if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, (int, np.integer)):
+                raise DeviceError(f"capacity_bytes must be an integer or None, got {capacity_bytes!r}")
+            if capacity_bytes <= SEGMENT_BASE_AREA:
+                raise DeviceError(f"capacity must exceed the {SEGMENT_BASE_AREA}-byte reserved area, "
+                                  f"got {capacity_bytes}")
+        if isinstance(arena_bytes, bool) or not isinstance(arena_bytes, (int, np.integer)) or arena_bytes < 1:
+            raise DeviceError(f"arena_bytes must be a positive integer, got {arena_bytes!r}")
         self.name = name
-        self.capacity = int(capacity_bytes)
         self.alignment = alignment
-        self.memory = np.zeros(self.capacity, dtype=np.uint8)
-        self._lock = threading.Lock()
-        start = -(-SEGMENT_BASE_AREA // alignment) * alignment
-        self._free: list[tuple[int, int]] = [(start, self.capacity - start)]   # sorted (addr, size)
-        self._used: dict[int, int] = {}                                       # addr -> size
+        self.growable = capacity_bytes is None
+        self.capacity = None if capacity_bytes is None else int(capacity_bytes)
+        self.arena_bytes = int(arena_bytes)
+        self._lock = threading.RLock()
+        self._arenas: list[_Arena] = []           # sorted by base
+        self._bases: list[int] = []
+        self._next_base = self._align(SEGMENT_BASE_AREA)
         self.bytes_in = 0
         self.bytes_out = 0
+        if not self.growable:
+            self._add_arena(self.capacity - self._next_base)
+
+    def _align(self, n: int) -> int:
+        return -(-int(n) // self.alignment) * self.alignment
+
+    def _add_arena(self, size: int) -> _Arena:
+        a = _Arena(self._next_base, size)
+        self._next_base = self._align(a.end + 1)   # a gap: no block touches two arenas
+        self._arenas.append(a)
+        self._bases.append(a.base)
+        return a
 
     # ---------------------------------------------------------------- allocator
 
     @property
     def used_bytes(self) -> int:
-        return sum(self._used.values())
+        with self._lock:
+            return sum(s for a in self._arenas for s, _ in a.used.values())
 
-    def alloc(self, nbytes: int) -> int:
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of host memory the device holds now (its arenas)."""
+        with self._lock:
+            return sum(a.size for a in self._arenas)
+
+    def alloc(self, nbytes: int, kind: str = "user") -> int:
         """First-fit allocation of an aligned block; returns its address."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes <= 0:
             raise DeviceError(f"alloc size must be a positive integer, got {nbytes!r}")
-        size = -(-int(nbytes) // self.alignment) * self.alignment
+        if kind not in KINDS:
+            raise DeviceError(f"block kind must be one of {KINDS}, got {kind!r}")
+        size = self._align(nbytes)
         with self._lock:
-            for i, (addr, free) in enumerate(self._free):
-                if free >= size:
-                    if free == size:
-                        self._free.pop(i)
-                    else:
-                        self._free[i] = (addr + size, free - size)
-                    self._used[addr] = size
+            for a in self._arenas:
+                addr = self._take(a, size, kind)
+                if addr is not None:
                     return addr
-            largest = max((f for _, f in self._free), default=0)
+            if self.growable:
+                grow = max(size, self.arena_bytes)
+                limit = host_memory_bytes()
+                if limit and self.reserved_bytes + grow > limit:
+                    raise OutOfDeviceMemory(
+                        f"{self.name}: cannot allocate {nbytes} bytes: the device holds {self.reserved_bytes} "
+                        f"bytes and this host has {limit}; expected a request that fits in memory")
+                a = self._add_arena(grow)
+                return self._take(a, size, kind)
+            largest = max((f for a in self._arenas for _, f in a.free), default=0)
             raise OutOfDeviceMemory(
                 f"{self.name}: cannot allocate {nbytes} bytes: {self.used_bytes} of {self.capacity} "
                 f"bytes in use, largest free block {largest} bytes; free some blocks or create the "
-                f"device with a larger capacity_bytes")
+                f"device with a larger capacity_bytes (CLI: --device-memory)")
+
+    @staticmethod
+    def _take(a: _Arena, size: int, kind: str) -> int | None:
+        for i, (addr, free) in enumerate(a.free):
+            if free >= size:
+                if free == size:
+                    a.free.pop(i)
+                else:
+                    a.free[i] = (addr + size, free - size)
+                a.used[addr] = (size, kind)
+                return addr
+        return None
+
+    def _arena_at(self, addr: int) -> _Arena | None:
+        i = bisect.bisect_right(self._bases, addr) - 1
+        if i >= 0 and addr < self._arenas[i].end:
+            return self._arenas[i]
+        return None
 
     def free(self, addr: int) -> None:
+        addr = int(addr)
         with self._lock:
-            size = self._used.pop(int(addr), None)
-            if size is None:
+            a = self._arena_at(addr)
+            entry = a.used.pop(addr, None) if a is not None else None
+            if entry is None:
                 raise DeviceError(f"{self.name}: free({addr}) of an address that is not an allocated block")
-            i = bisect.bisect(self._free, (addr, 0))
-            self._free.insert(i, (addr, size))
+            size = entry[0]
+            i = bisect.bisect(a.free, (addr, 0))
+            a.free.insert(i, (addr, size))
             # coalesce with the next and the previous free block
-            if i + 1 < len(self._free) and addr + size == self._free[i + 1][0]:
-                self._free[i] = (addr, size + self._free.pop(i + 1)[1])
-            if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == addr:
-                pa, ps = self._free[i - 1]
-                self._free[i - 1] = (pa, ps + self._free.pop(i)[1])
+            if i + 1 < len(a.free) and addr + size == a.free[i + 1][0]:
+                a.free[i] = (addr, size + a.free.pop(i + 1)[1])
+            if i > 0 and a.free[i - 1][0] + a.free[i - 1][1] == addr:
+                pa, ps = a.free[i - 1]
+                a.free[i - 1] = (pa, ps + a.free.pop(i)[1])
+            if self.growable and not a.used:
+                self._trim(keep=a)
 
-    def block_of(self, addr: int, nbytes: int) -> int:
-        """The allocated block containing [addr, addr + nbytes); raises DeviceError otherwise."""
+    def _trim(self, keep: _Arena) -> None:
+        """Return empty arenas to the OS; keep `keep` as the one spare if it is small."""
+        spare = keep if keep.size <= self.arena_bytes else None
+        for a in [a for a in self._arenas if not a.used and a is not spare]:
+            i = self._arenas.index(a)
+            self._arenas.pop(i)
+            self._bases.pop(i)
+
+    def block_of(self, addr: int, nbytes: int, kind: str | None = None) -> int:
+        """The allocated block containing [addr, addr + nbytes) (of `kind`, if given); raises
+        DeviceError otherwise."""
+        addr, nbytes = int(addr), int(nbytes)
         with self._lock:
-            for base, size in self._used.items():
-                if base <= addr and addr + nbytes <= base + size:
-                    return base
+            a = self._arena_at(addr)
+            if a is not None:
+                starts = sorted(a.used)
+                i = bisect.bisect_right(starts, addr) - 1
+                if i >= 0:
+                    base = starts[i]
+                    size, k = a.used[base]
+                    if addr + nbytes <= base + size:
+                        if kind is not None and k != kind:
+                            raise DeviceError(f"{self.name}: [{addr}, {addr + nbytes}) lies in a {k} block "
+                                              f"at {base}; expected a {kind} block")
+                        return base
         raise DeviceError(f"{self.name}: [{addr}, {addr + nbytes}) is not inside an allocated block")
 
+    def block_size(self, addr: int) -> int:
+        """Size in bytes of the allocated block that starts at `addr`."""
+        with self._lock:
+            a = self._arena_at(int(addr))
+            if a is None or int(addr) not in a.used:
+                raise DeviceError(f"{self.name}: {addr} is not the start of an allocated block")
+            return a.used[int(addr)][0]
+
     # ---------------------------------------------------------------- access
+
+    def _bytes(self, addr: int, n: int) -> np.ndarray:
+        """The uint8 array over [addr, addr + n) inside one arena."""
+        addr, n = int(addr), int(n)
+        with self._lock:
+            a = self._arena_at(addr)
+        if a is None or n < 0 or addr + n > a.end:
+            raise DeviceError(f"{self.name}: [{addr}, {addr + n}) is outside device memory")
+        return a.memory[addr - a.base:addr - a.base + n]
 
     def view(self, addr: int, dtype, shape) -> np.ndarray:
         """A zero-copy array over device memory (what kernels read and write)."""
         dt = np.dtype(dtype)
-        n = int(np.prod(shape)) * dt.itemsize
-        if addr < SEGMENT_BASE_AREA or addr + n > self.capacity:
-            raise DeviceError(f"{self.name}: view [{addr}, {addr + n}) is outside device memory "
-                              f"[{SEGMENT_BASE_AREA}, {self.capacity})")
-        return np.ndarray(shape, dtype=dt, buffer=self.memory, offset=addr)
+        n = math.prod(shape) * dt.itemsize
+        return self._bytes(addr, n).view(dt).reshape(shape)
+
+    def read_bytes(self, addr: int, n: int) -> bytes:
+        return self._bytes(addr, n).tobytes()
 
     def copy_in(self, addr: int, array) -> None:
         """Host -> device copy into an allocated block."""
         a = np.ascontiguousarray(array)
         self.block_of(addr, a.nbytes)
-        self.memory[addr:addr + a.nbytes] = a.reshape(-1).view(np.uint8)
-        self.bytes_in += a.nbytes
+        self._bytes(addr, a.nbytes)[...] = a.reshape(-1).view(np.uint8)
+        with self._lock:
+            self.bytes_in += a.nbytes
 
     def copy_out(self, addr: int, shape, dtype) -> np.ndarray:
         """Device -> host copy; returns a new array."""
         dt = np.dtype(dtype)
-        n = int(np.prod(shape)) * dt.itemsize
+        n = math.prod(shape) * dt.itemsize
         self.block_of(addr, n)
-        self.bytes_out += n
-        return self.memory[addr:addr + n].view(dt).reshape(shape).copy()
+        with self._lock:
+            self.bytes_out += n
+        return self._bytes(addr, n).view(dt).reshape(shape).copy()
 
     def write_u64(self, addr: int, value: int) -> None:
-        struct.pack_into("<Q", self.memory, addr, int(value))
+        struct.pack_into("<Q", self._bytes(addr, 8), 0, int(value))
 
     def read_u64(self, addr: int) -> int:
-        return struct.unpack_from("<Q", self.memory, addr)[0]
-
-    def set_segment_base(self, segment: str, addr: int) -> None:
-        self.write_u64(BASE_SLOTS[segment], addr)
-
-    def segment_base(self, segment: str) -> int:
-        return self.read_u64(BASE_SLOTS[segment])
+        return struct.unpack_from("<Q", self._bytes(addr, 8), 0)[0]
 
     def __repr__(self) -> str:
-        return f"CPUDevice({self.name}, {self.used_bytes}/{self.capacity} bytes used)"
+        cap = "growable" if self.growable else f"{self.capacity} bytes"
+        return f"CPUDevice({self.name}, {self.used_bytes} bytes used, {cap})"
+
+
+# sizes on the command line ------------------------------------------------------------------
+
+def parse_bytes(text: str) -> int:
+    """'512M', '2G', '1.5GiB', '1000000' -> bytes (binary units); ValueError names the format."""
+    s = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    k = 1
+    if s and s[-1] in mult:
+        k, s = mult[s[-1]], s[:-1]
+    try:
+        v = float(s)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size; expected a byte count such as 512M, 2G or 1000000") from None
+    if not v > 0 or v * k > 1 << 50:
+        raise ValueError(f"{text!r} is not a usable size; expected a positive byte count such as 512M or 2G")
+    return int(v * k)

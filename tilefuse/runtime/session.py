@@ -1,30 +1,45 @@
 """Session: run a data package on a device, QingLong's compute stage (seed 002, section 3.3).
 
     sess = Session(compiled_or_package, device)
-    sess.copy_constants()               # once: allocate the 3 segments, copy the constant area,
-                                        #       write the segment bases
+    sess.copy_constants()               # once: allocate the constant segment, copy the constant
+                                        #       area, bind the program (first context)
     sess.warmup()                       # optional: first call (numba JIT / cache load), seconds
     y = sess.run(x)                     # alloc IO, copy in, compute, copy out, free
     ys = sess.run_many(xs, depth=3)     # the same as a 3-stage pipeline
 
-`compute(in_addrs, out_addrs)` writes the IO-address segment and executes the program, which it
-decodes from the device's constant segment; every operand is resolved by segment-direct or
-segment-indirect addressing (`resolve`).
+Segments and contexts. The constant segment is allocated once per session and shared by every
+call. What one call in flight writes lives in a *context*: its own segment-base record (three
+u64 device words: the constant, hidden and IO-address segment bases), its own hidden segment
+and its own IO-address segment, with the program's kernels bound to them. Contexts are made on
+demand, at most `max_concurrent` of them, and reused; a call that finds none free waits for one.
+So several sessions share one device safely (each has its own records), and `run`, `run_many`
+and `compute` may be called from several threads at once: each call computes in its own
+context, with the same results as sequential calls.
+
+`compute(in_addrs, out_addrs)` (= `compute_network`) checks the addresses (user blocks on this
+device, large enough, outside every session's segments, outputs overlapping nothing else),
+writes them into the context's IO-address segment and executes the program; every operand is
+resolved by segment-direct or segment-indirect addressing through the context's record in
+device memory (`resolve`).
 """
 from __future__ import annotations
 
+import math
+import threading
+import weakref
 from typing import Sequence
 
 import numpy as np
 
-from ..compiler.package import DataPackage
+from ..compiler.package import DataPackage, validate_package
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
 from ..errors import DeviceError, GraphError
 from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
 from .device import CPUDevice
 from .stages import PipelineStats, run_pipeline
 
-_SEG_NAMES = {CONST: "const", HIDDEN: "hidden", IO: "io"}
+RECORD_BYTES = 24            # a segment-base record: u64 const, hidden, IO-address base
+_SLOT = {CONST: 0, HIDDEN: 8, IO: 16}
 
 
 def resolve_direct(segment_base: int, seg_offset: int, block_offset: int) -> int:
@@ -37,19 +52,47 @@ def resolve_indirect(device: CPUDevice, segment_base: int, seg_offset: int, bloc
     return device.read_u64(segment_base + seg_offset) + block_offset
 
 
-def resolve(device: CPUDevice, op: Operand) -> int:
-    base = device.segment_base(_SEG_NAMES[op.segment])
+def resolve(device: CPUDevice, record: int, op: Operand) -> int:
+    """An operand's device address: its segment base read from the record at `record`."""
+    base = device.read_u64(record + _SLOT[op.segment])
     if op.mode == DIRECT:
         return resolve_direct(base, op.seg_offset, op.block_offset)
     return resolve_indirect(device, base, op.seg_offset, op.block_offset)
 
 
+class _Context:
+    """One call in flight: segment-base record, hidden and IO-address segments, bound kernels."""
+    __slots__ = ("record", "hidden", "io", "bound")
+
+    def __init__(self, record: int, hidden: int, io: int):
+        self.record, self.hidden, self.io = record, hidden, io
+        self.bound: list = []
+
+
+def _free_blocks(device: CPUDevice, blocks: list[int]) -> None:
+    """Finalizer: a dropped Session gives its segments back."""
+    while blocks:
+        try:
+            device.free(blocks.pop())
+        except Exception:  # noqa: BLE001 - the device may be gone first at interpreter exit
+            pass
+
+
 class Session:
-    def __init__(self, compiled_or_package, device: CPUDevice | None = None, threads: int | None = None):
+    """Runs one package on one device. Thread-safe: see the module docstring.
+
+    threads: kernel threads (None: the count the network was compiled for, else all cores).
+    max_concurrent: contexts (calls computing at once) at most; default 4.
+    """
+
+    def __init__(self, compiled_or_package, device: CPUDevice | None = None, threads: int | None = None,
+                 max_concurrent: int = 4):
         pkg = getattr(compiled_or_package, "package", compiled_or_package)
         if not isinstance(pkg, DataPackage):
             raise TypeError(f"Session takes a compiled network or a DataPackage, got "
                             f"{type(compiled_or_package).__name__}")
+        if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be a positive integer, got {max_concurrent!r}")
         self.package = pkg
         self.device = device if device is not None else CPUDevice()
         # threads: None -> the count the network was compiled for (compile(threads=)), else all cores
@@ -57,61 +100,111 @@ class Session:
             t = (pkg.meta.get("options") or {}).get("threads") if isinstance(pkg.meta.get("options"), dict) else None
             threads = t if isinstance(t, int) and not isinstance(t, bool) and t > 0 else None
         self.threads = threads
+        self.max_concurrent = max_concurrent
         self.jit_seconds: float | None = None
-        self.segments: dict[str, int] = {}
-        self._program: list[Instruction] | None = None
-        self._bound: list | None = None
         self.last_stats: PipelineStats | None = None
+        self._const: int | None = None
+        self._program: list[Instruction] | None = None
+        self._contexts: list[_Context] = []
+        self._idle: list[_Context] = []
+        self._cond = threading.Condition()
+        self._blocks: list[int] = []               # every segment block, for release / the finalizer
+        self._finalizer = weakref.finalize(self, _free_blocks, self.device, self._blocks)
 
     # ---------------------------------------------------------------- constants
 
-    def copy_constants(self) -> None:
-        """Allocate the const, hidden and IO-address segments, copy the constant area once,
-        and write the three segment bases into the device's segment-base area."""
-        if self.segments:
-            return
-        pkg, dev = self.package, self.device
-        sizes = {"const": pkg.const_bytes, "hidden": pkg.hidden_bytes, "io": pkg.io_bytes}
-        try:
-            for seg, size in sizes.items():
-                self.segments[seg] = dev.alloc(max(size, 1))
-        except Exception:
-            self.release()
-            raise
-        dev.copy_in(self.segments["const"], np.frombuffer(pkg.const_area, dtype=np.uint8))
-        for seg, addr in self.segments.items():
-            dev.set_segment_base(seg, addr)
-        # the program is read back from device memory, where the instructions now live
-        base = self.segments["const"]
-        self._program = decode(dev.memory[base:base + pkg.program_size].tobytes())
-        self._bind()
+    @property
+    def segments(self) -> dict[str, int]:
+        """Segment addresses: the constant segment and the first context's record, hidden and
+        IO-address segments (empty before copy_constants)."""
+        if self._const is None:
+            return {}
+        c = self._contexts[0]
+        return {"const": self._const, "hidden": c.hidden, "io": c.io, "bases": c.record}
 
-    def _bind(self) -> None:
-        """Resolve direct operands once (their bases do not change); IO ones per compute."""
-        dev = self.device
-        bound = []
+    @property
+    def contexts(self) -> int:
+        """Contexts made so far (calls that have computed at once, at most max_concurrent)."""
+        return len(self._contexts)
+
+    def copy_constants(self) -> None:
+        """Validate the package (unless loading did), allocate the constant segment, copy the
+        constant area once, decode the program from device memory, make the first context."""
+        with self._cond:
+            if self._const is not None:
+                return
+            pkg, dev = self.package, self.device
+            if not pkg.validated:
+                validate_package(pkg)
+            try:
+                self._const = self._alloc(pkg.const_bytes)
+                dev.copy_in(self._const, np.frombuffer(pkg.const_area, dtype=np.uint8))
+                # the program is read back from device memory, where the instructions now live
+                self._program = decode(dev.read_bytes(self._const, pkg.program_size))
+                ctx = self._new_context()
+            except BaseException:
+                self._release_all()
+                raise
+            self._idle.append(ctx)
+
+    def _alloc(self, nbytes: int) -> int:
+        addr = self.device.alloc(max(int(nbytes), 1), kind="segment")
+        self._blocks.append(addr)
+        return addr
+
+    def _new_context(self) -> _Context:
+        """Allocate a record, a hidden and an IO-address segment; bind the program to them."""
+        pkg, dev = self.package, self.device
+        ctx = _Context(self._alloc(RECORD_BYTES), self._alloc(pkg.hidden_bytes), self._alloc(pkg.io_bytes))
+        for seg, addr in ((CONST, self._const), (HIDDEN, ctx.hidden), (IO, ctx.io)):
+            dev.write_u64(ctx.record + _SLOT[seg], addr)
+        # direct operands resolve once (their bases do not change); IO ones at every compute
         for ins in self._program:
-            views = []
-            for op in ins.operands:
-                if op.mode == DIRECT:
-                    views.append(dev.view(resolve(dev, op), op.dtype, op.shape))
-                else:
-                    views.append(op)
+            views = [dev.view(resolve(dev, ctx.record, op), op.dtype, op.shape) if op.mode == DIRECT else op
+                     for op in ins.operands]
             params = dict(ins.params)
             if ins.kernel in THREADED:
                 params["threads"] = self.threads
-            # validated once here (kernels.registry.bind): blocked convs get a closure without per-call
-            # argument checks, tiny layers run on one thread (shape rule, results unchanged)
+            # kernels.registry.bind: blocked convs get a closure without per-call argument checks,
+            # tiny layers run on one thread (shape rule, results unchanged)
             fn, params = bind_kernel(ins.kernel, views, params)
-            bound.append((fn, views, params, ins))
-        self._bound = bound
+            ctx.bound.append((fn, views, params, ins))
+        self._contexts.append(ctx)
+        return ctx
+
+    def _acquire(self) -> _Context:
+        if self._const is None:
+            raise DeviceError("compute() before copy_constants(): the constants are not on the device")
+        with self._cond:
+            while not self._idle:
+                if self._const is None:
+                    raise DeviceError("the session was released while a call waited for a context")
+                if len(self._contexts) < self.max_concurrent:
+                    return self._new_context()
+                self._cond.wait()
+            return self._idle.pop()
+
+    def _give_back(self, ctx: _Context) -> None:
+        with self._cond:
+            if ctx in self._contexts:
+                self._idle.append(ctx)
+            self._cond.notify()
 
     def release(self) -> None:
-        """Free the three segments."""
-        for addr in self.segments.values():
-            self.device.free(addr)
-        self.segments = {}
-        self._program = self._bound = None
+        """Free every segment (constant, and each context's record, hidden and IO segments).
+        Refused while calls are computing; a dropped Session releases itself."""
+        with self._cond:
+            busy = len(self._contexts) - len(self._idle)
+            if busy:
+                raise DeviceError(f"release() while {busy} call(s) are computing on this session; "
+                                  f"expected every run / compute to have returned")
+            self._release_all()
+            self._cond.notify_all()
+
+    def _release_all(self) -> None:
+        _free_blocks(self.device, self._blocks)
+        self._const = self._program = None
+        self._contexts, self._idle = [], []
 
     def __enter__(self):
         self.copy_constants()
@@ -122,21 +215,50 @@ class Session:
 
     # ---------------------------------------------------------------- compute
 
-    def compute(self, in_addrs: Sequence[int], out_addrs: Sequence[int]) -> None:
-        """Write the IO addresses into the IO segment and run every instruction."""
-        if self._bound is None:
-            raise DeviceError("compute() before copy_constants(): the constants are not on the device")
+    def _check_io(self, in_addrs, out_addrs) -> list[int]:
         pkg, dev = self.package, self.device
+        in_addrs, out_addrs = list(in_addrs), list(out_addrs)
         if len(in_addrs) != len(pkg.inputs) or len(out_addrs) != len(pkg.outputs):
             raise DeviceError(f"compute got {len(in_addrs)} input and {len(out_addrs)} output addresses, "
                               f"expected {len(pkg.inputs)} and {len(pkg.outputs)}")
-        io_base = self.segments["io"]
-        for slot, addr in zip(pkg.io, list(in_addrs) + list(out_addrs)):
-            nbytes = int(np.prod(slot.shape)) * np.dtype(slot.dtype).itemsize
-            dev.block_of(addr, nbytes)  # the user's block must hold the whole tensor
-            dev.write_u64(io_base + slot.offset, addr)
-        for fn, views, params, ins in self._bound:
-            args = [v if isinstance(v, np.ndarray) else dev.view(resolve(dev, v), v.dtype, v.shape)
+        spans = []
+        for slot, addr in zip(pkg.io, in_addrs + out_addrs):
+            if isinstance(addr, bool) or not isinstance(addr, (int, np.integer)):
+                raise DeviceError(f"{slot.kind} '{slot.name}': address {addr!r} is not an integer")
+            nbytes = math.prod(slot.shape) * np.dtype(slot.dtype).itemsize
+            try:
+                # the block must be the user's (dev_malloc), never a session's segment, and hold the tensor
+                dev.block_of(int(addr), nbytes, kind="user")
+            except DeviceError as e:
+                raise DeviceError(f"{slot.kind} '{slot.name}' at {addr} ({nbytes} bytes): {e}; expected "
+                                  f"a block from dev_malloc outside every session's segments") from None
+            spans.append((int(addr), int(addr) + nbytes, slot))
+        # an output must not overlap an input or another output (kernels would read what they write)
+        for i, (a0, a1, s) in enumerate(spans):
+            if s.kind != "output":
+                continue
+            for j, (b0, b1, t) in enumerate(spans):
+                if j != i and a0 < b1 and b0 < a1:
+                    raise DeviceError(f"output '{s.name}' [{a0}, {a1}) overlaps {t.kind} '{t.name}' "
+                                      f"[{b0}, {b1}); expected separate blocks")
+        return [a for a, _, _ in spans]
+
+    def compute(self, in_addrs: Sequence[int], out_addrs: Sequence[int]) -> None:
+        """Write the IO addresses into a context's IO segment and run every instruction."""
+        addrs = self._check_io(in_addrs, out_addrs)
+        ctx = self._acquire()
+        try:
+            self._execute(ctx, addrs)
+        finally:
+            self._give_back(ctx)
+
+    def _execute(self, ctx: _Context, addrs: list[int]) -> None:
+        dev = self.device
+        for slot, addr in zip(self.package.io, addrs):
+            dev.write_u64(ctx.io + slot.offset, addr)
+        for fn, views, params, ins in ctx.bound:
+            # IO operands: segment-indirect, through the record and the IO segment in device memory
+            args = [v if isinstance(v, np.ndarray) else dev.view(resolve(dev, ctx.record, v), v.dtype, v.shape)
                     for v in views]
             try:
                 fn(args[-1], *args[:-1], **params)
@@ -165,12 +287,15 @@ class Session:
         out = []
         for slot, x in zip(self.package.inputs, xs):
             a = np.asarray(x)
+            want = np.dtype(slot.dtype)
             if a.shape != slot.shape:
                 raise GraphError(slot.name, f"input has shape {a.shape}, expected {slot.shape}")
-            if a.dtype != np.dtype(slot.dtype):
-                if not np.can_cast(a.dtype, slot.dtype, casting="same_kind"):
-                    raise GraphError(slot.name, f"input has dtype {a.dtype}, expected {np.dtype(slot.dtype)}")
-                a = a.astype(slot.dtype)
+            if a.dtype != want:
+                # a float of another precision converts; integers, bools and the rest are refused
+                if a.dtype.kind != "f" or want.kind != "f":
+                    raise GraphError(slot.name, f"input has dtype {a.dtype}, expected {want} (the network "
+                                                f"does not take {a.dtype}; convert it first if that is meant)")
+                a = a.astype(want)
             out.append(a)
         return out
 
@@ -179,9 +304,9 @@ class Session:
         ins, outs = [], []
         try:
             for s in self.package.inputs:
-                ins.append(dev.alloc(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize))
+                ins.append(dev.alloc(math.prod(s.shape) * np.dtype(s.dtype).itemsize))
             for s in self.package.outputs:
-                outs.append(dev.alloc(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize))
+                outs.append(dev.alloc(math.prod(s.shape) * np.dtype(s.dtype).itemsize))
         except Exception:
             self.free_io((ins, outs))
             raise
@@ -202,6 +327,7 @@ class Session:
     def run(self, xs):
         """alloc -> copy in -> compute -> copy out -> free. One array, or a list for several outputs."""
         self.copy_constants()
+        xs = self._check_inputs(xs)
         bufs = self.alloc_io()
         try:
             self._copy_in(xs, bufs)
@@ -214,10 +340,11 @@ class Session:
         """copy-in / compute / copy-out as a 3-stage pipeline with `depth` IO buffer sets in flight.
 
         Outputs come back in input order; an exception in any stage reaches the caller, and the
-        buffers are freed either way. Stage timings are kept in `self.last_stats`.
+        buffers are freed either way. Stage timings are kept in `self.last_stats` (of the last
+        run_many to finish, when several threads call it).
         """
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, got {depth!r}")
         self.copy_constants()
         total = len(inputs) if hasattr(inputs, "__len__") else None
         slots = []

@@ -13,6 +13,7 @@ of `kernels/conv` (`bands.py`); global pooling / linear / softmax end it and run
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -28,7 +29,11 @@ from .schedule import BandSchedule, RowWindow, build_schedule, split_streamable
 
 
 class StreamedNetwork:
-    """A network compiled for streamed execution; `.run(x)` like `Session.run`."""
+    """A network compiled for streamed execution; `.run(x)` like `Session.run`.
+
+    Thread-safe by a lock: the rings and scratch buffers are allocated once per network (that is
+    the memory saving), so calls from several threads run one after another, each with the
+    result it would get alone. For parallel streams, compile one StreamedNetwork per thread."""
 
     def __init__(self, source: Network, network: Network, schedule: BandSchedule, workers: int,
                  pass_log: list[str], compile_seconds: float, queue_bands: int = 2, threads: int | None = None,
@@ -48,22 +53,26 @@ class StreamedNetwork:
             self.executor = StreamExecutor(schedule, threads=threads, kernels=kernels, winograd=winograd,
                                            algorithm=algorithm, layout=layout)
         self.last_seconds = 0.0
+        self._lock = threading.Lock()     # one run at a time over the shared rings (class docstring)
 
     @property
     def band_rows(self) -> int:
         return self.schedule.band_rows
 
     def run_streamed(self, x) -> dict[str, np.ndarray]:
-        """Only the streamed part: {sink tensor name: whole array}."""
-        return self.executor.run_streamed(prepare_input(self.schedule, x))
+        """Only the streamed part: {sink tensor name: whole array} (new arrays each call)."""
+        xa = prepare_input(self.schedule, x)
+        with self._lock:
+            return self.executor.run_streamed(xa)
 
     def run(self, x):
         """numpy (N, C, H, W) in; one array out, or a list for several outputs (as Session.run)."""
-        t = time.perf_counter()
         xa = prepare_input(self.schedule, x)
-        sinks = self.executor.run_streamed(xa)
-        outs = run_tail(self.schedule, xa, sinks)
-        self.last_seconds = time.perf_counter() - t
+        with self._lock:
+            t = time.perf_counter()
+            sinks = self.executor.run_streamed(xa)
+            outs = run_tail(self.schedule, xa, sinks)
+            self.last_seconds = time.perf_counter() - t
         return outs[0] if len(outs) == 1 else outs
 
     def plan(self) -> StreamPlan:

@@ -11,6 +11,12 @@ Trainable parameters are the constants that are weights: conv2d/linear weight an
 batch_norm gamma/beta, scale alpha/beta. batch_norm mean/var are buffers (running statistics,
 updated with `bn_momentum`, PyTorch's unbiased variance). The network's constants are never
 modified: the trainer keeps its own writable copies.
+
+Every step checks what it computes: the inputs are finite, the labels are class indices in
+[0, classes), the loss and the logits are finite (else the first non-finite activation in
+execution order is named), every gradient is finite before the optimizer applies it, and every
+parameter after it. A failure raises NonFiniteError (or GraphError for labels) naming the step
+and the tensor, instead of training on with NaN weights.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import contextlib
 
 import numpy as np
 
-from ..errors import GraphError
+from ..errors import GraphError, NonFiniteError
 from ..interpreter import bind_inputs
 from ..ir import Network, ops
 from . import kernels as K
@@ -75,20 +81,47 @@ class Trainer:
             return self._forward_backward(x, labels)
 
     def _forward_backward(self, x, labels):
-        logits = self.forward(x)
+        step = self.num_batches_tracked + 1
+        xs = bind_inputs(self.net, x)
+        for d, a in zip(self.net.inputs, xs):
+            _check_finite(step, "input", d.name, a)
+        labels = check_labels(labels, xs[0].shape[0], self.net.outputs[0].shape[-1])
+        logits = self.schedule.forward(xs)
         loss, dlogits = K.softmax_cross_entropy(logits, labels)
+        if not np.isfinite(loss) or not np.all(np.isfinite(logits)):
+            name, what = self._first_nonfinite_activation()
+            raise NonFiniteError(f"step {step}: the loss is {loss:.4g}; first non-finite tensor: {what} "
+                                 f"'{name}' (the weights were not updated; expected finite values: "
+                                 f"lower the learning rate or check the inputs)")
         dins = self.schedule.backward(dlogits)
-        self.num_batches_tracked += 1
         grads = dict(self.schedule.pgrads)
         grads.update(dins)
+        for k in list(self.params) + [d.name for d in self.net.inputs]:
+            if k in grads:
+                _check_finite(step, "gradient of", k, grads[k], "the weights were not updated")
+        self.num_batches_tracked += 1
+        for k, v in self.buffers.items():
+            _check_finite(step, "running statistic", k, v)
         self.last_loss = loss
         return loss, grads
+
+    def _first_nonfinite_activation(self) -> tuple[str, str]:
+        """The first tensor of the last forward pass (in execution order) holding NaN or inf."""
+        for name, a in self.schedule.env.items():
+            if isinstance(a, np.ndarray) and a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+                return name, "activation"
+        for k, v in self.params.items():
+            if not np.all(np.isfinite(v)):
+                return k, "parameter"
+        return self.net.outputs[0].name, "logits"
 
     def step(self, x, labels) -> float:
         if self.optimizer is None:
             raise ValueError("Trainer.step needs an optimizer; construct Trainer(net, SGD(...))")
         loss, grads = self.forward_backward(x, labels)
         self.optimizer.step(self.params, {k: v for k, v in grads.items() if k in self.params})
+        for k, v in self.params.items():
+            _check_finite(self.num_batches_tracked, "parameter", k, v, "after the update: lower the learning rate")
         return loss
 
     def predict(self, x, batch: int | None = None) -> np.ndarray:
@@ -159,6 +192,32 @@ class Trainer:
         if print_it:
             print(text)
         return text
+
+
+def _check_finite(step: int, what: str, name: str, a, note: str = "") -> None:
+    a = np.asarray(a)
+    if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
+        bad = ~np.isfinite(a)
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise NonFiniteError(f"step {step}: {what} '{name}' has {int(bad.sum())} non-finite value(s) "
+                             f"({a[first]} at {first}); expected finite values" + (f" ({note})" if note else ""))
+
+
+def check_labels(labels, n: int, classes: int) -> np.ndarray:
+    """Class indices as int64 (N,): integers in [0, classes), one per image; else ValueError."""
+    lab = np.asarray(labels)
+    if lab.shape != (n,):
+        raise GraphError("labels", f"found shape {lab.shape}, expected ({n},): one class index per image")
+    if lab.dtype.kind == "f":
+        if not np.all(np.isfinite(lab)) or np.any(lab != np.round(lab)):
+            raise GraphError("labels", f"found non-integer values (dtype {lab.dtype}); expected class indices")
+    elif lab.dtype.kind not in "iu":
+        raise GraphError("labels", f"found dtype {lab.dtype}; expected integer class indices")
+    bad = np.flatnonzero((lab < 0) | (lab >= classes))
+    if bad.size:
+        raise GraphError("labels", f"found {lab[bad[0]]} at position {int(bad[0])} ({bad.size} out of range); "
+                                   f"expected class indices in [0, {classes})")
+    return lab.astype(np.int64)
 
 
 @contextlib.contextmanager

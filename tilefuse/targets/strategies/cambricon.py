@@ -1,0 +1,103 @@
+"""Seed 002's platform: the Cambricon-X accelerator (dense mode) behind the QingLong runtime.
+
+Device (002:304): 16 PEs, each with 16 FP16 multipliers and an adder tree (a 16-element dot
+product per cycle) and its own 2 KB synapse buffer SB; one shared 8 KB input-neuron buffer NBin
+and one 8 KB output-neuron buffer NBout. A conv / FC layer maps one output channel to each PE
+(blocks of 16 channels), the PE's SB holds that channel's weights for a block of input
+channels, input neurons stream through NBin and are broadcast to all PEs, outputs collect in
+NBout: a tile of p output pixels over a Ci block costs p x ceil(Ci_block x kh x kw / 16) cycles.
+Scale / BN / ReLU / pooling stream through NBin at 256 operations per cycle.
+
+Host (QingLong, section 3.3): the constant segment is copied once, then every input is copied
+in, computed and copied out; `qinglong_modes` gives the four modes of the evaluation
+(DLPlib, QingLong1-3, table 2) from one simulated run and the measured compile time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..report import Layer, LayerReport, SimReport
+from .base import Strategy
+
+
+class CambriconX(Strategy):
+    name = "cambricon-x"
+    MEMORIES = ("SB", "NBin", "NBout", "DRAM")
+    LINKS = ("dram", "host")
+    PARAMS = ("dot_width",)
+    STREAM_MEMORY = "NBin"
+    STREAM_LINK = "dram"
+
+    def __init__(self, target, functional=True):
+        super().__init__(target, functional)
+        self.pes = target.cores
+
+    def _cycles(self, co, ci, kh, kw, pix):
+        return pix * math.ceil(ci * kh * kw / self.t.p("dot_width"))
+
+
+    def layer_conv2d(self, lay: Layer) -> LayerReport:
+        # the PEs work in lock step on one tile: one compute unit, the SBs per channel
+        return self.tiled_conv(lay, in_mem="NBin", w_mem="SB", out_mem="NBout", in_link="dram", w_link="dram",
+                               out_link="dram", co_block=self.pes, cycles=self._cycles, w_per_channel=True,
+                               acc_bytes=2, cores=1, note=f"{self.pes} PEs x 1 channel, ")
+
+    layer_linear = layer_conv2d
+
+    def stream_layer(self, lay, memory=None, link=None, cores=None):
+        return super().stream_layer(lay, memory, link, cores=1)
+
+    def report(self, lay, mapping, cores=None, seconds=None, phase=""):
+        # the PEs are the "cores" of the peak; they always work together
+        return super().report(lay, mapping, self.pes, seconds, phase)
+
+    def finish(self, report: SimReport, prog, layers) -> None:
+        pkg = prog.package
+        host = self.t.link("host")
+        isz = np.dtype(self.t.dtype).itemsize
+        in_b = sum(int(np.prod(s.shape)) for s in pkg.inputs) * isz
+        out_b = sum(int(np.prod(s.shape)) for s in pkg.outputs) * isz
+        const_b = sum(int(np.prod(b.shape)) * isz for b in pkg.blocks if b.segment == "const")
+        report.host = {"copy in": self.link_seconds("host", in_b), "copy out": self.link_seconds("host", out_b)}
+        report.extra["constants_seconds"] = self.link_seconds("host", const_b + pkg.program_size)
+        report.extra["constant_bytes"] = const_b + pkg.program_size
+        report.notes.append(f"constants ({(const_b + pkg.program_size) / 2**20:.2f} MiB in {self.t.dtype}) are "
+                            f"copied once: {report.extra['constants_seconds'] * 1e3:.3f} ms over "
+                            f"{host.effective / 1e9:.3g} GB/s")
+
+
+@dataclass
+class ModeTimes:
+    """Seconds for n inputs under each of QingLong's modes (seed 002, table 2)."""
+    n: int
+    compile: float
+    constants: float
+    copy_in: float
+    compute: float
+    copy_out: float
+
+    def seconds(self, mode: str) -> float:
+        c, k, i, x, o, n = self.compile, self.constants, self.copy_in, self.compute, self.copy_out, self.n
+        if mode == "dlplib":       # compile and run coupled: everything for every input
+            return n * (c + k + i + x + o)
+        if mode == "ql1":          # compile once, constants with every input
+            return c + n * (k + i + x + o)
+        if mode == "ql2":          # compile once, constants once
+            return c + k + n * (i + x + o)
+        if mode == "ql3":          # ... and copy-in / compute / copy-out as a 3-stage pipeline
+            return c + k + i + x + o + (n - 1) * max(i, x, o)
+        raise ValueError(f"mode '{mode}' is not one of dlplib, ql1, ql2, ql3")
+
+    def speedup(self, mode: str) -> float:
+        return self.seconds("dlplib") / self.seconds(mode)
+
+
+def qinglong_modes(report: SimReport, n_inputs: int, compile_seconds: float) -> ModeTimes:
+    """The four modes' times for n inputs from one simulated run on the cambricon-x target."""
+    if "constants_seconds" not in report.extra:
+        raise ValueError(f"qinglong_modes needs a cambricon-x report; got one for {report.target.name}")
+    return ModeTimes(n_inputs, compile_seconds, report.extra["constants_seconds"], report.host["copy in"],
+                     report.seconds, report.host["copy out"])
