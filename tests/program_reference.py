@@ -8,8 +8,9 @@ semantics of each runtime kernel:
   - IR op kernels: the op's reference (`ir/ops.py`), on NCHW16c operands through an unblocked
     view with all Cb*16 channels (what the blocked kernels compute: padded lanes included);
   - conv2d with prepared constants: the constants unpacked back into a (padded) weight and bias
-    (gemm1x1, k1x1, direct, im2col), or the Winograd algorithm itself with the stored transform
-    U (a plain numpy F(m x m, 3 x 3), so a package whose U is not G g G^T still has one answer);
+    (gemm1x1, k1x1, direct, im2col; the stem's own packing where the runtime's stem kernel reads it), or
+    the Winograd algorithm itself with the stored transform U (unpacked from (alpha^2, OP, Cip,
+    32); a plain numpy F(m x m, 3 x 3), so a package whose U is not G g G^T still has one answer);
   - to_nchwc / from_nchwc: zero-padded blocking / dropping the padded channels.
 
 It shares no code with the runtime's kernels, its addressing or its validators.
@@ -70,11 +71,13 @@ def _conv_prepared(ins, args):
     co, cg, kh, kw = p["weight_shape"]
     g = p["groups"]
     x, wt, bias = args[0], args[1], args[2]
-    res = args[3] if p["has_residual"] else None
+    res = args[1 + len(p["prepared"])] if p["has_residual"] else None   # after every prepared constant
     blocked_in = lay == "nchwc"
     xl = _unblock(x) if blocked_in else x
     if alg.startswith("winograd"):
-        U = wt
+        # packed (alpha^2, OP, Cip, 32) -> (alpha^2, Cip, OP*32), the output channels the bias covers
+        a2, op_, cip, _ = wt.shape
+        U = wt.transpose(0, 2, 1, 3).reshape(a2, cip, op_ * 32)[:, :, :bias.shape[0]]
         xw = np.zeros((xl.shape[0], U.shape[1], xl.shape[2], xl.shape[3]))
         xw[:, :xl.shape[1]] = xl
         y = _winograd(xw, U, bias, int(alg[-1]), p["padding"])
@@ -92,6 +95,12 @@ def _conv_prepared(ins, args):
             b = bias
         elif alg == "gemm1x1":
             w, b = wt[..., None, None], bias
+        elif out_lay == "nchwc" and "stem_weight" in p["prepared"]:
+            # NCHW in, NCHW16c out with few input channels: the stem kernel reads its own packing,
+            # (Ob, Cin, KH, KW, 16) -> (Ob, 16, Cin, KH, KW) -> (Ob*16, Cin, KH, KW), and bias
+            keys = list(p["prepared"])
+            sw, b = args[1 + keys.index("stem_weight")], args[1 + keys.index("stem_bias")]
+            w = sw.transpose(0, 4, 1, 2, 3).reshape(sw.shape[0] * L, cg, kh, kw)
         else:  # im2col: (G, og, cg, KH, KW) -> (Co, cg, KH, KW)
             w, b = wt.reshape(co, cg, kh, kw), bias
         if blocked_in:

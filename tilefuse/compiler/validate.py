@@ -35,6 +35,7 @@ from ..errors import GraphError
 from ..ir.ops import normalize, schema
 from ..kernels import registry
 from ..kernels.conv import NCHWC_ALGORITHMS
+from ..kernels.conv.stem import applies as stem_applies
 from ..kernels.conv.select import candidates
 from .program import CONST
 
@@ -237,15 +238,18 @@ def _prepared_direct(w, groups, layout):
 
 
 def _prepared_winograd(m):
-    def shapes(w, groups, layout):
+    def shapes(w, groups, layout):   # winograd.prepare: U packed (alpha^2, OP, Cip, 32)
         co, ci = w[0], w[1]
-        return {"weight": ((m + 2) ** 2, _ceil16(ci), _ceil16(co)), "bias": (_ceil16(co),)}
+        return {"weight": ((m + 2) ** 2, -(-co // 32), _ceil16(ci), 32), "bias": (_ceil16(co),)}
     return shapes
 
 
 def _prepared_im2col(w, groups, layout):
     co, cg, kh, kw = w
-    return {"weight": (groups, co // groups, cg, kh, kw), "bias": (co,)}
+    out = {"weight": (groups, co // groups, cg, kh, kw), "bias": (co,)}
+    if stem_applies(cg, groups):    # the stem kernel's packing too (stem.prepare, via im2col.prepare)
+        out.update({"stem_weight": (-(-co // LANES), cg, kh, kw, LANES), "stem_bias": (_ceil16(co),)})
+    return out
 
 
 # algorithm -> fn(weight_shape, groups, layout) -> {role: shape}: the constants conv2d_prepare makes
@@ -309,9 +313,12 @@ def validate_conv2d(ins) -> None:
     keys = p.get("prepared")
     if ins.output.dtype != F32:
         _fail(f"algorithm {alg!r} runs float32 only, operands are {ins.output.dtype}")
-    if keys is None or list(keys) != ["weight", "bias"]:
-        _fail(f"parameter prepared={keys!r}; expected ('weight', 'bias')")
     g = norm["groups"]
+    if g < 1 or ws[0] % g:
+        _fail(f"weight_shape {ws} with groups={g}; expected out channels divisible by groups")
+    expect_keys = list(PREPARED[alg](ws, g, lay))
+    if keys is None or list(keys) != expect_keys:
+        _fail(f"parameter prepared={keys!r}; expected {tuple(expect_keys)}")
     if lay == "nchwc" or out_lay == "nchwc":
         if g != 1:
             _fail(f"groups={g} in NCHW16c; expected 1")

@@ -150,3 +150,66 @@ def probe_vector_bits() -> int:
     if "y" in regs:
         return 256
     return 128
+
+
+# Measured peak ---------------------------------------------------------------------------------
+# The efficiency figures (tilefuse profile, benchmarks/scaling.py) divide by a peak measured here,
+# not a datasheet number: 16 independent float32 FMA chains, each one vector register wide (the
+# 16-lane loop vectorizes to one FMA per chain and iteration at the compiled width), enough to
+# hide the FMA latency on every current core. FLOPs counted as 2 per lane per FMA.
+
+def _fma_chains_source(chains: int) -> str:
+    names = [f"a{i}" for i in range(chains)]
+    lines = ["def fma_chains(n, x, y):"]
+    lines += [f"    {a} = nb.carray(stack_f32(16), 16)" for a in names]
+    lines += ["    for l in range(16):"] + [f"        {a}[l] = x[l] + np.float32({i})" for i, a in enumerate(names)]
+    lines += ["    for _ in range(n):", "        for l in range(16):"]
+    lines += [f"            {a}[l] = {a}[l] * y[l] + x[l]" for a in names]
+    lines += ["    s = np.float32(0.0)", "    for l in range(16):"] + [f"        s += {a}[l]" for a in names]
+    lines += ["    return s"]
+    return "\n".join(lines)
+
+
+_FMA = None
+FMA_CHAINS = 16
+
+
+def _fma_kernel():
+    global _FMA
+    if _FMA is None:
+        import numba as nb
+        import numpy as np
+        from numba import njit
+
+        from tilefuse.kernels.conv._nb import stack_f32
+        ns = {"nb": nb, "np": np, "stack_f32": stack_f32}
+        exec(_fma_chains_source(FMA_CHAINS), ns)  # straight-line source: one register per chain
+        _FMA = njit(fastmath=True, nogil=True)(ns["fma_chains"])
+    return _FMA
+
+
+def measure_peak(seconds: float = 0.2, repeats: int = 5) -> float:
+    """Single-core float32 FMA peak in FLOP/s, measured (best of `repeats` runs of ~seconds/repeats)."""
+    import time
+
+    import numpy as np
+    f = _fma_kernel()
+    x = np.full(16, 1e-3, np.float32)
+    y = np.full(16, 0.999, np.float32)
+    f(10, x, y)
+    n = 1 << 16
+    while True:                      # grow the trip count until one run takes long enough
+        t = time.perf_counter()
+        f(n, x, y)
+        dt = time.perf_counter() - t
+        if dt > seconds / repeats / 4 or n > 1 << 34:
+            break
+        n *= 4
+    best = 0.0
+    for _ in range(repeats):
+        t = time.thread_time()
+        f(n, x, y)
+        dt = time.thread_time() - t
+        if dt > 0:
+            best = max(best, 2.0 * 16 * FMA_CHAINS * n / dt)
+    return best

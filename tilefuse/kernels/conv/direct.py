@@ -24,7 +24,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, stack_f32
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
 from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv.epilogue import EMPTY4, IDENTITY, RB_OFFSETS, bias_or_zeros, resolve_act, store_block
 from tilefuse.kernels.conv.layout import to_nchwc
@@ -285,12 +285,17 @@ def _direct_task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0,
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _direct_par(tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, padded, Wo, sh, sw,
+def _direct_par(nt, tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, padded, Wo, sh, sw,
                 dh, dw):
     """Every task (rows (n, r0, r1, o0, o1)) on numba's pool; band (threads, size) scratch."""
-    for i in nb.prange(tasks.shape[0]):
-        _direct_task(out, x, band[nb.get_thread_id()], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0],
-                     tasks[i, 1], tasks[i, 2], tasks[i, 3], tasks[i, 4], pt, pl, Wp, padded, Wo, sh, sw, dh, dw)
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            _direct_task(out, x, band[nb.get_thread_id()], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0],
+                         tasks[i, 1], tasks[i, 2], tasks[i, 3], tasks[i, 4], pt, pl, Wp, padded, Wo, sh, sw, dh, dw)
 
 
 @njit(nogil=True, cache=True)

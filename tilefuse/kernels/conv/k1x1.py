@@ -24,7 +24,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import prefetch, prefetchw, stack_f32
+from tilefuse.kernels.conv._nb import atomic_add, prefetch, prefetchw, stack_f32
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act, store_block
 from tilefuse.kernels.conv.planner import RB1X1 as RB
 from tilefuse.kernels.conv.planner import plan_k1x1
@@ -179,12 +179,17 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _k1x1_par(tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
+def _k1x1_par(nt, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
               q_outer, pfd, pfo):
     """Every task of the layer on numba's pool: tasks (T, 4) = (q0, q1, p0, p1)."""
-    for i in nb.prange(tasks.shape[0]):
-        _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3],
-              HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo)
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3],
+                  HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo)
 
 
 @njit(nogil=True, cache=True)

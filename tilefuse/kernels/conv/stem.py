@@ -23,7 +23,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, stack_f32
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
 from tilefuse.kernels.conv.epilogue import EMPTY4, RB_OFFSETS, resolve_act, store_block
 from tilefuse.kernels.conv.planner import plan_stem
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
@@ -207,10 +207,15 @@ def _stem_task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0, r
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _stem_par(tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, Wo, sh, sw, dh, dw):
-    for i in nb.prange(tasks.shape[0]):
-        _stem_task(out, x, band[nb.get_thread_id()], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0],
-                   tasks[i, 1], tasks[i, 2], pt, pl, Wp, Wo, sh, sw, dh, dw)
+def _stem_par(nt, tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, Wo, sh, sw, dh, dw):
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            _stem_task(out, x, band[nb.get_thread_id()], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0],
+                       tasks[i, 1], tasks[i, 2], pt, pl, Wp, Wo, sh, sw, dh, dw)
 
 
 @njit(nogil=True, cache=True)

@@ -10,13 +10,17 @@ points 0, 1, -1, inf) and F(4,3) from its section 4.2 (points 0, 1, -1, 2, -2, i
 matrices as Lavin's Cook-Toom generator `wincnn`). `check_transform(m)` verifies the 1-D
 identity A^T [(G g) (.) (B^T d)] = correlate(d, g) exactly in float64; the tests call it.
 
-Pipeline per task (a chunk of P tiles, P from the planner so V and M stay in L2):
-  1. input transform (numba, 16 channels per vector): xb NCHWc -> V (alpha^2, P, Ci)
-  2. element-wise stage as alpha^2 GEMMs, one batched np.matmul:
-     M (alpha^2, P, Co) = V (alpha^2, P, Ci) @ U (alpha^2, Ci, Co)
+Pipeline per task (P tiles x a group of output-channel pairs, from planner.plan_winograd for the
+thread count; the layer's tasks run in one numba parallel loop):
+  1. input transform (numba, 16 channels per vector) of the task's tiles, read from the unpadded
+     NCHWc input (border tiles gather a zero-padded patch): V (alpha^2, P, Ci)
+  2. element-wise stage as alpha^2 GEMMs in numba (`_wino_gemm`, the k1x1 micro-kernel):
+     M (alpha^2, P, cob) = V (alpha^2, P, Ci) @ U (alpha^2, Ci, cob), summed over Ci in order
   3. output transform (numba, 16 output channels per vector) + bias, residual, activation, stored
-     straight into the NCHW output.
-U = G g G^T is computed once by `prepare` (compile time; it goes into the data package).
+     straight into the NCHWc (or NCHW) output.
+U = G g G^T is computed and packed once by `prepare` (compile time; it goes into the data package).
+Every output element's arithmetic is the same whatever the task grid or thread count (no BLAS,
+whose result may depend on the GEMM's size), so the results are bitwise identical across them.
 F(4,3) does 36 multiplies per 16 outputs (4x fewer than direct) but its transforms have larger
 coefficients, so its fp32 error is larger (docs/kernels.md has the measured table).
 """
@@ -28,8 +32,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES
-from tilefuse.kernels.conv._nb import stack_f32
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
 from tilefuse.kernels.conv.epilogue import EMPTY4, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_winograd
@@ -439,12 +442,17 @@ def _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _wino_par_c(tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
+def _wino_par_c(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
     """Every task (rows (p0, P, pa0, pa1)) on numba's pool; vbuf / mbuf (threads, size) scratch."""
-    for i in nb.prange(tasks.shape[0]):
-        t = nb.get_thread_id()
-        _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0], tasks[i, 1],
-                     tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            t = nb.get_thread_id()
+            _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0], tasks[i, 1],
+                         tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
 
 
 @njit(nogil=True, cache=True)
@@ -455,11 +463,16 @@ def _wino_seq_c(tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, m
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _wino_par_nchw(tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
-    for i in nb.prange(tasks.shape[0]):
-        t = nb.get_thread_id()
-        _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0],
-                        tasks[i, 1], tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+def _wino_par_nchw(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            t = nb.get_thread_id()
+            _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0],
+                            tasks[i, 1], tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
 
 
 @njit(nogil=True, cache=True)
