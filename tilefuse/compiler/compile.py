@@ -199,7 +199,7 @@ def _conv_transpose_rule(op, layout_mode: str):
         return None
     layout = conv_transpose_layout(layout_mode, x.shape[1], op.outputs[0].shape[1])
     prepared = transpose.prepare(w.value, op.inputs[2].value if p["has_bias"] else None, p["groups"])
-    params = {"algorithm": "phase"}
+    params = {"algorithm": "phase", "weight_shape": tuple(int(d) for d in w.shape)}  # for validation
     if layout != NCHW:
         params["layout"] = layout
     return params, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}

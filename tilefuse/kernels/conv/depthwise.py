@@ -42,7 +42,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from tilefuse.kernels.activations import apply_scalar
-from tilefuse.kernels.conv._nb import LANES, stack_f32
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
 from tilefuse.kernels.conv.epilogue import bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
 from tilefuse.kernels.conv.planner import plan_depthwise_padded, plan_depthwise_tasks
@@ -398,11 +398,18 @@ def _dw_task_gather(o2, x2, w2, bias, src, r2, has_res, code, alpha, beta, n, ob
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _dw_par(tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded):
-    """Every task (rows (n, ob0, ob1, oh0, oh1)) on numba's pool; band (threads, size) scratch."""
-    for i in nb.prange(tasks.shape[0]):
-        _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
-                 tasks[i, 3], tasks[i, 4], geo, band[nb.get_thread_id()], padded)
+def _dw_par(nt, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded):
+    """Every task (rows (n, ob0, ob1, oh0, oh1)) on nt of numba's threads, handed out dynamically
+    (a shared counter: a thread the OS does not schedule never holds a fixed share); band
+    (threads, size) scratch."""
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
+                     tasks[i, 3], tasks[i, 4], geo, band[nb.get_thread_id()], padded)
 
 
 @njit(nogil=True, cache=True)

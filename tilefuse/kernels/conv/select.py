@@ -135,6 +135,15 @@ def estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups
         u_traffic = 4 * alpha * alpha * cip * cop * tasks
         in_bytes = 4 * n * cip * (ho + 2) * (wo + 2)
         return max(f / (PEAK * EFF["winograd"]), u_traffic / WEIGHT_BW) + vm / TRANSFORM_BW + in_bytes / BW
+    if algorithm == "depthwise":
+        f = algorithm_flops("depthwise", x_shape, w_shape, stride, padding, dilation, groups)
+        moved = 4 * n * (_pad16(ci) * h * w + _pad16(co) * ho * wo)
+        return f / (PEAK * EFF["dw_blocked"]) + moved / DW_BW
+    if algorithm == "grouped":
+        f = algorithm_flops("grouped", x_shape, w_shape, stride, padding, dilation, groups)
+        obg = bundle(ci, co, groups)[2]
+        in_bytes = 4 * n * _pad16(ci) * (h + padding[0] + padding[1]) * (w + padding[2] + padding[3])
+        return f / (PEAK * EFF["direct" if obg % 2 == 0 else "direct1"]) + in_bytes / BW
     if algorithm == "im2col":
         if cg == 1:   # its per-channel loop reads the input and writes the output like depthwise does
             return flops / (PEAK * EFF["depthwise"]) + 4 * n * (ci * h * w + co * ho * wo) / BW
