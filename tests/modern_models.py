@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import tilefuse.models as models
+from torch_zoo import Bottleneck
 
 
 def make_divisible(v, divisor=8, min_value=None):
@@ -416,29 +417,6 @@ class UNet(nn.Module):
 
 # ----------------------------------------------------------------------------- DeepLabV3-ResNet50
 
-class Bottleneck(nn.Module):
-    def __init__(self, inplanes, planes, stride=1, downsample=None, dilation=1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride, padding=dilation, dilation=dilation, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(planes * 4)
-        self.relu = nn.ReLU(inplace=True)
-        self.downsample = downsample
-
-    def forward(self, x):
-        identity = x
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        if self.downsample is not None:
-            identity = self.downsample(x)
-        out += identity
-        return self.relu(out)
-
-
 class DilatedResNet50(nn.Module):
     def __init__(self, replace_stride_with_dilation=(False, True, True)):
         super().__init__()
@@ -726,14 +704,15 @@ def load(name: str, net, **kw) -> nn.Module:
 
 
 def randomize(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Non-trivial BN statistics and layer scales for the test-only models (fresh modules have
-    mean 0, var 1 and ConvNeXt's 1e-6 layer scale)."""
+    """Non-trivial BN statistics for the test-only models (fresh modules have mean 0, var 1,
+    gamma 1, beta 0)."""
     g = torch.Generator().manual_seed(seed)
     for m in module.modules():
         if isinstance(m, nn.BatchNorm2d):
             c = m.num_features
             m.running_mean.copy_(torch.rand(c, generator=g) - 0.5)
             m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
-            m.weight.data.copy_(torch.rand(c, generator=g) + 0.5)
-            m.bias.data.copy_(torch.rand(c, generator=g) * 0.5 - 0.25)
+            if m.affine:
+                m.weight.data.copy_(torch.rand(c, generator=g) + 0.5)
+                m.bias.data.copy_(torch.rand(c, generator=g) * 0.5 - 0.25)
     return module

@@ -16,21 +16,9 @@ from tilefuse.errors import GraphError, UnsupportedOpError
 from tilefuse.frontend import from_torch
 from tilefuse.interpreter import evaluate
 
+from modern_models import randomize as randomize_bn
+
 TOL = {torch.float32: 1e-4, torch.float64: 1e-10}
-
-
-def randomize_bn(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Non-trivial BN statistics (fresh modules have mean 0, var 1, gamma 1, beta 0)."""
-    g = torch.Generator().manual_seed(seed)
-    for m in module.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            c = m.num_features
-            m.running_mean.copy_(torch.rand(c, generator=g) - 0.5)
-            m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
-            if m.affine:
-                m.weight.data.copy_(torch.rand(c, generator=g) + 0.5)
-                m.bias.data.copy_(torch.rand(c, generator=g) * 0.5 - 0.25)
-    return module
 
 
 def check_import(module: nn.Module, *shapes, dtype=torch.float32, seed: int = 0):

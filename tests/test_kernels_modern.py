@@ -146,8 +146,7 @@ def test_validators_refuse_inconsistent_blocked_instructions():
         ops = [Operand(f"i{k}", DIRECT, sg, np.dtype(np.float32), sh) for k, (sh, sg) in enumerate(zip(shapes, segs))]
         return Instruction(kernel, ops + [Operand("o", DIRECT, HIDDEN, np.dtype(np.float32), out)], params)
 
-    act = ("identity", 0.0, 0.0)
-    blk = dict(layout="nchwc", relu=False, act=act)
+    blk = dict(layout="nchwc", relu=False)
     ok = [
         ins("mul", [(2, 3, 5, 5, 16), (2, 40, 1, 1)], (2, 3, 5, 5, 16), dict(blk, channels=40, in_channels=[40])),
         ins("concat", [(1, 3, 4, 4, 16), (1, 1, 4, 4, 16)], (1, 4, 4, 4, 16),
@@ -156,7 +155,7 @@ def test_validators_refuse_inconsistent_blocked_instructions():
             dict(axis=1, start=3, stop=37, step=2, layout="nchwc", channels=17, in_channels=[40])),
         ins("conv2d", [(1, 3, 4, 4, 16), (32, 40, 1, 1), (1, 40, 1, 1)], (1, 2, 4, 4, 16),
             dict(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, has_bias=False, has_residual=False,
-                 has_input_scale=True, relu=False, act=act, layout="nchwc"), [HIDDEN, CONST, HIDDEN]),
+                 has_input_scale=True, relu=False, layout="nchwc"), [HIDDEN, CONST, HIDDEN]),
     ]
     for i in ok:
         V.VALIDATORS[i.kernel](i)
@@ -172,7 +171,7 @@ def test_validators_refuse_inconsistent_blocked_instructions():
                   channels=40, in_channels=[40])), "NCHW16c form"),
         (ins("conv2d", [(1, 3, 4, 4, 16), (32, 40, 3, 3), (1, 40, 1, 1)], (1, 2, 2, 2, 16),
              dict(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, has_bias=False, has_residual=False,
-                  has_input_scale=True, relu=False, act=act, layout="nchwc"), [HIDDEN, CONST, HIDDEN]), "1x1"),
+                  has_input_scale=True, relu=False, layout="nchwc"), [HIDDEN, CONST, HIDDEN]), "1x1"),
     ]
     for i, msg in bad:
         with pytest.raises(ValueError, match=msg):

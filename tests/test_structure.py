@@ -209,8 +209,8 @@ def test_op_groups():
     assert ops.ROW_LOCAL <= ops.ELEMENTWISE | ops.NORM | ops.SHAPE
     assert ops.MEMORY_BOUND <= ops.ELEMENTWISE | ops.NORM
     for name in ops.ACT_EPILOGUE:                        # each carries a fused relu / act
-        p = ops.OPS[name].normalize(name, {"has_bias": False})
-        assert "relu" in p and "act" in p, name
+        assert "relu" in ops.OPS[name].normalize(name, {"has_bias": False}), name
+        assert ops.OPS[name].normalize(name, {"has_bias": False, "act": "silu"})["act"][0] == "silu", name
     with pytest.raises(ValueError, match="unknown op group"):
         ops.ops_in("convolution")
 

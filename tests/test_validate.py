@@ -53,9 +53,6 @@ def test_register_requires_a_validator():
     assert "nothing" not in cpu.KERNELS
 
 
-NO_ACT = ("identity", 0.0, 0.0)   # the normalized "no fused activation"
-
-
 def _ins(kernel, shapes, out, params, dtype=np.float32, segs=None):
     dt = np.dtype(dtype)
     segs = segs or [HIDDEN] * len(shapes)
@@ -69,11 +66,12 @@ def _ins(kernel, shapes, out, params, dtype=np.float32, segs=None):
     ("relu", [(1, 1, 4, 4, 16)], (1, 1, 4, 4, 16), {"layout": "nchwc"}, True),
     ("relu", [(2, 3)], (2, 3), {"layout": "nchw"}, False),          # layout given: only 'nchwc'
     ("softmax", [(2, 3)], (2, 3), {"axis": 1, "layout": "nchwc"}, False),
-    ("add", [(2, 3), (2, 3)], (2, 3), {"relu": False, "act": NO_ACT}, True),
-    ("add", [(2, 3), (2, 3)], (2, 3), {"relu": False}, False),     # the fused activation is missing
-    ("add", [(2, 3), (1, 3)], (2, 3), {"relu": False, "act": NO_ACT}, True),   # broadcasting
-    ("add", [(2, 3), (3, 2)], (2, 3), {"relu": False, "act": NO_ACT}, False),
-    ("add", [(2, 3)], (2, 3), {"relu": False, "act": NO_ACT}, False),               # one operand short
+    ("add", [(2, 3), (2, 3)], (2, 3), {"relu": False}, True),
+    ("add", [(2, 3), (2, 3)], (2, 3), {"relu": False, "act": ("identity", 0.0, 0.0)}, False),  # not normal form
+    ("add", [(2, 3), (2, 3)], (2, 3), {"relu": False, "act": ("silu", 0.0, 0.0)}, True),
+    ("add", [(2, 3), (1, 3)], (2, 3), {"relu": False}, True),   # broadcasting
+    ("add", [(2, 3), (3, 2)], (2, 3), {"relu": False}, False),
+    ("add", [(2, 3)], (2, 3), {"relu": False}, False),               # one operand short
     ("max_pool", [(1, 2, 5, 5)], (1, 2, 2, 2), {"kernel_size": (2, 2), "stride": (2, 2), "padding": (0, 0, 0, 0),
                                                 "ceil_mode": False, "dilation": (1, 1)}, True),
     ("max_pool", [(1, 2, 5, 5)], (1, 2, 3, 3), {"kernel_size": (2, 2), "stride": (2, 2), "padding": (0, 0, 0, 0),
@@ -82,8 +80,8 @@ def _ins(kernel, shapes, out, params, dtype=np.float32, segs=None):
                                                 "ceil_mode": False, "dilation": (1, 1)}, False),   # not normalized
     ("global_avg_pool", [(1, 2, 5, 5, 16)], (1, 20, 1, 1), {"layout": "nchwc"}, True),
     ("global_avg_pool", [(1, 2, 5, 5, 16)], (1, 40, 1, 1), {"layout": "nchwc"}, False),
-    ("linear", [(2, 5), (3, 5)], (2, 3), {"has_bias": False, "relu": False, "act": NO_ACT}, True),
-    ("linear", [(2, 5), (3, 4)], (2, 3), {"has_bias": False, "relu": False, "act": NO_ACT}, False),
+    ("linear", [(2, 5), (3, 5)], (2, 3), {"has_bias": False, "relu": False}, True),
+    ("linear", [(2, 5), (3, 4)], (2, 3), {"has_bias": False, "relu": False}, False),
     ("to_nchwc", [(1, 20, 3, 3)], (1, 2, 3, 3, 16), {"channels": 20}, True),
     ("to_nchwc", [(1, 20, 3, 3)], (1, 1, 3, 3, 16), {"channels": 20}, False),
     ("from_nchwc", [(1, 2, 3, 3, 16)], (1, 20, 3, 3), {"channels": 20}, True),
@@ -108,7 +106,7 @@ def test_dtypes_are_checked():
 
 def _conv(alg, x, w_shape, out, layout=None, res=False, groups=1, stride=1, padding=0, prepared_shapes=None):
     p = {"stride": (stride, stride), "padding": (padding,) * 4, "dilation": (1, 1), "groups": groups,
-         "has_bias": True, "has_residual": res, "relu": False, "act": NO_ACT, "algorithm": alg, "prepared": ("weight", "bias"),
+         "has_bias": True, "has_residual": res, "relu": False, "algorithm": alg, "prepared": ("weight", "bias"),
          "weight_shape": tuple(w_shape)}
     if layout:
         p["layout"] = layout

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..ir import Network
 from ..ir.node import DataNode
-from ..ir.ops import IDENTITY_ACT, epilogue_act
+from ..ir.ops import IDENTITY_ACT, epilogue_act, with_act
 from ..ir.ops import flops as op_flops
 from ..kernels.registry import ACT_KERNELS
 from .program import CONST, DIRECT, HIDDEN, INDIRECT, IO, Instruction, Operand
@@ -79,7 +79,7 @@ def lower(net: Network, conv_rule=None) -> Lowered:
         if act[0] not in ("identity", "relu") and op.op not in ACT_KERNELS:
             # the kernel has no such epilogue (yet): it writes a temporary, an activation follows
             tmp = DataNode(f"{op.outputs[0].name}@preact", op.outputs[0].shape, op.outputs[0].dtype)
-            params.update(act=IDENTITY_ACT, relu=False)
+            params = with_act(params, IDENTITY_ACT)
             instructions.append(Instruction(op.op, [operand(d, idx) for d in inputs] + [operand(tmp, idx)],
                                             params))
             instructions.append(Instruction("activation", [operand(tmp, idx), operand(op.outputs[0], idx)],

@@ -166,7 +166,7 @@ def fuse_activation(net: Network) -> PassResult:
         if _single_user(net, d) is not a:
             continue
         act = ("relu", 0.0, 0.0) if a.op == "relu" else tuple(a.params["act"])
-        prod.params = dict(prod.params, relu=act[0] == "relu", act=act)
+        prod.params = ops.with_act(prod.params, act)
         _replace_output(net, prod, a)
         n += 1
     return PassResult(net, n > 0, f"{n} activations fused into their producer")
@@ -336,8 +336,8 @@ def channels_last_to_nchw(net: Network) -> PassResult:
                 w = op.inputs[1]
                 wc = _const_like(net, w.name, w.value.reshape(w.shape + (1, 1)), w.dtype)  # (M, K) -> (M, K, 1, 1)
                 ins = [cur, wc] + op.inputs[2:]
-                node = _make_op(net, "conv2d", ins, {"has_bias": op.params["has_bias"], "relu": op.params["relu"],
-                                                    "act": op.params["act"]}, op.name, out)
+                node = _make_op(net, "conv2d", ins, ops.with_act({"has_bias": op.params["has_bias"]},
+                                                                 ops.epilogue_act(op.params)), op.name, out)
             elif op.op in ("relu", "activation"):
                 node = _make_op(net, op.op, [cur], op.params, op.name, out)
             else:

@@ -154,13 +154,28 @@ IDENTITY_ACT = ("identity", 0.0, 0.0)
 
 
 def _epilogue_norm(node, p) -> dict:
-    """relu / act of a fused epilogue: relu=True is act ("relu", 0, 0); both are kept consistent."""
+    """relu / act of a fused epilogue. Normal form: {"relu": bool}, plus "act": (name, alpha, beta)
+    only for an activation other than identity and ReLU (so the ops and packages of before issue 9
+    keep their form); act "relu" is relu=True."""
     relu = bool(p.get("relu", False))
     act = p.get("act")
     act = (("relu", 0.0, 0.0) if relu else IDENTITY_ACT) if act is None else act_param(node, act)
     if relu and act[0] != "relu":
         raise GraphError(node, f"relu=True with act={act[0]!r}; expected one activation")
-    return {"relu": act[0] == "relu", "act": act}
+    q = {"relu": act[0] == "relu"}
+    if act[0] not in ("identity", "relu"):
+        q["act"] = act
+    return q
+
+
+def with_act(params: dict, act) -> dict:
+    """`params` of an op with a fused epilogue, its activation replaced by `act` (normal form)."""
+    q = {k: v for k, v in params.items() if k not in ("relu", "act")}
+    act = tuple(act)
+    q["relu"] = act[0] == "relu"
+    if act[0] not in ("identity", "relu"):
+        q["act"] = act
+    return q
 
 
 def epilogue_act(params: dict) -> tuple[str, float, float]:
@@ -296,7 +311,7 @@ _register(OpSchema("relu", "elementwise", ("x",), lambda n, p: {}, _same_infer,
 for _kind in ("add", "sub", "mul", "div"):
     # a (op) b with NumPy broadcasting, then the fused activation (relu or act)
     _register(OpSchema(_kind, "elementwise", ("a", "b"), _epilogue_norm, _binary_infer(_kind),
-                       (lambda k: lambda a, b, relu, act: ref.binary(k, a, b, relu, act))(_kind),
+                       (lambda k: lambda a, b, relu, act=None: ref.binary(k, a, b, relu, act))(_kind),
                        lambda i, o, p: _prod(o)))
 
 
@@ -547,9 +562,9 @@ def _convt_infer(node, ins, p):
     return (n, co, ho, wo)
 
 
-def _convt_ref(x, w, *rest, stride, padding, output_padding, dilation, groups, has_bias, relu, act):
+def _convt_ref(x, w, *rest, stride, padding, output_padding, dilation, groups, has_bias, relu, act=None):
     return ref.conv_transpose2d(x, w, rest[0] if has_bias else None, stride, padding, output_padding,
-                                dilation, groups, act=act)
+                                dilation, groups, act=act if act is not None else ("relu", 0.0, 0.0) if relu else None)
 
 
 _register(OpSchema("conv_transpose2d", "conv", ("x", "weight", "bias?"), _convt_norm, _convt_infer,

@@ -6,8 +6,8 @@ takes the IR's params; the activation is the triple of the shared table
 
 Layouts: NCHW, and NCHW16c ("nchwc", (N, C/16, H, W, 16)) for the layout pass's blocked
 tensors. In NCHW16c the padded channels must stay zero (the blocked convs and the global pool
-rely on it), so a kernel whose activation does not map 0 to 0 (sigmoid, hardsigmoid, clip with
-min > 0) rewrites the padded lanes to zero. A per-channel operand of a blocked binary op or of
+rely on it), so a kernel whose result may be non-zero there (an activation not mapping 0 to 0,
+a binary op, PReLU) rewrites the padded lanes to zero. A per-channel operand of a blocked binary op or of
 PReLU is an NCHW (.., C, 1, 1) / (C,) array, read with channel c = block*16 + lane.
 
 float32 runs the numba loops (tasks of fixed size on the conv thread pool: results do not depend
@@ -99,7 +99,7 @@ def _prelu_planes(out3, x3, slope, n, lanes):
             out3[n, j, p] = v if v > 0 else s * v
 
 
-def prelu(out, x, slope, *, layout="nchw", threads=None, **_):
+def prelu(out, x, slope, *, layout="nchw", channels=None, threads=None, **_):
     """out = x if x > 0 else slope[c] * x (channel axis 1; slope (C,) or (1,))."""
     if out.dtype != np.float32 or x.ndim < 2:
         out[...] = ref.prelu(x, slope)
@@ -110,6 +110,7 @@ def prelu(out, x, slope, *, layout="nchw", threads=None, **_):
     lanes = 16 if layout == "nchwc" else 1
     s = np.ascontiguousarray(slope, np.float32).reshape(-1)
     parallel_for(lambda i: _prelu_planes(o3, x3, s, i, lanes), range(n), threads)
+    _fix_padding(out, layout, channels, 0, 0.0, 0.0, always=True)
 
 
 # binary ops --------------------------------------------------------------------------------

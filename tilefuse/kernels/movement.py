@@ -51,9 +51,8 @@ def _edge_index(size: int, lo: int, hi: int, mode: str) -> np.ndarray:
 def pad(out, x, *, pads, mode="constant", value=0.0, layout="nchw", channels=None, **_):
     if layout == "nchwc":   # H, W pads of the blocked tensor; the lane axis is not padded
         pad(out, x, pads=tuple(pads) + (0, 0), mode=mode, value=value)
-        if mode == "constant" and value != 0:
-            for n in range(out.shape[0]):
-                _zero_lanes_from(out, int(channels), n)
+        for n in range(out.shape[0]):                       # padded lanes 0 (a pad value lands there)
+            _zero_lanes_from(out, int(channels), n)
         return
     if mode == "constant":
         out.fill(value)

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from . import reference as ref
+from .broadcast import _zero_pad_lanes
 from .threads import parallel_for
 
 
@@ -46,7 +47,7 @@ def _bilinear_plane(out, x, n, c, h0, h1, lh, w0, w1, lw):
 
 
 def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor",
-           layout="nchw", threads=None, **_):
+           layout="nchw", channels=None, threads=None, **_):
     h, w = x.shape[2], x.shape[3]
     sh, sw = scales if scales else (None, None)
     if layout != "nchwc" and out.dtype != np.float32:
@@ -58,10 +59,12 @@ def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nea
         ih = ref.resize_nearest_index(h, size[0], sh, coord, nearest_mode)
         iw = ref.resize_nearest_index(w, size[1], sw, coord, nearest_mode)
         parallel_for(lambda t: _nearest_plane(o5, x5, t[0], t[1], ih, iw), tasks, threads)
-        return
-    h0, h1, lh = ref.resize_linear_weights(h, size[0], sh, coord)
-    w0, w1, lw = ref.resize_linear_weights(w, size[1], sw, coord)
-    parallel_for(lambda t: _bilinear_plane(o5, x5, t[0], t[1], h0, h1, lh, w0, w1, lw), tasks, threads)
+    else:
+        h0, h1, lh = ref.resize_linear_weights(h, size[0], sh, coord)
+        w0, w1, lw = ref.resize_linear_weights(w, size[1], sw, coord)
+        parallel_for(lambda t: _bilinear_plane(o5, x5, t[0], t[1], h0, h1, lh, w0, w1, lw), tasks, threads)
+    if layout == "nchwc" and channels is not None:   # padded lanes 0 whatever the input held there
+        _zero_pad_lanes(out, int(channels))
 
 
 KERNELS = {"resize": resize}
