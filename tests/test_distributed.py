@@ -51,7 +51,8 @@ class TestOnePoolOfTwoWorkers:
     """One pool for these tests (the CPUs go back when the class ends)."""
 
     @pytest.fixture(scope="class")
-    def counted_puts(self):
+    @classmethod
+    def counted_puts(cls):
         """Every ray.put made by this process while the class's pool lives: (type, nbytes)."""
         calls = []
         real = ray.put
@@ -66,7 +67,8 @@ class TestOnePoolOfTwoWorkers:
         mp.undo()
 
     @pytest.fixture(scope="class")
-    def pool(self, cluster, tiny, counted_puts):
+    @classmethod
+    def pool(cls, cluster, tiny, counted_puts):
         with Pool(tiny[0], workers=2, threads_per_worker=1, start_timeout=120) as p:
             yield p
 

@@ -250,7 +250,10 @@ class Session:
         addrs = self._check_io(in_addrs, out_addrs)
         ctx = self._acquire()
         try:
-            self._execute(ctx, addrs, timings)
+            if timings is None:
+                self._execute(ctx, addrs)
+            else:
+                self._execute(ctx, addrs, timings)
         finally:
             self._give_back(ctx)
 
