@@ -40,19 +40,32 @@ CONVERSIONS = frozenset({"to_nchwc", "from_nchwc"})
 
 
 MAX_PAD_WASTE = 1.5
+GROUPED_BLOCKED = frozenset({"depthwise", "grouped"})   # the blocked forms of grouped convs
+CONVS = ("conv2d", "conv_transpose2d")                  # kernels whose params say their layout
 
 
 def conv_layout(algorithm: str | None, mode: str = "auto", ci: int = 16, co: int = 16, groups: int = 1) -> str:
     """The layout a conv runs in: nchwc when its algorithm has a blocked form, the mode allows,
-    and padding the channels to multiples of 16 adds at most 50% multiplies
-    (pad16(Ci)*pad16(Co) <= 1.5*Ci*Co: a 5-channel layer would do 10x the work blocked)."""
-    if mode == NCHW or algorithm is None or groups != 1:
-        return NCHW
+    and padding the channels to multiples of 16 adds at most 50% work: pad16(Ci)*pad16(Co) <=
+    1.5*Ci*Co for a dense conv (a 5-channel layer would do 10x the work blocked); for depthwise and
+    grouped convs, whose work grows with each padded count separately, pad16(C) <= 1.5*C for the
+    input and the output channels."""
     from ..kernels.conv import NCHWC_ALGORITHMS
-    pad = lambda c: -(-c // LANES) * LANES  # noqa: E731
-    if pad(ci) * pad(co) > MAX_PAD_WASTE * ci * co:
+    if mode == NCHW or algorithm is None or algorithm not in NCHWC_ALGORITHMS:
         return NCHW
-    return NCHWC if algorithm in NCHWC_ALGORITHMS else NCHW
+    pad = lambda c: -(-c // LANES) * LANES  # noqa: E731
+    if algorithm in GROUPED_BLOCKED:
+        return NCHWC if max(pad(ci) / ci, pad(co) / co) <= MAX_PAD_WASTE else NCHW
+    if groups != 1 or pad(ci) * pad(co) > MAX_PAD_WASTE * ci * co:
+        return NCHW
+    return NCHWC
+
+
+def conv_transpose_layout(mode: str, ci: int, co: int) -> str:
+    """The layout of a conv_transpose2d on the phase kernel (kernels/conv/transpose.py): nchwc
+    unless the mode says nchw or padding the channels adds more than 50% multiplies."""
+    pad = lambda c: -(-c // LANES) * LANES  # noqa: E731
+    return NCHW if mode == NCHW or pad(ci) * pad(co) > MAX_PAD_WASTE * ci * co else NCHWC
 
 
 def blocked_shape(shape) -> tuple[int, ...]:
@@ -87,7 +100,7 @@ def _blocked_output_pays(ins: Instruction, program: list[Instruction]) -> bool:
     co = ins.output.shape[1]
     if -(-co // LANES) * LANES > MAX_PAD_WASTE * co:
         return False
-    blocked = lambda r: r.kernel == "conv2d" and r.params.get("layout") == NCHWC  # noqa: E731
+    blocked = lambda r: r.kernel in CONVS and r.params.get("layout") == NCHWC  # noqa: E731
     for r in _readers(ins.output.name, program):
         if blocked(r) or (r.kernel in BLOCKED_FORM and r.kernel not in BLOCKED_TO_NCHW
                           and any(blocked(q) for q in _readers(r.output.name, program))):
@@ -138,7 +151,7 @@ def _choose(program: list[Instruction]) -> list[tuple[str, str]]:
         if k == "conv2d" and ins.params.get("has_input_scale"):
             # a 1x1 conv with a squeeze-excitation scale follows its input (kernels/se_conv.py)
             lin = lout = produced.get(ins.inputs[0].name, NCHW)
-        elif k == "conv2d":
+        elif k in CONVS:
             lin = lout = ins.params.get("layout", NCHW)
             if lin == NCHW and _blocked_output_pays(ins, program):
                 lout = NCHWC

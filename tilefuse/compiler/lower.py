@@ -64,7 +64,7 @@ def lower(net: Network, conv_rule=None) -> Lowered:
     for idx, op in enumerate(net.ops):
         params = dict(op.params)
         inputs = list(op.inputs)
-        if op.op == "conv2d" and conv_rule is not None:
+        if op.op in ("conv2d", "conv_transpose2d") and conv_rule is not None:
             extra = conv_rule(op)
             if extra is not None:
                 add_params, prepared = extra

@@ -252,8 +252,25 @@ def _prepared_im2col(w, groups, layout):
     return out
 
 
+def _prepared_depthwise(w, groups, layout):
+    co, _, kh, kw = w   # depthwise.prepare: one form for both layouts; "src" for a channel multiplier > 1
+    out = {"weight": (-(-co // LANES), kh, kw, LANES), "bias": (_ceil16(co),)}
+    if co != groups:
+        out["src"] = (_ceil16(co),)
+    return out
+
+
+def _prepared_grouped(w, groups, layout):
+    from ..kernels.conv.planner import grouped_bundle
+    co, cg, kh, kw = w  # grouped.prepare: the block groups' dense tiles, one form for both layouts
+    _, cbg, obg, gp = grouped_bundle(cg * groups, co, groups)
+    return {"weight": (gp, obg, cbg, kh, kw, LANES, LANES), "bias": (gp * obg * LANES,)}
+
+
 # algorithm -> fn(weight_shape, groups, layout) -> {role: shape}: the constants conv2d_prepare makes
 PREPARED: dict[str, Callable] = {
+    "depthwise": _prepared_depthwise,
+    "grouped": _prepared_grouped,
     "gemm1x1": _prepared_gemm1x1,
     "direct": _prepared_direct,
     "winograd2": _prepared_winograd(2),
@@ -320,8 +337,8 @@ def validate_conv2d(ins) -> None:
     if keys is None or list(keys) != expect_keys:
         _fail(f"parameter prepared={keys!r}; expected {tuple(expect_keys)}")
     if lay == "nchwc" or out_lay == "nchwc":
-        if g != 1:
-            _fail(f"groups={g} in NCHW16c; expected 1")
+        if g != 1 and not (lay == "nchwc" and alg in ("depthwise", "grouped")):
+            _fail(f"groups={g} in NCHW16c with algorithm {alg!r}; expected 1 (or a depthwise / grouped algorithm)")
         if lay == "nchwc" and alg not in NCHWC_ALGORITHMS:
             _fail(f"algorithm {alg!r} has no NCHW16c form; expected one of {NCHWC_ALGORITHMS}")
         if out_lay == "nchwc" and alg != "im2col":
@@ -515,5 +532,67 @@ def blocked_op_validator(op: str, layouts=("nchw",)) -> Callable:
 
 for _k in ("activation", "prelu", "add", "sub", "mul", "div", "resize", "pad", "slice", "concat", "channel_norm"):
     VALIDATORS[_k] = blocked_op_validator(_k, _layouts(_k))
-for _k in ("mean", "sum", "reshape", "permute", "layer_norm", "adaptive_avg_pool", "conv_transpose2d"):
+for _k in ("mean", "sum", "reshape", "permute", "layer_norm", "adaptive_avg_pool"):
     VALIDATORS[_k] = op_validator(_k, _layouts(_k))
+
+
+_validate_convt_reference = op_validator("conv_transpose2d", _layouts("conv_transpose2d"))
+
+
+def validate_conv_transpose2d(ins) -> None:
+    """conv_transpose2d: the reference form (x, weight, bias?), or the phase kernel's
+    (kernels/conv/transpose.py; params algorithm "phase", prepared, weight_shape, layout?):
+    x, its prepared weight (KH, KW, OP, Cip, 32) and bias (OP*32,), NCHW or NCHW16c; every shape
+    re-derived from weight_shape and the IR's shape inference."""
+    p = dict(ins.params)
+    if "algorithm" not in p:
+        _validate_convt_reference(ins)
+        return
+    check_bounded(p)
+    node = ins.output.name
+    extra = {"algorithm", "prepared", "weight_shape", "layout"}
+    own = {k: v for k, v in p.items() if k not in extra}
+    norm = _normalized("conv_transpose2d", node, own)
+    unknown = set(own) - set(norm)
+    if unknown:
+        _fail(f"unknown parameter(s) {sorted(unknown)}")
+    if p["algorithm"] != "phase":
+        _fail(f"conv_transpose2d algorithm {p['algorithm']!r}; expected 'phase'")
+    lay = p.get("layout", "nchw")
+    if lay not in ("nchw", "nchwc") or ("layout" in p and lay != "nchwc"):
+        _fail(f"layout={lay!r}; expected 'nchwc' when given")
+    ws = p.get("weight_shape")
+    if not (isinstance(ws, (tuple, list)) and len(ws) == 4
+            and all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= MAX_SPATIAL for d in ws)):
+        _fail(f"parameter weight_shape={ws!r}; expected (in channels, out channels / groups, kh, kw)")
+    ws = tuple(ws)
+    if list(p.get("prepared") or ()) != ["weight", "bias"]:
+        _fail(f"parameter prepared={p.get('prepared')!r}; expected ('weight', 'bias')")
+    if len(ins.inputs) != 3:
+        _fail(f"{len(ins.inputs)} input operands, expected 3 (x, weight, bias)")
+    if any(o.dtype != F32 for o in ins.operands):
+        _fail(f"operand dtypes {[str(o.dtype) for o in ins.operands]}; the phase kernel runs float32")
+    x = ins.inputs[0]
+    ci, g = ws[0], norm["groups"]
+    if lay == "nchwc":
+        xl = _unblock(x.shape, f"input '{x.name}'", None)
+        if xl[1] != _ceil16(ci):
+            _fail(f"input '{x.name}' has {xl[1] // LANES} channel blocks; weight_shape {ws} needs {_ceil16(ci) // LANES}")
+        xl = (xl[0], ci, xl[2], xl[3])
+    else:
+        xl = tuple(x.shape)
+    want = _infer("conv_transpose2d", node, [_T(x.name, xl, x.dtype), _T("weight", ws, x.dtype)],
+                  dict(norm, has_bias=False))
+    if lay == "nchwc":
+        want = blocked(want)
+    if tuple(ins.output.shape) != want:
+        _fail(f"output '{node}' has shape {ins.output.shape}; its inputs and parameters give {want}")
+    co, op = ws[1] * g, -(-(ws[1] * g) // 32)
+    for k, o, s in (("weight", ins.inputs[1], (ws[2], ws[3], op, _ceil16(ci), 32)), ("bias", ins.inputs[2], (op * 32,))):
+        if not _is_const(o):
+            _fail(f"prepared {k} '{o.name}' is not a constant")
+        if tuple(o.shape) != s:
+            _fail(f"prepared {k} '{o.name}' has shape {o.shape}; weight_shape {ws} with groups={g} needs {s}")
+
+
+VALIDATORS["conv_transpose2d"] = validate_conv_transpose2d

@@ -49,7 +49,16 @@ OUT_BLOCK = 32   # output channels per task: the tasks split a batch-1 layer ove
 
 
 def conv_transpose2d(out, x, w, *b, stride, padding, output_padding=(0, 0), dilation=(1, 1), groups=1,
-                     has_bias=False, relu=False, act=None, threads=None, **_):
+                     has_bias=False, relu=False, act=None, threads=None, algorithm=None, prepared=(), layout="nchw",
+                     **_):
+    if algorithm == "phase":
+        # compiled networks: the NCHW16c phase kernel (kernels/conv/transpose.py) on its prepared
+        # weights (they replaced w and b); layout "nchwc": x and out are blocked
+        from .conv import transpose
+        prep = dict(zip(prepared, (w,) + b))
+        run = transpose.run_nchwc if layout == "nchwc" else transpose.run
+        run(out, x, prep, stride=stride, padding=padding, dilation=dilation, relu=relu, act=act, threads=threads)
+        return
     if out.dtype != np.float32:
         out[...] = ref.conv_transpose2d(x, w, b[0] if has_bias else None, stride, padding, output_padding,
                                         dilation, groups, act=act if act is not None else

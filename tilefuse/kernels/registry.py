@@ -166,6 +166,8 @@ def threads_for(kernel: str, views, params: dict, threads):
             "nchwc" else int(np.prod(out)) // max(out[1], 1)
         prepared = params.get("prepared") or ()
         wsize = int(np.prod(shapes[1])) if prepared else 0
+        if params.get("algorithm") == "depthwise" and prepared:
+            wsize = int(np.prod(shapes[1][1:]))    # (Ob, KH, KW, 16): one block's taps per position
         if wsize and 2.0 * positions * wsize < SMALL_CONV_FLOPS:
             return 1
         return threads

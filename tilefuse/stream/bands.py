@@ -142,7 +142,8 @@ class KernelConvRunner(Runner):
                                               p["groups"], allow_winograd=allow_winograd)
         self.algorithm = algorithm
         # blocked: the NCHW16c kernels (conv2d_run_nchwc / direct_nchwc) on NCHW16c bands
-        self.blocked = bool(blocked) and algorithm in fast.NCHWC_ALGORITHMS and p["groups"] == 1
+        self.blocked = bool(blocked) and algorithm in fast.NCHWC_ALGORITHMS and (
+            p["groups"] == 1 or algorithm in ("depthwise", "grouped"))
         # native_in / native_out: reads / writes NCHW16c rings without a layout conversion
         self.native_in = self.blocked
         self.native_out = self.blocked or (bool(blocked) and algorithm == "im2col" and p["groups"] == 1)
