@@ -12,6 +12,8 @@ semantics of each runtime kernel:
     the Winograd algorithm itself with the stored transform U (unpacked from (alpha^2, OP, Cip,
     32); a plain numpy F(m x m, 3 x 3), so a package whose U is not G g G^T still has one answer);
   - to_nchwc / from_nchwc: zero-padded blocking / dropping the padded channels;
+  - the blocked kernels of issue 9 (params channels, in_channels): the op on the real channels,
+    padded lanes 0; an input-scaled 1x1 conv on its unblocked input.
   - a stream region (schedule="stream"): the header is skipped and each band instruction
     computes its op on whole logical tensors (its attrs, its constants), ignoring the steps and
     the rings: a ring's tensor is kept whole here, a whole tensor (sink, IO) lives in memory.
@@ -116,21 +118,24 @@ def _conv_prepared(ins, args):
     if blocked_in:
         if res is not None:
             y = y + _unblock(res)
-        if p["relu"]:
-            y = np.maximum(y, 0)
-        return _block(y.astype(np.float32))
+        return _block(_act(y, p).astype(np.float32))
     if out_lay == "nchwc":
         y = y[:, :co]
         if res is not None:
             y = y + _unblock(res)[:, :co]
-        if p["relu"]:
-            y = np.maximum(y, 0)
-        return _block(y.astype(np.float32), ins.output.shape[1])   # padded lanes written as 0
+        return _block(_act(y, p).astype(np.float32), ins.output.shape[1])   # padded lanes written as 0
     if res is not None:
         y = y + res
-    if p["relu"]:
-        y = np.maximum(y, 0)
-    return y.astype(np.float32)
+    return _act(y, p).astype(np.float32)
+
+
+def _act(y, p):
+    """The conv's fused activation (params act; relu=True is act relu)."""
+    act = p.get("act")
+    if act is None or act[0] in ("identity", "relu"):
+        return np.maximum(y, 0) if p.get("relu") else y
+    from tilefuse.kernels.activations import reference as act_ref
+    return act_ref(act[0], y, act[1], act[2])
 
 
 def kernel_reference(ins, args):
@@ -145,6 +150,20 @@ def kernel_reference(ins, args):
     lay = p.pop("layout", "nchw")
     p.pop("algorithm", None)
     s = schema(k)
+    if lay == "nchwc" and "in_channels" in p:
+        # the issue-9 blocked kernels: computed on the real channels (in_channels, channels), the
+        # padded lanes of the result written 0; a 4-D operand is a per-channel NCHW one
+        inch, c = list(p.pop("in_channels")), p.pop("channels")
+        it = iter(inch)
+        xs = [_unblock(a)[:, :next(it)] if a.ndim == 5 else a for a in args]
+        return _block(s.reference(*xs, **p)[:, :c])
+    if k == "conv2d" and p.get("has_input_scale") and lay == "nchwc":
+        w = args[1]
+        xs = [_unblock(args[0])[:, :w.shape[1]]] + list(args[1:])
+        if p["has_residual"]:
+            i = 2 + int(p["has_bias"])
+            xs[i] = _unblock(xs[i])[:, :w.shape[0]]
+        return _block(s.reference(*xs, **p))
     if lay == "nchwc":
         if k == "scale":
             x, a, b = args

@@ -20,6 +20,8 @@ TOL = {
     "gemm1x1": 1e-4,
     "direct": 1e-4,
     "im2col": 1e-4,
+    "depthwise": 1e-4,   # same products, taps summed kh then kw (tests/test_depthwise.py covers it fully)
+    "grouped": 1e-4,     # the direct kernel per block group (zero weights between groups add +0)
     # transforms with coefficients up to 1 (B, A) / 1/2 (G) add a few roundings per output
     "winograd2": 1e-3,
     # F(4,3): coefficients up to 8 in A^T and 5 in B^T amplify rounding ~10x (docs/kernels.md)
@@ -122,6 +124,8 @@ def test_every_algorithm_is_covered():
 def test_epilogues(alg, epi):
     shape = ("epi", 2, 20, 10, 11, 24, 1 if alg == "gemm1x1" else 3, 1, (0, 0, 0, 0) if alg == "gemm1x1" else
              (1, 1, 1, 1), 1, 1)
+    if alg in GROUPED_SHAPES:
+        shape = GROUPED_SHAPES[alg]
     x, wt, b, res, relu, kw, want = _case(shape, epi, seed=1)
     _check(alg, _run(alg, x, wt, b, res, relu, kw), want)
 
@@ -132,7 +136,12 @@ THREAD_SHAPES = {
     "winograd2": ("t", 3, 40, 23, 21, 40, 3, 1, (1, 1, 1, 1), 1, 1),
     "winograd4": ("t", 3, 40, 33, 29, 40, 3, 1, (1, 1, 1, 1), 1, 1),
     "im2col": ("t", 3, 32, 23, 21, 48, 3, 1, (1, 1, 1, 1), 1, 2),
+    "depthwise": ("t", 3, 40, 23, 21, 40, 3, 1, (1, 1, 1, 1), 1, 40),
+    "grouped": ("t", 3, 32, 23, 21, 48, 3, 1, (1, 1, 1, 1), 1, 2),
 }
+# the grouped algorithms' epilogue shapes (groups == C_in; block groups of 2 x 16 in, 3 x 16 out)
+GROUPED_SHAPES = {"depthwise": ("epi", 2, 20, 10, 11, 20, 3, 1, (1, 1, 1, 1), 1, 20),
+                  "grouped": ("epi", 2, 32, 10, 11, 48, 3, 1, (1, 1, 1, 1), 1, 2)}
 
 
 @pytest.mark.parametrize("alg", ALGORITHMS)
@@ -186,8 +195,8 @@ def test_select_algorithm():
         assert select_algorithm(xs, ws, *one, allow_winograd=False) == "direct"
     for xs, ws in RESNET_1X1:
         assert select_algorithm(xs, ws, (1, 1), (0, 0, 0, 0), (1, 1), 1) == "gemm1x1"
-    assert select_algorithm((1, 32, 8, 8), (32, 1, 3, 3), *one[:3], 32) == "im2col"
-    assert select_algorithm((1, 32, 8, 8), (64, 16, 3, 3), *one[:3], 2) == "im2col"
+    assert select_algorithm((1, 32, 8, 8), (32, 1, 3, 3), *one[:3], 32) == "depthwise"
+    assert select_algorithm((1, 32, 8, 8), (64, 16, 3, 3), *one[:3], 2) == "grouped"
     assert select_algorithm((1, 64, 9, 9), (64, 64, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1) in ("direct", "im2col")
     assert "winograd4" not in candidates((1, 64, 9, 9), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1), (2, 2), 1)
 
@@ -236,7 +245,7 @@ NCHWC_CASES = [(shape, alg, EPILOGUES[i % 4]) for i, (shape, alg, _) in enumerat
 def test_nchwc_forms_against_reference(shape, alg, epi):
     """Unpadded blocked input, blocked output; padded output channels must come out zero."""
     x, wt, b, res, relu, kw, want = _case(shape, epi)
-    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], 1, layout="nchwc")
+    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], layout="nchwc")
     ob = np.full(nchwc_shape(want.shape), np.nan, np.float32)
     conv2d_run_nchwc(alg, ob, to_nchwc(x), prep, to_nchwc(res) if res is not None else None, relu=relu, **kw)
     co = want.shape[1]
@@ -247,7 +256,7 @@ def test_nchwc_forms_against_reference(shape, alg, epi):
 @pytest.mark.parametrize("alg", NCHWC_ALGORITHMS)
 def test_nchwc_one_and_two_threads_bitwise_identical(alg):
     x, wt, b, res, relu, kw, _ = _case(THREAD_SHAPES[alg], "bias_res_relu", seed=2)
-    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], 1, layout="nchwc")
+    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], layout="nchwc")
     outs = []
     for t in (1, 2):
         ob = np.empty(nchwc_shape((x.shape[0], wt.shape[0]) + _out_hw(x, wt, kw)), np.float32)

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import GraphError
 from ..ir import Network
 from .algorithms import choose_algorithms
-from .layout import NCHW, assign_layouts, check_layouts, conv_layout
+from .layout import NCHW, assign_layouts, check_layouts, conv_layout, conv_transpose_layout
 from .lower import Lowered, lower, with_program
 from .memory import MemoryPlan, plan_hidden
 from .package import DataPackage, reoff_pack, save_package, validate_package
@@ -195,10 +195,14 @@ def _conv_rule(layout_mode: str):
     from ..kernels import conv as fast
 
     def rule(op):
-        algo = op.params.get("algorithm", "reference")
+        x, w, p = op.inputs[0], op.inputs[1], op.params
+        if x.dtype != np.float32 or p.get("has_input_scale"):
+            return None   # an input-scaled conv (fused squeeze-excitation) runs kernels/se_conv.py
+        if op.op == "conv_transpose2d":
+            return _conv_transpose_rule(op, layout_mode)
+        algo = p.get("algorithm", "reference")
         if algo == "reference":
             return None
-        x, w, p = op.inputs[0], op.inputs[1], op.params
         layout = conv_layout(algo, layout_mode, x.shape[1], w.shape[0], p["groups"])
         b = op.inputs[2].value if p["has_bias"] else None
         prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
@@ -208,6 +212,21 @@ def _conv_rule(layout_mode: str):
             params["layout"] = layout
         return params, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}
     return rule
+
+
+def _conv_transpose_rule(op, layout_mode: str):
+    """conv_transpose2d: the NCHW16c phase kernel (kernels/conv/transpose.py) when it applies
+    (groups <= transpose.MAX_DENSE_GROUPS), else None (the NCHW GEMM + col2im kernel)."""
+    from ..kernels.conv import transpose
+    x, w, p = op.inputs[0], op.inputs[1], op.params
+    if not transpose.applies(p["groups"]):
+        return None
+    layout = conv_transpose_layout(layout_mode, x.shape[1], op.outputs[0].shape[1])
+    prepared = transpose.prepare(w.value, op.inputs[2].value if p["has_bias"] else None, p["groups"])
+    params = {"algorithm": "phase", "weight_shape": tuple(int(d) for d in w.shape)}  # for validation
+    if layout != NCHW:
+        params["layout"] = layout
+    return params, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}
 
 
 SCHEDULES = ("layer", "stream")

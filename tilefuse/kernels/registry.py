@@ -19,8 +19,15 @@ from . import reference as ref
 
 
 def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu=False, act=None,
-            algorithm="reference", prepared=(), threads=None, layout="nchw", out_layout=None, **_):
+            algorithm="reference", prepared=(), threads=None, layout="nchw", out_layout=None,
+            has_input_scale=False, **_):
     args = list(args)
+    if has_input_scale:   # a fused squeeze-excitation scale: the compiler left it on the plain path
+        from .se_conv import conv2d_input_scaled
+        conv2d_input_scaled(out, x, *args, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                            has_bias=has_bias, has_residual=has_residual, relu=relu, act=act, threads=threads,
+                            layout=layout)
+        return
     if layout == "nchw" and out_layout == "nchwc":
         from .conv import conv2d_run_to_nchwc
         prep = {k: args.pop(0) for k in prepared}
@@ -110,7 +117,6 @@ KERNELS = {
     "dropout": _copy_reshape,
     "softmax": dense.softmax,
     "local_response_norm": _wrap(ref.local_response_norm),
-    "concat": _wrap(lambda *xs, axis: ref.concat(*xs, axis=axis)),
     "to_nchwc": _to_nchwc,
     "from_nchwc": _from_nchwc,
     # the row-band schedule: a region header and one band instruction per streamed layer
@@ -128,6 +134,18 @@ BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
 # kernels that take the session's thread count as params["threads"]
 THREADED = {"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
             "from_nchwc", "linear"}
+
+# the modern-CNN ops (issue 9), one module per op family, each with its KERNELS, THREADED and
+# BLOCKED (the kernels with an NCHW16c form); their validators are in compiler/validate.py
+from . import broadcast, conv_transpose, movement, norm, reduce, resize  # noqa: E402
+
+for _m in (broadcast, conv_transpose, movement, norm, reduce, resize):
+    KERNELS.update(_m.KERNELS)      # "add" (any broadcasting, any activation) and "concat" included
+    THREADED |= _m.THREADED
+    BLOCKED_FORM = BLOCKED_FORM | _m.BLOCKED
+# kernels that apply a fused activation (params "act") themselves; lowering emits a separate
+# activation instruction after any other kernel whose op carries a non-ReLU activation
+ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"}
 
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
 # Session._bind calls `bind(kernel, views, params)` once per instruction: it returns the callable
@@ -157,6 +175,8 @@ def threads_for(kernel: str, views, params: dict, threads):
             "nchwc" else int(np.prod(out)) // max(out[1], 1)
         prepared = params.get("prepared") or ()
         wsize = int(np.prod(shapes[1])) if prepared else 0
+        if params.get("algorithm") == "depthwise" and prepared:
+            wsize = int(np.prod(shapes[1][1:]))    # (Ob, KH, KW, 16): one block's taps per position
         if wsize and 2.0 * positions * wsize < SMALL_CONV_FLOPS:
             return 1
         return threads

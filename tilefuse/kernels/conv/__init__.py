@@ -5,7 +5,8 @@ callable that runs the layer with its task grid fixed for the thread count; the 
 every conv instruction that way (kernels/registry.bind). The per-call entry points below
 (arrays NCHW float32 C-contiguous, `out` preallocated) check their arguments on every call:
 
-    ALGORITHMS                                   names: gemm1x1, direct, winograd2, winograd4, im2col
+    ALGORITHMS                                   names: gemm1x1, direct, winograd2, winograd4, im2col,
+                                                 depthwise, grouped
     select_algorithm(x_shape, w_shape, stride, padding, dilation, groups, allow_winograd=True) -> str
     conv2d_prepare(algorithm, w, b, stride, padding, dilation, groups) -> dict[str, np.ndarray]
         compile-time weight packing/transform; {"weight": float32 array, "bias": float32 array}
@@ -20,18 +21,22 @@ tilefuse.kernels.reference.conv2d, the spec).
 The blocked layout the compiler keeps between layers (NCHW16c: (N, ceil(C/16), H, W, 16), padded
 channels zero, no spatial padding):
 
-    NCHWC_ALGORITHMS                             gemm1x1, direct, winograd2, winograd4
+    NCHWC_ALGORITHMS                             gemm1x1, direct, winograd2, winograd4, depthwise, grouped
     conv2d_prepare(algorithm, ..., layout="nchwc")   channel-padded weights and bias
     conv2d_run_nchwc(algorithm, out_b, x_b, prepared, residual_b=None, *, stride, padding,
                      dilation, relu=False, act=None, threads=None)
     to_nchwc / from_nchwc                        conversions (to_nchwc can also pad spatially)
     direct_nchwc                                 direct conv on an already padded blocked input
+
+Grouped convs: `depthwise` (groups == C_in, any multiplier; depthwise.py) and `grouped`
+(1 < groups < C_in, block groups of the direct kernel; grouped.py) are NCHW16c kernels (their NCHW
+entry points block the input and unblock the output around them); im2col runs every grouped conv.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from tilefuse.kernels.conv import direct, gemm1x1, im2col, k1x1, stem, winograd
+from tilefuse.kernels.conv import depthwise, direct, gemm1x1, grouped, im2col, k1x1, stem, winograd
 from tilefuse.kernels.conv.direct import direct_nchwc
 from tilefuse.kernels.conv.epilogue import resolve_act
 from tilefuse.kernels.conv.front import NCHWC_ALGORITHMS, BoundConv, bind
@@ -72,6 +77,10 @@ def conv2d_prepare(algorithm, w, b, stride, padding, dilation, groups, layout="n
             return k1x1.prepare(w, b)  # numba NCHW16c kernel (gemm1x1.prepare_nchwc: the BLAS form)
     if algorithm == "gemm1x1":
         return gemm1x1.prepare(w, b)
+    if algorithm == "depthwise":
+        return depthwise.prepare(w, b, groups)   # one form for both layouts (NCHW runs it blocked)
+    if algorithm == "grouped":
+        return grouped.prepare(w, b, groups)     # the same
     if algorithm == "direct":
         return direct.prepare(w, b)
     if algorithm in ("winograd2", "winograd4"):
@@ -104,6 +113,12 @@ def conv2d_run(algorithm, out, x, prepared, residual=None, *, stride, padding, d
     elif algorithm == "im2col":
         im2col.run(out, x, prepared, residual, stride=stride, padding=padding, dilation=dilation, groups=groups,
                    act=act, threads=threads)
+    elif algorithm == "depthwise":
+        depthwise.run(out, x, prepared, residual, stride=stride, padding=padding, dilation=dilation, act=act,
+                      threads=threads)
+    elif algorithm == "grouped":
+        grouped.run(out, x, prepared, residual, stride=stride, padding=padding, dilation=dilation, act=act,
+                    threads=threads)
     else:
         raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
@@ -141,9 +156,16 @@ def conv2d_run_nchwc(algorithm, out_b, x_b, prepared, residual_b=None, *, stride
     if residual_b is not None and residual_b.shape != out_b.shape:
         raise ValueError(f"conv2d_run_nchwc({algorithm}): residual shape {residual_b.shape} != output shape "
                          f"{out_b.shape}")
-    if groups != 1:
-        raise ValueError(f"conv2d_run_nchwc({algorithm}): groups={groups}; the NCHWc forms need groups=1")
-    if algorithm == "gemm1x1":
+    if groups != 1 and algorithm not in ("depthwise", "grouped"):
+        raise ValueError(f"conv2d_run_nchwc({algorithm}): groups={groups}; the NCHWc forms of {algorithm} need "
+                         f"groups=1 (grouped convs run 'depthwise' or 'grouped')")
+    if algorithm == "depthwise":
+        depthwise.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, padding=padding, dilation=dilation,
+                            act=act, threads=threads)
+    elif algorithm == "grouped":
+        grouped.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, padding=padding, dilation=dilation,
+                          act=act, threads=threads)
+    elif algorithm == "gemm1x1":
         k1x1.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, act=act, threads=threads)
     elif algorithm == "direct":
         direct.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, padding=padding, dilation=dilation,

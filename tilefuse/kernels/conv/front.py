@@ -14,7 +14,7 @@ shows). The runtime binds every conv instruction once (kernels/registry.bind); t
 entry points (conv2d_run, conv2d_run_nchwc, conv2d_run_to_nchwc) stay for direct callers.
 
 Forms: "nchw" (NCHW in and out, every algorithm), "nchwc" (NCHW16c in and out: gemm1x1, direct,
-winograd2, winograd4) and "nchw>nchwc" (NCHW in, NCHW16c out: im2col, groups 1; the stem kernel
+winograd2, winograd4, depthwise, grouped) and "nchw>nchwc" (NCHW in, NCHW16c out: im2col, groups 1; the stem kernel
 when the input has <= 4 channels and its packed weights are among the prepared constants).
 """
 from __future__ import annotations
@@ -22,13 +22,14 @@ from __future__ import annotations
 import numpy as np
 
 from tilefuse.kernels.activations import NAMES
-from tilefuse.kernels.conv import direct, gemm1x1, im2col, k1x1, stem, winograd
+from tilefuse.kernels.conv import depthwise, direct, gemm1x1, grouped, im2col, k1x1, stem, winograd
 from tilefuse.kernels.conv.epilogue import resolve_act
 from tilefuse.kernels.conv.planner import layer_plan
 from tilefuse.kernels.conv.select import ALGORITHMS, candidates
 from tilefuse.kernels.threads import resolve_threads
 
-NCHWC_ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4")
+NCHWC_ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4", "depthwise", "grouped")
+GROUPED_BLOCKED = ("depthwise", "grouped")   # NCHW16c forms of grouped convs
 FORMS = ("nchw", "nchwc", "nchw>nchwc")
 
 
@@ -103,8 +104,9 @@ def bind(algorithm, x_shape, out_shape, prepared, *, stride, padding, dilation, 
         raise ValueError(f"{where}: layout {layout!r} -> {out_layout!r} unknown; expected one of {FORMS}")
     if np.dtype(dtype) != np.float32:
         raise ValueError(f"{where}: the fast kernels take float32, found {np.dtype(dtype)}")
-    if form == "nchwc" and (algorithm not in NCHWC_ALGORITHMS or groups != 1):
-        raise ValueError(f"{where}: no NCHWc form with groups={groups}; NCHWc algorithms: {NCHWC_ALGORITHMS}, groups 1")
+    if form == "nchwc" and (algorithm not in NCHWC_ALGORITHMS or (groups != 1 and algorithm not in GROUPED_BLOCKED)):
+        raise ValueError(f"{where}: no NCHWc form with groups={groups}; NCHWc algorithms: {NCHWC_ALGORITHMS}, groups 1 "
+                         f"(grouped convs: {GROUPED_BLOCKED})")
     if form == "nchw>nchwc" and (algorithm != "im2col" or groups != 1):
         raise ValueError(f"{where}: NCHW -> NCHW16c only with im2col, groups 1; found groups={groups}")
     shapes = {k: tuple(getattr(v, "shape", v)) for k, v in prepared.items()}
@@ -115,6 +117,9 @@ def bind(algorithm, x_shape, out_shape, prepared, *, stride, padding, dilation, 
             raise ValueError(f"{where}: {name} has shape {s}, expected NCHW16c (N, C/16, H, W, 16)")
         if not blocked and len(s) != 4:
             raise ValueError(f"{where}: {name} has shape {s}, expected NCHW (N, C, H, W)")
+    if algorithm in GROUPED_BLOCKED:
+        return _bind_grouped(algorithm, form, x_shape, out_shape, shapes, stride, padding, dilation, groups,
+                             has_residual, relu, act, threads, where)
     cg, kh, kw = _kernel_hw(algorithm, shapes, where)
     n, h, w = x_shape[0], x_shape[2], x_shape[3]
     ci = x_shape[1] * 16 if blocked_in else x_shape[1]
@@ -149,6 +154,57 @@ def bind(algorithm, x_shape, out_shape, prepared, *, stride, padding, dilation, 
     lp["activation"] = NAMES[act[0]]
     run = _runner(algorithm, form, use_stem, plan, act, t, stride, padding, dilation, groups)
     return BoundConv(algorithm, form, t, lp, run)
+
+
+def _bind_grouped(algorithm, form, x_shape, out_shape, shapes, stride, padding, dilation, groups, has_residual,
+                  relu, act, threads, where) -> BoundConv:
+    """bind for depthwise / grouped: their prepared weights carry the block structure (the real
+    channel counts are not in the padded NCHW16c shapes, so the checks are on blocks)."""
+    w, bias = shapes.get("weight"), shapes.get("bias")
+    blocked = form == "nchwc"
+    for name, s in (("x", x_shape), ("out", out_shape)):
+        if len(s) != (5 if blocked else 4) or (blocked and s[-1] != 16):
+            raise ValueError(f"{where}: {name} has shape {s}, expected "
+                             f"{'NCHW16c (N, C/16, H, W, 16)' if blocked else 'NCHW (N, C, H, W)'}")
+    n, h, wd = x_shape[0], x_shape[2], x_shape[3]
+    xb = x_shape[1] if blocked else -(-x_shape[1] // 16)
+    ob = out_shape[1] if blocked else -(-out_shape[1] // 16)
+    if algorithm == "depthwise":
+        if w is None or len(w) != 4 or w[3] != 16:
+            raise ValueError(f"{where}: depthwise weight has shape {w}, expected (Ob, KH, KW, 16)")
+        _, kh, kw, _ = w
+        mult = "src" in shapes
+        if w[0] != ob or (not mult and xb != ob) or -(-groups // 16) != xb:
+            raise ValueError(f"{where}: weight {w} with groups={groups} does not fit input {x_shape} / output "
+                             f"{out_shape} (depthwise: groups = C_in, {'Ob' if mult else 'Cb = Ob'} blocks)")
+    else:
+        if w is None or len(w) != 7 or w[5:] != (16, 16):
+            raise ValueError(f"{where}: grouped weight has shape {w}, expected (G', Obg, Cbg, KH, KW, 16, 16)")
+        gp, obg, cbg, kh, kw = w[:5]
+        if not (gp - 1) * cbg < xb <= gp * cbg or not (gp - 1) * obg < ob <= gp * obg:
+            raise ValueError(f"{where}: weight {w} covers {gp * cbg} input / {gp * obg} output blocks, tensors have "
+                             f"{xb} / {ob}")
+    if bias is None or len(bias) != 1 or bias[0] < ob * 16:
+        raise ValueError(f"{where}: prepared bias has shape {bias}, expected at least ({ob * 16},)")
+    ho = (h + padding[0] + padding[1] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + padding[2] + padding[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    expect = (n, out_shape[1], ho, wo) + ((16,) if blocked else ())
+    if tuple(out_shape) != expect or ho < 1 or wo < 1:
+        raise ValueError(f"{where}: out has shape {out_shape}, expected {expect} (input {x_shape}, kernel {kh}x{kw}, "
+                         f"stride {stride}, padding {padding}, dilation {dilation})")
+    act = resolve_act(relu, act, where)
+    t = resolve_threads(threads)
+    ci, co = xb * 16, ob * 16
+    cg = 1 if algorithm == "depthwise" else max(1, ci // groups)
+    lp = layer_plan(algorithm, (n, ci, h, wd), (co, cg, kh, kw), (n, co, ho, wo), groups, stride, padding, dilation,
+                    "nchwc" if blocked else "nchw", t)
+    lp.pop("plan")
+    lp["activation"] = NAMES[act[0]]
+    mod = depthwise if algorithm == "depthwise" else grouped
+    f = mod.run_nchwc if blocked else mod.run
+    return BoundConv(algorithm, form, t, lp,
+                     lambda o, x, p, r: f(o, x, p, r, stride=stride, padding=padding, dilation=dilation, act=act,
+                                          threads=t))
 
 
 def _runner(algorithm, form, use_stem, plan, act, t, stride, padding, dilation, groups):

@@ -358,6 +358,84 @@ def plan_im2col(k: int, wo: int, ho: int) -> dict:
     return {"rows": max(1, min(ho, r))}
 
 
+# depthwise (depthwise.py) ---------------------------------------------------------------------
+
+DW_PAD_MAX_POSITIONS = 28 * 28
+
+
+def plan_depthwise_padded(ho: int, wo: int) -> bool:
+    """Small maps run on a zero-bordered copy of their input rows (see depthwise._dw_task): shape-only rule."""
+    return ho * wo <= DW_PAD_MAX_POSITIONS
+
+
+DW_TASK_VFMAS = 1 << 15      # depthwise work per task in vector FMAs on one thread (~20 us on one core)
+DW_TASK_MIN_VFMAS = 1 << 12  # smallest depthwise task worth handing to a thread (~3 us)
+
+
+def plan_depthwise_tasks(n: int, ob: int, ho: int, wo: int, taps: int, threads: int = 1) -> list[tuple[int, int, int, int, int]]:
+    """(image, ob0, ob1, oh0, oh1) tasks of about `target` vector FMAs: DW_TASK_VFMAS on one thread,
+    down to DW_TASK_MIN_VFMAS so that `threads` threads get ~3 tasks each. A channel block's map
+    larger than the target is split into row bands (window level); smaller maps (7x7, 14x14) are
+    bundled, several channel blocks per task (a row split would re-copy the padded band's halo).
+    The split never changes a result: every output value is computed by the same code in the same
+    order whichever task holds it (bitwise identical for every thread count)."""
+    total = n * ob * ho * wo * taps
+    target = max(DW_TASK_MIN_VFMAS, min(DW_TASK_VFMAS, total // (3 * max(1, threads)) + 1))
+    plane = ho * wo * taps
+    if plane > target:
+        rows = max(1, math.ceil(target / (wo * taps)))
+        rows = -(-ho // -(-ho // rows))          # equal bands
+        return [(i, b, b + 1, r, min(r + rows, ho)) for i in range(n) for b in range(ob) for r in range(0, ho, rows)]
+    g = max(1, target // plane)
+    g = -(-ob // -(-ob // g))                    # equal groups
+    return [(i, b, min(b + g, ob), 0, ho) for i in range(n) for b in range(0, ob, g)]
+
+
+# grouped (grouped.py) --------------------------------------------------------------------------
+
+def grouped_bundle(cin: int, cout: int, groups: int) -> tuple[int, int, int, int]:
+    """(L, Cbg, Obg, G'): groups per block group, input / output blocks per block group, block groups."""
+    cg, og = cin // groups, cout // groups
+    lcm = lambda a, b: a * b // math.gcd(a, b)  # noqa: E731
+    L = lcm(16 // math.gcd(16, cg), 16 // math.gcd(16, og))
+    return L, L * cg // 16, L * og // 16, -(-groups // L)
+
+
+def _row_bands(ho, rows):
+    return [(r0, min(r0 + rows, ho)) for r0 in range(0, ho, rows)]
+
+
+def plan_grouped_rows(cbg, obg, kh, kw, stride, dilation, ho, wo, wp, padded) -> int:
+    """Row band height: the direct planner's for one block group, planned for one thread (so the
+    tasks depend on the shape only)."""
+    return plan_direct(cbg, kh, dilation[0], stride[0], ho, wp, wo=wo, ob=obg, kw=kw, padded=padded)["rows"]
+
+
+GROUPED_TASK_FLOPS = 4e6        # block groups per task: about this much work (a task call costs ~5-10 us)
+
+
+def plan_grouped_tasks(n, gp, cbg, obg, kh, kw, ho, wo, rows) -> list[tuple[int, int, int, int, int]]:
+    """(image, j0, j1, r0, r1) from the shape only: row bands of the direct planner, block groups
+    bundled until a task does about GROUPED_TASK_FLOPS."""
+    per = 2.0 * rows * wo * obg * cbg * 256 * kh * kw
+    k = max(1, min(gp, int(GROUPED_TASK_FLOPS // max(per, 1.0))))
+    k = -(-gp // -(-gp // k))                           # equal bundles
+    return [(i, j, min(j + k, gp), r0, r1) for i in range(n) for j in range(0, gp, k) for (r0, r1) in _row_bands(ho, rows)]
+
+
+def describe_grouped(x_shape, w_shape, out_shape, groups, stride, padding, dilation) -> dict:
+    """Partitioning and tiles for `compiled.plan()` (NCHW shapes)."""
+    n, ci, h, w = x_shape
+    co, cg, kh, kw = w_shape
+    ho, wo = out_shape[2], out_shape[3]
+    L, cbg, obg, gp = grouped_bundle(ci, co, groups)
+    rows = plan_grouped_rows(cbg, obg, kh, kw, stride, dilation, ho, wo, w + padding[2] + padding[3],
+                 tuple(padding) != (0, 0, 0, 0))
+    tasks = plan_grouped_tasks(n, gp, cbg, obg, kh, kw, ho, wo, rows)
+    return {"partitioning": "groups x rows", "tasks": len(tasks),
+            "tiles": {"L": L, "Cbg": cbg, "Obg": obg, "rows": rows, "groups/task": max(t[2] - t[1] for t in tasks)}}
+
+
 def layer_plan(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1), padding=(0, 0, 0, 0),
                dilation=(1, 1), layout: str = "nchwc", threads: int = 1, out_layout: str | None = None) -> dict:
     """The plan a conv layer runs with on `threads` threads: {"partitioning", "tasks", "tiles" (the
@@ -397,6 +475,14 @@ def layer_plan(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, str
         p = plan_stem(ci, kh, kw, stride[0], dilation[0], ho, wo, w + padding[2] + padding[3], n, cop // 16, t)
         return dict(out, partitioning=p["partitioning"] + " (stem kernel)", tasks=p["tasks"],
                     tiles={"rows": p["rows"]}, plan=p)
+    if algorithm == "depthwise":
+        tasks = plan_depthwise_tasks(n, -(-co // 16), ho, wo, kh * kw, t)
+        rows = max(q[4] - q[3] for q in tasks)
+        blocks = max(q[2] - q[1] for q in tasks)
+        return dict(out, partitioning="rows split" if rows < ho else "blocks split", tasks=len(tasks),
+                    tiles={"RB": 8, "rows": rows, "blocks": blocks, "padded": plan_depthwise_padded(ho, wo)})
+    if algorithm == "grouped":
+        return dict(out, **describe_grouped(x_shape, w_shape, out_shape, groups, stride, padding, dilation))
     if algorithm == "im2col":
         p = plan_im2col(cg * kh * kw, wo, ho)
         return dict(out, partitioning="rows split", tasks=n * groups * math.ceil(ho / p["rows"]), tiles=p)
