@@ -8,9 +8,12 @@ semantics of each runtime kernel:
   - IR op kernels: the op's reference (`ir/ops.py`), on NCHW16c operands through an unblocked
     view with all Cb*16 channels (what the blocked kernels compute: padded lanes included);
   - conv2d with prepared constants: the constants unpacked back into a (padded) weight and bias
-    (gemm1x1, k1x1, direct, im2col), or the Winograd algorithm itself with the stored transform
-    U (a plain numpy F(m x m, 3 x 3), so a package whose U is not G g G^T still has one answer);
+    (gemm1x1, k1x1, direct, im2col; the stem's own packing where the runtime's stem kernel reads it), or
+    the Winograd algorithm itself with the stored transform U (unpacked from (alpha^2, OP, Cip,
+    32); a plain numpy F(m x m, 3 x 3), so a package whose U is not G g G^T still has one answer);
   - to_nchwc / from_nchwc: zero-padded blocking / dropping the padded channels;
+  - the blocked kernels of issue 9 (params channels, in_channels): the op on the real channels,
+    padded lanes 0; an input-scaled 1x1 conv on its unblocked input.
   - a stream region (schedule="stream"): the header is skipped and each band instruction
     computes its op on whole logical tensors (its attrs, its constants), ignoring the steps and
     the rings: a ring's tensor is kept whole here, a whole tensor (sink, IO) lives in memory.
@@ -73,11 +76,13 @@ def _conv_prepared(ins, args):
     co, cg, kh, kw = p["weight_shape"]
     g = p["groups"]
     x, wt, bias = args[0], args[1], args[2]
-    res = args[3] if p["has_residual"] else None
+    res = args[1 + len(p["prepared"])] if p["has_residual"] else None   # after every prepared constant
     blocked_in = lay == "nchwc"
     xl = _unblock(x) if blocked_in else x
     if alg.startswith("winograd"):
-        U = wt
+        # packed (alpha^2, OP, Cip, 32) -> (alpha^2, Cip, OP*32), the output channels the bias covers
+        a2, op_, cip, _ = wt.shape
+        U = wt.transpose(0, 2, 1, 3).reshape(a2, cip, op_ * 32)[:, :, :bias.shape[0]]
         xw = np.zeros((xl.shape[0], U.shape[1], xl.shape[2], xl.shape[3]))
         xw[:, :xl.shape[1]] = xl
         y = _winograd(xw, U, bias, int(alg[-1]), p["padding"])
@@ -95,6 +100,12 @@ def _conv_prepared(ins, args):
             b = bias
         elif alg == "gemm1x1":
             w, b = wt[..., None, None], bias
+        elif out_lay == "nchwc" and "stem_weight" in p["prepared"]:
+            # NCHW in, NCHW16c out with few input channels: the stem kernel reads its own packing,
+            # (Ob, Cin, KH, KW, 16) -> (Ob, 16, Cin, KH, KW) -> (Ob*16, Cin, KH, KW), and bias
+            keys = list(p["prepared"])
+            sw, b = args[1 + keys.index("stem_weight")], args[1 + keys.index("stem_bias")]
+            w = sw.transpose(0, 4, 1, 2, 3).reshape(sw.shape[0] * L, cg, kh, kw)
         else:  # im2col: (G, og, cg, KH, KW) -> (Co, cg, KH, KW)
             w, b = wt.reshape(co, cg, kh, kw), bias
         if blocked_in:
@@ -107,21 +118,24 @@ def _conv_prepared(ins, args):
     if blocked_in:
         if res is not None:
             y = y + _unblock(res)
-        if p["relu"]:
-            y = np.maximum(y, 0)
-        return _block(y.astype(np.float32))
+        return _block(_act(y, p).astype(np.float32))
     if out_lay == "nchwc":
         y = y[:, :co]
         if res is not None:
             y = y + _unblock(res)[:, :co]
-        if p["relu"]:
-            y = np.maximum(y, 0)
-        return _block(y.astype(np.float32), ins.output.shape[1])   # padded lanes written as 0
+        return _block(_act(y, p).astype(np.float32), ins.output.shape[1])   # padded lanes written as 0
     if res is not None:
         y = y + res
-    if p["relu"]:
-        y = np.maximum(y, 0)
-    return y.astype(np.float32)
+    return _act(y, p).astype(np.float32)
+
+
+def _act(y, p):
+    """The conv's fused activation (params act; relu=True is act relu)."""
+    act = p.get("act")
+    if act is None or act[0] in ("identity", "relu"):
+        return np.maximum(y, 0) if p.get("relu") else y
+    from tilefuse.kernels.activations import reference as act_ref
+    return act_ref(act[0], y, act[1], act[2])
 
 
 def kernel_reference(ins, args):
@@ -136,6 +150,20 @@ def kernel_reference(ins, args):
     lay = p.pop("layout", "nchw")
     p.pop("algorithm", None)
     s = schema(k)
+    if lay == "nchwc" and "in_channels" in p:
+        # the issue-9 blocked kernels: computed on the real channels (in_channels, channels), the
+        # padded lanes of the result written 0; a 4-D operand is a per-channel NCHW one
+        inch, c = list(p.pop("in_channels")), p.pop("channels")
+        it = iter(inch)
+        xs = [_unblock(a)[:, :next(it)] if a.ndim == 5 else a for a in args]
+        return _block(s.reference(*xs, **p)[:, :c])
+    if k == "conv2d" and p.get("has_input_scale") and lay == "nchwc":
+        w = args[1]
+        xs = [_unblock(args[0])[:, :w.shape[1]]] + list(args[1:])
+        if p["has_residual"]:
+            i = 2 + int(p["has_bias"])
+            xs[i] = _unblock(xs[i])[:, :w.shape[0]]
+        return _block(s.reference(*xs, **p))
     if lay == "nchwc":
         if k == "scale":
             x, a, b = args
@@ -168,6 +196,12 @@ def band_reference(ins, args):
         if p["layout"] == "nchwc":       # weights for NCHW16c: the reference conv on blocked tensors
             kp["layout"] = "nchwc"
             x = [_block(a) if i not in range(1, 1 + len(p["prepared"])) else a for i, a in enumerate(args)]
+            y = _conv_prepared(_Whole("conv2d", kp, (out[0], -(-out[1] // L)) + out[2:] + (L,)), x)
+            return _unblock(y)[:, :out[1]]
+        if p["tensors"][-1][5] == 2:     # NCHW in, an NCHW16c ring out: conv2d_run_to_nchwc's form
+            kp["out_layout"] = "nchwc"
+            k = 1 + len(p["prepared"])
+            x = [_block(a) if i >= k else a for i, a in enumerate(args)]          # the residual
             y = _conv_prepared(_Whole("conv2d", kp, (out[0], -(-out[1] // L)) + out[2:] + (L,)), x)
             return _unblock(y)[:, :out[1]]
         return _conv_prepared(_Whole("conv2d", kp, out), args)

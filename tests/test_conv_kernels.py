@@ -12,6 +12,7 @@ from tilefuse.kernels.conv import (ALGORITHMS, NCHWC_ALGORITHMS, candidates, con
                                    conv2d_run_nchwc, conv2d_run_to_nchwc, direct_nchwc, estimate_cost, from_nchwc,
                                    nchwc_shape, select_algorithm, to_nchwc)
 from tilefuse.kernels.conv import planner, winograd
+from tilefuse.kernels.conv.epilogue import resolve_act
 from tilefuse.kernels.conv.select import algorithm_flops
 
 TOL = {
@@ -19,6 +20,8 @@ TOL = {
     "gemm1x1": 1e-4,
     "direct": 1e-4,
     "im2col": 1e-4,
+    "depthwise": 1e-4,   # same products, taps summed kh then kw (tests/test_depthwise.py covers it fully)
+    "grouped": 1e-4,     # the direct kernel per block group (zero weights between groups add +0)
     # transforms with coefficients up to 1 (B, A) / 1/2 (G) add a few roundings per output
     "winograd2": 1e-3,
     # F(4,3): coefficients up to 8 in A^T and 5 in B^T amplify rounding ~10x (docs/kernels.md)
@@ -121,6 +124,8 @@ def test_every_algorithm_is_covered():
 def test_epilogues(alg, epi):
     shape = ("epi", 2, 20, 10, 11, 24, 1 if alg == "gemm1x1" else 3, 1, (0, 0, 0, 0) if alg == "gemm1x1" else
              (1, 1, 1, 1), 1, 1)
+    if alg in GROUPED_SHAPES:
+        shape = GROUPED_SHAPES[alg]
     x, wt, b, res, relu, kw, want = _case(shape, epi, seed=1)
     _check(alg, _run(alg, x, wt, b, res, relu, kw), want)
 
@@ -131,7 +136,12 @@ THREAD_SHAPES = {
     "winograd2": ("t", 3, 40, 23, 21, 40, 3, 1, (1, 1, 1, 1), 1, 1),
     "winograd4": ("t", 3, 40, 33, 29, 40, 3, 1, (1, 1, 1, 1), 1, 1),
     "im2col": ("t", 3, 32, 23, 21, 48, 3, 1, (1, 1, 1, 1), 1, 2),
+    "depthwise": ("t", 3, 40, 23, 21, 40, 3, 1, (1, 1, 1, 1), 1, 40),
+    "grouped": ("t", 3, 32, 23, 21, 48, 3, 1, (1, 1, 1, 1), 1, 2),
 }
+# the grouped algorithms' epilogue shapes (groups == C_in; block groups of 2 x 16 in, 3 x 16 out)
+GROUPED_SHAPES = {"depthwise": ("epi", 2, 20, 10, 11, 20, 3, 1, (1, 1, 1, 1), 1, 20),
+                  "grouped": ("epi", 2, 32, 10, 11, 48, 3, 1, (1, 1, 1, 1), 1, 2)}
 
 
 @pytest.mark.parametrize("alg", ALGORITHMS)
@@ -185,8 +195,8 @@ def test_select_algorithm():
         assert select_algorithm(xs, ws, *one, allow_winograd=False) == "direct"
     for xs, ws in RESNET_1X1:
         assert select_algorithm(xs, ws, (1, 1), (0, 0, 0, 0), (1, 1), 1) == "gemm1x1"
-    assert select_algorithm((1, 32, 8, 8), (32, 1, 3, 3), *one[:3], 32) == "im2col"
-    assert select_algorithm((1, 32, 8, 8), (64, 16, 3, 3), *one[:3], 2) == "im2col"
+    assert select_algorithm((1, 32, 8, 8), (32, 1, 3, 3), *one[:3], 32) == "depthwise"
+    assert select_algorithm((1, 32, 8, 8), (64, 16, 3, 3), *one[:3], 2) == "grouped"
     assert select_algorithm((1, 64, 9, 9), (64, 64, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1) in ("direct", "im2col")
     assert "winograd4" not in candidates((1, 64, 9, 9), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1), (2, 2), 1)
 
@@ -235,7 +245,7 @@ NCHWC_CASES = [(shape, alg, EPILOGUES[i % 4]) for i, (shape, alg, _) in enumerat
 def test_nchwc_forms_against_reference(shape, alg, epi):
     """Unpadded blocked input, blocked output; padded output channels must come out zero."""
     x, wt, b, res, relu, kw, want = _case(shape, epi)
-    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], 1, layout="nchwc")
+    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], layout="nchwc")
     ob = np.full(nchwc_shape(want.shape), np.nan, np.float32)
     conv2d_run_nchwc(alg, ob, to_nchwc(x), prep, to_nchwc(res) if res is not None else None, relu=relu, **kw)
     co = want.shape[1]
@@ -246,7 +256,7 @@ def test_nchwc_forms_against_reference(shape, alg, epi):
 @pytest.mark.parametrize("alg", NCHWC_ALGORITHMS)
 def test_nchwc_one_and_two_threads_bitwise_identical(alg):
     x, wt, b, res, relu, kw, _ = _case(THREAD_SHAPES[alg], "bias_res_relu", seed=2)
-    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], 1, layout="nchwc")
+    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], layout="nchwc")
     outs = []
     for t in (1, 2):
         ob = np.empty(nchwc_shape((x.shape[0], wt.shape[0]) + _out_hw(x, wt, kw)), np.float32)
@@ -355,10 +365,13 @@ def test_k1x1_software_prefetch_does_not_change_bits(name, q_outer):
 
 
 def test_k1x1_plan_splits_channels_on_small_maps():
-    p = planner.plan_k1x1(2048, 16, 49)             # ResNet50 1x1 on 7x7, batch 1: Co split
-    assert p["Q"] == 49 and p["P"] < 16 and p["Q"] % 7 == 0
-    big = planner.plan_k1x1(256, 2, 32 * 3136)      # batch 32 56x56: positions split
+    for t in (2, 8, 16):                            # ResNet50 1x1 on 7x7, batch 1: Co split, t tasks
+        p = planner.plan_k1x1(2048, 16, 49, threads=t)
+        assert p["Q"] == 49 and p["P"] == 16 // t and p["tasks"] == t and p["partitioning"].startswith("Co split")
+    assert planner.plan_k1x1(2048, 16, 49, threads=1)["tasks"] == 1
+    big = planner.plan_k1x1(256, 2, 32 * 3136, threads=16)      # batch 32 56x56: positions split
     assert big["P"] == 2 and big["Q"] % 7 == 0 and big["Q"] * 256 * 4 <= planner.cache_sizes().l2 / 2 + 1
+    assert big["tasks"] % 16 == 0 and big["partitioning"] == "positions split"
 
 
 @pytest.mark.parametrize("shape", [("d_odd_ob", 2, 20, 9, 11, 40, 3, 1, (1, 1, 1, 1), 1, 1),
@@ -379,7 +392,8 @@ def test_direct_7x2_blocking_matches_8x1(shape):
         ofl, rfl = ob.reshape(n, ob.shape[1], -1, 16), rb.reshape(n, rb.shape[1], -1, 16)
         for i in range(n):
             k(ofl, i, 0, xb.reshape(n, cb, hp * wp, 16), i, 0, prep["weight"], 0, want.shape[2], want.shape[3], wp,
-              kw["stride"][0], kw["stride"][1], kw["dilation"][0], kw["dilation"][1], prep["bias"], rfl, True, relu)
+              kw["stride"][0], kw["stride"][1], kw["dilation"][0], kw["dilation"][1], prep["bias"], rfl, True,
+              *resolve_act(relu), *((0, ob.shape[1]) if k is direct._direct_rows2 else ()))
         outs.append(ob)
     assert np.array_equal(outs[0], outs[1])
     _check("direct", from_nchwc(outs[1], want.shape[1]), want)
@@ -460,9 +474,9 @@ def test_bound_conv_matches_generic_call():
     assert fn is registry.KERNELS["conv2d"]
 
 
-# Winograd NCHWc: the input transform reads the unpadded input (border tiles gather a zero-padded
-# patch) instead of a padded copy of the layer; it must match the padded path bitwise -------------
-WINO_FUSED_SHAPES = [
+# Winograd: the input transform reads the unpadded input (border tiles gather a zero-padded patch);
+# every task grid (tile chunk x output-channel pair group) gives the same bits --------------------
+WINO_GRID_SHAPES = [
     # (name, N, Ci, H, W, Co, k, stride, padding, dilation, groups): odd tile counts (H, W not
     # multiples of m), channels not multiples of 16, batch 1 and 3, asymmetric and zero padding
     ("wf_odd_tiles", 1, 17, 13, 11, 33, 3, 1, (1, 1, 1, 1), 1, 1),
@@ -470,50 +484,42 @@ WINO_FUSED_SHAPES = [
     ("wf_asym_pad", 3, 16, 11, 9, 17, 3, 1, (2, 1, 0, 2), 1, 1),
     ("wf_no_pad", 1, 20, 10, 14, 16, 3, 1, (0, 0, 0, 0), 1, 1),
     ("wf_tiny", 3, 8, 3, 3, 5, 3, 1, (1, 1, 1, 1), 1, 1),
-    # one tile block: output channels split across tasks (Co 250 -> 256 = 4 x 64)
-    ("wf_co_split", 1, 20, 7, 9, 250, 3, 1, (1, 1, 1, 1), 1, 1),
+    ("wf_co_split", 1, 20, 7, 9, 250, 3, 1, (1, 1, 1, 1), 1, 1),     # 8 pairs of output blocks
 ]
-WINO_FUSED_CASES = [(s, alg, EPILOGUES[i % len(EPILOGUES)])
-                    for i, (s, alg) in enumerate((s, a) for s in WINO_FUSED_SHAPES for a in ("winograd2", "winograd4"))]
+WINO_GRID_CASES = [(s, alg, EPILOGUES[i % len(EPILOGUES)])
+                   for i, (s, alg) in enumerate((s, a) for s in WINO_GRID_SHAPES for a in ("winograd2", "winograd4"))]
 
 
-def _wino_nchwc(alg, x, wt, b, res, relu, kw, threads, fused, plan=None):
-    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], 1, layout="nchwc")
-    ob = np.full(nchwc_shape((x.shape[0], wt.shape[0]) + _out_hw(x, wt, kw)), np.nan, np.float32)
-    old = winograd.FUSED_PAD
-    winograd.FUSED_PAD = fused
-    try:
-        winograd.run_nchwc(ob, to_nchwc(x), prep, to_nchwc(res) if res is not None else None, m=int(alg[-1]),
-                           padding=kw["padding"], relu=relu, threads=threads, plan=plan)
-    finally:
-        winograd.FUSED_PAD = old
-    return ob
-
-
-@pytest.mark.parametrize("shape,alg,epi", WINO_FUSED_CASES, ids=[f"{s[0]}-{a}-{e}" for s, a, e in WINO_FUSED_CASES])
-def test_winograd_fused_pad_matches_padded_path(shape, alg, epi):
+@pytest.mark.parametrize("shape,alg,epi", WINO_GRID_CASES, ids=[f"{s[0]}-{a}-{e}" for s, a, e in WINO_GRID_CASES])
+def test_winograd_every_grid_same_bits(shape, alg, epi):
     x, wt, b, res, relu, kw, want = _case(shape, epi, seed=5)
     co = want.shape[1]
-    # small plans: several tasks, the last one partial (odd tile counts)
-    for plan in (None, {"tiles": 3}, {"tiles": 8}):
-        outs = [_wino_nchwc(alg, x, wt, b, res, relu, kw, t, fused, plan) for fused in (True, False) for t in (1, 2)]
-        assert all(np.array_equal(outs[0], o) for o in outs[1:]), plan
-        assert not outs[0][:, -1, ..., co - (outs[0].shape[1] - 1) * 16:].any(), "padded channels must be zero"
-        _check(alg, from_nchwc(outs[0], co), want)
+    prep = conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], 1, layout="nchwc")
+    outs = []
+    # small plans: several tasks, the last one partial (odd tile counts); channel-pair groups
+    for plan in (None, {"tiles": 3, "pairs": 1}, {"tiles": 8, "pairs": 2}, {"tiles": 7, "pairs": 3}):
+        for t in (1, 2):
+            ob = np.full(nchwc_shape(want.shape), np.nan, np.float32)
+            winograd.run_nchwc(ob, to_nchwc(x), prep, to_nchwc(res) if res is not None else None, m=int(alg[-1]),
+                               padding=kw["padding"], relu=relu, threads=t, plan=plan)
+            outs.append(ob)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    assert not outs[0][:, -1, ..., co - (outs[0].shape[1] - 1) * 16:].any(), "padded channels must be zero"
+    _check(alg, from_nchwc(outs[0], co), want)
+    # the NCHW form: the same input transform and GEMMs, its own output transform (NCHW stores; fastmath
+    # may contract its sums differently, so equal within the tolerance, not bitwise)
+    out = np.full(want.shape, np.nan, np.float32)
+    conv2d_run(alg, out, x, conv2d_prepare(alg, wt, b, kw["stride"], kw["padding"], kw["dilation"], 1), res,
+               relu=relu, **kw)
+    _check(alg, out, want)
 
 
-def test_winograd_plan_balances_two_cores():
-    """When U does not fit L2 the tile blocks come in an even number of equal tasks."""
-    l2 = planner.cache_sizes().l2
-    for ci, tiles in ((128, 1568), (256, 512), (512, 128), (512, 1000)):
-        if 4 * 36 * ci * ci <= l2:
-            continue
-        p = winograd.plan_winograd(6, ci, ci, tiles)["tiles"]
-        k = -(-tiles // p)
-        assert k % 2 == 0 and tiles - (k - 1) * p >= p // 2, (ci, tiles, p)
-
-
-def test_winograd_co_block():
-    assert winograd._co_block(1, 512) == 128 and winograd._co_block(1, 256) == 64
-    assert winograd._co_block(2, 512) == 512 and winograd._co_block(1, 208) == 208
-    assert winograd._co_block(1, 64) == 64
+def test_winograd_plan_feeds_the_threads():
+    """Batch-1 ResNet 3x3 layers get about T tasks or more for T threads (tile chunks, channel groups)."""
+    for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
+        for m in (2, 4):
+            tiles = (-(-hw // m)) ** 2
+            for t in (2, 16):
+                p = planner.plan_winograd(m + 2, c, c, tiles, t)
+                assert p["tasks"] >= min(t, tiles * -(-c // 32)) * 0.85, (c, hw, m, t, p)
+                assert p["tiles"] % 7 == 0 or p["tiles"] >= tiles, p

@@ -1,7 +1,5 @@
 """from_onnx: models exported by torch.onnx (legacy exporter) and hand-built ONNX graphs,
 compiled and run, against ONNX Runtime and PyTorch (fp32, rtol = atol = 1e-4)."""
-import io
-import warnings
 
 import numpy as np
 import onnx
@@ -13,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tilefuse
 from tilefuse import models
+from onnx_export import export as export_with, ort_run as ort_x
 from tilefuse.errors import GraphError, UnsupportedOpError
 from torch_zoo import load as torch_zoo_load
 
@@ -20,16 +19,11 @@ RTOL = ATOL = 1e-4
 
 
 def export(module, x, dynamic=False):
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.from_numpy(x.copy()),), f, dynamo=False, input_names=["x"],
-                          output_names=["y"], dynamic_axes={"x": {0: "n"}} if dynamic else None)
-    return f.getvalue()
+    return export_with(module, x, "torchscript", dynamic=dynamic)
 
 
 def ort_run(blob, x):
-    return ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    return [ort_x(blob, x)]
 
 
 class Small(nn.Module):
@@ -113,11 +107,294 @@ def test_lrn_node_matches_reference():
 
 
 def test_unsupported_op_names_op_and_node():
-    model = _graph([helper.make_node("Sigmoid", ["x"], ["y"], name="gate")])
-    with pytest.raises(UnsupportedOpError, match=r"ONNX op 'Sigmoid' in node 'gate'"):
+    model = _graph([helper.make_node("Hardmax", ["x"], ["y"], name="gate")])
+    with pytest.raises(UnsupportedOpError, match=r"ONNX op 'Hardmax' in node 'gate'"):
         tilefuse.from_onnx(model)
 
 
 def test_invalid_bytes():
     with pytest.raises(GraphError, match="not a valid ONNX model"):
         tilefuse.from_onnx(b"\x00\x01garbage")
+
+
+# ------------------------------------------------------------------ hand-built graphs, one rule each
+
+def _model(nodes, inputs, outputs, inits=(), opset=13, extra_opsets=()):
+    """inputs/outputs: [(name, shape or rank)] float tensors (a rank: symbolic dims); inits: [(name, array)]."""
+    def vi(n, s):
+        return helper.make_tensor_value_info(n, TensorProto.FLOAT, [f"{n}{i}" for i in range(s)]
+                                             if isinstance(s, int) else list(s))
+    g = helper.make_graph(nodes, "g", [vi(n, s) for n, s in inputs], [vi(n, s) for n, s in outputs],
+                          initializer=[numpy_helper.from_array(np.asarray(a), n) for n, a in inits])
+    ops = [helper.make_opsetid(d, v) for d, v in extra_opsets] + [helper.make_opsetid("", opset)]
+    return helper.make_model(g, opset_imports=ops, ir_version=8)
+
+
+def _ort(model, **feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _run(model, x):
+    net = tilefuse.from_onnx(model)
+    y = tilefuse.Session(tilefuse.compile(net)).run(x)
+    np.testing.assert_allclose(tilefuse.evaluate(net, x)[0], y, rtol=RTOL, atol=ATOL)
+    return y
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_pool_without_strides_uses_stride_one(op):
+    """ONNX's default stride is 1 (PyTorch's is the kernel size)."""
+    x = np.random.default_rng(0).standard_normal((1, 2, 7, 6)).astype(np.float32)
+    m = _model([helper.make_node(op, ["x"], ["y"], kernel_shape=[3, 2])], [("x", x.shape)], [("y", 4)])
+    y = _run(m, x)
+    assert y.shape == (1, 2, 5, 5)
+    np.testing.assert_allclose(y, _ort(m, x=x)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_batchnorm_training_mode_is_refused():
+    c = 3
+    inits = [("s", np.ones(c, np.float32)), ("b", np.zeros(c, np.float32)), ("m", np.zeros(c, np.float32)),
+             ("v", np.ones(c, np.float32))]
+    m = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn",
+                                 training_mode=1)], [("x", (2, c, 4, 4))], [("y", 4)], inits, opset=15)
+    with pytest.raises(UnsupportedOpError, match=r"node 'bn' \(BatchNormalization-15\): training_mode=1"):
+        tilefuse.from_onnx(m)
+    # before opset 14, training mode is written as the extra outputs (mean, var, saved statistics)
+    m9 = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv", "sm", "sv"],
+                                  name="bn")], [("x", (2, c, 4, 4))], [("y", 4)], inits, opset=9)
+    with pytest.raises(UnsupportedOpError, match=r"BatchNormalization-9.*training mode"):
+        tilefuse.from_onnx(m9)
+
+
+def test_dropout_training_mode_is_refused():
+    t = numpy_helper.from_array(np.array(True), "t")
+    r = numpy_helper.from_array(np.array(0.5, np.float32), "r")
+    m = _model([helper.make_node("Dropout", ["x", "r", "t"], ["d"], name="drop"),
+                helper.make_node("Relu", ["d"], ["y"])], [("x", (1, 4))], [("y", 2)], opset=13)
+    m.graph.initializer.extend([t, r])
+    with pytest.raises(UnsupportedOpError, match=r"node 'drop' \(Dropout-13\): training_mode=True"):
+        tilefuse.from_onnx(m)
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array(False), "t"))
+    x = np.array([[-1, 2, -3, 4]], np.float32)
+    np.testing.assert_allclose(_run(m, x), np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("op", ["Softmax"])
+@pytest.mark.parametrize("shape, axis, ops", [((2, 3, 1, 1), 1, ["softmax"]), ((2, 3, 2, 2), 3, ["softmax"]),
+                                              ((2, 3, 2, 2), 1, ["reshape", "softmax", "reshape"]),
+                                              ((2, 3, 4, 2), 2, ["reshape", "softmax", "reshape"]),
+                                              ((2, 5), None, ["softmax"])])
+def test_softmax_before_opset_13_normalizes_trailing_dims_together(op, shape, axis, ops):
+    """Opset < 13: the input is coerced to 2-D at `axis` (default 1), one softmax over all the dims
+    from `axis` on (ONNX Runtime implements the same rule)."""
+    kw = {} if axis is None else {"axis": axis}
+    m = _model([helper.make_node(op, ["x"], ["y"], name="sm", **kw)], [("x", shape)], [("y", len(shape))],
+               opset=11)
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    net = tilefuse.from_onnx(m)
+    assert [o.op for o in net.ops] == ops
+    ref = _ort(m, x=x)[0]
+    np.testing.assert_allclose(_run(m, x), ref, rtol=RTOL, atol=ATOL)
+    if len(ops) > 1:   # the per-axis rule of opset 13 would differ here
+        m13 = _model(m.graph.node, [("x", shape)], [("y", len(shape))], opset=13)
+        assert np.abs(_ort(m13, x=x)[0] - ref).max() > 1e-3
+
+
+def test_opset_read_from_the_default_domain():
+    """opset_import may list other domains first; the default domain's version decides the semantics
+    (Softmax's default axis is 1 before opset 13, -1 from 13)."""
+    m = _model([helper.make_node("Softmax", ["x"], ["y"])], [("x", (2, 5))], [("y", 2)], opset=11,
+               extra_opsets=[("com.microsoft", 1)])
+    assert m.opset_import[0].domain == "com.microsoft"
+    x = np.random.default_rng(2).standard_normal((2, 5)).astype(np.float32)
+    np.testing.assert_allclose(tilefuse.evaluate(tilefuse.from_onnx(m), x)[0], _ort(m, x=x)[0], rtol=RTOL)
+    m.ClearField("opset_import")
+    m.opset_import.extend([helper.make_opsetid("ai.onnx.ml", 3)])
+    with pytest.raises(GraphError, match="domain ''"):
+        tilefuse.from_onnx(m)
+
+
+def _i64(*v):
+    return np.array(v, np.int64)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+def test_shape_arithmetic_folds(opset):
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape, Identity on an initializer, Cast, Range,
+    ConstantOfShape, Slice, Squeeze, Constant: all folded, the network is flatten -> linear."""
+    unsq = (lambda i, o: helper.make_node("Unsqueeze", [i], [o], axes=[0])) if opset < 13 else \
+        (lambda i, o: helper.make_node("Unsqueeze", [i, "ax0"], [o]))
+    nodes = [
+        helper.make_node("Identity", ["w"], ["w_shared"]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+        unsq("n", "n1"),
+        helper.make_node("Slice", ["shape", "one", "big"], ["tail"]),       # dims 1.. of the shape (unused)
+        helper.make_node("Constant", [], ["minus1"], value=numpy_helper.from_array(_i64(-1))),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+        helper.make_node("Cast", ["target"], ["target_f"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["target_f"], ["target_i"], to=TensorProto.INT64),
+        helper.make_node("Reshape", ["x", "target_i"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w_shared"], ["mm"]),
+        helper.make_node("Range", ["r0", "r1", "r2"], ["ramp"]),               # [0, 1, 2]
+        helper.make_node("Cast", ["ramp"], ["rampf"], to=TensorProto.FLOAT),
+        helper.make_node("ConstantOfShape", ["three"], ["ones"],
+                         value=numpy_helper.from_array(np.array([1.0], np.float32))),
+        helper.make_node("Add", ["rampf", "ones"], ["bias"]),                  # [1, 2, 3]
+        helper.make_node("Add", ["mm", "bias"], ["y"]),
+    ]
+    inits = [("w", np.arange(36, dtype=np.float32).reshape(12, 3) / 36), ("zero", np.array(0, np.int64)), ("one", _i64(1)),
+             ("big", _i64(1 << 40)), ("ax0", _i64(0)), ("r0", np.array(0, np.int64)), ("r1", np.array(3, np.int64)), ("r2", np.array(1, np.int64)),
+             ("three", _i64(3))]
+    m = _model(nodes, [("x", (2, 3, 2, 2))], [("y", (2, 3))], inits, opset=opset)
+    x = np.random.default_rng(3).standard_normal((2, 3, 2, 2)).astype(np.float32)
+    net = tilefuse.from_onnx(m)
+    assert [o.op for o in tilefuse.compile(net).network.ops] == ["flatten", "linear"]
+    np.testing.assert_allclose(_run(m, x), _ort(m, x=x)[0], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("attr, value, expect", [
+    ("value_float", 2.0, 2.0), ("value_floats", [1.0, 2.0, 3.0], [1.0, 2.0, 3.0]),
+    ("value", numpy_helper.from_array(np.array([0.5, -1, 4], np.float32)), [0.5, -1, 4]),
+    ("sparse_value", helper.make_sparse_tensor(numpy_helper.from_array(np.array([5.0], np.float32)),
+                                               numpy_helper.from_array(_i64(1)), [3]), [0, 5, 0]),
+])
+def test_constant_value_attributes(attr, value, expect):
+    m = _model([helper.make_node("Constant", [], ["c"], **{attr: value}),
+                helper.make_node("Mul", ["x", "c"], ["y"])], [("x", (2, 3))], [("y", 2)])
+    x = np.random.default_rng(4).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(_run(m, x), x * np.asarray(expect, np.float32), rtol=1e-6)
+
+
+def test_constant_int_attributes_fold_into_shapes():
+    m = _model([helper.make_node("Constant", [], ["n"], value_int=2),
+                helper.make_node("Constant", [], ["rest"], value_ints=[12]),
+                helper.make_node("Unsqueeze", ["n", "ax"], ["n1"]),
+                helper.make_node("Concat", ["n1", "rest"], ["shape"], axis=0),
+                helper.make_node("Reshape", ["x", "shape"], ["f"]),
+                helper.make_node("Relu", ["f"], ["y"])], [("x", (2, 3, 2, 2))], [("y", (2, 12))],
+               [("ax", _i64(0))])
+    x = np.random.default_rng(5).standard_normal((2, 3, 2, 2)).astype(np.float32)
+    np.testing.assert_allclose(_run(m, x), np.maximum(x.reshape(2, 12), 0))
+
+
+def test_refusals_name_node_op_and_what_was_expected():
+    x = [("x", (1, 3, 5, 5))]
+    w = [("w", np.ones((4, 3, 3, 3), np.float32))]
+    cases = [
+        (_model([helper.make_node("Conv", ["x", "x"], ["y"], name="c2")], x, [("y", 4)]),
+         UnsupportedOpError, r"node 'c2' \(Conv-11\): weight W 'x' is computed by the graph"),
+        (_model([helper.make_node("AveragePool", ["x"], ["y"], name="p", kernel_shape=[2, 2], dilations=[2, 2])],
+                x, [("y", 4)], opset=19),
+         UnsupportedOpError, r"node 'p' \(AveragePool-19\): dilations=\[2, 2\]"),
+        (_model([helper.make_node("BatchNormalization", ["x", "s", "s", "s", "s"], ["y"], name="b")], x,
+                [("y", 4)], [("s", np.ones(3, np.float32))], opset=6),
+         UnsupportedOpError, r"node 'b' \(BatchNormalization-6\): version 6 \(opset 6\) is not supported"),
+        (_model([helper.make_node("Relu", ["x"], ["y"], name="r")], x, [("y", (1, 3, 5, 4))]),
+         GraphError, r"importer computes shape \(1, 3, 5, 5\).*declares \(1, 3, 5, 4\)"),
+        (_model([helper.make_node("Floor", ["x"], ["y"], name="f")], x, [("y", 4)]),
+         UnsupportedOpError, r"node 'f' \(Floor-13\): tilefuse folds Floor on constants only"),
+        (_model([helper.make_node("Gather", ["x", "i"], ["y"], name="g", axis=3)], x, [("y", 4)],
+                [("i", np.array([4, 2, 0], np.int64))]),
+         None, None),
+        (_model([helper.make_node("Gather", ["x", "i"], ["y"], name="g", axis=1)], x, [("y", 4)],
+                [("i", np.zeros(0, np.int64))]),
+         UnsupportedOpError, r"node 'g' \(Gather-13\): indices of shape \(0,\) are empty"),
+        (_model([helper.make_node("MaxPool", ["x"], ["y", "idx"], name="mp", kernel_shape=[2, 2])], x,
+                [("y", 4), ("idx", 4)]),
+         UnsupportedOpError, r"node 'mp' \(MaxPool-12\): output 1 'idx' \(Indices\) is used"),
+        (_model([helper.make_node("Conv", ["x", "w"], ["y"], name="c3", kernel_shape=[3, 3, 3])],
+                [("x", (1, 3, 5, 5, 5))], [("y", 4)], [("w", np.ones((4, 3, 3, 3, 3), np.float32))]),
+         UnsupportedOpError, r"node 'c3' \(Conv-11\): input 'x' has shape \(1, 3, 5, 5, 5\); tilefuse implements "
+                             r"the 2-D form"),
+    ]
+    for model, err, pattern in cases:
+        if err is None:   # imported: must equal ONNX Runtime
+            xv = np.random.default_rng(8).standard_normal((1, 3, 5, 5)).astype(np.float32)
+            np.testing.assert_allclose(_run(model, xv), _ort(model, x=xv)[0])
+            continue
+        with pytest.raises(err, match=pattern):
+            tilefuse.from_onnx(model)
+
+
+def test_inputs_bound_as_constants():
+    """constants= binds a graph input (a weight fed as an input) to a fixed value, validated."""
+    w = np.random.default_rng(6).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    m = _model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+               [("x", (1, 3, 6, 6)), ("w", w.shape)], [("y", 4)])
+    x = np.random.default_rng(7).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    net = tilefuse.from_onnx(m, constants={"w": w})
+    np.testing.assert_allclose(tilefuse.Session(tilefuse.compile(net)).run(x), _ort(m, x=x, w=w)[0],
+                               rtol=RTOL, atol=ATOL)
+    with pytest.raises(GraphError, match=r"w: constants value has shape \(3, 3, 3\); the model declares \[4, 3, 3, 3\]"):
+        tilefuse.from_onnx(m, constants={"w": w[0]})
+    with pytest.raises(GraphError, match="not graph inputs"):
+        tilefuse.from_onnx(m, constants={"nope": w})
+
+
+def test_docs_ops_table_matches_the_importer_table():
+    """docs/ops.md lists every ONNX rule with its versions, IR ops and limits, and the folded ops."""
+    from pathlib import Path
+
+    from tilefuse.frontend.onnx_import import RULES, fold
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ops.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] in RULES:
+            rows[cells[0]] = cells[1:]
+    for op, r in RULES.items():
+        assert rows.get(op) == [", ".join(map(str, r.versions)), ", ".join(r.ir), r.limits], op
+    folded = text.split("It folds:")[1].split(". `constants")[0]
+    for op in fold.FOLD:
+        assert op in folded, op
+
+
+class _Decomposed(nn.Module):
+    """LayerNorm and GELU, which exporters spell out of ReduceMean/Pow/Sqrt and Erf before opsets 17/20."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.ln2 = nn.LayerNorm([4, 8], elementwise_affine=False)
+        with torch.no_grad():
+            self.ln.weight.uniform_(0.5, 1.5)
+            self.ln.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        manual = 0.5 * x * (1 + torch.erf(x / 1.4142135623730951))
+        return torch.nn.functional.gelu(self.ln(x)) + manual + self.ln2(x)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17, 20])
+def test_decomposed_layer_norm_and_gelu_are_recognized(opset):
+    torch.manual_seed(0)
+    m = _Decomposed().eval()
+    x = np.random.default_rng(9).standard_normal((2, 4, 8)).astype(np.float32)
+    blob = export_with(m, x, "torchscript", opset)
+    onnx_ops = {n.op_type for n in onnx.load_from_string(blob).graph.node}
+    assert "Erf" in onnx_ops and ("Gelu" in onnx_ops) == (opset >= 20) and ("Sqrt" in onnx_ops) == (opset < 17)
+    net = tilefuse.from_onnx(blob)
+    ops = [o.op for o in net.ops]
+    assert ops.count("layer_norm") == 2
+    assert sum(o.op == "activation" and o.params["act"][0] == "gelu" for o in net.ops) == 2
+    y = tilefuse.Session(tilefuse.compile(net)).run(x)
+    np.testing.assert_allclose(y, ort_x(blob, x), rtol=RTOL, atol=ATOL)
+    with torch.no_grad():
+        np.testing.assert_allclose(y, m(torch.from_numpy(x)).numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_a_chain_that_is_not_gelu_stays_refused():
+    """x * (1 + erf(x / 1.5)) * 0.5 is not GELU: Erf is refused by name, nothing is silently fused."""
+    nodes = [helper.make_node("Div", ["x", "c15"], ["t"]), helper.make_node("Erf", ["t"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])]
+    inits = [("c15", np.array(1.5, np.float32)), ("one", np.array(1.0, np.float32)),
+             ("half", np.array(0.5, np.float32))]
+    m = _model(nodes, [("x", (2, 3))], [("y", 2)], inits)
+    with pytest.raises(UnsupportedOpError, match="ONNX op 'Erf' in node 'erf'"):
+        tilefuse.from_onnx(m)
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array(np.sqrt(2), np.float32), "c15"))
+    x = np.random.default_rng(10).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(_run(m, x), _ort(m, x=x)[0], rtol=RTOL, atol=ATOL)

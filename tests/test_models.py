@@ -85,7 +85,7 @@ def test_resnet_architecture_details():
     assert "layer3.0.downsample.1" in r18 and "layer1.0.downsample.0" not in r18
 
 
-def test_zoo_names_match_torch_fx_import():
+def test_zoo_names_match_from_torch_import():
     """from_torch of the torchvision module gives the zoo's op and constant names exactly."""
     from tilefuse.frontend import from_torch
     for name, kw in [("resnet18", dict(image_size=64)), ("tinynet", {})]:
@@ -127,7 +127,9 @@ def test_activations_stay_order_one():
 
 
 def test_registry():
-    assert models.NAMES == ("alexnet", "vgg16", "resnet18", "resnet50", "tinynet")
+    assert models.NAMES == ("alexnet", "vgg16", "resnet18", "resnet50", "tinynet", "mobilenet_v2",
+                            "mobilenet_v3_large", "efficientnet_b0", "shufflenet_v2", "regnet_y_400mf",
+                            "convnext_tiny", "unet", "deeplabv3")
     net = models.get("TinyNet", batch=2, num_classes=5)
     assert net.inputs[0].shape == (2, 3, 32, 32) and net.outputs[0].shape == (2, 5)
     with pytest.raises(KeyError, match="unknown model 'lenet'; expected one of alexnet"):
@@ -159,14 +161,17 @@ def test_adaptive_avg_pool_lowering(hw, out, op):
     np.testing.assert_allclose(evaluate(net, xv)[0], want, rtol=1e-6, atol=1e-6)
 
 
-def test_adaptive_avg_pool_unsupported_sizes():
+def test_adaptive_avg_pool_uneven_sizes_use_the_adaptive_op():
     net = Network("ap")
     x = net.input("x", (1, 3, 7, 7))
-    with pytest.raises(GraphError, match=r"avgpool: adaptive average pooling from 7x7 to 3x3 is not "
-                                         r"supported; expected"):
-        models.adaptive_avg_pool(net, x, 3, name="avgpool")
-    with pytest.raises(GraphError, match="from 7x7 to 6x6"):
-        models.alexnet(image_size=256)   # features end at 7x7 (6x6 at 224)
+    y = models.adaptive_avg_pool(net, x, 3, name="avgpool")
+    assert net.ops[-1].op == "adaptive_avg_pool" and y.shape == (1, 3, 3, 3)
+    net.output(y)
+    xv = np.random.default_rng(4).standard_normal(x.shape).astype(np.float32)
+    want = torch.nn.functional.adaptive_avg_pool2d(torch.from_numpy(xv), 3).numpy()
+    np.testing.assert_allclose(evaluate(net, xv)[0], want, rtol=1e-6, atol=1e-6)
+    alex = models.alexnet(image_size=256)        # features end at 7x7, pooled to 6x6
+    assert alex.op("avgpool").op == "adaptive_avg_pool"
 
 
 def test_load_into_torch_rejects_mismatch():

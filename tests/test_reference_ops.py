@@ -351,7 +351,7 @@ def test_shape_and_name_errors():
     graph_error(lambda: net.input("z", (1, 0, 3)), "z", "(1, 0, 3)", "positive")
     graph_error(lambda: net.input("x", (1, 2)), "x", "already used", "unique")
     graph_error(lambda: net.add(x, net.input("y", (1, 4, 8, 7)), name="a"), "a", "(1, 4, 8, 8)",
-                "(1, 4, 8, 7)", "expected equal shapes")
+                "(1, 4, 8, 7)", "expected shapes that broadcast")
     graph_error(lambda: net.batch_norm(x, W(4), W(4), W(3), W(4) + 1, name="bn"), "bn", "mean",
                 "(3,)", "expected (4,)")
     graph_error(lambda: net.batch_norm(x, W(4), W(4), W(4), W(4) + 1, eps=0, name="bn2"), "bn2",
@@ -377,7 +377,8 @@ def test_linear_softmax_shape_op_errors():
     graph_error(lambda: net.flatten(x, 2, name="fl"), "fl", "start_dim=2", "(2, 10)")
     graph_error(lambda: net.dropout(x, 1.0, name="dr"), "dr", "p=1.0", "[0, 1)")
     net4, x4 = net_with()
-    graph_error(lambda: net4.linear(x4, W((5, 256)), name="fc4"), "fc4", "(1, 4, 8, 8)", "expected rank 2")
+    graph_error(lambda: net4.linear(x4, W((5, 256)), name="fc4"), "fc4", "(1, 4, 8, 8)",
+                "(out_features, 8)")    # linear acts on the last axis (channels-last layers)
     y = net4.input("y", (1, 3, 7, 8))
     graph_error(lambda: net4.concat([x4, y], 1, name="cat"), "cat", "(1, 3, 7, 8)", "except along axis 1")
     graph_error(lambda: net4.concat([x4], 4, name="cat2"), "cat2", "axis=4", "rank 4")

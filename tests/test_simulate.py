@@ -267,3 +267,117 @@ def test_training_job_fused_and_separate():
     assert feat(fus) == 2 * feat(one)                                  # activation traffic scales with the batch
     with pytest.raises(ValueError, match="expected 'fused' or 'separate'"):
         TrainingJob(net, "both")
+
+
+# ----------------------------------------------------------------------------- the seeds' mechanisms
+
+def _ftm(**ov):
+    from tilefuse.targets import load_target
+    from tilefuse.targets.strategies.ftm7032 import FTM7032
+    return FTM7032(load_target("ft-m7032", **ov), functional=False)
+
+
+def test_ft_m7032_1x1_kernel_follows_algorithm_1():
+    # Nb = 192 FP16 values = 48 words = 3 vector registers: one FMA per FMAC per broadcast weight
+    s = _ftm()
+    assert s.chunk_vregs() == 3
+    K, m = 256, 8
+    tail = 6 + m * 3 / 2 + 10                   # FMA drain, m x 3 stores at 2 per cycle, loop set-up
+    assert s.k1x1_cycles(m, K, 48) == pytest.approx(K * m + tail)      # a K step: m broadcasts, 3m FMAs
+    # a one-register row (16 words) is broadcast-bound: the same m cycles per K step for a third
+    # of the work, so two such rows cost nearly what the 3-register chunk costs twice
+    one = s.k1x1_cycles(m, K, 16)
+    assert one == pytest.approx(K * m + 6 + m / 2 + 10)
+    assert s.k1x1_cycles(m, K, 96) == pytest.approx(2 * (K * m + tail))
+    assert s.k1x1_cycles(m, K, 64) == pytest.approx(K * m + tail + one)   # 3 registers + 1
+    # half a broadcast per cycle doubles a K step; m below the FMA pipeline depth stalls on it
+    assert _ftm(broadcasts_per_cycle=0.5).k1x1_cycles(m, K, 48) == pytest.approx(2 * K * m + tail)
+    assert s.k1x1_cycles(4, K, 48) == pytest.approx(K * 6 + 6 + 4 * 3 / 2 + 10)
+    # m <= 12 from the registers: 3m accumulators + 3 row + m broadcast registers <= 64 - 4
+    assert s.blocking_1x1(96, 256, 3136, 1, 2)["m"] == 12
+    assert _ftm(reserved_registers=16).blocking_1x1(96, 256, 3136, 1, 2)["m"] <= 11
+    # Nb is a multiple of 192 values (48 words) grown while two Ib and Ob fit AM (section 3.1.1)
+    b = s.blocking_1x1(64, 256, 3136, 1, 2)
+    assert b["K"] == 256 and b["Nb"] % 48 == 0 and 2 * 256 * b["Nb"] * 4 * 2 + 64 * b["Nb"] * 4 * 2 <= 768 * 1024
+
+
+def test_ft_m7032_kxk_kernel_follows_algorithm_2():
+    s = _ftm()
+    # per tap: 3 FMAs (48 channels), one broadcast input word, 3 weight registers from AM (4 per cycle)
+    taps, cib, npix = 9, 64, 10
+    word = cib * taps * 1 + 8 * 3 / 3 + 6 + 3 / 2 + 10     # + the 9 groups summed, drain, store, loop
+    assert s.kxk_cycles(npix, cib, 3, 3, 48) == pytest.approx(npix * word + 2 * npix * 3 / 2)
+    later = s.kxk_cycles(npix, cib, 3, 3, 48, first_ci=False) - s.kxk_cycles(npix, cib, 3, 3, 48)
+    assert later == pytest.approx(npix * (3 / 4 + 3 / 3))   # the earlier Ci blocks' partial sums
+
+
+def test_ft_m7032_single_weight_buffer_serialises_weight_loads():
+    # section 2.4: for k x k only the input in SM has two buffers, so a weight broadcast waits
+    # for the compute on the previous block and the compute waits for it
+    _, c = _single_conv(128, 96, 14, 3, n=4)
+    one = simulate(c, "ft-m7032", cores=1, functional=False).layers[0]
+    two = simulate(c, "ft-m7032", cores=1, functional=False, kxk_weight_buffers=2).layers[0]
+    assert "one buffer" in one.mapping and "2 buffers" in two.mapping
+    assert one.seconds >= 0.95 * (one.compute_busy + one.link_busy("ddr"))
+    assert two.seconds < 0.8 * (two.compute_busy + two.link_busy("ddr"))
+    net, c = _single_conv(40, 20, 9, 3, n=3)
+    x = np.random.default_rng(2).standard_normal(net.inputs[0].shape).astype(np.float32)
+    ref = tilefuse.evaluate(net, x)
+    for nb in (1, 2):
+        rep = simulate(c, "ft-m7032", cores=2, inputs=x, kxk_weight_buffers=nb)
+        assert _err(rep.outputs, ref) <= TOL["float16"]
+
+
+def test_dma_start_up_delays_a_transfer_but_leaves_the_shared_link_free():
+    _, c = _single_conv(512, 16, 28, 1, n=32)
+    base = {"gsm_tensor_fraction": 1e-9}
+    a = simulate(c, "ft-m7032", cores=8, functional=False, **base, **{"link.ddr.latency": "0 us"}).layers[0]
+    b = simulate(c, "ft-m7032", cores=8, functional=False, **base, **{"link.ddr.latency": "1 us"}).layers[0]
+    assert b.link_busy("ddr") == pytest.approx(a.link_busy("ddr"))          # bytes / bandwidth only
+    assert b.link_busy("ddr") == pytest.approx(a.bytes["link ddr"] / (42.6e9 * 0.77))
+    assert a.seconds <= b.seconds < 1.1 * a.seconds
+
+
+def test_ft_m7032_runs_a_fused_residual_add_as_its_own_pass():
+    compiled = tilefuse.compile(tilefuse.models.resnet18(image_size=32, batch=4))    # whole N4 groups
+    sep = simulate(compiled, "ft-m7032", functional=False)
+    fus = simulate(compiled, "ft-m7032", functional=False, fuse_residual=1)
+    res = [i for i, r in enumerate(fus.layers) if r.kernel == "conv2d" and "residual Add" in sep.layers[i].mapping]
+    assert res and not any("residual Add" in r.mapping for r in fus.layers)
+    for i in res:       # the Add pass reads the conv's output and the shortcut and writes the sum
+        assert sep.layers[i].bytes["link ddr"] + sep.layers[i].bytes.get("link gsm", 0) > \
+            fus.layers[i].bytes["link ddr"] + fus.layers[i].bytes.get("link gsm", 0)
+        assert sep.layers[i].seconds > fus.layers[i].seconds
+    assert sep.layers[res[0]].flops == fus.layers[res[0]].flops
+
+
+def test_cambricon_host_side_is_modelled_from_the_target():
+    net = tilefuse.Network("fc")
+    x = net.input("x", (1, 512))
+    net.output(net.linear(x, np.zeros((256, 512), np.float32), np.zeros(256, np.float32)))
+    c = tilefuse.compile(net)
+    rep = simulate(c, "cambricon-x", functional=False)
+    e = rep.extra
+    assert e["instructions"] == sum(r.instructions for r in rep.layers) > 0
+    assert e["compile_seconds"] == pytest.approx(e["instructions"] * 1e-6)      # 1 us per instruction
+    slow = simulate(c, "cambricon-x", functional=False, compile_per_instruction="2 us")
+    assert slow.extra["compile_seconds"] == pytest.approx(2 * e["compile_seconds"])
+    assert e["constant_bytes"] == (256 * 512 + 256) * 2 + 8 * e["instructions"]   # FP16 data + instructions
+    # DLPlib / QingLong1 copy the constant blocks one by one (a call each), QingLong2/3 the package
+    assert e["constants_separate_seconds"] == pytest.approx(e["constants_seconds"] + e["constant_blocks"] * 10e-6)
+    m = qinglong_modes(rep, 50)
+    i, xx, o = rep.host["copy in"], rep.seconds, rep.host["copy out"]
+    assert m.seconds("dlplib") == pytest.approx(50 * (e["compile_seconds"] + e["constants_separate_seconds"] + i + xx + o))
+    assert m.seconds("ql2") == pytest.approx(e["compile_seconds"] + e["pack_seconds"] + e["constants_seconds"]
+                                             + 50 * (i + xx + o))
+    # deterministic: nothing is timed on the machine running the model
+    assert qinglong_modes(simulate(c, "cambricon-x", functional=False), 50).seconds("dlplib") == m.seconds("dlplib")
+
+
+def test_vck5000_host_copies_follow_the_xrt_calls():
+    k = np.ones((3, 3), np.int32)
+    rep = simulate(FilterJob(k, shape=(216, 384)), "vck5000-aie", functional=False)
+    nbytes = 216 * 384 * 4
+    copy = nbytes / 6e9                                    # xrt::bo::write / read: a memcpy
+    assert rep.host["host -> device"] == pytest.approx(copy + 50e-6 + nbytes / (15.75e9 * 0.563))
+    assert rep.host["device -> host"] == pytest.approx(copy + 50e-6 + nbytes / (15.75e9 * 0.772))

@@ -204,8 +204,9 @@ def test_op_groups():
     assert ops.WINDOW <= ops.CONV | ops.POOL
     assert ops.ROW_LOCAL <= ops.ELEMENTWISE | ops.NORM | ops.SHAPE
     assert ops.MEMORY_BOUND <= ops.ELEMENTWISE | ops.NORM
-    for name in ops.RELU_EPILOGUE:                       # each carries a fused relu flag
+    for name in ops.ACT_EPILOGUE:                        # each carries a fused relu / act
         assert "relu" in ops.OPS[name].normalize(name, {"has_bias": False}), name
+        assert ops.OPS[name].normalize(name, {"has_bias": False, "act": "silu"})["act"][0] == "silu", name
     with pytest.raises(ValueError, match="unknown op group"):
         ops.ops_in("convolution")
 
@@ -214,4 +215,4 @@ def test_streaming_and_passes_match_on_the_groups():
     from tilefuse.compiler import bands, passes
     from tilefuse.ir import ops
     assert bands.STREAMABLE == ops.WINDOW | ops.ROW_LOCAL
-    assert "ops.RELU_EPILOGUE" in Path(passes.__file__).read_text()
+    assert "ops.ACT_EPILOGUE" in Path(passes.__file__).read_text()

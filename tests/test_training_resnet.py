@@ -40,7 +40,7 @@ def test_resnet18_zoo_matches_torch():
 
 
 def test_resnet18_from_torch_step_and_state_dict():
-    from tilefuse.frontend.torch_fx import from_torch
+    from tilefuse.frontend import from_torch
     import torch_zoo
 
     torch.manual_seed(0)

@@ -67,6 +67,9 @@ def _ins(kernel, shapes, out, params, dtype=np.float32, segs=None):
     ("relu", [(2, 3)], (2, 3), {"layout": "nchw"}, False),          # layout given: only 'nchwc'
     ("softmax", [(2, 3)], (2, 3), {"axis": 1, "layout": "nchwc"}, False),
     ("add", [(2, 3), (2, 3)], (2, 3), {"relu": False}, True),
+    ("add", [(2, 3), (2, 3)], (2, 3), {"relu": False, "act": ("identity", 0.0, 0.0)}, False),  # not normal form
+    ("add", [(2, 3), (2, 3)], (2, 3), {"relu": False, "act": ("silu", 0.0, 0.0)}, True),
+    ("add", [(2, 3), (1, 3)], (2, 3), {"relu": False}, True),   # broadcasting
     ("add", [(2, 3), (3, 2)], (2, 3), {"relu": False}, False),
     ("add", [(2, 3)], (2, 3), {"relu": False}, False),               # one operand short
     ("max_pool", [(1, 2, 5, 5)], (1, 2, 2, 2), {"kernel_size": (2, 2), "stride": (2, 2), "padding": (0, 0, 0, 0),

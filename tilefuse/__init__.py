@@ -10,12 +10,16 @@ The names here are the ones a user needs; the rest lives in the subpackages (`ti
 `tilefuse.compiler`, `tilefuse.runtime`, `tilefuse.kernels`, ...), the QingLong paper's API
 names in `tilefuse.qinglong`.
 """
-from . import errors
-from .compiler import CompiledNetwork, DataPackage, compile, load_package
-from .errors import GraphError, OutOfDeviceMemory, PackageError, UnsupportedOpError
-from .interpreter import evaluate
-from .ir import Network
-from .runtime import CPUDevice, Session
+from .kernels import isa as _isa
+
+_isa.configure()  # before any kernel is defined: numba fixes its target options then (kernels/isa.py)
+
+from . import errors  # noqa: E402
+from .compiler import CompiledNetwork, DataPackage, compile, load_package  # noqa: E402
+from .errors import GraphError, OutOfDeviceMemory, PackageError, UnsupportedOpError  # noqa: E402
+from .interpreter import evaluate  # noqa: E402
+from .ir import Network  # noqa: E402
+from .runtime import CPUDevice, Session  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GraphError
-from ..ir import Network, ops
+from ..ir import Network
 from .passes import PassResult
 
 REFERENCE = "reference"
@@ -43,12 +43,12 @@ def choose_algorithms(net: Network, *, algorithm: str | None = None, winograd: b
         raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of {fast.ALGORITHMS + (REFERENCE,)}")
     counts: dict[str, int] = {}
     for op in net.ops:
-        if op.op not in ops.CONV:
+        if op.op != "conv2d":      # conv_transpose2d has one kernel family (lowering picks its form)
             continue
         x, w = op.inputs[0], op.inputs[1]
         p = op.params
-        if algorithm == REFERENCE or x.dtype != np.float32:
-            algo = REFERENCE
+        if algorithm == REFERENCE or x.dtype != np.float32 or p.get("has_input_scale"):
+            algo = REFERENCE       # (an input-scaled conv runs kernels/se_conv.py)
         else:
             cands = fast.candidates(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"],
                                     allow_winograd=winograd)

@@ -132,6 +132,12 @@ def _streamable(op: OpNode) -> bool:
         return False
     if op.op == "concat" and op.params["axis"] % 4 != 1:
         return False
+    # the band kernels apply a ReLU epilogue only and add equal shapes only (issue 9's other
+    # activations and broadcasting ops end the streamed part; they run in the tail)
+    if ops.epilogue_act(op.params)[0] not in ("identity", "relu") or op.params.get("has_input_scale"):
+        return False
+    if op.op == "add" and op.inputs[0].shape != op.inputs[1].shape:
+        return False
     # constants of a streamed op are parameters (a conv's weights, per-channel vectors), never
     # a whole feature map: that would need its own rows
     if op.op not in ops.CONV and any(d.is_constant and len(d.shape) == 4 for d in op.inputs):

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import GraphError
 from ..ir import Network
 from .algorithms import choose_algorithms
-from .layout import NCHW, assign_layouts, check_layouts, conv_layout
+from .layout import NCHW, assign_layouts, check_layouts, conv_layout, conv_transpose_layout
 from .lower import Lowered, lower, with_program
 from .memory import MemoryPlan, plan_hidden
 from .package import DataPackage, reoff_pack, save_package, validate_package
@@ -30,6 +30,7 @@ class Plan:
     hidden_naive_bytes: int
     io_bytes: int
     passes: list[str] = field(default_factory=list)
+    target: dict = field(default_factory=dict)     # kernels/isa.info() + threads: what the kernels run on
     stream: StreamPlan | None = None     # schedule "stream": rows held per layer, bytes, stages
 
     @property
@@ -41,15 +42,20 @@ class Plan:
         return sum(r["bytes"] for r in self.rows)
 
     def __str__(self) -> str:
-        head = (f"{'#':>3} {'kernel':<16} {'algorithm':<10} {'layout':<6} {'partitioning':<12} {'tiles':<18} "
-                f"{'output':<22} {'MFLOP':>9} {'MB':>7} {'ms':>7}  operands (segment+offset)")
+        head = (f"{'#':>3} {'kernel':<16} {'algorithm':<10} {'layout':<6} {'partitioning':<24} {'tasks':>5} "
+                f"{'tiles':<22} {'output':<22} {'MFLOP':>9} {'MB':>7} {'ms':>7}  operands (segment+offset)")
         lines = [head, "-" * len(head)]
+        if self.target:
+            t = self.target
+            lines.insert(0, f"target: {t.get('cpu_model')} ({t.get('llvm_cpu')}), {t.get('vector_bits')}-bit vectors, "
+                            f"{t.get('threads')} threads")
         for r in self.rows:
             ops = " ".join(r["addresses"])
             tiles = ",".join(f"{k}={v}" for k, v in r["tiles"].items()) or "-"
             ms = f"{r['measured_seconds'] * 1e3:>7.2f}" if r.get("measured_seconds") else f"{'-':>7}"
+            tasks = r.get("tasks") if r.get("tasks") is not None else "-"
             lines.append(f"{r['index']:>3} {r['kernel']:<16} {r['algorithm']:<10} {r['layout']:<6} "
-                         f"{r['partitioning']:<12} {tiles:<18} {str(r['output_shape']):<22} "
+                         f"{r['partitioning']:<24} {tasks:>5} {tiles:<22} {str(r['output_shape']):<22} "
                          f"{r['flops'] / 1e6:>9.2f} {r['bytes'] / 1e6:>7.2f} {ms}  {ops}")
         lines.append("-" * len(head))
         saved = 1 - self.hidden_bytes / self.hidden_naive_bytes if self.hidden_naive_bytes else 0.0
@@ -85,6 +91,8 @@ class CompiledNetwork:
         """Per instruction: kernel, algorithm, layout, partitioning and tile sizes (conv, from the
         planner), FLOPs, bytes moved (operands read + written), measured seconds when tuned."""
         from ..kernels.conv.planner import describe
+        from ..kernels.threads import resolve_threads
+        threads = resolve_threads(self.options.get("threads"))
         rows = []
         for i, (ins, fl) in enumerate(zip(self.package.program(), self.lowered.flops)):
             addrs = []
@@ -93,15 +101,15 @@ class CompiledNetwork:
                 addrs.append(f"{op.name}@{seg}+{op.seg_offset}" + ("*" if seg == "io" else ""))
             alg = ins.params.get("algorithm", "-")
             layout = ins.params.get("layout", NCHW)
-            part, tiles, measured = "-", {}, None
+            part, tiles, measured, tasks = "-", {}, None, None
             if ins.kernel == "conv2d" and alg not in ("-", "reference"):
                 x, w = ins.inputs[0], self._conv_weight_shape(ins)
                 o = ins.output.shape
                 as_nchw = lambda s, c: (s[0], c, s[2], s[3]) if len(s) == 5 else tuple(s)  # noqa: E731
                 d = describe(alg, as_nchw(x.shape, w[1] * ins.params["groups"]), w, as_nchw(o, w[0]),
                              ins.params["groups"], ins.params["stride"], ins.params["padding"],
-                             ins.params["dilation"], layout)
-                part, tiles = d["partitioning"], d["tiles"]
+                             ins.params["dilation"], layout, threads=threads, out_layout=ins.params.get("out_layout"))
+                part, tiles, tasks = d["partitioning"], d["tiles"], d["tasks"]
                 t = self.tuning.get(ins.output.name.split("@")[0])
                 measured = t["seconds"].get(alg) if t else None
             elif ins.kernel in ("to_nchwc", "from_nchwc"):
@@ -117,14 +125,15 @@ class CompiledNetwork:
                 tiles = {"steps": ins.operands[0].shape[0], "band": ins.params["band_rows"]}
             rows.append({
                 "index": i, "kernel": kernel, "algorithm": alg, "layout": layout,
-                "partitioning": part, "tiles": tiles,
+                "partitioning": part, "tiles": tiles, "tasks": tasks,
                 "output": ins.output.name, "output_shape": ins.output.shape,
                 "input_shapes": [op.shape for op in ins.inputs], "flops": fl,
                 "bytes": sum(op.nbytes for op in ins.operands), "measured_seconds": measured,
                 "addresses": addrs, "params": ins.params,
             })
+        target = dict(self.package.meta.get("target") or {})
         return Plan(rows, self.package.const_bytes, self.package.hidden_bytes,
-                    self.memory.naive_bytes, self.package.io_bytes, list(self.pass_log),
+                    self.memory.naive_bytes, self.package.io_bytes, list(self.pass_log), target,
                     stream_plan(self.stream) if self.stream is not None else None)
 
     def _conv_weight_shape(self, ins) -> tuple:
@@ -186,10 +195,14 @@ def _conv_rule(layout_mode: str):
     from ..kernels import conv as fast
 
     def rule(op):
-        algo = op.params.get("algorithm", "reference")
+        x, w, p = op.inputs[0], op.inputs[1], op.params
+        if x.dtype != np.float32 or p.get("has_input_scale"):
+            return None   # an input-scaled conv (fused squeeze-excitation) runs kernels/se_conv.py
+        if op.op == "conv_transpose2d":
+            return _conv_transpose_rule(op, layout_mode)
+        algo = p.get("algorithm", "reference")
         if algo == "reference":
             return None
-        x, w, p = op.inputs[0], op.inputs[1], op.params
         layout = conv_layout(algo, layout_mode, x.shape[1], w.shape[0], p["groups"])
         b = op.inputs[2].value if p["has_bias"] else None
         prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
@@ -199,6 +212,21 @@ def _conv_rule(layout_mode: str):
             params["layout"] = layout
         return params, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}
     return rule
+
+
+def _conv_transpose_rule(op, layout_mode: str):
+    """conv_transpose2d: the NCHW16c phase kernel (kernels/conv/transpose.py) when it applies
+    (groups <= transpose.MAX_DENSE_GROUPS), else None (the NCHW GEMM + col2im kernel)."""
+    from ..kernels.conv import transpose
+    x, w, p = op.inputs[0], op.inputs[1], op.params
+    if not transpose.applies(p["groups"]):
+        return None
+    layout = conv_transpose_layout(layout_mode, x.shape[1], op.outputs[0].shape[1])
+    prepared = transpose.prepare(w.value, op.inputs[2].value if p["has_bias"] else None, p["groups"])
+    params = {"algorithm": "phase", "weight_shape": tuple(int(d) for d in w.shape)}  # for validation
+    if layout != NCHW:
+        params["layout"] = layout
+    return params, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}
 
 
 SCHEDULES = ("layer", "stream")
@@ -265,8 +293,12 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
                       if lay.changed else "assign_layouts: no change")
     log = log + [layout_log]
     mem = plan_hidden(low.hidden, low.lifetimes)             # liveness sharing of hidden blocks
+    from ..kernels.isa import info as isa_info
+    from ..kernels.threads import resolve_threads
+    target = {k: v for k, v in isa_info().items() if k in ("cpu_model", "llvm_cpu", "vector_bits")}
+    target["threads"] = resolve_threads(threads)
     meta = {"pass_log": log, "options": {k: v for k, v in options.items() if v not in (None, False)},
-            "gflops": sum(low.flops) / 1e9}
+            "gflops": sum(low.flops) / 1e9, "target": target}
     pkg = reoff_pack(net.name, low, mem, meta)
     _share_constants(low, pkg)                               # one copy of the constants, in the package
     validate_package(pkg, f"compiled '{net.name}'")           # what a loader would check, now

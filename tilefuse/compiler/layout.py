@@ -14,7 +14,10 @@ function, `LayoutResult.changed` says whether it did anything):
    and writes nchwc when a blocked conv reads it (`_blocked_output_pays`); the kernels
    that have both forms (pooling, add, relu, scale: `kernels.registry.BLOCKED_FORM`) take the layout of their
    first activation input's producer; global average pool reads nchwc and writes
-   (N, C, 1, 1) nchw; everything else runs nchw.
+   (N, C, 1, 1) nchw; the element-wise, activation, resize, pad, slice and concat kernels of
+   issue 9 follow too when their operands allow (`_blockable`: channel concat, H/W pads, a
+   broadcasting operand that is per-channel, which stays NCHW: `blocked_inputs`), and so does
+   a 1x1 conv carrying a squeeze-excitation scale; everything else runs nchw.
 2. expand: every nchwc instruction gets a `to_nchwc` before each activation input and a
    `from_nchwc` after its output, so each instruction is correct on its own (the blocked
    tensors are new hidden nodes named '<tensor>@nchwc' with their blocked shapes, so memory
@@ -37,19 +40,32 @@ CONVERSIONS = frozenset({"to_nchwc", "from_nchwc"})
 
 
 MAX_PAD_WASTE = 1.5
+GROUPED_BLOCKED = frozenset({"depthwise", "grouped"})   # the blocked forms of grouped convs
+CONVS = ("conv2d", "conv_transpose2d")                  # kernels whose params say their layout
 
 
 def conv_layout(algorithm: str | None, mode: str = "auto", ci: int = 16, co: int = 16, groups: int = 1) -> str:
     """The layout a conv runs in: nchwc when its algorithm has a blocked form, the mode allows,
-    and padding the channels to multiples of 16 adds at most 50% multiplies
-    (pad16(Ci)*pad16(Co) <= 1.5*Ci*Co: a 5-channel layer would do 10x the work blocked)."""
-    if mode == NCHW or algorithm is None or groups != 1:
-        return NCHW
+    and padding the channels to multiples of 16 adds at most 50% work: pad16(Ci)*pad16(Co) <=
+    1.5*Ci*Co for a dense conv (a 5-channel layer would do 10x the work blocked); for depthwise and
+    grouped convs, whose work grows with each padded count separately, pad16(C) <= 1.5*C for the
+    input and the output channels."""
     from ..kernels.conv import NCHWC_ALGORITHMS
-    pad = lambda c: -(-c // LANES) * LANES  # noqa: E731
-    if pad(ci) * pad(co) > MAX_PAD_WASTE * ci * co:
+    if mode == NCHW or algorithm is None or algorithm not in NCHWC_ALGORITHMS:
         return NCHW
-    return NCHWC if algorithm in NCHWC_ALGORITHMS else NCHW
+    pad = lambda c: -(-c // LANES) * LANES  # noqa: E731
+    if algorithm in GROUPED_BLOCKED:
+        return NCHWC if max(pad(ci) / ci, pad(co) / co) <= MAX_PAD_WASTE else NCHW
+    if groups != 1 or pad(ci) * pad(co) > MAX_PAD_WASTE * ci * co:
+        return NCHW
+    return NCHWC
+
+
+def conv_transpose_layout(mode: str, ci: int, co: int) -> str:
+    """The layout of a conv_transpose2d on the phase kernel (kernels/conv/transpose.py): nchwc
+    unless the mode says nchw or padding the channels adds more than 50% multiplies."""
+    pad = lambda c: -(-c // LANES) * LANES  # noqa: E731
+    return NCHW if mode == NCHW or pad(ci) * pad(co) > MAX_PAD_WASTE * ci * co else NCHWC
 
 
 def blocked_shape(shape) -> tuple[int, ...]:
@@ -84,7 +100,7 @@ def _blocked_output_pays(ins: Instruction, program: list[Instruction]) -> bool:
     co = ins.output.shape[1]
     if -(-co // LANES) * LANES > MAX_PAD_WASTE * co:
         return False
-    blocked = lambda r: r.kernel == "conv2d" and r.params.get("layout") == NCHWC  # noqa: E731
+    blocked = lambda r: r.kernel in CONVS and r.params.get("layout") == NCHWC  # noqa: E731
     for r in _readers(ins.output.name, program):
         if blocked(r) or (r.kernel in BLOCKED_FORM and r.kernel not in BLOCKED_TO_NCHW
                           and any(blocked(q) for q in _readers(r.output.name, program))):
@@ -92,18 +108,55 @@ def _blocked_output_pays(ins: Instruction, program: list[Instruction]) -> bool:
     return False
 
 
+_BINARY = frozenset({"add", "sub", "mul", "div"})
+_OLD_BLOCKED = frozenset({"max_pool", "avg_pool", "relu", "scale"})   # need no channel counts
+
+
+def blocked_inputs(ins: Instruction) -> list[int]:
+    """The inputs a blocked instruction reads in NCHW16c; the others stay NCHW (the per-channel
+    operand of a broadcasting binary op, a squeeze-excitation scale: the kernels read them so)."""
+    acts = _activations(ins)
+    if ins.kernel == "conv2d" and ins.params.get("has_input_scale"):
+        return acts[:-1]
+    if ins.kernel in _BINARY:
+        return [i for i in acts if ins.inputs[i].shape == ins.output.shape]
+    return acts
+
+
+def _blockable(ins: Instruction) -> bool:
+    """A non-conv instruction whose kernel has an NCHW16c form and whose operands allow it."""
+    from ..kernels.broadcast import channel_operand
+    k, p, out = ins.kernel, ins.params, ins.output
+    idx = blocked_inputs(ins)
+    if k not in BLOCKED_FORM or not idx or out.dtype.kind != "f" or \
+            any(len(ins.inputs[i].shape) != 4 for i in idx) or (len(out.shape) != 4 and k not in BLOCKED_TO_NCHW):
+        return False
+    if k == "concat":
+        return p["axis"] % 4 == 1
+    if k == "slice":
+        return p["axis"] % 4 != 0
+    if k == "pad":
+        return not any(p["pads"][:4])
+    if k in _BINARY:
+        return all(channel_operand(out.shape, op.shape) for i, op in enumerate(ins.inputs) if i not in idx)
+    return True
+
+
 def _choose(program: list[Instruction]) -> list[tuple[str, str]]:
     produced: dict[str, str] = {}
     out = []
     for ins in program:
-        k, acts = ins.kernel, _activations(ins)
+        k = ins.kernel
         lin = lout = NCHW
-        if k == "conv2d":
+        if k == "conv2d" and ins.params.get("has_input_scale"):
+            # a 1x1 conv with a squeeze-excitation scale follows its input (kernels/se_conv.py)
+            lin = lout = produced.get(ins.inputs[0].name, NCHW)
+        elif k in CONVS:
             lin = lout = ins.params.get("layout", NCHW)
             if lin == NCHW and _blocked_output_pays(ins, program):
                 lout = NCHWC
-        elif k in BLOCKED_FORM and acts and ins.inputs[acts[0]].dtype.kind == "f" and len(ins.inputs[acts[0]].shape) == 4:
-            lin = produced.get(ins.inputs[acts[0]].name, NCHW)
+        elif _blockable(ins):
+            lin = produced.get(ins.inputs[blocked_inputs(ins)[0]].name, NCHW)
             lout = NCHW if k in BLOCKED_TO_NCHW else lin
         produced[ins.output.name] = lout
         out.append((lin, lout))
@@ -126,7 +179,7 @@ def assign_layouts(program: list[Instruction], flops: list[int], mode: str = "au
     for ins, fl, (lin, lout) in zip(program, flops, choice):
         ops = list(ins.operands)
         if lin == NCHWC:
-            for i in _activations(ins):
+            for i in blocked_inputs(ins):
                 src = ops[i]
                 if src.name not in converted:
                     b = _blocked(src)
@@ -136,6 +189,10 @@ def assign_layouts(program: list[Instruction], flops: list[int], mode: str = "au
         params = dict(ins.params)
         if lin == NCHWC:
             params["layout"] = NCHWC
+            if ins.kernel != "conv2d" and ins.kernel in BLOCKED_FORM - BLOCKED_TO_NCHW - _OLD_BLOCKED:
+                # the real channel counts, which the blocked shapes no longer tell
+                params["channels"] = ins.output.shape[1]
+                params["in_channels"] = [ins.inputs[i].shape[1] for i in blocked_inputs(ins)]
         elif lout == NCHWC:
             params["out_layout"] = NCHWC
         if lout == NCHWC:

@@ -4,6 +4,8 @@ Each op becomes one instruction whose kernel is named after the op (the CPU kern
 `kernels/registry.py`, maps names to functions). Operands are classified into the three QingLong
 segments: bound constants -> CONST (direct), network inputs/outputs -> IO (indirect),
 everything else -> HIDDEN (direct). Segment offsets stay 0 here; REOFF fills them in.
+An op whose fused activation (params "act", not ReLU) its kernel cannot apply becomes two
+instructions: the op into a temporary '<out>@preact', then an `activation` instruction.
 Conv layers get their algorithm (and the layout it runs in) here, and an algorithm that
 transforms weights at compile time (Winograd, blocked layouts) adds its prepared arrays as
 new constant operands. The layout pass (`layout.py`) then rewrites the instruction list.
@@ -16,7 +18,9 @@ import numpy as np
 
 from ..ir import Network
 from ..ir.node import DataNode
+from ..ir.ops import IDENTITY_ACT, epilogue_act, with_act
 from ..ir.ops import flops as op_flops
+from ..kernels.registry import ACT_KERNELS
 from .program import CONST, DIRECT, HIDDEN, INDIRECT, IO, Instruction, Operand
 
 
@@ -62,7 +66,7 @@ def lower(net: Network, conv_rule=None, ops=None) -> Lowered:
     for idx, op in enumerate(net.ops if ops is None else ops):
         params = dict(op.params)
         inputs = list(op.inputs)
-        if op.op == "conv2d" and conv_rule is not None:
+        if op.op in ("conv2d", "conv_transpose2d") and conv_rule is not None:
             extra = conv_rule(op)
             if extra is not None:
                 add_params, prepared = extra
@@ -73,6 +77,17 @@ def lower(net: Network, conv_rule=None, ops=None) -> Lowered:
                 inputs = inputs[:nkeep] + [DataNode(f"{op.inputs[1].name}@{params['algorithm']}.{k}",
                                                     v.shape, v.dtype, v) for k, v in prepared.items()] + rest
                 params["prepared"] = list(prepared)
+        act = epilogue_act(params)
+        if act[0] not in ("identity", "relu") and op.op not in ACT_KERNELS:
+            # the kernel has no such epilogue (yet): it writes a temporary, an activation follows
+            tmp = DataNode(f"{op.outputs[0].name}@preact", op.outputs[0].shape, op.outputs[0].dtype)
+            params = with_act(params, IDENTITY_ACT)
+            instructions.append(Instruction(op.op, [operand(d, idx) for d in inputs] + [operand(tmp, idx)],
+                                            params))
+            instructions.append(Instruction("activation", [operand(tmp, idx), operand(op.outputs[0], idx)],
+                                            {"act": act}))
+            flops += [op_flops(op), int(np.prod(tmp.shape))]
+            continue
         ops = [operand(d, idx) for d in inputs] + [operand(op.outputs[0], idx)]
         instructions.append(Instruction(op.op, ops, params))
         flops.append(op_flops(op))

@@ -2,7 +2,7 @@
 
 Passes never mutate their input; they work on a clone. Each fusion is a rewrite that looks at
 one op and returns without change when it does not apply (single-user checks as in torch.fx
-`fuse()`). The pipeline that runs them is `compiler.pipeline.PASSES`.
+`fuse()`). The pipeline that runs them is `compiler.passlist.PASSES`.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 from ..ir import Network, OpNode, ops
 from ..ir.network import _toposort
 from ..ir.node import DataNode
+from ..ir.ops import IDENTITY_ACT
 
 
 @dataclass
@@ -40,6 +41,11 @@ def _replace_output(net: Network, producer: OpNode, old: OpNode) -> None:
     new_out.producer = producer
     net.ops.remove(old)
     assert not dead.consumers, f"{dead.name} still has consumers"
+
+
+def _has_act(op: OpNode) -> bool:
+    """The op already has a fused epilogue activation (relu or another)."""
+    return op.params.get("relu", False) or tuple(op.params.get("act", IDENTITY_ACT))[0] != "identity"
 
 
 def _reorder(net: Network) -> None:
@@ -76,7 +82,7 @@ def fold_batch_norm(net: Network) -> PassResult:
         conv = bn.inputs[0].producer
         if conv is None or conv.op != "conv2d" or _single_user(net, bn.inputs[0]) is not bn:
             continue
-        if conv.params["has_residual"] or conv.params["relu"]:
+        if conv.params["has_residual"] or _has_act(conv):
             continue
         gamma, beta, mean, var = (d.value.astype(np.float64) for d in bn.inputs[1:])
         s = gamma / np.sqrt(var + bn.params["eps"])
@@ -121,20 +127,21 @@ def fuse_residual_add(net: Network) -> PassResult:
     net = net.clone()
     n = 0
     for add in [o for o in net.ops if o.op == "add"]:
-        if add.params.get("relu"):
-            continue
+        if _has_act(add) or add.inputs[0].shape != add.inputs[1].shape:
+            continue  # an activation first, or a broadcasting add: not a residual
         for i, d in enumerate(add.inputs):
             conv = d.producer
             if conv is None or conv.op != "conv2d" or _single_user(net, d) is not add:
                 continue
-            if conv.params["has_residual"] or conv.params["relu"]:
+            if conv.params["has_residual"] or _has_act(conv):
                 continue
             other = add.inputs[1 - i]
-            if other is d:
-                continue  # add(x, x)
+            if other is d or other.is_constant:
+                continue  # add(x, x), or a constant (fold_channel_affine's job)
             other.consumers.remove(add)
             d.consumers.remove(add)
-            conv.inputs = conv.inputs + [other]
+            at = 2 + int(conv.params["has_bias"])   # roles: x, weight, bias?, residual?, input_scale?
+            conv.inputs = conv.inputs[:at] + [other] + conv.inputs[at:]
             other.consumers.append(conv)
             conv.params = dict(conv.params, has_residual=True)
             _replace_output(net, conv, add)
@@ -145,21 +152,24 @@ def fuse_residual_add(net: Network) -> PassResult:
     return PassResult(net, n > 0, f"{n} add fused into conv2d epilogue")
 
 
-def fuse_relu(net: Network) -> PassResult:
-    """conv2d / linear / add -> relu (single user): ReLU becomes the producer's epilogue."""
+def fuse_activation(net: Network) -> PassResult:
+    """conv2d / conv_transpose2d / linear / add / sub / mul / div -> relu or activation (single
+    user): the activation becomes the producer's epilogue, y = act(op(...)) (params relu / act).
+    Lowering splits it out again for a kernel that cannot apply it (compiler/lower.py)."""
     net = net.clone()
     n = 0
-    for relu in [o for o in net.ops if o.op == "relu"]:
-        d = relu.inputs[0]
+    for a in [o for o in net.ops if o.op in ("relu", "activation")]:
+        d = a.inputs[0]
         prod = d.producer
-        if prod is None or prod.op not in ops.RELU_EPILOGUE or prod.params.get("relu"):
+        if prod is None or prod.op not in ops.ACT_EPILOGUE or _has_act(prod):
             continue
-        if _single_user(net, d) is not relu:
+        if _single_user(net, d) is not a:
             continue
-        prod.params = dict(prod.params, relu=True)
-        _replace_output(net, prod, relu)
+        act = ("relu", 0.0, 0.0) if a.op == "relu" else tuple(a.params["act"])
+        prod.params = ops.with_act(prod.params, act)
+        _replace_output(net, prod, a)
         n += 1
-    return PassResult(net, n > 0, f"{n} relu fused into its producer")
+    return PassResult(net, n > 0, f"{n} activations fused into their producer")
 
 
 def eliminate_dead_nodes(net: Network) -> PassResult:
@@ -177,3 +187,266 @@ def eliminate_dead_nodes(net: Network) -> PassResult:
     removed = len(net.ops) - len(keep)
     net.ops = list(reversed(keep))
     return PassResult(net, removed > 0, f"{removed} dead ops removed")
+
+
+# ----------------------------------------------------------------------------- modern CNNs (issue 9)
+
+def _make_op(net: Network, op: str, inputs: list[DataNode], params: dict, name: str,
+             out: DataNode | None = None) -> OpNode:
+    """A new op appended to net.ops (re-sort afterwards): params normalized, shape inferred; it
+    writes `out` (whose shape must match) or a new data node named like the op."""
+    from ..ir.ops import schema
+    sch = schema(op, name)
+    p = sch.normalize(name, dict(params))
+    shape = sch.infer(name, inputs, p)
+    if out is None:
+        out = DataNode(name, shape, inputs[0].dtype)
+    elif tuple(out.shape) != tuple(shape):
+        raise AssertionError(f"{name}: rewritten {op} gives {shape}, the tensor it replaces is {out.shape}")
+    node = OpNode(name, op, list(inputs), [out], p)
+    out.producer = node
+    for d in inputs:
+        d.consumers.append(node)
+    net.ops.append(node)
+    return node
+
+
+def _drop(net: Network, op: OpNode) -> None:
+    for d in op.inputs:
+        if op in d.consumers:
+            d.consumers.remove(op)
+    net.ops.remove(op)
+
+
+def _bypass(net: Network, op: OpNode, src: DataNode) -> bool:
+    """Remove `op`, its consumers read `src` instead (not when op writes a network output)."""
+    out = op.outputs[0]
+    if any(out is o for o in net.outputs):
+        return False
+    for c in list(out.consumers):
+        c.inputs = [src if d is out else d for d in c.inputs]
+        src.consumers.append(c)
+    _drop(net, op)
+    return True
+
+
+def canonicalize(net: Network) -> PassResult:
+    """One form per computation, so later passes and kernels see the fast op:
+    mean over (H, W) with keepdim -> global_avg_pool; adaptive_avg_pool to 1x1 -> global_avg_pool,
+    to the input size -> nothing, to a divisor of it -> avg_pool; permute by the identity and
+    reshape to the same shape -> nothing; reshape (N, ...) -> (N, prod) -> flatten; activation
+    relu -> relu."""
+    net = net.clone()
+    n = 0
+    for op in list(net.ops):
+        x, out, p = op.inputs[0], op.outputs[0], op.params
+        new = None
+        if op.op == "mean" and len(x.shape) == 4 and p["keepdim"] and \
+                tuple(a % 4 for a in p["axes"]) in ((2, 3), (3, 2)):
+            new = ("global_avg_pool", {})
+        elif op.op == "adaptive_avg_pool":
+            (h, w), (oh, ow) = x.shape[2:], p["output_size"]
+            if (oh, ow) == (h, w):
+                n += _bypass(net, op, x)
+                continue
+            if (oh, ow) == (1, 1):
+                new = ("global_avg_pool", {})
+            elif h % oh == 0 and w % ow == 0:
+                k = (h // oh, w // ow)
+                new = ("avg_pool", {"kernel_size": k, "stride": k})
+        elif op.op in ("permute", "reshape") and out.shape == x.shape and \
+                (op.op == "reshape" or p["perm"] == tuple(range(len(x.shape)))):
+            n += _bypass(net, op, x)
+            continue
+        elif op.op == "reshape" and len(out.shape) == 2 and out.shape[0] == x.shape[0] and len(x.shape) > 2:
+            new = ("flatten", {"start_dim": 1})
+        elif op.op == "activation" and p["act"][0] == "relu":
+            new = ("relu", {})
+        if new is not None:
+            _drop(net, op)
+            _make_op(net, new[0], [x], new[1], op.name, out)
+            n += 1
+    if n:
+        _reorder(net)
+    return PassResult(net, n > 0, f"{n} ops canonicalized")
+
+
+def _const_like(net: Network, name: str, value: np.ndarray, dtype) -> DataNode:
+    """A constant for a rewritten op: the state_dict name kept when the old one is unused."""
+    used = {d.name for d in net.data.values()}
+    if name in used:
+        name = f"{name}@nchw"
+    return DataNode(name, value.shape, dtype, value.astype(dtype))
+
+
+_TO_NHWC, _TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+
+
+def _nhwc_chain(net: Network, p1: OpNode):
+    """The ops between permute(0, 2, 3, 1) and permute(0, 3, 1, 2) when every one acts per
+    position on the last (channel) axis, or None."""
+    chain = []
+    d = p1.outputs[0]
+    while True:
+        u = _single_user(net, d)
+        if u is None or u.inputs[0] is not d and u.op not in ("add", "sub", "mul", "div"):
+            return None
+        if u.op == "permute":
+            return chain + [u] if u.params["perm"] == _TO_NCHW else None
+        c = d.shape[-1]
+        if u.op == "layer_norm" and u.params["axis"] % 4 == 3:
+            pass
+        elif u.op == "linear" or u.op in ("relu", "activation"):
+            pass
+        elif u.op in ("add", "sub", "mul", "div"):
+            other = u.inputs[1] if u.inputs[0] is d else u.inputs[0]
+            if not other.is_constant or other.shape[-1] not in (1, c) or any(s != 1 for s in other.shape[:-1]) \
+                    or u.outputs[0].shape != d.shape:
+                return None
+        else:
+            return None
+        chain.append(u)
+        d = u.outputs[0]
+
+
+def channels_last_to_nchw(net: Network) -> PassResult:
+    """permute(0,2,3,1) -> per-position ops on the channel axis -> permute(0,3,1,2) (ConvNeXt's
+    block and its LayerNorm2d) runs in NCHW: layer_norm over the last axis -> channel_norm,
+    linear -> 1x1 conv2d, activations unchanged, per-channel constants reshaped to (1, C, 1, 1);
+    the two permutes disappear."""
+    net = net.clone()
+    n = 0
+    for p1 in [o for o in net.ops if o.op == "permute" and o.params["perm"] == _TO_NHWC]:
+        if p1 not in net.ops:
+            continue
+        chain = _nhwc_chain(net, p1)
+        if chain is None:
+            continue
+        x = p1.inputs[0]
+        final = chain[-1].outputs[0]
+        for op in [p1] + chain:
+            _drop(net, op)
+        cur = x
+        for k, op in enumerate(chain[:-1]):
+            out = final if k == len(chain) - 2 else None
+            if op.op == "layer_norm":
+                g, b = op.inputs[1], op.inputs[2]
+                node = _make_op(net, "channel_norm", [cur, g, b], {"eps": op.params["eps"]}, op.name, out)
+            elif op.op == "linear":
+                w = op.inputs[1]
+                wc = _const_like(net, w.name, w.value.reshape(w.shape + (1, 1)), w.dtype)  # (M, K) -> (M, K, 1, 1)
+                ins = [cur, wc] + op.inputs[2:]
+                node = _make_op(net, "conv2d", ins, ops.with_act({"has_bias": op.params["has_bias"]},
+                                                                 ops.epilogue_act(op.params)), op.name, out)
+            elif op.op in ("relu", "activation"):
+                node = _make_op(net, op.op, [cur], op.params, op.name, out)
+            else:
+                i = 0 if op.inputs[0].is_constant else 1
+                k_ = op.inputs[i]
+                c = k_.value.reshape(-1)
+                kc = _const_like(net, k_.name, c.reshape((1, c.size, 1, 1)) if c.size > 1 else c, k_.dtype)
+                ins = [kc, cur] if i == 0 else [cur, kc]
+                node = _make_op(net, op.op, ins, op.params, op.name, out)
+            cur = node.outputs[0]
+        if len(chain) == 1:   # permute straight back: the identity
+            for c in list(final.consumers):
+                c.inputs = [x if d is final else d for d in c.inputs]
+                x.consumers.append(c)
+            if any(final is o for o in net.outputs):
+                _make_op(net, "dropout", [x], {"p": 0.0}, final.name, final)
+        n += 1
+    if n:
+        _reorder(net)
+    return PassResult(net, n > 0, f"{n} channels-last blocks rewritten to NCHW")
+
+
+def _channel_constant(d: DataNode, channels: int, rank: int, axis1: bool) -> np.ndarray | None:
+    """The per-channel vector (channels,) of a constant broadcasting along axis 1 of a conv's
+    (N, C, H, W) output (axis1) or the last axis of a linear's rank-`rank` output, else None."""
+    if not d.is_constant:
+        return None
+    v = d.value.astype(np.float64)
+    shape = tuple(d.shape)
+    if v.size == 1:
+        return np.full(channels, float(v.reshape(-1)[0]))
+    if axis1:
+        s = (1,) * (4 - len(shape)) + shape
+        ok = len(shape) <= 4 and s[0] == 1 and s[1] == channels and s[2:] == (1, 1)
+    else:
+        ok = shape[-1] == channels and all(x == 1 for x in shape[:-1]) and len(shape) <= rank
+    return v.reshape(-1) if ok else None
+
+
+def fold_channel_affine(net: Network) -> PassResult:
+    """conv2d / linear -> mul, div, add or sub by a per-output-channel constant (ConvNeXt's
+    layer scale, a constant bias): folded into the weights and bias (w' = w*s, b' = b*s + t)."""
+    net = net.clone()
+    n = 0
+    for u in [o for o in net.ops if o.op in ("mul", "div", "add", "sub")]:
+        if _has_act(u):
+            continue
+        for i, d in enumerate(u.inputs):
+            prod = d.producer
+            if prod is None or prod.op not in ("conv2d", "linear") or _single_user(net, d) is not u:
+                continue
+            p = prod.params
+            if _has_act(prod) or p.get("has_residual") or p.get("has_input_scale") or u.outputs[0].shape != d.shape:
+                continue
+            chans = d.shape[1] if prod.op == "conv2d" else d.shape[-1]
+            s = _channel_constant(u.inputs[1 - i], chans, len(d.shape), prod.op == "conv2d")
+            if s is None or (u.op == "sub" and i == 1) or (u.op == "div" and (i == 1 or np.any(s == 0))):
+                continue
+            w = prod.inputs[1].value.astype(np.float64)
+            b = prod.inputs[2].value.astype(np.float64) if p["has_bias"] else np.zeros(chans)
+            if u.op in ("mul", "div"):
+                f = s if u.op == "mul" else 1.0 / s
+                w = w * f.reshape((-1,) + (1,) * (w.ndim - 1))
+                b = b * f
+            else:
+                b = b + s if u.op == "add" else b - s
+            dt = prod.inputs[1].dtype
+            wd = DataNode(f"{prod.name}.weight_folded", w.shape, dt, w.astype(dt))
+            bd = DataNode(f"{prod.name}.bias_folded", b.shape, dt, b.astype(dt))
+            for x in prod.inputs[1:]:
+                x.consumers.remove(prod)
+            prod.inputs = [prod.inputs[0], wd, bd]
+            wd.consumers.append(prod)
+            bd.consumers.append(prod)
+            prod.params = dict(p, has_bias=True)
+            _replace_output(net, prod, u)
+            n += 1
+            break
+    return PassResult(net, n > 0, f"{n} per-channel constant ops folded into conv/linear")
+
+
+def fuse_squeeze_excitation(net: Network) -> PassResult:
+    """mul(x, s) with s (N, C, 1, 1) computed from x (a squeeze-excitation scale) feeding a 1x1
+    conv: the conv takes s as an input scale (params has_input_scale), and x * s is never
+    materialized (kernels/se_conv.py scales the weights per image instead)."""
+    net = net.clone()
+    n = 0
+    for m in [o for o in net.ops if o.op == "mul"]:
+        if _has_act(m):
+            continue
+        out = m.outputs[0]
+        conv = _single_user(net, out)
+        if conv is None or conv.op != "conv2d" or conv.inputs[0] is not out or conv.params.get("has_input_scale"):
+            continue
+        p = conv.params
+        if conv.inputs[1].shape[2:] != (1, 1) or p["stride"] != (1, 1) or p["padding"] != (0, 0, 0, 0) \
+                or p["groups"] != 1:
+            continue
+        a, b = m.inputs
+        x, s = (a, b) if len(b.shape) == 4 and b.shape[2:] == (1, 1) and a.shape == out.shape else (b, a)
+        if len(x.shape) != 4 or x.shape != out.shape or s.is_constant or s.shape != x.shape[:2] + (1, 1):
+            continue
+        conv.inputs = [x] + conv.inputs[1:] + [s]
+        x.consumers.append(conv)
+        s.consumers.append(conv)
+        out.consumers.remove(conv)
+        conv.params = dict(p, has_input_scale=True)
+        _drop(net, m)
+        n += 1
+    if n:
+        _reorder(net)
+    return PassResult(net, n > 0, f"{n} squeeze-excitation scales fused into the next 1x1 conv")

@@ -6,13 +6,17 @@ from ..ir import Network
 from . import passes as P
 
 PASSES = [
-    (P.remove_dropout,        "dropout is the identity at inference"),
-    (P.eliminate_dead_nodes,  "nothing computes a value no output needs"),
-    (P.fold_batch_norm,       "conv -> BN with one user: BN folds into the conv's weights and bias"),
-    (P.batch_norm_to_scale,   "a BN left over is a per-channel affine map"),
-    (P.fuse_residual_add,     "conv -> add: the residual add runs in the conv's epilogue"),
-    (P.fuse_relu,             "conv/linear/add -> relu: ReLU runs in the producer's epilogue"),
-    (P.eliminate_dead_nodes,  "fusions may leave constants and ops without users"),
+    (P.remove_dropout,          "dropout is the identity at inference"),
+    (P.eliminate_dead_nodes,    "nothing computes a value no output needs"),
+    (P.canonicalize,            "one form per computation: mean over H, W is global_avg_pool, ..."),
+    (P.channels_last_to_nchw,   "permute -> LayerNorm / Linear per position -> permute runs in NCHW"),
+    (P.fold_batch_norm,         "conv -> BN with one user: BN folds into the conv's weights and bias"),
+    (P.batch_norm_to_scale,     "a BN left over is a per-channel affine map"),
+    (P.fold_channel_affine,     "conv/linear -> * or + a per-channel constant: folds into weights, bias"),
+    (P.fuse_squeeze_excitation, "x * s(x) -> 1x1 conv: the channel scale moves onto the conv's weights"),
+    (P.fuse_residual_add,       "conv -> add: the residual add runs in the conv's epilogue"),
+    (P.fuse_activation,         "conv/linear/add/... -> activation: it runs in the producer's epilogue"),
+    (P.eliminate_dead_nodes,    "fusions may leave constants and ops without users"),
 ]
 
 

@@ -10,7 +10,8 @@ the fastest wins. Results persist in a JSON file so a layer is measured once per
      "entries": {"<machine key>": {"<layer key>": {"algorithm": "winograd4",
                                                    "seconds": {"direct": 0.0012, ...}}}}}
 
-machine key: CPU model | usable cores | threads | OpenBLAS core type (the BLAS kernels change
+machine key: CPU model | LLVM CPU name and vector width the kernels are compiled for (kernels/isa.py) |
+             usable cores | threads | OpenBLAS core type (the BLAS kernels change
              the GEMM-based algorithms' speed, and OPENBLAS_CORETYPE is set per process) |
              fingerprint of the conv kernels' source (a changed kernel is measured again)
 layer key:   x shape | weight shape | stride | padding | dilation | groups | residual | relu |
@@ -42,15 +43,8 @@ def cache_path() -> Path:
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine() or "unknown cpu"
+    from ..kernels.isa import cpu_model as model
+    return model()
 
 
 _FINGERPRINT: str | None = None
@@ -70,10 +64,12 @@ def kernels_fingerprint() -> str:
 
 
 def machine_key(threads: int) -> str:
+    from ..kernels.isa import info
     from ..kernels.blas import blas_info
     from ..kernels.threads import cpu_count
-    return (f"{cpu_model()}|{cpu_count()} cores|{threads} threads|blas {blas_info()}"
-            f"|kernels {kernels_fingerprint()}")
+    i = info()
+    return (f"{i['cpu_model']}|{i['llvm_cpu']} {i['vector_bits']}-bit|{cpu_count()} cores|{threads} threads"
+            f"|blas {blas_info()}|kernels {kernels_fingerprint()}")
 
 
 def layer_key(x_shape, w_shape, p: dict, allow_winograd: bool, layout_mode: str) -> str:

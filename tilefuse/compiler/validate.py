@@ -35,6 +35,7 @@ from ..errors import GraphError
 from ..ir.ops import normalize, schema
 from ..kernels import registry
 from ..kernels.conv import NCHWC_ALGORITHMS
+from ..kernels.conv.stem import applies as stem_applies
 from ..kernels.conv.select import candidates
 from .program import CONST
 
@@ -237,19 +238,39 @@ def _prepared_direct(w, groups, layout):
 
 
 def _prepared_winograd(m):
-    def shapes(w, groups, layout):
+    def shapes(w, groups, layout):   # winograd.prepare: U packed (alpha^2, OP, Cip, 32)
         co, ci = w[0], w[1]
-        return {"weight": ((m + 2) ** 2, _ceil16(ci), _ceil16(co)), "bias": (_ceil16(co),)}
+        return {"weight": ((m + 2) ** 2, -(-co // 32), _ceil16(ci), 32), "bias": (_ceil16(co),)}
     return shapes
 
 
 def _prepared_im2col(w, groups, layout):
     co, cg, kh, kw = w
-    return {"weight": (groups, co // groups, cg, kh, kw), "bias": (co,)}
+    out = {"weight": (groups, co // groups, cg, kh, kw), "bias": (co,)}
+    if stem_applies(cg, groups):    # the stem kernel's packing too (stem.prepare, via im2col.prepare)
+        out.update({"stem_weight": (-(-co // LANES), cg, kh, kw, LANES), "stem_bias": (_ceil16(co),)})
+    return out
+
+
+def _prepared_depthwise(w, groups, layout):
+    co, _, kh, kw = w   # depthwise.prepare: one form for both layouts; "src" for a channel multiplier > 1
+    out = {"weight": (-(-co // LANES), kh, kw, LANES), "bias": (_ceil16(co),)}
+    if co != groups:
+        out["src"] = (_ceil16(co),)
+    return out
+
+
+def _prepared_grouped(w, groups, layout):
+    from ..kernels.conv.planner import grouped_bundle
+    co, cg, kh, kw = w  # grouped.prepare: the block groups' dense tiles, one form for both layouts
+    _, cbg, obg, gp = grouped_bundle(cg * groups, co, groups)
+    return {"weight": (gp, obg, cbg, kh, kw, LANES, LANES), "bias": (gp * obg * LANES,)}
 
 
 # algorithm -> fn(weight_shape, groups, layout) -> {role: shape}: the constants conv2d_prepare makes
 PREPARED: dict[str, Callable] = {
+    "depthwise": _prepared_depthwise,
+    "grouped": _prepared_grouped,
     "gemm1x1": _prepared_gemm1x1,
     "direct": _prepared_direct,
     "winograd2": _prepared_winograd(2),
@@ -257,7 +278,8 @@ PREPARED: dict[str, Callable] = {
     "im2col": _prepared_im2col,
 }
 
-_CONV_KEYS = {"stride", "padding", "dilation", "groups", "has_bias", "has_residual", "relu"}
+_CONV_KEYS = {"stride", "padding", "dilation", "groups", "has_bias", "has_residual", "relu", "act",
+              "has_input_scale"}
 _CONV_EXTRA = {"algorithm", "prepared", "weight_shape", "layout", "out_layout"}
 
 
@@ -284,6 +306,8 @@ def validate_conv2d(ins) -> None:
     xs, wt = ins.inputs[0] if ins.inputs else None, None
     if xs is None:
         _fail("no input operands")
+    if norm.get("has_input_scale"):
+        return _validate_input_scaled_conv(ins, p, norm, node)
     if alg == "reference":
         if set(p) & {"prepared", "weight_shape", "layout", "out_layout"}:
             _fail(f"the reference conv takes no {sorted(set(p) & {'prepared', 'weight_shape', 'layout', 'out_layout'})}")
@@ -306,12 +330,15 @@ def validate_conv2d(ins) -> None:
     keys = p.get("prepared")
     if ins.output.dtype != F32:
         _fail(f"algorithm {alg!r} runs float32 only, operands are {ins.output.dtype}")
-    if keys is None or list(keys) != ["weight", "bias"]:
-        _fail(f"parameter prepared={keys!r}; expected ('weight', 'bias')")
     g = norm["groups"]
+    if g < 1 or ws[0] % g:
+        _fail(f"weight_shape {ws} with groups={g}; expected out channels divisible by groups")
+    expect_keys = list(PREPARED[alg](ws, g, lay))
+    if keys is None or list(keys) != expect_keys:
+        _fail(f"parameter prepared={keys!r}; expected {tuple(expect_keys)}")
     if lay == "nchwc" or out_lay == "nchwc":
-        if g != 1:
-            _fail(f"groups={g} in NCHW16c; expected 1")
+        if g != 1 and not (lay == "nchwc" and alg in ("depthwise", "grouped")):
+            _fail(f"groups={g} in NCHW16c with algorithm {alg!r}; expected 1 (or a depthwise / grouped algorithm)")
         if lay == "nchwc" and alg not in NCHWC_ALGORITHMS:
             _fail(f"algorithm {alg!r} has no NCHW16c form; expected one of {NCHWC_ALGORITHMS}")
         if out_lay == "nchwc" and alg != "im2col":
@@ -420,23 +447,22 @@ def validate_band(ins) -> None:
         check_bounded(p["attrs"])
     check_band(ins)
     if p["op"] == "conv2d" and p.get("prepared"):
-        attrs = p["attrs"]
-        alg = attrs.get("algorithm")
-        if alg not in PREPARED:
-            _fail(f"conv algorithm {alg!r} has no validator; known: {sorted(PREPARED)}")
-        if ins.output.dtype != F32 or list(p["prepared"]) != ["weight", "bias"]:
-            _fail(f"prepared {p['prepared']!r} on {ins.output.dtype}; expected ('weight', 'bias') on float32")
-        ws, g = tuple(p["weight_shape"]), attrs["groups"]
-        if p["layout"] == "nchwc" and (g != 1 or alg not in NCHWC_ALGORITHMS):
-            _fail(f"NCHW16c weights for algorithm {alg!r}, groups={g}; expected one of {NCHWC_ALGORITHMS}, groups 1")
-        cands = candidates((1, ws[1] * g, 1, 1), ws, attrs["stride"], attrs["padding"], attrs["dilation"], g)
-        if alg not in cands:
-            _fail(f"algorithm {alg!r} cannot run weight {ws}; candidates: {cands}")
-        shapes = PREPARED[alg](ws, g, p["layout"])
-        for k, o in zip(p["prepared"], [o for o in ins.inputs if _is_const(o)]):
-            if tuple(o.shape) != tuple(shapes[k]):
-                _fail(f"prepared {k} '{o.name}' has shape {o.shape}; algorithm {alg!r} with weight_shape {ws} "
-                      f"needs {tuple(shapes[k])}")
+        # the prepared weights as the layer's conv2d validator sees them: the same instruction on
+        # whole logical tensors (NCHW16c when the weights are the blocked form)
+        from .program import DIRECT, HIDDEN, Instruction, Operand
+        blk = p["layout"] == "nchwc"
+        acts = iter(tuple(t[:4]) for t in p["tensors"])
+
+        def whole(o):
+            if _is_const(o):
+                return o
+            shape = next(acts)
+            return Operand(o.name, DIRECT, HIDDEN, o.dtype, blocked(shape) if blk else shape)
+        ops = [whole(o) for o in ins.operands]
+        params = dict(p["attrs"], prepared=p["prepared"], weight_shape=p["weight_shape"])
+        if blk:
+            params["layout"] = "nchwc"
+        validate_conv2d(Instruction("conv2d", ops, params))
 
 
 def validate_stream_header(ins) -> None:
@@ -457,3 +483,159 @@ def register(name: str, fn, validator, threaded: bool = False) -> None:
     VALIDATORS[name] = validator
     if threaded:
         registry.THREADED.add(name)
+
+
+
+# ----------------------------------------------------------------------------- modern CNN ops (issue 9)
+
+def _validate_input_scaled_conv(ins, p, norm, node) -> None:
+    """conv2d with a squeeze-excitation scale (kernels/se_conv.py): operands x, weight, bias?,
+    residual?, input_scale (N, C, 1, 1), the reference weights (no algorithm); NCHW, or x /
+    residual / output NCHW16c (1x1 stride 1 only, float32), the scale NCHW."""
+    if set(p) & {"algorithm", "prepared", "weight_shape", "out_layout"}:
+        _fail(f"an input-scaled conv takes no {sorted(set(p) & {'algorithm', 'prepared', 'weight_shape', 'out_layout'})}")
+    roles = ["x", "weight"] + (["bias"] if norm["has_bias"] else []) + \
+        (["residual"] if norm["has_residual"] else []) + ["input_scale"]
+    if len(ins.inputs) != len(roles):
+        _fail(f"{len(ins.inputs)} input operands, expected {len(roles)} ({', '.join(roles)})")
+    w = ins.inputs[1]
+    if not _is_const(w) or len(w.shape) != 4:
+        _fail(f"weight '{w.name}' must be a constant (O, C/groups, kh, kw), got shape {w.shape}")
+    ts = [_T(o.name, o.shape, o.dtype) for o in ins.inputs]
+    blocked_io = p.get("layout") == "nchwc"
+    if blocked_io:
+        if ins.output.dtype != F32 or w.shape[2:] != (1, 1) or norm["stride"] != (1, 1) or \
+                norm["padding"] != (0, 0, 0, 0) or norm["groups"] != 1:
+            _fail("an input-scaled conv runs NCHW16c only as a float32 1x1 conv with stride 1, no padding, groups 1")
+        ts[0] = _T(ins.inputs[0].name, _unblock(ins.inputs[0].shape, f"input '{ins.inputs[0].name}'", w.shape[1]),
+                   ins.inputs[0].dtype)
+        if norm["has_residual"]:
+            r = ins.inputs[roles.index("residual")]
+            ts[roles.index("residual")] = _T(r.name, _unblock(r.shape, f"residual '{r.name}'", w.shape[0]), r.dtype)
+    want = _infer("conv2d", node, ts, norm)
+    want = blocked(want) if blocked_io else want
+    if tuple(ins.output.shape) != want:
+        _fail(f"output '{node}' has shape {ins.output.shape}; its inputs and parameters give {want}")
+
+
+def _check_channel_params(p: dict, n_blocked: int) -> tuple[int, list[int]]:
+    """The real channel counts a blocked non-conv kernel carries (compiler/layout.py)."""
+    c = _channels_param(p)
+    inch = p.get("in_channels")
+    if not isinstance(inch, (tuple, list)) or len(inch) != n_blocked or \
+            any(isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM for v in inch):
+        _fail(f"parameter in_channels={inch!r}; expected {n_blocked} positive integers (one per blocked input)")
+    return c, list(inch)
+
+
+def blocked_op_validator(op: str, layouts=("nchw",)) -> Callable:
+    """The validator of a kernel computing IR op `op` whose NCHW16c form (params layout "nchwc",
+    channels, in_channels from the layout pass) reads its 5-D operands blocked and any 4-D one
+    as NCHW (a per-channel operand, kernels/broadcast.py): logical shapes re-derived with the
+    channel counts, then the IR's inference; NCHW instructions go to op_validator."""
+    nchw = op_validator(op)
+    s = schema(op)
+
+    def validate(ins) -> None:
+        p = dict(ins.params)
+        if p.get("layout") != "nchwc":
+            if set(p) & {"channels", "in_channels"}:
+                _fail(f"parameters {sorted(set(p) & {'channels', 'in_channels'})} belong to the NCHW16c form; "
+                      f"expected layout='nchwc' with them")
+            return nchw(ins)
+        _layout_param(p, layouts)
+        node = ins.output.name
+        blocked_ins = [o for o in ins.inputs if not _is_const(o) and len(o.shape) == 5]
+        c, inch = _check_channel_params(p, len(blocked_ins))
+        own = {k: v for k, v in p.items() if k not in ("layout", "channels", "in_channels")}
+        check_bounded(p)
+        norm = _normalized(op, node, own)
+        unknown = set(own) - set(norm)
+        if unknown:
+            _fail(f"unknown parameter(s) {sorted(unknown)}; {op} takes {sorted(norm) or 'none'}")
+        roles = s.input_roles(norm)
+        variadic = any(r.endswith("*") for r in roles)
+        if (len(ins.inputs) < 1) if variadic else (len(ins.inputs) != len(roles)):
+            _fail(f"{len(ins.inputs)} input operands, expected {len(roles)} ({', '.join(roles)})")
+        if any(o.dtype != F32 for o in ins.operands):
+            _fail(f"NCHW16c operands are {[str(o.dtype) for o in ins.operands]}; expected float32")
+        it = iter(inch)
+        ts = [_T(o.name, _unblock(o.shape, f"input '{o.name}'", next(it)), o.dtype)
+              if (not _is_const(o) and len(o.shape) == 5) else _T(o.name, o.shape, o.dtype) for o in ins.inputs]
+        want = _infer(op, node, ts, norm)
+        if len(want) != 4 or want[1] != c:
+            _fail(f"output '{node}': inputs and parameters give {want}, expected {c} channels (N, C, H, W)")
+        if tuple(ins.output.shape) != blocked(want):
+            _fail(f"output '{node}' has shape {ins.output.shape}; its inputs and parameters give {blocked(want)}")
+
+    validate.__name__ = f"validate_{op}"
+    validate.op = op
+    return validate
+
+
+for _k in ("activation", "prelu", "add", "sub", "mul", "div", "resize", "pad", "slice", "concat", "channel_norm"):
+    VALIDATORS[_k] = blocked_op_validator(_k, _layouts(_k))
+for _k in ("mean", "sum", "reshape", "permute", "layer_norm", "adaptive_avg_pool"):
+    VALIDATORS[_k] = op_validator(_k, _layouts(_k))
+
+
+_validate_convt_reference = op_validator("conv_transpose2d", _layouts("conv_transpose2d"))
+
+
+def validate_conv_transpose2d(ins) -> None:
+    """conv_transpose2d: the reference form (x, weight, bias?), or the phase kernel's
+    (kernels/conv/transpose.py; params algorithm "phase", prepared, weight_shape, layout?):
+    x, its prepared weight (KH, KW, OP, Cip, 32) and bias (OP*32,), NCHW or NCHW16c; every shape
+    re-derived from weight_shape and the IR's shape inference."""
+    p = dict(ins.params)
+    if "algorithm" not in p:
+        _validate_convt_reference(ins)
+        return
+    check_bounded(p)
+    node = ins.output.name
+    extra = {"algorithm", "prepared", "weight_shape", "layout"}
+    own = {k: v for k, v in p.items() if k not in extra}
+    norm = _normalized("conv_transpose2d", node, own)
+    unknown = set(own) - set(norm)
+    if unknown:
+        _fail(f"unknown parameter(s) {sorted(unknown)}")
+    if p["algorithm"] != "phase":
+        _fail(f"conv_transpose2d algorithm {p['algorithm']!r}; expected 'phase'")
+    lay = p.get("layout", "nchw")
+    if lay not in ("nchw", "nchwc") or ("layout" in p and lay != "nchwc"):
+        _fail(f"layout={lay!r}; expected 'nchwc' when given")
+    ws = p.get("weight_shape")
+    if not (isinstance(ws, (tuple, list)) and len(ws) == 4
+            and all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= MAX_SPATIAL for d in ws)):
+        _fail(f"parameter weight_shape={ws!r}; expected (in channels, out channels / groups, kh, kw)")
+    ws = tuple(ws)
+    if list(p.get("prepared") or ()) != ["weight", "bias"]:
+        _fail(f"parameter prepared={p.get('prepared')!r}; expected ('weight', 'bias')")
+    if len(ins.inputs) != 3:
+        _fail(f"{len(ins.inputs)} input operands, expected 3 (x, weight, bias)")
+    if any(o.dtype != F32 for o in ins.operands):
+        _fail(f"operand dtypes {[str(o.dtype) for o in ins.operands]}; the phase kernel runs float32")
+    x = ins.inputs[0]
+    ci, g = ws[0], norm["groups"]
+    if lay == "nchwc":
+        xl = _unblock(x.shape, f"input '{x.name}'", None)
+        if xl[1] != _ceil16(ci):
+            _fail(f"input '{x.name}' has {xl[1] // LANES} channel blocks; weight_shape {ws} needs {_ceil16(ci) // LANES}")
+        xl = (xl[0], ci, xl[2], xl[3])
+    else:
+        xl = tuple(x.shape)
+    want = _infer("conv_transpose2d", node, [_T(x.name, xl, x.dtype), _T("weight", ws, x.dtype)],
+                  dict(norm, has_bias=False))
+    if lay == "nchwc":
+        want = blocked(want)
+    if tuple(ins.output.shape) != want:
+        _fail(f"output '{node}' has shape {ins.output.shape}; its inputs and parameters give {want}")
+    co, op = ws[1] * g, -(-(ws[1] * g) // 32)
+    for k, o, s in (("weight", ins.inputs[1], (ws[2], ws[3], op, _ceil16(ci), 32)), ("bias", ins.inputs[2], (op * 32,))):
+        if not _is_const(o):
+            _fail(f"prepared {k} '{o.name}' is not a constant")
+        if tuple(o.shape) != s:
+            _fail(f"prepared {k} '{o.name}' has shape {o.shape}; weight_shape {ws} with groups={g} needs {s}")
+
+
+VALIDATORS["conv_transpose2d"] = validate_conv_transpose2d

@@ -229,6 +229,140 @@ class Network:
     def dropout(self, x: DataNode, p: float = 0.5, name: str | None = None) -> DataNode:
         return self.add_op("dropout", [x], {"p": p}, name)
 
+    # ---------------------------------------------------------------- modern CNN ops (issue 9)
+
+    def conv_transpose2d(self, x: DataNode, weight, bias=None, stride=1, padding=0, output_padding=0,
+                         dilation=1, groups=1, name: str | None = None) -> DataNode:
+        """weight (C_in, C_out/groups, kh, kw), PyTorch ConvTranspose2d semantics."""
+        n = self._name("conv_transpose2d", name)
+        ins = [x, self._const(n, "weight", weight, x.dtype)]
+        if bias is not None:
+            ins.append(self._const(n, "bias", bias, x.dtype))
+        return self.add_op("conv_transpose2d", ins, dict(stride=stride, padding=padding,
+                                                         output_padding=output_padding, dilation=dilation,
+                                                         groups=groups, has_bias=bias is not None), n)
+
+    def activation(self, x: DataNode, act: str, name: str | None = None, **params) -> DataNode:
+        """act(x) with an activation of kernels/activations.py: "silu", "clip" (min=, max=), ...
+        ReLU is the relu op."""
+        if act == "relu" and not params:
+            return self.relu(x, name=name)
+        return self.add_op("activation", [x], {"act": (act, params)}, name)
+
+    def sigmoid(self, x: DataNode, name: str | None = None) -> DataNode:
+        return self.activation(x, "sigmoid", name)
+
+    def silu(self, x: DataNode, name: str | None = None) -> DataNode:
+        return self.activation(x, "silu", name)
+
+    def hardswish(self, x: DataNode, name: str | None = None) -> DataNode:
+        return self.activation(x, "hardswish", name)
+
+    def hardsigmoid(self, x: DataNode, name: str | None = None) -> DataNode:
+        return self.activation(x, "hardsigmoid", name)
+
+    def relu6(self, x: DataNode, name: str | None = None) -> DataNode:
+        return self.activation(x, "clip", name, min=0.0, max=6.0)
+
+    def gelu(self, x: DataNode, approximate: str = "none", name: str | None = None) -> DataNode:
+        return self.activation(x, "gelu_tanh" if approximate == "tanh" else "gelu", name)
+
+    def prelu(self, x: DataNode, slope, name: str | None = None) -> DataNode:
+        n = self._name("prelu", name)
+        return self.add_op("prelu", [x, self._const(n, "weight", np.asarray(slope).reshape(-1), x.dtype)], {}, n)
+
+    def _binary(self, kind: str, a, b, name: str | None) -> DataNode:
+        n = self._name(kind, name)
+        if not isinstance(a, DataNode):
+            a = self._const(n, "a", np.asarray(a, dtype=b.dtype).reshape(np.shape(a) or (1,)), b.dtype)
+        if not isinstance(b, DataNode):
+            b = self._const(n, "b", np.asarray(b, dtype=a.dtype).reshape(np.shape(b) or (1,)), a.dtype)
+        return self.add_op(kind, [a, b], {}, n)
+
+    def sub(self, a, b, name: str | None = None) -> DataNode:
+        """a - b with NumPy broadcasting; either may be a constant array or a number."""
+        return self._binary("sub", a, b, name)
+
+    def mul(self, a, b, name: str | None = None) -> DataNode:
+        return self._binary("mul", a, b, name)
+
+    def div(self, a, b, name: str | None = None) -> DataNode:
+        return self._binary("div", a, b, name)
+
+    def mean(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
+        return self.add_op("mean", [x], {"axes": axes, "keepdim": keepdim}, name)
+
+    def sum(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
+        return self.add_op("sum", [x], {"axes": axes, "keepdim": keepdim}, name)
+
+    def reshape(self, x: DataNode, shape, name: str | None = None) -> DataNode:
+        return self.add_op("reshape", [x], {"shape": tuple(shape)}, name)
+
+    def permute(self, x: DataNode, perm, name: str | None = None) -> DataNode:
+        return self.add_op("permute", [x], {"perm": tuple(perm)}, name)
+
+    def slice(self, x: DataNode, axis: int, start: int = 0, stop: int | None = None, step: int = 1,
+              name: str | None = None) -> DataNode:
+        return self.add_op("slice", [x], dict(axis=axis, start=start, stop=stop, step=step), name)
+
+    def split(self, x: DataNode, sizes, axis: int = 1, name: str | None = None) -> list[DataNode]:
+        """Consecutive pieces of `sizes` along `axis` (one slice op each: '<name>.0', '<name>.1', ...)."""
+        base = self._name("split", name)
+        if sum(sizes) != x.shape[axis]:
+            raise GraphError(base, f"split sizes {tuple(sizes)} sum to {sum(sizes)}; expected {x.shape[axis]} "
+                                   f"(axis {axis} of {x.shape})")
+        out, start = [], 0
+        for i, s in enumerate(sizes):
+            out.append(self.slice(x, axis, start, start + s, 1, name=f"{base}.{i}"))
+            start += s
+        return out
+
+    def pad(self, x: DataNode, pads, mode: str = "constant", value: float = 0.0,
+            name: str | None = None) -> DataNode:
+        """pads = (before_0, after_0, before_1, after_1, ...) over every axis."""
+        return self.add_op("pad", [x], dict(pads=tuple(pads), mode=mode, value=value), name)
+
+    def resize(self, x: DataNode, size=None, scale_factor=None, mode: str = "nearest",
+               align_corners: bool = False, name: str | None = None) -> DataNode:
+        """F.interpolate on (N, C, H, W): mode "nearest", "nearest-exact" or "bilinear"; by size or
+        scale_factor (output size floor(H * scale), the scale enters the coordinate map as in torch)."""
+        h, w = x.shape[2], x.shape[3]
+        if (size is None) == (scale_factor is None):
+            raise GraphError(self._name("resize", name), "resize needs exactly one of size and scale_factor")
+        scales = None
+        if size is None:
+            sh, sw = (scale_factor, scale_factor) if np.isscalar(scale_factor) else scale_factor
+            scales = (float(sh), float(sw))
+            size = (int(np.floor(h * scales[0])), int(np.floor(w * scales[1])))
+        elif np.isscalar(size):
+            size = (int(size), int(size))
+        if mode == "bilinear":
+            p = dict(mode="linear", coord="align_corners" if align_corners else "half_pixel")
+        elif mode == "nearest-exact":
+            p = dict(mode="nearest", coord="half_pixel", nearest_mode="round_prefer_ceil")
+        elif mode == "nearest":
+            p = dict(mode="nearest", coord="asymmetric", nearest_mode="floor")
+        else:
+            raise GraphError(self._name("resize", name), f"interpolation mode {mode!r} is not supported; "
+                                                        f"expected nearest, nearest-exact or bilinear")
+        return self.add_op("resize", [x], dict(p, size=tuple(size), scales=scales), name)
+
+    def layer_norm(self, x: DataNode, gamma, beta, axis: int = -1, eps: float = 1e-5,
+                   name: str | None = None) -> DataNode:
+        """Normalize over the axes from `axis` to the last (torch LayerNorm(x.shape[axis:]))."""
+        n = self._name("layer_norm", name)
+        return self.add_op("layer_norm", [x, self._const(n, "weight", gamma, x.dtype),
+                                          self._const(n, "bias", beta, x.dtype)], {"axis": axis, "eps": eps}, n)
+
+    def channel_norm(self, x: DataNode, gamma, beta, eps: float = 1e-6, name: str | None = None) -> DataNode:
+        """Layer norm over the channels of (N, C, H, W) at each position (LayerNorm2d)."""
+        n = self._name("channel_norm", name)
+        return self.add_op("channel_norm", [x, self._const(n, "weight", gamma, x.dtype),
+                                            self._const(n, "bias", beta, x.dtype)], {"eps": eps}, n)
+
+    def adaptive_avg_pool(self, x: DataNode, output_size, name: str | None = None) -> DataNode:
+        return self.add_op("adaptive_avg_pool", [x], {"output_size": output_size}, name)
+
     # ---------------------------------------------------------------- checks and copies
 
     def lint(self) -> None:

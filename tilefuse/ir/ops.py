@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import GraphError
+from ..kernels import activations as _acts
 from ..kernels import reference as ref
 
 Shape = tuple[int, ...]
@@ -100,7 +101,7 @@ class OpSchema:
 
 
 OPS: dict[str, OpSchema] = {}
-GROUP_NAMES = ("conv", "pool", "global", "norm", "elementwise", "linear", "reduce", "shape")
+GROUP_NAMES = ("conv", "pool", "global", "norm", "elementwise", "linear", "reduce", "shape", "resize")
 
 
 def _register(schema: OpSchema):
@@ -123,23 +124,87 @@ def _prod(s) -> int:
 
 # conv2d --------------------------------------------------------------------------------
 
+def act_param(node: str, v) -> tuple[str, float, float]:
+    """An activation as (name, alpha, beta) from the shared table (kernels/activations.py).
+
+    Accepts a name ("silu"), (name, {param: value}) or an already normalized (name, alpha, beta)."""
+    if isinstance(v, str):
+        name, params = v, {}
+    elif isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[1], dict):
+        name, params = v
+    elif isinstance(v, (tuple, list)) and len(v) == 3 and isinstance(v[0], str):
+        name = v[0]
+        pnames = _acts.ACTIVATIONS[name][1] if name in _acts.ACTIVATIONS else ()
+        params = {k: x for k, x in zip(pnames, v[1:])}
+    else:
+        raise GraphError(node, f"activation {v!r} must be a name, (name, params) or (name, alpha, beta)")
+    try:
+        name, a, b = _acts.normalize(name, params, where=node)
+    except ValueError as e:
+        raise GraphError(node, str(e).split(": ", 1)[-1]) from None
+    if name == "clip":   # an open bound is the float32 range: finite, so packages can carry it
+        a, b = (max(min(v, _F32_MAX), -_F32_MAX) for v in (a, b))
+    return name, a, b
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+IDENTITY_ACT = ("identity", 0.0, 0.0)
+
+
+def _epilogue_norm(node, p) -> dict:
+    """relu / act of a fused epilogue. Normal form: {"relu": bool}, plus "act": (name, alpha, beta)
+    only for an activation other than identity and ReLU (so the ops and packages of before issue 9
+    keep their form); act "relu" is relu=True."""
+    relu = bool(p.get("relu", False))
+    act = p.get("act")
+    act = (("relu", 0.0, 0.0) if relu else IDENTITY_ACT) if act is None else act_param(node, act)
+    if relu and act[0] != "relu":
+        raise GraphError(node, f"relu=True with act={act[0]!r}; expected one activation")
+    q = {"relu": act[0] == "relu"}
+    if act[0] not in ("identity", "relu"):
+        q["act"] = act
+    return q
+
+
+def with_act(params: dict, act) -> dict:
+    """`params` of an op with a fused epilogue, its activation replaced by `act` (normal form)."""
+    q = {k: v for k, v in params.items() if k not in ("relu", "act")}
+    act = tuple(act)
+    q["relu"] = act[0] == "relu"
+    if act[0] not in ("identity", "relu"):
+        q["act"] = act
+    return q
+
+
+def epilogue_act(params: dict) -> tuple[str, float, float]:
+    """The activation of an op's fused epilogue (identity when none)."""
+    act = params.get("act")
+    if act is None:
+        return ("relu", 0.0, 0.0) if params.get("relu") else IDENTITY_ACT
+    return tuple(act)
+
+
 def _conv_norm(node, p):
-    out = {
+    q = {
         "stride": pair(node, "stride", p.get("stride", 1)),
         "padding": padding4(node, p.get("padding", 0)),
         "dilation": pair(node, "dilation", p.get("dilation", 1)),
         "groups": _int(node, "groups", p.get("groups", 1), 1),
         "has_bias": bool(p.get("has_bias", False)),
         "has_residual": bool(p.get("has_residual", False)),
-        "relu": bool(p.get("relu", False)),
     }
+    if p.get("has_input_scale"):
+        q["has_input_scale"] = True
+    q.update(_epilogue_norm(node, p))
     if p.get("algorithm") is not None:   # the compiler's annotation (compiler/algorithms.py)
         from ..kernels.conv.select import ALGORITHMS
         alg, known = p["algorithm"], ALGORITHMS + ("reference",)
         if not isinstance(alg, str) or alg not in known:
             raise GraphError(node, f"parameter algorithm={alg!r}; expected one of {known}")
-        out["algorithm"] = alg
-    return out
+        q["algorithm"] = alg
+    return q
 
 
 def _conv_infer(node, ins, p):
@@ -167,14 +232,20 @@ def _conv_infer(node, ins, p):
         i += 1
     if p["has_residual"]:
         _expect_shape(node, "residual", ins[i], (n, o, ho, wo))
+        i += 1
+    if p.get("has_input_scale"):
+        _expect_shape(node, "input_scale", ins[i], (n, c, 1, 1))
     return (n, o, ho, wo)
 
 
-def _conv_ref(x, w, *rest, stride, padding, dilation, groups, has_bias, has_residual, relu, algorithm=None):
+def _conv_ref(x, w, *rest, stride, padding, dilation, groups, has_bias, has_residual, relu, act=None,
+              has_input_scale=False, algorithm=None):
     rest = list(rest)
     b = rest.pop(0) if has_bias else None
     res = rest.pop(0) if has_residual else None
-    return ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res, relu=relu)
+    s = rest.pop(0) if has_input_scale else None
+    return ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res, relu=relu, act=act,
+                      input_scale=s)
 
 
 def _conv_flops(in_shapes, out, p):
@@ -182,7 +253,7 @@ def _conv_flops(in_shapes, out, p):
     return 2 * _prod(out) * cg * kh * kw
 
 
-_register(OpSchema("conv2d", "conv", ("x", "weight", "bias?", "residual?"),
+_register(OpSchema("conv2d", "conv", ("x", "weight", "bias?", "residual?", "input_scale?"),
                    _conv_norm, _conv_infer, _conv_ref, _conv_flops))
 
 
@@ -223,19 +294,64 @@ def _same_infer(node, ins, p):
     return tuple(ins[0].shape)
 
 
-def _add_infer(node, ins, p):
-    a, b = ins
-    if a.shape != b.shape:
-        raise GraphError(node, f"add operands have shapes {a.shape} ('{a.name}') and {b.shape} "
-                               f"('{b.name}'); expected equal shapes")
-    _expect_same_dtype(node, ins)
-    return tuple(a.shape)
+def broadcast_shape(node: str, what: str, a, b) -> Shape:
+    """NumPy broadcasting of two data nodes' shapes, or a GraphError naming both."""
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
+    except ValueError:
+        raise GraphError(node, f"{what} operands have shapes {a.shape} ('{a.name}') and {b.shape} "
+                               f"('{b.name}'); expected shapes that broadcast (NumPy rules: trailing "
+                               f"dimensions equal or 1)") from None
+
+
+def _binary_infer(kind):
+    def infer(node, ins, p):
+        a, b = ins
+        _expect_same_dtype(node, ins)
+        return broadcast_shape(node, kind, a, b)
+    return infer
 
 
 _register(OpSchema("relu", "elementwise", ("x",), lambda n, p: {}, _same_infer,
                    lambda x: ref.relu(x), lambda i, o, p: _prod(o)))
-_register(OpSchema("add", "elementwise", ("a", "b"), lambda n, p: {"relu": bool(p.get("relu", False))},
-                   _add_infer, lambda a, b, relu: ref.add(a, b, relu), lambda i, o, p: _prod(o)))
+for _kind in ("add", "sub", "mul", "div"):
+    # a (op) b with NumPy broadcasting, then the fused activation (relu or act)
+    _register(OpSchema(_kind, "elementwise", ("a", "b"), _epilogue_norm, _binary_infer(_kind),
+                       (lambda k: lambda a, b, relu, act=None: ref.binary(k, a, b, relu, act))(_kind),
+                       lambda i, o, p: _prod(o)))
+
+
+# activations (the shared table of kernels/activations.py), prelu ---------------------------
+
+_ACT_FLOPS = {"identity": 0, "relu": 1, "clip": 2, "leaky_relu": 2, "hardsigmoid": 3, "hardswish": 4,
+              "sigmoid": 4, "silu": 5, "elu": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8}
+
+
+def _activation_norm(node, p):
+    if "act" not in p:
+        raise GraphError(node, "activation needs act=(name, alpha, beta) or a name; expected one of "
+                               + ", ".join(_acts.ACTIVATIONS))
+    return {"act": act_param(node, p["act"])}
+
+
+_register(OpSchema("activation", "elementwise", ("x",), _activation_norm, _same_infer,
+                   lambda x, act: ref.activation(x, act),
+                   lambda i, o, p: _ACT_FLOPS.get(p["act"][0], 4) * _prod(o)))
+
+
+def _prelu_infer(node, ins, p):
+    x, s = ins
+    _expect_same_dtype(node, ins)
+    if len(x.shape) < 2:
+        raise GraphError(node, f"input '{x.name}' has shape {x.shape}, expected (N, C, ...)")
+    if s.shape not in ((x.shape[1],), (1,)):
+        raise GraphError(node, f"slope '{s.name}' has shape {s.shape}, expected ({x.shape[1]},) "
+                               f"(one per channel) or (1,)")
+    return tuple(x.shape)
+
+
+_register(OpSchema("prelu", "elementwise", ("x", "slope"), lambda n, p: {}, _prelu_infer,
+                   lambda x, s: ref.prelu(x, s), lambda i, o, p: 2 * _prod(o)))
 
 
 def _dropout_norm(node, p):
@@ -308,24 +424,26 @@ _register(OpSchema("global_avg_pool", "global", ("x",), lambda n, p: {}, _gap_in
 # linear, softmax, lrn ------------------------------------------------------------------------
 
 def _linear_norm(node, p):
-    return {"has_bias": bool(p.get("has_bias", False)), "relu": bool(p.get("relu", False))}
+    return {"has_bias": bool(p.get("has_bias", False)), **_epilogue_norm(node, p)}
 
 
 def _linear_infer(node, ins, p):
+    """(..., K) x (M, K) -> (..., M): a 2-D (N, K) input, or channels-last (N, H, W, K)."""
     x, w = ins[0], ins[1]
-    _expect_rank(node, "input", x, 2)
+    if len(x.shape) < 2:
+        raise GraphError(node, f"input '{x.name}' has shape {x.shape}, expected rank >= 2 (..., in_features)")
     _expect_rank(node, "weight", w, 2)
     _expect_same_dtype(node, ins)
-    if w.shape[1] != x.shape[1]:
+    if w.shape[1] != x.shape[-1]:
         raise GraphError(node, f"weight '{w.name}' has shape {w.shape}, expected (out_features, "
-                               f"{x.shape[1]}) to match input {x.shape}")
+                               f"{x.shape[-1]}) to match input {x.shape}")
     if p["has_bias"]:
         _expect_shape(node, "bias", ins[2], (w.shape[0],))
-    return (x.shape[0], w.shape[0])
+    return tuple(x.shape[:-1]) + (w.shape[0],)
 
 
-def _linear_ref(x, w, *rest, has_bias, relu):
-    return ref.linear(x, w, rest[0] if has_bias else None, relu=relu)
+def _linear_ref(x, w, *rest, has_bias, relu, act=None):
+    return ref.linear(x, w, rest[0] if has_bias else None, relu=relu, act=act)
 
 
 _register(OpSchema("linear", "linear", ("x", "weight", "bias?"), _linear_norm, _linear_infer,
@@ -404,6 +522,306 @@ _register(OpSchema("concat", "shape", ("x*",), _axis_norm, _concat_infer,
                    lambda *xs, axis: ref.concat(*xs, axis=axis), lambda i, o, p: 0))
 
 
+# conv_transpose2d --------------------------------------------------------------------------
+
+def _convt_norm(node, p):
+    q = {
+        "stride": pair(node, "stride", p.get("stride", 1)),
+        "padding": padding4(node, p.get("padding", 0)),
+        "output_padding": pair(node, "output_padding", p.get("output_padding", 0), lo=0),
+        "dilation": pair(node, "dilation", p.get("dilation", 1)),
+        "groups": _int(node, "groups", p.get("groups", 1), 1),
+        "has_bias": bool(p.get("has_bias", False)),
+    }
+    q.update(_epilogue_norm(node, p))
+    for i in range(2):
+        if q["output_padding"][i] >= max(q["stride"][i], q["dilation"][i]):
+            raise GraphError(node, f"output_padding={q['output_padding']} must be smaller than stride "
+                                   f"{q['stride']} or dilation {q['dilation']} in each dimension")
+    return q
+
+
+def _convt_infer(node, ins, p):
+    x, w = ins[0], ins[1]
+    _expect_rank(node, "input", x, 4)
+    _expect_rank(node, "weight", w, 4)
+    _expect_same_dtype(node, ins)
+    n, c, h, wd = x.shape
+    ci, og, kh, kw = w.shape
+    g = p["groups"]
+    if ci != c:
+        raise GraphError(node, f"weight '{w.name}' has shape {w.shape}: {ci} input channels, expected {c} "
+                               f"(transposed conv weights are (C_in, C_out/groups, kh, kw))")
+    if c % g:
+        raise GraphError(node, f"groups={g} must divide input channels {c}")
+    co = og * g
+    ho = ref.conv_transpose_out_size(h, kh, p["stride"][0], p["padding"][0], p["padding"][1],
+                                     p["dilation"][0], p["output_padding"][0])
+    wo = ref.conv_transpose_out_size(wd, kw, p["stride"][1], p["padding"][2], p["padding"][3],
+                                     p["dilation"][1], p["output_padding"][1])
+    if ho < 1 or wo < 1:
+        raise GraphError(node, f"input {x.shape} with kernel {kh}x{kw}, stride {p['stride']}, padding "
+                               f"{p['padding']} gives an empty output ({ho}x{wo}); expected padding smaller "
+                               f"than the transposed conv's full output")
+    if p["has_bias"]:
+        _expect_shape(node, "bias", ins[2], (co,))
+    return (n, co, ho, wo)
+
+
+def _convt_ref(x, w, *rest, stride, padding, output_padding, dilation, groups, has_bias, relu, act=None):
+    return ref.conv_transpose2d(x, w, rest[0] if has_bias else None, stride, padding, output_padding,
+                                dilation, groups, act=act if act is not None else ("relu", 0.0, 0.0) if relu else None)
+
+
+_register(OpSchema("conv_transpose2d", "conv", ("x", "weight", "bias?"), _convt_norm, _convt_infer,
+                   _convt_ref, lambda i, o, p: 2 * _prod(i[0]) * _prod(i[1][1:])))
+
+
+# reductions ----------------------------------------------------------------------------------
+
+def _axes_norm(node, p, name="axes"):
+    v = p.get(name)
+    if v is None:
+        raise GraphError(node, f"parameter {name} is required (a tuple of axes)")
+    v = (v,) if isinstance(v, (int, np.integer)) else tuple(v)
+    return tuple(_int(node, name, a) for a in v)
+
+
+def _resolve_axes(node, axes, rank) -> tuple[int, ...]:
+    out = []
+    for a in axes:
+        if not -rank <= a < rank:
+            raise GraphError(node, f"axis {a} is out of range for rank {rank}; expected -{rank} <= axis < {rank}")
+        out.append(a % rank)
+    if len(set(out)) != len(out):
+        raise GraphError(node, f"axes {axes} repeat an axis (rank {rank})")
+    return tuple(sorted(out))
+
+
+def _reduce_norm(node, p):
+    return {"axes": _axes_norm(node, p), "keepdim": bool(p.get("keepdim", False))}
+
+
+def _reduce_infer(node, ins, p):
+    x = ins[0]
+    axes = _resolve_axes(node, p["axes"], len(x.shape))
+    if not axes:
+        raise GraphError(node, "axes=() reduces nothing; expected at least one axis")
+    out = ref._reduced_shape(x.shape, axes, p["keepdim"])
+    if not out:
+        raise GraphError(node, f"reducing every axis of {x.shape} without keepdim gives a scalar; "
+                               f"expected keepdim=True or fewer axes")
+    return out
+
+
+for _kind in ("mean", "sum"):
+    _register(OpSchema(_kind, "reduce", ("x",), _reduce_norm, _reduce_infer,
+                       (lambda k: lambda x, axes, keepdim: ref.reduce(
+                           k, x, tuple(a % x.ndim for a in axes), keepdim))(_kind),
+                       lambda i, o, p: _prod(i[0])))
+
+
+# movement: reshape, permute, slice, pad --------------------------------------------------------
+
+def _reshape_norm(node, p):
+    shape = p.get("shape")
+    if shape is None:
+        raise GraphError(node, "parameter shape is required")
+    shape = tuple(_int(node, "shape", d) for d in shape)
+    if sum(d == -1 for d in shape) > 1 or any(d == 0 or d < -1 for d in shape):
+        raise GraphError(node, f"shape={shape} must have positive sizes and at most one -1")
+    return {"shape": shape}
+
+
+def _reshape_infer(node, ins, p):
+    x = ins[0]
+    total = _prod(x.shape)
+    shape = p["shape"]
+    known = _prod([d for d in shape if d != -1])
+    if -1 in shape:
+        if total % known:
+            raise GraphError(node, f"cannot reshape {x.shape} ({total} elements) to {shape}; expected a "
+                                   f"shape whose known sizes divide {total}")
+        shape = tuple(total // known if d == -1 else d for d in shape)
+    if _prod(shape) != total:
+        raise GraphError(node, f"cannot reshape {x.shape} ({total} elements) to {shape} ({_prod(shape)} "
+                               f"elements); expected the same element count")
+    return shape
+
+
+_register(OpSchema("reshape", "shape", ("x",), _reshape_norm, _reshape_infer,
+                   lambda x, shape: ref.reshape(x, shape), lambda i, o, p: 0))
+
+
+def _permute_norm(node, p):
+    perm = p.get("perm")
+    if perm is None:
+        raise GraphError(node, "parameter perm is required")
+    perm = tuple(_int(node, "perm", a, 0) for a in perm)
+    if sorted(perm) != list(range(len(perm))):
+        raise GraphError(node, f"perm={perm} must be a permutation of 0..{len(perm) - 1}")
+    return {"perm": perm}
+
+
+def _permute_infer(node, ins, p):
+    x = ins[0]
+    if len(p["perm"]) != len(x.shape):
+        raise GraphError(node, f"perm={p['perm']} has {len(p['perm'])} axes, input '{x.name}' has shape "
+                               f"{x.shape}; expected one axis per dimension")
+    return tuple(x.shape[a] for a in p["perm"])
+
+
+_register(OpSchema("permute", "shape", ("x",), _permute_norm, _permute_infer,
+                   lambda x, perm: ref.permute(x, perm), lambda i, o, p: 0))
+
+
+def _slice_norm(node, p):
+    step = _int(node, "step", p.get("step", 1), 1)
+    start = _int(node, "start", p.get("start", 0))
+    stop = p.get("stop")
+    stop = None if stop is None else _int(node, "stop", stop)
+    return {"axis": _int(node, "axis", p.get("axis", 1)), "start": start, "stop": stop, "step": step}
+
+
+def _slice_infer(node, ins, p):
+    x = ins[0]
+    (axis,) = _resolve_axes(node, (p["axis"],), len(x.shape))
+    n = len(range(*slice(p["start"], p["stop"], p["step"]).indices(x.shape[axis])))
+    if n < 1:
+        raise GraphError(node, f"slice {p['start']}:{p['stop']}:{p['step']} of axis {axis} (size "
+                               f"{x.shape[axis]}) of '{x.name}' is empty; expected at least one element")
+    out = list(x.shape)
+    out[axis] = n
+    return tuple(out)
+
+
+_register(OpSchema("slice", "shape", ("x",), _slice_norm, _slice_infer,
+                   lambda x, axis, start, stop, step: ref.slice_axis(x, axis % x.ndim, start, stop, step),
+                   lambda i, o, p: 0))
+
+
+PAD_MODES = ("constant", "reflect", "replicate")
+
+
+def _pad_norm(node, p):
+    pads = p.get("pads")
+    if pads is None:
+        raise GraphError(node, "parameter pads is required: (before_0, after_0, before_1, after_1, ...)")
+    pads = tuple(_int(node, "pads", v, 0) for v in pads)
+    mode = {"edge": "replicate"}.get(p.get("mode", "constant"), p.get("mode", "constant"))
+    if mode not in PAD_MODES:
+        raise GraphError(node, f"pad mode {mode!r} is not supported; expected one of {PAD_MODES}")
+    value = float(p.get("value", 0.0))
+    if not np.isfinite(value):
+        raise GraphError(node, f"pad value {value} must be finite")
+    return {"pads": pads, "mode": mode, "value": value}
+
+
+def _pad_infer(node, ins, p):
+    x = ins[0]
+    pads = p["pads"]
+    if len(pads) != 2 * len(x.shape):
+        raise GraphError(node, f"pads={pads} has {len(pads)} values for input shape {x.shape}; expected "
+                               f"{2 * len(x.shape)} (before, after per axis)")
+    out = []
+    for i, d in enumerate(x.shape):
+        lo, hi = pads[2 * i], pads[2 * i + 1]
+        if p["mode"] == "reflect" and max(lo, hi) >= d:
+            raise GraphError(node, f"reflect padding ({lo}, {hi}) of axis {i} needs a larger input: size {d}, "
+                                   f"expected padding < {d}")
+        out.append(d + lo + hi)
+    return tuple(out)
+
+
+_register(OpSchema("pad", "shape", ("x",), _pad_norm, _pad_infer,
+                   lambda x, pads, mode, value: ref.pad(x, pads, mode, value), lambda i, o, p: 0))
+
+
+# resize -----------------------------------------------------------------------------------
+
+RESIZE_MODES = ("nearest", "linear")
+
+
+def _resize_norm(node, p):
+    size = pair(node, "size", p.get("size"))
+    scales = p.get("scales")
+    if scales is not None:
+        scales = tuple(float(v) for v in (scales if isinstance(scales, (tuple, list)) else (scales, scales)))
+        if len(scales) != 2 or not all(np.isfinite(v) and v > 0 for v in scales):
+            raise GraphError(node, f"scales={p.get('scales')!r} must be two positive numbers (h, w)")
+    mode = {"bilinear": "linear"}.get(p.get("mode", "nearest"), p.get("mode", "nearest"))
+    if mode not in RESIZE_MODES:
+        raise GraphError(node, f"resize mode {mode!r} is not supported; expected one of {RESIZE_MODES}")
+    coord = p.get("coord", "asymmetric" if mode == "nearest" else "half_pixel")
+    if coord not in ref.RESIZE_COORDS:
+        raise GraphError(node, f"coordinate mode {coord!r} is not supported; expected one of {ref.RESIZE_COORDS}")
+    nm = p.get("nearest_mode", "floor")
+    if nm not in ref.NEAREST_MODES:
+        raise GraphError(node, f"nearest_mode {nm!r} is not supported; expected one of {ref.NEAREST_MODES}")
+    return {"size": size, "scales": scales, "mode": mode, "coord": coord, "nearest_mode": nm}
+
+
+def _resize_infer(node, ins, p):
+    x = ins[0]
+    _expect_rank(node, "input", x, 4)
+    return (x.shape[0], x.shape[1]) + tuple(p["size"])
+
+
+_register(OpSchema("resize", "resize", ("x",), _resize_norm, _resize_infer,
+                   lambda x, **p: ref.resize(x, **p),
+                   lambda i, o, p: (7 if p["mode"] == "linear" else 0) * _prod(o)))
+
+
+# normalization over channels, adaptive pooling ----------------------------------------------
+
+def _layer_norm_norm(node, p):
+    return {"eps": _bn_norm(node, p)["eps"], "axis": _int(node, "axis", p.get("axis", -1))}
+
+
+def _channel_norm_norm(node, p):
+    return _bn_norm(node, {"eps": p.get("eps", 1e-6)})
+
+
+def _layer_norm_infer(node, ins, p):
+    x, g, b = ins
+    _expect_same_dtype(node, ins)
+    (axis,) = _resolve_axes(node, (p["axis"],), len(x.shape))
+    _expect_shape(node, "gamma", g, x.shape[axis:])
+    _expect_shape(node, "beta", b, x.shape[axis:])
+    return tuple(x.shape)
+
+
+_register(OpSchema("layer_norm", "norm", ("x", "gamma", "beta"), _layer_norm_norm, _layer_norm_infer,
+                   lambda x, g, b, eps, axis: ref.layer_norm(x, g, b, axis, eps),
+                   lambda i, o, p: 8 * _prod(o)))
+
+
+def _channel_norm_infer(node, ins, p):
+    x, g, b = ins
+    if len(x.shape) < 2:
+        raise GraphError(node, f"input '{x.name}' has shape {x.shape}, expected (N, C, ...)")
+    _expect_same_dtype(node, ins)
+    _expect_shape(node, "gamma", g, (x.shape[1],))
+    _expect_shape(node, "beta", b, (x.shape[1],))
+    return tuple(x.shape)
+
+
+_register(OpSchema("channel_norm", "norm", ("x", "gamma", "beta"), _channel_norm_norm, _channel_norm_infer,
+                   lambda x, g, b, eps: ref.channel_norm(x, g, b, eps), lambda i, o, p: 8 * _prod(o)))
+
+
+def _adaptive_norm(node, p):
+    return {"output_size": pair(node, "output_size", p.get("output_size"))}
+
+
+def _adaptive_infer(node, ins, p):
+    x = ins[0]
+    _expect_rank(node, "input", x, 4)
+    return (x.shape[0], x.shape[1]) + tuple(p["output_size"])
+
+
+_register(OpSchema("adaptive_avg_pool", "pool", ("x",), _adaptive_norm, _adaptive_infer,
+                   lambda x, output_size: ref.adaptive_avg_pool(x, output_size), lambda i, o, p: _prod(i[0])))
 
 # ----------------------------------------------------------------------------- named op groups
 # What passes, layouts, streaming and training match on, defined once (tinygrad's GroupOp).
@@ -420,14 +838,15 @@ def ops_in(*groups: str) -> frozenset[str]:
     return frozenset(n for n, s in OPS.items() if s.group in groups)
 
 
-CONV = ops_in("conv")                # convolutions (conv2d)
-POOL = ops_in("pool")                # windowed pooling (max_pool, avg_pool)
+CONV = ops_in("conv")                # convolutions (conv2d, conv_transpose2d)
+POOL = ops_in("pool")                # windowed pooling (max_pool, avg_pool, adaptive_avg_pool)
 GLOBAL = ops_in("global")            # whole-plane reductions (global_avg_pool)
 NORM = ops_in("norm")                # per-channel / cross-channel maps (batch_norm, scale, lrn)
-ELEMENTWISE = ops_in("elementwise")  # one output element per input element (relu, add, dropout)
+ELEMENTWISE = ops_in("elementwise")  # one output element per input element (relu, activation, add, ...)
 LINEAR = ops_in("linear")            # dense layers (linear)
-REDUCE = ops_in("reduce")            # reductions along an axis (softmax)
-SHAPE = ops_in("shape")              # data movement (flatten, concat)
+REDUCE = ops_in("reduce")            # reductions along axes (softmax, mean, sum)
+SHAPE = ops_in("shape")              # data movement (flatten, concat, reshape, permute, slice, pad)
+RESIZE = ops_in("resize")            # spatial resampling (resize: nearest, bilinear)
 
 # property groups:
 # output row r reads a window of input rows (kernel_size / stride / padding / dilation in H):
@@ -436,8 +855,10 @@ WINDOW = frozenset({"conv2d", "max_pool", "avg_pool"})
 # output row r reads input row r only: streamed as is (kernels/bands.py: relu, add, dropout,
 # concat on rows of either layout; any other op through its reference kernel on NCHW rows)
 ROW_LOCAL = frozenset({"relu", "add", "scale", "batch_norm", "dropout", "local_response_norm", "concat"})
-# ops with a `relu` parameter: a following ReLU fuses into them (compiler/passes.py fuse_relu)
-RELU_EPILOGUE = frozenset({"conv2d", "linear", "add"})
+# ops with a fused epilogue activation (`relu` / `act` parameters): a following ReLU or activation
+# fuses into them (compiler/passes.py fuse_activation); lowering splits it out again for a kernel
+# that cannot apply it
+ACT_EPILOGUE = frozenset({"conv2d", "conv_transpose2d", "linear", "add", "sub", "mul", "div"})
 # seed 004's memory-bound layers (BN, its inference form scale, ReLU, Add): what training fuses
 # into the convolutions and its traffic tables count as memory-bound
 MEMORY_BOUND = frozenset({"batch_norm", "scale", "relu", "add"})

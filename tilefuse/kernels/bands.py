@@ -96,7 +96,7 @@ def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc
             return "any", False, False
         from .conv import NCHWC_ALGORITHMS
         one = params["groups"] == 1
-        blocked = alg in NCHWC_ALGORITHMS and one
+        blocked = alg in NCHWC_ALGORITHMS and (one or alg in ("depthwise", "grouped"))
         return "any", blocked, blocked or (alg == "im2col" and one)
     if rings != "nchwc" or dtype != np.float32:
         return "nchw", False, False

@@ -52,12 +52,15 @@ def conv_out_size(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dila
 
 
 def conv2d(x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
-           residual=None, relu=False):
+           residual=None, relu=False, act=None, input_scale=None):
     """2-D cross-correlation, PyTorch Conv2d semantics, with an optional fused epilogue.
 
     x: (N, C, H, W), w: (O, C/groups, kh, kw), b: (O,) or None, residual: (N, O, Ho, Wo) or None.
-    y = conv(x, w) + b (+ residual), then max(y, 0) if relu.
+    y = act(conv(x * input_scale, w) + b (+ residual)); relu=True is act ("relu", 0, 0).
+    input_scale: (N, C, 1, 1) per-image channel scale of the input (a fused squeeze-excitation).
     """
+    if input_scale is not None:
+        x = (x.astype(_acc_dtype(x.dtype)) * input_scale.astype(_acc_dtype(x.dtype))).astype(x.dtype)
     acc = _acc_dtype(x.dtype)
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
@@ -81,7 +84,7 @@ def conv2d(x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), g
         y += residual.astype(acc, copy=False)
     if relu:
         np.maximum(y, 0, out=y)
-    return y.astype(x.dtype, copy=False)
+    return apply_act(y, act).astype(x.dtype, copy=False)
 
 
 def batch_norm(x, gamma, beta, mean, var, eps=1e-5):
@@ -167,15 +170,15 @@ def global_avg_pool(x):
     return x.astype(acc).mean(axis=(2, 3), keepdims=True).astype(x.dtype, copy=False)
 
 
-def linear(x, w, b=None, relu=False):
-    """(N, K) @ (M, K)^T + b -> (N, M), PyTorch Linear semantics."""
+def linear(x, w, b=None, relu=False, act=None):
+    """(..., K) @ (M, K)^T + b -> (..., M), PyTorch Linear semantics, then the activation."""
     acc = _acc_dtype(x.dtype)
     y = x.astype(acc) @ w.astype(acc).T
     if b is not None:
         y += b.astype(acc)
     if relu:
         np.maximum(y, 0, out=y)
-    return y.astype(x.dtype, copy=False)
+    return apply_act(y, act).astype(x.dtype, copy=False)
 
 
 def flatten(x, start_dim=1):
@@ -222,3 +225,227 @@ def dropout(x, p=0.5):
 
 def reshape(x, shape):
     return x.reshape(shape)
+
+
+# ----------------------------------------------------------------------------- modern CNN ops
+# (issue 9) Each is PyTorch's semantics unless it says otherwise; tests/test_ops_modern.py
+# compares every one with torch on odd shapes.
+
+def apply_act(y, act):
+    """The activation (name, alpha, beta) of kernels/activations.py on y (None or identity: y)."""
+    if act is None or act[0] == "identity":
+        return y
+    from .activations import reference as act_ref
+    return act_ref(act[0], y, act[1], act[2])
+
+
+def activation(x, act):
+    """y = act(x), act = (name, alpha, beta) from the shared table (kernels/activations.py)."""
+    return apply_act(x, act).astype(x.dtype, copy=False)
+
+
+def prelu(x, slope):
+    """PReLU: x if x > 0 else slope[c] * x; slope (C,) over axis 1, or (1,) shared."""
+    acc = _acc_dtype(x.dtype)
+    s = slope.astype(acc).reshape((1, -1) + (1,) * (x.ndim - 2)) if x.ndim >= 2 else slope.astype(acc)
+    xa = x.astype(acc)
+    return np.where(xa > 0, xa, s * xa).astype(x.dtype, copy=False)
+
+
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
+
+def binary(kind, a, b, relu=False, act=None):
+    """Element-wise add / sub / mul / div with NumPy broadcasting, then the activation."""
+    acc = _acc_dtype(a.dtype)
+    y = _BINARY[kind](a.astype(acc), b.astype(acc))
+    if relu:
+        np.maximum(y, 0, out=y)
+    return apply_act(y, act).astype(a.dtype, copy=False)
+
+
+def reduce(kind, x, axes, keepdim=False):
+    """mean / sum over `axes` (accumulated in float32, float64 for float64)."""
+    acc = _acc_dtype(x.dtype)
+    f = np.mean if kind == "mean" else np.sum
+    return f(x.astype(acc), axis=tuple(axes), keepdims=keepdim).astype(x.dtype, copy=False).reshape(
+        _reduced_shape(x.shape, axes, keepdim))
+
+
+def _reduced_shape(shape, axes, keepdim):
+    return tuple(1 if i in axes else d for i, d in enumerate(shape) if keepdim or i not in axes)
+
+
+def permute(x, perm):
+    return np.ascontiguousarray(np.transpose(x, perm))
+
+
+def slice_axis(x, axis, start, stop, step):
+    """x[..., start:stop:step, ...] along `axis` (Python slice rules, step >= 1)."""
+    idx = [slice(None)] * x.ndim
+    idx[axis] = slice(start, stop, step)
+    return np.ascontiguousarray(x[tuple(idx)])
+
+
+def pad(x, pads, mode="constant", value=0.0):
+    """pads = (before_0, after_0, before_1, after_1, ...) for every axis; mode constant / reflect
+    (mirror without repeating the edge) / replicate (repeat the edge)."""
+    width = [(pads[2 * i], pads[2 * i + 1]) for i in range(x.ndim)]
+    if mode == "constant":
+        return np.pad(x, width, mode="constant", constant_values=x.dtype.type(value))
+    return np.pad(x, width, mode="reflect" if mode == "reflect" else "edge")
+
+
+def conv_transpose_out_size(size, k, stride, pad_lo, pad_hi, dilation, output_padding):
+    return (size - 1) * stride - pad_lo - pad_hi + dilation * (k - 1) + output_padding + 1
+
+
+def conv_transpose2d(x, w, b=None, stride=(1, 1), padding=(0, 0, 0, 0), output_padding=(0, 0),
+                     dilation=(1, 1), groups=1, act=None):
+    """PyTorch ConvTranspose2d: x (N, Ci, H, W), w (Ci, Co/groups, kh, kw) -> (N, Co, Ho, Wo),
+    Ho = (H-1)*s - pad_top - pad_bottom + d*(kh-1) + output_padding + 1.
+
+    Every input pixel scatters x[n, ci, i, j] * w[ci, :, p, q] to full-canvas position
+    (i*s + p*d, j*s + q*d); the output is the canvas cropped by (top, left) padding."""
+    acc = _acc_dtype(x.dtype)
+    n, ci, h, wd = x.shape
+    _, og, kh, kw = w.shape
+    co = og * groups
+    cig = ci // groups
+    t, bt, l, r = padding
+    ho = conv_transpose_out_size(h, kh, stride[0], t, bt, dilation[0], output_padding[0])
+    wo = conv_transpose_out_size(wd, kw, stride[1], l, r, dilation[1], output_padding[1])
+    hc = max((h - 1) * stride[0] + dilation[0] * (kh - 1) + 1, t + ho)
+    wc = max((wd - 1) * stride[1] + dilation[1] * (kw - 1) + 1, l + wo)
+    canvas = np.zeros((n, co, hc, wc), acc)
+    xa = x.astype(acc)
+    wa = w.astype(acc)
+    for g in range(groups):
+        xg = xa[:, g * cig:(g + 1) * cig]                       # (N, Cig, H, W)
+        for p in range(kh):
+            for q in range(kw):
+                wg = wa[g * cig:(g + 1) * cig, :, p, q]          # (Cig, og)
+                # (N, Cig, H, W) x (Cig, og) -> (N, og, H, W)
+                contrib = np.einsum("nchw,co->nohw", xg, wg)
+                r0, c0 = p * dilation[0], q * dilation[1]
+                canvas[:, g * og:(g + 1) * og, r0:r0 + (h - 1) * stride[0] + 1:stride[0],
+                       c0:c0 + (wd - 1) * stride[1] + 1:stride[1]] += contrib
+    y = canvas[:, :, t:t + ho, l:l + wo]
+    if b is not None:
+        y = y + b.astype(acc).reshape(1, co, 1, 1)
+    return apply_act(y, act).astype(x.dtype, copy=False)
+
+
+def adaptive_windows(size: int, out: int):
+    """PyTorch adaptive pooling windows: [floor(i*size/out), ceil((i+1)*size/out)) per output i."""
+    i = np.arange(out)
+    return (i * size) // out, -((-(i + 1) * size) // out)
+
+
+def adaptive_avg_pool(x, output_size):
+    """AdaptiveAvgPool2d to any (oh, ow): window sums from prefix sums, per axis (rectangles)."""
+    acc = np.float64
+    y = x.astype(acc)
+    for axis, out in ((2, output_size[0]), (3, output_size[1])):
+        size = y.shape[axis]
+        lo, hi = adaptive_windows(size, out)
+        csum = np.cumsum(y, axis=axis)
+        zero = np.zeros_like(np.take(csum, [0], axis=axis))
+        csum = np.concatenate([zero, csum], axis=axis)          # (.., size+1, ..)
+        y = (np.take(csum, hi, axis=axis) - np.take(csum, lo, axis=axis))
+        shape = [1] * y.ndim
+        shape[axis] = out
+        y = y / (hi - lo).reshape(shape)
+    return y.astype(x.dtype, copy=False)
+
+
+def layer_norm(x, gamma, beta, axis=-1, eps=1e-5):
+    """Normalize over axes [axis, rank) (biased variance), then gamma * . + beta (shape x.shape[axis:])."""
+    acc = _acc_dtype(x.dtype)
+    axis %= x.ndim
+    axes = tuple(range(axis, x.ndim))
+    xa = x.astype(acc)
+    mu = xa.mean(axis=axes, keepdims=True)
+    var = ((xa - mu) ** 2).mean(axis=axes, keepdims=True)
+    y = (xa - mu) / np.sqrt(var + acc.type(eps))
+    return (y * gamma.astype(acc) + beta.astype(acc)).astype(x.dtype, copy=False)
+
+
+def channel_norm(x, gamma, beta, eps=1e-6):
+    """Layer norm over the channel axis 1 of (N, C, ...) at every position (LayerNorm2d, ConvNeXt)."""
+    acc = _acc_dtype(x.dtype)
+    xa = x.astype(acc)
+    mu = xa.mean(axis=1, keepdims=True)
+    var = ((xa - mu) ** 2).mean(axis=1, keepdims=True)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    y = (xa - mu) / np.sqrt(var + acc.type(eps))
+    return (y * gamma.astype(acc).reshape(shape) + beta.astype(acc).reshape(shape)).astype(x.dtype, copy=False)
+
+
+RESIZE_COORDS = ("asymmetric", "half_pixel", "align_corners", "pytorch_half_pixel")
+NEAREST_MODES = ("floor", "ceil", "round_prefer_floor", "round_prefer_ceil")
+
+
+def resize_source(size_in: int, size_out: int, scale, coord: str) -> np.ndarray:
+    """Source coordinate (float32, as ATen computes it) of every output index.
+
+    scale: the user's scale factor out/in, or None (then in/out is used, as torch does when given a
+    size). asymmetric: dst * s; half_pixel: (dst + 0.5) * s - 0.5; pytorch_half_pixel: the same but
+    0 for a length-1 output; align_corners: dst * (in - 1) / (out - 1); s = in/out or 1/scale."""
+    f32 = np.float32
+    dst = np.arange(size_out, dtype=f32)
+    if coord == "align_corners":
+        s = f32(size_in - 1) / f32(size_out - 1) if size_out > 1 else f32(0.0)
+        return dst * s
+    s = f32(1.0 / float(scale)) if scale else f32(size_in) / f32(size_out)
+    if coord == "asymmetric":
+        return dst * s
+    src = (dst + f32(0.5)) * s - f32(0.5)
+    if coord == "pytorch_half_pixel" and size_out == 1:
+        src[:] = 0.0
+    return src
+
+
+def resize_nearest_index(size_in, size_out, scale, coord, nearest_mode) -> np.ndarray:
+    src = resize_source(size_in, size_out, scale, coord)
+    if nearest_mode == "floor":
+        i = np.floor(src)
+    elif nearest_mode == "ceil":
+        i = np.ceil(src)
+    elif nearest_mode == "round_prefer_ceil":
+        i = np.floor(src + np.float32(0.5))
+    else:  # round_prefer_floor
+        i = np.ceil(src - np.float32(0.5))
+    return np.clip(i, 0, size_in - 1).astype(np.int64)
+
+
+def resize_linear_weights(size_in, size_out, scale, coord):
+    """(i0, i1, lambda): out = (1 - lambda) * x[i0] + lambda * x[i1]; source clamped to [0, in-1]."""
+    src = np.clip(resize_source(size_in, size_out, scale, coord), 0, size_in - 1)
+    i0 = np.minimum(np.floor(src).astype(np.int64), size_in - 1)
+    lam = np.clip(src - i0, 0, 1).astype(np.float32)
+    i1 = np.minimum(i0 + 1, size_in - 1)
+    return i0, i1, lam
+
+
+def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor"):
+    """Resize H and W of (N, C, H, W) to `size`.
+
+    torch F.interpolate: nearest = (asymmetric, floor); nearest-exact = (half_pixel,
+    round_prefer_ceil); bilinear = (half_pixel, linear) or (align_corners, linear); scales are the
+    scale_factor given (they enter the coordinate map, as in torch with recompute_scale_factor unset)."""
+    n, c, h, w = x.shape
+    sh, sw = scales if scales else (None, None)
+    if mode == "nearest":
+        ih = resize_nearest_index(h, size[0], sh, coord, nearest_mode)
+        iw = resize_nearest_index(w, size[1], sw, coord, nearest_mode)
+        return np.ascontiguousarray(x[:, :, ih][:, :, :, iw])
+    acc = _acc_dtype(x.dtype)
+    h0, h1, lh = resize_linear_weights(h, size[0], sh, coord)
+    w0, w1, lw = resize_linear_weights(w, size[1], sw, coord)
+    xa = x.astype(acc)
+    lh = lh.astype(acc).reshape(1, 1, -1, 1)
+    lw = lw.astype(acc).reshape(1, 1, 1, -1)
+    top = xa[:, :, h0][:, :, :, w0] * (1 - lw) + xa[:, :, h0][:, :, :, w1] * lw
+    bot = xa[:, :, h1][:, :, :, w0] * (1 - lw) + xa[:, :, h1][:, :, :, w1] * lw
+    return (top * (1 - lh) + bot * lh).astype(x.dtype, copy=False)

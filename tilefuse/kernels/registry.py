@@ -18,34 +18,48 @@ from . import dense, elementwise, pool
 from . import reference as ref
 
 
-def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu,
-            algorithm="reference", prepared=(), threads=None, layout="nchw", out_layout=None, **_):
+def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu=False, act=None,
+            algorithm="reference", prepared=(), threads=None, layout="nchw", out_layout=None,
+            has_input_scale=False, **_):
     args = list(args)
+    if has_input_scale:   # a fused squeeze-excitation scale: the compiler left it on the plain path
+        from .se_conv import conv2d_input_scaled
+        conv2d_input_scaled(out, x, *args, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                            has_bias=has_bias, has_residual=has_residual, relu=relu, act=act, threads=threads,
+                            layout=layout)
+        return
     if layout == "nchw" and out_layout == "nchwc":
         from .conv import conv2d_run_to_nchwc
         prep = {k: args.pop(0) for k in prepared}
         res = args.pop(0) if has_residual else None
         conv2d_run_to_nchwc(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
-                            groups=groups, relu=relu, threads=threads)
+                            groups=groups, relu=relu, act=act, threads=threads)
         return
     if layout == "nchwc":
         from .conv import conv2d_run_nchwc
         prep = {k: args.pop(0) for k in prepared}
         res = args.pop(0) if has_residual else None
         conv2d_run_nchwc(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
-                         groups=groups, relu=relu, threads=threads)
+                         groups=groups, relu=relu, act=act, threads=threads)
         return
     if algorithm == "reference":
         w = args.pop(0)
         b = args.pop(0) if has_bias else None
         res = args.pop(0) if has_residual else None
-        out[...] = ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res, relu=relu)
+        if act is None:
+            out[...] = ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res, relu=relu)
+            return
+        from .activations import NAMES, reference as act_reference
+        from .conv.epilogue import resolve_act
+        code, al, be = resolve_act(relu, act, "conv2d")
+        y = ref.conv2d(x, w, b, stride, padding, dilation, groups, residual=res)
+        out[...] = act_reference(NAMES[code], y, float(al), float(be))
         return
     from .conv import conv2d_run
     prep = {k: args.pop(0) for k in prepared}
     res = args.pop(0) if has_residual else None
     conv2d_run(algorithm, out, x, prep, res, stride=stride, padding=padding, dilation=dilation,
-               groups=groups, relu=relu, threads=threads)
+               groups=groups, relu=relu, act=act, threads=threads)
 
 
 def _to_nchwc(out, x, channels=None, threads=None, **_):
@@ -103,7 +117,6 @@ KERNELS = {
     "dropout": _copy_reshape,
     "softmax": dense.softmax,
     "local_response_norm": _wrap(ref.local_response_norm),
-    "concat": _wrap(lambda *xs, axis: ref.concat(*xs, axis=axis)),
     "to_nchwc": _to_nchwc,
     "from_nchwc": _from_nchwc,
     # the row-band schedule: a region header and one band instruction per streamed layer
@@ -122,14 +135,26 @@ BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
 THREADED = {"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
             "from_nchwc", "linear"}
 
+# the modern-CNN ops (issue 9), one module per op family, each with its KERNELS, THREADED and
+# BLOCKED (the kernels with an NCHW16c form); their validators are in compiler/validate.py
+from . import broadcast, conv_transpose, movement, norm, reduce, resize  # noqa: E402
+
+for _m in (broadcast, conv_transpose, movement, norm, reduce, resize):
+    KERNELS.update(_m.KERNELS)      # "add" (any broadcasting, any activation) and "concat" included
+    THREADED |= _m.THREADED
+    BLOCKED_FORM = BLOCKED_FORM | _m.BLOCKED
+# kernels that apply a fused activation (params "act") themselves; lowering emits a separate
+# activation instruction after any other kernel whose op carries a non-ReLU activation
+ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"}
+
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
 # Session._bind calls `bind(kernel, views, params)` once per instruction: it returns the callable
-# the compute loop runs, fn(out, *inputs). For blocked convs it validates the arguments once
-# (shapes and dtypes do not change between runs: constants and hidden blocks are fixed views,
-# IO operands have fixed shapes) and returns a closure straight to the algorithm's kernel,
-# skipping conv2d_run_nchwc's per-call checks (~15 us per instruction). It also pins tiny layers
-# to one thread (`threads_for`): a rule on the shape only, and every kernel gives bitwise
-# identical results for any thread count, so outputs never depend on it.
+# the compute loop runs, fn(out, *inputs). Convs go through the conv front door (conv.bind): the
+# arguments are validated once (shapes and dtypes do not change between runs: constants and
+# hidden blocks are fixed views, IO operands have fixed shapes) and the task grid is fixed for
+# the thread count, so a call goes straight to the algorithm's kernel with no per-call checks.
+# It also pins tiny layers to one thread (`threads_for`): a rule on the shape only, and every
+# kernel gives bitwise identical results for any thread count, so outputs never depend on it.
 
 SMALL_BYTES = 64 << 10      # non-conv kernels touching less than this run on the calling thread
 SMALL_CONV_FLOPS = 2e6      # convs below this (~10 us on one core) too: the pool hand-off costs ~40 us
@@ -150,6 +175,8 @@ def threads_for(kernel: str, views, params: dict, threads):
             "nchwc" else int(np.prod(out)) // max(out[1], 1)
         prepared = params.get("prepared") or ()
         wsize = int(np.prod(shapes[1])) if prepared else 0
+        if params.get("algorithm") == "depthwise" and prepared:
+            wsize = int(np.prod(shapes[1][1:]))    # (Ob, KH, KW, 16): one block's taps per position
         if wsize and 2.0 * positions * wsize < SMALL_CONV_FLOPS:
             return 1
         return threads
@@ -158,40 +185,36 @@ def threads_for(kernel: str, views, params: dict, threads):
 
 
 def _bind_conv2d(views, params):
-    """A validated closure for a blocked conv (layout nchwc), or None (generic path: also when the
-    arguments are invalid, so the error is raised where it always was, at compute time)."""
-    from .conv import NCHWC_ALGORITHMS, direct, k1x1, winograd
-    from .conv import _pad4, _pair
-    from .threads import resolve_threads
+    """The conv front door's bound layer (conv.bind: validated once, task grid fixed for the thread
+    count) as fn(out, x, *prepared, residual?), or None: the reference algorithm, or arguments
+    bind rejects (the generic path then raises the kernel's error at compute time, where it
+    always was)."""
+    from . import conv
     p = params
-    if p.get("layout") != "nchwc" or p.get("algorithm") not in NCHWC_ALGORITHMS or p.get("groups", 1) != 1:
-        return None
-    alg = p["algorithm"]
     keys = tuple(p.get("prepared") or ())
-    has_res = bool(p["has_residual"])
-    if len(views) != 2 + len(keys) + has_res:
+    if not keys or p.get("algorithm") in (None, "reference"):
         return None
-    for name, v in [("x", views[0]), ("out", views[-1])] + ([("residual", views[-2])] if has_res else []):
-        shape, dt = _shape_dtype(v)
-        contiguous = v.flags.c_contiguous if isinstance(v, np.ndarray) else True
-        if dt != np.float32 or not contiguous or len(shape) != 5 or shape[-1] != 16:
-            return None  # the generic path raises conv2d_run_nchwc's error at compute time
-    if has_res and _shape_dtype(views[-2])[0] != _shape_dtype(views[-1])[0]:
-        return None
-    stride, padding, dilation = _pair(p["stride"]), _pad4(p["padding"]), _pair(p["dilation"])
-    relu = p["relu"]
-    threads = resolve_threads(p.get("threads"))
-    if alg == "gemm1x1":
-        f, kw = k1x1.run_nchwc, dict(stride=stride, relu=relu, threads=threads)
-    elif alg == "direct":
-        f, kw = direct.run_nchwc, dict(stride=stride, padding=padding, dilation=dilation, relu=relu, threads=threads)
-    else:
-        f, kw = winograd.run_nchwc, dict(m=int(alg[-1]), padding=padding, relu=relu, threads=threads)
+    has_res = bool(p.get("has_residual"))
     nk = len(keys)
+    if len(views) != 2 + nk + has_res:
+        return None
+    dts = {np.dtype(v.dtype) for v in (views[0], views[-1]) + ((views[-2],) if has_res else ())}
+    contiguous = all(v.flags.c_contiguous for v in views if isinstance(v, np.ndarray))
+    if len(dts) != 1 or not contiguous or (has_res and tuple(views[-2].shape) != tuple(views[-1].shape)):
+        return None
+    try:
+        layer = conv.bind(p["algorithm"], views[0].shape, views[-1].shape, dict(zip(keys, views[1:1 + nk])),
+                          stride=p["stride"], padding=p["padding"], dilation=p["dilation"], groups=p.get("groups", 1),
+                          has_residual=has_res, relu=p.get("relu", False), act=p.get("act"),
+                          layout=p.get("layout", "nchw"), out_layout=p.get("out_layout"), threads=p.get("threads"),
+                          dtype=dts.pop())
+    except ValueError:
+        return None
 
     def call(out, x, *args):
-        f(out, x, dict(zip(keys, args[:nk])), args[nk] if has_res else None, **kw)
-    call.__name__ = f"conv2d_{alg}_nchwc"
+        layer(out, x, dict(zip(keys, args[:nk])), args[nk] if has_res else None)
+    call.__name__ = f"conv2d_{layer.algorithm}_{layer.form.replace('>', '_to_')}"
+    call.layer = layer
     return call
 
 

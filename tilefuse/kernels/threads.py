@@ -138,6 +138,122 @@ def parallel_range(ntasks: int, fn, threads=None) -> None:
     _spread(body, nt)
 
 
+# Numba parallel regions ---------------------------------------------------------------------
+# The numba kernels (conv/k1x1.py, conv/direct.py, conv/stem.py, conv/winograd.py) run a layer's
+# task table inside one numba function: a `prange` over the tasks, compiled with parallel=True,
+# on numba's persistent thread pool (OpenMP or TBB where available). One call per layer, no
+# Python per task, no thread pool hand-off per task: the per-layer dispatch cost stays a few
+# microseconds whatever the thread count. Every such kernel has the same loop compiled without
+# parallel=True too (`seq`), used for one thread and inside our own pool's workers.
+#
+#     numba_region(par, seq, threads, ntasks, *args)   ->  par(nt, *args) on nt threads, or seq(*args)
+#
+# `par` runs `for _ in prange(nt)` (one worker per thread) and each worker takes the next task from
+# a shared atomic counter (conv/_nb.atomic_add) until none is left: the tasks are handed out
+# dynamically, so a thread the OS does not schedule (a loaded machine) never holds up the others
+# with a fixed share of the work. Tasks write disjoint outputs; which thread runs one does not
+# change its bits.
+#
+# numba's "workqueue" layer (the fallback when neither OpenMP nor TBB is installed) aborts the
+# process when two threads launch at once, so launches are serialized there; OpenMP and TBB take
+# concurrent launches. The thread count is numba's per-thread setting, set here (not inside the
+# jitted loop: that would keep numba from caching it).
+
+_NUMBA: dict = {}
+_NUMBA_LOCK = threading.Lock()
+
+
+def numba_max_threads() -> int:
+    """The most threads a numba parallel region can use (NUMBA_NUM_THREADS, default: all CPUs)."""
+    from numba import config
+    return max(1, int(config.NUMBA_NUM_THREADS))
+
+
+# GNU OpenMP's idle threads spin before they sleep (GOMP_SPINCOUNT, 300000 by default: about a
+# millisecond). On a machine with idle cores a short spin (GOMP_SPIN_DEFAULT) keeps the wake-up of
+# back-to-back layers at a few microseconds; on a machine with more runnable threads than cores
+# any spinning starves the thread being waited for (measured on the loaded 2-core development
+# machine: an empty 2-thread region took 700 us spinning, 70 us passive, 26 us on the Python
+# pool). So the wait policy is chosen when numba starts its pool, before it loads libgomp:
+# TILEFUSE_WAIT=spin|passive if set; else OMP_WAIT_POLICY / GOMP_SPINCOUNT if the user set
+# them; else passive when other runnable threads (/proc/stat procs_running, sampled now: not the
+# 1-minute load average, which a benchmark run just before would inflate) exceed 3/4 of the
+# usable cores, spin (short) otherwise. `wait_policy()` says which.
+GOMP_SPIN_DEFAULT = "30000"
+
+
+def _others_running(samples: int = 5) -> float:
+    """Runnable threads on the machine besides this one (median of a few /proc/stat samples)."""
+    import time
+    seen = []
+    for _ in range(samples):
+        try:
+            with open("/proc/stat") as f:
+                seen.append(next(int(ln.split()[1]) for ln in f if ln.startswith("procs_running")) - 1)
+        except (OSError, StopIteration, ValueError):
+            return 0.0
+        time.sleep(0.002)
+    return sorted(seen)[len(seen) // 2]
+
+
+def _choose_wait_policy() -> str:
+    want = os.environ.get("TILEFUSE_WAIT", "").strip().lower()
+    if want not in ("spin", "passive"):
+        if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+            return "user (" + ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+                                       if k in os.environ) + ")"
+        want = "passive" if _others_running() > 0.75 * cpu_count() else "spin"
+    if want == "passive":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    else:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+        os.environ["GOMP_SPINCOUNT"] = os.environ.get("GOMP_SPINCOUNT", GOMP_SPIN_DEFAULT)
+    return want
+
+
+def wait_policy() -> str:
+    """How numba's OpenMP threads wait between regions: 'spin', 'passive' or the user's setting."""
+    numba_layer()
+    return _NUMBA["wait"]
+
+
+def numba_layer() -> str:
+    """numba's threading layer ('omp', 'tbb' or 'workqueue'), starting its pool if needed."""
+    if "layer" not in _NUMBA:
+        import numba
+        from numba.np.ufunc import parallel
+        _NUMBA["wait"] = _choose_wait_policy()
+        parallel._launch_threads()
+        _NUMBA["set"] = getattr(parallel, "_set_num_threads", None) or numba.set_num_threads
+        _NUMBA["layer"] = numba.threading_layer()
+    return _NUMBA["layer"]
+
+
+def region_threads(threads, ntasks: int) -> int:
+    """Threads a numba parallel region of `ntasks` tasks runs on: min(threads (None: all cores),
+    ntasks, NUMBA_NUM_THREADS); 1 inside one of our pool's workers."""
+    return min(_width(threads, ntasks), numba_max_threads())
+
+
+def numba_region(par, seq, threads, ntasks: int, *args) -> int:
+    """Run a task loop: `seq(*args)` on the calling thread, or `par(nt, *args)` on nt of numba's
+    threads. Returns the thread count used."""
+    nt = region_threads(threads, ntasks)
+    if nt <= 1:
+        seq(*args)
+        return 1
+    layer = numba_layer()
+    if getattr(_LOCAL, "numba_nt", 0) != nt:
+        _NUMBA["set"](nt)          # numba's per-thread count: set once per change (a ctypes call)
+        _LOCAL.numba_nt = nt
+    if layer == "workqueue":
+        with _NUMBA_LOCK:
+            par(nt, *args)
+    else:
+        par(nt, *args)
+    return nt
+
+
 class Scratch:
     """Named, typed scratch buffers, grown on demand and reused (contents undefined)."""
 

@@ -18,8 +18,15 @@ import numpy as np
 from ..ir import Network
 from ._params import adaptive_avg_pool
 from .alexnet import alexnet
+from .convnext import convnext_tiny
+from .deeplab import deeplabv3_resnet50
+from .efficientnet import efficientnet_b0
+from .mobilenet import mobilenet_v2, mobilenet_v3_large
+from .regnet import regnet_y_400mf
 from .resnet import resnet18, resnet50
+from .shufflenet import shufflenet_v2
 from .tinynet import tinynet
+from .unet import unet
 from .vgg import vgg16
 
 _REGISTRY: dict[str, Callable[..., Network]] = {
@@ -28,6 +35,14 @@ _REGISTRY: dict[str, Callable[..., Network]] = {
     "resnet18": resnet18,
     "resnet50": resnet50,
     "tinynet": tinynet,
+    "mobilenet_v2": mobilenet_v2,
+    "mobilenet_v3_large": mobilenet_v3_large,
+    "efficientnet_b0": efficientnet_b0,
+    "shufflenet_v2": shufflenet_v2,
+    "regnet_y_400mf": regnet_y_400mf,
+    "convnext_tiny": convnext_tiny,
+    "unet": unet,
+    "deeplabv3": deeplabv3_resnet50,
 }
 NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
@@ -63,6 +78,9 @@ def load_into_torch(module, net: Network, strict: bool = True):
                        f"{unexpected[:8]}")
     new = {k: (torch.from_numpy(np.array(consts[k])).to(v.dtype) if k in consts else v)
            for k, v in own.items()}
+    for k, v in new.items():   # a 1x1 conv weight (out, in, 1, 1) loads into a Linear's (out, in)
+        if k in consts and tuple(v.shape) != tuple(own[k].shape) and tuple(v.shape) == tuple(own[k].shape) + (1, 1):
+            new[k] = v.reshape(own[k].shape)
     for k in new:
         if tuple(new[k].shape) != tuple(own[k].shape):
             raise KeyError(f"'{k}': net constant has shape {tuple(new[k].shape)}, module expects "
@@ -72,4 +90,5 @@ def load_into_torch(module, net: Network, strict: bool = True):
 
 
 __all__ = ["NAMES", "get", "state_dict", "load_into_torch", "adaptive_avg_pool",
-           "alexnet", "vgg16", "resnet18", "resnet50", "tinynet"]
+           "alexnet", "vgg16", "resnet18", "resnet50", "tinynet", "mobilenet_v2", "mobilenet_v3_large",
+           "efficientnet_b0", "shufflenet_v2", "regnet_y_400mf", "convnext_tiny", "unet", "deeplabv3_resnet50"]

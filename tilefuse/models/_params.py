@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import GraphError
 from ..ir import DataNode, Network
 
 
@@ -49,6 +48,22 @@ class ParamFactory:
         w = self.weight(f"{prefix}.weight", (out_f, in_f), fan_in=in_f, gain=gain)
         return w, self.bias(f"{prefix}.bias", out_f)
 
+    def conv_transpose(self, prefix: str, in_c: int, out_c: int, k, stride, groups: int = 1, bias: bool = True):
+        """ConvTranspose2d (weight (in, out/groups, kh, kw)); fan-in = the inputs each output sees."""
+        kh, kw = (k, k) if isinstance(k, int) else k
+        sh, sw = (stride, stride) if isinstance(stride, int) else stride
+        fan_in = max(1, (in_c // groups) * kh * kw // (sh * sw))
+        w = self.weight(f"{prefix}.weight", (in_c, out_c // groups, kh, kw), fan_in=fan_in)
+        return w, (self.bias(f"{prefix}.bias", out_c) if bias else None)
+
+    def layer_norm(self, prefix: str, shape):
+        """(weight, bias) of a LayerNorm, gamma ~ U[0.5, 1.5], beta ~ U[-0.25, 0.25]."""
+        return (self._const(f"{prefix}.weight", self.rng.uniform(0.5, 1.5, shape)),
+                self._const(f"{prefix}.bias", self.rng.uniform(-0.25, 0.25, shape)))
+
+    def uniform(self, name: str, shape, lo: float, hi: float) -> DataNode:
+        return self._const(name, self.rng.uniform(lo, hi, shape))
+
     def bn(self, prefix: str, c: int, gamma_range=(0.5, 1.5)):
         """(gamma, beta, running_mean, running_var) named like nn.BatchNorm2d's state_dict."""
         r = self.rng
@@ -68,13 +83,10 @@ def conv_bn(net: Network, pf: ParamFactory, x: DataNode, conv: str, bn: str, out
     return net.batch_norm(y, *pf.bn(bn, out_c, gamma_range), eps=1e-5, name=bn)
 
 
-def adaptive_avg_pool(net: Network, x: DataNode, output_size, name: str, error=GraphError) -> DataNode:
-    """AdaptiveAvgPool2d lowered to the op vocabulary.
-
-    output 1x1 -> global_avg_pool; input == output -> identity (returns x, no op);
-    input divisible by output -> avg_pool with kernel = stride = input // output.
-    Anything else (uneven or overlapping adaptive windows, upsampling) raises `error`.
-    """
+def adaptive_avg_pool(net: Network, x: DataNode, output_size, name: str) -> DataNode:
+    """AdaptiveAvgPool2d in its cheapest form: output 1x1 -> global_avg_pool; input == output ->
+    identity (returns x, no op); input divisible by output -> avg_pool with kernel = stride =
+    input // output; anything else the adaptive_avg_pool op (PyTorch's overlapping windows)."""
     if isinstance(output_size, int):
         output_size = (output_size, output_size)
     h, w = x.shape[2], x.shape[3]
@@ -87,8 +99,4 @@ def adaptive_avg_pool(net: Network, x: DataNode, output_size, name: str, error=G
     if h % oh == 0 and w % ow == 0:
         k = (h // oh, w // ow)
         return net.avg_pool(x, kernel_size=k, stride=k, name=name)
-    msg = (f"adaptive average pooling from {h}x{w} to {oh}x{ow} is not supported; expected an "
-           f"input size equal to, or an integer multiple of, the output size (or output 1x1)")
-    if error is GraphError:
-        raise GraphError(name, msg)
-    raise error(f"{name}: {msg}")
+    return net.adaptive_avg_pool(x, (oh, ow), name=name)

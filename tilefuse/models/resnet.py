@@ -7,7 +7,7 @@ stride on the 3x3 conv: "ResNet v1.5"); a block downsamples the identity with a 
 avgpool (global), flatten, fc.
 
 A block's ReLU module is reused, so its ops are '<block>.relu', '<block>.relu_1', ... (the names
-torch.fx gives the repeated calls); the residual sum is '<block>.add'.
+from_torch gives the repeated calls); the residual sum is '<block>.add'.
 """
 from __future__ import annotations
 

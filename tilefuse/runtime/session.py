@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import weakref
 from typing import Sequence
 
@@ -258,27 +259,35 @@ class Session:
                                       f"[{b0}, {b1}); expected separate blocks")
         return [a for a, _, _ in spans]
 
-    def compute(self, in_addrs: Sequence[int], out_addrs: Sequence[int]) -> None:
-        """Write the IO addresses into a context's IO segment and run every instruction."""
+    def compute(self, in_addrs: Sequence[int], out_addrs: Sequence[int], timings: list | None = None) -> None:
+        """Write the IO addresses into a context's IO segment and run every instruction.
+        timings: a list; the seconds of each instruction's kernel call are appended (tilefuse profile)."""
         addrs = self._check_io(in_addrs, out_addrs)
         ctx = self._acquire()
         try:
-            self._execute(ctx, addrs)
+            if timings is None:
+                self._execute(ctx, addrs)
+            else:
+                self._execute(ctx, addrs, timings)
         finally:
             self._give_back(ctx)
 
-    def _execute(self, ctx: _Context, addrs: list[int]) -> None:
+    def _execute(self, ctx: _Context, addrs: list[int], timings: list | None = None) -> None:
         dev = self.device
         for slot, addr in zip(self.package.io, addrs):
             dev.write_u64(ctx.io + slot.offset, addr)
+        clock = time.perf_counter
         for fn, views, params, ins in ctx.bound:
             # IO operands: segment-indirect, through the record and the IO segment in device memory
             args = [v if isinstance(v, np.ndarray) else dev.view(resolve(dev, ctx.record, v), v.dtype, v.shape)
                     for v in views]
+            t0 = clock() if timings is not None else 0.0
             try:
                 fn(args[-1], *args[:-1], **params)
             except Exception as e:
                 raise RuntimeError(f"instruction {ins.kernel} -> '{ins.output.name}' failed: {e}") from e
+            if timings is not None:
+                timings.append(clock() - t0)
 
     def warmup(self) -> float:
         """Run the program once on zero inputs: numba compiles (or loads from its on-disk cache,

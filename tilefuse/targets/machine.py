@@ -102,9 +102,11 @@ class Timeline:
         self.busy: dict[str, float] = defaultdict(float)
         self.gaps: dict[str, list[list[float]]] = defaultdict(list)
         self.end = 0.0
+        self.steps = 0          # steps issued: each one transfer or compute instruction of the target
 
     def step(self, resource: str, seconds: float, after=()) -> float:
         """Run a step of `seconds` on `resource` once every time in `after` has passed; its end."""
+        self.steps += 1
         ready = 0.0
         for t in after:
             if t > ready:

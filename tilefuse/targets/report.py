@@ -58,6 +58,7 @@ class LayerReport:
     mapping: str = ""                   # blocking / partitioning chosen
     phase: str = ""                     # training reports: fwd / bwd
     peaks: dict[str, int] = field(default_factory=dict)   # on-chip memory -> peak bytes of one instance
+    instructions: int = 0               # transfer and compute steps issued (one instruction each)
 
     @property
     def cycles(self) -> float:
@@ -187,7 +188,8 @@ class SimReport:
             "layers": [{"index": r.index, "name": r.name, "kernel": r.kernel, "seconds": r.seconds,
                         "cycles": r.cycles, "flops": r.flops, "efficiency": r.efficiency,
                         "utilization": r.utilization, "bottleneck": r.bottleneck, "bytes": dict(r.bytes),
-                        "busy": dict(r.busy), "mapping": r.mapping, "phase": r.phase, "peaks": dict(r.peaks)}
+                        "busy": dict(r.busy), "mapping": r.mapping, "phase": r.phase, "peaks": dict(r.peaks),
+                        "instructions": r.instructions}
                        for r in self.layers],
             "notes": list(self.notes),
         }

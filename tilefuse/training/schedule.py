@@ -92,6 +92,19 @@ class TrainingSchedule:
 
     @staticmethod
     def _check(op):
+        """Refuse, naming the op, anything this schedule has no exact backward for: an op kind
+        without one (a gradient is never dropped silently), or a form the kernels do not cover."""
+        act = ops.epilogue_act(op.params)[0] if op.op in ops.ACT_EPILOGUE else "identity"
+        if act not in ("identity", "relu") or op.params.get("has_input_scale"):
+            raise UnsupportedOpError(f"{op.name}: {op.op} with a fused {act if act != 'identity' else 'input scale'} "
+                                     f"epilogue has no backward in the trainer; expected a network before "
+                                     f"inference fusion")
+        if op.op == "add" and op.inputs[0].shape != op.inputs[1].shape:
+            raise UnsupportedOpError(f"{op.name}: add broadcasting {op.inputs[0].shape} with {op.inputs[1].shape} "
+                                     f"has no backward in the trainer; expected equal shapes")
+        if op.op == "linear" and len(op.inputs[0].shape) != 2:
+            raise UnsupportedOpError(f"{op.name}: linear on a rank-{len(op.inputs[0].shape)} input has no backward "
+                                     f"in the trainer; expected (N, features)")
         if op.op == "conv2d" and (op.params.get("relu") or op.params.get("has_residual")):
             raise UnsupportedOpError(f"{op.name}: conv2d with a fused relu/residual epilogue cannot be "
                                      f"trained; expected a network before inference fusion")
@@ -101,6 +114,11 @@ class TrainingSchedule:
         if op.op == "flatten" and op.params["start_dim"] != 1:
             raise UnsupportedOpError(f"{op.name}: flatten(start_dim={op.params['start_dim']}); "
                                      f"expected start_dim=1")
+        if not hasattr(TrainingSchedule, "_bwd_" + op.op) or not hasattr(TrainingSchedule, "_fwd_" + op.op):
+            have = sorted(m[5:] for m in dir(TrainingSchedule) if m.startswith("_bwd_") and
+                          hasattr(TrainingSchedule, "_fwd_" + m[5:]))
+            raise UnsupportedOpError(f"{op.name}: op '{op.op}' has no backward in the trainer; expected only "
+                                     f"{', '.join(have)} (softmax as the last op)")
 
     # ------------------------------------------------------------------ helpers
 

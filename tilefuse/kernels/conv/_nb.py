@@ -59,3 +59,21 @@ def prefetch(typingctx, arr, idx):
 def prefetchw(typingctx, arr, idx):
     """prefetch with intent to write (prefetchw): the line arrives in exclusive state."""
     return _prefetch_impl(typingctx, arr, idx, 1)
+
+
+@intrinsic
+def atomic_add(typingctx, arr, idx, val):
+    """old = arr[idx]; arr[idx] += val, atomically (LLVM atomicrmw add, monotonic) on a 1-D
+    contiguous int64 array: the shared task counter of a parallel loop (threads.py)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64 and isinstance(idx, types.Integer)
+            and isinstance(val, types.Integer)):
+        return None
+    sig = types.int64(arr, idx, val)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        v = context.cast(builder, args[2], signature.args[2], types.int64)
+        return builder.atomic_rmw("add", ptr, v, "monotonic")
+
+    return sig, codegen

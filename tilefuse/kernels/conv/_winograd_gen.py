@@ -5,47 +5,14 @@ import numba as nb
 import numpy as np
 from numba import njit
 
+from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv._nb import stack_f32
-
-
-@njit(nogil=True, cache=True, fastmath=True)
-def _wino_input_2(V, xb, p0, P, th, tw):
-    """V[a*4+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi (F(2x2,3x3), generated)."""
-    Cb = xb.shape[1]
-    t = nb.carray(stack_f32(256), (4, 4, 16))
-    per_img = th * tw
-    for pi in range(P):
-        p = p0 + pi
-        n = p // per_img
-        r = p % per_img
-        y0 = (r // tw) * 2
-        x0 = (r % tw) * 2
-        for cb in range(Cb):
-            for j in range(4):  # t = B^T d
-                for l in range(16):
-                    d0 = xb[n, cb, y0 + 0, x0 + j, l]
-                    d1 = xb[n, cb, y0 + 1, x0 + j, l]
-                    d2 = xb[n, cb, y0 + 2, x0 + j, l]
-                    d3 = xb[n, cb, y0 + 3, x0 + j, l]
-                    t[0, j, l] = d0 - d2
-                    t[1, j, l] = d1 + d2
-                    t[2, j, l] = -d1 + d2
-                    t[3, j, l] = d1 - d3
-            for a in range(4):  # V = t B
-                for l in range(16):
-                    e0 = t[a, 0, l]
-                    e1 = t[a, 1, l]
-                    e2 = t[a, 2, l]
-                    e3 = t[a, 3, l]
-                    V[a * 4 + 0, pi, cb * 16 + l] = e0 - e2
-                    V[a * 4 + 1, pi, cb * 16 + l] = e1 + e2
-                    V[a * 4 + 2, pi, cb * 16 + l] = -e1 + e2
-                    V[a * 4 + 3, pi, cb * 16 + l] = e1 - e3
+from tilefuse.kernels.conv.epilogue import RB_OFFSETS, store_block
 
 
 @njit(nogil=True, cache=True, fastmath=True)
 def _wino_input_2_c(V, x, p0, P, th, tw, pt, pl):
-    """_wino_input_2 from unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (generated)."""
+    """V[a*4+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi of unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (F(2x2,3x3), generated)."""
     Cb, H, W = x.shape[1], x.shape[2], x.shape[3]
     t = nb.carray(stack_f32(256), (4, 4, 16))
     d = nb.carray(stack_f32(256), (4, 4, 16))
@@ -103,8 +70,8 @@ def _wino_input_2_c(V, x, p0, P, th, tw, pt, pl):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, relu):
-    """out[n, c, y0+i, x0+j] = (A^T M A)[i, j] + bias[c] (+ res) (ReLU), valid positions (generated)."""
+def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
+    """NCHW output: out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias (+ res)), valid positions; M and bias hold channel blocks ob0.. (generated)."""
     Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
     mm = nb.carray(stack_f32(256), (16, 16))
@@ -140,28 +107,27 @@ def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, relu):
                     e3 = s[3, j, l]
                     y[l, 0, j] = bl + e0 + e1 + e2
                     y[l, 1, j] = bl + e1 - e2 - e3
-            nl = min(16, Co - ob * 16)
+            nl = min(16, Co - (ob0 + ob) * 16)
             for l in range(nl):
-                co = ob * 16 + l
+                co = (ob0 + ob) * 16 + l
                 for i in range(mh):
                     orow = out[n, co, y0 + i]
                     for j in range(mw):
                         v = y[l, i, j]
                         if has_res:
                             v += res[n, co, y0 + i, x0 + j]
-                        if relu:
-                            v = max(v, np.float32(0.0))
-                        orow[x0 + j] = v
+                        orow[x0 + j] = apply_scalar(code, v, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):
-    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU); M and bias hold channel blocks ob0.. (generated)."""
-    Ho, Wo = out.shape[2], out.shape[3]
+def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
+    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = act((A^T M A)[i, j] + bias (+ res)); M and bias hold channel blocks ob0.. (generated)."""
+    Obo, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N, Ob, Ho, Wo, 16), the same or empty
     mm = nb.carray(stack_f32(256), (16, 16))
     s = nb.carray(stack_f32(128), (4, 2, 16))
-    y = nb.carray(stack_f32(64), (2, 2, 16))
+    y = nb.carray(stack_f32(64), (4, 16))  # y[i*2 + j, l]
     per_img = th * tw
     for pi in range(P):
         p = p0 + pi
@@ -190,65 +156,16 @@ def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):
                     e1 = s[1, j, l]
                     e2 = s[2, j, l]
                     e3 = s[3, j, l]
-                    y[0, j, l] = bl + e0 + e1 + e2
-                    y[1, j, l] = bl + e1 - e2 - e3
+                    y[0 + j, l] = bl + e0 + e1 + e2
+                    y[2 + j, l] = bl + e1 - e2 - e3
             for i in range(mh):
-                for j in range(mw):
-                    for l in range(16):
-                        v = y[i, j, l]
-                        if has_res:
-                            v += res[n, ob0 + ob, y0 + i, x0 + j, l]
-                        if relu:
-                            v = max(v, np.float32(0.0))
-                        out[n, ob0 + ob, y0 + i, x0 + j, l] = v
-
-
-@njit(nogil=True, cache=True, fastmath=True)
-def _wino_input_4(V, xb, p0, P, th, tw):
-    """V[a*6+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi (F(4x4,3x3), generated)."""
-    Cb = xb.shape[1]
-    t = nb.carray(stack_f32(576), (6, 6, 16))
-    per_img = th * tw
-    for pi in range(P):
-        p = p0 + pi
-        n = p // per_img
-        r = p % per_img
-        y0 = (r // tw) * 4
-        x0 = (r % tw) * 4
-        for cb in range(Cb):
-            for j in range(6):  # t = B^T d
-                for l in range(16):
-                    d0 = xb[n, cb, y0 + 0, x0 + j, l]
-                    d1 = xb[n, cb, y0 + 1, x0 + j, l]
-                    d2 = xb[n, cb, y0 + 2, x0 + j, l]
-                    d3 = xb[n, cb, y0 + 3, x0 + j, l]
-                    d4 = xb[n, cb, y0 + 4, x0 + j, l]
-                    d5 = xb[n, cb, y0 + 5, x0 + j, l]
-                    t[0, j, l] = np.float32(4.0) * d0 - np.float32(5.0) * d2 + d4
-                    t[1, j, l] = -np.float32(4.0) * d1 - np.float32(4.0) * d2 + d3 + d4
-                    t[2, j, l] = np.float32(4.0) * d1 - np.float32(4.0) * d2 - d3 + d4
-                    t[3, j, l] = -np.float32(2.0) * d1 - d2 + np.float32(2.0) * d3 + d4
-                    t[4, j, l] = np.float32(2.0) * d1 - d2 - np.float32(2.0) * d3 + d4
-                    t[5, j, l] = np.float32(4.0) * d1 - np.float32(5.0) * d3 + d5
-            for a in range(6):  # V = t B
-                for l in range(16):
-                    e0 = t[a, 0, l]
-                    e1 = t[a, 1, l]
-                    e2 = t[a, 2, l]
-                    e3 = t[a, 3, l]
-                    e4 = t[a, 4, l]
-                    e5 = t[a, 5, l]
-                    V[a * 6 + 0, pi, cb * 16 + l] = np.float32(4.0) * e0 - np.float32(5.0) * e2 + e4
-                    V[a * 6 + 1, pi, cb * 16 + l] = -np.float32(4.0) * e1 - np.float32(4.0) * e2 + e3 + e4
-                    V[a * 6 + 2, pi, cb * 16 + l] = np.float32(4.0) * e1 - np.float32(4.0) * e2 - e3 + e4
-                    V[a * 6 + 3, pi, cb * 16 + l] = -np.float32(2.0) * e1 - e2 + np.float32(2.0) * e3 + e4
-                    V[a * 6 + 4, pi, cb * 16 + l] = np.float32(2.0) * e1 - e2 - np.float32(2.0) * e3 + e4
-                    V[a * 6 + 5, pi, cb * 16 + l] = np.float32(4.0) * e1 - np.float32(5.0) * e3 + e5
+                store_block(of, rf, has_res, y, i * 2, RB_OFFSETS, (((n * Obo + ob0 + ob) * Ho + y0 + i) * Wo + x0) * 16,
+                            mw, 1, 0, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
 def _wino_input_4_c(V, x, p0, P, th, tw, pt, pl):
-    """_wino_input_4 from unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (generated)."""
+    """V[a*6+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi of unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (F(4x4,3x3), generated)."""
     Cb, H, W = x.shape[1], x.shape[2], x.shape[3]
     t = nb.carray(stack_f32(576), (6, 6, 16))
     d = nb.carray(stack_f32(576), (6, 6, 16))
@@ -318,8 +235,8 @@ def _wino_input_4_c(V, x, p0, P, th, tw, pt, pl):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, relu):
-    """out[n, c, y0+i, x0+j] = (A^T M A)[i, j] + bias[c] (+ res) (ReLU), valid positions (generated)."""
+def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
+    """NCHW output: out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias (+ res)), valid positions; M and bias hold channel blocks ob0.. (generated)."""
     Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
     mm = nb.carray(stack_f32(576), (36, 16))
@@ -363,28 +280,27 @@ def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, relu):
                     y[l, 1, j] = bl + e1 - e2 + np.float32(2.0) * e3 - np.float32(2.0) * e4
                     y[l, 2, j] = bl + e1 + e2 + np.float32(4.0) * e3 + np.float32(4.0) * e4
                     y[l, 3, j] = bl + e1 - e2 + np.float32(8.0) * e3 - np.float32(8.0) * e4 + e5
-            nl = min(16, Co - ob * 16)
+            nl = min(16, Co - (ob0 + ob) * 16)
             for l in range(nl):
-                co = ob * 16 + l
+                co = (ob0 + ob) * 16 + l
                 for i in range(mh):
                     orow = out[n, co, y0 + i]
                     for j in range(mw):
                         v = y[l, i, j]
                         if has_res:
                             v += res[n, co, y0 + i, x0 + j]
-                        if relu:
-                            v = max(v, np.float32(0.0))
-                        orow[x0 + j] = v
+                        orow[x0 + j] = apply_scalar(code, v, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):
-    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU); M and bias hold channel blocks ob0.. (generated)."""
-    Ho, Wo = out.shape[2], out.shape[3]
+def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
+    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = act((A^T M A)[i, j] + bias (+ res)); M and bias hold channel blocks ob0.. (generated)."""
+    Obo, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
     Ob = M.shape[2] // 16
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N, Ob, Ho, Wo, 16), the same or empty
     mm = nb.carray(stack_f32(576), (36, 16))
     s = nb.carray(stack_f32(384), (6, 4, 16))
-    y = nb.carray(stack_f32(256), (4, 4, 16))
+    y = nb.carray(stack_f32(256), (16, 16))  # y[i*4 + j, l]
     per_img = th * tw
     for pi in range(P):
         p = p0 + pi
@@ -419,16 +335,10 @@ def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):
                     e3 = s[3, j, l]
                     e4 = s[4, j, l]
                     e5 = s[5, j, l]
-                    y[0, j, l] = bl + e0 + e1 + e2 + e3 + e4
-                    y[1, j, l] = bl + e1 - e2 + np.float32(2.0) * e3 - np.float32(2.0) * e4
-                    y[2, j, l] = bl + e1 + e2 + np.float32(4.0) * e3 + np.float32(4.0) * e4
-                    y[3, j, l] = bl + e1 - e2 + np.float32(8.0) * e3 - np.float32(8.0) * e4 + e5
+                    y[0 + j, l] = bl + e0 + e1 + e2 + e3 + e4
+                    y[4 + j, l] = bl + e1 - e2 + np.float32(2.0) * e3 - np.float32(2.0) * e4
+                    y[8 + j, l] = bl + e1 + e2 + np.float32(4.0) * e3 + np.float32(4.0) * e4
+                    y[12 + j, l] = bl + e1 - e2 + np.float32(8.0) * e3 - np.float32(8.0) * e4 + e5
             for i in range(mh):
-                for j in range(mw):
-                    for l in range(16):
-                        v = y[i, j, l]
-                        if has_res:
-                            v += res[n, ob0 + ob, y0 + i, x0 + j, l]
-                        if relu:
-                            v = max(v, np.float32(0.0))
-                        out[n, ob0 + ob, y0 + i, x0 + j, l] = v
+                store_block(of, rf, has_res, y, i * 4, RB_OFFSETS, (((n * Obo + ob0 + ob) * Ho + y0 + i) * Wo + x0) * 16,
+                            mw, 1, 0, code, alpha, beta)

@@ -6,25 +6,32 @@ Layouts:
   output     (N, Ob, Ho, Wo, 16)       NCHWc (or NCHW through `run`)
 
 Vectorized over a block of 16 output channels (one zmm register: the analogue of the paper's
-48 lanes = 16 PEs x 3 FMACs) and register-blocked over RB = 8 output positions of a row: the
-8 accumulators live in registers for the whole Ci*KH*KW reduction, each weight vector load
-feeds 8 FMAs, each input scalar is broadcast once. Window-level partitioning: a task owns a
-band of output rows of one image (all output channels), so cores split the output image.
-Any kernel size, stride, dilation and (through the padded input) padding.
+48 lanes = 16 PEs x 3 FMACs) and register-blocked over 7 output positions x 2 output-channel
+blocks (`_direct_rows2`; `_direct_rows` is the 8 x 1 form, kept as a check): 14 accumulators live
+in registers for the whole Ci*KH*KW reduction. Partitioning (planner.plan_direct, for the thread
+count): a task is (one image, a band of output rows, a group of output-channel blocks): whole
+images per task at large batch (task level), row bands (window level: cores split the image
+into regions), and channel-block groups too on small late layers. The layer's task table runs in
+one numba parallel loop (threads.numba_region). Each output element's reduction is the same
+whichever task computes it, so every grid and thread count gives the same bits.
+Any kernel size, stride, dilation and padding (copied per task into a zero-bordered band).
 """
 from __future__ import annotations
+
+import functools
 
 import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, stack_f32
-from tilefuse.kernels.conv.epilogue import bias_or_zeros
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.activations import apply_scalar
+from tilefuse.kernels.conv.epilogue import EMPTY4, IDENTITY, RB_OFFSETS, bias_or_zeros, resolve_act, store_block
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_direct
-from tilefuse.kernels.threads import parallel_for, scratch
+from tilefuse.kernels.threads import (numba_max_threads, numba_region, parallel_for, region_threads, resolve_threads,
+                                      scratch)
 
-EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
@@ -46,16 +53,17 @@ def prepare(w, b) -> dict:
 
 @njit(nogil=True, cache=True, fastmath=True)
 def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
-                 relu):
+                 code, alpha, beta):
     """out[n_out, ob, oh*Wo + ow - q_off, :] for oh in [oh0, oh1), all ob, all ow.
 
     Flat views: xb (N, Cb, Hp*Wp, 16) whose row 0 is padded input row x_row0 (a whole padded
     image: x_row0 = 0; a padded band: x_row0 = the band's first row), out (N', Ob, R*Wo, 16),
-    res (N', Ob, Ho*Wo, 16) or EMPTY4 (indexed by n_out and the output position).
+    res out's shape (then q_off = 0) or EMPTY4.
     The register block is 8 consecutive output positions of the band in row-major order, so it
     may wrap to the next row (narrow 7x7 / 14x14 maps keep all 8 accumulators busy); the last
     partial block repeats its final position and stores only the valid ones.
-    Epilogue in registers: + bias[ob*16+l] (+ res) then ReLU.
+    Epilogue (epilogue.store_block): + bias[ob*16+l] as the accumulators leave registers, then
+    (+ res) and the activation (code, alpha, beta).
     """
     Cb = xb.shape[1]
     Ob, _, KH, KW, _, _ = wb.shape
@@ -71,10 +79,11 @@ def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
     bv = nb.carray(stack_f32(16), 16)
     offs = np.empty(8, np.int64)
     p_begin, p_end = oh0 * Wo, oh1 * Wo
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16); res the same or empty
+    P = out.shape[2]
     for ob in range(Ob):
         for l in range(16):
             bv[l] = bias[ob * 16 + l]
-        o = out[n_out, ob]
         for pb in range(p_begin, p_end, 8):
             for r in range(8):
                 p = min(pb + r, p_end - 1)
@@ -126,27 +135,19 @@ def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
                 acc[6, l] = a6[l] + bv[l]
                 acc[7, l] = a7[l] + bv[l]
             nv = min(8, p_end - pb)
-            for r in range(nv):
-                p = pb + r
-                if has_res:
-                    for l in range(16):
-                        acc[r, l] += res[n_out, ob, p, l]
-                if relu:
-                    for l in range(16):
-                        acc[r, l] = max(acc[r, l], 0.0)
-                q = p - q_off
-                for l in range(16):
-                    o[q, l] = acc[r, l]
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, 1, 0,
+                        code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
 def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
-                  relu):
+                  code, alpha, beta, o0, o1):
     """Same contract as `_direct_rows`, register-blocked as RB2 = 7 output positions x 2 output
     blocks (14 zmm accumulators): per (ci, kh, kw) two weight vectors feed 14 FMAs with 7
     broadcasts (the 8 x 1 blocking loads 9 vectors per 8 FMAs and is load-bound on small maps).
     The input is indexed through a flat view with unsigned offsets (no wraparound code).
-    An odd Ob computes its last block twice in the second slot and stores it once."""
+    Output-channel blocks o0 <= ob < o1 only; an odd count computes its last block twice in the
+    second slot and stores it once."""
     Cb, HWp = xb.shape[1], xb.shape[2]
     Ob, _, KH, KW, _, _ = wb.shape
     xf = xb.reshape(xb.size)
@@ -168,9 +169,11 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
     offs = np.empty(7, np.uint64)
     p_begin, p_end = oh0 * Wo, oh1 * Wo
     nbase = n * Cb * HWp * 16
-    for ob in range(0, Ob, 2):
-        ob1 = min(ob + 1, Ob - 1)
-        nk = 2 if ob + 1 < Ob else 1
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16); res the same or empty
+    P = out.shape[2]
+    for ob in range(o0, o1, 2):
+        ob1 = min(ob + 1, o1 - 1)
+        nk = 2 if ob + 1 < o1 else 1
         for pb in range(p_begin, p_end, 7):
             for r in range(7):
                 p = min(pb + r, p_end - 1)
@@ -225,8 +228,8 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
                                 b5[l] += x5 * v
                                 b6[l] += x6 * v
             for l in range(16):
-                u = bias[ob * 16 + l]
-                v = bias[ob1 * 16 + l]
+                u = bias[np.uint64(ob * 16 + l)]
+                v = bias[np.uint64(ob1 * 16 + l)]
                 acc[0, l] = a0[l] + u
                 acc[1, l] = a1[l] + u
                 acc[2, l] = a2[l] + u
@@ -242,23 +245,13 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
                 acc[5, 16 + l] = b5[l] + v
                 acc[6, 16 + l] = b6[l] + v
             nv = min(7, p_end - pb)
-            for kk in range(nk):
-                o = out[n_out, ob + kk]
-                for r in range(nv):
-                    p = pb + r
-                    if has_res:
-                        for l in range(16):
-                            acc[r, kk * 16 + l] += res[n_out, ob + kk, p, l]
-                    if relu:
-                        for l in range(16):
-                            acc[r, kk * 16 + l] = max(acc[r, kk * 16 + l], 0.0)
-                    for l in range(16):
-                        o[p - q_off, l] = acc[r, kk * 16 + l]
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, nk, P * 16,
+                        code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _band_to_nchw(out, band, n, oh0, res, has_res, relu):
-    """band (1, Ob, R*Wo, 16) -> out[n, :, oh0:oh0+R, :] (NCHW) with residual and ReLU."""
+def _band_to_nchw(out, band, n, oh0, res, has_res, code, alpha, beta):
+    """band (1, Ob, R*Wo, 16) -> out[n, :, oh0:oh0+R, :] (NCHW) with residual and activation."""
     Co, Wo = out.shape[1], out.shape[3]
     R = band.shape[2] // Wo
     for c in range(Co):
@@ -268,60 +261,110 @@ def _band_to_nchw(out, band, n, oh0, res, has_res, relu):
                 v = band[0, ob, r * Wo + ow, l]
                 if has_res:
                     v += res[n, c, oh0 + r, ow]
-                if relu:
-                    v = max(v, 0.0)
-                out[n, c, oh0 + r, ow] = v
+                out[n, c, oh0 + r, ow] = apply_scalar(code, v, alpha, beta)
 
 
-def _bands(ho, rows):
-    return [(r0, min(r0 + rows, ho)) for r0 in range(0, ho, rows)]
+@njit(nogil=True, cache=True)
+def _direct_task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0, r1, o0, o1, pt, pl, Wp, padded,
+                 Wo, sh, sw, dh, dw):
+    """One task: image n, output rows [r0, r1), output-channel blocks [o0, o1) into out
+    (N, Ob, Ho*Wo, 16). x (N, Cb, H, W, 16): padded=True copies the rows the task's windows read,
+    zero-bordered (padding pt on top, pl on the left, Wp wide), into `band` (1-D scratch) and reads
+    that; padded=False reads x in place (already padded, or no padding: Wp = x's W)."""
+    Cb = x.shape[1]
+    if padded:
+        x0 = r0 * sh                                         # first padded input row of the band
+        rows = (r1 - 1 - r0) * sh + (wb.shape[2] - 1) * dh + 1
+        nin = Cb * rows * Wp * 16
+        _pad_band(band[:nin].reshape(1, Cb, rows, Wp, 16), x, n, x0 - pt, pl)
+        _direct_rows2(out, n, 0, band[:nin].reshape(1, Cb, rows * Wp, 16), 0, x0, wb, r0, r1, Wo, Wp, sh, sw, dh, dw,
+                      bias, res, has_res, code, alpha, beta, o0, o1)
+    else:
+        _direct_rows2(out, n, 0, x.reshape(x.shape[0], Cb, x.shape[2] * x.shape[3], 16), n, 0, wb, r0, r1, Wo, Wp,
+                      sh, sw, dh, dw, bias, res, has_res, code, alpha, beta, o0, o1)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _direct_par(nt, tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, padded, Wo, sh, sw,
+                dh, dw):
+    """Every task (rows (n, r0, r1, o0, o1)) on numba's pool; band (threads, size) scratch."""
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            _direct_task(out, x, band[nb.get_thread_id()], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0],
+                         tasks[i, 1], tasks[i, 2], tasks[i, 3], tasks[i, 4], pt, pl, Wp, padded, Wo, sh, sw, dh, dw)
+
+
+@njit(nogil=True, cache=True)
+def _direct_seq(tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, padded, Wo, sh, sw,
+                dh, dw):
+    for i in range(tasks.shape[0]):
+        _direct_task(out, x, band[0], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1],
+                     tasks[i, 2], tasks[i, 3], tasks[i, 4], pt, pl, Wp, padded, Wo, sh, sw, dh, dw)
+
+
+@functools.lru_cache(maxsize=1024)
+def task_table(n: int, ho: int, ob: int, rows: int, blocks: int) -> np.ndarray:
+    """(T, 5) int64 rows (n, r0, r1, o0, o1): images outer, row bands, then channel-block groups."""
+    t = np.array([(i, r0, min(r0 + rows, ho), o0, min(o0 + blocks, ob)) for i in range(n) for r0 in range(0, ho, rows)
+                  for o0 in range(0, ob, blocks)], np.int64).reshape(-1, 5)
+    t.flags.writeable = False
+    return t
+
+
+def _run_tasks(out4, x, wb, bias, res4, has_res, act, tasks, threads, pt, pl, wp, padded, wo, stride, dilation,
+               band_elems):
+    code, al, be = act
+    # one scratch band per thread of the region (thread ids range over numba's pool)
+    rows = numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1
+    band = scratch("direct_band", (rows, max(1, band_elems)))
+    numba_region(_direct_par, _direct_seq, threads, len(tasks), tasks, out4, x, band, wb, bias, res4, has_res, code,
+                 al, be, pt, pl, wp, padded, wo, stride[0], stride[1], dilation[0], dilation[1])
+
+
+def _band_elems(cb, rows, sh, kh, dh, wp):
+    return cb * ((rows - 1) * sh + (kh - 1) * dh + 1) * wp * LANES
 
 
 def direct_nchwc(out_blocked, x_blocked, prepared, residual_blocked=None, *, stride=(1, 1), dilation=(1, 1),
-                 relu=False, threads=None) -> None:
+                 relu=False, act=None, threads=None) -> None:
     """NCHWc-native direct conv. x_blocked is already padded (see layout.to_nchwc(x, padding)).
 
     out_blocked (N, Ob, Ho, Wo, 16); residual_blocked the same shape or None.
     """
+    act = resolve_act(relu, act, "direct")
     wb, bias = prepared["weight"], prepared["bias"]
     n, cb, hp, wp, _ = x_blocked.shape
-    ho = out_blocked.shape[2]
-    p = plan_direct(cb, wb.shape[2], dilation[0], stride[0], ho, wp)
-    wo = out_blocked.shape[3]
+    _, ob, ho, wo, _ = out_blocked.shape
+    threads = resolve_threads(threads)
+    p = plan_direct(cb, wb.shape[2], dilation[0], stride[0], ho, wp, wo=wo, n=n, ob=ob, kw=wb.shape[3], padded=False,
+                    threads=threads)
     has_res = residual_blocked is not None
     # (N, C, H, W, 16) -> (N, C, H*W, 16) flat views, no copy
-    res = residual_blocked.reshape(n, -1, ho * wo, LANES) if has_res else EMPTY4
-    ofl = out_blocked.reshape(n, -1, ho * wo, LANES)
-    xfl = x_blocked.reshape(n, cb, hp * wp, LANES)
-    tasks = [(i, r0, r1) for i in range(n) for (r0, r1) in _bands(ho, p["rows"])]
-    parallel_for(lambda t: _direct_rows2(ofl, t[0], 0, xfl, t[0], 0, wb, t[1], t[2], wo, wp, stride[0], stride[1],
-                                        dilation[0], dilation[1], bias, res, has_res, relu), tasks, threads)
+    res = residual_blocked.reshape(n, ob, ho * wo, LANES) if has_res else EMPTY4
+    _run_tasks(out_blocked.reshape(n, ob, ho * wo, LANES), x_blocked, wb, bias, res, has_res, act,
+               task_table(n, ho, ob, p["rows"], p["blocks"]), threads, 0, 0, wp, False, wo, stride, dilation, 0)
 
 
 def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), relu=False,
-        threads=None) -> None:
-    """NCHW in, NCHW out: pad+block the input once, then per row band compute in NCHWc into a
-    per-thread buffer and unblock it into `out` with the residual and ReLU while it is in cache."""
-    wb, bias = prepared["weight"], prepared["bias"]
+        act=None, threads=None) -> None:
+    """NCHW in, NCHW out: block the input once (unpadded), run the NCHWc kernel into a blocked
+    buffer, then unblock it into `out` with the residual and the activation."""
+    act = resolve_act(relu, act, "direct")
     n = x.shape[0]
-    ob = wb.shape[0]
+    ob = prepared["weight"].shape[0]
     _, _, ho, wo = out.shape
-    xb = to_nchwc(x, padding, threads=threads)
-    p = plan_direct(xb.shape[1], wb.shape[2], dilation[0], stride[0], ho, xb.shape[3])
+    xb = to_nchwc(x, threads=threads)
+    ob_ = scratch("direct_nchw_out", (n, ob, ho, wo, LANES))
+    run_nchwc(ob_, xb, prepared, None, stride=stride, padding=padding, dilation=dilation, act=IDENTITY,
+              threads=threads)
     has_res = residual is not None
-    res = residual if has_res else np.zeros((0, 0, 0, 0), np.float32)
-    tasks = [(i, r0, r1) for i in range(n) for (r0, r1) in _bands(ho, p["rows"])]
-    _, cb, hp, wp, _ = xb.shape
-    xfl = xb.reshape(n, cb, hp * wp, LANES)  # (N, Cb, Hp, Wp, 16) -> (N, Cb, Hp*Wp, 16)
-
-    def task(t):
-        i, r0, r1 = t
-        band = scratch("direct_band", ob * (r1 - r0) * wo * LANES).reshape(1, ob, (r1 - r0) * wo, LANES)
-        _direct_rows2(band, 0, r0 * wo, xfl, i, 0, wb, r0, r1, wo, wp, stride[0], stride[1], dilation[0],
-                     dilation[1], bias, EMPTY4, False, False)
-        _band_to_nchw(out, band, i, r0, res, has_res, relu)
-
-    parallel_for(task, tasks, threads)
+    res = residual if has_res else EMPTY4
+    parallel_for(lambda i: _band_to_nchw(out, ob_[i:i + 1].reshape(1, ob, ho * wo, LANES), i, 0, res, has_res, *act),
+                 range(n), threads)
 
 
 @njit(nogil=True, cache=True)
@@ -350,40 +393,28 @@ def _pad_band(band, x, n, h0, pl):
 
 
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-              relu=False, threads=None) -> None:
+              relu=False, act=None, threads=None, plan=None) -> None:
     """NCHWc in, NCHWc out, input NOT padded (the compiler's convention between layers).
 
-    x_b (N, Cb, H, W, 16), out_b / residual_b (N, Ob, Ho, Wo, 16). Padding is folded into the
-    per-task band copy: a task (one image, a band of output rows) copies the input rows its
-    windows read into a per-thread zero-bordered scratch band (it fits L2/2, see the planner)
-    and runs the register-blocked kernel on it. Without padding the kernel reads x_b directly.
+    x_b (N, Cb, H, W, 16), out_b / residual_b (N, Ob, Ho, Wo, 16). The task grid (images, row
+    bands, output-channel block groups) comes from planner.plan_direct for `threads`. With padding
+    a task copies the input rows its windows read into a per-thread zero-bordered scratch band (it
+    fits L2/2, see the planner) and runs the register-blocked kernel on it; without padding the
+    kernel reads x_b directly. plan: a plan_direct result (default: the one for `threads`).
     """
+    act = resolve_act(relu, act, "direct")
     wb, bias = prepared["weight"], prepared["bias"]
     n, cb, h, w, _ = x_b.shape
     _, ob, ho, wo, _ = out_b.shape
     kh = wb.shape[2]
     t, b, l, r = padding
-    hp, wp = h + t + b, w + l + r
-    p = plan_direct(cb, kh, dilation[0], stride[0], ho, wp)
+    wp = w + l + r
+    padded = padding != (0, 0, 0, 0)
+    threads = resolve_threads(threads)
+    p = plan or plan_direct(cb, kh, dilation[0], stride[0], ho, wp, wo=wo, n=n, ob=ob, kw=wb.shape[3], padded=padded,
+                            threads=threads)
     has_res = residual_b is not None
     res = residual_b.reshape(n, ob, ho * wo, LANES) if has_res else EMPTY4
-    ofl = out_b.reshape(n, ob, ho * wo, LANES)  # (N, Ob, Ho, Wo, 16) -> (N, Ob, Ho*Wo, 16)
-    tasks = [(i, r0, r1) for i in range(n) for (r0, r1) in _bands(ho, p["rows"])]
-    if padding == (0, 0, 0, 0):
-        xfl = x_b.reshape(n, cb, h * w, LANES)
-        parallel_for(lambda tk: _direct_rows2(ofl, tk[0], 0, xfl, tk[0], 0, wb, tk[1], tk[2], wo, wp, stride[0],
-                                             stride[1], dilation[0], dilation[1], bias, res, has_res, relu),
-                     tasks, threads)
-        return
-
-    def task(tk):
-        i, r0, r1 = tk
-        x0 = r0 * stride[0]                                  # first padded input row of the band
-        rows = (r1 - 1 - r0) * stride[0] + (kh - 1) * dilation[0] + 1
-        band = scratch("direct_pad", cb * rows * wp * LANES).reshape(1, cb, rows, wp, LANES)
-        _pad_band(band, x_b, i, x0 - t, l)
-        bfl = band.reshape(1, cb, rows * wp, LANES)
-        _direct_rows2(ofl, i, 0, bfl, 0, x0, wb, r0, r1, wo, wp, stride[0], stride[1], dilation[0], dilation[1],
-                     bias, res, has_res, relu)
-
-    parallel_for(task, tasks, threads)
+    band = _band_elems(cb, p["rows"], stride[0], kh, dilation[0], wp) if padded else 0
+    _run_tasks(out_b.reshape(n, ob, ho * wo, LANES), x_b, wb, bias, res, has_res, act,
+               task_table(n, ho, ob, p["rows"], p["blocks"]), threads, t, l, wp, padded, wo, stride, dilation, band)

@@ -1,36 +1,144 @@
-"""Fused conv epilogue on an output block still in cache: y = acc + bias (+ residual), ReLU.
+"""The fused conv epilogue, one definition for every conv kernel:  y = act(conv + bias + residual).
 
-The GEMM-based kernels (gemm1x1, im2col) call `epilogue_rows` on the rows a task has just
-produced; direct and Winograd apply the same three steps in registers before the store.
-The order is the reference's: bias, then residual, then ReLU.
+`act` is an activation of the shared table `tilefuse.kernels.activations` (identity, relu, clip,
+hardswish, sigmoid, silu, gelu, ...), given to the kernels as the triple (code, alpha, beta).
+`resolve_act(relu, act)` turns a kernel call's arguments into that triple (`relu=True` is
+act relu, kept for the callers that only know ReLU).
+
+Three forms, so that the order (bias, then residual, then the activation) and the activation code
+live here only:
+  - `store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta)`: the store of
+    a register block (nv output positions x nk blocks of 16 output channels, one AVX-512 vector
+    each) of the direct, k1x1, stem and Winograd NCHWc kernels; `acc` already holds conv + bias
+    (added as the accumulators leave registers).
+  - `epilogue_rows(o, bias, res, has_res, code, alpha, beta)`: rows of a GEMM output block in
+    place (gemm1x1 and im2col, NCHW).
+  - `activations.apply_scalar(code, v, alpha, beta)`: one value, for the scattering stores
+    (NCHW outputs of blocked kernels, the BLAS 1x1 on NCHWc, depthwise).
+Identity and ReLU get loops of their own (the branch on `code` is outside the lanes loop, so the
+loops vectorize and ReLU's bits are those of the kernels before activations were generalized).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-EMPTY2 = np.zeros((0, 0), np.float32)  # "no residual" placeholder (keeps numba types fixed)
+from tilefuse.kernels.activations import ACTIVATIONS, NAMES, apply_scalar, normalize
+
+EMPTY1 = np.zeros(0, np.float32)  # "no residual" placeholders (keep numba types fixed)
+EMPTY2 = np.zeros((0, 0), np.float32)
+EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
+
+IDENTITY = (0, np.float32(0.0), np.float32(0.0))
+RELU = (1, np.float32(0.0), np.float32(0.0))
+
+def resolve_act(relu: bool = False, act=None, where: str = "conv") -> tuple:
+    """A kernel call's (relu, act) -> (code, alpha, beta) with alpha, beta as np.float32.
+
+    act: None, a (code, alpha, beta) triple (from activations.encode), a (name, alpha, beta)
+    triple, or a name (parameters at their defaults). relu=True means act relu; giving both
+    relu=True and another activation is an error."""
+    if act is None:
+        return RELU if relu else IDENTITY
+    if isinstance(act, str):
+        _, a, b = normalize(act, None, where)
+        code = ACTIVATIONS[act][0]
+    else:
+        try:
+            head, a, b = act
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: act must be (code, alpha, beta), (name, alpha, beta) or a name, "
+                             f"got {act!r}") from None
+        if isinstance(head, str):
+            if head not in ACTIVATIONS:
+                raise ValueError(f"{where}: unknown activation {head!r}; known: {', '.join(ACTIVATIONS)}")
+            code = ACTIVATIONS[head][0]
+        else:
+            code = int(head)
+            if code != head or code not in NAMES:
+                raise ValueError(f"{where}: unknown activation code {head!r}; known codes 0..{max(NAMES)} "
+                                 f"({', '.join(f'{c}={n}' for c, n in NAMES.items())})")
+        a, b = float(a), float(b)
+        if a != a or b != b:
+            raise ValueError(f"{where}: activation {NAMES[code]} parameters must not be NaN, got ({a}, {b})")
+    if relu and code not in (0, 1):
+        raise ValueError(f"{where}: relu=True and act={NAMES[code]} both given; pass one activation")
+    if relu and code == 0:
+        return RELU
+    return code, np.float32(a), np.float32(b)
+
+
+@njit(inline="always")
+def store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta):
+    """The register block's epilogue and store: for r < nv, k < nk, the 16 lanes l,
+        dst[o0 + offs[r] + k*dk + l] = act(acc[a0 + r, 16k + l] (+ res[same offset]))
+    dst and res 1-D with the same layout; acc (rows, >= 16 nk) holds conv + bias; offsets >= 0.
+
+    The residual is added before the activation (the reference's order). Unsigned indices keep
+    numba's negative-index wraparound code out of the stores; identity and ReLU compute in
+    registers without writing acc back; the other activations go through `act_lanes`. One call
+    per register block (not per 16 lanes), so the array bookkeeping of an inlined call is paid
+    once per block."""
+    for r in range(nv):
+        for k in range(nk):
+            du = np.uint64(o0 + offs[r] + k * dk)
+            ar, cu = np.uint64(a0 + r), np.uint64(16 * k)
+            if has_res:
+                if code == 1:
+                    for l in range(16):
+                        lu = np.uint64(l)
+                        dst[du + lu] = max(acc[ar, cu + lu] + res[du + lu], np.float32(0.0))
+                elif code == 0:
+                    for l in range(16):
+                        lu = np.uint64(l)
+                        dst[du + lu] = acc[ar, cu + lu] + res[du + lu]
+                else:
+                    for l in range(16):
+                        lu = np.uint64(l)
+                        acc[ar, cu + lu] += res[du + lu]
+                    act_lanes(dst, du, acc, a0 + r, 16 * k, code, alpha, beta)
+            elif code == 1:
+                for l in range(16):
+                    lu = np.uint64(l)
+                    dst[du + lu] = max(acc[ar, cu + lu], np.float32(0.0))
+            elif code == 0:
+                for l in range(16):
+                    lu = np.uint64(l)
+                    dst[du + lu] = acc[ar, cu + lu]
+            else:
+                act_lanes(dst, du, acc, a0 + r, 16 * k, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def epilogue_rows(o, bias, res, has_res, relu):
-    """o (C, L) block, bias (C,), res (C, L) or EMPTY2; in place."""
+def act_lanes(dst, d, acc, r, c0, code, alpha, beta):
+    """dst[d + l] = act(acc[r, c0 + l]), l < 16: the activations other than identity and ReLU,
+    called (not inlined) so that their code (exp, erf, tanh) stays out of the kernels' loops."""
+    for l in range(16):
+        dst[d + np.uint64(l)] = apply_scalar(code, acc[r, c0 + l], alpha, beta)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def epilogue_rows(o, bias, res, has_res, code, alpha, beta):
+    """o (C, L) block, bias (C,), res (C, L) or EMPTY2; in place: o = act(o + bias[c] (+ res))."""
     C, L = o.shape
     for c in range(C):
         b = bias[c]
         if has_res:
-            if relu:
+            if code == 1:
                 for i in range(L):
-                    o[c, i] = max(o[c, i] + b + res[c, i], 0.0)
+                    o[c, i] = max(o[c, i] + b + res[c, i], np.float32(0.0))
             else:
                 for i in range(L):
                     o[c, i] = o[c, i] + b + res[c, i]
-        elif relu:
+        elif code == 1:
             for i in range(L):
-                o[c, i] = max(o[c, i] + b, 0.0)
+                o[c, i] = max(o[c, i] + b, np.float32(0.0))
         else:
             for i in range(L):
                 o[c, i] = o[c, i] + b
+        if code > 1:
+            for i in range(L):
+                o[c, i] = apply_scalar(code, o[c, i], alpha, beta)
 
 
 def bias_or_zeros(b, n: int) -> np.ndarray:
@@ -40,3 +148,6 @@ def bias_or_zeros(b, n: int) -> np.ndarray:
     if b.shape != (n,):
         raise ValueError(f"conv bias has shape {b.shape}, expected ({n},)")
     return np.ascontiguousarray(b)
+
+
+RB_OFFSETS = np.arange(16, dtype=np.int64) * 16  # offs for a register block of consecutive positions

@@ -3,7 +3,7 @@
 Per image, NCHW is already the GEMM layout: out[n] (Co, Ho*Wo) = W (Co, Ci) @ X[n] (Ci, Ho*Wo).
 Feature-map-level partitioning: a task owns `m` output channels x `Nb` output columns of one
 image and reads the whole input block (every core reads the input, the cores split Co), the
-GEMM runs in OpenBLAS (one thread per task), then the epilogue (bias, residual, ReLU) runs on
+GEMM runs in OpenBLAS (one thread per task), then the epilogue (bias, residual, activation) runs on
 the task's output block while it is still in L2. Stride > 1 gathers only the rows a task
 needs (x[n, :, oh*s, ::s]) into a per-thread buffer, never the whole subsampled input.
 Padding on a 1x1 conv is handled by the im2col fallback (select never picks gemm1x1 then).
@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv.epilogue import EMPTY2, bias_or_zeros, epilogue_rows
+from tilefuse.kernels.activations import apply_scalar
+from tilefuse.kernels.conv.epilogue import EMPTY2, EMPTY4, bias_or_zeros, epilogue_rows, resolve_act
 from tilefuse.kernels.conv.planner import plan_gemm1x1, plan_gemm1x1_nchwc
 from tilefuse.kernels.threads import blas_threads, parallel_for, scratch
 
-EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
 
 
 def prepare(w, b) -> dict:
@@ -27,7 +27,8 @@ def prepare(w, b) -> dict:
     return {"weight": np.ascontiguousarray(w.reshape(co, ci), np.float32), "bias": bias_or_zeros(b, co)}
 
 
-def run(out, x, prepared, residual=None, *, stride=(1, 1), relu=False, threads=None, plan=None) -> None:
+def run(out, x, prepared, residual=None, *, stride=(1, 1), relu=False, act=None, threads=None, plan=None) -> None:
+    code, al, be = resolve_act(relu, act, "gemm1x1")
     w2, bias = prepared["weight"], prepared["bias"]
     n, ci, h, wd = x.shape
     co = w2.shape[0]
@@ -56,7 +57,7 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), relu=False, threads=N
         o = out3[i, c0:c1, j0:j1]
         np.matmul(w2[c0:c1], xin, out=o)
         r = res3[i, c0:c1, j0:j1] if res3 is not None else EMPTY2
-        epilogue_rows(o, bias[c0:c1], r, res3 is not None, relu)
+        epilogue_rows(o, bias[c0:c1], r, res3 is not None, code, al, be)
 
     with blas_threads(1):
         parallel_for(task, tasks, threads)
@@ -67,7 +68,7 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), relu=False, threads=N
 # positions of one image is then, read per position, a row of 16-float vectors: gathering it as
 # an (Nb, Cip) "NHWC" block copies whole 64-byte vectors (no transpose), the GEMM runs as
 # out_blk (Nb, m) = X_blk (Nb, Cip) @ Wt[:, c0:c0+m] (Cip, m), and the (Nb, m) result goes back
-# to NCHWc as 64-byte vectors again, with bias, residual and ReLU on the way.
+# to NCHWc as 64-byte vectors again, with bias, residual and the activation on the way.
 
 def prepare_nchwc(w, b) -> dict:
     """weight Wt (Cip, Cop) = W^T zero padded to multiples of 16; bias (Cop,) zero padded."""
@@ -96,8 +97,8 @@ def _gather_nhwc(xs, x, q0, q1, HWo, Wo, sh, sw):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _scatter_nchwc(out, o, c0, q0, bias, res, has_res, relu):
-    """out[n, (c0+c)//16, j, c%16] = relu(o[q - q0, c] + bias[c0+c] (+ res)) for q = n*HW + j;
+def _scatter_nchwc(out, o, c0, q0, bias, res, has_res, code, alpha, beta):
+    """out[n, (c0+c)//16, j, c%16] = act(o[q - q0, c] + bias[c0+c] (+ res)) for q = n*HW + j;
     out / res flat (N, Ob, HW, 16)."""
     nq, m = o.shape
     HW = out.shape[2]
@@ -109,12 +110,10 @@ def _scatter_nchwc(out, o, c0, q0, bias, res, has_res, relu):
                 v = o[i, c + l] + bias[c0 + c + l]
                 if has_res:
                     v += res[n, ob, j, l]
-                if relu:
-                    v = max(v, 0.0)
-                out[n, ob, j, l] = v
+                out[n, ob, j, l] = apply_scalar(code, v, alpha, beta)
 
 
-def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=False, threads=None,
+def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=False, act=None, threads=None,
               plan=None) -> None:
     """x_b (N, Cb, H, W, 16) -> out_b (N, Ob, Ho, Wo, 16); stride > 1 gathers only the used positions.
 
@@ -123,6 +122,7 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     each task gathers its (Nb, Cip) input block into L2 (cheap next to the m*Cip*Nb*2 FLOPs of
     its GEMM). Blocks run across image boundaries, so small maps still make large GEMMs.
     """
+    code, al, be = resolve_act(relu, act, "gemm1x1")
     wt, bias = prepared["weight"], prepared["bias"]
     n, cb, h, wd, _ = x_b.shape
     _, ob, ho, wo, _ = out_b.shape
@@ -144,7 +144,7 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
         _gather_nhwc(xs, x_b, q0, q1, hw, wo, sh, sw)
         o = scratch("g1x1c_o", (q1 - q0) * (c1 - c0)).reshape(q1 - q0, c1 - c0)
         np.matmul(xs, wt[:, c0:c1], out=o)  # (Nb, Cip) @ (Cip, m) -> (Nb, m)
-        _scatter_nchwc(ofl, o, c0, q0, bias, res, has_res, relu)
+        _scatter_nchwc(ofl, o, c0, q0, bias, res, has_res, code, al, be)
 
     with blas_threads(1):
         parallel_for(task, tasks, threads)

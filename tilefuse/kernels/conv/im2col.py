@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv.epilogue import EMPTY2, bias_or_zeros, epilogue_rows
+from tilefuse.kernels.activations import apply_scalar
+from tilefuse.kernels.conv import stem
+from tilefuse.kernels.conv.epilogue import EMPTY2, EMPTY4, bias_or_zeros, epilogue_rows, resolve_act
 from tilefuse.kernels.conv.planner import plan_im2col
 from tilefuse.kernels.threads import blas_threads, parallel_for, scratch
 
@@ -23,8 +25,11 @@ def prepare(w, b, groups: int) -> dict:
         raise ValueError(f"im2col: {co} output channels not divisible by groups={groups}")
     og = co // groups
     # (Co, Cg, KH, KW) -> (G, og, Cg, KH, KW)
-    return {"weight": np.ascontiguousarray(np.asarray(w, np.float32).reshape(groups, og, cg, kh, kw)),
+    prep = {"weight": np.ascontiguousarray(np.asarray(w, np.float32).reshape(groups, og, cg, kh, kw)),
             "bias": bias_or_zeros(b, co)}
+    if stem.applies(cg, groups):  # few input channels: the stem kernel's own packing too (NCHW16c output)
+        prep.update(stem.prepare(w, prep["bias"]))
+    return prep
 
 
 @njit(nogil=True, cache=True)
@@ -48,7 +53,7 @@ def _im2col(cols, x, n, c0, cg, KH, KW, sh, sw, pt, pl, dh, dw, r0, r1, Wo):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _depthwise_rows(out, x, w3, bias, res, has_res, relu, n, g, og, KH, KW, sh, sw, pt, pl, dh, dw, r0, r1):
+def _depthwise_rows(out, x, w3, bias, res, has_res, code, alpha, beta, n, g, og, KH, KW, sh, sw, pt, pl, dh, dw, r0, r1):
     """Groups with one input channel: out[n, g*og + j, oh, :] = sum_taps w * x[n, g, ...]."""
     H, W = x.shape[2], x.shape[3]
     Wo = out.shape[3]
@@ -76,13 +81,12 @@ def _depthwise_rows(out, x, w3, bias, res, has_res, relu, n, g, og, KH, KW, sh, 
                 v = orow[ow] + b
                 if has_res:
                     v += res[n, co, oh, ow]
-                if relu:
-                    v = max(v, 0.0)
-                orow[ow] = v
+                orow[ow] = apply_scalar(code, v, alpha, beta)
 
 
 def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1,
-          relu=False, threads=None, plan=None) -> None:
+        relu=False, act=None, threads=None, plan=None) -> None:
+    code, al, be = resolve_act(relu, act, "im2col")
     w5, bias = prepared["weight"], prepared["bias"]
     g_, og, cg, kh, kw = w5.shape
     if g_ != groups:
@@ -98,9 +102,9 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0),
     rows = (plan or plan_im2col(k, wo, ho))["rows"]
     bands = [(r0, min(r0 + rows, ho)) for r0 in range(0, ho, rows)]
     if cg == 1:
-        res4 = residual if has_res else np.zeros((0, 0, 0, 0), np.float32)
+        res4 = residual if has_res else EMPTY4
         tasks = [(i, g) for i in range(n) for g in range(groups)]
-        parallel_for(lambda t: _depthwise_rows(out, x, w3, bias, res4, has_res, relu, t[0], t[1], og, kh, kw,
+        parallel_for(lambda t: _depthwise_rows(out, x, w3, bias, res4, has_res, code, al, be, t[0], t[1], og, kh, kw,
                                                sh, sw, pt, pl, dh, dw, 0, ho), tasks, threads)
         return
     out3 = out.reshape(n, co, ho * wo)  # (N, Co, Ho, Wo) -> (N, Co, Ho*Wo), no copy
@@ -114,16 +118,16 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0),
         o = out3[i, g * og:(g + 1) * og, r0 * wo:r1 * wo]
         np.matmul(w3[g], cols, out=o)  # (og, K) @ (K, R*Wo) -> (og, R*Wo)
         r = res3[i, g * og:(g + 1) * og, r0 * wo:r1 * wo] if has_res else EMPTY2
-        epilogue_rows(o, bias[g * og:(g + 1) * og], r, has_res, relu)
+        epilogue_rows(o, bias[g * og:(g + 1) * og], r, has_res, code, al, be)
 
     with blas_threads(1):
         parallel_for(task, tasks, threads)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _scatter_rows_nchwc(out, o, n, q0, bias, res, has_res, relu):
+def _scatter_rows_nchwc(out, o, n, q0, bias, res, has_res, code, alpha, beta):
     """o (Co, L) GEMM block of positions q0..q0+L -> out[n, c//16, q0+j, c%16] (flat (N, Ob, HW, 16))
-    with bias, residual, ReLU; padded channels (c >= Co) are written as zeros."""
+    with bias, residual, activation; padded channels (c >= Co) are written as zeros."""
     Co, L = o.shape
     Ob = out.shape[1]
     for ob in range(Ob):
@@ -135,16 +139,16 @@ def _scatter_rows_nchwc(out, o, n, q0, bias, res, has_res, relu):
                     v = o[c, j] + bias[c]
                     if has_res:
                         v += res[n, ob, q0 + j, l]
-                    if relu:
-                        v = max(v, np.float32(0.0))
+                    v = apply_scalar(code, v, alpha, beta)
                 out[n, ob, q0 + j, l] = v
 
 
 def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                 relu=False, threads=None, plan=None) -> None:
+                 relu=False, act=None, threads=None, plan=None) -> None:
     """NCHW in, NCHW16c out (groups = 1): the network's first conv (3 input channels, where a
     blocked input would waste 13/16 of the work) feeding blocked layers. The GEMM writes a
     per-thread (Co, R*Wo) block that the epilogue scatters into the blocked output."""
+    code, al, be = resolve_act(relu, act, "im2col")
     w5, bias = prepared["weight"], prepared["bias"]
     g_, co, cg, kh, kw = w5.shape
     if g_ != 1:
@@ -155,7 +159,7 @@ def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=
     _, ob, ho, wo, _ = out_b.shape
     has_res = residual_b is not None
     ofl = out_b.reshape(n, ob, ho * wo, 16)  # (N, Ob, Ho, Wo, 16) -> (N, Ob, Ho*Wo, 16)
-    res = residual_b.reshape(n, ob, ho * wo, 16) if has_res else np.zeros((0, 0, 0, 0), np.float32)
+    res = residual_b.reshape(n, ob, ho * wo, 16) if has_res else EMPTY4
     rows = (plan or plan_im2col(k, wo, ho))["rows"]
     tasks = [(i, r0, min(r0 + rows, ho)) for i in range(n) for r0 in range(0, ho, rows)]
 
@@ -166,7 +170,7 @@ def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=
                 r0, r1, wo)
         o = scratch("im2col_o", co * (r1 - r0) * wo).reshape(co, (r1 - r0) * wo)
         np.matmul(w2, cols, out=o)  # (Co, K) @ (K, R*Wo) -> (Co, R*Wo)
-        _scatter_rows_nchwc(ofl, o, i, r0 * wo, bias, res, has_res, relu)
+        _scatter_rows_nchwc(ofl, o, i, r0 * wo, bias, res, has_res, code, al, be)
 
     with blas_threads(1):
         parallel_for(task, tasks, threads)

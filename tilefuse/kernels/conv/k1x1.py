@@ -3,32 +3,34 @@
     input   x  (N, Cb, H, W, 16)       read in place (flat), stride by strided position offsets
     weights wp (OP, Cip, 32)           wp[p, ci, 16*k + l] = w[(2p+k)*16 + l, ci], k in {0, 1};
                                        Cop padded to an even number of 16-channel blocks
-    output     (N, Ob, Ho, Wo, 16)     written in place, bias / residual / ReLU fused
+    output     (N, Ob, Ho, Wo, 16)     written in place, bias / residual / activation fused (epilogue.store_block)
 
 Micro-kernel: RB = 7 output positions x 2 output-channel blocks = 14 zmm accumulators held for
 the whole Ci reduction; per input channel one 128-byte weight row (2 vector loads) feeds
 14 FMAs with 7 broadcast input scalars. 7 divides every ResNet map (49, 196, 784, 3136), so no
 partial blocks; positions are flat over the batch (n*Ho*Wo + j), blocks may span images.
 
-Tasks: (block of positions, range of output-channel pairs) with boundaries from the layer shape
-only; every output element is one full-K dot product computed by the same code whichever task
-or thread owns it, so any thread count gives bitwise identical results. Small maps (batch 1)
-split the output channels (seed 000's feature-map-level partitioning), large ones positions.
+Tasks: (block of positions, range of output-channel pairs), the grid chosen for the thread count
+by planner.plan_k1x1 (small maps at batch 1 split the output channels, seed 000's feature-map
+level; large ones positions); the layer's task table runs in one numba parallel loop
+(threads.numba_region). Every output element is one full-K dot product computed by the same code
+whichever task or thread owns it, so any grid and thread count give bitwise identical results.
 """
 from __future__ import annotations
+
+import functools
 
 import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import prefetch, prefetchw, stack_f32
-from tilefuse.kernels.conv.epilogue import bias_or_zeros
+from tilefuse.kernels.conv._nb import atomic_add, prefetch, prefetchw, stack_f32
+from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act, store_block
 from tilefuse.kernels.conv.planner import RB1X1 as RB
-from tilefuse.kernels.conv.planner import plan_k1x1 as plan
-from tilefuse.kernels.threads import parallel_for
+from tilefuse.kernels.conv.planner import plan_k1x1
+from tilefuse.kernels.threads import numba_region, resolve_threads
 
 Q_OUTER = None  # force the loop order (benchmarks); None: the plan's
-EMPTY1 = np.zeros(0, np.float32)
 PF_OUT = True  # also prefetchw the output lines of the block ahead (docs/kernels.md)
 PF_BLOCKS = 1  # software-prefetch distance in 7-position blocks (0: off)
 
@@ -50,7 +52,7 @@ def prepare(w, b) -> dict:
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _k1x1(of, xf, wp, bias, rf, has_res, relu, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo):
+def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo):
     """of / rf flat (N*Ob*HWo*16), xf flat (N*Cb*HWi*16); positions [q0, q1), channel pairs [p0, p1)."""
     a0 = nb.carray(stack_f32(16), 16)
     a1 = nb.carray(stack_f32(16), 16)
@@ -155,8 +157,8 @@ def _k1x1(of, xf, wp, bias, rf, has_res, relu, q0, q1, p0, p1, HWo, Wo, HWi, Wi,
                     b5[l] += x5 * v
                     b6[l] += x6 * v
         for l in range(16):
-            u = bias[ob0 * 16 + l]
-            v = bias[ob0 * 16 + 16 + l]
+            u = bias[np.uint64(ob0 * 16 + l)]
+            v = bias[np.uint64(ob0 * 16 + 16 + l)]
             acc[0, l] = a0[l] + u
             acc[1, l] = a1[l] + u
             acc[2, l] = a2[l] + u
@@ -173,21 +175,47 @@ def _k1x1(of, xf, wp, bias, rf, has_res, relu, q0, q1, p0, p1, HWo, Wo, HWi, Wi,
             acc[6, 16 + l] = b6[l] + v
         nv = min(7, q1 - qb)
         nk = 2 if two else 1
-        for r in range(nv):
-            for kk in range(nk):
-                d = oo[r] + (ob0 + kk) * os_
-                if has_res:
-                    for l in range(16):
-                        acc[r, kk * 16 + l] += rf[d + l]
-                if relu:
-                    for l in range(16):
-                        acc[r, kk * 16 + l] = max(acc[r, kk * 16 + l], 0.0)
-                for l in range(16):
-                    of[d + l] = acc[r, kk * 16 + l]
+        store_block(of, rf, has_res, acc, 0, oo, ob0 * os_, nv, nk, os_, code, alpha, beta)
 
 
-def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=False, threads=None) -> None:
-    """x_b (N, Cb, H, W, 16) -> out_b (N, Ob, Ho, Wo, 16), no padding (1x1)."""
+@njit(parallel=True, nogil=True, cache=True)
+def _k1x1_par(nt, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
+              q_outer, pfd, pfo):
+    """Every task of the layer on numba's pool: tasks (T, 4) = (q0, q1, p0, p1)."""
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3],
+                  HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo)
+
+
+@njit(nogil=True, cache=True)
+def _k1x1_seq(tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
+              q_outer, pfd, pfo):
+    """The same task loop on the calling thread."""
+    for i in range(tasks.shape[0]):
+        _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3],
+              HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo)
+
+
+@functools.lru_cache(maxsize=1024)
+def task_table(total: int, op: int, q: int, p: int) -> np.ndarray:
+    """(T, 4) int64 rows (q0, q1, p0, p1): position blocks outer, channel-pair ranges inner."""
+    t = np.array([(q0, min(q0 + q, total), p0, min(p0 + p, op)) for q0 in range(0, total, q) for p0 in range(0, op, p)],
+                 np.int64).reshape(-1, 4)
+    t.flags.writeable = False
+    return t
+
+
+def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=False, act=None, threads=None,
+              plan=None) -> None:
+    """x_b (N, Cb, H, W, 16) -> out_b (N, Ob, Ho, Wo, 16), no padding (1x1).
+
+    plan: from planner.plan_k1x1 (default: the one for `threads`)."""
+    code, al, be = resolve_act(relu, act, "gemm1x1")
     wp, bias = prepared["weight"], prepared["bias"]
     n, cb, h, w, _ = x_b.shape
     _, ob, ho, wo, _ = out_b.shape
@@ -196,18 +224,11 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
         raise ValueError(f"gemm1x1 (NCHWc): weight has {cip} input channels, input {cb * 16}")
     hw = ho * wo
     total = n * hw
-    pl = plan(cip, op, total)
-    q_, p_ = pl["Q"], pl["P"]
+    threads = resolve_threads(threads)
+    pl = plan or plan_k1x1(cip, op, total, threads)
+    tasks = task_table(total, op, pl["Q"], pl["P"])
     has_res = residual_b is not None
-    of = out_b.reshape(-1)
-    xf = x_b.reshape(-1)
     rf = residual_b.reshape(-1) if has_res else EMPTY1
-    sh, sw = stride
     qo = Q_OUTER if Q_OUTER is not None else pl["q_outer"]
-    tasks = [(q0, min(q0 + q_, total), p0, min(p0 + p_, op)) for q0 in range(0, total, q_) for p0 in range(0, op, p_)]
-    if len(tasks) == 1 or threads == 1:
-        for t in tasks:
-            _k1x1(of, xf, wp, bias, rf, has_res, relu, t[0], t[1], t[2], t[3], hw, wo, h * w, w, cb, ob, sh, sw, qo, PF_BLOCKS, PF_OUT)
-        return
-    parallel_for(lambda t: _k1x1(of, xf, wp, bias, rf, has_res, relu, t[0], t[1], t[2], t[3], hw, wo, h * w, w,
-                                 cb, ob, sh, sw, qo, PF_BLOCKS, PF_OUT), tasks, threads)
+    numba_region(_k1x1_par, _k1x1_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias, rf,
+                 has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1], qo, PF_BLOCKS, PF_OUT)

@@ -189,57 +189,167 @@ RB = 8
 RB1X1 = 7
 
 
-def plan_k1x1(cip: int, op: int, positions: int) -> dict:
-    """The numba NCHW16c 1x1 kernel (k1x1.py, what gemm1x1 runs on NCHW16c): task tiles from the
-    shape only (never the thread count, so 1 and 2 threads give bitwise identical results).
+# Thread-aware task grids (issue 13, seed 000's partitioning levels) ----------------------------
+# A conv layer is cut into equal tasks; numba's parallel loop hands each thread a contiguous run of
+# ceil(tasks / threads) of them. The grid is chosen per layer by a small cost model that knows the
+# thread count T: minimize  ceil(tasks / T) * task_seconds,  task_seconds = FLOPs / PEAK_CORE +
+# bytes moved / BW_CORE + TASK_SECONDS (ties: fewer tasks). Large tasks reuse their input and
+# weight blocks (fewer bytes per FLOP); more tasks than threads balance the load. The kernels that
+# use these grids (k1x1, direct, stem) compute every output element with the same full-length
+# reduction in the same order whatever task holds it, so the grid (and the thread count) never
+# changes a bit of the result.
+PEAK_CORE = 100e9      # FLOP/s of one core in the model (only ratios matter)
+BW_CORE = 10e9         # bytes/s one core streams from L3/DRAM
+TASK_SECONDS = 2e-6    # fixed cost of a task (offsets, scratch, loop set-up)
 
-    - Q positions per task: a multiple of RB1X1 = 7 with Q*Cip*4 <= L2/2 (the task's input block
-      stays in L2 while the task's channel pairs sweep it), at least 7, at most all positions.
-    - P output-channel pairs (32 channels) per task: all, halved while there are fewer than 8
-      tasks (batch-1 7x7 / 14x14 maps: the cores split the output channels, each reading the
-      small input: seed 000's feature-map-level partitioning).
-    - loop order inside a task: position block outer (7 positions of input stay in L1, the
-      weights stream from L2) when the task's weights P*Cip*128 B fit L2/2, else channel pair
-      outer (one pair's weights stay cached while the input block streams).
+
+def _pick(cands, threads: int):
+    """cands: (key, ntasks, seconds per task) -> the key of the least makespan."""
+    t = max(1, int(threads))
+    return min(cands, key=lambda c: (math.ceil(c[1] / t) * c[2], c[1]))[0]
+
+
+def _splits(n: int, most: int) -> list[int]:
+    """Distinct chunk sizes ceil(n / k) for k = 1 .. most (largest first)."""
+    return sorted({-(-n // k) for k in range(1, max(1, min(n, most)) + 1)}, reverse=True)
+
+
+def _task_seconds(flops: float, nbytes: float) -> float:
+    return flops / PEAK_CORE + nbytes / BW_CORE + TASK_SECONDS
+
+
+def plan_k1x1(cip: int, op: int, positions: int, threads: int = 1) -> dict:
+    """The numba NCHW16c 1x1 kernel (k1x1.py, what gemm1x1 runs on NCHW16c).
+
+    A task is Q output positions (flat over the batch, a multiple of RB1X1 = 7) x P output-
+    channel pairs (32 channels). Q is at most the L2 rule Q*Cip*4 <= L2/2 (the task's input
+    block stays in L2 while its channel pairs sweep it); the cost model (above) then picks Q and P
+    for T threads: with many positions (large maps, large batch) whole-channel tasks over position
+    blocks; with few (batch-1 7x7 / 14x14 maps) the cores split the output channels and every
+    task reads the same small input block (seed 000's feature-map level).
+    Loop order inside a task: position block outer (7 positions of input stay in L1, the weights
+    stream from L2) when the task's weights P*Cip*128 B fit L2/2, else channel pair outer.
     """
-    l2 = cache_sizes().l2
-    q = max(RB1X1, int(l2 / 2 / (4 * cip)) // RB1X1 * RB1X1)
-    q = min(q, -(-positions // RB1X1) * RB1X1)
-    p = op
-    nq = math.ceil(positions / q)
-    while p > 1 and nq * math.ceil(op / p) < 8:
-        p = -(-p // 2)
-    return {"Q": q, "P": p, "RB": RB1X1, "q_outer": p * cip * 128 <= l2 / 2}
+    return dict(_plan_k1x1(cip, op, positions, max(1, int(threads)), cache_sizes().l2))
 
 
-def plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int) -> dict:
-    return dict(_plan_direct(cb, kh, dh, sh, ho, wp, cache_sizes().l2))
+@functools.lru_cache(maxsize=4096)
+def _plan_k1x1(cip, op, positions, threads, l2):
+    c7 = lambda v: -(-v // RB1X1) * RB1X1  # noqa: E731
+    qmax = min(max(RB1X1, int(l2 / 2 / (4 * cip)) // RB1X1 * RB1X1), c7(positions))
+    kmin = -(-positions // qmax)
+    qs = {c7(-(-positions // k)) for k in range(kmin, kmin + 2 * threads + 1)}
+    qs |= {q for q in (c7(-(-positions // k)) for k in range(1, 4 * threads + 1)) if q <= qmax}
+    cands = []
+    for q in sorted(q for q in qs if q <= qmax):
+        nq = -(-positions // q)
+        for p in _splits(op, 4 * threads):
+            flops = 2.0 * c7(q) * cip * 32 * p
+            nbytes = 4.0 * q * cip + 128.0 * p * cip + 128.0 * q * p
+            cands.append(((q, p), nq * -(-op // p), _task_seconds(flops, nbytes)))
+    q, p = _pick(cands, threads)
+    nq, npr = -(-positions // q), -(-op // p)
+    part = ("positions x Co split" if nq > 1 and npr > 1 else "Co split (input shared)" if npr > 1
+            else "positions split" if nq > 1 else "one task")
+    return (("Q", q), ("P", p), ("RB", RB1X1), ("q_outer", p * cip * 128 <= l2 / 2), ("tasks", nq * npr),
+            ("partitioning", part), ("threads", threads))
+
+
+def plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int, *, wo: int | None = None, n: int = 1,
+                ob: int = 1, kw: int | None = None, padded: bool = True, threads: int = 1) -> dict:
+    """The direct NCHWc kernel: a task is (one image, a band of R output rows, G output-channel
+    blocks). R is at most the L2 rule (the band's input Cb*((R-1)*sh + (KH-1)*dh + 1)*Wp*64 B
+    <= L2/2); the cost model picks R and G for T threads: whole images per task when the batch
+    alone feeds the threads (seed 000's task level), row bands (window level: cores split the
+    image into regions) when it does not, and output-channel blocks too for small late layers
+    (7x7, 14x14 maps at batch 1). G is even (the 7x2 micro-kernel works on block pairs).
+    padded: the task copies its input rows into a zero-bordered band (run_nchwc with padding),
+    so smaller bands and channel splits re-copy more."""
+    wo = wp if wo is None else wo
+    kw = kh if kw is None else kw
+    return dict(_plan_direct(cb, kh, kw, dh, sh, ho, wp, wo, n, ob, bool(padded), max(1, int(threads)),
+                             cache_sizes().l2))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_direct(cb, kh, kw, dh, sh, ho, wp, wo, n, ob, padded, threads, l2):
+    rmax = 1
+    for r in range(1, ho + 1):
+        if cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64 > l2 / 2:
+            break
+        rmax = r
+    c7 = lambda v: -(-v // 7) * 7  # noqa: E731
+    gs = sorted({min(ob, g + g % 2) for g in _splits(ob, 2 * threads)}, reverse=True)
+    cands = []
+    for r in (r for r in _splits(ho, 4 * threads) if r <= rmax):
+        band = cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64
+        for g in gs:
+            flops = 2.0 * c7(r * wo) * cb * 16 * kh * kw * 16 * (g + g % 2)
+            nbytes = (2.0 * band if padded else band) + g * cb * kh * kw * 1024.0 + 64.0 * r * wo * g
+            cands.append(((r, g), n * -(-ho // r) * -(-ob // g), _task_seconds(flops, nbytes)))
+    r, g = _pick(cands, threads)
+    nb, ng = -(-ho // r), -(-ob // g)
+    part = "images" if nb == 1 and ng == 1 else "rows split" if ng == 1 else \
+        "Co split" if nb == 1 else "rows x Co split"
+    return (("RB", 7), ("rows", r), ("blocks", g), ("tasks", n * nb * ng), ("partitioning", part),
+            ("threads", threads))
+
+
+def plan_stem(cin: int, kh: int, kw: int, sh: int, dh: int, ho: int, wo: int, wp: int, n: int = 1, ob: int = 1,
+              threads: int = 1) -> dict:
+    """The stem kernel (stem.py, Cin <= 4): a task is (one image, a band of R output rows, all
+    output channels), its input rows copied into a zero-bordered band; the cost model picks R
+    for T threads (at least one full 8-position register block per task where the map allows)."""
+    return dict(_plan_stem(cin, kh, kw, sh, dh, ho, wo, wp, n, ob, max(1, int(threads))))
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int, l2: int) -> dict:
-    best = 1
-    for r in range(1, ho + 1):
-        band = cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64
-        if band > l2 / 2:
-            break
-        best = r
-    best = max(1, min(best, math.ceil(ho / 2)))
-    return {"RB": RB, "rows": best}
+def _plan_stem(cin, kh, kw, sh, dh, ho, wo, wp, n, ob, threads):
+    c8 = lambda v: -(-v // 8) * 8  # noqa: E731
+    rmin = min(ho, -(-8 // max(wo, 1)))
+    cands = []
+    for r in (r for r in _splits(ho, 8 * threads) if r >= rmin):
+        band = 4.0 * cin * ((r - 1) * sh + (kh - 1) * dh + 1) * wp
+        flops = 2.0 * c8(r * wo) * cin * kh * kw * 16 * (ob + ob % 2)
+        cands.append((r, n * -(-ho // r), _task_seconds(flops, 2 * band + 64.0 * r * wo * ob)))
+    r = _pick(cands, threads)
+    nb = -(-ho // r)
+    return (("RB", 8), ("rows", r), ("tasks", n * nb), ("partitioning", "images" if nb == 1 else "rows split"),
+            ("threads", threads))
 
 
-def plan_winograd(alpha: int, cip: int, cop: int, total_tiles: int | None = None) -> dict:
-    l2 = cache_sizes().l2
-    p = _floor_mult(l2 / (4 * alpha * alpha * (cip + cop)), 8)
-    p = max(64, min(512, p))
-    if total_tiles is not None and 4 * alpha * alpha * cip * cop > l2:
-        # U does not fit L2 and is re-read by every task: fewer, larger tasks, but an even number
-        # of equal ones (<= 256 tiles each) so that 2 cores finish together: 1568 tiles (28x28,
-        # batch 32) as 4 x 512 ran 3 + 1 tasks per core (74% scaling), as 8 x 200 it scales 91%
-        k = max(2, -(-total_tiles // 256))
-        k += k % 2
-        p = max(p, _ceil_mult(-(-total_tiles // k), 8))
-    return {"tiles": p}
+def plan_winograd(alpha: int, cip: int, cop: int, total_tiles: int | None = None, threads: int = 1) -> dict:
+    """Winograd F(m x m, 3 x 3) on NCHWc (winograd.py): a task is P tiles x a group of output-
+    channel pairs: it transforms its tiles' input (all Cip channels) into V (alpha^2, P, Cip),
+    runs the alpha^2 GEMMs into M (alpha^2, P, cob) and the output transform. The cost model
+    (above) picks P (a multiple of 7, the GEMM's register block, up to 512) and the pair group for T
+    threads: per task the FLOPs of its GEMMs (7-row blocks), the packed U of its pairs
+    (alpha^2*Cip*32 floats per pair, from L3: larger P amortizes it), V and M written and read
+    (a channel split transforms the same tiles again). total_tiles None: one image's worth is
+    assumed large (the plan for a layer of unknown size)."""
+    tiles = 512 if total_tiles is None else int(total_tiles)
+    return dict(_plan_winograd(alpha, cip, cop, tiles, max(1, int(threads))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_winograd(alpha, cip, cop, total, threads):
+    a2 = alpha * alpha
+    op = -(-cop // 32)
+    c7 = lambda v: -(-v // 7) * 7  # noqa: E731
+    ps = {min(512, c7(-(-total // k))) for k in range(1, 4 * threads + 1)} | {min(c7(total), q) for q in (64, 128, 256)}
+    cands = []
+    for pt in sorted(ps):
+        nt = -(-total // pt)
+        for npr in _splits(op, 2 * threads):
+            cob = min(32 * npr, cop)
+            flops = 2.0 * a2 * c7(pt) * cip * 32 * npr
+            nbytes = 4.0 * a2 * (cip * 32 * npr + 2 * pt * cip + 2 * pt * cob)
+            cands.append(((pt, npr), nt * -(-op // npr), _task_seconds(flops, nbytes)))
+    pt, npr = _pick(cands, threads)
+    nt, ng = -(-total // pt), -(-op // npr)
+    part = ("tiles x Co split" if nt > 1 and ng > 1 else "Co split" if ng > 1 else "tiles split" if nt > 1
+            else "one task")
+    return (("tiles", pt), ("pairs", npr), ("tasks", nt * ng), ("partitioning", part), ("threads", threads))
 
 
 def plan_im2col(k: int, wo: int, ho: int) -> dict:
@@ -248,38 +358,141 @@ def plan_im2col(k: int, wo: int, ho: int) -> dict:
     return {"rows": max(1, min(ho, r))}
 
 
-def describe(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1),
-             padding=(0, 0, 0, 0), dilation=(1, 1), layout: str = "nchwc") -> dict:
-    """How a conv layer is cut into tasks, for `compiled.plan()`: partitioning and tile sizes.
+# depthwise (depthwise.py) ---------------------------------------------------------------------
+
+DW_PAD_MAX_POSITIONS = 28 * 28
+
+
+def plan_depthwise_padded(ho: int, wo: int) -> bool:
+    """Small maps run on a zero-bordered copy of their input rows (see depthwise._dw_task): shape-only rule."""
+    return ho * wo <= DW_PAD_MAX_POSITIONS
+
+
+DW_TASK_VFMAS = 1 << 15      # depthwise work per task in vector FMAs on one thread (~20 us on one core)
+DW_TASK_MIN_VFMAS = 1 << 12  # smallest depthwise task worth handing to a thread (~3 us)
+
+
+def plan_depthwise_tasks(n: int, ob: int, ho: int, wo: int, taps: int, threads: int = 1) -> list[tuple[int, int, int, int, int]]:
+    """(image, ob0, ob1, oh0, oh1) tasks of about `target` vector FMAs: DW_TASK_VFMAS on one thread,
+    down to DW_TASK_MIN_VFMAS so that `threads` threads get ~3 tasks each. A channel block's map
+    larger than the target is split into row bands (window level); smaller maps (7x7, 14x14) are
+    bundled, several channel blocks per task (a row split would re-copy the padded band's halo).
+    The split never changes a result: every output value is computed by the same code in the same
+    order whichever task holds it (bitwise identical for every thread count)."""
+    total = n * ob * ho * wo * taps
+    target = max(DW_TASK_MIN_VFMAS, min(DW_TASK_VFMAS, total // (3 * max(1, threads)) + 1))
+    plane = ho * wo * taps
+    if plane > target:
+        rows = max(1, math.ceil(target / (wo * taps)))
+        rows = -(-ho // -(-ho // rows))          # equal bands
+        return [(i, b, b + 1, r, min(r + rows, ho)) for i in range(n) for b in range(ob) for r in range(0, ho, rows)]
+    g = max(1, target // plane)
+    g = -(-ob // -(-ob // g))                    # equal groups
+    return [(i, b, min(b + g, ob), 0, ho) for i in range(n) for b in range(0, ob, g)]
+
+
+# grouped (grouped.py) --------------------------------------------------------------------------
+
+def grouped_bundle(cin: int, cout: int, groups: int) -> tuple[int, int, int, int]:
+    """(L, Cbg, Obg, G'): groups per block group, input / output blocks per block group, block groups."""
+    cg, og = cin // groups, cout // groups
+    lcm = lambda a, b: a * b // math.gcd(a, b)  # noqa: E731
+    L = lcm(16 // math.gcd(16, cg), 16 // math.gcd(16, og))
+    return L, L * cg // 16, L * og // 16, -(-groups // L)
+
+
+def _row_bands(ho, rows):
+    return [(r0, min(r0 + rows, ho)) for r0 in range(0, ho, rows)]
+
+
+def plan_grouped_rows(cbg, obg, kh, kw, stride, dilation, ho, wo, wp, padded) -> int:
+    """Row band height: the direct planner's for one block group, planned for one thread (so the
+    tasks depend on the shape only)."""
+    return plan_direct(cbg, kh, dilation[0], stride[0], ho, wp, wo=wo, ob=obg, kw=kw, padded=padded)["rows"]
+
+
+GROUPED_TASK_FLOPS = 4e6        # block groups per task: about this much work (a task call costs ~5-10 us)
+
+
+def plan_grouped_tasks(n, gp, cbg, obg, kh, kw, ho, wo, rows) -> list[tuple[int, int, int, int, int]]:
+    """(image, j0, j1, r0, r1) from the shape only: row bands of the direct planner, block groups
+    bundled until a task does about GROUPED_TASK_FLOPS."""
+    per = 2.0 * rows * wo * obg * cbg * 256 * kh * kw
+    k = max(1, min(gp, int(GROUPED_TASK_FLOPS // max(per, 1.0))))
+    k = -(-gp // -(-gp // k))                           # equal bundles
+    return [(i, j, min(j + k, gp), r0, r1) for i in range(n) for j in range(0, gp, k) for (r0, r1) in _row_bands(ho, rows)]
+
+
+def describe_grouped(x_shape, w_shape, out_shape, groups, stride, padding, dilation) -> dict:
+    """Partitioning and tiles for `compiled.plan()` (NCHW shapes)."""
+    n, ci, h, w = x_shape
+    co, cg, kh, kw = w_shape
+    ho, wo = out_shape[2], out_shape[3]
+    L, cbg, obg, gp = grouped_bundle(ci, co, groups)
+    rows = plan_grouped_rows(cbg, obg, kh, kw, stride, dilation, ho, wo, w + padding[2] + padding[3],
+                 tuple(padding) != (0, 0, 0, 0))
+    tasks = plan_grouped_tasks(n, gp, cbg, obg, kh, kw, ho, wo, rows)
+    return {"partitioning": "groups x rows", "tasks": len(tasks),
+            "tiles": {"L": L, "Cbg": cbg, "Obg": obg, "rows": rows, "groups/task": max(t[2] - t[1] for t in tasks)}}
+
+
+def layer_plan(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1), padding=(0, 0, 0, 0),
+               dilation=(1, 1), layout: str = "nchwc", threads: int = 1, out_layout: str | None = None) -> dict:
+    """The plan a conv layer runs with on `threads` threads: {"partitioning", "tasks", "tiles" (the
+    tile sizes, for `compiled.plan()`), "threads", "plan" (what the kernel takes as plan=, or None
+    for the BLAS kernels, whose grids depend on the shape only)}. The conv front door
+    (`conv.bind`) and `compiled.plan()` both read it, so the plan shown is the plan run.
 
     Shapes are NCHW (N, C, H, W) and (Co, Cg, KH, KW)."""
     n, ci, h, w = x_shape
     co, cg, kh, kw = w_shape
     _, _, ho, wo = out_shape
     cip, cop = -(-ci // 16) * 16, -(-co // 16) * 16
+    t = max(1, int(threads))
+    out = {"threads": t, "plan": None}
+    if algorithm == "gemm1x1" and layout == "nchwc":
+        op = -(-co // 32)
+        p = plan_k1x1(cip, op, n * ho * wo, t)
+        # K = reduction depth, Nb = output positions per task, m = output channels per task
+        tiles = {"K": cip, "Nb": p["Q"], "m": p["P"] * 32}
+        return dict(out, partitioning=p["partitioning"], tasks=p["tasks"], tiles=tiles, plan=p)
     if algorithm == "gemm1x1":
-        if layout == "nchwc":
-            op = -(-co // 32)
-            p = plan_k1x1(cip, op, n * ho * wo)
-            tasks = math.ceil(n * ho * wo / p["Q"]) * math.ceil(op / p["P"])
-            # K = reduction depth, Nb = output positions (GEMM columns) and m = output channels per task
-            tiles = {"K": cip, "Nb": p["Q"], "m": p["P"] * 32, "RB": f"{p['RB']}x32", "q_outer": p["q_outer"]}
-            return {"partitioning": "Co split" if p["P"] < op else "cols split", "tiles": tiles, "tasks": tasks}
-        else:
-            p, cout = plan_gemm1x1(ci, co, ho * wo), co
-            tasks = n * math.ceil(ho * wo / p["Nb"]) * math.ceil(cout / p["m"])
+        p = plan_gemm1x1(ci, co, ho * wo)
+        tasks = n * math.ceil(ho * wo / p["Nb"]) * math.ceil(co / p["m"])
         # seed 000's feature-map level: cores split Co; with many positions they split columns
-        return {"partitioning": "Co split" if p["m"] < cout else "cols split", "tiles": p, "tasks": tasks}
+        return dict(out, partitioning="Co split" if p["m"] < co else "cols split", tasks=tasks, tiles=p)
     if algorithm == "direct":
-        p = plan_direct(cip // 16, kh, dilation[0], stride[0], ho, w + padding[2] + padding[3])
-        return {"partitioning": "rows split", "tiles": p, "tasks": n * math.ceil(ho / p["rows"])}
+        p = plan_direct(cip // 16, kh, dilation[0], stride[0], ho, w + padding[2] + padding[3], wo=wo, n=n,
+                        ob=cop // 16, kw=kw, padded=tuple(padding) != (0, 0, 0, 0), threads=t)
+        return dict(out, partitioning=p["partitioning"], tasks=p["tasks"],
+                    tiles={"rows": p["rows"], "Co": 16 * p["blocks"]}, plan=p)
     if algorithm.startswith("winograd"):
         m = int(algorithm[-1])
-        tiles = n * math.ceil(ho / m) * math.ceil(wo / m)
-        p = plan_winograd(m + 2, cip, cop, tiles)
-        return {"partitioning": "tiles split", "tiles": p, "tasks": math.ceil(tiles / p["tiles"])}
+        p = plan_winograd(m + 2, cip, cop, n * math.ceil(ho / m) * math.ceil(wo / m), t)
+        return dict(out, partitioning=p["partitioning"], tasks=p["tasks"],
+                    tiles={"tiles": p["tiles"], "Co": 32 * p["pairs"]}, plan=p)
+    if algorithm == "im2col" and out_layout == "nchwc" and groups == 1 and ci <= 4:
+        p = plan_stem(ci, kh, kw, stride[0], dilation[0], ho, wo, w + padding[2] + padding[3], n, cop // 16, t)
+        return dict(out, partitioning=p["partitioning"] + " (stem kernel)", tasks=p["tasks"],
+                    tiles={"rows": p["rows"]}, plan=p)
+    if algorithm == "depthwise":
+        tasks = plan_depthwise_tasks(n, -(-co // 16), ho, wo, kh * kw, t)
+        rows = max(q[4] - q[3] for q in tasks)
+        blocks = max(q[2] - q[1] for q in tasks)
+        return dict(out, partitioning="rows split" if rows < ho else "blocks split", tasks=len(tasks),
+                    tiles={"RB": 8, "rows": rows, "blocks": blocks, "padded": plan_depthwise_padded(ho, wo)})
+    if algorithm == "grouped":
+        return dict(out, **describe_grouped(x_shape, w_shape, out_shape, groups, stride, padding, dilation))
     if algorithm == "im2col":
         p = plan_im2col(cg * kh * kw, wo, ho)
-        return {"partitioning": "rows split", "tiles": p,
-                "tasks": n * groups * math.ceil(ho / p["rows"])}
-    return {"partitioning": "-", "tiles": {}, "tasks": 1}
+        return dict(out, partitioning="rows split", tasks=n * groups * math.ceil(ho / p["rows"]), tiles=p)
+    return dict(out, partitioning="-", tasks=1, tiles={})
+
+
+def describe(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, stride=(1, 1),
+             padding=(0, 0, 0, 0), dilation=(1, 1), layout: str = "nchwc", threads: int = 1,
+             out_layout: str | None = None) -> dict:
+    """`layer_plan` without the kernel's plan: {"partitioning", "tiles", "tasks", "threads"}."""
+    d = layer_plan(algorithm, x_shape, w_shape, out_shape, groups, stride, padding, dilation, layout, threads, out_layout)
+    d.pop("plan")
+    return d

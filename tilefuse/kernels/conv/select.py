@@ -5,33 +5,45 @@ is a cost model computed from the layer shape only (testable without timing anyt
 `select_algorithm()` returns the cheapest candidate.
 
 Cost model (seconds on one core): t = flops / (PEAK * eff) + bytes / BW, with
-  PEAK = 200 GFLOP/s  (the order of one AVX-512 core's sgemm here; only ratios matter)
-  gemm1x1   flops = 2*N*Ho*Wo*Ci*Co, eff 1.05 (the numba 7x2 NCHW16c kernel, 190-240 GFLOP/s on
-            ResNet50's 1x1 layers); bytes: the stride > 1 gather
+  PEAK = 110 GFLOP/s  (one AVX-512 core's float32 FMA peak, the order kernels/isa.measure_peak
+            finds on the development machine; only ratios matter)
+  gemm1x1   flops = 2*N*Ho*Wo*Ci*Co, eff 0.9 (the numba 7x2 NCHW16c kernel: 79-96% of the measured
+            peak on ResNet50's 1x1 layers, one core); bytes: the stride > 1 gather
   direct    flops = 2*N*Ho*Wo*Cip*Cop*KH*KW (channels padded to 16), eff 0.9 (7x2 register
-            blocking: 230-260 GFLOP/s on ResNet50's 3x3 layers, one core; held at 0.9 because the Winograd
-            term below underestimates F(4x4) on 7x7-28x28 maps, 290-490 effective GFLOP/s);
-            bytes: the NCHW -> padded NCHWc conversion and the NCHWc -> NCHW output copy
-  winogradM flops = 2*N*tiles*alpha^2*Cip*Cop, eff 0.75 * P/(P+32) for P tiles per task
-            (small GEMMs lose to call overhead); bytes: layout + V and M written and read
-            by the transforms at TRANSFORM_BW, plus U once per task when U exceeds L2
+            blocking, 89-92% on ResNet50's 3x3 layers); bytes: the input band copies and the output
+  winogradM GEMM flops = 2*alpha^2*Cip*Cop32 per tile, the tiles of each task rounded up to the
+            GEMM's 7-row register block (batch-1 7x7 maps: 4 tiles computed as 7), eff 0.85
+            (the same micro-kernel as gemm1x1); V and M written and read by the transforms at
+            TRANSFORM_BW; the packed U streamed once per task at WEIGHT_BW, overlapped with the
+            GEMMs (max, not sum)
   im2col    flops = 2*N*Ho*Wo*Co*Cg*KH*KW, eff 0.6 (0.08 for one input channel per group,
             which runs as a scalar-ish depthwise loop); bytes: the cols matrix
-The efficiencies are round figures from measurements on the development machine (AMD EPYC
-Zen 5, docs/kernels.md); `tilefuse.compile(tune=True)` replaces the guess by measurements.
+  depthwise flops = 2*N*Ho*Wo*Cop*KH*KW, eff 0.4 (40-60 GFLOP/s on one core, depthwise.py) plus
+            input + output bytes at DW_BW (it is memory bound)
+  grouped   flops of the block groups (grouped.py: L times the group conv's when groups are
+            narrower than 16 channels), the direct kernel's eff (0.6 with an odd block count per
+            block group: the 8 x 1 register block); bytes: the padded band copies
+Measured on the development machine (one core, `benchmarks/scaling.py` layers at batch 1/8/32):
+F(4x4) is the fastest on every ResNet50 3x3 layer, 1.4-2.1x direct; the model picks it on all
+of them. `tilefuse.compile(tune=True)` replaces the model by measurements.
 """
 from __future__ import annotations
 
 import math
 
-from tilefuse.kernels.conv.planner import cache_sizes, plan_winograd
+from tilefuse.kernels.conv.grouped import applies as grouped_applies
+from tilefuse.kernels.conv.grouped import bundle
+from tilefuse.kernels.conv.planner import plan_winograd
 
-ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4", "im2col")
+ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4", "im2col", "depthwise", "grouped")
 
-PEAK = 200e9
+PEAK = 110e9
 BW = 10e9             # NCHW <-> NCHWc copies, gathers
-TRANSFORM_BW = 6e9    # Winograd transforms, bytes of V + M per second (measured ~5-9 GB/s)
-EFF = {"gemm1x1": 1.05, "direct": 0.9, "winograd": 0.75, "im2col": 0.6, "depthwise": 0.08}
+TRANSFORM_BW = 4e9    # Winograd transforms, bytes of V + M per second
+WEIGHT_BW = 40e9      # the packed Winograd U streamed by the GEMM (prefetched, overlapped)
+EFF = {"gemm1x1": 0.9, "direct": 0.9, "direct1": 0.6, "winograd": 0.85, "im2col": 0.6, "depthwise": 0.08,
+       "dw_blocked": 0.4}
+DW_BW = 20e9          # depthwise NCHW16c: bytes of input + output per second (memory bound)
 
 
 def _out_hw(x_shape, w_shape, stride, padding, dilation):
@@ -46,10 +58,19 @@ def _pad16(c):
     return -(-c // 16) * 16
 
 
+def _ceil7(v):
+    return -(-v // 7) * 7
+
+
 def candidates(x_shape, w_shape, stride, padding, dilation, groups, allow_winograd=True) -> list[str]:
     """Every algorithm that can compute this conv (im2col always can)."""
     co, cg, kh, kw = w_shape
     out = []
+    ci = cg * groups
+    if groups > 1 and cg == 1:
+        out.append("depthwise")             # groups == C_in, any channel multiplier
+    if grouped_applies(ci, co, groups):
+        out.append("grouped")
     if groups == 1:
         if (kh, kw) == (1, 1) and tuple(padding) == (0, 0, 0, 0):
             out.append("gemm1x1")
@@ -74,6 +95,11 @@ def algorithm_flops(algorithm, x_shape, w_shape, stride, padding, dilation, grou
     ho, wo = _out_hw(x_shape, w_shape, stride, padding, dilation)
     if algorithm == "direct":
         return 2 * n * ho * wo * _pad16(ci) * _pad16(co) * kh * kw
+    if algorithm == "depthwise":
+        return 2 * n * ho * wo * _pad16(co) * kh * kw
+    if algorithm == "grouped":
+        _, cbg, obg, gp = bundle(ci, co, groups)
+        return 2 * n * ho * wo * gp * obg * 16 * cbg * 16 * kh * kw
     if algorithm.startswith("winograd"):
         m = int(algorithm[-1])
         return 2 * n * math.ceil(ho / m) * math.ceil(wo / m) * (m + 2) ** 2 * _pad16(ci) * _pad16(co)
@@ -101,17 +127,26 @@ def estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups
         cip, cop = _pad16(ci), _pad16(co)
         tiles = n * math.ceil(ho / m) * math.ceil(wo / m)
         p = min(tiles, plan_winograd(alpha, cip, cop, tiles)["tiles"])
-        f = 2 * tiles * alpha * alpha * cip * cop
-        eff = EFF["winograd"] * p / (p + 32)
-        vm = 4 * tiles * alpha * alpha * (cip + cop)
-        u = 4 * alpha * alpha * cip * cop
         tasks = math.ceil(tiles / p)
-        u_traffic = u * tasks if u > cache_sizes().l2 else u
+        last = tiles - (tasks - 1) * p
+        padded = (tasks - 1) * _ceil7(p) + _ceil7(last)     # GEMM rows computed, in 7-row blocks
+        f = 2 * padded * alpha * alpha * cip * (-(-cop // 32) * 32)
+        vm = 4 * tiles * alpha * alpha * (cip + cop)
+        u_traffic = 4 * alpha * alpha * cip * cop * tasks
         in_bytes = 4 * n * cip * (ho + 2) * (wo + 2)
-        return f / (PEAK * eff) + vm / TRANSFORM_BW + (in_bytes + u_traffic) / BW
+        return max(f / (PEAK * EFF["winograd"]), u_traffic / WEIGHT_BW) + vm / TRANSFORM_BW + in_bytes / BW
+    if algorithm == "depthwise":
+        f = algorithm_flops("depthwise", x_shape, w_shape, stride, padding, dilation, groups)
+        moved = 4 * n * (_pad16(ci) * h * w + _pad16(co) * ho * wo)
+        return f / (PEAK * EFF["dw_blocked"]) + moved / DW_BW
+    if algorithm == "grouped":
+        f = algorithm_flops("grouped", x_shape, w_shape, stride, padding, dilation, groups)
+        obg = bundle(ci, co, groups)[2]
+        in_bytes = 4 * n * _pad16(ci) * (h + padding[0] + padding[1]) * (w + padding[2] + padding[3])
+        return f / (PEAK * EFF["direct" if obg % 2 == 0 else "direct1"]) + in_bytes / BW
     if algorithm == "im2col":
-        if cg == 1:
-            return flops / (PEAK * EFF["depthwise"])
+        if cg == 1:   # its per-channel loop reads the input and writes the output like depthwise does
+            return flops / (PEAK * EFF["depthwise"]) + 4 * n * (ci * h * w + co * ho * wo) / BW
         cols = 4 * n * ho * wo * cg * kh * kw * groups
         return flops / (PEAK * EFF["im2col"]) + 2 * cols / BW
     raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of {ALGORITHMS}")

@@ -7,54 +7,42 @@ zero-bordered scratch band (Cin, rows, Wp) (this is the border/interior split: t
 materialized once per band, so the inner loop has no bounds checks), then for each pair of
 output-channel blocks runs a register-blocked kernel: 8 output positions x 2 blocks of 16
 output channels = 16 zmm accumulators, live across the whole Cin*KH*KW reduction (2 weight
-vectors + 8 broadcasts feed 16 FMAs per tap). Epilogue in registers: + bias (+ residual), ReLU,
+vectors + 8 broadcasts feed 16 FMAs per tap). Epilogue (epilogue.store_block): + bias (+ residual), activation,
 stored straight into the blocked output; padded output channels come out 0 (zero weights/bias).
 
-Weights are packed once per prepared array (cached by identity): (Ob, Cin, KH, KW, 16co).
-Task boundaries depend on the shape only, so 1 and 2 threads give bitwise identical results.
+Weights are packed at compile time (`prepare`: (Ob, Cin, KH, KW, 16co) and a padded bias, added
+to im2col's prepared constants) and read from the data package. Tasks (image, band of rows)
+from planner.plan_stem for the thread count, run in one numba parallel loop; every output is
+the same reduction whatever its task, so every grid and thread count gives the same bits.
 """
 from __future__ import annotations
 
-import math
-import weakref
+import functools
 
 import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, stack_f32
-from tilefuse.kernels.threads import parallel_for, scratch
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv.epilogue import EMPTY4, RB_OFFSETS, resolve_act, store_block
+from tilefuse.kernels.conv.planner import plan_stem
+from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
 
 MAX_CIN = 4
 RB = 8
-EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)
-
-_PACK_CACHE: dict[int, tuple] = {}
-
 
 def applies(cin: int, groups: int) -> bool:
     return groups == 1 and cin <= MAX_CIN
 
 
-def pack_weights(w5: np.ndarray) -> np.ndarray:
-    """im2col weight (1, Co, Cg, KH, KW) -> (Ob, Cg, KH, KW, 16) zero padded output channels.
-
-    Cached by identity of the (constant) prepared array through a weak reference: the cache
-    never keeps a session's device memory alive, and a recycled id() cannot hit (the dead
-    reference no longer points at the array)."""
-    hit = _PACK_CACHE.get(id(w5))
-    if hit is not None and hit[0]() is w5:
-        return hit[1]
-    _, co, cg, kh, kw = w5.shape
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """(Co, Cin, KH, KW) -> (Ob, Cin, KH, KW, 16) zero padded output channels (compile time)."""
+    co, cg, kh, kw = w.shape
     ob = -(-co // LANES)
     wp = np.zeros((ob * LANES, cg, kh, kw), np.float32)
-    wp[:co] = w5[0]
+    wp[:co] = w
     # (Ob*16, Cg, KH, KW) -> (Ob, 16, Cg, KH, KW) -> (Ob, Cg, KH, KW, 16)
-    packed = np.ascontiguousarray(wp.reshape(ob, LANES, cg, kh, kw).transpose(0, 2, 3, 4, 1))
-    if len(_PACK_CACHE) > 256:
-        _PACK_CACHE.clear()
-    _PACK_CACHE[id(w5)] = (weakref.ref(w5), packed)
-    return packed
+    return np.ascontiguousarray(wp.reshape(ob, LANES, cg, kh, kw).transpose(0, 2, 3, 4, 1))
 
 
 def pad_bias(bias: np.ndarray, ob: int) -> np.ndarray:
@@ -63,12 +51,13 @@ def pad_bias(bias: np.ndarray, ob: int) -> np.ndarray:
     return b
 
 
-def band_rows(ho: int, wo: int) -> int:
-    """Output rows per task: about 8 tasks per image (>= 2 cores busy, small bands stay in L1/L2),
-    at least enough rows for ~4 register blocks. Shape only."""
-    r = max(1, math.ceil(ho / 8))
-    r = max(r, math.ceil(4 * RB / max(wo, 1)))
-    return min(ho, r)
+def prepare(w, bias) -> dict:
+    """The stem's own constants, added to im2col's prepared weights (`im2col.prepare`) for convs
+    it applies to: {"stem_weight": (Ob, Cin, KH, KW, 16), "stem_bias": (Ob*16,)}. They travel in
+    the data package like every prepared constant, so the kernel reads device memory (no host
+    side copy)."""
+    w = np.asarray(w, np.float32)
+    return {"stem_weight": pack_weights(w), "stem_bias": pad_bias(np.asarray(bias, np.float32), -(-w.shape[0] // LANES))}
 
 
 @njit(nogil=True, cache=True)
@@ -91,7 +80,7 @@ def _pad_rows(band, x, n, h0, pl):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, relu):
+def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
     """out (N, Ob, Ho*Wo, 16) flat blocked output, positions [oh0*Wo, oh1*Wo) of image n, all Ob.
 
     band (C, R, Wp) zero-padded input whose row 0 is padded input row x_row0; wb (Ob, C, KH, KW, 16).
@@ -120,6 +109,8 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
     offs = np.empty(8, np.uint64)
     p_begin, p_end = oh0 * Wo, oh1 * Wo
     RWp = R * Wp
+    HW = out.shape[2]
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N, Ob, Ho*Wo, 16), the same or empty
     for ob in range(0, Ob, 2):
         ob1 = min(ob + 1, Ob - 1)
         nk = 2 if ob + 1 < Ob else 1
@@ -180,8 +171,8 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
                             b6[l] += x6 * v
                             b7[l] += x7 * v
             for l in range(16):
-                u = bias[ob * 16 + l]
-                v = bias[ob1 * 16 + l]
+                u = bias[np.uint64(ob * 16 + l)]
+                v = bias[np.uint64(ob1 * 16 + l)]
                 acc[0, l] = a0[l] + u
                 acc[1, l] = a1[l] + u
                 acc[2, l] = a2[l] + u
@@ -199,46 +190,76 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
                 acc[6, 16 + l] = b6[l] + v
                 acc[7, 16 + l] = b7[l] + v
             nv = min(8, p_end - pb)
-            for kk in range(nk):
-                o = out[n, ob + kk]
-                for r in range(nv):
-                    p = pb + r
-                    if has_res:
-                        for l in range(16):
-                            acc[r, kk * 16 + l] += res[n, ob + kk, p, l]
-                    if relu:
-                        for l in range(16):
-                            acc[r, kk * 16 + l] = max(acc[r, kk * 16 + l], 0.0)
-                    for l in range(16):
-                        o[p, l] = acc[r, kk * 16 + l]
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n * Ob + ob) * HW + pb) * 16, nv, nk, HW * 16,
+                        code, alpha, beta)
+
+
+@njit(nogil=True, cache=True)
+def _stem_task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0, r1, pt, pl, Wp, Wo, sh, sw, dh, dw):
+    """One task: image n, output rows [r0, r1): pad its input rows into `band` (1-D scratch), run
+    the register-blocked kernel."""
+    C = x.shape[1]
+    x0 = r0 * sh                                         # first padded input row of the band
+    nr = (r1 - 1 - r0) * sh + (wb.shape[2] - 1) * dh + 1
+    b3 = band[:C * nr * Wp].reshape(C, nr, Wp)
+    _pad_rows(b3, x, n, x0 - pt, pl)
+    _stem_rows(out, n, b3, x0, wb, r0, r1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _stem_par(nt, tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, Wo, sh, sw, dh, dw):
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            _stem_task(out, x, band[nb.get_thread_id()], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0],
+                       tasks[i, 1], tasks[i, 2], pt, pl, Wp, Wo, sh, sw, dh, dw)
+
+
+@njit(nogil=True, cache=True)
+def _stem_seq(tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, Wo, sh, sw, dh, dw):
+    for i in range(tasks.shape[0]):
+        _stem_task(out, x, band[0], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1],
+                   tasks[i, 2], pt, pl, Wp, Wo, sh, sw, dh, dw)
+
+
+@functools.lru_cache(maxsize=256)
+def task_table(n: int, ho: int, rows: int) -> np.ndarray:
+    """(T, 3) int64 rows (n, r0, r1)."""
+    t = np.array([(i, r0, min(r0 + rows, ho)) for i in range(n) for r0 in range(0, ho, rows)], np.int64).reshape(-1, 3)
+    t.flags.writeable = False
+    return t
 
 
 def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                 relu=False, threads=None) -> None:
-    """NCHW x (N, Cin <= 4, H, W) -> NCHW16c out_b (N, Ob, Ho, Wo, 16); `prepared` is im2col's
-    (groups 1): {"weight": (1, Co, Cin, KH, KW), "bias": (Co,)}."""
-    w5, bias = prepared["weight"], prepared["bias"]
-    wb = pack_weights(w5)
+                 relu=False, act=None, threads=None, plan=None) -> None:
+    """NCHW x (N, Cin <= 4, H, W) -> NCHW16c out_b (N, Ob, Ho, Wo, 16); `prepared` holds the
+    stem's constants ("stem_weight", "stem_bias", from `prepare`; im2col's conv2d_prepare adds
+    them for the convs this kernel applies to)."""
+    code, al, be = resolve_act(relu, act, "stem")
+    if "stem_weight" not in prepared:
+        raise ValueError("stem kernel: prepared weights have no 'stem_weight' (prepare them with "
+                         "conv2d_prepare('im2col', ...) or stem.prepare)")
+    wb, bp = prepared["stem_weight"], prepared["stem_bias"]
     n, cin, h, w = x.shape
     _, ob, ho, wo, _ = out_b.shape
-    kh = w5.shape[3]
-    bp = pad_bias(bias, ob)
+    if wb.shape[0] != ob or wb.shape[1] != cin:
+        raise ValueError(f"stem kernel: stem_weight {wb.shape} does not match input channels {cin} and output "
+                         f"blocks {ob}")
+    kh, kw = wb.shape[2], wb.shape[3]
     t, _, l, r = padding
     wp = w + l + r
     sh, sw = stride
     dh, dw = dilation
+    threads = resolve_threads(threads)
+    p = plan or plan_stem(cin, kh, kw, sh, dh, ho, wo, wp, n, ob, threads)
+    tasks = task_table(n, ho, p["rows"])
     has_res = residual_b is not None
     ofl = out_b.reshape(n, ob, ho * wo, LANES)  # (N, Ob, Ho, Wo, 16) -> (N, Ob, Ho*Wo, 16)
     res = residual_b.reshape(n, ob, ho * wo, LANES) if has_res else EMPTY4
-    rows = band_rows(ho, wo)
-    tasks = [(i, r0, min(r0 + rows, ho)) for i in range(n) for r0 in range(0, ho, rows)]
-
-    def task(tk):
-        i, r0, r1 = tk
-        x0 = r0 * sh                                         # first padded input row of the band
-        nr = (r1 - 1 - r0) * sh + (kh - 1) * dh + 1
-        band = scratch("stem_band", cin * nr * wp).reshape(cin, nr, wp)
-        _pad_rows(band, x, i, x0 - t, l)
-        _stem_rows(ofl, i, band, x0, wb, r0, r1, wo, sh, sw, dh, dw, bp, res, has_res, relu)
-
-    parallel_for(task, tasks, threads)
+    nband = cin * ((p["rows"] - 1) * sh + (kh - 1) * dh + 1) * wp
+    band = scratch("stem_band", (numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1, nband))
+    numba_region(_stem_par, _stem_seq, threads, len(tasks), tasks, ofl, x, band, wb, bp, res, has_res, code, al, be,
+                 t, l, wp, wo, sh, sw, dh, dw)

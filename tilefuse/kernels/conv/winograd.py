@@ -10,26 +10,33 @@ points 0, 1, -1, inf) and F(4,3) from its section 4.2 (points 0, 1, -1, 2, -2, i
 matrices as Lavin's Cook-Toom generator `wincnn`). `check_transform(m)` verifies the 1-D
 identity A^T [(G g) (.) (B^T d)] = correlate(d, g) exactly in float64; the tests call it.
 
-Pipeline per task (a chunk of P tiles, P from the planner so V and M stay in L2):
-  1. input transform (numba, 16 channels per vector): xb NCHWc -> V (alpha^2, P, Ci)
-  2. element-wise stage as alpha^2 GEMMs, one batched np.matmul:
-     M (alpha^2, P, Co) = V (alpha^2, P, Ci) @ U (alpha^2, Ci, Co)
-  3. output transform (numba, 16 output channels per vector) + bias, residual, ReLU, stored
-     straight into the NCHW output.
-U = G g G^T is computed once by `prepare` (compile time; it goes into the data package).
+Pipeline per task (P tiles x a group of output-channel pairs, from planner.plan_winograd for the
+thread count; the layer's tasks run in one numba parallel loop):
+  1. input transform (numba, 16 channels per vector) of the task's tiles, read from the unpadded
+     NCHWc input (border tiles gather a zero-padded patch): V (alpha^2, P, Ci)
+  2. element-wise stage as alpha^2 GEMMs in numba (`_wino_gemm`, the k1x1 micro-kernel):
+     M (alpha^2, P, cob) = V (alpha^2, P, Ci) @ U (alpha^2, Ci, cob), summed over Ci in order
+  3. output transform (numba, 16 output channels per vector) + bias, residual, activation, stored
+     straight into the NCHWc (or NCHW) output.
+U = G g G^T is computed and packed once by `prepare` (compile time; it goes into the data package).
+Every output element's arithmetic is the same whatever the task grid or thread count (no BLAS,
+whose result may depend on the GEMM's size), so the results are bitwise identical across them.
 F(4,3) does 36 multiplies per 16 outputs (4x fewer than direct) but its transforms have larger
 coefficients, so its fp32 error is larger (docs/kernels.md has the measured table).
 """
 from __future__ import annotations
 
+import functools
+
+import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES
-from tilefuse.kernels.conv.epilogue import bias_or_zeros
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv.epilogue import EMPTY4, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_winograd
-from tilefuse.kernels.threads import blas_threads, parallel_for, scratch
+from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
 
 # F(2, 3): Lavin & Gray eq. (7)/(8)
 BT2 = np.array([[1, 0, -1, 0],
@@ -62,6 +69,7 @@ AT4 = np.array([[1, 1, 1, 1, 1, 0],
                 [0, 1, -1, 8, -8, 1]], np.float64)
 
 MATRICES = {2: (BT2, G2, AT2), 4: (BT4, G4, AT4)}
+EMPTY5 = np.zeros((0, 0, 0, 0, 0), np.float32)
 
 
 def check_transform(m: int, trials: int = 10, seed: int = 0) -> float:
@@ -93,11 +101,23 @@ def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
     return U
 
 
+def pack_weights(U: np.ndarray) -> np.ndarray:
+    """U (alpha^2, Cip, Cop) -> (alpha^2, OP, Cip, 32): output channels in pairs of 16-blocks, the
+    last pair zero padded (the GEMM micro-kernel loads one 32-float row per input channel)."""
+    a2, cip, cop = U.shape
+    op = -(-cop // 32)
+    up = np.zeros((a2, cip, op * 32), np.float32)
+    up[:, :, :cop] = U
+    # (a2, Cip, OP*32) -> (a2, Cip, OP, 32) -> (a2, OP, Cip, 32)
+    return np.ascontiguousarray(up.reshape(a2, cip, op, 32).transpose(0, 2, 1, 3))
+
+
 def prepare(w, b, m: int) -> dict:
+    """{"weight": U packed (alpha^2, OP, Cip, 32), "bias": (Cop,) zero padded}."""
     co = w.shape[0]
     bias = np.zeros(-(-co // LANES) * LANES, np.float32)
     bias[:co] = bias_or_zeros(b, co)
-    return {"weight": transform_weights(np.asarray(w, np.float32), m), "bias": bias}
+    return {"weight": pack_weights(transform_weights(np.asarray(w, np.float32), m)), "bias": bias}
 
 
 # Transform code generation ------------------------------------------------------------------
@@ -125,41 +145,13 @@ def _gen_one(m, BT, AT):
     A2 = alpha * alpha
     L = []
     w = L.append
-    w(f"@njit(nogil=True, cache=True, fastmath=True)")
-    w(f"def _wino_input_{m}(V, xb, p0, P, th, tw):")
-    w(f'    """V[a*{alpha}+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi (F({m}x{m},3x3), generated)."""')
-    w(f"    Cb = xb.shape[1]")
-    w(f"    t = nb.carray(stack_f32({A2 * 16}), ({alpha}, {alpha}, 16))")
-    w(f"    per_img = th * tw")
-    w(f"    for pi in range(P):")
-    w(f"        p = p0 + pi")
-    w(f"        n = p // per_img")
-    w(f"        r = p % per_img")
-    w(f"        y0 = (r // tw) * {m}")
-    w(f"        x0 = (r % tw) * {m}")
-    w(f"        for cb in range(Cb):")
-    w(f"            for j in range({alpha}):  # t = B^T d")
-    w(f"                for l in range(16):")
-    for i in range(alpha):
-        w(f"                    d{i} = xb[n, cb, y0 + {i}, x0 + j, l]")
     dn = [f"d{i}" for i in range(alpha)]
-    for a in range(alpha):
-        w(f"                    t[{a}, j, l] = {_expr(BT[a], dn)}")
-    w(f"            for a in range({alpha}):  # V = t B")
-    w(f"                for l in range(16):")
-    for j in range(alpha):
-        w(f"                    e{j} = t[a, {j}, l]")
     en = [f"e{j}" for j in range(alpha)]
-    for b in range(alpha):
-        w(f"                    V[a * {alpha} + {b}, pi, cb * 16 + l] = {_expr(BT[b], en)}")
-    w("")
-    w("")
-    # the same transform reading the unpadded NCHWc input (no separate pad pass over the layer):
-    # interior tiles read it in place, border tiles gather their patch (zeros outside) first;
-    # the arithmetic is the same, so the result is bitwise that of _wino_input_m on a padded copy
+    # the input transform reads the unpadded NCHWc input (no padded copy of the layer): interior
+    # tiles read it in place, border tiles gather their patch (zeros outside) first
     w(f"@njit(nogil=True, cache=True, fastmath=True)")
     w(f"def _wino_input_{m}_c(V, x, p0, P, th, tw, pt, pl):")
-    w(f'    """_wino_input_{m} from unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (generated)."""')
+    w(f'    """V[a*{alpha}+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi of unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (F({m}x{m},3x3), generated)."""')
     w(f"    Cb, H, W = x.shape[1], x.shape[2], x.shape[3]")
     w(f"    t = nb.carray(stack_f32({A2 * 16}), ({alpha}, {alpha}, 16))")
     w(f"    d = nb.carray(stack_f32({A2 * 16}), ({alpha}, {alpha}, 16))")
@@ -205,8 +197,8 @@ def _gen_one(m, BT, AT):
     w("")
     w("")
     w(f"@njit(nogil=True, cache=True, fastmath=True)")
-    w(f"def _wino_output_{m}(out, M, p0, P, th, tw, bias, res, has_res, relu):")
-    w(f'    """out[n, c, y0+i, x0+j] = (A^T M A)[i, j] + bias[c] (+ res) (ReLU), valid positions (generated)."""')
+    w(f"def _wino_output_{m}(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):")
+    w(f'    """NCHW output: out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias (+ res)), valid positions; M and bias hold channel blocks ob0.. (generated)."""')
     w(f"    Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]")
     w(f"    Ob = M.shape[2] // 16")
     w(f"    mm = nb.carray(stack_f32({A2 * 16}), ({A2}, 16))")
@@ -238,28 +230,27 @@ def _gen_one(m, BT, AT):
         w(f"                    e{a} = s[{a}, j, l]")
     for i in range(m):
         w(f"                    y[l, {i}, j] = {_expr(AT[i], en, init='bl')}")
-    w(f"            nl = min(16, Co - ob * 16)")
+    w(f"            nl = min(16, Co - (ob0 + ob) * 16)")
     w(f"            for l in range(nl):")
-    w(f"                co = ob * 16 + l")
+    w(f"                co = (ob0 + ob) * 16 + l")
     w(f"                for i in range(mh):")
     w(f"                    orow = out[n, co, y0 + i]")
     w(f"                    for j in range(mw):")
     w(f"                        v = y[l, i, j]")
     w(f"                        if has_res:")
     w(f"                            v += res[n, co, y0 + i, x0 + j]")
-    w(f"                        if relu:")
-    w(f"                            v = max(v, np.float32(0.0))")
-    w(f"                        orow[x0 + j] = v")
+    w(f"                        orow[x0 + j] = apply_scalar(code, v, alpha, beta)")
     w("")
     w("")
     w(f"@njit(nogil=True, cache=True, fastmath=True)")
-    w(f"def _wino_output_{m}_c(out, M, p0, P, th, tw, bias, res, has_res, relu, ob0):")
-    w(f'    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = (A^T M A)[i, j] + bias (+ res) (ReLU); M and bias hold channel blocks ob0.. (generated)."""')
-    w(f"    Ho, Wo = out.shape[2], out.shape[3]")
+    w(f"def _wino_output_{m}_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):")
+    w(f'    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = act((A^T M A)[i, j] + bias (+ res)); M and bias hold channel blocks ob0.. (generated)."""')
+    w(f"    Obo, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]")
     w(f"    Ob = M.shape[2] // 16")
+    w(f"    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N, Ob, Ho, Wo, 16), the same or empty")
     w(f"    mm = nb.carray(stack_f32({A2 * 16}), ({A2}, 16))")
     w(f"    s = nb.carray(stack_f32({alpha * m * 16}), ({alpha}, {m}, 16))")
-    w(f"    y = nb.carray(stack_f32({m * m * 16}), ({m}, {m}, 16))")
+    w(f"    y = nb.carray(stack_f32({m * m * 16}), ({m * m}, 16))  # y[i*{m} + j, l]")
     w(f"    per_img = th * tw")
     w(f"    for pi in range(P):")
     w(f"        p = p0 + pi")
@@ -285,23 +276,19 @@ def _gen_one(m, BT, AT):
     for a in range(alpha):
         w(f"                    e{a} = s[{a}, j, l]")
     for i in range(m):
-        w(f"                    y[{i}, j, l] = {_expr(AT[i], en, init='bl')}")
+        w(f"                    y[{i * m} + j, l] = {_expr(AT[i], en, init='bl')}")
     w(f"            for i in range(mh):")
-    w(f"                for j in range(mw):")
-    w(f"                    for l in range(16):")
-    w(f"                        v = y[i, j, l]")
-    w(f"                        if has_res:")
-    w(f"                            v += res[n, ob0 + ob, y0 + i, x0 + j, l]")
-    w(f"                        if relu:")
-    w(f"                            v = max(v, np.float32(0.0))")
-    w(f"                        out[n, ob0 + ob, y0 + i, x0 + j, l] = v")
+    w(f"                store_block(of, rf, has_res, y, i * {m}, RB_OFFSETS, (((n * Obo + ob0 + ob) * Ho + y0 + i) * Wo + x0) * 16,")
+    w(f"                            mw, 1, 0, code, alpha, beta)")
     return "\n".join(L) + "\n"
 
 
 GEN_HEADER = ('"""GENERATED by tilefuse.kernels.conv.winograd.generate_transform_source(); do not edit.\n\n'
               'Winograd input/output transforms F(2x2,3x3) and F(4x4,3x3), Lavin & Gray (arXiv:1509.09308)."""\n'
               'import numba as nb\nimport numpy as np\nfrom numba import njit\n\n'
-              'from tilefuse.kernels.conv._nb import stack_f32\n\n\n')
+              'from tilefuse.kernels.activations import apply_scalar\n'
+              'from tilefuse.kernels.conv._nb import stack_f32\n'
+              'from tilefuse.kernels.conv.epilogue import RB_OFFSETS, store_block\n\n\n')
 
 
 def generate_transform_source() -> str:
@@ -309,154 +296,251 @@ def generate_transform_source() -> str:
     return GEN_HEADER + "\n\n".join(parts)
 
 
-def run(out, x, prepared, residual=None, *, m: int, padding=(0, 0, 0, 0), relu=False, threads=None,
-        plan=None) -> None:
+# Element-wise stage: alpha^2 GEMMs in numba -----------------------------------------------------
+# M[a] (P, cob) = V[a] (P, Cip) @ U[a] (Cip, cob), register-blocked like k1x1.py: 7 tiles x 2
+# output-channel blocks = 14 zmm accumulators held over the whole Cip reduction; per input channel
+# one 128-byte row of the packed U feeds 14 FMAs with 7 broadcasts. Every output element is the
+# sum over c = 0 .. Cip-1 in order, whatever the task's tile range or channel pairs, so the grid
+# and the thread count never change the bits (OpenBLAS's result could depend on the GEMM's size).
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _wino_gemm(M, V, U, P, pa0, pa1, nob):
+    """M (a2, P, cob) = V (a2, P, Cip) @ U[:, pa0:pa1] for blocks < nob (cob = 16 * nob)."""
+    a2, _, Cip = V.shape
+    cob = M.shape[2]
+    vf = V.reshape(V.size)
+    mf = M.reshape(M.size)
+    a0 = nb.carray(stack_f32(16), 16)
+    a1 = nb.carray(stack_f32(16), 16)
+    a2_ = nb.carray(stack_f32(16), 16)
+    a3 = nb.carray(stack_f32(16), 16)
+    a4 = nb.carray(stack_f32(16), 16)
+    a5 = nb.carray(stack_f32(16), 16)
+    a6 = nb.carray(stack_f32(16), 16)
+    b0 = nb.carray(stack_f32(16), 16)
+    b1 = nb.carray(stack_f32(16), 16)
+    b2 = nb.carray(stack_f32(16), 16)
+    b3 = nb.carray(stack_f32(16), 16)
+    b4 = nb.carray(stack_f32(16), 16)
+    b5 = nb.carray(stack_f32(16), 16)
+    b6 = nb.carray(stack_f32(16), 16)
+    acc = nb.carray(stack_f32(224), (7, 32))
+    for a in range(a2):
+        for ib in range(0, P, 7):
+            base = np.uint64(a * P * Cip)
+            f0 = base + np.uint64(min(ib + 0, P - 1) * Cip)
+            f1 = base + np.uint64(min(ib + 1, P - 1) * Cip)
+            f2 = base + np.uint64(min(ib + 2, P - 1) * Cip)
+            f3 = base + np.uint64(min(ib + 3, P - 1) * Cip)
+            f4 = base + np.uint64(min(ib + 4, P - 1) * Cip)
+            f5 = base + np.uint64(min(ib + 5, P - 1) * Cip)
+            f6 = base + np.uint64(min(ib + 6, P - 1) * Cip)
+            nv = min(7, P - ib)
+            for pair in range(pa0, pa1):
+                w = U[a, pair]
+                for l in range(16):
+                    a0[l] = 0.0
+                    a1[l] = 0.0
+                    a2_[l] = 0.0
+                    a3[l] = 0.0
+                    a4[l] = 0.0
+                    a5[l] = 0.0
+                    a6[l] = 0.0
+                    b0[l] = 0.0
+                    b1[l] = 0.0
+                    b2[l] = 0.0
+                    b3[l] = 0.0
+                    b4[l] = 0.0
+                    b5[l] = 0.0
+                    b6[l] = 0.0
+                for c in range(Cip):
+                    wv = w[c]
+                    k = np.uint64(c)
+                    x0 = vf[f0 + k]
+                    x1 = vf[f1 + k]
+                    x2 = vf[f2 + k]
+                    x3 = vf[f3 + k]
+                    x4 = vf[f4 + k]
+                    x5 = vf[f5 + k]
+                    x6 = vf[f6 + k]
+                    for l in range(16):
+                        u = wv[l]
+                        v = wv[16 + l]
+                        a0[l] += x0 * u
+                        a1[l] += x1 * u
+                        a2_[l] += x2 * u
+                        a3[l] += x3 * u
+                        a4[l] += x4 * u
+                        a5[l] += x5 * u
+                        a6[l] += x6 * u
+                        b0[l] += x0 * v
+                        b1[l] += x1 * v
+                        b2[l] += x2 * v
+                        b3[l] += x3 * v
+                        b4[l] += x4 * v
+                        b5[l] += x5 * v
+                        b6[l] += x6 * v
+                for l in range(16):
+                    acc[0, l] = a0[l]
+                    acc[1, l] = a1[l]
+                    acc[2, l] = a2_[l]
+                    acc[3, l] = a3[l]
+                    acc[4, l] = a4[l]
+                    acc[5, l] = a5[l]
+                    acc[6, l] = a6[l]
+                    acc[0, 16 + l] = b0[l]
+                    acc[1, 16 + l] = b1[l]
+                    acc[2, 16 + l] = b2[l]
+                    acc[3, 16 + l] = b3[l]
+                    acc[4, 16 + l] = b4[l]
+                    acc[5, 16 + l] = b5[l]
+                    acc[6, 16 + l] = b6[l]
+                ob = 2 * (pair - pa0)
+                nk = 2 if 2 * pair + 1 < nob + 2 * pa0 else 1
+                for r in range(nv):
+                    d = np.uint64((a * P + ib + r) * cob + ob * 16)
+                    for kk in range(nk):
+                        for l in range(16):
+                            mf[d + np.uint64(kk * 16 + l)] = acc[r, kk * 16 + l]
+
+
+@njit(nogil=True, cache=True)
+def _wino_front(x, U, bias, vbuf, mbuf, p0, P, pa0, pa1, th, tw, pt, pl, m):
+    """A task's input transform (its tiles, all input channels) into vbuf and its alpha^2 GEMMs
+    into mbuf: returns M (alpha^2, P, cob), the task's bias slice and its first output block."""
+    a2, _, Cip, _ = U.shape
+    nob = min(2 * pa1, bias.shape[0] // 16) - 2 * pa0
+    V = vbuf[:a2 * P * Cip].reshape(a2, P, Cip)
+    M = mbuf[:a2 * P * nob * 16].reshape(a2, P, nob * 16)
+    if m == 2:
+        _gen._wino_input_2_c(V, x, p0, P, th, tw, pt, pl)
+    else:
+        _gen._wino_input_4_c(V, x, p0, P, th, tw, pt, pl)
+    _wino_gemm(M, V, U, P, pa0, pa1, nob)
+    return M, bias[32 * pa0:32 * pa0 + nob * 16], 2 * pa0
+
+
+@njit(nogil=True, cache=True)
+def _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, p0, P, pa0, pa1, th, tw, pt, pl, m):
+    """One task (tiles [p0, p0+P) x output-channel pairs [pa0, pa1)), NCHWc out (N, Ob, Ho, Wo, 16)."""
+    M, b, ob0 = _wino_front(x, U, bias, vbuf, mbuf, p0, P, pa0, pa1, th, tw, pt, pl, m)
+    if m == 2:
+        _gen._wino_output_2_c(out, M, p0, P, th, tw, b, res, has_res, code, alpha, beta, ob0)
+    else:
+        _gen._wino_output_4_c(out, M, p0, P, th, tw, b, res, has_res, code, alpha, beta, ob0)
+
+
+@njit(nogil=True, cache=True)
+def _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, p0, P, pa0, pa1, th, tw, pt, pl,
+                    m):
+    """The same task, NCHW out (N, Co, Ho, Wo) (and NCHW residual)."""
+    M, b, ob0 = _wino_front(x, U, bias, vbuf, mbuf, p0, P, pa0, pa1, th, tw, pt, pl, m)
+    if m == 2:
+        _gen._wino_output_2(out, M, p0, P, th, tw, b, res, has_res, code, alpha, beta, ob0)
+    else:
+        _gen._wino_output_4(out, M, p0, P, th, tw, b, res, has_res, code, alpha, beta, ob0)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _wino_par_c(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
+    """Every task (rows (p0, P, pa0, pa1)) on numba's pool; vbuf / mbuf (threads, size) scratch."""
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            t = nb.get_thread_id()
+            _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0], tasks[i, 1],
+                         tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+
+
+@njit(nogil=True, cache=True)
+def _wino_seq_c(tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
+    for i in range(tasks.shape[0]):
+        _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[0], mbuf[0], tasks[i, 0], tasks[i, 1],
+                     tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _wino_par_nchw(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            t = nb.get_thread_id()
+            _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0],
+                            tasks[i, 1], tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+
+
+@njit(nogil=True, cache=True)
+def _wino_seq_nchw(tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
+    for i in range(tasks.shape[0]):
+        _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[0], mbuf[0], tasks[i, 0], tasks[i, 1],
+                        tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+
+
+@functools.lru_cache(maxsize=1024)
+def task_table(total_tiles: int, op: int, tiles: int, pairs: int) -> np.ndarray:
+    """(T, 4) int64 rows (p0, P, pa0, pa1): tile chunks outer, channel-pair groups inner."""
+    t = np.array([(p0, min(tiles, total_tiles - p0), c0, min(c0 + pairs, op)) for p0 in range(0, total_tiles, tiles)
+                  for c0 in range(0, op, pairs)], np.int64).reshape(-1, 4)
+    t.flags.writeable = False
+    return t
+
+
+def _execute(out, x_b, prepared, res, has_res, act, m, padding, threads, plan, nchw, ho, wo):
+    code, al, be = act
     U, bias = prepared["weight"], prepared["bias"]
-    n, ci, h, w = x.shape
-    a2, cip, cop = U.shape
+    a2, op, cip, _ = U.shape
     alpha = m + 2
     if a2 != alpha * alpha:
         raise ValueError(f"winograd F({m}x{m},3x3) expects U with {alpha * alpha} planes, got {U.shape}")
-    _, co, ho, wo = out.shape
+    if x_b.shape[1] * LANES != cip:
+        raise ValueError(f"winograd F({m}x{m},3x3): weight has {cip} input channels, input {x_b.shape[1] * LANES}")
+    n = x_b.shape[0]
     th, tw = -(-ho // m), -(-wo // m)
-    t, b, l, r = padding
-    # pad so that every alpha x alpha tile reads inside the array: Hp = th*m + 2, Wp = tw*m + 2
-    eb, er = th * m + 2 - (h + t + b), tw * m + 2 - (w + l + r)
-    xb = to_nchwc(x, (t, b + eb, l, r + er), threads=threads)
-    f_in, f_out = _TRANSFORMS[m][:2]
-    p_tot = n * th * tw
-    pc = (plan or plan_winograd(alpha, cip, cop, p_tot))["tiles"]
+    total = n * th * tw
+    threads = resolve_threads(threads)
+    p = plan or plan_winograd(alpha, cip, bias.shape[0], total, threads)
+    tasks = task_table(total, op, p["tiles"], p["pairs"])
+    rows = numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1
+    vbuf = scratch("wino_V", (rows, a2 * p["tiles"] * cip))
+    mbuf = scratch("wino_M", (rows, a2 * p["tiles"] * p["pairs"] * 32))
+    par, seq = (_wino_par_nchw, _wino_seq_nchw) if nchw else (_wino_par_c, _wino_seq_c)
+    numba_region(par, seq, threads, len(tasks), tasks, out, x_b, U, bias, res, has_res, code, al, be, vbuf, mbuf, th,
+                 tw, padding[0], padding[2], m)
+
+
+def run(out, x, prepared, residual=None, *, m: int, padding=(0, 0, 0, 0), relu=False, act=None, threads=None,
+        plan=None) -> None:
+    """NCHW in, NCHW out: the input is blocked once (NCHWc, unpadded), the output transform writes
+    NCHW with the residual and the activation."""
+    act = resolve_act(relu, act, f"winograd{m}")
+    _, _, ho, wo = out.shape
     has_res = residual is not None
-    res = residual if has_res else np.zeros((0, 0, 0, 0), np.float32)
-    tasks = [(p0, min(pc, p_tot - p0)) for p0 in range(0, p_tot, pc)]
-
-    def task(tk):
-        p0, P = tk
-        V = scratch("wino_V", a2 * P * cip).reshape(a2, P, cip)
-        M = scratch("wino_M", a2 * P * cop).reshape(a2, P, cop)
-        f_in(V, xb, p0, P, th, tw)
-        np.matmul(V, U, out=M)  # (a2, P, Ci) @ (a2, Ci, Co) -> (a2, P, Co)
-        f_out(out, M, p0, P, th, tw, bias, res, has_res, relu)
-
-    with blas_threads(1):
-        parallel_for(task, tasks, threads)
+    _execute(out, to_nchwc(x, threads=threads), prepared, residual if has_res else EMPTY4, has_res, act, m, padding,
+             threads, plan, True, ho, wo)
 
 
-def run_nchwc(out_b, x_b, prepared, residual_b=None, *, m: int, padding=(0, 0, 0, 0), relu=False, threads=None,
-              plan=None) -> None:
+def run_nchwc(out_b, x_b, prepared, residual_b=None, *, m: int, padding=(0, 0, 0, 0), relu=False, act=None,
+              threads=None, plan=None) -> None:
     """NCHWc in (unpadded), NCHWc out: x_b (N, Cb, H, W, 16) -> out_b (N, Ob, Ho, Wo, 16).
 
-    The input is copied once into a zero-bordered NCHWc buffer (whole 64-byte vectors, no
-    transpose), the output transform stores whole 16-channel vectors with the epilogue."""
-    U, bias = prepared["weight"], prepared["bias"]
-    n, cb, h, w, _ = x_b.shape
-    a2, cip, cop = U.shape
-    alpha = m + 2
-    if a2 != alpha * alpha:
-        raise ValueError(f"winograd F({m}x{m},3x3) expects U with {alpha * alpha} planes, got {U.shape}")
-    _, ob, ho, wo, _ = out_b.shape
-    th, tw = -(-ho // m), -(-wo // m)
-    t, _, l, _ = padding
-    f_out = _TRANSFORMS[m][2]
-    if FUSED_PAD:
-        f_in0 = _TRANSFORMS[m][3]
-        f_in = lambda V, xsrc, p0, P, th, tw: f_in0(V, xsrc, p0, P, th, tw, t, l)  # noqa: E731
-        xp = x_b
-    else:
-        hp, wp = th * m + 2, tw * m + 2  # every alpha x alpha tile reads inside the padded buffer
-        xp = _pad_buffer((n, cb, hp, wp, LANES))
-        nq = n * cb
-        qc = _pad_chunk(nq, hp * wp)
-        parallel_for(lambda q0: _pad_nchwc_planes(xp, x_b, q0, min(nq, q0 + qc), t, l), range(0, nq, qc), threads)
-        f_in = _TRANSFORMS[m][0]
-    p_tot = n * th * tw
-    pc = (plan or plan_winograd(alpha, cip, cop, p_tot))["tiles"]
+    A task (a chunk of tiles x a group of output-channel pairs, planner.plan_winograd for the
+    thread count) transforms its tiles' input (border tiles gather a zero-padded patch, so there is
+    no padded copy of the layer), runs the alpha^2 GEMMs and the output transform, which stores
+    whole 16-channel vectors with the epilogue. The layer's tasks run in one numba parallel loop."""
+    act = resolve_act(relu, act, f"winograd{m}")
+    _, _, ho, wo, _ = out_b.shape
     has_res = residual_b is not None
-    res = residual_b if has_res else np.zeros((0, 0, 0, 0, 0), np.float32)
-    tasks = [(p0, min(pc, p_tot - p0)) for p0 in range(0, p_tot, pc)]
-
-    # few tile blocks (small batch / feature map): split the output channels too, so that both
-    # cores work; each (tiles, channels) task transforms its input tiles itself
-    cob = _co_block(len(tasks), cop) if CO_SPLIT else cop
-    tasks = [(p0, P, c0) for p0, P in tasks for c0 in range(0, cop, cob)]
-
-    def task(tk):
-        p0, P, c0 = tk
-        V = scratch("wino_V", a2 * P * cip).reshape(a2, P, cip)
-        M = scratch("wino_M", a2 * P * cob).reshape(a2, P, cob)
-        f_in(V, xp, p0, P, th, tw)
-        np.matmul(V, U if cob == cop else U[:, :, c0:c0 + cob], out=M)  # (a2, P, Ci) @ (a2, Ci, Co) -> (a2, P, Co)
-        f_out(out_b, M, p0, P, th, tw, bias[c0:c0 + cob], res, has_res, relu, c0 // LANES)
-
-    with blas_threads(1):
-        parallel_for(task, tasks, threads)
+    _execute(out_b, x_b, prepared, residual_b if has_res else EMPTY5, has_res, act, m, padding, threads, plan, False,
+             ho, wo)
 
 
-def _co_block(tile_tasks: int, cop: int) -> int:
-    """Output channels per task: with a single tile block (batch 1 at 28x28 and below), halved
-    (while the half is >= 64 and a multiple of 16) until there are >= 4 tasks; else all of them
-    (measured at batch 32, 14x14 and 7x7 with 2 tile blocks: splitting channels too was 10-20%
-    slower). From the shape only, so 1 vs 2 threads stay bitwise identical."""
-    cob = cop
-    if tile_tasks > 1:
-        return cob
-    while tile_tasks * (cop // cob) < 4 and cob % 32 == 0 and cob // 2 >= 64:
-        cob //= 2
-    return cob
-
-
-# run_nchwc reads the unpadded input in the input transform (True) instead of first copying the
-# whole layer into a zero-bordered buffer (False: the previous path, kept for A/B measurements)
-FUSED_PAD = True
-# run_nchwc splits output channels across tasks when there are few tile blocks (False: never)
-CO_SPLIT = True
-
-
-def _pad_buffer(shape):
-    # the calling thread's scratch; the pad tasks write disjoint (n, cb) planes of it
-    return scratch("wino_pad", int(np.prod(shape))).reshape(shape)
-
-
-@njit(nogil=True, cache=True)
-def _pad_nchwc(xp, x, n, cb, pt, pl):
-    """xp[n, cb] (Hp, Wp, 16) = x[n, cb] (H, W, 16) placed at (pt, pl), zeros elsewhere."""
-    H, W = x.shape[2], x.shape[3]
-    Hp, Wp = xp.shape[2], xp.shape[3]
-    for hh in range(Hp):
-        h = hh - pt
-        for ww in range(Wp):
-            wv = ww - pl
-            if 0 <= h < H and 0 <= wv < W:
-                for q in range(16):
-                    xp[n, cb, hh, ww, q] = x[n, cb, h, wv, q]
-            else:
-                for q in range(16):
-                    xp[n, cb, hh, ww, q] = 0.0
-
-
-def _pad_chunk(planes: int, plane_px: int) -> int:
-    """(n, cb) planes per pad task: ~256 KB of output each (one Python task per 14x14 plane cost
-    more than its copy and serialised on the GIL at 2 threads), at least 1."""
-    return max(1, min(planes, (1 << 18) // (plane_px * LANES * 4)))
-
-
-@njit(nogil=True, cache=True)
-def _pad_nchwc_planes(xp, x, q0, q1, pt, pl):
-    """_pad_nchwc for the flattened (n, cb) planes q0 <= q < q1."""
-    Cb = x.shape[1]
-    for q in range(q0, q1):
-        _pad_nchwc(xp, x, q // Cb, q % Cb, pt, pl)
-
-
-def _load_transforms():
-    from tilefuse.kernels.conv import _winograd_gen as g
-    # getattr: regenerating the module imports this one before the new functions exist
-    return {m: tuple(getattr(g, nm, None) for nm in (f"_wino_input_{m}", f"_wino_output_{m}", f"_wino_output_{m}_c",
-                                                      f"_wino_input_{m}_c"))
-            for m in (2, 4)}
-
-
-_TRANSFORMS = _load_transforms()
+from tilefuse.kernels.conv import _winograd_gen as _gen  # noqa: E402  (generated from the matrices above)
 
 if __name__ == "__main__":
     import pathlib

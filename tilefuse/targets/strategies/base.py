@@ -17,11 +17,12 @@ from ...ir.ops import schema
 from ...kernels import reference as ref
 from ..machine import CapacityError, Scratchpad, Timeline, Traffic
 from ..report import Layer, LayerReport, SimReport
+from ..spec import Target, require
 
 
 def schema_ref(kernel: str, name: str):
     return schema(kernel, name).reference
-from ..spec import Target, require
+
 
 PER_CHANNEL = ("relu", "add", "scale", "batch_norm", "max_pool", "avg_pool", "global_avg_pool")
 WHOLE_IMAGE = ("local_response_norm", "softmax", "concat")
@@ -167,10 +168,15 @@ class Strategy:
         return lat + nbytes / ln.effective
 
     def xfer(self, link: str, nbytes: float, after=(), core: int = 0, levels=()) -> float:
-        """A DMA of nbytes over `link` (a shared link serializes every core's transfers)."""
+        """A DMA of nbytes over `link` (a shared link serializes every core's transfers). The
+        link's latency is the issuing engine's start-up: it delays this transfer but does not
+        occupy the link, so other engines' transfers use the link meanwhile."""
         ln = self.t.link(link)
         res = f"link:{link}" if ln.shared else f"link:{link}[{core}]"
-        end = self.tl.step(res, self.link_seconds(link, nbytes), after)
+        lat = ln.latency.value if ln.latency is not None else 0.0
+        if lat > 0:
+            after = [max(after, default=0.0) + lat]
+        end = self.tl.step(res, nbytes / ln.effective, after)
         self.traffic.move(link, nbytes, *(levels or (ln.src, ln.dst)))
         return end
 
@@ -188,7 +194,7 @@ class Strategy:
         dt = lay.dtype.name if f"macs_per_cycle.{lay.dtype.name}" in self.t.compute else None
         return LayerReport(lay.index, lay.name, lay.kernel, lay.out_shape, lay.flops,
                            self.tl.end if seconds is None else seconds, n, self.t.peak_flops(n, dt),
-                           self.t.clock(), dict(self.tl.busy), b, mapping, phase, peaks)
+                           self.t.clock(), dict(self.tl.busy), b, mapping, phase, peaks, self.tl.steps)
 
     def vector_seconds(self, elements: float, ops: float) -> float:
         """Time for the vector units of one core to apply `ops` operations to `elements` values."""

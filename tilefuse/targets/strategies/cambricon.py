@@ -10,7 +10,10 @@ Scale / BN / ReLU / pooling stream through NBin at 256 operations per cycle.
 
 Host (QingLong, section 3.3): the constant segment is copied once, then every input is copied
 in, computed and copied out; `qinglong_modes` gives the four modes of the evaluation
-(DLPlib, QingLong1-3, table 2) from one simulated run and the measured compile time.
+(DLPlib, QingLong1-3, table 2) from one simulated run. Nothing is measured on the machine
+running the model: the compile time is the instruction compiler's per-instruction cost times
+the instructions the run issued (every transfer and compute step of the tiles is one
+instruction), plus REOFF packing for QingLong2/3; see `finish`.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ class CambriconX(Strategy):
     name = "cambricon-x"
     MEMORIES = ("SB", "NBin", "NBout", "DRAM")
     LINKS = ("dram", "host")
-    PARAMS = ("dot_width",)
+    PARAMS = ("dot_width", "instruction_bytes", "compile_per_instruction", "pack_bandwidth")
     STREAM_MEMORY = "NBin"
     STREAM_LINK = "dram"
 
@@ -55,49 +58,72 @@ class CambriconX(Strategy):
         return super().report(lay, mapping, self.pes, seconds, phase)
 
     def finish(self, report: SimReport, prog, layers) -> None:
+        """The host side of QingLong (002 section 3.3) and of DLPlib, from the target's numbers:
+        the constant area (the instructions the program issued, `instruction_bytes` each, then
+        the bound constants: 002:3.2.3 "instructions first, then the data") copied as one data
+        package (QingLong2/3) or block by block with every run (DLPlib, QingLong1: "拷入数据包,
+        而无需用户逐一拷入每个常量", 002:3); the compile time as the instruction compiler's
+        `compile_per_instruction` for every instruction plus, for QingLong2/3, REOFF packing
+        (002:3.2.3: the constants reordered into the package at `pack_bandwidth`)."""
         pkg = prog.package
+        p = self.t.p
         host = self.t.link("host")
+        lat = host.latency.value if host.latency is not None else 0.0
         isz = np.dtype(self.t.dtype).itemsize
         in_b = sum(int(np.prod(s.shape)) for s in pkg.inputs) * isz
         out_b = sum(int(np.prod(s.shape)) for s in pkg.outputs) * isz
-        const_b = sum(int(np.prod(b.shape)) * isz for b in pkg.blocks if b.segment == "const")
+        consts = [int(np.prod(b.shape)) * isz for b in pkg.blocks if b.segment == "const"]
+        instr = sum(r.instructions for r in report.layers)
+        instr_b = instr * int(p("instruction_bytes"))
+        total_b = sum(consts) + instr_b
         report.host = {"copy in": self.link_seconds("host", in_b), "copy out": self.link_seconds("host", out_b)}
-        report.extra["constants_seconds"] = self.link_seconds("host", const_b + pkg.program_size)
-        report.extra["constant_bytes"] = const_b + pkg.program_size
-        report.notes.append(f"constants ({(const_b + pkg.program_size) / 2**20:.2f} MiB in {self.t.dtype}) are "
-                            f"copied once: {report.extra['constants_seconds'] * 1e3:.3f} ms over "
-                            f"{host.effective / 1e9:.3g} GB/s")
+        report.extra.update({
+            "instructions": instr, "constant_blocks": len(consts), "constant_bytes": total_b,
+            "constants_seconds": self.link_seconds("host", total_b),
+            "constants_separate_seconds": (len(consts) + 1) * lat + total_b / host.effective,
+            "compile_seconds": instr * p("compile_per_instruction"),
+            "pack_seconds": total_b / p("pack_bandwidth"),
+        })
+        report.notes.append(f"{instr:,} instructions; constants ({total_b / 2**20:.2f} MiB in {self.t.dtype}, "
+                            f"{len(consts)} blocks + the instructions) are copied once: "
+                            f"{report.extra['constants_seconds'] * 1e3:.3f} ms over {host.effective / 1e9:.3g} GB/s")
 
 
 @dataclass
 class ModeTimes:
-    """Seconds for n inputs under each of QingLong's modes (seed 002, table 2)."""
+    """Seconds for n inputs under each mode of seed 002's evaluation (table 2)."""
     n: int
-    compile: float
-    constants: float
+    compile: float              # instruction generation
+    pack: float                 # REOFF packing of the data package (QingLong2/3 only)
+    constants: float            # the data package, one copy
+    constants_separate: float   # the constants block by block (DLPlib, QingLong1)
     copy_in: float
     compute: float
     copy_out: float
 
     def seconds(self, mode: str) -> float:
         c, k, i, x, o, n = self.compile, self.constants, self.copy_in, self.compute, self.copy_out, self.n
+        ks = self.constants_separate
         if mode == "dlplib":       # compile and run coupled: everything for every input
-            return n * (c + k + i + x + o)
+            return n * (c + ks + i + x + o)
         if mode == "ql1":          # compile once, constants with every input
-            return c + n * (k + i + x + o)
-        if mode == "ql2":          # compile once, constants once
-            return c + k + n * (i + x + o)
+            return c + n * (ks + i + x + o)
+        if mode == "ql2":          # compile and pack once, the package once
+            return c + self.pack + k + n * (i + x + o)
         if mode == "ql3":          # ... and copy-in / compute / copy-out as a 3-stage pipeline
-            return c + k + i + x + o + (n - 1) * max(i, x, o)
+            return c + self.pack + k + i + x + o + (n - 1) * max(i, x, o)
         raise ValueError(f"mode '{mode}' is not one of dlplib, ql1, ql2, ql3")
 
     def speedup(self, mode: str) -> float:
         return self.seconds("dlplib") / self.seconds(mode)
 
 
-def qinglong_modes(report: SimReport, n_inputs: int, compile_seconds: float) -> ModeTimes:
-    """The four modes' times for n inputs from one simulated run on the cambricon-x target."""
+def qinglong_modes(report: SimReport, n_inputs: int, compile_seconds: float | None = None) -> ModeTimes:
+    """The four modes' times for n inputs from one simulated run on the cambricon-x target.
+    compile_seconds: replaces the modelled instruction-generation time (a what-if)."""
     if "constants_seconds" not in report.extra:
         raise ValueError(f"qinglong_modes needs a cambricon-x report; got one for {report.target.name}")
-    return ModeTimes(n_inputs, compile_seconds, report.extra["constants_seconds"], report.host["copy in"],
-                     report.seconds, report.host["copy out"])
+    e = report.extra
+    return ModeTimes(n_inputs, e["compile_seconds"] if compile_seconds is None else compile_seconds,
+                     e["pack_seconds"], e["constants_seconds"], e["constants_separate_seconds"],
+                     report.host["copy in"], report.seconds, report.host["copy out"])

@@ -1,26 +1,43 @@
 """Seed 000's mapping onto one FT-M7032 GPDSP cluster (targets/ft-m7032.toml).
 
-Data: FP16 in the N4CHW4 layout (four images side by side in each 64-bit word, section 2.1),
-so the batch is padded to a multiple of 4 and every vector lane works on 4 images.
+Every mechanism below is one the seed describes; the line is given (seeds/000_*.txt).
 
-conv 1x1 (section 2.2.1, feature-map-level parallel): the output channels are split over the
-  n cores (m_core = ceil(Co/n) each); each core holds weight blocks Wb (m x K) in SM, the input
-  block Ib (K x Nb x 4) is broadcast from GSM/DDR into every core's AM; outputs Ob go back after
-  all K blocks. Blocking (section 3.1.1): m in 6..12 (the value that pads m_core least); K = Ci,
-  halved until 2 Wb fit SM; Nb = 192, grown by 192 while 2 Ib + Ob fit AM (K halved if even
-  Nb = 192 does not fit). Inner kernel (Algorithm 1): per K step, m scalar loads + broadcasts of
-  weights and m x v vector FMAs on v input vectors.
-conv k x k (section 2.2.2, window-level parallel): output rows (of all image groups) are split
-  over the cores; weight blocks Wb [kh][kw][64][48][4] live in AM and are broadcast to all cores,
-  input blocks Ib [64][kh][Wib][4] stream point-to-point into SM; Wib is the largest width whose
-  2 Ib fit SM (section 3.2.1). Inner kernel (Algorithm 2): per output pixel, per input channel and
-  kernel tap, one scalar load + broadcast of the input word and 3 vector FMAs over 48 output
-  channels; the kh*kw partial sums are added at the end.
-linear: as conv 1x1 over (N, K, 1, 1). Other ops stream through AM (base.stream_layer).
-DMA (section 2.4): two-level ping-pong, "two buffers in SM and in AM for the input or weight
-  data": conv1x1 double-buffers Wb in SM and Ib in AM; conv kxk Ib in SM and Wb in AM. The
-  output block Ob is single: the next block's first compute waits for its store.
-Tensors live in GSM when they fit its share (param gsm_tensor_fraction), else in DDR.
+Data: FP16 in the N4CHW4 layout (four images side by side in each 64-bit word, 000:90-92), so
+the batch is padded to a multiple of 4 and every vector lane works on 4 images. A vector
+register spans the 16 VPEs: 16 words = 64 FP16 values.
+
+conv 1x1 (000:100-113, feature-map-level parallel): the output channels are split over the n
+  cores (m_core = ceil(Co/n)); each core's weight blocks Wb (m x K) go point-to-point into its
+  SM, the input block Ib (K x Nb) is broadcast from GSM/DDR into every core's AM; when all cores
+  have computed a block, the outputs go to AM and then to GSM/DDR, and the next block follows.
+  Blocking (3.1.1, 000:154-156): Nb is the block of the Hi x Wi x 4 dimension (FP16 values),
+  a multiple of 192 = 3 vector registers, one per FMAC of a VPE; m in 6..12; K = Ci halved until
+  the two Wb fit SM; Nb grown by 192 while two Ib and Ob fit AM (K halved if even 192 does not).
+  Inner kernel (Algorithm 1, 000:171-207): for each K step one row chunk of 3 vector registers is
+  loaded; for each of the m weights a scalar load from SM, an expand and a broadcast to a vector
+  register, and 3 FMAs into the m accumulator groups. One broadcast feeds the 3 FMACs, so a
+  K step costs m cycles at one broadcast per cycle; m >= 6 covers the FMA pipeline and
+  3m + 3 + m registers (accumulators, the row, the broadcasts) must fit the 64 per VPE, which is
+  where m <= 12 comes from. The Wb blocks stream per Ib block, two buffers in SM (2.4).
+conv k x k (000:115-119, 3.2, window-level parallel): output rows (of all image groups) are split
+  over the cores; Wb [kh][kw][64][48][4] (weights replicated for the 4 images of a word) are
+  broadcast from DDR into every core's AM, Ib [64][kh][Wib][4] go point-to-point into SM; Wib is
+  the widest block whose two Ib fit SM (3.2.1). Only the SM input has two buffers (2.4, 000:131:
+  "for kernels larger than 1x1, two buffers in SM for the input"); the single Wb buffer in AM
+  is refilled, for every Ib block, once every core has finished with it (000:119: per block the
+  input, then the weights, then compute, store, next block). Inner kernel (Algorithm 2): per
+  output word, input channel and tap, a vector load of the 48 x 4 weights (3 registers), a
+  scalar load + broadcast of the input word and 3 FMAs into the tap's own accumulator group
+  (9 groups); then the 9 groups are summed; the Ci blocks accumulate in Ob (FP32); Algorithm 3
+  transposes the Wib x 48 block before it leaves (000:290).
+linear: as conv 1x1 over (N, K, 1, 1) (000:352). Other ops stream through AM (base.stream_layer).
+Fusion (000:352): the BN and the ReLU after a convolution are applied in registers before the
+  store; a residual Add the program fused into a convolution runs as its own streamed pass
+  (param fuse_residual = 0; 1 keeps tilefuse's fusion).
+Synchronisation: a block's outputs leave only when every core has computed it ("所有核都计算结束
+  后", 000:113; "等到所有核的卷积计算完成", 000:119); Ob has one buffer (2.4), so a core's next
+  block waits for its store.
+Tensors live in GSM when they fit its share (param gsm_tensor_fraction), else in DDR (000:106).
 """
 from __future__ import annotations
 
@@ -39,7 +56,8 @@ class FTM7032(Strategy):
     LINKS = ("ddr", "gsm")
     PARAMS = ("images_per_word", "m_min", "m_max", "nb_unit", "ci_block", "co_block", "vpes", "fmacs",
               "vector_registers", "reserved_registers", "broadcasts_per_cycle", "vector_bytes_per_cycle",
-              "stores_per_cycle", "fmac_latency", "loop_overhead", "gsm_tensor_fraction")
+              "stores_per_cycle", "fmac_latency", "loop_overhead", "gsm_tensor_fraction", "fuse_residual",
+              "kxk_weight_buffers")
     STREAM_MEMORY = "AM"
     STREAM_LINK = "ddr"
 
@@ -52,6 +70,13 @@ class FTM7032(Strategy):
     def _lanes(self) -> int:
         return int(self.t.p("images_per_word"))
 
+    def _word_bytes(self) -> int:
+        return 8            # one 64-bit VPE register word (000:77, 000:90)
+
+    def _vreg_values(self) -> int:
+        """FP16 values in one vector register: 16 VPEs x 4 (000:77)."""
+        return int(self.t.p("vpes")) * self._lanes()
+
     def _cyc(self, cycles: float) -> float:
         return cycles / self.t.clock()
 
@@ -61,34 +86,52 @@ class FTM7032(Strategy):
 
     # ------------------------------------------------------------------ conv 1x1 / linear
 
-    def k1x1_cycles(self, m: int, K: int, nb: int) -> float:
-        """Algorithm 1 on one (Wb m x K, Ib K x nb x 4) pair: chunks of v vector registers
-        (16 words each) per row; per K step max(FMA issue, weight broadcasts, AM loads)."""
+    def chunk_vregs(self) -> int:
+        """Vector registers of one Nb unit (192 FP16 values = 3 registers: one per FMAC)."""
+        return max(1, int(self.t.p("nb_unit")) // self._vreg_values())
+
+    def k1x1_cycles(self, m: int, K: int, npx: int, first_k: bool = True) -> float:
+        """Algorithm 1 on one (Wb m x K, Ib K x npx words) pair, in chunks of `chunk_vregs`
+        registers: per K step max(3 FMAs per broadcast weight at `fmacs` per cycle, the m
+        broadcasts, the row's vector loads, the FMA pipeline); per chunk the pipeline drain, the m x v stores to AM
+        (and, for a later K block, the loads of the partial sums) and the loop set-up."""
         p = self.t.p
-        vpes, fm = p("vpes"), p("fmacs")
-        v_max = max(1, int((p("vector_registers") - p("reserved_registers") - m) // (m + 1)))
-        vecs = math.ceil(nb / vpes)                 # vector registers per input row
-        chunks = math.ceil(vecs / v_max)
+        fm, bc = p("fmacs"), p("broadcasts_per_cycle")
+        vb = self._vreg_values() // self._lanes() * self._word_bytes()      # bytes per vector register
+        loads = p("vector_bytes_per_cycle") / vb                              # registers loaded per cycle
+        unit = self.chunk_vregs()
+        vecs = math.ceil(npx / p("vpes"))                                     # registers per Ib row
         cyc = 0.0
-        for v in [v_max] * (chunks - 1) + [vecs - v_max * (chunks - 1)]:
-            per_k = max(m * v / fm, m / p("broadcasts_per_cycle"), v * vpes * 8 / p("vector_bytes_per_cycle"))
-            cyc += K * per_k + p("fmac_latency") + m * v / p("stores_per_cycle") + p("loop_overhead")
+        for c0 in range(0, vecs, unit):
+            v = min(unit, vecs - c0)
+            # an accumulator group takes one FMA per K step: a step shorter than the FMA
+            # pipeline stalls (why m >= 6, 000:156)
+            per_k = max(m * v / fm, m / bc, v / loads, p("fmac_latency"))
+            tail = p("fmac_latency") + m * v / p("stores_per_cycle") + p("loop_overhead")
+            if not first_k:
+                tail += m * v / loads + m * v / fm                           # reload and add the partial sums
+            cyc += K * per_k + tail
         return cyc
 
     def blocking_1x1(self, Co: int, Ci: int, P: int, n: int, isz: int) -> dict:
-        """Section 3.1.1: m in 6..12; K = Ci halved until two Wb fit SM; Nb = 192 (K halved until
-        two Ib fit AM beside Ob), then grown by 192 while they fit. Ob holds the partial sums of
-        `m_pass` output channels (all of the core's when they fit; FP32 when K is split)."""
+        """Section 3.1.1: m in 6..12 (the value that pads m_core least; m <= 12 also keeps the
+        3m accumulators, the row and the m broadcast registers within 64 minus the reserved);
+        K = Ci halved until two Wb fit SM; Nb = 192 values (K halved until two Ib fit AM beside
+        Ob), then grown by 192 while they fit. Ob holds the partial sums of `m_pass` channels
+        (all of the core's when they fit; FP32 when K is split). Sizes in pixel words (P: words
+        of one image group; Nb values = 4 x words)."""
         p = self.t.p
+        lanes = self._lanes()
         m_core = math.ceil(Co / n)
-        m_lo, m_hi = int(p("m_min")), int(p("m_max"))
-        m = min(range(m_lo, m_hi + 1), key=lambda mm: (math.ceil(m_core / mm) * mm - m_core, -mm))
+        v = self.chunk_vregs()
+        regs = int(p("vector_registers") - p("reserved_registers"))
+        m_lo, m_hi = int(p("m_min")), min(int(p("m_max")), max(1, (regs - v) // (v + 1)))
+        m = min(range(m_lo, max(m_lo, m_hi) + 1), key=lambda mm: (math.ceil(m_core / mm) * mm - m_core, -mm))
         m = min(m, m_core)
         sm, am = self.t.capacity("SM"), self.t.capacity("AM")
-        lanes = self._lanes()
-        unit = int(p("nb_unit"))
+        unit = max(1, int(p("nb_unit")) // lanes)            # 192 values = 48 words
         nb_max = max(1, math.ceil(P / unit)) * unit
-        if P < unit:                    # a short row (FC, small maps): whole vectors of 16 pixels
+        if P < unit:                    # a short row (FC, small maps): whole vector registers
             unit = nb_max = math.ceil(P / p("vpes")) * int(p("vpes"))
 
         def am_bytes(k, nb, mp):
@@ -128,12 +171,40 @@ class FTM7032(Strategy):
 
     def layer_conv2d(self, lay: Layer) -> LayerReport:
         p = lay.params
+        if p["has_residual"] and self.t.p("fuse_residual") < 0.5:
+            return self._conv_then_add(lay)
         w = lay.weight
         if w.shape[2:] == (1, 1) and p["padding"] == (0, 0, 0, 0):
             return self._conv1x1(lay, lay.x, w, lay.bias, lay.residual, lay.in_shapes[0], lay.out_shape,
                                  p["stride"], p["has_residual"], p["relu"])
         return self._convkxk(lay)
 
+    def _conv_then_add(self, lay: Layer) -> LayerReport:
+        """A convolution whose program fuses a residual Add: the seed fuses only the BN and the
+        ReLU into the convolution (000:352), so the conv stores its BN'd output and the Add (with
+        the ReLU that follows it) streams through AM as its own element-wise pass."""
+        params, res = lay.params, lay.residual
+        lay.params, lay.residual = dict(params, has_residual=False, relu=False), None
+        try:
+            conv = self.layer_conv2d(lay)
+        finally:
+            lay.params, lay.residual = params, res
+        self.begin()
+        add = Layer(lay.index, lay.name + ".add", "add", {"relu": params["relu"]}, [lay.out, res],
+                    [lay.out_shape, lay.out_shape], lay.out_shape, 0, lay.dtype, functional=self.functional)
+        tail = self.stream_layer(add)
+        lay.out = add.out
+        busy = dict(conv.busy)
+        for k, v in tail.busy.items():
+            busy[k] = busy.get(k, 0.0) + v
+        nbytes = dict(conv.bytes)
+        for k, v in tail.bytes.items():
+            nbytes[k] = nbytes.get(k, 0) + v
+        peaks = {k: max(conv.peaks.get(k, 0), tail.peaks.get(k, 0)) for k in set(conv.peaks) | set(tail.peaks)}
+        return LayerReport(lay.index, lay.name, lay.kernel, lay.out_shape, lay.flops, conv.seconds + tail.seconds,
+                           conv.cores, conv.peak, conv.clock, busy, nbytes,
+                           f"{conv.mapping}; then the residual Add{' + ReLU' if params['relu'] else ''} "
+                           f"{tail.mapping}", "", peaks, conv.instructions + tail.instructions)
 
     def _conv1x1(self, lay, x, w, bias, residual, xshape, oshape, stride, has_res, relu) -> LayerReport:
         n = self.cores
@@ -152,9 +223,9 @@ class FTM7032(Strategy):
         ranges = [(c * m_core, min(Co, (c + 1) * m_core)) for c in range(used)]
         wb = {c: [self.pad("SM", c).alloc(f"Wb[{j}] {m}x{K}", (m, K), lay.dtype) for j in range(2)]
               for c in range(used)}
-        ib = {c: [self.pad("AM", c).alloc(f"Ib[{j}] {K}x{nb}x{lanes}", (lanes, K, 1, nb), lay.dtype)
+        ib = {c: [self.pad("AM", c).alloc(f"Ib[{j}] {K}x{nb * lanes}", (lanes, K, 1, nb), lay.dtype)
                   for j in range(2)] for c in range(used)}
-        ob = {c: self.pad("AM", c).alloc(f"Ob {m_pass}x{nb}x{lanes}", (lanes, m_pass, 1, nb),
+        ob = {c: self.pad("AM", c).alloc(f"Ob {m_pass}x{nb * lanes}", (lanes, m_pass, 1, nb),
                                          np.float32 if blk["acc"] == 4 else lay.dtype) for c in range(used)}
         out = np.zeros(oshape, lay.dtype) if self.functional else None
         # FP16 values, multiplied and summed in FP32 (the reference kernel's accumulation)
@@ -190,16 +261,17 @@ class FTM7032(Strategy):
                             ibv = ib[c][len(ib_used) % 2].load(tile, (lanes, k1 - k0, 1, npx))
                             for b0 in range(co0 + q0, min(co1, co0 + q1), m):
                                 b1 = min(co1, co0 + q1, b0 + m)
+                                # Wb point-to-point into SM (000:106), two buffers (2.4)
                                 uses = wb_used[c]
                                 t_w = self.xfer(src_in, (b1 - b0) * (k1 - k0) * isz,
                                                 [uses[-2]] if len(uses) >= 2 else [], core=c, levels=(lv_in, "SM"))
                                 wb[c][len(uses) % 2].load(None, (b1 - b0, k1 - k0))
-                                key = (b1 - b0, k1 - k0, npx)
+                                key = (b1 - b0, k1 - k0, npx, kb == 0)
                                 if key not in cyc:
                                     cyc[key] = self._cyc(self.k1x1_cycles(*key))
                                 deps = [t_ib, t_w, c_last[c]] + ([st_end[c]] if kb == 0 else [])  # Ob: one buffer
                                 c_last[c] = self.compute(c, cyc[key], deps)
-                                uses.append(c_last[c])
+                                wb_used[c].append(c_last[c])
                             a0, a1 = co0 + q0, min(co1, co0 + q1)
                             if self.functional and a1 > a0:
                                 # the m-blocks' weight data is the layer's constant; one call covers them
@@ -211,13 +283,15 @@ class FTM7032(Strategy):
                                     acc += part
                             ends.append(c_last[c])
                         ib_used.append(max(ends))
-                    # Ob (and the residual tile the epilogue reads) back to GSM/DDR
+                    # when every core has computed the block (000:113), Ob (and the residual tile
+                    # the epilogue reads) goes back to GSM/DDR
+                    barrier = max(c_last.values())
                     for c, (co0, co1) in enumerate(ranges):
                         a0, a1 = co0 + q0, min(co1, co0 + q1)
                         if a1 <= a0:
                             continue
                         nbytes = (a1 - a0) * npx * lanes * isz
-                        self.defer(lambda b=nbytes * (2 if has_res else 1), t=c_last[c], cc=c: st_end.__setitem__(
+                        self.defer(lambda b=nbytes * (2 if has_res else 1), t=barrier, cc=c: st_end.__setitem__(
                             cc, self.xfer(src_out, b, [t], core=cc, levels=("AM", lv_out))))
                         if self.functional:
                             acc = ob[c].array[:nn, :a1 - a0, 0, :npx]                    # (n, co, npx)
@@ -227,21 +301,32 @@ class FTM7032(Strategy):
                             view[:, :, rows, cols] = y
         self.flush()
         lay.out = out
-        return self.report(lay, f"1x1: Co split {used} way(s), m_core={m_core}, Wb {m}x{K} in SM, "
-                                f"Ib {K}x{nb}x{lanes} in AM" + (f", {len(passes)} passes" if len(passes) > 1 else "")
-                           + f", via {src_in}")
+        return self.report(lay, f"1x1: Co split {used} way(s), m_core={m_core}, Wb {m}x{K} in SM"
+                                f", Ib {K}x{nb * lanes} in AM"
+                                + (f", {len(passes)} passes" if len(passes) > 1 else "") + f", via {src_in}")
 
     # ------------------------------------------------------------------ conv k x k
 
-    def kxk_cycles(self, npix: int, cib: int, kh: int, kw: int, cob: int) -> float:
-        """Algorithm 2 for npix output pixels x cob (48) channels x 4 images over cib channels."""
+    def kxk_cycles(self, npix: int, cib: int, kh: int, kw: int, cob: int, first_ci: bool = True) -> float:
+        """Algorithms 2-3 for npix output words x cob (48) channels x 4 images over cib channels:
+        per tap max(the 3 FMAs, the input word's broadcast, the 3-register weight load); per
+        word the sum of the kh*kw accumulator groups, the partial sums of earlier Ci blocks
+        loaded and added, the pipeline drain, the store and the loop set-up; per block the
+        Wib x 48 transpose (loads and stores of the block)."""
         p = self.t.p
-        vpes, fm = p("vpes"), p("fmacs")
-        vecs = math.ceil(cob / vpes)                # 48 channels -> 3 vector registers
-        per_tap = max(vecs / fm, 1 / p("broadcasts_per_cycle"), vecs * vpes * 8 / p("vector_bytes_per_cycle"))
+        fm = p("fmacs")
+        vecs = math.ceil(cob / p("vpes"))                # 48 channels -> 3 vector registers
+        vb = self._vreg_values() // self._lanes() * self._word_bytes()
+        loads = p("vector_bytes_per_cycle") / vb
+        per_tap = max(vecs / fm, 1 / p("broadcasts_per_cycle"), vecs / loads)
         taps = kh * kw
+        # a tap's accumulator group takes one FMA per input channel (the 9 groups of Algorithm 2)
+        per_tap = max(per_tap, p("fmac_latency") / taps)
         tail = (taps - 1) * vecs / fm + p("fmac_latency") + vecs / p("stores_per_cycle") + p("loop_overhead")
-        return npix * (cib * taps * per_tap + tail)
+        if not first_ci:
+            tail += vecs / loads + vecs / fm
+        transpose = 2 * npix * vecs / p("stores_per_cycle")
+        return npix * (cib * taps * per_tap + tail) + transpose
 
     def _convkxk(self, lay: Layer) -> LayerReport:
         p = lay.params
@@ -259,14 +344,17 @@ class FTM7032(Strategy):
         sm, am = self.t.capacity("SM"), self.t.capacity("AM")
         width = lambda q: (q - 1) * sw + (kw - 1) * dw + 1  # noqa: E731  input columns for q outputs
         sm_need = lambda c, q: 2 * c * span_h * width(q) * lanes * isz  # noqa: E731  two Ib
-        am_need = lambda c, q: 2 * kh * kw * c * cob * lanes * isz + lanes * co_pad * q * 4  # noqa: E731
-        # Ci block: 64 (section 3.2.1, chosen for ResNet50's 3x3 layers and AM), halved until two
-        # Wb and a one-pixel Ob fit AM (larger kernels, a smaller AM) and two one-pixel Ib fit SM
-        while cib > 1 and (am_need(cib, 1) > am or sm_need(cib, 1) > sm):
+        wb_bytes = lambda c: kh * kw * c * cob * lanes * isz  # noqa: E731  one Wb
+        ob_bytes = lambda q: lanes * co_pad * q * 4  # noqa: E731  FP32 partial sums
+        # Ci block: 64 (section 3.2.1, chosen for ResNet50's 3x3 layers and AM), halved until one
+        # Wb and a one-word Ob fit AM (larger kernels, a smaller AM) and two one-word Ib fit SM
+        while cib > 1 and (max(1, int(self.t.p("kxk_weight_buffers"))) * wb_bytes(cib) + ob_bytes(1) > am
+                           or sm_need(cib, 1) > sm):
             cib = math.ceil(cib / 2)
-        # Wib: the widest output segment whose two Ib fit SM and whose Ob fits AM beside two Wb
+        wbufs = max(1, int(self.t.p("kxk_weight_buffers")))     # 1: section 2.4 (000:131)
+        # Wib: the widest output segment whose two Ib fit SM and whose Ob fits AM beside the Wb
         wib = Wo
-        while wib > 1 and (sm_need(cib, wib) > sm or am_need(cib, wib) > am):
+        while wib > 1 and (sm_need(cib, wib) > sm or wbufs * wb_bytes(cib) + ob_bytes(wib) > am):
             wib -= 1
         win = width(wib)
         ci_blocks = [(c0, min(Ci, c0 + cib)) for c0 in range(0, Ci, cib)]
@@ -285,7 +373,7 @@ class FTM7032(Strategy):
         ibuf = {c: [sms[c].alloc(f"Ib[{j}] {cib}x{span_h}x{win}x{lanes}", (lanes, cib, span_h, win), lay.dtype)
                     for j in range(2)] for c in range(used)}
         wbuf = {c: [ams[c].alloc(f"Wb[{j}] {kh}x{kw}x{cib}x{cob}x{lanes}", (kh, kw, cib, cob, lanes), lay.dtype)
-                    for j in range(2)] for c in range(used)}
+                    for j in range(wbufs)] for c in range(used)}
         obuf = {c: ams[c].alloc(f"Ob {co_pad}x{wib}x{lanes} (FP32 partial sums)", (lanes, co_pad, 1, wib),
                                 np.float32) for c in range(used)}
         out = np.zeros(lay.out_shape, lay.dtype) if self.functional else None
@@ -317,22 +405,21 @@ class FTM7032(Strategy):
                 if cb == 0:
                     self.flush()                    # the previous step's Ob stores follow these prefetches
                 for ob0, (co0, co1) in enumerate(co_blocks):
-                    # Wb: one broadcast into every core's AM, ping-pong (section 2.4: two buffers in
-                    # SM and in AM): it waits until the computes on the broadcast two back are done
-                    t_w = self.xfer(link_w, kh * kw * (ci1 - ci0) * cob * lanes * isz,
-                                    [wb_used[-2]] if len(wb_used) >= 2 else [], levels=("DDR", "AM"))
-                    wsel = len(wb_used) % 2
+                    # Wb: one broadcast into every core's AM, into its buffer once every core has
+                    # finished computing on the block that buffer held (one buffer: the previous)
+                    free = [wb_used[-wbufs]] if len(wb_used) >= wbufs else []
+                    t_w = self.xfer(link_w, wb_bytes(ci1 - ci0), free, levels=("DDR", "AM"))
                     last = []
                     for c in active:
                         g, r, s = parts[c][step]
                         q0, q1 = segs[s]
-                        wbuf[c][wsel].load(None, (kh, kw, ci1 - ci0, cob, lanes))
-                        key = (q1 - q0, ci1 - ci0)
+                        wbuf[c][len(wb_used) % wbufs].load(None, (kh, kw, ci1 - ci0, cob, lanes))
+                        key = (q1 - q0, ci1 - ci0, cb == 0)
                         if key not in cyc_cache:
-                            cyc_cache[key] = self._cyc(self.kxk_cycles(q1 - q0, ci1 - ci0, kh, kw, cob))
+                            cyc_cache[key] = self._cyc(self.kxk_cycles(q1 - q0, ci1 - ci0, kh, kw, cob, cb == 0))
                         deps = [ib_t[c], t_w] + ([c_end[c][-1]] if c_end[c] else [])
                         if cb == 0 and ob0 == 0:
-                            deps.append(st_end[c])
+                            deps.append(st_end[c])          # Ob: one buffer
                         tc = self.compute(c, cyc_cache[key], deps)
                         c_end[c].append(tc)
                         last.append(tc)
@@ -352,11 +439,13 @@ class FTM7032(Strategy):
                             acc[...] = part
                         else:
                             acc += part
+            # every core has computed its block (000:119): the Ob blocks leave for GSM/DDR
+            barrier = max(c_end[c][-1] for c in active)
             for c in active:
                 g, r, s = parts[c][step]
                 q0, q1 = segs[s]
                 nbytes = Co * (q1 - q0) * lanes * isz
-                self.defer(lambda b=nbytes * (2 if p["has_residual"] else 1), t=c_end[c][-1], cc=c: st_end.__setitem__(
+                self.defer(lambda b=nbytes * (2 if p["has_residual"] else 1), t=barrier, cc=c: st_end.__setitem__(
                     cc, self.xfer(link_out, b, [t], core=cc, levels=("AM", "DDR" if link_out == "ddr" else "GSM"))))
                 if self.functional:
                     nn = min(lanes, N - g * lanes)
@@ -366,4 +455,5 @@ class FTM7032(Strategy):
         self.flush()
         lay.out = out
         return self.report(lay, f"{kh}x{kw}: regions split {used} way(s), Wb {kh}x{kw}x{cib}x{cob}x{lanes} in AM "
-                                f"(broadcast), Ib {cib}x{span_h}x{win}x{lanes} in SM, Wib={wib}, via {link_in}")
+                                f"(broadcast, {'one buffer' if wbufs == 1 else f'{wbufs} buffers'}), "
+                                f"Ib {cib}x{span_h}x{win}x{lanes} in SM, Wib={wib}, via {link_in}")

@@ -1,0 +1,125 @@
+"""Every conv algorithm and partitioning at 1, 2, 3, 5, 8 and 16 threads: equal to the reference,
+and bitwise equal across thread counts (issue 13). The task grid is chosen per thread count by
+the planner's cost model; the tests check that the grids really differ, so equality of the bits
+is a property of the kernels, not of an unchanged grid. 16 threads run oversubscribed on a small
+machine (tests/conftest.py lets numba's pool have 16 threads).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilefuse.kernels import activations as A
+from tilefuse.kernels import reference as ref
+from tilefuse.kernels.conv import (conv2d_prepare, conv2d_run, conv2d_run_nchwc, conv2d_run_to_nchwc, direct_nchwc,
+                                   from_nchwc, nchwc_shape, planner, to_nchwc)
+from tilefuse.kernels.threads import numba_max_threads
+
+THREADS = (1, 2, 3, 5, 8, 16)
+TOL = {"gemm1x1": 1e-4, "direct": 1e-4, "im2col": 1e-4, "winograd2": 1e-3, "winograd4": 5e-3}
+
+# (name, form, algorithm, (N, Ci, H, W), Co, k, stride, padding, groups)
+CASES = [
+    ("k1x1_7x7_b1", "nchwc", "gemm1x1", (1, 96, 7, 7), 200, 1, 1, 0, 1),        # Co split at many threads
+    ("k1x1_14x14_b3", "nchwc", "gemm1x1", (3, 48, 14, 14), 72, 1, 1, 0, 1),     # positions (+ Co) split
+    ("k1x1_s2", "nchwc", "gemm1x1", (2, 40, 13, 11), 40, 1, 2, 0, 1),
+    ("direct_3x3_b1", "nchwc", "direct", (1, 40, 13, 12), 104, 3, 1, 1, 1),    # rows and Co split
+    ("direct_3x3_s2_b2", "nchwc", "direct", (2, 24, 17, 15), 40, 3, 2, 1, 1),
+    ("direct_5x5_nopad", "nchwc", "direct", (1, 20, 12, 12), 72, 5, 1, 0, 1),   # reads x in place
+    ("direct_prepadded", "direct_nchwc", "direct", (1, 24, 11, 13), 72, 3, 1, 1, 1),
+    ("direct_nchw", "nchw", "direct", (2, 20, 10, 9), 40, 3, 1, 1, 1),
+    ("stem_7x7_s2", "to_nchwc", "im2col", (1, 3, 45, 39), 64, 7, 2, 3, 1),       # rows split
+    ("stem_b3", "to_nchwc", "im2col", (3, 3, 17, 15), 24, 3, 1, 1, 1),
+    ("winograd2", "nchwc", "winograd2", (1, 40, 13, 12), 72, 3, 1, 1, 1),
+    ("winograd4", "nchwc", "winograd4", (2, 24, 17, 15), 40, 3, 1, 1, 1),
+    ("winograd4_nchw", "nchw", "winograd4", (1, 24, 14, 14), 40, 3, 1, 1, 1),
+    ("gemm1x1_nchw", "nchw", "gemm1x1", (2, 40, 9, 9), 48, 1, 1, 0, 1),
+    ("im2col_grouped", "nchw", "im2col", (2, 24, 9, 9), 24, 3, 1, 1, 2),
+    ("im2col_depthwise", "nchw", "im2col", (1, 16, 9, 9), 16, 3, 1, 1, 16),
+]
+
+
+def _data(case):
+    _, _, _, (n, ci, h, w), co, k, s, p, g = case
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((n, ci, h, w), dtype=np.float32)
+    wt = (rng.standard_normal((co, ci // g, k, k), dtype=np.float32) / np.float32(np.sqrt(ci // g * k * k)))
+    b = rng.standard_normal(co, dtype=np.float32)
+    ho, wo = ref.conv_out_size(h, k, s, p, p, 1), ref.conv_out_size(w, k, s, p, p, 1)
+    res = rng.standard_normal((n, co, ho, wo), dtype=np.float32)
+    return x, wt.astype(np.float32), b, res, dict(stride=(s, s), padding=(p,) * 4, dilation=(1, 1), groups=g)
+
+
+def _run(case, x, wt, b, res, kw, threads, act):
+    name, form, alg = case[:3]
+    co = wt.shape[0]
+    if form == "nchw":
+        out = np.full(res.shape, np.nan, np.float32)
+        conv2d_run(alg, out, x, conv2d_prepare(alg, wt, b, **kw), res, act=act, threads=threads, **kw)
+        return out
+    ob = np.full(nchwc_shape(res.shape), np.nan, np.float32)
+    g = kw.pop("groups")
+    if form == "nchwc":
+        prep = conv2d_prepare(alg, wt, b, groups=g, layout="nchwc", **kw)
+        conv2d_run_nchwc(alg, ob, to_nchwc(x), prep, to_nchwc(res), act=act, threads=threads, **kw)
+    elif form == "direct_nchwc":
+        prep = conv2d_prepare(alg, wt, b, groups=g, layout="nchwc", **kw)
+        direct_nchwc(ob, to_nchwc(x, kw["padding"]), prep, to_nchwc(res), stride=kw["stride"],
+                     dilation=kw["dilation"], act=act, threads=threads)
+    else:
+        prep = conv2d_prepare(alg, wt, b, groups=g, **kw)
+        conv2d_run_to_nchwc(alg, ob, x, prep, to_nchwc(res), act=act, threads=threads, **kw)
+    kw["groups"] = g
+    return from_nchwc(ob, co)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_every_thread_count_equals_reference_and_each_other(case):
+    x, wt, b, res, kw = _data(case)
+    act = A.encode("silu")
+    want = A.reference("silu", ref.conv2d(x, wt, b, residual=res, **kw))
+    outs = [_run(case, x, wt, b, res, kw, t, act) for t in THREADS]
+    tol = TOL[case[2]]
+    for t, o in zip(THREADS, outs):
+        assert np.isfinite(o).all(), (case[0], t)
+        err = np.abs(o - want).max() / max(1.0, float(np.abs(want).max()))
+        assert err <= tol, f"{case[0]} at {t} threads: max error {err:.3g} > {tol}"
+        assert np.array_equal(o, outs[0]), f"{case[0]}: {t} threads differ from 1 thread"
+
+
+def _grids(case):
+    """The task grid each thread count gets (planner), for the numba kernels."""
+    _, form, alg, (n, ci, h, w), co, k, s, p, g = case
+    ho, wo = ref.conv_out_size(h, k, s, p, p, 1), ref.conv_out_size(w, k, s, p, p, 1)
+    cb, ob = -(-ci // 16), -(-co // 16)
+    if alg == "gemm1x1":
+        return [tuple(planner.plan_k1x1(cb * 16, -(-co // 32), n * ho * wo, t)[k_] for k_ in ("Q", "P")) for t in THREADS]
+    if alg == "direct":
+        return [tuple(planner.plan_direct(cb, k, 1, s, ho, w + 2 * p, wo=wo, n=n, ob=ob, padded=p > 0, threads=t)[k_]
+                      for k_ in ("rows", "blocks")) for t in THREADS]
+    if form == "to_nchwc":
+        return [planner.plan_stem(ci, k, k, s, 1, ho, wo, w + 2 * p, n, ob, t)["rows"] for t in THREADS]
+    return None
+
+
+@pytest.mark.parametrize("name", ["k1x1_7x7_b1", "k1x1_14x14_b3", "direct_3x3_b1", "stem_7x7_s2"])
+def test_thread_counts_get_different_grids(name):
+    """The equality above is tested over different partitionings, not one grid run by more threads."""
+    case = next(c for c in CASES if c[0] == name)
+    grids = _grids(case)
+    assert len(set(grids)) >= 3, grids
+
+
+def test_grids_feed_sixteen_threads_at_batch_one():
+    """ResNet50's batch-1 layers have >= 16 tasks when planned for 16 threads (the 2-core grids
+    of issue 13 gave 2 to 4)."""
+    for ci, co, hw in ((256, 64, 56), (512, 128, 28), (1024, 256, 14), (2048, 512, 7), (1024, 2048, 7)):
+        assert planner.plan_k1x1(ci, -(-co // 32), hw * hw, 16)["tasks"] >= 16, (ci, co, hw)
+    for c, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
+        p = planner.plan_direct(c // 16, 3, 1, 1, hw, hw + 2, wo=hw, n=1, ob=c // 16, threads=16)
+        assert p["tasks"] >= 16, (c, hw, p)
+    assert planner.plan_stem(3, 7, 7, 2, 1, 112, 112, 230, 1, 4, 16)["tasks"] >= 16
+
+
+def test_numba_pool_allows_sixteen_threads():
+    assert numba_max_threads() >= 16  # tests/conftest.py; otherwise the 16-thread runs would use fewer

@@ -1,0 +1,73 @@
+"""Full-width vectors on AVX-512 hosts (kernels/isa.py): read from the assembly numba generates.
+
+Intel server cores are emulated on any AVX-512 host with NUMBA_CPU_NAME (LLVM tunes them
+prefer-256-bit; the host's own features keep the code runnable), in a fresh process with an
+empty numba cache (numba does not show the assembly of cached code).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tilefuse.kernels import isa
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST_AVX512 = bool(__import__("llvmlite.binding", fromlist=["x"]).get_host_cpu_features().get("avx512f"))
+
+SCRIPT = r"""
+import json, re
+import numpy as np
+import tilefuse
+from tilefuse.kernels import isa
+from tilefuse.kernels.conv import k1x1, conv2d_prepare, conv2d_run_nchwc, to_nchwc, nchwc_shape
+x = np.ones((1, 32, 7, 7), np.float32)
+prep = conv2d_prepare("gemm1x1", np.ones((32, 32, 1, 1), np.float32), None, 1, 0, 1, 1, layout="nchwc")
+ob = np.empty(nchwc_shape((1, 32, 7, 7)), np.float32)
+conv2d_run_nchwc("gemm1x1", ob, to_nchwc(x), prep, None, stride=1, padding=0, dilation=1, threads=1)
+asm = k1x1._k1x1.inspect_asm(k1x1._k1x1.signatures[0])
+regs = sorted(set(re.findall(r"vfmadd\w*ps\s+[^\n]*?%([xyz])mm", asm)))
+print(json.dumps({"info": isa.info(), "probe": isa.probe_vector_bits(), "k1x1_packed_fma": regs}))
+"""
+
+
+def _run(tmp_path, **env):
+    e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(ROOT), **env)
+    e.pop("NUMBA_CPU_FEATURES", None)
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=e, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_this_process_compiles_full_width():
+    """The width info() reports is the one the assembly shows; 512 on every AVX-512 host."""
+    bits = isa.probe_vector_bits()
+    assert isa.info()["vector_bits"] == bits
+    assert bits == (512 if HOST_AVX512 else bits)
+    if HOST_AVX512 and not os.environ.get(isa.ENV) and not os.environ.get("NUMBA_CPU_FEATURES"):
+        assert isa.info()["tilefuse_set"] or not isa._tuned_prefer_256(isa.info()["llvm_cpu"])
+
+
+@pytest.mark.skipif(not HOST_AVX512, reason="emulating an Intel AVX-512 core needs an AVX-512 host")
+def test_intel_server_core_gets_zmm_in_the_conv_kernel(tmp_path):
+    """sapphirerapids is tuned prefer-256-bit by LLVM: tilefuse must still get zmm FMAs in k1x1;
+    with TILEFUSE_VECTOR_BITS=256 (LLVM's choice kept) the same check sees ymm, so it can fail."""
+    got = _run(tmp_path, NUMBA_CPU_NAME="sapphirerapids")
+    assert got["info"]["llvm_cpu"] == "sapphirerapids" and got["info"]["vector_bits"] == 512
+    assert got["probe"] == 512 and got["k1x1_packed_fma"] == ["z"], got
+    half = _run(tmp_path, NUMBA_CPU_NAME="sapphirerapids", **{isa.ENV: "256"})
+    assert half["probe"] == 256 and half["info"]["vector_bits"] == 256 and "z" not in half["k1x1_packed_fma"], half
+
+
+def test_vector_width_rule():
+    host = "+avx,+avx2,+avx512f,+fma"
+    assert isa.vector_bits_of("sapphirerapids", host) == 256
+    assert isa.vector_bits_of("sapphirerapids", host + ",-prefer-256-bit") == 512
+    assert isa.vector_bits_of("emeraldrapids", host + ",-prefer-256-bit") == 512
+    assert isa.vector_bits_of("znver4", host) == 512
+    assert isa.vector_bits_of("skylake", "+avx,+avx2,-avx512f") == 256
+    assert isa.vector_bits_of("generic", "") == 128

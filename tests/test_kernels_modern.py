@@ -1,0 +1,178 @@
+"""Runtime kernels of the modern ops (issue 9) against the reference evaluator, compiled and run
+through a Session, in NCHW and in the blocked NCHW16c layout the layout pass keeps between
+convolutions (channel counts not multiples of 16, so padded lanes are exercised).
+
+fp32 tolerances: exact ops (movement, nearest resize, concat) within 1e-6 (they pass conv
+results through); arithmetic ones 1e-5 relative to the output's max (float32 sums of <= a few
+hundred terms, summation order differs).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilefuse
+from tilefuse.interpreter import evaluate
+
+TOL = 1e-5
+RNG = np.random.default_rng(11)
+
+
+def w(shape, scale=None):
+    fan = int(np.prod(shape[1:]))
+    return (RNG.standard_normal(shape) * (scale or np.sqrt(2.0 / fan))).astype(np.float32)
+
+
+def run_both(net, xs, threads=None, tmp=None):
+    """compile -> save -> load_package (every instruction through its validator) -> run."""
+    import tempfile
+    from pathlib import Path
+    want = evaluate(net, xs)
+    c = tilefuse.compile(net, threads=threads)
+    with tempfile.TemporaryDirectory() as d:
+        pkg = tilefuse.load_package(c.save(Path(d) / "n.tfpkg"))
+    got = tilefuse.Session(pkg, threads=threads).run(xs if len(xs) > 1 else xs[0])
+    got = got if isinstance(got, list) else [got]
+    for g, v in zip(got, want):
+        assert g.shape == v.shape
+        np.testing.assert_allclose(g, v, rtol=0, atol=TOL * max(1.0, float(np.abs(v).max())))
+    return c
+
+
+C = 40   # 40 channels: 3 blocks of 16, the last half padding
+
+
+def between_convs(op, c=C, hw=(11, 9), batch=2, c_out=None):
+    """x -> conv3x3 (blocked) -> op -> conv3x3 (blocked) -> output."""
+    net = tilefuse.Network("blk")
+    x = net.input("x", (batch, 32, *hw))
+    y = net.conv2d(x, w((c, 32, 3, 3)), w((c,), 0.1), padding=1, name="c1")
+    y = op(net, y)
+    y = net.conv2d(y, w((48, y.shape[1], 3, 3)), None, padding=1, name="c2")
+    net.output(y)
+    return net
+
+
+BLOCKED_CASES = {
+    # after a pool (a conv would take the activation into its epilogue)
+    "sigmoid": lambda n, y: n.sigmoid(n.max_pool(y, 3, 1, 1)),     # act(0) != 0: padded lanes rewritten
+    "hardswish": lambda n, y: n.hardswish(n.max_pool(y, 3, 1, 1)),
+    "clip": lambda n, y: n.activation(n.max_pool(y, 3, 1, 1), "clip", min=0.5, max=2.0),
+    "prelu": lambda n, y: n.prelu(y, np.linspace(0.1, 0.9, C)),
+    "se_mul": lambda n, y: n.mul(y, n.sigmoid(n.mean(y, (2, 3), True))),
+    # after a pool (a conv would fold per-channel constants into its weights)
+    "channel_add": lambda n, y: n.add(n.max_pool(y, 3, 1, 1),
+                                      n.constant("bias", np.linspace(-1, 1, C, dtype=np.float32).reshape(1, C, 1, 1))),
+    "scalar_div": lambda n, y: n.div(n.max_pool(y, 3, 1, 1), 3.0),
+    "sub_full": lambda n, y: n.sub(y, n.relu(y)),
+    "resize_nearest": lambda n, y: n.resize(y, scale_factor=2),
+    "resize_bilinear": lambda n, y: n.resize(y, size=(7, 13), mode="bilinear"),
+    "pad_reflect": lambda n, y: n.pad(y, (0, 0, 0, 0, 1, 2, 2, 0), "reflect"),
+    "pad_const": lambda n, y: n.pad(y, (0, 0, 0, 0, 1, 0, 0, 1), "constant", 0.5),
+    "slice_channels": lambda n, y: n.slice(y, 1, 3, 37, 2),
+    "slice_h": lambda n, y: n.slice(y, 2, 1, None, 2),
+    "channel_norm": lambda n, y: n.channel_norm(n.max_pool(y, 3, 1, 1), np.linspace(0.5, 1.5, C), np.zeros(C) + 0.1),
+    "concat_odd": lambda n, y: n.concat([y, n.relu(y), n.slice(y, 1, 0, 7)], axis=1),
+    "concat_aligned": lambda n, y: n.concat([n.slice(y, 1, 0, 16), n.slice(y, 1, 16, 32)], axis=1),
+}
+
+
+@pytest.mark.parametrize("name", list(BLOCKED_CASES))
+def test_blocked_forms_match_reference(name):
+    net = between_convs(BLOCKED_CASES[name])
+    x = RNG.standard_normal(net.inputs[0].shape).astype(np.float32)
+    c = run_both(net, [x])
+    prog = c.package.program()
+    kernels = [i.kernel for i in prog]
+    # every instruction between the two convs runs blocked: the only conversions are at the ends
+    assert kernels.count("to_nchwc") <= 1 and kernels.count("from_nchwc") == 1, kernels
+    mid = [i for i in prog if i.kernel not in ("conv2d", "to_nchwc", "from_nchwc", "global_avg_pool")
+           and i.output.shape[2:4] != (1, 1)]     # the squeeze path on (N, C, 1, 1) stays NCHW
+    assert mid and all(i.params.get("layout") == "nchwc" for i in mid), [(i.kernel, i.params.get("layout"))
+                                                                           for i in mid]
+
+
+def test_squeeze_excitation_conv_blocked_and_nchw():
+    """mul(x, sigmoid(fc(mean x))) -> 1x1 conv: fused into the conv as an input scale, on blocked
+    tensors (k1x1 with per-image scaled weights) and on NCHW ones (per-image GEMM)."""
+    for c_in, layout in ((C, "nchwc"), (5, "nchw")):
+        def se(n, y):
+            s = n.mean(y, (2, 3), True)
+            s = n.conv2d(s, w((8, y.shape[1], 1, 1)), w((8,), 0.1))
+            s = n.sigmoid(n.conv2d(n.relu(s), w((y.shape[1], 8, 1, 1)), None))
+            return n.conv2d(n.mul(y, s), w((32, y.shape[1], 1, 1)), w((32,), 0.1), name="proj")
+        net = between_convs(se, c=c_in)
+        x = RNG.standard_normal(net.inputs[0].shape).astype(np.float32)
+        c = run_both(net, [x])
+        proj = [i for i in c.package.program() if i.output.name.startswith("proj")][0]
+        assert proj.params.get("has_input_scale") and proj.params.get("layout", "nchw") == layout
+        assert not any(i.kernel == "mul" for i in c.package.program())
+
+
+NCHW_CASES = {
+    "conv_transpose": lambda n, x: n.conv_transpose2d(x, w((5, 6, 3, 3)), w((6,), 0.1), stride=2, padding=1,
+                                                      output_padding=1),
+    "conv_transpose_groups_silu": lambda n, x: n.silu(n.conv_transpose2d(x, w((5, 1, 4, 4)), None, stride=2,
+                                                                        padding=1, groups=5)),
+    "mean_sum": lambda n, x: n.add(n.mean(x, (1,), True), n.sum(x, (1, 3), True)),
+    "channel_shuffle": lambda n, x: n.reshape(n.permute(n.reshape(x, (2, 5, 1, 9, 7)), (0, 2, 1, 3, 4)),
+                                              (2, 5, 9, 7)),
+    "channel_norm": lambda n, x: n.channel_norm(x, np.linspace(0.5, 1.5, 5), np.linspace(-1, 1, 5)),
+    "layer_norm": lambda n, x: n.layer_norm(x, np.ones((9, 7)), np.zeros((9, 7)), axis=2),
+    "adaptive": lambda n, x: n.adaptive_avg_pool(x, (4, 3)),
+    "pad_replicate": lambda n, x: n.pad(x, (0, 0, 1, 0, 2, 1, 0, 3), "replicate"),
+    "broadcast_rows": lambda n, x: n.mul(x, n.constant("r", np.linspace(0, 1, 7).astype(np.float32))),
+}
+
+
+@pytest.mark.parametrize("name", list(NCHW_CASES))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_nchw_kernels_match_reference(name, threads):
+    net = tilefuse.Network("nchw")
+    x = net.input("x", (2, 5, 9, 7))
+    net.output(NCHW_CASES[name](net, x))
+    xv = RNG.standard_normal(x.shape).astype(np.float32)
+    run_both(net, [xv], threads=threads)
+
+
+def test_validators_refuse_inconsistent_blocked_instructions():
+    """Crafted NCHW16c instructions of the new kernels: channel counts, shapes and operand layouts
+    that disagree are refused before anything runs (compiler/validate.py)."""
+    from tilefuse.compiler import validate as V
+    from tilefuse.compiler.program import CONST, DIRECT, HIDDEN, Instruction, Operand
+
+    def ins(kernel, shapes, out, params, segs=None):
+        segs = segs or [HIDDEN] * len(shapes)
+        ops = [Operand(f"i{k}", DIRECT, sg, np.dtype(np.float32), sh) for k, (sh, sg) in enumerate(zip(shapes, segs))]
+        return Instruction(kernel, ops + [Operand("o", DIRECT, HIDDEN, np.dtype(np.float32), out)], params)
+
+    blk = dict(layout="nchwc", relu=False)
+    ok = [
+        ins("mul", [(2, 3, 5, 5, 16), (2, 40, 1, 1)], (2, 3, 5, 5, 16), dict(blk, channels=40, in_channels=[40])),
+        ins("concat", [(1, 3, 4, 4, 16), (1, 1, 4, 4, 16)], (1, 4, 4, 4, 16),
+            dict(axis=1, layout="nchwc", channels=56, in_channels=[40, 16])),
+        ins("slice", [(1, 3, 4, 4, 16)], (1, 2, 4, 4, 16),
+            dict(axis=1, start=3, stop=37, step=2, layout="nchwc", channels=17, in_channels=[40])),
+        ins("conv2d", [(1, 3, 4, 4, 16), (32, 40, 1, 1), (1, 40, 1, 1)], (1, 2, 4, 4, 16),
+            dict(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, has_bias=False, has_residual=False,
+                 has_input_scale=True, relu=False, layout="nchwc"), [HIDDEN, CONST, HIDDEN]),
+    ]
+    for i in ok:
+        V.VALIDATORS[i.kernel](i)
+    bad = [
+        (ins("mul", [(2, 3, 5, 5, 16), (2, 40, 1, 1)], (2, 3, 5, 5, 16), dict(blk, channels=40, in_channels=[33])),
+         "broadcast"),
+        (ins("mul", [(2, 3, 5, 5, 16), (2, 40, 1, 1)], (2, 3, 5, 5, 16), dict(blk, channels=60, in_channels=[40])),
+         "channel"),
+        (ins("concat", [(1, 3, 4, 4, 16), (1, 1, 4, 4, 16)], (1, 4, 4, 4, 16),
+             dict(axis=1, layout="nchwc", channels=56, in_channels=[40])), "in_channels"),
+        (ins("resize", [(1, 3, 4, 4, 16)], (1, 3, 8, 8, 16),
+             dict(size=(8, 8), scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor",
+                  channels=40, in_channels=[40])), "NCHW16c form"),
+        (ins("conv2d", [(1, 3, 4, 4, 16), (32, 40, 3, 3), (1, 40, 1, 1)], (1, 2, 2, 2, 16),
+             dict(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, has_bias=False, has_residual=False,
+                  has_input_scale=True, relu=False, layout="nchwc"), [HIDDEN, CONST, HIDDEN]), "1x1"),
+    ]
+    for i, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            V.VALIDATORS[i.kernel](i)

@@ -1,0 +1,80 @@
+"""`tilefuse profile` and its PNG bar chart (tilefuse/profile.py, tilefuse/barchart.py)."""
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+import tilefuse
+from tilefuse.barchart import draw_text, write_bar_chart, write_png
+from tilefuse.cli import main
+from tilefuse.profile import profile
+
+
+def read_png(path) -> np.ndarray:
+    """A minimal decoder for what write_png writes (8-bit RGB, filter 0): checks every CRC."""
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        assert struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])[0] == zlib.crc32(kind + body) & 0xFFFFFFFF
+        chunks[kind] = chunks.get(kind, b"") + body
+        pos += 12 + n
+    w, h, depth, ctype = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, ctype) == (8, 2) and b"IEND" in chunks
+    raw = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), np.uint8).reshape(h, 1 + 3 * w)
+    assert not raw[:, 0].any()
+    return raw[:, 1:].reshape(h, w, 3)
+
+
+def test_png_roundtrip(tmp_path):
+    img = np.random.default_rng(0).integers(0, 256, (7, 5, 3), dtype=np.uint8)
+    write_png(tmp_path / "a.png", img)
+    assert np.array_equal(read_png(tmp_path / "a.png"), img)
+    with pytest.raises(ValueError, match=r"expected \(H, W, 3\)"):
+        write_png(tmp_path / "b.png", img[..., 0])
+
+
+def test_bar_lengths_follow_the_values(tmp_path):
+    write_bar_chart(tmp_path / "c.png", ["a", "b", "c"], [1.0, 2.0, 0.5], colors=[(255, 0, 0)] * 3)
+    img = read_png(tmp_path / "c.png")
+    red = (img[..., 0] == 255) & (img[..., 1] == 0) & (img[..., 2] == 0)
+    lengths = [int(red[r].sum()) for r in range(img.shape[0]) if red[r].any()]
+    runs = sorted(set(lengths), key=lengths.index)
+    assert len(runs) == 3 and abs(runs[1] / runs[0] - 2.0) < 0.02 and abs(runs[2] / runs[0] - 0.5) < 0.02
+    with pytest.raises(ValueError, match="2 labels, 3 values"):
+        write_bar_chart(tmp_path / "d.png", ["a", "b"], [1, 2, 3])
+
+
+def test_text_is_drawn():
+    img = np.full((9, 40, 3), 255, np.uint8)
+    assert draw_text(img, 0, 0, "ms 1%") == 30 and (img < 255).any()
+
+
+def test_profile_rows_add_up(tmp_path):
+    net = tilefuse.models.get("tinynet", seed=0, batch=2)
+    compiled = tilefuse.compile(net, threads=2)
+    p = profile(compiled, threads=2, repeat=2, peak_core=1e11)
+    prog = compiled.package.program()
+    assert [r["kernel"] for r in p.rows] == [i.kernel for i in prog]
+    assert all(r["seconds"] > 0 for r in p.rows) and p.threads == 2
+    assert abs(p.kernel_seconds + p.overhead_seconds - p.total_seconds) < 1e-12
+    convs = [r for r in p.rows if r["kernel"] == "conv2d"]
+    assert convs and all(r["tasks"] and r["partitioning"] != "-" for r in convs)
+    text = str(p)
+    assert "overhead" in text and "between kernels" in text and "%peak" in text and "2 threads" in text
+    p.plot(tmp_path / "p.png")
+    img = read_png(tmp_path / "p.png")
+    assert img.shape[0] > 12 * (len(p.rows) + 1)
+
+
+def test_profile_command(tmp_path, capsys):
+    png = tmp_path / "t.png"
+    assert main(["profile", "tinynet", "--threads", "2", "--repeat", "1", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "conv2d" in out and "overhead" in out and "GFLOP/s" in out and "-bit vectors" in out
+    read_png(png)

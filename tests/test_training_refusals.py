@@ -1,0 +1,52 @@
+"""The Trainer refuses, naming the op, every network with an op it has no backward for (issue 9):
+a gradient is never silently dropped. Modern ops are inference-only for now."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilefuse
+import tilefuse.models as models
+from tilefuse.errors import UnsupportedOpError
+from tilefuse.training import SGD, Trainer
+
+
+def small(build):
+    net = tilefuse.Network("t")
+    x = net.input("x", (2, 3, 8, 8))
+    y = net.conv2d(x, np.random.default_rng(0).standard_normal((4, 3, 3, 3)) * 0.2, None, padding=1, name="conv")
+    y = build(net, y)
+    y = net.flatten(net.global_avg_pool(y, name="gap"), 1, name="flat")
+    net.output(net.linear(y, np.ones((5, y.shape[1])) * 0.1, np.zeros(5), name="fc"))
+    return net
+
+
+@pytest.mark.parametrize("build,fragment", [
+    (lambda n, y: n.silu(y, name="act"), "act: op 'activation' has no backward"),
+    (lambda n, y: n.mul(y, n.sigmoid(n.mean(y, (2, 3), True, name="m"), name="s"), name="se"),
+     "op 'mean' has no backward"),
+    (lambda n, y: n.resize(y, scale_factor=2, name="up"), "up: op 'resize' has no backward"),
+    (lambda n, y: n.conv_transpose2d(y, np.ones((4, 2, 2, 2)), None, stride=2, name="ct"),
+     "ct: op 'conv_transpose2d' has no backward"),
+    (lambda n, y: n.add(y, n.constant("b", np.ones((1, 4, 1, 1), np.float32)), name="bc"),
+     "bc: add broadcasting (2, 4, 8, 8) with (1, 4, 1, 1) has no backward"),
+])
+def test_trainer_refuses_ops_without_backward(build, fragment):
+    with pytest.raises(UnsupportedOpError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        Trainer(small(build), SGD(lr=0.1))
+
+
+def test_trainer_refuses_fused_inference_epilogues_and_zoo_models():
+    net = tilefuse.compile(models.mobilenet_v2(image_size=32, num_classes=4)).network
+    with pytest.raises(UnsupportedOpError, match="epilogue"):
+        Trainer(net, SGD(lr=0.1))
+    with pytest.raises(UnsupportedOpError, match="features.0.2: op 'activation' has no backward"):
+        Trainer(models.mobilenet_v2(image_size=32, num_classes=4), SGD(lr=0.1))
+
+
+def test_supported_networks_still_train():
+    net = small(lambda n, y: n.relu(y, name="r"))
+    t = Trainer(net, SGD(lr=0.1))
+    x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    loss = t.step(x, np.array([0, 3]))
+    assert np.isfinite(loss)

@@ -1,0 +1,299 @@
+"""ONNX import: `from_onnx(model_or_path) -> Network`.
+
+The model is read with the `onnx` package (protobuf, never pickle) and checked with
+`onnx.checker`; then each node, in order:
+
+  * constant-only nodes (all inputs initializers, `Constant`s or folded values; `Shape`/`Size` of
+    any tensor, whose shape is static) are evaluated in numpy (`fold.py`): exporters' shape
+    arithmetic (`Shape -> Gather -> Unsqueeze -> Concat -> Reshape`), `Identity` on shared
+    initializers, `Cast`, `Range`, `ConstantOfShape`, ... never reach the network;
+  * chains that older opsets use to spell LayerNorm and GELU are recognized as those ops
+    (`patterns.py`);
+  * every other node is translated by its row of the op table (`convert.RULES`), for the op's
+    version in the model's default-domain (`''`/`ai.onnx`) opset.
+
+Nodes no graph output depends on are not imported.
+
+Anything else (an op outside the table, an op version, attribute or mode the converter does not
+implement, a training-mode node) raises UnsupportedOpError naming the node, the op and version,
+and what was expected; a malformed model raises GraphError. Shapes the model declares for
+outputs and intermediate tensors are checked against the shapes tilefuse infers.
+
+Graph inputs that are not initializers become network inputs, in order; they need static shapes
+(`input_shapes` fixes symbolic dimensions). `constants` binds graph inputs to fixed values (an
+integer "shape" input, a weight fed as an input). `onnx` is imported here only; it is not a
+runtime dependency.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import GraphError, TilefuseError, UnsupportedOpError
+from ...ir import Network
+from . import fold, patterns
+from .convert import RULES, Ctx, OnnxNode
+
+__all__ = ["from_onnx", "RULES", "claimed_ops"]
+
+_FLOAT_INPUTS = (np.float32, np.float64, np.float16)
+
+
+def claimed_ops() -> list[str]:
+    """The ONNX op types the importer implements (converted, or folded when constant-only)."""
+    return sorted(set(RULES) | set(fold.FOLD))
+
+
+def _load(model):
+    import onnx
+    if isinstance(model, (str, Path)):
+        try:
+            return onnx.load(str(model))
+        except Exception as e:
+            raise GraphError(str(model), f"cannot read ONNX model: {e}") from e
+    if isinstance(model, (bytes, bytearray)):
+        try:
+            return onnx.load_from_string(bytes(model))
+        except Exception as e:
+            raise GraphError("<bytes>", f"not a valid ONNX model: {e}") from e
+    if not isinstance(model, onnx.ModelProto):
+        raise GraphError("from_onnx", f"got {type(model).__name__}; expected an onnx.ModelProto, a path "
+                                      f"or bytes")
+    return model
+
+
+def default_opset(model) -> int:
+    """The opset version of the default ONNX domain ('' or 'ai.onnx'), wherever it is listed."""
+    vs = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not vs:
+        found = [(o.domain, o.version) for o in model.opset_import]
+        raise GraphError(model.graph.name or "onnx", f"opset_import {found} has no entry for the default "
+                                                     f"domain ''; expected one")
+    return int(vs[0])
+
+
+def _elem_name(elem_type: int) -> str:
+    from onnx import TensorProto
+    try:
+        return TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return str(elem_type)
+
+
+def _declared(vi):
+    """(numpy dtype or None, dims with None for symbolic) of a tensor ValueInfo; None if not a tensor."""
+    if not vi.type.HasField("tensor_type"):
+        return None
+    tt = vi.type.tensor_type
+    try:
+        dt = fold.np_dtype(OnnxNode(vi.name, "value", 0, [], [], {}), tt.elem_type)
+    except UnsupportedOpError:
+        dt = None
+    dims = None
+    if tt.HasField("shape"):
+        dims = [int(d.dim_value) if d.HasField("dim_value") else None for d in tt.shape.dim]
+    return dt, dims
+
+
+def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
+              constants: dict | None = None) -> Network:
+    """Import an ONNX model (a ModelProto, a path, or bytes) as a tilefuse Network.
+
+    input_shapes: {input name: shape} for inputs with symbolic dimensions.
+    constants: {input name: array} binds graph inputs to constant values.
+    """
+    try:
+        import onnx
+    except ImportError as e:  # pragma: no cover
+        raise ImportError("tilefuse.from_onnx needs the onnx package (pip install onnx)") from e
+    model = _load(model)
+    gname = model.graph.name or "onnx"
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:
+        raise GraphError(gname, f"ONNX checker rejected the model: {e}") from e
+    opset = default_opset(model)
+    g = model.graph
+    cx = Ctx(Network(name or g.name or "onnx_model"))
+    where = OnnxNode(gname, "graph", opset, [], [], {})
+    for t in g.initializer:
+        cx.consts[t.name] = fold.tensor_to_array(where, t)
+    for sp in g.sparse_initializer:
+        cx.consts[sp.values.name] = fold.sparse_to_array(where, sp)
+
+    input_shapes, constants = dict(input_shapes or {}), dict(constants or {})
+    graph_inputs = [vi.name for vi in g.input if vi.name not in cx.consts]
+    extra = sorted((set(input_shapes) | set(constants)) - set(graph_inputs))
+    if extra:
+        raise GraphError(gname, f"input_shapes/constants name {extra}, which are not graph inputs; graph "
+                                f"inputs are {graph_inputs}")
+    overridden = False
+    for vi in g.input:
+        if vi.name in cx.consts:
+            continue
+        decl = _declared(vi)
+        if decl is None:
+            raise UnsupportedOpError(f"input '{vi.name}' is a {vi.type.WhichOneof('value')}; expected a tensor")
+        dt, dims = decl
+        if vi.name in constants:
+            arr = np.asarray(constants[vi.name])
+            if dt is not None and arr.dtype != dt:
+                raise GraphError(vi.name, f"constants value has dtype {arr.dtype}; the model declares {dt}")
+            if dims is not None and (len(dims) != arr.ndim or any(d is not None and d != s
+                                                                   for d, s in zip(dims, arr.shape))):
+                raise GraphError(vi.name, f"constants value has shape {arr.shape}; the model declares {dims}")
+            cx.consts[vi.name] = arr
+            continue
+        if dt not in _FLOAT_INPUTS:
+            raise UnsupportedOpError(
+                f"input '{vi.name}' has element type {_elem_name(vi.type.tensor_type.elem_type)}; tilefuse "
+                f"computes float32/float64/float16 tensors (bind a fixed value with constants={{'{vi.name}': "
+                f"array}})")
+        shape = input_shapes.get(vi.name)
+        if shape is None:
+            if dims is None or any(d is None for d in dims):
+                raise GraphError(vi.name, f"input has a symbolic shape {dims}; pass "
+                                          f"input_shapes={{'{vi.name}': (N, C, H, W)}}")
+            shape = dims
+        else:
+            shape = tuple(int(s) for s in shape)
+            if dims is None or len(dims) != len(shape):
+                raise GraphError(vi.name, f"input_shapes gives {shape}; the model declares {dims}")
+            overridden |= any(d is not None and d != s for d, s in zip(dims, shape))
+        cx.env[vi.name] = cx.net.input(cx.fresh(vi.name), tuple(shape), dt)
+
+    nodes = _live(_recognize(cx, g, input_shapes), [o.name for o in g.output])
+    used = {t for n in nodes for t in n.input} | {o.name for o in g.output}
+    for i, n in enumerate(nodes):
+        _import_node(cx, n, i, opset, used)
+
+    outs = []
+    for vi in g.output:
+        d = cx.env.get(vi.name)
+        if d is None:
+            if vi.name in cx.consts:
+                raise UnsupportedOpError(f"graph output '{vi.name}' is a constant (its subgraph depends on no "
+                                         f"graph input); expected a computed tensor")
+            raise GraphError(vi.name, "graph output is not produced by any node")
+        if d.producer is None:
+            raise UnsupportedOpError(f"graph output '{vi.name}' is the graph input '{d.name}' passed through; "
+                                     f"expected a computed tensor")
+        if any(d is o for o in outs):
+            raise UnsupportedOpError(f"graph output '{vi.name}' is the same tensor as an earlier output; "
+                                     f"expected distinct outputs")
+        outs.append(d)
+    if not overridden:
+        _check_declared(cx, list(g.value_info) + list(g.output))
+    cx.net.output(*outs)
+    return cx.net
+
+
+def _live(nodes, outputs) -> list:
+    """The nodes the graph outputs depend on, in order (dead nodes are never imported)."""
+    need, keep = set(outputs), []
+    for n in reversed(nodes):
+        if any(o in need for o in n.output if o):
+            keep.append(n)
+            need.update(t for t in n.input if t)
+    return keep[::-1]
+
+
+def _recognize(cx: Ctx, g, input_shapes) -> list:
+    """The graph's nodes with decomposed GELU / LayerNorm chains replaced (patterns.py)."""
+    from onnx import helper
+    constant_nodes = {n.output[0]: n for n in g.node
+                      if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1}
+    ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in list(g.input) + list(g.value_info)
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+    ranks.update({k: len(v) for k, v in input_shapes.items()})
+
+    def const(name):
+        if name in cx.consts:
+            return cx.consts[name]
+        n = constant_nodes.get(name)
+        if n is None:
+            return None
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        try:
+            return fold.FOLD["Constant"](OnnxNode(n.name, "Constant", 0, [], [], attrs), [], attrs)[0]
+        except TilefuseError:
+            return None
+    return patterns.rewrite(g.node, const, ranks.get, [o.name for o in g.output])
+
+
+def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
+    import onnx
+    from onnx import helper
+    name = n.name or f"{n.op_type}_{i}"
+    if n.domain == patterns.DOMAIN:      # a recognized chain: the op it spells, at that op's version
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        nd = OnnxNode(name, n.op_type, RULES[n.op_type].versions[-1], list(n.input), list(n.output), attrs)
+        cx.env[n.output[0]] = RULES[n.op_type].convert(cx, nd, used)
+        return
+    if n.domain not in ("", "ai.onnx"):
+        raise UnsupportedOpError(f"ONNX op '{n.domain}::{n.op_type}' in node '{name}' is not supported; "
+                                 f"tilefuse imports the default ONNX domain only")
+    if n.op_type not in RULES and n.op_type not in fold.FOLD:
+        raise UnsupportedOpError(f"ONNX op '{n.op_type}' in node '{name}' is not supported; supported: "
+                                 f"{', '.join(sorted(RULES))} (and, on constants, {', '.join(sorted(fold.FOLD))})")
+    try:
+        version = onnx.defs.get_schema(n.op_type, opset, "").since_version
+    except Exception:
+        raise UnsupportedOpError(f"ONNX op '{n.op_type}' in node '{name}' is not defined in opset {opset}") \
+            from None
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    nd = OnnxNode(name, n.op_type, version, list(n.input), list(n.output), attrs)
+    ins = list(n.input)
+    meta = fold.META_INPUTS.get(n.op_type, ())
+    try:
+        if n.op_type in fold.FOLD and all(t in cx.consts or (i in meta and t in cx.env)
+                                          for i, t in enumerate(ins) if t):
+            unknown = sorted(set(attrs) - fold.FOLD_ATTRS.get(n.op_type, set()))
+            if unknown:
+                raise nd.refuse(f"attribute(s) {unknown} are not supported when folding constants")
+            # a computed tensor in a metadata input is passed as its DataNode (shape and dtype only)
+            vals = [None if not t else cx.consts[t] if t in cx.consts else cx.env[t] for t in ins]
+            for t, v in zip(n.output, fold.FOLD[n.op_type](nd, vals, attrs)):
+                if t:
+                    cx.consts[t] = np.asarray(v)
+            return
+        rule = RULES.get(n.op_type)
+        if rule is None:
+            raise nd.refuse(f"tilefuse folds {n.op_type} on constants only, and input(s) "
+                            f"{[t for t in ins if t and t not in cx.consts]} are computed by the graph")
+        if version not in rule.versions:
+            raise nd.refuse(f"version {version} (opset {opset}) is not supported; the importer implements "
+                            f"{n.op_type} versions {list(rule.versions)}")
+        unknown = sorted(set(attrs) - rule.attrs)
+        if unknown:
+            raise nd.refuse(f"attribute(s) {unknown} are not supported; {n.op_type} reads "
+                            f"{sorted(rule.attrs) or 'no attributes'}")
+        outs = rule.convert(cx, nd, used)
+    except TilefuseError:
+        raise
+    except Exception as e:   # an importer bug or a malformed value: name the node, keep the cause
+        raise GraphError(nd.where, f"import failed: {type(e).__name__}: {e}") from e
+    outs = outs if isinstance(outs, (list, tuple)) else [outs]
+    for k, t in enumerate(n.output):
+        if k < len(outs):
+            cx.env[t] = outs[k]
+        elif t and t in used:
+            raise nd.refuse(f"output {k} '{t}' is used, but tilefuse produces only the first {len(outs)} "
+                            f"output(s) of {n.op_type}")
+
+
+def _check_declared(cx: Ctx, infos) -> None:
+    """Shapes and dtypes the model declares (value_info, outputs) must equal the imported ones."""
+    for vi in infos:
+        d = cx.env.get(vi.name)
+        decl = _declared(vi)
+        if d is None or decl is None:
+            continue
+        dt, dims = decl
+        if dims is not None and all(v is not None for v in dims) and tuple(dims) != tuple(d.shape):
+            raise GraphError(vi.name, f"the importer computes shape {d.shape} for this tensor; the model "
+                                      f"declares {tuple(dims)}")
+        if dt is not None and np.dtype(dt) != np.dtype(d.dtype):
+            raise GraphError(vi.name, f"the importer computes dtype {np.dtype(d.dtype)} for this tensor; the "
+                                      f"model declares {np.dtype(dt)}")

@@ -1,0 +1,1000 @@
+"""The ONNX -> tilefuse op table: one row per ONNX op the importer claims.
+
+RULES maps an ONNX op type to a Rule: the converter, the op's versions (ONNX `since_version`s)
+whose semantics the converter implements, the attributes it reads, and the IR ops it emits.
+The importer resolves each node's version from the model's default-domain opset; a version not
+listed, an attribute not listed, or a case the converter does not cover (a rank, a mode, an
+operand computed by the graph where a constant is needed) is refused with UnsupportedOpError
+naming the node, the op and version, the attribute or operand, and what was expected. Nothing
+outside this table is imported. `docs/ops.md` lists the same table; tests check the ONNX backend
+node cases of every op named here.
+
+Constant-only nodes never reach a converter: `fold.py` evaluates them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ...errors import GraphError, UnsupportedOpError
+from ...ir import Network
+from ...ir.node import DataNode
+from . import fold
+
+
+# ----------------------------------------------------------------------------- node and context
+
+@dataclass
+class OnnxNode:
+    """One ONNX node being imported: names, resolved version, attributes."""
+    name: str
+    op: str
+    version: int
+    inputs: list[str]          # '' for an absent optional input
+    outputs: list[str]
+    attrs: dict
+
+    @property
+    def where(self) -> str:
+        return f"node '{self.name}' ({self.op}-{self.version})"
+
+    def refuse(self, what: str) -> UnsupportedOpError:
+        return UnsupportedOpError(f"{self.where}: {what}")
+
+    def has(self, i: int) -> bool:
+        return len(self.inputs) > i and bool(self.inputs[i])
+
+
+@dataclass
+class Ctx:
+    """Import state: the network being built, computed tensors and folded constants by ONNX name."""
+    net: Network
+    env: dict[str, DataNode] = field(default_factory=dict)
+    consts: dict[str, np.ndarray] = field(default_factory=dict)
+    used_names: set[str] = field(default_factory=set)
+    _const_nodes: dict = field(default_factory=dict)
+
+    def fresh(self, base: str) -> str:
+        """A name not used yet in the network (the ONNX name when free)."""
+        name, k = base, 1
+        while name in self.used_names:
+            name, k = f"{base}~{k}", k + 1
+        self.used_names.add(name)
+        return name
+
+    def is_const(self, nd: OnnxNode, i: int) -> bool:
+        return nd.has(i) and nd.inputs[i] in self.consts
+
+    def computed(self, nd: OnnxNode, i: int, role: str = "input") -> DataNode:
+        """Input i as a computed tensor (a constant here is refused: tilefuse has no op for it)."""
+        if not nd.has(i):
+            raise GraphError(nd.where, f"{role} (input {i}) is missing")
+        t = nd.inputs[i]
+        if t in self.env:
+            return self.env[t]
+        if t in self.consts:
+            raise nd.refuse(f"{role} '{t}' is a constant; expected a tensor computed by the graph "
+                            f"(its constant-only subgraph should have been folded)")
+        raise GraphError(nd.where, f"{role} '{t}' is not produced by any earlier node or graph input")
+
+    def const(self, nd: OnnxNode, i: int, role: str) -> np.ndarray | None:
+        """Input i as a constant array (None when the optional input is absent)."""
+        if not nd.has(i):
+            return None
+        t = nd.inputs[i]
+        if t in self.consts:
+            return self.consts[t]
+        if t in self.env:
+            raise nd.refuse(f"{role} '{t}' is computed by the graph; tilefuse needs it to be a constant "
+                            f"(an initializer or a constant expression)")
+        raise GraphError(nd.where, f"{role} '{t}' is not produced by any earlier node or graph input")
+
+    def const_node(self, name: str, arr: np.ndarray, dtype) -> DataNode:
+        """A constant operand as a DataNode (shared when the same array is used again)."""
+        arr = np.ascontiguousarray(arr, dtype=dtype)
+        key = (name, arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self._const_nodes:
+            self._const_nodes[key] = self.net.constant(self.fresh(name), arr, dtype)
+        return self._const_nodes[key]
+
+    def operand(self, nd: OnnxNode, i: int, dtype, role: str = "input") -> DataNode:
+        """Input i as a DataNode, computed or constant."""
+        if self.is_const(nd, i):
+            return self.const_node(nd.inputs[i], self.consts[nd.inputs[i]], dtype)
+        return self.computed(nd, i, role)
+
+
+def _float_array(nd, a: np.ndarray, role: str) -> np.ndarray:
+    if a.dtype.kind not in "fiu":
+        raise nd.refuse(f"{role} has dtype {a.dtype}; expected a numeric tensor")
+    return a
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+def _spatial(nd: OnnxNode, x: DataNode, what: str = "input") -> None:
+    if len(x.shape) != 4:
+        raise nd.refuse(f"{what} '{x.name}' has shape {x.shape}; tilefuse implements the 2-D form, "
+                        f"expected a 4-D (N, C, H, W) tensor")
+
+
+def _str(a: dict, key: str, default: str) -> str:
+    """A string attribute (ONNX stores bytes) as str."""
+    v = a.get(key, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _hw(nd: OnnxNode, a: dict, key: str, default) -> tuple[int, int]:
+    v = list(a.get(key, default))
+    if len(v) != 2:
+        raise nd.refuse(f"attribute {key}={v}; expected 2 values (H, W) for a 2-D op")
+    return int(v[0]), int(v[1])
+
+
+def _pads(nd: OnnxNode, a: dict, x: DataNode, kernel, strides, dilations) -> tuple[int, int, int, int]:
+    """ONNX pads / auto_pad -> tilefuse (top, bottom, left, right)."""
+    auto = _str(a, "auto_pad", "NOTSET")
+    if auto == "NOTSET":
+        p = [int(v) for v in a.get("pads", [0, 0, 0, 0])]
+        if len(p) != 4:
+            raise nd.refuse(f"attribute pads={p}; expected 4 values (top, left, bottom, right)")
+        if min(p) < 0:
+            raise nd.refuse(f"attribute pads={p} has a negative pad; expected pads >= 0")
+        # ONNX (x1_begin, x2_begin, x1_end, x2_end) -> (top, bottom, left, right)
+        return (p[0], p[2], p[1], p[3])
+    if auto == "VALID":
+        return (0, 0, 0, 0)
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise nd.refuse(f"auto_pad={auto!r}; expected NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    out = []
+    for size, k, s, d in zip(x.shape[2:], kernel, strides, dilations):
+        total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        small, big = total // 2, total - total // 2
+        out += [small, big] if auto == "SAME_UPPER" else [big, small]
+    return tuple(out)
+
+
+def _check_training_outputs(nd: OnnxNode, used: set[str], keep: int, what: str) -> None:
+    for i, t in enumerate(nd.outputs[keep:], keep):
+        if t and t in used:
+            raise nd.refuse(f"output {i} '{t}' ({what}) is used; tilefuse imports inference graphs and "
+                            f"produces only output 0")
+
+
+# ----------------------------------------------------------------------------- converters
+# Each takes (ctx, node, used) and returns the DataNode(s) of the node's outputs, in order.
+
+def _conv_operands(cx: Ctx, nd: OnnxNode, w_layout: str):
+    """Conv / ConvTranspose: x, the weight and bias DataNodes, kernel, strides, dilations."""
+    x = cx.computed(nd, 0)
+    _spatial(nd, x)
+    w = _float_array(nd, cx.const(nd, 1, "weight W"), "weight W")
+    if w.ndim != 4:
+        raise nd.refuse(f"weight W has shape {w.shape}; expected {w_layout}")
+    a = nd.attrs
+    k = _hw(nd, a, "kernel_shape", w.shape[2:])
+    if k != w.shape[2:]:
+        raise GraphError(nd.where, f"kernel_shape={list(k)} disagrees with weight W of shape {w.shape}")
+    s, d = _hw(nd, a, "strides", (1, 1)), _hw(nd, a, "dilations", (1, 1))
+    b = cx.const(nd, 2, "bias B")
+    bn = cx.const_node(nd.inputs[2], b, x.dtype) if b is not None else None
+    return x, cx.const_node(nd.inputs[1], w, x.dtype), bn, k, s, d
+
+
+def _conv(cx: Ctx, nd: OnnxNode, used):
+    x, wn, bn, k, s, d = _conv_operands(cx, nd, "(M, C/group, kH, kW)")
+    a = nd.attrs
+    return cx.net.conv2d(x, wn, bn, stride=s, padding=_pads(nd, a, x, k, s, d), dilation=d,
+                         groups=int(a.get("group", 1)), name=cx.fresh(nd.name))
+
+
+def _batch_norm(cx: Ctx, nd: OnnxNode, used):
+    a = nd.attrs
+    if a.get("training_mode", 0):
+        raise nd.refuse("training_mode=1 normalizes with the batch statistics; tilefuse imports "
+                        "inference graphs, expected training_mode=0")
+    if nd.version < 14 and sum(1 for t in nd.outputs[1:] if t) > 0:
+        raise nd.refuse(f"outputs {list(nd.outputs)}: before opset 14 extra outputs (mean, var, saved "
+                        f"statistics) mean training mode; expected the single output Y (test mode)")
+    if a.get("spatial", 1) != 1:
+        raise nd.refuse("spatial=0 (per-activation statistics); expected spatial=1")
+    _check_training_outputs(nd, used, 1, "running statistics")
+    x = cx.computed(nd, 0)
+    if len(x.shape) < 2:
+        raise GraphError(nd.where, f"input '{x.name}' has shape {x.shape}; expected (N, C, ...)")
+    params = [cx.const_node(nd.inputs[i], _float_array(nd, cx.const(nd, i, r), r), x.dtype)
+              for i, r in ((1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var"))]
+    if len(x.shape) in (2, 4):
+        return cx.net.batch_norm(x, *params, eps=a.get("epsilon", 1e-5), name=cx.fresh(nd.name))
+    # (N, C, D1, ..., Dk) -> (N, C, D1 * ... * Dk, 1) -> batch_norm -> back
+    x4 = cx.net.reshape(x, x.shape[:2] + (int(np.prod(x.shape[2:])), 1), name=cx.fresh(nd.name + ".4d"))
+    y = cx.net.batch_norm(x4, *params, eps=a.get("epsilon", 1e-5), name=cx.fresh(nd.name + ".bn"))
+    return cx.net.reshape(y, x.shape, name=cx.fresh(nd.name))
+
+
+def _lift_1d(convert_2d):
+    """A 2-D converter applied to a 1-D node: (N, C, L) as (N, C, 1, L), the attributes and a 3-D
+    weight given a unit H, and the result reshaped back to (N, C', L')."""
+    def convert(cx: Ctx, nd: OnnxNode, used):
+        x = cx.computed(nd, 0)
+        if len(x.shape) != 3:
+            return convert_2d(cx, nd, used)
+        a = dict(nd.attrs)
+        for k, unit in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("output_padding", 0),
+                        ("output_shape", 1)):
+            if k in a:
+                a[k] = [unit] + list(a[k])
+        if "pads" in a:
+            if len(a["pads"]) != 2:
+                raise nd.refuse(f"attribute pads={list(a['pads'])}; expected 2 values for a 1-D op")
+            a["pads"] = [0, a["pads"][0], 0, a["pads"][1]]
+        ins = list(nd.inputs)
+        ins[0] = cx.fresh(nd.name + ".2d")
+        x4 = x.shape[:2] + (1, x.shape[2])
+        src = x.producer.inputs[0] if x.producer is not None and x.producer.op == "reshape" else None
+        # (N, C, L) -> (N, C, 1, L); a tensor just reshaped from that form is taken as it was
+        cx.env[ins[0]] = src if src is not None and src.shape == x4 else cx.net.reshape(x, x4, name=ins[0])
+        if nd.op in ("Conv", "ConvTranspose") and cx.is_const(nd, 1) and cx.consts[nd.inputs[1]].ndim == 3:
+            ins[1] = cx.fresh(nd.inputs[1] + ".2d")
+            cx.consts[ins[1]] = cx.consts[nd.inputs[1]][:, :, None, :]            # (M, C/g, k) -> (M, C/g, 1, k)
+        y = convert_2d(cx, OnnxNode(nd.name, nd.op, nd.version, ins, nd.outputs, a), used)
+        return cx.net.reshape(y, (y.shape[0], y.shape[1], y.shape[3]), name=cx.fresh(nd.name))
+    return convert
+
+
+def _relu(cx: Ctx, nd: OnnxNode, used):
+    return cx.net.relu(cx.computed(nd, 0), name=cx.fresh(nd.name))
+
+
+def _pool(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    _spatial(nd, x)
+    a = nd.attrs
+    if "kernel_shape" not in a:
+        raise GraphError(nd.where, "attribute kernel_shape is missing; expected (kH, kW)")
+    k = _hw(nd, a, "kernel_shape", None)
+    s = _hw(nd, a, "strides", (1, 1))          # ONNX default stride is 1, not the kernel size
+    d = _hw(nd, a, "dilations", (1, 1))
+    pad = _pads(nd, a, x, k, s, d)
+    ceil = bool(a.get("ceil_mode", 0))
+    name = cx.fresh(nd.name)
+    if nd.op == "MaxPool":
+        _check_training_outputs(nd, used, 1, "Indices")
+        return cx.net.max_pool(x, k, s, pad, dilation=d, ceil_mode=ceil, name=name)
+    if d != (1, 1):
+        raise nd.refuse(f"dilations={list(d)}; tilefuse's avg_pool has no dilation, expected [1, 1]")
+    return cx.net.avg_pool(x, k, s, pad, ceil_mode=ceil, count_include_pad=bool(a.get("count_include_pad", 0)),
+                           name=name)
+
+
+def _global_avg_pool(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    _spatial(nd, x)
+    return cx.net.global_avg_pool(x, name=cx.fresh(nd.name))
+
+
+def _reduce(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    a = nd.attrs
+    since = 18 if nd.op == "ReduceMean" else 13
+    axes = fold.axes_input(nd, [None, cx.const(nd, 1, "axes")], a, 1, since)
+    if not axes:
+        if nd.version >= since and a.get("noop_with_empty_axes", 0):
+            return x                                   # no axes, noop: the identity
+        axes = list(range(len(x.shape)))
+    r = len(x.shape)
+    ax = sorted({fold._axis(nd, v, r, "axes") for v in axes})
+    keep = bool(a.get("keepdims", 1))
+    name = cx.fresh(nd.name)
+    if nd.op == "ReduceMean" and r == 4 and ax == [2, 3]:
+        # the mean over H, W is global average pooling (N, C, 1, 1), flattened to (N, C) without keepdims
+        y = cx.net.global_avg_pool(x, name=name if keep else cx.fresh(nd.name + ".pool"))
+        return y if keep else cx.net.flatten(y, 1, name=name)
+    return getattr(cx.net, "mean" if nd.op == "ReduceMean" else "sum")(x, tuple(ax), keepdim=keep, name=name)
+
+
+def _gemm(cx: Ctx, nd: OnnxNode, used):
+    a = nd.attrs
+    x = cx.computed(nd, 0, "A")
+    if len(x.shape) != 2:
+        raise GraphError(nd.where, f"A '{x.name}' has shape {x.shape}; expected a 2-D matrix")
+    if a.get("transA", 0):
+        x = cx.net.permute(x, (1, 0), name=cx.fresh(nd.name + ".A^T"))     # (K, M) -> (M, K)
+    b = _float_array(nd, cx.const(nd, 1, "B"), "B")
+    if b.ndim != 2:
+        raise GraphError(nd.where, f"B has shape {b.shape}; expected a 2-D matrix")
+    # linear wants weight (out, in): B is (K, N), or (N, K) with transB
+    w = (b if a.get("transB", 0) else b.T) * np.asarray(a.get("alpha", 1.0), b.dtype)
+    if w.shape[1] != x.shape[1]:
+        raise GraphError(nd.where, f"A {x.shape} and B {b.shape} (transB={a.get('transB', 0)}) do not "
+                                   f"multiply")
+    c = cx.const(nd, 2, "C")
+    bias = None
+    if c is not None:
+        n = w.shape[0]
+        c = c * np.asarray(a.get("beta", 1.0), c.dtype)
+        if c.size == 1 or c.shape in ((n,), (1, n)):
+            bias = np.broadcast_to(c.reshape(-1), (n,))
+        elif np.broadcast_shapes(c.shape, (x.shape[0], n)) != (x.shape[0], n):
+            raise GraphError(nd.where, f"C has shape {c.shape}; expected a shape that broadcasts to "
+                                       f"{(x.shape[0], n)}")
+    name = cx.fresh(nd.name)
+    w = cx.const_node(nd.inputs[1] + ".weight", w, x.dtype)
+    if c is not None and bias is None:      # a C per row: linear, then a broadcasting add
+        y = cx.net.linear(x, w, None, name=cx.fresh(nd.name + ".linear"))
+        return cx.net.add(y, cx.const_node(nd.inputs[2], c, x.dtype), name=name)
+    return cx.net.linear(x, w, None if bias is None else cx.const_node(nd.inputs[2], bias, x.dtype), name=name)
+
+
+def _matmul(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0, "A")
+    b = _float_array(nd, cx.const(nd, 1, "B"), "B")
+    if len(x.shape) < 2 or b.ndim != 2:
+        raise nd.refuse(f"MatMul of {x.shape} by {b.shape}; tilefuse imports (..., K) by a constant (K, M) "
+                        f"as a linear layer")
+    if b.shape[0] != x.shape[-1]:
+        raise GraphError(nd.where, f"A {x.shape} and B {b.shape} do not multiply")
+    return cx.net.linear(x, cx.const_node(nd.inputs[1] + ".T", b.T, x.dtype), None, name=cx.fresh(nd.name))
+
+
+def _channel_vector(c: np.ndarray, x: DataNode) -> np.ndarray | None:
+    """c as a (C,) vector when it broadcasts against x (rank >= 2) along the channel axis only, else None."""
+    r = len(x.shape)
+    if r < 2 or c.ndim > r:
+        return None
+    cs = (1,) * (r - c.ndim) + c.shape
+    if any(d != 1 for i, d in enumerate(cs) if i != 1) or cs[1] not in (1, x.shape[1]):
+        return None
+    return np.broadcast_to(c.reshape(-1), (x.shape[1],)) if c.size == 1 else c.reshape(-1)
+
+
+def _elementwise(cx: Ctx, nd: OnnxNode, used):
+    op = nd.op
+    kind = op.lower()
+    ca, cb = cx.is_const(nd, 0), cx.is_const(nd, 1)
+    name = cx.fresh(nd.name)
+    if not ca and not cb:
+        a, b = cx.computed(nd, 0, "A"), cx.computed(nd, 1, "B")
+        if op == "Mul":
+            for g, v in ((a, b), (b, a)):   # x * sigmoid(x) -> silu
+                if g.producer is not None and g.producer.op == "activation" \
+                        and g.producer.params["act"][0] == "sigmoid" and g.producer.inputs[0] is v:
+                    return cx.net.silu(v, name=name)
+        return getattr(cx.net, kind)(a, b, name=name)
+    x = cx.computed(nd, 1 if ca else 0, "B" if ca else "A")
+    ci = 0 if ca else 1
+    c = _float_array(nd, cx.const(nd, ci, "constant operand"), "constant operand")
+    try:
+        out_shape = np.broadcast_shapes(x.shape, c.shape)
+    except ValueError:
+        raise GraphError(nd.where, f"operands {x.shape} and {c.shape} do not broadcast") from None
+    if op == "Add" and x.producer is not None and x.producer.op == "linear" \
+            and not x.producer.params["has_bias"] and c.shape in ((x.shape[-1],), (1,) * (len(x.shape) - 1)
+                                                                   + (x.shape[-1],)) and out_shape == x.shape:
+        # MatMul + Add(bias) -> one linear with bias; the bias-less linear is left without users and
+        # the compiler's dead-node pass drops it
+        lin = x.producer
+        return cx.net.linear(lin.inputs[0], lin.inputs[1], cx.const_node(nd.inputs[ci], c.reshape(-1), x.dtype),
+                             name=name)
+    v = _channel_vector(c, x) if out_shape == x.shape and len(x.shape) in (2, 4) and op != "Div" else None
+    if v is not None:
+        # a per-channel (or scalar) constant: one scale op, y = x * alpha + beta
+        v = v.astype(np.float64)
+        one, zero = np.ones_like(v), np.zeros_like(v)
+        alpha, beta = {"Add": (one, v), "Mul": (v, zero), "Sub": (-one, v) if ca else (one, -v)}[op]
+        return cx.net.scale(x, cx.const_node(name + ".alpha", alpha, x.dtype),
+                            cx.const_node(name + ".beta", beta, x.dtype), name=name)
+    cn = cx.const_node(nd.inputs[ci], c.reshape(c.shape or (1,)), x.dtype)
+    a, b = (cn, x) if ca else (x, cn)
+    return getattr(cx.net, kind)(a, b, name=name)
+
+
+def _activation(act: str, **params):
+    def convert(cx: Ctx, nd: OnnxNode, used):
+        kw = {k: nd.attrs.get(a, d) for k, (a, d) in params.items()}
+        return cx.net.activation(cx.computed(nd, 0), act, name=cx.fresh(nd.name), **kw)
+    return convert
+
+
+def _clip(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    if nd.version < 11:
+        lo, hi = nd.attrs.get("min", -np.inf), nd.attrs.get("max", np.inf)
+    else:
+        lo, hi = (cx.const(nd, i, r) for i, r in ((1, "min"), (2, "max")))
+        for v, r in ((lo, "min"), (hi, "max")):
+            if v is not None and v.size != 1:
+                raise GraphError(nd.where, f"{r} has shape {v.shape}; expected a scalar")
+        lo = -np.inf if lo is None else float(np.asarray(lo).reshape(-1)[0])
+        hi = np.inf if hi is None else float(np.asarray(hi).reshape(-1)[0])
+    if lo > hi:
+        raise nd.refuse(f"min {lo} > max {hi} (ONNX then outputs max everywhere); expected min <= max")
+    name = cx.fresh(nd.name)
+    if lo == 0 and hi == np.inf:
+        return cx.net.relu(x, name=name)
+    return cx.net.activation(x, "clip", name=name, min=lo, max=hi)
+
+
+def _gelu(cx: Ctx, nd: OnnxNode, used):
+    approx = _str(nd.attrs, "approximate", "none")
+    if approx not in ("none", "tanh"):
+        raise nd.refuse(f"approximate={approx!r}; expected 'none' or 'tanh'")
+    return cx.net.gelu(cx.computed(nd, 0), approximate=approx, name=cx.fresh(nd.name))
+
+
+def _prelu(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    s = _float_array(nd, cx.const(nd, 1, "slope"), "slope")
+    try:
+        ok = np.broadcast_shapes(x.shape, s.shape) == x.shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise GraphError(nd.where, f"slope of shape {s.shape} does not broadcast to the input {x.shape}")
+    v = _channel_vector(s, x)
+    name = cx.fresh(nd.name)
+    if v is not None:
+        return cx.net.prelu(x, v if s.size > 1 else v[:1], name=name)
+    # any other slope shape: relu(x) + slope * (x - relu(x)), exact (x - relu(x) = min(x, 0))
+    r = cx.net.relu(x, name=cx.fresh(nd.name + ".pos"))
+    neg = cx.net.sub(x, r, name=cx.fresh(nd.name + ".neg"))
+    sn = cx.net.mul(neg, cx.const_node(nd.inputs[1], s, x.dtype), name=cx.fresh(nd.name + ".slope"))
+    return cx.net.add(r, sn, name=name)
+
+
+def _reshape_to(cx: Ctx, nd: OnnxNode, x: DataNode, tgt: tuple):
+    """x reshaped to tgt: nothing when equal, flatten for (N, -1), else the reshape op."""
+    if tuple(tgt) == tuple(x.shape):
+        return x
+    name = cx.fresh(nd.name)
+    if len(x.shape) >= 2 and len(tgt) == 2 and tgt == (x.shape[0], int(np.prod(x.shape[1:]))):
+        return cx.net.flatten(x, 1, name=name)
+    return cx.net.reshape(x, tgt, name=name)
+
+
+def _flatten(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    r = len(x.shape)
+    axis = nd.attrs.get("axis", 1)
+    if not -r <= axis <= r:
+        raise GraphError(nd.where, f"axis={axis} is out of range for rank {r}; expected {-r} <= axis <= {r}")
+    axis = axis + r if axis < 0 else axis
+    # (d0, ..., d_{axis-1}, d_axis, ...) -> (d0 * ... * d_{axis-1}, d_axis * ...)
+    return _reshape_to(cx, nd, x, (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))))
+
+
+def _reshape(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0, "data")
+    shape = fold._ints(nd, cx.const(nd, 1, "shape"), "shape")
+    tgt = fold.reshape_target(nd, x.shape, shape, bool(nd.attrs.get("allowzero", 0)))
+    if 0 in tgt:
+        raise nd.refuse(f"reshape of {x.shape} to {tgt} is empty; expected a non-empty shape")
+    return _reshape_to(cx, nd, x, tgt)
+
+
+def _squeeze(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    axes = fold.axes_input(nd, [None, cx.const(nd, 1, "axes")], nd.attrs, 1, 13)
+    return _reshape_to(cx, nd, x, fold.squeeze_shape(nd, x.shape, axes))
+
+
+def _unsqueeze(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    axes = fold.axes_input(nd, [None, cx.const(nd, 1, "axes")], nd.attrs, 1, 13)
+    if axes is None:
+        raise GraphError(nd.where, "Unsqueeze without axes; expected the axes attribute or input")
+    return _reshape_to(cx, nd, x, fold.unsqueeze_shape(nd, x.shape, axes))
+
+
+def _transpose(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    perm = list(nd.attrs.get("perm", range(len(x.shape) - 1, -1, -1)))
+    if sorted(perm) != list(range(len(x.shape))):
+        raise GraphError(nd.where, f"perm {perm} is not a permutation of the {len(x.shape)} axes of {x.shape}")
+    if perm == sorted(perm):
+        return x
+    return cx.net.permute(x, perm, name=cx.fresh(nd.name))
+
+
+def _slice_axis(cx: Ctx, nd: OnnxNode, x: DataNode, axis: int, idx: range, name: str | None = None):
+    """x restricted to the indices `idx` (a range) along axis: the slice op (step >= 1) or nothing."""
+    if len(idx) == 0:
+        raise nd.refuse(f"slice of axis {axis} of {x.shape} is empty; expected at least one element")
+    if idx.step < 0:
+        raise nd.refuse(f"slice of axis {axis} with step {idx.step}; tilefuse slices with steps >= 1")
+    if idx == range(x.shape[axis]):
+        return x
+    return cx.net.slice(x, axis, idx.start, idx.start + (len(idx) - 1) * idx.step + 1, idx.step,
+                        name=name or cx.fresh(f"{nd.name}.axis{axis}"))
+
+
+def _slice(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0, "data")
+    if nd.version < 10:
+        a = nd.attrs
+        starts, ends, axes, steps = list(a["starts"]), list(a["ends"]), a.get("axes"), None
+        axes = None if axes is None else list(axes)
+    else:
+        starts, ends = (fold._ints(nd, cx.const(nd, i, r), r) for i, r in ((1, "starts"), (2, "ends")))
+        axes, steps = (fold._ints(nd, cx.const(nd, i, r), r) for i, r in ((3, "axes"), (4, "steps")))
+    ranges = fold.slice_params(nd, x.shape, starts, ends, axes, steps)
+    changed = [i for i, r in enumerate(ranges) if r != range(x.shape[i])]
+    y = x
+    for k, i in enumerate(changed):
+        y = _slice_axis(cx, nd, y, i, ranges[i], name=cx.fresh(nd.name) if k == len(changed) - 1 else None)
+    return y
+
+
+def _gather(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0, "data")
+    idx = np.asarray(cx.const(nd, 1, "indices"))
+    if idx.dtype.kind not in "iu":
+        raise GraphError(nd.where, f"indices have dtype {idx.dtype}; expected int32/int64")
+    r = len(x.shape)
+    axis = fold._axis(nd, nd.attrs.get("axis", 0), r)
+    n = x.shape[axis]
+    if ((idx < -n) | (idx >= n)).any():
+        raise GraphError(nd.where, f"indices {idx.reshape(-1).tolist()[:8]} out of range for axis {axis} "
+                                   f"of size {n}")
+    if idx.size == 0:
+        raise nd.refuse(f"indices of shape {idx.shape} are empty; expected at least one index")
+    ids = [int(i) % n for i in idx.reshape(-1)]
+    runs, start = [], 0    # consecutive runs of the (flattened) indices -> one slice each, concatenated
+    for k in range(1, len(ids) + 1):
+        if k == len(ids) or ids[k] != ids[k - 1] + 1:
+            runs.append(range(ids[start], ids[k - 1] + 1))
+            start = k
+    if len(runs) > 64:
+        raise nd.refuse(f"indices {idx.reshape(-1).tolist()[:8]}... form {len(runs)} runs; tilefuse gathers up "
+                        f"to 64 runs of consecutive indices (as slices)")
+    parts = [_slice_axis(cx, nd, x, axis, rg) for rg in runs]
+    y = parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=axis, name=cx.fresh(nd.name + ".concat"))
+    # (..., len(ids), ...) -> (..., *indices.shape, ...)
+    return _reshape_to(cx, nd, y, x.shape[:axis] + idx.shape + x.shape[axis + 1:])
+
+
+def _split(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    a = nd.attrs
+    axis = fold._axis(nd, a.get("axis", 0), len(x.shape))
+    d = x.shape[axis]
+    k = len(nd.outputs)
+    if nd.version < 13:
+        sizes = list(a["split"]) if "split" in a else None
+    else:
+        sizes = fold._ints(nd, cx.const(nd, 1, "split"), "split")
+    if sizes is None:
+        if nd.version >= 18:
+            if "num_outputs" not in a:
+                raise GraphError(nd.where, "neither split nor num_outputs is given")
+            k = int(a["num_outputs"])
+            part = -(-d // k)                      # ceil: the last piece is smaller
+            sizes = [part] * (d // part) + ([d % part] if d % part else [])
+        else:
+            if d % k:
+                raise GraphError(nd.where, f"axis {axis} of {x.shape} does not split evenly into {k} outputs")
+            sizes = [d // k] * k
+    if len(sizes) != len(nd.outputs) or sum(sizes) != d or min(sizes) < 1:
+        raise GraphError(nd.where, f"split sizes {sizes} for {len(nd.outputs)} outputs of axis {axis} (size {d}); "
+                                   f"expected {len(nd.outputs)} positive sizes summing to {d}")
+    return cx.net.split(x, sizes, axis=axis, name=cx.fresh(nd.name))
+
+
+def _pad(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0, "data")
+    r = len(x.shape)
+    a = nd.attrs
+    mode = _str(a, "mode", "constant")
+    if nd.version < 11:
+        pads, value, axes = list(a.get("pads", [])), float(a.get("value", 0.0)), None
+    else:
+        pads = fold._ints(nd, cx.const(nd, 1, "pads"), "pads")
+        v = cx.const(nd, 2, "constant_value")
+        value = 0.0 if v is None or v.size == 0 else float(np.asarray(v).reshape(-1)[0])
+        axes = fold._ints(nd, cx.const(nd, 3, "axes"), "axes")
+    axes = list(range(r)) if axes is None else [fold._axis(nd, v, r, "axes") for v in axes]
+    if pads is None or len(pads) != 2 * len(axes):
+        raise GraphError(nd.where, f"pads {pads} for axes {axes}; expected {2 * len(axes)} values")
+    if min(pads) < 0:
+        raise nd.refuse(f"pads {pads} crop (a negative pad); expected pads >= 0")
+    if mode not in ("constant", "reflect", "edge"):
+        raise nd.refuse(f"mode={mode!r}; expected constant, reflect or edge")
+    full = [0] * (2 * r)
+    for j, ax in enumerate(axes):     # ONNX (b_0, b_1, ..., e_0, e_1, ...) -> IR (b_0, e_0, b_1, e_1, ...)
+        full[2 * ax], full[2 * ax + 1] = pads[j], pads[j + len(axes)]
+    if not any(full):
+        return x
+    return cx.net.pad(x, full, mode="replicate" if mode == "edge" else mode, value=value, name=cx.fresh(nd.name))
+
+
+def _resize(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    _spatial(nd, x)
+    a = nd.attrs
+    s = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in a.items()}
+    mode = s.get("mode", "nearest")
+    coord = s.get("coordinate_transformation_mode", "half_pixel")
+    nearest = s.get("nearest_mode", "round_prefer_floor")
+    if mode not in ("nearest", "linear"):
+        raise nd.refuse(f"mode={mode!r}; expected 'nearest' or 'linear'")
+    if coord not in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
+        raise nd.refuse(f"coordinate_transformation_mode={coord!r}; expected half_pixel, pytorch_half_pixel, "
+                        f"align_corners or asymmetric")
+    if s.get("antialias", 0) or s.get("exclude_outside", 0):
+        raise nd.refuse("antialias/exclude_outside=1; expected 0")
+    if s.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise nd.refuse(f"keep_aspect_ratio_policy={s['keep_aspect_ratio_policy']!r}; expected 'stretch'")
+    scales, sizes = cx.const(nd, 2, "scales"), cx.const(nd, 3, "sizes")
+    scales = None if scales is None or scales.size == 0 else [float(v) for v in scales.reshape(-1)]
+    sizes = None if sizes is None or sizes.size == 0 else [int(v) for v in sizes.reshape(-1)]
+    if (scales is None) == (sizes is None):
+        raise GraphError(nd.where, "exactly one of scales and sizes must be given")
+    axes = [fold._axis(nd, v, 4, "axes") for v in a.get("axes", range(4))]
+    full_scale, full_size = [1.0] * 4, list(x.shape)
+    for j, ax in enumerate(axes):
+        if scales is not None:
+            full_scale[ax] = scales[j]
+            full_size[ax] = int(np.floor(x.shape[ax] * scales[j]))
+        else:
+            full_size[ax] = sizes[j]
+    if tuple(full_size[:2]) != x.shape[:2] or (scales is not None and full_scale[:2] != [1.0, 1.0]):
+        raise nd.refuse(f"resize of {x.shape} to {tuple(full_size)}; tilefuse resizes H and W only")
+    if min(full_size) < 1:
+        raise GraphError(nd.where, f"resize of {x.shape} to {tuple(full_size)} is empty")
+    if scales is not None and coord in ("align_corners", "pytorch_half_pixel"):
+        for ax in (2, 3):   # these modes use the unrounded output length in * scale
+            if x.shape[ax] * full_scale[ax] != full_size[ax]:
+                raise nd.refuse(f"{coord} with scale {full_scale[ax]} on axis {ax} (size {x.shape[ax]}): the "
+                                f"output length {x.shape[ax] * full_scale[ax]} is not whole; tilefuse implements "
+                                f"whole output lengths (give sizes instead)")
+    return cx.net.add_op("resize", [x], dict(size=tuple(full_size[2:]), mode=mode, coord=coord,
+                                             nearest_mode=nearest,
+                                             scales=None if scales is None else tuple(full_scale[2:])),
+                         cx.fresh(nd.name))
+
+
+def _layer_norm(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    r = len(x.shape)
+    axis = fold._axis(nd, nd.attrs.get("axis", -1), r)
+    norm_shape = x.shape[axis:]
+    g = cx.const(nd, 1, "Scale")
+    g = np.ones(norm_shape, np.float32) if g is None else _float_array(nd, g, "Scale")
+    b = cx.const(nd, 2, "B")
+    b = np.zeros(norm_shape, g.dtype) if b is None else _float_array(nd, b, "B")
+    try:
+        g, b = np.broadcast_to(g, norm_shape), np.broadcast_to(b, norm_shape)
+    except ValueError:
+        raise GraphError(nd.where, f"Scale {g.shape} / B {b.shape} do not broadcast to the normalized shape "
+                                   f"{norm_shape}") from None
+    return cx.net.layer_norm(x, cx.const_node(nd.inputs[1] if nd.has(1) else nd.name + ".Scale", g, x.dtype),
+                             cx.const_node(nd.inputs[2] if nd.has(2) else nd.name + ".B", b, x.dtype),
+                             axis=axis, eps=nd.attrs.get("epsilon", 1e-5), name=cx.fresh(nd.name))
+
+
+def _conv_transpose(cx: Ctx, nd: OnnxNode, used):
+    x, wn, bn, k, s, d = _conv_operands(cx, nd, "(C, M/group, kH, kW)")
+    a = nd.attrs
+    op = _hw(nd, a, "output_padding", (0, 0))
+    auto = _str(a, "auto_pad", "NOTSET")
+    full = [s[i] * (x.shape[2 + i] - 1) + op[i] + (k[i] - 1) * d[i] + 1 for i in range(2)]  # unpadded size
+    out = [int(v) for v in a["output_shape"][-2:]] if "output_shape" in a else None
+    op = list(op)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        # ONNX: total_padding = full - output_shape (default input * stride), split floor-wise; a
+        # negative end pad is extra output at the end (output_padding)
+        out = out or [v * st for v, st in zip(x.shape[2:], s)]
+        pads = []
+        for i in range(2):
+            t = full[i] - out[i]
+            lo, hi = (t // 2, t - t // 2) if auto == "SAME_UPPER" else (t - t // 2, t // 2)
+            if lo < 0:
+                raise nd.refuse(f"auto_pad={auto} for output {out} needs negative padding at the start of "
+                                f"axis {2 + i}; expected an output of at most {full[i]}")
+            if hi < 0:
+                op[i], hi = op[i] - hi, 0
+            pads += [lo, hi]
+        pads = tuple(pads)
+    else:
+        pads = (0, 0, 0, 0) if auto == "VALID" else _pads(nd, a, x, k, s, d)
+        if out is not None:   # explicit output_shape with explicit pads: extra rows/cols at the end
+            for i in range(2):
+                extra = out[i] - (full[i] - pads[2 * i] - pads[2 * i + 1])
+                if extra < 0:
+                    raise nd.refuse(f"output_shape {out} is smaller than the transposed conv's output on axis "
+                                    f"{2 + i}; expected at least {full[i] - pads[2 * i] - pads[2 * i + 1]}")
+                op[i] += extra
+    return cx.net.conv_transpose2d(x, wn, bn, stride=s, padding=pads, output_padding=tuple(op), dilation=d,
+                                   groups=int(a.get("group", 1)), name=cx.fresh(nd.name))
+
+
+def _global_max_pool(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    _spatial(nd, x)
+    return cx.net.max_pool(x, x.shape[2:], 1, name=cx.fresh(nd.name))   # (N, C, H, W) -> (N, C, 1, 1)
+
+
+def _variadic_sum(cx: Ctx, nd: OnnxNode, used):
+    """Sum / Mean of any number of tensors (NumPy broadcasting): a chain of adds (then / n)."""
+    ins = [i for i in range(len(nd.inputs)) if nd.has(i)]
+    comp = [cx.computed(nd, i) for i in ins if not cx.is_const(nd, i)]
+    xs = [cx.operand(nd, i, comp[0].dtype) for i in ins]
+    if len(xs) == 1:
+        return xs[0]
+    y = xs[0]
+    for k, b in enumerate(xs[1:], 1):
+        last = k == len(xs) - 1 and nd.op == "Sum"
+        y = cx.net.add(y, b, name=cx.fresh(nd.name if last else f"{nd.name}.add{k}"))
+    if nd.op == "Mean":
+        y = cx.net.div(y, cx.const_node(nd.name + ".n", np.array([len(xs)]), y.dtype), name=cx.fresh(nd.name))
+    return y
+
+
+def _neg(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    return cx.net.mul(x, cx.const_node("minus_one", np.array([-1.0]), x.dtype), name=cx.fresh(nd.name))
+
+
+def _reciprocal(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    return cx.net.div(cx.const_node("one", np.array([1.0]), x.dtype), x, name=cx.fresh(nd.name))
+
+
+def _pow(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0, "X")
+    e = cx.const(nd, 1, "exponent Y")
+    if e is None or e.size != 1 or float(e.reshape(-1)[0]) not in (1.0, 2.0, 3.0, -1.0):
+        raise nd.refuse(f"exponent {None if e is None else e.reshape(-1)[:4].tolist()}; tilefuse implements "
+                        f"the constant exponents 1, 2, 3 (products) and -1 (a reciprocal)")
+    k = float(e.reshape(-1)[0])
+    name = cx.fresh(nd.name)
+    if np.broadcast_shapes(x.shape, e.shape) != x.shape:
+        raise nd.refuse(f"exponent of shape {e.shape} broadcasts the input {x.shape}; expected a scalar")
+    if k == 1.0:
+        return x
+    if k == -1.0:
+        return cx.net.div(cx.const_node("one", np.array([1.0]), x.dtype), x, name=name)
+    sq = cx.net.mul(x, x, name=name if k == 2.0 else cx.fresh(nd.name + ".sq"))
+    return sq if k == 2.0 else cx.net.mul(sq, x, name=name)
+
+
+def _max_min(cx: Ctx, nd: OnnxNode, used):
+    """Max / Min of a tensor and scalar constants: a clip (relu for max(x, 0))."""
+    ins = [i for i in range(len(nd.inputs)) if nd.has(i)]
+    comp = [i for i in ins if not cx.is_const(nd, i)]
+    if len(comp) != 1:
+        raise nd.refuse(f"{nd.op} of {len(comp)} computed tensors; tilefuse implements one tensor and scalar "
+                        f"constants (a clip)")
+    x = cx.computed(nd, comp[0])
+    cs = [cx.const(nd, i, "bound") for i in ins if i != comp[0]]
+    if any(c.size != 1 for c in cs):
+        raise nd.refuse(f"{nd.op} with a constant of shape {[c.shape for c in cs if c.size != 1][0]}; "
+                        f"tilefuse implements scalar bounds")
+    if not cs:
+        return x
+    v = [float(c.reshape(-1)[0]) for c in cs]
+    name = cx.fresh(nd.name)
+    if nd.op == "Max":
+        return cx.net.relu(x, name=name) if max(v) == 0 else cx.net.activation(x, "clip", name=name, min=max(v))
+    return cx.net.activation(x, "clip", name=name, max=min(v))
+
+
+def _expand(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    shape = fold._ints(nd, cx.const(nd, 1, "shape"), "shape")
+    try:
+        out = tuple(int(d) for d in np.broadcast_shapes(x.shape, tuple(shape)))
+    except ValueError:
+        raise GraphError(nd.where, f"Expand of {x.shape} to {shape}: shapes do not broadcast") from None
+    if out == x.shape:
+        return x
+    xs = (1,) * (len(out) - len(x.shape)) + x.shape
+    ones = np.ones([o if d == 1 else 1 for d, o in zip(xs, out)])     # only the expanded axes
+    return cx.net.mul(x, cx.const_node(nd.name + ".ones", ones, x.dtype), name=cx.fresh(nd.name))   # exact
+
+
+def _tile(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    reps = fold._ints(nd, cx.const(nd, 1, "repeats"), "repeats")
+    if reps is None or len(reps) != len(x.shape) or min(reps) < 1:
+        raise GraphError(nd.where, f"repeats {reps} for input {x.shape}; expected {len(x.shape)} values >= 1")
+    if max(reps) > 64:
+        raise nd.refuse(f"repeats {reps}; tilefuse tiles up to 64 copies per axis (as a concat)")
+    y = x
+    for ax, r in enumerate(reps):
+        if r > 1:
+            y = cx.net.concat([y] * r, axis=ax, name=cx.fresh(f"{nd.name}.axis{ax}"))
+    return y
+
+
+def _depth_space(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    _spatial(nd, x)
+    if "blocksize" not in nd.attrs:
+        raise GraphError(nd.where, "attribute blocksize is missing")
+    b = int(nd.attrs["blocksize"])
+    n, c, h, w = x.shape
+    mode = _str(nd.attrs, "mode", "DCR")
+    if mode not in ("DCR", "CRD"):
+        raise nd.refuse(f"mode={mode!r}; expected DCR or CRD")
+    if nd.op == "DepthToSpace":
+        if c % (b * b):
+            raise GraphError(nd.where, f"channels {c} are not a multiple of blocksize^2 = {b * b}")
+        if mode == "DCR":     # (N, b, b, C/b^2, H, W) -> (N, C/b^2, H, b, W, b)
+            shape6, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+        else:                 # CRD: (N, C/b^2, b, b, H, W) -> (N, C/b^2, H, b, W, b)
+            shape6, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+        out = (n, c // (b * b), h * b, w * b)
+    else:
+        if h % b or w % b:
+            raise GraphError(nd.where, f"H, W = {h}, {w} are not multiples of blocksize {b}")
+        # (N, C, H/b, b, W/b, b) -> DCR (N, b, b, C, H/b, W/b), CRD (N, C, b, b, H/b, W/b)
+        shape6, out = (n, c, h // b, b, w // b, b), (n, c * b * b, h // b, w // b)
+        perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    y = cx.net.reshape(x, shape6, name=cx.fresh(nd.name + ".6d"))
+    y = cx.net.permute(y, perm, name=cx.fresh(nd.name + ".perm"))
+    return cx.net.reshape(y, out, name=cx.fresh(nd.name))
+
+
+def _softmax(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    r = len(x.shape)
+    axis = fold._axis(nd, nd.attrs.get("axis", -1 if nd.version >= 13 else 1), r)
+    if nd.version >= 13 or int(np.prod(x.shape[axis + 1:])) == 1:
+        return cx.net.softmax(x, axis=axis, name=cx.fresh(nd.name))
+    # before opset 13 the input is coerced to 2-D at `axis`: one softmax over all dims from `axis` on
+    flat = (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))    # (d0..d_{axis-1}, d_axis..)
+    y = cx.net.reshape(x, flat, name=cx.fresh(nd.name + ".2d"))
+    y = cx.net.softmax(y, axis=1, name=cx.fresh(nd.name + ".softmax"))
+    return cx.net.reshape(y, x.shape, name=cx.fresh(nd.name))
+
+
+def _lrn(cx: Ctx, nd: OnnxNode, used):
+    a = nd.attrs
+    x = cx.computed(nd, 0)
+    _spatial(nd, x)
+    if "size" not in a:
+        raise GraphError(nd.where, "attribute size is missing")
+    return cx.net.local_response_norm(x, int(a["size"]), a.get("alpha", 1e-4), a.get("beta", 0.75),
+                                      a.get("bias", 1.0), name=cx.fresh(nd.name))
+
+
+def _concat(cx: Ctx, nd: OnnxNode, used):
+    if "axis" not in nd.attrs:
+        raise GraphError(nd.where, "attribute axis is missing")
+    comp = [cx.env[t] for t in nd.inputs if t in cx.env]
+    if not comp:
+        raise GraphError(nd.where, "no computed input")
+    xs = [cx.operand(nd, i, comp[0].dtype) for i in range(len(nd.inputs)) if nd.has(i)]
+    xs = [d for d in xs if 0 not in d.shape]
+    return cx.net.concat(xs, axis=int(nd.attrs["axis"]), name=cx.fresh(nd.name))
+
+
+def _dropout(cx: Ctx, nd: OnnxNode, used):
+    if nd.version >= 12:
+        tm = cx.const(nd, 2, "training_mode")
+        if tm is not None and bool(np.asarray(tm).reshape(-1)[0]):
+            raise nd.refuse("training_mode=True drops values at random; tilefuse imports inference graphs, "
+                            "expected training_mode absent or False")
+        cx.const(nd, 1, "ratio")
+    _check_training_outputs(nd, used, 1, "mask")
+    return cx.computed(nd, 0)      # inference: the identity
+
+
+def _identity(cx: Ctx, nd: OnnxNode, used):
+    return cx.computed(nd, 0)
+
+
+def _cast(cx: Ctx, nd: OnnxNode, used):
+    x = cx.computed(nd, 0)
+    if nd.op == "CastLike":
+        to = np.dtype(cx.consts[nd.inputs[1]].dtype if cx.is_const(nd, 1) else cx.computed(nd, 1).dtype)
+    else:
+        to = fold.np_dtype(nd, nd.attrs["to"])
+    if to != np.dtype(x.dtype):
+        raise nd.refuse(f"Cast of a computed {np.dtype(x.dtype)} tensor to {to}; tilefuse casts constants only "
+                        f"(a cast to the tensor's own dtype is the identity)")
+    return x
+
+
+@dataclass(frozen=True)
+class Rule:
+    convert: Callable                 # (ctx, node, used names) -> DataNode or list of DataNodes
+    versions: tuple[int, ...]         # ONNX since_versions implemented
+    attrs: frozenset[str]             # attributes read; any other is refused
+    ir: tuple[str, ...]               # IR ops emitted
+    limits: str = ""                  # what is refused, for docs/ops.md
+
+
+def _r(fn, versions, attrs, ir, limits=""):
+    return Rule(fn, tuple(versions), frozenset(attrs.split()), tuple(ir.split()), limits)
+
+
+_POOL = "auto_pad ceil_mode dilations kernel_shape pads strides"
+_EW = (7, 13, 14)
+_RESIZE = ("antialias axes coordinate_transformation_mode cubic_coeff_a exclude_outside extrapolation_value "
+           "keep_aspect_ratio_policy mode nearest_mode")
+
+RULES: dict[str, Rule] = {
+    # convolution, pooling, normalization
+    "Conv": _r(_lift_1d(_conv), (1, 11, 22), "auto_pad dilations group kernel_shape pads strides",
+               "conv2d reshape", "1-D (as 2-D) or 2-D; constant W and B"),
+    "ConvTranspose": _r(_lift_1d(_conv_transpose), (1, 11, 22), "auto_pad dilations group kernel_shape "
+                        "output_padding output_shape pads strides", "conv_transpose2d reshape",
+                        "1-D (as 2-D) or 2-D; constant W and B"),
+    "BatchNormalization": _r(_batch_norm, (7, 9, 14, 15), "epsilon momentum spatial training_mode",
+                             "batch_norm reshape", "inference (training_mode=0); constant statistics"),
+    "LayerNormalization": _r(_layer_norm, (17,), "axis epsilon stash_type", "layer_norm",
+                             "constant Scale and B; the Mean/InvStdDev outputs are refused"),
+    "LRN": _r(_lrn, (1, 13), "alpha beta bias size", "local_response_norm"),
+    "MaxPool": _r(_lift_1d(_pool), (1, 8, 10, 11, 12, 22), _POOL + " storage_order", "max_pool reshape",
+                  "1-D (as 2-D) or 2-D; the Indices output is refused"),
+    "AveragePool": _r(_lift_1d(_pool), (1, 7, 10, 11, 19, 22), _POOL + " count_include_pad", "avg_pool reshape",
+                      "1-D (as 2-D) or 2-D; dilations 1"),
+    "GlobalAveragePool": _r(_lift_1d(_global_avg_pool), (1, 22), "", "global_avg_pool reshape",
+                            "1-D (as 2-D) or 2-D"),
+    "GlobalMaxPool": _r(_lift_1d(_global_max_pool), (1, 22), "", "max_pool reshape", "1-D (as 2-D) or 2-D"),
+    "ReduceMean": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "mean global_avg_pool",
+                     "constant axes; over H, W of (N, C, H, W): global_avg_pool"),
+    "ReduceSum": _r(_reduce, (1, 11, 13), "axes keepdims noop_with_empty_axes", "sum", "constant axes"),
+    "Resize": _r(_resize, (11, 13, 18, 19), _RESIZE, "resize",
+                 "H, W of (N, C, H, W); nearest or linear; half_pixel, pytorch_half_pixel, align_corners, "
+                 "asymmetric"),
+    # linear algebra
+    "Gemm": _r(_gemm, (7, 9, 11, 13), "alpha beta transA transB", "linear add permute", "constant B and C"),
+    "MatMul": _r(_matmul, (1, 9, 13), "", "linear", "(..., K) by a constant 2-D (K, M)"),
+    # element-wise
+    "Add": _r(_elementwise, _EW, "", "add scale linear", "NumPy broadcasting"),
+    "Sub": _r(_elementwise, _EW, "", "sub scale", "NumPy broadcasting"),
+    "Mul": _r(_elementwise, _EW, "", "mul scale activation(silu)", "NumPy broadcasting"),
+    "Div": _r(_elementwise, _EW, "", "div", "NumPy broadcasting"),
+    "Sum": _r(_variadic_sum, (8, 13), "", "add", "NumPy broadcasting"),
+    "Mean": _r(_variadic_sum, (8, 13), "", "add div", "NumPy broadcasting"),
+    "Neg": _r(_neg, (6, 13), "", "mul", "as x * -1"),
+    "Reciprocal": _r(_reciprocal, (6, 13), "", "div", "as 1 / x"),
+    "Pow": _r(_pow, (7, 12, 13, 15), "", "mul div", "a constant exponent 1, 2, 3 or -1"),
+    "Max": _r(_max_min, (8, 12, 13), "", "activation(clip) relu", "one tensor and scalar constants"),
+    "Min": _r(_max_min, (8, 12, 13), "", "activation(clip)", "one tensor and scalar constants"),
+    "Relu": _r(_relu, (1, 6, 13, 14), "", "relu"),
+    "Clip": _r(_clip, (6, 11, 12, 13), "min max", "activation(clip) relu", "constant min and max"),
+    "Sigmoid": _r(_activation("sigmoid"), (6, 13), "", "activation(sigmoid)"),
+    "HardSigmoid": _r(_activation("hardsigmoid", alpha=("alpha", 0.2), beta=("beta", 0.5)), (6, 22),
+                      "alpha beta", "activation(hardsigmoid)"),
+    "HardSwish": _r(_activation("hardswish"), (14, 22), "", "activation(hardswish)"),
+    "LeakyRelu": _r(_activation("leaky_relu", negative_slope=("alpha", 0.01)), (6, 16), "alpha",
+                    "activation(leaky_relu)"),
+    "Elu": _r(_activation("elu", alpha=("alpha", 1.0)), (6, 22), "alpha", "activation(elu)"),
+    "Tanh": _r(_activation("tanh"), (6, 13), "", "activation(tanh)"),
+    "Gelu": _r(_gelu, (20,), "approximate", "activation(gelu) activation(gelu_tanh)"),
+    "PRelu": _r(_prelu, (7, 9, 16), "", "prelu relu sub mul add",
+                 "a constant slope; per channel: prelu, other shapes: relu(x) + slope * (x - relu(x))"),
+    "Softmax": _r(_softmax, (1, 11, 13), "axis", "softmax reshape",
+                  "before opset 13: the 2-D rule, as reshape -> softmax -> reshape"),
+    "Dropout": _r(_dropout, (7, 10, 12, 13, 22), "ratio seed", "-",
+                  "inference: the identity; training_mode=True and the mask output are refused"),
+    "Identity": _r(_identity, (1, 13, 14, 16, 19, 21, 23, 24, 25), "", "-", "tensors"),
+    "Cast": _r(_cast, (6, 9, 13, 19, 21, 23, 24, 25, 28), "to saturate round_mode", "-",
+               "computed tensors: to their own dtype (the identity); constants: folded"),
+    "CastLike": _r(_cast, (15, 19, 21, 23, 24, 25), "saturate round_mode", "-",
+                   "computed tensors: to their own dtype (the identity); constants: folded"),
+    # movement
+    "Flatten": _r(_flatten, (1, 9, 11, 13, 21, 23, 24, 25), "axis", "flatten reshape"),
+    "Reshape": _r(_reshape, (5, 13, 14, 19, 21, 23, 24, 25), "allowzero", "reshape flatten", "constant shape"),
+    "Squeeze": _r(_squeeze, (1, 11, 13, 21, 23, 24, 25), "axes", "reshape", "constant axes"),
+    "Unsqueeze": _r(_unsqueeze, (1, 11, 13, 21, 23, 24, 25), "axes", "reshape", "constant axes"),
+    "Transpose": _r(_transpose, (1, 13, 21, 23, 24, 25), "perm", "permute"),
+    "Slice": _r(_slice, (1, 10, 11, 13), "starts ends axes", "slice", "constant starts/ends/axes/steps; steps >= 1"),
+    "Gather": _r(_gather, (1, 11, 13), "axis", "slice reshape concat",
+                  "constant indices forming at most 64 runs of consecutive values"),
+    "Split": _r(_split, (2, 11, 13, 18), "axis split num_outputs", "slice", "constant split"),
+    "Concat": _r(_concat, (4, 11, 13), "axis", "concat"),
+    "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad",
+              "constant pads >= 0; constant, reflect, edge"),
+    "Expand": _r(_expand, (8, 13), "", "mul", "constant shape; as x * ones over the expanded axes"),
+    "Tile": _r(_tile, (6, 13), "", "concat", "constant repeats, up to 64 per axis"),
+    "DepthToSpace": _r(_depth_space, (11, 13, 28), "blocksize mode", "reshape permute", "DCR and CRD"),
+    "SpaceToDepth": _r(_depth_space, (1, 13, 28), "blocksize mode", "reshape permute", "DCR and CRD"),
+}
+"""ONNX op type -> Rule; the importer's vocabulary (constant-only nodes go to fold.FOLD)."""

@@ -1,0 +1,940 @@
+"""PyTorch import: `from_torch(module, example_input) -> Network` through torch.export.
+
+The module is exported in eval mode (its mode is restored after) with the example inputs'
+static shapes, so Python-level shape logic (`x.ndim`, `x.size(1) // g`, shape-dependent `if`s,
+slicing, chunk / split, in-place ops, functional calls) is resolved by PyTorch itself. The
+ExportedProgram is decomposed to core ATen ops except the few composite ops that are one IR op
+(`_PRESERVED`: linear, layer_norm, silu, hardswish, pad, ...), and every graph node is mapped:
+
+  placeholder  parameter / buffer / constant -> a constant named by its state_dict key
+               ("layer1.0.conv1.weight"); user input -> net.input
+  call_function an ATen op -> `_ATEN[name]` (conv, norms, activations, element-wise, movement,
+               resize, pooling ...; docs/ops.md lists them); a node whose tensor operands are
+               all constants is evaluated by torch at import time (constant folding)
+  output       net.output (several tensors give several outputs)
+
+Anything else raises UnsupportedOpError naming the ATen op, the node and the source line it
+came from (`node.meta["stack_trace"]`): nothing is skipped silently. Op names follow the module
+path ("layer1.0.conv1"; a module called again gets "_1", "_2"; a function called inside a
+module gets "<module path>.<function>", e.g. "layer1.0.add"), so importing a torchvision-style
+ResNet gives the names tilefuse.models uses.
+
+torch is imported here only; the rest of tilefuse does not need it.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+import re
+from typing import Any
+
+import numpy as np
+
+from ..errors import GraphError, UnsupportedOpError
+from ..ir import DataNode, Network
+
+try:  # torch is a test / import-time dependency, not a runtime one
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError:  # pragma: no cover - exercised only without torch
+    torch = None
+
+_DTYPES = {}
+if torch is not None:
+    _DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def from_torch(module, example_input, name: str | None = None) -> Network:
+    """Import a torch.nn.Module as a tilefuse Network (inference semantics).
+
+    example_input: a tensor or a tuple/list of tensors, one per forward() argument; their shapes
+    and dtypes fix the network's. Raises UnsupportedOpError for any op outside the vocabulary.
+    """
+    if torch is None:
+        raise ImportError("tilefuse.from_torch needs torch (pip install torch)")
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"from_torch expects a torch.nn.Module, got {type(module).__name__}")
+    examples = (example_input,) if isinstance(example_input, torch.Tensor) else tuple(example_input)
+    for i, t in enumerate(examples):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"example_input[{i}] is {type(t).__name__}; expected a torch.Tensor")
+    n_args = _positional_arity(module)
+    if n_args is not None and n_args != len(examples):
+        raise GraphError(type(module).__name__, f"forward() takes {n_args} tensor inputs, expected one "
+                                                f"example tensor each; got {len(examples)}")
+    was_training = module.training
+    module.eval()
+    name = name or type(module).__name__
+    try:
+        with _leaf_ops(module), torch.no_grad():
+            try:
+                ep = torch.export.export(module, examples, strict=False)
+            except Exception as e:
+                raise UnsupportedOpError(
+                    f"torch.export could not export {type(module).__name__}: {type(e).__name__}: "
+                    f"{_first_lines(str(e), 6)}; expected a forward() whose control flow depends on "
+                    f"shapes only, not on tensor values") from e
+            # fast path: the exported graph as is, when every op maps and no mutation aliases a view;
+            # else (the general path) functionalized and decomposed to core ATen, which takes seconds
+            if _mutations_are_local(ep):
+                try:
+                    return _Importer(ep, name, direct=True).run(examples)
+                except _NeedsDecomposition:
+                    pass
+            ep = ep.run_decompositions(_decomposition_table())
+        return _Importer(ep, name).run(examples)
+    finally:
+        module.train(was_training)
+
+
+class _NeedsDecomposition(Exception):
+    """The exported (training IR) graph has an op that may decompose into supported ones."""
+
+
+def _is_view(node) -> bool:
+    """A node whose value aliases another tensor (a view op, or an element of a split's list)."""
+    t = getattr(node, "target", None)
+    if t is operator.getitem:
+        return _is_view(node.args[0])
+    schema = getattr(t, "_schema", None)
+    if schema is None or schema.is_mutable:
+        return False
+    return any(r.alias_info is not None for r in schema.returns)
+
+
+def _mutations_are_local(ep) -> bool:
+    """Every in-place op mutates a tensor that is no view and has no views: importing the op as
+    functional and rebinding the mutated tensor to its result is then exact."""
+    for n in ep.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is None or not schema.is_mutable:
+            continue
+        if n.target._opname.rstrip("_").endswith("dropout") and len(n.args) > 2 and not n.args[2]:
+            continue   # in-place dropout at inference: the identity, nothing changes
+        m = n.args[0]
+        if not hasattr(m, "op") or m.op == "placeholder" or _is_view(m) or \
+                any(_is_view(u) for u in m.users if u is not n):
+            return False
+    return True
+
+
+def _positional_arity(module) -> int | None:
+    import inspect
+    try:
+        sig = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return None
+    return sum(p.default is p.empty for p in params)
+
+
+def _first_lines(s: str, n: int) -> str:
+    lines = [ln for ln in s.strip().splitlines() if ln.strip()]
+    return " ".join(lines[:n])
+
+
+# ops kept whole instead of decomposed (each is one IR op); the rest decomposes to core ATen
+def _preserved():
+    a = torch.ops.aten
+    return [a.conv2d.padding, a.linear.default, a.layer_norm.default, a.silu.default, a.hardswish.default,
+            a.hardsigmoid.default, a.relu6.default, a.prelu.default, a.pad.default,
+            a.reflection_pad2d.default, a.replication_pad2d.default, a.adaptive_avg_pool2d.default,
+            a.upsample_nearest2d.default, a.upsample_nearest2d.vec, a.upsample_bilinear2d.default,
+            a.upsample_bilinear2d.vec, a._upsample_nearest_exact2d.default, a._upsample_nearest_exact2d.vec,
+            a.hardtanh.default, a.gelu.default, a.elu.default, a.leaky_relu.default,
+            # not in the vocabulary, kept whole so an error names what the user wrote
+            a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec, a.softplus.default, a.mish.default]
+
+
+def _decomposition_table():
+    table = torch.export.default_decompositions()
+    for op in _preserved():
+        table.pop(op, None)
+    return table
+
+
+# nn.LocalResponseNorm decomposes into a dozen ATen ops; while exporting, its modules call one
+# custom op instead, which maps to the IR's local_response_norm
+_LRN_OP = None
+
+
+def _lrn_op():
+    global _LRN_OP
+    if _LRN_OP is None:
+        @torch.library.custom_op("tilefuse::local_response_norm", mutates_args=())
+        def lrn(x: torch.Tensor, size: int, alpha: float, beta: float, k: float) -> torch.Tensor:
+            return F.local_response_norm(x, size, alpha, beta, k)
+
+        @lrn.register_fake
+        def _(x, size, alpha, beta, k):
+            return torch.empty_like(x)
+
+        _LRN_OP = lrn
+    return _LRN_OP
+
+
+@contextlib.contextmanager
+def _leaf_ops(module):
+    swapped = []
+    for m in module.modules():
+        if type(m) is nn.LocalResponseNorm:
+            op = _lrn_op()
+            m.forward = (lambda mm: lambda x: op(x, mm.size, float(mm.alpha), float(mm.beta), float(mm.k)))(m)
+            swapped.append(m)
+    try:
+        yield
+    finally:
+        for m in swapped:
+            del m.forward
+
+
+# ----------------------------------------------------------------------------- values
+
+class Const:
+    """A constant tensor during import (a parameter, a buffer, or a folded subgraph); it becomes
+    a network constant named `key` when an op uses it as an operand."""
+
+    def __init__(self, tensor, key: str):
+        self.tensor = tensor.detach()
+        self.key = key
+
+    @property
+    def shape(self):
+        return tuple(self.tensor.shape)
+
+    def __repr__(self):
+        return f"Const({self.key!r}, {self.shape})"
+
+
+_NONDETERMINISTIC = ("rand", "randn", "randint", "bernoulli", "dropout", "native_dropout", "empty",
+                     "normal", "uniform", "multinomial")
+
+
+class _Importer:
+    def __init__(self, ep, name: str, direct: bool = False):
+        self.ep = ep
+        self.direct = direct          # the undecomposed graph: unknown ops ask for decomposition
+        self.net = Network(name)
+        self.env: dict[Any, Any] = {}
+        self.used: set[str] = set()
+        self.consts: dict[tuple[str, str], DataNode] = {}
+        self.node = None
+        self.dtype = np.dtype(np.float32)
+
+    # ------------------------------------------------------------ helpers
+
+    def where(self) -> str:
+        """The node and the innermost source line outside torch itself that produced it."""
+        n = self.node
+        if n is None:
+            return "module"
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', n.meta.get("stack_trace") or "")
+        user = [f for f in frames if not re.search(r"[/\\]torch[/\\]", f[0])] or frames
+        if not user:
+            return f"node '{n.name}'"
+        file, line, fn, code = user[-1]
+        return f"node '{n.name}' at {file}:{line} in {fn}: {code.strip()}"
+
+    def fail(self, what: str, hint: str = "") -> UnsupportedOpError:
+        op = self.target_name() if self.node is not None and self.node.op == "call_function" else ""
+        head = f"{op}: {what}" if op and op not in what else what
+        return UnsupportedOpError(f"{head} is not supported by tilefuse.from_torch ({self.where()})"
+                                  + (f"; {hint}" if hint else ""))
+
+    def unique(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.used:
+            i += 1
+            name = f"{base}_{i}"
+        self.used.add(name)
+        return name
+
+    def op_name(self) -> str:
+        """The module path for a torch.nn module's own op ('layer1.0.conv1'); '<scope>.<fn>' for a
+        function called in a user module's forward ('layer1.0.add')."""
+        n = self.node
+        stack = list((n.meta.get("nn_module_stack") or {}).values())
+        fn = n.meta.get("torch_fn")
+        base = fn[1].split(".")[-1] if fn else re.sub(r"_\d+$", "", n.name)
+        base = base.strip("_") or n.name
+        if stack:
+            path, typ = stack[-1]
+            typ = typ if isinstance(typ, str) else getattr(typ, "__module__", "") + "." + getattr(typ, "__name__", "")
+            if typ.startswith("torch.nn.modules.") and path:
+                return self.unique(path)
+            return self.unique(f"{path}.{base}" if path else base)
+        return self.unique(base)
+
+    def const_node(self, c: Const) -> DataNode:
+        """The network constant for `c` (created once per key and dtype)."""
+        dt = self.dtype
+        key = (c.key, str(dt))
+        d = self.consts.get(key)
+        if d is None:
+            arr = c.tensor.cpu().numpy()
+            if arr.dtype.kind not in "fiub":
+                raise self.fail(f"a constant of dtype {arr.dtype} ('{c.key}')")
+            arr = arr.astype(dt)
+            if arr.ndim == 0:
+                arr = arr.reshape(1)
+            d = self.net.constant(self.unique(c.key), arr, dtype=dt)
+            self.consts[key] = d
+        return d
+
+    def tensor(self, v, what="input") -> DataNode:
+        if isinstance(v, DataNode):
+            return v
+        raise self.fail(f"{self.target_name()} with a {type(v).__name__} {what}",
+                        "expected a tensor computed from the network inputs")
+
+    def weight(self, v, what: str) -> Const:
+        if isinstance(v, Const):
+            return v
+        raise self.fail(f"{self.target_name()} with a computed {what}",
+                        f"expected the {what} to be a parameter or buffer (a constant)")
+
+    def operand(self, v, like: DataNode) -> DataNode:
+        """A binary op operand: a DataNode as is, a constant tensor or a number as a constant."""
+        if isinstance(v, DataNode):
+            return v
+        if isinstance(v, Const):
+            return self.const_node(v)
+        if isinstance(v, (int, float, bool)):
+            key = self.unique(f"{self.op_name_hint()}.scalar")
+            return self.net.constant(key, np.full((1,), v, dtype=like.dtype), dtype=like.dtype)
+        raise self.fail(f"{self.target_name()} with an operand of type {type(v).__name__}")
+
+    def op_name_hint(self) -> str:
+        stack = list((self.node.meta.get("nn_module_stack") or {}).values())
+        return (stack[-1][0] + "." if stack and stack[-1][0] else "") + self.node.name
+
+    def target_name(self) -> str:
+        t = self.node.target
+        return f"aten.{t._opname}.{t._overloadname}" if hasattr(t, "_opname") else str(t)
+
+    # ------------------------------------------------------------ driver
+
+    def run(self, examples) -> Network:
+        sig = self.ep.graph_signature
+        state = self.ep.state_dict
+        consts = getattr(self.ep, "constants", {}) or {}
+        specs = {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
+        user = [s for s in sig.input_specs if s.kind.name == "USER_INPUT"]
+        if len(user) != len(examples):
+            raise GraphError(self.net.name, f"forward() takes {len(user)} tensor inputs, expected one "
+                                            f"example tensor each; got {len(examples)}")
+        ex = iter(examples)
+        for n in self.ep.graph.nodes:
+            self.node = n
+            if n.op == "placeholder":
+                s = specs.get(n.name)
+                kind = s.kind.name if s is not None else "USER_INPUT"
+                if kind == "USER_INPUT":
+                    t = next(ex)
+                    if t.dtype not in _DTYPES:
+                        raise GraphError(n.name, f"example input has dtype {t.dtype}; expected one of "
+                                                 f"{', '.join(str(d) for d in _DTYPES)}")
+                    if not self.net.inputs:
+                        self.dtype = np.dtype(_DTYPES[t.dtype])
+                    self.env[n] = self.net.input(self.unique(n.name), tuple(t.shape), _DTYPES[t.dtype])
+                elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+                    t = state[s.target] if s.target in state else consts[s.target]
+                    self.env[n] = Const(t, s.target)
+                else:
+                    raise self.fail(f"a graph input of kind {kind}")
+            elif n.op == "call_function":
+                self.env[n] = self.call(n)
+            elif n.op == "output":
+                self.outputs(self.load(n.args[0]))
+            elif n.op == "get_attr":
+                self.env[n] = Const(getattr(self.ep.graph_module, n.target), str(n.target))
+            else:  # pragma: no cover
+                raise self.fail(f"graph node kind '{n.op}'")
+        self.node = None
+        return self.net
+
+    def load(self, a):
+        return torch.fx.node.map_arg(a, lambda n: self.env[n])
+
+    def call(self, n):
+        args, kwargs = self.load(n.args), self.load(n.kwargs)
+        target = n.target
+        if target is operator.getitem:
+            seq, i = args
+            if isinstance(seq, (tuple, list)):
+                return seq[i]
+            raise self.fail(f"indexing a {type(seq).__name__}")
+        if not hasattr(target, "_opname"):
+            raise self.fail(f"function {getattr(target, '__name__', target)}")
+        name = target._opname
+        if name.startswith("_assert"):
+            return None   # export's own metadata / shape assertions: already true for static shapes
+        flat = [v for v in _flatten(args) + _flatten(list(kwargs.values()))]
+        if not any(isinstance(v, DataNode) for v in flat) and not name.startswith(_NONDETERMINISTIC):
+            return self.fold(target, args, kwargs)
+        fn = _ATEN.get(name.rstrip("_") if name not in _ATEN else name)
+        if fn is None:
+            if self.direct:
+                raise _NeedsDecomposition(name)
+            raise self.fail(f"ATen op {self.target_name()}",
+                            "supported ATen ops: " + ", ".join(sorted(_ATEN)))
+        out = fn(self, *args, **kwargs)
+        schema = getattr(target, "_schema", None)
+        if schema is not None and schema.is_mutable and n.args and hasattr(n.args[0], "op"):
+            self.env[n.args[0]] = out     # x.add_(y): later reads of x see the result
+        return out
+
+    def fold(self, target, args, kwargs):
+        """Evaluate a constant-only node with torch (e.g. a transposed weight, a scalar tensor)."""
+        def unwrap(v):
+            return v.tensor if isinstance(v, Const) else v
+        a = torch.fx.node.map_aggregate(args, unwrap)
+        k = torch.fx.node.map_aggregate(kwargs, unwrap)
+        try:
+            out = target(*a, **k)
+        except Exception as e:
+            raise self.fail(f"constant subgraph {self.target_name()}", f"torch failed to evaluate it: {e}") from e
+        keys = [v.key for v in _flatten(args) if isinstance(v, Const)]
+        key = f"{keys[0]}.{target._opname}" if len(keys) == 1 else self.node.name
+        if isinstance(out, torch.Tensor):
+            return Const(out, key)
+        if isinstance(out, (tuple, list)):
+            return type(out)(Const(t, f"{key}.{i}") if isinstance(t, torch.Tensor) else t
+                             for i, t in enumerate(out))
+        return out
+
+    def outputs(self, result) -> None:
+        flat = _flatten(result)
+        if not flat:
+            raise GraphError(self.net.name, "forward() returns no tensor; expected at least one")
+        for v in flat:
+            if isinstance(v, Const):
+                raise GraphError(self.net.name, f"forward() returns the constant '{v.key}'; expected tensors "
+                                                f"computed from the inputs")
+            d = self.tensor(v, "network output")
+            if d.producer is None or any(d is o for o in self.net.outputs):
+                # an input returned as is, or the same tensor returned twice: copy it
+                d = self.net.dropout(d, 0.0, name=self.unique(f"{d.name}.copy"))
+            self.net.output(d)
+
+
+def _flatten(v) -> list:
+    if isinstance(v, (tuple, list)):
+        out = []
+        for u in v:
+            out += _flatten(u)
+        return out
+    if isinstance(v, dict):
+        return _flatten(list(v.values()))
+    return [v]
+
+
+# ----------------------------------------------------------------------------- ATen op mapping
+
+def _pair(v):
+    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) and len(v) == 2 else \
+        (int(v[0]), int(v[0])) if isinstance(v, (tuple, list)) else (int(v), int(v))
+
+
+def _convolution(imp, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    x = imp.tensor(x)
+    w = imp.weight(w, "weight")
+    if len(w.shape) != 4:
+        raise imp.fail(f"a {len(w.shape) - 2}-D convolution (weight {w.shape})",
+                       "supported: 2-D convolution (Conv2d, ConvTranspose2d)")
+    ph, pw = _pair(padding)
+    name = imp.op_name()
+    wd = imp.const_node(w)
+    bd = imp.const_node(imp.weight(b, "bias")) if b is not None else None
+    if transposed:
+        return imp.net.conv_transpose2d(x, wd, bd, _pair(stride), (ph, ph, pw, pw), _pair(output_padding),
+                                        _pair(dilation), int(groups), name=name)
+    return imp.net.conv2d(x, wd, bd, _pair(stride), (ph, ph, pw, pw), _pair(dilation), int(groups), name=name)
+
+
+def _conv2d_padding(imp, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    """aten.conv2d: padding as numbers, or 'same' / 'valid' (torch puts an odd extra pad after)."""
+    if not isinstance(padding, str):
+        return _convolution(imp, x, w, b, stride, padding, dilation, False, (0, 0), groups)
+    x = imp.tensor(x)
+    w = imp.weight(w, "weight")
+    kh, kw = w.shape[2:]
+    dh, dw = _pair(dilation)
+    if padding == "valid":
+        pad = (0, 0, 0, 0)
+    else:
+        th, tw = dh * (kh - 1), dw * (kw - 1)
+        pad = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+    name = imp.op_name()
+    bd = imp.const_node(imp.weight(b, "bias")) if b is not None else None
+    return imp.net.conv2d(x, imp.const_node(w), bd, _pair(stride), pad, (dh, dw), int(groups), name=name)
+
+
+def _batch_norm(imp, x, w, b, mean, var, momentum, eps):
+    x = imp.tensor(x)
+    mean, var = imp.weight(mean, "running mean"), imp.weight(var, "running variance")
+    prefix = mean.key[: -len(".running_mean")] if mean.key.endswith(".running_mean") else mean.key
+    c = x.shape[1]
+    g = imp.const_node(w) if w is not None else imp.net.constant(imp.unique(f"{prefix}.unit_weight"),
+                                                                 np.ones(c, imp.dtype), imp.dtype)
+    bb = imp.const_node(b) if b is not None else imp.net.constant(imp.unique(f"{prefix}.zero_bias"),
+                                                                  np.zeros(c, imp.dtype), imp.dtype)
+    y = imp.net.batch_norm(x, g, bb, imp.const_node(mean), imp.const_node(var), eps=float(eps), name=imp.op_name())
+    return (y, None, None)
+
+
+def _batch_norm_aten(imp, x, w, b, mean, var, training, momentum, eps, *rest):
+    """aten.batch_norm (the exported graph before decomposition)."""
+    if training or mean is None:
+        return _batch_norm_training(imp)
+    return _batch_norm(imp, x, w, b, mean, var, momentum, eps)[0]
+
+
+def _conv_transpose(imp, x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _convolution(imp, x, w, b, stride, padding, dilation, True, output_padding, groups)
+
+
+def _batch_norm_training(imp, *a, **k):
+    raise imp.fail("batch norm with batch statistics (training=True or track_running_stats=False)",
+                   "inference import needs running_mean / running_var")
+
+
+def _act(name, **fixed):
+    def f(imp, x, *args, **kwargs):
+        return imp.net.activation(imp.tensor(x), name, name=imp.op_name(), **fixed)
+    return f
+
+
+def _relu(imp, x):
+    return imp.net.relu(imp.tensor(x), name=imp.op_name())
+
+
+def _clip(imp, x, lo=None, hi=None):
+    x = imp.tensor(x)
+    if isinstance(lo, (Const, DataNode)) or isinstance(hi, (Const, DataNode)):
+        raise imp.fail("clamp with tensor bounds", "supported: number bounds")
+    lo = -math.inf if lo is None else float(lo)
+    hi = math.inf if hi is None else float(hi)
+    if lo == 0.0 and hi == math.inf:
+        return imp.net.relu(x, name=imp.op_name())
+    return imp.net.activation(x, "clip", name=imp.op_name(), min=lo, max=hi)
+
+
+def _gelu(imp, x, approximate="none"):
+    return imp.net.gelu(imp.tensor(x), approximate=approximate, name=imp.op_name())
+
+
+def _leaky_relu(imp, x, negative_slope=0.01):
+    return imp.net.activation(imp.tensor(x), "leaky_relu", name=imp.op_name(), negative_slope=float(negative_slope))
+
+
+def _elu(imp, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    if scale != 1 or input_scale != 1:
+        raise imp.fail(f"elu with scale={scale}, input_scale={input_scale} (SELU / CELU)", "supported: ELU")
+    return imp.net.activation(imp.tensor(x), "elu", name=imp.op_name(), alpha=float(alpha))
+
+
+def _prelu(imp, x, w):
+    x = imp.tensor(x)
+    w = imp.weight(w, "slope")
+    if int(np.prod(w.shape)) not in (1, x.shape[1] if len(x.shape) > 1 else -1):
+        raise imp.fail(f"prelu with a slope of shape {w.shape} for input {x.shape}")
+    name = imp.op_name()
+    wd = imp.const_node(Const(w.tensor.reshape(-1), w.key))
+    return imp.net.add_op("prelu", [x, wd], {}, name)
+
+
+def _binary(kind):
+    def f(imp, a, b, *, alpha=1, rounding_mode=None):
+        if rounding_mode is not None:
+            raise imp.fail(f"div with rounding_mode={rounding_mode!r}", "supported: true division")
+        like = a if isinstance(a, DataNode) else b
+        if alpha != 1:
+            if kind not in ("add", "sub"):
+                raise imp.fail(f"{kind} with alpha={alpha}")
+            b = imp.net.mul(imp.operand(b, like), float(alpha), name=imp.unique(imp.op_name_hint() + ".alpha"))
+        name = imp.op_name()
+        return imp.net.add_op(kind, [imp.operand(a, like), imp.operand(b, like)], {}, name)
+    return f
+
+
+def _rsub(imp, a, b, alpha=1):
+    """rsub(a, b, alpha) = b - alpha * a."""
+    like = a if isinstance(a, DataNode) else b
+    if alpha != 1:
+        a = imp.net.mul(imp.operand(a, like), float(alpha), name=imp.unique(imp.op_name_hint() + ".alpha"))
+    return imp.net.add_op("sub", [imp.operand(b, like), imp.operand(a, like)], {}, imp.op_name())
+
+
+def _reduce(kind):
+    def f(imp, x, dims=None, keepdim=False, *, dtype=None):
+        x = imp.tensor(x)
+        if dtype is not None:
+            raise imp.fail(f"{kind} with dtype={dtype}")
+        dims = tuple(range(len(x.shape))) if dims in (None, []) else tuple(dims)
+        return imp.net.add_op(kind, [x], {"axes": dims, "keepdim": bool(keepdim)}, imp.op_name())
+    return f
+
+
+def _reshape(imp, x, shape):
+    x = imp.tensor(x)
+    shape = tuple(int(s) for s in shape)
+    total = int(np.prod(x.shape))
+    known = int(np.prod([s for s in shape if s != -1])) if shape else 1
+    target = tuple(total // known if s == -1 else s for s in shape) if known else shape
+    if target == x.shape:
+        return x
+    if len(target) == 2 and len(x.shape) > 2 and target[0] == x.shape[0]:
+        return imp.net.flatten(x, 1, name=imp.op_name())      # x.view(x.size(0), -1), torch.flatten(x, 1)
+    return imp.net.reshape(x, shape, name=imp.op_name())
+
+
+def _squeeze(imp, x, dims=None):
+    x = imp.tensor(x)
+    r = len(x.shape)
+    if dims is None:
+        dims = [i for i, s in enumerate(x.shape) if s == 1]
+    dims = {d % r for d in ([dims] if isinstance(dims, int) else dims)}
+    return _reshape(imp, x, [s for i, s in enumerate(x.shape) if not (i in dims and s == 1)] or [1])
+
+
+def _unsqueeze(imp, x, dim):
+    x = imp.tensor(x)
+    shape = list(x.shape)
+    shape.insert(dim % (len(shape) + 1), 1)
+    return _reshape(imp, x, shape)
+
+
+def _flatten_op(imp, x, start_dim=0, end_dim=-1):
+    x = imp.tensor(x)
+    r = len(x.shape)
+    sd, ed = start_dim % r, end_dim % r
+    shape = list(x.shape[:sd]) + [int(np.prod(x.shape[sd:ed + 1]))] + list(x.shape[ed + 1:])
+    return _reshape(imp, x, shape)
+
+
+def _permute(imp, x, dims):
+    x = imp.tensor(x)
+    perm = tuple(int(d) % len(x.shape) for d in dims)
+    if perm == tuple(range(len(x.shape))):
+        return x
+    return imp.net.permute(x, perm, name=imp.op_name())
+
+
+def _transpose(imp, x, d0, d1):
+    x = imp.tensor(x)
+    perm = list(range(len(x.shape)))
+    perm[d0 % len(perm)], perm[d1 % len(perm)] = perm[d1 % len(perm)], perm[d0 % len(perm)]
+    return _permute(imp, x, perm)
+
+
+def _slice(imp, x, dim=0, start=None, end=None, step=1):
+    x = imp.tensor(x)
+    dim = dim % len(x.shape)
+    size = x.shape[dim]
+    start = 0 if start is None else int(start)
+    end = size if end is None or end > size else int(end)
+    s = slice(start, end, int(step)).indices(size)
+    if s == (0, size, 1):
+        return x
+    return imp.net.slice(x, dim, s[0], s[1], s[2], name=imp.op_name())
+
+
+def _narrow(imp, x, dim, start, length):
+    return _slice(imp, x, dim, start, int(start) + int(length))
+
+
+def _select(imp, x, dim, index):
+    x = imp.tensor(x)
+    dim = dim % len(x.shape)
+    index = index % x.shape[dim]
+    y = imp.net.slice(x, dim, index, index + 1, 1, name=imp.op_name())
+    return _reshape(imp, y, [s for i, s in enumerate(x.shape) if i != dim] or [1])
+
+
+def _split_sizes(imp, x, sizes, dim=0):
+    x = imp.tensor(x)
+    dim = dim % len(x.shape)
+    base = imp.op_name()
+    out, start = [], 0
+    for i, s in enumerate(sizes):
+        s = int(s)
+        if s == x.shape[dim]:
+            out.append(x)
+        else:
+            out.append(imp.net.slice(x, dim, start, start + s, 1, name=imp.unique(f"{base}.{i}")))
+        start += s
+    return out
+
+
+def _split(imp, x, split_size, dim=0):
+    x = imp.tensor(x)
+    if isinstance(split_size, (list, tuple)):
+        return _split_sizes(imp, x, split_size, dim)
+    size = x.shape[dim % len(x.shape)]
+    return _split_sizes(imp, x, [min(split_size, size - i) for i in range(0, size, int(split_size))], dim)
+
+
+def _chunk(imp, x, chunks, dim=0):
+    x = imp.tensor(x)
+    size = x.shape[dim % len(x.shape)]
+    step = -(-size // int(chunks))
+    return _split(imp, x, step, dim)
+
+
+def _cat(imp, tensors, dim=0):
+    xs = [imp.operand(t, next(v for v in tensors if isinstance(v, DataNode))) for t in tensors]
+    if len(xs) == 1:
+        return xs[0]
+    return imp.net.concat(xs, axis=int(dim), name=imp.op_name())
+
+
+def _torch_pads(imp, x, pad):
+    """torch's pad list (last axis first: left, right, top, bottom, ...) -> IR pads per axis."""
+    pad = [int(p) for p in pad]
+    if any(p < 0 for p in pad):
+        raise imp.fail(f"padding with negative sizes {pad}", "supported: pads >= 0")
+    r = len(x.shape)
+    pads = [0] * (2 * r)
+    for i in range(len(pad) // 2):
+        axis = r - 1 - i
+        pads[2 * axis], pads[2 * axis + 1] = pad[2 * i], pad[2 * i + 1]
+    return pads
+
+
+def _pad(imp, x, pad, mode="constant", value=None):
+    x = imp.tensor(x)
+    if mode not in ("constant", "reflect", "replicate"):
+        raise imp.fail(f"pad mode {mode!r}", "supported: constant, reflect, replicate")
+    return imp.net.pad(x, _torch_pads(imp, x, pad), mode, 0.0 if value is None else float(value),
+                       name=imp.op_name())
+
+
+def _pad_mode(mode):
+    def f(imp, x, pad, value=0.0):
+        return _pad(imp, x, pad, mode, value if mode == "constant" else None)
+    return f
+
+
+def _resize(mode):
+    """upsample_*2d.vec(x, output_size, [align_corners,] scale_factors) and
+    .default(x, output_size, [align_corners,] scales_h, scales_w)."""
+    def f(imp, x, output_size=None, *rest, **kw):
+        x = imp.tensor(x)
+        names = (["align_corners"] if mode == "bilinear" else []) + \
+            (["scale_factors"] if imp.node.target._overloadname == "vec" else ["scales_h", "scales_w"])
+        a = dict(zip(names, rest))
+        a.update(kw)
+        if "scale_factors" in a:
+            scales = a["scale_factors"]
+        else:
+            scales = None if a.get("scales_h") is None else (a["scales_h"], a.get("scales_w", a["scales_h"]))
+        h, w = x.shape[2], x.shape[3]
+        if output_size is None:
+            if scales is None:
+                raise imp.fail("upsampling without an output size or a scale")
+            output_size = (int(math.floor(h * float(scales[0]))), int(math.floor(w * float(scales[1]))))
+        size = (int(output_size[0]), int(output_size[1]))
+        sc = None if scales is None else (float(scales[0]), float(scales[1]))
+        if mode == "bilinear":
+            p = dict(mode="linear", coord="align_corners" if a.get("align_corners") else "half_pixel")
+        elif mode == "nearest-exact":
+            p = dict(mode="nearest", coord="half_pixel", nearest_mode="round_prefer_ceil")
+        else:
+            p = dict(mode="nearest", coord="asymmetric", nearest_mode="floor")
+        return imp.net.add_op("resize", [x], dict(p, size=size, scales=sc), imp.op_name())
+    return f
+
+
+def _adaptive_avg_pool(imp, x, output_size):
+    from ..models._params import adaptive_avg_pool
+    x = imp.tensor(x)
+    return adaptive_avg_pool(imp.net, x, tuple(int(s) for s in output_size), name=imp.op_name())
+
+
+def _max_pool(imp, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    x = imp.tensor(x)
+    k = _pair(kernel_size)
+    s = _pair(stride) if stride not in (None, [], ()) else k
+    ph, pw = _pair(padding)
+    y = imp.net.max_pool(x, k, s, (ph, ph, pw, pw), _pair(dilation), bool(ceil_mode), name=imp.op_name())
+    return (y, _Unsupported(imp, "the indices of max pooling (return_indices=True)"))
+
+
+def _avg_pool(imp, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+              divisor_override=None):
+    x = imp.tensor(x)
+    if divisor_override is not None:
+        raise imp.fail(f"average pooling with divisor_override={divisor_override}")
+    k = _pair(kernel_size)
+    s = _pair(stride) if stride not in (None, [], ()) else k
+    ph, pw = _pair(padding)
+    return imp.net.avg_pool(x, k, s, (ph, ph, pw, pw), bool(ceil_mode), bool(count_include_pad), name=imp.op_name())
+
+
+class _Unsupported:
+    """A value that raises if anything uses it (e.g. max pooling's indices)."""
+
+    def __init__(self, imp, what):
+        self.imp, self.what, self.where = imp, what, imp.where()
+
+    def __repr__(self):
+        return self.what
+
+
+def _linear(imp, x, w, b=None):
+    x = imp.tensor(x)
+    wd = imp.const_node(imp.weight(w, "weight"))
+    bd = imp.const_node(imp.weight(b, "bias")) if b is not None else None
+    return imp.net.linear(x, wd, bd, name=imp.op_name())
+
+
+def _addmm(imp, b, x, wt, beta=1, alpha=1):
+    """addmm(bias, x, w.T): a linear layer whose weight arrives transposed."""
+    if beta != 1 or alpha != 1:
+        raise imp.fail(f"addmm with beta={beta}, alpha={alpha}")
+    wt = imp.weight(wt, "matrix operand")
+    key = wt.key[: -len(".permute")] if wt.key.endswith(".permute") else f"{wt.key}.T"
+    return _linear(imp, x, Const(wt.tensor.t().contiguous(), key), b)
+
+
+def _mm(imp, x, wt):
+    return _addmm(imp, None, x, wt)
+
+
+def _layer_norm(imp, x, normalized_shape, w=None, b=None, eps=1e-5, *rest):
+    x = imp.tensor(x)
+    k = len(normalized_shape)
+    axis = len(x.shape) - k
+    shape = tuple(int(s) for s in normalized_shape)
+    name = imp.op_name()
+    g = imp.const_node(imp.weight(w, "weight")) if w is not None else \
+        imp.net.constant(imp.unique(f"{name}.unit_weight"), np.ones(shape, imp.dtype), imp.dtype)
+    bb = imp.const_node(imp.weight(b, "bias")) if b is not None else \
+        imp.net.constant(imp.unique(f"{name}.zero_bias"), np.zeros(shape, imp.dtype), imp.dtype)
+    y = imp.net.add_op("layer_norm", [x, g, bb], {"axis": axis, "eps": float(eps)}, name)
+    return (y, None, None)
+
+
+def _layer_norm_single(imp, *a, **k):
+    return _layer_norm(imp, *a, **k)[0]
+
+
+def _softmax(imp, x, dim, *rest):
+    return imp.net.softmax(imp.tensor(x), axis=int(dim), name=imp.op_name())
+
+
+def _identity(imp, x, *a, **k):
+    return x
+
+
+def _dropout(imp, x, p=0.5, train=False):
+    if train:
+        raise imp.fail("dropout with train=True", "import inference graphs (eval mode)")
+    return x
+
+
+def _to_copy(imp, x, *, dtype=None, **k):
+    x = imp.tensor(x)
+    if dtype is not None and _DTYPES.get(dtype) != x.dtype:
+        raise imp.fail(f"a dtype conversion to {dtype}", f"the network computes in {x.dtype}")
+    return x
+
+
+def _lrn(imp, x, size, alpha, beta, k):
+    return imp.net.local_response_norm(imp.tensor(x), int(size), float(alpha), float(beta), float(k),
+                                       name=imp.op_name())
+
+
+def _expand(imp, x, size, *, implicit=False):
+    x = imp.tensor(x)
+    size = tuple(x.shape[i - (len(size) - len(x.shape))] if s == -1 else int(s) for i, s in enumerate(size))
+    if size == x.shape:
+        return x
+    # materialize the broadcast: x * ones(size) (an expand feeding a broadcasting op is rare)
+    ones = imp.net.constant(imp.unique(f"{imp.op_name_hint()}.ones"), np.ones(size, imp.dtype), imp.dtype)
+    return imp.net.mul(x, ones, name=imp.op_name())
+
+
+_ATEN = {
+    "convolution": _convolution,
+    "conv2d": _conv2d_padding,
+    "_native_batch_norm_legit_no_training": _batch_norm,
+    "_native_batch_norm_legit": _batch_norm_training,
+    "batch_norm": _batch_norm_aten,
+    "conv_transpose2d": _conv_transpose,
+    "native_batch_norm": _batch_norm_training,
+    "relu": _relu,
+    "relu6": lambda imp, x: _clip(imp, x, 0.0, 6.0),
+    "hardtanh": lambda imp, x, lo=-1.0, hi=1.0: _clip(imp, x, lo, hi),
+    "clamp": _clip,
+    "clamp_min": lambda imp, x, lo: _clip(imp, x, lo, None),
+    "clamp_max": lambda imp, x, hi: _clip(imp, x, None, hi),
+    "sigmoid": _act("sigmoid"),
+    "tanh": _act("tanh"),
+    "silu": _act("silu"),
+    "hardswish": _act("hardswish"),
+    "hardsigmoid": _act("hardsigmoid"),
+    "gelu": _gelu,
+    "leaky_relu": _leaky_relu,
+    "elu": _elu,
+    "prelu": _prelu,
+    "_prelu_kernel": _prelu,
+    "add": _binary("add"),
+    "sub": _binary("sub"),
+    "mul": _binary("mul"),
+    "div": _binary("div"),
+    "rsub": _rsub,
+    "mean": _reduce("mean"),
+    "sum": _reduce("sum"),
+    "view": _reshape,
+    "_unsafe_view": _reshape,
+    "reshape": _reshape,
+    "squeeze": _squeeze,
+    "unsqueeze": _unsqueeze,
+    "flatten": _flatten_op,
+    "permute": _permute,
+    "transpose": _transpose,
+    "t": lambda imp, x: _transpose(imp, x, 0, 1),
+    "slice": _slice,
+    "narrow": _narrow,
+    "select": _select,
+    "split": _split,
+    "split_with_sizes": _split_sizes,
+    "chunk": _chunk,
+    "cat": _cat,
+    "pad": _pad,
+    "constant_pad_nd": _pad_mode("constant"),
+    "reflection_pad2d": _pad_mode("reflect"),
+    "replication_pad2d": _pad_mode("replicate"),
+    "upsample_nearest2d": _resize("nearest"),
+    "_upsample_nearest_exact2d": _resize("nearest-exact"),
+    "upsample_bilinear2d": _resize("bilinear"),
+    "adaptive_avg_pool2d": _adaptive_avg_pool,
+    "_adaptive_avg_pool2d": _adaptive_avg_pool,
+    "max_pool2d_with_indices": _max_pool,
+    "max_pool2d": lambda imp, *a, **k: _max_pool(imp, *a, **k)[0],
+    "avg_pool2d": _avg_pool,
+    "linear": _linear,
+    "addmm": _addmm,
+    "mm": _mm,
+    "native_layer_norm": _layer_norm,
+    "layer_norm": _layer_norm_single,
+    "_softmax": _softmax,
+    "softmax": _softmax,
+    "clone": _identity,
+    "alias": _identity,
+    "contiguous": _identity,
+    "detach": _identity,
+    "lift_fresh_copy": _identity,
+    "_to_copy": _to_copy,
+    "dropout": _dropout,
+    "expand": _expand,
+    "local_response_norm": _lrn,
+}

@@ -1,0 +1,221 @@
+"""Element-wise runtime kernels: activations, PReLU, add/sub/mul/div with NumPy broadcasting.
+
+Every kernel writes `out` in place (the registry convention, `fn(out, *inputs, **params)`) and
+takes the IR's params; the activation is the triple of the shared table
+(`kernels/activations.py`): one njit loop applies `apply_scalar(code, v, alpha, beta)`.
+
+Layouts: NCHW, and NCHW16c ("nchwc", (N, C/16, H, W, 16)) for the layout pass's blocked
+tensors. In NCHW16c the padded channels must stay zero (the blocked convs and the global pool
+rely on it), so a kernel whose result may be non-zero there (an activation not mapping 0 to 0,
+a binary op, PReLU) rewrites the padded lanes to zero. A per-channel operand of a blocked binary op or of
+PReLU is an NCHW (.., C, 1, 1) / (C,) array, read with channel c = block*16 + lane.
+
+float32 runs the numba loops (tasks of fixed size on the conv thread pool: results do not depend
+on the thread count); other dtypes run the numpy reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import activations as A
+from . import reference as ref
+from .threads import parallel_for
+
+CHUNK = 1 << 16  # elements per task
+
+
+def _chunks(size: int):
+    return [(i, min(i + CHUNK, size)) for i in range(0, size, CHUNK)]
+
+
+def _code(act, relu=False):
+    """(code, alpha, beta) float32-ready from an IR act triple (relu=True: the relu code)."""
+    if act is None or act[0] == "identity":
+        return A.encode("relu") if relu else A.IDENTITY
+    return A.encode(act[0], act[1], act[2])
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _act_flat(out, x, i0, i1, code, alpha, beta):
+    a, b = np.float32(alpha), np.float32(beta)
+    for i in range(i0, i1):
+        out[i] = A.apply_scalar(code, x[i], a, b)
+
+
+@njit(nogil=True, cache=True)
+def _zero_pad_lanes(out5, channels):
+    """out5 (N, Cb, H, W, 16): lanes of channels >= `channels` set to 0 (last block only)."""
+    n_, cb, h_, w_, _ = out5.shape
+    l0 = channels - (cb - 1) * 16
+    if l0 >= 16:
+        return
+    for n in range(n_):
+        for h in range(h_):
+            for w in range(w_):
+                for l in range(l0, 16):
+                    out5[n, cb - 1, h, w, l] = 0.0
+
+
+def _fix_padding(out, layout, channels, code, alpha, beta, always=False):
+    """Blocked outputs: padded lanes back to zero when the op may have made them non-zero."""
+    if layout != "nchwc" or channels is None:
+        return
+    if always or A.apply_scalar(code, np.float32(0.0), np.float32(alpha), np.float32(beta)) != 0.0:
+        _zero_pad_lanes(out, int(channels))
+
+
+def apply_act_inplace(out, code, alpha, beta, threads=None):
+    """out[...] = act(out) over a contiguous float32 array, in fixed chunks on the thread pool."""
+    if code == 0:
+        return
+    o = out.reshape(-1)
+    parallel_for(lambda c: _act_flat(o, o, c[0], c[1], code, alpha, beta), _chunks(o.size), threads)
+
+
+def activation(out, x, *, act, layout="nchw", channels=None, threads=None, **_):
+    """out = act(x), any shape and layout."""
+    if out.dtype != np.float32:
+        out[...] = ref.activation(x, act)
+        return
+    code, a, b = _code(act)
+    o, xf = out.reshape(-1), x.reshape(-1)
+    parallel_for(lambda c: _act_flat(o, xf, c[0], c[1], code, a, b), _chunks(o.size), threads)
+    _fix_padding(out, layout, channels, code, a, b)
+
+
+# prelu ---------------------------------------------------------------------------------------
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _prelu_planes(out3, x3, slope, n, lanes):
+    """x3 (N, C', S) rows; channel of row j, position p: j (lanes=1) or j*16 + p % 16 (blocked)."""
+    C, S = x3.shape[1], x3.shape[2]
+    nsl = slope.size
+    for j in range(C):
+        for p in range(S):
+            c = j if lanes == 1 else j * 16 + p % 16
+            s = slope[0] if nsl == 1 else (slope[c] if c < nsl else np.float32(0.0))
+            v = x3[n, j, p]
+            out3[n, j, p] = v if v > 0 else s * v
+
+
+def prelu(out, x, slope, *, layout="nchw", channels=None, threads=None, **_):
+    """out = x if x > 0 else slope[c] * x (channel axis 1; slope (C,) or (1,))."""
+    if out.dtype != np.float32 or x.ndim < 2:
+        out[...] = ref.prelu(x, slope)
+        return
+    n, c = x.shape[0], x.shape[1]
+    # (N, C, ...) -> (N, C, S); blocked (N, Cb, H, W, 16) -> (N, Cb, H*W*16)
+    x3, o3 = x.reshape(n, c, -1), out.reshape(n, c, -1)
+    lanes = 16 if layout == "nchwc" else 1
+    s = np.ascontiguousarray(slope, np.float32).reshape(-1)
+    parallel_for(lambda i: _prelu_planes(o3, x3, s, i, lanes), range(n), threads)
+    _fix_padding(out, layout, channels, 0, 0.0, 0.0, always=True)
+
+
+# binary ops --------------------------------------------------------------------------------
+
+_UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+_KIND = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _binary_flat(out, a, b, i0, i1, kind, code, alpha, beta):
+    al, be = np.float32(alpha), np.float32(beta)
+    for i in range(i0, i1):
+        if kind == 0:
+            v = a[i] + b[i]
+        elif kind == 1:
+            v = a[i] - b[i]
+        elif kind == 2:
+            v = a[i] * b[i]
+        else:
+            v = a[i] / b[i]
+        out[i] = A.apply_scalar(code, v, al, be)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _binary_channel(out3, x3, s, n, kind, swap, lanes, code, alpha, beta):
+    """out (N, C', S) = x (op) s[n, c] (a per-image, per-channel operand s (Ns, C)); swap: s (op) x."""
+    C, S = x3.shape[1], x3.shape[2]
+    al, be = np.float32(alpha), np.float32(beta)
+    ns, cs = s.shape
+    row = n if ns > 1 else 0
+    for j in range(C):
+        for p in range(S):
+            c = j if lanes == 1 else j * 16 + p % 16
+            sv = s[row, 0] if cs == 1 else (s[row, c] if c < cs else np.float32(0.0))
+            xv = x3[n, j, p]
+            a, b = (sv, xv) if swap else (xv, sv)
+            if kind == 0:
+                v = a + b
+            elif kind == 1:
+                v = a - b
+            elif kind == 2:
+                v = a * b
+            else:
+                v = a / b
+            out3[n, j, p] = A.apply_scalar(code, v, al, be)
+
+
+def channel_operand(full_shape, other_shape, layout="nchw"):
+    """True when `other` is a per-channel operand (N or 1, C, 1, 1) / (C, 1, 1) of a 4-D tensor."""
+    if len(full_shape) not in (4, 5) or len(other_shape) > 4:
+        return False
+    c = full_shape[1] if layout != "nchwc" else None
+    s = (1,) * (4 - len(other_shape)) + tuple(other_shape)
+    if s[2:] != (1, 1) or s[0] not in (1, full_shape[0]):
+        return False
+    return c is None or s[1] in (1, c)
+
+
+def binary(kind, out, a, b, *, relu=False, act=None, layout="nchw", channels=None, threads=None, **_):
+    """out = act(a (kind) b) with broadcasting. Fast paths (float32): equal shapes (one flat loop)
+    and a per-channel operand (the squeeze-excitation scale, a bias) without materializing it;
+    anything else a numpy ufunc into `out`, then the activation in place."""
+    code, al, be = _code(act, relu)
+    if out.dtype != np.float32:
+        out[...] = ref.binary(kind, a, b, relu, act)
+        return
+    if a.shape == out.shape and b.shape == out.shape:
+        o, x, y = out.reshape(-1), a.reshape(-1), b.reshape(-1)
+        parallel_for(lambda c: _binary_flat(o, x, y, c[0], c[1], _KIND[kind], code, al, be),
+                     _chunks(o.size), threads)
+        _fix_padding(out, layout, channels, code, al, be, always=True)   # 0/0 in padded lanes of a div
+        return
+    for full, other, swap in ((a, b, False), (b, a, True)):
+        if full.shape == out.shape and channel_operand(full.shape, other.shape, layout):
+            n, cb = full.shape[0], full.shape[1]
+            s = np.ascontiguousarray(other, np.float32)
+            s2 = s.reshape(s.shape[0] if s.ndim == 4 else 1, -1)   # (Ns, C, 1, 1) -> (Ns, C)
+            x3, o3 = full.reshape(n, cb, -1), out.reshape(n, cb, -1)
+            lanes = 16 if layout == "nchwc" else 1
+            parallel_for(lambda i: _binary_channel(o3, x3, s2, i, _KIND[kind], swap, lanes, code, al, be),
+                         range(n), threads)
+            _fix_padding(out, layout, channels, code, al, be, always=True)
+            return
+    if layout == "nchwc":
+        raise ValueError(f"{kind}: blocked operands of shapes {a.shape} and {b.shape} are not supported; "
+                         f"expected equal shapes or a per-channel operand")
+    _UFUNC[kind](a, b, out=out)
+    apply_act_inplace(out, code, al, be, threads)
+
+
+def _binary_kernel(kind):
+    def k(out, a, b, **p):
+        binary(kind, out, a, b, **p)
+    k.__name__ = kind
+    return k
+
+
+KERNELS = {
+    "activation": activation,
+    "prelu": prelu,
+    "add": _binary_kernel("add"),
+    "sub": _binary_kernel("sub"),
+    "mul": _binary_kernel("mul"),
+    "div": _binary_kernel("div"),
+}
+THREADED = frozenset(KERNELS)
+ACT_KERNELS = frozenset({"activation", "add", "sub", "mul", "div"})   # kernels that apply the act param themselves
+BLOCKED = frozenset(KERNELS)   # every kernel here has the NCHW16c form

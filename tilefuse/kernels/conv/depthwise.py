@@ -1,0 +1,478 @@
+"""Depthwise convolution on NCHW16c (groups == C_in; C_out = multiplier * C_in), issue 9.
+
+Layouts:
+  input   x  (N, Cb, H, W, 16)       NCHW16c, NOT padded (read in place; padded channels zero)
+  weights wd (Ob, KH, KW, 16)        wd[ob, kh, kw, l] = w[ob*16 + l, 0, kh, kw], zero padded
+  output     (N, Ob, Ho, Wo, 16)     NCHW16c, written in place (padded channels come out 0)
+
+One output channel reads one input channel, so a zmm register holds 16 channels (one block)
+and every tap is a vertical FMA: acc[pos, 0:16] += x[tap(pos), 0:16] * w[tap, 0:16]; there is
+no reduction over channels and no broadcast. The work per byte is tiny (a 3x3 stride-1 layer does
+2.25 FLOP per byte of input + output), so the kernel is memory bound and the goal is to touch
+each input and output byte once, from DRAM, at the machine's bandwidth:
+
+- Register blocking over output positions: RB = 8 consecutive output positions of a row are 8
+  zmm accumulators held for the whole KH*KW reduction; each weight vector load feeds 8 FMAs.
+- No padding pass and no padded copy: the zero padding is the loop bounds. A row's taps are
+  limited to the input rows that exist (kh_lo..kh_hi, per output row); the columns are split
+  into the interior (every kw tap inside the image: the register-blocked code, no checks) and
+  the left/right border positions (one position at a time, kw limited to the taps inside).
+- Every output value is the same sequence of operations whatever path, block or task computes
+  it: acc = 0; for kh ascending, for kw ascending over the taps inside the image: acc += x * w;
+  then + bias, + residual, act. So results do not depend on the blocking or the thread count.
+- Fused epilogue y = act(conv + bias + residual) in registers before the store, with
+  act = (code, alpha, beta) from `tilefuse.kernels.activations` (`apply_scalar`).
+
+Partitioning: tasks are (image, range of channel blocks, band of output rows), sized from the
+layer shape only (`plan_tasks`, never the thread count): large maps split rows (window level,
+seed 000), small maps (7x7, 14x14) group channel blocks into one task so a task is never
+dominated by the call overhead. Results are bitwise identical for every thread count.
+
+Channel multiplier > 1 (C_out = m * C_in, output channel co reads input channel co // m) is
+supported by a lane-gather variant (`_dw_task_gather`, correct, not register blocked: rare in
+practice). For the NCHW entry point (`run`) the input is blocked and the output unblocked
+around the NCHW16c kernel; compiled networks keep depthwise layers in NCHW16c.
+"""
+from __future__ import annotations
+
+
+import numba as nb
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+from tilefuse.kernels.activations import apply_scalar
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv.epilogue import bias_or_zeros, resolve_act
+from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
+from tilefuse.kernels.conv.planner import plan_depthwise_padded, plan_depthwise_tasks
+from tilefuse.kernels.threads import (numba_max_threads, numba_region, parallel_for, region_threads, resolve_threads,
+                                      scratch)
+
+RB = 8                  # output positions per register block
+EMPTY1 = np.zeros(0, np.float32)
+EMPTY2 = np.zeros((0, LANES), np.float32)
+# fused multiply-add but no reassociation: with "reassoc" LLVM vectorizes the kw loop as a
+# reduction with gathers instead of the 16 lanes (10x slower), and the per-value order is the spec's
+FASTMATH = {"contract", "nsz", "arcp"}
+
+
+def prepare(w, b, groups: int) -> dict:
+    """w (Co, 1, KH, KW) with groups = C_in, Co = m * C_in -> {"weight": (Ob, KH, KW, 16), "bias": (Ob*16,)}
+    plus, for m > 1, "src": (Ob*16,) the input channel each output lane reads (float32, exact)."""
+    w = np.asarray(w, np.float32)
+    co, cg, kh, kw = w.shape
+    if cg != 1 or co % groups:
+        raise ValueError(f"depthwise: weight {w.shape} with groups={groups} is not depthwise; expected "
+                         f"(m*C_in, 1, KH, KW) with groups = C_in")
+    ob = -(-co // LANES)
+    wp = np.zeros((ob * LANES, kh, kw), np.float32)
+    wp[:co] = w[:, 0]
+    # (Ob*16, KH, KW) -> (Ob, 16, KH, KW) -> (Ob, KH, KW, 16)
+    out = {"weight": np.ascontiguousarray(wp.reshape(ob, LANES, kh, kw).transpose(0, 2, 3, 1))}
+    bias = np.zeros(ob * LANES, np.float32)
+    bias[:co] = bias_or_zeros(b, co)
+    out["bias"] = bias
+    m = co // groups
+    if m > 1:
+        src = np.zeros(ob * LANES, np.float32)   # padded lanes read channel 0 with weight 0
+        src[:co] = np.arange(co) // m
+        out["src"] = src
+    return out
+
+
+PADDED = None           # force the padded-band path on/off (benchmarks, tests); None: use_padded()
+use_padded = plan_depthwise_padded   # the shape rule (planner.py)
+plan_tasks = plan_depthwise_tasks    # the task table (planner.py)
+
+
+@intrinsic
+def _data_ptr(typingctx, arr):
+    """float32* to arr's data; numba.carray(_data_ptr(a), a.size) is a view without a reference
+    count, so passing it to the inlined helpers adds no NRT incref/decref calls per block
+    (they cost as much as the block's FMAs)."""
+    if not isinstance(arr, types.Array) or arr.dtype != types.float32:
+        return None
+    sig = types.CPointer(types.float32)(arr)
+
+    def codegen(context, builder, signature, args):
+        return context.make_array(signature.args[0])(context, builder, args[0]).data
+
+    return sig, codegen
+
+
+@njit(inline="always", cache=True)
+def _row_taps(ih0, dh, KH, H):
+    """kh range [lo, hi) whose input row ih0 + kh*dh lies in [0, H)."""
+    lo = 0 if ih0 >= 0 else (-ih0 + dh - 1) // dh
+    hi = KH if ih0 + (KH - 1) * dh < H else ((H - 1 - ih0) // dh + 1 if H - 1 - ih0 >= 0 else 0)
+    return lo, max(lo, min(hi, KH))
+
+
+@njit(inline="always", cache=True, fastmath=FASTMATH)
+def _block(xf, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, KW, c1, c2, c3, c4, c5, c6, c7, kstep):
+    """The register block: a_r[0:16] += xf[k + c_r + tap] * wf[wk + tap] over nk kernel rows and
+    KW taps (c0 = 0), kh then kw ascending. k / wk: uint64 offsets of the block's first tap;
+    rstep / kstep: offset steps per kernel row / column. Inlined, so the constant arguments of a
+    call site become immediate address offsets and a constant KW unrolls the tap loop (1.5-2x
+    faster than runtime offsets, which need a register each)."""
+    C1, C2, C3, C4 = np.uint64(c1), np.uint64(c2), np.uint64(c3), np.uint64(c4)
+    C5, C6, C7, KS = np.uint64(c5), np.uint64(c6), np.uint64(c7), np.uint64(kstep)
+    for _ in range(nk):
+        kk = k
+        ww = wk
+        for kw in range(KW):
+            for l in range(16):
+                u = np.uint64(l)
+                q = wf[ww + u]
+                a0[l] += xf[kk + u] * q
+                a1[l] += xf[kk + C1 + u] * q
+                a2[l] += xf[kk + C2 + u] * q
+                a3[l] += xf[kk + C3 + u] * q
+                a4[l] += xf[kk + C4 + u] * q
+                a5[l] += xf[kk + C5 + u] * q
+                a6[l] += xf[kk + C6 + u] * q
+                a7[l] += xf[kk + C7 + u] * q
+            kk += KS
+            ww += np.uint64(16)
+        k += rstep
+        wk += np.uint64(KW * 16)
+
+
+@njit(inline="always", cache=True)
+def _fill_padded(sp, xf, xbase, H, W, r0, r1, pt, pl, Wp):
+    """sp[(r - r0) * Wp + c, 0:16] = x[r - pt, c - pl, 0:16] of one channel plane (at xbase in
+    xf), zero outside the image, for padded rows r in [r0, r1) and columns c in [0, Wp).
+    Unsigned offsets: signed ones add wraparound code that stops the copy from vectorizing."""
+    ncopy = max(0, min(W, Wp - pl))
+    lo = min(pl, Wp) * 16
+    z = np.float32(0.0)
+    for r in range(r0, r1):
+        ih = r - pt
+        row = np.uint64((r - r0) * Wp * 16)
+        if ih < 0 or ih >= H:
+            for i in range(Wp * 16):
+                sp[row + np.uint64(i)] = z
+            continue
+        for i in range(lo):
+            sp[row + np.uint64(i)] = z
+        src = np.uint64(xbase + ih * W * 16)
+        dst = row + np.uint64(pl * 16)
+        for i in range(ncopy * 16):
+            sp[dst + np.uint64(i)] = xf[src + np.uint64(i)]
+        for i in range((pl + ncopy) * 16, Wp * 16):
+            sp[row + np.uint64(i)] = z
+
+
+@njit(inline="always", cache=True, fastmath=FASTMATH)
+def _store8(of, d, a0, a1, a2, a3, a4, a5, a6, a7, bv):
+    """of[d + 16r : d + 16r + 16] = a_r + bias for r < 8."""
+    for l in range(16):
+        u = np.uint64(l)
+        b = bv[l]
+        of[d + u] = a0[l] + b
+        of[d + np.uint64(16) + u] = a1[l] + b
+        of[d + np.uint64(32) + u] = a2[l] + b
+        of[d + np.uint64(48) + u] = a3[l] + b
+        of[d + np.uint64(64) + u] = a4[l] + b
+        of[d + np.uint64(80) + u] = a5[l] + b
+        of[d + np.uint64(96) + u] = a6[l] + b
+        of[d + np.uint64(112) + u] = a7[l] + b
+
+
+@njit(inline="always", cache=True, fastmath=FASTMATH)
+def _store(of, d, a, bv):
+    """of[d:d+16] = a + bias (residual and activation follow per row, `_finish_row`)."""
+    for l in range(16):
+        of[d + np.uint64(l)] = a[l] + bv[l]
+
+
+@njit(nogil=True, cache=True, fastmath=FASTMATH)
+def _finish_row(of, rf, d0, m, has_res, code, al, be):
+    """of[d0:d0+m] = act(of + rf) on an output row still in L1: one lane loop per case, so the
+    common activations (apply_scalar with a constant code) vectorize; the rest branch per value."""
+    if has_res:
+        for i in range(d0, d0 + m):
+            of[i] += rf[i]
+    if code == 0:
+        return
+    if code == 1:
+        for i in range(d0, d0 + m):
+            of[i] = apply_scalar(1, of[i], al, be)
+    elif code == 2:
+        for i in range(d0, d0 + m):
+            of[i] = apply_scalar(2, of[i], al, be)
+    elif code == 3:
+        for i in range(d0, d0 + m):
+            of[i] = apply_scalar(3, of[i], al, be)
+    else:
+        for i in range(d0, d0 + m):
+            of[i] = apply_scalar(code, of[i], al, be)
+
+
+@njit(nogil=True, cache=True, fastmath=FASTMATH)
+def _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0, oh1, geo, sp, padded):
+    """Output rows [oh0, oh1) of channel blocks [ob0, ob1) of image n (multiplier 1: block ob
+    reads input block ob). Flat views xf (N*Cb*H*W*16), of / rf (N*Ob*Ho*Wo*16), wf (Ob*KH*KW*16);
+    geo = (Cb, H, W, Ob, Ho, Wo, KH, KW, sh, sw, dh, dw, pt, pl). Offsets are unsigned (no
+    negative-index wraparound code in the inner loops).
+
+    padded (small maps): each block's input rows are first copied into the zero-bordered scratch
+    sp (rows x Wp x 16, in L1/L2), so every position is interior: no border path, whose
+    one-position-at-a-time code would dominate 7x7 and 14x14 maps with 5x5 kernels."""
+    Cb, H0, W0, Ob, Ho, Wo = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    KH, KW, sh, sw, dh, dw, pt0, pl0 = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11], geo[12], geo[13]
+    # the geometry the row loop sees: the input itself, or the padded scratch band
+    r0 = oh0 * sh                                   # first padded input row of the task
+    r1 = (oh1 - 1) * sh + (KH - 1) * dh + 1         # one past the last
+    Wp = (Wo - 1) * sw + (KW - 1) * dw + 1
+    if padded:
+        H, W, pt, pl = r1, Wp, 0, 0
+    else:
+        H, W, pt, pl = H0, W0, pt0, pl0
+    a0 = nb.carray(stack_f32(16), 16)
+    a1 = nb.carray(stack_f32(16), 16)
+    a2 = nb.carray(stack_f32(16), 16)
+    a3 = nb.carray(stack_f32(16), 16)
+    a4 = nb.carray(stack_f32(16), 16)
+    a5 = nb.carray(stack_f32(16), 16)
+    a6 = nb.carray(stack_f32(16), 16)
+    a7 = nb.carray(stack_f32(16), 16)
+    bv = nb.carray(stack_f32(16), 16)
+    tmp = nb.carray(stack_f32(128), 128)
+    al, be = np.float32(alpha), np.float32(beta)
+    xf = nb.carray(_data_ptr(xf), xf.size)   # plain views (see _data_ptr)
+    spv = nb.carray(_data_ptr(sp), sp.size)
+    wf = nb.carray(_data_ptr(wf), wf.size)
+    of = nb.carray(_data_ptr(of), of.size)
+    # interior columns [owa, owb): every kw tap inside the image
+    owa = (pl + sw - 1) // sw
+    lim = W - 1 + pl - (KW - 1) * dw
+    owb = min(Wo, lim // sw + 1) if lim >= 0 else 0
+    if owb <= owa:
+        owa = Wo
+        owb = Wo
+    na = min(owa, Wo)
+    rstep = np.uint64(dh * W * 16)
+    s16 = sw * 16
+    for ob in range(ob0, ob1):
+        if padded:
+            _fill_padded(spv, xf, (n * Cb + ob) * H0 * W0 * 16, H0, W0, r0, r1, pt0, pl0, Wp)
+            src = spv
+            xbase = -r0 * Wp * 16                   # padded row r lives at (r - r0) * Wp * 16
+        else:
+            src = xf
+            xbase = (n * Cb + ob) * H * W * 16
+        obase = (n * Ob + ob) * Ho * Wo * 16
+        wbase = ob * KH * KW * 16
+        for l in range(16):
+            bv[l] = bias[ob * 16 + l]
+        for oh in range(oh0, oh1):
+            ih0 = oh * sh - pt
+            kh_lo, kh_hi = _row_taps(ih0, dh, KH, H)
+            nk = kh_hi - kh_lo
+            orow = obase + oh * Wo * 16
+            # interior: blocks of RB positions
+            for pb0 in range(owa, owb, RB):
+                # a short last block moves left to end at owb when the interior holds a whole block:
+                # it recomputes a few positions of the previous block (the same values, the same
+                # order) but runs the constant-offset code instead of the clamped one
+                pb = max(owa, min(pb0, owb - RB))
+                nv = min(RB, owb - pb)
+                for l in range(16):
+                    a0[l] = 0.0
+                    a1[l] = 0.0
+                    a2[l] = 0.0
+                    a3[l] = 0.0
+                    a4[l] = 0.0
+                    a5[l] = 0.0
+                    a6[l] = 0.0
+                    a7[l] = 0.0
+                k = np.uint64(xbase + ((ih0 + kh_lo * dh) * W + pb * sw - pl) * 16)
+                wk = np.uint64(wbase + kh_lo * KW * 16)
+                # the common geometries with constant offsets
+                if nv == RB and dw == 1 and sw == 1 and KW == 3:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 3,
+                           16, 32, 48, 64, 80, 96, 112, 16)
+                elif nv == RB and dw == 1 and sw == 2 and KW == 3:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 3,
+                           32, 64, 96, 128, 160, 192, 224, 16)
+                elif nv == RB and dw == 1 and sw == 1 and KW == 5:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 5,
+                           16, 32, 48, 64, 80, 96, 112, 16)
+                elif nv == RB and dw == 1 and sw == 2 and KW == 5:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 5,
+                           32, 64, 96, 128, 160, 192, 224, 16)
+                elif nv == RB and dw == 1 and sw == 1 and KW == 7:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 7,
+                           16, 32, 48, 64, 80, 96, 112, 16)
+                # 7-wide maps (the last stage of MobileNet / EfficientNet): 7 positions, the 8th repeats the 7th
+                elif nv == 7 and dw == 1 and sw == 1 and KW == 3:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 3,
+                           16, 32, 48, 64, 80, 96, 96, 16)
+                elif nv == 7 and dw == 1 and sw == 2 and KW == 3:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 3,
+                           32, 64, 96, 128, 160, 192, 192, 16)
+                elif nv == 7 and dw == 1 and sw == 1 and KW == 5:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 5,
+                           16, 32, 48, 64, 80, 96, 96, 16)
+                elif nv == 7 and dw == 1 and sw == 2 and KW == 5:
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, 5,
+                           32, 64, 96, 128, 160, 192, 192, 16)
+                else:
+                    # any geometry; a partial last block repeats its final position (clamped offsets)
+                    _block(src, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, KW,
+                           min(1, nv - 1) * s16, min(2, nv - 1) * s16, min(3, nv - 1) * s16, min(4, nv - 1) * s16,
+                           min(5, nv - 1) * s16, min(6, nv - 1) * s16, min(7, nv - 1) * s16, dw * 16)
+                # + bias, stored in one lane loop with constant offsets (separate per-position loops
+                # or runtime offsets here cost 2-3x: the accumulators leave the registers)
+                d = np.uint64(orow + pb * 16)
+                if nv == RB:
+                    _store8(of, d, a0, a1, a2, a3, a4, a5, a6, a7, bv)
+                else:
+                    _store8(tmp, np.uint64(0), a0, a1, a2, a3, a4, a5, a6, a7, bv)
+                    for i in range(nv * 16):
+                        of[d + np.uint64(i)] = tmp[i]
+            # border positions: left [0, owa) and right [owb, Wo), kw limited to the taps inside
+            for i in range(na + Wo - owb):
+                ow = i if i < na else owb + (i - na)
+                iw0 = ow * sw - pl
+                kw_lo, kw_hi = _row_taps(iw0, dw, KW, W)
+                for l in range(16):
+                    a0[l] = 0.0
+                k = np.uint64(xbase + ((ih0 + kh_lo * dh) * W + iw0 + kw_lo * dw) * 16)
+                wk = np.uint64(wbase + (kh_lo * KW + kw_lo) * 16)
+                for _ in range(nk):
+                    kk = k
+                    ww = wk
+                    for kw in range(kw_lo, kw_hi):
+                        for l in range(16):
+                            u = np.uint64(l)
+                            a0[l] += src[kk + u] * wf[ww + u]
+                        kk += np.uint64(dw * 16)
+                        ww += np.uint64(16)
+                    k += rstep
+                    wk += np.uint64(KW * 16)
+                _store(of, np.uint64(orow + ow * 16), a0, bv)
+            if has_res or code != 0:
+                _finish_row(of, rf, orow, Wo * 16, has_res, code, al, be)
+
+
+@njit(nogil=True, cache=True, fastmath=FASTMATH)
+def _dw_task_gather(o2, x2, w2, bias, src, r2, has_res, code, alpha, beta, n, ob0, ob1, oh0, oh1, geo):
+    """Channel multiplier > 1: output lane l of block ob reads input channel src[ob*16 + l]
+    (a lane gather), one output position at a time, same per-value order as `_dw_task`."""
+    Cb, H, W, Ob, Ho, Wo = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    KH, KW, sh, sw, dh, dw, pt, pl = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11], geo[12], geo[13]
+    a0 = nb.carray(stack_f32(16), 16)
+    xb = np.empty(16, np.int64)   # input plane (row offset in x2) of each lane
+    xl = np.empty(16, np.int64)   # input lane
+    al, be = np.float32(alpha), np.float32(beta)
+    for ob in range(ob0, ob1):
+        for l in range(16):
+            c = int(src[ob * 16 + l])
+            xb[l] = (n * Cb + c // 16) * H * W
+            xl[l] = c % 16
+        obase = (n * Ob + ob) * Ho * Wo
+        wbase = ob * KH * KW
+        for oh in range(oh0, oh1):
+            ih0 = oh * sh - pt
+            kh_lo, kh_hi = _row_taps(ih0, dh, KH, H)
+            for ow in range(Wo):
+                iw0 = ow * sw - pl
+                kw_lo, kw_hi = _row_taps(iw0, dw, KW, W)
+                for l in range(16):
+                    a0[l] = 0.0
+                for kh in range(kh_lo, kh_hi):
+                    for kw in range(kw_lo, kw_hi):
+                        p = (ih0 + kh * dh) * W + iw0 + kw * dw
+                        wv = w2[wbase + kh * KW + kw]
+                        for l in range(16):
+                            a0[l] += x2[xb[l] + p, xl[l]] * wv[l]
+                orr = o2[obase + oh * Wo + ow]
+                for l in range(16):
+                    v = a0[l] + bias[ob * 16 + l]
+                    if has_res:
+                        v += r2[obase + oh * Wo + ow, l]
+                    orr[l] = apply_scalar(code, v, al, be)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _dw_par(nt, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded):
+    """Every task (rows (n, ob0, ob1, oh0, oh1)) on nt of numba's threads, handed out dynamically
+    (a shared counter: a thread the OS does not schedule never holds a fixed share); band
+    (threads, size) scratch."""
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
+            _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
+                     tasks[i, 3], tasks[i, 4], geo, band[nb.get_thread_id()], padded)
+
+
+@njit(nogil=True, cache=True)
+def _dw_seq(tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded):
+    for i in range(tasks.shape[0]):
+        _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
+                 tasks[i, 3], tasks[i, 4], geo, band[0], padded)
+
+
+def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+              relu=False, act=None, threads=None) -> None:
+    """x_b (N, Cb, H, W, 16) unpadded -> out_b (N, Ob, Ho, Wo, 16), y = act(conv + bias + residual).
+
+    act: an activation of kernels/activations.py as epilogue.resolve_act takes it (relu=True is act relu)."""
+    wd, bias = prepared["weight"], prepared["bias"]
+    src = prepared.get("src")
+    n, cb, h, w, _ = x_b.shape
+    _, ob, ho, wo, _ = out_b.shape
+    obw, kh, kw, _ = wd.shape
+    if obw != ob or bias.shape != (ob * LANES,):
+        raise ValueError(f"depthwise (NCHWc): weight {wd.shape} / bias {bias.shape} do not match the output "
+                         f"{out_b.shape}; expected ({ob}, KH, KW, 16) / ({ob * LANES},)")
+    if src is None and cb != ob:
+        raise ValueError(f"depthwise (NCHWc): input has {cb} channel blocks, output {ob}; with multiplier 1 "
+                         f"they must be equal (prepare() adds 'src' for a multiplier > 1)")
+    t, _, l, _ = padding
+    sh, sw = stride
+    dh, dw = dilation
+    geo = np.array([cb, h, w, ob, ho, wo, kh, kw, sh, sw, dh, dw, t, l], np.int64)
+    code, alpha, beta = resolve_act(relu, act, "depthwise")
+    has_res = residual_b is not None
+    if has_res and residual_b.shape != out_b.shape:
+        raise ValueError(f"depthwise (NCHWc): residual {residual_b.shape} != output {out_b.shape}")
+    of, xf, wf = out_b.reshape(-1), x_b.reshape(-1), wd.reshape(-1)   # flat views, no copy
+    rf = residual_b.reshape(-1) if has_res else EMPTY1
+    # (N, C, H, W, 16) -> (N*C*H*W, 16): one vector per row (the gather variant)
+    o2, x2, w2 = out_b.reshape(-1, LANES), x_b.reshape(-1, LANES), wd.reshape(-1, LANES)
+    r2 = residual_b.reshape(-1, LANES) if has_res else EMPTY2
+    threads = resolve_threads(threads)
+    tasks = plan_tasks(n, ob, ho, wo, kh * kw, threads)
+    if src is not None:
+        parallel_for(lambda tk: _dw_task_gather(o2, x2, w2, bias, src, r2, has_res, code, alpha, beta, tk[0], tk[1],
+                                                tk[2], tk[3], tk[4], geo), tasks, threads)
+        return
+    padded = PADDED if PADDED is not None else use_padded(ho, wo)
+    wp = (wo - 1) * sw + (kw - 1) * dw + 1
+    band_rows = max(t[4] - t[3] for t in tasks) * sh + (kh - 1) * dh if padded else 0
+    table = np.array(tasks, np.int64).reshape(-1, 5)
+    # one padded-band scratch row per thread of the region (thread ids range over numba's pool)
+    nrows = numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1
+    band = scratch("dw_band", (nrows, max(1, band_rows * wp * LANES)))
+    numba_region(_dw_par, _dw_seq, threads, len(tasks), table, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo,
+                 band, padded)
+
+
+def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), relu=False,
+        act=None, threads=None) -> None:
+    """NCHW in, NCHW out: block the input (and residual), run the NCHW16c kernel, unblock."""
+    n, co, ho, wo = out.shape
+    xb = to_nchwc(x, threads=threads)
+    rb = to_nchwc(residual, threads=threads) if residual is not None else None
+    ob = prepared["weight"].shape[0]
+    out_b = np.empty((n, ob, ho, wo, LANES), np.float32)
+    run_nchwc(out_b, xb, prepared, rb, stride=stride, padding=padding, dilation=dilation, relu=relu, act=act,
+              threads=threads)
+    from_nchwc(out_b, co, out=out, threads=threads)

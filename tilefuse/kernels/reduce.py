@@ -1,0 +1,33 @@
+"""Reduction runtime kernels: mean / sum over axes, adaptive average pooling to any size.
+
+NCHW (any rank) only; the layout pass keeps their inputs NCHW. Global average pooling (mean
+over H and W with keepdim) is canonicalized by the importers to the `global_avg_pool` op, which
+has its own blocked kernel (kernels/pool.py). Accumulation in float32 (float64 for float64),
+numpy's pairwise summation: within 1e-6 relative of the reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import reference as ref
+
+
+def _reduce(kind):
+    def k(out, x, *, axes, keepdim=False, **_):
+        axes = tuple(a % x.ndim for a in axes)
+        f = np.mean if kind == "mean" else np.sum
+        acc = np.float64 if x.dtype == np.float64 else np.float32
+        # (.., reduced axes, ..) -> out's shape (keepdim or not: same element order)
+        out[...] = f(x, axis=axes, dtype=acc, keepdims=True).reshape(out.shape)
+    k.__name__ = kind
+    return k
+
+
+def adaptive_avg_pool(out, x, *, output_size, **_):
+    """PyTorch's adaptive windows; prefix sums per axis (ref.adaptive_avg_pool)."""
+    out[...] = ref.adaptive_avg_pool(x, tuple(output_size))
+
+
+KERNELS = {"mean": _reduce("mean"), "sum": _reduce("sum"), "adaptive_avg_pool": adaptive_avg_pool}
+THREADED: frozenset = frozenset()
+BLOCKED = frozenset()

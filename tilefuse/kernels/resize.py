@@ -1,0 +1,72 @@
+"""Resize runtime kernel: nearest and bilinear over H and W, NCHW and NCHW16c.
+
+The source indices and weights per output row / column come from the reference
+(`ref.resize_nearest_index`, `ref.resize_linear_weights`: float32 arithmetic as ATen computes
+them), so both kernels pick exactly the reference's pixels; bilinear blends in float32 in the
+reference's order (top row, bottom row, then vertically): within 1e-6 relative.
+One numba loop serves both layouts through a 5-D view ((N, C, H, W, 1) or the blocked tensor);
+tasks are (image, channel block) planes.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import reference as ref
+from .broadcast import _zero_pad_lanes
+from .threads import parallel_for
+
+
+def _view5(x, layout):
+    return x if layout == "nchwc" else x.reshape(x.shape + (1,))
+
+
+@njit(nogil=True, cache=True)
+def _nearest_plane(out, x, n, c, ih, iw):
+    L = x.shape[4]
+    for oh in range(out.shape[2]):
+        h = ih[oh]
+        for ow in range(out.shape[3]):
+            w = iw[ow]
+            for l in range(L):
+                out[n, c, oh, ow, l] = x[n, c, h, w, l]
+
+
+@njit(nogil=True, cache=True)
+def _bilinear_plane(out, x, n, c, h0, h1, lh, w0, w1, lw):
+    L = x.shape[4]
+    one = np.float32(1.0)
+    for oh in range(out.shape[2]):
+        a, b, t = h0[oh], h1[oh], lh[oh]
+        for ow in range(out.shape[3]):
+            p, q, u = w0[ow], w1[ow], lw[ow]
+            for l in range(L):
+                top = x[n, c, a, p, l] * (one - u) + x[n, c, a, q, l] * u
+                bot = x[n, c, b, p, l] * (one - u) + x[n, c, b, q, l] * u
+                out[n, c, oh, ow, l] = top * (one - t) + bot * t
+
+
+def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor",
+           layout="nchw", channels=None, threads=None, **_):
+    h, w = x.shape[2], x.shape[3]
+    sh, sw = scales if scales else (None, None)
+    if layout != "nchwc" and out.dtype != np.float32:
+        out[...] = ref.resize(x, tuple(size), scales, mode, coord, nearest_mode)
+        return
+    x5, o5 = _view5(x, layout), _view5(out, layout)
+    tasks = [(n, c) for n in range(x5.shape[0]) for c in range(x5.shape[1])]
+    if mode == "nearest":
+        ih = ref.resize_nearest_index(h, size[0], sh, coord, nearest_mode)
+        iw = ref.resize_nearest_index(w, size[1], sw, coord, nearest_mode)
+        parallel_for(lambda t: _nearest_plane(o5, x5, t[0], t[1], ih, iw), tasks, threads)
+    else:
+        h0, h1, lh = ref.resize_linear_weights(h, size[0], sh, coord)
+        w0, w1, lw = ref.resize_linear_weights(w, size[1], sw, coord)
+        parallel_for(lambda t: _bilinear_plane(o5, x5, t[0], t[1], h0, h1, lh, w0, w1, lw), tasks, threads)
+    if layout == "nchwc" and channels is not None:   # padded lanes 0 whatever the input held there
+        _zero_pad_lanes(out, int(channels))
+
+
+KERNELS = {"resize": resize}
+THREADED = frozenset(KERNELS)
+BLOCKED = frozenset(KERNELS)   # kernels with an NCHW16c form
