@@ -1,7 +1,14 @@
-"""Whole networks: tilefuse vs PyTorch eager, PyTorch channels_last and ONNX Runtime, same run.
+"""Whole networks: tilefuse vs ONNX Runtime, PyTorch eager and PyTorch channels_last, same run.
 
-    python benchmarks/networks.py                       # the issue's table (takes a while)
-    python benchmarks/networks.py --cases resnet50:1 resnet18:16 --reps 3 --threads 2
+    python benchmarks/networks.py                                   # every case below (takes a while)
+    python benchmarks/networks.py --models mobilenet_v2 --batch 1 32 --threads 2 --reps 7
+    python benchmarks/networks.py --cases resnet50:1 unet:1 --reps 5 --threads 2
+    PYTHONPATH=. python3 benchmarks/networks.py --suite modern --threads 16     # the lead's 16-core box
+
+Cases are model:batch pairs (--cases), or the product of --models and --batch. The default is
+the classic suite (ResNet, AlexNet, VGG) and the issue-9 suite (MobileNetV2, EfficientNet-B0,
+RegNetY-400MF, ConvNeXt-Tiny at batch 1 and 32, UNet at 512x512 batch 1); --suite picks one.
+Images are 224x224, UNet's 512x512 (--image-size overrides both).
 
 BLAS: run with the environment's OpenBLAS pins unset in that command alone (OpenBLAS then
 uses its SkylakeX AVX-512 kernels; the header prints the one in use):
@@ -12,9 +19,14 @@ uses its SkylakeX AVX-512 kernels; the header prints the one in use):
 ("tf model s"). "jit s" is Session.warmup(): the first call, which compiles or loads the numba
 kernels (cache=True: a second process loads them from disk).
 
-Each engine gets the same weights (the zoo's seeded ones loaded into the torch module, which
-is exported to ONNX for ONNX Runtime), the same input and the same thread count. Times are
-the median of --reps runs after one warm-up run. A ratio > 1 means tilefuse is faster.
+Each engine gets the same weights (the zoo's seeded ones loaded into the torch twin, which
+torch's TorchScript exporter writes to ONNX for ONNX Runtime), the same input and the same
+thread count: tilefuse Session(threads=N), ONNX Runtime intra_op_num_threads=N with sequential
+execution, torch.set_num_threads(N). Timing is interleaved, so load from other processes hits
+every engine alike: after one warm-up run each, --reps rounds each time one run of every engine
+(the order rotating per round, a short pause between engines so one engine's spinning worker
+threads have gone idle before the next starts); the table gives the median per engine. A ratio
+> 1 means tilefuse is faster. "rel err" is max|tilefuse - torch| / max|torch|.
 """
 from __future__ import annotations
 
@@ -23,6 +35,7 @@ import io
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -30,52 +43,97 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-DEFAULT_CASES = ["resnet50:1", "resnet50:8", "resnet50:32", "resnet18:1", "resnet18:16",
-                 "alexnet:1", "alexnet:16", "vgg16:1", "vgg16:16"]
+CLASSIC = ["resnet50:1", "resnet50:8", "resnet50:32", "resnet18:1", "resnet18:16",
+           "alexnet:1", "alexnet:16", "vgg16:1", "vgg16:16"]
+# issue 9: the modern models at batch 1 and 32, UNet at 512x512
+MODERN = [f"{m}:{b}" for m in ("mobilenet_v2", "efficientnet_b0", "regnet_y_400mf", "convnext_tiny")
+          for b in (1, 32)] + ["unet:1"]
+SUITES = {"classic": CLASSIC, "modern": MODERN, "all": CLASSIC + MODERN}
+IMAGE_SIZE = {"unet": 512}
+PAUSE_S = 0.02
 
 
-def median_time(fn, reps: int) -> float:
-    fn()  # warm-up
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
+def interleaved(engines: dict, reps: int) -> dict:
+    """Median seconds per engine: one warm-up each, then `reps` rounds of one timed run of every
+    engine (order rotated per round, PAUSE_S between engines)."""
+    for fn in engines.values():
         fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+    names = list(engines)
+    times = {n: [] for n in names}
+    for r in range(reps):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            time.sleep(PAUSE_S)
+            t = time.perf_counter()
+            engines[n]()
+            times[n].append(time.perf_counter() - t)
+    return {n: float(np.median(ts)) for n, ts in times.items()}
+
+
+def torch_twin(name: str, net):
+    """The torch module of zoo model `name` carrying `net`'s weights (tests/torch_zoo.py for the
+    classic models, tests/modern_models.py for the issue-9 ones)."""
+    import modern_models
+    import torch_zoo
+    if name in torch_zoo.BUILDERS:
+        return torch_zoo.load(name, net).eval()
+    return modern_models.load(name, net).eval()
+
+
+def ort_session(module, x: np.ndarray, threads: int):
+    import onnxruntime as ort
+    import torch
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.from_numpy(x.copy()),), f, dynamo=False, input_names=["x"],
+                          output_names=["y"], opset_version=17)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(f.getvalue(), so, providers=["CPUExecutionProvider"])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", nargs="*", default=DEFAULT_CASES, help="model:batch pairs")
+    ap.add_argument("--cases", nargs="*", help="model:batch pairs")
+    ap.add_argument("--models", nargs="*", help="models (with --batch): every model at every batch")
+    ap.add_argument("--batch", nargs="*", type=int, default=[1, 32])
+    ap.add_argument("--suite", choices=list(SUITES), default="all", help="without --cases/--models")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--reps", type=int, default=5, help="interleaved rounds (median)")
+    ap.add_argument("--image-size", type=int, help="default 224, UNet 512")
     ap.add_argument("--no-ort", action="store_true")
+    ap.add_argument("--no-cl", action="store_true", help="skip PyTorch channels_last")
     ap.add_argument("--tune", action="store_true", help="compile with tune=True (and time the cost-model choice too)")
     args = ap.parse_args()
+    cases = list(args.cases or [])
+    cases += [f"{m}:{b}" for m in (args.models or []) for b in args.batch]
+    cases = cases or SUITES[args.suite]
 
     import onnxruntime as ort
     import torch
     import tilefuse
-    import torch_zoo
-    from tilefuse.compiler.tune import cpu_model
     from tilefuse import models
+    from tilefuse.compiler.tune import cpu_model
+    from tilefuse.kernels.threads import blas_info, wait_policy
 
-    from tilefuse.kernels.threads import blas_info
     torch.set_num_threads(args.threads)
-    print(f"# networks: {cpu_model()}, {os.cpu_count()} cores, threads={args.threads}, torch {torch.__version__}, "
-          f"onnxruntime {ort.__version__}, reps={args.reps} (median), OpenBLAS core {blas_info()}, "
-          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}, tune={args.tune}, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    hdr = (f"{'model':<9} {'batch':>5} {'tilefuse s':>10} {'tf model s':>10} {'torch s':>9} {'torch_cl s':>10} "
-           f"{'ort s':>8} {'vs torch':>8} {'vs cl':>7} {'vs ort':>7} {'max|diff|':>9} {'jit s':>6}")
+    print(f"# networks: {cpu_model()}, {os.cpu_count()} cores, threads={args.threads}, tilefuse "
+          f"{getattr(tilefuse, '__version__', '?')}, torch {torch.__version__}, onnxruntime {ort.__version__}, "
+          f"numpy {np.__version__}, reps={args.reps} interleaved (median), OpenBLAS core {blas_info()}, "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}, numba wait {wait_policy()}, "
+          f"tune={args.tune}, load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    hdr = (f"{'model':<15} {'batch':>5} {'size':>4} {'tilefuse s':>10} {'tf model s':>10} {'ort s':>8} {'torch s':>9} "
+           f"{'torch_cl s':>10} {'vs ort':>7} {'vs torch':>8} {'vs cl':>6} {'rel err':>8} {'jit s':>6}")
     print(hdr)
     print("-" * len(hdr))
-    for case in args.cases:
+    for case in cases:
         name, batch = case.split(":")
         batch = int(batch)
-        net = models.get(name, seed=0, batch=batch, image_size=args.image_size)
-        tm = torch_zoo.load(name, net).eval()
+        size = args.image_size or IMAGE_SIZE.get(name, 224)
+        net = models.get(name, seed=0, batch=batch, image_size=size)
+        tm = torch_twin(name, net)
         x = np.random.default_rng(0).standard_normal(net.inputs[0].shape).astype(np.float32)
         xt = torch.from_numpy(x)
 
@@ -83,40 +141,37 @@ def main() -> int:
         sess = tilefuse.Session(compiled, threads=args.threads)
         first = sess.warmup()
         y_tf = sess.run(x)
-        t_tf = median_time(lambda: sess.run(x), args.reps)
-        t_model = float("nan")
+        engines = {"tf": lambda: sess.run(x)}
         if args.tune:
-            c_model = tilefuse.compile(net, threads=args.threads)
-            s_model = tilefuse.Session(c_model, threads=args.threads)
+            s_model = tilefuse.Session(tilefuse.compile(net, threads=args.threads), threads=args.threads)
             s_model.warmup()
-            t_model = median_time(lambda: s_model.run(x), args.reps)
-            s_model.release()
-
+            engines["tf_model"] = lambda: s_model.run(x)
         with torch.no_grad():
             y_t = tm(xt).numpy()
-            t_torch = median_time(lambda: tm(xt), args.reps)
-            tm_cl = tm.to(memory_format=torch.channels_last)
-            x_cl = xt.to(memory_format=torch.channels_last)
-            t_cl = median_time(lambda: tm_cl(x_cl), args.reps)
-            tm = tm.to(memory_format=torch.contiguous_format)
-
-        t_ort = float("nan")
         if not args.no_ort:
-            f = io.BytesIO()
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                torch.onnx.export(tm, (torch.from_numpy(x.copy()),), f, dynamo=False, input_names=["x"], output_names=["y"])
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = args.threads
-            so.inter_op_num_threads = 1
-            osess = ort.InferenceSession(f.getvalue(), so, providers=["CPUExecutionProvider"])
-            t_ort = median_time(lambda: osess.run(None, {"x": x}), args.reps)
+            osess = ort_session(tm, x, args.threads)
+            engines["ort"] = lambda: osess.run(None, {"x": x})
 
-        diff = float(np.max(np.abs(y_tf - y_t)))
-        print(f"{name:<9} {batch:>5} {t_tf:>10.4f} {t_model:>10.4f} {t_torch:>9.4f} {t_cl:>10.4f} {t_ort:>8.4f} "
-              f"{t_torch / t_tf:>8.2f} {t_cl / t_tf:>7.2f} {t_ort / t_tf:>7.2f} {diff:>9.2e} {first:>6.2f}"
-              f"   (compile {compiled.compile_seconds:.2f} s, load {os.getloadavg()[0]:.2f})", flush=True)
+        def torch_run():
+            with torch.no_grad():
+                tm(xt)
+        engines["torch"] = torch_run
+        if not args.no_cl:
+            tm_cl = torch_twin(name, net).to(memory_format=torch.channels_last)
+            x_cl = xt.contiguous(memory_format=torch.channels_last)
+
+            def torch_cl_run():
+                with torch.no_grad():
+                    tm_cl(x_cl)
+            engines["torch_cl"] = torch_cl_run
+        t = interleaved(engines, args.reps)
+        nan = float("nan")
+        t_tf, t_model, t_ort = t["tf"], t.get("tf_model", nan), t.get("ort", nan)
+        t_torch, t_cl = t["torch"], t.get("torch_cl", nan)
+        err = float(np.max(np.abs(y_tf - y_t)) / np.max(np.abs(y_t)))
+        print(f"{name:<15} {batch:>5} {size:>4} {t_tf:>10.4f} {t_model:>10.4f} {t_ort:>8.4f} {t_torch:>9.4f} "
+              f"{t_cl:>10.4f} {t_ort / t_tf:>7.2f} {t_torch / t_tf:>8.2f} {t_cl / t_tf:>6.2f} {err:>8.1e} "
+              f"{first:>6.2f}   (compile {compiled.compile_seconds:.2f} s, load {os.getloadavg()[0]:.2f})", flush=True)
         sess.release()
     return 0
 
