@@ -47,8 +47,10 @@ def choose_algorithms(net: Network, *, algorithm: str | None = None, winograd: b
             continue
         x, w = op.inputs[0], op.inputs[1]
         p = op.params
-        if algorithm == REFERENCE or x.dtype != np.float32 or p.get("has_input_scale"):
-            algo = REFERENCE       # (an input-scaled conv runs kernels/se_conv.py)
+        if p.get("has_input_scale"):
+            continue               # an input-scaled conv runs kernels/se_conv.py: no algorithm to choose
+        if algorithm == REFERENCE or x.dtype != np.float32:
+            algo = REFERENCE
         else:
             cands = fast.candidates(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"],
                                     allow_winograd=winograd)
