@@ -68,7 +68,12 @@ def _mark_worker() -> None:
 
 def _spread(body, nt: int) -> None:
     """body(tid) for tid in range(nt): tid 0 on the calling thread, the others on the pool.
-    Waits for all; re-raises the caller's exception, else the first worker's."""
+
+    Every body takes its work from a shared source until none is left, so when the caller's
+    body returns all work has been taken: a worker that has not started by then is cancelled
+    rather than waited for (on a loaded machine the OS may not run it for a whole time slice;
+    the caller has done its share meanwhile). Waits for the workers that started; re-raises the
+    caller's exception, else the first worker's."""
     futs = [_pool().submit(body, tid) for tid in range(1, nt)]
     err = None
     try:
@@ -76,6 +81,8 @@ def _spread(body, nt: int) -> None:
     except BaseException as e:
         err = e
     for f in futs:
+        if f.cancel():
+            continue
         try:
             f.result()
         except BaseException as e:
@@ -143,10 +150,12 @@ def parallel_range(ntasks: int, fn, threads=None) -> None:
 # task table inside one numba function: a `prange` over the tasks, compiled with parallel=True,
 # on numba's persistent thread pool (OpenMP or TBB where available). One call per layer, no
 # Python per task, no thread pool hand-off per task: the per-layer dispatch cost stays a few
-# microseconds whatever the thread count. Every such kernel has the same loop compiled without
-# parallel=True too (`seq`), used for one thread and inside our own pool's workers.
+# microseconds whatever the thread count. Every such kernel has its worker loop compiled without
+# parallel=True too (`seq(counter, tid, *args)`: takes tasks from the shared counter), used for one
+# thread, inside our own pool's workers, and on our pool where numba's would wait for unscheduled
+# threads (`region_mode`).
 #
-#     numba_region(par, seq, threads, ntasks, *args)   ->  par(nt, *args) on nt threads, or seq(*args)
+#     numba_region(par, seq, threads, ntasks, *args)   ->  par(nt, *args) on nt threads, or seq workers
 #
 # `par` runs `for _ in prange(nt)` (one worker per thread) and each worker takes the next task from
 # a shared atomic counter (conv/_nb.atomic_add) until none is left: the tasks are handed out
@@ -235,13 +244,37 @@ def region_threads(threads, ntasks: int) -> int:
     return min(_width(threads, ntasks), numba_max_threads())
 
 
+def region_mode() -> str:
+    """Where a numba kernel's task loop runs on more than one thread: 'numba' (numba's OpenMP /
+    TBB pool, `par`) or 'pool' (our pool: `seq` workers on the calling thread and pool threads,
+    the caller never waiting for a worker that has not started). TILEFUSE_REGIONS=numba|pool if
+    set; else 'pool' where the threads wait passively (a loaded machine, `wait_policy`): there the
+    end-of-region barrier of numba's pool waits for every thread, and a thread the OS has not
+    scheduled costs a whole time slice per layer (measured on the loaded 2-core development
+    machine: MobileNetV2 batch 1 at 2 threads, 0.73 s on numba's pool against 22 ms for ONNX
+    Runtime); 'numba' otherwise (spinning OpenMP threads start a region in microseconds)."""
+    if "mode" not in _NUMBA:
+        want = os.environ.get("TILEFUSE_REGIONS", "").strip().lower()
+        if want not in ("numba", "pool"):
+            want = "pool" if wait_policy() == "passive" else "numba"
+        _NUMBA["mode"] = want
+    return _NUMBA["mode"]
+
+
 def numba_region(par, seq, threads, ntasks: int, *args) -> int:
-    """Run a task loop: `seq(*args)` on the calling thread, or `par(nt, *args)` on nt of numba's
-    threads. Returns the thread count used."""
+    """Run a task loop over nt = region_threads(threads, ntasks) threads. `seq(counter, tid,
+    *args)` is one worker: it takes tasks from counter[0] (an int64 array, atomically) until none
+    is left, with per-thread scratch row `tid`; `par(nt, *args)` runs nt such workers on numba's
+    pool. One thread: seq on the calling thread; more: par, or seq on our pool (`region_mode`).
+    Which thread runs a task never changes its bits. Returns the thread count used."""
     nt = region_threads(threads, ntasks)
     if nt <= 1:
-        seq(*args)
+        seq(np.zeros(1, np.int64), 0, *args)
         return 1
+    if region_mode() == "pool":
+        counter = np.zeros(1, np.int64)     # a fresh one per region: a late worker finds it spent
+        _spread(lambda tid: seq(counter, tid, *args), nt)
+        return nt
     layer = numba_layer()
     if getattr(_LOCAL, "numba_nt", 0) != nt:
         _NUMBA["set"](nt)          # numba's per-thread count: set once per change (a ctypes call)

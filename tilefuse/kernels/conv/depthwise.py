@@ -402,21 +402,20 @@ def _dw_par(nt, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, ba
     """Every task (rows (n, ob0, ob1, oh0, oh1)) on nt of numba's threads, handed out dynamically
     (a shared counter: a thread the OS does not schedule never holds a fixed share); band
     (threads, size) scratch."""
-    counter = np.zeros(1, np.int64)
+    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
     for _w in nb.prange(nt):
-        while True:
-            i = atomic_add(counter, 0, 1)
-            if i >= tasks.shape[0]:
-                break
-            _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
-                     tasks[i, 3], tasks[i, 4], geo, band[nb.get_thread_id()], padded)
+        _dw_seq(counter, nb.get_thread_id(), tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded)
 
 
 @njit(nogil=True, cache=True)
-def _dw_seq(tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded):
-    for i in range(tasks.shape[0]):
+def _dw_seq(counter, tid, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded):
+    """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= tasks.shape[0]:
+            break
         _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
-                 tasks[i, 3], tasks[i, 4], geo, band[0], padded)
+                 tasks[i, 3], tasks[i, 4], geo, band[tid], padded)
 
 
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),

@@ -290,19 +290,19 @@ def _direct_par(nt, tasks, out, x, band, wb, bias, res, has_res, code, alpha, be
     """Every task (rows (n, r0, r1, o0, o1)) on numba's pool; band (threads, size) scratch."""
     counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
     for _w in nb.prange(nt):
-        while True:
-            i = atomic_add(counter, 0, 1)
-            if i >= tasks.shape[0]:
-                break
-            _direct_task(out, x, band[nb.get_thread_id()], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0],
-                         tasks[i, 1], tasks[i, 2], tasks[i, 3], tasks[i, 4], pt, pl, Wp, padded, Wo, sh, sw, dh, dw)
+        _direct_seq(counter, nb.get_thread_id(), tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl,
+                    Wp, padded, Wo, sh, sw, dh, dw)
 
 
 @njit(nogil=True, cache=True)
-def _direct_seq(tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, padded, Wo, sh, sw,
-                dh, dw):
-    for i in range(tasks.shape[0]):
-        _direct_task(out, x, band[0], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1],
+def _direct_seq(counter, tid, tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, padded, Wo,
+                sh, sw, dh, dw):
+    """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= tasks.shape[0]:
+            break
+        _direct_task(out, x, band[tid], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1],
                      tasks[i, 2], tasks[i, 3], tasks[i, 4], pt, pl, Wp, padded, Wo, sh, sw, dh, dw)
 
 

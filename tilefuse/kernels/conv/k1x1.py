@@ -184,19 +184,18 @@ def _k1x1_par(nt, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, 
     """Every task of the layer on numba's pool: tasks (T, 4) = (q0, q1, p0, p1)."""
     counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
     for _w in nb.prange(nt):
-        while True:
-            i = atomic_add(counter, 0, 1)
-            if i >= tasks.shape[0]:
-                break
-            _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3],
-                  HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo)
+        _k1x1_seq(counter, nb.get_thread_id(), tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi,
+                  Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo)
 
 
 @njit(nogil=True, cache=True)
-def _k1x1_seq(tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
+def _k1x1_seq(counter, tid, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
               q_outer, pfd, pfo):
-    """The same task loop on the calling thread."""
-    for i in range(tasks.shape[0]):
+    """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= tasks.shape[0]:
+            break
         _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3],
               HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo)
 

@@ -446,39 +446,39 @@ def _wino_par_c(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbu
     """Every task (rows (p0, P, pa0, pa1)) on numba's pool; vbuf / mbuf (threads, size) scratch."""
     counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
     for _w in nb.prange(nt):
-        while True:
-            i = atomic_add(counter, 0, 1)
-            if i >= tasks.shape[0]:
-                break
-            t = nb.get_thread_id()
-            _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0], tasks[i, 1],
-                         tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+        _wino_seq_c(counter, nb.get_thread_id(), tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf,
+                    th, tw, pt, pl, m)
 
 
 @njit(nogil=True, cache=True)
-def _wino_seq_c(tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
-    for i in range(tasks.shape[0]):
-        _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[0], mbuf[0], tasks[i, 0], tasks[i, 1],
+def _wino_seq_c(counter, tid, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
+    """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= tasks.shape[0]:
+            break
+        _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[tid], mbuf[tid], tasks[i, 0], tasks[i, 1],
                      tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def _wino_par_nchw(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
+    """Every task of the layer on nt of numba's threads."""
     counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
     for _w in nb.prange(nt):
-        while True:
-            i = atomic_add(counter, 0, 1)
-            if i >= tasks.shape[0]:
-                break
-            t = nb.get_thread_id()
-            _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[t], mbuf[t], tasks[i, 0],
-                            tasks[i, 1], tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+        _wino_seq_nchw(counter, nb.get_thread_id(), tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf,
+                       th, tw, pt, pl, m)
 
 
 @njit(nogil=True, cache=True)
-def _wino_seq_nchw(tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
-    for i in range(tasks.shape[0]):
-        _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[0], mbuf[0], tasks[i, 0], tasks[i, 1],
+def _wino_seq_nchw(counter, tid, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl,
+                   m):
+    """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= tasks.shape[0]:
+            break
+        _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[tid], mbuf[tid], tasks[i, 0], tasks[i, 1],
                         tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
 
 
