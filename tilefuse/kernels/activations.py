@@ -238,38 +238,43 @@ def apply_scalar(code, v, alpha, beta):
 
 
 @njit(inline="always", cache=True)
-def _apply_loop(f, code, a, b):
-    for i in range(f.size):
+def _apply_loop(f, lo, hi, code, a, b):
+    for i in range(lo, hi):
         f[i] = apply_scalar(code, f[i], a, b)
 
 
 @njit(nogil=True, cache=True)
-def apply_inplace(x, code, alpha, beta):
-    """x[...] = act(x) on a contiguous float32 array (any shape), one thread. One loop per code
+def apply_span(f, lo, hi, code, a, b):
+    """f[lo:hi] = act(f[lo:hi]) in place on a 1-D float32 array (a, b float32). One loop per code
     (the code is a compile-time constant in each), so every loop vectorizes."""
-    f = x.reshape(-1)
-    a, b = np.float32(alpha), np.float32(beta)
     if code == 0:
         return
     elif code == 1:
-        _apply_loop(f, 1, a, b)
+        _apply_loop(f, lo, hi, 1, a, b)
     elif code == 2:
-        _apply_loop(f, 2, a, b)
+        _apply_loop(f, lo, hi, 2, a, b)
     elif code == 3:
-        _apply_loop(f, 3, a, b)
+        _apply_loop(f, lo, hi, 3, a, b)
     elif code == 4:
-        _apply_loop(f, 4, a, b)
+        _apply_loop(f, lo, hi, 4, a, b)
     elif code == 5:
-        _apply_loop(f, 5, a, b)
+        _apply_loop(f, lo, hi, 5, a, b)
     elif code == 6:
-        _apply_loop(f, 6, a, b)
+        _apply_loop(f, lo, hi, 6, a, b)
     elif code == 7:
-        _apply_loop(f, 7, a, b)
+        _apply_loop(f, lo, hi, 7, a, b)
     elif code == 8:
-        _apply_loop(f, 8, a, b)
+        _apply_loop(f, lo, hi, 8, a, b)
     elif code == 9:
-        _apply_loop(f, 9, a, b)
+        _apply_loop(f, lo, hi, 9, a, b)
     elif code == 10:
-        _apply_loop(f, 10, a, b)
+        _apply_loop(f, lo, hi, 10, a, b)
     else:
-        _apply_loop(f, 11, a, b)
+        _apply_loop(f, lo, hi, 11, a, b)
+
+
+@njit(nogil=True, cache=True)
+def apply_inplace(x, code, alpha, beta):
+    """x[...] = act(x) on a contiguous float32 array (any shape), one thread (`apply_span`)."""
+    f = x.reshape(-1)
+    apply_span(f, 0, f.size, code, np.float32(alpha), np.float32(beta))

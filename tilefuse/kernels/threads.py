@@ -244,21 +244,24 @@ def region_threads(threads, ntasks: int) -> int:
     return min(_width(threads, ntasks), numba_max_threads())
 
 
-def region_mode() -> str:
-    """Where a numba kernel's task loop runs on more than one thread: 'numba' (numba's OpenMP /
-    TBB pool, `par`) or 'pool' (our pool: `seq` workers on the calling thread and pool threads,
-    the caller never waiting for a worker that has not started). TILEFUSE_REGIONS=numba|pool if
-    set; else 'pool' where the threads wait passively (a loaded machine, `wait_policy`): there the
-    end-of-region barrier of numba's pool waits for every thread, and a thread the OS has not
-    scheduled costs a whole time slice per layer (measured on the loaded 2-core development
-    machine: MobileNetV2 batch 1 at 2 threads, 0.73 s on numba's pool against 22 ms for ONNX
-    Runtime); 'numba' otherwise (spinning OpenMP threads start a region in microseconds)."""
+def region_mode(nt: int) -> str:
+    """Where a numba kernel's task loop runs on nt > 1 threads: 'numba' (numba's OpenMP / TBB
+    pool, `par`) or 'pool' (our pool: `seq` workers on the calling thread and pool threads, the
+    caller never waiting for a worker that has not started). TILEFUSE_REGIONS=numba|pool if set;
+    else 'pool' when the runnable threads of other processes (sampled when numba's pool starts,
+    `_others_running`) plus nt exceed the usable cores: there the end-of-region barrier of numba's
+    pool waits for every thread, and one the OS has not scheduled costs a time slice per layer
+    (measured on the shared 2-core development machine at 2 threads, MobileNetV2 batch 1: 311 ms
+    a run on numba's pool, 27 ms on ours, 15 ms for ONNX Runtime); 'numba' on an idle machine
+    (a region starts in microseconds there)."""
     if "mode" not in _NUMBA:
         want = os.environ.get("TILEFUSE_REGIONS", "").strip().lower()
-        if want not in ("numba", "pool"):
-            want = "pool" if wait_policy() == "passive" else "numba"
-        _NUMBA["mode"] = want
-    return _NUMBA["mode"]
+        numba_layer()
+        _NUMBA["mode"] = want if want in ("numba", "pool") else None
+        _NUMBA["others"] = _others_running() if _NUMBA["mode"] is None else 0
+    if _NUMBA["mode"] is not None:
+        return _NUMBA["mode"]
+    return "pool" if _NUMBA["others"] + nt > cpu_count() else "numba"
 
 
 def numba_region(par, seq, threads, ntasks: int, *args) -> int:
@@ -271,7 +274,7 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     if nt <= 1:
         seq(np.zeros(1, np.int64), 0, *args)
         return 1
-    if region_mode() == "pool":
+    if region_mode(nt) == "pool":
         counter = np.zeros(1, np.int64)     # a fresh one per region: a late worker finds it spent
         _spread(lambda tid: seq(counter, tid, *args), nt)
         return nt

@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from tilefuse.kernels.activations import apply_scalar
+from tilefuse.kernels.activations import apply_scalar, apply_span
 from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
 from tilefuse.kernels.conv.epilogue import bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
@@ -189,25 +189,12 @@ def _store(of, d, a, bv):
 
 @njit(nogil=True, cache=True, fastmath=FASTMATH)
 def _finish_row(of, rf, d0, m, has_res, code, al, be):
-    """of[d0:d0+m] = act(of + rf) on an output row still in L1: one lane loop per case, so the
-    common activations (apply_scalar with a constant code) vectorize; the rest branch per value."""
+    """of[d0:d0+m] = act(of + rf) on an output row still in L1 (activations.apply_span: one lanes
+    loop per activation, each vectorized)."""
     if has_res:
         for i in range(d0, d0 + m):
             of[i] += rf[i]
-    if code == 0:
-        return
-    if code == 1:
-        for i in range(d0, d0 + m):
-            of[i] = apply_scalar(1, of[i], al, be)
-    elif code == 2:
-        for i in range(d0, d0 + m):
-            of[i] = apply_scalar(2, of[i], al, be)
-    elif code == 3:
-        for i in range(d0, d0 + m):
-            of[i] = apply_scalar(3, of[i], al, be)
-    else:
-        for i in range(d0, d0 + m):
-            of[i] = apply_scalar(code, of[i], al, be)
+    apply_span(of, d0, d0 + m, code, al, be)
 
 
 @njit(nogil=True, cache=True, fastmath=FASTMATH)

@@ -76,9 +76,12 @@ def store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, b
 
     The residual is added before the activation (the reference's order). Unsigned indices keep
     numba's negative-index wraparound code out of the stores; identity and ReLU compute in
-    registers without writing acc back; the other activations go through `act_lanes`. One call
-    per register block (not per 16 lanes), so the array bookkeeping of an inlined call is paid
-    once per block."""
+    registers without writing acc back; the other activations go through `act_block`, one call
+    per register block (not per 16 lanes), so the call and the branch on the code are paid once
+    per block and the lanes loop of each activation vectorizes."""
+    if code > 1:
+        act_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta)
+        return
     for r in range(nv):
         for k in range(nk):
             du = np.uint64(o0 + offs[r] + k * dk)
@@ -88,33 +91,63 @@ def store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, b
                     for l in range(16):
                         lu = np.uint64(l)
                         dst[du + lu] = max(acc[ar, cu + lu] + res[du + lu], np.float32(0.0))
-                elif code == 0:
-                    for l in range(16):
-                        lu = np.uint64(l)
-                        dst[du + lu] = acc[ar, cu + lu] + res[du + lu]
                 else:
                     for l in range(16):
                         lu = np.uint64(l)
-                        acc[ar, cu + lu] += res[du + lu]
-                    act_lanes(dst, du, acc, a0 + r, 16 * k, code, alpha, beta)
+                        dst[du + lu] = acc[ar, cu + lu] + res[du + lu]
             elif code == 1:
                 for l in range(16):
                     lu = np.uint64(l)
                     dst[du + lu] = max(acc[ar, cu + lu], np.float32(0.0))
-            elif code == 0:
+            else:
                 for l in range(16):
                     lu = np.uint64(l)
                     dst[du + lu] = acc[ar, cu + lu]
+
+
+@njit(inline="always", fastmath=True)
+def _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta):
+    """store_block's loops for one activation `code` (a literal at each call site: the lanes
+    loop has no branch on it and vectorizes)."""
+    for r in range(nv):
+        for k in range(nk):
+            du = np.uint64(o0 + offs[r] + k * dk)
+            ar, cu = np.uint64(a0 + r), np.uint64(16 * k)
+            if has_res:
+                for l in range(16):
+                    lu = np.uint64(l)
+                    dst[du + lu] = apply_scalar(code, acc[ar, cu + lu] + res[du + lu], alpha, beta)
             else:
-                act_lanes(dst, du, acc, a0 + r, 16 * k, code, alpha, beta)
+                for l in range(16):
+                    lu = np.uint64(l)
+                    dst[du + lu] = apply_scalar(code, acc[ar, cu + lu], alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def act_lanes(dst, d, acc, r, c0, code, alpha, beta):
-    """dst[d + l] = act(acc[r, c0 + l]), l < 16: the activations other than identity and ReLU,
-    called (not inlined) so that their code (exp, erf, tanh) stays out of the kernels' loops."""
-    for l in range(16):
-        dst[d + np.uint64(l)] = apply_scalar(code, acc[r, c0 + l], alpha, beta)
+def act_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta):
+    """store_block for the activations other than identity and ReLU, called (not inlined) so
+    that their code (exp, erf, tanh) stays out of the kernels' loops: one branch on the code per
+    register block, then that activation's loops."""
+    if code == 2:
+        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 2, alpha, beta)
+    elif code == 3:
+        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 3, alpha, beta)
+    elif code == 4:
+        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 4, alpha, beta)
+    elif code == 5:
+        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 5, alpha, beta)
+    elif code == 6:
+        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 6, alpha, beta)
+    elif code == 7:
+        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 7, alpha, beta)
+    elif code == 8:
+        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 8, alpha, beta)
+    elif code == 9:
+        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 9, alpha, beta)
+    elif code == 10:
+        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 10, alpha, beta)
+    else:
+        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
