@@ -239,8 +239,9 @@ def apply_scalar(code, v, alpha, beta):
 
 @njit(inline="always", cache=True)
 def _apply_loop(f, lo, hi, code, a, b):
-    for i in range(lo, hi):
-        f[i] = apply_scalar(code, f[i], a, b)
+    g = f[lo:hi]        # a view: indices from 0 up, no negative-index wraparound code in the loop
+    for i in range(g.size):
+        g[i] = apply_scalar(code, g[i], a, b)
 
 
 @njit(nogil=True, cache=True)
