@@ -176,3 +176,30 @@ def test_validators_refuse_inconsistent_blocked_instructions():
     for i, msg in bad:
         with pytest.raises(ValueError, match=msg):
             V.VALIDATORS[i.kernel](i)
+
+
+@pytest.mark.parametrize("o,c", [(17, 33), (32, 16), (70, 100), (5, 3)])
+def test_se_conv_packs_scaled_weights_like_k1x1_prepare(o, c):
+    """The input-scaled 1x1 conv packs w * s[n] itself (no numpy temporaries): the packed weights
+    equal k1x1.prepare's bit for bit, zero padding included (odd O and C), and the conv over a
+    batch of per-image scales on NCHW16c equals the reference (which scales x first)."""
+    from tilefuse.kernels import reference as ref
+    from tilefuse.kernels import se_conv
+    from tilefuse.kernels.conv import from_nchwc, k1x1, to_nchwc
+    wt = RNG.standard_normal((o, c, 1, 1)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    s = RNG.random((3, c, 1, 1)).astype(np.float32)
+    for i in range(3):
+        wp = np.full((-(-o // 32), -(-c // 16) * 16, 32), np.nan, np.float32)
+        se_conv.pack_scaled_1x1(wp, wt.reshape(o, c), s[i].reshape(c))
+        np.testing.assert_array_equal(wp, k1x1.prepare(wt * s[i].reshape(1, c, 1, 1), b)["weight"])
+    x = RNG.standard_normal((3, c, 5, 7)).astype(np.float32)
+    res = RNG.standard_normal((3, o, 5, 7)).astype(np.float32)
+    want = ref.conv2d(x, wt, b, (1, 1), (0, 0, 0, 0), (1, 1), 1, residual=res, act=("silu", 0.0, 0.0), input_scale=s)
+    for threads in (1, 2):
+        out = np.full((3, -(-o // 16), 5, 7, 16), np.nan, np.float32)
+        se_conv.conv2d_input_scaled(out, to_nchwc(x), wt, b, to_nchwc(res), s, stride=(1, 1), padding=(0, 0, 0, 0),
+                                    dilation=(1, 1), groups=1, has_bias=True, has_residual=True, relu=False,
+                                    act=("silu", 0.0, 0.0), threads=threads, layout="nchwc")
+        got = from_nchwc(out, o)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

@@ -16,9 +16,32 @@ from __future__ import annotations
 
 import numpy as np
 
+from numba import njit
+
 from . import reference as ref
 from .broadcast import _code, apply_act_inplace
-from .threads import blas_threads, parallel_for
+from .threads import blas_threads, parallel_for, scratch
+
+
+@njit(nogil=True, cache=True)
+def pack_scaled_1x1(wp, w2, s):
+    """wp (OP, Cip, 32): wp[p, ci, 16k + l] = w2[(2p+k)*16 + l, ci] * s[ci], zero past O or C
+    (k1x1.prepare's packing of the weights w2 (O, C) scaled per input channel by s (C,)), without
+    the temporaries of scaling, padding and transposing in numpy."""
+    OP, Cip, _ = wp.shape
+    O, C = w2.shape
+    for p in range(OP):
+        nj = min(32, O - 32 * p)
+        for ci in range(Cip):
+            if ci < C:
+                sc = s[ci]
+                for j in range(nj):             # 32 rows of w2, each line in L1 across 16 ci
+                    wp[p, ci, j] = w2[32 * p + j, ci] * sc
+                for j in range(nj, 32):
+                    wp[p, ci, j] = 0.0
+            else:
+                for j in range(32):
+                    wp[p, ci, j] = 0.0
 
 
 def conv2d_input_scaled(out, x, w, *rest, stride, padding, dilation, groups, has_bias, has_residual, relu,
@@ -32,9 +55,19 @@ def conv2d_input_scaled(out, x, w, *rest, stride, padding, dilation, groups, has
         # per image, the scaled weights packed for the blocked 1x1 kernel (O*C values) and run
         from .conv import k1x1
         o, c = w.shape[0], w.shape[1]
+        if w.shape[2:] != (1, 1):
+            raise ValueError(f"input-scaled conv (NCHWc): weight {w.shape}; expected a 1x1 kernel")
+        op, cip = -(-o // 32), -(-c // 16) * 16
+        bias = np.zeros(op * 32, np.float32)
+        if b is not None:
+            bias[:o] = b
+        w2 = np.ascontiguousarray(w.reshape(o, c), dtype=np.float32)     # (O, C, 1, 1) -> (O, C)
+        s2 = np.ascontiguousarray(s.reshape(s.shape[0], c), dtype=np.float32)  # (N, C, 1, 1) -> (N, C)
+        wp = scratch("se_conv_wp", (op, cip, 32))
         for i in range(x.shape[0]):
-            prep = k1x1.prepare(w * s[i].reshape(1, c, 1, 1), b)      # (O, C, 1, 1) * (1, C, 1, 1)
-            k1x1.run_nchwc(out[i:i + 1], x[i:i + 1], prep, res[i:i + 1] if res is not None else None,
+            pack_scaled_1x1(wp, w2, s2[i])       # = k1x1.prepare(w * s[i], b)["weight"], in place
+            k1x1.run_nchwc(out[i:i + 1], x[i:i + 1], {"weight": wp, "bias": bias},
+                           res[i:i + 1] if res is not None else None,
                            relu=relu, act=None if relu else act, threads=threads)
         return
     n, c, h, wd = x.shape
