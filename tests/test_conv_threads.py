@@ -13,10 +13,11 @@ from tilefuse.kernels import activations as A
 from tilefuse.kernels import reference as ref
 from tilefuse.kernels.conv import (conv2d_prepare, conv2d_run, conv2d_run_nchwc, conv2d_run_to_nchwc, direct_nchwc,
                                    from_nchwc, nchwc_shape, planner, to_nchwc)
+from tilefuse.kernels import threads
 from tilefuse.kernels.threads import numba_max_threads
 
 THREADS = (1, 2, 3, 5, 8, 16)
-TOL = {"gemm1x1": 1e-4, "direct": 1e-4, "im2col": 1e-4, "winograd2": 1e-3, "winograd4": 5e-3}
+TOL = {"gemm1x1": 1e-4, "direct": 1e-4, "im2col": 1e-4, "winograd2": 1e-3, "winograd4": 5e-3, "depthwise": 1e-4}
 
 # (name, form, algorithm, (N, Ci, H, W), Co, k, stride, padding, groups)
 CASES = [
@@ -36,6 +37,8 @@ CASES = [
     ("gemm1x1_nchw", "nchw", "gemm1x1", (2, 40, 9, 9), 48, 1, 1, 0, 1),
     ("im2col_grouped", "nchw", "im2col", (2, 24, 9, 9), 24, 3, 1, 1, 2),
     ("im2col_depthwise", "nchw", "im2col", (1, 16, 9, 9), 16, 3, 1, 1, 16),
+    ("depthwise_5x5_s2", "nchwc", "depthwise", (2, 40, 13, 11), 40, 5, 2, 2, 40),
+    ("depthwise_3x3_b1", "nchwc", "depthwise", (1, 24, 30, 17), 24, 3, 1, 1, 24),
 ]
 
 
@@ -73,8 +76,17 @@ def _run(case, x, wt, b, res, kw, threads, act):
     return from_nchwc(ob, co)
 
 
+@pytest.fixture(params=["numba", "pool"])
+def region_mode(request):
+    """Run the numba kernels' task loops on numba's pool or on ours (threads.region_mode)."""
+    old = threads._NUMBA.get("mode")
+    threads._NUMBA["mode"] = request.param
+    yield request.param
+    threads._NUMBA["mode"] = old
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_every_thread_count_equals_reference_and_each_other(case):
+def test_every_thread_count_equals_reference_and_each_other(case, region_mode):
     x, wt, b, res, kw = _data(case)
     act = A.encode("silu")
     want = A.reference("silu", ref.conv2d(x, wt, b, residual=res, **kw))
@@ -123,3 +135,31 @@ def test_grids_feed_sixteen_threads_at_batch_one():
 
 def test_numba_pool_allows_sixteen_threads():
     assert numba_max_threads() >= 16  # tests/conftest.py; otherwise the 16-thread runs would use fewer
+
+
+def test_pool_region_never_waits_for_a_worker_that_has_not_started():
+    """With every pool worker busy elsewhere (a loaded machine: the OS runs none of them), a
+    2-thread region on our pool finishes on the calling thread alone and gives the same bits;
+    waiting for the unstarted worker would block until the busy ones are released."""
+    import threading
+    import time
+    case = CASES[0]
+    x, wt, b, res, kw = _data(case)
+    want = _run(case, x, wt, b, res, dict(kw), 1, A.encode("silu"))
+    release = threading.Event()
+    busy = [threads._pool().submit(release.wait, 30) for _ in range(threads._pool()._max_workers)]
+    old = threads._NUMBA.get("mode")
+    threads._NUMBA["mode"] = "pool"
+    try:
+        t0 = time.perf_counter()
+        got = _run(case, x, wt, b, res, dict(kw), 2, A.encode("silu"))
+        out = []
+        threads.parallel_for(out.append, range(5), threads=2)
+        elapsed = time.perf_counter() - t0
+    finally:
+        threads._NUMBA["mode"] = old
+        release.set()
+        for f in busy:
+            f.result()
+    assert elapsed < 10, f"the region waited for a busy worker ({elapsed:.1f} s)"
+    assert np.array_equal(got, want) and sorted(out) == list(range(5))

@@ -244,23 +244,49 @@ def region_threads(threads, ntasks: int) -> int:
     return min(_width(threads, ntasks), numba_max_threads())
 
 
+def _others_now() -> int:
+    """Runnable threads of other processes now: /proc/stat procs_running minus this process's
+    threads in state R (0 where /proc is not readable)."""
+    try:
+        with open("/proc/stat") as f:
+            running = next(int(ln.split()[1]) for ln in f if ln.startswith("procs_running"))
+        ours = 0
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{t}/stat") as f:
+                    ours += f.read().rsplit(")", 1)[1].split()[0] == "R"
+            except (OSError, IndexError):
+                pass
+    except (OSError, StopIteration, ValueError):
+        return 0
+    return max(0, running - ours)
+
+
+REGION_RESAMPLE_S = 1.0
+
+
 def region_mode(nt: int) -> str:
     """Where a numba kernel's task loop runs on nt > 1 threads: 'numba' (numba's OpenMP / TBB
     pool, `par`) or 'pool' (our pool: `seq` workers on the calling thread and pool threads, the
     caller never waiting for a worker that has not started). TILEFUSE_REGIONS=numba|pool if set;
-    else 'pool' when the runnable threads of other processes (sampled when numba's pool starts,
-    `_others_running`) plus nt exceed the usable cores: there the end-of-region barrier of numba's
-    pool waits for every thread, and one the OS has not scheduled costs a time slice per layer
-    (measured on the shared 2-core development machine at 2 threads, MobileNetV2 batch 1: 311 ms
-    a run on numba's pool, 27 ms on ours, 15 ms for ONNX Runtime); 'numba' on an idle machine
-    (a region starts in microseconds there)."""
-    if "mode" not in _NUMBA:
+    else 'pool' while the runnable threads of other processes (`_others_now`, the larger of the
+    last two samples, taken at most every REGION_RESAMPLE_S) plus nt exceed the usable cores:
+    there the end-of-region barrier of numba's pool waits for every thread, and one the OS has
+    not scheduled costs a time slice per layer (measured on the shared 2-core development
+    machine at 2 threads, MobileNetV2 batch 1, median of 30 runs: 56 ms a run on numba's pool,
+    12.5 ms on ours); 'numba' on an idle machine (a region starts in microseconds there)."""
+    import time
+    mode = _NUMBA.get("mode")
+    if mode is None:
         want = os.environ.get("TILEFUSE_REGIONS", "").strip().lower()
-        numba_layer()
-        _NUMBA["mode"] = want if want in ("numba", "pool") else None
-        _NUMBA["others"] = _others_running() if _NUMBA["mode"] is None else 0
-    if _NUMBA["mode"] is not None:
-        return _NUMBA["mode"]
+        mode = _NUMBA["mode"] = want if want in ("numba", "pool") else "auto"
+    if mode != "auto":
+        return mode
+    now = time.monotonic()
+    if now - _NUMBA.get("sampled", -1e9) > REGION_RESAMPLE_S:
+        sample = _others_now()
+        _NUMBA["others"] = max(sample, _NUMBA.get("last", sample))
+        _NUMBA["last"], _NUMBA["sampled"] = sample, now
     return "pool" if _NUMBA["others"] + nt > cpu_count() else "numba"
 
 
