@@ -178,7 +178,7 @@ def test_validators_refuse_inconsistent_blocked_instructions():
             V.VALIDATORS[i.kernel](i)
 
 
-@pytest.mark.parametrize("o,c", [(17, 33), (32, 16), (70, 100), (5, 3)])
+@pytest.mark.parametrize("o,c", [(17, 33), (32, 16), (70, 100), (5, 3)])   # O=70: the scaled-input path
 def test_se_conv_packs_scaled_weights_like_k1x1_prepare(o, c):
     """The input-scaled 1x1 conv packs w * s[n] itself (no numpy temporaries): the packed weights
     equal k1x1.prepare's bit for bit, zero padding included (odd O and C), and the conv over a

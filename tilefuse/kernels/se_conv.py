@@ -8,9 +8,13 @@ activation: out[n] (O, H*W) = (w (O, C) * s[n] (1, C)) @ x[n] (C, H*W), so the s
 x * s (N*C*H*W values) is never written or read; the per-image weight copy is O*C values.
 One OpenBLAS GEMM per image and block of output channels (tasks on the conv pool, BLAS at one
 thread), then bias, residual and the activation in place. On NCHW16c tensors the per-image
-scaled weights are packed for the blocked 1x1 kernel (kernels/conv/k1x1.py) instead. Other convs scale the input into a scratch buffer first and run
-the reference conv (correct, not fast). Tolerance against the reference (which scales x
-first): the products are associated differently, within 1e-5 relative.
+scaled weights are packed for the blocked 1x1 kernel (kernels/conv/k1x1.py) instead, or, where
+that moves more values (a batch of small maps with many channels: O + N*H*W < N*O), the input
+is scaled once into a scratch buffer and one 1x1 conv runs over the batch (the products are
+then rounded as the reference rounds them: x * s first). Other convs scale the input into a
+scratch buffer first and run the reference conv (correct, not fast). Tolerance against the
+reference (which scales x first): the products are associated differently, within 1e-5
+relative.
 """
 from __future__ import annotations
 
@@ -64,7 +68,20 @@ def conv2d_input_scaled(out, x, w, *rest, stride, padding, dilation, groups, has
         w2 = np.ascontiguousarray(w.reshape(o, c), dtype=np.float32)     # (O, C, 1, 1) -> (O, C)
         s2 = np.ascontiguousarray(s.reshape(s.shape[0], c), dtype=np.float32)  # (N, C, 1, 1) -> (N, C)
         wp = scratch("se_conv_wp", (op, cip, 32))
-        for i in range(x.shape[0]):
+        n, cb, h, wd, _ = x.shape
+        if o + n * h * wd < n * o:
+            # scaling the input moves fewer values (N*C*H*W + O*C for one packing of the weights
+            # against N*O*C) and runs one 1x1 conv over the whole batch: late, small maps of a
+            # batch (RegNetY at 7x7: 49 positions, 440 channels)
+            sb = np.zeros((n, cb * 16), np.float32)
+            sb[:, :c] = s2
+            xs = scratch("se_conv_xs", x.shape)
+            np.multiply(x, sb.reshape(n, cb, 1, 1, 16), out=xs)    # (N, Cb, H, W, 16) * (N, Cb, 1, 1, 16)
+            pack_scaled_1x1(wp, w2, np.ones(c, np.float32))
+            k1x1.run_nchwc(out, xs, {"weight": wp, "bias": bias}, res, relu=relu, act=None if relu else act,
+                           threads=threads)
+            return
+        for i in range(n):
             pack_scaled_1x1(wp, w2, s2[i])       # = k1x1.prepare(w * s[i], b)["weight"], in place
             k1x1.run_nchwc(out[i:i + 1], x[i:i + 1], {"weight": wp, "bias": bias},
                            res[i:i + 1] if res is not None else None,
