@@ -3,6 +3,7 @@ bandwidth, PyTorch and ONNX Runtime, same run.
 
     PYTHONPATH=. python3 benchmarks/depthwise.py --threads 16          # the lead's 16-core box
     .venv/bin/python benchmarks/depthwise.py --threads 1 2 --reps 20    # here
+    .venv/bin/python benchmarks/depthwise.py --threads 2 --batch 1 dram --no-ort   # batch 1, then DRAM-sized
 
 Depthwise is memory bound (a 3x3 stride-1 layer does 18 FLOP per input + output element, 2.25
 FLOP/byte), so the yardstick is the bandwidth, not the FMA peak:
@@ -19,7 +20,9 @@ FLOP/byte), so the yardstick is the bandwidth, not the FMA peak:
    faster). Times are medians of --reps runs after a warm-up; each framework runs over all
    layers before the next one starts (idle peers' spinning worker threads never overlap).
    Note: at batch 1 most of these layers (0.1-5 MB) fit in the last-level cache, so GB/s above
-   the DRAM bandwidth means the data came from cache; --batch 8 makes them DRAM-sized.
+   the DRAM bandwidth means the data came from cache; `--batch dram` gives each layer the batch
+   (column N) that makes its input + output at least DRAM_MIB MiB, far past any last-level
+   cache, so GB/s there is DRAM traffic. --batch takes several values (default: 1 and dram).
 3. The transposed convolutions of a UNet decoder (2x2 stride 2, `UNET_LAYERS`, 512x512 input,
    base 64): GFLOP/s, the same comparisons (they are compute bound: a per-phase 1x1 GEMM).
 
@@ -65,12 +68,13 @@ UNET_LAYERS = {
     "unet_up4_256": (128, 64, 256),
 }
 BW_MIB = 256
+DRAM_MIB = 256   # --batch dram: input + output bytes of each layer at least this
 
 
 def _args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", nargs="+", default=["1", "dram"], help="batch sizes: integers or 'dram'")
     ap.add_argument("--reps", type=int, default=10, help="timed runs per measurement (median)")
     ap.add_argument("--bw-reps", type=int, default=5)
     ap.add_argument("--layers", nargs="+", default=list(DW_LAYERS) + list(UNET_LAYERS),
@@ -152,46 +156,64 @@ def main():
         return statistics.median(ts)
 
     print(f"# depthwise / conv_transpose layers: {platform.processor() or platform.machine()}, {cpu_count()} cores, "
-          f"torch {torch.__version__}, batch {args.batch}, median of {args.reps}")
-    n = args.batch
-    hdr = (f"{'layer':<22} {'tf us':>9} {'GFLOP/s':>8} {'GB/s':>7} {'%BW':>5} | {'torch':>9} {'t/tf':>5} "
+          f"torch {torch.__version__}, batches {' '.join(args.batch)}, median of {args.reps}, "
+          f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    hdr = (f"{'layer':<22} {'N':>4} {'tf us':>9} {'GFLOP/s':>8} {'GB/s':>7} {'%BW':>5} | {'torch':>9} {'t/tf':>5} "
            f"{'torch_cl':>9} {'cl/tf':>5} | {'ort':>9} {'ort/tf':>6}")
     for threads in args.threads:
         torch.set_num_threads(threads)
         copy_bw, triad_bw = bandwidth(threads, args.bw_reps)
         print(f"\n## {threads} thread(s): memory bandwidth copy {copy_bw:.1f} GB/s, triad {triad_bw:.1f} GB/s "
               f"({3 * BW_MIB} MiB STREAM-like, numba)")
-        layers = [_layer(name, n, np) for name in args.layers]
-        # one framework at a time over all layers (a peer's spinning worker threads never overlap
-        # another's measurement), then the table
-        t_tf = [med(lambda L=L: L["tf"](threads)) for L in layers]
-        t_nchw, t_cl = [], []
-        with torch.no_grad():
+        for batch in args.batch:
+            layers = [_layer(name, _batch(name, batch), np) for name in args.layers]
+            # one framework at a time over all layers (a peer's spinning worker threads never overlap
+            # another's measurement), then the table
+            t_tf = [med(lambda L=L: L["tf"](threads)) for L in layers]
+            t_nchw, t_cl = [], []
+            with torch.no_grad():
+                for L in layers:
+                    xt, wt, bt = (torch.from_numpy(a) for a in (L["x"], L["w"], L["b"]))
+                    xc = xt.contiguous(memory_format=torch.channels_last)
+                    t_nchw.append(med(lambda: L["torch"](xt, wt, bt)))
+                    t_cl.append(med(lambda: L["torch"](xc, wt, bt)))
+            t_ort = []
             for L in layers:
-                xt, wt, bt = (torch.from_numpy(a) for a in (L["x"], L["w"], L["b"]))
-                xc = xt.contiguous(memory_format=torch.channels_last)
-                t_nchw.append(med(lambda: L["torch"](xt, wt, bt)))
-                t_cl.append(med(lambda: L["torch"](xc, wt, bt)))
-        t_ort = []
-        for L in layers:
-            if args.no_ort:
-                t_ort.append(float("nan"))
-                continue
-            sess = _ort_session(L["ort_op"], L["x"].shape, L["w"], L["b"], L["ort_attrs"], threads)
-            t_ort.append(med(lambda: sess.run(None, {"x": L["x"]})))
-            del sess
-        for kind, title in (("dw", "depthwise (tilefuse NCHW16c in/out; GB/s = (input + output + weights bytes) "
-                                   "/ time; %BW of the triad bandwidth)"),
-                            ("up", "conv_transpose2d 2x2 stride 2 (UNet decoder; tilefuse NCHW16c phase kernel)")):
-            rows = [i for i, L in enumerate(layers) if L["kind"] == kind]
-            if not rows:
-                continue
-            print(f"\n{title}\n{hdr}")
-            for i in rows:
-                L, t = layers[i], t_tf[i]
-                print(f"{L['name']:<22} {t * 1e6:>9.1f} {L['flops'] / t / 1e9:>8.1f} {L['bytes'] / t / 1e9:>7.1f} "
-                      f"{100 * L['bytes'] / t / 1e9 / triad_bw:>5.0f} | {t_nchw[i] * 1e6:>9.1f} {t_nchw[i] / t:>5.2f} "
-                      f"{t_cl[i] * 1e6:>9.1f} {t_cl[i] / t:>5.2f} | {t_ort[i] * 1e6:>9.1f} {t_ort[i] / t:>6.2f}")
+                if args.no_ort:
+                    t_ort.append(float("nan"))
+                    continue
+                sess = _ort_session(L["ort_op"], L["x"].shape, L["w"], L["b"], L["ort_attrs"], threads)
+                t_ort.append(med(lambda: sess.run(None, {"x": L["x"]})))
+                del sess
+            for kind, title in (("dw", f"depthwise, batch {batch} (tilefuse NCHW16c in/out; GB/s = (input + output "
+                                       f"+ weights bytes) / time; %BW of the triad bandwidth)"),
+                                ("up", f"conv_transpose2d 2x2 stride 2, batch {batch} (UNet decoder; tilefuse NCHW16c "
+                                       f"phase kernel)")):
+                rows = [i for i, L in enumerate(layers) if L["kind"] == kind]
+                if not rows:
+                    continue
+                print(f"\n{title}\n{hdr}")
+                for i in rows:
+                    L, t = layers[i], t_tf[i]
+                    print(f"{L['name']:<22} {L['n']:>4} {t * 1e6:>9.1f} {L['flops'] / t / 1e9:>8.1f} "
+                          f"{L['bytes'] / t / 1e9:>7.1f} {100 * L['bytes'] / t / 1e9 / triad_bw:>5.0f} | "
+                          f"{t_nchw[i] * 1e6:>9.1f} {t_nchw[i] / t:>5.2f} {t_cl[i] * 1e6:>9.1f} {t_cl[i] / t:>5.2f} | "
+                          f"{t_ort[i] * 1e6:>9.1f} {t_ort[i] / t:>6.2f}", flush=True)
+            del layers
+
+
+def _batch(name: str, batch: str) -> int:
+    """An integer batch as given; 'dram': the smallest batch whose input + output bytes reach DRAM_MIB."""
+    if batch != "dram":
+        return int(batch)
+    if name in DW_LAYERS:
+        c, h, k, s = DW_LAYERS[name]
+        ho = (h + 2 * (k // 2) - k) // s + 1
+        per_image = 4 * c * (h * h + ho * ho)
+    else:
+        ci, co, h = UNET_LAYERS[name]
+        per_image = 4 * h * h * (ci + 4 * co)
+    return max(1, -(-DRAM_MIB * (1 << 20) // per_image))
 
 
 def _layer(name: str, n: int, np):
@@ -208,7 +230,7 @@ def _layer(name: str, n: int, np):
         b = rng.standard_normal(c).astype(np.float32)
         prep, xb = depthwise.prepare(w, b, c), to_nchwc(x)
         ob = np.empty((n, -(-c // 16), ho, ho, 16), np.float32)
-        return dict(name=name, kind="dw", x=x, w=w, b=b, flops=2 * n * c * ho * ho * k * k,
+        return dict(name=name, kind="dw", n=n, x=x, w=w, b=b, flops=2 * n * c * ho * ho * k * k,
                     bytes=4 * (n * c * h * h + n * c * ho * ho + c * k * k),
                     tf=lambda t: depthwise.run_nchwc(ob, xb, prep, stride=(s, s), padding=(p,) * 4, threads=t),
                     torch=lambda xt, wt, bt: torch.nn.functional.conv2d(xt, wt, bt, s, p, 1, c),
@@ -219,7 +241,7 @@ def _layer(name: str, n: int, np):
     b = rng.standard_normal(co).astype(np.float32)
     prep, xb = transpose.prepare(w, b, 1), to_nchwc(x)
     ob = np.empty((n, -(-co // 16), 2 * h, 2 * h, 16), np.float32)
-    return dict(name=name, kind="up", x=x, w=w, b=b, flops=2 * n * ci * co * h * h * 4,
+    return dict(name=name, kind="up", n=n, x=x, w=w, b=b, flops=2 * n * ci * co * h * h * 4,
                 bytes=4 * (n * ci * h * h + n * co * 4 * h * h + ci * co * 4),
                 tf=lambda t: transpose.run_nchwc(ob, xb, prep, stride=(2, 2), threads=t),
                 torch=lambda xt, wt, bt: torch.nn.functional.conv_transpose2d(xt, wt, bt, 2),
