@@ -478,8 +478,8 @@ def _wino_seq_nchw(counter, tid, tasks, out, x, U, bias, res, has_res, code, alp
         i = atomic_add(counter, 0, 1)
         if i >= tasks.shape[0]:
             break
-        _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[tid], mbuf[tid], tasks[i, 0], tasks[i, 1],
-                        tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
+        _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[tid], mbuf[tid], tasks[i, 0],
+                        tasks[i, 1], tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
 
 
 @functools.lru_cache(maxsize=1024)
