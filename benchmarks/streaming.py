@@ -9,8 +9,9 @@ Networks (single image, float32, seeded weights):
   vgg-stack       VGG-style 3x3 stack 16,16,M,32,32,M,64,64,M,128,128 (channels reduced from
                   VGG's 64..512 so that layer-by-layer and PyTorch fit at 4K on this machine)
 Modes (":B" after a stream mode overrides --band for it, e.g. stream:8):
-  stream   tilefuse.stream.compile_stream(net, band_rows=B).run(x): one stream, every band's conv
-           on the fast kernels of kernels/conv with all cores (threads=None)
+  stream   tilefuse.stream.compile_stream(net, band_rows=B).run(x): a Session of the streamed
+           program, one stream, every band's conv on the fast kernels of kernels/conv with all
+           cores (threads=None)
   pipe2    the same with workers=2: the layer pipeline, 2 cost-balanced stages, kernels 1 thread each
   stream-nchw, pipe2-nchw   the same with layout="nchw": NCHW rings, every band through conv2d_run
            (the first version, for comparison; the default rings are NCHW16c)
@@ -28,6 +29,17 @@ layer-by-layer result at 1080p (max abs error / max abs value).
 --interleave: timing only, in one process per (net, size): layer by layer and every stream mode
 run in turn, --repeat rounds, medians and best; on a shared machine compare these ratios, not
 times from different subprocesses.
+
+--old TREE: old vs new (issue 12 moved streaming into the compiler and the runtime): every
+stream mode on the tilefuse at TREE and on this tree, one resident worker process each, timed
+runs alternating between them (--repeat rounds, who goes first alternating too); medians of wall
+and process CPU time (all threads; on a loaded machine the fairer measure of the work done) and
+their ratios, each worker's peak RSS and what its runs added, the plan's activation bytes, and
+whether the outputs agree:
+
+    git worktree add /tmp/tilefuse-old <commit before issue 12 phase 2>
+    PYTHONPATH=. python benchmarks/streaming.py --old /tmp/tilefuse-old --sizes 1080p,4k \
+        --modes stream,pipe2 --repeat 5
 
 Part 2: line-buffer vs tiled filter on 4K uint8 frames (3x3 and 5x5 integer kernels, 1 and 2
 workers), ms per frame, median of 10, checked equal.
@@ -74,6 +86,16 @@ def rss_bytes(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def reset_peak() -> int:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so the peak is the runs' own; the RSS now."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return rss_bytes("VmRSS")
 
 
 def torch_runner(net):
@@ -126,7 +148,9 @@ def parse_mode(mode: str, band: int):
 
 
 def make_runner(net, mode: str, band: int):
-    """(run function, info dict) for one mode."""
+    """(run function, info dict) for one mode. Works on this tree and on a tree from before
+    issue 12 (`--old`): `compile_stream(...).run` is a StreamedNetwork there, a
+    CompiledNetwork run by a Session here; the plan's stream part is `.stream` here."""
     name, band = parse_mode(mode, band)
     if name in ("stream", "pipe2", "stream-nchw", "pipe2-nchw", "stream-wide"):
         from tilefuse.stream import compile_stream
@@ -134,6 +158,9 @@ def make_runner(net, mode: str, band: int):
                            layout="nchw" if name.endswith("-nchw") else "nchwc",
                            min_band_pixels=480 if name == "stream-wide" else 0)
         p = s.plan()
+        p = getattr(p, "stream", None) or p
+        if hasattr(s, "session"):           # constants on the device before the runs are measured
+            s.session().copy_constants()
         return s.run, {"plan_streamed_bytes": p.streamed_bytes, "plan_lbl_bytes": p.layer_by_layer_bytes}
     if name == "lbl":
         import tilefuse
@@ -165,21 +192,21 @@ def interleave(net_name: str, size: str, modes: list[str], repeat: int, band: in
     return rows
 
 
-def run_case(net_name: str, size: str, mode: str, repeat: int, band: int) -> dict:
-    hw = SIZES[size]
-    net = build(net_name, hw)
+def first_run(net_name: str, size: str, mode: str, band: int):
+    """Build the case, reset the peak RSS, run once: (net, x, run function, info, RSS before the
+    run, output, seconds of the first run)."""
+    net = build(net_name, SIZES[size])
     # float32 directly: a float64 temporary would set the peak RSS before the run starts
-    x = np.random.default_rng(1).standard_normal((1, 3) + hw, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((1, 3) + SIZES[size], dtype=np.float32)
     fn, info = make_runner(net, mode, band)
-    try:  # reset VmHWM to the current RSS (Linux >= 4.0), so the peak is the run's own
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-    base = rss_bytes("VmRSS")
+    base = reset_peak()
     t = time.perf_counter()
     y = fn(x)
-    first = time.perf_counter() - t
+    return net, x, fn, info, base, y, time.perf_counter() - t
+
+
+def run_case(net_name: str, size: str, mode: str, repeat: int, band: int) -> dict:
+    net, x, fn, info, base, y, first = first_run(net_name, size, mode, band)
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -192,6 +219,74 @@ def run_case(net_name: str, size: str, mode: str, repeat: int, band: int) -> dic
         ref = tilefuse.Session(tilefuse.compile(net)).run(x)
         out["max_err_rel"] = float(np.max(np.abs(y - ref)) / max(1e-30, float(np.max(np.abs(ref)))))
     return out
+
+
+def serve(net_name: str, size: str, mode: str, band: int) -> int:
+    """A worker for --old: build the case, then run it once per "run" line on stdin, printing
+    the seconds; "stats" prints the peak RSS and what the runs added to it (JSON lines)."""
+    net, x, fn, info, base, y, first = first_run(net_name, size, mode, band)
+    print(json.dumps({"ready": True, "first_s": first, "sum": float(np.sum(y, dtype=np.float64)), **info}),
+          flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "run":
+            t, c = time.perf_counter(), time.process_time()
+            fn(x)
+            print(json.dumps({"s": time.perf_counter() - t, "cpu": time.process_time() - c}), flush=True)
+        elif cmd == "stats":
+            print(json.dumps({"peak_bytes": rss_bytes("VmHWM"), "base_bytes": base}), flush=True)
+        else:
+            break
+    return 0
+
+
+def old_vs_new(old_tree: str, nets, sizes, modes, repeat: int, band: int) -> list[str]:
+    """The same cases on a tree from before issue 12 (`old_tree`, e.g. a git worktree of main at
+    that point) and on this one: one resident worker process per tree and case, the timed runs
+    alternating old, new, old, new, ... so both see the same machine load."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = ["| net | size | mode | old median s | new median s | new / old | CPU s old / new | CPU new / old | "
+            "old peak / run added MiB | new peak / run added MiB | plan MiB old / new | outputs equal |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    mib = 2.0 ** 20
+    print("\n".join(rows), flush=True)
+    for net_name in nets:
+        for size in sizes:
+            for mode in modes:
+                procs, ready = {}, {}
+                for tag, tree in (("old", old_tree), ("new", here)):
+                    env = dict(os.environ, PYTHONPATH=tree)
+                    if mode.startswith("pipe2"):
+                        env["OPENBLAS_NUM_THREADS"] = "1"
+                    procs[tag] = subprocess.Popen(
+                        [sys.executable, os.path.abspath(__file__), "--serve", f"{net_name},{size},{mode}", "--band",
+                         str(band)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+                    ready[tag] = json.loads(procs[tag].stdout.readline())
+                ts, cpu = {"old": [], "new": []}, {"old": [], "new": []}
+                for r in range(repeat):
+                    for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):   # alternate who goes first
+                        procs[tag].stdin.write("run\n")
+                        procs[tag].stdin.flush()
+                        got = json.loads(procs[tag].stdout.readline())
+                        ts[tag].append(got["s"])
+                        cpu[tag].append(got["cpu"])
+                stats = {}
+                for tag, p in procs.items():
+                    p.stdin.write("stats\nquit\n")
+                    p.stdin.flush()
+                    stats[tag] = json.loads(p.stdout.readline())
+                    p.wait()
+                med = {k: float(np.median(v)) for k, v in ts.items()}
+                mcpu = {k: float(np.median(v)) for k, v in cpu.items()}
+                mem = {k: f"{v['peak_bytes'] / mib:.0f} / {(v['peak_bytes'] - v['base_bytes']) / mib:.0f}"
+                       for k, v in stats.items()}
+                plan = " / ".join(f"{ready[k].get('plan_streamed_bytes', 0) / mib:.1f}" for k in ("old", "new"))
+                same = abs(ready["old"]["sum"] - ready["new"]["sum"]) <= 1e-6 * max(1.0, abs(ready["old"]["sum"]))
+                rows.append(f"| {net_name} | {size} | {mode} | {med['old']:.3f} | {med['new']:.3f} | "
+                            f"{med['new'] / med['old']:.3f} | {mcpu['old']:.2f} / {mcpu['new']:.2f} | "
+                            f"{mcpu['new'] / mcpu['old']:.3f} | {mem['old']} | {mem['new']} | {plan} | {same} |")
+                print(rows[-1], flush=True)
+    return rows
 
 
 def filter_bench() -> list[str]:
@@ -227,8 +322,19 @@ def main(argv=None) -> int:
     ap.add_argument("--interleave", action="store_true", help="timing ratios in one process (see above)")
     ap.add_argument("--repeat", type=int, default=0, help="timed runs after the warm-up (default: 2, 1 at 8K)")
     ap.add_argument("--no-filter", action="store_true")
+    ap.add_argument("--old", metavar="TREE", help="old vs new: this tree against the tilefuse checkout at TREE "
+                    "(e.g. `git worktree add /tmp/old <commit before issue 12>`), timed runs interleaved")
     ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.serve:
+        net_name, size, mode = args.serve.split(",")
+        return serve(net_name, size, mode, args.band)
+    if args.old:
+        modes = [m for m in args.modes.split(",") if m not in ("lbl", "torch")]
+        print("| old tree:", args.old, "| machine:", os.cpu_count(), "cores, load average", os.getloadavg())
+        old_vs_new(args.old, args.nets.split(","), args.sizes.split(","), modes, args.repeat or 5, args.band)
+        return 0
     if args.case:
         net_name, size, mode = args.case.split(",")
         rep = args.repeat or (1 if size == "8k" else 2)

@@ -89,6 +89,10 @@ VARIANTS = {
     "direct-nchw": (net_direct, {"algorithm": "direct", "layout": "nchw"}),
     "nchw": (net_nchw, {"layout": "nchw"}),
     "reference": (net_nchw, {"algorithm": "reference"}),
+    # the row-band schedule: a stream region (header, band instructions, rings) and a tail
+    "stream": (net_blocked, {"schedule": "stream", "stream_options": {"band_rows": 2}}),
+    "stream-nchw": (net_nchw, {"schedule": "stream", "stream_options": {"band_rows": 3, "layout": "nchw",
+                                                                        "workers": 2}}),
 }
 
 

@@ -14,6 +14,9 @@ semantics of each runtime kernel:
   - to_nchwc / from_nchwc: zero-padded blocking / dropping the padded channels;
   - the blocked kernels of issue 9 (params channels, in_channels): the op on the real channels,
     padded lanes 0; an input-scaled 1x1 conv on its unblocked input.
+  - a stream region (schedule="stream"): the header is skipped and each band instruction
+    computes its op on whole logical tensors (its attrs, its constants), ignoring the steps and
+    the rings: a ring's tensor is kept whole here, a whole tensor (sink, IO) lives in memory.
 
 It shares no code with the runtime's kernels, its addressing or its validators.
 """
@@ -174,6 +177,37 @@ def kernel_reference(ins, args):
     return s.reference(*args, **p)
 
 
+class _Whole:
+    """What kernel_reference reads of an instruction, for a band's op on whole tensors."""
+
+    def __init__(self, kernel, params, out_shape):
+        self.kernel, self.params = kernel, params
+        self.output = type("Out", (), {"shape": tuple(out_shape)})()
+
+
+def band_reference(ins, args):
+    """A band instruction's op on whole logical NCHW tensors (args: activations whole, constants
+    as stored), by the same rules as the instructions of the layer schedule."""
+    p = ins.params
+    kp = dict(p["attrs"])
+    out = tuple(p["tensors"][-1][:4])
+    if p["op"] == "conv2d" and p.get("prepared"):
+        kp.update(prepared=tuple(p["prepared"]), weight_shape=tuple(p["weight_shape"]))
+        if p["layout"] == "nchwc":       # weights for NCHW16c: the reference conv on blocked tensors
+            kp["layout"] = "nchwc"
+            x = [_block(a) if i not in range(1, 1 + len(p["prepared"])) else a for i, a in enumerate(args)]
+            y = _conv_prepared(_Whole("conv2d", kp, (out[0], -(-out[1] // L)) + out[2:] + (L,)), x)
+            return _unblock(y)[:, :out[1]]
+        if p["tensors"][-1][5] == 2:     # NCHW in, an NCHW16c ring out: conv2d_run_to_nchwc's form
+            kp["out_layout"] = "nchwc"
+            k = 1 + len(p["prepared"])
+            x = [_block(a) if i >= k else a for i, a in enumerate(args)]          # the residual
+            y = _conv_prepared(_Whole("conv2d", kp, (out[0], -(-out[1] // L)) + out[2:] + (L,)), x)
+            return _unblock(y)[:, :out[1]]
+        return _conv_prepared(_Whole("conv2d", kp, out), args)
+    return kernel_reference(_Whole(p["op"], kp, out), args)
+
+
 def run_reference(pkg, inputs):
     """The package's outputs for `inputs` (one array per input slot), as a list."""
     mem = {CONST: np.frombuffer(pkg.const_area, np.uint8).copy(),
@@ -189,13 +223,27 @@ def run_reference(pkg, inputs):
             return io[op.seg_offset], op.block_offset
         return mem[op.segment], op.seg_offset + op.block_offset
 
+    rings = {}                     # a band's ring tensors, kept whole (name -> NCHW array)
     for ins in pkg.program():
+        if ins.kernel == "stream":
+            continue
+        band = ins.kernel == "band"
+        kinds = iter(t[5] for t in ins.params["tensors"]) if band else None
         args = []
         for op in ins.inputs:
+            if band and op.segment != CONST and next(kinds) != 0:
+                args.append(rings[op.name].copy())
+                continue
             buf, a = where(op)
             args.append(buf[a:a + op.nbytes].view(op.dtype).reshape(op.shape).copy())
-        y = np.asarray(kernel_reference(ins, args))
         out = ins.output
+        if band:
+            y = np.asarray(band_reference(ins, args)).astype(out.dtype)
+            if ins.params["tensors"][-1][5] != 0:
+                rings[out.name] = y
+                continue
+        else:
+            y = np.asarray(kernel_reference(ins, args))
         assert y.shape == out.shape, (ins.kernel, y.shape, out.shape)
         buf, a = where(out)
         buf[a:a + out.nbytes] = np.ascontiguousarray(y, out.dtype).reshape(-1).view(np.uint8)

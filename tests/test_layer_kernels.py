@@ -55,6 +55,34 @@ def test_pools_against_reference(case, kind, cip, layout):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", POOLS)
+@pytest.mark.parametrize("lanes", [1, 16])
+def test_max_pool_rows_from_a_ring(case, lanes):
+    """The one max-pool loop on output rows [r0, r1) read from a ring of input rows (row i in
+    slot i % cap, a capacity that makes the rows wrap), written into a strided ring-slot view:
+    exact against the whole-tensor reference, nothing written outside the view."""
+    k, s, p, d, ceil, shape = case
+    x = RNG.standard_normal(shape, dtype=np.float32)
+    want = ref.max_pool(x, k, s, p, d, ceil)
+    n, c, h, w = shape
+    ho, wo = want.shape[2:]
+    x5 = x[..., None] if lanes == 1 else to_nchwc(x)               # (N, C, H, W, L)
+    want5 = want[..., None] if lanes == 1 else to_nchwc(want)
+    span = d[0] * (k[0] - 1) + 1
+    for r0 in range(0, ho, 2):
+        r1 = min(ho, r0 + 2)
+        lo, hi = max(0, r0 * s[0] - p[0]), min(h, (r1 - 1) * s[0] - p[0] + span)
+        cap = hi - lo + 1 + (r0 % 3)
+        buf = np.full((n, x5.shape[1], cap) + x5.shape[3:], np.nan, np.float32)
+        for i in range(lo, hi):
+            buf[:, :, i % cap] = x5[:, :, i]
+        big = np.zeros((n, x5.shape[1], r1 - r0 + 3, wo, x5.shape[4]), np.float32)
+        pool.max_pool_rows(big[:, :, 1:1 + r1 - r0], buf, cap, r0, h, kernel_size=k, stride=s, padding=p,
+                           dilation=d, threads=2)
+        assert np.array_equal(big[:, :, 1:1 + r1 - r0], want5[:, :, r0:r1]), (r0, r1)
+        assert not big[:, :, 0].any() and not big[:, :, 1 + r1 - r0:].any()
+
+
 @pytest.mark.parametrize("shape", [(2, 64, 7, 7), (1, 20, 3, 5)])
 def test_global_avg_pool_both_layouts(shape):
     x = RNG.standard_normal(shape, dtype=np.float32)

@@ -44,7 +44,7 @@ VALUES = st.one_of(st.sampled_from(INTS), st.booleans(), st.none(), st.sampled_f
                    st.lists(st.sampled_from(INTS[:9]), min_size=1, max_size=4).map(tuple))
 KERNEL_NAMES = ["conv2d", "relu", "add", "max_pool", "avg_pool", "global_avg_pool", "linear", "flatten",
                 "softmax", "scale", "to_nchwc", "from_nchwc", "concat", "local_response_norm", "dropout",
-                "batch_norm", "nonexistent"]
+                "batch_norm", "stream", "band", "nonexistent"]
 KINDS = ["param", "param", "param", "shape", "shape", "dtype", "segment", "seg_offset", "block_offset",
          "name", "operands", "kernel", "instructions", "tags", "block", "block", "io", "io", "const_data",
          "const_data", "raw"]
@@ -151,7 +151,8 @@ def mutate(data, h, prog, area):
         elif len(io) > 1:
             io[0], io[-1] = dict(io[-1], offset=0), dict(io[0], offset=io[-1]["offset"])
     elif kind == "const_data":
-        consts = [b for b in blocks if b["segment"] == "const" and np.dtype(b["dtype"]) == np.float32]
+        consts = [b for b in blocks if b["segment"] == "const" and np.dtype(b["dtype"]) == np.float32
+                  and b["offset"] + b["nbytes"] <= len(area)]     # (an earlier mutation may have moved it out)
         if consts:
             b = consts[data.draw(st.integers(0, len(consts) - 1))]
             i = data.draw(st.integers(0, b["nbytes"] // 4 - 1))

@@ -1,9 +1,12 @@
 """Streaming execution (issue 6): streamed == layer-by-layer, rings, stage balancing, plan numbers.
 
+A streamed network is an ordinary CompiledNetwork (band instructions, rings in the hidden
+segment) run by Session; `compile_stream(...).run(x)` is Session.run on it.
+
 Tolerance (float32): streamed results are compared with the layer-by-layer compiled session and
 with the reference evaluator at |a - b| <= ATOL * max(1, max|b|) + RTOL * |b|, RTOL = ATOL = 1e-5.
-float32 convs run the fast kernels of `kernels/conv` on row bands (the numpy band path,
-`kernels="numpy"`, is im2col + GEMM blocked by bands). Per algorithm, against the reference:
+float32 convs run the fast kernels of `kernels/conv` on row bands (algorithm="reference" runs
+the reference conv on each padded band). Per algorithm, against the reference:
 direct on bands was measured bit-identical to direct layer by layer (same per-row arithmetic); im2col,
 gemm1x1 and Winograd F(2,3) differ by a few ulps (GEMM blocking, tile positions): 1e-5; Winograd
 F(4,3) tiles start at the band's first row instead of the map's, so the transforms round
@@ -16,13 +19,15 @@ import numpy as np
 import pytest
 
 import tilefuse
-from tilefuse.errors import GraphError
+from tilefuse.compiler.bands import balance_stages, check_steps, layer_cost, split_streamable
+from tilefuse.compiler.streaming import layer_by_layer_bytes, validate_stream
+from tilefuse.errors import GraphError, PackageError
 from tilefuse.interpreter import evaluate
 from tilefuse.ir import Network
-from tilefuse.stream import (FullRows, RingError, RowRing, balance_stages, build_schedule,
-                             compile_stream, split_streamable)
+from tilefuse.kernels.bands import KernelConvRunner, ReferenceConvRunner
+from tilefuse.runtime.ring import FullRows, RingError, RowRing
+from tilefuse.stream import compile_stream
 from tilefuse.stream.netutil import trunk, with_input_shape
-from tilefuse.stream.plan import layer_by_layer_bytes
 
 RTOL = ATOL = 1e-5
 TOL = {"direct": 1e-5, "im2col": 1e-5, "gemm1x1": 1e-5, "winograd2": 1e-5, "winograd4": 3e-5}
@@ -36,6 +41,29 @@ def assert_close(got, ref, what="", tol=None):
     atol, rtol = (ATOL, RTOL) if tol is None else (tol, tol)
     bound = atol * scale + rtol * np.abs(ref)
     assert np.all(err <= bound), f"{what}: max error {err.max():.3g} (scale {scale:.3g})"
+
+
+def bands(compiled):
+    """The band instructions of a compiled streamed network, in order."""
+    return [ins for ins in compiled.package.program() if ins.kernel == "band"]
+
+
+def ring_shapes(compiled) -> dict:
+    """Ring tensor name -> the shape of its hidden block (the band instructions' operands)."""
+    out = {}
+    for ins in bands(compiled):
+        acts = [op for op in ins.operands if op.segment != 0]
+        for op, t in zip(acts, ins.params["tensors"]):
+            if t[5] != 0:
+                out[op.name] = op.shape
+    return out
+
+
+def region(compiled):
+    """The bound stream region of the compiled network's session (runtime/streaming.py)."""
+    sess = compiled.session()
+    sess.copy_constants()
+    return sess._contexts[0].bound[0][0]
 
 
 class W:
@@ -172,7 +200,7 @@ def test_nchw_layout_still_equals_layer_by_layer(name):
     lbl = tilefuse.Session(tilefuse.compile(net)).run(x)
     for band in (1, 4):
         s = compile_stream(net, band_rows=band, layout="nchw")
-        assert not s.executor.blocked and all(r.buf.ndim == 4 for r in s.executor.rings.rings.values())
+        assert not s.stream.blocked and all(len(shape) == 4 for shape in ring_shapes(s).values())
         assert_close(s.run(x), lbl, f"{name} nchw band {band}")
 
 
@@ -185,18 +213,16 @@ def test_blocked_rings_equal_layer_by_layer(hw):
     assert_close(lbl, ref, "layer by layer vs reference")
     for band, workers in ((1, 1), (2, 1), (3, 1), (5, 1), (4, 2), (2, 3)):
         s = compile_stream(net, band_rows=band, workers=workers)
-        ex = s.executor.seq if workers > 1 else s.executor
-        rings = s.executor.rings.rings
-        kinds = {s.schedule.layers[s.schedule.tensors[n].producer].kind for n in ex.blocked}
+        blocked = s.stream.blocked
+        kinds = {s.schedule.layers[s.schedule.tensors[n].producer].kind for n in blocked}
         # conv, pooling, add and concat outputs are blocked; the 20 + 33 concat is not
         assert {"conv2d", "max_pool", "avg_pool", "add", "concat"} <= kinds, kinds
-        for name, ring in rings.items():
-            assert ring.blocked == (name in ex.blocked)
-            if ring.blocked:
-                n, c, _, w = s.schedule.tensors[name].shape
-                assert ring.buf.shape == (n, -(-c // 16), ring.capacity, w, 16)
+        for name, shape in ring_shapes(s).items():    # the rings' hidden blocks, their real size
+            n, c, _, w = s.schedule.tensors[name].shape
+            cap = s.stream.capacities[name]
+            assert shape == ((n, -(-c // 16), cap, w, 16) if name in blocked else (n, c, cap, w))
         odd = [l for l in s.schedule.layers if l.kind == "concat" and l.op.inputs[0].shape[1] % 16]
-        assert odd and all(n not in ex.blocked for n in odd[0].inputs + [odd[0].output])
+        assert odd and all(n not in blocked for n in odd[0].inputs + [odd[0].output])
         for _ in range(2):   # rings reused across runs
             assert_close(s.run(x), lbl, f"blocked {hw} band {band} workers {workers}")
 
@@ -215,8 +241,8 @@ def test_blocked_forced_algorithm_odd_channels(algorithm):
     ref = evaluate(net, x)[0]
     for band in (1, 3, 4):
         s = compile_stream(net, band_rows=band, algorithm=algorithm)
-        assert all(r.blocked and r.algorithm == algorithm for r in s.executor.runners)
-        assert len(s.executor.blocked) == 2          # the two rings; input and output stay NCHW
+        assert all(b.params["attrs"]["algorithm"] == algorithm and b.params["layout"] == "nchwc" for b in bands(s))
+        assert len(s.stream.blocked) == 2          # the two rings; input and output stay NCHW
         assert_close(s.run(x), ref, f"{algorithm} band {band}", tol=TOL[algorithm])
 
 
@@ -231,15 +257,15 @@ def test_blocked_ring_rotates_like_nchw():
 
 
 @pytest.mark.parametrize("name", list(NETS))
-@pytest.mark.parametrize("mode", ["input", "numpy"])
+@pytest.mark.parametrize("mode", ["input", "reference"])
 def test_other_band_modes_equal_layer_by_layer(name, mode):
     # band_mode="input" (rows fed band_rows at a time, every layer as many as it can) and the
-    # numpy im2col band kernels are kept as options
+    # reference conv on every band are kept as options
     net = NETS[name](29, 21)
     x = np.random.default_rng(9).standard_normal(net.inputs[0].shape).astype(np.float32)
     lbl = tilefuse.Session(tilefuse.compile(net)).run(x)
     for band in (1, 4):
-        kw = {"band_mode": "input"} if mode == "input" else {"kernels": "numpy"}
+        kw = {"band_mode": "input"} if mode == "input" else {"algorithm": "reference"}
         assert_close(compile_stream(net, band_rows=band, **kw).run(x), lbl, f"{name} {mode} band {band}")
 
 
@@ -295,8 +321,7 @@ def test_forced_algorithm_on_bands(algorithm):
     lbl = tilefuse.Session(tilefuse.compile(net, algorithm=algorithm)).run(x)
     for band, workers in ((1, 1), (3, 1), (4, 1), (8, 1), (4, 2)):
         s = compile_stream(net, band_rows=band, workers=workers, algorithm=algorithm)
-        runners = s.executor.seq.runners if workers > 1 else s.executor.runners
-        assert [r.algorithm for r in runners] == [algorithm] * 4
+        assert [r.algorithm for r in region(s).runners] == [algorithm] * 4
         got = s.run(x)
         assert_close(got, ref, f"{algorithm} band {band} workers {workers}", tol=TOL[algorithm])
         # against layer by layer with the same algorithm (direct was measured bit-identical, but
@@ -306,26 +331,24 @@ def test_forced_algorithm_on_bands(algorithm):
 
 def test_weights_prepared_once_at_compile(monkeypatch):
     from tilefuse.kernels import conv as fast
-    from tilefuse.stream.bands import KernelConvRunner
     calls = []
     real = fast.conv2d_prepare
     monkeypatch.setattr(fast, "conv2d_prepare", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     net = NETS["branches"](23, 19)
     s = compile_stream(net, band_rows=2)
-    convs = [r for r in s.executor.runners if r.layer.kind == "conv2d"]
+    convs = [r for r in region(s).runners if r.layer.kind == "conv2d"]
     assert convs and all(isinstance(r, KernelConvRunner) for r in convs)
-    assert len(calls) == len(convs)
+    assert len(calls) == len(convs)          # at compile time, once per conv: constants of the package
     x = np.random.default_rng(2).standard_normal(net.inputs[0].shape).astype(np.float32)
     s.run(x)
     s.run(x)
-    assert len(calls) == len(convs)          # nothing prepared while running
+    assert len(calls) == len(convs)          # nothing prepared while binding or running
     assert all(r.threads is None for r in convs)
     p = compile_stream(net, band_rows=2, workers=2)
-    assert all(r.threads == 1 for r in p.executor.seq.runners if r.layer.kind == "conv2d")
+    assert all(r.threads == 1 for r in region(p).runners if r.layer.kind == "conv2d")
 
 
-def test_float16_convs_use_the_numpy_band_path():
-    from tilefuse.stream.bands import NumpyConvRunner
+def test_float16_convs_use_the_reference_on_bands():
     net = chain(19, 11, c=4, n=2)
     net16 = Network("chain16")
     y = net16.input("x", (1, 4, 19, 11), np.float16)
@@ -333,7 +356,7 @@ def test_float16_convs_use_the_numpy_band_path():
         y = net16.conv2d(y, op.inputs[1].value.astype(np.float16), None, padding=1)
     net16.output(y)
     s = compile_stream(net16, band_rows=3)
-    assert all(isinstance(r, NumpyConvRunner) for r in s.executor.runners)
+    assert all(isinstance(r, ReferenceConvRunner) for r in region(s).runners)
     x = np.random.default_rng(0).standard_normal((1, 4, 19, 11)).astype(np.float16)
     got = s.run(x)
     ref = evaluate(net16, x)[0]
@@ -367,26 +390,102 @@ def test_min_band_pixels_widens_narrow_layers():
     assert_close(s.run(x), lbl, "min_band_pixels")
 
 
-def test_max_pool_fast_path_matches_reference():
-    from tilefuse.stream.bands import _max_pool_band
-    rng = np.random.default_rng(4)
-    xp = rng.standard_normal((2, 3, 11, 29)).astype(np.float32)
-    for kh, kw, sh, sw, dh, dw in ((3, 3, 2, 2, 1, 1), (2, 2, 2, 2, 1, 1), (3, 2, 1, 3, 2, 1)):
-        R = (11 - dh * (kh - 1) - 1) // sh + 1
-        wo = (29 - dw * (kw - 1) - 1) // sw + 1
-        big = np.zeros((2, 3, R + 3, wo), np.float32)
-        y = big[:, :, 1:1 + R]                                    # a ring-slot view, not contiguous
-        _max_pool_band(y, xp, kh, kw, sh, sw, dh, dw)
-        ref = np.max([xp[:, :, a * dh:a * dh + (R - 1) * sh + 1:sh, b * dw:b * dw + (wo - 1) * sw + 1:sw]
-                      for a in range(kh) for b in range(kw)], axis=0)
-        assert np.array_equal(y, ref) and not big[:, :, 0].any()
-
-
 def test_batch_of_two():
     net = NETS["branches"](15, 13)
     net2 = with_input_shape(net, (2, 4, 15, 13))
     x = np.random.default_rng(3).standard_normal((2, 4, 15, 13)).astype(np.float32)
     assert_close(compile_stream(net2, band_rows=3).run(x), evaluate(net2, x)[0], "batch 2")
+
+
+# ----------------------------------------------------------------------------- one program format
+
+def net_fcn(h, w):
+    """A hand-built fully convolutional net: conv / BN / ReLU / pooling stem, a residual block,
+    a dilated context conv, a 1x1 per-pixel classifier and a softmax over the classes (not
+    row-streamed: it runs in the tail, layer by layer, on the whole class map)."""
+    p = W(8)
+    net = Network("fcn")
+    x = net.input("x", (1, 3, h, w))
+    y = net.conv2d(x, p.conv(24, 3, 3), None, stride=2, padding=1)
+    y = net.relu(net.batch_norm(y, p.vec(24, 0.5, 1.5), p.vec(24), p.vec(24), p.vec(24, 0.5, 2.0)))
+    y = net.max_pool(y, 3, stride=1, padding=1)
+    b = net.relu(net.conv2d(y, p.conv(24, 24, 3), p.vec(24), padding=1))
+    b = net.conv2d(b, p.conv(24, 24, 3), p.vec(24), padding=1)
+    y = net.relu(net.add(b, y))
+    y = net.relu(net.conv2d(y, p.conv(32, 24, 3), p.vec(32), padding=2, dilation=2))
+    y = net.conv2d(y, p.conv(5, 32, 1), p.vec(5))
+    net.output(net.softmax(y, axis=1))
+    return net
+
+
+@pytest.mark.parametrize("which,options", [
+    ("resnet18-trunk", {"band_rows": 3}),
+    ("resnet18-trunk", {"band_rows": 2, "workers": 2}),
+    ("fcn", {"band_rows": 4}),
+    ("fcn", {"band_rows": 1, "workers": 2, "layout": "nchw"}),
+])
+def test_streamed_package_saved_loaded_and_run_many(tmp_path, which, options):
+    """The row-band schedule lands in an ordinary package: saved, loaded (validated), run by
+    Session.run_many on device memory, equal to the layer schedule."""
+    net = trunk(tilefuse.models.resnet18(seed=2), (1, 3, 45, 37)) if which != "fcn" else net_fcn(33, 29)
+    compiled = tilefuse.compile(net, schedule="stream", stream_options=options)
+    path = compiled.save(tmp_path / "streamed.tfpkg")
+    pkg = tilefuse.load_package(path)
+    prog = pkg.program()
+    assert prog[0].kernel == "stream" and sum(ins.kernel == "band" for ins in prog) == len(compiled.schedule.layers)
+    # rings live in the hidden segment, at their real (ring) size
+    hidden = {b.name: b for b in pkg.blocks if b.segment == "hidden"}
+    for name, cap in compiled.stream.capacities.items():
+        assert hidden[name].shape[-3 if name in compiled.stream.blocked else -2] == cap
+    # the region's layers run interleaved: its hidden blocks never share bytes
+    region_names = {op.name for ins in prog[:1 + len(compiled.schedule.layers)] for op in ins.operands
+                    if op.segment == 1}
+    spans = sorted((hidden[n].offset, hidden[n].offset + hidden[n].nbytes) for n in region_names)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+    tail = [ins.kernel for ins in prog[1 + len(compiled.schedule.layers):]]
+    assert tail == ([] if which != "fcn" else ["softmax"])
+    xs = [np.random.default_rng(i).standard_normal(net.inputs[0].shape).astype(np.float32) for i in range(3)]
+    sess = tilefuse.Session(pkg)
+    ys = sess.run_many(xs, depth=2)
+    layer = tilefuse.Session(tilefuse.compile(net))
+    for x, y in zip(xs, ys):
+        assert_close(y, layer.run(x), f"{which} {options}")
+    assert_close(sess.run(xs[0]), ys[0], "run after run_many")
+
+
+@pytest.mark.parametrize("target", ["host", "cambricon-x"])
+def test_a_streamed_program_runs_on_the_machine_models(target):
+    """One program format whoever runs it: simulate() reads a streamed program's band
+    instructions as their ops (the header skipped) and computes what the layer program does."""
+    from tilefuse.targets import simulate
+    net = net_fcn(21, 17)
+    x = np.random.default_rng(4).standard_normal(net.inputs[0].shape).astype(np.float32)
+    streamed = simulate(tilefuse.compile(net, schedule="stream", stream_options={"band_rows": 2}), target, inputs=x)
+    layer = simulate(tilefuse.compile(net), target, inputs=x)
+    assert [r.kernel for r in streamed.layers] == [r.kernel for r in layer.layers]
+    tol = 1e-5 if target == "host" else 5e-3                  # cambricon-x computes in float16
+    assert_close(streamed.outputs[0], layer.outputs[0], "simulate streamed vs layer", tol=tol)
+
+
+def test_a_row_local_op_streams_by_its_group_alone(monkeypatch):
+    """Streaming is table-driven: an op in the streamable groups with no band kernel of its own
+    (here softmax over the channels, row-local in H) runs its reference kernel on the rows."""
+    from tilefuse.compiler import bands as stage
+    net = net_fcn(19, 15)
+    x = np.random.default_rng(5).standard_normal(net.inputs[0].shape).astype(np.float32)
+    want = tilefuse.Session(tilefuse.compile(net)).run(x)
+    monkeypatch.setattr(stage, "STREAMABLE", stage.STREAMABLE | {"softmax"})
+    s = compile_stream(net, band_rows=2)
+    assert not s.schedule.tail and bands(s)[-1].params["op"] == "softmax"
+    assert_close(s.run(x), want, "softmax on bands")
+
+
+def test_inspect_shows_a_streamed_package(tmp_path, capsys):
+    from tilefuse.cli import main
+    path = compile_stream(net_fcn(21, 17), band_rows=2).save(tmp_path / "fcn.tfpkg")
+    assert main(["inspect", str(path), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "valid" in out and "stream" in out and "band:conv2d" in out and "rows held" in out
 
 
 # ----------------------------------------------------------------------------- the split
@@ -450,14 +549,90 @@ def test_full_rows_never_evict():
     assert np.array_equal(f.read(0, 4), a)
 
 
+def _replay_inputs(s, capacities=None):
+    """check_steps' description of a compiled streamed network (capacities overridable)."""
+    sched = s.schedule
+    caps = dict(s.stream.capacities, **(capacities or {}))
+    tensors = {n: (t.shape[2], t.shape[2] if t.whole else caps[n], t.producer < 0) for n, t in sched.tensors.items()}
+    layers = [{"inputs": list(zip(l.inputs, l.windows)), "output": l.output, "rows": l.rows} for l in sched.layers]
+    layers[0]["tensors"] = tensors
+    return layers
+
+
 def test_too_small_ring_is_caught():
+    # replaying the steps against the capacities (what the package loader does): the dry run's
+    # capacities pass, a ring two rows smaller would overwrite a row still needed
     net = NETS["kernels"](21, 17)
     s = compile_stream(net, band_rows=2)
-    ring = next(iter(s.executor.rings.rings.values()))
-    s.executor.rings.rings[ring.name] = RowRing(ring.name, s.schedule.tensors[ring.name].shape,
-                                                max(1, ring.capacity - 2), consumers=len(ring.lows))
-    with pytest.raises((RingError, GraphError), match="would overwrite|requested"):
-        s.run(np.zeros(net.inputs[0].shape, np.float32))
+    check_steps(s.schedule.steps, _replay_inputs(s))
+    name = sorted(s.stream.capacities)[0]
+    small = {name: max(1, s.stream.capacities[name] - 2)}
+    with pytest.raises(ValueError, match="would overwrite|not held"):
+        check_steps(s.schedule.steps, _replay_inputs(s, small))
+    # and a ring used out of order at run time raises RingError
+    ring = RowRing("t", (1, 1, 9, 2), 2, consumers=1)
+    ring.write(0, np.zeros((1, 1, 2, 2), np.float32))
+    with pytest.raises(RingError, match="would overwrite"):
+        ring.write(2, np.zeros((1, 1, 1, 2), np.float32))
+
+
+def _program_and_consts(s):
+    pkg = s.package
+    prog = pkg.program()
+
+    def read_const(op):
+        return np.frombuffer(pkg.const_area, op.dtype, int(np.prod(op.shape)),
+                             op.seg_offset + op.block_offset).reshape(op.shape)
+    return prog, read_const
+
+
+def test_loader_validates_the_stream_region():
+    """A package is untrusted: the band params are checked against the op table, every operand
+    against its logical shape and capacity, and the steps replayed against the capacities."""
+    import copy
+    net = NETS["kernels"](21, 17)
+    s = compile_stream(net, band_rows=2)
+    prog, read = _program_and_consts(s)
+    validate_stream(prog, read)                                   # as compiled: valid
+
+    def broken(edit, match):
+        p = copy.deepcopy(prog)
+        edit(p)
+        with pytest.raises(PackageError, match=match):
+            validate_stream(p, read)
+
+    steps = read(prog[0].operands[0]).copy()
+    swapped = steps.copy()
+    swapped[[0, 1]] = swapped[[1, 0]]                             # a layer runs before its input rows exist
+    with pytest.raises(PackageError, match="not held|expected rows"):
+        validate_stream(prog, lambda op: swapped)
+    with pytest.raises(PackageError, match="must finish every layer"):
+        validate_stream(prog, lambda op: steps[:-1])
+
+    def stride(p):
+        p[2].params["attrs"] = dict(p[2].params["attrs"], stride=(1, 1))
+    broken(stride, "gives|window")                                 # the output no longer follows
+    def cap(p):
+        t = [list(v) for v in p[2].params["tensors"]]
+        t[-1][4] -= 1
+        p[2].params["tensors"] = t
+    broken(cap, "expected")                                        # shape vs rows held
+    def unknown(p):
+        p[1].params["op"] = "softmax"
+    broken(unknown, "does not stream")
+    def orphan(p):
+        p[0].params["layers"] -= 1
+    broken(orphan, "outside a stream region|does not exist")
+    def extra(p):
+        p[3].params["threads"] = 8
+    broken(extra, "unknown to the band kernel")
+    # without their header the band instructions are refused by the loader itself
+    pkg = s.package
+    from tilefuse.compiler import package as package_mod
+    monkey = copy.copy(pkg)
+    monkey.program = lambda: prog[1:]
+    with pytest.raises(PackageError, match="outside a stream region"):
+        package_mod.validate_program(monkey)
 
 
 # ----------------------------------------------------------------------------- stage balancing
@@ -494,14 +669,16 @@ def test_pipeline_stage_split_is_cost_balanced():
     # more than a Winograd layer of the same FLOPs
     net = trunk(tilefuse.models.resnet18(seed=0), (1, 3, 270, 480))
     s = compile_stream(net, band_rows=2, workers=2)
-    ex = s.executor
-    c = ex.stage_costs()
+    c = s.stream.stage_costs()
     assert len(c) == 2 and max(c) / sum(c) < 0.6
-    assert ex.stage_of == balance_stages(ex.costs, 2)
-    conv1 = ex.seq.runners[0]
-    wino = [r for r in ex.seq.runners if getattr(r, "algorithm", "") == "winograd4"]
+    assert s.stream.stage_of == balance_stages(s.stream.costs, 2)
+    assert s.stream.costs == [layer_cost(l, s.schedule) for l in s.schedule.layers]
+    layers = s.schedule.layers
+    wino = [i for i, l in enumerate(layers) if l.op.params.get("algorithm") == "winograd4"]
     if wino:
-        assert conv1.cost() / conv1.layer.flops > wino[0].cost() / wino[0].layer.flops
+        assert s.stream.costs[0] / layers[0].flops > s.stream.costs[wino[0]] / layers[wino[0]].flops
+    header = s.package.program()[0]
+    assert header.kernel == "stream" and list(header.params["stages"]) == s.stream.stage_of
     assert "layer pipeline, 2 stages" in str(s.plan())
 
 
@@ -540,7 +717,7 @@ def test_layer_by_layer_bytes_of_a_chain():
 def test_plan_reports_rows_and_bytes(layout):
     net = chain(64, 16, c=8, n=4)
     s = compile_stream(net, band_rows=2, layout=layout)
-    p = s.plan()
+    p = s.plan().stream
     assert [r["whole"] for r in p.rows] == [False, False, False, True]
     assert all(r["capacity"] <= 5 for r in p.rows[:3])
     row = 8 * 16 * 4
@@ -550,13 +727,13 @@ def test_plan_reports_rows_and_bytes(layout):
     assert p.ring_bytes == sum(r["capacity"] for r in p.rows[:3]) * ring_row
     assert p.sink_bytes == 64 * row
     assert p.layer_by_layer_bytes == 2 * 64 * row
-    text = str(p)
-    assert "rows held" in text and "layer by layer" in text
+    text = str(s.plan())
+    assert "rows held" in text and "layer by layer" in text and "band:conv2d" in text
 
 
 def test_plan_resnet18_trunk_at_4k_cuts_activations_10x():
     # no execution: the schedule and the rings only (about 40 MiB allocated)
     net = trunk(tilefuse.models.resnet18(seed=0), (1, 3, 2160, 3840))
-    p = compile_stream(net, band_rows=2).plan()
+    p = compile_stream(net, band_rows=2).plan().stream
     assert p.layer_by_layer_bytes > 600 * 2**20
     assert p.reduction >= 10, str(p)

@@ -234,11 +234,25 @@ def cmd_inspect(args) -> int:
     limit = len(prog) if args.all else min(len(prog), 20)
     for i, ins in enumerate(prog[:limit]):
         algo = ins.params.get("algorithm")
+        kernel, held = ins.kernel, ""
+        if kernel == "band":                     # a streamed layer: its op, the rows its output holds
+            kernel = f"band:{ins.params['op']}"
+            algo = ins.params["attrs"].get("algorithm")
+            n, c, h, w, cap, kind = ins.params["tensors"][-1]
+            held = "  whole" if kind == 0 else f"  rows held {cap}/{h}" + (" NCHW16c" if kind == 2 else "")
         algo = "[" + printable(algo) + "]" if algo else ""
-        print(f"  {i:>3} {printable(ins.kernel):<18}{algo:<12} -> {printable(ins.output.name)} "
-              f"{ins.output.shape}")
+        print(f"  {i:>3} {printable(kernel):<18}{algo:<12} -> {printable(ins.output.name)} "
+              f"{ins.output.shape}{held}")
     if limit < len(prog):
         print(f"  ... {len(prog) - limit} more (--all to list them)")
+    for i, ins in enumerate(prog):
+        if ins.kernel == "stream":
+            p = ins.params
+            rings = [b for b in prog[i + 1:i + 1 + p["layers"]] if b.params["tensors"][-1][5] != 0]
+            ring_bytes = sum(b.output.nbytes for b in rings)
+            print(f"stream region at {i}: {p['layers']} layers in bands of {p['band_rows']} rows "
+                  f"({ins.operands[0].shape[0]} steps, {p['workers']} stage(s)); {len(rings)} ring(s), "
+                  f"{ring_bytes / 2**20:.2f} MiB of rows held in the hidden segment")
     consts = [b for b in pkg.blocks if b.segment == "const"]
     print(f"constant blocks: {len(consts)}; hidden blocks: {len(pkg.blocks) - len(consts)}")
     return 0

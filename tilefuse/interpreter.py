@@ -4,43 +4,18 @@ This is the executable spec every compiled program is checked against.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
 import numpy as np
 
 from .errors import GraphError
 from .ir import Network
+from .ir.node import check_inputs
 from .ir.ops import schema
 
 
 def bind_inputs(net: Network, inputs) -> list[np.ndarray]:
-    """Accept one array, a sequence in input order, or a {name: array} mapping; validate each."""
-    if isinstance(inputs, np.ndarray) or np.isscalar(inputs):
-        inputs = [inputs]
-    if isinstance(inputs, Mapping):
-        missing = [d.name for d in net.inputs if d.name not in inputs]
-        extra = sorted(set(inputs) - {d.name for d in net.inputs})
-        if missing or extra:
-            raise GraphError(net.name, f"inputs given for {sorted(inputs)}; expected exactly "
-                                       f"{[d.name for d in net.inputs]}")
-        inputs = [inputs[d.name] for d in net.inputs]
-    inputs = list(inputs)
-    if len(inputs) != len(net.inputs):
-        raise GraphError(net.name, f"got {len(inputs)} inputs, expected {len(net.inputs)} "
-                                   f"({', '.join(d.name for d in net.inputs)})")
-    out = []
-    for d, a in zip(net.inputs, inputs):
-        a = np.asarray(a)
-        if a.shape != d.shape:
-            raise GraphError(d.name, f"input has shape {a.shape}, expected {d.shape}")
-        if a.dtype != d.dtype:
-            # a float of another precision converts; integers, bools and the rest are refused
-            if a.dtype.kind != "f" or np.dtype(d.dtype).kind != "f":
-                raise GraphError(d.name, f"input has dtype {a.dtype}, expected {d.dtype} (the network "
-                                         f"does not take {a.dtype}; convert it first if that is meant)")
-            a = a.astype(d.dtype)
-        out.append(a)
-    return out
+    """One array, a sequence in input order, or a {name: array} mapping, validated against the
+    network's inputs (`ir.node.check_inputs`, the one input validator)."""
+    return check_inputs([(d.name, d.shape, d.dtype) for d in net.inputs], inputs, net.name)
 
 
 def evaluate(net: Network, inputs, return_all: bool = False):

@@ -9,12 +9,14 @@ import numpy as np
 
 from ..errors import GraphError
 from ..ir import Network
+from .algorithms import choose_algorithms
 from .layout import NCHW, assign_layouts, check_layouts, conv_layout, conv_transpose_layout
 from .lower import Lowered, lower, with_program
 from .memory import MemoryPlan, plan_hidden
 from .package import DataPackage, reoff_pack, save_package, validate_package
 from .passlist import run_passes
 from .program import SEGMENTS
+from .streaming import RING_C, WHOLE, StreamInfo, StreamPlan, lower_streamed, stream_plan
 
 TARGETS = ("cpu",)
 
@@ -29,6 +31,7 @@ class Plan:
     io_bytes: int
     passes: list[str] = field(default_factory=list)
     target: dict = field(default_factory=dict)     # kernels/isa.info() + threads: what the kernels run on
+    stream: StreamPlan | None = None     # schedule "stream": rows held per layer, bytes, stages
 
     @property
     def total_flops(self) -> int:
@@ -60,6 +63,8 @@ class Plan:
                      f"constants {self.const_bytes / 2**20:.2f} MiB; "
                      f"hidden {self.hidden_bytes / 2**20:.2f} MiB planned vs {self.hidden_naive_bytes / 2**20:.2f} "
                      f"MiB naive ({100 * saved:.0f}% saved by liveness sharing); IO addresses {self.io_bytes} B")
+        if self.stream is not None:
+            lines += ["", "row-band schedule:", str(self.stream)]
         return "\n".join(lines)
 
 
@@ -75,6 +80,12 @@ class CompiledNetwork:
     options: dict
     tuning: dict = field(default_factory=dict)   # conv output name -> {"seconds": {alg: s}, "cached": bool}
     layout_log: str = ""
+    stream: StreamInfo | None = None             # schedule "stream": what the row-band stage decided
+
+    @property
+    def schedule(self):
+        """schedule "stream": the row-band schedule (streamed layers, tensors, steps, tail); else None."""
+        return self.stream.schedule if self.stream is not None else None
 
     def plan(self) -> Plan:
         """Per instruction: kernel, algorithm, layout, partitioning and tile sizes (conv, from the
@@ -103,8 +114,17 @@ class CompiledNetwork:
                 measured = t["seconds"].get(alg) if t else None
             elif ins.kernel in ("to_nchwc", "from_nchwc"):
                 layout = "nchw>c" if ins.kernel == "to_nchwc" else "c>nchw"
+            kernel = ins.kernel
+            if kernel == "band":                 # a streamed layer: its op, rows held of its output
+                kernel = f"band:{ins.params['op']}"
+                alg = ins.params["attrs"].get("algorithm", "-")
+                n, c, h, w, cap, kind = ins.params["tensors"][-1]
+                layout = "nchwc" if kind == RING_C else NCHW
+                tiles = {"rows": "whole" if kind == WHOLE else f"{cap}/{h}"}
+            elif kernel == "stream":
+                tiles = {"steps": ins.operands[0].shape[0], "band": ins.params["band_rows"]}
             rows.append({
-                "index": i, "kernel": ins.kernel, "algorithm": alg, "layout": layout,
+                "index": i, "kernel": kernel, "algorithm": alg, "layout": layout,
                 "partitioning": part, "tiles": tiles, "tasks": tasks,
                 "output": ins.output.name, "output_shape": ins.output.shape,
                 "input_shapes": [op.shape for op in ins.inputs], "flops": fl,
@@ -113,7 +133,8 @@ class CompiledNetwork:
             })
         target = dict(self.package.meta.get("target") or {})
         return Plan(rows, self.package.const_bytes, self.package.hidden_bytes,
-                    self.memory.naive_bytes, self.package.io_bytes, list(self.pass_log), target)
+                    self.memory.naive_bytes, self.package.io_bytes, list(self.pass_log), target,
+                    stream_plan(self.stream) if self.stream is not None else None)
 
     def _conv_weight_shape(self, ins) -> tuple:
         return tuple(self._weights.get(ins.output.name.split("@")[0], (0, 0, 0, 0)))
@@ -128,6 +149,26 @@ class CompiledNetwork:
     def save(self, path) -> Path:
         return save_package(self.package, path)
 
+    # thin conveniences over one Session of this network, made on first use. The runtime sets
+    # `session_class` when it loads (runtime/session.py; `import tilefuse` loads it): the
+    # compiler does not import the runtime, which sits above it.
+    session_class = None
+
+    def session(self):
+        """The Session `run` / `run_many` use (default device, the compiled thread count)."""
+        if getattr(self, "_session", None) is None:
+            if CompiledNetwork.session_class is None:
+                raise RuntimeError("no runtime is loaded: import tilefuse (or tilefuse.runtime) first")
+            self._session = CompiledNetwork.session_class(self)
+        return self._session
+
+    def run(self, xs):
+        """Session.run on this network: numpy in, one array out (or a list for several outputs)."""
+        return self.session().run(xs)
+
+    def run_many(self, inputs, depth: int = 3, progress: bool = False):
+        return self.session().run_many(inputs, depth=depth, progress=progress)
+
     @property
     def inputs(self):
         return self.package.inputs
@@ -137,56 +178,39 @@ class CompiledNetwork:
         return self.package.outputs
 
 
-def _conv_rule(options: dict, tuning: dict):
-    """Choose each conv's algorithm (heuristic, forced, or measured when options["tune"]) and
-    the layout it runs in, and prepare its constants (None: reference kernel)."""
-    algo_forced = options.get("algorithm")
-    if algo_forced == "reference":
-        return None
-    try:
-        from ..kernels import conv as fast
-    except ImportError:
-        return None
-    if not all(hasattr(fast, f) for f in ("select_algorithm", "conv2d_prepare", "conv2d_run")):
-        return None
+def _share_constants(low: Lowered, pkg: DataPackage) -> None:
+    """Point every lowered constant at its bytes in the package's constant area, so the
+    compiled network holds its constants once: prepared weights (Winograd's are 4x the raw
+    ones) were held a second time by the lowering otherwise."""
+    offsets = {b.name: b.offset for b in pkg.blocks if b.segment == "const"}
+    for d in low.constants:
+        view = np.frombuffer(pkg.const_area, d.dtype, int(np.prod(d.shape)), offsets[d.name]).reshape(d.shape)
+        d.value = view                                   # read-only, like every bound constant
 
-    layout_mode = options.get("layout", "auto")
-    cache = None
-    if options.get("tune") and not algo_forced:
-        from .tune import TuneCache
-        cache = TuneCache().load()
+
+def _conv_rule(layout_mode: str):
+    """Lowering's conv rule: prepare each conv's constants for the algorithm the algorithm pass
+    chose (compiler/algorithms.py) in the layout it runs in (`conv_layout`); None for the
+    reference kernel."""
+    from ..kernels import conv as fast
 
     def rule(op):
-        x, w = op.inputs[0], op.inputs[1]
-        if x.dtype != np.float32 or op.params.get("has_input_scale"):
+        x, w, p = op.inputs[0], op.inputs[1], op.params
+        if x.dtype != np.float32 or p.get("has_input_scale"):
             return None   # an input-scaled conv (fused squeeze-excitation) runs kernels/se_conv.py
-        p = op.params
         if op.op == "conv_transpose2d":
             return _conv_transpose_rule(op, layout_mode)
-        allow_w = options.get("winograd", True)
-        if algo_forced:
-            algo = algo_forced
-        elif cache is not None:
-            from .tune import choose
-            from ..kernels.threads import resolve_threads
-            algo, secs, hit = choose(cache, x.shape, w.shape, p, threads=resolve_threads(options.get("threads")),
-                                     allow_winograd=allow_w, layout_mode=layout_mode)
-            tuning[op.outputs[0].name] = {"seconds": secs, "cached": hit}
-        else:
-            algo = fast.select_algorithm(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"],
-                                         allow_winograd=allow_w)
+        algo = p.get("algorithm", "reference")
+        if algo == "reference":
+            return None
         layout = conv_layout(algo, layout_mode, x.shape[1], w.shape[0], p["groups"])
         b = op.inputs[2].value if p["has_bias"] else None
-        try:
-            prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
-                                           layout=layout)
-        except ValueError as e:   # a forced algorithm this conv cannot use: name the layer
-            raise GraphError(op.name, f"{e}; expected an algorithm every conv can run (or none forced)") from None
+        prepared = fast.conv2d_prepare(algo, w.value, b, p["stride"], p["padding"], p["dilation"], p["groups"],
+                                       layout=layout)
         params = {"algorithm": algo, "weight_shape": tuple(int(d) for d in w.shape)}  # for validation
         if layout != NCHW:
             params["layout"] = layout
         return params, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in prepared.items()}
-    rule.cache = cache
     return rule
 
 
@@ -211,63 +235,62 @@ SCHEDULES = ("layer", "stream")
 LAYOUTS = ("auto", "nchw")
 
 
-def _compile_streamed(net: Network, stream_options: dict | None):
-    """schedule="stream": the one place the compiler reaches into `stream/`.
-
-    `stream/` builds on the compiler (it runs `passlist.run_passes`), so the compiler imports it
-    here, at call time, and nowhere else: importing `tilefuse.compiler` never loads `stream`.
-    (tests/test_structure.py allows exactly this edge; it goes when the row-band schedule becomes
-    a compiler stage, issue 12.)"""
-    from ..stream import compile_stream
-    return compile_stream(net, **(stream_options or {}))
-
-
 def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passes=None,
             winograd: bool = True, algorithm: str | None = None, threads: int | None = None,
             stream_options: dict | None = None, tune: bool = False, layout: str = "auto"):
-    """Compile a network once into a program and a REOFF data package.
+    """Compile a network once into a program and a REOFF data package (a CompiledNetwork).
 
-    schedule: "layer" runs the layers one after another over whole tensors (a CompiledNetwork);
-              "stream" runs the convolutional part depth-first, a few rows per layer at a time
-              (a StreamedNetwork, see docs/streaming.md; stream_options go to compile_stream).
-    algorithm: force one conv algorithm for every conv ("reference" = plain numpy kernel).
+    schedule: "layer" runs the layers one after another over whole tensors; "stream" runs the
+              convolutional part depth-first, a few rows per layer at a time, in band
+              instructions over row rings (compiler/streaming.py, docs/streaming.md;
+              stream_options: band_rows, workers, queue_bands, band_mode, layer_rows, layout,
+              min_band_pixels, threads (= the threads argument)). Both give the same
+              CompiledNetwork: saved, loaded and run by Session alike.
+    algorithm: force one conv algorithm wherever the conv library can run it ("reference" =
+               plain numpy kernel everywhere); see compiler/algorithms.py.
     winograd: allow Winograd for stride-1 3x3 convs when the heuristic picks it.
     threads: the thread count the kernels use (None: all cores); a Session made from the result
              uses it unless given its own. With tune=True it is also the count tuning measures.
     tune: time the candidate algorithms of every conv on this machine and take the fastest;
           choices persist in $TILEFUSE_CACHE_DIR/tune.json (default ~/.cache/tilefuse), see tune.py.
     layout: "auto" keeps activations in NCHW16c between the layers that have a blocked kernel
-            (compiler/layout.py); "nchw" runs every kernel on NCHW.
+            (compiler/layout.py; schedule "stream": NCHW16c rings); "nchw" runs every kernel on NCHW.
     """
     if target not in TARGETS:
         raise ValueError(f"target '{target}' is not supported; expected one of {TARGETS}")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule '{schedule}' is not supported; expected one of {SCHEDULES}")
-    if schedule == "stream":
-        return _compile_streamed(net, stream_options)
     if not isinstance(net, Network):
         raise TypeError(f"compile() takes a tilefuse Network, got {type(net).__name__}")
     if not net.outputs:
         raise GraphError(net.name, "network has no outputs; call net.output(node) first")
     if layout not in LAYOUTS:
         raise ValueError(f"layout '{layout}' is not supported; expected one of {LAYOUTS}")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
+    if threads is None and stream_options and stream_options.get("threads") is not None:
+        threads = stream_options["threads"]                  # compile_stream(threads=) spelled as an option
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    if stream_options and schedule != "stream":
+        raise ValueError(f"stream_options are for schedule='stream', got schedule={schedule!r}")
     t0 = time.perf_counter()
     net.lint()
     options = {"target": target, "winograd": winograd, "algorithm": algorithm, "threads": threads,
-               "tune": tune, "layout": layout}
+               "tune": tune, "layout": layout, "schedule": schedule}
     tuning: dict = {}
     opt, log = run_passes(net, passes)                       # graph passes (passlist.py)
-    rule = _conv_rule(options, tuning)
-    low = lower(opt, rule)                                   # ops -> instructions, conv algorithms
-    if rule is not None and getattr(rule, "cache", None) is not None:
-        rule.cache.save()                                    # persist what tuning measured
-    res = assign_layouts(low.instructions, low.flops, layout)  # NCHW16c between blocked kernels
-    check_layouts(res.instructions)
-    low = with_program(low, res.instructions, res.flops)
-    layout_log = (f"assign_layouts: {res.conversions} conversions, {res.cancelled} inverse pairs cancelled"
-                  if res.changed else "assign_layouts: no change")
+    res = choose_algorithms(opt, algorithm=algorithm, winograd=winograd, tune=tune, threads=threads,
+                            layout=layout, tuning=tuning)    # each conv's algorithm (algorithms.py)
+    opt, log = res.network, log + [f"choose_algorithms: {res.detail}"]
+    stream = None
+    if schedule == "stream":                                 # row bands (streaming.py), then the tail
+        low, stream, layout_log = lower_streamed(opt, _conv_rule(layout), stream_options or {}, layout)
+    else:
+        low = lower(opt, _conv_rule(layout))                 # ops -> instructions, prepared weights
+        lay = assign_layouts(low.instructions, low.flops, layout)   # NCHW16c between blocked kernels
+        check_layouts(lay.instructions)
+        low = with_program(low, lay.instructions, lay.flops)
+        layout_log = (f"assign_layouts: {lay.conversions} conversions, {lay.cancelled} inverse pairs cancelled"
+                      if lay.changed else "assign_layouts: no change")
     log = log + [layout_log]
     mem = plan_hidden(low.hidden, low.lifetimes)             # liveness sharing of hidden blocks
     from ..kernels.isa import info as isa_info
@@ -277,5 +300,7 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     meta = {"pass_log": log, "options": {k: v for k, v in options.items() if v not in (None, False)},
             "gflops": sum(low.flops) / 1e9, "target": target}
     pkg = reoff_pack(net.name, low, mem, meta)
+    _share_constants(low, pkg)                               # one copy of the constants, in the package
     validate_package(pkg, f"compiled '{net.name}'")           # what a loader would check, now
-    return CompiledNetwork(opt, net, pkg, low, mem, log, time.perf_counter() - t0, options, tuning, layout_log)
+    return CompiledNetwork(opt, net, pkg, low, mem, log, time.perf_counter() - t0, options, tuning, layout_log,
+                           stream)

@@ -34,11 +34,13 @@ class Lowered:
     flops: list[int]
 
 
-def lower(net: Network, conv_rule=None) -> Lowered:
+def lower(net: Network, conv_rule=None, ops=None) -> Lowered:
     """conv_rule(op) -> (params to add, {role: ndarray} prepared constants) or None.
 
     The params may carry "layout": "nchwc" (the prepared constants are then the blocked form);
-    the layout pass inserts the conversions such a conv needs."""
+    the layout pass inserts the conversions such a conv needs. `ops`: lower only these ops of
+    `net` (in order; the row-band schedule lowers its tail this way), operands classified as
+    for the whole network."""
     io_names = [d.name for d in net.inputs] + [d.name for d in net.outputs]
     io_set = set(io_names)
     constants: list[DataNode] = []
@@ -61,7 +63,7 @@ def lower(net: Network, conv_rule=None) -> Lowered:
         life[0], life[1] = min(life[0], idx), max(life[1], idx)
         return Operand(d.name, DIRECT, HIDDEN, d.dtype, d.shape)
 
-    for idx, op in enumerate(net.ops):
+    for idx, op in enumerate(net.ops if ops is None else ops):
         params = dict(op.params)
         inputs = list(op.inputs)
         if op.op in ("conv2d", "conv_transpose2d") and conv_rule is not None:

@@ -51,6 +51,7 @@ from ..errors import PackageError
 from .lower import Lowered
 from .memory import ALIGN, MemoryPlan, align
 from .program import CONST, HIDDEN, IO, IO_SLOT_BYTES, SEGMENTS, decode, encode, patch
+from .streaming import REGION_HEADERS, REGION_KERNELS, validate_stream
 
 MAGIC = b"TFPKG\r\n\x1a"
 FORMAT_VERSION = 1
@@ -417,7 +418,8 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
     slots = {s.offset: s for s in pkg.io}
     written = {HIDDEN: _Written()}
     written.update({("io", s.name): _Written() for s in pkg.outputs})
-    for i, ins in enumerate(pkg.program()):
+    program = pkg.program()
+    for i, ins in enumerate(program):
         w = f"{where}: instruction {i} ({ins.kernel} -> '{ins.output.name}')"
         if ins.kernel not in KERNELS:
             raise PackageError(f"{where}: instruction {i} uses unknown kernel '{ins.kernel}'; "
@@ -459,6 +461,13 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
                                        f"past the end of its block ({b.nbytes} bytes)")
                 start = b.offset + op.block_offset
                 spans.append((op.segment, start, start + op.nbytes, op, None))
+        if ins.kernel in REGION_HEADERS:     # a stream header: it reads its constants, writes nothing
+            try:
+                check_shapes(ins)
+                validator(ins)
+            except ValueError as e:
+                raise PackageError(f"{w}: {e}") from None
+            continue
         *reads, (okey, o0, o1, out, okind) = spans
         if okey == CONST:
             raise PackageError(f"{w}: writes into the constant segment; expected a hidden block or an output")
@@ -481,3 +490,8 @@ def validate_program(pkg: DataPackage, where: str = "package") -> None:
         size = int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
         if not written[("io", s.name)].covers(0, size, s.name):
             raise PackageError(f"{where}: output '{s.name}' ({size} bytes) is not written completely by the program")
+    if any(ins.kernel in REGION_KERNELS for ins in program):
+        def read_const(op):
+            return np.frombuffer(pkg.const_area, op.dtype, int(np.prod(op.shape)),
+                                 op.seg_offset + op.block_offset).reshape(op.shape)
+        validate_stream(program, read_const, where)    # regions: the steps replayed against the rings

@@ -65,7 +65,8 @@ def kernels_fingerprint() -> str:
 
 def machine_key(threads: int) -> str:
     from ..kernels.isa import info
-    from ..kernels.threads import blas_info, cpu_count
+    from ..kernels.blas import blas_info
+    from ..kernels.threads import cpu_count
     i = info()
     return (f"{i['cpu_model']}|{i['llvm_cpu']} {i['vector_bits']}-bit|{cpu_count()} cores|{threads} threads"
             f"|blas {blas_info()}|kernels {kernels_fingerprint()}")

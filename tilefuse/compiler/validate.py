@@ -432,6 +432,49 @@ for _k in ("batch_norm", "relu", "add", "max_pool", "avg_pool", "linear", "flatt
     VALIDATORS[_k] = op_validator(_k, _layouts(_k))
 
 
+# ----------------------------------------------------------------------------- the row-band schedule
+
+def validate_band(ins) -> None:
+    """A band instruction (compiler/streaming.py): its op's params bounded and in normal form,
+    every activation operand's shape against its logical shape and rows held, the output
+    re-derived by the op's shape inference, the windows; a conv's prepared constants have the
+    shapes its algorithm makes from `weight_shape`. (The steps of the region are replayed
+    against the rings by `streaming.validate_stream` once the whole program has passed.)"""
+    from .streaming import validate_band as check_band
+    p = ins.params
+    check_bounded({k: v for k, v in p.items() if k not in ("tensors", "name", "attrs")})
+    if isinstance(p.get("attrs"), dict):
+        check_bounded(p["attrs"])
+    check_band(ins)
+    if p["op"] == "conv2d" and p.get("prepared"):
+        # the prepared weights as the layer's conv2d validator sees them: the same instruction on
+        # whole logical tensors (NCHW16c when the weights are the blocked form)
+        from .program import DIRECT, HIDDEN, Instruction, Operand
+        blk = p["layout"] == "nchwc"
+        acts = iter(tuple(t[:4]) for t in p["tensors"])
+
+        def whole(o):
+            if _is_const(o):
+                return o
+            shape = next(acts)
+            return Operand(o.name, DIRECT, HIDDEN, o.dtype, blocked(shape) if blk else shape)
+        ops = [whole(o) for o in ins.operands]
+        params = dict(p["attrs"], prepared=p["prepared"], weight_shape=p["weight_shape"])
+        if blk:
+            params["layout"] = "nchwc"
+        validate_conv2d(Instruction("conv2d", ops, params))
+
+
+def validate_stream_header(ins) -> None:
+    from .streaming import validate_header
+    check_bounded({k: v for k, v in ins.params.items() if k != "stages"})
+    validate_header(ins)
+
+
+VALIDATORS["band"] = validate_band
+VALIDATORS["stream"] = validate_stream_header
+
+
 def register(name: str, fn, validator, threaded: bool = False) -> None:
     """Add a runtime kernel and its validator together (both are required)."""
     if not callable(fn) or not callable(validator):
@@ -447,10 +490,13 @@ def register(name: str, fn, validator, threaded: bool = False) -> None:
 
 def _validate_input_scaled_conv(ins, p, norm, node) -> None:
     """conv2d with a squeeze-excitation scale (kernels/se_conv.py): operands x, weight, bias?,
-    residual?, input_scale (N, C, 1, 1), the reference weights (no algorithm); NCHW, or x /
-    residual / output NCHW16c (1x1 stride 1 only, float32), the scale NCHW."""
-    if set(p) & {"algorithm", "prepared", "weight_shape", "out_layout"}:
-        _fail(f"an input-scaled conv takes no {sorted(set(p) & {'algorithm', 'prepared', 'weight_shape', 'out_layout'})}")
+    residual?, input_scale (N, C, 1, 1), the reference weights (algorithm 'reference' or none);
+    NCHW, or x / residual / output NCHW16c (1x1 stride 1 only, float32), the scale NCHW."""
+    if set(p) & {"prepared", "weight_shape", "out_layout"}:
+        _fail(f"an input-scaled conv takes no {sorted(set(p) & {'prepared', 'weight_shape', 'out_layout'})}")
+    if p.get("algorithm", "reference") != "reference":
+        _fail(f"an input-scaled conv runs kernels/se_conv.py on the reference weights; found algorithm "
+              f"{p['algorithm']!r}, expected 'reference' or none")
     roles = ["x", "weight"] + (["bias"] if norm["has_bias"] else []) + \
         (["residual"] if norm["has_residual"] else []) + ["input_scale"]
     if len(ins.inputs) != len(roles):

@@ -6,7 +6,7 @@ output or hidden intermediate).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -34,6 +34,39 @@ def as_shape(shape, where: str) -> tuple[int, ...]:
     if any(d <= 0 for d in dims) or any(int(d) != d for d in shape):
         raise GraphError(where, f"shape {shape!r} must have positive integer dimensions")
     return dims
+
+
+def check_inputs(specs, inputs, where: str) -> list[np.ndarray]:
+    """The one input validator (the reference evaluator, Session.run, the trainer): `inputs` is
+    one array, a sequence in input order or a {name: array} mapping; `specs` are the expected
+    (name, shape, dtype) in order. Each array must have its shape; a float of another precision
+    is converted, integers, bools and the rest are refused: GraphError naming the input with
+    what was found and what was expected."""
+    specs = [(n, tuple(s), np.dtype(d)) for n, s, d in specs]
+    names = [n for n, _, _ in specs]
+    if isinstance(inputs, np.ndarray) or np.isscalar(inputs):
+        inputs = [inputs]
+    if isinstance(inputs, Mapping):
+        missing = [n for n in names if n not in inputs]
+        extra = sorted(set(inputs) - set(names))
+        if missing or extra:
+            raise GraphError(where, f"inputs given for {sorted(inputs)}; expected exactly {names}")
+        inputs = [inputs[n] for n in names]
+    inputs = list(inputs)
+    if len(inputs) != len(specs):
+        raise GraphError(where, f"got {len(inputs)} inputs, expected {len(specs)} ({', '.join(names)})")
+    out = []
+    for (name, shape, dt), a in zip(specs, inputs):
+        a = np.asarray(a)
+        if a.shape != shape:
+            raise GraphError(name, f"input has shape {a.shape}, expected {shape}")
+        if a.dtype != dt:
+            if a.dtype.kind != "f" or dt.kind != "f":
+                raise GraphError(name, f"input has dtype {a.dtype}, expected {dt} (the network does not take "
+                                       f"{a.dtype}; convert it first if that is meant)")
+            a = a.astype(dt)
+        out.append(a)
+    return out
 
 
 class DataNode:

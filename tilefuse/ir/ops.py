@@ -198,6 +198,12 @@ def _conv_norm(node, p):
     if p.get("has_input_scale"):
         q["has_input_scale"] = True
     q.update(_epilogue_norm(node, p))
+    if p.get("algorithm") is not None:   # the compiler's annotation (compiler/algorithms.py)
+        from ..kernels.conv.select import ALGORITHMS
+        alg, known = p["algorithm"], ALGORITHMS + ("reference",)
+        if not isinstance(alg, str) or alg not in known:
+            raise GraphError(node, f"parameter algorithm={alg!r}; expected one of {known}")
+        q["algorithm"] = alg
     return q
 
 
@@ -233,7 +239,7 @@ def _conv_infer(node, ins, p):
 
 
 def _conv_ref(x, w, *rest, stride, padding, dilation, groups, has_bias, has_residual, relu, act=None,
-              has_input_scale=False):
+              has_input_scale=False, algorithm=None):
     rest = list(rest)
     b = rest.pop(0) if has_bias else None
     res = rest.pop(0) if has_residual else None
@@ -844,9 +850,10 @@ RESIZE = ops_in("resize")            # spatial resampling (resize: nearest, bili
 
 # property groups:
 # output row r reads a window of input rows (kernel_size / stride / padding / dilation in H):
-# the ops streaming runs through row windows (stream/schedule.py)
+# the ops the row-band schedule runs through row windows (compiler/bands.py)
 WINDOW = frozenset({"conv2d", "max_pool", "avg_pool"})
-# output row r reads input row r only: streamed as is (stream/bands.py has a band kernel each)
+# output row r reads input row r only: streamed as is (kernels/bands.py: relu, add, dropout,
+# concat on rows of either layout; any other op through its reference kernel on NCHW rows)
 ROW_LOCAL = frozenset({"relu", "add", "scale", "batch_norm", "dropout", "local_response_norm", "concat"})
 # ops with a fused epilogue activation (`relu` / `act` parameters): a following ReLU or activation
 # fuses into them (compiler/passes.py fuse_activation); lowering splits it out again for a kernel

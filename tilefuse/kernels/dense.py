@@ -1,14 +1,16 @@
 """Fast dense kernels: linear (N, K) x (M, K)^T with fused bias and ReLU, row-wise softmax.
 Numba / OpenBLAS next to the numpy reference (`kernels/reference.py`;
 `tests/test_layer_kernels.py`). Tolerances: linear 1e-5 relative (BLAS blocks K differently),
-softmax 1e-6.
+softmax 1e-6. The training forms (forward / backward of linear, softmax cross-entropy with its
+gradient) are at the end.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-from .threads import blas_threads, parallel_for, scratch
+from .blas import blas_threads
+from .threads import parallel_for, scratch
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -79,3 +81,31 @@ def softmax(out, x, *, axis=1, **_):
         out[...] = ref.softmax(x, axis)
         return
     _softmax_rows(out.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1]))
+
+
+# training forms -----------------------------------------------------------------------------------
+
+def linear_forward(x, w, b=None):
+    y = x @ w.T
+    if b is not None:
+        y += b
+    return y
+
+
+def linear_backward(dy, x, w, has_bias):
+    """(N, M) dy, (N, K) x, (M, K) w -> dx (N, K), dw (M, K), db (M,)."""
+    return dy @ w, dy.T @ x, (dy.sum(axis=0) if has_bias else None)
+
+
+def softmax_cross_entropy(logits, labels):
+    """Mean cross-entropy over the batch and its gradient w.r.t. the logits (N, K)."""
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z).sum(axis=1, keepdims=True))
+    logp = z - lse
+    n = logits.shape[0]
+    labels = np.asarray(labels, dtype=np.int64)
+    loss = -logp[np.arange(n), labels].mean()
+    grad = np.exp(logp)
+    grad[np.arange(n), labels] -= 1.0
+    return float(loss), (grad / n).astype(logits.dtype)

@@ -1,5 +1,6 @@
 """Fast element-wise kernels: add (+ ReLU), ReLU, per-channel scale. Numba (`nogil`,
 `cache=True`) next to the numpy reference (`kernels/reference.py`; `tests/test_layer_kernels.py`).
+The training forms (new arrays, ReLU' for the backward pass) are at the end.
 
 Any layout: add and relu run over the flat buffer in fixed chunks (CHUNK elements per task on
 the shared thread pool, boundaries from the size only, so 1 and 2 threads give identical
@@ -7,9 +8,11 @@ results); scale takes the NCHW or NCHW16c per-channel view.
 """
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 from numba import njit
 
+from .cnhw import JIT, flat_split
 from .threads import parallel_for
 
 
@@ -66,3 +69,79 @@ def scale(out, x, alpha, beta, *, layout="nchw", **_):
     shape = (1, -1) + (1,) * (x.ndim - 2)
     np.multiply(x, alpha.reshape(shape), out=out)
     out += beta.reshape(shape)
+
+
+# training forms (kernels/cnhw.py: the step's thread split) -------------------------------------
+
+@nb.njit(**JIT)
+def _relu_copy(x1, out):
+    for k in range(x1.shape[0]):
+        v = x1[k]
+        out[k] = v if v > 0 else 0
+
+
+@nb.njit(**JIT)
+def _relu_grad(dy, x, out):
+    for k in range(dy.shape[0]):
+        out[k] = dy[k] if x[k] > 0 else 0
+
+
+@nb.njit(**JIT)
+def _add_copy(a, b, out):
+    for k in range(a.shape[0]):
+        out[k] = a[k] + b[k]
+
+
+def relu_forward(x):
+    """A new array max(x, 0) (training: `v if v > 0 else 0`, NaN -> 0), split over the step's threads."""
+    out = np.empty_like(x)
+    a, o = x.reshape(-1), out.reshape(-1)
+    flat_split(a.shape[0], lambda lo, hi: _relu_copy(a[lo:hi], o[lo:hi]))
+    return out
+
+
+def relu_backward(dy, x):
+    """dy where x > 0, else 0 (a new array)."""
+    out = np.empty_like(dy)
+    d, a, o = dy.reshape(-1), x.reshape(-1), out.reshape(-1)
+    flat_split(d.shape[0], lambda lo, hi: _relu_grad(d[lo:hi], a[lo:hi], o[lo:hi]))
+    return out
+
+
+def add_forward(a, b):
+    """A new array a + b (training; the error Add of a fork too)."""
+    out = np.empty_like(a)
+    a1, b1, o = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+    flat_split(a1.shape[0], lambda lo, hi: _add_copy(a1[lo:hi], b1[lo:hi], o[lo:hi]))
+    return out
+
+
+@nb.njit(**JIT)
+def _sgd(p, g, buf, lr, momentum, wd, has_wd, has_mom, first):
+    """One pass of torch.optim.SGD (dampening 0, no Nesterov) over flat float32 views, with
+    numpy's float32 operation order (no contraction into FMAs, so the bits equal the numpy
+    form): d = g + wd*p; buf = d (first) or buf*momentum + d; p -= lr*buf (or lr*d)."""
+    for k in range(p.shape[0]):
+        d = g[k]
+        if has_wd:
+            d = d + wd * p[k]
+        if has_mom:
+            if first:
+                b = d
+            else:
+                b = buf[k] * momentum
+                b = b + d
+            buf[k] = b
+            d = b
+        p[k] = p[k] - lr * d
+
+
+def sgd_update(p, g, buf, lr, momentum, weight_decay, first):
+    """In place, split over the step's threads: the SGD update of one float32 parameter p with
+    gradient g and momentum buffer buf (all the same shape, contiguous)."""
+    f32 = np.float32
+    p1, g1 = p.reshape(-1), g.reshape(-1)
+    b1 = buf.reshape(-1) if buf is not None else p1
+    flat_split(p1.shape[0], lambda lo, hi: _sgd(
+        p1[lo:hi], g1[lo:hi], b1[lo:hi], f32(lr), f32(momentum), f32(weight_decay),
+        weight_decay != 0, buf is not None, first))

@@ -1,4 +1,4 @@
-"""Normalization runtime kernels: layer norm over trailing axes, channel norm (LayerNorm2d).
+"""Normalization kernels: layer norm over trailing axes, channel norm (LayerNorm2d) at inference.
 
 channel_norm normalizes each (n, h, w) position over the C channels of an NCHW tensor (ConvNeXt's
 permute -> LayerNorm -> permute, recognized by the compiler as one op): a numba loop per image
@@ -6,13 +6,31 @@ that reads channel rows with unit stride, two passes (mean, then the centred var
 reference: no cancellation), accumulating in float32 over C <= a few thousand channels:
 within 1e-5 of the float64-accumulating reference; on NCHW16c the same per position over the
 lanes in use. layer_norm runs the numpy reference form.
+
+Batch norm for training (the second half of this module): statistics, apply, and their backward
+passes (seed 004). The unfused passes run on channel rows of CNHW tensors (`cnhw.rows`), one
+range of channels per task of the step's thread split; the fused schedule computes the same sums inside the conv
+kernels (`train_conv.py`) and uses `BNState` for the algebra. `batch_norm_forward` /
+`batch_norm_backward` are the NCHW (or (N, C)) free functions the tests check against PyTorch.
+Inference batch norm is folded into convs by the compiler, or runs as a `scale`.
+
+Batch-norm algebra (paper eqs. 9-18; the printed eq. 11 ``F2 = beta - mu + F1`` is a typo for
+``beta - mu*F1``):
+    F1 = gamma / sqrt(var + eps),  F2 = beta - mu*F1,  F3 = 1 / (var + eps)
+    forward  y  = F1*x + F2,     var = E[x^2] - mu^2 (biased)
+    backward dx = F1*dy + B*x + C,  S1 = mean(dy), S2 = mean(dy*x)
+             B  = F1*F3*(mu*S1 - S2),  C = -mu*B - F1*S1
+             dgamma = m*(S2 - mu*S1)/sqrt(var + eps),  dbeta = m*S1
+Sums are accumulated in float64.
 """
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 from numba import njit
 
 from . import reference as ref
+from .cnhw import JITR, rows, rows_split, to_cnhw, to_nchw, unrows
 from .threads import parallel_for
 
 
@@ -87,3 +105,143 @@ def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, **_):
 KERNELS = {"channel_norm": channel_norm, "layer_norm": layer_norm}
 THREADED = frozenset({"channel_norm"})
 BLOCKED = frozenset({"channel_norm"})   # kernels with an NCHW16c form
+
+
+# ============================================================================ training: batch norm
+
+@nb.njit(**JITR)
+def _row_sums(x2, s, ss):
+    """s[c] = sum(x[c]), ss[c] = sum(x[c]^2) over rows of a (C, L) array."""
+    C, L = x2.shape
+    for c in range(C):
+        t = 0.0
+        tt = 0.0
+        for k in range(L):
+            v = x2[c, k]
+            t += v
+            tt += v * v
+        s[c] = t
+        ss[c] = tt
+
+
+@nb.njit(**JITR)
+def _row_affine(x2, a, b, out):
+    C, L = x2.shape
+    for c in range(C):
+        for k in range(L):
+            out[c, k] = a[c] * x2[c, k] + b[c]
+
+
+@nb.njit(**JITR)
+def _row_dot_sums(dy, x, s1, s2):
+    """s1[c] = sum(dy[c]), s2[c] = sum(dy[c]*x[c])."""
+    C, L = dy.shape
+    for c in range(C):
+        t = 0.0
+        tt = 0.0
+        for k in range(L):
+            v = dy[c, k]
+            t += v
+            tt += v * x[c, k]
+        s1[c] = t
+        s2[c] = tt
+
+
+@nb.njit(**JITR)
+def _row_bn_bwd(dy, x, f1, bb, cc, out):
+    C, L = dy.shape
+    for c in range(C):
+        for k in range(L):
+            out[c, k] = f1[c] * dy[c, k] + bb[c] * x[c, k] + cc[c]
+
+
+class BNState:
+    """Per-channel quantities of one batch norm in one training step (paper's F1, F2, F3)."""
+
+    __slots__ = ("m", "mean", "var", "inv", "f1", "f2", "f3", "B", "C", "dgamma", "dbeta")
+
+    def finalize_forward(self, s, ss, m, gamma, beta, eps, running=None, momentum=0.1):
+        """Sums of x and x^2 over m values per channel -> F1, F2, F3; update running stats
+        (PyTorch: unbiased variance, running = (1 - momentum)*running + momentum*batch)."""
+        self.m = m
+        self.mean = s / m
+        self.var = np.maximum(ss / m - self.mean ** 2, 0.0)
+        self.inv = 1.0 / np.sqrt(self.var + eps)
+        self.f1 = gamma.astype(np.float64) * self.inv
+        self.f2 = beta.astype(np.float64) - self.mean * self.f1
+        self.f3 = self.inv ** 2
+        if running is not None:
+            rm, rv = running
+            unbiased = self.var * (m / max(m - 1, 1))
+            rm *= 1.0 - momentum
+            rm += momentum * self.mean
+            rv *= 1.0 - momentum
+            rv += momentum * unbiased
+        return self
+
+    def finalize_backward(self, s1sum, s2sum):
+        """Sums of dy and dy*x -> B, C, dgamma, dbeta (eqs. 13, 14, 16, 17)."""
+        s1 = s1sum / self.m
+        s2 = s2sum / self.m
+        self.B = self.f1 * self.f3 * (self.mean * s1 - s2)
+        self.C = -self.mean * self.B - self.f1 * s1
+        self.dgamma = (s2sum - self.mean * s1sum) * self.inv
+        self.dbeta = s1sum.copy()
+        return self
+
+    def fwd_coefs(self, dtype):
+        return self.f1.astype(dtype), self.f2.astype(dtype)
+
+    def bwd_coefs(self, dtype):
+        return self.f1.astype(dtype), self.B.astype(dtype), self.C.astype(dtype)
+
+
+def bn_stats(x):
+    r = rows(x)
+    s = np.empty(r.shape[0])
+    ss = np.empty(r.shape[0])
+    rows_split(r.shape[0], lambda lo, hi: _row_sums(r[lo:hi], s[lo:hi], ss[lo:hi]))
+    return s, ss, r.shape[1]
+
+
+def bn_apply(x, f1, f2):
+    r = rows(x)
+    out = np.empty_like(r)
+    rows_split(r.shape[0], lambda lo, hi: _row_affine(r[lo:hi], f1[lo:hi], f2[lo:hi], out[lo:hi]))
+    return unrows(out, x)
+
+
+def bn_bwd_sums(dy, x):
+    r, xr = rows(dy), rows(x)
+    s1 = np.empty(r.shape[0])
+    s2 = np.empty(r.shape[0])
+    rows_split(r.shape[0], lambda lo, hi: _row_dot_sums(r[lo:hi], xr[lo:hi], s1[lo:hi], s2[lo:hi]))
+    return s1, s2
+
+
+def bn_bwd_apply(dy, x, f1, bb, cc):
+    r, xr = rows(dy), rows(x)
+    out = np.empty_like(r)
+    rows_split(r.shape[0], lambda lo, hi: _row_bn_bwd(r[lo:hi], xr[lo:hi], f1[lo:hi], bb[lo:hi],
+                                                       cc[lo:hi], out[lo:hi]))
+    return unrows(out, dy)
+
+
+def batch_norm_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.1):
+    """Training-mode BN on NCHW or (N, C) x; updates running stats in place.
+
+    Returns (y, state) where state feeds batch_norm_backward."""
+    xc = to_cnhw(x) if x.ndim == 4 else x
+    s, ss, m = bn_stats(xc)
+    st = BNState().finalize_forward(s, ss, m, gamma, beta, eps, (running_mean, running_var), momentum)
+    y = bn_apply(xc, *st.fwd_coefs(x.dtype))
+    return (to_nchw(y) if x.ndim == 4 else y), st
+
+
+def batch_norm_backward(dy, x, state: BNState):
+    """(dx, dgamma, dbeta) for NCHW or (N, C) tensors."""
+    dyc, xc = (to_cnhw(dy), to_cnhw(x)) if x.ndim == 4 else (dy, x)
+    s1, s2 = bn_bwd_sums(dyc, xc)
+    state.finalize_backward(s1, s2)
+    dx = bn_bwd_apply(dyc, xc, *state.bwd_coefs(x.dtype))
+    return (to_nchw(dx) if x.ndim == 4 else dx), state.dgamma, state.dbeta

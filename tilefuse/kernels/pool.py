@@ -1,4 +1,7 @@
-"""Fast pooling kernels (max, average, global average) on both layouts the compiler uses.
+"""Fast pooling kernels (max, average, global average) on both layouts the compiler uses, for
+whole tensors and row bands (one max-pool loop, `_max_pool_rows`, serves layer-by-layer
+inference, the stream mode's rings and bands; the training forms with the argmax its backward
+pass needs are at the end).
 Numba (`nogil`, `cache=True`) next to the numpy reference (`kernels/reference.py`, the spec;
 `tests/test_layer_kernels.py` checks each against it). Element-wise kernels are in
 `elementwise.py`, linear and softmax in `dense.py`.
@@ -16,9 +19,12 @@ float32 in window order (the reference sums in float32 too, in numpy's order): <
 """
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 from numba import njit
 
+from .cnhw import JIT, _valid, rows_split
+from .reference import pool_out_size
 from .threads import parallel_for
 
 
@@ -30,7 +36,7 @@ def _blocks(x: np.ndarray, layout: str) -> np.ndarray:
         return x
     if x.ndim != 4:
         raise ValueError(f"NCHW tensor must be 4-D, got shape {x.shape}")
-    return x.reshape(x.shape + (1,))
+    return x[..., None]
 
 
 def _tasks(x5):
@@ -40,48 +46,61 @@ def _tasks(x5):
 # pooling ----------------------------------------------------------------------------------------
 
 @njit(nogil=True, cache=True)
-def _max_pool_plane(out, x, n, c, kh, kw, sh, sw, pt, pl, dh, dw):
-    """out[n, c] (Ho, Wo, L) = max over the window; padding counts as -inf (PyTorch).
-    The running maximum lives in a local array of L lanes (a register for L = 16)."""
-    H, W, L = x.shape[2], x.shape[3], x.shape[4]
-    Ho, Wo = out.shape[2], out.shape[3]
-    acc = np.empty(L, x.dtype)
-    for oh in range(Ho):
-        for ow in range(Wo):
-            for l in range(L):
-                acc[l] = -np.inf
-            for i in range(kh):
-                h = oh * sh - pt + i * dh
-                if h < 0 or h >= H:
+def _max_pool_rows(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c1):
+    """The one max-pool loop: y[n, c] (R, Wo, L), c in [c0, c1), = output rows [r0, r0 + R) of
+    the max pool of an (N, C, h, w, L) tensor whose input row i is held at slot i % cap of
+    x (N, C, cap, w, L): a whole tensor (cap = h, r0 = 0), a ring of rows (the stream mode's
+    rings, read in place) or a band. Separable: per output row the max of its kh input rows
+    into a row buffer (contiguous, w*L values), then the max of kw strided columns of it, so
+    kh + kw passes over a row in L1 instead of kh * kw strided ones (2.2x faster than numpy
+    taps on a 3x3 stride-2 band). Padding is skipped by bounds (PyTorch: every window holds a
+    real row and column), so no padded copy is made."""
+    R, Wo, L = y.shape[2], y.shape[3], y.shape[4]
+    t = np.empty((w, L), x.dtype)
+    m = np.empty(L, x.dtype)
+    for c in range(c0, c1):
+        for r in range(R):
+            base = (r0 + r) * sh - pt
+            for j in range(w):
+                for l in range(L):
+                    t[j, l] = -np.inf
+            for a in range(kh):
+                i = base + a * dh
+                if i < 0 or i >= h:
                     continue
-                for j in range(kw):
-                    w = ow * sw - pl + j * dw
-                    if w < 0 or w >= W:
-                        continue
+                src = x[n, c, i % cap]                       # (w, L): one input row
+                for j in range(w):
                     for l in range(L):
-                        acc[l] = max(acc[l], x[n, c, h, w, l])
-            for l in range(L):
-                out[n, c, oh, ow, l] = acc[l]
+                        v = src[j, l]
+                        t[j, l] = v if v > t[j, l] else t[j, l]
+            yr = y[n, c, r]                                  # (Wo, L): one output row
+            for j in range(Wo):
+                q0 = j * sw - pl
+                for l in range(L):
+                    m[l] = -np.inf
+                for b in range(kw):
+                    q = q0 + b * dw
+                    if q >= 0 and q < w:
+                        for l in range(L):
+                            v = t[q, l]
+                            m[l] = v if v > m[l] else m[l]
+                for l in range(L):
+                    yr[j, l] = m[l]
 
 
-@njit(nogil=True, cache=True)
-def _max_pool_plane1(out, x, n, c, kh, kw, sh, sw, pt, pl, dh, dw):
-    """NCHW (one lane): the same rule with a scalar running maximum."""
-    H, W = x.shape[2], x.shape[3]
-    Ho, Wo = out.shape[2], out.shape[3]
-    for oh in range(Ho):
-        for ow in range(Wo):
-            m = -np.inf
-            for i in range(kh):
-                h = oh * sh - pt + i * dh
-                if h < 0 or h >= H:
-                    continue
-                for j in range(kw):
-                    w = ow * sw - pl + j * dw
-                    if w < 0 or w >= W:
-                        continue
-                    m = max(m, x[n, c, h, w, 0])
-            out[n, c, oh, ow, 0] = m
+def max_pool_rows(y, x, cap: int, r0: int, h: int, *, kernel_size, stride, padding, dilation, threads=None):
+    """Output rows [r0, r0 + R) into y (N, C, R, Wo, L) from x (N, C, cap, w, L) holding input
+    row i in slot i % cap (see `_max_pool_rows`); NCHW callers pass `a[..., None]` views.
+    Tasks are (image, channel) planes on the shared pool: results do not depend on threads."""
+    kh, kw = kernel_size
+    args = (x, int(cap), int(r0), int(h), x.shape[3], kh, kw, stride[0], stride[1], dilation[0], dilation[1],
+            padding[0], padding[2])
+    tasks = [(n, c) for n in range(y.shape[0]) for c in range(y.shape[1])]
+    if threads == 1 or len(tasks) == 1:
+        for n in range(y.shape[0]):
+            _max_pool_rows(y, *args, n, 0, y.shape[1])
+        return
+    parallel_for(lambda t: _max_pool_rows(y, *args, t[0], t[1], t[1] + 1), tasks, threads)
 
 
 @njit(nogil=True, cache=True)
@@ -120,12 +139,10 @@ def _avg_pool_plane(out, x, n, c, kh, kw, sh, sw, pt, pb, pl, pr, include_pad):
 
 def max_pool(out, x, *, kernel_size, stride, padding=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False,
              layout="nchw", threads=None, **_):
-    """Max pooling into `out` (shape from the IR: ceil_mode is already in it)."""
+    """Max pooling of a whole tensor into `out` (shape from the IR: ceil_mode is already in it)."""
     x5, o5 = _blocks(x, layout), _blocks(out, layout)
-    kh, kw = kernel_size
-    f = _max_pool_plane1 if x5.shape[4] == 1 else _max_pool_plane
-    parallel_for(lambda t: f(o5, x5, t[0], t[1], kh, kw, stride[0], stride[1], padding[0],
-                                           padding[2], dilation[0], dilation[1]), _tasks(x5), threads)
+    max_pool_rows(o5, x5, x5.shape[2], 0, x5.shape[2], kernel_size=kernel_size, stride=stride, padding=padding,
+                  dilation=dilation, threads=threads)
 
 
 def avg_pool(out, x, *, kernel_size, stride, padding=(0, 0, 0, 0), ceil_mode=False, count_include_pad=True,
@@ -161,3 +178,163 @@ def global_avg_pool(out, x, *, layout="nchw", threads=None, **_):
         parallel_for(lambda n: _gap_nchwc(out, x, n), range(x.shape[0]), threads)
     else:
         out[...] = x.mean(axis=(2, 3), keepdims=True, dtype=np.float64 if x.dtype == np.float64 else np.float32)
+
+
+# training forms: CNHW planes (kernels/cnhw.py), split over the step's threads -----------------------
+
+@nb.njit(**JIT)
+def _max_pool_argmax(x, y, idx, kh, kw, sh, sw, pt, pl, dh, dw):
+    """Max pool of planes x (P, H, W) -> y, with the flat index of each maximum in idx (what
+    the backward pass scatters to), in two separable passes (per input row: max over the kw
+    taps of each output column; then per output row: max over the kh row results), kh + kw
+    instead of kh*kw compares per output. Same selection rule as PyTorch's loop over (ki, kj): a strictly
+    greater value or a NaN replaces the current best, so the first maximum (or the last NaN) in
+    (ki, kj) order wins: the row pass keeps the first maximum of its row, and the column pass,
+    scanning rows in ki order with the same rule, keeps the first row holding the maximum."""
+    P, H, W = x.shape
+    _, ho, wo = y.shape
+    rv = np.empty((H, wo), x.dtype)
+    ri = np.empty((H, wo), np.int32)
+    lo_j = np.empty(wo, np.int64)
+    hi_j = np.empty(wo, np.int64)
+    for ow in range(wo):
+        lo_j[ow], hi_j[ow] = _valid(ow * sw - pl, dw, W, kw)
+    for p in range(P):
+        for ih in range(H):
+            for ow in range(wo):
+                j0 = ow * sw - pl
+                kj0 = lo_j[ow]
+                kj1 = hi_j[ow]
+                if kj0 >= kj1:
+                    rv[ih, ow] = -np.inf
+                    ri[ih, ow] = -1
+                    continue
+                iw = j0 + kj0 * dw
+                best = x[p, ih, iw]
+                bi = iw
+                for kj in range(kj0 + 1, kj1):     # branch-free selects (random data)
+                    iw = j0 + kj * dw
+                    v = x[p, ih, iw]
+                    t = (v > best) | (v != v)
+                    best = v if t else best
+                    bi = iw if t else bi
+                rv[ih, ow] = best
+                ri[ih, ow] = bi
+        for oh in range(ho):
+            i0 = oh * sh - pt
+            ki0, ki1 = _valid(i0, dh, H, kh)
+            for ow in range(wo):
+                best = -np.inf
+                bi = -1
+                for ki in range(ki0, ki1):
+                    ih = i0 + ki * dh
+                    c = ri[ih, ow]
+                    v = rv[ih, ow]
+                    t = (c >= 0) & ((bi < 0) | (v > best) | (v != v))
+                    best = v if t else best
+                    bi = ih * W + c if t else bi
+                y[p, oh, ow] = best
+                idx[p, oh, ow] = bi
+
+
+@nb.njit(**JIT)
+def _max_pool_scatter(dy, idx, dx):
+    P, ho, wo = dy.shape
+    W = dx.shape[2]
+    for p in range(P):
+        dx[p, :, :] = 0
+        for oh in range(ho):
+            for ow in range(wo):
+                k = idx[p, oh, ow]
+                dx[p, k // W, k % W] += dy[p, oh, ow]
+
+
+@nb.njit(**JIT)
+def _avg_pool_train(x, y, dy, dx, backward, kh, kw, sh, sw, pt, pb, pl, pr, include_pad):
+    """Forward y = window means, or (backward) dx = scatter of dy / divisor; PyTorch divisor
+    rule: the window clipped to the padded extent, or to the image without include_pad."""
+    P, H, W = x.shape
+    _, ho, wo = y.shape
+    for p in range(P):
+        if backward:
+            dx[p, :, :] = 0
+        for oh in range(ho):
+            h0 = oh * sh - pt
+            h1 = min(h0 + kh, H + pb)
+            for ow in range(wo):
+                w0 = ow * sw - pl
+                w1 = min(w0 + kw, W + pr)
+                size = (h1 - h0) * (w1 - w0)
+                a0 = max(h0, 0)
+                a1 = min(h1, H)
+                b0 = max(w0, 0)
+                b1 = min(w1, W)
+                if not include_pad:
+                    size = (a1 - a0) * (b1 - b0)
+                if backward:
+                    g = dy[p, oh, ow] / size
+                    for i in range(a0, a1):
+                        for j in range(b0, b1):
+                            dx[p, i, j] += g
+                else:
+                    t = 0.0
+                    for i in range(a0, a1):
+                        for j in range(b0, b1):
+                            t += x[p, i, j]
+                    y[p, oh, ow] = t / size
+
+
+def _planes(x):
+    return x.reshape(-1, x.shape[2], x.shape[3])
+
+
+def max_pool_forward(x, kernel_size, stride, padding, dilation, ceil_mode):
+    """x (C, N, H, W) -> (y, argmax) with PyTorch MaxPool2d semantics."""
+    C, N, H, W = x.shape
+    ho = pool_out_size(H, dilation[0] * (kernel_size[0] - 1) + 1, stride[0], padding[0], padding[1], ceil_mode)
+    wo = pool_out_size(W, dilation[1] * (kernel_size[1] - 1) + 1, stride[1], padding[2], padding[3], ceil_mode)
+    y = np.empty((C, N, ho, wo), x.dtype)
+    idx = np.empty((C, N, ho, wo), np.int32)
+    xp, yp, ip = _planes(x), _planes(y), _planes(idx)
+    rows_split(xp.shape[0], lambda lo, hi: _max_pool_argmax(
+        xp[lo:hi], yp[lo:hi], ip[lo:hi], kernel_size[0], kernel_size[1], stride[0], stride[1],
+        padding[0], padding[2], dilation[0], dilation[1]))
+    return y, idx
+
+
+def max_pool_backward(dy, idx, x_shape):
+    dx = np.empty(x_shape, dy.dtype)
+    dp, ip, xp = _planes(dy), _planes(idx), _planes(dx)
+    rows_split(dp.shape[0], lambda lo, hi: _max_pool_scatter(dp[lo:hi], ip[lo:hi], xp[lo:hi]))
+    return dx
+
+
+def avg_pool_forward(x, kernel_size, stride, padding, ceil_mode, count_include_pad):
+    C, N, H, W = x.shape
+    ho = pool_out_size(H, kernel_size[0], stride[0], padding[0], padding[1], ceil_mode)
+    wo = pool_out_size(W, kernel_size[1], stride[1], padding[2], padding[3], ceil_mode)
+    y = np.empty((C, N, ho, wo), x.dtype)
+    xp, yp = _planes(x), _planes(y)
+    rows_split(xp.shape[0], lambda lo, hi: _avg_pool_train(
+        xp[lo:hi], yp[lo:hi], yp[lo:hi], xp[lo:hi], False, kernel_size[0], kernel_size[1],
+        stride[0], stride[1], padding[0], padding[1], padding[2], padding[3], count_include_pad))
+    return y
+
+
+def avg_pool_backward(dy, x_shape, kernel_size, stride, padding, count_include_pad):
+    dx = np.empty(x_shape, dy.dtype)
+    xp, dp = _planes(dx), _planes(dy)
+    rows_split(xp.shape[0], lambda lo, hi: _avg_pool_train(
+        xp[lo:hi], dp[lo:hi], dp[lo:hi], xp[lo:hi], True, kernel_size[0], kernel_size[1],
+        stride[0], stride[1], padding[0], padding[1], padding[2], padding[3], count_include_pad))
+    return dx
+
+
+def global_avg_pool_forward(x):
+    """(C, N, H, W) -> (C, N, 1, 1)."""
+    return x.mean(axis=(2, 3), keepdims=True, dtype=np.float64).astype(x.dtype)
+
+
+def global_avg_pool_backward(dy, x_shape):
+    hw = x_shape[2] * x_shape[3]
+    return np.broadcast_to(dy / hw, x_shape).astype(dy.dtype)

@@ -98,6 +98,11 @@ def _wrap(fn):
     return k
 
 
+def _region_only(out, *ins, **params):
+    raise RuntimeError("stream / band instructions run inside a stream region (runtime/streaming.py), "
+                       "bound by the Session; they are not called one by one")
+
+
 KERNELS = {
     "conv2d": _conv2d,
     "batch_norm": _wrap(lambda x, g, b, m, v, eps: ref.batch_norm(x, g, b, m, v, eps)),
@@ -114,6 +119,10 @@ KERNELS = {
     "local_response_norm": _wrap(ref.local_response_norm),
     "to_nchwc": _to_nchwc,
     "from_nchwc": _from_nchwc,
+    # the row-band schedule: a region header and one band instruction per streamed layer
+    # (kernels/bands.py computes the bands)
+    "stream": _region_only,
+    "band": _region_only,
 }
 
 # kernels besides conv2d with an NCHW16c form (params["layout"] = "nchwc"): the layout pass

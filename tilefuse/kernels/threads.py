@@ -1,6 +1,6 @@
 """Threads for every kernel in tilefuse: one pool, one thread-count rule, one BLAS limiter,
-one scratch allocator. Used by the inference kernels (`kernels/`, `kernels/conv/`), the
-streamed band kernels (`stream/`), the training kernels (`training/parallel.py`) and the image
+one scratch allocator, one step thread count. Used by the inference kernels (`kernels/`, `kernels/conv/`), the
+row-band kernels of the stream mode (`kernels/bands.py`), the training kernels and the image
 filters (`imaging/`).
 
 Parallelism is ours, not the BLAS library's: a kernel splits its work into tasks whose
@@ -11,19 +11,19 @@ threads run truly in parallel. Because every output element is computed by the s
 the same order whichever thread runs its task, results are bitwise identical for 1 and 2 (or
 any number of) threads.
 
-While our threads run, OpenBLAS is held at one thread (`blas_threads(1)`) so the two levels
-of parallelism do not oversubscribe the cores.
+While our threads run, OpenBLAS is held at one thread (`blas_threads(1)`, from `kernels/blas.py`)
+so the two levels of parallelism do not oversubscribe the cores.
 
 The thread count: `resolve_threads(None)` is every core this process may run on (`cpu_count`,
 the CPU affinity); a positive int is taken as given. Scratch: `scratch(name, shape, dtype)` is
 a per-thread buffer reused across calls; `Scratch` is the same allocator as an object, for
-callers that account for their buffers (the streamed executor reports its scratch bytes).
+callers that account for their buffers (the stream mode reports its scratch bytes). The training
+kernels read the thread count a step set for its thread (`using`, `nthreads`, `split`).
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import itertools
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -267,7 +267,7 @@ class Scratch:
 
     def get(self, slot: str, shape, dtype=np.float32) -> np.ndarray:
         """A view of `shape` (an int: 1-D) on the slot's buffer."""
-        n = int(np.prod(shape))
+        n = shape if isinstance(shape, int) else math.prod(shape)   # (np.prod: ~20 us a call)
         key = (slot, np.dtype(dtype))
         buf = self.bufs.get(key)
         if buf is None or buf.size < n:
@@ -288,72 +288,52 @@ def scratch(name: str, shape, dtype=np.float32) -> np.ndarray:
     return s.get(name, shape, dtype)
 
 
-# OpenBLAS thread control ---------------------------------------------------------------------
+# the step thread count (training) -------------------------------------------------------------
+# The training kernels take no `threads` argument: a step sets the count once for the thread it
+# runs on (`using`), and every kernel it calls splits its tiles over that many threads of the pool.
 
-def _find_openblas():
-    names = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-             "openblas_set_num_threads64_", "openblas_set_num_threads")
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln})
-    except OSError:
-        return None, None
-    for p in paths:
-        try:
-            lib = ctypes.CDLL(p)
-        except OSError:
-            continue
-        for nm in names:
-            setter = getattr(lib, nm, None)
-            getter = getattr(lib, nm.replace("set_num_threads", "get_num_threads"), None)
-            if setter is not None and getter is not None:
-                setter.argtypes = [ctypes.c_int]
-                getter.restype = ctypes.c_int
-                return setter, getter
-    return None, None
+class using:
+    """with using(threads): kernels called in this thread split over `threads` threads
+    (None: all cores, `resolve_threads`)."""
+
+    def __init__(self, threads: int | None):
+        self.n = resolve_threads(threads)
+
+    def __enter__(self):
+        self.old = getattr(_LOCAL, "threads", None)
+        _LOCAL.threads = self.n
+        return self
+
+    def __exit__(self, *exc):
+        _LOCAL.threads = self.old
 
 
-_BLAS = None
-_BLAS_LOCK = threading.Lock()
+def nthreads() -> int:
+    """The thread count set by `using` in this thread; 1 outside."""
+    return getattr(_LOCAL, "threads", None) or 1
 
 
-def _blas():
-    global _BLAS
-    if _BLAS is None:
-        _BLAS = _find_openblas()
-    return _BLAS
+def split(ntasks: int, fn) -> None:
+    """fn(task, tid) for task in range(ntasks) over `nthreads()` threads of the pool."""
+    parallel_range(ntasks, fn, nthreads())
 
 
-@contextlib.contextmanager
-def blas_threads(n: int):
-    """Temporarily set OpenBLAS's thread count (no-op if numpy is not on OpenBLAS)."""
-    setter, getter = _blas()
-    if setter is None:
-        yield
-        return
-    with _BLAS_LOCK:
-        old = getter()
-        setter(int(n))
-    try:
-        yield
-    finally:
-        with _BLAS_LOCK:
-            setter(old)
+def ranges(n: int, parts: int, align: int = 1):
+    """Split range(n) into about `parts` contiguous [lo, hi) pieces (multiples of align)."""
+    parts = max(1, min(parts, -(-n // align)))
+    step = -(-n // parts)
+    step = -(-step // align) * align
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
-def blas_info() -> str:
-    """OpenBLAS core type in use, e.g. 'Haswell' or 'SkylakeX' (set OPENBLAS_CORETYPE before numpy loads)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower() and "/" in ln})
-        for p in paths:
-            lib = ctypes.CDLL(p)
-            for nm in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename",
-                       "openblas_get_corename64_", "openblas_get_corename"):
-                fn = getattr(lib, nm, None)
-                if fn is not None:
-                    fn.restype = ctypes.c_char_p
-                    return fn().decode()
-    except OSError:
-        pass
-    return "unknown"
+def split_rows(n: int, fn, min_per_task: int = 1) -> None:
+    """fn(lo, hi, tid) over ~2 pieces per thread of range(n) (`nthreads()` threads)."""
+    t = nthreads()
+    parts = 1 if t == 1 else min(2 * t, max(1, n // max(min_per_task, 1)))
+    rs = ranges(n, parts)
+    split(len(rs), lambda i, tid: fn(rs[i][0], rs[i][1], tid))
+
+
+# OpenBLAS: its thread count lives with the rest of BLAS in kernels/blas.py (re-exported here
+# for the kernels that limit it around their own parallel regions)
+from .blas import blas_info, blas_threads  # noqa: E402,F401

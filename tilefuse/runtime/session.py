@@ -32,12 +32,15 @@ from typing import Sequence
 
 import numpy as np
 
+from ..compiler.compile import CompiledNetwork
 from ..compiler.package import DataPackage, validate_package
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
-from ..errors import DeviceError, GraphError
+from ..errors import DeviceError
+from ..ir.node import check_inputs
 from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
 from .device import CPUDevice
 from .stages import PipelineStats, run_pipeline
+from .streaming import bind_region, region_length
 
 RECORD_BYTES = 24            # a segment-base record: u64 const, hidden, IO-address base
 _SLOT = {CONST: 0, HIDDEN: 8, IO: 16}
@@ -159,10 +162,22 @@ class Session:
         ctx = _Context(self._alloc(RECORD_BYTES), self._alloc(pkg.hidden_bytes), self._alloc(pkg.io_bytes))
         for seg, addr in ((CONST, self._const), (HIDDEN, ctx.hidden), (IO, ctx.io)):
             dev.write_u64(ctx.record + _SLOT[seg], addr)
-        # direct operands resolve once (their bases do not change); IO ones at every compute
-        for ins in self._program:
-            views = [dev.view(resolve(dev, ctx.record, op), op.dtype, op.shape) if op.mode == DIRECT else op
-                     for op in ins.operands]
+        # direct operands resolve once (their bases do not change); IO ones at every compute. A
+        # stream region (a `stream` header and its band instructions) binds as one entry: the
+        # runtime's stream mode (runtime/streaming.py) over views of this context's memory
+        def views_of(ins):
+            return [dev.view(resolve(dev, ctx.record, op), op.dtype, op.shape) if op.mode == DIRECT else op
+                    for op in ins.operands]
+        prog, i = self._program, 0
+        while i < len(prog):
+            ins = prog[i]
+            if ins.kernel == "stream":
+                n = region_length(prog, i)
+                ctx.bound.append(bind_region(prog, i, [views_of(x) for x in prog[i:i + n]], self.threads))
+                i += n
+                continue
+            i += 1
+            views = views_of(ins)
             params = dict(ins.params)
             if ins.kernel in THREADED:
                 params["threads"] = self.threads
@@ -287,26 +302,7 @@ class Session:
     # ---------------------------------------------------------------- convenience
 
     def _check_inputs(self, xs) -> list[np.ndarray]:
-        if isinstance(xs, np.ndarray):
-            xs = [xs]
-        xs = list(xs)
-        if len(xs) != len(self.package.inputs):
-            raise GraphError(self.package.name, f"got {len(xs)} inputs, expected {len(self.package.inputs)} "
-                                                f"({', '.join(s.name for s in self.package.inputs)})")
-        out = []
-        for slot, x in zip(self.package.inputs, xs):
-            a = np.asarray(x)
-            want = np.dtype(slot.dtype)
-            if a.shape != slot.shape:
-                raise GraphError(slot.name, f"input has shape {a.shape}, expected {slot.shape}")
-            if a.dtype != want:
-                # a float of another precision converts; integers, bools and the rest are refused
-                if a.dtype.kind != "f" or want.kind != "f":
-                    raise GraphError(slot.name, f"input has dtype {a.dtype}, expected {want} (the network "
-                                                f"does not take {a.dtype}; convert it first if that is meant)")
-                a = a.astype(want)
-            out.append(a)
-        return out
+        return check_inputs([(s.name, s.shape, s.dtype) for s in self.package.inputs], xs, self.package.name)
 
     def alloc_io(self) -> tuple[list[int], list[int]]:
         dev = self.device
@@ -371,3 +367,6 @@ class Session:
                 self.free_io(b)
         self.last_stats = stats
         return results
+
+
+CompiledNetwork.session_class = Session      # compiled.run(x) / run_many(xs): a Session of it

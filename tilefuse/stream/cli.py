@@ -65,7 +65,7 @@ def stream_run_report(net: Network, x: np.ndarray, band_rows: int = 4, workers: 
     t = time.perf_counter()
     s = compile_stream(net, band_rows=band_rows, workers=workers)
     compile_s = time.perf_counter() - t
-    plan = s.plan()
+    plan = s.plan().stream
     t = time.perf_counter()
     y = s.run(x)
     first_s = time.perf_counter() - t

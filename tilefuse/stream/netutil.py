@@ -10,7 +10,7 @@ GraphError naming the op. Constants are shared with the source network (they are
 from __future__ import annotations
 
 from ..ir import DataNode, Network
-from .schedule import split_streamable
+from ..compiler.bands import split_streamable
 
 
 def _replay(net: Network, shape, ops, outputs, name: str) -> Network:

@@ -66,10 +66,10 @@ class _Program:
     def op_of(self, ins):
         return self._ops.get(logical(ins.output.name))
 
-    def conv_weights(self, i: int, ins):
-        """(weight OIHW, bias or None) of a conv instruction."""
+    def conv_weights(self, i: int, ins, params: dict | None = None):
+        """(weight OIHW, bias or None) of a conv instruction (params: a band instruction's op params)."""
         op = self.op_of(ins)
-        p = ins.params
+        p = ins.params if params is None else params
         if op is not None:
             w = op.inputs[1].value
             b = op.inputs[2].value if p.get("has_bias") else None
@@ -198,17 +198,22 @@ def _layers(prog: _Program, dt, functional: bool):
     out, skipped = [], 0
     for i, ins in enumerate(prog.instructions):
         k = ins.kernel
-        if k in CONVERSIONS:
-            shapes[logical(ins.output.name)] = shapes[logical(ins.inputs[0].name)]
+        if k in CONVERSIONS or k == "stream":      # a layout conversion, a stream region's header
+            if k in CONVERSIONS:
+                shapes[logical(ins.output.name)] = shapes[logical(ins.inputs[0].name)]
             skipped += 1
             continue
+        iparams = ins.params
+        if k == "band":     # a streamed layer of the CPU program: its op on whole tensors here
+            k, iparams = ins.params["op"], dict(ins.params["attrs"], **{
+                key: ins.params[key] for key in ("prepared", "weight_shape") if key in ins.params})
         op = prog.op_of(ins)
         name = op.name if op is not None else logical(ins.output.name)
-        params = _clean_params(k, name, ins.params)
+        params = _clean_params(k, name, iparams)
         args: list = []
         w = b = res = None
         if k == "conv2d":
-            w, b = prog.conv_weights(i, ins)
+            w, b = prog.conv_weights(i, ins, iparams)
             w = np.asarray(w).astype(dt)
             b = np.asarray(b).astype(dt) if b is not None else None
             args = [_Act(logical(ins.inputs[0].name)), w] + ([b] if b is not None else [])

@@ -20,9 +20,22 @@ class SGD:
         self.state: dict[str, np.ndarray] = {}
 
     def step(self, params: dict, grads: dict) -> None:
-        """Update params[name] in place for every name in grads."""
+        """Update params[name] in place for every name in grads (float32 parameters in one
+        numba pass each, split over the step's threads: `kernels.elementwise.sgd_update`, the
+        same bits as the numpy form below)."""
+        from ..kernels.elementwise import sgd_update
         for name, g in grads.items():
             p = params[name]
+            if (p.dtype == np.float32 and g.dtype == np.float32 and p.flags.c_contiguous
+                    and g.flags.c_contiguous and g.shape == p.shape):
+                first = self.momentum and name not in self.state
+                buf = None
+                if self.momentum:
+                    buf = self.state.get(name)
+                    if buf is None:
+                        buf = self.state[name] = np.empty_like(p)
+                sgd_update(p, g, buf, self.lr, self.momentum, self.weight_decay, bool(first))
+                continue
             d = g.astype(p.dtype, copy=False)
             if self.weight_decay:
                 d = d + self.weight_decay * p

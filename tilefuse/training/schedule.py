@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import GraphError, UnsupportedOpError
 from ..ir import Network, ops
-from . import kernels as K
+from ..kernels import cnhw, dense, elementwise as ew, norm, pool, train_conv as tc
 from .patterns import Pattern, find_patterns
 from .traffic import MemoryTracker, TrafficLog
 
@@ -157,7 +157,7 @@ class TrainingSchedule:
         old = self.grads[t]
         ua.read("d:" + t, _nb(old), owner)
         ua.read("d:" + t + "'", _nb(arr), owner)
-        s = K.add(old, arr)
+        s = ew.add_forward(old, arr)
         ua.write("d:" + t, _nb(s), owner)
         self.grads[t] = s
         self.mem.alloc("d:" + t, _nb(s), "grad", "d:" + t)
@@ -178,7 +178,7 @@ class TrainingSchedule:
         self.log = TrafficLog()
         self.mem = MemoryTracker()
         for d, a in zip(self.net.inputs, inputs):
-            a = K.to_cnhw(a) if a.ndim == 4 else np.ascontiguousarray(a)
+            a = cnhw.to_cnhw(a) if a.ndim == 4 else np.ascontiguousarray(a)
             self.env[d.name] = a
             self.mem.alloc(d.name, _nb(a), "input", "input")
         for op in self.ops:
@@ -197,9 +197,9 @@ class TrainingSchedule:
         u = self.log.unit("fwd", op.name)
         x, w = op.inputs[0], op.inputs[1]
         p = op.params
-        g = K.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
+        g = tc.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
         bias = self.P(op.inputs[2]) if p["has_bias"] else None
-        pre, src = K.IDENTITY, x
+        pre, src = tc.IDENTITY, x
         pat = self.c2_of.get(op.name)
         if pat is not None:
             src, pre = self._fwd_pre(pat, op, u)
@@ -208,7 +208,7 @@ class TrainingSchedule:
         stats = None
         if op.name in self.stat_of:
             stats = (np.zeros(g.O), np.zeros(g.O))
-        y = K.conv_forward_cnhw(self.env[src.name], self.P(w), g, bias=bias, pre=pre, stats=stats)
+        y = tc.conv_forward_cnhw(self.env[src.name], self.P(w), g, bias=bias, pre=pre, stats=stats)
         self._store(u, op.outputs[0].name, y, op.name, op.name)
         if stats is not None:
             _, bn = self.stat_of[op.name]
@@ -219,12 +219,12 @@ class TrainingSchedule:
         x1 = pat.x1
         u.read(x1.name, _nb(self.env[x1.name]), op.name)
         if pat.kind == "1":
-            return x1, K.Pre(relu=True)
+            return x1, tc.Pre(relu=True)
         f1, f2 = self.bn[pat.bn.name].fwd_coefs(x1.dtype)
         if pat.kind == "2":
-            return x1, K.Pre(a=f1, b=f2)
+            return x1, tc.Pre(a=f1, b=f2)
         if pat.kind == "3":
-            return x1, K.Pre(a=f1, b=f2, relu=True)
+            return x1, tc.Pre(a=f1, b=f2, relu=True)
         add_l = pat.add.name
         relu_l = pat.relu.name if pat.relu is not None else add_l
         r = np.empty(self.env[x1.name].shape, x1.dtype)
@@ -234,19 +234,19 @@ class TrainingSchedule:
         if pat.kind == "4-1":
             s = self.env[pat.shortcut.name]
             u.read(pat.shortcut.name, _nb(s), add_l)
-            return x1, K.Pre(a=f1, b=f2, s=s, relu=True, r_out=r)
+            return x1, tc.Pre(a=f1, b=f2, s=s, relu=True, r_out=r)
         x3 = pat.c3.outputs[0]
         s = self.env[x3.name]
         u.read(x3.name, _nb(s), add_l)
         a2, b2 = self.bn[pat.bn3.name].fwd_coefs(x1.dtype)
-        return x1, K.Pre(a=f1, b=f2, s=s, a2=a2, b2=b2, relu=True, r_out=r)
+        return x1, tc.Pre(a=f1, b=f2, s=s, a2=a2, b2=b2, relu=True, r_out=r)
 
     def _bn_finalize(self, bn, s, ss, m):
         g, b, mean, var = bn.inputs[1:]
         run = None
         if mean.name in self.buffers and var.name in self.buffers:
             run = (self.buffers[mean.name], self.buffers[var.name])
-        st = K.BNState().finalize_forward(s, ss, m, self.P(g), self.P(b), bn.params["eps"], run,
+        st = norm.BNState().finalize_forward(s, ss, m, self.P(g), self.P(b), bn.params["eps"], run,
                                           self.momentum)
         self.bn[bn.name] = st
         return st
@@ -255,33 +255,33 @@ class TrainingSchedule:
         x = self.env[op.inputs[0].name]
         u1 = self.log.unit("fwd", op.name + ".stats")
         u1.read(op.inputs[0].name, _nb(x), op.name)
-        s, ss, m = K.bn_stats(x)
+        s, ss, m = norm.bn_stats(x)
         st = self._bn_finalize(op, s, ss, m)
         u2 = self.log.unit("fwd", op.name + ".apply")
         u2.read(op.inputs[0].name, _nb(x), op.name)
-        self._store(u2, op.outputs[0].name, K.bn_apply(x, *st.fwd_coefs(x.dtype)), op.name, op.name)
+        self._store(u2, op.outputs[0].name, norm.bn_apply(x, *st.fwd_coefs(x.dtype)), op.name, op.name)
 
     def _fwd_scale(self, op):
         x = self.env[op.inputs[0].name]
         u = self.log.unit("fwd", op.name)
         u.read(op.inputs[0].name, _nb(x), op.name)
         a, b = self.P(op.inputs[1]), self.P(op.inputs[2])
-        self._store(u, op.outputs[0].name, K.bn_apply(x, a, b), op.name, op.name)
+        self._store(u, op.outputs[0].name, norm.bn_apply(x, a, b), op.name, op.name)
 
     def _fwd_relu(self, op):
         x = self.env[op.inputs[0].name]
         u = self.log.unit("fwd", op.name)
         u.read(op.inputs[0].name, _nb(x), op.name)
-        self._store(u, op.outputs[0].name, K.relu(x), op.name, op.name)
+        self._store(u, op.outputs[0].name, ew.relu_forward(x), op.name, op.name)
 
     def _fwd_add(self, op):
         a, b = (self.env[d.name] for d in op.inputs)
         u = self.log.unit("fwd", op.name)
         u.read(op.inputs[0].name, _nb(a), op.name)
         u.read(op.inputs[1].name, _nb(b), op.name)
-        y = K.add(a, b)
+        y = ew.add_forward(a, b)
         if op.params.get("relu"):
-            y = K.relu(y)
+            y = ew.relu_forward(y)
         self._store(u, op.outputs[0].name, y, op.name, op.name)
 
     def _simple(self, op, fn):
@@ -295,7 +295,7 @@ class TrainingSchedule:
         out = {}
 
         def run(x):
-            y, idx = K.max_pool_forward(x, p["kernel_size"], p["stride"], p["padding"], p["dilation"],
+            y, idx = pool.max_pool_forward(x, p["kernel_size"], p["stride"], p["padding"], p["dilation"],
                                         p["ceil_mode"])
             out["idx"] = idx
             return y
@@ -304,11 +304,11 @@ class TrainingSchedule:
 
     def _fwd_avg_pool(self, op):
         p = op.params
-        self._simple(op, lambda x: K.avg_pool_forward(x, p["kernel_size"], p["stride"], p["padding"],
+        self._simple(op, lambda x: pool.avg_pool_forward(x, p["kernel_size"], p["stride"], p["padding"],
                                                       p["ceil_mode"], p["count_include_pad"]))
 
     def _fwd_global_avg_pool(self, op):
-        self._simple(op, K.global_avg_pool_forward)
+        self._simple(op, pool.global_avg_pool_forward)
 
     def _fwd_flatten(self, op):
         def run(x):
@@ -320,9 +320,9 @@ class TrainingSchedule:
     def _fwd_linear(self, op):
         w = self.P(op.inputs[1])
         b = self.P(op.inputs[2]) if op.params["has_bias"] else None
-        self._simple(op, lambda x: K.linear_forward(x, w, b))
+        self._simple(op, lambda x: dense.linear_forward(x, w, b))
         if op.params.get("relu"):
-            self.env[op.outputs[0].name] = K.relu(self.env[op.outputs[0].name])
+            self.env[op.outputs[0].name] = ew.relu_forward(self.env[op.outputs[0].name])
 
     def _fwd_dropout(self, op):
         prob = op.params["p"]
@@ -342,8 +342,10 @@ class TrainingSchedule:
 
     # ------------------------------------------------------------------ backward
 
-    def backward(self, dlogits: np.ndarray):
-        """Gradients of every trainable constant (self.pgrads) and every network input."""
+    def backward(self, dlogits: np.ndarray, input_grads: bool = True):
+        """Gradients of every trainable constant (self.pgrads) and, with input_grads, of every
+        network input (a training step needs none: the stem's input gradient is skipped)."""
+        self.input_grads = input_grads
         self.grads[self.logits.name] = dlogits
         for op in reversed(self.ops):
             t0 = time.perf_counter()
@@ -367,9 +369,13 @@ class TrainingSchedule:
         for d in self.net.inputs:
             g = self.grads.get(d.name)
             if g is not None:
-                out[d.name] = K.to_nchw(g) if g.ndim == 4 else g
+                out[d.name] = cnhw.to_nchw(g) if g.ndim == 4 else g
         self.mem.free_written_by("input")
         return out
+
+    def _wants(self, d) -> bool:
+        """Does the backward pass need the gradient of tensor d?"""
+        return d.producer is not None or (getattr(self, "input_grads", True) and d in self.net.inputs)
 
     def _bwd_add_virtual(self, op):
         """The Add inside pattern 4: the C2 unit stored d(Add out); pass it to the operands."""
@@ -381,7 +387,7 @@ class TrainingSchedule:
         u = self.log.unit("bwd", op.name)
         x, w = op.inputs[0], op.inputs[1]
         p = op.params
-        g = K.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
+        g = tc.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
         # ---- output side: dy, or F1*dz + B*x + C when this conv feeds a fused BN
         dy_pre, dy = None, None
         if op.name in self.stat_of:
@@ -397,8 +403,8 @@ class TrainingSchedule:
             u.read("d:" + op.outputs[0].name, _nb(dy), op.name, side="out")
         # ---- input side: WG input (recomputed through the input stage) and post-processing
         pat = self.c2_of.get(op.name)
-        pre, src, post, target = K.IDENTITY, x, None, x.name
-        need_dx = x.producer is not None or x in self.net.inputs
+        pre, src, post, target = tc.IDENTITY, x, None, x.name
+        need_dx = self._wants(x)
         if pat is not None:
             src, pre, post, target = self._bwd_c2(pat, op, u)
         else:
@@ -407,8 +413,8 @@ class TrainingSchedule:
                     and self.fork_owner[target] in self.pattern_of_names():
                 acc = self.grads[target]
                 u.read("d:" + target, _nb(acc), self.fork_owner[target])
-                post = K.Post(acc=acc)
-        dw, db, dx = K.conv_backward_cnhw(dy, self.env[src.name], self.P(w), g, pre=pre, post=post,
+                post = tc.Post(acc=acc)
+        dw, db, dx = tc.conv_backward_cnhw(dy, self.env[src.name], self.P(w), g, pre=pre, post=post,
                                           dy_pre=dy_pre, need_dx=need_dx, has_bias=p["has_bias"])
         self._param_grad(w.name, dw)
         if p["has_bias"]:
@@ -439,11 +445,11 @@ class TrainingSchedule:
         if pat.kind in ("1", "2", "3"):
             u.read(x1.name, _nb(ex1), op.name)
             if pat.kind == "1":
-                return x1, K.Pre(relu=True), K.Post(mk=ex1), x1.name
+                return x1, tc.Pre(relu=True), tc.Post(mk=ex1), x1.name
             f1, f2 = self.bn[pat.bn.name].fwd_coefs(x1.dtype)
             if pat.kind == "2":
-                return x1, K.Pre(a=f1, b=f2), K.Post(x1=ex1), pat.bn.outputs[0].name
-            return (x1, K.Pre(a=f1, b=f2, relu=True), K.Post(mk=ex1, ma=f1, mb=f2, x1=ex1),
+                return x1, tc.Pre(a=f1, b=f2), tc.Post(x1=ex1), pat.bn.outputs[0].name
+            return (x1, tc.Pre(a=f1, b=f2, relu=True), tc.Post(mk=ex1, ma=f1, mb=f2, x1=ex1),
                     pat.bn.outputs[0].name)
         r = pat.r
         er = self.env[r.name]
@@ -455,7 +461,7 @@ class TrainingSchedule:
         x3 = self.env[pat.c3.outputs[0].name] if pat.kind == "4-2" else None
         if x3 is not None:
             u.read(pat.c3.outputs[0].name, _nb(x3), pat.bn3.name)
-        return r, K.IDENTITY, K.Post(acc=acc, mk=er, x1=ex1, x2=x3), pat.add.outputs[0].name
+        return r, tc.IDENTITY, tc.Post(acc=acc, mk=er, x1=ex1, x2=x3), pat.add.outputs[0].name
 
     def _finish_c2(self, pat, op, u, dx, post, target):
         """Store C2's post-processed input gradient; finish BN step 1 of the backward pass."""
@@ -480,14 +486,14 @@ class TrainingSchedule:
         u1 = self.log.unit("bwd", op.name + ".sums")
         u1.read("d:" + op.outputs[0].name, _nb(dy), op.name)
         u1.read(op.inputs[0].name, _nb(x), op.name)
-        s1, s2 = K.bn_bwd_sums(dy, x)
+        s1, s2 = norm.bn_bwd_sums(dy, x)
         st.finalize_backward(s1, s2)
         self._param_grad(op.inputs[1].name, st.dgamma)
         self._param_grad(op.inputs[2].name, st.dbeta)
         u2 = self.log.unit("bwd", op.name + ".apply")
         u2.read("d:" + op.outputs[0].name, _nb(dy), op.name)
         u2.read(op.inputs[0].name, _nb(x), op.name)
-        self._contribute(op.inputs[0].name, K.bn_bwd_apply(dy, x, *st.bwd_coefs(x.dtype)), u2, op.name)
+        self._contribute(op.inputs[0].name, norm.bn_bwd_apply(dy, x, *st.bwd_coefs(x.dtype)), u2, op.name)
 
     def _bwd_scale(self, op):
         x = self.env[op.inputs[0].name]
@@ -495,12 +501,12 @@ class TrainingSchedule:
         u = self.log.unit("bwd", op.name)
         u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
         u.read(op.inputs[0].name, _nb(x), op.name)
-        s1, s2 = K.bn_bwd_sums(dy, x)
+        s1, s2 = norm.bn_bwd_sums(dy, x)
         self._param_grad(op.inputs[1].name, s2)
         self._param_grad(op.inputs[2].name, s1)
         a = self.P(op.inputs[1])
         z = np.zeros_like(a)
-        self._contribute(op.inputs[0].name, K.bn_bwd_apply(dy, x, a, z, z), u, op.name)
+        self._contribute(op.inputs[0].name, norm.bn_bwd_apply(dy, x, a, z, z), u, op.name)
 
     def _bwd_relu(self, op):
         x = self.env[op.inputs[0].name]
@@ -508,7 +514,7 @@ class TrainingSchedule:
         u = self.log.unit("bwd", op.name)
         u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
         u.read(op.inputs[0].name, _nb(x), op.name)
-        self._contribute(op.inputs[0].name, K.relu_backward(dy, x), u, op.name)
+        self._contribute(op.inputs[0].name, ew.relu_backward(dy, x), u, op.name)
 
     def _bwd_add(self, op):
         dy = self.grads[op.outputs[0].name]
@@ -517,10 +523,10 @@ class TrainingSchedule:
             u = self.log.unit("bwd", op.name)
             u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
             u.read(op.outputs[0].name, _nb(y), op.name)
-            dy = K.relu_backward(dy, y)
+            dy = ew.relu_backward(dy, y)
             u.write("d:" + op.name + ".pre", _nb(dy), op.name)
         for d in op.inputs:                   # d(a) = d(b) = d(out): no data moves
-            if d.producer is not None or d in self.net.inputs:
+            if self._wants(d):
                 self._contribute(d.name, dy, alias=True)
 
     def _bwd_simple(self, op, fn, reads_x=True):
@@ -530,9 +536,9 @@ class TrainingSchedule:
         x = self.env.get(op.inputs[0].name)
         if reads_x:
             u.read(op.inputs[0].name, _nb(x), op.name)
-        d = op.inputs[0]
-        if d.producer is not None or d in self.net.inputs:
-            self._contribute(d.name, fn(dy, x), u, op.name)
+        dx = fn(dy, x)                        # (fn may also produce parameter gradients)
+        if self._wants(op.inputs[0]):
+            self._contribute(op.inputs[0].name, dx, u, op.name)
 
     def _phys_shape(self, d):
         s = d.shape
@@ -541,18 +547,18 @@ class TrainingSchedule:
     def _bwd_max_pool(self, op):
         idx = self.saved[op.name]
         shape = self._phys_shape(op.inputs[0])
-        self._bwd_simple(op, lambda dy, x: K.max_pool_backward(dy, idx, shape), reads_x=False)
+        self._bwd_simple(op, lambda dy, x: pool.max_pool_backward(dy, idx, shape), reads_x=False)
 
     def _bwd_avg_pool(self, op):
         p = op.params
         shape = self._phys_shape(op.inputs[0])
-        self._bwd_simple(op, lambda dy, x: K.avg_pool_backward(
+        self._bwd_simple(op, lambda dy, x: pool.avg_pool_backward(
             dy, shape, p["kernel_size"], p["stride"], p["padding"], p["count_include_pad"]),
             reads_x=False)
 
     def _bwd_global_avg_pool(self, op):
         shape = self._phys_shape(op.inputs[0])
-        self._bwd_simple(op, lambda dy, x: K.global_avg_pool_backward(dy, shape), reads_x=False)
+        self._bwd_simple(op, lambda dy, x: pool.global_avg_pool_backward(dy, shape), reads_x=False)
 
     def _bwd_flatten(self, op):
         d = op.inputs[0]
@@ -571,14 +577,11 @@ class TrainingSchedule:
         def run(dy, x):
             if op.params.get("relu"):
                 dy = dy * (self.env[op.outputs[0].name] > 0)
-            dx, dw, db = K.linear_backward(dy, x, w, has_bias)
+            dx, dw, db = dense.linear_backward(dy, x, w, has_bias)
             self._param_grad(op.inputs[1].name, dw)
             if has_bias:
                 self._param_grad(op.inputs[2].name, db)
             return dx
-        d = op.inputs[0]
-        if d.producer is None and d not in self.net.inputs:
-            d = None
         self._bwd_simple(op, run)
 
     def _bwd_dropout(self, op):
@@ -593,5 +596,5 @@ class TrainingSchedule:
         u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
         sizes = np.cumsum([self.env[d.name].shape[phys] for d in op.inputs])[:-1]
         for d, part in zip(op.inputs, np.split(dy, sizes, axis=phys)):
-            if d.producer is not None or d in self.net.inputs:
+            if self._wants(d):
                 self._contribute(d.name, np.ascontiguousarray(part), u, op.name)

@@ -1,11 +1,13 @@
-"""The streaming schedule: which ops stream, which rows each output band needs, ring sizes.
+"""The row-band schedule, a compiler stage (schedule="stream"): which ops stream, which rows
+each output band needs, ring sizes, ring layouts, pipeline stages.
 
 Streamable ops (row-local in H): conv2d (any kernel, stride, dilation, padding, groups, fused
 bias/residual/ReLU), max_pool / avg_pool (padding, ceil_mode), relu, add, scale, batch_norm,
 dropout, local_response_norm, channel concat. The streamed part of a network is every op whose
 variable inputs are the (single, NCHW) network input or outputs of streamed ops; everything
-else (global pooling, flatten, linear, softmax and all that follows) is the tail, run on whole
-tensors afterwards. Streamed tensors the tail or the caller reads ("sinks") are kept whole.
+else (global pooling, flatten, linear, softmax and all that follows) is the tail, lowered as
+ordinary instructions on whole tensors after the band instructions (compiler/streaming.py).
+Streamed tensors the tail or the caller reads ("sinks") are kept whole.
 
 Row requirements. Output row r of a window op needs input rows
     [r*s - pad_top, r*s - pad_top + d*(k-1)]            (clipped to [0, H_in); outside is padding)
@@ -20,8 +22,8 @@ window's halo, not by a whole band. (Waiting for full bands at every layer inste
 layer lag by a band, and the rings of a ResNet18 at 4K hold 4x more rows.) The dry run records
 the steps (layer, r0, r1) and, for every tensor, the most rows ever held at once (rows written
 minus the smallest row a consumer still needs): that is its ring capacity. Replaying the steps
-with rings of those capacities is exact and never overwrites a row still needed (`ring.py`
-checks every write).
+with rings of those capacities is exact and never overwrites a row still needed (`check_steps`
+replays any steps against any capacities; runtime/ring.py checks every write as well).
 """
 from __future__ import annotations
 
@@ -32,23 +34,10 @@ import numpy as np
 from ..errors import GraphError
 from ..ir import Network, OpNode, ops
 from ..ir.ops import flops as op_flops
+from ..kernels.bands import IDENTITY, RowWindow, band_layout
 
 STREAMABLE = ops.WINDOW | ops.ROW_LOCAL
 
-
-@dataclass(frozen=True)
-class RowWindow:
-    """Output row r needs input rows r*stride + offset + [0, span)."""
-    stride: int = 1
-    offset: int = 0
-    span: int = 1
-
-    def rows(self, r0: int, r1: int) -> tuple[int, int]:
-        """Input rows [lo, hi) needed for output rows [r0, r1), unclipped (may be < 0 or > H)."""
-        return r0 * self.stride + self.offset, (r1 - 1) * self.stride + self.offset + self.span
-
-
-IDENTITY = RowWindow()
 
 
 @dataclass
@@ -125,11 +114,15 @@ class BandSchedule:
         return sum(l.flops for l in self.layers)
 
 
+def window_of(kind: str, params: dict, kernel_height: int | None = None) -> RowWindow:
+    """The row window of a window op's first input (conv: the weight's height)."""
+    k = kernel_height if kind == "conv2d" else params["kernel_size"][0]
+    d = params.get("dilation", (1, 1))[0]
+    return RowWindow(params["stride"][0], -params["padding"][0], d * (k - 1) + 1)
+
+
 def _window(op: OpNode) -> RowWindow:
-    p = op.params
-    k = op.inputs[1].shape[2] if op.op == "conv2d" else p["kernel_size"][0]
-    d = p.get("dilation", (1, 1))[0]
-    return RowWindow(p["stride"][0], -p["padding"][0], d * (k - 1) + 1)
+    return window_of(op.op, op.params, op.inputs[1].shape[2] if op.op == "conv2d" else None)
 
 
 def _streamable(op: OpNode) -> bool:
@@ -144,6 +137,10 @@ def _streamable(op: OpNode) -> bool:
     if ops.epilogue_act(op.params)[0] not in ("identity", "relu") or op.params.get("has_input_scale"):
         return False
     if op.op == "add" and op.inputs[0].shape != op.inputs[1].shape:
+        return False
+    # constants of a streamed op are parameters (a conv's weights, per-channel vectors), never
+    # a whole feature map: that would need its own rows
+    if op.op not in ops.CONV and any(d.is_constant and len(d.shape) == 4 for d in op.inputs):
         return False
     return True
 
@@ -260,3 +257,150 @@ def _dry_run(layers, tensors, input_name, band, mins=None) -> list[tuple[int, in
     for name, t in tensors.items():
         t.capacity = t.shape[2] if t.whole else min(t.shape[2], max(peak[name], 1))
     return steps
+
+
+# ----------------------------------------------------------------------------- ring layouts
+
+def assign_ring_layouts(sched: BandSchedule, rings: str = "nchwc") -> set[str]:
+    """The ring tensors kept in NCHW16c (`rings="nchw"`: none). A ring is blocked when its
+    producer writes NCHW16c natively, some consumer reads it natively and none needs NCHW
+    (`kernels.bands.band_layout`); then every "same" layer (pooling, element-wise) with one NCHW
+    tensor gets all of its tensors NCHW, to a fixpoint. Whole tensors (the network input, the
+    sinks) stay NCHW."""
+    if rings != "nchwc":
+        return set()
+    roles = [band_layout(l.kind, l.op.params, l.op.outputs[0].dtype,
+                         [sched.tensors[n].shape[1] for n in l.inputs]) for l in sched.layers]
+    blocked = set()
+    for name, t in sched.tensors.items():
+        if t.whole:
+            continue
+        prod = roles[t.producer]
+        cons = [roles[c] for c, _ in t.consumers]
+        if prod[2] and any(c[1] for c in cons) and all(c[0] != "nchw" for c in cons):
+            blocked.add(name)
+    changed = True
+    while changed:
+        changed = False
+        for layer, (role, _, _) in zip(sched.layers, roles):
+            if role != "same":
+                continue
+            names = list(layer.inputs) + [layer.output]
+            if any(n in blocked for n in names) and not all(n in blocked for n in names):
+                blocked.difference_update(names)
+                changed = True
+    return blocked
+
+
+# ----------------------------------------------------------------------------- the layer pipeline
+
+def layer_cost(layer: StreamLayer, sched: BandSchedule) -> float:
+    """Estimated seconds of a whole streamed layer on one core (balances the pipeline stages).
+    Convs: the conv library's cost model for their algorithm (it knows that Winograd does a
+    quarter of the multiplies and im2col runs below the direct kernel's efficiency; FLOPs alone
+    put conv1 in the same class as a Winograd layer); element-wise and pooling band kernels
+    move about 1 GFLOP-equivalent per second."""
+    op = layer.op
+    alg = op.params.get("algorithm", "reference")
+    if layer.kind == "conv2d" and alg != "reference":
+        from ..kernels.conv import estimate_cost
+        p = op.params
+        return float(estimate_cost(alg, op.inputs[0].shape, op.inputs[1].shape, p["stride"], p["padding"],
+                                   p["dilation"], p["groups"]))
+    if layer.kind == "conv2d":
+        return layer.flops / 100e9
+    return layer.flops / 1e9 + sum(int(np.prod(sched.tensors[n].shape)) for n in layer.inputs) * 4 / 10e9
+
+
+def balance_stages(costs: list[float], stages: int) -> list[int]:
+    """Stage index of each item: contiguous groups, at most `stages`, minimizing the largest
+    group sum (ties: the earliest cut; an exact linear-partition DP). Seed 003: unbalanced
+    stages stall the pipeline."""
+    n = len(costs)
+    k = max(1, min(stages, n))
+    prefix = [0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    INF = float("inf")
+    # best[j][i]: smallest max-sum splitting items[:i] into j groups; cut[j][i]: start of the last group
+    best = [[INF] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0
+    for j in range(1, k + 1):
+        for i in range(j, n + 1):
+            for s in range(j - 1, i):
+                v = max(best[j - 1][s], prefix[i] - prefix[s])
+                if v < best[j][i]:
+                    best[j][i], cut[j][i] = v, s
+    out = [0] * n
+    i = n
+    for j in range(k, 0, -1):
+        s = cut[j][i]
+        for t in range(s, i):
+            out[t] = j - 1
+        i = s
+    return out
+
+
+def ring_capacities(sched: BandSchedule, stage_of: list[int], queue_bands: int) -> dict[str, int]:
+    """Rows each ring holds: the dry run's capacity, plus `queue_bands` bands on a tensor that
+    crosses a stage boundary (the pipeline's bounded queue)."""
+    caps = {}
+    for name, t in sched.tensors.items():
+        if t.whole:
+            continue
+        extra = queue_bands * t.band if any(stage_of[c] != stage_of[t.producer] for c, _ in t.consumers) else 0
+        caps[name] = min(t.shape[2], t.capacity + extra)
+    return caps
+
+
+# ----------------------------------------------------------------------------- replaying the steps
+
+def check_steps(steps, layers: list[dict], where: str = "stream") -> None:
+    """Replay the steps on row counts only and raise ValueError at the first one that would read
+    a row not yet written or already overwritten, overwrite a row a consumer still needs, go out
+    of order or past a tensor's end, or leave a layer unfinished. `layers[i]`: {"inputs":
+    [(tensor, RowWindow)], "output": tensor, "rows": output height}; tensors are described by
+    `tensors[name] = (height, capacity, whole written at the start)` in `layers[0]["tensors"]`.
+    The same bookkeeping as the rings (runtime/ring.py) without data: a schedule that passes
+    never raises RingError, whatever the package it came from."""
+    tensors = layers[0]["tensors"] if layers else {}
+    end = {n: (h if pre else 0) for n, (h, cap, pre) in tensors.items()}
+    consumers: dict[str, list[tuple[int, int]]] = {n: [] for n in tensors}
+    for li, l in enumerate(layers):
+        for k, (n, _) in enumerate(l["inputs"]):
+            consumers[n].append((li, k))
+    lows = {n: [0] * max(len(c), 1) for n, c in consumers.items()}
+    nxt = [0] * len(layers)
+    for si, (li, r0, r1) in enumerate(steps):
+        w = f"{where}: step {si} (layer {li}, rows [{r0}, {r1}))"
+        if not 0 <= li < len(layers):
+            raise ValueError(f"{w}: layer {li} does not exist; expected 0 <= layer < {len(layers)}")
+        l = layers[li]
+        if r0 != nxt[li] or not r0 < r1 <= l["rows"]:
+            raise ValueError(f"{w}: expected rows [{nxt[li]}, ..) within the output height {l['rows']}")
+        for n, win in l["inputs"]:
+            h, cap, _ = tensors[n]
+            lo, hi = win.rows(r0, r1)
+            a, b = max(lo, 0), min(hi, h)
+            if b > end[n] or (b > a and a < end[n] - cap):
+                raise ValueError(f"{w}: input '{n}' rows [{a}, {b}) are not held (written [0, {end[n]}), "
+                                 f"capacity {cap})")
+        out = l["output"]
+        h, cap, _ = tensors[out]
+        if r0 != end[out] or r1 > h:
+            raise ValueError(f"{w}: output '{out}' rows must continue at row {end[out]} below its height {h}")
+        if r1 - min(lows[out]) > cap:
+            raise ValueError(f"{w}: writing '{out}' rows [{r0}, {r1}) would overwrite row {min(lows[out])} "
+                             f"that a consumer still needs (capacity {cap} rows)")
+        end[out] = r1
+        nxt[li] = r1
+        for k, (n, win) in enumerate(l["inputs"]):
+            hn = tensors[n][0]
+            low = hn if r1 >= l["rows"] else max(0, min(hn, win.rows(r1, r1 + 1)[0]))
+            slot = consumers[n].index((li, k))
+            lows[n][slot] = max(lows[n][slot], low)
+    for li, l in enumerate(layers):
+        if nxt[li] != l["rows"]:
+            raise ValueError(f"{where}: layer {li} computes rows [0, {nxt[li]}) of {l['rows']}; the steps "
+                             f"must finish every layer")

@@ -11,8 +11,9 @@ Rows are only overwritten once every consumer has released them: each consumer o
 mark" (the first row it still needs); `start` is the smallest low mark, and a write that would
 reach past `start + capacity` is an error (the sequential executor) or waits (the pipeline).
 
-`FullRows` has the same interface over a whole tensor (the network input, which the caller
-already holds, and the streamed part's outputs): it never evicts.
+`FullRows` has the same interface over a whole tensor (the network input and the streamed
+part's outputs, whole blocks of device memory): it never evicts. The stream mode of the runtime
+(`runtime/streaming.py`) makes both over views of device memory.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class RowRing:
     full = False
 
     def __init__(self, name: str, shape, capacity: int, dtype=np.float32, consumers: int = 1,
-                 blocked: bool = False):
+                 blocked: bool = False, buf: np.ndarray | None = None):
         n, c, h, w = (int(s) for s in shape)
         if capacity < 1:
             raise RingError(f"ring '{name}': capacity must be >= 1 row, got {capacity}")
@@ -41,14 +42,21 @@ class RowRing:
         self.channels = c
         self.capacity = int(min(capacity, h))
         self.blocked = bool(blocked)
-        if self.blocked:
-            # NCHW16c rows: (N, ceil(C/16), cap, W, 16), padded channels kept zero by the producers
-            # (rows stay axis 2, so every slot computation below is the same)
-            self.buf = np.zeros((n, -(-c // 16), self.capacity, w, 16), dtype=dtype)
-        else:
-            self.buf = np.empty((n, c, self.capacity, w), dtype=dtype)  # (N, C, cap, W)
+        # NCHW16c rows: (N, ceil(C/16), cap, W, 16), padded channels written zero by every producer
+        # (rows stay axis 2, so every slot computation below is the same); NCHW: (N, C, cap, W)
+        want = (n, -(-c // 16), self.capacity, w, 16) if self.blocked else (n, c, self.capacity, w)
+        if buf is None:
+            buf = np.zeros(want, dtype=dtype)
+        elif tuple(buf.shape) != want or buf.dtype != np.dtype(dtype):
+            raise RingError(f"ring '{name}': storage {buf.shape} {buf.dtype}, expected {want} {np.dtype(dtype)}")
+        self.buf = buf                      # the stream mode's: a block of the hidden segment
         self.end = 0                        # next logical row to be written
         self.lows = [0] * max(consumers, 1)  # first row each consumer still needs
+
+    def reset(self) -> None:
+        """Empty, for the next run (the storage is reused)."""
+        self.end = 0
+        self.lows = [0] * len(self.lows)
 
     # -------------------------------------------------------------- bookkeeping
 
@@ -120,14 +128,15 @@ class RowRing:
             raise RingError(f"ring '{self.name}': writing rows [{r0}, {r1}) would overwrite row "
                             f"{self.min_low()} that a consumer still needs (capacity {self.capacity} rows)")
 
-    def _check_read(self, r0: int, r1: int) -> None:
+    def check_read(self, r0: int, r1: int) -> None:
+        """Rows [r0, r1) are held (written and not overwritten); RingError otherwise."""
         if r0 < 0 or r1 > self.end or r0 < self.end - self.capacity or r0 > r1:
             raise RingError(f"ring '{self.name}': rows [{r0}, {r1}) requested; held are "
                             f"[{max(0, self.end - self.capacity)}, {self.end})")
 
     def read(self, r0: int, r1: int) -> np.ndarray:
         """Logical rows [r0, r1) as (N, C, r1 - r0, W): a view when contiguous, else a copy."""
-        self._check_read(r0, r1)
+        self.check_read(r0, r1)
         pieces = self._slots(r0, r1) if r1 > r0 else ((0, 0),)
         if len(pieces) == 1:
             s, k = pieces[0]
@@ -136,7 +145,7 @@ class RowRing:
 
     def read_into(self, r0: int, r1: int, out: np.ndarray) -> None:
         """Copy logical rows [r0, r1) into out (N, C, r1 - r0, W') (W' >= W: left-aligned)."""
-        self._check_read(r0, r1)
+        self.check_read(r0, r1)
         if r1 <= r0:
             return
         at = 0
@@ -187,9 +196,12 @@ class FullRows:
         self.store(r0, rows)
         self.end = r0 + rows.shape[2]
 
-    def read(self, r0: int, r1: int) -> np.ndarray:
+    def check_read(self, r0: int, r1: int) -> None:
         if r0 < 0 or r1 > self.end:
             raise RingError(f"'{self.name}': rows [{r0}, {r1}) requested; written are [0, {self.end})")
+
+    def read(self, r0: int, r1: int) -> np.ndarray:
+        self.check_read(r0, r1)
         return self.buf[:, :, r0:r1]
 
     def read_into(self, r0: int, r1: int, out: np.ndarray) -> None:

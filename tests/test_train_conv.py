@@ -1,0 +1,184 @@
+"""Training conv kernels (kernels/train_conv.py, kernels/train_winograd.py): every path against a
+float64 PyTorch reference, with the fused pre-processing (BN step 2, shortcut Add, ReLU, stored
+C2 input), the BN statistics epilogue, the backward pre-processing F1*dz + B*x + C and the
+post-processing (error Add, ReLU', BN step-1 sums); results bitwise identical for 1, 2, 3 and 5
+threads; the task grid has tasks for 16 cores on ResNet's layers.
+
+Tolerances (float32 kernels, float64 reference): 1e-5 * max|reference| (+1e-6) for outputs and
+gradients (GEMMs over <= 600 terms; Winograd's transforms add a few float32 roundings), 1e-4
+relative for the BN sums (float64 sums of float32 values that cancel).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilefuse.kernels import blas, threads, train_conv as tc
+from tilefuse.kernels.blas import blas_threads
+from tilefuse.kernels.threads import using
+
+# N, C, H, W, O, (kh, kw), stride, padding (t, b, l, r), dilation, groups
+GEOMS = {
+    "3x3-same": (3, 6, 9, 7, 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),       # Winograd / shift
+    "3x3-same-4x4": (33, 16, 4, 4, 24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),  # many images
+    "3x3-s2": (2, 5, 8, 9, 6, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),         # gather, col2im
+    "1x1": (4, 8, 5, 6, 7, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),           # direct
+    "1x1-s2": (3, 8, 7, 7, 16, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1),
+    "odd": (3, 4, 13, 11, 6, (2, 3), (2, 1), (1, 2, 0, 1), (2, 1), 2),         # groups, dilation
+    "5x5-dil": (2, 6, 9, 9, 4, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),       # same, dilated
+    "stem": (2, 3, 20, 20, 8, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),
+}
+
+
+def _pre(rng, C, shape, kind):
+    """A Pre of the given kind and its float64 reference function (CNHW tensors)."""
+    a = (1 + 0.2 * rng.standard_normal(C)).astype(np.float32)
+    b = (0.2 * rng.standard_normal(C)).astype(np.float32)
+    s = rng.standard_normal(shape).astype(np.float32)
+    a2 = (1 + 0.2 * rng.standard_normal(C)).astype(np.float32)
+    b2 = (0.2 * rng.standard_normal(C)).astype(np.float32)
+    col = (lambda v: v.astype(np.float64).reshape(-1, 1, 1, 1))
+    if kind == "none":
+        return tc.IDENTITY, (lambda x: x.astype(np.float64))
+    if kind == "bn-relu":
+        return tc.Pre(a=a, b=b, relu=True), (lambda x: np.maximum(col(a) * x + col(b), 0))
+    r = np.zeros(shape, np.float32)
+    pre = tc.Pre(a=a, b=b, s=s, a2=a2, b2=b2, relu=True, r_out=r)
+    return pre, (lambda x: np.maximum(col(a) * x + col(b) + col(a2) * s + col(b2), 0))
+
+
+def _reference(x, w, bias, t, g, dyb, post_args):
+    """float64 torch: y = conv(t(x)) + bias, its BN sums, the gradients for dy = dyb, and the
+    post-processed input gradient with its sums."""
+    xt = torch.tensor(t(x).transpose(1, 0, 2, 3).copy(), requires_grad=True)    # NCHW
+    wt = torch.tensor(w.astype(np.float64), requires_grad=True)
+    bt = torch.tensor(bias.astype(np.float64), requires_grad=True)
+    pt, pb, pl, pr = g.pt, g.pb, g.pl, g.pr
+    y = F.conv2d(F.pad(xt, (pl, pr, pt, pb)), wt, bt, (g.sh, g.sw), 0, (g.dh, g.dw), g.groups)
+    y.backward(torch.tensor(dyb.transpose(1, 0, 2, 3).copy()))
+    yc = y.detach().numpy().transpose(1, 0, 2, 3)
+    dx = xt.grad.numpy().transpose(1, 0, 2, 3)
+    acc, mk, ma, mb, x1, x2 = post_args
+    v = dx + acc
+    v = np.where(ma.reshape(-1, 1, 1, 1) * mk + mb.reshape(-1, 1, 1, 1) > 0, v, 0)
+    sums = (v.sum(axis=(1, 2, 3)), (v * x1).sum(axis=(1, 2, 3)), (v * x2).sum(axis=(1, 2, 3)))
+    return (yc, (yc.sum(axis=(1, 2, 3)), (yc ** 2).sum(axis=(1, 2, 3))), wt.grad.numpy(),
+            bt.grad.numpy(), v, sums)
+
+
+def _run(x, w, bias, g, pre, dy_pre, post_args, nthreads):
+    with blas_threads(1), using(nthreads):
+        stats = (np.zeros(g.O), np.zeros(g.O))
+        y = tc.conv_forward_cnhw(x, w, g, bias=bias, pre=pre, stats=stats)
+        post = tc.Post(*post_args)
+        dw, db, dx = tc.conv_backward_cnhw(None, x, w, g, pre=pre, post=post, dy_pre=dy_pre,
+                                           has_bias=True)
+    r = pre.r_out.copy() if pre.r_out is not None else None
+    return y, stats, dw, db, dx, (post.s1, post.s2a, post.s2b), r
+
+
+def _close(name, got, ref, rel):
+    ref = np.asarray(ref, np.float64)
+    err = float(np.abs(np.asarray(got, np.float64) - ref).max())
+    tol = rel * float(np.abs(ref).max()) + 1e-6
+    assert err <= tol, f"{name}: max |error| {err:.3g} > {tol:.3g}"
+
+
+@pytest.mark.parametrize("winograd", [True, False])
+@pytest.mark.parametrize("prekind", ["none", "bn-relu", "shortcut"])
+@pytest.mark.parametrize("geom", list(GEOMS))
+def test_conv_paths_match_torch_and_threads(geom, prekind, winograd, monkeypatch):
+    if winograd and not tc.WINOGRAD:
+        pytest.skip("Winograd needs numpy's OpenBLAS (blas.SGEMM)")
+    monkeypatch.setattr(tc, "WINOGRAD", winograd)
+    N, C, H, W, O, (kh, kw), st, pad, dil, groups = GEOMS[geom]
+    g = tc.ConvGeom((N, C, H, W), (O, C // groups, kh, kw), st, pad, dil, groups)
+    assert not winograd or geom not in ("3x3-same", "3x3-same-4x4") or tc._use_wino(g, np.float32)
+    rng = np.random.default_rng(len(geom) + 7 * len(prekind))
+    x = rng.standard_normal((C, N, H, W)).astype(np.float32)
+    w = (rng.standard_normal((O, C // groups, kh, kw)) / np.sqrt(C * kh * kw)).astype(np.float32)
+    bias = rng.standard_normal(O).astype(np.float32)
+    pre, t = _pre(rng, C, x.shape, prekind)
+    oshape = (O, N, g.ho, g.wo)
+    dz, xb = rng.standard_normal(oshape).astype(np.float32), rng.standard_normal(oshape).astype(np.float32)
+    f1, bb, cc = (rng.standard_normal(O).astype(np.float32) for _ in range(3))
+    dyb = (f1.reshape(-1, 1, 1, 1).astype(np.float64) * dz + bb.reshape(-1, 1, 1, 1) * xb.astype(np.float64)
+           + cc.reshape(-1, 1, 1, 1))
+    post_args = (rng.standard_normal(x.shape).astype(np.float32), rng.standard_normal(x.shape).astype(np.float32),
+                 (1 + 0.2 * rng.standard_normal(C)).astype(np.float32), (0.1 * rng.standard_normal(C)).astype(np.float32),
+                 rng.standard_normal(x.shape).astype(np.float32), rng.standard_normal(x.shape).astype(np.float32))
+    ref = _reference(x, w, bias, t, g, dyb, [a.astype(np.float64) for a in post_args])
+    runs = {n: _run(x, w, bias, g, pre, (dz, xb, f1, bb, cc), post_args, n) for n in (1, 2, 3, 5)}
+    y, stats, dw, db, dx, sums, r = runs[1]
+    _close("y", y, ref[0], 1e-5)
+    for got, want in zip(stats, ref[1]):
+        _close("BN sums of y", got, want, 1e-4)
+    _close("dw", dw, ref[2], 1e-5)
+    _close("db", db, ref[3], 1e-5)
+    _close("dx (post-processed)", dx, ref[4], 1e-5)
+    for got, want in zip(sums, ref[5]):
+        _close("BN sums of dx", got, want, 1e-4)
+    if r is not None:
+        np.testing.assert_allclose(r, t(x), rtol=1e-6, atol=1e-6)
+    for n in (2, 3, 5):                       # bitwise identical for every thread count
+        for a, b_ in zip(runs[1], runs[n]):
+            if isinstance(a, tuple):
+                assert all(np.array_equal(u, v) for u, v in zip(a, b_)), (geom, n)
+            elif a is not None:
+                assert np.array_equal(a, b_), (geom, n)
+
+
+def test_tasks_run_on_several_threads(monkeypatch):
+    """The split really hands tasks to pool threads (a sequential loop would pass the bitwise
+    checks above), and ResNet18's layers with 28x28 or larger outputs at batch 32 have >= 16
+    tasks per pass (smaller layers get fewer: tiles keep >= MIN_COLS GEMM columns)."""
+    seen = set()
+    real = threads.parallel_range
+
+    def spy(ntasks, fn, nthreads=None):
+        real(ntasks, lambda i, tid: (seen.add(tid), fn(i, tid)), nthreads)
+    monkeypatch.setattr(threads, "parallel_range", spy)
+    N, C, H, W, O = 8, 16, 14, 14, 16
+    g = tc.ConvGeom((N, C, H, W), (O, C, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    x = np.random.default_rng(0).standard_normal((C, N, H, W)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((O, C, 3, 3)).astype(np.float32)
+    with blas_threads(1), using(3):
+        for _ in range(5):
+            tc.conv_forward_cnhw(x, w, g)
+            tc.conv_backward_cnhw(np.ones((O, N, H, W), np.float32), x, w, g)
+    assert len(seen) > 1, seen
+    import tilefuse.models as models
+    net = models.resnet18(seed=0, batch=32, image_size=112, num_classes=10)
+    for op in net.ops:
+        if op.op != "conv2d" or op.outputs[0].shape[2] < 28:
+            continue
+        p_ = op.params
+        g = tc.ConvGeom(op.inputs[0].shape, op.inputs[1].shape, p_["stride"], p_["padding"],
+                        p_["dilation"], p_["groups"])
+        pl = tc.plan(g.key, 4, tc._use_wino(g, np.float32))
+        assert len(pl.tiles) * len(pl.oblocks) >= 16, op.name
+
+
+def test_nb_gemm_matches_numpy():
+    if not blas.SGEMM[0]:
+        pytest.skip("numpy's OpenBLAS has no cblas_sgemm")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((13, 70)).astype(np.float32)
+    b = rng.standard_normal((21, 70)).astype(np.float32)
+    c = rng.standard_normal((13, 40)).astype(np.float32)
+    want = c.copy()
+    want[:, 3:24] += a @ b.T
+    blas.nb_gemm(blas.SGEMM, a, b, c[:, 3:24], 1.0, True)
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+    out = np.empty((13, 21), np.float32)
+    blas.nb_gemm(blas.SGEMM, a, np.ascontiguousarray(b.T), out, 0.0, False)
+    np.testing.assert_allclose(out, a @ b.T, rtol=1e-5, atol=1e-5)
+    lp64 = blas._symbol("scipy_cblas_sgemm")     # the 32-bit-integer interface, where present
+    if lp64 is not None:
+        import ctypes
+        out[:] = 0
+        blas.nb_gemm((ctypes.cast(lp64, ctypes.c_void_p).value, False), a, np.ascontiguousarray(b.T),
+                     out, 0.0, False)
+        np.testing.assert_allclose(out, a @ b.T, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,357 @@
+"""Winograd F(2x2, 3x3) for training: the forward pass, the input gradient and the weight
+gradient of a 3x3, stride-1, pad-1 ("same"), one-group convolution on CNHW tensors, with the
+fused pre- and post-processing of `train_conv.py` (ResNet's 3x3 convs).
+
+Each 2x2 output tile p of an image reads a 4x4 input patch d (rows 2ty-1 .. 2ty+2, columns
+2tx-1 .. 2tx+2, zero outside the image). With the F(2x2, 3x3) matrices
+
+    B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]
+    G   = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]
+    A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]
+
+and V = B^T d B, U = G g G^T (16 values each, xi = 4a + b):
+
+    forward          M[xi] (O, P) = U[xi] (O, C) @ V[xi] (C, P),  y tile = A^T M A
+    input gradient   the same with dy as input and Ud[xi = (a, b)] (C, O) = U[(s(a), s(b))]^T,
+                     s = (3, 1, 2, 0) (the 180-degree rotated, transposed filters)
+    weight gradient  F(3x3, 2x2) (its matrices are A' = G, G' = A, B' = B): Dy = A dy A^T for a
+                     2x2 tile of dy, Mw[xi] (C, O) = sum over tiles of V[xi] (C, P) @ Dy[xi]^T,
+                     dW = G^T Mw G
+
+so every conv is 16 GEMMs with 16 multiplies per 2x2 outputs instead of 36 (2.25x fewer FLOPs).
+The GEMMs are OpenBLAS's cblas_sgemm called from inside numba (`blas.nb_gemm`), 16 per numba
+call. The (16, rows, patches) buffers get one spare row and a padded row pitch (`pitch`) so
+that the 16 xi planes a transform loop reads or writes at once do not start 4 KB apart (they
+would all fall into the same L1 sets: the dy transform of a 64-channel layer ran 6x slower). Tasks, partials and their fixed-order sums follow `train_conv.Plan`, so
+results are bitwise identical for every thread count. Transforms sum in float32 in a fixed
+order; against direct convolution the results differ by float32 rounding (the tests compare
+them with PyTorch).
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from .blas import nb_gemm
+from .cnhw import JIT, _transform
+
+# ============================================================================ transforms
+
+def pitch(rows: int, patches: int) -> int:
+    """Row pitch (floats) >= patches, a multiple of 16, such that the xi planes of a
+    (16, rows + 1, pitch) float32 buffer are not a multiple of 4 KB apart (+- 256 bytes)."""
+    ld = -(-max(patches, 1) // 16) * 16
+    while ((rows + 1) * ld * 4 + 256) % 4096 < 512:
+        ld += 16
+    return ld
+
+
+
+@nb.njit(**JIT)
+def _filter_transform(g, out, n):
+    """out[4a+b, i] = (G g_i G^T)[a, b] for i < n, g: (9, n) = the 3x3 filters as rows of taps
+    (vectorized over i: all loads and stores contiguous)."""
+    h = g.dtype.type(0.5)
+    for i in range(n):
+        g00, g01, g02 = g[0, i], g[1, i], g[2, i]
+        g10, g11, g12 = g[3, i], g[4, i], g[5, i]
+        g20, g21, g22 = g[6, i], g[7, i], g[8, i]
+        # G g: four rows of three
+        q10, q11, q12 = h * (g00 + g10 + g20), h * (g01 + g11 + g21), h * (g02 + g12 + g22)
+        q20, q21, q22 = h * (g00 - g10 + g20), h * (g01 - g11 + g21), h * (g02 - g12 + g22)
+        # (G g) G^T: each row (r0, r1, r2) -> (r0, (r0 + r1 + r2)/2, (r0 - r1 + r2)/2, r2)
+        out[0, i] = g00
+        out[1, i] = h * (g00 + g01 + g02)
+        out[2, i] = h * (g00 - g01 + g02)
+        out[3, i] = g02
+        out[4, i] = q10
+        out[5, i] = h * (q10 + q11 + q12)
+        out[6, i] = h * (q10 - q11 + q12)
+        out[7, i] = q12
+        out[8, i] = q20
+        out[9, i] = h * (q20 + q21 + q22)
+        out[10, i] = h * (q20 - q21 + q22)
+        out[11, i] = q22
+        out[12, i] = g20
+        out[13, i] = h * (g20 + g21 + g22)
+        out[14, i] = h * (g20 - g21 + g22)
+        out[15, i] = g22
+
+
+# Ud's xi -> U's xi: (a, b) -> (s(a), s(b)), s = (3, 1, 2, 0) (the 180-degree rotation)
+_MIRROR = np.array([15, 13, 14, 12, 7, 5, 6, 4, 11, 9, 10, 8, 3, 1, 2, 0], np.int64)
+
+
+@nb.njit(**JIT)
+def wino_weights(w2, U, o0, o1):
+    """U[4a+b, o, c] = (G g G^T)[a, b] for the filters g = w2[o, 9c:9c + 9] (3x3, row-major),
+    o in [o0, o1)."""
+    C = w2.shape[1] // 9
+    g = np.empty((9, C), w2.dtype)
+    t = np.empty((16, C), w2.dtype)
+    for o in range(o0, o1):
+        wr = w2[o]
+        for c in range(C):
+            for j in range(9):
+                g[j, c] = wr[9 * c + j]
+        _filter_transform(g, t, C)
+        for k in range(16):
+            U[k, o, :] = t[k]
+
+
+@nb.njit(**JIT)
+def wino_weights_mirrored(w2, Ud, c0, c1):
+    """Ud[4a+b, c, o] = U[4 s(a) + s(b), o, c] (the input gradient's filters: 180-degree rotated,
+    transposed), for c in [c0, c1)."""
+    O = w2.shape[0]
+    g = np.empty((9, O), w2.dtype)
+    t = np.empty((16, O), w2.dtype)
+    for c in range(c0, c1):
+        for o in range(O):
+            wr = w2[o]
+            for j in range(9):
+                g[j, o] = wr[9 * c + j]
+        _filter_transform(g, t, O)
+        for k in range(16):
+            Ud[k, c, :] = t[_MIRROR[k]]
+
+
+@nb.njit(**JIT)
+def _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, tmp, pb, H, W, affine, skind, relu, write_r):
+    """pb[1 + i, 1:1 + W] = t(x row i) (cnhw._transform on the whole plane into tmp, then
+    the rows into the padded plane); the border of pb stays zero."""
+    _transform(xr, ac, bc, sr, a2c, b2c, rr, tmp, affine, skind, relu, write_r)
+    for i in range(H):
+        dst = pb[1 + i, 1:1 + W]
+        src = tmp[i * W:(i + 1) * W]
+        for j in range(W):
+            dst[j] = src[j]
+
+
+@nb.njit(**JIT)
+def wino_input(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind, relu,
+               write_r):
+    """V[xi, vr0 + c - c0, p0 + p] = (B^T d B)[xi] of the transformed input t(x)
+    (train_conv._transform) for the patches p of images [n0, n1) (p = (n - n0)*th*tw + ty*tw
+    + tx), channels [c0, c1).
+
+    x2, s2, r2: (C, N*H*W) rows; with write_r also r2 = t(x) (pattern 4's stored C2 input);
+    V: a contiguous (16, rows, pitch) buffer, written through unsigned flat offsets (no
+    negative-index code in the loop; the planes can be as small as 4x4)."""
+    th = (H + 1) // 2
+    tw = (W + 1) // 2
+    HW = H * W
+    T = th * tw
+    Wp = 2 * tw + 2
+    pb = np.zeros((2 * th + 2, Wp), V.dtype)
+    tmp = np.empty(HW, V.dtype)
+    R = np.empty((4, Wp), V.dtype)
+    ld = V.shape[2]
+    S = np.uint64(V.shape[1] * ld)              # xi plane stride
+    Vf = V.reshape(V.size)
+    for c in range(c0, c1):
+        ac = a[c] if affine else 1
+        bc = b[c] if affine else 0
+        a2c = a2[c] if skind == 2 else 0
+        b2c = b2[c] if skind == 2 else 0
+        for n in range(n0, n1):
+            xr = x2[c, n * HW:(n + 1) * HW]
+            sr = s2[c, n * HW:(n + 1) * HW] if skind != 0 else xr
+            rr = r2[c, n * HW:(n + 1) * HW] if write_r else xr
+            _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, tmp, pb, H, W, affine, skind, relu,
+                        write_r)
+            base = np.uint64((vr0 + c - c0) * ld + p0 + (n - n0) * T)
+            for ty in range(th):
+                d0 = pb[2 * ty]
+                d1 = pb[2 * ty + 1]
+                d2 = pb[2 * ty + 2]
+                d3 = pb[2 * ty + 3]
+                for j in range(Wp):             # B^T d: four row combinations (contiguous)
+                    R[0, j] = d0[j] - d2[j]
+                    R[1, j] = d1[j] + d2[j]
+                    R[2, j] = d2[j] - d1[j]
+                    R[3, j] = d1[j] - d3[j]
+                q = base + np.uint64(ty * tw)
+                for ar in range(4):             # (B^T d) B: column combinations per tile
+                    Ra = R[ar]
+                    o0 = q + np.uint64(4 * ar) * S
+                    for tx in range(tw):
+                        j = 2 * tx
+                        k = o0 + np.uint64(tx)
+                        e0, e1, e2, e3 = Ra[j], Ra[j + 1], Ra[j + 2], Ra[j + 3]
+                        Vf[k] = e0 - e2
+                        Vf[k + S] = e1 + e2
+                        Vf[k + 2 * S] = e2 - e1
+                        Vf[k + 3 * S] = e1 - e3
+
+
+@nb.njit(**JIT)
+def wino_output(M, rows, y2, n0, n1, o0, H, W):
+    """y2[o0 + o, image n, 2x2 tile p] = A^T M[:, o, p] A, cropped to H x W, for the rows
+    o < rows of M (16, >= rows, >= patches) and images [n0, n1)."""
+    th = (H + 1) // 2
+    tw = (W + 1) // 2
+    HW = H * W
+    T = th * tw
+    r0 = np.empty(2 * tw, M.dtype)
+    r1 = np.empty(2 * tw, M.dtype)
+    for o in range(rows):
+        for n in range(n0, n1):
+            yr = y2[o0 + o, n * HW:(n + 1) * HW]
+            for ty in range(th):
+                pt = (n - n0) * T + ty * tw
+                m0 = M[0, o, pt:pt + tw]
+                m1 = M[1, o, pt:pt + tw]
+                m2 = M[2, o, pt:pt + tw]
+                m3 = M[3, o, pt:pt + tw]
+                m4 = M[4, o, pt:pt + tw]
+                m5 = M[5, o, pt:pt + tw]
+                m6 = M[6, o, pt:pt + tw]
+                m7 = M[7, o, pt:pt + tw]
+                m8 = M[8, o, pt:pt + tw]
+                m9 = M[9, o, pt:pt + tw]
+                m10 = M[10, o, pt:pt + tw]
+                m11 = M[11, o, pt:pt + tw]
+                m12 = M[12, o, pt:pt + tw]
+                m13 = M[13, o, pt:pt + tw]
+                m14 = M[14, o, pt:pt + tw]
+                m15 = M[15, o, pt:pt + tw]
+                for tx in range(tw):
+                    # A^T M: rows (m[0] + m[1] + m[2]) and (m[1] - m[2] - m[3]) per column b
+                    s00 = m0[tx] + m4[tx] + m8[tx]
+                    s01 = m1[tx] + m5[tx] + m9[tx]
+                    s02 = m2[tx] + m6[tx] + m10[tx]
+                    s03 = m3[tx] + m7[tx] + m11[tx]
+                    s10 = m4[tx] - m8[tx] - m12[tx]
+                    s11 = m5[tx] - m9[tx] - m13[tx]
+                    s12 = m6[tx] - m10[tx] - m14[tx]
+                    s13 = m7[tx] - m11[tx] - m15[tx]
+                    r0[2 * tx] = s00 + s01 + s02
+                    r0[2 * tx + 1] = s01 - s02 - s03
+                    r1[2 * tx] = s10 + s11 + s12
+                    r1[2 * tx + 1] = s11 - s12 - s13
+                y0 = yr[2 * ty * W:(2 * ty + 1) * W]
+                for j in range(W):
+                    y0[j] = r0[j]
+                if 2 * ty + 1 < H:
+                    y1 = yr[(2 * ty + 1) * W:(2 * ty + 2) * W]
+                    for j in range(W):
+                        y1[j] = r1[j]
+
+
+@nb.njit(**JIT)
+def wino_dy(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
+    """D[xi, dr0 + o - o0, p0 + p] = (A g A^T)[xi] for the 2x2 tiles g of dy (zero beyond
+    H x W), A = [[1, 0], [1, 1], [1, -1], [0, -1]], images [n0, n1), channels [o0, o1)."""
+    th = (H + 1) // 2
+    tw = (W + 1) // 2
+    HW = H * W
+    T = th * tw
+    g0 = np.zeros(2 * tw, D.dtype)
+    g1 = np.zeros(2 * tw, D.dtype)
+    for o in range(o0, o1):
+        oc = dr0 + o - o0
+        for n in range(n0, n1):
+            dr = dy2[o, n * HW:(n + 1) * HW]
+            for ty in range(th):
+                src = dr[2 * ty * W:(2 * ty + 1) * W]
+                for j in range(W):
+                    g0[j] = src[j]
+                if 2 * ty + 1 < H:
+                    src = dr[(2 * ty + 1) * W:(2 * ty + 2) * W]
+                    for j in range(W):
+                        g1[j] = src[j]
+                else:
+                    for j in range(W):
+                        g1[j] = 0
+                pt = p0 + (n - n0) * T + ty * tw
+                d0 = D[0, oc, pt:pt + tw]
+                d1 = D[1, oc, pt:pt + tw]
+                d2 = D[2, oc, pt:pt + tw]
+                d3 = D[3, oc, pt:pt + tw]
+                d4 = D[4, oc, pt:pt + tw]
+                d5 = D[5, oc, pt:pt + tw]
+                d6 = D[6, oc, pt:pt + tw]
+                d7 = D[7, oc, pt:pt + tw]
+                d8 = D[8, oc, pt:pt + tw]
+                d9 = D[9, oc, pt:pt + tw]
+                d10 = D[10, oc, pt:pt + tw]
+                d11 = D[11, oc, pt:pt + tw]
+                d12 = D[12, oc, pt:pt + tw]
+                d13 = D[13, oc, pt:pt + tw]
+                d14 = D[14, oc, pt:pt + tw]
+                d15 = D[15, oc, pt:pt + tw]
+                for tx in range(tw):
+                    a0 = g0[2 * tx]                  # rows of A g: (a0, a1), (a0 + b0, a1 + b1),
+                    a1 = g0[2 * tx + 1]              # (a0 - b0, a1 - b1), (-b0, -b1)
+                    b0 = g1[2 * tx]
+                    b1 = g1[2 * tx + 1]
+                    e0, e1 = a0 + b0, a1 + b1
+                    q0, q1 = a0 - b0, a1 - b1
+                    # each row (u, v) -> (u, u + v, u - v, -v)
+                    d0[tx] = a0
+                    d1[tx] = a0 + a1
+                    d2[tx] = a0 - a1
+                    d3[tx] = -a1
+                    d4[tx] = e0
+                    d5[tx] = e0 + e1
+                    d6[tx] = e0 - e1
+                    d7[tx] = -e1
+                    d8[tx] = q0
+                    d9[tx] = q0 + q1
+                    d10[tx] = q0 - q1
+                    d11[tx] = -q1
+                    d12[tx] = -b0
+                    d13[tx] = -b0 - b1
+                    d14[tx] = b1 - b0
+                    d15[tx] = b1
+
+
+@nb.njit(**JIT)
+def wino_dw(Mw, dw4, c0, c1):
+    """dw4[o, c] (3x3) = G^T m G with m[xi] = sum over partials q in order of Mw[q, xi, c, o],
+    for c in [c0, c1) (Mw: (partials, 16, C, O), the weight gradient's transposed products)."""
+    Q = Mw.shape[0]
+    O = Mw.shape[3]
+    m = np.empty((16, O), Mw.dtype)
+    t = np.empty((3, 4), Mw.dtype)
+    half = Mw.dtype.type(0.5)
+    for c in range(c0, c1):
+        for k in range(16):
+            mr = m[k]
+            src = Mw[0, k, c]
+            for o in range(O):
+                mr[o] = src[o]
+            for q in range(1, Q):
+                src = Mw[q, k, c]
+                for o in range(O):
+                    mr[o] += src[o]
+        for o in range(O):
+            # G^T m: rows k = 0, 1, 2 from rows a = 0..3 of m (per column b)
+            for bcol in range(4):
+                v0 = m[bcol, o]
+                v1 = m[4 + bcol, o]
+                v2 = m[8 + bcol, o]
+                v3 = m[12 + bcol, o]
+                t[0, bcol] = v0 + half * (v1 + v2)
+                t[1, bcol] = half * (v1 - v2)
+                t[2, bcol] = half * (v1 + v2) + v3
+            g = dw4[o, c]
+            for k in range(3):
+                v0, v1, v2, v3 = t[k, 0], t[k, 1], t[k, 2], t[k, 3]
+                g[k, 0] = v0 + half * (v1 + v2)
+                g[k, 1] = half * (v1 - v2)
+                g[k, 2] = half * (v1 + v2) + v3
+
+
+# ============================================================================ tasks
+
+@nb.njit(**JIT)
+def wino_gemms(fn, A, B, Cm, a0, m, kd, n, b0, beta, trans_b):
+    """Cm[xi, :m, :n] = A[xi, a0:a0 + m, :kd] @ op(B[xi]) (+ beta*Cm) for the 16 xi, op(B[xi]) =
+    B[xi, :n, b0:b0 + kd].T if trans_b else B[xi, :kd, b0:b0 + n] (blas.nb_gemm)."""
+    for k in range(16):
+        if trans_b:
+            nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :n, b0:b0 + kd], Cm[k, :m, :n], beta, True)
+        else:
+            nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :kd, b0:b0 + n], Cm[k, :m, :n], beta, False)
