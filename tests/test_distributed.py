@@ -158,6 +158,18 @@ class TestOnePoolOfTwoWorkers:
         assert consumed <= 501 + window * batch
         _same(pool.run_many(xs[:20], batch=3), expected[:20])   # stopping early left the pool usable
 
+    def test_a_producer_reusing_one_array_gets_every_input_right(self, pool, tiny):
+        """A decoder that writes every frame into the same buffer: each input must be taken when
+        it is read, not when its batch is sent."""
+        _, _, xs, expected = tiny
+        buf = np.empty_like(xs[0])
+
+        def frames():
+            for x in xs[:64]:
+                buf[...] = x
+                yield buf
+        _same(pool.run_many(frames(), batch=8), expected[:64])
+
 
 def test_an_input_that_kills_its_worker_ends_the_run_after_the_retry_limit(cluster, tiny):
     pkg, _, xs, _ = tiny

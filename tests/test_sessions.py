@@ -421,3 +421,91 @@ def test_paper_indirect_addressing_through_a_device_and_package(tmp_path):
     assert dev.read_u64(9000 + 8) == 10000
     assert dev.view(10006, np.float16, (1,))[0] == np.float16(4.0)
     np.testing.assert_array_equal(dev.copy_out(out, (1, 4), np.float16), x)
+
+
+# ----------------------------------------------------------------------------- zero copy
+
+def test_map_host_blocks_are_the_array_and_never_allocated_into():
+    dev = CPUDevice()
+    a = np.arange(1000, dtype=np.float32)
+    addr = dev.map_host(a)
+    assert dev.block_of(addr, a.nbytes, kind="user") == addr
+    v = dev.view(addr, np.float32, (1000,))
+    assert np.shares_memory(v, a)
+    v[3] = -1.0                                   # kernels write the caller's array itself
+    assert a[3] == -1.0
+    before = dev.reserved_bytes
+    others = [dev.alloc(64) for _ in range(20)]   # the allocator never places a block in it
+    for o in others:
+        assert not (addr <= o < addr + a.nbytes)
+    assert dev.reserved_bytes >= before           # mapped bytes are not the device's own
+    dev.free(addr)
+    with pytest.raises(DeviceError):
+        dev.view(addr, np.float32, (1000,))       # unmapped: the address is gone for good
+    addr2 = dev.map_host(np.ones(8, np.float32))
+    assert addr2 != addr
+    for bad in (np.arange(10, dtype=np.float32)[::2], np.frombuffer(b"\0" * 16, np.float32),
+                np.empty(0, np.float32), [1.0]):
+        with pytest.raises(DeviceError, match="expected a C-contiguous, writable"):
+            dev.map_host(bad)
+
+
+def _big_const_net():
+    net = tilefuse.Network("bigconst")
+    x = net.input("x", (1, 64, 12, 12))
+    rng = np.random.default_rng(5)
+    y = net.conv2d(x, rng.standard_normal((256, 64, 3, 3)).astype(np.float32) * 0.05,
+                   np.zeros(256, np.float32), padding=1)
+    net.output(net.relu(y))
+    return net
+
+
+def test_zero_copy_session_maps_constants_and_io_instead_of_copying(tmp_path):
+    """On the default (growable) CPUDevice the constant segment is the package's own bytes and
+    run() reads the caller's input in place: nothing is copied (bytes_in / bytes_out stay 0),
+    the device holds less than the constants, and the results equal a copying (fixed-capacity)
+    device's bit for bit; the same for a package loaded from a file."""
+    net = _big_const_net()
+    c = tilefuse.compile(net)
+    x = _x(net, 7)
+    fixed = CPUDevice(capacity_bytes=64 << 20)
+    assert not fixed.zero_copy
+    ref = Session(c, fixed).run(x)
+    assert fixed.bytes_in >= c.package.const_bytes          # the copying device copied them
+    path = tmp_path / "big.tfpkg"
+    c.save(path)
+    for pkg in (c.package, load_package(path)):
+        dev = CPUDevice()
+        s = Session(pkg, dev)
+        s.copy_constants()
+        const = dev.view(s.segments["const"], np.uint8, (pkg.const_bytes,))
+        assert np.shares_memory(const, np.frombuffer(pkg.const_area, np.uint8))
+        assert dev.mapped_bytes == pkg.const_bytes           # the weights are the package's ...
+        assert dev.used_bytes - dev.mapped_bytes < pkg.const_bytes   # ... with no second copy
+        for _ in range(3):
+            y = s.run(x)
+            np.testing.assert_array_equal(y, ref)
+        assert dev.bytes_in == 0 and dev.bytes_out == 0
+        for _ in range(20):
+            s.run(x)
+        assert dev.mapped_bytes == pkg.const_bytes          # IO mappings are removed after each call
+        ro = np.frombuffer(x.tobytes(), np.float32).reshape(x.shape)   # read-only input: copied once
+        np.testing.assert_array_equal(s.run(ro), ref)
+        np.testing.assert_array_equal(s.run_many([x, ro]), [ref, ref])  # run_many copies in and out
+
+
+def test_run_many_copies_inputs_so_a_reused_buffer_is_safe():
+    """A producer that reuses one array for every item (a video decoder's frame buffer):
+    run_many must read each item when it takes it, not later."""
+    net = small_net(n=1)
+    s = Session(tilefuse.compile(net), CPUDevice())
+    xs = [_x(net, i) for i in range(6)]
+    buf = np.empty_like(xs[0])
+
+    def frames():
+        for x in xs:
+            buf[...] = x
+            yield buf
+    ys = s.run_many(frames())
+    for x, y in zip(xs, ys):
+        np.testing.assert_allclose(y, tilefuse.evaluate(net, x)[0], rtol=1e-5, atol=1e-5)

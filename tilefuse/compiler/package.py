@@ -84,7 +84,7 @@ class DataPackage:
     hidden_bytes: int           # tag 2
     io_bytes: int               # tag 3
     program_size: int           # the program block sits at offset 0 of the constant area
-    const_area: bytes
+    const_area: bytes | bytearray   # bytearray when compiled or loaded: a zero-copy device maps it in place
     blocks: list[Block]
     io: list[IOSlot]
     meta: dict[str, Any] = field(default_factory=dict)
@@ -141,7 +141,7 @@ def reoff_pack(name: str, low: Lowered, mem: MemoryPlan, meta: dict | None = Non
           for nm, kind, dt, shape in low.io]
     m = dict(meta or {})
     m.setdefault("hidden_naive_bytes", mem.naive_bytes)
-    return DataPackage(name, const_total, mem.planned_bytes, io_total, len(program), bytes(area),
+    return DataPackage(name, const_total, mem.planned_bytes, io_total, len(program), area,
                        blocks, io, m)
 
 
@@ -292,7 +292,7 @@ def _from_bytes(data: bytes, where: str) -> DataPackage:
                            f"{'truncated' if len(data) < start + cb else 'trailing bytes'}")
     if any(data[16 + hlen + 4:start]):
         raise PackageError(f"{where}: padding after the header is not zero")
-    area = data[start:]
+    area = bytearray(memoryview(data)[start:])   # writable: a zero-copy device maps it (runtime/device.py)
     if hashlib.sha256(area).hexdigest() != _req(h, "const_sha256", str, where):
         raise PackageError(f"{where}: constant area checksum (SHA-256) mismatch: the file was damaged")
     if psize > cb:

@@ -490,10 +490,13 @@ def register(name: str, fn, validator, threaded: bool = False) -> None:
 
 def _validate_input_scaled_conv(ins, p, norm, node) -> None:
     """conv2d with a squeeze-excitation scale (kernels/se_conv.py): operands x, weight, bias?,
-    residual?, input_scale (N, C, 1, 1), the reference weights (no algorithm); NCHW, or x /
-    residual / output NCHW16c (1x1 stride 1 only, float32), the scale NCHW."""
-    if set(p) & {"algorithm", "prepared", "weight_shape", "out_layout"}:
-        _fail(f"an input-scaled conv takes no {sorted(set(p) & {'algorithm', 'prepared', 'weight_shape', 'out_layout'})}")
+    residual?, input_scale (N, C, 1, 1), the reference weights (algorithm 'reference' or none);
+    NCHW, or x / residual / output NCHW16c (1x1 stride 1 only, float32), the scale NCHW."""
+    if set(p) & {"prepared", "weight_shape", "out_layout"}:
+        _fail(f"an input-scaled conv takes no {sorted(set(p) & {'prepared', 'weight_shape', 'out_layout'})}")
+    if p.get("algorithm", "reference") != "reference":
+        _fail(f"an input-scaled conv runs kernels/se_conv.py on the reference weights; found algorithm "
+              f"{p['algorithm']!r}, expected 'reference' or none")
     roles = ["x", "weight"] + (["bias"] if norm["has_bias"] else []) + \
         (["residual"] if norm["has_residual"] else []) + ["input_scale"]
     if len(ins.inputs) != len(roles):

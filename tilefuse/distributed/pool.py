@@ -94,6 +94,17 @@ def put_package(package):
     return ray.put(np.frombuffer(blob, dtype=np.uint8))
 
 
+
+def _own(x):
+    """A private copy of an input taken from the caller's iterator: the producer may reuse its
+    array for the next item (a decoder's frame buffer) while this one still waits to be sent, or
+    to be sent again after a worker died."""
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if isinstance(x, (list, tuple)):
+        return type(x)(a.copy() if isinstance(a, np.ndarray) else a for a in x)
+    return x
+
 @dataclass
 class WorkerStats:
     name: str                 # w0, w1, ...; a replacement of w1 is w1.r1
@@ -338,7 +349,7 @@ class Pool:
                 return None
             items = []
             for x in source:
-                items.append(x)
+                items.append(_own(x))     # kept until its results return (retries resend it)
                 if len(items) == batch:
                     break
             if len(items) < batch:

@@ -11,6 +11,13 @@ Address space (byte addresses; 0 is never a block, so it can mean "no block"):
 spare is kept so that per-run IO buffers do not map and unmap memory every call). Arena base
 addresses only increase, so an address into a returned arena is never valid again.
 
+Mapped blocks (`map_host`): host memory is this device's memory, so a growable device can make
+an existing host array a block without copying it (an arena of its own over the array's bytes,
+removed by `free`, never used by `alloc`, outside `reserved_bytes`). A Session maps the
+package's constant area (instead of copying it) and each call's input and output arrays
+(instead of copy-in / copy-out) when `device.zero_copy` is true: the default for the growable
+`CPUDevice()`; a fixed-capacity device models a discrete device's memory and copies everything.
+
 Blocks have a kind: "user" (dev_malloc / alloc) or "segment" (a Session's constant, hidden,
 IO-address segments and segment-base records). `compute_network` refuses IO addresses inside
 segment blocks of any session (`block_of(..., kind="user")`).
@@ -44,15 +51,18 @@ def host_memory_bytes() -> int | None:
 
 
 class _Arena:
-    __slots__ = ("base", "size", "memory", "free", "used")
+    __slots__ = ("base", "size", "memory", "free", "used", "mapped")
 
-    def __init__(self, base: int, size: int):
+    def __init__(self, base: int, size: int, memory: np.ndarray | None = None):
         self.base, self.size = base, size
-        try:
-            self.memory = np.zeros(size, dtype=np.uint8)
-        except MemoryError:
-            raise OutOfDeviceMemory(f"the host refused {size} bytes of device memory") from None
-        self.free: list[tuple[int, int]] = [(base, size)]   # sorted (addr, size)
+        self.mapped = memory is not None        # a host array's bytes (map_host): one block, no free space
+        if memory is None:
+            try:
+                memory = np.zeros(size, dtype=np.uint8)
+            except MemoryError:
+                raise OutOfDeviceMemory(f"the host refused {size} bytes of device memory") from None
+        self.memory = memory
+        self.free: list[tuple[int, int]] = [] if self.mapped else [(base, size)]   # sorted (addr, size)
         self.used: dict[int, tuple[int, str]] = {}           # addr -> (size, kind)
 
     @property
@@ -82,6 +92,7 @@ class CPUDevice:
         self.name = name
         self.alignment = alignment
         self.growable = capacity_bytes is None
+        self.zero_copy = self.growable      # Sessions map host arrays (map_host) instead of copying
         self.capacity = None if capacity_bytes is None else int(capacity_bytes)
         self.arena_bytes = int(arena_bytes)
         self._lock = threading.RLock()
@@ -96,8 +107,8 @@ class CPUDevice:
     def _align(self, n: int) -> int:
         return -(-int(n) // self.alignment) * self.alignment
 
-    def _add_arena(self, size: int) -> _Arena:
-        a = _Arena(self._next_base, size)
+    def _add_arena(self, size: int, memory: np.ndarray | None = None) -> _Arena:
+        a = _Arena(self._next_base, size, memory)
         self._next_base = self._align(a.end + 1)   # a gap: no block touches two arenas
         self._arenas.append(a)
         self._bases.append(a.base)
@@ -112,9 +123,35 @@ class CPUDevice:
 
     @property
     def reserved_bytes(self) -> int:
-        """Bytes of host memory the device holds now (its arenas)."""
+        """Bytes of host memory the device holds now (its own arenas; mapped host arrays are not)."""
         with self._lock:
-            return sum(a.size for a in self._arenas)
+            return sum(a.size for a in self._arenas if not a.mapped)
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of host arrays mapped as blocks now (map_host; part of used_bytes)."""
+        with self._lock:
+            return sum(a.size for a in self._arenas if a.mapped)
+
+    def map_host(self, array: np.ndarray, kind: str = "user") -> int:
+        """Make a host array's memory a device block without copying (zero copy: this device is
+        host memory). The array must be a C-contiguous, writable, non-empty ndarray; kernels then
+        read and write the array itself. `free(addr)` removes the block (the array is the
+        caller's); `alloc` never places anything in it. Returns the block's address."""
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous or not array.flags.writeable \
+                or array.nbytes == 0:
+            found = (f"{type(array).__name__}" if not isinstance(array, np.ndarray) else
+                     f"an array with nbytes={array.nbytes}, C-contiguous={array.flags.c_contiguous}, "
+                     f"writable={array.flags.writeable}")
+            raise DeviceError(f"{self.name}: map_host got {found}; expected a C-contiguous, writable, "
+                              f"non-empty ndarray")
+        if kind not in KINDS:
+            raise DeviceError(f"block kind must be one of {KINDS}, got {kind!r}")
+        mem = array.reshape(-1).view(np.uint8)
+        with self._lock:
+            a = self._add_arena(mem.size, mem)
+            a.used[a.base] = (mem.size, kind)
+            return a.base
 
     def alloc(self, nbytes: int, kind: str = "user") -> int:
         """First-fit allocation of an aligned block; returns its address."""
@@ -145,7 +182,7 @@ class CPUDevice:
 
     @staticmethod
     def _take(a: _Arena, size: int, kind: str) -> int | None:
-        for i, (addr, free) in enumerate(a.free):
+        for i, (addr, free) in enumerate(a.free):        # (a mapped arena has no free space)
             if free >= size:
                 if free == size:
                     a.free.pop(i)
@@ -168,6 +205,11 @@ class CPUDevice:
             entry = a.used.pop(addr, None) if a is not None else None
             if entry is None:
                 raise DeviceError(f"{self.name}: free({addr}) of an address that is not an allocated block")
+            if a.mapped:                               # the host array goes back to its owner
+                i = self._arenas.index(a)
+                self._arenas.pop(i)
+                self._bases.pop(i)
+                return
             size = entry[0]
             i = bisect.bisect(a.free, (addr, 0))
             a.free.insert(i, (addr, size))
@@ -183,7 +225,7 @@ class CPUDevice:
     def _trim(self, keep: _Arena) -> None:
         """Return empty arenas to the OS; keep `keep` as the one spare if it is small."""
         spare = keep if keep.size <= self.arena_bytes else None
-        for a in [a for a in self._arenas if not a.used and a is not spare]:
+        for a in [a for a in self._arenas if not a.used and a is not spare and not a.mapped]:
             i = self._arenas.index(a)
             self._arenas.pop(i)
             self._bases.pop(i)

@@ -5,6 +5,7 @@
                                         #       area, bind the program (first context)
     sess.warmup()                       # optional: first call (numba JIT / cache load), seconds
     y = sess.run(x)                     # alloc IO, copy in, compute, copy out, free
+                                        # (on a zero-copy device: map x and a new y, compute)
     ys = sess.run_many(xs, depth=3)     # the same as a 3-stage pipeline
 
 Segments and contexts. The constant segment is allocated once per session and shared by every
@@ -21,6 +22,14 @@ device, large enough, outside every session's segments, outputs overlapping noth
 writes them into the context's IO-address segment and executes the program; every operand is
 resolved by segment-direct or segment-indirect addressing through the context's record in
 device memory (`resolve`).
+
+Zero copy. On a device whose memory is the host's (`device.zero_copy`: the default growable
+`CPUDevice()`), the constant segment is the package's constant area mapped in place
+(`map_host`), not a second copy, and `run` maps the caller's input array and a new output array
+as the call's IO blocks instead of copying in and out. `run_many` still copies in and out: its
+stages overlap, and an input iterator may reuse one array for the next item while the previous
+one computes. A package whose constant area is read-only bytes (a crafted or hand-built one) is
+copied as before.
 """
 from __future__ import annotations
 
@@ -141,8 +150,13 @@ class Session:
             if not pkg.validated:
                 validate_package(pkg)
             try:
-                self._const = self._alloc(pkg.const_bytes)
-                dev.copy_in(self._const, np.frombuffer(pkg.const_area, dtype=np.uint8))
+                area = np.frombuffer(pkg.const_area, dtype=np.uint8)
+                if getattr(dev, "zero_copy", False) and area.flags.writeable and area.size:
+                    self._const = dev.map_host(area, kind="segment")     # the package's bytes, in place
+                    self._blocks.append(self._const)
+                else:
+                    self._const = self._alloc(pkg.const_bytes)
+                    dev.copy_in(self._const, area)
                 # the program is read back from device memory, where the instructions now live
                 self._program = decode(dev.read_bytes(self._const, pkg.program_size))
                 ctx = self._new_context()
@@ -329,10 +343,36 @@ class Session:
         ys = [self.device.copy_out(a, s.shape, s.dtype) for a, s in zip(bufs[1], self.package.outputs)]
         return ys[0] if len(ys) == 1 else ys
 
+    def _map_io(self, xs) -> tuple[tuple[list[int], list[int]], list[np.ndarray]]:
+        """Zero copy: the inputs (a contiguous writable copy of one that is not) and new output
+        arrays as device blocks; returns the addresses and the output arrays."""
+        dev = self.device
+        ins, outs, ys = [], [], []
+        try:
+            for x in xs:
+                if not (x.flags.c_contiguous and x.flags.writeable):
+                    x = np.array(x, order="C")
+                ins.append(dev.map_host(x))
+            for s in self.package.outputs:
+                ys.append(np.empty(s.shape, np.dtype(s.dtype)))
+                outs.append(dev.map_host(ys[-1]))
+        except Exception:
+            self.free_io((ins, outs))
+            raise
+        return (ins, outs), ys
+
     def run(self, xs):
-        """alloc -> copy in -> compute -> copy out -> free. One array, or a list for several outputs."""
+        """alloc -> copy in -> compute -> copy out -> free (zero copy: map -> compute -> unmap).
+        One array, or a list for several outputs."""
         self.copy_constants()
         xs = self._check_inputs(xs)
+        if getattr(self.device, "zero_copy", False):
+            bufs, ys = self._map_io(xs)
+            try:
+                self.compute(*bufs)
+            finally:
+                self.free_io(bufs)
+            return ys[0] if len(ys) == 1 else ys
         bufs = self.alloc_io()
         try:
             self._copy_in(xs, bufs)

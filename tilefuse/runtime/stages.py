@@ -5,7 +5,9 @@
 Each item takes a free slot (a resource such as a set of device IO buffers; `len(slots)` items
 are in flight at most), then passes through the stages in order, each stage on its own thread;
 `stage(item, slot, carry) -> carry` gets what the previous stage returned. The last stage's
-return value is the item's result. Results come back in input order. The first exception in
+return value is the item's result. The first stage runs on the thread that reads the items and
+finishes with item i before item i + 1 is read, so a producer may reuse one array for every item
+(the copy-in stage has taken it by then). Results come back in input order. The first exception in
 any stage stops the pipeline and is re-raised in the caller once every thread has ended.
 The caller owns the slots (and frees their buffers afterwards, whatever happened).
 `iter_pipeline` is the generator form, for streams of unknown length (imaging.filter_stream).
@@ -113,15 +115,27 @@ def iter_pipeline(items: Iterable[Any], stages: Sequence[Callable], slots: Seque
         stop.set()
 
     def feeder():
+        # the first stage runs here, before the iterator moves on: a producer may reuse one
+        # array for its next item (a decoder's frame buffer), so item i is taken (copied in)
+        # before item i + 1 exists
+        fn, last = stages[0], len(stages) == 1
         try:
             for i, item in enumerate(items):
                 slot = get(free)
-                if slot is _STOP or not put(qs[0], (i, item, slot, None, [])):
+                if slot is _STOP:
                     return
-        except BaseException as e:  # the input iterator itself failed
+                t = time.perf_counter()
+                carry = fn(item, slot, None)
+                times = [time.perf_counter() - t]
+                stats.stage_seconds[0] += times[0]
+                if last:
+                    free.put(slot)
+                if not put(qs[1], (i, item, slot, carry, times)):
+                    return
+        except BaseException as e:  # the input iterator or the first stage failed
             fail(e)
         finally:
-            put(qs[0], _STOP)
+            put(qs[1], _STOP)
 
     def worker(k: int):
         fn, last = stages[k], k == len(stages) - 1
@@ -145,9 +159,9 @@ def iter_pipeline(items: Iterable[Any], stages: Sequence[Callable], slots: Seque
                 return
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=feeder, daemon=True, name="pipeline-feed")]
+    threads = [threading.Thread(target=feeder, daemon=True, name=f"pipeline-{names[0]}")]
     threads += [threading.Thread(target=worker, args=(k,), daemon=True, name=f"pipeline-{names[k]}")
-                for k in range(len(stages))]
+                for k in range(1, len(stages))]
     for th in threads:
         th.start()
     try:
