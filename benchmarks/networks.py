@@ -116,13 +116,14 @@ def main() -> int:
     import tilefuse
     from tilefuse import models
     from tilefuse.compiler.tune import cpu_model
-    from tilefuse.kernels.threads import blas_info, wait_policy
+    from tilefuse.kernels.threads import blas_info, region_mode, wait_policy
 
     torch.set_num_threads(args.threads)
     print(f"# networks: {cpu_model()}, {os.cpu_count()} cores, threads={args.threads}, tilefuse "
           f"{getattr(tilefuse, '__version__', '?')}, torch {torch.__version__}, onnxruntime {ort.__version__}, "
           f"numpy {np.__version__}, reps={args.reps} interleaved (median), OpenBLAS core {blas_info()}, "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}, numba wait {wait_policy()}, "
+          f"regions {region_mode(args.threads)} (now; resampled each second), "
           f"tune={args.tune}, load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     hdr = (f"{'model':<15} {'batch':>5} {'size':>4} {'tilefuse s':>10} {'tf model s':>10} {'ort s':>8} {'torch s':>9} "
            f"{'torch_cl s':>10} {'vs ort':>7} {'vs torch':>8} {'vs cl':>6} {'rel err':>8} {'jit s':>6}")
