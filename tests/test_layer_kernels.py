@@ -83,14 +83,19 @@ def test_max_pool_rows_from_a_ring(case, lanes):
         assert not big[:, :, 0].any() and not big[:, :, 1 + r1 - r0:].any()
 
 
-@pytest.mark.parametrize("shape", [(2, 64, 7, 7), (1, 20, 3, 5)])
+@pytest.mark.parametrize("shape", [(2, 64, 7, 7), (1, 20, 3, 5), (1, 200, 40, 33), (3, 37, 112, 9)])
 def test_global_avg_pool_both_layouts(shape):
+    """NCHWc splits (image, channel-block) tasks over the threads: same bits for 1 and 2 threads."""
     x = RNG.standard_normal(shape, dtype=np.float32)
     want = ref.global_avg_pool(x)
     for layout, xin in (("nchw", x), ("nchwc", to_nchwc(x))):
-        o = np.full(want.shape, np.nan, np.float32)
-        pool.global_avg_pool(o, xin, layout=layout)
-        np.testing.assert_allclose(o, want, rtol=1e-6, atol=1e-6)
+        outs = []
+        for threads in (1, 2):
+            o = np.full(want.shape, np.nan, np.float32)
+            pool.global_avg_pool(o, xin, layout=layout, threads=threads)
+            np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
+            outs.append(o)
+        assert np.array_equal(outs[0], outs[1])
 
 
 def test_elementwise_and_scale():
