@@ -222,3 +222,28 @@ def test_a_constant_that_varies_over_rows_does_not_stream():
     c = tilefuse.compile(net, schedule="stream", stream_options={"band_rows": 2})
     assert [op.op for op in c.schedule.tail] == ["add"]
     assert "varies over rows" in c.schedule.ends[0][2]
+
+
+def test_loader_refuses_blocked_rings_for_a_band_kernel_without_that_form():
+    """A package is untrusted: an NCHW16c ring for a band op whose kernel has no NCHW16c form
+    here (a div by a constant) is refused by the loader, not run."""
+    import copy
+    import dataclasses
+    from tilefuse.compiler.streaming import RING_C, _blocked_shape, validate_stream
+    from tilefuse.errors import PackageError
+    s = tilefuse.compile(_op_net("div_channel")(13, 11), schedule="stream", stream_options={"band_rows": 2})
+    prog = s.package.program()
+    k = next(i for i, ins in enumerate(prog) if ins.kernel == "band" and ins.params["op"] == "div")
+    p = copy.deepcopy(prog)
+    ins = p[k]
+    t = [list(v) for v in ins.params["tensors"]]
+    acts = [i for i, o in enumerate(ins.operands) if o.segment != 0]
+    for j, ti in zip(acts, range(len(t))):
+        t[ti][5] = RING_C
+        o = ins.operands[j]
+        ins.operands[j] = dataclasses.replace(o, shape=_blocked_shape(tuple(t[ti][:4]), t[ti][4]))
+    ins.params["tensors"] = t
+    steps = np.asarray(s.schedule.steps, np.int32)
+    validate_stream(prog, lambda op: steps)                       # as compiled: valid
+    with pytest.raises(PackageError, match="takes NCHW rings only"):
+        validate_stream(p, lambda op: steps)

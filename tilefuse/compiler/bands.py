@@ -306,8 +306,8 @@ def assign_ring_layouts(sched: BandSchedule, rings: str = "nchwc") -> set[str]:
     sinks) stay NCHW."""
     if rings != "nchwc":
         return set()
-    roles = [band_layout(l.kind, l.op.params, l.op.outputs[0].dtype,
-                         [sched.tensors[n].shape[1] for n in l.inputs]) for l in sched.layers]
+    roles = [band_layout(l.kind, l.op.params, l.op.outputs[0].dtype, [sched.tensors[n].shape[1] for n in l.inputs],
+                         const_shapes=[d.shape for d in l.op.inputs if d.is_constant]) for l in sched.layers]
     blocked = set()
     for name, t in sched.tensors.items():
         if t.whole:

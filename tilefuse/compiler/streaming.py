@@ -456,6 +456,13 @@ def _check_band(ins: Instruction) -> dict:
             raise ValueError(f"operand '{o.name}' has shape {o.shape}; expected {want} for logical {(n, c, h, w)} "
                              f"with {cap} rows held ({['whole', 'NCHW ring', 'NCHW16c ring'][kind]})")
         descs.append(((n, c, h, w), cap, kind))
+    # NCHW16c rings only where the band kernel has that form (band_layout), one layout for "same"
+    role = band_layout(op, attrs, acts[-1].dtype, [d[0][1] for d in descs[:-1]],
+                       const_shapes=[tuple(o.shape) for o in consts])[0]
+    kinds = {RING_C if d[2] == RING_C else RING for d in descs}
+    if role == "nchw" and RING_C in kinds or role == "same" and len(kinds) > 1:
+        raise ValueError(f"tensor layouts {[['whole', 'NCHW ring', 'NCHW16c ring'][d[2]] for d in descs]}: the "
+                         f"{op} band kernel takes {'NCHW rings only' if role == 'nchw' else 'one layout'}")
     # the output shape re-derived from the params and the logical input shapes
     ins_t, ai, ci = [], 0, 0
     roles = schema(op).input_roles(attrs)

@@ -94,11 +94,19 @@ class BandLayer:
         return self.out_shape[2]
 
 
-def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc") -> tuple[str, bool, bool]:
+def _channel_const(shape) -> bool:
+    """A constant the NCHW16c form of kernels/broadcast.py takes: (1, C or 1, 1, 1) right-aligned."""
+    s = (1,) * (4 - len(shape)) + tuple(shape) if len(shape) <= 4 else None
+    return s is not None and s[0] == 1 and s[2:] == (1, 1)
+
+
+def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc",
+                const_shapes=()) -> tuple[str, bool, bool]:
     """(role, reads NCHW16c natively, writes NCHW16c natively) of a layer's band kernel, for the
     compiler's ring layouts (compiler/bands.py `assign_ring_layouts`). Roles: "nchw" reads and
     writes NCHW rings only; "same" runs on NCHW or NCHW16c rings but needs all its tensors in one
-    layout; "any" (the fast convs) converts whatever its rings hold."""
+    layout; "any" (the fast convs) converts whatever its rings hold. `const_shapes`: the shapes
+    of the layer's constant operands (a binary op runs blocked with per-channel constants only)."""
     dtype = np.dtype(dtype)
     if kind == "conv2d":
         alg = params.get("algorithm", "reference")
@@ -115,9 +123,15 @@ def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc
     if kind in ("max_pool", "avg_pool"):
         return "same", True, True
     if kind in BLOCKED_ROW_OPS:   # a concat of whole channel blocks: every input but the last x16
-        if kind == "add" and len(in_channels) != 2:   # an add of a constant: NCHW rows
-            return "nchw", False, False
         if kind != "concat" or all(c % LANES == 0 for c in in_channels[:-1]):
+            if kind != "add" or all(_channel_const(s) for s in const_shapes):
+                return "same", True, True
+        return "nchw", False, False
+    if kind in ROW_KERNELS:   # their layer kernels' NCHW16c forms; binary ops: per-channel constants
+        # (not a div by a constant: broadcast.binary's blocked per-channel loop divides the padded
+        # lanes by 0, which numba raises as ZeroDivisionError)
+        if kind not in ("sub", "mul", "div") or (kind != "div" or not const_shapes) and \
+                all(_channel_const(s) for s in const_shapes):
             return "same", True, True
     return "nchw", False, False
 
@@ -524,7 +538,7 @@ class RowLocalRunner(Runner):
             args[i] = cst
         kernel = ROW_KERNELS.get(self.layer.kind)
         if kernel is None or dst.dtype != np.float32:
-            if blocked:  # pragma: no cover - band_layout gives these ops NCHW rings
+            if blocked:  # pragma: no cover - band_layout gives these ops NCHW rings (validate_stream checks)
                 raise ValueError(f"{self.layer.name}: {self.layer.kind} has no NCHW16c band kernel")
             dst[...] = self.layer.reference(*args, **self.layer.params)
             return
