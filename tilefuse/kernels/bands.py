@@ -25,7 +25,8 @@ x per-column counts, PyTorch's count_include_pad and ceil_mode rules, as `kernel
 Row-local ops: relu, dropout, concat and the add of two rings on the ring rows (either
 layout); activation, prelu, add/sub/mul/div with a constant broadcast over the rows, an add with
 a fused activation other than ReLU and channel_norm through their layer kernels
-(`kernels/broadcast.py`, `kernels/norm.py`) on contiguous row bands; any other row-local op runs
+(`kernels/broadcast.py`, `kernels/norm.py`) on contiguous row bands of either layout (their
+NCHW16c forms, as layer by layer; `band_layout` says which); any other row-local op runs
 its reference kernel on the rows (`BandLayer.reference`), so an op added to the `ROW_LOCAL`
 group of `ir/ops.py` streams without a kernel of its own here. Convs apply any fused activation
 of `kernels/activations.py` in their epilogue (`act` param), as in the layer schedule.
@@ -488,7 +489,8 @@ class RowLocalRunner(Runner):
     """Row-local ops on the rows [r0, r1) of their inputs: relu, dropout, concat and the add of
     two activation operands on the ring rows in place (either layout); activation, prelu,
     add/sub/mul/div (a constant operand broadcast over the rows) and channel_norm through their
-    layer kernels (`ROW_KERNELS`) on contiguous row bands (the ring rows, a view or one copy);
+    layer kernels (`ROW_KERNELS`) on contiguous row bands (the ring rows, a view or one copy;
+    either layout);
     any other op through its reference kernel on NCHW rows."""
 
     def __init__(self, layer: BandLayer):
