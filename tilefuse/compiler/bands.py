@@ -6,9 +6,10 @@ bias/residual and any activation of kernels/activations.py), max_pool / avg_pool
 ceil_mode), and the row-local ops (`ops.ROW_LOCAL`): relu, activation, prelu, add / sub / mul /
 div (operands of equal shapes, or a constant broadcast over the rows: per-channel (1, C, 1, 1) /
 (C, 1, 1) or a scalar; any fused activation), scale, batch_norm, channel_norm, dropout,
-local_response_norm, channel concat (`refusal` says why any other op is not). The streamed part of a network is every op whose
-variable inputs are the (single, NCHW) network input or outputs of streamed ops; everything
-else (global pooling, flatten, linear, softmax and all that follows) is the tail, lowered as
+local_response_norm, channel concat (`refusal` says why any other op is not). The streamed
+part of a network is every op whose variable inputs are the (single, NCHW) network input or
+outputs of streamed ops; everything else (global pooling and what follows, a squeeze-excitation
+scale and what follows: `BandSchedule.ends` says where and why) is the tail, lowered as
 ordinary instructions on whole tensors after the band instructions (compiler/streaming.py).
 Streamed tensors the tail or the caller reads ("sinks") are kept whole.
 

@@ -490,15 +490,14 @@ class RowLocalRunner(Runner):
     two activation operands on the ring rows in place (either layout); activation, prelu,
     add/sub/mul/div (a constant operand broadcast over the rows) and channel_norm through their
     layer kernels (`ROW_KERNELS`) on contiguous row bands (the ring rows, a view or one copy;
-    either layout);
-    any other op through its reference kernel on NCHW rows."""
+    either layout); any other op through its reference kernel on NCHW rows."""
 
     def __init__(self, layer: BandLayer):
         super().__init__(layer)
         self.threads = None          # set by the stream mode
         p = layer.params
         self.plain_add = layer.kind == "add" and len(layer.in_shapes) == 2 and \
-            p.get("act") in (None,) and not layer.consts
+            p.get("act") is None and not layer.consts
 
     def scratch_need(self):
         if self.layer.kind in ("relu", "dropout", "concat") or self.plain_add:
