@@ -203,3 +203,31 @@ def test_se_conv_packs_scaled_weights_like_k1x1_prepare(o, c):
                                     act=("silu", 0.0, 0.0), threads=threads, layout="nchwc")
         got = from_nchwc(out, o)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_division_by_zero_gives_inf_and_nan_as_numpy_does(threads):
+    """x / y with zeros in y (a user's data): inf / nan as NumPy and PyTorch give them, never an
+    exception; and a per-channel divisor on NCHW16c tensors whose padded lanes hold zeros."""
+    from tilefuse.kernels import broadcast as B
+    a = np.array([1.0, -2.0, 0.0, 3.0] * 9, np.float32).reshape(1, 4, 3, 3)
+    b = np.array([0.0, 0.0, 0.0, 2.0] * 9, np.float32).reshape(1, 4, 3, 3)
+    net = tilefuse.Network("div0")
+    x, y = net.input("x", a.shape), net.input("y", b.shape)
+    net.output(net.div(x, y))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = a / b
+    got = tilefuse.compile(net, threads=threads).run([a, b])
+    np.testing.assert_array_equal(got, want)                       # inf, -inf, nan, 1.5
+    # blocked form, 20 channels in 2 blocks of 16 lanes (12 padded lanes hold zeros)
+    xb = np.zeros((1, 2, 3, 4, 16), np.float32)
+    xb[:, 0], xb[:, 1, :, :, :4] = 1.0, 1.0
+    s = np.linspace(1, 2, 20, dtype=np.float32).reshape(1, 20, 1, 1)
+    for swap in (False, True):
+        o = np.empty_like(xb)
+        args = (s, xb) if swap else (xb, s)
+        B.binary("div", o, *args, layout="nchwc", channels=20, threads=threads)
+        dense = np.concatenate([o[:, 0], o[:, 1, :, :, :4]], axis=-1)   # (1, 3, 4, 20) real lanes
+        want = (s.reshape(20) / 1.0) if swap else (1.0 / s.reshape(20))
+        np.testing.assert_allclose(dense, np.broadcast_to(want, dense.shape), rtol=1e-6)
+        assert np.all(o[:, 1, :, :, 4:] == 0)                        # padded lanes stay zero

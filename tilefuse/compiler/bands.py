@@ -2,10 +2,14 @@
 each output band needs, ring sizes, ring layouts, pipeline stages.
 
 Streamable ops (row-local in H): conv2d (any kernel, stride, dilation, padding, groups, fused
-bias/residual/ReLU), max_pool / avg_pool (padding, ceil_mode), relu, add, scale, batch_norm,
-dropout, local_response_norm, channel concat. The streamed part of a network is every op whose
-variable inputs are the (single, NCHW) network input or outputs of streamed ops; everything
-else (global pooling, flatten, linear, softmax and all that follows) is the tail, lowered as
+bias/residual and any activation of kernels/activations.py), max_pool / avg_pool (padding,
+ceil_mode), and the row-local ops (`ops.ROW_LOCAL`): relu, activation, prelu, add / sub / mul /
+div (operands of equal shapes, or a constant broadcast over the rows: per-channel (1, C, 1, 1) /
+(C, 1, 1) or a scalar; any fused activation), scale, batch_norm, channel_norm, dropout,
+local_response_norm, channel concat (`refusal` says why any other op is not). The streamed
+part of a network is every op whose variable inputs are the (single, NCHW) network input or
+outputs of streamed ops; everything else (global pooling and what follows, a squeeze-excitation
+scale and what follows: `BandSchedule.ends` says where and why) is the tail, lowered as
 ordinary instructions on whole tensors after the band instructions (compiler/streaming.py).
 Streamed tensors the tail or the caller reads ("sinks") are kept whole.
 
@@ -99,6 +103,7 @@ class BandSchedule:
     steps: list[tuple[int, int, int]]   # (layer, r0, r1) in execution order
     band_rows: int
     layer_rows: list[int] = field(default_factory=list)   # minimum output rows per step, per layer
+    ends: list = field(default_factory=list)   # (op name, op, why) of the tail ops reading streamed tensors
 
     def step_rows(self, layer: int) -> list[int]:
         """Rows of each step of `layer`, in order."""
@@ -125,28 +130,58 @@ def _window(op: OpNode) -> RowWindow:
     return window_of(op.op, op.params, op.inputs[1].shape[2] if op.op == "conv2d" else None)
 
 
-def _streamable(op: OpNode) -> bool:
+def refusal(op: OpNode) -> str | None:
+    """Why `op` cannot run on row bands (None: it can, given streamed inputs)."""
     if op.op not in STREAMABLE:
-        return False
-    if any(len(d.shape) != 4 for d in op.inputs if not d.is_constant) or len(op.outputs[0].shape) != 4:
-        return False
+        if op.op in ops.GLOBAL or op.op in ops.REDUCE or op.op in ops.LINEAR:
+            return f"{op.op} does not stream: it reads whole planes (a global op)"
+        if op.op in ("resize", "conv_transpose2d", "pad", "adaptive_avg_pool"):
+            return f"{op.op} does not stream: its rows are no integer-stride window of its input rows"
+        return f"{op.op} does not stream: it is not row-local in H; streamable: {', '.join(sorted(STREAMABLE))}"
+    variables = [d for d in op.inputs if not d.is_constant]
+    if not variables:
+        return "it has no variable input"
+    bad = [(d.name, d.shape) for d in variables if len(d.shape) != 4]
+    if bad or len(op.outputs[0].shape) != 4:
+        return f"inputs {bad or [(op.outputs[0].name, op.outputs[0].shape)]} are not (N, C, H, W)"
     if op.op == "concat" and op.params["axis"] % 4 != 1:
-        return False
-    # the band kernels apply a ReLU epilogue only and add equal shapes only (issue 9's other
-    # activations and broadcasting ops end the streamed part; they run in the tail)
-    if ops.epilogue_act(op.params)[0] not in ("identity", "relu") or op.params.get("has_input_scale"):
-        return False
-    if op.op == "add" and op.inputs[0].shape != op.inputs[1].shape:
-        return False
-    # constants of a streamed op are parameters (a conv's weights, per-channel vectors), never
-    # a whole feature map: that would need its own rows
-    if op.op not in ops.CONV and any(d.is_constant and len(d.shape) == 4 for d in op.inputs):
-        return False
-    return True
+        return f"concat on axis {op.params['axis']}; only channel concats (axis 1) stream"
+    if op.params.get("has_input_scale"):
+        return "its input scale is a per-image variable (a squeeze-excitation scale, from whole planes)"
+    if op.op in ("add", "sub", "mul", "div"):
+        if len(variables) == 2 and variables[0].shape != variables[1].shape:
+            return (f"its operands {variables[0].shape} ('{variables[0].name}') and {variables[1].shape} "
+                    f"('{variables[1].name}') broadcast; streamed operands must have equal shapes (or one "
+                    f"be a constant broadcast over rows)")
+        if tuple(op.outputs[0].shape) != tuple(variables[0].shape):
+            return f"its output {op.outputs[0].shape} is larger than its streamed input {variables[0].shape}"
+    # constants of a streamed op are parameters (a conv's weights, per-channel vectors, a
+    # constant broadcast over the rows), never a whole feature map: that would need its own rows
+    if op.op not in ops.CONV:
+        for d in op.inputs:
+            if d.is_constant and (len(d.shape) > 4 or (len(d.shape) >= 2 and d.shape[-2] != 1)):
+                return f"its constant '{d.name}' {d.shape} varies over rows (expected height 1)"
+    return None
 
 
-def split_streamable(net: Network) -> tuple[list[OpNode], list[OpNode]]:
-    """(streamed ops, tail ops), both in topological order."""
+def _streamable(op: OpNode) -> bool:
+    return refusal(op) is None
+
+
+def _reason(op: OpNode, streamed_ids: set) -> str:
+    """Why a tail op that reads a streamed tensor ends the streamed part."""
+    late = [d for d in op.inputs if not d.is_constant and id(d) not in streamed_ids]
+    if late and op.op in STREAMABLE:
+        return (f"its input '{late[0].name}' {late[0].shape} is computed in the tail (from an op that does not "
+                f"stream, such as a global mean: a squeeze-excitation scale); streamed ops read streamed rows "
+                f"and constants only")
+    return refusal(op) or "?"
+
+
+def split_streamable(net: Network, ends: list | None = None) -> tuple[list[OpNode], list[OpNode]]:
+    """(streamed ops, tail ops), both in topological order. `ends`, if given, receives
+    (op name, op, reason) for each tail op that reads a streamed tensor: where and why the
+    streamed part ends."""
     if len(net.inputs) != 1 or len(net.inputs[0].shape) != 4:
         raise GraphError(net.name, f"streaming needs one (N, C, H, W) network input; found "
                                    f"{[(d.name, d.shape) for d in net.inputs]}")
@@ -159,6 +194,8 @@ def split_streamable(net: Network) -> tuple[list[OpNode], list[OpNode]]:
             streamed_ids.add(id(op.outputs[0]))
         else:
             tail.append(op)
+            if ends is not None and any(id(d) in streamed_ids for d in ins):
+                ends.append((op.name, op.op, _reason(op, streamed_ids)))
     return streamed, tail
 
 
@@ -170,11 +207,12 @@ def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> BandSch
     its last rows), and emits exactly that many per step."""
     if band_rows < 1:
         raise ValueError(f"band_rows must be >= 1, got {band_rows}")
-    streamed, tail = split_streamable(net)
+    ends: list = []
+    streamed, tail = split_streamable(net, ends)
     if not streamed:
         raise GraphError(net.name, "no op can be streamed: the first op is "
-                                   f"'{net.ops[0].op}' ({net.ops[0].name}); expected a conv, pool "
-                                   f"or element-wise op on the (N, C, H, W) input")
+                                   f"'{net.ops[0].op}' ({net.ops[0].name}): {ends[0][2] if ends else '?'}; "
+                                   f"expected a conv, pool or row-local op on the (N, C, H, W) input")
     x = net.inputs[0]
     tensors: dict[str, StreamTensor] = {x.name: StreamTensor(x.name, x.shape, x.dtype, -1)}
     layers: list[StreamLayer] = []
@@ -197,7 +235,7 @@ def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> BandSch
         tensors[s].sink = True
     mins = [max(1, int(layer_rows(l))) if layer_rows else 1 for l in layers]
     steps = _dry_run(layers, tensors, x.name, band_rows, mins)
-    return BandSchedule(net, x.name, layers, tensors, sinks, tail, steps, band_rows, mins)
+    return BandSchedule(net, x.name, layers, tensors, sinks, tail, steps, band_rows, mins, ends)
 
 
 def _dry_run(layers, tensors, input_name, band, mins=None) -> list[tuple[int, int, int]]:
@@ -269,8 +307,8 @@ def assign_ring_layouts(sched: BandSchedule, rings: str = "nchwc") -> set[str]:
     sinks) stay NCHW."""
     if rings != "nchwc":
         return set()
-    roles = [band_layout(l.kind, l.op.params, l.op.outputs[0].dtype,
-                         [sched.tensors[n].shape[1] for n in l.inputs]) for l in sched.layers]
+    roles = [band_layout(l.kind, l.op.params, l.op.outputs[0].dtype, [sched.tensors[n].shape[1] for n in l.inputs],
+                         const_shapes=[d.shape for d in l.op.inputs if d.is_constant]) for l in sched.layers]
     blocked = set()
     for name, t in sched.tensors.items():
         if t.whole:

@@ -230,7 +230,8 @@ def lower_streamed(opt: Network, conv_rule, options: dict, layout_mode: str) -> 
     info.scratch_bytes = _scratch_bytes(info)
     log = (f"row bands: {len(sched.layers)} ops streamed in bands of {o['band_rows']} rows "
            f"({len(sched.steps)} steps, {len(blocked)} NCHW16c rings, {workers} stage(s)); tail "
-           f"{len(sched.tail)} ops; {lay.conversions} layout conversions in the tail")
+           f"{len(sched.tail)} ops; {lay.conversions} layout conversions in the tail" +
+           "".join(f"; streamed part ends at '{n}' ({o}): {w}" for n, o, w in sched.ends))
     return low, info, log
 
 
@@ -312,6 +313,7 @@ class StreamPlan:
     crossing: list[str] = field(default_factory=list)
     tail_ops: list[str] = field(default_factory=list)
     steps: int = 0
+    ends: list = field(default_factory=list)   # (op name, op, why): where the streamed part ends
 
     @property
     def streamed_bytes(self) -> int:
@@ -326,7 +328,8 @@ class StreamPlan:
                 "scratch_bytes": self.scratch_bytes, "tail_bytes": self.tail_bytes,
                 "streamed_bytes": self.streamed_bytes, "layer_by_layer_bytes": self.layer_by_layer_bytes,
                 "reduction": self.reduction, "band_rows": self.band_rows, "workers": self.workers,
-                "stage_flops": self.stage_flops, "steps": self.steps}
+                "stage_flops": self.stage_flops, "steps": self.steps,
+                "ends": [{"name": n, "op": o, "why": w} for n, o, w in self.ends]}
 
     def __str__(self) -> str:
         mib = 2.0 ** 20
@@ -343,6 +346,8 @@ class StreamPlan:
         lines.append("rows held ending in 'c': an NCHW16c ring (channels padded to 16, bytes counted padded)")
         lines.append(f"band {self.band_rows} rows, {self.steps} steps; tail (whole tensors): "
                      f"{', '.join(self.tail_ops) or 'none'}")
+        for name, op, why in self.ends:
+            lines.append(f"streamed part ends at '{name}' ({op}): {why}")
         lines.append(f"activation memory streamed {self.streamed_bytes / mib:.2f} MiB (rings "
                      f"{self.ring_bytes / mib:.2f} + outputs of the streamed part {self.sink_bytes / mib:.2f} + "
                      f"band scratch {self.scratch_bytes / mib:.2f} + tail {self.tail_bytes / mib:.2f}) vs layer by "
@@ -380,7 +385,7 @@ def stream_plan(info: StreamInfo) -> StreamPlan:
             max(op.outputs[0].nbytes for op in s.tail)
     return StreamPlan(rows, ring_bytes, sink_bytes, info.scratch_bytes, tail_bytes, layer_by_layer_bytes(s.network),
                       s.band_rows, info.workers, info.stage_flops(), info.crossing if info.workers > 1 else [],
-                      [op.name for op in s.tail], len(s.steps))
+                      [op.name for op in s.tail], len(s.steps), list(s.ends))
 
 
 # ----------------------------------------------------------------------------- validation on load
@@ -435,7 +440,7 @@ def _check_band(ins: Instruction) -> dict:
         want = "a" + "c" * k + "a" * int(bool(attrs.get("has_residual")))
         if pattern != want:
             raise ValueError(f"operands are {pattern!r} (a: activation, c: constant); a conv takes {want!r}")
-    elif (op in ops.POOL or op in kernel_bands.BLOCKED_ROW_OPS) and "c" in pattern:
+    elif (op in ops.POOL or op in kernel_bands.BLOCKED_ROW_OPS - {"add"}) and "c" in pattern:
         raise ValueError(f"{op} takes no constant operands; found {pattern!r} (a: activation, c: constant)")
     tensors = p.get("tensors")
     if not isinstance(tensors, (list, tuple)) or len(tensors) != len(acts):
@@ -451,6 +456,13 @@ def _check_band(ins: Instruction) -> dict:
             raise ValueError(f"operand '{o.name}' has shape {o.shape}; expected {want} for logical {(n, c, h, w)} "
                              f"with {cap} rows held ({['whole', 'NCHW ring', 'NCHW16c ring'][kind]})")
         descs.append(((n, c, h, w), cap, kind))
+    # NCHW16c rings only where the band kernel has that form (band_layout), one layout for "same"
+    role = band_layout(op, attrs, acts[-1].dtype, [d[0][1] for d in descs[:-1]],
+                       const_shapes=[tuple(o.shape) for o in consts])[0]
+    kinds = {RING_C if d[2] == RING_C else RING for d in descs}
+    if role == "nchw" and RING_C in kinds or role == "same" and len(kinds) > 1:
+        raise ValueError(f"tensor layouts {[['whole', 'NCHW ring', 'NCHW16c ring'][d[2]] for d in descs]}: the "
+                         f"{op} band kernel takes {'NCHW rings only' if role == 'nchw' else 'one layout'}")
     # the output shape re-derived from the params and the logical input shapes
     ins_t, ai, ci = [], 0, 0
     roles = schema(op).input_roles(attrs)

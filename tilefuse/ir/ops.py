@@ -853,8 +853,11 @@ RESIZE = ops_in("resize")            # spatial resampling (resize: nearest, bili
 # the ops the row-band schedule runs through row windows (compiler/bands.py)
 WINDOW = frozenset({"conv2d", "max_pool", "avg_pool"})
 # output row r reads input row r only: streamed as is (kernels/bands.py: relu, add, dropout,
-# concat on rows of either layout; any other op through its reference kernel on NCHW rows)
-ROW_LOCAL = frozenset({"relu", "add", "scale", "batch_norm", "dropout", "local_response_norm", "concat"})
+# concat on rows of either layout; activation, prelu, add/sub/mul/div with a constant broadcast
+# over the rows and channel_norm through their layer kernels on row bands; any other op through
+# its reference kernel on NCHW rows)
+ROW_LOCAL = frozenset({"relu", "activation", "prelu", "add", "sub", "mul", "div", "scale", "batch_norm",
+                       "channel_norm", "dropout", "local_response_norm", "concat"})
 # ops with a fused epilogue activation (`relu` / `act` parameters): a following ReLU or activation
 # fuses into them (compiler/passes.py fuse_activation); lowering splits it out again for a kernel
 # that cannot apply it

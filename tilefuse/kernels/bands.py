@@ -22,9 +22,14 @@ Pooling: max pooling of float bands is the one max-pool loop of `kernels/pool.py
 ring in place (either layout); average pooling (and max pooling of other dtypes) sums or maxes
 its taps over the padded band (max pads with -inf, avg with 0 and divides by separable per-row
 x per-column counts, PyTorch's count_include_pad and ceil_mode rules, as `kernels/reference.py`).
-Row-local ops: relu, add, dropout and concat on the ring rows (either layout); any other
-row-local op runs its reference kernel on the rows (`BandLayer.reference`), so an op added to
-the `ROW_LOCAL` group of `ir/ops.py` streams without a kernel of its own here.
+Row-local ops: relu, dropout, concat and the add of two rings on the ring rows (either
+layout); activation, prelu, add/sub/mul/div with a constant broadcast over the rows, an add with
+a fused activation other than ReLU and channel_norm through their layer kernels
+(`kernels/broadcast.py`, `kernels/norm.py`) on contiguous row bands of either layout (their
+NCHW16c forms, as layer by layer; `band_layout` says which); any other row-local op runs
+its reference kernel on the rows (`BandLayer.reference`), so an op added to the `ROW_LOCAL`
+group of `ir/ops.py` streams without a kernel of its own here. Convs apply any fused activation
+of `kernels/activations.py` in their epilogue (`act` param), as in the layer schedule.
 """
 from __future__ import annotations
 
@@ -33,14 +38,22 @@ import numpy as np
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import pool
+from . import broadcast, norm, pool
 from . import reference as ref
 from .threads import Scratch
 
 LANES = 16   # NCHW16c channel block (kernels/conv)
 
-# row ops that run on NCHW16c rows unchanged (padded channels stay zero: max(0, 0), 0 + 0)
+# row ops that run on NCHW16c rows unchanged (padded channels stay zero: max(0, 0), 0 + 0; an
+# add's fused activation writes act(0) there, which the next conv's zero weights ignore, as
+# conv2d_run_nchwc's own epilogue does). An add reads two activation operands here.
 BLOCKED_ROW_OPS = frozenset({"relu", "add", "dropout", "concat"})
+# row ops computed by their layer kernel (kernels/broadcast.py, kernels/norm.py) on contiguous
+# row bands: kernel(out, *inputs in op order, **params)
+ROW_KERNELS = {"activation": broadcast.activation, "prelu": broadcast.prelu,
+               "add": broadcast.KERNELS["add"], "sub": broadcast.KERNELS["sub"],
+               "mul": broadcast.KERNELS["mul"], "div": broadcast.KERNELS["div"],
+               "channel_norm": norm.channel_norm}
 
 
 @dataclass(frozen=True)
@@ -82,11 +95,19 @@ class BandLayer:
         return self.out_shape[2]
 
 
-def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc") -> tuple[str, bool, bool]:
+def _channel_const(shape) -> bool:
+    """A constant the NCHW16c form of kernels/broadcast.py takes: (1, C or 1, 1, 1) right-aligned."""
+    s = (1,) * (4 - len(shape)) + tuple(shape) if len(shape) <= 4 else None
+    return s is not None and s[0] == 1 and s[2:] == (1, 1)
+
+
+def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc",
+                const_shapes=()) -> tuple[str, bool, bool]:
     """(role, reads NCHW16c natively, writes NCHW16c natively) of a layer's band kernel, for the
     compiler's ring layouts (compiler/bands.py `assign_ring_layouts`). Roles: "nchw" reads and
     writes NCHW rings only; "same" runs on NCHW or NCHW16c rings but needs all its tensors in one
-    layout; "any" (the fast convs) converts whatever its rings hold."""
+    layout; "any" (the fast convs) converts whatever its rings hold. `const_shapes`: the shapes
+    of the layer's constant operands (a binary op runs blocked with per-channel constants only)."""
     dtype = np.dtype(dtype)
     if kind == "conv2d":
         alg = params.get("algorithm", "reference")
@@ -104,6 +125,14 @@ def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc
         return "same", True, True
     if kind in BLOCKED_ROW_OPS:   # a concat of whole channel blocks: every input but the last x16
         if kind != "concat" or all(c % LANES == 0 for c in in_channels[:-1]):
+            if kind != "add" or all(_channel_const(s) for s in const_shapes):
+                return "same", True, True
+        return "nchw", False, False
+    if kind in ROW_KERNELS:   # their layer kernels' NCHW16c forms; binary ops: per-channel constants
+        # (not a div by a constant: broadcast.binary's blocked per-channel loop divides the padded
+        # lanes by 0, which numba raises as ZeroDivisionError)
+        if kind not in ("sub", "mul", "div") or (kind != "div" or not const_shapes) and \
+                all(_channel_const(s) for s in const_shapes):
             return "same", True, True
     return "nchw", False, False
 
@@ -250,11 +279,11 @@ class KernelConvRunner(Runner):
             scratch.get("yband", (n, self.cb_out, R, self.out_shape[3], LANES), np.float32)
         if self.algorithm == "direct":
             self.fast.direct_nchwc(y, xb, self.prepared, res, stride=p["stride"], dilation=p["dilation"],
-                                   relu=p["relu"], threads=self.threads)
+                                   relu=p["relu"], act=p.get("act"), threads=self.threads)
         else:
             self.fast.conv2d_run_nchwc(self.algorithm, y, xb, self.prepared, res, stride=p["stride"],
                                        padding=self.hpad, dilation=p["dilation"], relu=p["relu"],
-                                       threads=self.threads)
+                                       act=p.get("act"), threads=self.threads)
         if y is not dst:
             store_band(y, dst, self.out_shape[1], self.threads)
 
@@ -287,7 +316,7 @@ class KernelConvRunner(Runner):
                 scratch.get("yband", (n, self.cb_out, R, self.out_shape[3], LANES), np.float32)
             self.fast.conv2d_run_to_nchwc(self.algorithm, y, xb, self.prepared, res, stride=p["stride"],
                                           padding=self.hpad, dilation=p["dilation"], relu=p["relu"],
-                                          threads=self.threads)
+                                          act=p.get("act"), threads=self.threads)
             if y is not dst:
                 dst[...] = y
             return
@@ -296,7 +325,8 @@ class KernelConvRunner(Runner):
             res = band_as(rings[1], r0, r1, False, scratch, "rband", self.threads)
         y = dst if dst.ndim == 4 and dst.flags.c_contiguous and dst.dtype == np.float32 else \
             scratch.get("yband", (n, self.out_shape[1], R, self.out_shape[3]), np.float32)
-        self.fast.conv2d_run(self.algorithm, y, xb, self.prepared, res, relu=p["relu"], threads=self.threads,
+        self.fast.conv2d_run(self.algorithm, y, xb, self.prepared, res, relu=p["relu"], act=p.get("act"),
+                             threads=self.threads,
                              **self.kw_args)
         if y is not dst:
             store_band(y, dst, self.out_shape[1], self.threads)
@@ -364,7 +394,7 @@ class ReferenceConvRunner(Runner):
         xb = _fill_band(rings[0], scratch, "xband", self.in_shapes[0], lo, hi, 0, w, 0, self.dtype)
         res = rings[1].read(r0, r1) if p["has_residual"] else None
         dst[...] = ref.conv2d(xb, self.w, self.b, p["stride"], (0, 0) + tuple(p["padding"][2:]), p["dilation"],
-                              p["groups"], residual=res, relu=p["relu"])
+                              p["groups"], residual=res, relu=p["relu"], act=p.get("act"))
 
 
 def _fill_band_b(ring, scratch: Scratch, slot: str, shape, lo: int, hi: int, left: int, width: int,
@@ -456,35 +486,68 @@ class PoolRunner(Runner):
 
 
 class RowLocalRunner(Runner):
-    """Row-local ops on the rows [r0, r1) of their inputs (either layout for relu, add, dropout,
-    concat; any other op through its reference kernel on NCHW rows)."""
+    """Row-local ops on the rows [r0, r1) of their inputs: relu, dropout, concat and the add of
+    two activation operands on the ring rows in place (either layout); activation, prelu,
+    add/sub/mul/div (a constant operand broadcast over the rows) and channel_norm through their
+    layer kernels (`ROW_KERNELS`) on contiguous row bands (the ring rows, a view or one copy;
+    either layout); any other op through its reference kernel on NCHW rows."""
+
+    def __init__(self, layer: BandLayer):
+        super().__init__(layer)
+        self.threads = None          # set by the stream mode
+        p = layer.params
+        self.plain_add = layer.kind == "add" and len(layer.in_shapes) == 2 and \
+            p.get("act") is None and not layer.consts
 
     def scratch_need(self):
-        return {}
+        if self.layer.kind in ("relu", "dropout", "concat") or self.plain_add:
+            return {}
+        n, c, _, w = self.out_shape
+        cb = -(-c // LANES) * LANES if self.out_blocked else c
+        need = {f"in{k}": n * (-(-s[1] // LANES) * LANES if self.out_blocked else s[1]) * self.band * s[3]
+                for k, s in enumerate(self.in_shapes)}
+        need["yband"] = n * cb * self.band * w
+        return need
 
     def run(self, rings, scratch, r0, r1, dst):
         op, p = self.layer.kind, self.layer.params
-        xs = [ring.read(r0, r1) for ring in rings]
         if op == "relu":
-            np.maximum(xs[0], 0, out=dst)
-        elif op == "add":
-            np.add(xs[0], xs[1], out=dst)
-            if p["relu"]:
-                np.maximum(dst, 0, out=dst)
+            np.maximum(rings[0].read(r0, r1), 0, out=dst)
         elif op == "dropout":
-            dst[...] = xs[0]
+            dst[...] = rings[0].read(r0, r1)
         elif op == "concat":
             c0 = 0
-            for x in xs:
+            for ring in rings:
+                x = ring.read(r0, r1)
                 dst[:, c0:c0 + x.shape[1]] = x
                 c0 += x.shape[1]
-        else:  # the op's reference kernel on the rows, its inputs in op order
-            args = [None] * (len(xs) + len(self.consts))
-            for i, x in zip(self.layer.act_positions, xs):
-                args[i] = x
-            for i, cst in zip(self.layer.const_positions, self.consts):
-                args[i] = cst
-            dst[...] = self.layer.reference(*args, **p)
+        elif self.plain_add:
+            np.add(rings[0].read(r0, r1), rings[1].read(r0, r1), out=dst)
+            if p["relu"]:
+                np.maximum(dst, 0, out=dst)
+        else:
+            self._run_kernel(rings, scratch, r0, r1, dst)
+
+    def _run_kernel(self, rings, scratch, r0, r1, dst):
+        """The op's layer kernel (or reference) on contiguous bands, its inputs in op order."""
+        blocked = dst.ndim == 5
+        xs = [band_as(ring, r0, r1, blocked, scratch, f"in{k}", self.threads) for k, ring in enumerate(rings)]
+        args = [None] * (len(xs) + len(self.consts))
+        for i, x in zip(self.layer.act_positions, xs):
+            args[i] = x
+        for i, cst in zip(self.layer.const_positions, self.consts):
+            args[i] = cst
+        kernel = ROW_KERNELS.get(self.layer.kind)
+        if kernel is None or dst.dtype != np.float32:
+            if blocked:  # pragma: no cover - band_layout gives these ops NCHW rings (validate_stream checks)
+                raise ValueError(f"{self.layer.name}: {self.layer.kind} has no NCHW16c band kernel")
+            dst[...] = self.layer.reference(*args, **self.layer.params)
+            return
+        y = dst if dst.flags.c_contiguous else scratch.get("yband", dst.shape, dst.dtype)
+        kernel(y, *args, layout="nchwc" if blocked else "nchw", channels=self.out_shape[1], threads=self.threads,
+               **self.layer.params)
+        if y is not dst:
+            dst[...] = y
 
 
 def make_runner(layer: BandLayer) -> Runner:

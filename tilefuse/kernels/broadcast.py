@@ -119,7 +119,7 @@ _UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divid
 _KIND = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=True, error_model="numpy")   # x / 0 is inf, as in NumPy and PyTorch
 def _binary_flat(out, a, b, i0, i1, kind, code, alpha, beta):
     al, be = np.float32(alpha), np.float32(beta)
     for i in range(i0, i1):
@@ -134,7 +134,7 @@ def _binary_flat(out, a, b, i0, i1, kind, code, alpha, beta):
         out[i] = A.apply_scalar(code, v, al, be)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=True, error_model="numpy")
 def _binary_channel(out3, x3, s, n, kind, swap, lanes, code, alpha, beta):
     """out (N, C', S) = x (op) s[n, c] (a per-image, per-channel operand s (Ns, C)); swap: s (op) x."""
     C, S = x3.shape[1], x3.shape[2]

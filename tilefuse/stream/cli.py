@@ -97,6 +97,7 @@ def format_report(r: dict) -> str:
     lines = [
         f"schedule stream: {r['streamed_ops']} ops streamed in bands of {r['band_rows']} rows, "
         f"workers {r['workers']}; tail on whole tensors: {', '.join(r['tail_ops']) or 'none'}",
+        *(f"streamed part ends at '{n}' ({o}): {w}" for n, o, w in p.ends),
         f"activation memory (plan): streamed {p.streamed_bytes / mib:.1f} MiB vs layer by layer "
         f"{p.layer_by_layer_bytes / mib:.1f} MiB (layer by layer / streamed = {p.reduction:.1f})",
         f"time: first run {r['first_run_s']:.3f} s, best of {len(r['times_s'])} {r['time_s']:.3f} s; "
