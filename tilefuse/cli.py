@@ -275,8 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def model_args(q, default="resnet50"):
+        from .models import NAMES as zoo
         q.add_argument("model", nargs="?" if default else None, default=default,
-                       help="zoo model (alexnet, vgg16, resnet18, resnet50, tinynet) or, for run, a .tfpkg")
+                       help=f"zoo model ({', '.join(zoo)}) or, for run, a .tfpkg")
         q.add_argument("--batch", type=_int_at_least(1, "images per input"), default=1)
         q.add_argument("--image-size", type=_int_at_least(1, "input height = width"), default=None,
                        help="input H = W (default: the model's)")

@@ -149,8 +149,9 @@ def cmd_profile(args) -> int:
 
 
 def register(subparsers) -> None:
+    from .models import NAMES
     q = subparsers.add_parser("profile", help="per-layer time, partitioning and share of the measured peak")
-    q.add_argument("model", nargs="?", default="resnet50", help="zoo model (alexnet, vgg16, resnet18, resnet50, ...)")
+    q.add_argument("model", nargs="?", default="resnet50", help=f"zoo model ({', '.join(NAMES)})")
     q.add_argument("--threads", type=int, default=None, help="kernel threads (default: all cores)")
     q.add_argument("--batch", type=int, default=1)
     q.add_argument("--image-size", type=int, default=None)

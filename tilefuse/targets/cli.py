@@ -11,9 +11,10 @@ import sys
 
 
 def register(subparsers) -> None:
+    from ..models import NAMES
     s = subparsers.add_parser("simulate", help="run a compiled model on a model of a seed paper's machine")
     s.add_argument("model", nargs="?", default=None,
-                   help="zoo model (alexnet, vgg16, resnet18, resnet50, tinynet) or a .tfpkg package")
+                   help=f"zoo model ({', '.join(NAMES)}) or a .tfpkg package")
     s.add_argument("--target", default="ft-m7032", help="built-in target name or a target .toml file")
     s.add_argument("--batch", type=int, default=1)
     s.add_argument("--image-size", type=int, default=None)
