@@ -166,7 +166,8 @@ def cmd_run(args) -> int:
     sess = Session(compiled, device, threads=args.threads)
     t = time.perf_counter()
     sess.copy_constants()
-    print(f"constants copied once: {sess.package.const_bytes / 2**20:.1f} MiB in "
+    how = "mapped in place (zero copy)" if device.mapped_bytes else "copied once"
+    print(f"constants {how}: {sess.package.const_bytes / 2**20:.1f} MiB in "
           f"{time.perf_counter() - t:.3f} s", file=out)
     shapes = [(s.shape, s.dtype) for s in sess.package.inputs]
     xs = [[rng.standard_normal(sh).astype(dt) for sh, dt in shapes] for _ in range(args.inputs)]
