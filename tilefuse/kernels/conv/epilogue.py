@@ -15,8 +15,10 @@ live here only:
     place (gemm1x1 and im2col, NCHW).
   - `activations.apply_scalar(code, v, alpha, beta)`: one value, for the scattering stores
     (NCHW outputs of blocked kernels, the BLAS 1x1 on NCHWc, depthwise).
-Identity and ReLU get loops of their own (the branch on `code` is outside the lanes loop, so the
-loops vectorize and ReLU's bits are those of the kernels before activations were generalized).
+Identity, ReLU and clip (ReLU6: MobileNet's every expand and depthwise layer) get loops of their
+own inside `store_block` (the branch on `code` is outside the lanes loop, so the loops vectorize and
+ReLU's bits are those of the kernels before activations were generalized; clip is the same
+min(max(v, alpha), beta) as `apply_scalar`, without a call per register block).
 """
 from __future__ import annotations
 
@@ -78,8 +80,8 @@ def store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, b
     numba's negative-index wraparound code out of the stores; identity and ReLU compute in
     registers without writing acc back; the other activations go through `act_block`, one call
     per register block (not per 16 lanes), so the call and the branch on the code are paid once
-    per block and the lanes loop of each activation vectorizes."""
-    if code > 1:
+    per block and the lanes loop of each activation vectorizes; clip (code 2) stays inline too."""
+    if code > 2:
         act_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta)
         return
     for r in range(nv):
@@ -91,6 +93,10 @@ def store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, b
                     for l in range(16):
                         lu = np.uint64(l)
                         dst[du + lu] = max(acc[ar, cu + lu] + res[du + lu], np.float32(0.0))
+                elif code == 2:
+                    for l in range(16):
+                        lu = np.uint64(l)
+                        dst[du + lu] = min(max(acc[ar, cu + lu] + res[du + lu], alpha), beta)
                 else:
                     for l in range(16):
                         lu = np.uint64(l)
@@ -99,6 +105,10 @@ def store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, b
                 for l in range(16):
                     lu = np.uint64(l)
                     dst[du + lu] = max(acc[ar, cu + lu], np.float32(0.0))
+            elif code == 2:
+                for l in range(16):
+                    lu = np.uint64(l)
+                    dst[du + lu] = min(max(acc[ar, cu + lu], alpha), beta)
             else:
                 for l in range(16):
                     lu = np.uint64(l)

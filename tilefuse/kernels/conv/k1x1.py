@@ -33,6 +33,7 @@ from tilefuse.kernels.threads import numba_region, resolve_threads
 Q_OUTER = None  # force the loop order (benchmarks); None: the plan's
 PF_OUT = True  # also prefetchw the output lines of the block ahead (docs/kernels.md)
 PF_BLOCKS = 1  # software-prefetch distance in 7-position blocks (0: off)
+RB1 = 14  # positions of the one-block kernel (_k1x1_one)
 
 
 def prepare(w, b) -> dict:
@@ -51,9 +52,163 @@ def prepare(w, b) -> dict:
     return {"weight": wp, "bias": bias}
 
 
+@njit(inline="always")
+def _offsets(q0, q1, m, HWo, Wo, Wi, Cb, Ob, cs, os_, sh, sw):
+    """Input (unsigned: no negative-index wraparound code in the inner loops) and output offsets of
+    positions q0, q0 + 1, ... (m entries; those from q1 on repeat position q1 - 1). (image, row,
+    column) of q0 by division once, then stepped: three integer divisions per position cost more
+    than the whole K = 16 or 32 reduction of MobileNet's thin layers."""
+    io_all = np.empty(m, np.uint64)
+    oo_all = np.empty(m, np.int64)
+    n = q0 // HWo
+    j = q0 - n * HWo
+    row = j // Wo
+    col = j - row * Wo
+    nlast = q1 - q0
+    for i in range(m):
+        if i < nlast:
+            io_all[i] = np.uint64(n * Cb * cs + (row * sh * Wi + col * sw) * 16)
+            oo_all[i] = n * Ob * os_ + (row * Wo + col) * 16
+            col += 1
+            if col == Wo:
+                col = 0
+                row += 1
+                if row * Wo == HWo:
+                    row = 0
+                    n += 1
+        else:
+            io_all[i] = io_all[nlast - 1]
+            oo_all[i] = oo_all[nlast - 1]
+    return io_all, oo_all
+
+
 @njit(nogil=True, cache=True, fastmath=True)
-def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo):
-    """of / rf flat (N*Ob*HWo*16), xf flat (N*Cb*HWi*16); positions [q0, q1), channel pairs [p0, p1)."""
+def _k1x1_one(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, kc):
+    """The odd last output block 2p (its pair's second block is padding): RB1 = 14 positions x 1
+    block = 14 zmm accumulators, weights wp[p, :, 0:16], positions [q0, q1). Each output element is
+    the same full-K dot product in the same order as in `_k1x1` (acc = 0; += x[c] * w[c] for c
+    ascending; + bias), so which kernel computes a block never changes a bit."""
+    c0 = nb.carray(stack_f32(16), 16)
+    c1 = nb.carray(stack_f32(16), 16)
+    c2 = nb.carray(stack_f32(16), 16)
+    c3 = nb.carray(stack_f32(16), 16)
+    c4 = nb.carray(stack_f32(16), 16)
+    c5 = nb.carray(stack_f32(16), 16)
+    c6 = nb.carray(stack_f32(16), 16)
+    c7 = nb.carray(stack_f32(16), 16)
+    c8 = nb.carray(stack_f32(16), 16)
+    c9 = nb.carray(stack_f32(16), 16)
+    c10 = nb.carray(stack_f32(16), 16)
+    c11 = nb.carray(stack_f32(16), 16)
+    c12 = nb.carray(stack_f32(16), 16)
+    c13 = nb.carray(stack_f32(16), 16)
+    acc = nb.carray(stack_f32(224), (14, 16))
+    cs = HWi * 16
+    os_ = HWo * 16
+    nqp = (q1 - q0 + RB1 - 1) // RB1 * RB1
+    io_all, oo_all = _offsets(q0, q1, nqp, HWo, Wo, Wi, Cb, Ob, cs, os_, sh, sw)
+    w = wp[p]
+    ob0 = 2 * p
+    ncb = (kc + 15) // 16
+    for qb in range(0, nqp, RB1):
+        io = io_all[qb:qb + RB1]
+        oo = oo_all[qb:qb + RB1]
+        f0, f1, f2, f3, f4, f5, f6 = io[0], io[1], io[2], io[3], io[4], io[5], io[6]
+        f7, f8, f9, f10, f11, f12, f13 = io[7], io[8], io[9], io[10], io[11], io[12], io[13]
+        for l in range(16):
+            c0[l] = 0.0
+            c1[l] = 0.0
+            c2[l] = 0.0
+            c3[l] = 0.0
+            c4[l] = 0.0
+            c5[l] = 0.0
+            c6[l] = 0.0
+            c7[l] = 0.0
+            c8[l] = 0.0
+            c9[l] = 0.0
+            c10[l] = 0.0
+            c11[l] = 0.0
+            c12[l] = 0.0
+            c13[l] = 0.0
+        for cb in range(ncb):
+            base = np.uint64(cb * cs)
+            for c in range(min(16, kc - cb * 16)):
+                wv = w[cb * 16 + c]
+                k = base + np.uint64(c)
+                x0 = xf[f0 + k]
+                x1 = xf[f1 + k]
+                x2 = xf[f2 + k]
+                x3 = xf[f3 + k]
+                x4 = xf[f4 + k]
+                x5 = xf[f5 + k]
+                x6 = xf[f6 + k]
+                x7 = xf[f7 + k]
+                x8 = xf[f8 + k]
+                x9 = xf[f9 + k]
+                x10 = xf[f10 + k]
+                x11 = xf[f11 + k]
+                x12 = xf[f12 + k]
+                x13 = xf[f13 + k]
+                for l in range(16):
+                    u = wv[l]
+                    c0[l] += x0 * u
+                    c1[l] += x1 * u
+                    c2[l] += x2 * u
+                    c3[l] += x3 * u
+                    c4[l] += x4 * u
+                    c5[l] += x5 * u
+                    c6[l] += x6 * u
+                    c7[l] += x7 * u
+                    c8[l] += x8 * u
+                    c9[l] += x9 * u
+                    c10[l] += x10 * u
+                    c11[l] += x11 * u
+                    c12[l] += x12 * u
+                    c13[l] += x13 * u
+        for l in range(16):
+            u = bias[np.uint64(ob0 * 16 + l)]
+            acc[0, l] = c0[l] + u
+            acc[1, l] = c1[l] + u
+            acc[2, l] = c2[l] + u
+            acc[3, l] = c3[l] + u
+            acc[4, l] = c4[l] + u
+            acc[5, l] = c5[l] + u
+            acc[6, l] = c6[l] + u
+            acc[7, l] = c7[l] + u
+            acc[8, l] = c8[l] + u
+            acc[9, l] = c9[l] + u
+            acc[10, l] = c10[l] + u
+            acc[11, l] = c11[l] + u
+            acc[12, l] = c12[l] + u
+            acc[13, l] = c13[l] + u
+        store_block(of, rf, has_res, acc, 0, oo, ob0 * os_, min(RB1, q1 - q0 - qb), 1, os_, code, alpha, beta)
+
+
+@njit(nogil=True, cache=True)
+def reduction_length(wp):
+    """wp (OP, Cip, 32) -> kc: 1 + the last input channel with a nonzero weight (0 if none). The
+    rows from kc on (the zero padding of Cin to a multiple of 16, e.g. MobileNetV2's 24 -> 32)
+    contribute exactly 0 to every finite sum, so the kernels skip them."""
+    for r in range(wp.shape[1] - 1, -1, -1):
+        for p in range(wp.shape[0]):
+            for l in range(32):
+                if wp[p, r, l] != 0.0:
+                    return r + 1
+    return 0
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo,
+          kc):
+    """of / rf flat (N*Ob*HWo*16), xf flat (N*Cb*HWi*16); positions [q0, q1), channel pairs [p0, p1);
+    the reduction runs over input channels [0, kc) (kc <= Cb*16: the weight rows from kc on are zero).
+    A last pair with one real block (Ob odd) goes to `_k1x1_one` (14 positions x 1 block)."""
+    if 2 * (p1 - 1) + 1 >= Ob:   # the range ends with the odd block: pairs [p0, p1 - 1) here
+        _k1x1_one(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p1 - 1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
+                  sw, kc)
+        p1 -= 1
+        if p1 == p0:
+            return
     a0 = nb.carray(stack_f32(16), 16)
     a1 = nb.carray(stack_f32(16), 16)
     a2 = nb.carray(stack_f32(16), 16)
@@ -76,31 +231,10 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
     # wraparound code in the inner loop. The last block repeats position q1 - 1.
     nqp = (q1 - q0 + 6) // 7 * 7
     # + pfd blocks of prefetch targets past the end (clamped to the task's last position)
-    # (image, row, column) of q0 by division once, then stepped: three integer divisions per
-    # position cost more than the whole K = 16 or 32 reduction of MobileNet's thin layers
-    io_all = np.empty(nqp + 7 * pfd, np.uint64)
-    oo_all = np.empty(nqp + 7 * pfd, np.int64)
-    n = q0 // HWo
-    j = q0 - n * HWo
-    row = j // Wo
-    col = j - row * Wo
-    nlast = q1 - q0
-    for i in range(nqp + 7 * pfd):
-        if i < nlast:
-            io_all[i] = np.uint64(n * Cb * cs + (row * sh * Wi + col * sw) * 16)
-            oo_all[i] = n * Ob * os_ + (row * Wo + col) * 16
-            col += 1
-            if col == Wo:
-                col = 0
-                row += 1
-                if row * Wo == HWo:
-                    row = 0
-                    n += 1
-        else:
-            io_all[i] = io_all[nlast - 1]
-            oo_all[i] = oo_all[nlast - 1]
+    io_all, oo_all = _offsets(q0, q1, nqp + 7 * pfd, HWo, Wo, Wi, Cb, Ob, cs, os_, sh, sw)
     nq = (q1 - q0 + 6) // 7
     npr = p1 - p0
+    ncb = (kc + 15) // 16
     for it in range(nq * npr):
         if q_outer:  # a 7-position input block stays in L1 while the weights stream from L2
             qb = q0 + (it // npr) * 7
@@ -139,12 +273,12 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
             b4[l] = 0.0
             b5[l] = 0.0
             b6[l] = 0.0
-        for cb in range(Cb):
+        for cb in range(ncb):
             base = np.uint64(cb * cs)
             if pf:
                 for r in range(7):
                     prefetch(xf, pio[r] + base)
-            for c in range(16):
+            for c in range(min(16, kc - cb * 16)):
                 wv = w[cb * 16 + c]
                 k = base + np.uint64(c)
                 x0 = xf[f0 + k]
@@ -195,24 +329,24 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
 
 @njit(parallel=True, nogil=True, cache=True)
 def _k1x1_par(nt, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
-              q_outer, pfd, pfo):
+              q_outer, pfd, pfo, kc):
     """Every task of the layer on numba's pool: tasks (T, 4) = (q0, q1, p0, p1)."""
     counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
     for _w in nb.prange(nt):
         _k1x1_seq(counter, nb.get_thread_id(), tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi,
-                  Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo)
+                  Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
 
 
 @njit(nogil=True, cache=True)
 def _k1x1_seq(counter, tid, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
-              q_outer, pfd, pfo):
+              q_outer, pfd, pfo, kc):
     """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
     while True:
         i = atomic_add(counter, 0, 1)
         if i >= tasks.shape[0]:
             break
         _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3],
-              HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo)
+              HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -245,4 +379,5 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     rf = residual_b.reshape(-1) if has_res else EMPTY1
     qo = Q_OUTER if Q_OUTER is not None else pl["q_outer"]
     numba_region(_k1x1_par, _k1x1_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias, rf,
-                 has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1], qo, PF_BLOCKS, PF_OUT)
+                 has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1], qo, PF_BLOCKS, PF_OUT,
+                 reduction_length(wp))
