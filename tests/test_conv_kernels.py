@@ -523,3 +523,122 @@ def test_winograd_plan_feeds_the_threads():
                 p = planner.plan_winograd(m + 2, c, c, tiles, t)
                 assert p["tasks"] >= min(t, tiles * -(-c // 32)) * 0.85, (c, hw, m, t, p)
                 assert p["tiles"] % 7 == 0 or p["tiles"] >= tiles, p
+
+
+# Thin 1x1 convs (issue 9, MobileNetV2 / EfficientNet): an odd number of 16-channel output blocks
+# goes to the one-block kernel (k1x1._k1x1_one, 14 positions x 1 block) and zero weight rows past
+# the last real input channel are skipped (k1x1.reduction_length).
+THIN_SHAPES = [  # (name, N, Ci, H, W, Co, stride)
+    ("t_16_16", 1, 16, 9, 13, 16, 1),      # Ob = 1: the whole layer is one-block
+    ("t_3_24", 3, 3, 8, 11, 24, 1),        # Ci 3 (13 zero rows skipped), Co 24 (Ob = 2)
+    ("t_17_40", 1, 17, 10, 9, 40, 2),      # Ci 17, Co 40 (Ob = 3: a pair + one block), stride 2
+    ("t_16_8", 3, 16, 7, 9, 8, 2),         # Co 8 < one block, batch 3, stride 2
+    ("t_17_1", 1, 17, 5, 6, 1, 1),         # one output channel
+    ("t_24_144", 1, 24, 7, 7, 144, 1),     # MobileNetV2 expansion on a 7x7 map (Co split: the odd block in a task)
+    ("t_32_16_b3", 3, 32, 15, 15, 16, 1),  # MobileNetV2's first projection, blocks of 14 span images
+]
+THIN_EPIS = [("none", None), ("relu6", ("clip", 0.0, 6.0)), ("res_relu6", ("clip", 0.0, 6.0)), ("res", None),
+             ("hardswish", ("hardswish", 0.0, 0.0)), ("res_silu", ("silu", 0.0, 0.0))]
+THIN_CASES = [(s, e) for s in THIN_SHAPES for e in THIN_EPIS]
+
+
+def _thin_case(shape, epi, seed=0):
+    from tilefuse.kernels.activations import reference as act_ref
+    name, n, ci, h, w, co, s = shape
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, ci, h, w), dtype=np.float32)
+    wt = (rng.standard_normal((co, ci, 1, 1), dtype=np.float32) / np.sqrt(ci)).astype(np.float32)
+    b = rng.standard_normal(co, dtype=np.float32)
+    ho, wo = (h - 1) // s + 1, (w - 1) // s + 1
+    res = rng.standard_normal((n, co, ho, wo), dtype=np.float32) * 3 if epi[0].startswith("res") else None
+    want = ref.conv2d(x, wt, b, (s, s), (0, 0, 0, 0), (1, 1), 1, residual=res)
+    if epi[1] is not None:
+        want = act_ref(epi[1][0], want, epi[1][1], epi[1][2])
+    return x, wt, b, res, want
+
+
+def _thin_run(x, wt, b, res, stride, act, threads):
+    from tilefuse.kernels.conv import k1x1
+    prep = k1x1.prepare(wt, b)
+    n, _, h, w = x.shape
+    ho, wo = (h - 1) // stride + 1, (w - 1) // stride + 1
+    ob = np.full(nchwc_shape((n, wt.shape[0], ho, wo)), np.nan, np.float32)
+    k1x1.run_nchwc(ob, to_nchwc(x), prep, to_nchwc(res) if res is not None else None, stride=(stride, stride),
+                   act=act, threads=threads)
+    return ob
+
+
+@pytest.mark.parametrize("shape,epi", THIN_CASES, ids=[f"{s[0]}-{e[0]}" for s, e in THIN_CASES])
+def test_thin_1x1_against_reference_every_thread_count_same_bits(shape, epi):
+    """Each output element is the same full-K dot product (one code path per block, chosen by the
+    shape) whatever task or thread holds it: 1, 2, 3 and 5 threads give the same bits, and the
+    result matches the reference conv (with the activation's numpy spec)."""
+    x, wt, b, res, want = _thin_case(shape, epi)
+    outs = [_thin_run(x, wt, b, res, shape[6], epi[1], t) for t in (1, 2, 3, 5)]
+    assert all(np.array_equal(outs[0], o) for o in outs[1:]), "thread count changed the bits"
+    co = want.shape[1]
+    if co % 16 and not epi[0].startswith(("hardswish", "res")):   # act(0) = 0 in the padding lanes
+        assert not outs[0][:, -1, ..., co % 16:].any(), "padded channels must be zero"
+    _check("gemm1x1", from_nchwc(outs[0], co), want)
+
+
+def test_thin_1x1_every_grid_same_bits():
+    """The task grid (positions x channel pairs, any split, the odd block inside or alone in a
+    task) never changes a bit: forced plans against the default one."""
+    from tilefuse.kernels.conv import k1x1
+    x, wt, b, res, want = _thin_case(("g", 2, 24, 9, 10, 144, 1), ("res_relu6", ("clip", 0.0, 6.0)), seed=7)
+    prep = k1x1.prepare(wt, b)
+    op = prep["weight"].shape[0]
+    outs = []
+    for q, p, qo in ((7, 1, True), (14, 2, False), (21, 5, True), (180, 3, False), (63, 4, True)):
+        ob = np.empty(nchwc_shape(want.shape), np.float32)
+        plan = {"Q": q, "P": min(p, op), "q_outer": qo}
+        k1x1.run_nchwc(ob, to_nchwc(x), prep, to_nchwc(res), act=("clip", 0.0, 6.0), threads=3, plan=plan)
+        outs.append(ob)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    _check("gemm1x1", from_nchwc(outs[0], 144), want)
+
+
+def test_reduction_length_skips_only_trailing_zero_rows():
+    from tilefuse.kernels.conv import k1x1
+    rng = np.random.default_rng(0)
+    for ci, co in ((3, 16), (17, 40), (24, 144), (32, 8), (16, 1)):
+        wt = rng.standard_normal((co, ci, 1, 1)).astype(np.float32)
+        assert k1x1.reduction_length(k1x1.prepare(wt, None)["weight"]) == ci
+    wt = rng.standard_normal((40, 20, 1, 1)).astype(np.float32)
+    wt[:, 5] = 0          # a zero row inside: still reduced over
+    wt[:, 15:] = 0        # trailing zero rows: skipped
+    assert k1x1.reduction_length(k1x1.prepare(wt, None)["weight"]) == 15
+    wt[3, 19] = 1.0       # one output channel uses the last input channel: nothing skipped
+    assert k1x1.reduction_length(k1x1.prepare(wt, None)["weight"]) == 20
+    assert k1x1.reduction_length(k1x1.prepare(np.zeros((4, 4, 1, 1), np.float32), None)["weight"]) == 0
+
+
+def test_thin_1x1_in_a_compiled_mobilenet_block():
+    """The path as the network uses it: an inverted-residual block (1x1 expand + ReLU6, depthwise
+    3x3 + ReLU6, 1x1 project + residual) with 24 -> 144 -> 24 channels compiled, at 1 and 3 threads,
+    equal bits, against the reference interpreter."""
+    import tilefuse
+    rng = np.random.default_rng(1)
+    outs = []
+    for threads in (1, 3):
+        net = tilefuse.Network("ir_block")
+        x = net.input("x", (2, 24, 9, 9))
+        r = np.random.default_rng(2)
+        w1 = (r.standard_normal((144, 24, 1, 1)) / 5).astype(np.float32)
+        w2 = (r.standard_normal((144, 1, 3, 3)) / 3).astype(np.float32)
+        w3 = (r.standard_normal((24, 144, 1, 1)) / 12).astype(np.float32)
+        y = net.activation(net.conv2d(x, w1, r.standard_normal(144).astype(np.float32)), "clip", min=0.0, max=6.0)
+        y = net.activation(net.conv2d(y, w2, np.zeros(144, np.float32), padding=1, groups=144), "clip", min=0.0,
+                           max=6.0)
+        y = net.add(net.conv2d(y, w3, np.zeros(24, np.float32)), x)
+        net.output(y)
+        xin = rng.standard_normal((2, 24, 9, 9)).astype(np.float32) if not outs else xin
+        compiled = tilefuse.compile(net, threads=threads)
+        assert [r["algorithm"] for r in compiled.plan().rows if r["kernel"] == "conv2d"] == [
+            "gemm1x1", "depthwise", "gemm1x1"], compiled.plan()
+        outs.append(tilefuse.Session(compiled, threads=threads).run(xin))
+        want = tilefuse.evaluate(net, {"x": xin})[0]
+    assert np.array_equal(outs[0], outs[1])
+    err = np.abs(outs[0] - want).max() / max(1.0, float(np.abs(want).max()))
+    assert err <= 1e-4

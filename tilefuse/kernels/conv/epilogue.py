@@ -7,7 +7,8 @@ act relu, kept for the callers that only know ReLU).
 
 Three forms, so that the order (bias, then residual, then the activation) and the activation code
 live here only:
-  - `store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta)`: the store of
+  - `store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta)` (and `store_rows`,
+    the same with the block's offsets at offs[s0:]): the store of
     a register block (nv output positions x nk blocks of 16 output channels, one AVX-512 vector
     each) of the direct, k1x1, stem and Winograd NCHWc kernels; `acc` already holds conv + bias
     (added as the accumulators leave registers).
@@ -74,19 +75,28 @@ def resolve_act(relu: bool = False, act=None, where: str = "conv") -> tuple:
 def store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta):
     """The register block's epilogue and store: for r < nv, k < nk, the 16 lanes l,
         dst[o0 + offs[r] + k*dk + l] = act(acc[a0 + r, 16k + l] (+ res[same offset]))
-    dst and res 1-D with the same layout; acc (rows, >= 16 nk) holds conv + bias; offsets >= 0.
+    dst and res 1-D with the same layout; acc (rows, >= 16 nk) holds conv + bias; offsets >= 0
+    (`store_rows` with s0 = 0).
 
     The residual is added before the activation (the reference's order). Unsigned indices keep
-    numba's negative-index wraparound code out of the stores; identity and ReLU compute in
+    numba's negative-index wraparound code out of the stores; identity, ReLU and clip compute in
     registers without writing acc back; the other activations go through `act_block`, one call
     per register block (not per 16 lanes), so the call and the branch on the code are paid once
-    per block and the lanes loop of each activation vectorizes; clip (code 2) stays inline too."""
+    per block and the lanes loop of each activation vectorizes."""
+    store_rows(dst, res, has_res, acc, a0, offs, 0, o0, nv, nk, dk, code, alpha, beta)
+
+
+@njit(inline="always")
+def store_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha, beta):
+    """store_block with the offsets of the block at offs[s0:s0 + nv]: a kernel that keeps every
+    position's offset in one array passes it whole (a slice per block would cost numba two atomic
+    reference-count updates, as much as a K = 16 reduction of a thin layer)."""
     if code > 2:
-        act_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta)
+        act_block(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha, beta)
         return
     for r in range(nv):
         for k in range(nk):
-            du = np.uint64(o0 + offs[r] + k * dk)
+            du = np.uint64(o0 + offs[s0 + r] + k * dk)
             ar, cu = np.uint64(a0 + r), np.uint64(16 * k)
             if has_res:
                 if code == 1:
@@ -116,12 +126,12 @@ def store_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, b
 
 
 @njit(inline="always", fastmath=True)
-def _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta):
+def _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha, beta):
     """store_block's loops for one activation `code` (a literal at each call site: the lanes
     loop has no branch on it and vectorizes)."""
     for r in range(nv):
         for k in range(nk):
-            du = np.uint64(o0 + offs[r] + k * dk)
+            du = np.uint64(o0 + offs[s0 + r] + k * dk)
             ar, cu = np.uint64(a0 + r), np.uint64(16 * k)
             if has_res:
                 for l in range(16):
@@ -134,30 +144,30 @@ def _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, bet
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def act_block(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta):
+def act_block(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha, beta):
     """store_block for the activations other than identity and ReLU, called (not inlined) so
     that their code (exp, erf, tanh) stays out of the kernels' loops: one branch on the code per
     register block, then that activation's loops."""
     if code == 2:
-        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 2, alpha, beta)
+        _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, 2, alpha, beta)
     elif code == 3:
-        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 3, alpha, beta)
+        _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, 3, alpha, beta)
     elif code == 4:
-        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 4, alpha, beta)
+        _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, 4, alpha, beta)
     elif code == 5:
-        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 5, alpha, beta)
+        _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, 5, alpha, beta)
     elif code == 6:
-        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 6, alpha, beta)
+        _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, 6, alpha, beta)
     elif code == 7:
-        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 7, alpha, beta)
+        _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, 7, alpha, beta)
     elif code == 8:
-        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 8, alpha, beta)
+        _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, 8, alpha, beta)
     elif code == 9:
-        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 9, alpha, beta)
+        _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, 9, alpha, beta)
     elif code == 10:
-        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, 10, alpha, beta)
+        _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, 10, alpha, beta)
     else:
-        _act_rows(dst, res, has_res, acc, a0, offs, o0, nv, nk, dk, code, alpha, beta)
+        _act_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.conv._nb import atomic_add, prefetch, prefetchw, stack_f32
-from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act, store_block
+from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act, store_rows
 from tilefuse.kernels.conv.planner import RB1X1 as RB
 from tilefuse.kernels.conv.planner import plan_k1x1
 from tilefuse.kernels.threads import numba_region, resolve_threads
@@ -111,10 +111,11 @@ def _k1x1_one(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p, HWo, 
     ob0 = 2 * p
     ncb = (kc + 15) // 16
     for qb in range(0, nqp, RB1):
-        io = io_all[qb:qb + RB1]
-        oo = oo_all[qb:qb + RB1]
-        f0, f1, f2, f3, f4, f5, f6 = io[0], io[1], io[2], io[3], io[4], io[5], io[6]
-        f7, f8, f9, f10, f11, f12, f13 = io[7], io[8], io[9], io[10], io[11], io[12], io[13]
+        # offsets read in place (a slice per block would cost two atomic reference-count updates)
+        f0, f1, f2, f3, f4, f5, f6 = (io_all[qb], io_all[qb + 1], io_all[qb + 2], io_all[qb + 3], io_all[qb + 4],
+                                      io_all[qb + 5], io_all[qb + 6])
+        f7, f8, f9, f10, f11, f12, f13 = (io_all[qb + 7], io_all[qb + 8], io_all[qb + 9], io_all[qb + 10],
+                                          io_all[qb + 11], io_all[qb + 12], io_all[qb + 13])
         for l in range(16):
             c0[l] = 0.0
             c1[l] = 0.0
@@ -181,7 +182,7 @@ def _k1x1_one(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p, HWo, 
             acc[11, l] = c11[l] + u
             acc[12, l] = c12[l] + u
             acc[13, l] = c13[l] + u
-        store_block(of, rf, has_res, acc, 0, oo, ob0 * os_, min(RB1, q1 - q0 - qb), 1, os_, code, alpha, beta)
+        store_rows(of, rf, has_res, acc, 0, oo_all, qb, ob0 * os_, min(RB1, q1 - q0 - qb), 1, os_, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True)
@@ -245,19 +246,18 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
         w = wp[p]
         ob0 = 2 * p
         two = ob0 + 1 < Ob
-        io = io_all[qb - q0:qb - q0 + 7]
-        oo = oo_all[qb - q0:qb - q0 + 7]
-        f0, f1, f2, f3, f4, f5, f6 = io[0], io[1], io[2], io[3], io[4], io[5], io[6]
+        s0 = qb - q0  # the block's offsets at io_all[s0:s0 + 7] (read in place: no slice, no refcount)
+        f0, f1, f2, f3, f4, f5, f6 = (io_all[s0], io_all[s0 + 1], io_all[s0 + 2], io_all[s0 + 3], io_all[s0 + 4],
+                                      io_all[s0 + 5], io_all[s0 + 6])
         # software prefetch of the input block pfd blocks ahead (once per block: the many
         # 64-byte-per-position plane streams of a large map defeat the hardware prefetcher)
         pf = pfd > 0 and ((not q_outer) or it % npr == 0)
-        pio = io_all[qb - q0 + 7 * pfd:qb - q0 + 7 * pfd + 7]
+        sp = s0 + 7 * pfd
         if pfo and pfd > 0:
-            poo = oo_all[qb - q0 + 7 * pfd:qb - q0 + 7 * pfd + 7]
             for r in range(7):
-                prefetchw(of, poo[r] + ob0 * os_)
+                prefetchw(of, oo_all[sp + r] + ob0 * os_)
                 if two:
-                    prefetchw(of, poo[r] + (ob0 + 1) * os_)
+                    prefetchw(of, oo_all[sp + r] + (ob0 + 1) * os_)
         for l in range(16):
             a0[l] = 0.0
             a1[l] = 0.0
@@ -277,7 +277,7 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
             base = np.uint64(cb * cs)
             if pf:
                 for r in range(7):
-                    prefetch(xf, pio[r] + base)
+                    prefetch(xf, io_all[sp + r] + base)
             for c in range(min(16, kc - cb * 16)):
                 wv = w[cb * 16 + c]
                 k = base + np.uint64(c)
@@ -324,7 +324,7 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
             acc[6, 16 + l] = b6[l] + v
         nv = min(7, q1 - qb)
         nk = 2 if two else 1
-        store_block(of, rf, has_res, acc, 0, oo, ob0 * os_, nv, nk, os_, code, alpha, beta)
+        store_rows(of, rf, has_res, acc, 0, oo_all, s0, ob0 * os_, nv, nk, os_, code, alpha, beta)
 
 
 @njit(parallel=True, nogil=True, cache=True)
