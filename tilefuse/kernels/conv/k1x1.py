@@ -10,6 +10,11 @@ the whole Ci reduction; per input channel one 128-byte weight row (2 vector load
 14 FMAs with 7 broadcast input scalars. 7 divides every ResNet map (49, 196, 784, 3136), so no
 partial blocks; positions are flat over the batch (n*Ho*Wo + j), blocks may span images.
 
+Thin layers (MobileNetV2, EfficientNet): an odd last output block (Co = 16, 40, 144, ...) is computed
+by `_k1x1_one` (RB1 = 14 positions x 1 block) instead of a pair with a zero-weight half, and the
+reduction runs over input channels [0, kc), kc = `reduction_length(wp)` (the zero rows padding Ci
+to a multiple of 16 are skipped).
+
 Tasks: (block of positions, range of output-channel pairs), the grid chosen for the thread count
 by planner.plan_k1x1 (small maps at batch 1 split the output channels, seed 000's feature-map
 level; large ones positions); the layer's task table runs in one numba parallel loop
