@@ -38,9 +38,9 @@ import numpy as np
 from ..errors import GraphError
 from ..ir import Network, OpNode, ops
 from ..ir.ops import flops as op_flops
-from ..kernels.bands import IDENTITY, RowWindow, band_layout
+from ..kernels.bands import IDENTITY, ROW_MAPPED, RowWindow, band_layout, row_window
 
-STREAMABLE = ops.WINDOW | ops.ROW_LOCAL
+STREAMABLE = ops.WINDOW | ops.ROW_LOCAL | ROW_MAPPED
 
 
 
@@ -126,8 +126,16 @@ def window_of(kind: str, params: dict, kernel_height: int | None = None) -> RowW
     return RowWindow(params["stride"][0], -params["padding"][0], d * (k - 1) + 1)
 
 
-def _window(op: OpNode) -> RowWindow:
-    return window_of(op.op, op.params, op.inputs[1].shape[2] if op.op == "conv2d" else None)
+def layer_window(kind: str, params: dict, in_shape, out_shape, weight_shape=None):
+    """The row window (RowWindow) or row table (RowTable) of a streamed op's first input."""
+    if kind in ROW_MAPPED:
+        return row_window(kind, params, in_shape, out_shape, weight_shape)
+    return window_of(kind, params, weight_shape[2] if kind == "conv2d" else None)
+
+
+def _window(op: OpNode):
+    return layer_window(op.op, op.params, op.inputs[0].shape, op.outputs[0].shape,
+                        op.inputs[1].shape if op.op in ops.CONV else None)
 
 
 def refusal(op: OpNode) -> str | None:
@@ -135,8 +143,6 @@ def refusal(op: OpNode) -> str | None:
     if op.op not in STREAMABLE:
         if op.op in ops.GLOBAL or op.op in ops.REDUCE or op.op in ops.LINEAR:
             return f"{op.op} does not stream: it reads whole planes (a global op)"
-        if op.op in ("resize", "conv_transpose2d", "pad", "adaptive_avg_pool"):
-            return f"{op.op} does not stream: its rows are no integer-stride window of its input rows"
         return f"{op.op} does not stream: it is not row-local in H; streamable: {', '.join(sorted(STREAMABLE))}"
     variables = [d for d in op.inputs if not d.is_constant]
     if not variables:
@@ -144,6 +150,10 @@ def refusal(op: OpNode) -> str | None:
     bad = [(d.name, d.shape) for d in variables if len(d.shape) != 4]
     if bad or len(op.outputs[0].shape) != 4:
         return f"inputs {bad or [(op.outputs[0].name, op.outputs[0].shape)]} are not (N, C, H, W)"
+    if op.op == "pad" and any(op.params["pads"][:4]):
+        return f"it pads the batch or channel axis (pads {op.params['pads']}); only H and W pads stream"
+    if op.op == "adaptive_avg_pool" and op.outputs[0].shape[2] == 1:
+        return "adaptive_avg_pool to height 1 does not stream: it reads whole planes (a global op)"
     if op.op == "concat" and op.params["axis"] % 4 != 1:
         return f"concat on axis {op.params['axis']}; only channel concats (axis 1) stream"
     if op.params.get("has_input_scale"):
@@ -221,7 +231,7 @@ def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> BandSch
         for pos, d in enumerate(op.inputs):
             if d.is_constant:
                 continue
-            win = _window(op) if (op.op in ops.WINDOW and pos == 0) else IDENTITY
+            win = _window(op) if ((op.op in ops.WINDOW or op.op in ROW_MAPPED) and pos == 0) else IDENTITY
             tensors[d.name].consumers.append((i, len(names)))
             names.append(d.name)
             wins.append(win)
@@ -256,7 +266,7 @@ def _dry_run(layers, tensors, input_name, band, mins=None) -> list[tuple[int, in
         for name, win in zip(layer.inputs, layer.windows):
             h, have = tensors[name].shape[2], produced[name]
             if have < h:  # rows needing input row >= have must wait: (r - 1)*s + off + span <= have
-                r1 = min(r1, (have - win.offset - win.span) // win.stride + 1)
+                r1 = min(r1, win.fits(have))
         if r1 - r0 < want and r1 < layer.rows and r0 > 0:
             return None
         return (r0, r1) if r1 > r0 else None
