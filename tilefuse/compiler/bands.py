@@ -38,9 +38,10 @@ import numpy as np
 from ..errors import GraphError
 from ..ir import Network, OpNode, ops
 from ..ir.ops import flops as op_flops
-from ..kernels.bands import IDENTITY, ROW_MAPPED, RowWindow, band_layout, row_window
+from ..kernels.bands import IDENTITY, RowWindow, band_layout, row_window
 
-STREAMABLE = ops.WINDOW | ops.ROW_LOCAL | ROW_MAPPED
+ROW_MAPPED = ops.ROW_MAPPED
+STREAMABLE = ops.WINDOW | ops.ROW_LOCAL | ops.ROW_MAPPED
 
 
 
@@ -154,6 +155,8 @@ def refusal(op: OpNode) -> str | None:
         return f"it pads the batch or channel axis (pads {op.params['pads']}); only H and W pads stream"
     if op.op == "adaptive_avg_pool" and op.outputs[0].shape[2] == 1:
         return "adaptive_avg_pool to height 1 does not stream: it reads whole planes (a global op)"
+    if op.op == "slice" and op.params["axis"] % 4 not in (1, 3):
+        return f"slice of axis {op.params['axis']}; only slices of channels (axis 1) or columns (axis 3) stream"
     if op.op == "concat" and op.params["axis"] % 4 != 1:
         return f"concat on axis {op.params['axis']}; only channel concats (axis 1) stream"
     if op.params.get("has_input_scale"):

@@ -429,6 +429,8 @@ def _check_band(ins: Instruction) -> dict:
     norm = schema(op).normalize(p["name"], attrs)
     if norm != attrs:
         raise ValueError(f"attrs {attrs} are not the normal form of {op}'s params ({norm})")
+    if op == "slice" and attrs["axis"] % 4 not in (1, 3):
+        raise ValueError(f"slice of axis {attrs['axis']}: only slices of channels or columns stream")
     acts = [o for o in ins.operands if o.segment != CONST]
     consts = [o for o in ins.inputs if o.segment == CONST]
     if not acts or acts[-1] is not ins.output:

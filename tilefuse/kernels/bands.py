@@ -118,7 +118,7 @@ def window_from_param(v) -> RowWindow | RowTable:
     return RowWindow(*(int(a) for a in v))
 
 
-# ops whose output rows read a monotone range of input rows that no RowWindow describes
+# the ops `row_window` tabulates and `MappedRunner` runs (the IR's ops.ROW_MAPPED group)
 ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool"})
 
 
