@@ -6,7 +6,9 @@ bias/residual and any activation of kernels/activations.py), max_pool / avg_pool
 ceil_mode), and the row-local ops (`ops.ROW_LOCAL`): relu, activation, prelu, add / sub / mul /
 div (operands of equal shapes, or a constant broadcast over the rows: per-channel (1, C, 1, 1) /
 (C, 1, 1) or a scalar; any fused activation), scale, batch_norm, channel_norm, dropout,
-local_response_norm, channel concat (`refusal` says why any other op is not). The streamed
+local_response_norm, channel concat, channel / column slices, and the row-mapped ops
+(`ops.ROW_MAPPED`: resize, conv_transpose2d, pad on H and W, adaptive_avg_pool to height > 1)
+whose rows come from a row table (`refusal` says why any other op is not). The streamed
 part of a network is every op whose variable inputs are the (single, NCHW) network input or
 outputs of streamed ops; everything else (global pooling and what follows, a squeeze-excitation
 scale and what follows: `BandSchedule.ends` says where and why) is the tail, lowered as
@@ -15,7 +17,9 @@ Streamed tensors the tail or the caller reads ("sinks") are kept whole.
 
 Row requirements. Output row r of a window op needs input rows
     [r*s - pad_top, r*s - pad_top + d*(k-1)]            (clipped to [0, H_in); outside is padding)
-and of a row-local op (and of a conv's residual input) just row r.
+and of a row-local op (and of a conv's residual input) just row r; a row-mapped op's output
+row r needs input rows [lo[r], hi[r]) of a `RowTable` computed from its params
+(`kernels.bands.row_window`; both bounds non-decreasing in r).
 
 The schedule is found by a dry run over row counts (no data): input rows are fed `band_rows` at
 a time; after each feed the layers are swept in topological order, each emitting one band of as
