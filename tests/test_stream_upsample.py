@@ -278,3 +278,21 @@ def test_yolo_neck_streams_through_from_torch():
     s = _torch_twin_check(net, twin, x, {"band_rows": 3}, {"resize": 2})
     assert not s.schedule.tail and len(s.schedule.sinks) == 3
     assert "slice" in {l.kind for l in s.schedule.layers}        # C2f's chunk on channels
+
+
+def test_float16_row_mapped_ops_stream():
+    """Other dtypes: the reference paths of the band kernels (conv_transpose2d on the band,
+    resize / adaptive pool with their `band` argument) equal the layer schedule bit for bit."""
+    p = W(5)
+    net = Network("f16")
+    x = net.input("x", (1, 4, 11, 9), np.float16)
+    y = net.conv2d(x, p.conv(8, 4, 3).astype(np.float16), None, padding=1)
+    y = net.conv_transpose2d(y, p.conv(8, 6, 3).astype(np.float16), None, stride=2, padding=1, output_padding=1)
+    y = net.pad(y, (0, 0, 0, 0, 1, 2, 1, 0), mode="replicate")
+    y = net.resize(y, scale_factor=1.5, mode="bilinear")
+    net.output(net.adaptive_avg_pool(y, (7, 5)))
+    xh = np.random.default_rng(1).standard_normal((1, 4, 11, 9)).astype(np.float16)
+    s = tilefuse.compile(net, schedule="stream", stream_options={"band_rows": 3})
+    assert [l.kind for l in s.schedule.layers] == ["conv2d", "conv_transpose2d", "pad", "resize", "adaptive_avg_pool"]
+    got, layer = s.run(xh), tilefuse.compile(net).run(xh)
+    assert got.dtype == np.float16 and np.array_equal(got, layer)
