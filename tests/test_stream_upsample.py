@@ -185,6 +185,12 @@ def test_saved_package_round_trip_and_tampered_row_table(tmp_path):
         t["lo"] = "x"
     broken(strided, "window")
 
+    at = next(i for i, ins in enumerate(prog) if ins.kernel == "band" and ins.params["op"] == "pad")
+    p = copy.deepcopy(prog)
+    p[at].params["attrs"] = dict(p[at].params["attrs"], pads=(0, 0, 1, 0, 1, 1, 1, 1))   # pads a channel
+    with pytest.raises(PackageError, match="only H and W pads"):
+        validate_stream(p, read)
+
 
 def test_row_table_is_monotone_hull():
     from tilefuse.kernels.bands import row_window

@@ -431,6 +431,8 @@ def _check_band(ins: Instruction) -> dict:
         raise ValueError(f"attrs {attrs} are not the normal form of {op}'s params ({norm})")
     if op == "slice" and attrs["axis"] % 4 not in (1, 3):
         raise ValueError(f"slice of axis {attrs['axis']}: only slices of channels or columns stream")
+    if op == "pad" and (len(attrs["pads"]) != 8 or any(attrs["pads"][:4])):
+        raise ValueError(f"pads {attrs['pads']}: only H and W pads of an (N, C, H, W) tensor stream")
     acts = [o for o in ins.operands if o.segment != CONST]
     consts = [o for o in ins.inputs if o.segment == CONST]
     if not acts or acts[-1] is not ins.output:
