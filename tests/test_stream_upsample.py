@@ -302,3 +302,15 @@ def test_float16_row_mapped_ops_stream():
     assert [l.kind for l in s.schedule.layers] == ["conv2d", "conv_transpose2d", "pad", "resize", "adaptive_avg_pool"]
     got, layer = s.run(xh), tilefuse.compile(net).run(xh)
     assert got.dtype == np.float16 and np.array_equal(got, layer)
+
+
+@pytest.mark.parametrize("axis,start,stop,step", [(1, 3, 17, 1), (1, 0, 20, 3), (1, 16, 20, 1), (-1, 1, 8, 2)])
+def test_channel_and_column_slices_stream(axis, start, stop, step):
+    """torch.chunk / x[:, :c] (channel slices, NCHW16c rings through movement.slice_'s lane copies)
+    and column slices stream; a slice of rows does not."""
+    net = _wrap(f"slice{axis}", 11, 9, lambda net, p, y: net.relu(
+        net.add_op("slice", [y], dict(axis=axis, start=start, stop=stop, step=step))))
+    check_streams(net, band_rows=(2,), must=("slice",))
+    rows = _wrap("rows", 11, 9, lambda net, p, y: net.add_op("slice", [y], dict(axis=2, start=1, stop=9, step=1)))
+    s = tilefuse.compile(rows, schedule="stream")
+    assert s.schedule.ends[0][1] == "slice" and "only slices of channels" in s.schedule.ends[0][2]

@@ -57,7 +57,7 @@ BLOCKED_ROW_OPS = frozenset({"relu", "add", "dropout", "concat"})
 ROW_KERNELS = {"activation": broadcast.activation, "prelu": broadcast.prelu,
                "add": broadcast.KERNELS["add"], "sub": broadcast.KERNELS["sub"],
                "mul": broadcast.KERNELS["mul"], "div": broadcast.KERNELS["div"],
-               "channel_norm": norm.channel_norm}
+               "channel_norm": norm.channel_norm, "slice": movement.slice_}
 
 
 @dataclass(frozen=True)
@@ -227,6 +227,8 @@ def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc
             if kind != "add" or all(_channel_const(s) for s in const_shapes):
                 return "same", True, True
         return "nchw", False, False
+    if kind == "slice":       # kernels/movement.py's slice_: lane copies of channels, or columns
+        return "same", True, True
     if kind in ROW_KERNELS:   # their layer kernels' NCHW16c forms; binary ops: per-channel constants
         # (not a div by a constant: broadcast.binary's blocked per-channel loop divides the padded
         # lanes by 0, which numba raises as ZeroDivisionError)
@@ -643,8 +645,9 @@ class RowLocalRunner(Runner):
             dst[...] = self.layer.reference(*args, **self.layer.params)
             return
         y = dst if dst.flags.c_contiguous else scratch.get("yband", dst.shape, dst.dtype)
+        extra = {"in_channels": [sh[1] for sh in self.in_shapes]} if self.layer.kind == "slice" else {}
         kernel(y, *args, layout="nchwc" if blocked else "nchw", channels=self.out_shape[1], threads=self.threads,
-               **self.layer.params)
+               **extra, **self.layer.params)
         if y is not dst:
             dst[...] = y
 
