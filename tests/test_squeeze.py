@@ -192,3 +192,22 @@ def test_validator_refuses_a_crafted_squeeze_excitation():
     bad[-1] = op("s", (2, 48, 1, 1))
     with pytest.raises(ValueError):
         V.VALIDATORS["squeeze_excitation"](Instruction("squeeze_excitation", bad, p))
+
+
+@pytest.mark.parametrize("batch,hw", [(1, 13), (3, 7)])
+def test_torch_se_block_fuses_and_matches_pytorch(batch, hw):
+    """The idiom real model code writes (tests/modern_models.py: x.mean((2, 3), keepdim=True),
+    conv fc1, SiLU, conv fc2, Sigmoid, s * x, then a 1x1 projection) through from_torch: one
+    squeeze_excitation op, equal to PyTorch."""
+    torch = pytest.importorskip("torch")
+    import modern_models as mm
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(5, 40, 3, padding=1), torch.nn.SiLU(),
+                                mm.SqueezeExcitation(40, 10, act=torch.nn.SiLU), torch.nn.Conv2d(40, 24, 1)).eval()
+    x = torch.randn(batch, 5, hw, hw)
+    net = tilefuse.from_torch(block, x)
+    c = tilefuse.compile(net, threads=2)
+    assert [o.op for o in c.network.ops].count("squeeze_excitation") == 1
+    with torch.no_grad():
+        want = block(x).numpy()
+    close(tilefuse.Session(c, threads=2).run(x.numpy()), want)
