@@ -881,8 +881,13 @@ WINDOW = frozenset({"conv2d", "max_pool", "avg_pool"})
 # concat on rows of either layout; activation, prelu, add/sub/mul/div with a constant broadcast
 # over the rows and channel_norm through their layer kernels on row bands; any other op through
 # its reference kernel on NCHW rows)
+# (slice: of channels or columns only, compiler/bands.py `refusal`)
 ROW_LOCAL = frozenset({"relu", "activation", "prelu", "add", "sub", "mul", "div", "scale", "batch_norm",
-                       "channel_norm", "dropout", "local_response_norm", "concat"})
+                       "channel_norm", "dropout", "local_response_norm", "concat", "slice"})
+# output row r reads a monotone range of input rows [lo(r), hi(r)) that no integer-stride window
+# describes (upsampling, transposed convs, reflected borders, adaptive windows): the row-band
+# schedule tabulates it from the op's params (kernels/bands.py `row_window`, `RowTable`)
+ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool"})
 # ops with a fused epilogue activation (`relu` / `act` parameters): a following ReLU or activation
 # fuses into them (compiler/passes.py fuse_activation); lowering splits it out again for a kernel
 # that cannot apply it
