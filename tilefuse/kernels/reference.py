@@ -170,6 +170,14 @@ def global_avg_pool(x):
     return x.astype(acc).mean(axis=(2, 3), keepdims=True).astype(x.dtype, copy=False)
 
 
+def squeeze_excitation(x, w1, b1, w2, b2, act, gate):
+    """The squeeze-excitation scale of x (N, C, H, W): gate(fc2(act(fc1(mean over H, W of x)))),
+    fc1 (R, C, 1, 1) + b1 (R,), fc2 (C, R, 1, 1) + b2 (C,) as 1x1 convs -> (N, C, 1, 1)."""
+    s = global_avg_pool(x)
+    s = conv2d(s, w1, b1, act=act)
+    return conv2d(s, w2, b2, act=gate)
+
+
 def linear(x, w, b=None, relu=False, act=None):
     """(..., K) @ (M, K)^T + b -> (..., M), PyTorch Linear semantics, then the activation."""
     acc = _acc_dtype(x.dtype)
