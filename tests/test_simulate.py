@@ -467,3 +467,27 @@ def test_an_input_scaled_conv_is_refused_by_name():
         pytest.fail("the SE scale is no longer fused into the conv: update this test to another refused op")
     with pytest.raises(UnsupportedOpError, match="input-scaled convolution"):
         simulate(compiled, "host")
+
+
+def test_squeeze_excitation_runs_as_whole_images():
+    """The fused SE op (means, two FCs, gate) mixes channels: on a machine model it is computed per
+    whole image, equal to the reference (it was once chunked by channel planes like a pool)."""
+    import torch
+    from tilefuse.frontend.torch_export import from_torch
+
+    class SE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Conv2d(24, 6, 1), torch.nn.Conv2d(6, 24, 1)
+
+        def forward(self, x):
+            return torch.sigmoid(self.fc2(torch.relu(self.fc1(x.mean((2, 3), keepdim=True)))))
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 24, 9, 9)
+    net = from_torch(SE().eval(), x)
+    compiled = tilefuse.compile(net)
+    assert any(i.kernel == "squeeze_excitation" for i in compiled.package.program())
+    for target in ("host", "ft-m7032"):
+        rep = simulate(compiled, target, inputs=x.numpy())
+        assert _err(rep.outputs, tilefuse.evaluate(net, x.numpy())) <= TOL[rep.target.dtype] * 4, target

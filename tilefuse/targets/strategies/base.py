@@ -28,7 +28,7 @@ def schema_ref(kernel: str, name: str):
 PER_CHANNEL = ("relu", "add", "scale", "batch_norm", "max_pool", "avg_pool", "global_avg_pool")
 # Ops whose output channel c reads only channel c of every input (constants broadcast over the
 # others): they stream in chunks of channel planes. Every other op streams whole images.
-CHANNEL_LOCAL = frozenset(ops.ELEMENTWISE | ops.POOL | ops.GLOBAL | {"scale", "batch_norm", "resize"})
+CHANNEL_LOCAL = frozenset(ops.ELEMENTWISE | ops.POOL | {"global_avg_pool", "scale", "batch_norm", "resize"})
 # Channel-local ops whose output row r reads input rows r*s - pad + [0, k): they may stream in
 # row bands of one plane when a plane does not fit.
 ROW_BANDS = frozenset(ops.ELEMENTWISE | {"scale", "batch_norm", "max_pool", "avg_pool", "global_avg_pool"})
