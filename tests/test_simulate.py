@@ -488,6 +488,10 @@ def test_squeeze_excitation_runs_as_whole_images():
     net = from_torch(SE().eval(), x)
     compiled = tilefuse.compile(net)
     assert any(i.kernel == "squeeze_excitation" for i in compiled.package.program())
+    ref = tilefuse.evaluate(net, x.numpy())
     for target in ("host", "ft-m7032"):
         rep = simulate(compiled, target, inputs=x.numpy())
-        assert _err(rep.outputs, tilefuse.evaluate(net, x.numpy())) <= TOL[rep.target.dtype] * 4, target
+        assert _err(rep.outputs, ref) <= TOL[rep.target.dtype] * 4, target
+    # a memory that holds a few channel planes but not an image: refused, never chunked by channels
+    with pytest.raises(CapacityError, match="chunk of one image"):
+        simulate(compiled, "host", inputs=x.numpy(), L2="8KiB")
