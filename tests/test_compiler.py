@@ -146,3 +146,25 @@ def test_compile_errors():
         tilefuse.compile(net)
     with pytest.raises(ValueError, match="target 'gpu' is not supported"):
         tilefuse.compile(residual_block(), target="gpu")
+
+
+def test_bn_fold_weights_chunked_equal_whole_array_formula():
+    """fold_batch_norm scales the weights a few output channels at a time (no whole-weight
+    float64 temporaries); the folded weights are bitwise the whole-array float64 formula,
+    for a weight spanning several chunks and an odd channel count."""
+    rng = np.random.default_rng(5)
+    net = tilefuse.Network("fold_chunks")
+    x = net.input("x", (1, 70, 5, 5))
+    w = rng.standard_normal((301, 70, 3, 3)).astype(np.float32)       # 1.4 MiB as float64: 2 chunks
+    c = net.conv2d(x, w, padding=1, name="c")
+    b = rand_bn(net, c, 301, rng)
+    net.output(b)
+    bn = [o for o in net.ops if o.op == "batch_norm"][0]
+    gamma, beta, mean, var = (d.value.astype(np.float64) for d in bn.inputs[1:])
+    s = gamma / np.sqrt(var + bn.params["eps"])
+    want = (w.astype(np.float64) * s.reshape(-1, 1, 1, 1)).astype(np.float32)
+    opt = P.fold_batch_norm(net).network
+    conv = [o for o in opt.ops if o.op == "conv2d"][0]
+    assert count(opt, "batch_norm") == 0
+    np.testing.assert_array_equal(conv.inputs[1].value, want)
+    assert conv.inputs[1].value.dtype == np.float32

@@ -180,8 +180,8 @@ def test_validators_refuse_inconsistent_blocked_instructions():
 
 @pytest.mark.parametrize("o,c", [(17, 33), (32, 16), (70, 100), (5, 3)])   # O=70: the scaled-input path
 def test_se_conv_packs_scaled_weights_like_k1x1_prepare(o, c):
-    """The input-scaled 1x1 conv packs w * s[n] itself (no numpy temporaries): the packed weights
-    equal k1x1.prepare's bit for bit, zero padding included (odd O and C), and the conv over a
+    """The input-scaled 1x1 conv scales the packed weights per image (no numpy temporaries): they
+    equal k1x1.prepare(w * s[n])'s bit for bit, zero padding included (odd O and C), and the conv over a
     batch of per-image scales on NCHW16c equals the reference (which scales x first)."""
     from tilefuse.kernels import reference as ref
     from tilefuse.kernels import se_conv
@@ -191,7 +191,7 @@ def test_se_conv_packs_scaled_weights_like_k1x1_prepare(o, c):
     s = RNG.random((3, c, 1, 1)).astype(np.float32)
     for i in range(3):
         wp = np.full((-(-o // 32), -(-c // 16) * 16, 32), np.nan, np.float32)
-        se_conv.pack_scaled_1x1(wp, wt.reshape(o, c), s[i].reshape(c))
+        se_conv.scale_packed(wp, k1x1.prepare(wt, b)["weight"], s[i].reshape(c))
         np.testing.assert_array_equal(wp, k1x1.prepare(wt * s[i].reshape(1, c, 1, 1), b)["weight"])
     x = RNG.standard_normal((3, c, 5, 7)).astype(np.float32)
     res = RNG.standard_normal((3, o, 5, 7)).astype(np.float32)

@@ -381,3 +381,117 @@ def test_vck5000_host_copies_follow_the_xrt_calls():
     copy = nbytes / 6e9                                    # xrt::bo::write / read: a memcpy
     assert rep.host["host -> device"] == pytest.approx(copy + 50e-6 + nbytes / (15.75e9 * 0.563))
     assert rep.host["device -> host"] == pytest.approx(copy + 50e-6 + nbytes / (15.75e9 * 0.772))
+
+
+def _modern_net(c=8, hw=8):
+    """The ops of issue 9 that the machine models stream: a transposed conv (mixes channels), a
+    conv with a fused SiLU, constants broadcast per channel ((1, C, 1, 1), (C, 1, 1)) and along W
+    (a 1-D constant of length W == C, which must not be read as per-channel), prelu, reflect pad,
+    bilinear resize, channel norm, concat."""
+    rng = np.random.default_rng(3)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    net = tilefuse.Network("modern-ops")
+    x = net.input("x", (2, c, hw, hw))
+    u = net.conv_transpose2d(x, f32(c, c, 3, 3) * 0.3, f32(c),
+                             stride=2, padding=1, output_padding=1)                # (2, c, 2hw, 2hw)
+    y = net.activation(net.conv2d(u, f32(c, c, 3, 3) * 0.2, padding=1), "silu")
+    y = net.activation(net.add(net.conv2d(y, f32(c, c, 1, 1) * 0.3), y), "hardswish")   # residual, then act
+    y = net.mul(y, net.constant("s", f32(1, c, 1, 1)))
+    y = net.sub(y, net.constant("m", f32(c, 1, 1)))
+    y = net.add(y, net.constant("row", f32(2 * hw)))            # broadcast along W (length 2hw)
+    y = net.prelu(y, np.abs(f32(c)) * 0.1)
+    y = net.pad(y, (0, 0, 0, 0, 1, 2, 2, 1), mode="reflect")
+    y = net.resize(y, size=(2 * hw + 5, 2 * hw + 3), mode="bilinear")
+    y = net.channel_norm(y, f32(c), f32(c))
+    z = net.resize(net.avg_pool(u, 2, stride=2), size=(2 * hw + 5, 2 * hw + 3), mode="nearest")
+    net.output(net.concat([y, z]))
+    return net
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_modern_ops_equal_the_reference_or_are_refused(target):
+    """Every op of a modern network either runs on the machine model with the reference's result or
+    is refused by name; none is silently wrong (a transposed conv streamed in channel chunks once
+    mixed the wrong input channels, a fused SiLU was dropped)."""
+    net = _modern_net()
+    x = np.random.default_rng(1).standard_normal(net.inputs[0].shape).astype(np.float32)
+    ref = tilefuse.evaluate(net, x)
+    compiled = tilefuse.compile(net)
+    convs = [i.params for i in compiled.package.program() if i.kernel == "conv2d"]
+    assert any(p.get("act", ("identity",))[0] == "silu" for p in convs), "the SiLU is fused into the conv"
+    assert any(p.get("act", ("identity",))[0] == "hardswish" and p["has_residual"] for p in convs)
+    try:
+        rep = simulate(compiled, target, inputs=x)
+    except (UnsupportedOpError, CapacityError) as e:     # refused by name: an op, or a memory too small
+        assert target not in ("host", "ft-m7032"), e
+        assert "mapping" in str(e) or "does not fit" in str(e)
+        return
+    assert _err(rep.outputs, ref) <= TOL[rep.target.dtype] * 4, target
+
+
+def test_row_bands_of_a_plane_equal_the_reference():
+    """Planes larger than the streaming memory go through in row bands: per-channel and
+    broadcast constants still line up."""
+    rng = np.random.default_rng(2)
+    c = hw = 24                                  # a 1-D constant of length W == C runs along W
+    net = tilefuse.Network("bands")
+    x = net.input("x", (2, c, hw, hw))
+    y = net.mul(net.relu(x), rng.standard_normal((1, c, 1, 1)).astype(np.float32))
+    y = net.sub(y, rng.standard_normal((c, 1, 1)).astype(np.float32))
+    y = net.add(y, net.constant("row", rng.standard_normal(hw).astype(np.float32)))
+    y = net.prelu(y, np.abs(rng.standard_normal(c)).astype(np.float32) * 0.1)
+    net.output(net.max_pool(y, 3, stride=2, padding=1))
+    x = rng.standard_normal(net.inputs[0].shape).astype(np.float32)
+    rep = simulate(tilefuse.compile(net), "host", inputs=x, L2="3KiB")
+    assert any("bands" in r.mapping for r in rep.layers)
+    assert _err(rep.outputs, tilefuse.evaluate(net, x)) <= 1e-5
+
+
+def test_an_input_scaled_conv_is_refused_by_name():
+    import torch
+    from tilefuse.frontend.torch_export import from_torch
+
+    class SE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Conv2d(16, 4, 1), torch.nn.Conv2d(4, 16, 1)
+            self.proj = torch.nn.Conv2d(16, 8, 1)
+
+        def forward(self, x):
+            s = torch.sigmoid(self.fc2(torch.relu(self.fc1(x.mean((2, 3), keepdim=True)))))
+            return self.proj(x * s)
+
+    torch.manual_seed(0)
+    compiled = tilefuse.compile(from_torch(SE().eval(), torch.randn(1, 16, 8, 8)))
+    if not any(i.kernel == "conv2d" and i.params.get("has_input_scale") for i in compiled.package.program()):
+        pytest.fail("the SE scale is no longer fused into the conv: update this test to another refused op")
+    with pytest.raises(UnsupportedOpError, match="input-scaled convolution"):
+        simulate(compiled, "host")
+
+
+def test_squeeze_excitation_runs_as_whole_images():
+    """The fused SE op (means, two FCs, gate) mixes channels: on a machine model it is computed per
+    whole image, equal to the reference (it was once chunked by channel planes like a pool)."""
+    import torch
+    from tilefuse.frontend.torch_export import from_torch
+
+    class SE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Conv2d(24, 6, 1), torch.nn.Conv2d(6, 24, 1)
+
+        def forward(self, x):
+            return torch.sigmoid(self.fc2(torch.relu(self.fc1(x.mean((2, 3), keepdim=True)))))
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 24, 9, 9)
+    net = from_torch(SE().eval(), x)
+    compiled = tilefuse.compile(net)
+    assert any(i.kernel == "squeeze_excitation" for i in compiled.package.program())
+    ref = tilefuse.evaluate(net, x.numpy())
+    for target in ("host", "ft-m7032"):
+        rep = simulate(compiled, target, inputs=x.numpy())
+        assert _err(rep.outputs, ref) <= TOL[rep.target.dtype] * 4, target
+    # a memory that holds a few channel planes but not an image: refused, never chunked by channels
+    with pytest.raises(CapacityError, match="chunk of one image"):
+        simulate(compiled, "host", inputs=x.numpy(), L2="8KiB")

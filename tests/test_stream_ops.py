@@ -182,12 +182,12 @@ def test_zoo_efficientnet_b0_streams_up_to_its_first_squeeze_excitation():
     s = tilefuse.compile(net, schedule="stream", stream_options={"band_rows": 2})
     streamed = [l.kind for l in s.schedule.layers]
     assert streamed and all(k == "conv2d" for k in streamed), streamed        # stem, depthwise
-    assert s.schedule.tail[0].op == "global_avg_pool"                           # the SE mean
+    assert s.schedule.tail[0].op == "squeeze_excitation"                        # the SE scale (its mean)
     ends = {e[1]: e[2] for e in s.schedule.ends}
-    assert "reads whole planes" in ends["global_avg_pool"]
+    assert "reads whole planes" in ends["squeeze_excitation"]
     assert any("squeeze-excitation" in why for why in ends.values()), ends      # the scaled conv / mul
     plan = str(s.plan().stream)
-    assert "streamed part ends at" in plan and "global_avg_pool" in plan
+    assert "streamed part ends at" in plan and "squeeze_excitation" in plan
     x = np.random.default_rng(2).standard_normal(net.inputs[0].shape).astype(np.float32)
     assert_close(s.run(x), tilefuse.Session(tilefuse.compile(net)).run(x), "efficientnet_b0 streamed")
 

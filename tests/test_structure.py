@@ -202,6 +202,7 @@ def test_op_groups():
     assert ops.ELEMENTWISE == family["elementwise"] and ops.NORM == family["norm"]
     # property groups name real ops of the families they describe
     assert ops.WINDOW <= ops.CONV | ops.POOL
+    assert ops.ROW_MAPPED <= ops.CONV | ops.POOL | ops.SHAPE | ops.RESIZE
     assert ops.ROW_LOCAL <= ops.ELEMENTWISE | ops.NORM | ops.SHAPE
     assert ops.MEMORY_BOUND <= ops.ELEMENTWISE | ops.NORM
     for name in ops.ACT_EPILOGUE:                        # each carries a fused relu / act
@@ -214,5 +215,7 @@ def test_op_groups():
 def test_streaming_and_passes_match_on_the_groups():
     from tilefuse.compiler import bands, passes
     from tilefuse.ir import ops
-    assert bands.STREAMABLE == ops.WINDOW | ops.ROW_LOCAL
+    assert bands.STREAMABLE == ops.WINDOW | ops.ROW_LOCAL | ops.ROW_MAPPED
+    from tilefuse.kernels import bands as kernel_bands
+    assert ops.ROW_MAPPED == kernel_bands.ROW_MAPPED     # every row-mapped op has its row table and runner
     assert "ops.ACT_EPILOGUE" in Path(passes.__file__).read_text()

@@ -6,7 +6,9 @@ bias/residual and any activation of kernels/activations.py), max_pool / avg_pool
 ceil_mode), and the row-local ops (`ops.ROW_LOCAL`): relu, activation, prelu, add / sub / mul /
 div (operands of equal shapes, or a constant broadcast over the rows: per-channel (1, C, 1, 1) /
 (C, 1, 1) or a scalar; any fused activation), scale, batch_norm, channel_norm, dropout,
-local_response_norm, channel concat (`refusal` says why any other op is not). The streamed
+local_response_norm, channel concat, channel / column slices, and the row-mapped ops
+(`ops.ROW_MAPPED`: resize, conv_transpose2d, pad on H and W, adaptive_avg_pool to height > 1)
+whose rows come from a row table (`refusal` says why any other op is not). The streamed
 part of a network is every op whose variable inputs are the (single, NCHW) network input or
 outputs of streamed ops; everything else (global pooling and what follows, a squeeze-excitation
 scale and what follows: `BandSchedule.ends` says where and why) is the tail, lowered as
@@ -15,7 +17,9 @@ Streamed tensors the tail or the caller reads ("sinks") are kept whole.
 
 Row requirements. Output row r of a window op needs input rows
     [r*s - pad_top, r*s - pad_top + d*(k-1)]            (clipped to [0, H_in); outside is padding)
-and of a row-local op (and of a conv's residual input) just row r.
+and of a row-local op (and of a conv's residual input) just row r; a row-mapped op's output
+row r needs input rows [lo[r], hi[r]) of a `RowTable` computed from its params
+(`kernels.bands.row_window`; both bounds non-decreasing in r).
 
 The schedule is found by a dry run over row counts (no data): input rows are fed `band_rows` at
 a time; after each feed the layers are swept in topological order, each emitting one band of as
@@ -38,9 +42,10 @@ import numpy as np
 from ..errors import GraphError
 from ..ir import Network, OpNode, ops
 from ..ir.ops import flops as op_flops
-from ..kernels.bands import IDENTITY, RowWindow, band_layout
+from ..kernels.bands import IDENTITY, RowWindow, band_layout, row_window
 
-STREAMABLE = ops.WINDOW | ops.ROW_LOCAL
+ROW_MAPPED = ops.ROW_MAPPED
+STREAMABLE = ops.WINDOW | ops.ROW_LOCAL | ops.ROW_MAPPED
 
 
 
@@ -126,8 +131,16 @@ def window_of(kind: str, params: dict, kernel_height: int | None = None) -> RowW
     return RowWindow(params["stride"][0], -params["padding"][0], d * (k - 1) + 1)
 
 
-def _window(op: OpNode) -> RowWindow:
-    return window_of(op.op, op.params, op.inputs[1].shape[2] if op.op == "conv2d" else None)
+def layer_window(kind: str, params: dict, in_shape, out_shape, weight_shape=None):
+    """The row window (RowWindow) or row table (RowTable) of a streamed op's first input."""
+    if kind in ROW_MAPPED:
+        return row_window(kind, params, in_shape, out_shape, weight_shape)
+    return window_of(kind, params, weight_shape[2] if kind == "conv2d" else None)
+
+
+def _window(op: OpNode):
+    return layer_window(op.op, op.params, op.inputs[0].shape, op.outputs[0].shape,
+                        op.inputs[1].shape if op.op in ops.CONV else None)
 
 
 def refusal(op: OpNode) -> str | None:
@@ -135,8 +148,6 @@ def refusal(op: OpNode) -> str | None:
     if op.op not in STREAMABLE:
         if op.op in ops.GLOBAL or op.op in ops.REDUCE or op.op in ops.LINEAR:
             return f"{op.op} does not stream: it reads whole planes (a global op)"
-        if op.op in ("resize", "conv_transpose2d", "pad", "adaptive_avg_pool"):
-            return f"{op.op} does not stream: its rows are no integer-stride window of its input rows"
         return f"{op.op} does not stream: it is not row-local in H; streamable: {', '.join(sorted(STREAMABLE))}"
     variables = [d for d in op.inputs if not d.is_constant]
     if not variables:
@@ -144,6 +155,12 @@ def refusal(op: OpNode) -> str | None:
     bad = [(d.name, d.shape) for d in variables if len(d.shape) != 4]
     if bad or len(op.outputs[0].shape) != 4:
         return f"inputs {bad or [(op.outputs[0].name, op.outputs[0].shape)]} are not (N, C, H, W)"
+    if op.op == "pad" and any(op.params["pads"][:4]):
+        return f"it pads the batch or channel axis (pads {op.params['pads']}); only H and W pads stream"
+    if op.op == "adaptive_avg_pool" and op.outputs[0].shape[2] == 1:
+        return "adaptive_avg_pool to height 1 does not stream: it reads whole planes (a global op)"
+    if op.op == "slice" and op.params["axis"] % 4 not in (1, 3):
+        return f"slice of axis {op.params['axis']}; only slices of channels (axis 1) or columns (axis 3) stream"
     if op.op == "concat" and op.params["axis"] % 4 != 1:
         return f"concat on axis {op.params['axis']}; only channel concats (axis 1) stream"
     if op.params.get("has_input_scale"):
@@ -221,7 +238,7 @@ def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> BandSch
         for pos, d in enumerate(op.inputs):
             if d.is_constant:
                 continue
-            win = _window(op) if (op.op in ops.WINDOW and pos == 0) else IDENTITY
+            win = _window(op) if ((op.op in ops.WINDOW or op.op in ROW_MAPPED) and pos == 0) else IDENTITY
             tensors[d.name].consumers.append((i, len(names)))
             names.append(d.name)
             wins.append(win)
@@ -256,7 +273,7 @@ def _dry_run(layers, tensors, input_name, band, mins=None) -> list[tuple[int, in
         for name, win in zip(layer.inputs, layer.windows):
             h, have = tensors[name].shape[2], produced[name]
             if have < h:  # rows needing input row >= have must wait: (r - 1)*s + off + span <= have
-                r1 = min(r1, (have - win.offset - win.span) // win.stride + 1)
+                r1 = min(r1, win.fits(have))
         if r1 - r0 < want and r1 < layer.rows and r0 > 0:
             return None
         return (r0, r1) if r1 > r0 else None

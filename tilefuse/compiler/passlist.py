@@ -16,6 +16,7 @@ PASSES = [
     (P.fuse_squeeze_excitation, "x * s(x) -> 1x1 conv: the channel scale moves onto the conv's weights"),
     (P.fuse_residual_add,       "conv -> add: the residual add runs in the conv's epilogue"),
     (P.fuse_activation,         "conv/linear/add/... -> activation: it runs in the producer's epilogue"),
+    (P.fuse_squeeze_scale,      "mean -> 1x1 fc -> act -> 1x1 fc -> gate: the SE scale in one instruction"),
     (P.eliminate_dead_nodes,    "fusions may leave constants and ops without users"),
 ]
 

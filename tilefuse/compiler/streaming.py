@@ -42,11 +42,12 @@ from ..ir import Network, ops
 from ..ir.node import DataNode
 from ..ir.ops import schema
 from ..kernels import bands as kernel_bands
-from ..kernels.bands import LANES, BandLayer, RowWindow, band_layout, make_runner
+from ..kernels.bands import LANES, ROW_MAPPED, BandLayer, RowTable, RowWindow, band_layout, make_runner, \
+    window_from_param
 from ..kernels.threads import Scratch
 from . import bands
 from .bands import (BandSchedule, assign_ring_layouts, balance_stages, build_schedule, check_steps,
-                    layer_cost, ring_capacities, window_of)
+                    layer_cost, layer_window, ring_capacities)
 from .layout import assign_layouts, check_layouts, hidden_and_lifetimes
 from .lower import Lowered, lower
 from .program import CONST, DIRECT, HIDDEN, INDIRECT, IO, Instruction, Operand
@@ -181,7 +182,7 @@ def lower_streamed(opt: Network, conv_rule, options: dict, layout_mode: str) -> 
         p = dict(op.params)
         ins_nodes = list(op.inputs)
         params = {"op": l.kind, "name": op.name, "attrs": p,
-                  "windows": [[w.stride, w.offset, w.span] for w in l.windows],
+                  "windows": [w.param() for w in l.windows],
                   "rows_max": max(sched.step_rows(l.index))}
         if l.kind == "conv2d":
             params["weight_shape"] = list(op.inputs[1].shape)
@@ -428,6 +429,10 @@ def _check_band(ins: Instruction) -> dict:
     norm = schema(op).normalize(p["name"], attrs)
     if norm != attrs:
         raise ValueError(f"attrs {attrs} are not the normal form of {op}'s params ({norm})")
+    if op == "slice" and attrs["axis"] % 4 not in (1, 3):
+        raise ValueError(f"slice of axis {attrs['axis']}: only slices of channels or columns stream")
+    if op == "pad" and (len(attrs["pads"]) != 8 or any(attrs["pads"][:4])):
+        raise ValueError(f"pads {attrs['pads']}: only H and W pads of an (N, C, H, W) tensor stream")
     acts = [o for o in ins.operands if o.segment != CONST]
     consts = [o for o in ins.inputs if o.segment == CONST]
     if not acts or acts[-1] is not ins.output:
@@ -440,7 +445,12 @@ def _check_band(ins: Instruction) -> dict:
         want = "a" + "c" * k + "a" * int(bool(attrs.get("has_residual")))
         if pattern != want:
             raise ValueError(f"operands are {pattern!r} (a: activation, c: constant); a conv takes {want!r}")
-    elif (op in ops.POOL or op in kernel_bands.BLOCKED_ROW_OPS - {"add"}) and "c" in pattern:
+    elif op == "conv_transpose2d":
+        want = "a" + "c" * (1 + int(bool(attrs.get("has_bias"))))
+        if pattern != want:
+            raise ValueError(f"operands are {pattern!r} (a: activation, c: constant); a transposed conv takes "
+                             f"{want!r}")
+    elif (op in ops.POOL or op in ("resize", "pad") or op in kernel_bands.BLOCKED_ROW_OPS - {"add"}) and "c" in pattern:
         raise ValueError(f"{op} takes no constant operands; found {pattern!r} (a: activation, c: constant)")
     tensors = p.get("tensors")
     if not isinstance(tensors, (list, tuple)) or len(tensors) != len(acts):
@@ -499,16 +509,27 @@ def _check_band(ins: Instruction) -> dict:
     wins = p.get("windows")
     if not isinstance(wins, (list, tuple)) or len(wins) != len(acts) - 1:
         raise ValueError(f"'windows' must give one window per activation input ({len(acts) - 1})")
-    windows = [RowWindow(*_int_list(w, 3, "window")) for w in wins]
+    windows = [window_from_param(w) for w in wins]
     for k, wn in enumerate(windows):
-        want = window_of(op, attrs, p.get("weight_shape", [0, 0, 0])[2] if op == "conv2d" else None) \
-            if (op in ops.WINDOW and k == 0) else RowWindow()
+        wshape = p["weight_shape"] if op == "conv2d" else consts[0].shape if op == "conv_transpose2d" else None
+        want = layer_window(op, attrs, descs[0][0], descs[-1][0], wshape) \
+            if ((op in ops.WINDOW or op in ROW_MAPPED) and k == 0) else RowWindow()
         if wn != want:
-            raise ValueError(f"window {k} is {wn}; the params give {want}")
+            raise ValueError(f"window {k} is {_describe(wn, want)}; the params give {_describe(want, wn)}")
     if isinstance(p.get("rows_max"), bool) or not isinstance(p.get("rows_max"), int) or p["rows_max"] < 1:
         raise ValueError(f"rows_max {p.get('rows_max')!r} must be a positive integer")
     return {"inputs": [(o.name, w) for o, w in zip(acts[:-1], windows)], "output": acts[-1].name,
             "rows": descs[-1][0][2], "descs": {o.name: d for o, d in zip(acts, descs)}}
+
+
+def _describe(w, other) -> str:
+    """A window for an error message: a RowTable by its length and first row differing from `other`."""
+    if not isinstance(w, RowTable):
+        return str(w)
+    if not isinstance(other, RowTable) or len(other.lo) != len(w.lo):
+        return f"a row table of {len(w.lo)} rows"
+    r = next(i for i in range(len(w.lo)) if (w.lo[i], w.hi[i]) != (other.lo[i], other.hi[i]))
+    return f"rows [{w.lo[r]}, {w.hi[r]}) for output row {r}"
 
 
 def validate_header(ins: Instruction) -> None:

@@ -185,7 +185,7 @@ def op_validator(op: str, layouts=("nchw",), extra: dict[str, Callable] | None =
         if len(dts) != 1 or next(iter(dts)) not in FLOATS:
             _fail(f"operand dtypes {[str(o.dtype) for o in ins.operands]}; expected one float dtype "
                   f"for every operand")
-        out_blocked = lay == "nchwc" and op != "global_avg_pool"
+        out_blocked = lay == "nchwc" and op not in registry.BLOCKED_TO_NCHW
         if lay == "nchwc":
             if next(iter(dts)) != F32:
                 _fail(f"NCHW16c operands are {next(iter(dts))}; expected float32")
@@ -426,6 +426,8 @@ VALIDATORS: dict[str, Callable] = {
     "from_nchwc": validate_from_nchwc,
     "scale": op_validator("scale", _layouts("scale"), channels_from="alpha"),
     "global_avg_pool": op_validator("global_avg_pool", _layouts("global_avg_pool"), channels_from="output"),
+    "squeeze_excitation": op_validator("squeeze_excitation", _layouts("squeeze_excitation"),
+                                       channels_from="output"),
 }
 for _k in ("batch_norm", "relu", "add", "max_pool", "avg_pool", "linear", "flatten", "dropout", "softmax",
            "local_response_norm", "concat"):

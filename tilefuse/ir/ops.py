@@ -421,6 +421,31 @@ _register(OpSchema("global_avg_pool", "global", ("x",), lambda n, p: {}, _gap_in
                    lambda x: ref.global_avg_pool(x), lambda i, o, p: _prod(i[0])))
 
 
+def _se_norm(node, p):
+    return {"act": act_param(node, p.get("act", "identity")), "gate": act_param(node, p.get("gate", "sigmoid"))}
+
+
+def _se_infer(node, ins, p):
+    x, w1, b1, w2, b2 = ins
+    _expect_rank(node, "input", x, 4)
+    _expect_rank(node, "w1", w1, 4)
+    _expect_same_dtype(node, ins)
+    n, c = x.shape[:2]
+    r = w1.shape[0]
+    _expect_shape(node, "w1", w1, (r, c, 1, 1))
+    _expect_shape(node, "b1", b1, (r,))
+    _expect_shape(node, "w2", w2, (c, r, 1, 1))
+    _expect_shape(node, "b2", b2, (c,))
+    return (n, c, 1, 1)
+
+
+# the squeeze-excitation scale in one op (compiler/passes.py fuse_squeeze_scale writes it for
+# global_avg_pool -> 1x1 conv (act) -> 1x1 conv (gate)); kernel: kernels/squeeze.py
+_register(OpSchema("squeeze_excitation", "global", ("x", "w1", "b1", "w2", "b2"), _se_norm, _se_infer,
+                   lambda x, w1, b1, w2, b2, act, gate: ref.squeeze_excitation(x, w1, b1, w2, b2, act, gate),
+                   lambda i, o, p: _prod(i[0]) + 4 * i[0][0] * _prod(i[1])))
+
+
 # linear, softmax, lrn ------------------------------------------------------------------------
 
 def _linear_norm(node, p):
@@ -840,7 +865,7 @@ def ops_in(*groups: str) -> frozenset[str]:
 
 CONV = ops_in("conv")                # convolutions (conv2d, conv_transpose2d)
 POOL = ops_in("pool")                # windowed pooling (max_pool, avg_pool, adaptive_avg_pool)
-GLOBAL = ops_in("global")            # whole-plane reductions (global_avg_pool)
+GLOBAL = ops_in("global")            # whole-plane reductions (global_avg_pool, squeeze_excitation)
 NORM = ops_in("norm")                # per-channel / cross-channel maps (batch_norm, scale, lrn)
 ELEMENTWISE = ops_in("elementwise")  # one output element per input element (relu, activation, add, ...)
 LINEAR = ops_in("linear")            # dense layers (linear)
@@ -856,8 +881,13 @@ WINDOW = frozenset({"conv2d", "max_pool", "avg_pool"})
 # concat on rows of either layout; activation, prelu, add/sub/mul/div with a constant broadcast
 # over the rows and channel_norm through their layer kernels on row bands; any other op through
 # its reference kernel on NCHW rows)
+# (slice: of channels or columns only, compiler/bands.py `refusal`)
 ROW_LOCAL = frozenset({"relu", "activation", "prelu", "add", "sub", "mul", "div", "scale", "batch_norm",
-                       "channel_norm", "dropout", "local_response_norm", "concat"})
+                       "channel_norm", "dropout", "local_response_norm", "concat", "slice"})
+# output row r reads a monotone range of input rows [lo(r), hi(r)) that no integer-stride window
+# describes (upsampling, transposed convs, reflected borders, adaptive windows): the row-band
+# schedule tabulates it from the op's params (kernels/bands.py `row_window`, `RowTable`)
+ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool"})
 # ops with a fused epilogue activation (`relu` / `act` parameters): a following ReLU or activation
 # fuses into them (compiler/passes.py fuse_activation); lowering splits it out again for a kernel
 # that cannot apply it

@@ -33,12 +33,16 @@ of `kernels/activations.py` in their epilogue (`act` param), as in the layer sch
 """
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import broadcast, norm, pool
+from . import broadcast, movement, norm, pool
+from . import conv_transpose as convt
+from . import resize as resize_kernel
 from . import reference as ref
 from .threads import Scratch
 
@@ -53,7 +57,7 @@ BLOCKED_ROW_OPS = frozenset({"relu", "add", "dropout", "concat"})
 ROW_KERNELS = {"activation": broadcast.activation, "prelu": broadcast.prelu,
                "add": broadcast.KERNELS["add"], "sub": broadcast.KERNELS["sub"],
                "mul": broadcast.KERNELS["mul"], "div": broadcast.KERNELS["div"],
-               "channel_norm": norm.channel_norm}
+               "channel_norm": norm.channel_norm, "slice": movement.slice_}
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,97 @@ class RowWindow:
         return r0 * self.stride + self.offset, (r1 - 1) * self.stride + self.offset + self.span
 
 
+    def fits(self, have: int) -> int:
+        """Output rows [0, fits) need only input rows below `have` (may be <= 0)."""
+        return (have - self.offset - self.span) // self.stride + 1
+
+    def param(self) -> list:
+        """The band instruction's form (`window_from_param` reads it back)."""
+        return [self.stride, self.offset, self.span]
+
+
 IDENTITY = RowWindow()
+
+
+@dataclass(frozen=True)
+class RowTable:
+    """Output row r needs input rows [lo[r], hi[r]) (both non-decreasing, within [0, H]): the
+    row maps that are no integer-stride window (resize, conv_transpose2d, pad,
+    adaptive_avg_pool), tabulated from the op's params by `row_window`."""
+    lo: tuple
+    hi: tuple
+
+    def rows(self, r0: int, r1: int) -> tuple[int, int]:
+        return self.lo[r0], self.hi[r1 - 1]
+
+    def fits(self, have: int) -> int:
+        return bisect.bisect_right(self.hi, have)
+
+    def param(self) -> dict:
+        return {"lo": list(self.lo), "hi": list(self.hi)}
+
+
+def window_from_param(v) -> RowWindow | RowTable:
+    """A band instruction's window: [stride, offset, span] or {"lo": [...], "hi": [...]}."""
+    if isinstance(v, dict):
+        if set(v) != {"lo", "hi"}:
+            raise ValueError(f"window {sorted(v)}: expected keys 'lo' and 'hi'")
+        lo, hi = v["lo"], v["hi"]
+        if not isinstance(lo, (list, tuple)) or not isinstance(hi, (list, tuple)) or len(lo) != len(hi) or \
+                any(isinstance(a, bool) or not isinstance(a, int) for a in list(lo) + list(hi)):
+            raise ValueError("window tables 'lo' and 'hi' must be integer lists of one length")
+        return RowTable(tuple(int(a) for a in lo), tuple(int(a) for a in hi))
+    if not isinstance(v, (list, tuple)) or len(v) != 3 or any(isinstance(a, bool) or not isinstance(a, int)
+                                                               for a in v):
+        raise ValueError(f"window {v!r}: expected [stride, offset, span] or {{'lo': [...], 'hi': [...]}}")
+    return RowWindow(*(int(a) for a in v))
+
+
+# the ops `row_window` tabulates and `MappedRunner` runs (the IR's ops.ROW_MAPPED group)
+ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool"})
+
+
+def _table(lo, hi, height: int) -> RowTable:
+    """The monotone hull of per-row needs [lo[r], hi[r]) (rows needing nothing: lo >= hi):
+    lo the suffix minimum, hi the prefix maximum, clipped to [0, H], lo <= hi."""
+    lo = np.asarray(lo, np.int64)
+    hi = np.asarray(hi, np.int64)
+    empty = lo >= hi
+    lo = np.where(empty, height, np.clip(lo, 0, height))
+    hi = np.where(empty, 0, np.clip(hi, 0, height))
+    lo = np.minimum.accumulate(lo[::-1])[::-1]
+    hi = np.maximum.accumulate(hi)
+    lo = np.minimum(lo, hi)
+    return RowTable(tuple(int(v) for v in lo), tuple(int(v) for v in hi))
+
+
+def row_window(kind: str, params: dict, in_shape, out_shape, weight_shape=None) -> RowTable:
+    """The row table of a ROW_MAPPED op's (first) input, from its params and shapes: what the
+    compiler records in the band instruction and the package loader recomputes."""
+    h, ho = int(in_shape[2]), int(out_shape[2])
+    r = np.arange(ho, dtype=np.int64)
+    if kind == "resize":
+        sh = params["scales"][0] if params.get("scales") else None
+        lo, hi = ref.resize_rows(h, ho, sh, params["mode"], params["coord"], params["nearest_mode"])
+    elif kind == "conv_transpose2d":
+        # output row oh gets kernel row kh from input row (oh + pt - kh*dh) / sh when divisible
+        kh, (sh, _), (dh, _), pt = weight_shape[2], params["stride"], params["dilation"], params["padding"][0]
+        lo = -((-(r + pt - (kh - 1) * dh)) // sh)
+        hi = (r + pt) // sh + 1
+    elif kind == "pad":
+        top, bottom = params["pads"][4], params["pads"][5]
+        if params["mode"] == "constant":
+            src = r - top
+            inside = (src >= 0) & (src < h)
+            lo, hi = np.where(inside, src, h), np.where(inside, src + 1, 0)
+        else:
+            src = movement._edge_index(h, top, bottom, params["mode"])
+            lo, hi = src, src + 1
+    elif kind == "adaptive_avg_pool":
+        lo, hi = ref.adaptive_windows(h, ho)
+    else:
+        raise ValueError(f"{kind} has no row table")
+    return _table(lo, hi, h)
 
 
 @dataclass
@@ -121,6 +215,11 @@ def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc
         return "any", blocked, blocked or (alg == "im2col" and one)
     if rings != "nchwc" or dtype != np.float32:
         return "nchw", False, False
+    if kind == "resize":          # kernels/resize.py has an NCHW16c form
+        return "same", True, True
+    if kind == "conv_transpose2d":  # the phase kernel (NCHW16c, or NCHW through a conversion)
+        from .conv import transpose
+        return ("same", True, True) if transpose.applies(params["groups"]) else ("nchw", False, False)
     if kind in ("max_pool", "avg_pool"):
         return "same", True, True
     if kind in BLOCKED_ROW_OPS:   # a concat of whole channel blocks: every input but the last x16
@@ -128,6 +227,8 @@ def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc
             if kind != "add" or all(_channel_const(s) for s in const_shapes):
                 return "same", True, True
         return "nchw", False, False
+    if kind == "slice":       # kernels/movement.py's slice_: lane copies of channels, or columns
+        return "same", True, True
     if kind in ROW_KERNELS:   # their layer kernels' NCHW16c forms; binary ops: per-channel constants
         # (not a div by a constant: broadcast.binary's blocked per-channel loop divides the padded
         # lanes by 0, which numba raises as ZeroDivisionError)
@@ -544,14 +645,139 @@ class RowLocalRunner(Runner):
             dst[...] = self.layer.reference(*args, **self.layer.params)
             return
         y = dst if dst.flags.c_contiguous else scratch.get("yband", dst.shape, dst.dtype)
+        extra = {"in_channels": [sh[1] for sh in self.in_shapes]} if self.layer.kind == "slice" else {}
         kernel(y, *args, layout="nchwc" if blocked else "nchw", channels=self.out_shape[1], threads=self.threads,
-               **self.layer.params)
+               **extra, **self.layer.params)
         if y is not dst:
             dst[...] = y
 
 
+class MappedRunner(Runner):
+    """The ROW_MAPPED ops (their rows come from a `RowTable`), each through its layer kernel on
+    the band of input rows [lo, hi) the table gives for output rows [r0, r1):
+
+    resize             kernels/resize.py with its `band` argument (either layout);
+    conv_transpose2d   the phase kernel (kernels/conv/transpose.py, NCHW16c or NCHW) or the GEMM +
+                       col2im kernel (kernels/conv_transpose.py) on the input band [B0, B1) with
+                       top padding r0 + pad_top - B0 * stride: rows of the band outside [lo, hi)
+                       are zeros (they only feed output rows outside [r0, r1));
+    pad                the rows mapped through the pad's index (movement._edge_index), W padded by
+                       kernels/movement.py's pad, rows of the constant border filled (NCHW);
+    adaptive_avg_pool  its reference (kernels/reduce.py) with its `band` argument (NCHW)."""
+
+    def __init__(self, layer: BandLayer):
+        super().__init__(layer)
+        self.threads = None          # set by the stream mode
+        self.win = layer.windows[0]
+        self.p = p = layer.params
+        self.height = self.in_shapes[0][2]
+        if layer.kind == "conv_transpose2d":
+            from .conv import transpose
+            self.w = self.consts[0]
+            self.b = self.consts[1] if p["has_bias"] else None
+            self.phase = self.dtype == np.float32 and transpose.applies(p["groups"])
+            self.prepared = transpose.prepare(self.w, self.b, p["groups"]) if self.phase else None
+        if layer.kind == "pad":
+            top, bottom = p["pads"][4], p["pads"][5]
+            if p["mode"] == "constant":
+                src = np.arange(self.out_shape[2]) - top
+                self.src = np.where((src >= 0) & (src < self.height), src, -1)
+            else:
+                self.src = movement._edge_index(self.height, top, bottom, p["mode"])
+
+    def _in_rows(self, r0: int, r1: int) -> int:
+        lo, hi = self.win.rows(r0, r1)
+        return hi - lo
+
+    def _convt_band(self, r0: int, r1: int) -> tuple[int, int, int, int, int]:
+        """(lo, hi, B0, B1, top padding): the input rows held and the zero-extended band."""
+        p = self.p
+        lo, hi = self.win.rows(r0, r1)
+        sh, dh, kh, pt = p["stride"][0], p["dilation"][0], self.w.shape[2], p["padding"][0]
+        b0 = min(lo, (r0 + pt) // sh)                     # top padding >= 0
+        top = r0 + pt - b0 * sh
+        # enough rows below for r1 - r0 output rows (zeros: they feed rows >= r1 only)
+        b1 = max(hi, b0 + 1 + max(0, -(-(r1 - r0 + top - dh * (kh - 1) - 1) // sh)))
+        return lo, hi, b0, b1, top
+
+    def scratch_need(self):
+        n, c, _, w = self.in_shapes[0]
+        R = self.band
+        rin = max(self._in_rows(r, min(r + R, self.layer.rows)) for r in range(0, self.layer.rows))
+        if self.layer.kind == "conv_transpose2d":
+            rin = max(b1 - b0 for r in range(self.layer.rows)
+                      for _, _, b0, b1, _ in [self._convt_band(r, min(r + R, self.layer.rows))])
+        cb = -(-c // LANES) * LANES if self.out_blocked else c
+        co = -(-self.out_shape[1] // LANES) * LANES if self.out_blocked else self.out_shape[1]
+        return {"xband": n * cb * max(rin, 1) * w, "yband": n * co * R * self.out_shape[3]}
+
+    def run(self, rings, scratch, r0, r1, dst):
+        kind, p = self.layer.kind, self.p
+        blocked = dst.ndim == 5
+        ring = rings[0]
+        y = dst if dst.flags.c_contiguous else scratch.get("yband", dst.shape, dst.dtype)
+        if kind == "conv_transpose2d":
+            self._run_convt(ring, scratch, r0, r1, y, blocked)
+        else:
+            lo, hi = self.win.rows(r0, r1)
+            if kind == "pad":
+                self._run_pad(ring, scratch, r0, r1, lo, hi, y)
+            elif hi <= lo:  # pragma: no cover - a resize / adaptive pool row reads at least one row
+                raise ValueError(f"{self.layer.name}: rows [{r0}, {r1}) read no input rows")
+            else:
+                xb = band_as(ring, lo, hi, blocked, scratch, "xband", self.threads)
+                if kind == "resize":
+                    resize_kernel.resize(y, xb, layout="nchwc" if blocked else "nchw", channels=self.out_shape[1],
+                                         threads=self.threads, band=(r0, lo, self.height), **p)
+                else:
+                    y[...] = ref.adaptive_avg_pool(xb, tuple(p["output_size"]), band=(r0, r1, lo, self.height))
+        if y is not dst:
+            dst[...] = y
+
+    def _run_convt(self, ring, scratch, r0, r1, y, blocked):
+        p = self.p
+        lo, hi, b0, b1, top = self._convt_band(r0, r1)
+        n, c, h, w = self.in_shapes[0]
+        shape = (n, -(-c // LANES), b1 - b0, w, LANES) if blocked else (n, c, b1 - b0, w)
+        xb = scratch.get("xband", shape, self.dtype)
+        xb[:, :, :lo - b0] = 0
+        xb[:, :, hi - b0:] = 0
+        if hi > lo:
+            ring.read_into(lo, hi, xb[:, :, lo - b0:hi - b0])
+        pad = (top, 0, p["padding"][2], p["padding"][3])
+        if self.phase:
+            from .conv import transpose
+            run = transpose.run_nchwc if blocked else transpose.run
+            run(y, xb, self.prepared, stride=p["stride"], padding=pad, dilation=p["dilation"], relu=p["relu"],
+                act=p.get("act"), threads=self.threads)
+        elif self.dtype == np.float32:
+            convt.conv_transpose2d(y, xb, self.w, *([self.b] if p["has_bias"] else []),
+                                   **dict(p, padding=pad, output_padding=(0, p["output_padding"][1])),
+                                   threads=self.threads)
+        else:   # other dtypes: the reference on the band, its rows [0, r1 - r0)
+            full = ref.conv_transpose2d(xb, self.w, self.b, p["stride"], pad, (0, p["output_padding"][1]),
+                                        p["dilation"], p["groups"], act=p.get("act") if p.get("act") is not None
+                                        else (("relu", 0.0, 0.0) if p["relu"] else None))
+            y[...] = full[:, :, :r1 - r0]
+
+    def _run_pad(self, ring, scratch, r0, r1, lo, hi, y):
+        p = self.p
+        src = self.src[r0:r1]
+        inside = src >= 0
+        if hi > lo:
+            rows = ring.read(lo, hi)
+            g = np.take(rows, np.where(inside, src - lo, 0), axis=2)       # (N, C, R, W)
+            pads = (0, 0, 0, 0, 0, 0, p["pads"][6], p["pads"][7])
+            movement.pad(y, g, pads=pads, mode=p["mode"], value=p["value"])
+        if not inside.all():
+            y[:, :, ~inside] = p["value"]
+
+
 def make_runner(layer: BandLayer) -> Runner:
-    """The band kernel of a layer: by op family (conv, pool; everything else is row-local)."""
+    """The band kernel of a layer: by op family (conv, pool, row-mapped; everything else is
+    row-local)."""
+    if layer.kind in ROW_MAPPED:
+        return MappedRunner(layer)
     if layer.kind == "conv2d":
         if layer.params.get("algorithm", "reference") != "reference" and np.dtype(layer.dtype) == np.float32:
             return KernelConvRunner(layer)

@@ -155,29 +155,51 @@ def avg_pool(out, x, *, kernel_size, stride, padding=(0, 0, 0, 0), ceil_mode=Fal
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _gap_nchwc(out, x, n):
-    """x (N, Cb, H, W, 16) -> out (N, C, 1, 1) NCHW: the mean over H*W, padded channels dropped."""
-    Cb, H, W = x.shape[1], x.shape[2], x.shape[3]
-    C = out.shape[1]
-    inv = np.float32(1.0) / np.float32(H * W)
-    acc = np.empty(16, np.float32)
-    for cb in range(Cb):
-        for l in range(16):
+def channel_means(m, x, n, c0, c1):
+    """m[n, c] = mean over positions of x[n, c] for the channel blocks [c0, c1) of image n.
+
+    x (N, Cb, P, L): NCHW16c viewed as (N, Cb, H*W, 16), or NCHW as (N, C, H*W, 1) (blocks of one
+    channel); m (N, C) NCHW (the padded channels of the last block dropped). Each block is read
+    once, its L lanes summed as one vector in position order (fastmath lets LLVM keep the 16
+    sums in a register; the order is fixed, so the result does not depend on the task split)."""
+    P, L = x.shape[2], x.shape[3]
+    C = m.shape[1]
+    inv = np.float32(1.0) / np.float32(P)
+    acc = np.zeros(L, np.float32)
+    for cb in range(c0, c1):
+        for l in range(L):
             acc[l] = 0.0
-        for h in range(H):
-            for w in range(W):
-                for l in range(16):
-                    acc[l] += x[n, cb, h, w, l]
-        for l in range(min(16, C - cb * 16)):
-            out[n, cb * 16 + l, 0, 0] = acc[l] * inv
+        for p in range(P):
+            for l in range(L):
+                acc[l] += x[n, cb, p, l]
+        for l in range(min(L, C - cb * L)):
+            m[n, cb * L + l] = acc[l] * inv
+
+
+def mean_tasks(n: int, blocks: int, positions: int, lanes: int) -> list[tuple[int, int, int]]:
+    """(image, first block, end block) tasks of about 64K values each (from the shape only)."""
+    per = max(1, (64 << 10) // max(positions * lanes, 1))
+    return [(i, c, min(c + per, blocks)) for i in range(n) for c in range(0, blocks, per)]
+
+
+def means_into(m, x, layout, threads=None) -> None:
+    """m (N, C) = the mean over H, W of x: NCHW (N, C, H, W) or NCHW16c (N, Cb, H, W, 16), float32.
+    Threads over (image, channel blocks): the batch-1 layers of a network split too."""
+    if layout == "nchwc":
+        n, cb, h, w, lanes = x.shape
+    else:
+        n, cb, h, w = x.shape
+        lanes = 1
+    x4 = x.reshape(n, cb, h * w, lanes)       # (N, Cb, H, W, L) -> (N, Cb, H*W, L), no copy
+    parallel_for(lambda t: channel_means(m, x4, t[0], t[1], t[2]), mean_tasks(n, cb, h * w, lanes), threads)
 
 
 def global_avg_pool(out, x, *, layout="nchw", threads=None, **_):
     """(N, C, H, W) or NCHWc -> (N, C, 1, 1) NCHW (the layout pass keeps the output NCHW)."""
-    if layout == "nchwc":
-        parallel_for(lambda n: _gap_nchwc(out, x, n), range(x.shape[0]), threads)
-    else:
+    if out.dtype != np.float32 or not x.flags.c_contiguous:
         out[...] = x.mean(axis=(2, 3), keepdims=True, dtype=np.float64 if x.dtype == np.float64 else np.float32)
+        return
+    means_into(out.reshape(out.shape[0], out.shape[1]), x, layout, threads)    # (N, C, 1, 1) -> (N, C)
 
 
 # training forms: CNHW planes (kernels/cnhw.py), split over the step's threads -----------------------

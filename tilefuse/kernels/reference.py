@@ -170,6 +170,14 @@ def global_avg_pool(x):
     return x.astype(acc).mean(axis=(2, 3), keepdims=True).astype(x.dtype, copy=False)
 
 
+def squeeze_excitation(x, w1, b1, w2, b2, act, gate):
+    """The squeeze-excitation scale of x (N, C, H, W): gate(fc2(act(fc1(mean over H, W of x)))),
+    fc1 (R, C, 1, 1) + b1 (R,), fc2 (C, R, 1, 1) + b2 (C,) as 1x1 convs -> (N, C, 1, 1)."""
+    s = global_avg_pool(x)
+    s = conv2d(s, w1, b1, act=act)
+    return conv2d(s, w2, b2, act=gate)
+
+
 def linear(x, w, b=None, relu=False, act=None):
     """(..., K) @ (M, K)^T + b -> (..., M), PyTorch Linear semantics, then the activation."""
     acc = _acc_dtype(x.dtype)
@@ -342,13 +350,19 @@ def adaptive_windows(size: int, out: int):
     return (i * size) // out, -((-(i + 1) * size) // out)
 
 
-def adaptive_avg_pool(x, output_size):
-    """AdaptiveAvgPool2d to any (oh, ow): window sums from prefix sums, per axis (rectangles)."""
+def adaptive_avg_pool(x, output_size, band=None):
+    """AdaptiveAvgPool2d to any (oh, ow): window sums from prefix sums, per axis (rectangles).
+    band=(r0, r1, lo, H): output rows [r0, r1) only, x holding input rows [lo, lo + x.shape[2])
+    of an input of height H (a row band of the stream mode)."""
     acc = np.float64
     y = x.astype(acc)
     for axis, out in ((2, output_size[0]), (3, output_size[1])):
         size = y.shape[axis]
         lo, hi = adaptive_windows(size, out)
+        if axis == 2 and band is not None:
+            r0, r1, first, height = band
+            lo, hi = (v[r0:r1] - first for v in adaptive_windows(height, out))
+            out = r1 - r0
         csum = np.cumsum(y, axis=axis)
         zero = np.zeros_like(np.take(csum, [0], axis=axis))
         csum = np.concatenate([zero, csum], axis=axis)          # (.., size+1, ..)
@@ -428,20 +442,35 @@ def resize_linear_weights(size_in, size_out, scale, coord):
     return i0, i1, lam
 
 
-def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor"):
+def resize_rows(size_in, size_out, scale, mode, coord, nearest_mode="floor"):
+    """(first, last + 1) input row each output row reads: nearest (i, i + 1), linear (i0, i1 + 1)."""
+    if mode == "nearest":
+        i = resize_nearest_index(size_in, size_out, scale, coord, nearest_mode)
+        return i, i + 1
+    i0, i1, _ = resize_linear_weights(size_in, size_out, scale, coord)
+    return i0, i1 + 1
+
+
+def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor", band=None):
     """Resize H and W of (N, C, H, W) to `size`.
 
     torch F.interpolate: nearest = (asymmetric, floor); nearest-exact = (half_pixel,
     round_prefer_ceil); bilinear = (half_pixel, linear) or (align_corners, linear); scales are the
-    scale_factor given (they enter the coordinate map, as in torch with recompute_scale_factor unset)."""
+    scale_factor given (they enter the coordinate map, as in torch with recompute_scale_factor unset).
+    band=(r0, r1, lo, H): output rows [r0, r1) only, x holding input rows [lo, lo + x.shape[2]) of
+    an input of height H (a row band of the stream mode)."""
     n, c, h, w = x.shape
+    r0, r1, lo = 0, size[0], 0
+    if band is not None:
+        r0, r1, lo, h = band
     sh, sw = scales if scales else (None, None)
     if mode == "nearest":
-        ih = resize_nearest_index(h, size[0], sh, coord, nearest_mode)
+        ih = resize_nearest_index(h, size[0], sh, coord, nearest_mode)[r0:r1] - lo
         iw = resize_nearest_index(w, size[1], sw, coord, nearest_mode)
         return np.ascontiguousarray(x[:, :, ih][:, :, :, iw])
     acc = _acc_dtype(x.dtype)
-    h0, h1, lh = resize_linear_weights(h, size[0], sh, coord)
+    h0, h1, lh = (a[r0:r1] for a in resize_linear_weights(h, size[0], sh, coord))
+    h0, h1 = h0 - lo, h1 - lo
     w0, w1, lw = resize_linear_weights(w, size[1], sw, coord)
     xa = x.astype(acc)
     lh = lh.astype(acc).reshape(1, 1, -1, 1)

@@ -137,15 +137,16 @@ THREADED = {"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", 
 
 # the modern-CNN ops (issue 9), one module per op family, each with its KERNELS, THREADED and
 # BLOCKED (the kernels with an NCHW16c form); their validators are in compiler/validate.py
-from . import broadcast, conv_transpose, movement, norm, reduce, resize  # noqa: E402
+from . import broadcast, conv_transpose, movement, norm, reduce, resize, squeeze  # noqa: E402
 
-for _m in (broadcast, conv_transpose, movement, norm, reduce, resize):
+for _m in (broadcast, conv_transpose, movement, norm, reduce, resize, squeeze):
     KERNELS.update(_m.KERNELS)      # "add" (any broadcasting, any activation) and "concat" included
     THREADED |= _m.THREADED
     BLOCKED_FORM = BLOCKED_FORM | _m.BLOCKED
+BLOCKED_TO_NCHW = BLOCKED_TO_NCHW | squeeze.BLOCKED_TO_NCHW    # the SE scale: blocked x -> NCHW (N, C, 1, 1)
 # kernels that apply a fused activation (params "act") themselves; lowering emits a separate
 # activation instruction after any other kernel whose op carries a non-ReLU activation
-ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"}
+ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"} | squeeze.ACT_KERNELS
 
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
 # Session._bind calls `bind(kernel, views, params)` once per instruction: it returns the callable
@@ -223,7 +224,12 @@ def bind(kernel: str, views, params: dict):
     params = dict(params)
     if kernel in THREADED:
         params["threads"] = threads_for(kernel, views, params, params.get("threads"))
-    if kernel == "conv2d":
+    if kernel == "conv2d" and params.get("has_input_scale"):
+        from .se_conv import bind as bind_input_scaled
+        fast = bind_input_scaled(views, params)
+        if fast is not None:
+            return fast, {}
+    elif kernel == "conv2d":
         fast = _bind_conv2d(views, params)
         if fast is not None:
             return fast, {}

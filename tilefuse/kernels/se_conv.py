@@ -28,24 +28,86 @@ from .threads import blas_threads, parallel_for, scratch
 
 
 @njit(nogil=True, cache=True)
-def pack_scaled_1x1(wp, w2, s):
-    """wp (OP, Cip, 32): wp[p, ci, 16k + l] = w2[(2p+k)*16 + l, ci] * s[ci], zero past O or C
-    (k1x1.prepare's packing of the weights w2 (O, C) scaled per input channel by s (C,)), without
-    the temporaries of scaling, padding and transposing in numpy."""
-    OP, Cip, _ = wp.shape
-    O, C = w2.shape
+def scale_packed(wp, wk, s):
+    """wp[p, ci, :] = wk[p, ci, :] * s[ci]: the packed unscaled 1x1 weights wk (OP, Cip, 32)
+    (k1x1.prepare) scaled per input channel, 32 contiguous values per channel (zero past C)."""
+    OP, Cip, _ = wk.shape
+    C = s.shape[0]
     for p in range(OP):
-        nj = min(32, O - 32 * p)
         for ci in range(Cip):
-            if ci < C:
-                sc = s[ci]
-                for j in range(nj):             # 32 rows of w2, each line in L1 across 16 ci
-                    wp[p, ci, j] = w2[32 * p + j, ci] * sc
-                for j in range(nj, 32):
-                    wp[p, ci, j] = 0.0
-            else:
-                for j in range(32):
-                    wp[p, ci, j] = 0.0
+            sc = s[ci] if ci < C else np.float32(0.0)
+            for j in range(32):
+                wp[p, ci, j] = wk[p, ci, j] * sc
+
+
+@njit(nogil=True, cache=True)
+def scale_blocks(xs, x, sb, n, c0, c1):
+    """xs[n, cb, p, :] = x[n, cb, p, :] * sb[n, cb*16:(cb+1)*16] for the blocks [c0, c1) of image n:
+    x (N, Cb, P, 16) NCHW16c, sb (N, Cb*16) the scale with zeros past C."""
+    P = x.shape[2]
+    for cb in range(c0, c1):
+        for p in range(P):
+            for l in range(16):
+                xs[n, cb, p, l] = x[n, cb, p, l] * sb[n, cb * 16 + l]
+
+
+CALL_VALUES = 100_000   # a 1x1 conv call per image costs about a memory pass over this many values
+
+
+def scales_weights(n: int, c: int, o: int, positions: int) -> bool:
+    """Scale the weights per image (one conv call per image) rather than the input (one conv over
+    the batch) where an image's weights, plus the cost of a call per image in a batch, are fewer
+    values than its input: early, large maps; the late small maps (EfficientNet / RegNetY at 7x7:
+    O > H*W) scale the input, read and written once."""
+    return o * c + (CALL_VALUES if n > 1 else 0) < c * positions
+
+
+def run_nchwc(out, x, prepared, s, res=None, *, relu=False, act=None, threads=None) -> None:
+    """Blocked x (N, Cb, H, W, 16) / out / residual, NCHW scale s (N, C, 1, 1); `prepared`: the
+    unscaled weights packed by k1x1.prepare (w (O, C, 1, 1), b) -> {"weight" (OP, Cip, 32), "bias"}."""
+    from .conv import k1x1
+    from .pool import mean_tasks
+    wk, bias = prepared["weight"], prepared["bias"]
+    n, cb, h, wd, _ = x.shape
+    c = s.shape[1]
+    o = out.shape[1] * 16
+    s2 = s.reshape(n, c)                                  # (N, C, 1, 1) -> (N, C)
+    act = None if relu else act
+    if not scales_weights(n, c, o, h * wd):
+        sb = scratch("se_conv_sb", (n, cb * 16))
+        sb[:, c:] = 0.0
+        sb[:, :c] = s2
+        xs = scratch("se_conv_xs", x.shape)
+        x4, xs4 = x.reshape(n, cb, h * wd, 16), xs.reshape(n, cb, h * wd, 16)   # (N, Cb, H, W, 16) -> (N, Cb, H*W, 16)
+        parallel_for(lambda t: scale_blocks(xs4, x4, sb, t[0], t[1], t[2]), mean_tasks(n, cb, h * wd, 16), threads)
+        k1x1.run_nchwc(out, xs, prepared, res, relu=relu, act=act, threads=threads)
+        return
+    wp = scratch("se_conv_wp", wk.shape)
+    for i in range(n):
+        scale_packed(wp, wk, s2[i])                       # = k1x1.prepare(w * s[i], b)["weight"]
+        k1x1.run_nchwc(out[i:i + 1], x[i:i + 1], {"weight": wp, "bias": bias},
+                       res[i:i + 1] if res is not None else None, relu=relu, act=act, threads=threads)
+
+
+def bind(views, params):
+    """The bound NCHW16c input-scaled 1x1 conv (registry.bind, once per instruction): the weights
+    packed once (k1x1.prepare), so a call scales 32 contiguous values per input channel instead
+    of transposing the weights. None when the instruction is not that form (the generic path)."""
+    from .conv import k1x1
+    p = params
+    has_b, has_r = bool(p.get("has_bias")), bool(p.get("has_residual"))
+    if p.get("layout") != "nchwc" or len(views) != 4 + has_b + has_r or views[1].shape[2:] != (1, 1):
+        return None
+    w = views[1]
+    b = views[2] if has_b else None
+    prepared = k1x1.prepare(np.asarray(w, np.float32), None if b is None else np.asarray(b, np.float32))
+    relu, act, threads = p.get("relu", False), p.get("act"), p.get("threads")
+
+    def call(out, x, *rest):
+        res = rest[1 + has_b] if has_r else None
+        run_nchwc(out, x, prepared, rest[-1], res, relu=relu, act=act, threads=threads)
+    call.__name__ = "conv2d_input_scaled_nchwc"
+    return call
 
 
 def conv2d_input_scaled(out, x, w, *rest, stride, padding, dilation, groups, has_bias, has_residual, relu,
@@ -55,37 +117,11 @@ def conv2d_input_scaled(out, x, w, *rest, stride, padding, dilation, groups, has
     res = rest.pop(0) if has_residual else None
     s = rest.pop(0)
     if layout == "nchwc":
-        # blocked x / out / residual (1x1 only: the layout pass blocks no other), NCHW scale:
-        # per image, the scaled weights packed for the blocked 1x1 kernel (O*C values) and run
+        # blocked x / out / residual (1x1 only: the layout pass blocks no other), NCHW scale
         from .conv import k1x1
-        o, c = w.shape[0], w.shape[1]
         if w.shape[2:] != (1, 1):
             raise ValueError(f"input-scaled conv (NCHWc): weight {w.shape}; expected a 1x1 kernel")
-        op, cip = -(-o // 32), -(-c // 16) * 16
-        bias = np.zeros(op * 32, np.float32)
-        if b is not None:
-            bias[:o] = b
-        w2 = np.ascontiguousarray(w.reshape(o, c), dtype=np.float32)     # (O, C, 1, 1) -> (O, C)
-        s2 = np.ascontiguousarray(s.reshape(s.shape[0], c), dtype=np.float32)  # (N, C, 1, 1) -> (N, C)
-        wp = scratch("se_conv_wp", (op, cip, 32))
-        n, cb, h, wd, _ = x.shape
-        if o + n * h * wd < n * o:
-            # scaling the input moves fewer values (N*C*H*W + O*C for one packing of the weights
-            # against N*O*C) and runs one 1x1 conv over the whole batch: late, small maps of a
-            # batch (RegNetY at 7x7: 49 positions, 440 channels)
-            sb = np.zeros((n, cb * 16), np.float32)
-            sb[:, :c] = s2
-            xs = scratch("se_conv_xs", x.shape)
-            np.multiply(x, sb.reshape(n, cb, 1, 1, 16), out=xs)    # (N, Cb, H, W, 16) * (N, Cb, 1, 1, 16)
-            pack_scaled_1x1(wp, w2, np.ones(c, np.float32))
-            k1x1.run_nchwc(out, xs, {"weight": wp, "bias": bias}, res, relu=relu, act=None if relu else act,
-                           threads=threads)
-            return
-        for i in range(n):
-            pack_scaled_1x1(wp, w2, s2[i])       # = k1x1.prepare(w * s[i], b)["weight"], in place
-            k1x1.run_nchwc(out[i:i + 1], x[i:i + 1], {"weight": wp, "bias": bias},
-                           res[i:i + 1] if res is not None else None,
-                           relu=relu, act=None if relu else act, threads=threads)
+        run_nchwc(out, x, k1x1.prepare(np.asarray(w, np.float32), b), s, res, relu=relu, act=act, threads=threads)
         return
     n, c, h, wd = x.shape
     o = w.shape[0]

@@ -40,7 +40,8 @@ def deeplabv3_resnet50(seed: int = 0, batch: int = 1, image_size: int = 224, num
                        dtype=np.float32) -> Network:
     net = Network("deeplabv3")
     pf = ParamFactory(net, seed, dtype)
-    x = net.input("x", (batch, 3, image_size, image_size), dtype)
+    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size   # H = W, or (H, W)
+    x = net.input("x", (batch, 3, h, w), dtype)
     size = x.shape[2:]
     x = net.relu(_conv_bn(net, pf, x, "backbone.conv1", "backbone.bn1", 64, 7, 2), name="backbone.relu")
     x = net.max_pool(x, 3, 2, 1, name="backbone.maxpool")

@@ -27,7 +27,8 @@ def unet(seed: int = 0, batch: int = 1, image_size: int = 256, num_classes: int 
          in_channels: int = 3, dtype=np.float32) -> Network:
     net = Network("unet")
     pf = ParamFactory(net, seed, dtype)
-    x = net.input("x", (batch, in_channels, image_size, image_size), dtype)
+    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size   # H = W, or (H, W)
+    x = net.input("x", (batch, in_channels, h, w), dtype)
     skips = [_double_conv(net, pf, x, "inc", base)]
     for i in range(1, 5):
         y = net.max_pool(skips[-1], 2, 2, name=f"down{i}.maxpool_conv.0")

@@ -40,7 +40,7 @@ from ..compiler.program import CONST, IO, Instruction
 from ..compiler.streaming import RING_C, WHOLE
 from ..errors import GraphError
 from ..ir.ops import schema
-from ..kernels.bands import BandLayer, RowWindow, Runner, make_runner
+from ..kernels.bands import BandLayer, Runner, make_runner, window_from_param
 from ..kernels.blas import blas_threads
 from ..kernels.threads import Scratch
 from .ring import FullRows, RowRing
@@ -67,7 +67,7 @@ def _band_layer(ins: Instruction, views: list) -> BandLayer:
     prepared = dict(zip(p["prepared"], consts)) if p.get("prepared") else None
     return BandLayer(
         name=p["name"], kind=p["op"], params=dict(p["attrs"]), in_shapes=shapes[:-1], out_shape=shapes[-1],
-        dtype=np.dtype(ins.output.dtype), windows=[RowWindow(*w) for w in p["windows"]],
+        dtype=np.dtype(ins.output.dtype), windows=[window_from_param(w) for w in p["windows"]],
         consts=consts, const_positions=[i for i, op in enumerate(ins.inputs) if op.segment == CONST],
         act_positions=acts, prepared=prepared, blocked_weights=p.get("layout") == "nchwc",
         weight_shape=tuple(p["weight_shape"]) if "weight_shape" in p else None,

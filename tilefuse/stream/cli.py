@@ -29,12 +29,17 @@ def parse_size(text: str) -> tuple[int, int]:
     return h, w
 
 
+SIZED_MODELS = ("unet", "deeplabv3")   # zoo builders taking image_size=(H, W)
+
+
 def model_for_input(name: str, size: tuple[int, int], batch: int = 1, seed: int = 0) -> Network:
     """Zoo model `name` for an (H, W) input: the whole network when its head accepts the size
     (ResNets: global pooling), else its fully convolutional trunk (VGG/AlexNet: the head's
     fixed 7x7 / 6x6 adaptive pooling feeds a fixed-size linear layer)."""
     from .. import models
     from .netutil import trunk, with_input_shape
+    if name in SIZED_MODELS:          # sizes flow into their params (resize targets, decoder pads)
+        return models.get(name, seed=seed, batch=batch, image_size=tuple(size))
     net = models.get(name, seed=seed, batch=batch)
     shape = (batch, net.inputs[0].shape[1], size[0], size[1])
     try:

@@ -28,6 +28,7 @@ class Layer:
     residual: np.ndarray | None = None
     functional: bool = True
     out: np.ndarray | None = None   # set by the strategy
+    act_inputs: tuple = ()          # indices of `inputs` that are activations (the rest: constants)
 
     @property
     def x(self):

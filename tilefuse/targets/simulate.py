@@ -217,9 +217,12 @@ def _layers(prog: _Program, dt, functional: bool):
             w = np.asarray(w).astype(dt)
             b = np.asarray(b).astype(dt) if b is not None else None
             args = [_Act(logical(ins.inputs[0].name)), w] + ([b] if b is not None else [])
+            var = [o for o in ins.inputs[1:] if o.segment != 0]     # residual?, input_scale? (in order)
             if params.get("has_residual"):
-                res = _Act(logical(ins.inputs[-1].name))
+                res = _Act(logical(var[0].name))
                 args.append(res)
+            if params.get("has_input_scale"):       # (N, C, 1, 1): a squeeze-excitation scale
+                args.append(_Act(logical(var[-1].name)))
         else:
             for j, o in enumerate(ins.inputs):
                 if o.segment == 0:       # a constant
@@ -241,7 +244,8 @@ def _layers(prog: _Program, dt, functional: bool):
         in_shapes = [m.shape for m in metas]
         flops = _flops(k, in_shapes, oshape, params)
         out.append((Layer(i, name, k, params, args, in_shapes, oshape, flops, np.dtype(dt), w, b, res,
-                          functional), oname))
+                          functional, act_inputs=tuple(j for j, a in enumerate(args) if isinstance(a, _Act))),
+                    oname))
     return out, skipped
 
 

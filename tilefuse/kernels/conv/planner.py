@@ -281,7 +281,8 @@ def _plan_direct(cb, kh, kw, dh, sh, ho, wp, wo, n, ob, padded, threads, l2):
     c7 = lambda v: -(-v // 7) * 7  # noqa: E731
     gs = sorted({min(ob, g + g % 2) for g in _splits(ob, 2 * threads)}, reverse=True)
     cands = []
-    for r in (r for r in _splits(ho, 4 * threads) if r <= rmax):
+    # row bands within the L2 rule; on wide maps (4K: rmax 1-2 rows) none of the splits may fit
+    for r in [r for r in _splits(ho, 4 * threads) if r <= rmax] or [rmax]:
         band = cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64
         for g in gs:
             flops = 2.0 * c7(r * wo) * cb * 16 * kh * kw * 16 * (g + g % 2)

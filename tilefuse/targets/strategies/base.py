@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ...errors import UnsupportedOpError
+from ...ir import ops
 from ...ir.ops import schema
 from ...kernels import reference as ref
 from ..machine import CapacityError, Scratchpad, Timeline, Traffic
@@ -25,6 +26,14 @@ def schema_ref(kernel: str, name: str):
 
 
 PER_CHANNEL = ("relu", "add", "scale", "batch_norm", "max_pool", "avg_pool", "global_avg_pool")
+# Ops whose output channel c reads only channel c of every input (constants broadcast over the
+# others): they stream in chunks of channel planes. Every other op streams whole images.
+CHANNEL_LOCAL = frozenset(ops.ELEMENTWISE | ops.POOL | {"global_avg_pool", "scale", "batch_norm", "resize"})
+# Channel-local ops whose output row r reads input rows r*s - pad + [0, k): they may stream in
+# row bands of one plane when a plane does not fit.
+ROW_BANDS = frozenset(ops.ELEMENTWISE | {"scale", "batch_norm", "max_pool", "avg_pool", "global_avg_pool"})
+# 1-D constants that are per-channel parameters (elsewhere a 1-D constant broadcasts along W).
+CHANNEL_VECTORS = ("scale", "batch_norm", "prelu")
 WHOLE_IMAGE = ("local_response_norm", "softmax", "concat")
 # vector operations per output (or input) element of the streamed ops
 OPS_PER_ELEMENT = {"relu": 1, "add": 1, "scale": 2, "batch_norm": 2, "global_avg_pool": 1, "concat": 0,
@@ -71,8 +80,9 @@ class ConvGeom:
         self.pt, self.pb, self.pl, self.pr = p["padding"]
 
 
-def epilogue(acc: np.ndarray, bias, residual, relu: bool, dtype) -> np.ndarray:
-    """y = acc + bias + residual, ReLU; the conv epilogue (reference order), cast to the target dtype."""
+def epilogue(acc: np.ndarray, bias, residual, relu: bool, dtype, act=None) -> np.ndarray:
+    """y = act(relu(acc + bias + residual)); the conv epilogue (reference order: kernels/reference.py
+    conv2d), cast to the target dtype. act: the conv's fused activation (name, alpha, beta)."""
     y = acc.astype(np.float32, copy=True) if acc.dtype != np.float64 else acc.copy()
     if bias is not None:
         y += bias.astype(y.dtype).reshape((1, -1) + (1,) * (y.ndim - 2))
@@ -80,7 +90,27 @@ def epilogue(acc: np.ndarray, bias, residual, relu: bool, dtype) -> np.ndarray:
         y += residual.astype(y.dtype)
     if relu:
         np.maximum(y, 0, out=y)
-    return y.astype(dtype)
+    return ref.apply_act(y, act).astype(dtype)
+
+
+def _channel_slice(a, kernel: str, img: int, c0: int, c1: int, N: int, C: int, acts: bool = False):
+    """The part of a channel-local op's argument that output image `img`, channels [c0, c1) read.
+    Arguments broadcast NumPy-style against the (N, C, ...) output: an axis of size 1 is shared;
+    a 1-D constant is per channel only for CHANNEL_VECTORS ops (otherwise it runs along W)."""
+    if a is None or not hasattr(a, "ndim"):
+        return a
+    if a.ndim == 1:
+        return a[c0:c1] if kernel in CHANNEL_VECTORS and a.shape[0] == C and C > 1 else a
+    if acts or a.ndim >= 4:             # (N, C, ...) aligned with the output's leading axes
+        idx = [slice(None)] * a.ndim
+        if a.shape[0] == N and N > 1:
+            idx[0] = slice(img, img + 1)
+        if a.ndim > 1 and a.shape[1] == C and C > 1:
+            idx[1] = slice(c0, c1)
+        return a[tuple(idx)]
+    if a.ndim == 3 and a.shape[0] == C and C > 1:      # (C, H, W) broadcast against (N, C, H, W)
+        return a[c0:c1]
+    return a
 
 
 class Strategy:
@@ -112,6 +142,9 @@ class Strategy:
             return f"the {self.t.name} mapping has no {lay.kernel}; it maps {', '.join(self.KERNELS)}"
         if lay.kernel == "conv2d" and lay.params["groups"] != 1 and not self.GROUPED:
             return f"the {self.t.name} mapping takes ungrouped convolutions; found groups={lay.params['groups']}"
+        if lay.kernel == "conv2d" and lay.params.get("has_input_scale"):
+            return (f"the {self.t.name} mapping has no input-scaled convolution (a squeeze-excitation scale "
+                    f"fused into the conv); found has_input_scale=True")
         return None
 
     def check_program(self, layers) -> None:
@@ -214,11 +247,10 @@ class Strategy:
         k = lay.kernel
         isz = lay.itemsize
         osh = lay.out_shape
-        # activation inputs: the first, and every other of the same rank for add / concat
-        acts = [0] + [i for i in range(1, len(lay.in_shapes))
-                      if k in ("add", "concat") and len(lay.in_shapes[i]) == len(lay.in_shapes[0])]
+        # activation inputs: the program's variable operands (the first when the layer does not say)
+        acts = list(lay.act_inputs) or [0]
         shp = [lay.in_shapes[i] for i in acts]
-        whole = k in WHOLE_IMAGE
+        whole = k in WHOLE_IMAGE or k not in CHANNEL_LOCAL
         size = lambda s, d: int(np.prod(s[d:])) if len(s) > d else 1  # noqa: E731
         if whole:       # (N, ...) one image per chunk unit
             in_e, out_e, units = sum(size(s, 1) for s in shp), size(osh, 1), 1
@@ -227,7 +259,8 @@ class Strategy:
         per_unit = (in_e + out_e) * isz
         cap = self.t.capacity(memory)
         fit = int(cap // (2 * per_unit))
-        if fit < 1 and not whole and len(osh) == 4 and not lay.params.get("ceil_mode", False):
+        if fit < 1 and not whole and k in ROW_BANDS and len(osh) == 4 and not lay.params.get("ceil_mode", False) \
+                and all(len(lay.in_shapes[i]) == 4 for i in acts):
             return self._stream_bands(lay, memory, link, n, acts)
         if fit < 1:
             raise CapacityError(memory, f"{k} chunk of one {'image' if whole else 'channel plane'} "
@@ -336,11 +369,10 @@ class Strategy:
             args = []
             for j, a in enumerate(lay.inputs):
                 if j in acts:
-                    args.append(a[img:img + 1, ch:ch + 1, lo:hi])
-                elif a is not None and a.ndim == 1 and a.shape[0] == C:
-                    args.append(a[ch:ch + 1])
+                    args.append(a[img:img + 1, ch:ch + 1, lo:hi] if a.shape[2] == H else
+                                _channel_slice(a, k, img, ch, ch + 1, N, C, acts=True))
                 else:
-                    args.append(a)
+                    args.append(_channel_slice(a, k, img, ch, ch + 1, N, C))
             ib.load(np.concatenate([args[q].reshape(-1) for q in acts]))     # the bands go through the buffer
             if gap:
                 y = lay.reference(*args).astype(np.float32) * (hi - lo) / H      # a band's share of the mean
@@ -360,15 +392,15 @@ class Strategy:
                                 f"double buffered, {used} core(s)", cores=n)
 
     def _chunk_args(self, lay: Layer, acts, img: int, c0: int, c1: int) -> list:
-        whole = lay.kernel in WHOLE_IMAGE
+        k = lay.kernel
+        whole = k in WHOLE_IMAGE or k not in CHANNEL_LOCAL
+        N, C = lay.out_shape[0], lay.out_shape[1] if len(lay.out_shape) > 1 else 1
         args = []
         for i, a in enumerate(lay.inputs):
-            if i in acts:
-                args.append(a[img:img + 1] if whole else a[img:img + 1, c0:c1])
-            elif not whole and a.ndim == 1 and a.shape[0] == lay.out_shape[1]:
-                args.append(a[c0:c1])        # per-channel parameters
+            if whole:
+                args.append(a[img:img + 1] if i in acts else a)
             else:
-                args.append(a)
+                args.append(_channel_slice(a, k, img, c0, c1, N, C, acts=i in acts))
         return args
 
     # ------------------------------------------------------------------ generic tiled convolution
@@ -495,7 +527,8 @@ class Strategy:
                 if self.functional:
                     r_t = res[img:img + 1, co0:co1, r0:r1, q0:q1] if res is not None else None
                     b_t = lay.bias[co0:co1] if lay.bias is not None else None
-                    out[img:img + 1, co0:co1, r0:r1, q0:q1] = epilogue(acc, b_t, r_t, relu, lay.dtype)
+                    out[img:img + 1, co0:co1, r0:r1, q0:q1] = epilogue(acc, b_t, r_t, relu, lay.dtype,
+                                                                       p.get("act"))
         self.flush()
         lay.out = out.reshape(lay.out_shape) if out is not None else None
         return self.report(lay, f"{note}co block {cob}, ci block {cib}{' (weights stay)' if stationary else ''}, "

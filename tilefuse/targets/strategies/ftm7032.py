@@ -184,16 +184,18 @@ class FTM7032(Strategy):
         ReLU into the convolution (000:352), so the conv stores its BN'd output and the Add (with
         the ReLU that follows it) streams through AM as its own element-wise pass."""
         params, res = lay.params, lay.residual
-        lay.params, lay.residual = dict(params, has_residual=False, relu=False), None
+        lay.params, lay.residual = dict(params, has_residual=False, relu=False, act=None), None
         try:
             conv = self.layer_conv2d(lay)
         finally:
             lay.params, lay.residual = params, res
         self.begin()
         add = Layer(lay.index, lay.name + ".add", "add", {"relu": params["relu"]}, [lay.out, res],
-                    [lay.out_shape, lay.out_shape], lay.out_shape, 0, lay.dtype, functional=self.functional)
+                    [lay.out_shape, lay.out_shape], lay.out_shape, 0, lay.dtype, functional=self.functional,
+                    act_inputs=(0, 1))
         tail = self.stream_layer(add)
-        lay.out = add.out
+        lay.out = ref.apply_act(add.out, params.get("act")).astype(lay.dtype, copy=False) \
+            if add.out is not None else None        # the fused activation after the Add (reference order)
         busy = dict(conv.busy)
         for k, v in tail.busy.items():
             busy[k] = busy.get(k, 0.0) + v
@@ -296,7 +298,8 @@ class FTM7032(Strategy):
                         if self.functional:
                             acc = ob[c].array[:nn, :a1 - a0, 0, :npx]                    # (n, co, npx)
                             res = residual[g * lanes:g * lanes + nn, a0:a1][:, :, rows, cols] if has_res else None
-                            y = epilogue(acc, bias[a0:a1] if bias is not None else None, res, relu, lay.dtype)
+                            y = epilogue(acc, bias[a0:a1] if bias is not None else None, res, relu, lay.dtype,
+                                         lay.params.get("act"))
                             view = out[g * lanes:g * lanes + nn, a0:a1]
                             view[:, :, rows, cols] = y
         self.flush()
@@ -451,7 +454,8 @@ class FTM7032(Strategy):
                     nn = min(lanes, N - g * lanes)
                     acc = obuf[c].array[:nn, :Co, 0, :q1 - q0]
                     res = lay.residual[g * lanes:g * lanes + nn, :, r, q0:q1] if p["has_residual"] else None
-                    out[g * lanes:g * lanes + nn, :, r, q0:q1] = epilogue(acc, lay.bias, res, p["relu"], lay.dtype)
+                    out[g * lanes:g * lanes + nn, :, r, q0:q1] = epilogue(acc, lay.bias, res, p["relu"], lay.dtype,
+                                                                                 p.get("act"))
         self.flush()
         lay.out = out
         return self.report(lay, f"{kh}x{kw}: regions split {used} way(s), Wb {kh}x{kw}x{cib}x{cob}x{lanes} in AM "

@@ -162,7 +162,8 @@ class VCK5000(Strategy):
         info = self._run_planes(N, Ci, Co, Ho, Wo, kh, kw, read, compute, write, lay.dtype.name)
         if self.functional:
             from .base import epilogue
-            lay.out = epilogue(out.astype(np.float32), lay.bias, lay.residual, lay.params["relu"], lay.dtype)
+            lay.out = epilogue(out.astype(np.float32), lay.bias, lay.residual, lay.params["relu"], lay.dtype,
+                              lay.params.get("act"))
         return self.report(lay, f"{info['tiles']} tiles of {th}x{tw} per plane x {N * Co * Ci} plane pairs on "
                                 f"{self.cores} AIE cores; mover {info['mover_seconds_per_tile'] * 1e6:.2f} us, "
                                 f"AIE {info['aie_seconds_per_tile'] * 1e6:.2f} us per tile")

@@ -149,7 +149,7 @@ class Virtex7(Strategy):
                     o = ref.conv2d(band, w32, lay.bias.astype(np.float32) if lay.bias is not None else None,
                                    (sh, sw), (0, 0, 0, 0), (dh, dw), 1, res, p["relu"])
                     out[img:img + 1, :, r0:r0 + rows] = o[:, :, :rows]
-        return out.astype(lay.dtype)
+        return ref.apply_act(out, p.get("act")).astype(lay.dtype)     # the fused activation, after the ReLU
 
     def layer_linear(self, lay: Layer) -> LayerReport:
         isz = lay.itemsize

@@ -1,0 +1,213 @@
+"""The squeeze-excitation path (issue 9): the fused SE-scale op and kernel (kernels/squeeze.py),
+global average pooling over NCHW16c (kernels/pool.py), the input-scaled 1x1 conv (kernels/se_conv.py).
+
+Each fast kernel against the reference (kernels/reference.py), the reference against PyTorch;
+odd shapes (C not a multiple of 16, batch 1 and 3, H = W = 1, 7, 13); thread counts 1, 2, 3, 5
+give bitwise identical results. fp32 tolerance: 1e-5 of the output's max (float32 sums in
+another order than numpy's pairwise mean / the reference conv).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilefuse
+from tilefuse.interpreter import evaluate
+from tilefuse.kernels import reference as ref
+
+TOL = 1e-5
+RNG = np.random.default_rng(9)
+THREADS = (1, 2, 3, 5)
+
+
+def rand(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def close(got, want, tol=TOL):
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * max(1.0, float(np.abs(want).max())))
+
+
+def se_weights(c, r):
+    return rand(r, c, 1, 1, scale=1 / np.sqrt(c)), rand(r), rand(c, r, 1, 1, scale=1 / np.sqrt(r)), rand(c)
+
+
+# ----------------------------------------------------------------------------- reference vs PyTorch
+
+@pytest.mark.parametrize("act,gate,tact,tgate", [
+    (("silu", 0.0, 0.0), ("sigmoid", 0.0, 0.0), "SiLU", "Sigmoid"),
+    (("relu", 0.0, 0.0), ("hardsigmoid", 1 / 6, 0.5), "ReLU", "Hardsigmoid"),
+])
+def test_reference_equals_pytorch_squeeze_excitation(act, gate, tact, tgate):
+    torch = pytest.importorskip("torch")
+    c, r = 21, 5
+    x = rand(3, c, 7, 6)
+    w1, b1, w2, b2 = se_weights(c, r)
+    with torch.no_grad():
+        t = torch.from_numpy
+        m = t(x).mean((2, 3), keepdim=True)
+        h = getattr(torch.nn, tact)()(torch.nn.functional.conv2d(m, t(w1), t(b1)))
+        want = getattr(torch.nn, tgate)()(torch.nn.functional.conv2d(h, t(w2), t(b2))).numpy()
+    close(ref.squeeze_excitation(x, w1, b1, w2, b2, act, gate), want)
+
+
+# ----------------------------------------------------------------------------- kernels vs reference
+
+@pytest.mark.parametrize("n,c,hw", [(1, 5, 1), (3, 33, 7), (1, 40, 13), (3, 16, 13), (2, 100, 1)])
+def test_global_avg_pool_both_layouts_and_threads(n, c, hw):
+    from tilefuse.kernels import pool
+    from tilefuse.kernels.conv import to_nchwc
+    x = rand(n, c, hw, hw + 2)
+    want = ref.global_avg_pool(x)
+    for layout, xin in (("nchw", x), ("nchwc", to_nchwc(x))):
+        outs = []
+        for th in THREADS:
+            out = np.full((n, c, 1, 1), np.nan, np.float32)
+            pool.global_avg_pool(out, xin, layout=layout, threads=th)
+            outs.append(out)
+        close(outs[0], want, 1e-6)
+        for o in outs[1:]:
+            np.testing.assert_array_equal(o, outs[0])
+
+
+@pytest.mark.parametrize("n,c,r,hw", [(1, 5, 2, 1), (3, 33, 8, 7), (1, 40, 10, 13), (3, 96, 4, 13), (2, 17, 3, 7)])
+@pytest.mark.parametrize("act,gate", [(("silu", 0.0, 0.0), ("sigmoid", 0.0, 0.0)),
+                                      (("relu", 0.0, 0.0), ("hardsigmoid", 1 / 6, 0.5)),
+                                      (("identity", 0.0, 0.0), ("sigmoid", 0.0, 0.0))])
+def test_squeeze_excitation_kernel_both_layouts_and_threads(n, c, r, hw, act, gate):
+    from tilefuse.kernels import squeeze
+    from tilefuse.kernels.conv import to_nchwc
+    x = rand(n, c, hw, hw)
+    w1, b1, w2, b2 = se_weights(c, r)
+    want = ref.squeeze_excitation(x, w1, b1, w2, b2, act, gate)
+    for layout, xin in (("nchw", x), ("nchwc", to_nchwc(x))):
+        outs = []
+        for th in THREADS:
+            out = np.full((n, c, 1, 1), np.nan, np.float32)
+            squeeze.squeeze_excitation(out, xin, w1, b1, w2, b2, act=act, gate=gate, layout=layout, threads=th)
+            outs.append(out)
+        close(outs[0], want)
+        for o in outs[1:]:
+            np.testing.assert_array_equal(o, outs[0])
+
+
+@pytest.mark.parametrize("n,c,o,hw", [(1, 33, 17, 13), (3, 40, 70, 7), (3, 20, 5, 13), (1, 100, 70, 1), (2, 7, 3, 7)])
+def test_input_scaled_conv_bound_both_paths_and_threads(n, c, o, hw, monkeypatch):
+    """The bound NCHW16c form (weights packed once): the scaled-weights path and the
+    scaled-input path (kernels/se_conv.scales_weights) both equal the reference, for any
+    thread count bitwise, with a residual and an activation."""
+    from tilefuse.kernels import se_conv
+    from tilefuse.kernels.conv import from_nchwc, to_nchwc
+    x = rand(n, c, hw, hw + 1)
+    wt, b = rand(o, c, 1, 1, scale=0.2), rand(o)
+    res = rand(n, o, hw, hw + 1)
+    s = RNG.random((n, c, 1, 1)).astype(np.float32)
+    act = ("silu", 0.0, 0.0)
+    want = ref.conv2d(x, wt, b, (1, 1), (0, 0, 0, 0), (1, 1), 1, residual=res, act=act, input_scale=s)
+    xb, rb = to_nchwc(x), to_nchwc(res)
+    params = dict(has_bias=True, has_residual=True, layout="nchwc", act=act, relu=False)
+    for weights in (True, False):      # force the scaled weights / the scaled input
+        monkeypatch.setattr(se_conv, "scales_weights", lambda *a: weights)
+        outs = []
+        for th in THREADS:
+            out = np.full((n, -(-o // 16), hw, hw + 1, 16), np.nan, np.float32)
+            fn = se_conv.bind([xb, wt, b, rb, s, out], dict(params, threads=th))
+            fn(out, xb, wt, b, rb, s)
+            outs.append(out)
+        close(from_nchwc(outs[0], o), want)
+        for q in outs[1:]:
+            np.testing.assert_array_equal(q, outs[0])
+
+
+# ----------------------------------------------------------------------------- the compiler pass
+
+def _se_net(c=37, r=9, n=3, hw=7, shared_mean=False, gate="sigmoid"):
+    """conv -> SE (mean, 1x1 conv + SiLU, 1x1 conv + gate, mul) -> 1x1 conv, as the zoo writes it;
+    shared_mean: the mean also feeds the output (the pattern must not fuse)."""
+    net = tilefuse.Network("se")
+    x = net.input("x", (n, 8, hw, hw))
+    y = net.conv2d(x, net.constant("w0", rand(c, 8, 3, 3, scale=0.3)), net.constant("b0", rand(c)), padding=1, name="c0")
+    m = net.global_avg_pool(y, name="pool")
+    w1, b1, w2, b2 = se_weights(c, r)
+    s = net.conv2d(m, net.constant("w1", w1), net.constant("b1", b1), name="fc1")
+    s = net.activation(s, "silu", name="act")
+    s = net.conv2d(s, net.constant("w2", w2), None, name="fc2")
+    s = net.activation(s, gate, name="gate")
+    z = net.mul(y, s, name="mul")
+    z = net.conv2d(z, net.constant("w3", rand(19, c, 1, 1, scale=0.2)), net.constant("b3", rand(19)), name="proj")
+    net.output(z)
+    if shared_mean:
+        net.output(m)
+    return net
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_se_block_compiles_to_one_instruction_and_matches_the_reference(threads, tmp_path):
+    net = _se_net()
+    c = tilefuse.compile(net, threads=threads)
+    kinds = [o.op for o in c.network.ops]
+    assert kinds.count("squeeze_excitation") == 1 and "global_avg_pool" not in kinds, kinds
+    se = next(o for o in c.network.ops if o.op == "squeeze_excitation")
+    assert se.params["act"][0] == "silu" and se.params["gate"][0] == "sigmoid"
+    pkg = tilefuse.load_package(c.save(tmp_path / "se.tfpkg"))      # every instruction validated on load
+    x = rand(*net.inputs[0].shape)
+    want = evaluate(net, {"x": x})
+    want = list(want.values())[0] if isinstance(want, dict) else want[0]
+    close(tilefuse.Session(pkg, threads=threads).run(x), want)
+    # the SE scale reads the blocked conv output: conversions only at the network's input / output
+    kernels = [i.kernel for i in c.package.program()]
+    assert kernels.count("squeeze_excitation") == 1
+    assert kernels.count("to_nchwc") <= 1 and kernels.count("from_nchwc") <= 1, kernels
+
+
+def test_a_shared_mean_is_not_fused():
+    net = _se_net(shared_mean=True)
+    c = tilefuse.compile(net)
+    kinds = [o.op for o in c.network.ops]
+    assert "squeeze_excitation" not in kinds and "global_avg_pool" in kinds
+    x = rand(*net.inputs[0].shape)
+    want = evaluate(net, {"x": x})
+    want = list(want.values()) if isinstance(want, dict) else list(want)
+    got = tilefuse.Session(c).run(x)
+    for g, v in zip(got, want):
+        close(g, v)
+
+
+def test_validator_refuses_a_crafted_squeeze_excitation():
+    from tilefuse.compiler import validate as V
+    from tilefuse.compiler.program import CONST, DIRECT, HIDDEN, Instruction, Operand
+
+    def op(name, shape, seg=HIDDEN):
+        return Operand(name, DIRECT, seg, np.dtype(np.float32), shape)
+    good = [op("x", (2, 3, 5, 5, 16)), op("w1", (4, 40, 1, 1), CONST), op("b1", (4,), CONST),
+            op("w2", (40, 4, 1, 1), CONST), op("b2", (40,), CONST), op("s", (2, 40, 1, 1))]
+    p = dict(act=("silu", 0.0, 0.0), gate=("sigmoid", 0.0, 0.0), layout="nchwc")
+    V.VALIDATORS["squeeze_excitation"](Instruction("squeeze_excitation", good, p))
+    bad = list(good)
+    bad[3] = op("w2", (41, 4, 1, 1), CONST)
+    with pytest.raises(ValueError, match="w2"):
+        V.VALIDATORS["squeeze_excitation"](Instruction("squeeze_excitation", bad, p))
+    bad = list(good)
+    bad[-1] = op("s", (2, 48, 1, 1))
+    with pytest.raises(ValueError):
+        V.VALIDATORS["squeeze_excitation"](Instruction("squeeze_excitation", bad, p))
+
+
+@pytest.mark.parametrize("batch,hw", [(1, 13), (3, 7)])
+def test_torch_se_block_fuses_and_matches_pytorch(batch, hw):
+    """The idiom real model code writes (tests/modern_models.py: x.mean((2, 3), keepdim=True),
+    conv fc1, SiLU, conv fc2, Sigmoid, s * x, then a 1x1 projection) through from_torch: one
+    squeeze_excitation op, equal to PyTorch."""
+    torch = pytest.importorskip("torch")
+    import modern_models as mm
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(5, 40, 3, padding=1), torch.nn.SiLU(),
+                                mm.SqueezeExcitation(40, 10, act=torch.nn.SiLU), torch.nn.Conv2d(40, 24, 1)).eval()
+    x = torch.randn(batch, 5, hw, hw)
+    net = tilefuse.from_torch(block, x)
+    c = tilefuse.compile(net, threads=2)
+    assert [o.op for o in c.network.ops].count("squeeze_excitation") == 1
+    with torch.no_grad():
+        want = block(x).numpy()
+    close(tilefuse.Session(c, threads=2).run(x.numpy()), want)
