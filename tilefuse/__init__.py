@@ -11,8 +11,10 @@ The names here are the ones a user needs; the rest lives in the subpackages (`ti
 names in `tilefuse.qinglong`.
 """
 from .kernels import isa as _isa
+from .kernels import jitcache as _jitcache
 
 _isa.configure()  # before any kernel is defined: numba fixes its target options then (kernels/isa.py)
+_jitcache.configure()  # numba's cache folder keyed by the kernel sources (kernels/jitcache.py)
 
 from . import errors  # noqa: E402
 from .compiler import CompiledNetwork, DataPackage, compile, load_package  # noqa: E402
