@@ -253,6 +253,18 @@ def test_zoo_deeplabv3_streams_its_backbone_and_says_where_the_image_pooling_end
     plan = str(s.plan().stream)
     assert "streamed part ends at 'classifier.0.convs.4.0' (global_avg_pool)" in plan
     assert [op.op for op in s.schedule.tail][-1] == "resize"
+    assert "schedule='layer' uses less" in plan          # 40x40: the whole backbone output kept for the tail
+
+
+def test_streaming_that_holds_more_than_layer_by_layer_warns(monkeypatch):
+    """At a size where the kept tensors matter, compile(schedule="stream") warns with both sizes."""
+    import importlib
+    compile_mod = importlib.import_module("tilefuse.compiler.compile")     # the module, not the function
+    monkeypatch.setattr(compile_mod, "WARN_EXCESS_BYTES", 1 << 20)
+    net = tilefuse.models.get("deeplabv3", seed=3, image_size=96)
+    with pytest.warns(UserWarning, match=r"plans .* MiB of activations, more than layer by layer .*"
+                                         r"ends at 'classifier\.0\.convs\.4\.0'"):
+        tilefuse.compile(net, schedule="stream", stream_options={"band_rows": 2})
 
 
 def test_deeplab_head_without_image_pooling_streams_its_bilinear_upsampling():

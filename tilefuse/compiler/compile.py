@@ -302,5 +302,24 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     pkg = reoff_pack(net.name, low, mem, meta)
     _share_constants(low, pkg)                               # one copy of the constants, in the package
     validate_package(pkg, f"compiled '{net.name}'")           # what a loader would check, now
+    if stream is not None:
+        _warn_if_streaming_does_not_pay(net.name, stream_plan(stream))
     return CompiledNetwork(opt, net, pkg, low, mem, log, time.perf_counter() - t0, options, tuning, layout_log,
                            stream)
+
+
+WARN_EXCESS_BYTES = 16 << 20
+
+
+def _warn_if_streaming_does_not_pay(name: str, plan: StreamPlan) -> None:
+    """schedule="stream" whose plan holds more activation memory than layer by layer (a global op
+    early in the network keeps a large tensor whole for the tail, e.g. DeepLabV3's ASPP pooling).
+    Small images (an excess under WARN_EXCESS_BYTES: band scratch dominates) only get the plan's line."""
+    if plan.streamed_bytes - plan.layer_by_layer_bytes < WARN_EXCESS_BYTES:
+        return
+    import warnings
+    mib = 2.0 ** 20
+    where = f"; the streamed part ends at '{plan.ends[0][0]}' ({plan.ends[0][1]})" if plan.ends else ""
+    warnings.warn(f"'{name}': schedule='stream' plans {plan.streamed_bytes / mib:.1f} MiB of activations, more "
+                  f"than layer by layer ({plan.layer_by_layer_bytes / mib:.1f} MiB){where}; "
+                  f"schedule='layer' uses less memory here (compiled.plan() shows the rows held)", stacklevel=3)

@@ -353,6 +353,9 @@ class StreamPlan:
                      f"{self.ring_bytes / mib:.2f} + outputs of the streamed part {self.sink_bytes / mib:.2f} + "
                      f"band scratch {self.scratch_bytes / mib:.2f} + tail {self.tail_bytes / mib:.2f}) vs layer by "
                      f"layer {self.layer_by_layer_bytes / mib:.2f} MiB (layer by layer / streamed = {self.reduction:.1f})")
+        if self.streamed_bytes > self.layer_by_layer_bytes:
+            lines.append("streaming holds more activation memory than layer by layer here: the tail keeps "
+                         "the streamed part's outputs whole; schedule='layer' uses less")
         if self.workers > 1:
             tot = max(sum(self.stage_flops), 1)
             parts = ", ".join(f"stage {k}: {f / 1e9:.2f} GFLOP ({100 * f / tot:.0f}%)"
