@@ -18,8 +18,8 @@ PROBE = ("import tilefuse, numpy as np\n"
 
 
 def _cache_dir(pkg_root: Path, cache: Path, **env) -> str:
-    e = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(pkg_root), **env)
-    e.pop("TILEFUSE_JIT_CACHE", None) if "TILEFUSE_JIT_CACHE" not in env else None
+    e = {k: v for k, v in os.environ.items() if k != "TILEFUSE_JIT_CACHE"}
+    e.update(NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(pkg_root), **env)
     r = subprocess.run([sys.executable, "-c", PROBE], env=e, capture_output=True, text=True, timeout=300,
                        cwd=str(pkg_root))
     assert r.returncode == 0, r.stderr[-2000:]

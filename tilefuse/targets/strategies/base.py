@@ -25,7 +25,6 @@ def schema_ref(kernel: str, name: str):
     return schema(kernel, name).reference
 
 
-PER_CHANNEL = ("relu", "add", "scale", "batch_norm", "max_pool", "avg_pool", "global_avg_pool")
 # Ops whose output channel c reads only channel c of every input (constants broadcast over the
 # others): they stream in chunks of channel planes. Every other op streams whole images.
 CHANNEL_LOCAL = frozenset(ops.ELEMENTWISE | ops.POOL | {"global_avg_pool", "scale", "batch_norm", "resize"})
@@ -34,7 +33,6 @@ CHANNEL_LOCAL = frozenset(ops.ELEMENTWISE | ops.POOL | {"global_avg_pool", "scal
 ROW_BANDS = frozenset(ops.ELEMENTWISE | {"scale", "batch_norm", "max_pool", "avg_pool", "global_avg_pool"})
 # 1-D constants that are per-channel parameters (elsewhere a 1-D constant broadcasts along W).
 CHANNEL_VECTORS = ("scale", "batch_norm", "prelu")
-WHOLE_IMAGE = ("local_response_norm", "softmax", "concat")
 # vector operations per output (or input) element of the streamed ops
 OPS_PER_ELEMENT = {"relu": 1, "add": 1, "scale": 2, "batch_norm": 2, "global_avg_pool": 1, "concat": 0,
                    "softmax": 4, "local_response_norm": 8}
@@ -250,7 +248,7 @@ class Strategy:
         # activation inputs: the program's variable operands (the first when the layer does not say)
         acts = list(lay.act_inputs) or [0]
         shp = [lay.in_shapes[i] for i in acts]
-        whole = k in WHOLE_IMAGE or k not in CHANNEL_LOCAL
+        whole = k not in CHANNEL_LOCAL
         size = lambda s, d: int(np.prod(s[d:])) if len(s) > d else 1  # noqa: E731
         if whole:       # (N, ...) one image per chunk unit
             in_e, out_e, units = sum(size(s, 1) for s in shp), size(osh, 1), 1
@@ -393,12 +391,12 @@ class Strategy:
 
     def _chunk_args(self, lay: Layer, acts, img: int, c0: int, c1: int) -> list:
         k = lay.kernel
-        whole = k in WHOLE_IMAGE or k not in CHANNEL_LOCAL
+        whole = k not in CHANNEL_LOCAL
         N, C = lay.out_shape[0], lay.out_shape[1] if len(lay.out_shape) > 1 else 1
         args = []
         for i, a in enumerate(lay.inputs):
             if whole:
-                args.append(a[img:img + 1] if i in acts else a)
+                args.append(a[img:img + 1] if i in acts and a.shape[0] == N else a)
             else:
                 args.append(_channel_slice(a, k, img, c0, c1, N, C, acts=i in acts))
         return args
