@@ -364,14 +364,46 @@ def test_k1x1_software_prefetch_does_not_change_bits(name, q_outer):
     _check("gemm1x1", from_nchwc(outs[0], want.shape[1]), want)
 
 
-def test_k1x1_plan_splits_channels_on_small_maps():
-    for t in (2, 8, 16):                            # ResNet50 1x1 on 7x7, batch 1: Co split, t tasks
-        p = planner.plan_k1x1(2048, 16, 49, threads=t)
-        assert p["Q"] == 49 and p["P"] == 16 // t and p["tasks"] == t and p["partitioning"].startswith("Co split")
-    assert planner.plan_k1x1(2048, 16, 49, threads=1)["tasks"] == 1
-    big = planner.plan_k1x1(256, 2, 32 * 3136, threads=16)      # batch 32 56x56: positions split
-    assert big["P"] == 2 and big["Q"] % 7 == 0 and big["Q"] * 256 * 4 <= planner.cache_sizes().l2 / 2 + 1
-    assert big["tasks"] % 16 == 0 and big["partitioning"] == "positions split"
+@pytest.mark.parametrize("l2", [1 << 20, 2 << 20])
+def test_k1x1_plan_splits_channels_on_small_maps(l2):
+    """With a 1-2 MiB L2 (Zen 4, Emerald Rapids) the 7x7 map's input block (49 x 2048 x 4 B) fits the
+    L2 rule, so a batch-1 layer is split by output channels only (the plan depends on the host's L2:
+    pinned here, the host's own L2 is tested below)."""
+    planner.set_cache_sizes(l2=l2)
+    try:
+        for t in (2, 8, 16):                            # ResNet50 1x1 on 7x7, batch 1: Co split, t tasks
+            p = planner.plan_k1x1(2048, 16, 49, threads=t)
+            assert p["Q"] == 49 and p["P"] == 16 // t and p["tasks"] == t and p["partitioning"].startswith("Co split")
+        assert planner.plan_k1x1(2048, 16, 49, threads=1)["tasks"] == 1
+    finally:
+        planner.set_cache_sizes()
+
+
+def test_k1x1_plan_small_l2_keeps_the_l2_rule():
+    """A 512 KiB L2 (Zen 2/3): the 7x7 input block no longer fits L2/2, so positions are split too,
+    and every task still has work for each thread count."""
+    planner.set_cache_sizes(l2=512 << 10)
+    try:
+        for t in (1, 2, 8, 16):
+            p = planner.plan_k1x1(2048, 16, 49, threads=t)
+            assert p["Q"] % 7 == 0 and p["Q"] * 2048 * 4 <= (512 << 10) / 2 and p["tasks"] >= min(t, 2)
+    finally:
+        planner.set_cache_sizes()
+
+
+@pytest.mark.parametrize("l2", [None, 512 << 10, 1 << 20, 2 << 20])
+def test_k1x1_plan_positions_on_large_maps(l2):
+    """Batch 32 56x56: positions split, blocks within the L2 rule, the 16 threads' last round of
+    tasks nearly full (the planner's candidates are balanced, not only task counts divisible by 16)."""
+    if l2:
+        planner.set_cache_sizes(l2=l2)
+    try:
+        big = planner.plan_k1x1(256, 2, 32 * 3136, threads=16)
+        assert big["P"] == 2 and big["Q"] % 7 == 0 and big["Q"] * 256 * 4 <= planner.cache_sizes().l2 / 2 + 1
+        assert big["partitioning"] == "positions split" and big["tasks"] >= 16
+        assert -(-big["tasks"] // 16) * 16 / big["tasks"] <= 1.05, big
+    finally:
+        planner.set_cache_sizes()
 
 
 @pytest.mark.parametrize("shape", [("d_odd_ob", 2, 20, 9, 11, 40, 3, 1, (1, 1, 1, 1), 1, 1),

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tilefuse.kernels import isa
@@ -71,3 +72,39 @@ def test_vector_width_rule():
     assert isa.vector_bits_of("znver4", host) == 512
     assert isa.vector_bits_of("skylake", "+avx,+avx2,-avx512f") == 256
     assert isa.vector_bits_of("generic", "") == 128
+
+
+def _fma_loop_spills(chains: int, lanes: int) -> tuple[int, int]:
+    """(FMAs, stack references) in the peak loop's body (from its first FMA to the branch back)."""
+    import re
+    f = isa._fma_kernel(chains, lanes)
+    x = np.ones(lanes, np.float32)
+    f(1, x, x)
+    lines = f.inspect_asm(f.signatures[0]).splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.strip().startswith("vfmadd"))
+    body = []
+    for ln in lines[first:]:
+        if re.match(r"\s*j\w+\s", ln):
+            break
+        body.append(ln)
+    return sum(ln.strip().startswith("vfmadd") for ln in body), sum("rsp" in ln for ln in body)
+
+
+def test_peak_loop_keeps_every_chain_in_a_register():
+    """measure_peak's chains are one register each at the compiled width and fit the register file
+    (16 chains of 16 lanes on an AVX2 host spilled every accumulator and read half the peak, which
+    doubled every '% of peak' that tilefuse profile and benchmarks/scaling.py print)."""
+    bits = isa.info()["vector_bits"]
+    chains, lanes = isa.fma_shape(bits)
+    assert lanes * 32 == bits or bits < 128
+    n, spilled = _fma_loop_spills(chains, lanes)
+    assert n >= chains and spilled == 0, (n, spilled)
+    if bits == 256:                                   # the old shape does spill here: the check can fail
+        n, spilled = _fma_loop_spills(16, 16)
+        assert spilled > 0
+
+
+def test_fma_shape_rule():
+    assert isa.fma_shape(512) == (16, 16)
+    assert isa.fma_shape(256) == (12, 8)
+    assert isa.fma_shape(128) == (12, 4)

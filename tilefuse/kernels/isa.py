@@ -154,48 +154,61 @@ def probe_vector_bits() -> int:
 
 # Measured peak ---------------------------------------------------------------------------------
 # The efficiency figures (tilefuse profile, benchmarks/scaling.py) divide by a peak measured here,
-# not a datasheet number: 16 independent float32 FMA chains, each one vector register wide (the
-# 16-lane loop vectorizes to one FMA per chain and iteration at the compiled width), enough to
-# hide the FMA latency on every current core. FLOPs counted as 2 per lane per FMA.
+# not a datasheet number: independent float32 FMA chains, each exactly one vector register of the
+# compiled width (`info()["vector_bits"]` / 32 lanes: 16 on AVX-512, 8 on AVX2), as many chains as
+# hide the FMA latency on every current core (two FMA pipes x 4-5 cycles) while chains + operands
+# still fit the register file (32 zmm on AVX-512: 16 chains; 16 ymm on AVX2: 12 chains). A chain
+# wider than a register, or more chains than registers, spills every accumulator to the stack and
+# measures the store port instead (16 chains of 16 lanes on an AVX2 host read 37 instead of
+# 77 GFLOP/s on a 2.45 GHz Zen 3: every "% of peak" doubled). FLOPs counted as 2 per lane per FMA.
 
-def _fma_chains_source(chains: int) -> str:
+def fma_shape(vector_bits: int) -> tuple[int, int]:
+    """(chains, lanes) of the peak loop for a vector width: one register per chain, chains and
+    the two operands within the register file."""
+    lanes = max(4, vector_bits // 32)
+    chains = 16 if vector_bits >= 512 else 12
+    return chains, lanes
+
+
+def _fma_chains_source(chains: int, lanes: int = 16) -> str:
     names = [f"a{i}" for i in range(chains)]
     lines = ["def fma_chains(n, x, y):"]
-    lines += [f"    {a} = nb.carray(stack_f32(16), 16)" for a in names]
-    lines += ["    for l in range(16):"] + [f"        {a}[l] = x[l] + np.float32({i})" for i, a in enumerate(names)]
-    lines += ["    for _ in range(n):", "        for l in range(16):"]
+    lines += [f"    {a} = nb.carray(stack_f32({lanes}), {lanes})" for a in names]
+    lines += [f"    for l in range({lanes}):"] + [f"        {a}[l] = x[l] + np.float32({i})" for i, a in enumerate(names)]
+    lines += ["    for _ in range(n):", f"        for l in range({lanes}):"]
     lines += [f"            {a}[l] = {a}[l] * y[l] + x[l]" for a in names]
-    lines += ["    s = np.float32(0.0)", "    for l in range(16):"] + [f"        s += {a}[l]" for a in names]
+    lines += ["    s = np.float32(0.0)", f"    for l in range({lanes}):"] + [f"        s += {a}[l]" for a in names]
     lines += ["    return s"]
     return "\n".join(lines)
 
 
-_FMA = None
-FMA_CHAINS = 16
+_FMA: dict = {}
 
 
-def _fma_kernel():
-    global _FMA
-    if _FMA is None:
+def _fma_kernel(chains: int, lanes: int):
+    f = _FMA.get((chains, lanes))
+    if f is None:
         import numba as nb
         import numpy as np
         from numba import njit
 
         from tilefuse.kernels.conv._nb import stack_f32
         ns = {"nb": nb, "np": np, "stack_f32": stack_f32}
-        exec(_fma_chains_source(FMA_CHAINS), ns)  # straight-line source: one register per chain
-        _FMA = njit(fastmath=True, nogil=True)(ns["fma_chains"])
-    return _FMA
+        exec(_fma_chains_source(chains, lanes), ns)  # straight-line source: one register per chain
+        f = _FMA[(chains, lanes)] = njit(fastmath=True, nogil=True)(ns["fma_chains"])
+    return f
 
 
-def measure_peak(seconds: float = 0.2, repeats: int = 5) -> float:
-    """Single-core float32 FMA peak in FLOP/s, measured (best of `repeats` runs of ~seconds/repeats)."""
+def measure_peak(seconds: float = 0.2, repeats: int = 5, vector_bits: int | None = None) -> float:
+    """Single-core float32 FMA peak in FLOP/s, measured (best of `repeats` runs of ~seconds/repeats)
+    at the compiled vector width (or `vector_bits`)."""
     import time
 
     import numpy as np
-    f = _fma_kernel()
-    x = np.full(16, 1e-3, np.float32)
-    y = np.full(16, 0.999, np.float32)
+    chains, lanes = fma_shape(vector_bits or info()["vector_bits"])
+    f = _fma_kernel(chains, lanes)
+    x = np.full(lanes, 1e-3, np.float32)
+    y = np.full(lanes, 0.999, np.float32)
     f(10, x, y)
     n = 1 << 16
     while True:                      # grow the trip count until one run takes long enough
@@ -211,5 +224,5 @@ def measure_peak(seconds: float = 0.2, repeats: int = 5) -> float:
         f(n, x, y)
         dt = time.thread_time() - t
         if dt > 0:
-            best = max(best, 2.0 * 16 * FMA_CHAINS * n / dt)
+            best = max(best, 2.0 * lanes * chains * n / dt)
     return best
