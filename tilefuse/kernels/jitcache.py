@@ -22,7 +22,11 @@ life of the process. For the fused-epilogue kernels that IR is 3-5 MiB of heap p
 compiled later calls the kernel. `configure()` also installs `lazy_linking_modules()`: a
 kernel loaded from the cache keeps the module's bitcode bytes (what the cache file holds) and
 parses it only when something links against it. The machine code and the symbols are numba's,
-unchanged; TILEFUSE_JIT_CACHE=numba leaves this alone too.
+unchanged; TILEFUSE_JIT_CACHE=numba leaves this alone too. The module is still parsed once at
+load (numba lists its symbols from it) and freed; glibc keeps the freed pages resident in the
+loading thread's malloc arena, where little reuses them (a pipeline stage's thread loads its
+kernels at the first call: ~10 MiB per stage thread at VGG 4K, pipe2), so the loader hands them
+back to the OS right away (`malloc_trim`, where the C library is glibc).
 """
 from __future__ import annotations
 
@@ -64,6 +68,26 @@ def configure() -> dict:
     return _STATE
 
 
+_TRIM: list = []
+
+
+def _trim_heap() -> None:
+    """Return the free pages of every malloc arena to the OS (glibc's malloc_trim); a no-op where
+    the C library has no malloc_trim."""
+    if not _TRIM:
+        fn = None
+        try:
+            import ctypes
+            fn = getattr(ctypes.CDLL(None), "malloc_trim", None)      # the process's C library
+            if fn is not None:
+                fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _TRIM.append(fn)
+    if _TRIM[0] is not None:
+        _TRIM[0](0)
+
+
 def lazy_linking_modules() -> bool:
     """Cached kernels keep their linking IR as bitcode bytes, parsed on first link (see the module
     docstring). Idempotent; False (numba untouched) where numba's code library does not have the
@@ -93,6 +117,7 @@ def lazy_linking_modules() -> bool:
         self._finalize_final_module()
         # numba's loader, without keeping the parsed module (self._shared_module stays None)
         self._codegen._engine._load_defined_symbols(ll.parse_bitcode(shared_bitcode))
+        _trim_heap()
         return self
 
     def _get_module_for_linking(self):
