@@ -14,6 +14,19 @@ where <hash> covers every .py file of the packages that define numba kernels (`S
 change there starts a fresh folder (the kernels compile again on first use); numba's own
 per-function checks still apply inside it. TILEFUSE_JIT_CACHE=numba leaves numba's default
 locations alone. Old folders are not removed (`tilefuse-*` under the root can be deleted any time).
+
+Loading a cached kernel: numba keeps, besides the machine code, the kernel's LLVM module parsed
+in memory (`_shared_module`: the IR other functions link in when they call the kernel) for the
+life of the process. For the fused-epilogue kernels that IR is 3-5 MiB of heap per kernel
+(each carries the activation loops of `conv/epilogue.py`), and it is used only when a function
+compiled later calls the kernel. `configure()` also installs `lazy_linking_modules()`: a
+kernel loaded from the cache keeps the module's bitcode bytes (what the cache file holds) and
+parses it only when something links against it. The machine code and the symbols are numba's,
+unchanged; TILEFUSE_JIT_CACHE=numba leaves this alone too. The module is still parsed once at
+load (numba lists its symbols from it) and freed; glibc keeps the freed pages resident in the
+loading thread's malloc arena, where little reuses them (a pipeline stage's thread loads its
+kernels at the first call: ~10 MiB per stage thread at VGG 4K, pipe2), so the loader hands them
+back to the OS right away (`malloc_trim`, where the C library is glibc).
 """
 from __future__ import annotations
 
@@ -51,8 +64,71 @@ def configure() -> dict:
     from numba.core import config
     path = os.path.join(root, "tilefuse-" + fingerprint())
     config.CACHE_DIR = path
-    _STATE.update(dir=path, reason="keyed by the kernel sources")
+    _STATE.update(dir=path, reason="keyed by the kernel sources", lazy_linking=lazy_linking_modules())
     return _STATE
+
+
+_TRIM: list = []
+
+
+def _trim_heap() -> None:
+    """Return the free pages of every malloc arena to the OS (glibc's malloc_trim); a no-op where
+    the C library has no malloc_trim."""
+    if not _TRIM:
+        fn = None
+        try:
+            import ctypes
+            fn = getattr(ctypes.CDLL(None), "malloc_trim", None)      # the process's C library
+            if fn is not None:
+                fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _TRIM.append(fn)
+    if _TRIM[0] is not None:
+        _TRIM[0](0)
+
+
+def lazy_linking_modules() -> bool:
+    """Cached kernels keep their linking IR as bitcode bytes, parsed on first link (see the module
+    docstring). Idempotent; False (numba untouched) where numba's code library does not have the
+    expected form."""
+    try:
+        import llvmlite.binding as ll
+        from numba.core import codegen as cg
+        lib_cls, orig = cg.JITCodeLibrary, cg.CPUCodeLibrary._unserialize
+        orig_linking = cg.CPUCodeLibrary._get_module_for_linking
+    except (ImportError, AttributeError):
+        return False
+    if getattr(lib_cls, "_tilefuse_lazy_linking", False):
+        return True
+    import inspect
+    if "_shared_module = ll.parse_bitcode(shared_bitcode)" not in inspect.getsource(orig):
+        return False        # another numba: its loader may do more than this one; leave it alone
+
+    def _unserialize(cls, codegen, state):
+        name, kind, data = state
+        if kind != "object":
+            return orig.__func__(cls, codegen, state)
+        object_code, shared_bitcode = data
+        self = codegen.create_library(name)
+        self.enable_object_caching()
+        self._set_compiled_object(object_code)
+        self._tilefuse_bitcode = shared_bitcode
+        self._finalize_final_module()
+        # numba's loader, without keeping the parsed module (self._shared_module stays None)
+        self._codegen._engine._load_defined_symbols(ll.parse_bitcode(shared_bitcode))
+        _trim_heap()
+        return self
+
+    def _get_module_for_linking(self):
+        if self._shared_module is None and getattr(self, "_tilefuse_bitcode", None) is not None:
+            return ll.parse_bitcode(self._tilefuse_bitcode)   # a fresh module per link (linked with preserve)
+        return orig_linking(self)
+
+    lib_cls._unserialize = classmethod(_unserialize)
+    lib_cls._get_module_for_linking = _get_module_for_linking
+    lib_cls._tilefuse_lazy_linking = True
+    return True
 
 
 def info() -> dict:
