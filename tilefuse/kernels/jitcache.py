@@ -102,7 +102,11 @@ def lazy_linking_modules() -> bool:
     if getattr(lib_cls, "_tilefuse_lazy_linking", False):
         return True
     import inspect
-    if "_shared_module = ll.parse_bitcode(shared_bitcode)" not in inspect.getsource(orig):
+    try:
+        src = inspect.getsource(orig)
+    except (OSError, TypeError):   # numba installed without its sources: cannot check, leave it alone
+        return False
+    if "_shared_module = ll.parse_bitcode(shared_bitcode)" not in src:
         return False        # another numba: its loader may do more than this one; leave it alone
 
     def _unserialize(cls, codegen, state):
