@@ -1,0 +1,320 @@
+"""Grouped convolution with groups inside one 16-lane block (cg = og in 2, 4, 8) on NCHW16c, issue 9.
+
+RegNet's grouped 3x3 convs have group width 8, ResNeXt-like nets narrower ones: cg = og = 2, 4 or
+8 channels per group, 16 % cg == 0. Every 16-channel block then holds 16 / cg whole groups, and
+output block ob reads input block ob only:
+
+    out[ob, p, l] = sum_{kh, kw} sum_{c < cg} x[ob, tap(p), (l // cg) * cg + c] * w[ob*16 + l, c, kh, kw]
+
+For a fixed input-channel offset c the input operand is a lane permutation of the input vector
+(the lanes of a group repeat one of its values): each tap costs cg vector FMAs on permuted inputs,
+not the 16 broadcast FMAs of the dense-tile form (`grouped.py`, which multiplies by zeros between
+the groups: 16 / cg times the FLOPs, and lets an inf/NaN of one group's input reach the other
+groups' outputs of the block, 0 * inf = NaN). Here a group's outputs read its own inputs only.
+
+Layouts:
+  input   x  (N, Cb, H, W, 16)          NCHW16c, not padded (read in place)
+  weights wl (Ob, KH, KW, cg, 16)       wl[ob, kh, kw, c, l] = w[ob*16 + l, c, kh, kw], zero padded
+  output     (N, Ob, Ho, Wo, 16)        Ob = Cb, written in place
+
+The kernel, per task (image, channel blocks, band of output rows):
+  - Permuted band: each input row the band needs is expanded once into a zero-bordered scratch row
+    of Wp columns x cg permuted copies x 16 lanes (`_perm_copy`: one vector load and cg LLVM
+    `shufflevector`s with constant masks, whatever instructions the target has: vpermilps /
+    vpermps / broadcasts). The rows live in a ring of (KH-1)*dh + 1 slots, so each input row is
+    permuted once per task (the halo rows again per task) and reused by all KH*KW taps.
+  - Register block (as depthwise.py): RB = 8 consecutive output positions x 16 lanes held for the
+    whole reduction; per tap and offset c one weight vector feeds 8 FMAs whose other operand is a
+    plain vector load from the permuted band (constant offsets at the specialized call sites:
+    cg in 8 / 4 / 2 x stride 1 / 2, and the 7-wide maps). Padding is in the band, so there is no
+    border path; a short last block moves left (recomputes positions of the previous block: the
+    same values in the same order), maps narrower than RB repeat their last position.
+  - Fused epilogue: + bias in the store, then + residual and the activation per output row
+    (depthwise._finish_row: activations.apply_span), y = act(conv + bias + residual).
+  - Every output value is acc = 0; for kh, kw, c ascending: acc = fma(x, w, acc); + bias,
+    + residual, act: the same sequence whichever block, task or thread computes it, so results are
+    bitwise identical for every thread count. Tasks come from the layer shape only
+    (planner.plan_grouped_lanes_tasks) and run in one numba parallel loop (threads.numba_region).
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv.depthwise import FASTMATH, _data_ptr, _finish_row, _store8
+from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
+from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
+from tilefuse.kernels.conv.planner import grouped_lanes_applies as applies
+from tilefuse.kernels.conv.planner import plan_grouped_lanes_tasks as plan_tasks
+from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, scratch
+
+RB = 8                  # output positions per register block
+
+
+def prepare(w, b, groups: int) -> dict:
+    """w (Co, cg, KH, KW), cg = Co / groups in (2, 4, 8) -> {"weight": (Ob, KH, KW, cg, 16), "bias": (Ob*16,)}."""
+    w = np.asarray(w, np.float32)
+    co, cg, kh, kw = w.shape
+    if not applies(cg * groups, co, groups):
+        raise ValueError(f"grouped (lanes): weight {w.shape} with groups={groups} does not have groups of 2, 4 "
+                         f"or 8 channels in and out")
+    ob = -(-co // LANES)
+    wp = np.zeros((ob * LANES, cg, kh, kw), np.float32)
+    wp[:co] = w
+    # (Ob*16, cg, KH, KW) -> (Ob, 16, cg, KH, KW) -> (Ob, KH, KW, cg, 16)
+    wl = np.ascontiguousarray(wp.reshape(ob, LANES, cg, kh, kw).transpose(0, 3, 4, 2, 1))
+    bias = np.zeros(ob * LANES, np.float32)
+    bias[:co] = bias_or_zeros(b, co)
+    return {"weight": wl, "bias": bias}
+
+
+@intrinsic
+def _perm_copy(typingctx, dst, doff, src, soff, cg):
+    """dst[doff + 16c : doff + 16c + 16] = the lanes (l // cg) * cg + c of src[soff : soff + 16],
+    for c < cg (a literal): one vector load, cg shufflevectors with constant masks, cg stores."""
+    if not (isinstance(cg, types.IntegerLiteral) and isinstance(dst, types.Array) and isinstance(src, types.Array)
+            and isinstance(doff, types.Integer) and isinstance(soff, types.Integer)):
+        return None
+    g = cg.literal_value
+    sig = types.void(dst, doff, src, soff, cg)
+
+    def codegen(context, builder, signature, args):
+        vty = ir.VectorType(ir.FloatType(), LANES)
+        i64 = ir.IntType(64)
+        d = context.make_array(signature.args[0])(context, builder, args[0]).data
+        s = context.make_array(signature.args[2])(context, builder, args[2]).data
+        so = context.cast(builder, args[3], signature.args[3], types.int64)
+        do = context.cast(builder, args[1], signature.args[1], types.int64)
+        v = builder.load(builder.bitcast(builder.gep(s, [so]), vty.as_pointer()), align=4)
+        for c in range(g):
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [(l // g) * g + c for l in range(LANES)])
+            p = builder.shuffle_vector(v, v, mask)
+            dp = builder.gep(d, [builder.add(do, ir.Constant(i64, c * LANES))])
+            builder.store(p, builder.bitcast(dp, vty.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always", cache=True)
+def _perm_cols(sp, d, xf, s, ncols, cg):
+    """ncols input vectors from xf[s:] -> their cg permuted copies at sp[d:] (cg a runtime 2 / 4 / 8)."""
+    if cg == 8:
+        for j in range(ncols):
+            _perm_copy(sp, d + np.uint64(j * 128), xf, s + np.uint64(j * 16), 8)
+    elif cg == 4:
+        for j in range(ncols):
+            _perm_copy(sp, d + np.uint64(j * 64), xf, s + np.uint64(j * 16), 4)
+    else:
+        for j in range(ncols):
+            _perm_copy(sp, d + np.uint64(j * 32), xf, s + np.uint64(j * 16), 2)
+
+
+@njit(inline="always", cache=True)
+def _fill_row(sp, so, xf, xbase, r, H, W, pt, pl, Wp, cg):
+    """Padded input row r of one channel plane (at xbase in xf) -> ring slot at sp[so:]:
+    Wp columns x cg permuted copies x 16 lanes, zero outside the image."""
+    cs = cg * 16
+    ih = r - pt
+    z = np.float32(0.0)
+    if ih < 0 or ih >= H:
+        for i in range(Wp * cs):
+            sp[so + np.uint64(i)] = z
+        return
+    lo = min(pl, Wp)
+    ncopy = max(0, min(W, Wp - pl))
+    for i in range(lo * cs):
+        sp[so + np.uint64(i)] = z
+    _perm_cols(sp, so + np.uint64(lo * cs), xf, np.uint64(xbase + ih * W * 16), ncopy, cg)
+    for i in range((lo + ncopy) * cs, Wp * cs):
+        sp[so + np.uint64(i)] = z
+
+
+@njit(inline="always", cache=True, fastmath=FASTMATH)
+def _gblock(sp, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wk, KH, KW, CG, c1, c2, c3, c4, c5, c6, c7, kstep):
+    """The register block: a_r[0:16] += sp[ro[kh] + k0 + c_r + kw*kstep + 16c : +16] * wf[wk + 16 (tap*CG + c)]
+    for kh, kw, c ascending (c0 = 0). ro: the ring slot offset of each kernel row. Inlined, so
+    constant CG / offsets at a call site unroll the c loop and become immediate offsets."""
+    C1, C2, C3, C4 = np.uint64(c1), np.uint64(c2), np.uint64(c3), np.uint64(c4)
+    C5, C6, C7, KS = np.uint64(c5), np.uint64(c6), np.uint64(c7), np.uint64(kstep)
+    ww = wk
+    for kh in range(KH):
+        kk = ro[kh] + k0
+        for kw in range(KW):
+            kc = kk
+            for c in range(CG):
+                for l in range(16):
+                    u = np.uint64(l)
+                    q = wf[ww + u]
+                    a0[l] += sp[kc + u] * q
+                    a1[l] += sp[kc + C1 + u] * q
+                    a2[l] += sp[kc + C2 + u] * q
+                    a3[l] += sp[kc + C3 + u] * q
+                    a4[l] += sp[kc + C4 + u] * q
+                    a5[l] += sp[kc + C5 + u] * q
+                    a6[l] += sp[kc + C6 + u] * q
+                    a7[l] += sp[kc + C7 + u] * q
+                kc += np.uint64(16)
+                ww += np.uint64(16)
+            kk += KS
+
+
+@njit(nogil=True, cache=True, fastmath=FASTMATH)
+def _gl_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0, oh1, geo, sp):
+    """Output rows [oh0, oh1) of channel blocks [ob0, ob1) of image n. Flat views xf (N*Cb*H*W*16),
+    of / rf (N*Ob*Ho*Wo*16), wf (Ob*KH*KW*cg*16); sp: this thread's ring of permuted rows;
+    geo = (Cb, H, W, Ob, Ho, Wo, KH, KW, sh, sw, dh, dw, pt, pl, cg)."""
+    Cb, H, W, Ob, Ho, Wo = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    KH, KW, sh, sw, dh, dw, pt, pl, cg = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11], geo[12], geo[13], geo[14]
+    cs = cg * 16                                   # floats per permuted column
+    Wp = (Wo - 1) * sw + (KW - 1) * dw + 1         # band columns: exactly those the taps read
+    nr = (KH - 1) * dh + 1                         # ring slots
+    rs = Wp * cs                                   # floats per ring slot
+    a0 = nb.carray(stack_f32(16), 16)
+    a1 = nb.carray(stack_f32(16), 16)
+    a2 = nb.carray(stack_f32(16), 16)
+    a3 = nb.carray(stack_f32(16), 16)
+    a4 = nb.carray(stack_f32(16), 16)
+    a5 = nb.carray(stack_f32(16), 16)
+    a6 = nb.carray(stack_f32(16), 16)
+    a7 = nb.carray(stack_f32(16), 16)
+    bv = nb.carray(stack_f32(16), 16)
+    tmp = nb.carray(stack_f32(128), 128)
+    ro = np.empty(KH, np.uint64)
+    al, be = np.float32(alpha), np.float32(beta)
+    xf = nb.carray(_data_ptr(xf), xf.size)   # plain views (depthwise._data_ptr)
+    spv = nb.carray(_data_ptr(sp), sp.size)
+    wf = nb.carray(_data_ptr(wf), wf.size)
+    of = nb.carray(_data_ptr(of), of.size)
+    s1 = sw * cs                                   # offset step of one output position
+    nv = min(RB, Wo)
+    ks = dw * cs
+    for ob in range(ob0, ob1):
+        xbase = (n * Cb + ob) * H * W * 16
+        obase = (n * Ob + ob) * Ho * Wo * 16
+        wbase = np.uint64(ob * KH * KW * cg * 16)
+        for l in range(16):
+            bv[l] = bias[ob * 16 + l]
+        nxt = oh0 * sh                             # next padded row to permute into the ring
+        for oh in range(oh0, oh1):
+            top = oh * sh
+            for r in range(max(nxt, top), top + nr):
+                _fill_row(spv, np.uint64((r % nr) * rs), xf, xbase, r, H, W, pt, pl, Wp, cg)
+            nxt = top + nr
+            for kh in range(KH):
+                ro[kh] = np.uint64(((top + kh * dh) % nr) * rs)
+            orow = obase + oh * Wo * 16
+            for pb0 in range(0, Wo, RB):
+                pb = max(0, min(pb0, Wo - RB))
+                for l in range(16):
+                    a0[l] = 0.0
+                    a1[l] = 0.0
+                    a2[l] = 0.0
+                    a3[l] = 0.0
+                    a4[l] = 0.0
+                    a5[l] = 0.0
+                    a6[l] = 0.0
+                    a7[l] = 0.0
+                k0 = np.uint64(pb * s1)
+                if nv == RB and cg == 8 and sw == 1:
+                    _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 8,
+                            128, 256, 384, 512, 640, 768, 896, ks)
+                elif nv == RB and cg == 8 and sw == 2:
+                    _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 8,
+                            256, 512, 768, 1024, 1280, 1536, 1792, ks)
+                elif nv == 7 and cg == 8 and sw == 1:
+                    _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 8,
+                            128, 256, 384, 512, 640, 768, 768, ks)
+                elif nv == 7 and cg == 8 and sw == 2:
+                    _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 8,
+                            256, 512, 768, 1024, 1280, 1536, 1536, ks)
+                elif nv == RB and cg == 4 and sw == 1:
+                    _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 4,
+                            64, 128, 192, 256, 320, 384, 448, ks)
+                elif nv == RB and cg == 4 and sw == 2:
+                    _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 4,
+                            128, 256, 384, 512, 640, 768, 896, ks)
+                elif nv == RB and cg == 2 and sw == 1:
+                    _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 2,
+                            32, 64, 96, 128, 160, 192, 224, ks)
+                elif nv == RB and cg == 2 and sw == 2:
+                    _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 2,
+                            64, 128, 192, 256, 320, 384, 448, ks)
+                else:
+                    # any geometry; a map narrower than RB repeats its last position (clamped offsets)
+                    _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, cg,
+                            min(1, nv - 1) * s1, min(2, nv - 1) * s1, min(3, nv - 1) * s1, min(4, nv - 1) * s1,
+                            min(5, nv - 1) * s1, min(6, nv - 1) * s1, min(7, nv - 1) * s1, ks)
+                d = np.uint64(orow + pb * 16)
+                if nv == RB:
+                    _store8(of, d, a0, a1, a2, a3, a4, a5, a6, a7, bv)
+                else:
+                    _store8(tmp, np.uint64(0), a0, a1, a2, a3, a4, a5, a6, a7, bv)
+                    for i in range(nv * 16):
+                        of[d + np.uint64(i)] = tmp[i]
+            if has_res or code != 0:
+                _finish_row(of, rf, orow, Wo * 16, has_res, code, al, be)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _gl_par(nt, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band):
+    """Every task (rows (n, ob0, ob1, oh0, oh1)) on nt of numba's threads, handed out dynamically."""
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _gl_seq(counter, nb.get_thread_id(), tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band)
+
+
+@njit(nogil=True, cache=True)
+def _gl_seq(counter, tid, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band):
+    """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= tasks.shape[0]:
+            break
+        _gl_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
+                 tasks[i, 3], tasks[i, 4], geo, band[tid])
+
+
+def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+              relu=False, act=None, threads=None) -> None:
+    """x_b (N, Cb, H, W, 16) unpadded -> out_b (N, Ob, Ho, Wo, 16), y = act(conv + bias + residual)."""
+    wl, bias = prepared["weight"], prepared["bias"]
+    n, cb, h, w, _ = x_b.shape
+    _, ob, ho, wo, _ = out_b.shape
+    obw, kh, kw, cg, _ = wl.shape
+    if obw != ob or cb != ob or cg not in (2, 4, 8) or bias.shape != (ob * LANES,):
+        raise ValueError(f"grouped (lanes, NCHWc): weight {wl.shape} / bias {bias.shape} do not match input "
+                         f"{x_b.shape} / output {out_b.shape}; expected ({ob}, KH, KW, cg in 2/4/8, 16) / "
+                         f"({ob * LANES},), Cb = Ob")
+    has_res = residual_b is not None
+    if has_res and residual_b.shape != out_b.shape:
+        raise ValueError(f"grouped (lanes, NCHWc): residual {residual_b.shape} != output {out_b.shape}")
+    t, _, l, _ = padding
+    sh, sw = stride
+    dh, dw = dilation
+    geo = np.array([cb, h, w, ob, ho, wo, kh, kw, sh, sw, dh, dw, t, l, cg], np.int64)
+    code, alpha, beta = resolve_act(relu, act, "grouped")
+    of, xf, wf = out_b.reshape(-1), x_b.reshape(-1), wl.reshape(-1)   # flat views, no copy
+    rf = residual_b.reshape(-1) if has_res else EMPTY1
+    table = plan_tasks(n, ob, ho, wo, kh, kw, cg)
+    wp = (wo - 1) * sw + (kw - 1) * dw + 1
+    ring = ((kh - 1) * dh + 1) * wp * cg * LANES
+    nrows = numba_max_threads() if region_threads(threads, len(table)) > 1 else 1
+    band = scratch("grouped_lanes_ring", (nrows, ring))
+    numba_region(_gl_par, _gl_seq, threads, len(table), table, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo,
+                 band)
+
+
+def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), relu=False,
+        act=None, threads=None) -> None:
+    """NCHW in, NCHW out: block the input (and residual), run the NCHW16c kernel, unblock."""
+    n, co, ho, wo = out.shape
+    rb = to_nchwc(residual, threads=threads) if residual is not None else None
+    out_b = np.empty((n, prepared["weight"].shape[0], ho, wo, LANES), np.float32)
+    run_nchwc(out_b, to_nchwc(x, threads=threads), prepared, rb, stride=stride, padding=padding, dilation=dilation,
+              relu=relu, act=act, threads=threads)
+    from_nchwc(out_b, co, out=out, threads=threads)
