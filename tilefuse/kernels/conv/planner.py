@@ -465,6 +465,12 @@ def describe_grouped(x_shape, w_shape, out_shape, groups, stride, padding, dilat
     n, ci, h, w = x_shape
     co, cg, kh, kw = w_shape
     ho, wo = out_shape[2], out_shape[3]
+    if grouped_lanes_applies(ci, co, groups):
+        tasks = plan_grouped_lanes_tasks(n, -(-co // 16), ho, wo, kh, kw, cg)
+        rows = int(max(tasks[:, 4] - tasks[:, 3]))
+        return {"partitioning": "rows split" if rows < ho else "blocks split", "tasks": len(tasks),
+                "tiles": {"form": "lanes", "cg": cg, "RB": 8, "rows": rows,
+                          "blocks": int(max(tasks[:, 2] - tasks[:, 1]))}}
     L, cbg, obg, gp = grouped_bundle(ci, co, groups)
     rows = plan_grouped_rows(cbg, obg, kh, kw, stride, dilation, ho, wo, w + padding[2] + padding[3],
                  tuple(padding) != (0, 0, 0, 0))
