@@ -18,18 +18,21 @@ Layouts:
   output     (N, Ob, Ho, Wo, 16)        Ob = Cb, written in place
 
 The kernel, per task (image, channel blocks, band of output rows):
-  - Permuted band: each input row the band needs is expanded once into a zero-bordered scratch row
-    of Wp columns x cg permuted copies x 16 lanes (`_perm_copy`: one vector load and cg LLVM
-    `shufflevector`s with constant masks, whatever instructions the target has: vpermilps /
-    vpermps / broadcasts). The rows live in a ring of (KH-1)*dh + 1 slots, so each input row is
-    permuted once per task (the halo rows again per task) and reused by all KH*KW taps.
+  - Band: the input rows the band needs are copied once into a zero-bordered ring of
+    (KH-1)*dh + 1 rows of Wp columns (the padding is in the band: no border path); each thread's
+    ring starts on a 64-byte line (15% faster than a 16-byte offset on the AVX2 development machine).
   - Register block (as depthwise.py): RB = 8 consecutive output positions x 16 lanes held for the
-    whole reduction; per tap and offset c one weight vector feeds 8 FMAs whose other operand is a
-    plain vector load from the permuted band (constant offsets at the specialized call sites:
-    cg in 8 / 4 / 2 x stride 1 / 2, and the 7-wide maps; each thread's ring starts on a 64-byte line:
-    15% faster than a 16-byte offset on the AVX2 development machine). Padding is in the band, so there is no
-    border path; a short last block moves left (recomputes positions of the previous block: the
-    same values in the same order), maps narrower than RB repeat their last position.
+    whole reduction. Per tap and position one vector load of the input, then for c < cg one LLVM
+    `shufflevector` with a constant mask (lane l <- lane (l // cg) * cg + c) and one `llvm.fma`
+    with the weight vector of (tap, c) (`_pfma`, an intrinsic: the accumulators are whole-vector
+    values LLVM keeps in registers, the shuffles lower to what the target has: on AVX2 at cg 8 a
+    vbroadcastss from memory per 8-lane half, vpermilps for cg 4 / 2, vpermps on AVX-512).
+    Constant offsets at the specialized call sites (stride 1 / 2, the 7-wide maps, cg 8 / 4 / 2);
+    a short last block moves left (recomputes positions of the previous block: the same values in
+    the same order), maps narrower than RB repeat their last position.
+    An earlier form wrote the cg permuted copies of every input vector into the band and ran plain
+    memory-operand FMAs on them: 1.2-1.5x slower at cg 8 on the AVX2 machine (the band cg times
+    larger, 16 stores per input vector), 10-15% faster at cg 4 / 2.
   - Fused epilogue: + bias in the store, then + residual and the activation per output row
     (depthwise._finish_row: activations.apply_span), y = act(conv + bias + residual).
   - Every output value is acc = 0; for kh, kw, c ascending: acc = fma(x, w, acc); + bias,
@@ -45,6 +48,7 @@ import numba as nb
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
@@ -76,52 +80,43 @@ def prepare(w, b, groups: int) -> dict:
 
 
 @intrinsic
-def _perm_copy(typingctx, dst, doff, src, soff, cg):
-    """dst[doff + 16c : doff + 16c + 16] = the lanes (l // cg) * cg + c of src[soff : soff + 16],
-    for c < cg (a literal): one vector load, cg shufflevectors with constant masks, cg stores."""
-    if not (isinstance(cg, types.IntegerLiteral) and isinstance(dst, types.Array) and isinstance(src, types.Array)
-            and isinstance(doff, types.Integer) and isinstance(soff, types.Integer)):
+def _pfma(typingctx, acc, x, xoff, w, woff, cg):
+    """acc[0:16] = fma(perm_c(x[xoff:xoff+16]), w[woff+16c : +16], acc) for c < cg (a literal), c ascending;
+    perm_c: lane l <- lane (l // cg) * cg + c (an LLVM shufflevector with a constant mask)."""
+    if not (isinstance(cg, types.IntegerLiteral) and isinstance(acc, types.Array) and isinstance(x, types.Array)
+            and isinstance(w, types.Array)):
         return None
     g = cg.literal_value
-    sig = types.void(dst, doff, src, soff, cg)
+    sig = types.void(acc, x, xoff, w, woff, cg)
 
     def codegen(context, builder, signature, args):
         vty = ir.VectorType(ir.FloatType(), LANES)
         i64 = ir.IntType(64)
-        d = context.make_array(signature.args[0])(context, builder, args[0]).data
-        s = context.make_array(signature.args[2])(context, builder, args[2]).data
-        so = context.cast(builder, args[3], signature.args[3], types.int64)
-        do = context.cast(builder, args[1], signature.args[1], types.int64)
-        v = builder.load(builder.bitcast(builder.gep(s, [so]), vty.as_pointer()), align=4)
+        pa = builder.bitcast(context.make_array(signature.args[0])(context, builder, args[0]).data, vty.as_pointer())
+        px = context.make_array(signature.args[1])(context, builder, args[1]).data
+        pw = context.make_array(signature.args[3])(context, builder, args[3]).data
+        xo = context.cast(builder, args[2], signature.args[2], types.int64)
+        wo = context.cast(builder, args[4], signature.args[4], types.int64)
+        v = builder.load(builder.bitcast(builder.gep(px, [xo]), vty.as_pointer()), align=4)
+        a = builder.load(pa, align=4)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma.v16f32")
         for c in range(g):
             mask = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [(l // g) * g + c for l in range(LANES)])
             p = builder.shuffle_vector(v, v, mask)
-            dp = builder.gep(d, [builder.add(do, ir.Constant(i64, c * LANES))])
-            builder.store(p, builder.bitcast(dp, vty.as_pointer()), align=4)
+            wc = builder.load(builder.bitcast(builder.gep(pw, [builder.add(wo, ir.Constant(i64, c * LANES))]),
+                                              vty.as_pointer()), align=4)
+            a = builder.call(fma, [p, wc, a])
+        builder.store(a, pa, align=4)
         return context.get_dummy_value()
 
     return sig, codegen
 
 
 @njit(inline="always", cache=True)
-def _perm_cols(sp, d, xf, s, ncols, cg):
-    """ncols input vectors from xf[s:] -> their cg permuted copies at sp[d:] (cg a runtime 2 / 4 / 8)."""
-    if cg == 8:
-        for j in range(ncols):
-            _perm_copy(sp, d + np.uint64(j * 128), xf, s + np.uint64(j * 16), 8)
-    elif cg == 4:
-        for j in range(ncols):
-            _perm_copy(sp, d + np.uint64(j * 64), xf, s + np.uint64(j * 16), 4)
-    else:
-        for j in range(ncols):
-            _perm_copy(sp, d + np.uint64(j * 32), xf, s + np.uint64(j * 16), 2)
-
-
-@njit(inline="always", cache=True)
 def _fill_row(sp, so, xf, xbase, r, H, W, pt, pl, Wp, cg):
     """Padded input row r of one channel plane (at xbase in xf) -> ring slot at sp[so:]:
-    Wp columns x cg permuted copies x 16 lanes, zero outside the image."""
-    cs = cg * 16
+    Wp columns x 16 lanes, zero outside the image (unsigned offsets: the copy vectorizes)."""
+    cs = 16
     ih = r - pt
     z = np.float32(0.0)
     if ih < 0 or ih >= H:
@@ -132,48 +127,45 @@ def _fill_row(sp, so, xf, xbase, r, H, W, pt, pl, Wp, cg):
     ncopy = max(0, min(W, Wp - pl))
     for i in range(lo * cs):
         sp[so + np.uint64(i)] = z
-    _perm_cols(sp, so + np.uint64(lo * cs), xf, np.uint64(xbase + ih * W * 16), ncopy, cg)
+    d = so + np.uint64(lo * cs)
+    sx = np.uint64(xbase + ih * W * 16)
+    for i in range(ncopy * 16):
+        sp[d + np.uint64(i)] = xf[sx + np.uint64(i)]
     for i in range((lo + ncopy) * cs, Wp * cs):
         sp[so + np.uint64(i)] = z
 
 
 @njit(inline="always", cache=True, fastmath=FASTMATH)
 def _gblock(sp, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wk, KH, KW, CG, c1, c2, c3, c4, c5, c6, c7, kstep):
-    """The register block: a_r[0:16] += sp[ro[kh] + k0 + c_r + kw*kstep + 16c : +16] * wf[wk + 16 (tap*CG + c)]
-    for kh, kw, c ascending (c0 = 0). ro: the ring slot offset of each kernel row. Inlined, so
-    constant CG / offsets at a call site unroll the c loop and become immediate offsets."""
+    """The register block: a_r = fma(perm_c(sp[ro[kh] + k0 + c_r + kw*kstep : +16]), wf[wk + 16 (tap*CG + c) : +16], a_r)
+    for kh, kw, c ascending (c0 = 0; `_pfma`). ro: the ring slot offset of each kernel row. Inlined,
+    so constant offsets at a call site become immediate address offsets; CG is a literal."""
     C1, C2, C3, C4 = np.uint64(c1), np.uint64(c2), np.uint64(c3), np.uint64(c4)
     C5, C6, C7, KS = np.uint64(c5), np.uint64(c6), np.uint64(c7), np.uint64(kstep)
     ww = wk
     for kh in range(KH):
         kk = ro[kh] + k0
         for kw in range(KW):
-            kc = kk
-            for c in range(CG):
-                for l in range(16):
-                    u = np.uint64(l)
-                    q = wf[ww + u]
-                    a0[l] += sp[kc + u] * q
-                    a1[l] += sp[kc + C1 + u] * q
-                    a2[l] += sp[kc + C2 + u] * q
-                    a3[l] += sp[kc + C3 + u] * q
-                    a4[l] += sp[kc + C4 + u] * q
-                    a5[l] += sp[kc + C5 + u] * q
-                    a6[l] += sp[kc + C6 + u] * q
-                    a7[l] += sp[kc + C7 + u] * q
-                kc += np.uint64(16)
-                ww += np.uint64(16)
+            _pfma(a0, sp, kk, wf, ww, CG)
+            _pfma(a1, sp, kk + C1, wf, ww, CG)
+            _pfma(a2, sp, kk + C2, wf, ww, CG)
+            _pfma(a3, sp, kk + C3, wf, ww, CG)
+            _pfma(a4, sp, kk + C4, wf, ww, CG)
+            _pfma(a5, sp, kk + C5, wf, ww, CG)
+            _pfma(a6, sp, kk + C6, wf, ww, CG)
+            _pfma(a7, sp, kk + C7, wf, ww, CG)
+            ww += np.uint64(CG * 16)
             kk += KS
 
 
 @njit(nogil=True, cache=True, fastmath=FASTMATH)
 def _gl_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0, oh1, geo, sp):
     """Output rows [oh0, oh1) of channel blocks [ob0, ob1) of image n. Flat views xf (N*Cb*H*W*16),
-    of / rf (N*Ob*Ho*Wo*16), wf (Ob*KH*KW*cg*16); sp: this thread's ring of permuted rows;
+    of / rf (N*Ob*Ho*Wo*16), wf (Ob*KH*KW*cg*16); sp: this thread's ring of zero-bordered input rows;
     geo = (Cb, H, W, Ob, Ho, Wo, KH, KW, sh, sw, dh, dw, pt, pl, cg)."""
     Cb, H, W, Ob, Ho, Wo = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
     KH, KW, sh, sw, dh, dw, pt, pl, cg = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11], geo[12], geo[13], geo[14]
-    cs = cg * 16                                   # floats per permuted column
+    cs = 16                                        # floats per column
     Wp = (Wo - 1) * sw + (KW - 1) * dw + 1         # band columns: exactly those the taps read
     nr = (KH - 1) * dh + 1                         # ring slots
     rs = Wp * cs                                   # floats per ring slot
@@ -202,7 +194,7 @@ def _gl_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0,
         wbase = np.uint64(ob * KH * KW * cg * 16)
         for l in range(16):
             bv[l] = bias[ob * 16 + l]
-        nxt = oh0 * sh                             # next padded row to permute into the ring
+        nxt = oh0 * sh                             # next padded row to copy into the ring
         for oh in range(oh0, oh1):
             top = oh * sh
             for r in range(max(nxt, top), top + nr):
@@ -225,33 +217,41 @@ def _gl_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0,
                 k0 = np.uint64(pb * s1)
                 if nv == RB and cg == 8 and sw == 1:
                     _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 8,
-                            128, 256, 384, 512, 640, 768, 896, ks)
+                            16, 32, 48, 64, 80, 96, 112, ks)
                 elif nv == RB and cg == 8 and sw == 2:
                     _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 8,
-                            256, 512, 768, 1024, 1280, 1536, 1792, ks)
+                            32, 64, 96, 128, 160, 192, 224, ks)
                 elif nv == 7 and cg == 8 and sw == 1:
                     _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 8,
-                            128, 256, 384, 512, 640, 768, 768, ks)
+                            16, 32, 48, 64, 80, 96, 96, ks)
                 elif nv == 7 and cg == 8 and sw == 2:
                     _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 8,
-                            256, 512, 768, 1024, 1280, 1536, 1536, ks)
+                            32, 64, 96, 128, 160, 192, 192, ks)
                 elif nv == RB and cg == 4 and sw == 1:
                     _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 4,
-                            64, 128, 192, 256, 320, 384, 448, ks)
+                            16, 32, 48, 64, 80, 96, 112, ks)
                 elif nv == RB and cg == 4 and sw == 2:
                     _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 4,
-                            128, 256, 384, 512, 640, 768, 896, ks)
+                            32, 64, 96, 128, 160, 192, 224, ks)
                 elif nv == RB and cg == 2 and sw == 1:
                     _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 2,
-                            32, 64, 96, 128, 160, 192, 224, ks)
+                            16, 32, 48, 64, 80, 96, 112, ks)
                 elif nv == RB and cg == 2 and sw == 2:
                     _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 2,
-                            64, 128, 192, 256, 320, 384, 448, ks)
+                            32, 64, 96, 128, 160, 192, 224, ks)
                 else:
                     # any geometry; a map narrower than RB repeats its last position (clamped offsets)
-                    _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, cg,
-                            min(1, nv - 1) * s1, min(2, nv - 1) * s1, min(3, nv - 1) * s1, min(4, nv - 1) * s1,
-                            min(5, nv - 1) * s1, min(6, nv - 1) * s1, min(7, nv - 1) * s1, ks)
+                    c1, c2, c3 = min(1, nv - 1) * s1, min(2, nv - 1) * s1, min(3, nv - 1) * s1
+                    c4, c5, c6, c7 = min(4, nv - 1) * s1, min(5, nv - 1) * s1, min(6, nv - 1) * s1, min(7, nv - 1) * s1
+                    if cg == 8:
+                        _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 8,
+                                c1, c2, c3, c4, c5, c6, c7, ks)
+                    elif cg == 4:
+                        _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 4,
+                                c1, c2, c3, c4, c5, c6, c7, ks)
+                    else:
+                        _gblock(spv, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wbase, KH, KW, 2,
+                                c1, c2, c3, c4, c5, c6, c7, ks)
                 d = np.uint64(orow + pb * 16)
                 if nv == RB:
                     _store8(of, d, a0, a1, a2, a3, a4, a5, a6, a7, bv)
@@ -291,7 +291,7 @@ def _plan(n, cb, h, w, ho, wo, kh, kw, cg, stride, padding, dilation):
     wp = (wo - 1) * sw + (kw - 1) * dw + 1
     table = plan_tasks(n, cb, ho, wo, kh, kw, cg)
     table.flags.writeable = geo.flags.writeable = False
-    return table, geo, ((kh - 1) * dh + 1) * wp * cg * LANES
+    return table, geo, ((kh - 1) * dh + 1) * wp * LANES
 
 
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),

@@ -436,7 +436,7 @@ def grouped_lanes_applies(cin: int, cout: int, groups: int) -> bool:
     return cg == og and 1 < cg < 16 and 16 % cg == 0
 
 
-GL_TASK_VFMAS = 1 << 16      # grouped_lanes work per task in vector FMAs (~30-60 us on one core)
+GL_TASK_VFMAS = 1 << 16      # grouped_lanes work per task in 16-lane FMAs (~50-100 us on one core)
 GL_TASK_MIN_VFMAS = 1 << 13  # smallest task: layers this small are split in about 8 tasks at most
 
 
@@ -444,7 +444,7 @@ def plan_grouped_lanes_tasks(n: int, ob: int, ho: int, wo: int, kh: int, kw: int
     """(image, ob0, ob1, oh0, oh1) tasks (an int64 table) from the layer shape only: about
     GL_TASK_VFMAS vector FMAs each (fewer, down to GL_TASK_MIN_VFMAS, so a layer has about 8 tasks
     or more). A channel block's map larger than that is split in equal row bands (each band
-    permutes its (KH-1)*dh halo rows again), smaller maps bundle channel blocks. The split never
+    copies its (KH-1)*dh halo rows again), smaller maps bundle channel blocks. The split never
     changes a result (grouped_lanes: the same operations per output value in every task)."""
     row = -(-wo // 8) * 8 * kh * kw * cg            # vector FMAs of one output row of one block
     plane = row * ho
