@@ -27,6 +27,9 @@ The kernel, per task (image, channel blocks, band of output rows):
     with the weight vector of (tap, c) (`_pfma`, an intrinsic: the accumulators are whole-vector
     values LLVM keeps in registers, the shuffles lower to what the target has: on AVX2 at cg 8 a
     vbroadcastss from memory per 8-lane half, vpermilps for cg 4 / 2, vpermps on AVX-512).
+    On hosts with 256-bit vectors (AVX2) the block's two 8-lane halves run one after the other
+    (`HALVES`: 8 accumulators of 8 lanes fit the 16 ymm registers, 16 of them spilled; 1.2-1.35x
+    faster on the AVX2 machine, the same bits); AVX-512 hosts run the 16 lanes at once.
     Constant offsets at the specialized call sites (stride 1 / 2, the 7-wide maps, cg 8 / 4 / 2);
     a short last block moves left (recomputes positions of the previous block: the same values in
     the same order), maps narrower than RB repeat their last position.
@@ -51,6 +54,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from tilefuse.kernels import isa
 from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
 from tilefuse.kernels.conv.depthwise import FASTMATH, _data_ptr, _finish_row, _store8
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
@@ -60,6 +64,7 @@ from tilefuse.kernels.conv.planner import plan_grouped_lanes_tasks as plan_tasks
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, scratch
 
 RB = 8                  # output positions per register block
+HALVES = isa.info()["vector_bits"] < 512   # run the block's two 8-lane halves one after the other (`_gblock`)
 
 
 def prepare(w, b, groups: int) -> dict:
@@ -80,28 +85,32 @@ def prepare(w, b, groups: int) -> dict:
 
 
 @intrinsic
-def _pfma(typingctx, acc, x, xoff, w, woff, cg):
-    """acc[0:16] = fma(perm_c(x[xoff:xoff+16]), w[woff+16c : +16], acc) for c < cg (a literal), c ascending;
-    perm_c: lane l <- lane (l // cg) * cg + c (an LLVM shufflevector with a constant mask)."""
-    if not (isinstance(cg, types.IntegerLiteral) and isinstance(acc, types.Array) and isinstance(x, types.Array)
-            and isinstance(w, types.Array)):
+def _pfma(typingctx, acc, x, xoff, w, woff, cg, nl, h):
+    """acc[b:b+nl] = fma(perm_c(x[xoff+b : +nl]), w[woff+16c+b : +nl], acc[b:b+nl]) for c < cg, c ascending,
+    b = h*nl (cg, nl (8 or 16 lanes), h: literals); perm_c: lane l <- lane (l // cg) * cg + c (an LLVM
+    shufflevector with a constant mask; cg divides nl)."""
+    if not (isinstance(cg, types.IntegerLiteral) and isinstance(nl, types.IntegerLiteral)
+            and isinstance(h, types.IntegerLiteral) and isinstance(acc, types.Array)
+            and isinstance(x, types.Array) and isinstance(w, types.Array)):
         return None
-    g = cg.literal_value
-    sig = types.void(acc, x, xoff, w, woff, cg)
+    g, n, b = cg.literal_value, nl.literal_value, h.literal_value * nl.literal_value
+    sig = types.void(acc, x, xoff, w, woff, cg, nl, h)
 
     def codegen(context, builder, signature, args):
-        vty = ir.VectorType(ir.FloatType(), LANES)
+        vty = ir.VectorType(ir.FloatType(), n)
         i64 = ir.IntType(64)
-        pa = builder.bitcast(context.make_array(signature.args[0])(context, builder, args[0]).data, vty.as_pointer())
+        pa = context.make_array(signature.args[0])(context, builder, args[0]).data
+        pa = builder.bitcast(builder.gep(pa, [ir.Constant(i64, b)]), vty.as_pointer())
         px = context.make_array(signature.args[1])(context, builder, args[1]).data
         pw = context.make_array(signature.args[3])(context, builder, args[3]).data
-        xo = context.cast(builder, args[2], signature.args[2], types.int64)
-        wo = context.cast(builder, args[4], signature.args[4], types.int64)
+        xo = builder.add(context.cast(builder, args[2], signature.args[2], types.int64), ir.Constant(i64, b))
+        wo = builder.add(context.cast(builder, args[4], signature.args[4], types.int64), ir.Constant(i64, b))
         v = builder.load(builder.bitcast(builder.gep(px, [xo]), vty.as_pointer()), align=4)
         a = builder.load(pa, align=4)
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty, vty]), "llvm.fma.v16f32")
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty, vty]),
+                                             f"llvm.fma.v{n}f32")
         for c in range(g):
-            mask = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [(l // g) * g + c for l in range(LANES)])
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), n), [(l // g) * g + c for l in range(n)])
             p = builder.shuffle_vector(v, v, mask)
             wc = builder.load(builder.bitcast(builder.gep(pw, [builder.add(wo, ir.Constant(i64, c * LANES))]),
                                               vty.as_pointer()), align=4)
@@ -135,27 +144,40 @@ def _fill_row(sp, so, xf, xbase, r, H, W, pt, pl, Wp, cg):
         sp[so + np.uint64(i)] = z
 
 
-@njit(inline="always", cache=True, fastmath=FASTMATH)
-def _gblock(sp, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wk, KH, KW, CG, c1, c2, c3, c4, c5, c6, c7, kstep):
-    """The register block: a_r = fma(perm_c(sp[ro[kh] + k0 + c_r + kw*kstep : +16]), wf[wk + 16 (tap*CG + c) : +16], a_r)
-    for kh, kw, c ascending (c0 = 0; `_pfma`). ro: the ring slot offset of each kernel row. Inlined,
-    so constant offsets at a call site become immediate address offsets; CG is a literal."""
-    C1, C2, C3, C4 = np.uint64(c1), np.uint64(c2), np.uint64(c3), np.uint64(c4)
-    C5, C6, C7, KS = np.uint64(c5), np.uint64(c6), np.uint64(c7), np.uint64(kstep)
+@njit(inline="always", cache=True)
+def _gtaps(sp, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wk, KH, KW, CG, C1, C2, C3, C4, C5, C6, C7, KS, NL, H):
+    """Lanes [H*NL, (H+1)*NL) of the register block over every tap (see `_gblock`)."""
     ww = wk
     for kh in range(KH):
         kk = ro[kh] + k0
         for kw in range(KW):
-            _pfma(a0, sp, kk, wf, ww, CG)
-            _pfma(a1, sp, kk + C1, wf, ww, CG)
-            _pfma(a2, sp, kk + C2, wf, ww, CG)
-            _pfma(a3, sp, kk + C3, wf, ww, CG)
-            _pfma(a4, sp, kk + C4, wf, ww, CG)
-            _pfma(a5, sp, kk + C5, wf, ww, CG)
-            _pfma(a6, sp, kk + C6, wf, ww, CG)
-            _pfma(a7, sp, kk + C7, wf, ww, CG)
+            _pfma(a0, sp, kk, wf, ww, CG, NL, H)
+            _pfma(a1, sp, kk + C1, wf, ww, CG, NL, H)
+            _pfma(a2, sp, kk + C2, wf, ww, CG, NL, H)
+            _pfma(a3, sp, kk + C3, wf, ww, CG, NL, H)
+            _pfma(a4, sp, kk + C4, wf, ww, CG, NL, H)
+            _pfma(a5, sp, kk + C5, wf, ww, CG, NL, H)
+            _pfma(a6, sp, kk + C6, wf, ww, CG, NL, H)
+            _pfma(a7, sp, kk + C7, wf, ww, CG, NL, H)
             ww += np.uint64(CG * 16)
             kk += KS
+
+
+@njit(inline="always", cache=True)
+def _gblock(sp, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wk, KH, KW, CG, c1, c2, c3, c4, c5, c6, c7, kstep):
+    """The register block: a_r = fma(perm_c(sp[ro[kh] + k0 + c_r + kw*kstep : +16]), wf[wk + 16 (tap*CG + c) : +16], a_r)
+    for kh, kw, c ascending (c0 = 0; `_pfma`). ro: the ring slot offset of each kernel row. Inlined,
+    so constant offsets at a call site become immediate address offsets; CG is a literal.
+    HALVES (hosts with 256-bit vectors): the two 8-lane halves one after the other, so the 8
+    accumulators of a half stay in 8 of the 16 ymm registers (16-lane accumulators need all 16 and
+    spill); each lane's sequence of operations is the same either way."""
+    C1, C2, C3, C4 = np.uint64(c1), np.uint64(c2), np.uint64(c3), np.uint64(c4)
+    C5, C6, C7, KS = np.uint64(c5), np.uint64(c6), np.uint64(c7), np.uint64(kstep)
+    if HALVES:
+        _gtaps(sp, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wk, KH, KW, CG, C1, C2, C3, C4, C5, C6, C7, KS, 8, 0)
+        _gtaps(sp, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wk, KH, KW, CG, C1, C2, C3, C4, C5, C6, C7, KS, 8, 1)
+    else:
+        _gtaps(sp, wf, a0, a1, a2, a3, a4, a5, a6, a7, ro, k0, wk, KH, KW, CG, C1, C2, C3, C4, C5, C6, C7, KS, 16, 0)
 
 
 @njit(nogil=True, cache=True, fastmath=FASTMATH)
