@@ -17,7 +17,8 @@ from tilefuse.kernels import threads
 from tilefuse.kernels.threads import numba_max_threads
 
 THREADS = (1, 2, 3, 5, 8, 16)
-TOL = {"gemm1x1": 1e-4, "direct": 1e-4, "im2col": 1e-4, "winograd2": 1e-3, "winograd4": 5e-3, "depthwise": 1e-4}
+TOL = {"gemm1x1": 1e-4, "direct": 1e-4, "im2col": 1e-4, "winograd2": 1e-3, "winograd4": 5e-3, "depthwise": 1e-4,
+       "grouped": 1e-4}
 
 # (name, form, algorithm, (N, Ci, H, W), Co, k, stride, padding, groups)
 CASES = [
@@ -39,6 +40,9 @@ CASES = [
     ("im2col_depthwise", "nchw", "im2col", (1, 16, 9, 9), 16, 3, 1, 1, 16),
     ("depthwise_5x5_s2", "nchwc", "depthwise", (2, 40, 13, 11), 40, 5, 2, 2, 40),
     ("depthwise_3x3_b1", "nchwc", "depthwise", (1, 24, 30, 17), 24, 3, 1, 1, 24),
+    ("grouped_lanes_cg8_b1", "nchwc", "grouped", (1, 40, 45, 37), 40, 3, 1, 1, 5),     # row bands (RegNet width 8)
+    ("grouped_lanes_cg4_s2", "nchwc", "grouped", (3, 24, 13, 11), 24, 3, 2, 1, 6),      # channel blocks bundled
+    ("grouped_lanes_cg8_nchw", "nchw", "grouped", (2, 24, 9, 9), 24, 3, 1, 1, 3),
 ]
 
 

@@ -32,7 +32,8 @@ def test_every_conv_algorithm_declares_its_prepared_shapes():
 
 @pytest.mark.parametrize("co, ci, k, groups", [(1, 1, 1, 1), (5, 3, 3, 1), (16, 16, 1, 1), (17, 33, 3, 1),
                                                (40, 20, 1, 1), (64, 31, 5, 1), (6, 2, 3, 2), (8, 1, 3, 8),
-                                               (33, 47, 3, 1), (32, 8, 7, 1)])
+                                               (33, 47, 3, 1), (32, 8, 7, 1), (48, 48, 3, 6), (40, 40, 3, 10),
+                                               (26, 26, 5, 13), (64, 64, 3, 4)])
 def test_prepared_shapes_match_conv2d_prepare(co, ci, k, groups):
     """The validator's shape rules are the shapes conv2d_prepare really makes."""
     rng = np.random.default_rng(0)
@@ -122,6 +123,8 @@ def test_conv_validator_rederives_every_shape():
         _conv("gemm1x1", (1, 2, 8, 8, 16), (40, 20, 1, 1), (1, 3, 4, 4, 16), "nchwc", stride=2),
         _conv("im2col", (1, 4, 8, 8), (6, 2, 3, 3), (1, 6, 8, 8), groups=2, padding=1),
         _conv("direct", (1, 3, 8, 8), (5, 3, 3, 3), (1, 5, 6, 6)),
+        _conv("grouped", (1, 3, 8, 8, 16), (48, 8, 3, 3), (1, 3, 8, 8, 16), "nchwc", groups=6, padding=1),
+        _conv("grouped", (1, 2, 8, 8, 16), (24, 4, 3, 3), (1, 2, 3, 3, 16), "nchwc", groups=6, stride=2, res=True),
     ]
     for ins in ok:
         V.validate_conv2d(ins)
@@ -132,6 +135,13 @@ def test_conv_validator_rederives_every_shape():
                prepared_shapes={"weight": (36, 32, 32), "bias": (16,)}), "needs"),
         (_conv("winograd2", (1, 1, 8, 8, 16), (16, 16, 3, 3), (1, 1, 4, 4, 16), "nchwc", stride=2), "cannot run"),
         (_conv("im2col", (1, 4, 8, 8), (6, 2, 3, 3), (1, 6, 8, 8), "nchwc", groups=2, padding=1), "groups"),
+        # grouped lanes weights (Ob, KH, KW, cg, 16): a block short, a wrong group width, the tile form's shape
+        (_conv("grouped", (1, 3, 8, 8, 16), (48, 8, 3, 3), (1, 3, 8, 8, 16), "nchwc", groups=6, padding=1,
+               prepared_shapes={"weight": (2, 3, 3, 8, 16), "bias": (48,)}), "needs"),
+        (_conv("grouped", (1, 3, 8, 8, 16), (48, 8, 3, 3), (1, 3, 8, 8, 16), "nchwc", groups=6, padding=1,
+               prepared_shapes={"weight": (3, 3, 3, 4, 16), "bias": (48,)}), "needs"),
+        (_conv("grouped", (1, 3, 8, 8, 16), (48, 8, 3, 3), (1, 3, 8, 8, 16), "nchwc", groups=6, padding=1,
+               prepared_shapes={"weight": (3, 1, 1, 3, 3, 16, 16), "bias": (48,)}), "needs"),
     ]
     extra = _conv("direct", (1, 3, 8, 8), (5, 3, 3, 3), (1, 5, 6, 6), res=True)
     extra.params["has_residual"] = False                      # a residual operand nobody declared

@@ -261,9 +261,11 @@ def _prepared_depthwise(w, groups, layout):
 
 
 def _prepared_grouped(w, groups, layout):
-    from ..kernels.conv.planner import grouped_bundle
-    co, cg, kh, kw = w  # grouped.prepare: the block groups' dense tiles, one form for both layouts
-    _, cbg, obg, gp = grouped_bundle(cg * groups, co, groups)
+    from ..kernels.conv.planner import grouped_bundle, grouped_lanes_applies
+    co, cg, kh, kw = w  # grouped.prepare: one form for both layouts
+    if grouped_lanes_applies(cg * groups, co, groups):      # groups inside one block: grouped_lanes.prepare
+        return {"weight": (-(-co // LANES), kh, kw, cg, LANES), "bias": (_ceil16(co),)}
+    _, cbg, obg, gp = grouped_bundle(cg * groups, co, groups)   # the block groups' dense tiles
     return {"weight": (gp, obg, cbg, kh, kw, LANES, LANES), "bias": (gp * obg * LANES,)}
 
 

@@ -29,7 +29,8 @@ channels zero, no spatial padding):
     direct_nchwc                                 direct conv on an already padded blocked input
 
 Grouped convs: `depthwise` (groups == C_in, any multiplier; depthwise.py) and `grouped`
-(1 < groups < C_in, block groups of the direct kernel; grouped.py) are NCHW16c kernels (their NCHW
+(1 < groups < C_in: groups of 2 / 4 / 8 channels inside one block on grouped_lanes.py, block
+groups of the direct kernel otherwise; grouped.py) are NCHW16c kernels (their NCHW
 entry points block the input and unblock the output around them); im2col runs every grouped conv.
 """
 from __future__ import annotations

@@ -177,9 +177,20 @@ def _bind_grouped(algorithm, form, x_shape, out_shape, shapes, stride, padding, 
         if w[0] != ob or (not mult and xb != ob) or -(-groups // 16) != xb:
             raise ValueError(f"{where}: weight {w} with groups={groups} does not fit input {x_shape} / output "
                              f"{out_shape} (depthwise: groups = C_in, {'Ob' if mult else 'Cb = Ob'} blocks)")
+    elif w is not None and len(w) == 5:                  # groups inside one block (grouped_lanes.py)
+        if w[4] != 16 or w[3] not in (2, 4, 8):
+            raise ValueError(f"{where}: grouped (lanes) weight has shape {w}, expected (Ob, KH, KW, cg, 16) with "
+                             f"cg in 2, 4, 8")
+        _, kh, kw, cgl, _ = w
+        if w[0] != ob or xb != ob or -(-groups * cgl // 16) != xb or (not blocked and not
+                                                                     x_shape[1] == out_shape[1] == groups * cgl):
+            raise ValueError(f"{where}: weight {w} with groups={groups} does not fit input {x_shape} / output "
+                             f"{out_shape} (grouped lanes: groups x {cgl} channels in and out, Cb = Ob blocks)")
+        groups = ob * 16 // cgl                         # the padded channels' group count, for the plan
     else:
         if w is None or len(w) != 7 or w[5:] != (16, 16):
-            raise ValueError(f"{where}: grouped weight has shape {w}, expected (G', Obg, Cbg, KH, KW, 16, 16)")
+            raise ValueError(f"{where}: grouped weight has shape {w}, expected (G', Obg, Cbg, KH, KW, 16, 16) "
+                             f"or (Ob, KH, KW, cg, 16)")
         gp, obg, cbg, kh, kw = w[:5]
         if not (gp - 1) * cbg < xb <= gp * cbg or not (gp - 1) * obg < ob <= gp * obg:
             raise ValueError(f"{where}: weight {w} covers {gp * cbg} input / {gp * obg} output blocks, tensors have "

@@ -30,6 +30,12 @@ channels (C not a multiple of 16) are zero on both sides, as everywhere in NCHW1
 
 Tasks are (image, block group, band of output rows), from the shape only: any thread count gives
 bitwise identical results.
+
+Groups inside one block (cg == og in 2, 4, 8: RegNet's group width 8) do not take this form:
+`prepare` hands them to `grouped_lanes.py` (cg FMAs per tap on lane-permuted inputs, no zero
+weights, an inf/NaN stays in its group), and `run_nchwc` / `run` dispatch on the prepared weight's
+rank (5: lanes, 7: block-group tiles). `prepare(..., form="tiles")` keeps the tile form for them
+(benchmarks/grouped_layers.py compares the two).
 """
 from __future__ import annotations
 
@@ -37,11 +43,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tilefuse.kernels.conv import grouped_lanes
 from tilefuse.kernels.conv._nb import LANES
 from tilefuse.kernels.conv.direct import _direct_rows, _direct_rows2, _pad_band
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
 from tilefuse.kernels.conv.planner import grouped_bundle as bundle
+from tilefuse.kernels.conv.planner import grouped_lanes_applies as lanes_applies
 from tilefuse.kernels.conv.planner import plan_grouped_rows, plan_grouped_tasks
 from tilefuse.kernels.threads import parallel_for, scratch
 
@@ -49,20 +57,32 @@ MAX_WASTE = 4   # largest L (FLOPs multiplied by L) the blocked grouped form tak
 
 
 def applies(cin: int, cout: int, groups: int) -> bool:
-    """The blocked grouped form: real groups (not depthwise, not dense) bundled with at most MAX_WASTE."""
+    """The blocked grouped forms: real groups (not depthwise, not dense), inside one block (the lanes
+    kernel, any of cg = og = 2, 4, 8) or bundled into block groups with at most MAX_WASTE."""
     if groups <= 1 or cin % groups or cout % groups or cin // groups == 1:
         return False
-    return bundle(cin, cout, groups)[0] <= MAX_WASTE
+    return lanes_applies(cin, cout, groups) or bundle(cin, cout, groups)[0] <= MAX_WASTE
 
 
-def prepare(w, b, groups: int) -> dict:
-    """w (Co, Cg, KH, KW) -> {"weight": (G', Obg, Cbg, KH, KW, 16ci, 16co), "bias": (G'*Obg*16,)}:
-    the block groups' dense tiles (direct.pack_weights' layout per block group), zero between groups."""
+def uses_lanes(prepared) -> bool:
+    """Is this prepared layer in the lanes form (grouped_lanes.py: weight (Ob, KH, KW, cg, 16))?"""
+    return getattr(prepared["weight"], "ndim", 0) == 5
+
+
+def prepare(w, b, groups: int, form: str | None = None) -> dict:
+    """w (Co, Cg, KH, KW) -> the lanes form when the groups fit inside one block (grouped_lanes.prepare:
+    {"weight": (Ob, KH, KW, cg, 16), "bias": (Ob*16,)}) unless form="tiles"; otherwise
+    {"weight": (G', Obg, Cbg, KH, KW, 16ci, 16co), "bias": (G'*Obg*16,)}: the block groups' dense
+    tiles (direct.pack_weights' layout per block group), zero between groups."""
     w = np.asarray(w, np.float32)
     co, cg, kh, kw = w.shape
     ci = cg * groups
+    if form not in (None, "lanes", "tiles"):
+        raise ValueError(f"grouped: form {form!r} unknown; expected 'lanes' or 'tiles'")
     if co % groups:
         raise ValueError(f"grouped: {co} output channels not divisible by groups={groups}")
+    if form == "lanes" or (form is None and lanes_applies(ci, co, groups)):
+        return grouped_lanes.prepare(w, b, groups)
     og = co // groups
     L, cbg, obg, gp = bundle(ci, co, groups)
     # dense (G'*Obg*16 outputs, Cbg*16 inputs of the block group) with zeros between groups
@@ -130,6 +150,10 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(
     The block groups' channel ranges of x_b / out_b may run past the tensors' blocks (the last block
     group of a layer whose group count is not a multiple of L): those blocks are all padding (zero
     weights), so the views are clipped to the tensors."""
+    if uses_lanes(prepared):
+        grouped_lanes.run_nchwc(out_b, x_b, prepared, residual_b, stride=stride, padding=padding, dilation=dilation,
+                                relu=relu, act=act, threads=threads)
+        return
     code, al, be = resolve_act(relu, act, "grouped")
     wt, bias = prepared["weight"], prepared["bias"]
     gp, obg, cbg, kh, kw = wt.shape[:5]
@@ -162,7 +186,8 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0),
     """NCHW in, NCHW out: block the input (and residual), run the NCHW16c kernel, unblock."""
     n, co, ho, wo = out.shape
     rb = to_nchwc(residual, threads=threads) if residual is not None else None
-    out_b = np.empty((n, -(-co // LANES), ho, wo, LANES), np.float32)
+    ob = prepared["weight"].shape[0] if uses_lanes(prepared) else -(-co // LANES)
+    out_b = np.empty((n, ob, ho, wo, LANES), np.float32)
     run_nchwc(out_b, to_nchwc(x, threads=threads), prepared, rb, stride=stride, padding=padding, dilation=dilation,
               relu=relu, act=act, threads=threads)
     from_nchwc(out_b, co, out=out, threads=threads)

@@ -47,6 +47,8 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+import numpy as np
+
 _OVERRIDE: dict[str, int] = {}
 
 
@@ -424,11 +426,51 @@ def plan_grouped_tasks(n, gp, cbg, obg, kh, kw, ho, wo, rows) -> list[tuple[int,
     return [(i, j, min(j + k, gp), r0, r1) for i in range(n) for j in range(0, gp, k) for (r0, r1) in _row_bands(ho, rows)]
 
 
+# grouped with groups inside one 16-lane block (grouped_lanes.py) ---------------------------------
+
+def grouped_lanes_applies(cin: int, cout: int, groups: int) -> bool:
+    """cg == og in (2, 4, 8): every 16-channel block holds whole groups, in and out (grouped_lanes.py)."""
+    if groups <= 1 or cin % groups or cout % groups:
+        return False
+    cg, og = cin // groups, cout // groups
+    return cg == og and 1 < cg < 16 and 16 % cg == 0
+
+
+GL_TASK_VFMAS = 1 << 16      # grouped_lanes work per task in 16-lane FMAs (~50-100 us on one core)
+GL_TASK_MIN_VFMAS = 1 << 13  # smallest task: layers this small are split in about 8 tasks at most
+
+
+def plan_grouped_lanes_tasks(n: int, ob: int, ho: int, wo: int, kh: int, kw: int, cg: int) -> np.ndarray:
+    """(image, ob0, ob1, oh0, oh1) tasks (an int64 table) from the layer shape only: about
+    GL_TASK_VFMAS vector FMAs each (fewer, down to GL_TASK_MIN_VFMAS, so a layer has about 8 tasks
+    or more). A channel block's map larger than that is split in equal row bands (each band
+    copies its (KH-1)*dh halo rows again), smaller maps bundle channel blocks. The split never
+    changes a result (grouped_lanes: the same operations per output value in every task)."""
+    row = -(-wo // 8) * 8 * kh * kw * cg            # vector FMAs of one output row of one block
+    plane = row * ho
+    target = max(GL_TASK_MIN_VFMAS, min(GL_TASK_VFMAS, n * ob * plane // 8))
+    if plane > target:
+        rows = max(1, -(-target // row))
+        rows = -(-ho // -(-ho // rows))          # equal bands
+        t = [(i, b, b + 1, r, min(r + rows, ho)) for i in range(n) for b in range(ob) for r in range(0, ho, rows)]
+    else:
+        g = max(1, target // plane)
+        g = -(-ob // -(-ob // g))                # equal groups
+        t = [(i, b, min(b + g, ob), 0, ho) for i in range(n) for b in range(0, ob, g)]
+    return np.array(t, np.int64).reshape(-1, 5)
+
+
 def describe_grouped(x_shape, w_shape, out_shape, groups, stride, padding, dilation) -> dict:
     """Partitioning and tiles for `compiled.plan()` (NCHW shapes)."""
     n, ci, h, w = x_shape
     co, cg, kh, kw = w_shape
     ho, wo = out_shape[2], out_shape[3]
+    if grouped_lanes_applies(ci, co, groups):
+        tasks = plan_grouped_lanes_tasks(n, -(-co // 16), ho, wo, kh, kw, cg)
+        rows = int(max(tasks[:, 4] - tasks[:, 3]))
+        return {"partitioning": "rows split" if rows < ho else "blocks split", "tasks": len(tasks),
+                "tiles": {"form": "lanes", "cg": cg, "RB": 8, "rows": rows,
+                          "blocks": int(max(tasks[:, 2] - tasks[:, 1]))}}
     L, cbg, obg, gp = grouped_bundle(ci, co, groups)
     rows = plan_grouped_rows(cbg, obg, kh, kw, stride, dilation, ho, wo, w + padding[2] + padding[3],
                  tuple(padding) != (0, 0, 0, 0))

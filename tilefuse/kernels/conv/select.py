@@ -20,7 +20,10 @@ Cost model (seconds on one core): t = flops / (PEAK * eff) + bytes / BW, with
             which runs as a scalar-ish depthwise loop); bytes: the cols matrix
   depthwise flops = 2*N*Ho*Wo*Cop*KH*KW, eff 0.4 (40-60 GFLOP/s on one core, depthwise.py) plus
             input + output bytes at DW_BW (it is memory bound)
-  grouped   flops of the block groups (grouped.py: L times the group conv's when groups are
+  grouped   groups inside one block (cg = og in 2, 4, 8; grouped_lanes.py): flops = 2*N*Ho*Wo*Cop*cg*KH*KW,
+            eff 0.35 (cg FMAs per tap on shuffled input vectors, 30-45 GFLOP/s on one core of the
+            AVX2 development machine), plus the zero-bordered input band copy at BAND_BW;
+            otherwise the flops of the block groups (grouped.py: L times the group conv's when groups are
             narrower than 16 channels), the direct kernel's eff (0.6 with an odd block count per
             block group: the 8 x 1 register block); bytes: the padded band copies
 Measured on the development machine (one core, `benchmarks/scaling.py` layers at batch 1/8/32):
@@ -33,7 +36,7 @@ import math
 
 from tilefuse.kernels.conv.grouped import applies as grouped_applies
 from tilefuse.kernels.conv.grouped import bundle
-from tilefuse.kernels.conv.planner import plan_winograd
+from tilefuse.kernels.conv.planner import grouped_lanes_applies, plan_winograd
 
 ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4", "im2col", "depthwise", "grouped")
 
@@ -42,7 +45,8 @@ BW = 10e9             # NCHW <-> NCHWc copies, gathers
 TRANSFORM_BW = 4e9    # Winograd transforms, bytes of V + M per second
 WEIGHT_BW = 40e9      # the packed Winograd U streamed by the GEMM (prefetched, overlapped)
 EFF = {"gemm1x1": 0.9, "direct": 0.9, "direct1": 0.6, "winograd": 0.85, "im2col": 0.6, "depthwise": 0.08,
-       "dw_blocked": 0.4}
+       "dw_blocked": 0.4, "grouped_lanes": 0.35}
+BAND_BW = 10e9        # grouped_lanes: bytes of the zero-bordered input band copied per second
 DW_BW = 20e9          # depthwise NCHW16c: bytes of input + output per second (memory bound)
 
 
@@ -98,6 +102,8 @@ def algorithm_flops(algorithm, x_shape, w_shape, stride, padding, dilation, grou
     if algorithm == "depthwise":
         return 2 * n * ho * wo * _pad16(co) * kh * kw
     if algorithm == "grouped":
+        if grouped_lanes_applies(ci, co, groups):
+            return 2 * n * ho * wo * _pad16(co) * cg * kh * kw
         _, cbg, obg, gp = bundle(ci, co, groups)
         return 2 * n * ho * wo * gp * obg * 16 * cbg * 16 * kh * kw
     if algorithm.startswith("winograd"):
@@ -141,6 +147,9 @@ def estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups
         return f / (PEAK * EFF["dw_blocked"]) + moved / DW_BW
     if algorithm == "grouped":
         f = algorithm_flops("grouped", x_shape, w_shape, stride, padding, dilation, groups)
+        if grouped_lanes_applies(ci, co, groups):
+            band = 4 * n * _pad16(ci) * (ho * stride[0] + kh) * (wo * stride[1] + kw)
+            return f / (PEAK * EFF["grouped_lanes"]) + band / BAND_BW
         obg = bundle(ci, co, groups)[2]
         in_bytes = 4 * n * _pad16(ci) * (h + padding[0] + padding[1]) * (w + padding[2] + padding[3])
         return f / (PEAK * EFF["direct" if obg % 2 == 0 else "direct1"]) + in_bytes / BW
