@@ -24,7 +24,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv._nb import LANES, NARROW, atomic_add, stack_f32
 from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv.epilogue import EMPTY4, IDENTITY, RB_OFFSETS, bias_or_zeros, resolve_act, store_block
 from tilefuse.kernels.conv.layout import to_nchwc
@@ -140,14 +140,77 @@ def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
+def _direct_rows_narrow(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
+                        code, alpha, beta, o0, o1):
+    """`_direct_rows2` for hosts with 256-bit vectors (_nb.NARROW): 5 output positions x 1 output
+    block = 10 ymm accumulators (7 x 2 blocks need 28 of the 16 ymm registers and spill). The same
+    reduction order per output element, so the same bits."""
+    Cb, HWp = xb.shape[1], xb.shape[2]
+    Ob, _, KH, KW, _, _ = wb.shape
+    xf = xb.reshape(xb.size)
+    a0 = nb.carray(stack_f32(16), 16)
+    a1 = nb.carray(stack_f32(16), 16)
+    a2 = nb.carray(stack_f32(16), 16)
+    a3 = nb.carray(stack_f32(16), 16)
+    a4 = nb.carray(stack_f32(16), 16)
+    acc = nb.carray(stack_f32(80), (5, 16))
+    offs = np.empty(5, np.uint64)
+    p_begin, p_end = oh0 * Wo, oh1 * Wo
+    nbase = n * Cb * HWp * 16
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16); res the same or empty
+    P = out.shape[2]
+    for ob in range(o0, o1):   # a block's weights stay in L1/L2 while the band's positions stream
+        for pb in range(p_begin, p_end, 5):
+            for r in range(5):
+                p = min(pb + r, p_end - 1)
+                offs[r] = np.uint64((((p // Wo) * sh - x_row0) * Wp + (p % Wo) * sw) * 16)
+            f0, f1, f2, f3, f4 = offs[0], offs[1], offs[2], offs[3], offs[4]
+            nv = min(5, p_end - pb)
+            for l in range(16):
+                a0[l] = 0.0
+                a1[l] = 0.0
+                a2[l] = 0.0
+                a3[l] = 0.0
+                a4[l] = 0.0
+            for cb in range(Cb):
+                cbase = np.uint64(nbase + cb * HWp * 16)
+                for kh in range(KH):
+                    for kw in range(KW):
+                        k0 = cbase + np.uint64((kh * dh * Wp + kw * dw) * 16)
+                        for ci in range(16):
+                            k = k0 + np.uint64(ci)
+                            x0 = xf[f0 + k]
+                            x1 = xf[f1 + k]
+                            x2 = xf[f2 + k]
+                            x3 = xf[f3 + k]
+                            x4 = xf[f4 + k]
+                            for l in range(16):
+                                u = wb[ob, cb, kh, kw, ci, l]   # in place: a view costs two refcount updates
+                                a0[l] += x0 * u
+                                a1[l] += x1 * u
+                                a2[l] += x2 * u
+                                a3[l] += x3 * u
+                                a4[l] += x4 * u
+            for l in range(16):
+                u = bias[np.uint64(ob * 16 + l)]
+                acc[0, l] = a0[l] + u
+                acc[1, l] = a1[l] + u
+                acc[2, l] = a2[l] + u
+                acc[3, l] = a3[l] + u
+                acc[4, l] = a4[l] + u
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, 1, 0,
+                        code, alpha, beta)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _direct_rows2_wide(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
                   code, alpha, beta, o0, o1):
     """Same contract as `_direct_rows`, register-blocked as RB2 = 7 output positions x 2 output
     blocks (14 zmm accumulators): per (ci, kh, kw) two weight vectors feed 14 FMAs with 7
     broadcasts (the 8 x 1 blocking loads 9 vectors per 8 FMAs and is load-bound on small maps).
     The input is indexed through a flat view with unsigned offsets (no wraparound code).
     Output-channel blocks o0 <= ob < o1 only; an odd count computes its last block twice in the
-    second slot and stores it once."""
+    second slot and stores it once. Hosts with 256-bit vectors run `_direct_rows_narrow`."""
     Cb, HWp = xb.shape[1], xb.shape[2]
     Ob, _, KH, KW, _, _ = wb.shape
     xf = xb.reshape(xb.size)
@@ -247,6 +310,18 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
             nv = min(7, p_end - pb)
             store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, nk, P * 16,
                         code, alpha, beta)
+
+
+@njit(nogil=True, cache=True)
+def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, code,
+                  alpha, beta, o0, o1):
+    """The register tile of the host's vector width (_nb.NARROW): 7 x 2 blocks or 5 x 1."""
+    if NARROW:
+        _direct_rows_narrow(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
+                            has_res, code, alpha, beta, o0, o1)
+    else:
+        _direct_rows2_wide(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
+                           has_res, code, alpha, beta, o0, o1)
 
 
 @njit(nogil=True, cache=True, fastmath=True)

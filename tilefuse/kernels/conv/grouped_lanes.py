@@ -55,7 +55,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from tilefuse.kernels import isa
-from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv._nb import LANES, NARROW, atomic_add, stack_f32
 from tilefuse.kernels.conv.depthwise import FASTMATH, _data_ptr, _finish_row, _store8
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
@@ -64,7 +64,7 @@ from tilefuse.kernels.conv.planner import plan_grouped_lanes_tasks as plan_tasks
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, scratch
 
 RB = 8                  # output positions per register block
-HALVES = isa.info()["vector_bits"] < 512   # run the block's two 8-lane halves one after the other (`_gblock`)
+HALVES = NARROW  # run the block's two 8-lane halves one after the other (`_gblock`)
 
 
 def prepare(w, b, groups: int) -> dict:

@@ -23,7 +23,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv._nb import LANES, NARROW, atomic_add, stack_f32
 from tilefuse.kernels.conv.epilogue import EMPTY4, RB_OFFSETS, resolve_act, store_block
 from tilefuse.kernels.conv.planner import plan_stem
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
@@ -80,12 +80,71 @@ def _pad_rows(band, x, n, h0, pl):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
+def _stem_rows_narrow(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
+    """`_stem_rows` for hosts with 256-bit vectors (_nb.NARROW): 5 positions x 1 output block =
+    10 ymm accumulators (8 x 2 blocks need 32 of the 16 ymm registers and spill); the same
+    reduction order per output element, so the same bits."""
+    C, R, Wp = band.shape
+    Ob, _, KH, KW, _ = wb.shape
+    bf = band.reshape(band.size)
+    a0 = nb.carray(stack_f32(16), 16)
+    a1 = nb.carray(stack_f32(16), 16)
+    a2 = nb.carray(stack_f32(16), 16)
+    a3 = nb.carray(stack_f32(16), 16)
+    a4 = nb.carray(stack_f32(16), 16)
+    acc = nb.carray(stack_f32(80), (5, 16))
+    offs = np.empty(5, np.uint64)
+    p_begin, p_end = oh0 * Wo, oh1 * Wo
+    RWp = R * Wp
+    HW = out.shape[2]
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N, Ob, Ho*Wo, 16), the same or empty
+    for ob in range(Ob):
+        for pb in range(p_begin, p_end, 5):
+            for r in range(5):
+                p = min(pb + r, p_end - 1)
+                offs[r] = np.uint64(((p // Wo) * sh - x_row0) * Wp + (p % Wo) * sw)
+            f0, f1, f2, f3, f4 = offs[0], offs[1], offs[2], offs[3], offs[4]
+            for l in range(16):
+                a0[l] = 0.0
+                a1[l] = 0.0
+                a2[l] = 0.0
+                a3[l] = 0.0
+                a4[l] = 0.0
+            for c in range(C):
+                for kh in range(KH):
+                    for kw in range(KW):
+                        k = np.uint64(c * RWp + kh * dh * Wp + kw * dw)
+                        x0 = bf[f0 + k]
+                        x1 = bf[f1 + k]
+                        x2 = bf[f2 + k]
+                        x3 = bf[f3 + k]
+                        x4 = bf[f4 + k]
+                        for l in range(16):
+                            u = wb[ob, c, kh, kw, l]   # in place: a view costs two refcount updates
+                            a0[l] += x0 * u
+                            a1[l] += x1 * u
+                            a2[l] += x2 * u
+                            a3[l] += x3 * u
+                            a4[l] += x4 * u
+            for l in range(16):
+                u = bias[np.uint64(ob * 16 + l)]
+                acc[0, l] = a0[l] + u
+                acc[1, l] = a1[l] + u
+                acc[2, l] = a2[l] + u
+                acc[3, l] = a3[l] + u
+                acc[4, l] = a4[l] + u
+            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n * Ob + ob) * HW + pb) * 16, min(5, p_end - pb), 1,
+                        0, code, alpha, beta)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _stem_rows_wide(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
     """out (N, Ob, Ho*Wo, 16) flat blocked output, positions [oh0*Wo, oh1*Wo) of image n, all Ob.
 
     band (C, R, Wp) zero-padded input whose row 0 is padded input row x_row0; wb (Ob, C, KH, KW, 16).
     Register block: 8 consecutive positions (row-major, may wrap rows; the last partial block
-    repeats its final position and stores only the valid ones) x 2 output blocks."""
+    repeats its final position and stores only the valid ones) x 2 output blocks. Hosts with
+    256-bit vectors run `_stem_rows_narrow`."""
     C, R, Wp = band.shape
     Ob, _, KH, KW, _ = wb.shape
     bf = band.reshape(band.size)
@@ -192,6 +251,15 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
             nv = min(8, p_end - pb)
             store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n * Ob + ob) * HW + pb) * 16, nv, nk, HW * 16,
                         code, alpha, beta)
+
+
+@njit(nogil=True, cache=True)
+def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
+    """The register tile of the host's vector width (_nb.NARROW): 8 x 2 blocks or 5 x 1."""
+    if NARROW:
+        _stem_rows_narrow(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
+    else:
+        _stem_rows_wide(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True)

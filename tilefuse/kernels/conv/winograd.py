@@ -32,7 +32,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv._nb import LANES, NARROW, atomic_add, stack_f32
 from tilefuse.kernels.conv.epilogue import EMPTY4, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_winograd
@@ -304,7 +304,66 @@ def generate_transform_source() -> str:
 # and the thread count never change the bits (OpenBLAS's result could depend on the GEMM's size).
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _wino_gemm(M, V, U, P, pa0, pa1, nob):
+def _wino_gemm_narrow(M, V, U, P, pa0, pa1, nob):
+    """`_wino_gemm_wide` for hosts with 256-bit vectors (_nb.NARROW): 5 tiles x 1 output block =
+    10 ymm accumulators (7 x 2 blocks need 28 of the 16 registers); the same sum in the same
+    order per element, so the same bits."""
+    a2, _, Cip = V.shape
+    cob = M.shape[2]
+    vf = V.reshape(V.size)
+    mf = M.reshape(M.size)
+    a0 = nb.carray(stack_f32(16), 16)
+    a1 = nb.carray(stack_f32(16), 16)
+    a2_ = nb.carray(stack_f32(16), 16)
+    a3 = nb.carray(stack_f32(16), 16)
+    a4 = nb.carray(stack_f32(16), 16)
+    acc = nb.carray(stack_f32(80), (5, 16))
+    for a in range(a2):
+        for ib in range(0, P, 5):
+            base = np.uint64(a * P * Cip)
+            f0 = base + np.uint64(min(ib + 0, P - 1) * Cip)
+            f1 = base + np.uint64(min(ib + 1, P - 1) * Cip)
+            f2 = base + np.uint64(min(ib + 2, P - 1) * Cip)
+            f3 = base + np.uint64(min(ib + 3, P - 1) * Cip)
+            f4 = base + np.uint64(min(ib + 4, P - 1) * Cip)
+            nv = min(5, P - ib)
+            for kb in range(nob):
+                pair = pa0 + kb // 2
+                wo = np.uint64((kb % 2) * 16)
+                for l in range(16):
+                    a0[l] = 0.0
+                    a1[l] = 0.0
+                    a2_[l] = 0.0
+                    a3[l] = 0.0
+                    a4[l] = 0.0
+                for c in range(Cip):
+                    k = np.uint64(c)
+                    x0 = vf[f0 + k]
+                    x1 = vf[f1 + k]
+                    x2 = vf[f2 + k]
+                    x3 = vf[f3 + k]
+                    x4 = vf[f4 + k]
+                    for l in range(16):
+                        u = U[a, pair, c, wo + np.uint64(l)]
+                        a0[l] += x0 * u
+                        a1[l] += x1 * u
+                        a2_[l] += x2 * u
+                        a3[l] += x3 * u
+                        a4[l] += x4 * u
+                for l in range(16):
+                    acc[0, l] = a0[l]
+                    acc[1, l] = a1[l]
+                    acc[2, l] = a2_[l]
+                    acc[3, l] = a3[l]
+                    acc[4, l] = a4[l]
+                for r in range(nv):
+                    d = np.uint64((a * P + ib + r) * cob + kb * 16)
+                    for l in range(16):
+                        mf[d + np.uint64(l)] = acc[r, l]
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _wino_gemm_wide(M, V, U, P, pa0, pa1, nob):
     """M (a2, P, cob) = V (a2, P, Cip) @ U[:, pa0:pa1] for blocks < nob (cob = 16 * nob)."""
     a2, _, Cip = V.shape
     cob = M.shape[2]
@@ -402,6 +461,15 @@ def _wino_gemm(M, V, U, P, pa0, pa1, nob):
                     for kk in range(nk):
                         for l in range(16):
                             mf[d + np.uint64(kk * 16 + l)] = acc[r, kk * 16 + l]
+
+
+@njit(nogil=True, cache=True)
+def _wino_gemm(M, V, U, P, pa0, pa1, nob):
+    """The alpha^2 GEMMs with the register tile of the host's vector width (_nb.NARROW)."""
+    if NARROW:
+        _wino_gemm_narrow(M, V, U, P, pa0, pa1, nob)
+    else:
+        _wino_gemm_wide(M, V, U, P, pa0, pa1, nob)
 
 
 @njit(nogil=True, cache=True)

@@ -1,0 +1,158 @@
+"""The two register tiles of every blocked conv kernel give the same bits (docs/kernels.md, "AVX2").
+
+Hosts compiled for 512-bit vectors run the wide tiles (7 positions x 2 blocks of 16 output channels
+for 1x1 / direct / Winograd's GEMMs, 8 x 2 for the stem); hosts with 256-bit vectors (`_nb.NARROW`:
+AVX2, Intel Xeons LLVM marks prefer-256-bit) run 5 positions x 1 block, which fits their 16 ymm
+registers. Both are plain numba code that runs on either host, so this file calls both directly on
+odd shapes (odd block counts, partial position blocks, stride 2, dilation, residual + ReLU6, task
+ranges that start mid-map) and asserts the outputs are bitwise identical and match numpy: a model
+compiled on one kind of host computes what it computes on the other.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilefuse.kernels.conv import direct, k1x1, stem, winograd
+from tilefuse.kernels.conv._nb import NARROW
+from tilefuse.kernels.conv.epilogue import EMPTY1, EMPTY4
+
+CLIP = (2, np.float32(0.0), np.float32(6.0))  # ReLU6: the epilogue's clip loop
+
+
+def _blocked(x):
+    """(N, C, H, W) -> (N, Cb, H, W, 16) zero padded channels."""
+    n, c, h, w = x.shape
+    cb = -(-c // 16)
+    xp = np.zeros((n, cb * 16, h, w), np.float32)
+    xp[:, :c] = x
+    # (N, Cb*16, H, W) -> (N, Cb, 16, H, W) -> (N, Cb, H, W, 16)
+    return np.ascontiguousarray(xp.reshape(n, cb, 16, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def _unblocked(xb, c):
+    """(N, Cb, H, W, 16) -> (N, c, H, W)."""
+    n, cb, h, w, _ = xb.shape
+    return xb.transpose(0, 1, 4, 2, 3).reshape(n, cb * 16, h, w)[:, :c]
+
+
+def _act(v, res=None):
+    if res is not None:
+        v = v + res
+    return np.clip(v, 0.0, 6.0)
+
+
+def test_narrow_flag_follows_the_compiled_width():
+    from tilefuse.kernels import isa
+    assert NARROW == (isa.info()["vector_bits"] < 512)
+
+
+@pytest.mark.parametrize("ci,co,h,w,stride,n", [(24, 40, 9, 7, 1, 2), (40, 144, 7, 5, 2, 1), (256, 48, 6, 6, 1, 1),
+                                              (16, 16, 3, 11, 1, 3), (72, 80, 13, 13, 2, 2)])
+@pytest.mark.parametrize("with_res", [False, True])
+def test_k1x1_tiles_same_bits(ci, co, h, w, stride, n, with_res):
+    rng = np.random.default_rng(ci * co + h)
+    x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((co, ci, 1, 1)) / np.sqrt(ci)).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    pr = k1x1.prepare(wt, b)
+    wp, bias = pr["weight"], pr["bias"]
+    xb = _blocked(x)
+    ho, wo = (h - 1) // stride + 1, (w - 1) // stride + 1
+    ob = -(-co // 16)
+    op = wp.shape[0]
+    res = rng.standard_normal((n, ob, ho, wo, 16)).astype(np.float32) if with_res else None
+    rf = res.reshape(-1) if with_res else EMPTY1
+    total = n * ho * wo
+    outs = []
+    for fn in (k1x1._k1x1_narrow, k1x1._k1x1_wide):
+        out = np.full((n, ob, ho, wo, 16), np.nan, np.float32)
+        # two tasks: positions [0, q) x all pairs, then [q, total) in two pair ranges (mid-map starts)
+        q = min(total - 1, 13)
+        for q0, q1, p0, p1 in ((0, q, 0, op), (q, total, 0, 1), (q, total, 1, op)):
+            if p0 >= p1:
+                continue
+            for q_outer in (True,):
+                fn(out.reshape(-1), xb.reshape(-1), wp, bias, rf, with_res, *CLIP, q0, q1, p0, p1, ho * wo, wo, h * w,
+                   w, xb.shape[1], ob, stride, stride, q_outer, 1, True, k1x1.reduction_length(wp))
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1])
+    got = _unblocked(outs[0], co)
+    ref = np.einsum("nchw,oc->nohw", x[:, :, ::stride, ::stride], wt[:, :, 0, 0]) + b[None, :, None, None]
+    ref = _act(ref, _unblocked(res, co) if with_res else None)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def _conv_ref(x, wt, b, stride, pad, dil):
+    import torch
+    return torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(wt), torch.from_numpy(b), stride=stride,
+                                      padding=pad, dilation=dil).numpy()
+
+
+@pytest.mark.parametrize("ci,co,k,stride,dil,hw,o0", [(32, 48, 3, 1, 1, 9, 0), (16, 80, 3, 2, 1, 11, 1),
+                                                       (20, 40, 5, 1, 2, 12, 1), (48, 16, 3, 1, 1, 7, 0)])
+def test_direct_tiles_same_bits(ci, co, k, stride, dil, hw, o0):
+    rng = np.random.default_rng(co + k)
+    n, pad = 2, dil * (k // 2)
+    x = rng.standard_normal((n, ci, hw, hw)).astype(np.float32)
+    wt = (rng.standard_normal((co, ci, k, k)) / np.sqrt(ci * k * k)).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    pr = direct.prepare(wt, b)
+    xp = _blocked(np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))))
+    hp = wp_ = hw + 2 * pad
+    ho = (hp - dil * (k - 1) - 1) // stride + 1
+    ob = -(-co // 16)
+    res = rng.standard_normal((n, ob, ho * ho, 16)).astype(np.float32)
+    xv = xp.reshape(n, xp.shape[1], hp * wp_, 16)
+    outs = []
+    for fn in (direct._direct_rows_narrow, direct._direct_rows2_wide):
+        out = np.zeros((n, ob, ho * ho, 16), np.float32)
+        for img in range(n):
+            for r0, r1 in ((0, 2), (2, ho)):   # two row bands
+                fn(out, img, 0, xv, img, 0, pr["weight"], r0, r1, ho, wp_, stride, stride, dil, dil, pr["bias"], res,
+                   True, *CLIP, o0, ob)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1])
+    got = _unblocked(outs[0].reshape(n, ob, ho, ho, 16), co)[:, 16 * o0:]
+    ref = _act(_conv_ref(x, wt, b, stride, pad, dil), _unblocked(res.reshape(n, ob, ho, ho, 16), co))[:, 16 * o0:]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cin,co,k,stride,hw", [(3, 64, 7, 2, 19), (1, 40, 3, 1, 10), (4, 24, 5, 2, 13)])
+def test_stem_tiles_same_bits(cin, co, k, stride, hw):
+    rng = np.random.default_rng(cin * co)
+    pad = k // 2
+    x = rng.standard_normal((1, cin, hw, hw)).astype(np.float32)
+    wt = (rng.standard_normal((co, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    pr = stem.prepare(wt, b)
+    wb, bias = pr["stem_weight"], pr["stem_bias"]
+    band = np.ascontiguousarray(np.pad(x[0], ((0, 0), (pad, pad), (pad, pad))))
+    ho = (hw + 2 * pad - k) // stride + 1
+    ob = wb.shape[0]
+    outs = []
+    for fn in (stem._stem_rows_narrow, stem._stem_rows_wide):
+        out = np.zeros((1, ob, ho * ho, 16), np.float32)
+        for r0, r1 in ((0, 3), (3, ho)):
+            fn(out, 0, band, 0, wb, r0, r1, ho, stride, stride, 1, 1, bias, EMPTY4, False, *CLIP)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1])
+    got = _unblocked(outs[0].reshape(1, ob, ho, ho, 16), co)
+    np.testing.assert_allclose(got, _act(_conv_ref(x, wt, b, stride, pad, 1)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("a2,p,cip,op,pa0,pa1,nob", [(16, 13, 48, 3, 0, 3, 5), (36, 7, 32, 2, 1, 2, 2),
+                                                    (16, 1, 16, 1, 0, 1, 1)])
+def test_winograd_gemm_tiles_same_bits(a2, p, cip, op, pa0, pa1, nob):
+    rng = np.random.default_rng(a2 + p + cip)
+    V = rng.standard_normal((a2, p, cip)).astype(np.float32)
+    U = rng.standard_normal((a2, op, cip, 32)).astype(np.float32)
+    outs = []
+    for fn in (winograd._wino_gemm_narrow, winograd._wino_gemm_wide):
+        M = np.full((a2, p, nob * 16), np.nan, np.float32)
+        fn(M, V, U, p, pa0, pa1, nob)
+        outs.append(M)
+    assert np.array_equal(outs[0], outs[1])
+    # U (a2, OP, Cip, 32) -> (a2, Cip, OP*32): output block k of the task is column block 2*pa0 + k
+    Uf = U.transpose(0, 2, 1, 3).reshape(a2, cip, op * 32)[:, :, 32 * pa0:32 * pa0 + nob * 16]
+    np.testing.assert_allclose(outs[0], np.einsum("apc,ack->apk", V, Uf), rtol=1e-4, atol=1e-3)
