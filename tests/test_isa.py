@@ -30,7 +30,7 @@ x = np.ones((1, 32, 7, 7), np.float32)
 prep = conv2d_prepare("gemm1x1", np.ones((32, 32, 1, 1), np.float32), None, 1, 0, 1, 1, layout="nchwc")
 ob = np.empty(nchwc_shape((1, 32, 7, 7)), np.float32)
 conv2d_run_nchwc("gemm1x1", ob, to_nchwc(x), prep, None, stride=1, padding=0, dilation=1, threads=1)
-from tilefuse.kernels.conv._nb import NARROW
+from tilefuse.kernels.conv.tiles import NARROW
 kern = k1x1._k1x1_narrow if NARROW else k1x1._k1x1_wide   # the register tile the dispatcher `_k1x1` ran
 asm = kern.inspect_asm(kern.signatures[0])
 regs = sorted(set(re.findall(r"vfmadd\w*ps\s+[^\n]*?%([xyz])mm", asm)))

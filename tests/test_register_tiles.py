@@ -1,7 +1,7 @@
 """The two register tiles of every blocked conv kernel give the same bits (docs/kernels.md, "AVX2").
 
 Hosts compiled for 512-bit vectors run the wide tiles (7 positions x 2 blocks of 16 output channels
-for 1x1 / direct / Winograd's GEMMs, 8 x 2 for the stem); hosts with 256-bit vectors (`_nb.NARROW`:
+for 1x1 / direct / Winograd's GEMMs, 8 x 2 for the stem); hosts with 256-bit vectors (`tiles.NARROW`:
 AVX2, Intel Xeons LLVM marks prefer-256-bit) run 5 positions x 1 block, which fits their 16 ymm
 registers. Both are plain numba code that runs on either host, so this file calls both directly on
 odd shapes (odd block counts, partial position blocks, stride 2, dilation, residual + ReLU6, task
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tilefuse.kernels.conv import direct, k1x1, stem, winograd
-from tilefuse.kernels.conv._nb import NARROW
+from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.epilogue import EMPTY1, EMPTY4
 
 CLIP = (2, np.float32(0.0), np.float32(6.0))  # ReLU6: the epilogue's clip loop

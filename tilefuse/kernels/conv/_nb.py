@@ -11,14 +11,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from tilefuse.kernels import isa
-
 LANES = 16  # output-channel block: one AVX-512 register of float32
-# Compiled for 256-bit vectors (AVX2 hosts; Intel Xeons LLVM marks prefer-256-bit): a 16-lane block
-# is two ymm registers and only 16 of them exist, so the 7 x 2-block register tiles (14 zmm) would
-# need 28 and spill. The kernels read this compile-time constant and run narrower tiles instead
-# (k1x1._k1x1_narrow, winograd._wino_gemm_narrow: 5 positions x 1 block = 10 ymm accumulators).
-NARROW = isa.info()["vector_bits"] < 512
 
 
 @intrinsic

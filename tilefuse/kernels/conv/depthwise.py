@@ -43,6 +43,7 @@ from numba.extending import intrinsic
 
 from tilefuse.kernels.activations import apply_scalar, apply_span
 from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.epilogue import bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
 from tilefuse.kernels.conv.planner import plan_depthwise_padded, plan_depthwise_tasks
@@ -115,14 +116,31 @@ def _block(xf, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, KW, c1, c2,
     KW taps (c0 = 0), kh then kw ascending. k / wk: uint64 offsets of the block's first tap;
     rstep / kstep: offset steps per kernel row / column. Inlined, so the constant arguments of a
     call site become immediate address offsets and a constant KW unrolls the tap loop (1.5-2x
-    faster than runtime offsets, which need a register each)."""
+    faster than runtime offsets, which need a register each).
+    Hosts with 256-bit vectors (tiles.NARROW) run lanes 0-7, then lanes 8-15: 8 ymm accumulators
+    and one weight register fit the 16 ymm registers (all 16 lanes at once need 16 + 2 and spill);
+    each lane's sequence of operations is unchanged, so the bits are too."""
+    if NARROW:
+        _block_lanes(xf, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, KW, c1, c2, c3, c4, c5, c6, c7, kstep,
+                     0, 8)
+        _block_lanes(xf, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, KW, c1, c2, c3, c4, c5, c6, c7, kstep,
+                     8, 8)
+    else:
+        _block_lanes(xf, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, KW, c1, c2, c3, c4, c5, c6, c7, kstep,
+                     0, 16)
+
+
+@njit(inline="always", cache=True, fastmath=FASTMATH)
+def _block_lanes(xf, wf, a0, a1, a2, a3, a4, a5, a6, a7, k, wk, nk, rstep, KW, c1, c2, c3, c4, c5, c6, c7, kstep,
+                 h0, nl):
+    """`_block` on lanes [h0, h0 + nl) (constants at the call sites)."""
     C1, C2, C3, C4 = np.uint64(c1), np.uint64(c2), np.uint64(c3), np.uint64(c4)
     C5, C6, C7, KS = np.uint64(c5), np.uint64(c6), np.uint64(c7), np.uint64(kstep)
     for _ in range(nk):
         kk = k
         ww = wk
         for kw in range(KW):
-            for l in range(16):
+            for l in range(h0, h0 + nl):
                 u = np.uint64(l)
                 q = wf[ww + u]
                 a0[l] += xf[kk + u] * q

@@ -24,7 +24,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, NARROW, atomic_add, stack_f32
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv.epilogue import EMPTY4, IDENTITY, RB_OFFSETS, bias_or_zeros, resolve_act, store_block
 from tilefuse.kernels.conv.layout import to_nchwc
@@ -142,7 +143,7 @@ def _direct_rows(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
 @njit(nogil=True, cache=True, fastmath=True)
 def _direct_rows_narrow(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
                         code, alpha, beta, o0, o1):
-    """`_direct_rows2` for hosts with 256-bit vectors (_nb.NARROW): 5 output positions x 1 output
+    """`_direct_rows2` for hosts with 256-bit vectors (tiles.NARROW): 5 output positions x 1 output
     block = 10 ymm accumulators (7 x 2 blocks need 28 of the 16 ymm registers and spill). The same
     reduction order per output element, so the same bits."""
     Cb, HWp = xb.shape[1], xb.shape[2]
@@ -315,7 +316,7 @@ def _direct_rows2_wide(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, s
 @njit(nogil=True, cache=True)
 def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, code,
                   alpha, beta, o0, o1):
-    """The register tile of the host's vector width (_nb.NARROW): 7 x 2 blocks or 5 x 1."""
+    """The register tile of the host's vector width (tiles.NARROW): 7 x 2 blocks or 5 x 1."""
     if NARROW:
         _direct_rows_narrow(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
                             has_res, code, alpha, beta, o0, o1)

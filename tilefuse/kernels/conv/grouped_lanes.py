@@ -54,8 +54,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from tilefuse.kernels import isa
-from tilefuse.kernels.conv._nb import LANES, NARROW, atomic_add, stack_f32
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.depthwise import FASTMATH, _data_ptr, _finish_row, _store8
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc

@@ -9,6 +9,9 @@ Micro-kernel: RB = 7 output positions x 2 output-channel blocks = 14 zmm accumul
 the whole Ci reduction; per input channel one 128-byte weight row (2 vector loads) feeds
 14 FMAs with 7 broadcast input scalars. 7 divides every ResNet map (49, 196, 784, 3136), so no
 partial blocks; positions are flat over the batch (n*Ho*Wo + j), blocks may span images.
+Hosts compiled for 256-bit vectors (`tiles.NARROW`: AVX2) run `_k1x1_narrow` instead: 5 positions x
+1 block = 10 ymm accumulators (the 7 x 2 tile needs 28 of the 16 ymm registers and spilled), the
+same bits (`_k1x1` dispatches; tests/test_register_tiles.py).
 
 Thin layers (MobileNetV2, EfficientNet): an odd last output block (Co = 16, 40, 144, ...) is computed
 by `_k1x1_one` (RB1 = 14 positions x 1 block) instead of a pair with a zero-weight half, and the
@@ -29,7 +32,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import NARROW, atomic_add, prefetch, prefetchw, stack_f32
+from tilefuse.kernels.conv._nb import atomic_add, prefetch, prefetchw, stack_f32
+from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act, store_rows
 from tilefuse.kernels.conv.planner import RB1X1 as RB
 from tilefuse.kernels.conv.planner import plan_k1x1
@@ -193,7 +197,7 @@ def _k1x1_one(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p, HWo, 
 @njit(nogil=True, cache=True, fastmath=True)
 def _k1x1_narrow(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
                  q_outer, pfd, pfo, kc):
-    """`_k1x1_wide` for hosts with 256-bit vectors (_nb.NARROW): 5 positions x 1 output block of 16 channels =
+    """`_k1x1_wide` for hosts with 256-bit vectors (tiles.NARROW): 5 positions x 1 output block of 16 channels =
     10 ymm accumulators, + 2 for the weight row and 1-5 broadcasts: no spill (7 x 2 blocks need 28
     registers of the 16). Blocks [2 p0, min(2 p1, Ob)) one at a time (an odd last block needs no
     special case). Per input channel: 2 weight loads, 5 broadcasts, 10 FMAs. Each output element is
@@ -413,7 +417,7 @@ def _k1x1_wide(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
 @njit(nogil=True, cache=True)
 def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
           q_outer, pfd, pfo, kc):
-    """One task: the micro-kernel of the host's vector width (_nb.NARROW, a compile-time constant)."""
+    """One task: the micro-kernel of the host's vector width (tiles.NARROW, a compile-time constant)."""
     if NARROW:
         _k1x1_narrow(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                      sw, q_outer, pfd, pfo, kc)

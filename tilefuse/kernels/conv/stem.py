@@ -23,7 +23,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, NARROW, atomic_add, stack_f32
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.epilogue import EMPTY4, RB_OFFSETS, resolve_act, store_block
 from tilefuse.kernels.conv.planner import plan_stem
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
@@ -81,7 +82,7 @@ def _pad_rows(band, x, n, h0, pl):
 
 @njit(nogil=True, cache=True, fastmath=True)
 def _stem_rows_narrow(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
-    """`_stem_rows` for hosts with 256-bit vectors (_nb.NARROW): 5 positions x 1 output block =
+    """`_stem_rows` for hosts with 256-bit vectors (tiles.NARROW): 5 positions x 1 output block =
     10 ymm accumulators (8 x 2 blocks need 32 of the 16 ymm registers and spill); the same
     reduction order per output element, so the same bits."""
     C, R, Wp = band.shape
@@ -255,7 +256,7 @@ def _stem_rows_wide(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias
 
 @njit(nogil=True, cache=True)
 def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
-    """The register tile of the host's vector width (_nb.NARROW): 8 x 2 blocks or 5 x 1."""
+    """The register tile of the host's vector width (tiles.NARROW): 8 x 2 blocks or 5 x 1."""
     if NARROW:
         _stem_rows_narrow(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
     else:

@@ -32,7 +32,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, NARROW, atomic_add, stack_f32
+from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.epilogue import EMPTY4, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_winograd
@@ -305,7 +306,7 @@ def generate_transform_source() -> str:
 
 @njit(nogil=True, cache=True, fastmath=True)
 def _wino_gemm_narrow(M, V, U, P, pa0, pa1, nob):
-    """`_wino_gemm_wide` for hosts with 256-bit vectors (_nb.NARROW): 5 tiles x 1 output block =
+    """`_wino_gemm_wide` for hosts with 256-bit vectors (tiles.NARROW): 5 tiles x 1 output block =
     10 ymm accumulators (7 x 2 blocks need 28 of the 16 registers); the same sum in the same
     order per element, so the same bits."""
     a2, _, Cip = V.shape
@@ -465,7 +466,7 @@ def _wino_gemm_wide(M, V, U, P, pa0, pa1, nob):
 
 @njit(nogil=True, cache=True)
 def _wino_gemm(M, V, U, P, pa0, pa1, nob):
-    """The alpha^2 GEMMs with the register tile of the host's vector width (_nb.NARROW)."""
+    """The alpha^2 GEMMs with the register tile of the host's vector width (tiles.NARROW)."""
     if NARROW:
         _wino_gemm_narrow(M, V, U, P, pa0, pa1, nob)
     else:

@@ -1,0 +1,20 @@
+"""Which register tiles the blocked conv kernels compile: `NARROW`, a compile-time constant.
+
+Hosts compiled for 512-bit vectors (AVX-512, `isa.info()["vector_bits"]`) run the wide tiles: 7
+positions x 2 blocks of 16 output channels (k1x1, direct, Winograd's GEMMs; the stem 8 x 2), 14-16
+zmm accumulators of the 32 registers. On hosts compiled for 256-bit vectors (AVX2; Intel Xeons LLVM
+marks prefer-256-bit when `TILEFUSE_VECTOR_BITS=256` keeps LLVM's choice) a 16-lane block is two
+ymm registers and only 16 of them exist, so those tiles would need 28-32 and spill; there the
+kernels run narrow tiles, 5 positions x 1 block = 10 ymm accumulators (k1x1._k1x1_narrow,
+direct._direct_rows_narrow, stem._stem_rows_narrow, winograd._wino_gemm_narrow), and depthwise /
+grouped_lanes run their 16 lanes as two 8-lane halves. Every output element is the same reduction
+in the same order in both forms, so the bits do not depend on the host (tests/test_register_tiles.py).
+
+Read when the kernel modules are imported, after `tilefuse/__init__` has set the vector width
+(`isa.configure()`); numba freezes the value into the compiled kernels (its cache is per CPU).
+"""
+from __future__ import annotations
+
+from tilefuse.kernels import isa
+
+NARROW = isa.info()["vector_bits"] < 512
