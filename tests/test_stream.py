@@ -737,3 +737,33 @@ def test_plan_resnet18_trunk_at_4k_cuts_activations_10x():
     p = compile_stream(net, band_rows=2).plan().stream
     assert p.layer_by_layer_bytes > 600 * 2**20
     assert p.reduction >= 10, str(p)
+
+
+def test_pipeline_stage_threads_keep_kernel_scratch_across_runs(monkeypatch):
+    """pipe2 runs each stage on a new thread per run: the kernels' scratch buffers (threads.scratch)
+    come from the region's persistent Scratch (threads.use_scratch), not from a per-thread one made
+    again every run (that grew the heap by 7 MiB on the second 4K run: glibc's dynamic mmap
+    threshold, benchmarks/RESULTS.md 2026-11-26)."""
+    from tilefuse.kernels import threads as T
+    net = trunk(tilefuse.models.resnet18(seed=0), (1, 3, 64, 96))
+    s = compile_stream(net, band_rows=2, workers=2)
+    reg = region(s)
+    x = np.random.default_rng(3).standard_normal(net.inputs[0].shape).astype(np.float32)
+    seen = []
+    real = T.Scratch.get
+
+    def spy(self, slot, shape, dtype=np.float32):
+        seen.append(self)                  # kept alive: a Scratch made in run 2 cannot reuse an id
+        return real(self, slot, shape, dtype)
+
+    monkeypatch.setattr(T.Scratch, "get", spy)
+    y1 = np.array(s.run(x))
+    first, kept = {id(o) for o in seen}, list(seen)
+    seen.clear()
+    y2 = np.array(s.run(x))
+    assert seen and {id(o) for o in seen} <= first, "run 2 took scratch from Scratch objects run 1 never used"
+    assert any(ks.bufs for ks in reg.kernel_scratch), "no stage kernel used the region's kernel scratch"
+    assert len(kept) > 0
+    np.testing.assert_array_equal(y1, y2)
+    want = evaluate(net, x)[0]
+    np.testing.assert_allclose(y1, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

@@ -343,11 +343,32 @@ class Scratch:
 
 
 def scratch(name: str, shape, dtype=np.float32) -> np.ndarray:
-    """A per-thread buffer of `shape` (an int: 1-D), reused across calls of this thread."""
+    """A per-thread buffer of `shape` (an int: 1-D), reused across calls of this thread (or the
+    Scratch a `use_scratch` block gave this thread)."""
     s = getattr(_LOCAL, "scratch", None)
     if s is None:
         s = _LOCAL.scratch = Scratch()
     return s.get(name, shape, dtype)
+
+
+class use_scratch:
+    """with use_scratch(s): the kernels this thread calls take their `scratch` buffers from
+    Scratch s. For callers that run kernels on short-lived threads (the stream mode's pipeline
+    stages, one thread per stage and run): with a per-thread Scratch every run would allocate the
+    buffers again (Winograd's: MiBs), and once glibc's dynamic mmap threshold has risen past
+    their size they come from the brk heap, which keeps the pages: +7 MiB after the second run
+    at VGG 4K pipe2 (benchmarks/RESULTS.md, 2026-11-26)."""
+
+    def __init__(self, s: Scratch):
+        self.s = s
+
+    def __enter__(self) -> Scratch:
+        self.prev = getattr(_LOCAL, "scratch", None)
+        _LOCAL.scratch = self.s
+        return self.s
+
+    def __exit__(self, *exc) -> None:
+        _LOCAL.scratch = self.prev
 
 
 # the step thread count (training) -------------------------------------------------------------

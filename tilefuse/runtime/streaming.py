@@ -42,7 +42,7 @@ from ..errors import GraphError
 from ..ir.ops import schema
 from ..kernels.bands import BandLayer, Runner, make_runner, window_from_param
 from ..kernels.blas import blas_threads
-from ..kernels.threads import Scratch
+from ..kernels.threads import Scratch, use_scratch
 from .ring import FullRows, RowRing
 
 
@@ -120,6 +120,7 @@ class StreamRegion:
         self.slots = [[self.tensors[n].consumers.index((li, k)) for k, n in enumerate(names)]
                       for li, names in enumerate(self.in_names)]
         self.scratch = [Scratch() for _ in range(self.nstages)]
+        self.kernel_scratch = [Scratch() for _ in range(self.nstages)]   # threads.scratch in stage threads
         for li, r in enumerate(self.runners):
             for slot, nelem in r.scratch_need().items():
                 self.scratch[self.stage_of[li]].reserve(slot, nelem, getattr(r, "acc", r.dtype))
@@ -198,6 +199,11 @@ class StreamRegion:
             return rows[self.out_names[li]].room_for(r1)
 
         def stage(k: int):
+            # the kernels' own scratch buffers live with the region, not with this run's thread
+            with use_scratch(self.kernel_scratch[k]):
+                stage_steps_run(k)
+
+        def stage_steps_run(k: int):
             scratch = self.scratch[k]
             try:
                 for li, r0, r1 in stage_steps[k]:
