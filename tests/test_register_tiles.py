@@ -65,18 +65,19 @@ def test_k1x1_tiles_same_bits(ci, co, h, w, stride, n, with_res):
     rf = res.reshape(-1) if with_res else EMPTY1
     total = n * ho * wo
     outs = []
-    for fn in (k1x1._k1x1_narrow, k1x1._k1x1_wide):
+    # both tiles, both loop orders (position block outer / output block outer)
+    for fn, q_outer in ((k1x1._k1x1_narrow, True), (k1x1._k1x1_narrow, False), (k1x1._k1x1_wide, True),
+                        (k1x1._k1x1_wide, False)):
         out = np.full((n, ob, ho, wo, 16), np.nan, np.float32)
-        # two tasks: positions [0, q) x all pairs, then [q, total) in two pair ranges (mid-map starts)
+        # three tasks: positions [0, q) x all pairs, then [q, total) in two pair ranges (mid-map starts)
         q = min(total - 1, 13)
         for q0, q1, p0, p1 in ((0, q, 0, op), (q, total, 0, 1), (q, total, 1, op)):
             if p0 >= p1:
                 continue
-            for q_outer in (True,):
-                fn(out.reshape(-1), xb.reshape(-1), wp, bias, rf, with_res, *CLIP, q0, q1, p0, p1, ho * wo, wo, h * w,
-                   w, xb.shape[1], ob, stride, stride, q_outer, 1, True, k1x1.reduction_length(wp))
+            fn(out.reshape(-1), xb.reshape(-1), wp, bias, rf, with_res, *CLIP, q0, q1, p0, p1, ho * wo, wo, h * w,
+               w, xb.shape[1], ob, stride, stride, q_outer, 1, True, k1x1.reduction_length(wp))
         outs.append(out)
-    assert np.array_equal(outs[0], outs[1])
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
     got = _unblocked(outs[0], co)
     ref = np.einsum("nchw,oc->nohw", x[:, :, ::stride, ::stride], wt[:, :, 0, 0]) + b[None, :, None, None]
     ref = _act(ref, _unblocked(res, co) if with_res else None)
