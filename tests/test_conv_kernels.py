@@ -410,22 +410,23 @@ def test_k1x1_plan_positions_on_large_maps(l2):
                                    ("d_s2", 1, 32, 14, 14, 48, 3, 2, (1, 1, 1, 1), 1, 1),
                                    ("d_5x5_dil", 1, 16, 13, 12, 16, 5, 1, (4, 4, 4, 4), 2, 1)],
                          ids=lambda s: s[0])
-def test_direct_7x2_blocking_matches_8x1(shape):
-    """direct.py's 7-position x 2-output-block micro-kernel (the one the runs use) against the
-    8 x 1 one: same products summed in the same order, so bitwise equal; and against the spec."""
+def test_direct_wide_and_narrow_tiles_match(shape):
+    """direct.py's two register tiles (7 positions x 2 output blocks on AVX-512, 5 x 1 on AVX2; both
+    generated from tilegen.DIRECT): same products summed in the same order, so bitwise equal; and
+    against the spec."""
     from tilefuse.kernels.conv import direct
     x, wt, b, res, relu, kw, want = _case(shape, "bias_res_relu")
     prep = conv2d_prepare("direct", wt, b, kw["stride"], kw["padding"], kw["dilation"], 1, layout="nchwc")
     xb, rb = to_nchwc(x, kw["padding"]), to_nchwc(res)
     outs = []
-    for k in (direct._direct_rows, direct._direct_rows2):
+    for k in (direct._direct_rows_narrow, direct._direct_rows2_wide):
         ob = np.full(nchwc_shape(want.shape), np.nan, np.float32)
         n, cb, hp, wp, _ = xb.shape
         ofl, rfl = ob.reshape(n, ob.shape[1], -1, 16), rb.reshape(n, rb.shape[1], -1, 16)
         for i in range(n):
             k(ofl, i, 0, xb.reshape(n, cb, hp * wp, 16), i, 0, prep["weight"], 0, want.shape[2], want.shape[3], wp,
               kw["stride"][0], kw["stride"][1], kw["dilation"][0], kw["dilation"][1], prep["bias"], rfl, True,
-              *resolve_act(relu), *((0, ob.shape[1]) if k is direct._direct_rows2 else ()))
+              *resolve_act(relu), 0, ob.shape[1])
         outs.append(ob)
     assert np.array_equal(outs[0], outs[1])
     _check("direct", from_nchwc(outs[1], want.shape[1]), want)

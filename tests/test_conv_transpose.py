@@ -162,3 +162,18 @@ def test_relu_fused_into_the_phase_kernel():
                                      dict(stride=(2, 2), padding=(0, 0, 0, 0), output_padding=(0, 0),
                                           dilation=(1, 1), groups=1)))
     _check(tilefuse.Session(c).run(xv), want)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_wide_and_narrow_tiles_same_bits(case, monkeypatch):
+    """Both register tiles (7 positions x 2 blocks on AVX-512, 5 x 1 on hosts with 256-bit vectors;
+    tilegen.TRANSPOSE) on every case (odd channel counts, odd pair counts, gaps, bands): bitwise equal
+    and equal to the reference, whichever kind of host runs the test."""
+    monkeypatch.setattr(transpose, "TASK_FLOPS", 5e4)   # tasks that start mid-map and mid-pairs
+    x, wt, b, kw = _case(case, seed=3)
+    outs = []
+    for tile in (transpose._convt_rows_narrow, transpose._convt_rows_wide):
+        monkeypatch.setattr(transpose, "_convt_rows", tile)
+        outs.append(_run(x, wt, b, kw, act=("clip", 0.0, 6.0), threads=2))
+    assert np.array_equal(outs[0][0], outs[1][0])
+    _check(outs[0][1], _want(x, wt, b, kw, act=("clip", 0.0, 6.0)))

@@ -157,3 +157,38 @@ def test_winograd_gemm_tiles_same_bits(a2, p, cip, op, pa0, pa1, nob):
     # U (a2, OP, Cip, 32) -> (a2, Cip, OP*32): output block k of the task is column block 2*pa0 + k
     Uf = U.transpose(0, 2, 1, 3).reshape(a2, cip, op * 32)[:, :, 32 * pa0:32 * pa0 + nob * 16]
     np.testing.assert_allclose(outs[0], np.einsum("apc,ack->apk", V, Uf), rtol=1e-4, atol=1e-3)
+
+
+def test_generated_tiles_are_current():
+    """_tiles_gen.py is what tilegen.generate_source() writes (edit the templates, not the output)."""
+    import pathlib
+
+    from tilefuse.kernels.conv import tilegen
+    path = pathlib.Path(tilegen.__file__).with_name("_tiles_gen.py")
+    assert path.read_text() == tilegen.generate_source(), "run: python -m tilefuse.kernels.conv.tilegen"
+
+
+def test_tilegen_expands_a_template_per_tile_shape():
+    from tilefuse.kernels.conv import tilegen
+    t = """
+    #@ accumulators
+    #@ zero
+    #@ each x{r} = xf[f{r} + k]
+    w = wp[p]  #@B2
+    #@B1 fma wp[p, l]
+    #@B2 fma w[l] | w[16 + l]
+    #@ toacc bias[l] | bias[16 + l]
+"""
+    one = tilegen.expand(t, 3, 1)
+    two = tilegen.expand(t, 2, 2)
+    assert "a2 = nb.carray" in one and "b0" not in one and "w = wp[p]" not in one
+    assert "x2 = xf[f2 + k]" in one and "a2[l] += x2 * u" in one and "acc[2, l] = a2[l] + u" in one
+    assert "acc = nb.carray(stack_f32(48), (3, 16))" in one
+    assert "b1[l] += x1 * v" in two and "acc[1, 16 + l] = b1[l] + v" in two and "w = wp[p]" in two
+    assert "acc = nb.carray(stack_f32(64), (2, 32))" in two
+    with pytest.raises(ValueError, match="unknown directive 'bogus'"):
+        tilegen.expand("    #@ bogus", 2, 1)
+    with pytest.raises(ValueError, match="fma needs 2 weight expression"):
+        tilegen.expand("    #@ fma w[l]", 2, 2)
+    with pytest.raises(ValueError, match="1 or 2 blocks"):
+        tilegen.expand("", 2, 3)

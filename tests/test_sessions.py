@@ -509,3 +509,32 @@ def test_run_many_copies_inputs_so_a_reused_buffer_is_safe():
     ys = s.run_many(frames())
     for x, y in zip(xs, ys):
         np.testing.assert_allclose(y, tilefuse.evaluate(net, x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_run_many_reuses_kernel_scratch_across_calls(monkeypatch):
+    """Each run_many starts new stage threads; the kernels' host scratch (Winograd's V / M buffers)
+    lives with the session's context, so the second call allocates none (a per-thread scratch
+    allocated them again every call, and glibc's brk heap kept the pages)."""
+    from tilefuse.kernels import threads as T
+    rng = np.random.default_rng(0)
+    net = tilefuse.Network("wino")
+    x = net.input("x", (1, 32, 28, 28))
+    y = net.relu(net.conv2d(x, rng.standard_normal((64, 32, 3, 3)), rng.standard_normal(64), padding=1))
+    net.output(net.conv2d(y, rng.standard_normal((64, 64, 3, 3)), rng.standard_normal(64), padding=1))
+    sess = Session(tilefuse.compile(net, algorithm="winograd4"), threads=2)
+    xs = [_x(net, i) for i in range(4)]
+    made = []
+    get = T.Scratch.get
+
+    def counting_get(self, name, shape, dtype=np.float32):
+        if (name, np.dtype(dtype)) not in self.bufs:
+            made.append((threading.current_thread().name, name))
+        return get(self, name, shape, dtype)
+
+    monkeypatch.setattr(T.Scratch, "get", counting_get)
+    first = sess.run_many(xs)
+    assert any(n.startswith("wino") for _, n in made), made   # the kernels do use scratch
+    made.clear()
+    second = sess.run_many(xs)
+    assert made == [], f"second run_many allocated kernel scratch again: {made}"
+    assert all(np.array_equal(a, b) for a, b in zip(first, second))

@@ -47,6 +47,7 @@ from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, 
 from ..errors import DeviceError
 from ..ir.node import check_inputs
 from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
+from ..kernels.threads import Scratch, use_scratch
 from .device import CPUDevice
 from .stages import PipelineStats, run_pipeline
 from .streaming import bind_region, region_length
@@ -74,12 +75,16 @@ def resolve(device: CPUDevice, record: int, op: Operand) -> int:
 
 
 class _Context:
-    """One call in flight: segment-base record, hidden and IO-address segments, bound kernels."""
-    __slots__ = ("record", "hidden", "io", "bound")
+    """One call in flight: segment-base record, hidden and IO-address segments, bound kernels, and
+    the kernels' host scratch (Winograd's transform buffers, direct conv's bands): it lives with
+    the context, so a call on a new thread (each `run_many` starts new stage threads) reuses the
+    buffers of the calls before it instead of allocating them again (kernels.threads.use_scratch)."""
+    __slots__ = ("record", "hidden", "io", "bound", "scratch")
 
     def __init__(self, record: int, hidden: int, io: int):
         self.record, self.hidden, self.io = record, hidden, io
         self.bound: list = []
+        self.scratch = Scratch()
 
 
 def _free_blocks(device: CPUDevice, blocks: list[int]) -> None:
@@ -279,10 +284,11 @@ class Session:
         addrs = self._check_io(in_addrs, out_addrs)
         ctx = self._acquire()
         try:
-            if timings is None:
-                self._execute(ctx, addrs)
-            else:
-                self._execute(ctx, addrs, timings)
+            with use_scratch(ctx.scratch):   # contexts are exclusive per call: never shared at once
+                if timings is None:
+                    self._execute(ctx, addrs)
+                else:
+                    self._execute(ctx, addrs, timings)
         finally:
             self._give_back(ctx)
 

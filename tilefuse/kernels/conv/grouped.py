@@ -10,8 +10,8 @@ L*cg and L*og both multiples of 16:
                    Cbg = L*cg/16, Obg = L*og/16, G' = ceil(groups / L) block groups
 
 and each block group is an ordinary dense conv of Cbg input blocks to Obg output blocks, run by
-the register-blocked direct kernels of `direct.py` (`_direct_rows2`, 7 positions x 2 output
-blocks, or `_direct_rows`, 8 positions x 1 block when Obg is odd) on views of the block group's
+the register-blocked direct kernel of `direct.py` (`_direct_rows2`, 7 positions x 2 output
+blocks, an odd Obg's last block in the first slot only; 5 x 1 on AVX2) on views of the block group's
 channels, with the band copy that folds the zero padding into the task (`direct._pad_band`).
 The packed weights are dense 16x16 tiles with zeros where an input and an output channel of the
 block group belong to different groups:
@@ -45,7 +45,7 @@ from numba import njit
 
 from tilefuse.kernels.conv import grouped_lanes
 from tilefuse.kernels.conv._nb import LANES
-from tilefuse.kernels.conv.direct import _direct_rows, _direct_rows2, _pad_band
+from tilefuse.kernels.conv.direct import _direct_rows2, _pad_band
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
 from tilefuse.kernels.conv.planner import grouped_bundle as bundle
@@ -133,11 +133,8 @@ def _groups_task(of, xf, wt, bias, rf, has_res, band, i, j0, j1, r0, r1, geo, co
         else:
             xv = xin.reshape(1, c1 - c0, h * w, 16)
             xr0 = 0
-        if obg % 2 == 0:
-            _direct_rows2(ov, 0, 0, xv, 0, xr0, wg, r0, r1, wo, wp, sh, sw, dh, dw, bg, rv, has_res, code, al, be,
-                          0, o1 - o0)
-        else:
-            _direct_rows(ov, 0, 0, xv, 0, xr0, wg, r0, r1, wo, wp, sh, sw, dh, dw, bg, rv, has_res, code, al, be)
+        _direct_rows2(ov, 0, 0, xv, 0, xr0, wg, r0, r1, wo, wp, sh, sw, dh, dw, bg, rv, has_res, code, al, be, 0,
+                      o1 - o0)
 
 
 _rows, plan_tasks = plan_grouped_rows, plan_grouped_tasks   # planner.py

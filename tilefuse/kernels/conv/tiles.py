@@ -5,8 +5,9 @@ positions x 2 blocks of 16 output channels (k1x1, direct, Winograd's GEMMs; the 
 zmm accumulators of the 32 registers. On hosts compiled for 256-bit vectors (AVX2; Intel Xeons LLVM
 marks prefer-256-bit when `TILEFUSE_VECTOR_BITS=256` keeps LLVM's choice) a 16-lane block is two
 ymm registers and only 16 of them exist, so those tiles would need 28-32 and spill; there the
-kernels run narrow tiles, 5 positions x 1 block = 10 ymm accumulators (k1x1._k1x1_narrow,
-direct._direct_rows_narrow, stem._stem_rows_narrow, winograd._wino_gemm_narrow), and depthwise /
+kernels run narrow tiles, 5 positions x 1 block = 10 ymm accumulators (`_k1x1_narrow`,
+`_direct_rows_narrow`, `_stem_rows_narrow`, `_wino_gemm_narrow`, `_convt_rows_narrow`, all generated
+with their wide forms from one template per kernel by tilegen.py), and depthwise /
 grouped_lanes run their 16 lanes as two 8-lane halves. Every output element is the same reduction
 in the same order in both forms, so the bits do not depend on the host (tests/test_register_tiles.py).
 

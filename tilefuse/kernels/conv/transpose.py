@@ -15,7 +15,10 @@ a phase read consecutive inputs. So each (row, phase) is a small stride-1 convol
 register block is the 1x1 kernel's (k1x1.py): 7 consecutive positions of a phase x 32 output
 channels (14 zmm accumulators) over every (tap, input channel): per input channel two weight
 vectors feed 14 FMAs with 7 broadcasts. UNet's 2x2 stride-2 upsampling is the case of one tap per
-phase: four interleaved 1x1 GEMMs, written straight to their strided output positions.
+phase: four interleaved 1x1 GEMMs, written straight to their strided output positions. Hosts
+with 256-bit vectors (tiles.NARROW) run 5 positions x 1 block (10 ymm accumulators; the 7 x 2
+tile needs 28 of the 16 registers and spills), the same sum in the same order: the same bits.
+Both tiles are generated from one template (tilegen.TRANSPOSE -> _tiles_gen.py).
 
 Borders: input rows outside the image are skipped (the row's tap list); input columns outside
 it come from a zero-bordered copy of the task's input rows (only when some phase needs columns
@@ -35,12 +38,13 @@ from __future__ import annotations
 
 import math
 
-import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, stack_f32
-from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act, store_block
+from tilefuse.kernels.conv._nb import LANES
+from tilefuse.kernels.conv._tiles_gen import _convt_rows_narrow, _convt_rows_wide  # (tilegen.TRANSPOSE)
+from tilefuse.kernels.conv.epilogue import bias_or_zeros, resolve_act
+from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
 from tilefuse.kernels.threads import parallel_for, scratch
 
@@ -111,134 +115,15 @@ def _fill_band(band, xf, n, Cb, H, W, ih0, rows, Ws, pli):
                 band[dst + np.uint64(i)] = z
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True)
 def _convt_rows(of, xs, wp, bias, oh0, oh1, p0, p1, geo, xbase, ih_base, Hs, Ws, pli, offs, code, alpha, beta):
-    """Output rows [oh0, oh1), channel pairs [p0, p1) of image geo[0]. xs: the input (xbase = the
-    image's offset, ih_base = 0, Hs = H, Ws = W, pli = 0) or a band copy (rows from ih_base, Ws
-    columns with the image at column pli), flat. offs[r] = r*sw*16 (the phase's output positions).
-    geo = (n, Cb, H, W, Ob, Ho, Wo, KH, KW, sh, sw, dh, dw, pt, pl)."""
-    n, Cb, H, W, Ob, Ho, Wo = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
-    KH, KW, sh, sw, dh, dw, pt, pl = geo[7], geo[8], geo[9], geo[10], geo[11], geo[12], geo[13], geo[14]
-    a0 = nb.carray(stack_f32(16), 16)
-    a1 = nb.carray(stack_f32(16), 16)
-    a2 = nb.carray(stack_f32(16), 16)
-    a3 = nb.carray(stack_f32(16), 16)
-    a4 = nb.carray(stack_f32(16), 16)
-    a5 = nb.carray(stack_f32(16), 16)
-    a6 = nb.carray(stack_f32(16), 16)
-    b0 = nb.carray(stack_f32(16), 16)
-    b1 = nb.carray(stack_f32(16), 16)
-    b2 = nb.carray(stack_f32(16), 16)
-    b3 = nb.carray(stack_f32(16), 16)
-    b4 = nb.carray(stack_f32(16), 16)
-    b5 = nb.carray(stack_f32(16), 16)
-    b6 = nb.carray(stack_f32(16), 16)
-    acc = nb.carray(stack_f32(224), (7, 32))
-    tih = np.empty(KH, np.int64)
-    tkh = np.empty(KH, np.int64)
-    tiw = np.empty(KW, np.int64)
-    tkw = np.empty(KW, np.int64)
-    plane = Hs * Ws * 16
-    P = Ho * Wo * 16
-    for oh in range(oh0, oh1):
-        nth = 0
-        for kh in range(KH):
-            t = oh + pt - kh * dh
-            if t >= 0 and t % sh == 0 and t // sh < H:
-                tih[nth] = t // sh
-                tkh[nth] = kh
-                nth += 1
-        for c in range(sw):
-            ow0 = (c - pl) % sw
-            if ow0 >= Wo:
-                continue
-            nj = (Wo - ow0 + sw - 1) // sw
-            ntw = 0
-            for kw in range(KW):
-                t = ow0 + pl - kw * dw
-                if t % sw == 0:
-                    tiw[ntw] = t // sw + pli        # column of j = 0 in xs (>= 0: band padding)
-                    tkw[ntw] = kw
-                    ntw += 1
-            for p in range(p0, p1):
-                two = 2 * p + 1 < Ob
-                for jb in range(0, nj, 7):
-                    nv = min(7, nj - jb)
-                    for l in range(16):
-                        a0[l] = 0.0
-                        a1[l] = 0.0
-                        a2[l] = 0.0
-                        a3[l] = 0.0
-                        a4[l] = 0.0
-                        a5[l] = 0.0
-                        a6[l] = 0.0
-                        b0[l] = 0.0
-                        b1[l] = 0.0
-                        b2[l] = 0.0
-                        b3[l] = 0.0
-                        b4[l] = 0.0
-                        b5[l] = 0.0
-                        b6[l] = 0.0
-                    # the block's positions (a partial block repeats its last one)
-                    c1 = np.uint64(min(1, nv - 1) * 16)
-                    c2 = np.uint64(min(2, nv - 1) * 16)
-                    c3 = np.uint64(min(3, nv - 1) * 16)
-                    c4 = np.uint64(min(4, nv - 1) * 16)
-                    c5 = np.uint64(min(5, nv - 1) * 16)
-                    c6 = np.uint64(min(6, nv - 1) * 16)
-                    for a in range(nth):
-                        row = (tih[a] - ih_base) * Ws
-                        for b in range(ntw):
-                            w = wp[tkh[a], tkw[b], p]
-                            x0 = np.uint64(xbase + (row + tiw[b] + jb) * 16)
-                            for cb in range(Cb):
-                                base = x0 + np.uint64(cb * plane)
-                                for ci in range(16):
-                                    wv = w[cb * 16 + ci]
-                                    k = base + np.uint64(ci)
-                                    y0 = xs[k]
-                                    y1 = xs[k + c1]
-                                    y2 = xs[k + c2]
-                                    y3 = xs[k + c3]
-                                    y4 = xs[k + c4]
-                                    y5 = xs[k + c5]
-                                    y6 = xs[k + c6]
-                                    for l in range(16):
-                                        u = wv[l]
-                                        v = wv[16 + l]
-                                        a0[l] += y0 * u
-                                        a1[l] += y1 * u
-                                        a2[l] += y2 * u
-                                        a3[l] += y3 * u
-                                        a4[l] += y4 * u
-                                        a5[l] += y5 * u
-                                        a6[l] += y6 * u
-                                        b0[l] += y0 * v
-                                        b1[l] += y1 * v
-                                        b2[l] += y2 * v
-                                        b3[l] += y3 * v
-                                        b4[l] += y4 * v
-                                        b5[l] += y5 * v
-                                        b6[l] += y6 * v
-                    for l in range(16):
-                        u = bias[p * 32 + l]
-                        v = bias[p * 32 + 16 + l]
-                        acc[0, l] = a0[l] + u
-                        acc[1, l] = a1[l] + u
-                        acc[2, l] = a2[l] + u
-                        acc[3, l] = a3[l] + u
-                        acc[4, l] = a4[l] + u
-                        acc[5, l] = a5[l] + u
-                        acc[6, l] = a6[l] + u
-                        acc[0, 16 + l] = b0[l] + v
-                        acc[1, 16 + l] = b1[l] + v
-                        acc[2, 16 + l] = b2[l] + v
-                        acc[3, 16 + l] = b3[l] + v
-                        acc[4, 16 + l] = b4[l] + v
-                        acc[5, 16 + l] = b5[l] + v
-                        acc[6, 16 + l] = b6[l] + v
-                    o0 = (n * Ob + 2 * p) * P + (oh * Wo + ow0 + jb * sw) * 16
-                    store_block(of, EMPTY1, False, acc, 0, offs, o0, nv, 2 if two else 1, P, code, alpha, beta)
+    """The register tile of the host's vector width (tiles.NARROW): 7 x 2 blocks or 5 x 1."""
+    if NARROW:
+        _convt_rows_narrow(of, xs, wp, bias, oh0, oh1, p0, p1, geo, xbase, ih_base, Hs, Ws, pli, offs, code, alpha,
+                           beta)
+    else:
+        _convt_rows_wide(of, xs, wp, bias, oh0, oh1, p0, p1, geo, xbase, ih_base, Hs, Ws, pli, offs, code, alpha,
+                         beta)
 
 
 def plan_tasks(n, ho, wo, cip, op, taps_per_out) -> list[tuple[int, int, int, int, int]]:
