@@ -119,15 +119,16 @@ def test_elementwise_and_scale():
     assert not ob[:, 1, ..., 4:].any()   # padded channels stay zero
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8])     # <= dense.GEMV_ROWS: the numba GEMV; 8: BLAS blocks
 @pytest.mark.parametrize("has_bias,relu", [(False, False), (True, False), (True, True)])
-def test_linear(has_bias, relu):
-    x = RNG.standard_normal((3, 600), dtype=np.float32)
-    w = RNG.standard_normal((1000, 600), dtype=np.float32) / 25
+def test_linear(has_bias, relu, rows):
+    x = RNG.standard_normal((rows, 601), dtype=np.float32)
+    w = RNG.standard_normal((1000, 601), dtype=np.float32) / 25
     b = RNG.standard_normal(1000, dtype=np.float32)
     want = ref.linear(x, w, b if has_bias else None, relu)
     outs = []
-    for t in (1, 2):
-        o = np.empty((3, 1000), np.float32)
+    for t in (1, 2, 3):
+        o = np.full((rows, 1000), np.nan, np.float32)
         dense.linear(o, x, w, *([b] if has_bias else []), has_bias=has_bias, relu=relu, threads=t)
         outs.append(o)
     assert np.array_equal(outs[0], outs[1])

@@ -6,11 +6,13 @@ gradient) are at the end.
 """
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 from numba import njit
 
 from .blas import blas_threads
-from .threads import parallel_for, scratch
+from .conv._nb import atomic_add
+from .threads import numba_region, parallel_for, scratch
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -27,6 +29,43 @@ def _bias_relu_rows(o, b, has_bias, relu):
 
 
 LINEAR_COLS = 256  # output features per task
+GEMV_ROWS = 4      # inputs of at most this many rows (a classifier at batch 1-4) take the numba GEMV
+GEMV_COLS = 64     # output features per GEMV task
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _gemv_cols(out, x, w, b, has_bias, relu, j0, j1):
+    """out[n, j] = act(x[n] . w[j] (+ b[j])) for j in [j0, j1): one dot product of two contiguous rows
+    per output (vectorized over K), the same code whichever task or thread computes it."""
+    N, K = x.shape
+    for j in range(j0, j1):
+        for n in range(N):
+            acc = np.float32(0.0)
+            for k in range(K):
+                acc += x[n, k] * w[j, k]
+            if has_bias:
+                acc += b[j]
+            if relu:
+                acc = max(acc, np.float32(0.0))
+            out[n, j] = acc
+
+
+@njit(nogil=True, cache=True)
+def _gemv_seq(counter, tid, out, x, w, b, has_bias, relu):
+    """One worker: blocks of GEMV_COLS output features taken from `counter` (threads.numba_region)."""
+    M = w.shape[0]
+    while True:
+        j0 = atomic_add(counter, 0, 1) * GEMV_COLS
+        if j0 >= M:
+            break
+        _gemv_cols(out, x, w, b, has_bias, relu, j0, min(j0 + GEMV_COLS, M))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _gemv_par(nt, out, x, w, b, has_bias, relu):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _gemv_seq(counter, nb.get_thread_id(), out, x, w, b, has_bias, relu)
 
 
 def linear(out, x, w, *b, has_bias, relu, threads=None, **_):
@@ -35,7 +74,10 @@ def linear(out, x, w, *b, has_bias, relu, threads=None, **_):
     Tasks are blocks of LINEAR_COLS output features on our thread pool, each one OpenBLAS call
     with OpenBLAS held at one thread: the blocks depend on the shape only, so 1 and 2 threads
     give identical results (a multi-threaded BLAS call may split K differently), and OpenBLAS's
-    own threads do not fight the pool's."""
+    own threads do not fight the pool's. At most GEMV_ROWS input rows (a classifier at batch 1-4,
+    where the GEMM is a matrix-vector product bound by reading w): a numba GEMV over blocks of
+    GEMV_COLS output features on the numba region (0.31 -> 0.09 ms for 1280 -> 1000 on two Zen 3
+    cores, w in cache; benchmarks/RESULTS.md)."""
     if out.dtype != np.float32 or not out.flags.c_contiguous or x.ndim != 2:
         np.matmul(x, w.T, out=out)
         if has_bias:
@@ -45,6 +87,10 @@ def linear(out, x, w, *b, has_bias, relu, threads=None, **_):
         return
     m = w.shape[0]
     bias = b[0] if has_bias else out[0]
+    if x.shape[0] <= GEMV_ROWS and x.dtype == np.float32 and x.flags.c_contiguous and w.dtype == np.float32 \
+            and w.flags.c_contiguous and bias.dtype == np.float32:
+        numba_region(_gemv_par, _gemv_seq, threads, -(-m // GEMV_COLS), out, x, w, bias, bool(has_bias), bool(relu))
+        return
 
     def task(j0):
         j1 = min(j0 + LINEAR_COLS, m)
