@@ -76,7 +76,7 @@ def linear(out, x, w, *b, has_bias, relu, threads=None, **_):
     give identical results (a multi-threaded BLAS call may split K differently), and OpenBLAS's
     own threads do not fight the pool's. At most GEMV_ROWS input rows (a classifier at batch 1-4,
     where the GEMM is a matrix-vector product bound by reading w): a numba GEMV over blocks of
-    GEMV_COLS output features on the numba region (0.31 -> 0.09 ms for 1280 -> 1000 on two Zen 3
+    GEMV_COLS output features on the numba region (0.31 -> 0.10 ms for 1280 -> 1000 on two Zen 3
     cores, w in cache; benchmarks/RESULTS.md)."""
     if out.dtype != np.float32 or not out.flags.c_contiguous or x.ndim != 2:
         np.matmul(x, w.T, out=out)

@@ -15,7 +15,7 @@ same bits (`_k1x1` dispatches; tests/test_register_tiles.py). The tiles are gene
 template (tilegen.K1X1 -> _tiles_gen.py).
 
 Thin layers (MobileNetV2, EfficientNet): an odd last output block (Co = 16, 40, 144, ...) is computed
-by `_k1x1_one` (RB1 = 14 positions x 1 block) instead of a pair with a zero-weight half, and the
+by `_k1x1_one` (14 positions x 1 block) instead of a pair with a zero-weight half, and the
 reduction runs over input channels [0, kc), kc = `reduction_length(wp)` (the zero rows padding Ci
 to a multiple of 16 are skipped).
 
@@ -37,14 +37,12 @@ from tilefuse.kernels.conv._nb import atomic_add
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide  # noqa: F401  (tilegen.py)
 from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
-from tilefuse.kernels.conv.planner import RB1X1 as RB
 from tilefuse.kernels.conv.planner import plan_k1x1
 from tilefuse.kernels.threads import numba_region, resolve_threads
 
 Q_OUTER = None  # force the loop order (benchmarks); None: the plan's
 PF_OUT = True  # also prefetchw the output lines of the block ahead (docs/kernels.md)
 PF_BLOCKS = 1  # software-prefetch distance in 7-position blocks (0: off)
-RB1 = 14  # positions of the one-block kernel (_k1x1_one)
 
 
 def prepare(w, b) -> dict:
