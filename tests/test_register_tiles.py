@@ -192,3 +192,71 @@ def test_tilegen_expands_a_template_per_tile_shape():
         tilegen.expand("    #@ fma w[l]", 2, 2)
     with pytest.raises(ValueError, match="1 or 2 blocks"):
         tilegen.expand("", 2, 3)
+    st = tilegen.expand("        #@ store of, rf, has_res, acc, 0, offs, s0, o0, nv, nk, dk, code, alpha, beta", 2, 1)
+    assert "act_block(borrow(of), borrow(rf), has_res, acc, 0, borrow(offs)," in st
+    assert "d_ = np.uint64(o0 + offs[s0 + r_] + k_ * (dk))" in st
+    assert "store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)" in st
+    with pytest.raises(ValueError, match="store needs the 14 arguments"):
+        tilegen.expand("    #@ store of, rf, acc", 2, 1)
+
+
+def _store_rows_spec(dst, res, has_res, acc, offs, o0, nv, nk, dk, code, alpha, beta):
+    """epilogue.store_rows lane by lane in numpy, with numba's max / min (max(v, a) = a if a > v else v)."""
+    for r in range(nv):
+        for k in range(nk):
+            d = o0 + offs[r] + k * dk
+            v = acc[r, 16 * k:16 * k + 16].copy()
+            if has_res:
+                v = v + res[d:d + 16]
+            if code >= 1:
+                lo = np.float32(0.0) if code == 1 else alpha
+                v = np.where(lo > v, lo, v)
+            if code == 2:
+                v = np.where(beta < v, beta, v)
+            dst[d:d + 16] = v
+
+
+@pytest.mark.parametrize("code", [0, 1, 2, 6])
+@pytest.mark.parametrize("has_res", [False, True])
+def test_vector_epilogue_keeps_the_scalar_bits(code, has_res):
+    """store_rows stores one 16-lane vector per position and block (_nb.store16) and act_block works on
+    borrowed views; the bits are those of the lane-by-lane spec, NaN, infinities and -0.0 included,
+    the residual added before the activation, and nothing outside the stored rows written."""
+    from numba import njit
+
+    from tilefuse.kernels.activations import apply_inplace
+    from tilefuse.kernels.conv.epilogue import store_rows
+
+    @njit
+    def run(dst, res, has_res, acc, offs, o0, nv, nk, dk, code, alpha, beta):
+        store_rows(dst, res, has_res, acc, 0, offs, 0, o0, nv, nk, dk, code, alpha, beta)
+
+    rng = np.random.default_rng(code)
+    acc = rng.standard_normal((5, 32)).astype(np.float32) * 4
+    acc[0, :6] = [np.nan, -0.0, 0.0, np.inf, -np.inf, 6.0]
+    acc[1, 16:20] = [-0.0, np.nan, 0.5, -7.0]
+    offs = np.array([0, 64, 96, 160, 224], np.int64)
+    dk = 512
+    res = rng.standard_normal(1200).astype(np.float32)
+    res[3] = -0.0
+    res[70] = np.nan
+    alpha, beta = np.float32(-0.5), np.float32(0.7)
+    if code > 2:   # the other activations compile with fastmath: finite inputs only
+        acc[~np.isfinite(acc)] = 1.5
+        res[~np.isfinite(res)] = -1.5
+    for nv, nk in ((5, 2), (3, 1), (1, 2)):
+        got = np.full(1200, 7.5, np.float32)
+        want = got.copy()
+        run(got, res if has_res else np.zeros(0, np.float32), has_res, acc.copy(), offs, 16, nv, nk, dk, code, alpha,
+            beta)   # (act_block works in the register block: acc's rows come back overwritten)
+        if code <= 2:
+            _store_rows_spec(want, res, has_res, acc, offs, 16, nv, nk, dk, code, alpha, beta)
+            np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+        else:   # the act_block path: the same sums through the activation's loop (apply_inplace)
+            _store_rows_spec(want, res, has_res, acc, offs, 16, nv, nk, dk, 0, alpha, beta)
+            sel = np.flatnonzero(want != np.float32(7.5))
+            v = want[sel].copy()
+            apply_inplace(v, code, alpha, beta)
+            want[sel] = v
+            assert np.array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)

@@ -77,3 +77,81 @@ def atomic_add(typingctx, arr, idx, val):
         return builder.atomic_rmw("add", ptr, v, "monotonic")
 
     return sig, codegen
+
+
+@intrinsic
+def store16(typingctx, dst, di, src, si, res, ri, has_res, code, alpha, beta):
+    """dst[di:di + 16] = act(src[si:si + 16] (+ res[ri:ri + 16] if has_res)) as one 16-lane vector
+    (LLVM `<16 x float>`: one zmm, or two ymm on 256-bit hosts), for the activation codes 0
+    (identity), 1 (ReLU) and 2 (clip to [alpha, beta]); arrays C-contiguous float32, indexed flat
+    (dst may be src: each vector is loaded before it is stored). The epilogue of the register
+    tiles (epilogue.store_rows): numba runs no SLP vectorizer, and the same loads, adds, selects and
+    stores written as 16-lane loops were left as 16 scalar triples. The selects are numba's max /
+    min (`max(v, a)` = a if a > v else v; `min(v, b)` = b if b < v else v) lane by lane, so the bits
+    (NaN and -0.0 included) are those of the scalar loops."""
+    f32 = types.float32
+    ok = (all(isinstance(a, types.Array) and a.dtype == f32 and a.layout == "C" for a in (dst, src, res))
+          and all(isinstance(a, types.Integer) for a in (di, si, ri, code))
+          and isinstance(has_res, types.Boolean) and alpha == f32 and beta == f32)
+    if not ok:
+        return None
+    sig = types.void(dst, di, src, si, res, ri, has_res, code, alpha, beta)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        d_a, di_v, s_a, si_v, r_a, ri_v, hr, code_v, al, be = args
+        i64 = ir.IntType(64)
+        vty = ir.VectorType(ir.FloatType(), 16)
+
+        def ptr(k, a, idx):   # &array_k[idx] as <16 x float>*, idx the argument after it
+            ary = context.make_array(signature.args[k])(context, builder, a)
+            i = context.cast(builder, idx, signature.args[k + 1], types.int64)
+            return builder.bitcast(builder.gep(ary.data, [i]), vty.as_pointer())
+
+        v = builder.load(ptr(2, s_a, si_v), align=4)
+        res_slot = cgutils.alloca_once_value(builder, v)
+        with builder.if_then(hr):
+            r = builder.load(ptr(4, r_a, ri_v), align=4)
+            builder.store(builder.fadd(v, r), res_slot)
+        v = builder.load(res_slot)
+
+        def splat(x):
+            return builder.shuffle_vector(builder.insert_element(ir.Constant(vty, ir.Undefined), x,
+                                                                 ir.Constant(ir.IntType(32), 0)),
+                                          ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(
+                                              ir.IntType(32), 16), [0] * 16))
+
+        zero = ir.Constant(vty, [0.0] * 16)
+        relu = builder.select(builder.fcmp_ordered(">", zero, v), zero, v)
+        a, b = splat(al), splat(be)
+        m = builder.select(builder.fcmp_ordered(">", a, v), a, v)
+        clip = builder.select(builder.fcmp_ordered("<", b, m), b, m)
+        c = context.cast(builder, code_v, signature.args[7], types.int64)
+        out = builder.select(builder.icmp_signed("==", c, ir.Constant(i64, 1)), relu,
+                             builder.select(builder.icmp_signed("==", c, ir.Constant(i64, 2)), clip, v))
+        builder.store(out, ptr(0, d_a, di_v), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def borrow(typingctx, arr):
+    """The same array without its owner (meminfo and parent NULL): numba's reference counting skips
+    it, so passing it to a called kernel function costs no atomic increment / decrement (a call with
+    four owned arrays costs eight, per call: per register tile in act_block's case). Only for
+    arguments of a call made while `arr` itself is alive (the view owns nothing)."""
+    if not isinstance(arr, types.Array):
+        return None
+    sig = arr(arr)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        out = context.make_array(signature.return_type)(context, builder)
+        for name in ("nitems", "itemsize", "data", "shape", "strides"):
+            setattr(out, name, getattr(ary, name))
+        out.meminfo = cgutils.get_null_value(out.meminfo.type)
+        out.parent = cgutils.get_null_value(out.parent.type)
+        return out._getvalue()
+
+    return sig, codegen

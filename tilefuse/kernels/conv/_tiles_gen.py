@@ -5,8 +5,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import prefetch, prefetchw, stack_f32
-from tilefuse.kernels.conv.epilogue import EMPTY1, RB_OFFSETS, store_block, store_rows
+from tilefuse.kernels.conv._nb import borrow, prefetch, prefetchw, stack_f32, store16
+from tilefuse.kernels.conv.epilogue import EMPTY1, RB_OFFSETS, act_block
 
 
 @njit(inline="always")
@@ -174,7 +174,14 @@ def _k1x1_wide(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
             acc[5, 16 + l] = b5[l] + v
             acc[6, 16 + l] = b6[l] + v
         nk = 2 if two else 1
-        store_rows(of, rf, has_res, acc, 0, oo_all, s0, ob0 * os_, min(7, q1 - qb), nk, os_, code, alpha, beta)
+        if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
+            act_block(borrow(of), borrow(rf), has_res, acc, 0, borrow(oo_all), s0, ob0 * os_, min(7, q1 - qb), nk, os_,
+                      code, alpha, beta)
+        else:
+            for r_ in range(min(7, q1 - qb)):
+                for k_ in range(nk):
+                    d_ = np.uint64(ob0 * os_ + oo_all[s0 + r_] + k_ * (os_))
+                    store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -316,7 +323,14 @@ def _k1x1_one(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, 
             acc[12, l] = a12[l] + u
             acc[13, l] = a13[l] + u
         nk = 1
-        store_rows(of, rf, has_res, acc, 0, oo_all, s0, ob0 * os_, min(14, q1 - qb), nk, os_, code, alpha, beta)
+        if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
+            act_block(borrow(of), borrow(rf), has_res, acc, 0, borrow(oo_all), s0, ob0 * os_, min(14, q1 - qb), nk, os_,
+                      code, alpha, beta)
+        else:
+            for r_ in range(min(14, q1 - qb)):
+                for k_ in range(nk):
+                    d_ = np.uint64(ob0 * os_ + oo_all[s0 + r_] + k_ * (os_))
+                    store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -405,7 +419,14 @@ def _k1x1_narrow(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
             acc[3, l] = a3[l] + u
             acc[4, l] = a4[l] + u
         nk = 1
-        store_rows(of, rf, has_res, acc, 0, oo_all, s0, ob0 * os_, min(5, q1 - qb), nk, os_, code, alpha, beta)
+        if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
+            act_block(borrow(of), borrow(rf), has_res, acc, 0, borrow(oo_all), s0, ob0 * os_, min(5, q1 - qb), nk, os_,
+                      code, alpha, beta)
+        else:
+            for r_ in range(min(5, q1 - qb)):
+                for k_ in range(nk):
+                    d_ = np.uint64(ob0 * os_ + oo_all[s0 + r_] + k_ * (os_))
+                    store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -524,8 +545,14 @@ def _direct_rows2_wide(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, s
                 acc[5, 16 + l] = b5[l] + v
                 acc[6, 16 + l] = b6[l] + v
             nv = min(7, p_end - pb)
-            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, nk, P * 16,
-                        code, alpha, beta)
+            if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
+                act_block(borrow(of), borrow(rf), has_res, acc, 0, RB_OFFSETS, 0,
+                          ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, nk, P * 16, code, alpha, beta)
+            else:
+                for r_ in range(nv):
+                    for k_ in range(nk):
+                        d_ = np.uint64(((n_out * Ob + ob) * P + pb - q_off) * 16 + RB_OFFSETS[0 + r_] + k_ * (P * 16))
+                        store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -600,8 +627,14 @@ def _direct_rows_narrow(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, 
                 acc[3, l] = a3[l] + u
                 acc[4, l] = a4[l] + u
             nv = min(5, p_end - pb)
-            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, nk, P * 16,
-                        code, alpha, beta)
+            if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
+                act_block(borrow(of), borrow(rf), has_res, acc, 0, RB_OFFSETS, 0,
+                          ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, nk, P * 16, code, alpha, beta)
+            else:
+                for r_ in range(nv):
+                    for k_ in range(nk):
+                        d_ = np.uint64(((n_out * Ob + ob) * P + pb - q_off) * 16 + RB_OFFSETS[0 + r_] + k_ * (P * 16))
+                        store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -721,8 +754,14 @@ def _stem_rows_wide(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias
                 acc[5, 16 + l] = b5[l] + v
                 acc[6, 16 + l] = b6[l] + v
                 acc[7, 16 + l] = b7[l] + v
-            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n * Ob + ob) * HW + pb) * 16, min(8, p_end - pb), nk,
-                        HW * 16, code, alpha, beta)
+            if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
+                act_block(borrow(of), borrow(rf), has_res, acc, 0, RB_OFFSETS, 0, ((n * Ob + ob) * HW + pb) * 16,
+                          min(8, p_end - pb), nk, HW * 16, code, alpha, beta)
+            else:
+                for r_ in range(min(8, p_end - pb)):
+                    for k_ in range(nk):
+                        d_ = np.uint64(((n * Ob + ob) * HW + pb) * 16 + RB_OFFSETS[0 + r_] + k_ * (HW * 16))
+                        store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -789,8 +828,14 @@ def _stem_rows_narrow(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bi
                 acc[2, l] = a2[l] + u
                 acc[3, l] = a3[l] + u
                 acc[4, l] = a4[l] + u
-            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n * Ob + ob) * HW + pb) * 16, min(5, p_end - pb), nk,
-                        HW * 16, code, alpha, beta)
+            if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
+                act_block(borrow(of), borrow(rf), has_res, acc, 0, RB_OFFSETS, 0, ((n * Ob + ob) * HW + pb) * 16,
+                          min(5, p_end - pb), nk, HW * 16, code, alpha, beta)
+            else:
+                for r_ in range(min(5, p_end - pb)):
+                    for k_ in range(nk):
+                        d_ = np.uint64(((n * Ob + ob) * HW + pb) * 16 + RB_OFFSETS[0 + r_] + k_ * (HW * 16))
+                        store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -1098,7 +1143,14 @@ def _convt_rows_wide(of, xs, wp, bias, oh0, oh1, p0, p1, geo, xbase, ih_base, Hs
                         acc[5, 16 + l] = b5[l] + v
                         acc[6, 16 + l] = b6[l] + v
                     o0 = (n * Ob + ob0) * P + (oh * Wo + ow0 + jb * sw) * 16
-                    store_block(of, EMPTY1, False, acc, 0, offs, o0, nv, nk, P, code, alpha, beta)
+                    if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
+                        act_block(borrow(of), EMPTY1, False, acc, 0, borrow(offs), 0, o0, nv, nk, P, code, alpha, beta)
+                    else:
+                        for r_ in range(nv):
+                            for k_ in range(nk):
+                                d_ = np.uint64(o0 + offs[0 + r_] + k_ * (P))
+                                store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, EMPTY1, d_, False, code, alpha,
+                                        beta)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -1196,4 +1248,11 @@ def _convt_rows_narrow(of, xs, wp, bias, oh0, oh1, p0, p1, geo, xbase, ih_base, 
                         acc[3, l] = a3[l] + u
                         acc[4, l] = a4[l] + u
                     o0 = (n * Ob + ob0) * P + (oh * Wo + ow0 + jb * sw) * 16
-                    store_block(of, EMPTY1, False, acc, 0, offs, o0, nv, nk, P, code, alpha, beta)
+                    if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
+                        act_block(borrow(of), EMPTY1, False, acc, 0, borrow(offs), 0, o0, nv, nk, P, code, alpha, beta)
+                    else:
+                        for r_ in range(nv):
+                            for k_ in range(nk):
+                                d_ = np.uint64(o0 + offs[0 + r_] + k_ * (P))
+                                store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, EMPTY1, d_, False, code, alpha,
+                                        beta)

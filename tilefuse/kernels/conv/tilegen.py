@@ -29,6 +29,9 @@ Template language (Python source plus):
       toacc [U [| V]]    for l: acc[r, l] = a{r}[l] (+ u); acc[r, 16 + l] = b{r}[l] (+ v): the
                          accumulators leave registers (with the bias) for epilogue.store_rows;
                          one-block tiles use U only
+      store ARGS         epilogue.store_rows(ARGS) written out (dst, res, has_res, acc, a0, offs, s0,
+                         o0, nv, nk, dk, code, alpha, beta): a `_nb.store16` vector per position and
+                         block, act_block (on `_nb.borrow` views) for the activations past clip
 Every tile of a kernel computes each output element as the same reduction in the same order
 (acc = 0; += x * w over the kernel's reduction order; + bias), so the tile never changes a bit
 (tests/test_register_tiles.py).
@@ -46,8 +49,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import prefetch, prefetchw, stack_f32
-from tilefuse.kernels.conv.epilogue import EMPTY1, RB_OFFSETS, store_block, store_rows
+from tilefuse.kernels.conv._nb import borrow, prefetch, prefetchw, stack_f32, store16
+from tilefuse.kernels.conv.epilogue import EMPTY1, RB_OFFSETS, act_block
 
 
 @njit(inline="always")
@@ -156,7 +159,7 @@ def $NAME(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
         #@ toacc bias[np.uint64(ob0 * 16 + l)] | bias[np.uint64(ob0 * 16 + 16 + l)]
         nk = 2 if two else 1  #@B2
         nk = 1  #@B1
-        store_rows(of, rf, has_res, acc, 0, oo_all, s0, ob0 * os_, min($R, q1 - qb), nk, os_, code, alpha, beta)
+        #@ store of, rf, has_res, acc, 0, oo_all, s0, ob0 * os_, min($R, q1 - qb), nk, os_, code, alpha, beta
 '''
 
 # Direct kxk convolution on NCHWc (direct.py), output rows [oh0, oh1) of image n, output blocks
@@ -208,8 +211,7 @@ def $NAME(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw
                             #@B2 fma w0[ci, l] | w1[ci, l]
             #@ toacc bias[np.uint64(ob * 16 + l)] | bias[np.uint64(ob1 * 16 + l)]
             nv = min($R, p_end - pb)
-            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, nk, P * 16,
-                        code, alpha, beta)
+            #@ store of, rf, has_res, acc, 0, RB_OFFSETS, 0, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, nk, P * 16, code, alpha, beta
 '''
 
 # The stem (stem.py): few input channels, read from a zero-padded NCHW band (C, R, Wp).
@@ -251,8 +253,7 @@ def $NAME(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has
                         #@B1 fma wb[ob, c, kh, kw, l]
                         #@B2 fma u0[l] | v0[l]
             #@ toacc bias[np.uint64(ob * 16 + l)] | bias[np.uint64(ob1 * 16 + l)]
-            store_block(of, rf, has_res, acc, 0, RB_OFFSETS, ((n * Ob + ob) * HW + pb) * 16, min($R, p_end - pb), nk,
-                        HW * 16, code, alpha, beta)
+            #@ store of, rf, has_res, acc, 0, RB_OFFSETS, 0, ((n * Ob + ob) * HW + pb) * 16, min($R, p_end - pb), nk, HW * 16, code, alpha, beta
 '''
 
 # Winograd's element-wise stage (winograd.py): M (alpha^2, P, cob) = V (alpha^2, P, Cip) @ U[:, pairs]
@@ -370,7 +371,7 @@ def $NAME(of, xs, wp, bias, oh0, oh1, p0, p1, geo, xbase, ih_base, Hs, Ws, pli, 
                                     #@B2 fma wv[l] | wv[16 + l]
                     #@ toacc bias[ob0 * 16 + l] | bias[ob0 * 16 + 16 + l]
                     o0 = (n * Ob + ob0) * P + (oh * Wo + ow0 + jb * sw) * 16
-                    store_block(of, EMPTY1, False, acc, 0, offs, o0, nv, nk, P, code, alpha, beta)
+                    #@ store of, EMPTY1, False, acc, 0, offs, 0, o0, nv, nk, P, code, alpha, beta
 '''
 
 _WIDE = "hosts with 512-bit vectors: {n} zmm accumulators of the 32"
@@ -408,6 +409,61 @@ def _wrap(text: str, width: int = 100) -> str:
             cur = f"{cur} {w}" if cur else w
     lines.append(cur)
     return "\n    ".join(lines)
+
+
+def _split_args(arg: str) -> list[str]:
+    """'a, f(b, c), d' -> ['a', 'f(b, c)', 'd'] (commas inside brackets stay)."""
+    parts, depth, cur = [], 0, ""
+    for ch in arg:
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        cur += ch
+    parts.append(cur.strip())
+    return [p for p in parts if p]
+
+
+STORE_ARGS = ("dst", "res", "has_res", "acc", "a0", "offs", "s0", "o0", "nv", "nk", "dk", "code", "alpha", "beta")
+
+
+def _store(ind: str, arg: str, line: str) -> list[str]:
+    """The `store` directive: epilogue.store_rows(ARGS) written out in the kernel: identity / ReLU /
+    clip as one `_nb.store16` vector per position and block, the other activations one act_block
+    call per tile on borrowed views. (numba inlining a function that takes arrays, or calling one,
+    adds an atomic reference-count increment and decrement per owned array per call: ~6 per tile,
+    as much as a K = 16 reduction.)"""
+    a = _split_args(arg)
+    if len(a) != len(STORE_ARGS):
+        raise ValueError(f"tilegen: store needs the {len(STORE_ARGS)} arguments of epilogue.store_rows "
+                         f"({', '.join(STORE_ARGS)}), got {len(a)} in {line!r}")
+    v = dict(zip(STORE_ARGS, a))
+    owned = {v["dst"], v["res"], v["offs"]} - {"EMPTY1", "RB_OFFSETS"}   # kernel arguments / arrays it made
+    call = _fill(f"{ind}    act_block(", [f"borrow({x})" if x in owned else x for x in a])
+    return [f"{ind}if {v['code']} > 2:   # the other activations: one call per tile (their exp / erf code stays out)",
+            *call,
+            f"{ind}else:",
+            f"{ind}    for r_ in range({v['nv']}):",
+            f"{ind}        for k_ in range({v['nk']}):",
+            f"{ind}            d_ = np.uint64({v['o0']} + {v['offs']}[{v['s0']} + r_] + k_ * ({v['dk']}))",
+            *_fill(f"{ind}            store16(", [v["dst"], "d_", v["acc"], f"({v['a0']} + r_) * {v['acc']}.shape[1] + 16 * k_",
+                                                   v["res"], "d_", v["has_res"], v["code"], v["alpha"], v["beta"]])]
+
+
+def _fill(head: str, args: list[str], width: int = 120) -> list[str]:
+    """A call `head` + args + ")" filled into lines of at most `width` (continuations under the '(')."""
+    lines, cur = [], head
+    pad = " " * len(head)
+    for i, x in enumerate(args):
+        piece = x + (", " if i < len(args) - 1 else ")")
+        if cur.strip() and len(cur) + len(piece.rstrip()) > width and cur != head:
+            lines.append(cur.rstrip())
+            cur = pad
+        cur += piece
+    lines.append(cur.rstrip())
+    return lines
 
 
 def expand(template: str, R: int, B: int, **subs) -> str:
@@ -459,6 +515,8 @@ def expand(template: str, R: int, B: int, **subs) -> str:
             out += [f"{ind}    {v} = {e}" for v, e in zip("uv", exprs)]
             add = [f" + {v}" for v in "uv"] if exprs else ["", ""]
             out += [f"{ind}    acc[{r}, {lanes[k]}] = {b}{r}[l]{add[k]}" for k, b in enumerate(names) for r in range(R)]
+        elif name == "store":
+            out += _store(ind, arg, line)
         else:
             raise ValueError(f"tilegen: unknown directive {name!r} in {line!r}")
     return "\n".join(out).strip("\n") + "\n"
