@@ -173,9 +173,13 @@ _NUMBA_LOCK = threading.Lock()
 
 
 def numba_max_threads() -> int:
-    """The most threads a numba parallel region can use (NUMBA_NUM_THREADS, default: all CPUs)."""
-    from numba import config
-    return max(1, int(config.NUMBA_NUM_THREADS))
+    """The most threads a numba parallel region can use (NUMBA_NUM_THREADS, default: all CPUs; read
+    once: numba fixes it when it starts its pool, and every kernel call asks)."""
+    n = _NUMBA.get("max_threads")
+    if n is None:
+        from numba import config
+        n = _NUMBA["max_threads"] = max(1, int(config.NUMBA_NUM_THREADS))
+    return n
 
 
 # GNU OpenMP's idle threads spin before they sleep (GOMP_SPINCOUNT, 300000 by default: about a
@@ -269,7 +273,7 @@ def region_mode(nt: int) -> str:
     """Where a numba kernel's task loop runs on nt > 1 threads: 'numba' (numba's OpenMP / TBB
     pool, `par`) or 'pool' (our pool: `seq` workers on the calling thread and pool threads, the
     caller never waiting for a worker that has not started). TILEFUSE_REGIONS=numba|pool if set;
-    else 'pool' while the runnable threads of other processes (`_others_now`, the larger of the
+    else 'pool' while the runnable threads of other processes (`_others_now`, the smaller of the
     last two samples, taken at most every REGION_RESAMPLE_S) plus nt exceed the usable cores:
     there the end-of-region barrier of numba's pool waits for every thread, and one the OS has
     not scheduled costs a time slice per layer (measured on the shared 2-core development
@@ -284,8 +288,14 @@ def region_mode(nt: int) -> str:
         return mode
     now = time.monotonic()
     if now - _NUMBA.get("sampled", -1e9) > REGION_RESAMPLE_S:
-        sample = _others_now()
-        _NUMBA["others"] = max(sample, _NUMBA.get("last", sample))
+        # the smaller of two reads, and of the last two samples: other load must persist across
+        # samples a second apart. One read races with this process's own OpenMP threads going
+        # from spinning (counted as running in /proc/stat) to sleeping (not counted when its
+        # task files are read next), and a single such read put the idle 2-core development
+        # machine on the pool for a second at a time: MobileNetV2 batch 1 at 2 threads ran
+        # 13.6-14.4 ms there instead of 8.7-10.3 (benchmarks/RESULTS.md, 2026-11-27)
+        sample = min(_others_now(), _others_now())
+        _NUMBA["others"] = min(sample, _NUMBA.get("last", sample))
         _NUMBA["last"], _NUMBA["sampled"] = sample, now
     return "pool" if _NUMBA["others"] + nt > cpu_count() else "numba"
 

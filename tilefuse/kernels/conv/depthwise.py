@@ -35,6 +35,7 @@ around the NCHW16c kernel; compiled networks keep depthwise layers in NCHW16c.
 """
 from __future__ import annotations
 
+import functools
 
 import numba as nb
 import numpy as np
@@ -439,35 +440,44 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(
     if src is None and cb != ob:
         raise ValueError(f"depthwise (NCHWc): input has {cb} channel blocks, output {ob}; with multiplier 1 "
                          f"they must be equal (prepare() adds 'src' for a multiplier > 1)")
-    t, _, l, _ = padding
-    sh, sw = stride
-    dh, dw = dilation
-    geo = np.array([cb, h, w, ob, ho, wo, kh, kw, sh, sw, dh, dw, t, l], np.int64)
     code, alpha, beta = resolve_act(relu, act, "depthwise")
     has_res = residual_b is not None
     if has_res and residual_b.shape != out_b.shape:
         raise ValueError(f"depthwise (NCHWc): residual {residual_b.shape} != output {out_b.shape}")
-    of, xf, wf = out_b.reshape(-1), x_b.reshape(-1), wd.reshape(-1)   # flat views, no copy
-    rf = residual_b.reshape(-1) if has_res else EMPTY1
-    # (N, C, H, W, 16) -> (N*C*H*W, 16): one vector per row (the gather variant)
-    o2, x2, w2 = out_b.reshape(-1, LANES), x_b.reshape(-1, LANES), wd.reshape(-1, LANES)
-    r2 = residual_b.reshape(-1, LANES) if has_res else EMPTY2
     threads = resolve_threads(threads)
-    tasks = plan_tasks(n, ob, ho, wo, kh * kw, threads)
+    geo, table, padded, band_len = _call_plan(n, cb, h, w, ob, ho, wo, kh, kw, tuple(stride), padding[0], padding[2],
+                                              tuple(dilation), threads, src is not None, PADDED)
+    of, xf = out_b.reshape(-1), x_b.reshape(-1)   # flat views, no copy
     if src is not None:
+        # (N, C, H, W, 16) -> (N*C*H*W, 16): one vector per row (the gather variant)
+        o2, x2, w2 = out_b.reshape(-1, LANES), x_b.reshape(-1, LANES), wd.reshape(-1, LANES)
+        r2 = residual_b.reshape(-1, LANES) if has_res else EMPTY2
         parallel_for(lambda tk: _dw_task_gather(o2, x2, w2, bias, src, r2, has_res, code, alpha, beta, tk[0], tk[1],
-                                                tk[2], tk[3], tk[4], geo), tasks, threads)
+                                                tk[2], tk[3], tk[4], geo), table.tolist(), threads)
         return
-    padded = PADDED if PADDED is not None else use_padded(ho, wo)
+    rf = residual_b.reshape(-1) if has_res else EMPTY1
+    # one padded-band scratch row per thread of the region (thread ids range over numba's pool)
+    nrows = numba_max_threads() if region_threads(threads, len(table)) > 1 else 1
+    band = scratch("dw_band", (nrows, band_len))
+    numba_region(_dw_par, _dw_seq, threads, len(table), table, of, xf, wd.reshape(-1), bias, rf, has_res, code, alpha,
+                 beta, geo, band, padded)
+
+
+@functools.lru_cache(maxsize=1024)
+def _call_plan(n, cb, h, w, ob, ho, wo, kh, kw, stride, pt, pl, dilation, threads, gather, forced):
+    """Everything run_nchwc derives from the shapes alone, once per layer shape (it cost ~15 us a call,
+    as much as a 7x7 layer's kernel): geo (the kernel's geometry vector), the task table (T, 5),
+    whether the row loop reads a padded band, and the band's scratch length per thread. The
+    arrays are shared between calls (never written)."""
+    sh, sw = stride
+    dh, dw = dilation
+    geo = np.array([cb, h, w, ob, ho, wo, kh, kw, sh, sw, dh, dw, pt, pl], np.int64)
+    tasks = plan_tasks(n, ob, ho, wo, kh * kw, threads)
+    table = np.array(tasks, np.int64).reshape(-1, 5)
+    padded = (forced if forced is not None else use_padded(ho, wo)) and not gather
     wp = (wo - 1) * sw + (kw - 1) * dw + 1
     band_rows = max(t[4] - t[3] for t in tasks) * sh + (kh - 1) * dh if padded else 0
-    table = np.array(tasks, np.int64).reshape(-1, 5)
-    # one padded-band scratch row per thread of the region (thread ids range over numba's pool)
-    nrows = numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1
-    band = scratch("dw_band", (nrows, max(1, band_rows * wp * LANES)))
-    numba_region(_dw_par, _dw_seq, threads, len(tasks), table, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo,
-                 band, padded)
-
+    return geo, table, bool(padded), max(1, band_rows * wp * LANES)
 
 def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), relu=False,
         act=None, threads=None) -> None:

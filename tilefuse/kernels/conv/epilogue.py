@@ -42,6 +42,9 @@ def resolve_act(relu: bool = False, act=None, where: str = "conv") -> tuple:
     act: None, a (code, alpha, beta) triple (from activations.encode), a (name, alpha, beta)
     triple, or a name (parameters at their defaults). relu=True means act relu; giving both
     relu=True and another activation is an error."""
+    if (not relu and type(act) is tuple and len(act) == 3 and type(act[0]) is int and act[0] in NAMES
+            and type(act[1]) is np.float32 and type(act[2]) is np.float32 and act[1] == act[1] and act[2] == act[2]):
+        return act   # already resolved (the bound layers pass it on every call)
     if act is None:
         return RELU if relu else IDENTITY
     if isinstance(act, str):
