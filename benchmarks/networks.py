@@ -53,9 +53,11 @@ IMAGE_SIZE = {"unet": 512}
 PAUSE_S = 0.02
 
 
-def interleaved(engines: dict, reps: int) -> dict:
-    """Median seconds per engine: one warm-up each, then `reps` rounds of one timed run of every
-    engine (order rotated per round, PAUSE_S between engines)."""
+def interleaved(engines: dict, reps: int, inner: int = 1) -> dict:
+    """Median seconds per engine: one warm-up each, then `reps` rounds of every engine (order rotated
+    per round, PAUSE_S between engines), each timing `inner` runs back to back and counting their
+    mean. inner = 1 (the default) is a single run after the other engines ran: cold caches and
+    sleeping worker threads; a larger inner is the steady state of a serving loop."""
     for fn in engines.values():
         fn()
     names = list(engines)
@@ -64,8 +66,9 @@ def interleaved(engines: dict, reps: int) -> dict:
         for n in names[r % len(names):] + names[:r % len(names)]:
             time.sleep(PAUSE_S)
             t = time.perf_counter()
-            engines[n]()
-            times[n].append(time.perf_counter() - t)
+            for _ in range(inner):
+                engines[n]()
+            times[n].append((time.perf_counter() - t) / inner)
     return {n: float(np.median(ts)) for n, ts in times.items()}
 
 
@@ -102,6 +105,8 @@ def main() -> int:
     ap.add_argument("--suite", choices=list(SUITES), default="all", help="without --cases/--models")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--reps", type=int, default=5, help="interleaved rounds (median)")
+    ap.add_argument("--inner", type=int, default=1, help="runs back to back per engine and round (their mean; "
+                    "1: one run after the other engines, >1: the steady state)")
     ap.add_argument("--image-size", type=int, help="default 224, UNet 512")
     ap.add_argument("--no-ort", action="store_true")
     ap.add_argument("--no-cl", action="store_true", help="skip PyTorch channels_last")
@@ -121,7 +126,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     print(f"# networks: {cpu_model()}, {os.cpu_count()} cores, threads={args.threads}, tilefuse "
           f"{getattr(tilefuse, '__version__', '?')}, torch {torch.__version__}, onnxruntime {ort.__version__}, "
-          f"numpy {np.__version__}, reps={args.reps} interleaved (median), OpenBLAS core {blas_info()}, "
+          f"numpy {np.__version__}, reps={args.reps} interleaved (median) x inner={args.inner}, OpenBLAS core {blas_info()}, "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}, numba wait {wait_policy()}, "
           f"regions {region_mode(args.threads)} (now; resampled each second), "
           f"tune={args.tune}, load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
@@ -165,7 +170,7 @@ def main() -> int:
                 with torch.no_grad():
                     tm_cl(x_cl)
             engines["torch_cl"] = torch_cl_run
-        t = interleaved(engines, args.reps)
+        t = interleaved(engines, args.reps, args.inner)
         nan = float("nan")
         t_tf, t_model, t_ort = t["tf"], t.get("tf_model", nan), t.get("ort", nan)
         t_torch, t_cl = t["torch"], t.get("torch_cl", nan)
