@@ -479,6 +479,7 @@ def _call_plan(n, cb, h, w, ob, ho, wo, kh, kw, stride, pt, pl, dilation, thread
     band_rows = max(t[4] - t[3] for t in tasks) * sh + (kh - 1) * dh if padded else 0
     return geo, table, bool(padded), max(1, band_rows * wp * LANES)
 
+
 def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), relu=False,
         act=None, threads=None) -> None:
     """NCHW in, NCHW out: block the input (and residual), run the NCHW16c kernel, unblock."""

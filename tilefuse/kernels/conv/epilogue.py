@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.activations import ACTIVATIONS, NAMES, apply_scalar, normalize
+from tilefuse.kernels.activations import ACTIVATIONS, NAMES, apply_scalar, apply_span, normalize
 from tilefuse.kernels.conv._nb import store16
 
 EMPTY1 = np.zeros(0, np.float32)  # "no residual" placeholders (keep numba types fixed)
@@ -107,23 +107,15 @@ def store_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha
             store16(dst, du, acc, (a0 + r) * LN + 16 * k, res, du, has_res, code, alpha, beta)
 
 
-@njit(inline="always", fastmath=True)
-def _act_inplace(af, lo, hi, code, alpha, beta):
-    """af[lo:hi] = act(af[lo:hi]) for one activation `code` (a literal at each call site): one array
-    read and written at the same index, a trip count known only at run time, so LLVM's loop
-    vectorizer takes it whole (a 16-lane loop per vector is unrolled into scalars first)."""
-    for i in range(lo, hi):
-        af[i] = apply_scalar(code, af[i], alpha, beta)
-
-
 @njit(nogil=True, cache=True, fastmath=True)
 def act_block(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha, beta):
     """store_rows for the activations other than identity, ReLU and clip, called (not inlined) so
     that their code (exp, erf, tanh) stays out of the kernels' loops: the residual added into the
     register block (acc rows [a0, a0 + nv), as 16-lane vectors), the activation over those rows in
-    place (one vectorized loop per code), then the vector stores. Every lane of a row is activated,
-    also the blocks k >= nk that are not stored; acc's rows [a0, a0 + nv) come back overwritten
-    (every caller's register block is scratch, rewritten for its next tile)."""
+    place (activations.apply_span, the loop depthwise and the element-wise ops run: one vectorized
+    loop per code), then the vector stores. Every lane of a row is activated, also the blocks
+    k >= nk that are not stored; acc's rows [a0, a0 + nv) come back overwritten (every caller's
+    register block is scratch, rewritten for its next tile)."""
     LN = acc.shape[1]
     af = acc.reshape(acc.size)
     if has_res:
@@ -131,27 +123,7 @@ def act_block(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha,
             for k in range(nk):
                 i = (a0 + r) * LN + 16 * k
                 store16(af, i, af, i, res, np.uint64(o0 + offs[s0 + r] + k * dk), True, 0, alpha, beta)
-    lo, hi = a0 * LN, (a0 + nv) * LN
-    if code == 2:
-        _act_inplace(af, lo, hi, 2, alpha, beta)
-    elif code == 3:
-        _act_inplace(af, lo, hi, 3, alpha, beta)
-    elif code == 4:
-        _act_inplace(af, lo, hi, 4, alpha, beta)
-    elif code == 5:
-        _act_inplace(af, lo, hi, 5, alpha, beta)
-    elif code == 6:
-        _act_inplace(af, lo, hi, 6, alpha, beta)
-    elif code == 7:
-        _act_inplace(af, lo, hi, 7, alpha, beta)
-    elif code == 8:
-        _act_inplace(af, lo, hi, 8, alpha, beta)
-    elif code == 9:
-        _act_inplace(af, lo, hi, 9, alpha, beta)
-    elif code == 10:
-        _act_inplace(af, lo, hi, 10, alpha, beta)
-    else:
-        _act_inplace(af, lo, hi, code, alpha, beta)
+    apply_span(af, a0 * LN, (a0 + nv) * LN, code, alpha, beta)
     for r in range(nv):
         for k in range(nk):
             du = np.uint64(o0 + offs[s0 + r] + k * dk)
