@@ -140,8 +140,11 @@ def dispatch_costs(threads_list, reps=2000):
                 tasks[i, 1] = tasks[i, 0] + 1
 
     @njit(nogil=True)
-    def seq(tasks):
-        for i in range(tasks.shape[0]):
+    def seq(counter, tid, tasks):      # one worker (numba_region's contract): tasks from counter[0]
+        while True:
+            i = atomic_add(counter, 0, 1)
+            if i >= tasks.shape[0]:
+                break
             tasks[i, 1] = tasks[i, 0] + 1
 
     out = {}

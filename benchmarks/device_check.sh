@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 13's measurements on the 16-core device machine, in one lease.
+#
+#   OUT=/some/dir DEADLINE_S=480 bash benchmarks/device_check.sh
+#
+# Every step runs under its own timeout, clipped so that the whole script ends within DEADLINE_S
+# seconds; a step that runs out is reported (rc=124) and the next one starts. Everything goes to
+# $OUT/log.txt (and stdout); the profile's bar chart to $OUT/profile_resnet50.png.
+# Order: what the issue asks to show first (networks at 16 and 2 threads), then where the time
+# goes (profile, 1x1 single-core efficiency, batch-32 scaling), the AVX-512 test, batch-32 scaling, the thread-count tests.
+set -u
+OUT=${OUT:-/tmp/tilefuse_device}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+START=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-480}
+CASES=${CASES:-"resnet50:1 resnet50:32 resnet18:16 vgg16:16"}
+
+step() {  # step NAME SECONDS CMD...
+    local name=$1 want=$2; shift 2
+    local left=$((START + DEADLINE_S - $(date +%s)))
+    local t=$((want < left ? want : left))
+    if [ "$t" -le 5 ]; then echo "== $name: skipped, no time left"; return; fi
+    echo "== $name (limit ${t}s, at $(($(date +%s) - START))s): $*"
+    timeout "$t" "$@" 2>&1
+    echo "== $name rc=$? after $(($(date +%s) - START))s"
+}
+
+{
+    date -u
+    lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)|L2|L3|Flags" | sed 's/Flags:.*/flags: &/' | cut -c1-200
+    grep -o -w -E "avx512f|avx512_bf16|amx_tile|avx512_vnni" /proc/cpuinfo | sort | uniq -c
+    "$PY" -c "import numpy, numba, torch, onnxruntime as o; print('numpy', numpy.__version__, 'numba', numba.__version__, 'torch', torch.__version__, 'ort', o.__version__)"
+    step isa 60 "$PY" -c "from tilefuse.kernels import isa; print(isa.info())"
+    step networks16 200 "$PY" benchmarks/networks.py --cases $CASES --threads 16 --reps 3
+    step networks2 200 taskset -c 0,1 "$PY" benchmarks/networks.py --cases $CASES --threads 2 --reps 3 --no-cl
+    step profile16 60 "$PY" -m tilefuse.cli profile resnet50 --threads 16 --plot "$OUT/profile_resnet50.png"
+    step conv1x1 90 "$PY" benchmarks/conv_layers.py --threads 1 --batch 1 32 --repeat 3 \
+        --layers 1x1_56 1x1_28 1x1_14 1x1_7
+    step test_isa 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_isa.py
+    step scaling32 100 "$PY" benchmarks/scaling.py --batches 32 --threads-list 1,16 --no-layers --reps 2
+    step test_threads 150 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_conv_threads.py
+} 2>&1 | tee "$OUT/log.txt"
