@@ -33,9 +33,63 @@ conv2d_run_nchwc("gemm1x1", ob, to_nchwc(x), prep, None, stride=1, padding=0, di
 from tilefuse.kernels.conv.tiles import NARROW
 kern = k1x1._k1x1_narrow if NARROW else k1x1._k1x1_wide   # the register tile the dispatcher `_k1x1` ran
 asm = kern.inspect_asm(kern.signatures[0])
+# the register tile: weight vector x input broadcast from memory ({1to16} on zmm; the
+# 256-bit tile broadcasts into a register instead);
+# the activation loops inlined after it (apply_span) are LLVM-vectorized: a full-width body plus a
+# narrower vectorized remainder (xmm/ymm), so "every FMA is zmm" would be the wrong rule for them
+tile = sorted(set(re.findall(r"vfmadd\w*ps\s+\S*\{1to\d+\}, %([xyz])mm", asm)))
 regs = sorted(set(re.findall(r"vfmadd\w*ps\s+[^\n]*?%([xyz])mm", asm)))
-print(json.dumps({"info": isa.info(), "probe": isa.probe_vector_bits(), "k1x1_packed_fma": regs}))
+print(json.dumps({"info": isa.info(), "probe": isa.probe_vector_bits(), "k1x1_tile_fma": tile,
+                  "k1x1_packed_fma": regs}))
 """
+
+
+# the same check on any host, compile only: tilefuse is told the host has a Sapphire Rapids
+# core's features (TILEFUSE_ASSUME_HOST_FEATURES), so configure() takes its AVX-512 branch; the
+# register tile is compiled for the k1x1 signature and its assembly read, never run (it could not
+# run here without AVX-512)
+SPR_FEATURES = ("+avx512f,+avx512bw,+avx512vl,+avx512dq,+avx512cd,+avx512vnni,+avx512bf16,+avx2,+avx,+fma,"
+                "+f16c,+bmi,+bmi2,+lzcnt,+popcnt,+sse4.2,+sse4.1,+ssse3,+sse3,+sse2,+sse,+cx16,+movbe")
+COMPILE_ONLY = r"""
+import json, re
+from numba import types as t
+import tilefuse
+from tilefuse.kernels import isa
+from tilefuse.kernels.conv import k1x1
+from tilefuse.kernels.conv.tiles import NARROW
+A = lambda n: t.Array(t.float32, n, "C", readonly=False, aligned=True)
+# the tile's signature (_tiles_gen._k1x1_wide): of, xf, wp (3-D packed weights), bias, rf, has_res,
+# code, alpha, beta, q0 .. sw (twelve int64), q_outer, pfd, pfo, kc
+sig = (A(1), A(1), A(3), A(1), A(1), t.boolean, t.int64, t.float32, t.float32) + (t.int64,) * 12 \
+    + (t.boolean, t.int64, t.boolean, t.int64)
+kern = k1x1._k1x1_narrow if NARROW else k1x1._k1x1_wide
+kern.compile(sig)
+asm = kern.inspect_asm(kern.signatures[0])
+tile = sorted(set(re.findall(r"vfmadd\w*ps\s+\S*\{1to\d+\}, %([xyz])mm", asm)))
+regs = sorted(set(re.findall(r"vfmadd\w*ps\s+[^\n]*?%([xyz])mm", asm)))
+print(json.dumps({"info": isa.info(), "narrow": NARROW, "k1x1_tile_fma": tile, "k1x1_packed_fma": regs}))
+"""
+
+
+def test_assumed_intel_server_core_gets_zmm_in_the_conv_kernel(tmp_path):
+    """On any host: with a Sapphire Rapids core's features, configure() must lift LLVM's
+    prefer-256-bit and the k1x1 register tile must be zmm; with TILEFUSE_VECTOR_BITS=256 the same
+    reading sees no zmm (so the check can fail)."""
+    def compile_for(**extra):
+        e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(ROOT),
+                 NUMBA_CPU_NAME="sapphirerapids", **{isa.ASSUME_ENV: SPR_FEATURES}, **extra)
+        e.pop("NUMBA_CPU_FEATURES", None)
+        out = subprocess.run([sys.executable, "-c", COMPILE_ONLY], env=e, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    got = compile_for()
+    assert got["info"]["tilefuse_set"] and got["info"]["vector_bits"] == 512 and not got["narrow"], got
+    assert got["k1x1_tile_fma"] == ["z"] and max(got["k1x1_packed_fma"]) == "z", got
+    half = compile_for(**{isa.ENV: "256"})
+    assert half["info"]["vector_bits"] == 256 and half["narrow"], half
+    assert "z" not in half["k1x1_tile_fma"] and "z" not in half["k1x1_packed_fma"], half
 
 
 def _run(tmp_path, **env):
@@ -57,13 +111,15 @@ def test_this_process_compiles_full_width():
 
 @pytest.mark.skipif(not HOST_AVX512, reason="emulating an Intel AVX-512 core needs an AVX-512 host")
 def test_intel_server_core_gets_zmm_in_the_conv_kernel(tmp_path):
-    """sapphirerapids is tuned prefer-256-bit by LLVM: tilefuse must still get zmm FMAs in k1x1;
-    with TILEFUSE_VECTOR_BITS=256 (LLVM's choice kept) the same check sees ymm, so it can fail."""
+    """sapphirerapids is tuned prefer-256-bit by LLVM: tilefuse must still get zmm FMAs in k1x1's
+    register tile, and zmm is the widest packed FMA in the kernel; with
+    TILEFUSE_VECTOR_BITS=256 (LLVM's choice kept) the same check sees ymm, so it can fail."""
     got = _run(tmp_path, NUMBA_CPU_NAME="sapphirerapids")
     assert got["info"]["llvm_cpu"] == "sapphirerapids" and got["info"]["vector_bits"] == 512
-    assert got["probe"] == 512 and got["k1x1_packed_fma"] == ["z"], got
+    assert got["probe"] == 512 and got["k1x1_tile_fma"] == ["z"] and max(got["k1x1_packed_fma"]) == "z", got
     half = _run(tmp_path, NUMBA_CPU_NAME="sapphirerapids", **{isa.ENV: "256"})
-    assert half["probe"] == 256 and half["info"]["vector_bits"] == 256 and "z" not in half["k1x1_packed_fma"], half
+    assert half["probe"] == 256 and half["info"]["vector_bits"] == 256, half
+    assert "z" not in half["k1x1_tile_fma"] and "z" not in half["k1x1_packed_fma"], half
 
 
 def test_vector_width_rule():

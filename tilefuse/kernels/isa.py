@@ -11,6 +11,7 @@ its target options when the first function is decorated): on a host with AVX-512
 numba's CPU features to the host's own feature list plus `-prefer-256-bit`. It leaves numba
 alone when the user chose the features (NUMBA_CPU_FEATURES) and can be overridden with
 TILEFUSE_VECTOR_BITS=256 (keep LLVM's choice: for measurements) or =512.
+TILEFUSE_ASSUME_HOST_FEATURES replaces the host's feature list (assembly inspection only).
 
 `info()` says what numba really compiles for (CPU model, LLVM CPU name, vector width, whether
 tilefuse changed the features); it goes into `compiled.plan()`, the package metadata and the
@@ -24,6 +25,10 @@ import os
 import re
 
 ENV = "TILEFUSE_VECTOR_BITS"
+# act as if the host had these LLVM features ("+avx512f,+avx2,..."): configure() then decides as it
+# would on such a host. For inspecting the assembly of another machine (tests/test_isa.py checks
+# the AVX-512 rule on hosts without AVX-512); code compiled so may not run on this host.
+ASSUME_ENV = "TILEFUSE_ASSUME_HOST_FEATURES"
 _STATE: dict = {"configured": False, "changed": False, "reason": "not configured"}
 
 
@@ -48,12 +53,18 @@ def configure() -> dict:
     if want == "256":
         _STATE["reason"] = f"{ENV}=256: LLVM's default tuning kept"
         return _STATE
-    try:
-        import llvmlite.binding as ll
-        feats = ll.get_host_cpu_features()
-    except Exception as e:  # no LLVM host information: leave numba's defaults
-        _STATE["reason"] = f"host CPU features unavailable ({e})"
-        return _STATE
+    forced = os.environ.get(ASSUME_ENV, "").strip()
+    if forced:      # cross-compiling for inspection: the code built this way may not run here
+        feats = {f[1:]: f[0] == "+" for f in forced.split(",") if f[:1] in "+-" and len(f) > 1}
+        flat = forced
+    else:
+        try:
+            import llvmlite.binding as ll
+            host = ll.get_host_cpu_features()
+        except Exception as e:  # no LLVM host information: leave numba's defaults
+            _STATE["reason"] = f"host CPU features unavailable ({e})"
+            return _STATE
+        feats, flat = host, host.flatten()
     if not feats.get("avx512f"):
         _STATE["reason"] = "no AVX-512 on this host"
         return _STATE
@@ -61,7 +72,7 @@ def configure() -> dict:
         _STATE["reason"] = "numba's code generator was created before tilefuse was imported"
         return _STATE
     from numba.core import config
-    config.CPU_FEATURES = feats.flatten() + ",-prefer-256-bit"
+    config.CPU_FEATURES = flat + ",-prefer-256-bit"
     _STATE["changed"] = True
     _STATE["reason"] = "AVX-512 host: host features + -prefer-256-bit"
     return _STATE
