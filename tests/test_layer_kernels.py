@@ -83,19 +83,45 @@ def test_max_pool_rows_from_a_ring(case, lanes):
         assert not big[:, :, 0].any() and not big[:, :, 1 + r1 - r0:].any()
 
 
+@pytest.mark.parametrize("task", [1, 100, 4096, 1 << 30])
+@pytest.mark.parametrize("layout", ["nchw", "nchwc"])
+def test_max_pool_row_chunks_and_thread_counts(monkeypatch, task, layout):
+    """Max pool's tasks are row chunks of (image, channel) planes (MAX_POOL_TASK outputs at least):
+    every chunk size (one row each .. whole planes) and thread count 1, 2, 3, 5, 16 gives the
+    reference's bits, on a stem-like 3x3/2 pool with odd sizes; a NaN is its windows' max (as in
+    PyTorch and the reference), -inf stays -inf."""
+    monkeypatch.setattr(pool, "MAX_POOL_TASK", task)
+    x = RNG.standard_normal((2, 35, 23, 19), dtype=np.float32)
+    x[0, 3, 4, 5] = x[1, 17, 0, 0] = x[1, 34, 22, 18] = np.nan
+    x[0, 20, 10, 10:13] = -np.inf
+    k, s, p, d = (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)
+    want = ref.max_pool(x, k, s, p, d, False)
+    for threads in (1, 2, 3, 5, 16):
+        if layout == "nchw":
+            o = np.full(want.shape, np.nan, np.float32)
+            pool.max_pool(o, x, kernel_size=k, stride=s, padding=p, dilation=d, layout=layout, threads=threads)
+        else:
+            ob = np.full(nchwc_shape(want.shape), np.nan, np.float32)
+            pool.max_pool(ob, to_nchwc(x), kernel_size=k, stride=s, padding=p, dilation=d, layout=layout,
+                          threads=threads)
+            o = from_nchwc(ob, x.shape[1])
+        assert np.isnan(want).sum() > 3 and np.array_equal(o, want, equal_nan=True), (task, threads)
+
+
 @pytest.mark.parametrize("shape", [(2, 64, 7, 7), (1, 20, 3, 5), (1, 200, 40, 33), (3, 37, 112, 9)])
 def test_global_avg_pool_both_layouts(shape):
-    """NCHWc splits (image, channel-block) tasks over the threads: same bits for 1 and 2 threads."""
+    """(image, channel-block) tasks over a numba region: same bits for 1, 2, 3 and 16 threads
+    (the (1, 200, 40, 33) and (3, 37, 112, 9) shapes have several tasks per image)."""
     x = RNG.standard_normal(shape, dtype=np.float32)
     want = ref.global_avg_pool(x)
     for layout, xin in (("nchw", x), ("nchwc", to_nchwc(x))):
         outs = []
-        for threads in (1, 2):
+        for threads in (1, 2, 3, 16):
             o = np.full(want.shape, np.nan, np.float32)
             pool.global_avg_pool(o, xin, layout=layout, threads=threads)
             np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
             outs.append(o)
-        assert np.array_equal(outs[0], outs[1])
+        assert all(np.array_equal(outs[0], o) for o in outs[1:])
 
 
 def test_elementwise_and_scale():

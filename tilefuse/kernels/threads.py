@@ -189,24 +189,24 @@ def numba_max_threads() -> int:
 # machine: an empty 2-thread region took 700 us spinning, 70 us passive, 26 us on the Python
 # pool). So the wait policy is chosen when numba starts its pool, before it loads libgomp:
 # TILEFUSE_WAIT=spin|passive if set; else OMP_WAIT_POLICY / GOMP_SPINCOUNT if the user set
-# them; else passive when other runnable threads (/proc/stat procs_running, sampled now: not the
-# 1-minute load average, which a benchmark run just before would inflate) exceed 3/4 of the
-# usable cores, spin (short) otherwise. `wait_policy()` says which.
+# them; else passive when the runnable threads of other processes (/proc/stat procs_running less
+# this process's running threads, the least of five samples taken now: not the 1-minute load
+# average, which a benchmark run just before would inflate) exceed 3/4 of the usable cores, spin
+# (short) otherwise. `wait_policy()` says which, with the count it saw.
 GOMP_SPIN_DEFAULT = "30000"
 
 
-def _others_running(samples: int = 5) -> float:
-    """Runnable threads on the machine besides this one (median of a few /proc/stat samples)."""
+def _others_running(samples: int = 5) -> int:
+    """Runnable threads of other processes (`_others_now`): the least of a few samples 2 ms apart,
+    so a moment's burst (this process's own threads excluded, e.g. a BLAS pool still spinning
+    after a call) does not set the wait policy for the whole life of the process."""
     import time
     seen = []
-    for _ in range(samples):
-        try:
-            with open("/proc/stat") as f:
-                seen.append(next(int(ln.split()[1]) for ln in f if ln.startswith("procs_running")) - 1)
-        except (OSError, StopIteration, ValueError):
-            return 0.0
-        time.sleep(0.002)
-    return sorted(seen)[len(seen) // 2]
+    for i in range(samples):
+        if i:
+            time.sleep(0.002)
+        seen.append(_others_now())
+    return min(seen)
 
 
 def _choose_wait_policy() -> str:
@@ -215,7 +215,8 @@ def _choose_wait_policy() -> str:
         if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
             return "user (" + ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
                                        if k in os.environ) + ")"
-        want = "passive" if _others_running() > 0.75 * cpu_count() else "spin"
+        others = _NUMBA["wait_others"] = _others_running()
+        want = "passive" if others > 0.75 * cpu_count() else "spin"
     if want == "passive":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     else:
@@ -225,9 +226,11 @@ def _choose_wait_policy() -> str:
 
 
 def wait_policy() -> str:
-    """How numba's OpenMP threads wait between regions: 'spin', 'passive' or the user's setting."""
+    """How numba's OpenMP threads wait between regions: 'spin', 'passive' (with the other runnable
+    threads seen when the choice was made) or the user's setting."""
     numba_layer()
-    return _NUMBA["wait"]
+    w = _NUMBA["wait"]
+    return f"{w} ({_NUMBA['wait_others']} others running)" if "wait_others" in _NUMBA else w
 
 
 def numba_layer() -> str:

@@ -136,6 +136,38 @@ def store16(typingctx, dst, di, src, si, res, ri, has_res, code, alpha, beta):
 
 
 @intrinsic
+def max16(typingctx, dst, di, src, si):
+    """dst[di:di + 16] = src[si:si + 16] where src > dst or src is NaN, else dst, as one 16-lane
+    vector (the scalar `v if v > t or v != v else t` lane by lane, so the bits are those of the
+    scalar loop: a NaN in either is kept, as PyTorch's max pool does); C-contiguous float32 or float64 arrays of one dtype, indexed
+    flat. The max pool's column pass (pool._max_pool_rows), a 16-lane loop that numba (no SLP
+    vectorizer) left scalar."""
+    ok = (all(isinstance(a, types.Array) and a.layout == "C" for a in (dst, src)) and dst.dtype == src.dtype
+          and dst.dtype in (types.float32, types.float64) and all(isinstance(a, types.Integer) for a in (di, si)))
+    if not ok:
+        return None
+    sig = types.void(dst, di, src, si)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        vty = ir.VectorType(context.get_value_type(signature.args[0].dtype), 16)
+
+        def ptr(k, a, idx):   # &array_k[idx] as a 16-lane vector pointer
+            ary = context.make_array(signature.args[k])(context, builder, a)
+            i = context.cast(builder, idx, signature.args[k + 1], types.int64)
+            return builder.bitcast(builder.gep(ary.data, [i]), vty.as_pointer())
+
+        dp = ptr(0, args[0], args[1])
+        t = builder.load(dp, align=4)
+        v = builder.load(ptr(2, args[2], args[3]), align=4)
+        take = builder.or_(builder.fcmp_ordered(">", v, t), builder.fcmp_unordered("uno", v, v))
+        builder.store(builder.select(take, v, t), dp, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def borrow(typingctx, arr):
     """The same array without its owner (meminfo and parent NULL): numba's reference counting skips
     it, so passing it to a called kernel function costs no atomic increment / decrement (a call with
