@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Issue 13's measurements on the 16-core device machine, in one lease.
 #
-#   OUT=/some/dir DEADLINE_S=480 bash benchmarks/device_check.sh
+#   OUT=/some/dir DEADLINE_S=480 [STEPS="networks16 profile16 ..."] bash benchmarks/device_check.sh
 #
+# STEPS picks steps by name (default: the first lease's set; the layers_vs_ort and batch-1
+# scaling steps run only when named).
 # Every step runs under its own timeout, clipped so that the whole script ends within DEADLINE_S
 # seconds; a step that runs out is reported (rc=124) and the next one starts. Everything goes to
 # $OUT/log.txt (and stdout); the profile's bar chart to $OUT/profile_resnet50.png.
@@ -17,8 +19,11 @@ START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-480}
 CASES=${CASES:-"resnet50:1 resnet50:32 resnet18:16 vgg16:16"}
 
-step() {  # step NAME SECONDS CMD...
+STEPS=${STEPS:-"isa networks16 networks2 profile16 conv1x1 test_isa scaling32 test_threads"}
+
+step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     local name=$1 want=$2; shift 2
+    case " $STEPS " in *" $name "*) ;; *) return ;; esac
     local left=$((START + DEADLINE_S - $(date +%s)))
     local t=$((want < left ? want : left))
     if [ "$t" -le 5 ]; then echo "== $name: skipped, no time left"; return; fi
@@ -40,5 +45,9 @@ step() {  # step NAME SECONDS CMD...
         --layers 1x1_56 1x1_28 1x1_14 1x1_7
     step test_isa 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_isa.py
     step scaling32 100 "$PY" benchmarks/scaling.py --batches 32 --threads-list 1,16 --no-layers --reps 2
+    step scaling1 100 "$PY" benchmarks/scaling.py --batches 1 --threads-list 1,16 --no-layers --reps 3
+    step vs_ort16 90 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 16 --repeat 20
+    step vs_ort2 90 taskset -c 0,1 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 2 --repeat 10
+    step vs_ort2_mnv2 60 taskset -c 0,1 "$PY" benchmarks/layers_vs_ort.py mobilenet_v2 --threads 2 --repeat 20
     step test_threads 150 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_conv_threads.py
 } 2>&1 | tee "$OUT/log.txt"

@@ -1,0 +1,162 @@
+"""Layer by layer against ONNX Runtime: where a network's gap to ORT is.
+
+    PYTHONPATH=. python benchmarks/layers_vs_ort.py resnet50 --threads 2 [--batch 1] [--repeat 20] [--top 10]
+
+ONNX Runtime runs the zoo model's torch twin (the same weights, exported by torch's TorchScript
+exporter, as benchmarks/networks.py does) with its profiler on (`enable_profiling`): each node's
+kernel time, the least of --repeat runs. tilefuse's per-instruction times come from
+`tilefuse.profile` (the least of --repeat runs too). Both engines run with the same thread count
+in this process, one after the other (ORT first, its session then deleted so its threads are gone).
+
+Convolutions are matched in execution order (both run the network's convs in the same topological
+order; ORT's FusedConv carries the ReLU / Add that tilefuse fuses too); the output shape of each
+pair is checked, and a mismatch is printed and the pairing stops there. The other ops are summed
+per kind. A ratio > 1 means tilefuse's layer is faster. The last block lists the layers with the
+most time lost to ORT: the ones to work on.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import os
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+
+def ort_node_times(onnx_bytes: bytes, x: np.ndarray, threads: int, repeat: int) -> list[tuple[str, str, tuple, float]]:
+    """[(node name, op, output shape, least kernel seconds)] in execution order."""
+    import onnxruntime as ort
+    with tempfile.TemporaryDirectory() as d:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(d, "ort")
+        s = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
+        s.run(None, {"x": x})                                # warm-up (its events are dropped below)
+        for _ in range(repeat):
+            s.run(None, {"x": x})
+        with open(s.end_profiling()) as f:
+            events = json.load(f)
+        del s
+        gc.collect()
+    times, order = {}, []
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        name = e["name"][: -len("_kernel_time")]
+        if name not in times:
+            times[name] = []
+            shapes = e.get("args", {}).get("output_type_shape") or [{}]
+            shape = tuple(next(iter(shapes[0].values()), ()))
+            order.append((name, e["args"].get("op_name", "?"), shape))
+        times[name].append(e["dur"] * 1e-6)
+    # the warm-up run's events come first: drop one sample per node when there are repeat + 1
+    return [(n, op, shp, float(min(times[n][1:] if len(times[n]) > repeat else times[n]))) for n, op, shp in order]
+
+
+def same_shape(ort_shape: tuple, tf_shape: tuple) -> bool:
+    """ORT's NCHW output shape against tilefuse's (NCHW16c rows carry padded channels: compared as blocks)."""
+    if len(ort_shape) != 4:
+        return True                       # no shape recorded: nothing to check
+    n, c, h, w = ort_shape
+    if len(tf_shape) == 5:
+        return tf_shape[0] == n and tf_shape[1] == -(-c // 16) and tf_shape[2:4] == (h, w)
+    return tf_shape == (n, c, h, w)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--image-size", type=int)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--top", type=int, default=10)
+    args = ap.parse_args()
+
+    import onnxruntime as ort
+    import torch
+
+    import tilefuse
+    from networks import IMAGE_SIZE, torch_twin
+    from tilefuse import models
+    from tilefuse.kernels.isa import describe
+    from tilefuse.profile import profile
+
+    torch.set_num_threads(args.threads)
+    size = args.image_size or IMAGE_SIZE.get(args.model, 224)
+    net = models.get(args.model, seed=0, batch=args.batch, image_size=size)
+    x = np.random.default_rng(0).standard_normal(net.inputs[0].shape).astype(np.float32)
+    tm = torch_twin(args.model, net)
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(tm, (torch.from_numpy(x.copy()),), f, dynamo=False, input_names=["x"], output_names=["y"],
+                          opset_version=17)
+    ort_rows = ort_node_times(f.getvalue(), x, args.threads, args.repeat)
+    prof = profile(tilefuse.compile(net, threads=args.threads), threads=args.threads, repeat=args.repeat,
+                   name=args.model)
+    print(f"# layers vs ORT: {args.model} batch {args.batch} {size}x{size}, {args.threads} threads, {describe()}, "
+          f"onnxruntime {ort.__version__}, least of {args.repeat} runs per layer")
+    ort_total = sum(r[3] for r in ort_rows)
+    print(f"kernels: tilefuse {prof.kernel_seconds * 1e3:.3f} ms ({len(prof.rows)} instructions; + "
+          f"{prof.overhead_seconds * 1e3:.3f} ms between them), ORT {ort_total * 1e3:.3f} ms ({len(ort_rows)} nodes)")
+
+    ortc = [r for r in ort_rows if r[1] in ("Conv", "FusedConv")]
+    tfc = [r for r in prof.rows if r["kernel"] == "conv2d"]
+    hdr = f"{'#':>3} {'algorithm':<11} {'output':<22} {'MFLOP':>7} {'tf us':>9} {'ort us':>9} {'vs ort':>7}"
+    print(hdr)
+    print("-" * len(hdr))
+    pairs = []
+    for i, ((name, op, oshape, ot), row) in enumerate(zip(ortc, tfc)):
+        if not same_shape(oshape, tuple(row["output_shape"])):
+            print(f"pairing stops at conv {i}: ORT node {name} outputs {oshape}, tilefuse {row['output_shape']}")
+            break
+        tt = row["seconds"]
+        pairs.append((row, ot))
+        print(f"{row['index']:>3} {row['algorithm'] or '-':<11} {str(tuple(row['output_shape'])):<22} {row['flops'] / 1e6:>7.1f} "
+              f"{tt * 1e6:>9.1f} {ot * 1e6:>9.1f} {ot / tt:>7.2f}")
+    if len(ortc) != len(tfc):
+        print(f"(ORT ran {len(ortc)} convs, tilefuse {len(tfc)}: only the first {len(pairs)} are paired)")
+    print()
+    by = {}
+    for row, ot in pairs:
+        a = by.setdefault(row["algorithm"] or "-", [0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += row["seconds"]
+        a[2] += ot
+    print(f"{'by algorithm':<14} {'layers':>6} {'tf ms':>8} {'ort ms':>8} {'vs ort':>7}")
+    for alg, (k, tt, ot) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        print(f"{alg:<14} {k:>6} {tt * 1e3:>8.3f} {ot * 1e3:>8.3f} {ot / tt:>7.2f}")
+    other_ort, other_tf = {}, {}
+    for _, op, _, ot in ort_rows:
+        if op not in ("Conv", "FusedConv"):
+            other_ort[op] = other_ort.get(op, 0.0) + ot
+    for row in prof.rows:
+        if row["kernel"] != "conv2d":
+            other_tf[row["kernel"]] = other_tf.get(row["kernel"], 0.0) + row["seconds"]
+    print("other ops, tilefuse:", ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in other_tf.items()) or "-")
+    print("other ops, ORT:     ", ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in other_ort.items()) or "-")
+    print()
+    lost = sorted(pairs, key=lambda p: -(p[0]["seconds"] - p[1]))[: args.top]
+    print(f"most time lost to ORT (top {len(lost)}):")
+    for row, ot in lost:
+        print(f"  #{row['index']:<3} {row['algorithm']:<11} {str(tuple(row['output_shape'])):<22} "
+              f"{(row['seconds'] - ot) * 1e6:>8.1f} us lost ({row['partitioning']}, {row.get('tasks')} tasks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
