@@ -167,3 +167,36 @@ def test_pool_region_never_waits_for_a_worker_that_has_not_started():
             f.result()
     assert elapsed < 10, f"the region waited for a busy worker ({elapsed:.1f} s)"
     assert np.array_equal(got, want) and sorted(out) == list(range(5))
+
+
+def test_numba_regions_keep_one_team_width(monkeypatch):
+    """On numba's pool every region runs the session's full width whatever its task count (workers
+    past the last task return at once): a 3-task region after a 16-task one would shrink the OpenMP
+    team, and regrowing it cost 0.1-0.8 ms per layer on the 16-core device machine. The pool is
+    stood in for by a spy (no numba threads are started), so this runs on any core count."""
+    widths, sets = [], []
+    monkeypatch.setitem(threads._NUMBA, "mode", "numba")
+    monkeypatch.setitem(threads._NUMBA, "layer", "omp")
+    monkeypatch.setitem(threads._NUMBA, "max_threads", 16)
+    monkeypatch.setitem(threads._NUMBA, "set", sets.append)
+    monkeypatch.setattr(threads._LOCAL, "numba_nt", 0, raising=False)
+
+    def par(nt, done):
+        widths.append(nt)
+        counter = np.zeros(1, np.int64)
+        for tid in range(nt):            # the workers, one after another: each takes what is left
+            seq(counter, tid, done)
+
+    def seq(counter, tid, done):
+        while counter[0] < len(done):
+            done[counter[0]] += 1
+            counter[0] += 1
+
+    for ntasks in (16, 3, 16, 2):
+        done = np.zeros(ntasks, np.int64)
+        threads.numba_region(par, seq, 16, ntasks, done)
+        assert (done == 1).all(), ntasks           # every task ran exactly once
+    assert widths == [16, 16, 16, 16] and sets == [16], (widths, sets)
+    done = np.zeros(1, np.int64)
+    threads.numba_region(par, seq, 16, 1, done)    # one task: on the calling thread, no region
+    assert done[0] == 1 and widths == [16] * 4

@@ -304,11 +304,13 @@ def region_mode(nt: int) -> str:
 
 
 def numba_region(par, seq, threads, ntasks: int, *args) -> int:
-    """Run a task loop over nt = region_threads(threads, ntasks) threads. `seq(counter, tid,
-    *args)` is one worker: it takes tasks from counter[0] (an int64 array, atomically) until none
-    is left, with per-thread scratch row `tid`; `par(nt, *args)` runs nt such workers on numba's
-    pool. One thread: seq on the calling thread; more: par, or seq on our pool (`region_mode`).
-    Which thread runs a task never changes its bits. Returns the thread count used."""
+    """Run a task loop of `ntasks` tasks. `seq(counter, tid, *args)` is one worker: it takes tasks
+    from counter[0] (an int64 array, atomically) until none is left, with per-thread scratch row
+    `tid` (< numba_max_threads()); `par(nt, *args)` runs nt such workers on numba's pool. With
+    region_threads(threads, ntasks) <= 1: seq on the calling thread; on our pool (`region_mode`):
+    that many seq workers; on numba's pool: region_threads(threads, any) workers, the same team
+    width for every region of a session whatever its task count. Which thread runs a task never
+    changes its bits. Returns the thread count used."""
     nt = region_threads(threads, ntasks)
     if nt <= 1:
         seq(np.zeros(1, np.int64), 0, *args)
@@ -318,6 +320,12 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
         _spread(lambda tid: seq(counter, tid, *args), nt)
         return nt
     layer = numba_layer()
+    # numba's pool runs the full width whatever the task count (the workers past the last task find
+    # the counter spent and return): a region narrower than the one before shrinks the OpenMP team
+    # and the next wide one must wake the parked threads. On the 16-core device machine a 1x1 layer
+    # after a 14-task Winograd layer took 260-278 us against 157 us after a 16-task one, and the
+    # classifier after the 2-task global pool 0.56-0.89 ms against 0.115 (benchmarks/RESULTS.md).
+    nt = region_threads(threads, 1 << 30)
     if getattr(_LOCAL, "numba_nt", 0) != nt:
         _NUMBA["set"](nt)          # numba's per-thread count: set once per change (a ctypes call)
         _LOCAL.numba_nt = nt
