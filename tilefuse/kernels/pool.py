@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from .cnhw import JIT, _valid, rows_split
 from .reference import pool_out_size
@@ -138,28 +139,27 @@ def _max_pool_rows16(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0,
                         max16(yf, yo + j * 16, t, q * 16)
 
 
-@njit(nogil=True, cache=True)
-def _max_pool16_seq(counter, tid, y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, rows):
-    """`_max_pool_seq` over `_max_pool_rows16`."""
-    C, R = y.shape[1], y.shape[2]
-    chunks = (R + rows - 1) // rows
-    total = y.shape[0] * C * chunks
-    while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= total:
-            break
-        k = i % chunks
-        c = (i // chunks) % C
-        n = i // (chunks * C)
-        _max_pool_rows16(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c, c + 1, k * rows,
-                         min(R, (k + 1) * rows))
+def _pool_rows(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c1, ra, rb):
+    """The max-pool row loop for these array types (resolved when numba compiles the caller)."""
+    raise NotImplementedError("njit only")
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _max_pool16_par(nt, y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, rows):
-    counter = np.zeros(1, np.int64)
-    for _w in nb.prange(nt):
-        _max_pool16_seq(counter, nb.get_thread_id(), y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, rows)
+@overload(_pool_rows, inline="always")
+def _pool_rows_impl(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c1, ra, rb):
+    """C-contiguous float arrays of one dtype: `_max_pool_rows16` when the blocks are 16 lanes; any
+    other layout (ring and band views) `_max_pool_rows`, the only one that compiles for them."""
+    if (isinstance(y, types.Array) and isinstance(x, types.Array) and y.layout == "C" and x.layout == "C"
+            and x.dtype == y.dtype and x.dtype in (types.float32, types.float64)):
+        def vec(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c1, ra, rb):
+            if y.shape[4] == 16:
+                _max_pool_rows16(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c1, ra, rb)
+            else:
+                _max_pool_rows(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c1, ra, rb)
+        return vec
+
+    def general(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c1, ra, rb):
+        _max_pool_rows(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c1, ra, rb)
+    return general
 
 
 MAX_POOL_TASK = 4096        # output values per task at least (rows of one (image, channel) plane)
@@ -168,7 +168,8 @@ MAX_POOL_TASK = 4096        # output values per task at least (rows of one (imag
 @njit(nogil=True, cache=True)
 def _max_pool_seq(counter, tid, y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, rows):
     """One worker (threads.numba_region): tasks i = ((n * C) + c) * chunks + k from `counter`,
-    output rows [k * rows, (k + 1) * rows) of plane (n, c)."""
+    output rows [k * rows, (k + 1) * rows) of plane (n, c) (`_pool_rows`: the max16 loop on
+    C-contiguous NCHW16c tensors, the general one otherwise)."""
     C, R = y.shape[1], y.shape[2]
     chunks = (R + rows - 1) // rows
     total = y.shape[0] * C * chunks
@@ -179,8 +180,8 @@ def _max_pool_seq(counter, tid, y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt,
         k = i % chunks
         c = (i // chunks) % C
         n = i // (chunks * C)
-        _max_pool_rows(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c, c + 1, k * rows,
-                       min(R, (k + 1) * rows))
+        _pool_rows(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c, c + 1, k * rows,
+                   min(R, (k + 1) * rows))
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -203,10 +204,7 @@ def max_pool_rows(y, x, cap: int, r0: int, h: int, *, kernel_size, stride, paddi
     ntasks = N * C * (-(-R // rows)) if R else 0
     if ntasks == 0:
         return
-    vec = (L == 16 and x.dtype == y.dtype and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous
-           and y.flags.c_contiguous)
-    par, seq = (_max_pool16_par, _max_pool16_seq) if vec else (_max_pool_par, _max_pool_seq)
-    numba_region(par, seq, threads, ntasks, y, x, int(cap), int(r0), int(h), int(x.shape[3]),
+    numba_region(_max_pool_par, _max_pool_seq, threads, ntasks, y, x, int(cap), int(r0), int(h), int(x.shape[3]),
                  int(kh), int(kw), int(stride[0]), int(stride[1]), int(dilation[0]), int(dilation[1]),
                  int(padding[0]), int(padding[2]), int(rows))
 
