@@ -315,17 +315,18 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     if nt <= 1:
         seq(np.zeros(1, np.int64), 0, *args)
         return 1
-    if region_mode(nt) == "pool":
-        counter = np.zeros(1, np.int64)     # a fresh one per region: a late worker finds it spent
-        _spread(lambda tid: seq(counter, tid, *args), nt)
-        return nt
-    layer = numba_layer()
     # numba's pool runs the full width whatever the task count (the workers past the last task find
     # the counter spent and return): a region narrower than the one before shrinks the OpenMP team
     # and the next wide one must wake the parked threads. On the 16-core device machine a 1x1 layer
     # after a 14-task Winograd layer took 260-278 us against 157 us after a 16-task one, and the
     # classifier after the 2-task global pool 0.56-0.89 ms against 0.115 (benchmarks/RESULTS.md).
-    nt = region_threads(threads, 1 << 30)
+    width = region_threads(threads, 1 << 30)
+    if region_mode(width) == "pool":       # judged at the width numba's pool would run
+        counter = np.zeros(1, np.int64)     # a fresh one per region: a late worker finds it spent
+        _spread(lambda tid: seq(counter, tid, *args), nt)
+        return nt
+    layer = numba_layer()
+    nt = width
     if getattr(_LOCAL, "numba_nt", 0) != nt:
         _NUMBA["set"](nt)          # numba's per-thread count: set once per change (a ctypes call)
         _LOCAL.numba_nt = nt
