@@ -193,3 +193,33 @@ def test_reoff_pack_writes_each_constant_in_place():
         covered.update(range(b.offset, b.offset + b.nbytes))
     start = pkg.program_size
     assert all(area[k] == 0 for k in range(start, len(area)) if k not in covered)
+
+
+def _addr(a) -> int:
+    return np.frombuffer(a, np.uint8).ctypes.data if not isinstance(a, np.ndarray) else a.ctypes.data
+
+
+def test_constants_and_tensors_are_cache_line_aligned_in_host_memory(tmp_path):
+    """Blocks are 64-byte aligned device addresses; the host bytes behind them must be too, or every
+    weight and tensor sits 16 bytes off its cache line (numpy's and bytearray's large buffers start 16
+    bytes past a page) and each 64-byte AVX-512 load is split in two."""
+    import copy
+
+    from tilefuse.runtime.device import CPUDevice
+    pkg = COMPILED.package
+    loaded = from_bytes(to_bytes(pkg))
+    for area in (pkg.const_area, loaded.const_area, copy.deepcopy(pkg).const_area):
+        assert _addr(area) % 64 == 0
+    assert copy.deepcopy(pkg).const_area == pkg.const_area and loaded == pkg
+    dev = CPUDevice()
+    for n in (1, 1000, 3 << 20, 70 << 20):        # small, large, larger than one arena
+        assert dev.view(dev.alloc(n), np.uint8, (n,)).ctypes.data % 64 == 0
+    sess = tilefuse.Session(COMPILED)
+    sess.copy_constants()
+    ctx = sess._acquire()
+    try:
+        views = [v for _, vs, _, _ in ctx.bound for v in vs if isinstance(v, np.ndarray)]
+        assert views and all(v.ctypes.data % 64 == 0 for v in views)   # weights, biases, hidden tensors
+    finally:
+        sess._give_back(ctx)
+        sess.release()

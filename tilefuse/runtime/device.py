@@ -39,6 +39,7 @@ from ..errors import DeviceError, OutOfDeviceMemory
 
 SEGMENT_BASE_AREA = 64       # bytes reserved at address 0
 DEFAULT_ARENA_BYTES = 64 << 20
+HOST_ALIGN = 64               # host address alignment of an arena's first byte (a cache line)
 KINDS = ("user", "segment")
 
 
@@ -53,14 +54,20 @@ def host_memory_bytes() -> int | None:
 class _Arena:
     __slots__ = ("base", "size", "memory", "free", "used", "mapped")
 
-    def __init__(self, base: int, size: int, memory: np.ndarray | None = None):
+    def __init__(self, base: int, size: int, memory: np.ndarray | None = None, align: int = HOST_ALIGN):
         self.base, self.size = base, size
         self.mapped = memory is not None        # a host array's bytes (map_host): one block, no free space
         if memory is None:
             try:
-                memory = np.zeros(size, dtype=np.uint8)
+                raw = np.zeros(size + align, dtype=np.uint8)
             except MemoryError:
                 raise OutOfDeviceMemory(f"the host refused {size} bytes of device memory") from None
+            # the host bytes start on an `align` boundary, so a block aligned in device addresses is
+            # aligned in host memory too: numpy's large buffers start 16 bytes past a page (malloc's
+            # header), which put every tensor and weight of a compiled network 16 bytes off its
+            # cache line and split half the 32-byte loads (every 64-byte one) of every kernel
+            off = -raw.ctypes.data % align
+            memory = raw[off:off + size]
         self.memory = memory
         self.free: list[tuple[int, int]] = [] if self.mapped else [(base, size)]   # sorted (addr, size)
         self.used: dict[int, tuple[int, str]] = {}           # addr -> (size, kind)
@@ -108,7 +115,7 @@ class CPUDevice:
         return -(-int(n) // self.alignment) * self.alignment
 
     def _add_arena(self, size: int, memory: np.ndarray | None = None) -> _Arena:
-        a = _Arena(self._next_base, size, memory)
+        a = _Arena(self._next_base, size, memory, max(HOST_ALIGN, self.alignment))
         self._next_base = self._align(a.end + 1)   # a gap: no block touches two arenas
         self._arenas.append(a)
         self._bases.append(a.base)
