@@ -338,6 +338,15 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     return nt
 
 
+def aligned_empty(n: int, dtype=np.float32, align: int = 64) -> np.ndarray:
+    """np.empty(n, dtype) whose first element is on an `align`-byte boundary (numpy's large buffers
+    start 16 bytes past a page: off every cache line, which splits 64-byte loads)."""
+    dt = np.dtype(dtype)
+    raw = np.empty(n * dt.itemsize + align, np.uint8)
+    off = -raw.ctypes.data % align
+    return raw[off:off + n * dt.itemsize].view(dt)
+
+
 class Scratch:
     """Named, typed scratch buffers, grown on demand and reused (contents undefined)."""
 
@@ -347,7 +356,7 @@ class Scratch:
     def reserve(self, slot: str, nelem: int, dtype=np.float32) -> None:
         key = (slot, np.dtype(dtype))
         if key not in self.bufs or self.bufs[key].size < nelem:
-            self.bufs[key] = np.empty(max(int(nelem), 1), dtype=dtype)
+            self.bufs[key] = aligned_empty(max(int(nelem), 1), dtype)
 
     def get(self, slot: str, shape, dtype=np.float32) -> np.ndarray:
         """A view of `shape` (an int: 1-D) on the slot's buffer."""
