@@ -47,7 +47,7 @@ from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, 
 from ..errors import DeviceError
 from ..ir.node import check_inputs
 from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
-from ..kernels.threads import Scratch, use_scratch
+from ..kernels.threads import Scratch, aligned_empty, use_scratch
 from .device import CPUDevice
 from .stages import PipelineStats, run_pipeline
 from .streaming import bind_region, region_length
@@ -360,7 +360,7 @@ class Session:
                     x = np.array(x, order="C")
                 ins.append(dev.map_host(x))
             for s in self.package.outputs:
-                ys.append(np.empty(s.shape, np.dtype(s.dtype)))
+                ys.append(aligned_empty(math.prod(s.shape), s.dtype).reshape(s.shape))   # on a cache line
                 outs.append(dev.map_host(ys[-1]))
         except Exception:
             self.free_io((ins, outs))
