@@ -74,7 +74,7 @@ def main():
     from tilefuse.compiler.layout import conv_layout
     from tilefuse.kernels.conv import (conv2d_prepare, conv2d_run, conv2d_run_nchwc, conv2d_run_to_nchwc,
                                        select_algorithm, to_nchwc)
-    from tilefuse.kernels.threads import blas_info, blas_threads, cpu_count
+    from tilefuse.kernels.threads import aligned, blas_info, blas_threads, cpu_count
 
     def med(fn, repeat):
         fn()  # warm-up (JIT, caches, allocator)
@@ -123,18 +123,20 @@ def main():
             else:
                 algs = [select_algorithm(x.shape, w.shape, (s, s), (p,) * 4, (1, 1), 1,
                                          allow_winograd=not args.no_winograd)]
-            xb = to_nchwc(x)
+            # 64-byte aligned, as a compiled network's device memory is (numpy's large arrays are 16 bytes off)
+            x, xb = aligned(x), aligned(to_nchwc(x))
 
             def runner(alg, t):
                 lay = conv_layout(alg, "auto" if args.layout == "nchwc" else "nchw", ci, co)
-                prep = conv2d_prepare(alg, w, b, layout=lay, **kw)
+                prep = {k_: aligned(v) if isinstance(v, np.ndarray) else v
+                        for k_, v in conv2d_prepare(alg, w, b, layout=lay, **kw).items()}
                 if lay == "nchwc":
-                    ob = np.empty((bsz, -(-co // 16), ho, ho, 16), np.float32)
+                    ob = aligned(np.empty((bsz, -(-co // 16), ho, ho, 16), np.float32))
                     return lambda: conv2d_run_nchwc(alg, ob, xb, prep, None, relu=True, threads=t, **kw)
                 if args.layout == "nchwc" and alg == "im2col":  # the stem: NCHW in, blocked out
-                    ob = np.empty((bsz, -(-co // 16), ho, ho, 16), np.float32)
+                    ob = aligned(np.empty((bsz, -(-co // 16), ho, ho, 16), np.float32))
                     return lambda: conv2d_run_to_nchwc(alg, ob, x, prep, None, relu=True, threads=t, **kw)
-                out = np.empty((bsz, co, ho, ho), np.float32)
+                out = aligned(np.empty((bsz, co, ho, ho), np.float32))
                 return lambda: conv2d_run(alg, out, x, prep, None, relu=True, threads=t, **kw)
 
             xt, wt, bt = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b)

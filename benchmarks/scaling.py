@@ -68,9 +68,12 @@ def layer_case(spec, n, rng):
     ho = (h + 2 * p - k) // s + 1
     alg = conv.select_algorithm(x.shape, w.shape, (s, s), (p,) * 4, (1, 1), 1)
     stem = ci <= 4
-    prep = conv.prepare(alg, w, b, s, p, 1, 1, layout="nchw" if stem else "nchwc")
-    xin = x if stem else conv.to_nchwc(x)
-    out = np.empty(conv.nchwc_shape((n, co, ho, ho)), np.float32)
+    from tilefuse.kernels.threads import aligned
+    # 64-byte aligned, as a compiled network's device memory is (numpy's large arrays are 16 bytes off)
+    prep = {k_: aligned(v) if isinstance(v, np.ndarray) else v
+            for k_, v in conv.prepare(alg, w, b, s, p, 1, 1, layout="nchw" if stem else "nchwc").items()}
+    xin = aligned(x if stem else conv.to_nchwc(x))
+    out = aligned(np.empty(conv.nchwc_shape((n, co, ho, ho)), np.float32))
     flops = 2.0 * n * ho * ho * k * k * ci * co
     return dict(name=name, alg=alg, x=x, w=w, b=b, xin=xin, out=out, prep=prep, s=s, p=p, stem=stem, flops=flops)
 

@@ -226,9 +226,13 @@ def test_constants_and_tensors_are_cache_line_aligned_in_host_memory(tmp_path):
 
 
 def test_scratch_buffers_are_cache_line_aligned():
-    from tilefuse.kernels.threads import Scratch, aligned_empty
+    from tilefuse.kernels.threads import Scratch, aligned, aligned_empty
     s = Scratch()
     for n in (3, 5000, 1 << 20):
         assert s.get("x", n).ctypes.data % 64 == 0 and s.get("y", (n, 2), np.float64).ctypes.data % 64 == 0
         a = aligned_empty(n, np.int64)
         assert a.ctypes.data % 64 == 0 and a.shape == (n,) and a.dtype == np.int64
+        src = np.arange(n * 3, dtype=np.float32).reshape(n, 3)[:, 1:]          # not contiguous
+        b = aligned(src)
+        assert b.ctypes.data % 64 == 0 and b.flags.c_contiguous and np.array_equal(b, src)
+        assert aligned(b) is b
