@@ -262,7 +262,7 @@ def test_vector_epilogue_keeps_the_scalar_bits(code, has_res):
             np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("code", [0, 1, 2])
+@pytest.mark.parametrize("code", [0, 1, 2, 9])
 @pytest.mark.parametrize("has_res", [False, True])
 def test_in_place_vector_activation_keeps_the_scalar_bits(code, has_res):
     """_nb.act16 (depthwise / grouped rows, in place): dst = act(dst + res) 16 lanes at a time, the bits of the
@@ -287,8 +287,12 @@ def test_in_place_vector_activation_keeps_the_scalar_bits(code, has_res):
     want = x.copy()
     acc = np.zeros((4, 16), np.float32)
     acc[:] = x[16:80].reshape(4, 16)
-    _store_rows_spec(want, res, has_res, acc, np.array([0, 16, 32, 48], np.int64), 16, 4, 1, 0, code, alpha,
-                     beta)
+    if code == 9:   # leaky ReLU: v if v >= 0 else alpha * v (a NaN stays NaN)
+        v = want[16:80] + res[16:80] if has_res else want[16:80].copy()   # (+ 0 would turn -0.0 into 0.0)
+        want[16:80] = np.where(v >= 0, v, alpha * v)
+    else:
+        _store_rows_spec(want, res, has_res, acc, np.array([0, 16, 32, 48], np.int64), 16, 4, 1, 0, code, alpha,
+                         beta)
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
 
 

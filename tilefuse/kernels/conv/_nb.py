@@ -79,7 +79,7 @@ def atomic_add(typingctx, arr, idx, val):
     return sig, codegen
 
 
-def _act16(context, builder, dst, src, res, hr, code, al, be, hide):
+def _act16(context, builder, dst, src, res, hr, code, al, be, hide, leaky=False):
     """The codegen of store16 / act16: each operand (array type, array value, index type, index value)."""
     from llvmlite import ir
     i64 = ir.IntType(64)
@@ -110,8 +110,12 @@ def _act16(context, builder, dst, src, res, hr, code, al, be, hide):
     m = builder.select(builder.fcmp_ordered(">", a, v), a, v)
     clip = builder.select(builder.fcmp_ordered("<", b, m), b, m)
     c = context.cast(builder, code[1], code[0], types.int64)
+    other = v
+    if leaky:   # code 9: v if v >= 0 else alpha * v (NaN: alpha * NaN, as the scalar form)
+        other = builder.select(builder.icmp_signed("==", c, ir.Constant(i64, 9)),
+                               builder.select(builder.fcmp_ordered(">=", v, zero), v, builder.fmul(a, v)), v)
     out = builder.select(builder.icmp_signed("==", c, ir.Constant(i64, 1)), relu,
-                         builder.select(builder.icmp_signed("==", c, ir.Constant(i64, 2)), clip, v))
+                         builder.select(builder.icmp_signed("==", c, ir.Constant(i64, 2)), clip, other))
     dp = ptr(dst)
     if hide:
         # in place, a store of select(c, 0, <what was loaded from dp>) to dp is folded by LLVM into a
@@ -154,8 +158,9 @@ def store16(typingctx, dst, di, src, si, res, ri, has_res, code, alpha, beta):
 def act16(typingctx, dst, di, res, ri, has_res, code, alpha, beta):
     """dst[di:di + 16] = act(dst[di:di + 16] (+ res[ri:ri + 16] if has_res)) in place: `store16` with
     dst as its source, the store hidden from LLVM's masked-store fold (an in-place ReLU loop compiled
-    to vmaskmovps, 12 and more cycles a vector on AMD Zen). Codes 0, 1, 2; the bits of the scalar
-    loops (the residual add, then numba's max / min lane by lane)."""
+    to vmaskmovps, 12 and more cycles a vector on AMD Zen). Codes 0, 1, 2 and 9 (leaky ReLU, slope
+    alpha); any other code leaves the vector as it is (after the residual). The bits of the scalar
+    loops: the residual add, then numba's max / min lane by lane, or v if v >= 0 else alpha * v."""
     f32 = types.float32
     ok = (all(isinstance(a, types.Array) and a.dtype == f32 and a.layout == "C" for a in (dst, res))
           and all(isinstance(a, types.Integer) for a in (di, ri, code))
@@ -168,7 +173,7 @@ def act16(typingctx, dst, di, res, ri, has_res, code, alpha, beta):
         d_a, di_v, r_a, ri_v, hr, code_v, al, be = args
         a = signature.args
         _act16(context, builder, (a[0], d_a, a[1], di_v), (a[0], d_a, a[1], di_v), (a[2], r_a, a[3], ri_v), hr,
-               (a[5], code_v), al, be, hide=True)
+               (a[5], code_v), al, be, hide=True, leaky=True)
         return context.get_dummy_value()
 
     return sig, codegen

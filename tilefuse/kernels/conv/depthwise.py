@@ -211,10 +211,10 @@ def _store(of, d, a, bv):
 def _finish_row(of, rf, d0, m, has_res, code, al, be):
     """of[d0:d0+m] = act(of + rf) on an output row still in L1 (activations.apply_span: one lanes
     loop per activation, each vectorized)."""
-    if code == 1 or (has_res and code <= 2):
-        # ReLU, and identity / clip after a residual: 16-lane vectors in place (act16: the bits of the
-        # loops below; the in-place ReLU loop compiles to masked stores, microcoded on AMD Zen: 1.6-2.2x
-        # the whole kernel's time; apply_span's clip loop is faster than act16's on its own)
+    if code == 1 or code == 9 or (has_res and code <= 2):
+        # ReLU and leaky ReLU, and identity / clip after a residual: 16-lane vectors in place (act16: the
+        # bits of the loops below; the in-place ReLU loop compiles to masked stores, microcoded on AMD
+        # Zen: 1.6-2.2x the whole kernel's time; apply_span's clip loop is faster than act16's on its own)
         for j in range(d0, d0 + m, 16):
             act16(of, j, rf, j, has_res, code, al, be)
         return

@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.activations import ACTIVATIONS, NAMES, apply_scalar, apply_span, normalize
-from tilefuse.kernels.conv._nb import store16
+from tilefuse.kernels.conv._nb import act16, store16
 
 EMPTY1 = np.zeros(0, np.float32)  # "no residual" placeholders (keep numba types fixed)
 EMPTY2 = np.zeros((0, 0), np.float32)
@@ -123,7 +123,11 @@ def act_block(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha,
             for k in range(nk):
                 i = (a0 + r) * LN + 16 * k
                 store16(af, i, af, i, res, np.uint64(o0 + offs[s0 + r] + k * dk), True, 0, alpha, beta)
-    apply_span(af, a0 * LN, (a0 + nv) * LN, code, alpha, beta)
+    if code == 9:   # leaky ReLU in place: act16 vectors (apply_span's loop is masked stores on AVX2)
+        for i in range(a0 * LN, (a0 + nv) * LN, 16):
+            act16(af, i, af, i, False, 9, alpha, beta)
+    else:
+        apply_span(af, a0 * LN, (a0 + nv) * LN, code, alpha, beta)
     for r in range(nv):
         for k in range(nk):
             du = np.uint64(o0 + offs[s0 + r] + k * dk)
