@@ -19,7 +19,7 @@ START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-480}
 CASES=${CASES:-"resnet50:1 resnet50:32 resnet18:16 vgg16:16"}
 
-STEPS=${STEPS:-"isa networks16 networks2 vs_ort16 profile16 scaling1 scaling32 conv1x1 test_isa vs_ort2 vs_ort2_mnv2 test_threads"}
+STEPS=${STEPS:-"isa networks16 networks2 align vs_ort16 profile16 scaling1 scaling32 conv1x1 test_isa vs_ort2 vs_ort2_mnv2 test_threads"}
 
 step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     local name=$1 want=$2; shift 2
@@ -40,6 +40,7 @@ step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     step isa 60 "$PY" -c "from tilefuse.kernels import isa; print(isa.info())"
     step networks16 200 "$PY" benchmarks/networks.py --cases $CASES --threads 16 --reps 3
     step networks2 200 taskset -c 0,1 "$PY" benchmarks/networks.py --cases $CASES --threads 2 --reps 3 --no-cl
+    step align 60 "$PY" benchmarks/alignment.py --threads 1 16 --rounds 20
     step vs_ort16 150 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 16 --repeat 20
     step profile16 60 "$PY" -m tilefuse.cli profile resnet50 --threads 16 --plot "$OUT/profile_resnet50.png"
     step scaling1 100 "$PY" benchmarks/scaling.py --batches 1 --threads-list 1,16 --no-layers --reps 3
