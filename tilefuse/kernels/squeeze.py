@@ -38,11 +38,15 @@ def _fc_gate(s, m, w1, b1, w2, b2, i0, i1, c1, a1, e1, c2, a2, e2):
             for c in range(C):
                 acc += w1[r, c] * m[i, c]
             h[r] = A.apply_scalar(c1, acc + b1[r], a1, e1)
+        si = s[i]
         for c in range(C):
             acc = np.float32(0.0)
             for r in range(R):
                 acc += w2[c, r] * h[r]
-            s[i, c] = A.apply_scalar(c2, acc + b2[c], a2, e2)
+            si[c] = acc + b2[c]
+        # the gate over the row as one vectorized loop (per value inside the loop above it was a
+        # scalar exp per channel: ~15 us of an EfficientNet 7x7 SE block's ~50)
+        A.apply_span(si, 0, C, c2, a2, e2)
 
 
 IMAGES_PER_TASK = 4   # the FC part per task (fixed: the result never depends on the split)
