@@ -67,9 +67,8 @@ def aligned_area(nbytes: int) -> memoryview:
     area's blocks are 64-byte aligned offsets, and a zero-copy device maps the area in place, so the
     weights the kernels read are cache-line aligned only if the area is: a bytearray's (malloc's) buffer
     starts 16 bytes past one, which splits every 64-byte weight load of the AVX-512 kernels in two."""
-    raw = np.zeros(int(nbytes) + AREA_ALIGN, np.uint8)
-    off = -raw.ctypes.data % AREA_ALIGN
-    return memoryview(raw[off:off + int(nbytes)]).cast("B")
+    from ..kernels.threads import aligned_empty
+    return memoryview(aligned_empty(int(nbytes), np.uint8, AREA_ALIGN, zeros=True)).cast("B")
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,9 @@ def run_nchwc(out, x, prepared, s, res=None, *, relu=False, act=None, threads=No
         xs = scratch("se_conv_xs", x.shape)
         x4, xs4 = x.reshape(n, cb, h * wd, 16), xs.reshape(n, cb, h * wd, 16)   # (N, Cb, H, W, 16) -> (N, Cb, H*W, 16)
         tasks = mean_tasks(n, cb, h * wd, 16)
-        if len(tasks) <= n:   # one task per image (a batch-1 7x7 map: 56K values, ~10 us): no hand-off to
-            for t in tasks:   # the pool, which cost 55-80 us a call at 2 threads
-                scale_blocks(xs4, x4, sb, t[0], t[1], t[2])
+        if len(tasks) == 1:   # one task (a batch-1 7x7 map: 56K values, ~10 us): no hand-off to the
+            t = tasks[0]      # pool, which cost 55-80 us a call at 2 threads
+            scale_blocks(xs4, x4, sb, t[0], t[1], t[2])
         else:
             parallel_for(lambda t: scale_blocks(xs4, x4, sb, t[0], t[1], t[2]), tasks, threads)
         k1x1.run_nchwc(out, xs, prepared, res, relu=relu, act=act, threads=threads)

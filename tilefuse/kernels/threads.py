@@ -338,11 +338,12 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     return nt
 
 
-def aligned_empty(n: int, dtype=np.float32, align: int = 64) -> np.ndarray:
-    """np.empty(n, dtype) whose first element is on an `align`-byte boundary (numpy's large buffers
-    start 16 bytes past a page: off every cache line, which splits 64-byte loads)."""
+def aligned_empty(n: int, dtype=np.float32, align: int = 64, zeros: bool = False) -> np.ndarray:
+    """np.empty(n, dtype) (np.zeros with zeros=True) whose first element is on an `align`-byte
+    boundary: numpy's large buffers start 16 bytes past a page, off every cache line, which splits
+    64-byte loads. The one helper behind device arenas, constant areas, scratch and run outputs."""
     dt = np.dtype(dtype)
-    raw = np.empty(n * dt.itemsize + align, np.uint8)
+    raw = (np.zeros if zeros else np.empty)(n * dt.itemsize + align, np.uint8)
     off = -raw.ctypes.data % align
     return raw[off:off + n * dt.itemsize].view(dt)
 

@@ -36,6 +36,7 @@ import threading
 import numpy as np
 
 from ..errors import DeviceError, OutOfDeviceMemory
+from ..kernels.threads import aligned_empty
 
 SEGMENT_BASE_AREA = 64       # bytes reserved at address 0
 DEFAULT_ARENA_BYTES = 64 << 20
@@ -59,15 +60,12 @@ class _Arena:
         self.mapped = memory is not None        # a host array's bytes (map_host): one block, no free space
         if memory is None:
             try:
-                raw = np.zeros(size + align, dtype=np.uint8)
+                # the host bytes start on an `align` boundary, so a block aligned in device addresses is
+                # aligned in host memory too (numpy's large buffers start 16 bytes past a page, which put
+                # every tensor and weight of a compiled network 16 bytes off its cache line)
+                memory = aligned_empty(size, np.uint8, align, zeros=True)
             except MemoryError:
                 raise OutOfDeviceMemory(f"the host refused {size} bytes of device memory") from None
-            # the host bytes start on an `align` boundary, so a block aligned in device addresses is
-            # aligned in host memory too: numpy's large buffers start 16 bytes past a page (malloc's
-            # header), which put every tensor and weight of a compiled network 16 bytes off its
-            # cache line and split half the 32-byte loads (every 64-byte one) of every kernel
-            off = -raw.ctypes.data % align
-            memory = raw[off:off + size]
         self.memory = memory
         self.free: list[tuple[int, int]] = [] if self.mapped else [(base, size)]   # sorted (addr, size)
         self.used: dict[int, tuple[int, str]] = {}           # addr -> (size, kind)

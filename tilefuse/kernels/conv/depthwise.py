@@ -209,8 +209,9 @@ def _store(of, d, a, bv):
 
 @njit(nogil=True, cache=True, fastmath=FASTMATH)
 def _finish_row(of, rf, d0, m, has_res, code, al, be):
-    """of[d0:d0+m] = act(of + rf) on an output row still in L1 (activations.apply_span: one lanes
-    loop per activation, each vectorized)."""
+    """of[d0:d0+m] = act(of + rf) on output rows still in L1: ReLU / leaky ReLU (and identity / clip
+    after a residual) as in-place act16 vectors, the other activations through activations.apply_span
+    (one lanes loop per activation, each vectorized)."""
     if code == 1 or code == 9 or (has_res and code <= 2):
         # ReLU and leaky ReLU, and identity / clip after a residual: 16-lane vectors in place (act16: the
         # bits of the loops below; the in-place ReLU loop compiles to masked stores, microcoded on AMD
