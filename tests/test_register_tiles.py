@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tilefuse.kernels.conv import direct, k1x1, stem, winograd
-from tilefuse.kernels.conv.tiles import NARROW
+from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import EMPTY1, EMPTY4
 
 CLIP = (2, np.float32(0.0), np.float32(6.0))  # ReLU6: the epilogue's clip loop
@@ -47,8 +47,52 @@ def test_narrow_flag_follows_the_compiled_width():
     assert NARROW == (isa.info()["vector_bits"] < 512)
 
 
+_DISPATCH_IR = r"""
+import json
+from numba import types as t
+import tilefuse
+from tilefuse.kernels.conv import k1x1
+A = lambda n: t.Array(t.float32, n, "C", readonly=False, aligned=True)
+# the 1x1 dispatcher's signature: of, xf, wp (3-D packed weights), bias, rf, has_res, code, alpha,
+# beta, q0 .. sw (twelve int64), q_outer, pfd, pfo, kc
+sig = (A(1), A(1), A(3), A(1), A(1), t.boolean, t.int64, t.float32, t.float32) + (t.int64,) * 12 \
+    + (t.boolean, t.int64, t.boolean, t.int64)
+k1x1._k1x1.compile(sig)
+print(json.dumps({"fma": k1x1._k1x1.inspect_llvm(k1x1._k1x1.signatures[0]).count("vfmadd231ps")}))
+"""
+
+
+def test_assembly_tile_runs_on_x86_avx2_hosts(tmp_path):
+    """x86-64 hosts compiled for 256-bit vectors with AVX2 and FMA run the assembly tile
+    (`_nb.tile16`): the flag says so, and the 1x1 dispatcher compiled afresh (numba cannot inspect
+    cached code) holds the tile's six variants (6 + 5 + ... + 1 = 21 positions x 2 FMAs); with
+    TILEFUSE_ASM_TILES=0 it holds none. Fails if the dispatch falls back to the numba tile."""
+    import json
+    import os
+    import platform
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tilefuse.kernels import isa
+    feats = set(isa._codegen_target()[1].split(","))
+    host_can = NARROW and platform.machine().lower() in ("x86_64", "amd64") and {"+avx2", "+fma"} <= feats
+    assert ASM_AVX2 == (host_can and os.environ.get("TILEFUSE_ASM_TILES", "").strip() != "0")
+
+    def fmas(flag):
+        e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / f"numba{flag}"), TILEFUSE_ASM_TILES=flag,
+                 PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+        out = subprocess.run([sys.executable, "-c", _DISPATCH_IR], env=e, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])["fma"]
+
+    assert fmas("1") == (42 if host_can else 0)
+    assert fmas("0") == 0
+
+
 @pytest.mark.parametrize("ci,co,h,w,stride,n", [(24, 40, 9, 7, 1, 2), (40, 144, 7, 5, 2, 1), (256, 48, 6, 6, 1, 1),
-                                              (16, 16, 3, 11, 1, 3), (72, 80, 13, 13, 2, 2)])
+                                              (16, 16, 3, 11, 1, 3), (72, 80, 13, 13, 2, 2), (48, 32, 4, 4, 1, 1),
+                                              (33, 17, 1, 17, 1, 1)])
 @pytest.mark.parametrize("with_res", [False, True])
 def test_k1x1_tiles_same_bits(ci, co, h, w, stride, n, with_res):
     rng = np.random.default_rng(ci * co + h)
@@ -65,9 +109,10 @@ def test_k1x1_tiles_same_bits(ci, co, h, w, stride, n, with_res):
     rf = res.reshape(-1) if with_res else EMPTY1
     total = n * ho * wo
     outs = []
-    # both tiles, both loop orders (position block outer / output block outer)
-    for fn, q_outer in ((k1x1._k1x1_narrow, True), (k1x1._k1x1_narrow, False), (k1x1._k1x1_wide, True),
-                        (k1x1._k1x1_wide, False)):
+    # every tile, both loop orders (position block outer / output block outer); the assembly tile
+    # where this host runs it (tasks of 13, 3, 4, 5, 113 ... positions: partial tiles of 1-5 rows)
+    tiles = [k1x1._k1x1_narrow, k1x1._k1x1_wide] + ([k1x1._k1x1_avx2] if ASM_AVX2 else [])
+    for fn, q_outer in ((fn, q_outer) for fn in tiles for q_outer in (True, False)):
         out = np.full((n, ob, ho, wo, 16), np.nan, np.float32)
         # three tasks: positions [0, q) x all pairs, then [q, total) in two pair ranges (mid-map starts)
         q = min(total - 1, 13)
@@ -106,14 +151,14 @@ def test_direct_tiles_same_bits(ci, co, k, stride, dil, hw, o0):
     res = rng.standard_normal((n, ob, ho * ho, 16)).astype(np.float32)
     xv = xp.reshape(n, xp.shape[1], hp * wp_, 16)
     outs = []
-    for fn in (direct._direct_rows_narrow, direct._direct_rows2_wide):
+    for fn in (direct._direct_rows_narrow, direct._direct_rows2_wide) + ((direct._direct_rows_avx2,) if ASM_AVX2 else ()):
         out = np.zeros((n, ob, ho * ho, 16), np.float32)
         for img in range(n):
             for r0, r1 in ((0, 2), (2, ho)):   # two row bands
                 fn(out, img, 0, xv, img, 0, pr["weight"], r0, r1, ho, wp_, stride, stride, dil, dil, pr["bias"], res,
                    True, *CLIP, o0, ob)
         outs.append(out)
-    assert np.array_equal(outs[0], outs[1])
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
     got = _unblocked(outs[0].reshape(n, ob, ho, ho, 16), co)[:, 16 * o0:]
     ref = _act(_conv_ref(x, wt, b, stride, pad, dil), _unblocked(res.reshape(n, ob, ho, ho, 16), co))[:, 16 * o0:]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
@@ -143,17 +188,17 @@ def test_stem_tiles_same_bits(cin, co, k, stride, hw):
 
 
 @pytest.mark.parametrize("a2,p,cip,op,pa0,pa1,nob", [(16, 13, 48, 3, 0, 3, 5), (36, 7, 32, 2, 1, 2, 2),
-                                                    (16, 1, 16, 1, 0, 1, 1)])
+                                                    (16, 1, 16, 1, 0, 1, 1), (16, 10, 24, 2, 0, 2, 3)])
 def test_winograd_gemm_tiles_same_bits(a2, p, cip, op, pa0, pa1, nob):
     rng = np.random.default_rng(a2 + p + cip)
     V = rng.standard_normal((a2, p, cip)).astype(np.float32)
     U = rng.standard_normal((a2, op, cip, 32)).astype(np.float32)
     outs = []
-    for fn in (winograd._wino_gemm_narrow, winograd._wino_gemm_wide):
+    for fn in (winograd._wino_gemm_narrow, winograd._wino_gemm_wide) + ((winograd._wino_gemm_avx2,) if ASM_AVX2 else ()):
         M = np.full((a2, p, nob * 16), np.nan, np.float32)
         fn(M, V, U, p, pa0, pa1, nob)
         outs.append(M)
-    assert np.array_equal(outs[0], outs[1])
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
     # U (a2, OP, Cip, 32) -> (a2, Cip, OP*32): output block k of the task is column block 2*pa0 + k
     Uf = U.transpose(0, 2, 1, 3).reshape(a2, cip, op * 32)[:, :, 32 * pa0:32 * pa0 + nob * 16]
     np.testing.assert_allclose(outs[0], np.einsum("apc,ack->apk", V, Uf), rtol=1e-4, atol=1e-3)

@@ -10,7 +10,8 @@ old helper: silently the old behaviour, or a crash. `configure()` runs once from
     $NUMBA_CACHE_DIR/tilefuse-<hash>        (NUMBA_CACHE_DIR set: it stays the root)
     ~/.cache/tilefuse/numba/tilefuse-<hash> (otherwise; $XDG_CACHE_HOME respected)
 
-where <hash> covers every .py file of the packages that define numba kernels (`SOURCES`). Any
+where <hash> covers every .py file of the packages that define numba kernels (`SOURCES`) and the
+settings frozen into them (`BUILD_ENV`: TILEFUSE_ASM_TILES). Any
 change there starts a fresh folder (the kernels compile again on first use); numba's own
 per-function checks still apply inside it. TILEFUSE_JIT_CACHE=numba leaves numba's default
 locations alone. Old folders are not removed (`tilefuse-*` under the root can be deleted any time).
@@ -36,6 +37,7 @@ from pathlib import Path
 
 ENV = "TILEFUSE_JIT_CACHE"
 SOURCES = ("kernels", "imaging", "training")      # packages under tilefuse/ with numba kernels
+BUILD_ENV = ("TILEFUSE_ASM_TILES",)               # tiles.ASM_AVX2's switch
 _ROOT = Path(__file__).resolve().parents[1]       # tilefuse/
 _STATE: dict = {"configured": False, "dir": None, "reason": "not configured"}
 
@@ -48,6 +50,10 @@ def fingerprint() -> str:
             h.update(str(p.relative_to(_ROOT)).encode())
             h.update(b"\0")
             h.update(p.read_bytes())
+    # settings that the kernels freeze in as compile-time constants and numba's own cache key does
+    # not see (the vector width does change numba's key: it is a CPU feature)
+    for env in BUILD_ENV:
+        h.update(f"{env}={os.environ.get(env, '').strip()}".encode())
     return h.hexdigest()[:16]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from numba import types
 from numba.core import cgutils
+from numba import njit
 from numba.extending import intrinsic
 
 LANES = 16  # output-channel block: one AVX-512 register of float32
@@ -236,3 +237,121 @@ def borrow(typingctx, arr):
         return out._getvalue()
 
     return sig, codegen
+
+
+@intrinsic
+def stack_i64(typingctx, size):
+    """int64* to `size` (a compile-time integer literal) stack slots (the parameter block of
+    `gemm6x16`)."""
+    if not isinstance(size, types.IntegerLiteral):
+        return None
+    n = size.literal_value
+    sig = types.CPointer(types.int64)(size)
+
+    def codegen(context, builder, signature, args):
+        return cgutils.alloca_once(builder, context.get_value_type(types.int64),
+                                   size=context.get_constant(types.intp, n))
+
+    return sig, codegen
+
+
+@intrinsic
+def address(typingctx, arr, idx):
+    """The byte address of arr[idx] (1-D C-contiguous array, flat index) as an int64."""
+    if not (isinstance(arr, types.Array) and isinstance(idx, types.Integer)):
+        return None
+    sig = types.int64(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], signature.args[1], types.int64)
+        return builder.ptrtoint(builder.gep(ary.data, [i]), ir.IntType(64))
+
+    return sig, codegen
+
+
+# The AVX2 register tile of the blocked conv kernels (k1x1, direct, Winograd's GEMMs on tiles.ASM_AVX2
+# hosts), in x86-64 assembly (AT&T syntax; `$$` is LLVM's literal `$`): R <= 6 output positions x 16
+# output channels, 2R ymm accumulators. Numba's code for the 6 x 16 tile spilled: LLVM hoists the six
+# broadcasts ahead of the FMAs (12 accumulators + 2 weights + 6 broadcasts = 20 of the 16 ymm
+# registers), so the numba kernels there run 5 x 16 (10 accumulators). Written out, the tile keeps its
+# accumulators in ymm0-11, the weight row in ymm12-13 and alternates two broadcast registers.
+# The reduction runs over chunks of at most 16 input channels: chunk j's channels are consecutive
+# floats from x + table[j] (+ each position's offset); the weight rows (16 floats) of all chunks'
+# channels follow each other `wstride` bytes apart. Parameter block (int64 [13], read through %rdi):
+#   0 &x (position 0)   1 &w (first channel's row)   2-6 byte offsets of positions 1-5 from position 0
+#   7 chunks   8 channels in the last chunk (1..16; the others have 16)   9 &table (int64 byte offsets)
+#  10 wstride   11 &acc (R x 16 float32, written)   12 &bias[16], or 0: no bias added
+# acc[r, l] = (sum over the channels in order of fma(x[r, c], w[c, l], .)) (+ bias[l]): the numba
+# tiles' reduction, operation for operation (the same bits; tests/test_register_tiles.py).
+TILE_ROWS = 6
+
+
+def _tile_asm(rows: int) -> str:
+    pos = ["(%rsi)", "(%rsi,%r8)", "(%rsi,%r9)", "(%rsi,%r10)", "(%rsi,%r11)", "(%rsi,%r12)"][:rows]
+    body = ["vmovups (%rdx), %ymm12", "vmovups 32(%rdx), %ymm13"]
+    for r, p in enumerate(pos):   # one input channel: 2 weight loads, R broadcasts, 2R FMAs
+        b = 14 + (r & 1)
+        body += [f"vbroadcastss {p}, %ymm{b}", f"vfmadd231ps %ymm{b}, %ymm12, %ymm{2 * r}",
+                 f"vfmadd231ps %ymm{b}, %ymm13, %ymm{2 * r + 1}"]
+    regs = ["r14", "rdx", "r8", "r9", "r10", "r11", "r12", "rcx"]
+    s = [f"mov {8 * i}(%rdi), %{r}" for i, r in enumerate(regs) if not (rows + 1 <= i <= 6)]
+    s += ["mov 72(%rdi), %r13", "mov 80(%rdi), %r15"]
+    s += [f"vxorps %ymm{i}, %ymm{i}, %ymm{i}" for i in range(2 * rows)]
+    s += ["test %rcx, %rcx", "jz 2f",
+          "1:", "mov (%r13), %rsi", "add %r14, %rsi", "add $$8, %r13", "mov $$16, %rbx", "cmp $$1, %rcx", "jne 3f",
+          "mov 64(%rdi), %rbx",
+          "3:"] + body + ["add $$4, %rsi", "add %r15, %rdx", "dec %rbx", "jnz 3b", "dec %rcx", "jnz 1b",
+                          "2:", "mov 96(%rdi), %rdx", "test %rdx, %rdx", "jz 4f", "vmovups (%rdx), %ymm12",
+                          "vmovups 32(%rdx), %ymm13"]
+    s += [f"vaddps %ymm{12 + (i & 1)}, %ymm{i}, %ymm{i}" for i in range(2 * rows)]
+    s += ["4:", "mov 88(%rdi), %rax"] + [f"vmovups %ymm{i}, {32 * i}(%rax)" for i in range(2 * rows)]
+    return "\n\t".join(s)
+
+
+_TILE_CLOBBERS = ",".join([f"~{{ymm{i}}}" for i in range(16)]
+                          + [f"~{{{r}}}" for r in ("rax", "rbx", "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "r12",
+                                                   "r13", "r14", "r15")]
+                          + ["~{memory}", "~{dirflag}", "~{fpsr}", "~{flags}"])
+
+
+@intrinsic
+def tile16(typingctx, prm, rows):
+    """The assembly tile above for `rows` (a compile-time literal, 1..6) positions, its parameters
+    in prm (a CPointer(int64) of 13 from stack_i64). x86-64 with AVX2 and FMA only (tiles.ASM_AVX2
+    says where it runs); LLVM parses it with the host's asm parser, registered here (numba registers
+    the target and its printer only)."""
+    if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
+            and 1 <= rows.literal_value <= TILE_ROWS):
+        return None
+    n = rows.literal_value
+    sig = types.void(prm, rows)
+
+    def codegen(context, builder, signature, args):
+        import llvmlite.binding as ll
+        from llvmlite import ir
+        ll.initialize_native_asmparser()
+        i64 = ir.IntType(64)
+        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), _tile_asm(n), "{rdi}," + _TILE_CLOBBERS,
+                    [builder.ptrtoint(args[0], i64)], True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def tile16_rows(prm, nv):
+    """tile16 with nv = 1..6 rows chosen at run time (a partial last tile computes only its positions)."""
+    if nv >= 6:
+        tile16(prm, 6)
+    elif nv == 5:
+        tile16(prm, 5)
+    elif nv == 4:
+        tile16(prm, 4)
+    elif nv == 3:
+        tile16(prm, 3)
+    elif nv == 2:
+        tile16(prm, 2)
+    else:
+        tile16(prm, 1)

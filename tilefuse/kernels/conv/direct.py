@@ -24,11 +24,11 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, atomic_add
+from tilefuse.kernels.conv._nb import LANES, address, atomic_add, stack_f32, stack_i64, tile16_rows
 from tilefuse.kernels.conv._tiles_gen import _direct_rows2_wide, _direct_rows_narrow  # (tilegen.DIRECT)
-from tilefuse.kernels.conv.tiles import NARROW
+from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
 from tilefuse.kernels.activations import apply_scalar
-from tilefuse.kernels.conv.epilogue import EMPTY4, IDENTITY, bias_or_zeros, resolve_act
+from tilefuse.kernels.conv.epilogue import EMPTY4, IDENTITY, RB_OFFSETS, bias_or_zeros, resolve_act, store_rows
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_direct
 from tilefuse.kernels.threads import (numba_max_threads, numba_region, parallel_for, region_threads, resolve_threads,
@@ -54,10 +54,63 @@ def prepare(w, b) -> dict:
 
 
 @njit(nogil=True, cache=True)
+def _direct_rows_avx2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
+                      code, alpha, beta, o0, o1):
+    """`_direct_rows_narrow` with the assembly tile `_nb.tile16` (x86-64 AVX2 hosts, tiles.ASM_AVX2): 6
+    consecutive output positions x 1 block, a partial last tile only its positions; the same
+    arguments, order of the reduction, epilogue and bits. The reduction's chunks are the (cb, kh, kw)
+    taps in the weights' order (16 input channels each, at the tap's offset from the position), the
+    weight rows wb[ob, cb, kh, kw, ci] 64 bytes apart."""
+    Cb, HWp = xb.shape[1], xb.shape[2]
+    Ob, _, KH, KW, _, _ = wb.shape
+    xf = xb.reshape(xb.size)
+    wf = wb.reshape(wb.size)
+    acc = nb.carray(stack_f32(96), (6, 16))
+    pp = stack_i64(13)   # the tile's parameter block (_nb.tile16)
+    prm = nb.carray(pp, 13)
+    nbase = n * Cb * HWp * 16
+    table = np.empty(Cb * KH * KW, np.int64)   # chunk (cb, kh, kw): its byte offset from position 0
+    for cb in range(Cb):
+        for kh in range(KH):
+            for kw in range(KW):
+                table[(cb * KH + kh) * KW + kw] = (nbase + cb * HWp * 16 + (kh * dh * Wp + kw * dw) * 16) * 4
+    prm[7] = Cb * KH * KW
+    prm[8] = 16
+    prm[9] = address(table, 0)
+    prm[10] = 64
+    prm[11] = address(acc.reshape(96), 0)
+    p_begin, p_end = oh0 * Wo, oh1 * Wo
+    of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16); res the same or empty
+    P = out.shape[2]
+    wsize = Cb * KH * KW * 256
+    for ob in range(o0, o1):   # the block's weights stay in L1/L2 while the band's positions stream
+        prm[1] = address(wf, ob * wsize)
+        prm[12] = address(bias, ob * 16)
+        for pb in range(p_begin, p_end, 6):
+            nv = min(6, p_end - pb)
+            f0 = 0
+            for r in range(nv):
+                p = pb + r
+                f = (((p // Wo) * sh - x_row0) * Wp + (p % Wo) * sw) * 16
+                if r == 0:
+                    f0 = f
+                    prm[0] = address(xf, f)
+                else:
+                    prm[1 + r] = (f - f0) * 4
+            tile16_rows(pp, nv)
+            store_rows(of, rf, has_res, acc, 0, RB_OFFSETS, 0, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, 1, P * 16,
+                       code, alpha, beta)
+
+
+@njit(nogil=True, cache=True)
 def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, code,
                   alpha, beta, o0, o1):
-    """The register tile of the host's vector width (tiles.NARROW): 7 x 2 blocks or 5 x 1."""
-    if NARROW:
+    """The register tile of the host's vector width (tiles.NARROW, tiles.ASM_AVX2): 7 x 2 blocks, 5 x 1
+    or the 6 x 1 assembly tile."""
+    if ASM_AVX2:
+        _direct_rows_avx2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
+                          has_res, code, alpha, beta, o0, o1)
+    elif NARROW:
         _direct_rows_narrow(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
                             has_res, code, alpha, beta, o0, o1)
     else:

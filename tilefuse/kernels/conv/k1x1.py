@@ -12,7 +12,9 @@ partial blocks; positions are flat over the batch (n*Ho*Wo + j), blocks may span
 Hosts compiled for 256-bit vectors (`tiles.NARROW`: AVX2) run `_k1x1_narrow` instead: 5 positions x
 1 block = 10 ymm accumulators (the 7 x 2 tile needs 28 of the 16 ymm registers and spilled), the
 same bits (`_k1x1` dispatches; tests/test_register_tiles.py). The tiles are generated from one
-template (tilegen.K1X1 -> _tiles_gen.py).
+template (tilegen.K1X1 -> _tiles_gen.py). On x86-64 AVX2 hosts (`tiles.ASM_AVX2`) `_k1x1_avx2` runs
+instead: 6 positions x 1 block in assembly (`_nb.tile16`: 12 ymm accumulators, which numba's code
+spilled), the same bits again.
 
 Thin layers (MobileNetV2, EfficientNet): an odd last output block (Co = 16, 40, 144, ...) is computed
 by `_k1x1_one` (14 positions x 1 block) instead of a pair with a zero-weight half, and the
@@ -33,10 +35,11 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import atomic_add
-from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide  # noqa: F401  (tilegen.py)
-from tilefuse.kernels.conv.tiles import NARROW
-from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
+from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, prefetch, prefetchw, stack_f32, stack_i64, store16,
+                                       tile16_rows)
+from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
+from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
+from tilefuse.kernels.conv.epilogue import EMPTY1, act_block, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.planner import plan_k1x1
 from tilefuse.kernels.threads import numba_region, resolve_threads
 
@@ -77,13 +80,79 @@ def reduction_length(wp):
 @njit(nogil=True, cache=True)
 def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
           q_outer, pfd, pfo, kc):
-    """One task: the micro-kernel of the host's vector width (tiles.NARROW, a compile-time constant)."""
-    if NARROW:
+    """One task: the micro-kernel of the host's vector width (tiles.NARROW, tiles.ASM_AVX2: compile-time
+    constants)."""
+    if ASM_AVX2:
+        _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
+                   sw, q_outer, pfd, pfo, kc)
+    elif NARROW:
         _k1x1_narrow(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                      sw, q_outer, pfd, pfo, kc)
     else:
         _k1x1_wide(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                    sw, q_outer, pfd, pfo, kc)
+
+
+@njit(nogil=True, cache=True)
+def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
+               q_outer, pfd, pfo, kc):
+    """`_k1x1_narrow` with the assembly tile `_nb.tile16` (x86-64 AVX2 hosts, tiles.ASM_AVX2): 6
+    positions x 1 block, a partial last tile of a task only its positions. The same arguments, loop
+    orders, prefetches, epilogue and bits. The numba code around the tile fills its parameter block
+    (the positions' input offsets; output block g's weight rows in the pair-packed wp:
+    wp[g // 2, c, 16 * (g % 2) + l], 128 bytes apart; chunk cb of 16 input channels at cb * HWi * 64
+    bytes) and stores it (epilogue.store_rows' forms)."""
+    acc = nb.carray(stack_f32(96), (6, 16))
+    pp = stack_i64(13)   # the tile's parameter block (_nb.tile16)
+    prm = nb.carray(pp, 13)
+    cs = HWi * 16
+    os_ = HWo * 16
+    nqp = (q1 - q0 + 5) // 6 * 6
+    io_all, oo_all = _offsets(q0, q1, nqp + 6 * pfd, HWo, Wo, Wi, Cb, Ob, cs, os_, sh, sw)
+    nq = nqp // 6
+    u0 = 2 * p0  # units of a step: output blocks
+    nu = min(2 * p1, Ob) - u0
+    ncb = (kc + 15) // 16
+    table = np.empty(max(ncb, 1), np.int64)   # chunk cb's byte offset
+    for cb in range(ncb):
+        table[cb] = cb * cs * 4
+    prm[7] = ncb
+    prm[8] = kc - 16 * (ncb - 1)
+    prm[9] = address(table, 0)
+    prm[10] = wp.shape[2] * 4
+    prm[11] = address(acc.reshape(96), 0)
+    wf = wp.reshape(wp.size)
+    for it in range(nq * nu):
+        if q_outer:  # a 6-position input block stays in L1 while the weights stream from L2
+            qb = q0 + (it // nu) * 6
+            g = u0 + it % nu
+        else:        # a block's weights stay in L1/L2 while the positions stream
+            g = u0 + it // nq
+            qb = q0 + (it % nq) * 6
+        p = g // 2
+        s0 = qb - q0
+        f0 = io_all[s0]
+        prm[0] = address(xf, f0)
+        for r in range(1, 6):
+            prm[1 + r] = (np.int64(io_all[s0 + r]) - np.int64(f0)) * 4
+        prm[1] = address(wf, (p * wp.shape[1]) * 32 + (g - 2 * p) * 16)
+        prm[12] = address(bias, g * 16)
+        if pfd > 0 and ((not q_outer) or it % nu == 0):   # the input block pfd blocks ahead
+            sp = s0 + 6 * pfd
+            for r in range(6):
+                for cb in range(ncb):
+                    prefetch(xf, io_all[sp + r] + np.uint64(cb * cs))
+                if pfo:
+                    prefetchw(of, oo_all[sp + r] + g * os_)
+        nv = min(6, q1 - qb)
+        tile16_rows(pp, nv)
+        if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
+            act_block(borrow(of), borrow(rf), has_res, acc, 0, borrow(oo_all), s0, g * os_, nv, 1, os_, code, alpha,
+                      beta)
+        else:
+            for r in range(nv):
+                d = np.uint64(g * os_ + oo_all[s0 + r])
+                store16(of, d, acc, r * 16, rf, d, has_res, code, alpha, beta)
 
 
 @njit(parallel=True, nogil=True, cache=True)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefuse.kernels.conv.tiles import NARROW
+from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
 
 _OVERRIDE: dict[str, int] = {}
 
@@ -192,8 +192,8 @@ NB_NCHWC = 384
 RB = 8
 # k1x1's positions per register tile, so that a task's Q positions fill whole tiles: 7 (7 x 2 blocks)
 # on AVX-512 hosts, 5 (5 x 1) where tiles.NARROW (a Q of 21 there ran 5 tiles for 21 positions; RB 5:
-# ConvNeXt's 3072 -> 768 1x1 at batch 32 1.22x, benchmarks/RESULTS.md)
-RB1X1 = 5 if NARROW else 7
+# ConvNeXt's 3072 -> 768 1x1 at batch 32 1.22x, benchmarks/RESULTS.md), 6 where tiles.ASM_AVX2
+RB1X1 = 6 if ASM_AVX2 else 5 if NARROW else 7
 
 
 # Thread-aware task grids (issue 13, seed 000's partitioning levels) ----------------------------
@@ -228,8 +228,8 @@ def _task_seconds(flops: float, nbytes: float) -> float:
 def plan_k1x1(cip: int, op: int, positions: int, threads: int = 1) -> dict:
     """The numba NCHW16c 1x1 kernel (k1x1.py, what gemm1x1 runs on NCHW16c).
 
-    A task is Q output positions (flat over the batch, a multiple of RB1X1: 7, 5 on NARROW hosts) x P output-
-    channel pairs (32 channels). Q is at most the L2 rule Q*Cip*4 <= L2/2 (the task's input
+    A task is Q output positions (flat over the batch, a multiple of RB1X1: 7; 5 on NARROW hosts, 6 with
+    the assembly tile) x P output-channel pairs (32 channels). Q is at most the L2 rule Q*Cip*4 <= L2/2 (the task's input
     block stays in L2 while its channel pairs sweep it); the cost model (above) then picks Q and P
     for T threads: with many positions (large maps, large batch) whole-channel tasks over position
     blocks; with few (batch-1 7x7 / 14x14 maps) the cores split the output channels and every

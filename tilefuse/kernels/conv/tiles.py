@@ -11,6 +11,11 @@ with their wide forms from one template per kernel by tilegen.py), and depthwise
 grouped_lanes run their 16 lanes as two 8-lane halves. Every output element is the same reduction
 in the same order in both forms, so the bits do not depend on the host (tests/test_register_tiles.py).
 
+`ASM_AVX2`: on x86-64 hosts of that kind with AVX2 and FMA, the 1x1 kernel runs a 6 positions x
+1 block tile written in assembly (`_nb.gemm6x16`, `k1x1._k1x1_avx2`): 12 ymm accumulators, which
+numba's code for the same tile spilled. The same bits again. `TILEFUSE_ASM_TILES=0` turns it off
+(the numba 5 x 1 tile then runs).
+
 Read when the kernel modules are imported, after `tilefuse/__init__` has set the vector width
 (`isa.configure()`); numba freezes the value into the compiled kernels (its cache is per CPU).
 """
@@ -19,3 +24,17 @@ from __future__ import annotations
 from tilefuse.kernels import isa
 
 NARROW = isa.info()["vector_bits"] < 512
+
+
+def _asm_avx2() -> bool:
+    import os
+    import platform
+    if not NARROW or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    if os.environ.get("TILEFUSE_ASM_TILES", "").strip() == "0":
+        return False
+    feats = set(isa._codegen_target()[1].split(","))
+    return {"+avx2", "+fma"} <= feats
+
+
+ASM_AVX2 = _asm_avx2()

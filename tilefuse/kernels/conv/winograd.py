@@ -32,10 +32,10 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, atomic_add
+from tilefuse.kernels.conv._nb import LANES, address, atomic_add, stack_f32, stack_i64, store16, tile16_rows
 from tilefuse.kernels.conv._tiles_gen import _wino_gemm_narrow, _wino_gemm_wide  # (tilegen.WINO_GEMM)
-from tilefuse.kernels.conv.tiles import NARROW
-from tilefuse.kernels.conv.epilogue import EMPTY4, bias_or_zeros, resolve_act
+from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
+from tilefuse.kernels.conv.epilogue import EMPTY1, EMPTY4, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_winograd
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
@@ -306,9 +306,52 @@ def generate_transform_source() -> str:
 # and the thread count never change the bits (OpenBLAS's result could depend on the GEMM's size).
 
 @njit(nogil=True, cache=True)
+def _wino_gemm_avx2(M, V, U, P, pa0, pa1, nob):
+    """`_wino_gemm_narrow` with the assembly tile `_nb.tile16` (x86-64 AVX2 hosts, tiles.ASM_AVX2): 6
+    tiles x 1 output block, a partial last one only its tiles; the same loops, sums and bits (no bias:
+    the tile adds none when prm[12] = 0). V's channels are contiguous per tile (chunks of 16 at
+    64-byte steps), U[a, pair, c, 16 * (kb % 2) + l] rows 128 bytes apart."""
+    na2, _, Cip = V.shape
+    npair = U.shape[1]
+    cob = M.shape[2]
+    vf = V.reshape(V.size)
+    mf = M.reshape(M.size)
+    uf = U.reshape(U.size)
+    acc = nb.carray(stack_f32(96), (6, 16))
+    af = acc.reshape(96)
+    pp = stack_i64(13)   # the tile's parameter block (_nb.tile16)
+    prm = nb.carray(pp, 13)
+    nch = (Cip + 15) // 16
+    table = np.empty(nch, np.int64)
+    for j in range(nch):
+        table[j] = j * 64
+    prm[7] = nch
+    prm[8] = Cip - 16 * (nch - 1)
+    prm[9] = address(table, 0)
+    prm[10] = 128
+    prm[11] = address(af, 0)
+    prm[12] = 0
+    for r in range(1, 6):
+        prm[1 + r] = r * Cip * 4
+    for a in range(na2):
+        for ib in range(0, P, 6):
+            nv = min(6, P - ib)
+            prm[0] = address(vf, (a * P + ib) * Cip)
+            for kb in range(nob):
+                pair = pa0 + kb // 2
+                prm[1] = address(uf, (a * npair + pair) * Cip * 32 + (kb % 2) * 16)
+                tile16_rows(pp, nv)
+                for r in range(nv):
+                    store16(mf, (a * P + ib + r) * cob + kb * 16, af, r * 16, EMPTY1, 0, False, 0, np.float32(0.0),
+                            np.float32(0.0))
+
+
+@njit(nogil=True, cache=True)
 def _wino_gemm(M, V, U, P, pa0, pa1, nob):
-    """The alpha^2 GEMMs with the register tile of the host's vector width (tiles.NARROW)."""
-    if NARROW:
+    """The alpha^2 GEMMs with the register tile of the host's vector width (tiles.NARROW, tiles.ASM_AVX2)."""
+    if ASM_AVX2:
+        _wino_gemm_avx2(M, V, U, P, pa0, pa1, nob)
+    elif NARROW:
         _wino_gemm_narrow(M, V, U, P, pa0, pa1, nob)
     else:
         _wino_gemm_wide(M, V, U, P, pa0, pa1, nob)
