@@ -62,6 +62,27 @@ print(json.dumps({"fma": k1x1._k1x1.inspect_llvm(k1x1._k1x1.signatures[0]).count
 """
 
 
+_FRESH_CALLER = r"""
+import json
+import numpy as np
+from numba import njit
+import tilefuse
+from tilefuse.kernels.conv import k1x1
+from tilefuse.kernels.conv.epilogue import EMPTY1
+pr = k1x1.prepare(np.ones((32, 32, 1, 1), np.float32), None)
+x = np.ones(2 * 49 * 16, np.float32)
+out = np.zeros(2 * 49 * 16, np.float32)
+
+@njit
+def caller(of, xf, wp, bias):
+    k1x1._k1x1(of, xf, wp, bias, EMPTY1, False, 0, np.float32(0), np.float32(0), 0, 49, 0, 1, 49, 7, 49, 7, 2, 2,
+               1, 1, True, 1, True, 32)
+
+caller(out, x, pr["weight"], pr["bias"])
+print(json.dumps({"ok": bool(np.all(out == 32.0))}))
+"""
+
+
 def test_assembly_tile_runs_on_x86_avx2_hosts(tmp_path):
     """x86-64 hosts compiled for 256-bit vectors with AVX2 and FMA run the assembly tile
     (`_nb.tile16`): the flag says so, and the 1x1 dispatcher compiled afresh (numba cannot inspect
@@ -88,6 +109,14 @@ def test_assembly_tile_runs_on_x86_avx2_hosts(tmp_path):
 
     assert fmas("1") == (42 if host_can else 0)
     assert fmas("0") == 0
+    # a new process: the dispatcher now comes from numba's cache (its codegen, which could register
+    # LLVM's asm parser, never runs), and a function compiled afresh links its IR, assembly
+    # included. Without the parser registered at import LLVM aborts the process here.
+    e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba1"), TILEFUSE_ASM_TILES="1",
+             PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    out = subprocess.run([sys.executable, "-c", _FRESH_CALLER], env=e, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ok": True}
 
 
 @pytest.mark.parametrize("ci,co,h,w,stride,n", [(24, 40, 9, 7, 1, 2), (40, 144, 7, 5, 2, 1), (256, 48, 6, 6, 1, 1),

@@ -15,6 +15,20 @@ from numba.extending import intrinsic
 LANES = 16  # output-channel block: one AVX-512 register of float32
 
 
+def _register_asm_parser() -> None:
+    """LLVM parses inline assembly (`tile16`) only with the host's asm parser registered; numba
+    registers the target and its printer, not the parser. Registered at import, not in tile16's
+    codegen: a kernel loaded from numba's cache never runs its codegen, and a function compiled
+    later that links the cached kernel's IR (any caller outside the cache) would have LLVM parse
+    the assembly without a parser, which aborts the process ("Inline asm not supported by this
+    streamer")."""
+    import llvmlite.binding as ll
+    ll.initialize_native_asmparser()
+
+
+_register_asm_parser()
+
+
 @intrinsic
 def stack_f32(typingctx, size):
     """float32* to `size` (a compile-time integer literal) stack slots."""
@@ -320,8 +334,7 @@ _TILE_CLOBBERS = ",".join([f"~{{ymm{i}}}" for i in range(16)]
 def tile16(typingctx, prm, rows):
     """The assembly tile above for `rows` (a compile-time literal, 1..6) positions, its parameters
     in prm (a CPointer(int64) of 13 from stack_i64). x86-64 with AVX2 and FMA only (tiles.ASM_AVX2
-    says where it runs); LLVM parses it with the host's asm parser, registered here (numba registers
-    the target and its printer only)."""
+    says where it runs); LLVM parses it with the host's asm parser (`_register_asm_parser`)."""
     if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
             and 1 <= rows.literal_value <= TILE_ROWS):
         return None
@@ -329,9 +342,15 @@ def tile16(typingctx, prm, rows):
     sig = types.void(prm, rows)
 
     def codegen(context, builder, signature, args):
-        import llvmlite.binding as ll
         from llvmlite import ir
-        ll.initialize_native_asmparser()
+
+        from tilefuse.kernels.conv.tiles import X86_AVX2
+        if not X86_AVX2:
+            # another kind of host: the dispatchers still compile their (unreachable) assembly-tile
+            # branch; it traps instead of holding x86 code LLVM cannot assemble here
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
+            builder.call(fn, [])
+            return context.get_dummy_value()
         i64 = ir.IntType(64)
         builder.asm(ir.FunctionType(ir.VoidType(), [i64]), _tile_asm(n), "{rdi}," + _TILE_CLOBBERS,
                     [builder.ptrtoint(args[0], i64)], True)

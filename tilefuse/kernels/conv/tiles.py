@@ -26,15 +26,19 @@ from tilefuse.kernels import isa
 NARROW = isa.info()["vector_bits"] < 512
 
 
+def _x86_avx2() -> bool:
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    return {"+avx2", "+fma"} <= set(isa._codegen_target()[1].split(","))
+
+
+X86_AVX2 = _x86_avx2()   # the assembly tile can be compiled here (it is emitted only then)
+
+
 def _asm_avx2() -> bool:
     import os
-    import platform
-    if not NARROW or platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    if os.environ.get("TILEFUSE_ASM_TILES", "").strip() == "0":
-        return False
-    feats = set(isa._codegen_target()[1].split(","))
-    return {"+avx2", "+fma"} <= feats
+    return NARROW and X86_AVX2 and os.environ.get("TILEFUSE_ASM_TILES", "").strip() != "0"
 
 
 ASM_AVX2 = _asm_avx2()
