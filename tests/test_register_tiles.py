@@ -86,7 +86,7 @@ print(json.dumps({"ok": bool(np.all(out == 32.0))}))
 def test_assembly_tile_runs_on_x86_avx2_hosts(tmp_path):
     """x86-64 hosts compiled for 256-bit vectors with AVX2 and FMA run the assembly tile
     (`_nb.tile16`): the flag says so, and the 1x1 dispatcher compiled afresh (numba cannot inspect
-    cached code) holds the tile's six variants (6 + 5 + ... + 1 = 21 positions x 2 FMAs); with
+    cached code) holds the tile's six variants (6 + 5 + ... + 1 = 21 positions x 2 FMAs per copy); with
     TILEFUSE_ASM_TILES=0 it holds none. Fails if the dispatch falls back to the numba tile."""
     import json
     import os
@@ -107,7 +107,8 @@ def test_assembly_tile_runs_on_x86_avx2_hosts(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])["fma"]
 
-    assert fmas("1") == (42 if host_can else 0)
+    got = fmas("1")   # 42 per copy of the tile LLVM inlined into the dispatcher
+    assert (got > 0 and got % 42 == 0) if host_can else got == 0, got
     assert fmas("0") == 0
     # a new process: the dispatcher now comes from numba's cache (its codegen, which could register
     # LLVM's asm parser, never runs), and a function compiled afresh links its IR, assembly

@@ -27,8 +27,8 @@ from numba import njit
 from tilefuse.kernels.conv._nb import LANES, address, atomic_add, stack_f32, stack_i64, tile16_rows
 from tilefuse.kernels.conv._tiles_gen import _direct_rows2_wide, _direct_rows_narrow  # (tilegen.DIRECT)
 from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
-from tilefuse.kernels.activations import apply_scalar
-from tilefuse.kernels.conv.epilogue import EMPTY4, IDENTITY, RB_OFFSETS, bias_or_zeros, resolve_act, store_rows
+from tilefuse.kernels.activations import apply_scalar, apply_span
+from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY4, IDENTITY, RB_OFFSETS, bias_or_zeros, resolve_act, store_rows
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_direct
 from tilefuse.kernels.threads import (numba_max_threads, numba_region, parallel_for, region_threads, resolve_threads,
@@ -105,6 +105,28 @@ def _direct_rows_avx2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh
 @njit(nogil=True, cache=True)
 def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, code,
                   alpha, beta, o0, o1):
+    """Output rows [oh0, oh1), blocks [o0, o1) (the tiles' arguments); an activation past clip is
+    deferred to one pass per chunk of rows (k1x1._k1x1's form: the same bits, no per-tile act_block
+    call)."""
+    if code <= 2:
+        _direct_tile(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
+                     code, alpha, beta, o0, o1)
+        return
+    Ob, P = out.shape[1], out.shape[2]
+    of = out.reshape(out.size)
+    step = max(1, ACT_CHUNK // (Wo * (o1 - o0) * 16))
+    for r0 in range(oh0, oh1, step):
+        r1 = min(oh1, r0 + step)
+        _direct_tile(out, n_out, q_off, xb, n, x_row0, wb, r0, r1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, 0,
+                     alpha, beta, o0, o1)
+        for ob in range(o0, o1):
+            d = (n_out * Ob + ob) * P
+            apply_span(of, (d + r0 * Wo - q_off) * 16, (d + r1 * Wo - q_off) * 16, code, alpha, beta)
+
+
+@njit(nogil=True, cache=True)
+def _direct_tile(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, code,
+                 alpha, beta, o0, o1):
     """The register tile of the host's vector width (tiles.NARROW, tiles.ASM_AVX2): 7 x 2 blocks, 5 x 1
     or the 6 x 1 assembly tile."""
     if ASM_AVX2:

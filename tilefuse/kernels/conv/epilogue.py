@@ -29,6 +29,10 @@ from numba import njit
 from tilefuse.kernels.activations import ACTIVATIONS, NAMES, apply_scalar, apply_span, normalize
 from tilefuse.kernels.conv._nb import act16, store16
 
+# floats (32 KiB) of output per deferred activation pass: the kernels' dispatchers (k1x1._k1x1,
+# direct._direct_rows2, stem._stem_rows) store the tiles of a chunk of output rows with bias (+ residual)
+# only and run an activation past clip over the chunk in one apply_span pass while it is in L1/L2
+ACT_CHUNK = 8192
 EMPTY1 = np.zeros(0, np.float32)  # "no residual" placeholders (keep numba types fixed)
 EMPTY2 = np.zeros((0, 0), np.float32)
 EMPTY4 = np.zeros((0, 0, 0, 0), np.float32)

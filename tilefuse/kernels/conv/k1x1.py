@@ -39,8 +39,9 @@ from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, prefetch, pr
                                        tile16_rows)
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
 from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
-from tilefuse.kernels.conv.epilogue import EMPTY1, act_block, bias_or_zeros, resolve_act
-from tilefuse.kernels.conv.planner import plan_k1x1
+from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, bias_or_zeros, resolve_act
+from tilefuse.kernels.activations import apply_span
+from tilefuse.kernels.conv.planner import RB1X1, plan_k1x1
 from tilefuse.kernels.threads import numba_region, resolve_threads
 
 Q_OUTER = None  # force the loop order (benchmarks); None: the plan's
@@ -78,10 +79,9 @@ def reduction_length(wp):
 
 
 @njit(nogil=True, cache=True)
-def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
-          q_outer, pfd, pfo, kc):
-    """One task: the micro-kernel of the host's vector width (tiles.NARROW, tiles.ASM_AVX2: compile-time
-    constants)."""
+def _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
+               q_outer, pfd, pfo, kc):
+    """The micro-kernel of the host's vector width (tiles.NARROW, tiles.ASM_AVX2: compile-time constants)."""
     if ASM_AVX2:
         _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                    sw, q_outer, pfd, pfo, kc)
@@ -91,6 +91,40 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
     else:
         _k1x1_wide(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                    sw, q_outer, pfd, pfo, kc)
+
+
+@njit(nogil=True, cache=True)
+def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
+          q_outer, pfd, pfo, kc):
+    """One task (positions [q0, q1), channel pairs [p0, p1)). Identity, ReLU and clip run in the
+    tiles' stores. The other activations (SiLU, GELU, hardswish, ...) are deferred: the task runs in
+    chunks of positions whose output (all its blocks) is at most epilogue.ACT_CHUNK floats; each chunk is
+    stored with bias (+ residual) and no activation, then activated in place by
+    activations.apply_span over its rows while they are still in L1/L2. A call of the tile's
+    per-tile activation (epilogue.act_block, 96-224 values) cost ~120 cycles more than the same
+    values in one pass (SiLU on a 16 -> 96 1x1 at 112x112: 2.08 ms against 0.78 ms conv + 0.79 ms
+    pass, one Zen 3 core). Each value gets the same operations (bias, residual, then the
+    activation), so the bits are those of the per-tile form."""
+    if code <= 2:
+        _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
+                   sw, q_outer, pfd, pfo, kc)
+        return
+    b0 = 2 * p0
+    b1 = min(2 * p1, Ob)
+    step = max(RB1X1, ACT_CHUNK // ((b1 - b0) * 16) // RB1X1 * RB1X1)
+    os_ = HWo * 16
+    for c0 in range(q0, q1, step):
+        c1 = min(q1, c0 + step)
+        _k1x1_tile(of, xf, wp, bias, rf, has_res, 0, alpha, beta, c0, c1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
+                   sw, q_outer, pfd, pfo, kc)
+        n = c0 // HWo
+        while n * HWo < c1:   # the chunk's rows per image: positions [j0, j1) of image n
+            j0 = max(c0, n * HWo) - n * HWo
+            j1 = min(c1, (n + 1) * HWo) - n * HWo
+            for b in range(b0, b1):
+                d = (n * Ob + b) * os_
+                apply_span(of, d + j0 * 16, d + j1 * 16, code, alpha, beta)
+            n += 1
 
 
 @njit(nogil=True, cache=True)

@@ -26,7 +26,8 @@ from numba import njit
 from tilefuse.kernels.conv._nb import LANES, atomic_add
 from tilefuse.kernels.conv._tiles_gen import _stem_rows_narrow, _stem_rows_wide  # (tilegen.STEM)
 from tilefuse.kernels.conv.tiles import NARROW
-from tilefuse.kernels.conv.epilogue import EMPTY4, resolve_act
+from tilefuse.kernels.activations import apply_span
+from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY4, resolve_act
 from tilefuse.kernels.conv.planner import plan_stem
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
 
@@ -82,12 +83,30 @@ def _pad_rows(band, x, n, h0, pl):
 
 
 @njit(nogil=True, cache=True)
-def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
+def _stem_tile(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
     """The register tile of the host's vector width (tiles.NARROW): 8 x 2 blocks or 5 x 1."""
     if NARROW:
         _stem_rows_narrow(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
     else:
         _stem_rows_wide(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
+
+
+@njit(nogil=True, cache=True)
+def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
+    """Output rows [oh0, oh1) of image n (out (N, Ob, Ho*Wo, 16)); an activation past clip is deferred
+    to one pass per chunk of rows (k1x1._k1x1's form: the same bits, no per-tile act_block call)."""
+    if code <= 2:
+        _stem_tile(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
+        return
+    Ob, HW = out.shape[1], out.shape[2]
+    of = out.reshape(out.size)
+    step = max(1, ACT_CHUNK // (Wo * Ob * 16))
+    for r0 in range(oh0, oh1, step):
+        r1 = min(oh1, r0 + step)
+        _stem_tile(out, n, band, x_row0, wb, r0, r1, Wo, sh, sw, dh, dw, bias, res, has_res, 0, alpha, beta)
+        for ob in range(Ob):
+            d = (n * Ob + ob) * HW * 16
+            apply_span(of, d + r0 * Wo * 16, d + r1 * Wo * 16, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True)
