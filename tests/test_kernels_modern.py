@@ -178,21 +178,30 @@ def test_validators_refuse_inconsistent_blocked_instructions():
             V.VALIDATORS[i.kernel](i)
 
 
-@pytest.mark.parametrize("o,c", [(17, 33), (32, 16), (70, 100), (5, 3)])   # O=70: the scaled-input path
-def test_se_conv_packs_scaled_weights_like_k1x1_prepare(o, c):
-    """The input-scaled 1x1 conv scales the packed weights per image (no numpy temporaries): they
-    equal k1x1.prepare(w * s[n])'s bit for bit, zero padding included (odd O and C), and the conv over a
-    batch of per-image scales on NCHW16c equals the reference (which scales x first)."""
+@pytest.mark.parametrize("o,c", [(17, 33), (32, 16), (70, 100), (5, 3), (96, 40)])   # O=70: the scaled-input path
+def test_se_conv_scales_weights_like_k1x1_prepare(o, c):
+    """The input-scaled 1x1 conv scales the packed weights per image inside the 1x1 kernel, task by
+    task into per-thread scratch (k1x1.run_nchwc(input_scale=...)): its output equals the 1x1 on
+    k1x1.prepare(w * s[n]) bit for bit for any thread count and task grid (odd O and C, a map whose
+    tasks split the output channels and one whose tasks split the positions), and the conv over a batch
+    of per-image scales on NCHW16c equals the reference (which scales x first)."""
     from tilefuse.kernels import reference as ref
     from tilefuse.kernels import se_conv
     from tilefuse.kernels.conv import from_nchwc, k1x1, to_nchwc
     wt = RNG.standard_normal((o, c, 1, 1)).astype(np.float32)
     b = RNG.standard_normal(o).astype(np.float32)
     s = RNG.random((3, c, 1, 1)).astype(np.float32)
-    for i in range(3):
-        wp = np.full((-(-o // 32), -(-c // 16) * 16, 32), np.nan, np.float32)
-        se_conv.scale_packed(wp, k1x1.prepare(wt, b)["weight"], s[i].reshape(c))
-        np.testing.assert_array_equal(wp, k1x1.prepare(wt * s[i].reshape(1, c, 1, 1), b)["weight"])
+    for hw in (3, 23):
+        x1 = to_nchwc(RNG.standard_normal((1, c, hw, hw)).astype(np.float32))
+        for i in range(3):
+            want_b = np.empty((1, -(-o // 16), hw, hw, 16), np.float32)
+            k1x1.run_nchwc(want_b, x1, k1x1.prepare(wt * s[i].reshape(1, c, 1, 1), b), threads=1)
+            for threads in (1, 2, 3):
+                got_b = np.full_like(want_b, np.nan)
+                k1x1.run_nchwc(got_b, x1, k1x1.prepare(wt, b), threads=threads, input_scale=s[i].reshape(c))
+                np.testing.assert_array_equal(got_b, want_b)
+            with pytest.raises(ValueError, match="input scale has"):
+                k1x1.run_nchwc(got_b, x1, k1x1.prepare(wt, b), input_scale=s[i].reshape(c)[:c // 2])
     x = RNG.standard_normal((3, c, 5, 7)).astype(np.float32)
     res = RNG.standard_normal((3, o, 5, 7)).astype(np.float32)
     want = ref.conv2d(x, wt, b, (1, 1), (0, 0, 0, 0), (1, 1), 1, residual=res, act=("silu", 0.0, 0.0), input_scale=s)

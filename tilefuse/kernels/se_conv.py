@@ -5,7 +5,9 @@
 For a 1x1 conv (stride 1, no padding, groups 1: the projection after the squeeze-excitation
 of MobileNetV3 / EfficientNet / RegNetY), the scale moves onto the weights instead of the
 activation: out[n] (O, H*W) = (w (O, C) * s[n] (1, C)) @ x[n] (C, H*W), so the scaled tensor
-x * s (N*C*H*W values) is never written or read; the per-image weight copy is O*C values.
+x * s (N*C*H*W values) is never written or read; the per-image weight copy is O*C values (on
+NCHW16c: made task by task inside the 1x1 kernel, each task scaling its own output channels' weights
+into its thread's scratch, k1x1.run_nchwc(input_scale=...)).
 One OpenBLAS GEMM per image and block of output channels (tasks on the conv pool, BLAS at one
 thread), then bias, residual and the activation in place. On NCHW16c tensors the per-image
 scaled weights are packed for the blocked 1x1 kernel (kernels/conv/k1x1.py) instead, or, where
@@ -25,19 +27,6 @@ from numba import njit
 from . import reference as ref
 from .broadcast import _code, apply_act_inplace
 from .threads import blas_threads, parallel_for, scratch
-
-
-@njit(nogil=True, cache=True)
-def scale_packed(wp, wk, s):
-    """wp[p, ci, :] = wk[p, ci, :] * s[ci]: the packed unscaled 1x1 weights wk (OP, Cip, 32)
-    (k1x1.prepare) scaled per input channel, 32 contiguous values per channel (zero past C)."""
-    OP, Cip, _ = wk.shape
-    C = s.shape[0]
-    for p in range(OP):
-        for ci in range(Cip):
-            sc = s[ci] if ci < C else np.float32(0.0)
-            for j in range(32):
-                wp[p, ci, j] = wk[p, ci, j] * sc
 
 
 @njit(nogil=True, cache=True)
@@ -87,11 +76,9 @@ def run_nchwc(out, x, prepared, s, res=None, *, relu=False, act=None, threads=No
             parallel_for(lambda t: scale_blocks(xs4, x4, sb, t[0], t[1], t[2]), tasks, threads)
         k1x1.run_nchwc(out, xs, prepared, res, relu=relu, act=act, threads=threads)
         return
-    wp = scratch("se_conv_wp", wk.shape)
-    for i in range(n):
-        scale_packed(wp, wk, s2[i])                       # = k1x1.prepare(w * s[i], b)["weight"]
-        k1x1.run_nchwc(out[i:i + 1], x[i:i + 1], {"weight": wp, "bias": bias},
-                       res[i:i + 1] if res is not None else None, relu=relu, act=act, threads=threads)
+    for i in range(n):   # the weights scaled task by task inside the 1x1 (= k1x1.prepare(w * s[i], b)["weight"])
+        k1x1.run_nchwc(out[i:i + 1], x[i:i + 1], prepared, res[i:i + 1] if res is not None else None, relu=relu,
+                       act=act, threads=threads, input_scale=s2[i])
 
 
 def bind(views, params):
@@ -106,6 +93,7 @@ def bind(views, params):
     w = views[1]
     b = views[2] if has_b else None
     prepared = k1x1.prepare(np.asarray(w, np.float32), None if b is None else np.asarray(b, np.float32))
+    prepared["kc"] = int(k1x1.reduction_length(prepared["weight"]))
     relu, act, threads = p.get("relu", False), p.get("act"), p.get("threads")
 
     def call(out, x, *rest):

@@ -42,7 +42,7 @@ from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, bias_or_zeros, resolve_act
 from tilefuse.kernels.activations import apply_span
 from tilefuse.kernels.conv.planner import RB1X1, plan_k1x1
-from tilefuse.kernels.threads import numba_region, resolve_threads
+from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
 
 Q_OUTER = None  # force the loop order (benchmarks); None: the plan's
 PF_OUT = True  # also prefetchw the output lines of the block ahead (docs/kernels.md)
@@ -211,6 +211,42 @@ def _k1x1_seq(counter, tid, tasks, of, xf, wp, bias, rf, has_res, code, alpha, b
               HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
 
 
+@njit(nogil=True, cache=True)
+def _k1x1_scaled_seq(counter, tid, tasks, of, xf, wk, sc, scr, done, bias, rf, has_res, code, alpha, beta, HWo, Wo,
+                     HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc):
+    """`_k1x1_seq` for a 1x1 with a per-input-channel scale sc (Cip,) (the fused squeeze-excitation,
+    kernels/se_conv.py): before its tiles, a task scales the rows [0, kc) of its channel pairs of the
+    unscaled packed weights wk into this thread's scratch scr[tid] (wk's shape), once per pair and
+    call (done[tid, p]), and runs the tiles on those. The scaled weights are wk * sc, rounded as
+    k1x1.prepare(w * s) rounds them, so the bits are those of scaling all the weights first; the
+    scaling is spread over the threads with the tasks and lands in the cache of the core that reads
+    it."""
+    w = scr[tid]
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= tasks.shape[0]:
+            break
+        for p in range(tasks[i, 2], tasks[i, 3]):
+            if done[tid, p] == 0:
+                done[tid, p] = 1
+                for ci in range(kc):
+                    f = sc[ci]
+                    for j in range(32):
+                        w[p, ci, j] = wk[p, ci, j] * f
+        _k1x1(of, xf, w, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3],
+              HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _k1x1_scaled_par(nt, tasks, of, xf, wk, sc, scr, done, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi,
+                     Cb, Ob, sh, sw, q_outer, pfd, pfo, kc):
+    """_k1x1_scaled_seq's workers on numba's pool."""
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _k1x1_scaled_seq(counter, nb.get_thread_id(), tasks, of, xf, wk, sc, scr, done, bias, rf, has_res, code,
+                         alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
+
+
 @functools.lru_cache(maxsize=1024)
 def task_table(total: int, op: int, q: int, p: int) -> np.ndarray:
     """(T, 4) int64 rows (q0, q1, p0, p1): position blocks outer, channel-pair ranges inner."""
@@ -221,10 +257,13 @@ def task_table(total: int, op: int, q: int, p: int) -> np.ndarray:
 
 
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=False, act=None, threads=None,
-              plan=None) -> None:
+              plan=None, input_scale=None) -> None:
     """x_b (N, Cb, H, W, 16) -> out_b (N, Ob, Ho, Wo, 16), no padding (1x1).
 
-    plan: from planner.plan_k1x1 (default: the one for `threads`)."""
+    plan: from planner.plan_k1x1 (default: the one for `threads`). input_scale: None, or a float32
+    per-input-channel scale (at least the weights' used input channels, `prepared["kc"]` or
+    reduction_length) applied to the weights task by task (`_k1x1_scaled_seq`; the fused
+    squeeze-excitation of kernels/se_conv.py, one image per call)."""
     code, al, be = resolve_act(relu, act, "gemm1x1")
     wp, bias = prepared["weight"], prepared["bias"]
     n, cb, h, w, _ = x_b.shape
@@ -240,6 +279,21 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     has_res = residual_b is not None
     rf = residual_b.reshape(-1) if has_res else EMPTY1
     qo = Q_OUTER if Q_OUTER is not None else pl["q_outer"]
-    numba_region(_k1x1_par, _k1x1_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias, rf,
-                 has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1], qo, PF_BLOCKS, PF_OUT,
-                 reduction_length(wp))
+    kc = prepared.get("kc")
+    if kc is None:
+        kc = reduction_length(wp)
+    if input_scale is None:
+        numba_region(_k1x1_par, _k1x1_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias,
+                     rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1], qo, PF_BLOCKS, PF_OUT,
+                     kc)
+        return
+    sc = np.asarray(input_scale, np.float32).reshape(-1)
+    if sc.shape[0] < kc:
+        raise ValueError(f"gemm1x1 (NCHWc): input scale has {sc.shape[0]} channels, the weights use {kc}")
+    # one scaled-weights scratch row per thread of the region (thread ids range over numba's pool)
+    nrows = numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1
+    scr = scratch("k1x1_scaled_w", (nrows,) + wp.shape)
+    done = np.zeros((nrows, op), np.uint8)
+    numba_region(_k1x1_scaled_par, _k1x1_scaled_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1),
+                 wp, sc, scr, done, bias, rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1],
+                 qo, PF_BLOCKS, PF_OUT, kc)
