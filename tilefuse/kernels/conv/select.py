@@ -27,8 +27,9 @@ Cost model (seconds on one core): t = flops / (PEAK * eff) + bytes / BW, with
             narrower than 16 channels), the direct kernel's eff (0.6 with an odd block count per
             block group: the 8 x 1 register block); bytes: the padded band copies
 Measured on the development machine (one core, `benchmarks/scaling.py` layers at batch 1/8/32):
-F(4x4) is the fastest on every ResNet50 3x3 layer, 1.4-2.1x direct; the model picks it on all
-of them. `tilefuse.compile(tune=True)` replaces the model by measurements.
+F(4x4) is the fastest on every ResNet50 3x3 layer, 1.4-2.1x direct, but the batch-1 7x7 one (512
+channels, 4 tiles: the GEMM streams a 37.7 MB U for 75 MFLOP), where direct is 1.6x faster; the
+model picks F(4x4) on the others and direct there (WEIGHT_BW below). `tilefuse.compile(tune=True)` replaces the model by measurements.
 """
 from __future__ import annotations
 
@@ -43,7 +44,13 @@ ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4", "im2col", "depthwis
 PEAK = 110e9
 BW = 10e9             # NCHW <-> NCHWc copies, gathers
 TRANSFORM_BW = 4e9    # Winograd transforms, bytes of V + M per second
-WEIGHT_BW = 40e9      # the packed Winograd U streamed by the GEMM (prefetched, overlapped)
+# the packed Winograd U streamed by the GEMM (overlapped): one core's rate. 40e9 before; the batch-1
+# 7x7 layers (F(4x4): 4 tiles, a 37.7 MB U for 512 channels, each 64-byte weight row feeding 8 FMAs)
+# ran F(4x4) at 13 GFLOP/s on one Zen 3 core (~6.5 GB/s of U), and at 2 threads 4.1-4.5 ms against
+# direct's 2.5-2.6 ms (F(2x2) 3.2-3.7), while the model picked F(4x4) (benchmarks/RESULTS.md,
+# 2026-11-27, fourth session). At 8e9 it picks direct there, F(4x4) for 14x14 at batch 1 (the three
+# within 15% measured) and for every ResNet50 3x3 layer from batch 8 on (F(4x4) measured fastest).
+WEIGHT_BW = 8e9
 EFF = {"gemm1x1": 0.9, "direct": 0.9, "direct1": 0.6, "winograd": 0.85, "im2col": 0.6, "depthwise": 0.08,
        "dw_blocked": 0.4, "grouped_lanes": 0.35}
 BAND_BW = 10e9        # grouped_lanes: bytes of the zero-bordered input band copied per second
