@@ -330,6 +330,17 @@ _TILE_CLOBBERS = ",".join([f"~{{ymm{i}}}" for i in range(16)]
                           + ["~{memory}", "~{dirflag}", "~{fpsr}", "~{flags}"])
 
 
+def x86_avx2() -> bool:
+    """Can the assembly tile be compiled here: an x86-64 host whose code numba generates with AVX2
+    and FMA (tiles.X86_AVX2; tiles.ASM_AVX2 decides whether the kernels use it)."""
+    import platform
+
+    from numba.core.registry import cpu_target
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    return {"+avx2", "+fma"} <= set(cpu_target.target_context.codegen()._tm_features.split(","))
+
+
 @intrinsic
 def tile16(typingctx, prm, rows):
     """The assembly tile above for `rows` (a compile-time literal, 1..6) positions, its parameters
@@ -343,9 +354,7 @@ def tile16(typingctx, prm, rows):
 
     def codegen(context, builder, signature, args):
         from llvmlite import ir
-
-        from tilefuse.kernels.conv.tiles import X86_AVX2
-        if not X86_AVX2:
+        if not x86_avx2():
             # another kind of host: the dispatchers still compile their (unreachable) assembly-tile
             # branch; it traps instead of holding x86 code LLVM cannot assemble here
             fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")

@@ -22,18 +22,12 @@ Read when the kernel modules are imported, after `tilefuse/__init__` has set the
 from __future__ import annotations
 
 from tilefuse.kernels import isa
+from tilefuse.kernels.conv._nb import x86_avx2
 
 NARROW = isa.info()["vector_bits"] < 512
 
 
-def _x86_avx2() -> bool:
-    import platform
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    return {"+avx2", "+fma"} <= set(isa._codegen_target()[1].split(","))
-
-
-X86_AVX2 = _x86_avx2()   # the assembly tile can be compiled here (it is emitted only then)
+X86_AVX2 = x86_avx2()   # the assembly tile can be compiled here (it is emitted only then)
 
 
 def _asm_avx2() -> bool:
