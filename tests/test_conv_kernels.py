@@ -384,13 +384,19 @@ def test_k1x1_plan_splits_channels_on_small_maps(l2):
 
 
 def test_k1x1_plan_small_l2_keeps_the_l2_rule():
-    """A 512 KiB L2 (Zen 2/3): the 7x7 input block no longer fits L2/2, so positions are split too,
-    and every task still has work for each thread count."""
+    """A 512 KiB L2 (Zen 2/3): a 14x14 map of 2048 channels (1.6 MB) does not fit, so its position
+    blocks keep the L2/2 rule; a whole 7x7 map (442 KB: within WHOLE_MAP_L2 of the L2) may be one
+    block, and the cores then split the output channels instead of each streaming all the weights;
+    every task still has work for each thread count."""
     planner.set_cache_sizes(l2=512 << 10)
     try:
         for t in (1, 2, 8, 16):
-            p = planner.plan_k1x1(2048, 16, 49, threads=t)
+            p = planner.plan_k1x1(2048, 16, 196, threads=t)
             assert p["Q"] % planner.RB1X1 == 0 and p["Q"] * 2048 * 4 <= (512 << 10) / 2 and p["tasks"] >= min(t, 2)
+            p = planner.plan_k1x1(2048, 16, 49, threads=t)
+            assert p["Q"] % planner.RB1X1 == 0 and p["tasks"] >= min(t, 2)
+            assert p["Q"] * 2048 * 4 <= planner.WHOLE_MAP_L2 * (512 << 10)
+        assert planner.plan_k1x1(2048, 16, 49, threads=2)["partitioning"] == "Co split (input shared)"
     finally:
         planner.set_cache_sizes()
 

@@ -208,6 +208,7 @@ RB1X1 = 6 if ASM_AVX2 else 5 if NARROW else 7
 PEAK_CORE = 100e9      # FLOP/s of one core in the model (only ratios matter)
 BW_CORE = 10e9         # bytes/s one core streams from L3/DRAM
 TASK_SECONDS = 2e-6    # fixed cost of a task (offsets, scratch, loop set-up)
+WHOLE_MAP_L2 = 0.85    # k1x1: a whole map's input block up to this fraction of L2 may be one task's (plan_k1x1)
 
 
 def _pick(cands, threads: int):
@@ -244,6 +245,12 @@ def plan_k1x1(cip: int, op: int, positions: int, threads: int = 1) -> dict:
 def _plan_k1x1(cip, op, positions, threads, l2):
     c7 = lambda v: -(-v // RB1X1) * RB1X1  # noqa: E731
     qmax = min(max(RB1X1, int(l2 / 2 / (4 * cip)) // RB1X1 * RB1X1), c7(positions))
+    if c7(positions) * 4 * cip <= WHOLE_MAP_L2 * l2:
+        # the whole input fits the L2 (with room for the weight rows streaming through): the cores may
+        # share it and split the output channels (2048 -> 512 at 7x7, batch 1, 512 KiB L2: the L2/2 rule
+        # forced two position blocks, each core streaming all 4 MB of weights; the channel split ran
+        # 0.86-0.89x the time with the weights cold; benchmarks/RESULTS.md, 2026-11-27, fourth session)
+        qmax = c7(positions)
     kmin = -(-positions // qmax)
     qs = {c7(-(-positions // k)) for k in range(kmin, kmin + 2 * threads + 1)}
     qs |= {q for q in (c7(-(-positions // k)) for k in range(1, 4 * threads + 1)) if q <= qmax}
