@@ -122,6 +122,33 @@ def test_relu_flag_is_act_relu_bitwise(path):
     assert (r[0] >= 0).all() and (i[0] < 0).any()
 
 
+# maps large enough that the dispatchers' deferred activation (epilogue.ACT_CHUNK floats of output
+# per pass) runs in several chunks: 1x1 chunks that end mid-image and cross into the next image,
+# direct / stem chunks of a few output rows
+CHUNKED = [
+    ("nchwc-gemm1x1", "gemm1x1", (2, 20, 20, 20), 40, 1, 1, 0, 1),
+    ("nchwc-direct", "direct", (2, 20, 22, 20), 40, 3, 1, 1, 1),
+    ("to_nchwc-stem", "im2col", (2, 3, 70, 66), 40, 7, 2, 3, 1),
+]
+
+
+@pytest.mark.parametrize("path", CHUNKED, ids=[p[0] for p in CHUNKED])
+def test_deferred_activation_covers_every_chunk(path):
+    """SiLU / GELU / hardswish run after a chunk of output rows is stored (k1x1._k1x1,
+    direct._direct_rows2, stem._stem_rows): every chunk, the image boundaries a 1x1 chunk crosses and
+    the last partial chunk all get it (against the reference), with the residual added first."""
+    from tilefuse.kernels.conv.epilogue import ACT_CHUNK
+    x, wt, b, res, kw = _data(path, seed=3)
+    base = ref.conv2d(x, wt, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], residual=res)
+    assert base[0, 0].size * 3 * 16 > ACT_CHUNK      # more than one chunk per image
+    for name, params in (("silu", ()), ("gelu", ()), ("hardswish", ())):
+        _, al, be = A.normalize(name, params)
+        want = A.reference(name, base, al, be)
+        got, _ = _run(path, x, wt, b, res, kw, act=A.encode(name, al, be))
+        err = np.abs(got - want).max() / max(1.0, float(np.abs(want).max()))
+        assert err <= TOL[path[1]], f"{path[0]} act {name}: max error {err:.3g}"
+
+
 def test_k1x1_and_stem_keep_activation_bits_across_threads():
     path = next(p for p in PATHS if p[0] == "nchwc-gemm1x1")
     x, wt, b, res, kw = _data(path, seed=2)
