@@ -44,7 +44,7 @@ def stack_f32(typingctx, size):
     return sig, codegen
 
 
-def _prefetch_impl(typingctx, arr, idx, rw):
+def _prefetch_impl(typingctx, arr, idx, rw, locality=3):
     if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
         return None
     sig = types.void(arr, idx)
@@ -57,7 +57,7 @@ def _prefetch_impl(typingctx, arr, idx, rw):
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [ptr, ir.Constant(i32, rw), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        builder.call(fn, [ptr, ir.Constant(i32, rw), ir.Constant(i32, locality), ir.Constant(i32, 1)])
         return context.get_dummy_value()
 
     return sig, codegen
@@ -68,6 +68,13 @@ def prefetch(typingctx, arr, idx):
     """Software prefetch (prefetcht0) of the cache line holding arr[idx] (1-D contiguous array);
     a hint only: never faults, so idx may run past the end."""
     return _prefetch_impl(typingctx, arr, idx, 0)
+
+
+@intrinsic
+def prefetch_l2(typingctx, arr, idx):
+    """prefetch into L2, not L1 (prefetcht1): for data needed a while later, which would only evict
+    what L1 holds now (the next channel pair's weight rows in k1x1)."""
+    return _prefetch_impl(typingctx, arr, idx, 0, 2)
 
 
 @intrinsic

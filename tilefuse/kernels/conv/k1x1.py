@@ -35,8 +35,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, prefetch, prefetchw, stack_f32, stack_i64, store16,
-                                       tile16_rows)
+from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, prefetch, prefetch_l2, prefetchw, stack_f32, stack_i64,
+                                       store16, tile16_rows)
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
 from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, bias_or_zeros, resolve_act
@@ -45,7 +45,9 @@ from tilefuse.kernels.conv.planner import RB1X1, plan_k1x1
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
 
 Q_OUTER = None  # force the loop order (benchmarks); None: the plan's
-PF_OUT = True  # also prefetchw the output lines of the block ahead (docs/kernels.md)
+PF_OUT = 1      # also prefetchw the output lines of the block ahead (docs/kernels.md)
+PF_WEIGHTS = 2  # software prefetch of the next channel pair's weight rows (assembly tile)
+PF_INPUT_SWEEPS = 0  # 4: pair outer, prefetch the input block on every sweep (else on the first)
 PF_BLOCKS = 1  # software-prefetch distance in 7-position blocks (0: off)
 
 
@@ -156,6 +158,13 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
     prm[10] = wp.shape[2] * 4
     prm[11] = address(acc.reshape(96), 0)
     wf = wp.reshape(wp.size)
+    ps = wp.shape[1] * 32                       # floats per channel pair (its kc rows: 2 * kc lines)
+    wl = 2 * kc
+    pl = (u0 + nu - 1) // 2                     # the task's last pair
+    wper = (wl + 2 * nq - 1) // (2 * nq)        # next-pair lines per tile (pair outer)
+    if (pfo & 2) and not q_outer:               # the first pair's first lines at once (its first tile waits on them)
+        for l in range(min(wl, 64)):
+            prefetch(wf, u0 // 2 * ps + l * 16)
     for it in range(nq * nu):
         if q_outer:  # a 6-position input block stays in L1 while the weights stream from L2
             qb = q0 + (it // nu) * 6
@@ -164,6 +173,20 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
             g = u0 + it // nq
             qb = q0 + (it % nq) * 6
         p = g // 2
+        if pfo & 2:   # software prefetch of the weights (PF_WEIGHTS)
+            if not q_outer:
+                # the next pair's rows, spread over this pair's tiles; while on the first block, the
+                # first pair's rest too
+                j = (g - 2 * p) * nq + it % nq
+                if p < pl:   # into L2 (prefetcht1): into L1 it evicted this pair's rows where K is large
+                    for l in range(j * wper, min(wl, (j + 1) * wper)):
+                        prefetch_l2(wf, (p + 1) * ps + l * 16)
+                if it < nq:
+                    for l in range(64 + j * wper, min(wl, 64 + (j + 1) * wper)):
+                        prefetch(wf, p * ps + l * 16)
+            elif it < nu and g % 2 == 0 and p < pl:   # the first position block: the next pair's rows
+                for l in range(wl):
+                    prefetch_l2(wf, (p + 1) * ps + l * 16)
         s0 = qb - q0
         f0 = io_all[s0]
         prm[0] = address(xf, f0)
@@ -171,13 +194,17 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
             prm[1 + r] = (np.int64(io_all[s0 + r]) - np.int64(f0)) * 4
         prm[1] = address(wf, (p * wp.shape[1]) * 32 + (g - 2 * p) * 16)
         prm[12] = address(bias, g * 16)
-        if pfd > 0 and ((not q_outer) or it % nu == 0):   # the input block pfd blocks ahead
+        # the input block pfd blocks ahead: once per position block (q outer), on the first block's
+        # sweep (pair outer: later sweeps find it in L1/L2; PF_INPUT_SWEEPS: on every sweep)
+        if pfd > 0 and ((it % nu == 0) if q_outer else (it < nq or (pfo & 4) != 0)):
             sp = s0 + 6 * pfd
             for r in range(6):
                 for cb in range(ncb):
                     prefetch(xf, io_all[sp + r] + np.uint64(cb * cs))
-                if pfo:
-                    prefetchw(of, oo_all[sp + r] + g * os_)
+        if pfd > 0 and (pfo & 1) and ((not q_outer) or it % nu == 0):
+            sp = s0 + 6 * pfd
+            for r in range(6):
+                prefetchw(of, oo_all[sp + r] + g * os_)
         nv = min(6, q1 - qb)
         tile16_rows(pp, nv)
         if code > 2:   # the other activations: one call per tile (their exp / erf code stays out)
@@ -282,9 +309,10 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     kc = prepared.get("kc")
     if kc is None:
         kc = reduction_length(wp)
+    pfo = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS
     if input_scale is None:
         numba_region(_k1x1_par, _k1x1_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias,
-                     rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1], qo, PF_BLOCKS, PF_OUT,
+                     rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1], qo, PF_BLOCKS, pfo,
                      kc)
         return
     sc = np.asarray(input_scale, np.float32).reshape(-1)
@@ -296,4 +324,4 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     done = np.zeros((nrows, op), np.uint8)
     numba_region(_k1x1_scaled_par, _k1x1_scaled_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1),
                  wp, sc, scr, done, bias, rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1],
-                 qo, PF_BLOCKS, PF_OUT, kc)
+                 qo, PF_BLOCKS, pfo, kc)

@@ -97,7 +97,7 @@ def $NAME(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
     the reduction runs over input channels [0, kc) (kc <= Cb*16: the weight rows from kc on are zero).
     Each output element is the same full-K dot product in the same order whichever tile runs it
     (acc = 0; += x[c] * w[c] for c ascending; + bias). q_outer: position blocks outer; pfd: software
-    prefetch distance in blocks (0: off); pfo: prefetchw the output lines too."""
+    prefetch distance in blocks (0: off); pfo: bits, 1: prefetchw the output lines too."""
     if 2 * (p1 - 1) + 1 >= Ob:   # the range ends with the odd block: pairs [p0, p1 - 1) here  #@B2
         $ONE(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p1 - 1, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,  #@B2
              q_outer, pfd, pfo, kc)  #@B2
@@ -136,9 +136,11 @@ def $NAME(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
         #@ each f{r} = io_all[s0 + {r}]
         # software prefetch of the input block pfd blocks ahead (once per block: the many
         # 64-byte-per-position plane streams of a large map defeat the hardware prefetcher)
-        pf = pfd > 0 and ((not q_outer) or it % nu == 0)
+        # (pair / block outer: on the first unit's sweep only, later sweeps find it in L1/L2; pfo & 4:
+        # on every sweep)
+        pf = pfd > 0 and ((it % nu == 0) if q_outer else (it < nq or (pfo & 4) != 0))
         sp = s0 + $R * pfd
-        if pfo and pfd > 0:
+        if (pfo & 1) and pfd > 0 and ((not q_outer) or it % nu == 0):
             for r in range($R):
                 prefetchw(of, oo_all[sp + r] + ob0 * os_)
                 if two:  #@B2
