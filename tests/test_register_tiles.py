@@ -141,8 +141,11 @@ def test_k1x1_tiles_same_bits(ci, co, h, w, stride, n, with_res):
     outs = []
     # every tile, both loop orders (position block outer / output block outer); the assembly tile
     # where this host runs it (tasks of 13, 3, 4, 5, 113 ... positions: partial tiles of 1-5 rows)
-    tiles = [k1x1._k1x1_narrow, k1x1._k1x1_wide] + ([k1x1._k1x1_avx2] if ASM_AVX2 else [])
-    for fn, q_outer in ((fn, q_outer) for fn in tiles for q_outer in (True, False)):
+    # (pfo 19: the assembly strip at stride 1, `k1x1._k1x1_strips`: whole tiles per image run, tiles across
+    # an image boundary, the partial last tile)
+    tiles = [(k1x1._k1x1_narrow, True), (k1x1._k1x1_wide, True)] + (
+        [(k1x1._k1x1_avx2, True), (k1x1._k1x1_avx2, 19)] if ASM_AVX2 else [])
+    for (fn, pfo), q_outer in (((fn, pfo), q_outer) for fn, pfo in tiles for q_outer in (True, False)):
         out = np.full((n, ob, ho, wo, 16), np.nan, np.float32)
         # three tasks: positions [0, q) x all pairs, then [q, total) in two pair ranges (mid-map starts)
         q = min(total - 1, 13)
@@ -150,13 +153,46 @@ def test_k1x1_tiles_same_bits(ci, co, h, w, stride, n, with_res):
             if p0 >= p1:
                 continue
             fn(out.reshape(-1), xb.reshape(-1), wp, bias, rf, with_res, *CLIP, q0, q1, p0, p1, ho * wo, wo, h * w,
-               w, xb.shape[1], ob, stride, stride, q_outer, 1, True, k1x1.reduction_length(wp))
+               w, xb.shape[1], ob, stride, stride, q_outer, 1, pfo, k1x1.reduction_length(wp))
         outs.append(out)
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
     got = _unblocked(outs[0], co)
     ref = np.einsum("nchw,oc->nohw", x[:, :, ::stride, ::stride], wt[:, :, 0, 0]) + b[None, :, None, None]
     ref = _act(ref, _unblocked(res, co) if with_res else None)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not ASM_AVX2, reason="the assembly strip runs on x86-64 AVX2 hosts (tiles.ASM_AVX2) only")
+@pytest.mark.parametrize("act", [None, "relu", ("clip", 0.0, 6.0), "silu"])
+def test_k1x1_strips_same_bits_as_tiles(act):
+    """run_nchwc with the strip (k1x1.STRIPS, the default on these hosts) and without: the same bits for
+    identity / ReLU / clip stored by the assembly (NaN inputs included: max / min with the bound first, as
+    store16's selects) and a deferred SiLU; batches whose tasks cross image boundaries, residuals, 1-3
+    threads; and the strip path is the one that ran."""
+    rng = np.random.default_rng(7)
+    cases = [(1, 16, 16, 5, 5), (2, 24, 40, 7, 7), (3, 32, 16, 3, 5), (1, 160, 96, 7, 7), (2, 200, 48, 7, 7),
+             (1, 20, 48, 13, 11), (2, 3, 17, 9, 4)]
+    try:
+        for n, ci, co, h, w in cases:
+            x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
+            x[0, 0, 0, 0] = np.nan
+            x[-1, -1, -1, -1] = -0.0
+            wt = rng.standard_normal((co, ci, 1, 1)).astype(np.float32)
+            pr = k1x1.prepare(wt, rng.standard_normal(co).astype(np.float32))
+            xb = _blocked(x)
+            ob = 2 * (-(-co // 32))
+            for res in (None, rng.standard_normal((n, ob, h, w, 16)).astype(np.float32)):
+                for th in (1, 2, 3):
+                    outs = []
+                    for strips in (False, True):
+                        k1x1.STRIPS = strips
+                        o = np.full((n, ob, h, w, 16), 7.0, np.float32)
+                        k1x1.run_nchwc(o, xb, pr, res, act=act, threads=th)
+                        outs.append(o)
+                    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (n, ci, co, h, w, th)
+    finally:
+        k1x1.STRIPS = True
+    assert k1x1._k1x1_strips.signatures, "the strip path never ran"
 
 
 def _conv_ref(x, wt, b, stride, pad, dil):

@@ -390,3 +390,99 @@ def tile16_rows(prm, nv):
         tile16(prm, 2)
     else:
         tile16(prm, 1)
+
+
+# The strip form of the tile (k1x1 at stride 1 on tiles.ASM_AVX2 hosts): `ntiles` consecutive tiles of R
+# positions, the positions of the strip consecutive in every 16-channel plane (64 bytes apart: one image's
+# map of a stride-1 1x1), each tile computed as tile16 computes it (the same FMA chain: bits equal) and
+# stored by the assembly itself: + bias, (+ residual), the activation (0 identity, 1 ReLU, 2 clip), to the
+# output (R consecutive positions of one 16-channel block). The numba code around tile16 cost ~250 cycles
+# a tile (parameter block, stores through a stack buffer, prefetch bookkeeping): a K = 32 tile is ~200
+# cycles of FMAs. The next tile's input lines (each chunk's; parameter 12) and output lines are prefetched.
+# Parameter block (int64 [14], read through %rdi):
+#   0 &x (the strip's first position, chunk 0)   1 &w (first channel's row)   2 chunk stride (bytes)
+#   3 chunks (0: none, the accumulators stay 0)   4 channels in the last chunk (1..16)   5 wstride (bytes)
+#   6 &out (the first position)   7 tiles (>= 1)   8 &bias[16]   9 &residual (like out), or 0: none
+#  10 activation code (0, 1, 2)   11 &(alpha, beta) (float32: clip's bounds)   12 prefetch the input (0: no,
+#     where the strip's input is already in L1/L2: a later block's sweep)   13 bytes from a weight row to the
+#     same row of the block computed next (prefetcht1 as each row is read: the next block's weights reach L2
+#     at the pace of the compute; a burst of prefetches stalls once the miss buffers are full)
+# ReLU: max(0, v) as vmaxps with 0 first (0 if 0 > v else v: NaN and -0.0 pass, as store16's select);
+# clip: min(beta, max(alpha, v)) the same way (alpha if alpha > v else v; beta if beta < m else m).
+STRIP_PF_OUT = 2   # output lines prefetched (prefetchw) this many tiles ahead
+STRIP_PF_IN = 1    # input lines (each chunk's) this many tiles ahead
+
+
+def _strip_asm(rows: int) -> str:
+    step = 64 * rows
+    body = ["vmovups (%rdx), %ymm12", "vmovups 32(%rdx), %ymm13", "prefetcht1 (%rdx,%rax)"]
+    for r in range(rows):
+        b = 14 + (r & 1)
+        body += [f"vbroadcastss {64 * r}(%rsi), %ymm{b}", f"vfmadd231ps %ymm{b}, %ymm12, %ymm{2 * r}",
+                 f"vfmadd231ps %ymm{b}, %ymm13, %ymm{2 * r + 1}"]
+    acc = range(2 * rows)
+    s = ["mov 104(%rdi), %rax", "mov (%rdi), %r10", "mov 48(%rdi), %r11", "mov 56(%rdi), %r12", "mov 72(%rdi), %r13",
+         "mov 16(%rdi), %r8", "mov 40(%rdi), %r9",
+         "5:"]
+    s += [f"vxorps %ymm{i}, %ymm{i}, %ymm{i}" for i in acc]
+    s += [f"prefetchw {STRIP_PF_OUT * step + 64 * r}(%r11)" for r in range(rows)]
+    s += ["mov %r10, %r14", "mov 8(%rdi), %rdx", "mov 24(%rdi), %rcx", "test %rcx, %rcx", "jz 2f",
+          "1:", "mov %r14, %rsi", "mov $$16, %rbx", "cmp $$1, %rcx", "jne 3f", "mov 32(%rdi), %rbx", "3:"]
+    s += ["cmpq $$0, 96(%rdi)", "je 4f"] + [f"prefetcht0 {STRIP_PF_IN * step + 64 * r}(%r14)" for r in range(rows)]
+    s += ["4:"] + body + ["add $$4, %rsi", "add %r9, %rdx", "dec %rbx", "jnz 4b",
+                          "add %r8, %r14", "dec %rcx", "jnz 1b",
+                          "2:", "mov 64(%rdi), %r15", "vmovups (%r15), %ymm12", "vmovups 32(%r15), %ymm13"]
+    s += [f"vaddps %ymm{12 + (i & 1)}, %ymm{i}, %ymm{i}" for i in acc]
+    s += ["test %r13, %r13", "jz 6f"]
+    s += [f"vaddps {32 * i}(%r13), %ymm{i}, %ymm{i}" for i in acc]
+    s += [f"add $${step}, %r13",
+          "6:", "mov 80(%rdi), %r15", "cmp $$1, %r15", "jne 7f", "vxorps %ymm12, %ymm12, %ymm12"]
+    s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in acc]
+    s += ["jmp 8f", "7:", "cmp $$2, %r15", "jne 8f", "mov 88(%rdi), %r15", "vbroadcastss (%r15), %ymm12",
+          "vbroadcastss 4(%r15), %ymm13"]
+    s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in acc]
+    s += [f"vminps %ymm{i}, %ymm13, %ymm{i}" for i in acc]
+    s += ["8:"] + [f"vmovups %ymm{i}, {32 * i}(%r11)" for i in acc]
+    s += [f"add $${step}, %r10", f"add $${step}, %r11", "dec %r12", "jnz 5b"]
+    return "\n\t".join(s)
+
+
+@intrinsic
+def strip16(typingctx, prm, rows):
+    """The strip above for `rows` (a compile-time literal, 1..6) positions a tile, its parameters in prm
+    (a CPointer(int64) of 14 from stack_i64); x86-64 with AVX2 and FMA only, as tile16."""
+    if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
+            and 1 <= rows.literal_value <= TILE_ROWS):
+        return None
+    n = rows.literal_value
+    sig = types.void(prm, rows)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        if not x86_avx2():
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
+            builder.call(fn, [])
+            return context.get_dummy_value()
+        i64 = ir.IntType(64)
+        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), _strip_asm(n), "{rdi}," + _TILE_CLOBBERS,
+                    [builder.ptrtoint(args[0], i64)], True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def strip16_rows(prm, nv):
+    """strip16 with nv = 1..6 positions a tile chosen at run time."""
+    if nv >= 6:
+        strip16(prm, 6)
+    elif nv == 5:
+        strip16(prm, 5)
+    elif nv == 4:
+        strip16(prm, 4)
+    elif nv == 3:
+        strip16(prm, 3)
+    elif nv == 2:
+        strip16(prm, 2)
+    else:
+        strip16(prm, 1)

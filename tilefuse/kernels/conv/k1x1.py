@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, prefetch, prefetch_l2, prefetchw, stack_f32, stack_i64,
-                                       store16, tile16_rows)
+                                       store16, strip16_rows, tile16_rows)
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
 from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, bias_or_zeros, resolve_act
@@ -49,6 +49,8 @@ PF_OUT = 1      # also prefetchw the output lines of the block ahead (docs/kerne
 PF_WEIGHTS = 2  # software prefetch of the next channel pair's weight rows (assembly tile)
 PF_INPUT_SWEEPS = 0  # 4: pair outer, prefetch the input block on every sweep (else on the first)
 PF_BLOCKS = 1  # software-prefetch distance in 7-position blocks (0: off)
+STRIPS = True   # stride-1 layers on the assembly strip (_nb.strip16, `_k1x1_strips`); False: tile by tile
+STRIP_GROUP_BYTES = 16384   # q outer: a strip group's input block (positions x kc x 4 B) at most this (L1 / 2)
 
 
 def prepare(w, b) -> dict:
@@ -130,6 +132,107 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
 
 
 @njit(nogil=True, cache=True)
+def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo, kc,
+                 group):
+    """`_k1x1_avx2` for a stride-1 layer on the assembly strip (`_nb.strip16`): the task's positions
+    in groups, each group's blocks one after the other, a block's positions of one image in one strip
+    call (whole 6-position tiles, then one call for the rest), stored (bias, residual, identity / ReLU /
+    clip) by the assembly. Pair outer (q_outer False): one group, the whole task (a block's weights
+    stay in L1 while its positions stream); q outer: groups of `group` positions (their input block
+    stays in L1 while the blocks' weights stream from L2). The bits are the tile's (the same FMA
+    chain, then + bias, + residual, the activation as store16)."""
+    pp = stack_i64(14)
+    prm = nb.carray(pp, 14)
+    ab = nb.carray(stack_f32(2), 2)
+    ab[0] = alpha
+    ab[1] = beta
+    cs = HWo * 16
+    u0 = 2 * p0
+    nu = min(2 * p1, Ob) - u0
+    ncb = (kc + 15) // 16
+    prm[2] = cs * 4
+    prm[3] = ncb
+    prm[4] = kc - 16 * (ncb - 1)
+    prm[5] = wp.shape[2] * 4
+    prm[10] = code
+    prm[11] = address(ab, 0)
+    wf = wp.reshape(wp.size)
+    ps = wp.shape[1] * 32
+    pl = (u0 + nu - 1) // 2
+    # tile16's parameter block, for tiles that cross an image boundary
+    acc = nb.carray(stack_f32(96), (6, 16))
+    tpp = stack_i64(13)
+    tp = nb.carray(tpp, 13)
+    table = np.empty(max(ncb, 1), np.int64)
+    for cb in range(ncb):
+        table[cb] = cb * cs * 4
+    xoff = np.empty(6, np.int64)
+    ooff = np.empty(6, np.int64)
+    tp[7] = ncb
+    tp[8] = kc - 16 * (ncb - 1)
+    tp[9] = address(table, 0)
+    tp[10] = wp.shape[2] * 4
+    tp[11] = address(acc.reshape(96), 0)
+    span = group if q_outer else q1 - q0
+    for a0 in range(q0, q1, span):
+        a1 = min(q1, a0 + span)
+        for g in range(u0, u0 + nu):
+            p = g // 2
+            wo = p * ps + (g - 2 * p) * 16
+            # the next block's rows, prefetched row by row as this block's are read (PF_WEIGHTS)
+            gn = g + 1 if g + 1 < u0 + nu else (u0 if a0 + span < q1 else g)
+            prm[13] = ((gn // 2) * ps + (gn % 2) * 16 - wo) * 4 if (pfo & 2) else 0
+            prm[1] = address(wf, wo)
+            prm[8] = address(bias, g * 16)
+            prm[12] = 1 if g == u0 or (pfo & 4) else 0   # the input: on the group's first block's sweep
+            tp[1] = prm[1]
+            tp[12] = prm[8]
+            j = a0
+            while j < a1:
+                n = j // HWo
+                jj = j - n * HWo
+                end = min(a1, (n + 1) * HWo)
+                nt = (end - j) // 6
+                if nt > 0:   # the image's whole tiles
+                    oo = ((n * Ob + g) * HWo + jj) * 16
+                    prm[0] = address(xf, (n * Cb * HWo + jj) * 16)
+                    prm[6] = address(of, oo)
+                    prm[7] = nt
+                    prm[9] = address(rf, oo) if has_res else 0
+                    strip16_rows(pp, 6)
+                    j += 6 * nt
+                if j == end:
+                    continue
+                if end < a1:
+                    # the image's last positions and the next image's first in one tile (7x7 maps of a
+                    # batch: a partial tile at every image's end cost 5-7%): tile16 on gathered offsets
+                    nv = min(6, a1 - j)
+                    for r in range(nv):
+                        pos = j + r
+                        nr = pos // HWo
+                        jr = pos - nr * HWo
+                        xoff[r] = (nr * Cb * HWo + jr) * 16
+                        ooff[r] = ((nr * Ob + g) * HWo + jr) * 16
+                    tp[0] = address(xf, xoff[0])
+                    for r in range(1, 6):
+                        tp[1 + r] = (xoff[min(r, nv - 1)] - xoff[0]) * 4
+                    tile16_rows(tpp, nv)
+                    for r in range(nv):
+                        d = np.uint64(ooff[r])
+                        store16(of, d, acc, r * 16, rf, d, has_res, code, alpha, beta)
+                    j += nv
+                else:        # the group's last positions
+                    jj = j - n * HWo
+                    oo = ((n * Ob + g) * HWo + jj) * 16
+                    prm[0] = address(xf, (n * Cb * HWo + jj) * 16)
+                    prm[6] = address(of, oo)
+                    prm[7] = 1
+                    prm[9] = address(rf, oo) if has_res else 0
+                    strip16_rows(pp, end - j)
+                    j = end
+
+
+@njit(nogil=True, cache=True)
 def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
                q_outer, pfd, pfo, kc):
     """`_k1x1_narrow` with the assembly tile `_nb.tile16` (x86-64 AVX2 hosts, tiles.ASM_AVX2): 6
@@ -138,6 +241,10 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
     (the positions' input offsets; output block g's weight rows in the pair-packed wp:
     wp[g // 2, c, 16 * (g % 2) + l], 128 bytes apart; chunk cb of 16 input channels at cb * HWi * 64
     bytes) and stores it (epilogue.store_rows' forms)."""
+    if (pfo & 16) and sh == 1 and sw == 1 and code <= 2:   # stride 1: the assembly strip (STRIPS)
+        _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo,
+                     kc, max(6, STRIP_GROUP_BYTES // max(1, 4 * kc) // 6 * 6))
+        return
     acc = nb.carray(stack_f32(96), (6, 16))
     pp = stack_i64(13)   # the tile's parameter block (_nb.tile16)
     prm = nb.carray(pp, 13)
@@ -309,7 +416,7 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     kc = prepared.get("kc")
     if kc is None:
         kc = reduction_length(wp)
-    pfo = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS
+    pfo = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | (16 if STRIPS else 0)
     if input_scale is None:
         numba_region(_k1x1_par, _k1x1_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias,
                      rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1], qo, PF_BLOCKS, pfo,
