@@ -4,7 +4,7 @@
         "tiles:k1x1.STRIPS=False" "strip:k1x1.STRIPS=True"
 
 Each variant is NAME:STATEMENTS (Python, `;`-separated, run with the conv kernel modules k1x1, direct,
-depthwise, winograd and stem in scope) that set module-level switches the kernels read at call time.
+depthwise, winograd and stem and kernels/threads.py as `threads` in scope) that set module-level switches the kernels read at call time.
 The network is compiled once; the rounds alternate the variants (order reversed every other round so
 neither always runs first), each round running `--runs` computes with per-instruction timings
 (`Session.compute(timings=)`). Printed: each variant's median wall time and median kernel sum, and every
@@ -37,7 +37,8 @@ def main() -> int:
     import tilefuse
     from tilefuse import models
     from tilefuse.kernels.conv import depthwise, direct, k1x1, stem, winograd
-    scope = {"k1x1": k1x1, "direct": direct, "depthwise": depthwise, "winograd": winograd, "stem": stem}
+    from tilefuse.kernels import threads
+    scope = {"threads": threads, "k1x1": k1x1, "direct": direct, "depthwise": depthwise, "winograd": winograd, "stem": stem}
     variants = []
     for v in args.variants:
         name, sep, stmt = v.partition(":")
