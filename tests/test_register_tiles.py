@@ -168,12 +168,15 @@ def test_k1x1_strips_same_bits_as_tiles(act):
     """run_nchwc with the strip (k1x1.STRIPS, the default on these hosts) and without: the same bits for
     identity / ReLU / clip stored by the assembly (NaN inputs included: max / min with the bound first, as
     store16's selects) and a deferred SiLU; batches whose tasks cross image boundaries, residuals, 1-3
-    threads; and the strip path is the one that ran."""
+    threads, reductions in slices (k1x1.STRIP_K) or whole, a residual in the output's memory; and the
+    strip path is the one that ran."""
     rng = np.random.default_rng(7)
     cases = [(1, 16, 16, 5, 5), (2, 24, 40, 7, 7), (3, 32, 16, 3, 5), (1, 160, 96, 7, 7), (2, 200, 48, 7, 7),
              (1, 20, 48, 13, 11), (2, 3, 17, 9, 4)]
     try:
-        for n, ci, co, h, w in cases:
+        # reduction slices of 32 channels (k1x1.STRIP_K: partial sums stored and resumed) and none
+        for (n, ci, co, h, w), k in ((c, k) for c in cases for k in (32, 0)):
+            k1x1.STRIP_K = k
             x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
             x[0, 0, 0, 0] = np.nan
             x[-1, -1, -1, -1] = -0.0
@@ -190,8 +193,22 @@ def test_k1x1_strips_same_bits_as_tiles(act):
                         k1x1.run_nchwc(o, xb, pr, res, act=act, threads=th)
                         outs.append(o)
                     assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (n, ci, co, h, w, th)
+        # the residual in the output's own memory (in place): the slices' partial sums must not overwrite it
+        for n, ci, co, h, w in ((1, 200, 48, 7, 7), (2, 96, 64, 5, 5)):
+            k1x1.STRIP_K = 32
+            xb = _blocked(rng.standard_normal((n, ci, h, w)).astype(np.float32))
+            pr = k1x1.prepare(rng.standard_normal((co, ci, 1, 1)).astype(np.float32), None)
+            r = rng.standard_normal((n, 2 * (-(-co // 32)), h, w, 16)).astype(np.float32)
+            outs = []
+            for strips in (False, True):
+                k1x1.STRIPS = strips
+                o = r.copy()
+                k1x1.run_nchwc(o, xb, pr, o, act=act, threads=1)
+                outs.append(o)
+            assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), ("in place", n, ci, co)
     finally:
         k1x1.STRIPS = True
+        k1x1.STRIP_K = 128
     assert k1x1._k1x1_strips.signatures, "the strip path never ran"
 
 

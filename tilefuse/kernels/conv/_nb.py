@@ -399,7 +399,7 @@ def tile16_rows(prm, nv):
 # output (R consecutive positions of one 16-channel block). The numba code around tile16 cost ~250 cycles
 # a tile (parameter block, stores through a stack buffer, prefetch bookkeeping): a K = 32 tile is ~200
 # cycles of FMAs. The next tile's input lines (each chunk's; parameter 12) and output lines are prefetched.
-# Parameter block (int64 [14], read through %rdi):
+# Parameter block (int64 [16], read through %rdi):
 #   0 &x (the strip's first position, chunk 0)   1 &w (first channel's row)   2 chunk stride (bytes)
 #   3 chunks (0: none, the accumulators stay 0)   4 channels in the last chunk (1..16)   5 wstride (bytes)
 #   6 &out (the first position)   7 tiles (>= 1)   8 &bias[16]   9 &residual (like out), or 0: none
@@ -407,6 +407,9 @@ def tile16_rows(prm, nv):
 #     where the strip's input is already in L1/L2: a later block's sweep)   13 bytes from a weight row to the
 #     same row of the block computed next (prefetcht1 as each row is read: the next block's weights reach L2
 #     at the pace of the compute; a burst of prefetches stalls once the miss buffers are full)
+#  14 accumulate: the accumulators start from the output's values (a later slice of the reduction), else 0
+#  15 finalize: + bias, residual and the activation before the store (the reduction's last slice), else
+#     the partial sums are stored as they are (float32, exact: the chain goes on from them unchanged)
 # ReLU: max(0, v) as vmaxps with 0 first (0 if 0 > v else v: NaN and -0.0 pass, as store16's select);
 # clip: min(beta, max(alpha, v)) the same way (alpha if alpha > v else v; beta if beta < m else m).
 STRIP_PF_OUT = 2   # output lines prefetched (prefetchw) this many tiles ahead
@@ -423,15 +426,18 @@ def _strip_asm(rows: int) -> str:
     acc = range(2 * rows)
     s = ["mov 104(%rdi), %rax", "mov (%rdi), %r10", "mov 48(%rdi), %r11", "mov 56(%rdi), %r12", "mov 72(%rdi), %r13",
          "mov 16(%rdi), %r8", "mov 40(%rdi), %r9",
-         "5:"]
+         "5:", "cmpq $$0, 112(%rdi)", "je 9f"]
+    s += [f"vmovups {32 * i}(%r11), %ymm{i}" for i in acc]
+    s += ["jmp 10f", "9:"]
     s += [f"vxorps %ymm{i}, %ymm{i}, %ymm{i}" for i in acc]
-    s += [f"prefetchw {STRIP_PF_OUT * step + 64 * r}(%r11)" for r in range(rows)]
+    s += ["10:"] + [f"prefetchw {STRIP_PF_OUT * step + 64 * r}(%r11)" for r in range(rows)]
     s += ["mov %r10, %r14", "mov 8(%rdi), %rdx", "mov 24(%rdi), %rcx", "test %rcx, %rcx", "jz 2f",
           "1:", "mov %r14, %rsi", "mov $$16, %rbx", "cmp $$1, %rcx", "jne 3f", "mov 32(%rdi), %rbx", "3:"]
     s += ["cmpq $$0, 96(%rdi)", "je 4f"] + [f"prefetcht0 {STRIP_PF_IN * step + 64 * r}(%r14)" for r in range(rows)]
     s += ["4:"] + body + ["add $$4, %rsi", "add %r9, %rdx", "dec %rbx", "jnz 4b",
                           "add %r8, %r14", "dec %rcx", "jnz 1b",
-                          "2:", "mov 64(%rdi), %r15", "vmovups (%r15), %ymm12", "vmovups 32(%r15), %ymm13"]
+                          "2:", "cmpq $$0, 120(%rdi)", "je 8f",
+                          "mov 64(%rdi), %r15", "vmovups (%r15), %ymm12", "vmovups 32(%r15), %ymm13"]
     s += [f"vaddps %ymm{12 + (i & 1)}, %ymm{i}, %ymm{i}" for i in acc]
     s += ["test %r13, %r13", "jz 6f"]
     s += [f"vaddps {32 * i}(%r13), %ymm{i}, %ymm{i}" for i in acc]
@@ -450,7 +456,7 @@ def _strip_asm(rows: int) -> str:
 @intrinsic
 def strip16(typingctx, prm, rows):
     """The strip above for `rows` (a compile-time literal, 1..6) positions a tile, its parameters in prm
-    (a CPointer(int64) of 14 from stack_i64); x86-64 with AVX2 and FMA only, as tile16."""
+    (a CPointer(int64) of 16 from stack_i64); x86-64 with AVX2 and FMA only, as tile16."""
     if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
             and 1 <= rows.literal_value <= TILE_ROWS):
         return None

@@ -51,6 +51,9 @@ PF_INPUT_SWEEPS = 0  # 4: pair outer, prefetch the input block on every sweep (e
 PF_BLOCKS = 1  # software-prefetch distance in 7-position blocks (0: off)
 STRIPS = True   # stride-1 layers on the assembly strip (_nb.strip16, `_k1x1_strips`); False: tile by tile
 STRIP_GROUP_BYTES = 16384   # q outer: a strip group's input block (positions x kc x 4 B) at most this (L1 / 2)
+STRIP_K = 128   # the strip's reduction slice (input channels, a multiple of 16, at most 4080; 0: none): longer
+                # reductions run in slices whose block weights (STRIP_K x 64 B) stay in L1 (128: 2048 -> 512 at
+                # 7x7 0.70x the time of no slices, 256 0.74x; benchmarks/RESULTS.md, fifth session)
 
 
 def prepare(w, b) -> dict:
@@ -139,10 +142,15 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     call (whole 6-position tiles, then one call for the rest), stored (bias, residual, identity / ReLU /
     clip) by the assembly. Pair outer (q_outer False): one group, the whole task (a block's weights
     stay in L1 while its positions stream); q outer: groups of `group` positions (their input block
-    stays in L1 while the blocks' weights stream from L2). The bits are the tile's (the same FMA
-    chain, then + bias, + residual, the activation as store16)."""
-    pp = stack_i64(14)
-    prm = nb.carray(pp, 14)
+    stays in L1 while the blocks' weights stream from L2). A long reduction (kc > the slice in pfo's
+    bits 8-15, x 16 channels: STRIP_K) runs in slices of that many input channels, each slice over all
+    the group's blocks (a block's slice of weights stays in L1: 2048 channels were 128 KiB a block,
+    streamed from L2 for every tile), the partial sums stored in the output and the next slice's chain
+    going on from them (the same FMAs in the same order: the same bits); bias, residual and activation
+    with the last slice. The bits are the tile's (the same FMA chain, then + bias, + residual, the
+    activation as store16)."""
+    pp = stack_i64(16)
+    prm = nb.carray(pp, 16)
     ab = nb.carray(stack_f32(2), 2)
     ab[0] = alpha
     ab[1] = beta
@@ -150,16 +158,24 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     u0 = 2 * p0
     nu = min(2 * p1, Ob) - u0
     ncb = (kc + 15) // 16
+    kb = ((pfo >> 8) & 255) * 16
+    if kb == 0 or kb >= kc:
+        kb = max(kc, 16)
+    elif has_res:   # a residual sharing the output's memory would be overwritten by the partial sums
+        o0 = address(of, 0)
+        r0 = address(rf, 0)
+        if o0 < r0 + 4 * rf.size and r0 < o0 + 4 * of.size:
+            kb = max(kc, 16)
+    nkb = (kc + kb - 1) // kb if kc > 0 else 1
+    if nkb > 1 and q_outer:
+        group = max(6, STRIP_GROUP_BYTES // (4 * kb) // 6 * 6)
     prm[2] = cs * 4
-    prm[3] = ncb
-    prm[4] = kc - 16 * (ncb - 1)
     prm[5] = wp.shape[2] * 4
     prm[10] = code
     prm[11] = address(ab, 0)
     wf = wp.reshape(wp.size)
     ps = wp.shape[1] * 32
-    pl = (u0 + nu - 1) // 2
-    # tile16's parameter block, for tiles that cross an image boundary
+    # tile16's parameter block, for tiles that cross an image boundary (one slice only)
     acc = nb.carray(stack_f32(96), (6, 16))
     tpp = stack_i64(13)
     tp = nb.carray(tpp, 13)
@@ -176,60 +192,70 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     span = group if q_outer else q1 - q0
     for a0 in range(q0, q1, span):
         a1 = min(q1, a0 + span)
-        for g in range(u0, u0 + nu):
-            p = g // 2
-            wo = p * ps + (g - 2 * p) * 16
-            # the next block's rows, prefetched row by row as this block's are read (PF_WEIGHTS)
-            gn = g + 1 if g + 1 < u0 + nu else (u0 if a0 + span < q1 else g)
-            prm[13] = ((gn // 2) * ps + (gn % 2) * 16 - wo) * 4 if (pfo & 2) else 0
-            prm[1] = address(wf, wo)
-            prm[8] = address(bias, g * 16)
-            prm[12] = 1 if g == u0 or (pfo & 4) else 0   # the input: on the group's first block's sweep
-            tp[1] = prm[1]
-            tp[12] = prm[8]
-            j = a0
-            while j < a1:
-                n = j // HWo
-                jj = j - n * HWo
-                end = min(a1, (n + 1) * HWo)
-                nt = (end - j) // 6
-                if nt > 0:   # the image's whole tiles
-                    oo = ((n * Ob + g) * HWo + jj) * 16
-                    prm[0] = address(xf, (n * Cb * HWo + jj) * 16)
-                    prm[6] = address(of, oo)
-                    prm[7] = nt
-                    prm[9] = address(rf, oo) if has_res else 0
-                    strip16_rows(pp, 6)
-                    j += 6 * nt
-                if j == end:
-                    continue
-                if end < a1:
-                    # the image's last positions and the next image's first in one tile (7x7 maps of a
-                    # batch: a partial tile at every image's end cost 5-7%): tile16 on gathered offsets
-                    nv = min(6, a1 - j)
-                    for r in range(nv):
-                        pos = j + r
-                        nr = pos // HWo
-                        jr = pos - nr * HWo
-                        xoff[r] = (nr * Cb * HWo + jr) * 16
-                        ooff[r] = ((nr * Ob + g) * HWo + jr) * 16
-                    tp[0] = address(xf, xoff[0])
-                    for r in range(1, 6):
-                        tp[1 + r] = (xoff[min(r, nv - 1)] - xoff[0]) * 4
-                    tile16_rows(tpp, nv)
-                    for r in range(nv):
-                        d = np.uint64(ooff[r])
-                        store16(of, d, acc, r * 16, rf, d, has_res, code, alpha, beta)
-                    j += nv
-                else:        # the group's last positions
+        for ks in range(nkb):
+            k0 = ks * kb
+            k1 = min(kc, k0 + kb)
+            nch = (k1 - k0 + 15) // 16
+            prm[3] = nch
+            prm[4] = (k1 - k0) - 16 * (nch - 1)
+            prm[14] = 1 if ks > 0 else 0
+            fin = ks == nkb - 1
+            prm[15] = 1 if fin else 0
+            xk = (k0 // 16) * cs
+            for g in range(u0, u0 + nu):
+                p = g // 2
+                wo = p * ps + (g - 2 * p) * 16
+                # the next block's rows, prefetched row by row as this block's are read (PF_WEIGHTS)
+                gn = g + 1 if g + 1 < u0 + nu else (u0 if (a0 + span < q1 or ks + 1 < nkb) else g)
+                prm[13] = ((gn // 2) * ps + (gn % 2) * 16 - wo) * 4 if (pfo & 2) else 0
+                prm[1] = address(wf, wo + k0 * 32)
+                prm[8] = address(bias, g * 16)
+                prm[12] = 1 if g == u0 or (pfo & 4) else 0   # the input: on the group's first block's sweep
+                tp[1] = prm[1]
+                tp[12] = prm[8]
+                j = a0
+                while j < a1:
+                    n = j // HWo
                     jj = j - n * HWo
-                    oo = ((n * Ob + g) * HWo + jj) * 16
-                    prm[0] = address(xf, (n * Cb * HWo + jj) * 16)
-                    prm[6] = address(of, oo)
-                    prm[7] = 1
-                    prm[9] = address(rf, oo) if has_res else 0
-                    strip16_rows(pp, end - j)
-                    j = end
+                    end = min(a1, (n + 1) * HWo)
+                    nt = (end - j) // 6
+                    if nt > 0:   # the image's whole tiles
+                        oo = ((n * Ob + g) * HWo + jj) * 16
+                        prm[0] = address(xf, (n * Cb * HWo + jj) * 16 + xk)
+                        prm[6] = address(of, oo)
+                        prm[7] = nt
+                        prm[9] = address(rf, oo) if has_res and fin else 0
+                        strip16_rows(pp, 6)
+                        j += 6 * nt
+                    if j == end:
+                        continue
+                    if end < a1 and nkb == 1:
+                        # the image's last positions and the next image's first in one tile (7x7 maps of a
+                        # batch: a partial tile at every image's end cost 5-7%): tile16 on gathered offsets
+                        nv = min(6, a1 - j)
+                        for r in range(nv):
+                            pos = j + r
+                            nr = pos // HWo
+                            jr = pos - nr * HWo
+                            xoff[r] = (nr * Cb * HWo + jr) * 16
+                            ooff[r] = ((nr * Ob + g) * HWo + jr) * 16
+                        tp[0] = address(xf, xoff[0])
+                        for r in range(1, 6):
+                            tp[1 + r] = (xoff[min(r, nv - 1)] - xoff[0]) * 4
+                        tile16_rows(tpp, nv)
+                        for r in range(nv):
+                            d = np.uint64(ooff[r])
+                            store16(of, d, acc, r * 16, rf, d, has_res, code, alpha, beta)
+                        j += nv
+                    else:        # the image's (or group's) last positions
+                        jj = j - n * HWo
+                        oo = ((n * Ob + g) * HWo + jj) * 16
+                        prm[0] = address(xf, (n * Cb * HWo + jj) * 16 + xk)
+                        prm[6] = address(of, oo)
+                        prm[7] = 1
+                        prm[9] = address(rf, oo) if has_res and fin else 0
+                        strip16_rows(pp, end - j)
+                        j = end
 
 
 @njit(nogil=True, cache=True)
@@ -416,7 +442,7 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     kc = prepared.get("kc")
     if kc is None:
         kc = reduction_length(wp)
-    pfo = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | (16 if STRIPS else 0)
+    pfo = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | (16 if STRIPS else 0) | (min(255, STRIP_K // 16) << 8)
     if input_scale is None:
         numba_region(_k1x1_par, _k1x1_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias,
                      rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1], qo, PF_BLOCKS, pfo,
