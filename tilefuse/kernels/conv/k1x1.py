@@ -205,9 +205,16 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
             for g in range(u0, u0 + nu):
                 p = g // 2
                 wo = p * ps + (g - 2 * p) * 16
-                # the next block's rows, prefetched row by row as this block's are read (PF_WEIGHTS)
-                gn = g + 1 if g + 1 < u0 + nu else (u0 if (a0 + span < q1 or ks + 1 < nkb) else g)
-                prm[13] = ((gn // 2) * ps + (gn % 2) * 16 - wo) * 4 if (pfo & 2) else 0
+                # the rows the strip computes next, prefetched row by row as this block's are read
+                # (PF_WEIGHTS): the next block's slice, else the first block's next slice, else (the next
+                # group) its first slice
+                gn, kn = g + 1, k0
+                if gn == u0 + nu:
+                    gn, kn = u0, (k0 + kb if ks + 1 < nkb else 0)
+                    if ks + 1 == nkb and a0 + span >= q1:
+                        gn, kn = g, k0   # nothing after this block: a distance of 0
+                won = (gn // 2) * ps + (gn % 2) * 16 + kn * 32
+                prm[13] = (won - wo - k0 * 32) * 4 if (pfo & 2) else 0
                 prm[1] = address(wf, wo + k0 * 32)
                 prm[8] = address(bias, g * 16)
                 prm[12] = 1 if g == u0 or (pfo & 4) else 0   # the input: on the group's first block's sweep
