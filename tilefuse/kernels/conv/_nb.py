@@ -348,11 +348,11 @@ def x86_avx2() -> bool:
     return {"+avx2", "+fma"} <= set(cpu_target.target_context.codegen()._tm_features.split(","))
 
 
-@intrinsic
-def tile16(typingctx, prm, rows):
-    """The assembly tile above for `rows` (a compile-time literal, 1..6) positions, its parameters
-    in prm (a CPointer(int64) of 13 from stack_i64). x86-64 with AVX2 and FMA only (tiles.ASM_AVX2
-    says where it runs); LLVM parses it with the host's asm parser (`_register_asm_parser`)."""
+def _asm_block(prm, rows, text):
+    """The typing and codegen of an assembly block intrinsic (tile16, strip16): prm a CPointer(int64)
+    parameter block (its address in %rdi), rows a compile-time literal 1..6, text(rows) the assembly.
+    On another kind of host the dispatchers still compile their (unreachable) assembly branch; it
+    traps there instead of holding x86 code LLVM cannot assemble."""
     if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
             and 1 <= rows.literal_value <= TILE_ROWS):
         return None
@@ -362,17 +362,23 @@ def tile16(typingctx, prm, rows):
     def codegen(context, builder, signature, args):
         from llvmlite import ir
         if not x86_avx2():
-            # another kind of host: the dispatchers still compile their (unreachable) assembly-tile
-            # branch; it traps instead of holding x86 code LLVM cannot assemble here
             fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
             builder.call(fn, [])
             return context.get_dummy_value()
         i64 = ir.IntType(64)
-        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), _tile_asm(n), "{rdi}," + _TILE_CLOBBERS,
+        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), text(n), "{rdi}," + _TILE_CLOBBERS,
                     [builder.ptrtoint(args[0], i64)], True)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def tile16(typingctx, prm, rows):
+    """The assembly tile above for `rows` (a compile-time literal, 1..6) positions, its parameters
+    in prm (a CPointer(int64) of 13 from stack_i64). x86-64 with AVX2 and FMA only (tiles.ASM_AVX2
+    says where it runs); LLVM parses it with the host's asm parser (`_register_asm_parser`)."""
+    return _asm_block(prm, rows, _tile_asm)
 
 
 @njit(inline="always")
@@ -457,24 +463,7 @@ def _strip_asm(rows: int) -> str:
 def strip16(typingctx, prm, rows):
     """The strip above for `rows` (a compile-time literal, 1..6) positions a tile, its parameters in prm
     (a CPointer(int64) of 16 from stack_i64); x86-64 with AVX2 and FMA only, as tile16."""
-    if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
-            and 1 <= rows.literal_value <= TILE_ROWS):
-        return None
-    n = rows.literal_value
-    sig = types.void(prm, rows)
-
-    def codegen(context, builder, signature, args):
-        from llvmlite import ir
-        if not x86_avx2():
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
-            builder.call(fn, [])
-            return context.get_dummy_value()
-        i64 = ir.IntType(64)
-        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), _strip_asm(n), "{rdi}," + _TILE_CLOBBERS,
-                    [builder.ptrtoint(args[0], i64)], True)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return _asm_block(prm, rows, _strip_asm)
 
 
 @njit(inline="always")
