@@ -4,9 +4,11 @@
 
 ONNX Runtime runs the zoo model's torch twin (the same weights, exported by torch's TorchScript
 exporter, as benchmarks/networks.py does) with its profiler on (`enable_profiling`): each node's
-kernel time, the least of --repeat runs. tilefuse's per-instruction times come from
-`tilefuse.profile` (the least of --repeat runs too). Both engines run with the same thread count
-in this process, one after the other (ORT first, its session then deleted so its threads are gone).
+kernel time, the least of --repeat runs. tilefuse's per-instruction times come from timed passes
+(`Session.compute(timings=)`, as `tilefuse profile`; the least of --repeat runs too). Both engines
+run with the same thread count in this process, interleaved: every round one ORT run and one
+tilefuse pass, the process idle before each (benchmarks/quiesce.py), the order alternating, so a
+drift of the machine's speed hits both.
 
 Convolutions are matched by output shape in execution order: each tilefuse conv with the first
 unmatched ORT conv (Conv or FusedConv, which carries the ReLU / Add that tilefuse fuses too) of the
@@ -33,9 +35,19 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 
-def ort_node_times(onnx_bytes: bytes, x: np.ndarray, threads: int, repeat: int) -> list[tuple[str, str, tuple, float]]:
-    """[(node name, op, output shape, least kernel seconds)] in execution order."""
+def interleaved_times(onnx_bytes: bytes, x: np.ndarray, compiled, threads: int, repeat: int,
+                      pause: float = 0.02):
+    """Both engines' per-layer times from one loop: each of `repeat` rounds runs ORT once (its profiler
+    on) and one timed tilefuse pass (`Session.compute(timings=)`), the process idle before each
+    (benchmarks/quiesce.py, at least `pause` seconds: ORT's workers spin for tens of ms after a run), the order
+    alternating per round. Both see the same machine phase, which drifts by 1.5x within minutes on the
+    shared development VM. Returns ([(node name, op, output shape, least kernel seconds)] in ORT's
+    execution order, [least seconds per tilefuse instruction], tilefuse's median "between kernels")."""
     import onnxruntime as ort
+    from quiesce import quiesce
+
+    from tilefuse.profile import _timed_pass
+    from tilefuse.runtime import Session
     with tempfile.TemporaryDirectory() as d:
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
@@ -45,8 +57,24 @@ def ort_node_times(onnx_bytes: bytes, x: np.ndarray, threads: int, repeat: int) 
         so.profile_file_prefix = os.path.join(d, "ort")
         s = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
         s.run(None, {"x": x})                                # warm-up (its events are dropped below)
-        for _ in range(repeat):
-            s.run(None, {"x": x})
+        sess = Session(compiled, threads=threads)
+        sess.copy_constants()
+        ins, outs = sess.alloc_io()
+        sess.device.copy_in(ins[0], x)
+        sess.compute(ins, outs)                              # JIT / cache load, first touch
+        nins = len(compiled.plan().rows)
+        per, between = [], []
+        for r in range(repeat):
+            for which in ((0, 1) if r % 2 == 0 else (1, 0)):
+                quiesce(pause)
+                if which == 0:
+                    s.run(None, {"x": x})
+                else:
+                    acc = [0.0] * nins
+                    between.append(_timed_pass(sess, ins, outs, acc))
+                    per.append(acc)
+        sess.free_io((ins, outs))
+        sess.release()
         with open(s.end_profiling()) as f:
             events = json.load(f)
         del s
@@ -63,7 +91,8 @@ def ort_node_times(onnx_bytes: bytes, x: np.ndarray, threads: int, repeat: int) 
             order.append((name, e["args"].get("op_name", "?"), shape))
         times[name].append(e["dur"] * 1e-6)
     # the warm-up run's events come first: drop one sample per node when there are repeat + 1
-    return [(n, op, shp, float(min(times[n][1:] if len(times[n]) > repeat else times[n]))) for n, op, shp in order]
+    ort_rows = [(n, op, shp, float(min(times[n][1:] if len(times[n]) > repeat else times[n]))) for n, op, shp in order]
+    return ort_rows, np.min(np.array(per), axis=0), float(np.median(between))
 
 
 def same_shape(ort_shape: tuple, tf_shape: tuple) -> bool:
@@ -93,7 +122,7 @@ def main() -> int:
     from networks import IMAGE_SIZE, torch_twin
     from tilefuse import models
     from tilefuse.kernels.isa import describe
-    from tilefuse.profile import profile
+    from tilefuse.profile import Profile
 
     torch.set_num_threads(args.threads)
     size = args.image_size or IMAGE_SIZE.get(args.model, 224)
@@ -105,9 +134,13 @@ def main() -> int:
         warnings.simplefilter("ignore")
         torch.onnx.export(tm, (torch.from_numpy(x.copy()),), f, dynamo=False, input_names=["x"], output_names=["y"],
                           opset_version=17)
-    ort_rows = ort_node_times(f.getvalue(), x, args.threads, args.repeat)
-    prof = profile(tilefuse.compile(net, threads=args.threads), threads=args.threads, repeat=args.repeat,
-                   name=args.model)
+    compiled = tilefuse.compile(net, threads=args.threads)
+    ort_rows, tf_least, between = interleaved_times(f.getvalue(), x, compiled, args.threads, args.repeat)
+    prof = Profile(args.model, [{"index": r["index"], "kernel": r["kernel"], "algorithm": r["algorithm"],
+                                 "partitioning": r["partitioning"], "tasks": r.get("tasks"),
+                                 "output_shape": r["output_shape"], "flops": r["flops"], "seconds": float(t)}
+                                for r, t in zip(compiled.plan().rows, tf_least)],
+                   total_seconds=float("nan"), threads=args.threads, peak_core=0.0, between_seconds=between)
     print(f"# layers vs ORT: {args.model} batch {args.batch} {size}x{size}, {args.threads} threads, {describe()}, "
           f"onnxruntime {ort.__version__}, least of {args.repeat} runs per layer")
     ort_total = sum(r[3] for r in ort_rows)

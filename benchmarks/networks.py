@@ -24,8 +24,9 @@ torch's TorchScript exporter writes to ONNX for ONNX Runtime), the same input an
 thread count: tilefuse Session(threads=N), ONNX Runtime intra_op_num_threads=N with sequential
 execution, torch.set_num_threads(N). Timing is interleaved, so load from other processes hits
 every engine alike: after one warm-up run each, --reps rounds each time one run of every engine
-(the order rotating per round, a short pause between engines so one engine's spinning worker
-threads have gone idle before the next starts); the table gives the median per engine. A ratio
+(the order rotating per round; between engines `quiesce()` waits until the process is idle:
+ONNX Runtime's workers spin for tens of ms after a run, and an engine started meanwhile loses a
+core to them, benchmarks/quiesce.py); the table gives the median per engine. A ratio
 > 1 means tilefuse is faster. "rel err" is max|tilefuse - torch| / max|torch|.
 """
 from __future__ import annotations
@@ -38,6 +39,8 @@ import time
 import warnings
 
 import numpy as np
+
+from quiesce import quiesce  # noqa: E402  (benchmarks/quiesce.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -55,7 +58,7 @@ PAUSE_S = 0.02
 
 def interleaved(engines: dict, reps: int, inner: int = 1) -> dict:
     """Median seconds per engine: one warm-up each, then `reps` rounds of every engine (order rotated
-    per round, PAUSE_S between engines), each timing `inner` runs back to back and counting their
+    per round, the process idle before each: quiesce, at least PAUSE_S), each timing `inner` runs back to back and counting their
     mean. inner = 1 (the default) is a single run after the other engines ran: cold caches and
     sleeping worker threads; a larger inner is the steady state of a serving loop."""
     for fn in engines.values():
@@ -64,7 +67,7 @@ def interleaved(engines: dict, reps: int, inner: int = 1) -> dict:
     times = {n: [] for n in names}
     for r in range(reps):
         for n in names[r % len(names):] + names[:r % len(names)]:
-            time.sleep(PAUSE_S)
+            quiesce(PAUSE_S)
             t = time.perf_counter()
             for _ in range(inner):
                 engines[n]()

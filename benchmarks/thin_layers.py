@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from quiesce import quiesce  # noqa: E402  (benchmarks/quiesce.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
@@ -123,12 +125,12 @@ def main() -> int:
             s.run(None, feeds)
             tt = []
             for _ in range(args.reps):
-                time.sleep(PAUSE_S)
+                quiesce(PAUSE_S)
                 t = time.perf_counter()
                 for _ in range(INNER):
                     tf()
                 tt.append((time.perf_counter() - t) / INNER)
-                time.sleep(PAUSE_S)
+                quiesce(PAUSE_S)
                 for _ in range(INNER):
                     s.run(None, feeds)
             t_tf, m_tf = float(np.median(tt)) * 1e3, float(np.min(tt)) * 1e3

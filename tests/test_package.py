@@ -225,6 +225,27 @@ def test_constants_and_tensors_are_cache_line_aligned_in_host_memory(tmp_path):
         sess.release()
 
 
+def test_scratch_views_follow_their_buffer():
+    """Scratch.get returns the view it built for (slot, dtype, shape) on later calls (the layers ask for
+    the same one every call); when the slot's buffer grows the old views are dropped, so a cached view
+    never points into the buffer that was replaced. Shapes and dtypes of a slot get their own views."""
+    from tilefuse.kernels.threads import Scratch
+    s = Scratch()
+    a = s.get("band", (2, 100))
+    assert s.get("band", (2, 100)) is a and a.shape == (2, 100)
+    assert s.get("band", [2, 100]) is a                         # a list shape: the same view
+    b = s.get("band", 50)
+    assert b.shape == (50,) and b.ctypes.data == a.ctypes.data     # same buffer, another view
+    d = s.get("band", (2, 100), np.float64)
+    assert d.dtype == np.float64 and d.ctypes.data != a.ctypes.data
+    big = s.get("band", (4, 1000))                               # grows the float32 buffer
+    assert big.shape == (4, 1000)
+    again = s.get("band", (2, 100))
+    assert again is not a and again.ctypes.data == big.ctypes.data   # a view of the new buffer
+    again[...] = 7.0
+    assert np.all(s.bufs[("band", np.dtype(np.float32))][:200] == 7.0)
+
+
 def test_scratch_buffers_are_cache_line_aligned():
     from tilefuse.kernels.threads import Scratch, aligned, aligned_empty
     s = Scratch()

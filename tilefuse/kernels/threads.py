@@ -32,7 +32,17 @@ import numpy as np
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
-_LOCAL = threading.local()
+
+
+class _Local(threading.local):
+    """Per-thread state, with class-level defaults: a missing attribute read through getattr's
+    default raises and catches an AttributeError inside, ~1 us a read, and numba_region read two
+    per layer on the main thread (which never sets `worker`)."""
+    worker = False      # a thread of our pool (a nested region runs inline there)
+    numba_nt = 0        # numba's thread count as last set from this thread
+
+
+_LOCAL = _Local()
 
 
 def cpu_count() -> int:
@@ -94,7 +104,7 @@ def _spread(body, nt: int) -> None:
 def _width(threads, ntasks: int) -> int:
     """Threads a parallel region uses: at most `threads` (None: all cores) and `ntasks`; 1 inside
     a pool worker (a nested region runs inline, so it can never wait for its own pool)."""
-    if getattr(_LOCAL, "worker", False):
+    if _LOCAL.worker:
         return 1
     return min(resolve_threads(threads), ntasks)
 
@@ -300,7 +310,8 @@ def region_mode(nt: int) -> str:
         sample = min(_others_now(), _others_now())
         _NUMBA["others"] = min(sample, _NUMBA.get("last", sample))
         _NUMBA["last"], _NUMBA["sampled"] = sample, now
-    return "pool" if _NUMBA["others"] + nt > cpu_count() else "numba"
+        _NUMBA["cpus"] = cpu_count()     # resampled with the load: a syscall, ~1 us a layer if per call
+    return "pool" if _NUMBA["others"] + nt > _NUMBA["cpus"] else "numba"
 
 
 def numba_region(par, seq, threads, ntasks: int, *args) -> int:
@@ -311,7 +322,8 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     that many seq workers; on numba's pool: region_threads(threads, any) workers, the same team
     width for every region of a session whatever its task count. Which thread runs a task never
     changes its bits. Returns the thread count used."""
-    nt = region_threads(threads, ntasks)
+    width = region_threads(threads, 1 << 30)
+    nt = min(width, ntasks)
     if nt <= 1:
         seq(np.zeros(1, np.int64), 0, *args)
         return 1
@@ -320,14 +332,13 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     # and the next wide one must wake the parked threads. On the 16-core device machine a 1x1 layer
     # after a 14-task Winograd layer took 260-278 us against 157 us after a 16-task one, and the
     # classifier after the 2-task global pool 0.56-0.89 ms against 0.115 (benchmarks/RESULTS.md).
-    width = region_threads(threads, 1 << 30)
     if region_mode(width) == "pool":       # judged at the width numba's pool would run
         counter = np.zeros(1, np.int64)     # a fresh one per region: a late worker finds it spent
         _spread(lambda tid: seq(counter, tid, *args), nt)
         return nt
     layer = numba_layer()
     nt = width
-    if getattr(_LOCAL, "numba_nt", 0) != nt:
+    if _LOCAL.numba_nt != nt:
         _NUMBA["set"](nt)          # numba's per-thread count: set once per change (a ctypes call)
         _LOCAL.numba_nt = nt
     if layer == "workqueue":
@@ -363,21 +374,34 @@ class Scratch:
 
     def __init__(self):
         self.bufs: dict[tuple[str, np.dtype], np.ndarray] = {}
+        # (slot, dtype as passed, shape) -> the view `get` returned: a layer asks for the same view on
+        # every call, and building it (dtype, key, slice, reshape) cost ~2.4 us a call on the
+        # development VM's Python, a tenth of a 7x7 depthwise layer's kernel. Cleared when a buffer
+        # is replaced.
+        self._views: dict = {}
 
     def reserve(self, slot: str, nelem: int, dtype=np.float32) -> None:
         key = (slot, np.dtype(dtype))
         if key not in self.bufs or self.bufs[key].size < nelem:
             self.bufs[key] = aligned_empty(max(int(nelem), 1), dtype)
+            self._views.clear()
 
     def get(self, slot: str, shape, dtype=np.float32) -> np.ndarray:
         """A view of `shape` (an int: 1-D) on the slot's buffer."""
+        if isinstance(shape, list):
+            shape = tuple(shape)
+        vk = (slot, dtype, shape)
+        v = self._views.get(vk)
+        if v is not None:
+            return v
         n = shape if isinstance(shape, int) else math.prod(shape)   # (np.prod: ~20 us a call)
         key = (slot, np.dtype(dtype))
         buf = self.bufs.get(key)
         if buf is None or buf.size < n:
             self.reserve(slot, n, dtype)
             buf = self.bufs[key]
-        return buf[:n].reshape(shape)
+        v = self._views[vk] = buf[:n].reshape(shape)
+        return v
 
     @property
     def nbytes(self) -> int:

@@ -415,8 +415,10 @@ def _k1x1_scaled_par(nt, tasks, of, xf, wk, sc, scr, done, bias, rf, has_res, co
 
 
 @functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024)
 def task_table(total: int, op: int, q: int, p: int) -> np.ndarray:
-    """(T, 4) int64 rows (q0, q1, p0, p1): position blocks outer, channel-pair ranges inner."""
+    """(T, 4) int64 rows (q0, q1, p0, p1): position blocks outer, channel-pair ranges inner (read-only, shared
+    by the calls of a layer shape)."""
     t = np.array([(q0, min(q0 + q, total), p0, min(p0 + p, op)) for q0 in range(0, total, q) for p0 in range(0, op, p)],
                  np.int64).reshape(-1, 4)
     t.flags.writeable = False
