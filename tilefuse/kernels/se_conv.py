@@ -20,13 +20,15 @@ relative.
 """
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 
 from numba import njit
 
 from . import reference as ref
 from .broadcast import _code, apply_act_inplace
-from .threads import blas_threads, parallel_for, scratch
+from .conv._nb import atomic_add
+from .threads import blas_threads, numba_region, parallel_for, scratch
 
 
 @njit(nogil=True, cache=True)
@@ -38,6 +40,28 @@ def scale_blocks(xs, x, sb, n, c0, c1):
         for p in range(P):
             for l in range(16):
                 xs[n, cb, p, l] = x[n, cb, p, l] * sb[n, cb * 16 + l]
+
+
+@njit(nogil=True, cache=True)
+def _scale_seq(counter, tid, xs, x, sb, per):
+    """One worker of the input-scaling pass (threads.numba_region): task i = image i // chunks, channel
+    blocks [(i % chunks) * per, + per): the tasks of pool.mean_tasks."""
+    blocks = x.shape[1]
+    chunks = (blocks + per - 1) // per
+    total = x.shape[0] * chunks
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= total:
+            break
+        c0 = (i % chunks) * per
+        scale_blocks(xs, x, sb, i // chunks, c0, min(c0 + per, blocks))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _scale_par(nt, xs, x, sb, per):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _scale_seq(counter, nb.get_thread_id(), xs, x, sb, per)
 
 
 CALL_VALUES = 100_000   # a 1x1 conv call per image costs about a memory pass over this many values
@@ -55,7 +79,7 @@ def run_nchwc(out, x, prepared, s, res=None, *, relu=False, act=None, threads=No
     """Blocked x (N, Cb, H, W, 16) / out / residual, NCHW scale s (N, C, 1, 1); `prepared`: the
     unscaled weights packed by k1x1.prepare (w (O, C, 1, 1), b) -> {"weight" (OP, Cip, 32), "bias"}."""
     from .conv import k1x1
-    from .pool import mean_tasks
+    from .pool import mean_blocks_per_task
     wk, bias = prepared["weight"], prepared["bias"]
     n, cb, h, wd, _ = x.shape
     c = s.shape[1]
@@ -68,12 +92,12 @@ def run_nchwc(out, x, prepared, s, res=None, *, relu=False, act=None, threads=No
         sb[:, :c] = s2
         xs = scratch("se_conv_xs", x.shape)
         x4, xs4 = x.reshape(n, cb, h * wd, 16), xs.reshape(n, cb, h * wd, 16)   # (N, Cb, H, W, 16) -> (N, Cb, H*W, 16)
-        tasks = mean_tasks(n, cb, h * wd, 16)
-        if len(tasks) == 1:   # one task (a batch-1 7x7 map: 56K values, ~10 us): no hand-off to the
-            t = tasks[0]      # pool, which cost 55-80 us a call at 2 threads
-            scale_blocks(xs4, x4, sb, t[0], t[1], t[2])
-        else:
-            parallel_for(lambda t: scale_blocks(xs4, x4, sb, t[0], t[1], t[2]), tasks, threads)
+        # the tasks of pool.mean_tasks (~64K values each), on a numba region: on our Python pool (one
+        # numba call per task through the GIL) the pass ran ~5 GB/s, 1.07 ms for RegNetY's batch-32
+        # 7x7 input (2.8 MB), as much as a fifth of the conv after it. (Scaling and convolving images in
+        # groups of 0.5-4 MiB, so the scaled copy stays in the caches, ran 0.91-1.25x the time: not kept.)
+        per = mean_blocks_per_task(h * wd, 16)
+        numba_region(_scale_par, _scale_seq, threads, n * -(-cb // per), xs4, x4, sb, int(per))
         k1x1.run_nchwc(out, xs, prepared, res, relu=relu, act=act, threads=threads)
         return
     for i in range(n):   # the weights scaled task by task inside the 1x1 (= k1x1.prepare(w * s[i], b)["weight"])
