@@ -31,7 +31,8 @@ from numba import njit
 
 from . import reference as ref
 from .cnhw import JITR, rows, rows_split, to_cnhw, to_nchw, unrows
-from .threads import parallel_for
+from .conv._nb import atomic_add
+from .threads import numba_region, parallel_for
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -59,35 +60,111 @@ def _channel_norm_image(out, x, gamma, beta, eps, n):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _channel_norm_blocked(out, x, gamma, beta, eps, C, n):
-    """x, out (N, Cb, H, W, 16), C real channels: normalize each (h, w) over the C lanes in use;
-    the padded lanes are written 0."""
-    Cb, H, W = x.shape[1], x.shape[2], x.shape[3]
+def _channel_norm_rows(of, xf, gamma, beta, eps, C, Cb, H, W, n, h0, h1):
+    """Flat views xf, of of (N, Cb, H, W, 16), C real channels: rows [h0, h1) of image n, each (h, w)
+    normalized over the C lanes in use (the padded lanes are never read and are written 0). A row at a
+    time, vectorized over its W x 16 contiguous floats per block: acc[w*16 + l] sums lane l of every
+    block (the whole blocks, then the partial one's lanes), the 16 lane sums then added for the
+    position's sum; two passes (mean, then the centred variance: no cancellation) and the output,
+    over the row's blocks while they are in L1. Unsigned offsets (no wraparound code in the loops). A
+    position's result depends on its own values only: the task split never changes a bit. (One
+    position at a time over the blocks, a scalar sum, it ran ~4 GB/s: 9.8 ms of ConvNeXt-Tiny's
+    batch-1 time against ORT's 3.8 for LayerNormalization.)"""
+    full = C // 16
+    rem = C - full * 16
+    nb_ = full + (1 if rem else 0)
     inv_c = np.float32(1.0) / np.float32(C)
-    for h in range(H):
+    RW = W * 16
+    acc = np.empty(RW, np.float32)
+    mean = np.empty(W, np.float32)
+    rstd = np.empty(W, np.float32)
+    for h in range(h0, h1):
+        for i in range(RW):
+            acc[i] = 0.0
+        for cb in range(full):
+            o = np.uint64(((n * Cb + cb) * H + h) * RW)
+            for i in range(RW):
+                acc[i] += xf[o + np.uint64(i)]
+        if rem:
+            o = np.uint64(((n * Cb + full) * H + h) * RW)
+            for w in range(W):
+                for l in range(rem):
+                    acc[w * 16 + l] += xf[o + np.uint64(w * 16 + l)]
         for w in range(W):
-            m = np.float32(0.0)
-            for cb in range(Cb):
-                for l in range(min(16, C - cb * 16)):
-                    m += x[n, cb, h, w, l]
-            m *= inv_c
-            v = np.float32(0.0)
-            for cb in range(Cb):
-                for l in range(min(16, C - cb * 16)):
-                    d = x[n, cb, h, w, l] - m
-                    v += d * d
-            r = np.float32(1.0) / np.sqrt(v * inv_c + eps)
-            for cb in range(Cb):
+            t = np.float32(0.0)
+            for l in range(16):
+                t += acc[w * 16 + l]
+            mean[w] = t * inv_c
+        for i in range(RW):
+            acc[i] = 0.0
+        for cb in range(full):
+            o = np.uint64(((n * Cb + cb) * H + h) * RW)
+            for w in range(W):
+                m = mean[w]
                 for l in range(16):
+                    d = xf[o + np.uint64(w * 16 + l)] - m
+                    acc[w * 16 + l] += d * d
+        if rem:
+            o = np.uint64(((n * Cb + full) * H + h) * RW)
+            for w in range(W):
+                m = mean[w]
+                for l in range(rem):
+                    d = xf[o + np.uint64(w * 16 + l)] - m
+                    acc[w * 16 + l] += d * d
+        for w in range(W):
+            t = np.float32(0.0)
+            for l in range(16):
+                t += acc[w * 16 + l]
+            rstd[w] = np.float32(1.0) / np.sqrt(t * inv_c + eps)
+        for cb in range(full):
+            o = np.uint64(((n * Cb + cb) * H + h) * RW)
+            for w in range(W):
+                m, r = mean[w], rstd[w]
+                for l in range(16):
+                    u = o + np.uint64(w * 16 + l)
+                    of[u] = (xf[u] - m) * r * gamma[cb * 16 + l] + beta[cb * 16 + l]
+        for cb in range(full, Cb):
+            o = np.uint64(((n * Cb + cb) * H + h) * RW)
+            for w in range(W):
+                m, r = mean[w], rstd[w]
+                for l in range(16):
+                    u = o + np.uint64(w * 16 + l)
                     c = cb * 16 + l
-                    out[n, cb, h, w, l] = (x[n, cb, h, w, l] - m) * r * gamma[c] + beta[c] if c < C else 0.0
+                    of[u] = (xf[u] - m) * r * gamma[c] + beta[c] if cb < nb_ and l < rem else np.float32(0.0)
+
+
+@njit(nogil=True, cache=True)
+def _channel_norm_seq(counter, tid, of, xf, gamma, beta, eps, C, N, Cb, H, W, rows):
+    """One worker (threads.numba_region): task i = image i // bands, rows [(i % bands) * rows, + rows)."""
+    bands = (H + rows - 1) // rows
+    total = N * bands
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= total:
+            break
+        h0 = (i % bands) * rows
+        _channel_norm_rows(of, xf, gamma, beta, eps, C, Cb, H, W, i // bands, h0, min(H, h0 + rows))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _channel_norm_par(nt, of, xf, gamma, beta, eps, C, N, Cb, H, W, rows):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _channel_norm_seq(counter, nb.get_thread_id(), of, xf, gamma, beta, eps, C, N, Cb, H, W, rows)
+
+
+CN_TASK_VALUES = 1 << 14   # about this many values a channel-norm task (rows of one image; from the shape only)
 
 
 def channel_norm(out, x, gamma, beta, *, eps, threads=None, layout="nchw", channels=None, **_):
     if layout == "nchwc":
         g, b = np.ascontiguousarray(gamma, np.float32), np.ascontiguousarray(beta, np.float32)
-        parallel_for(lambda i: _channel_norm_blocked(out, x, g, b, np.float32(eps), int(channels), i),
-                     range(x.shape[0]), threads)
+        n, cb, h, w, _ = x.shape
+        rows = max(1, min(h, CN_TASK_VALUES // max(1, cb * w * 16)))
+        g16, b16 = np.zeros(cb * 16, np.float32), np.zeros(cb * 16, np.float32)   # padded to whole blocks
+        g16[:channels], b16[:channels] = g[:channels], b[:channels]
+        numba_region(_channel_norm_par, _channel_norm_seq, threads, n * -(-h // rows), out.reshape(-1), x.reshape(-1),
+                     g16, b16, np.float32(eps), int(channels), n, cb, h, w, int(rows))
         return
     if out.dtype != np.float32:
         out[...] = ref.channel_norm(x, gamma, beta, eps)
