@@ -323,18 +323,27 @@ def mean_tasks(n: int, blocks: int, positions: int, lanes: int) -> list[tuple[in
 
 
 @njit(nogil=True, cache=True)
-def _means_seq(counter, tid, m, x, per):
-    """One worker (threads.numba_region): task i = image i // chunks, channel blocks
-    [(i % chunks) * per, + per), the same tasks as `mean_tasks`."""
-    blocks = x.shape[1]
+def next_block_task(counter, n, blocks, per):
+    """The next (image, first block, end block) task of `mean_tasks`' table, taken from `counter`
+    (atomically: threads.numba_region's workers): task i = image i // chunks, channel blocks
+    [(i % chunks) * per, + per). (-1, 0, 0) when none is left. Shared by the workers that run over
+    (image, channel blocks) tasks: the means here, se_conv's input-scaling pass."""
     chunks = (blocks + per - 1) // per
-    total = x.shape[0] * chunks
+    i = atomic_add(counter, 0, 1)
+    if i >= n * chunks:
+        return -1, 0, 0
+    c0 = (i % chunks) * per
+    return i // chunks, c0, min(c0 + per, blocks)
+
+
+@njit(nogil=True, cache=True)
+def _means_seq(counter, tid, m, x, per):
+    """One worker (threads.numba_region) over `mean_tasks`' tasks (`next_block_task`)."""
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= total:
+        n, c0, c1 = next_block_task(counter, x.shape[0], x.shape[1], per)
+        if n < 0:
             break
-        c0 = (i % chunks) * per
-        channel_means(m, x, i // chunks, c0, min(c0 + per, blocks))
+        channel_means(m, x, n, c0, c1)
 
 
 @njit(parallel=True, nogil=True, cache=True)

@@ -27,7 +27,7 @@ from numba import njit
 
 from . import reference as ref
 from .broadcast import _code, apply_act_inplace
-from .conv._nb import atomic_add
+from .pool import next_block_task
 from .threads import blas_threads, numba_region, parallel_for, scratch
 
 
@@ -44,17 +44,13 @@ def scale_blocks(xs, x, sb, n, c0, c1):
 
 @njit(nogil=True, cache=True)
 def _scale_seq(counter, tid, xs, x, sb, per):
-    """One worker of the input-scaling pass (threads.numba_region): task i = image i // chunks, channel
-    blocks [(i % chunks) * per, + per): the tasks of pool.mean_tasks."""
-    blocks = x.shape[1]
-    chunks = (blocks + per - 1) // per
-    total = x.shape[0] * chunks
+    """One worker of the input-scaling pass (threads.numba_region) over pool.mean_tasks' tasks
+    (pool.next_block_task)."""
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= total:
+        n, c0, c1 = next_block_task(counter, x.shape[0], x.shape[1], per)
+        if n < 0:
             break
-        c0 = (i % chunks) * per
-        scale_blocks(xs, x, sb, i // chunks, c0, min(c0 + per, blocks))
+        scale_blocks(xs, x, sb, n, c0, c1)
 
 
 @njit(parallel=True, nogil=True, cache=True)
