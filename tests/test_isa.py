@@ -93,7 +93,9 @@ def test_assumed_intel_server_core_gets_zmm_in_the_conv_kernel(tmp_path):
 
 
 def _run(tmp_path, **env):
-    e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(ROOT), **env)
+    # the numba register tiles, whose width is LLVM's choice (TILEFUSE_ASM_TILES=0: the assembly strips,
+    # zmm / ymm by construction, would otherwise run the stride-1 1x1 instead; tests/test_register_tiles.py)
+    e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONPATH=str(ROOT), TILEFUSE_ASM_TILES="0", **env)
     e.pop("NUMBA_CPU_FEATURES", None)
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=e, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tilefuse.kernels.conv import direct, k1x1, stem, winograd
-from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
+from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import EMPTY1, EMPTY4
 
 CLIP = (2, np.float32(0.0), np.float32(6.0))  # ReLU6: the epilogue's clip loop
@@ -120,6 +120,53 @@ def test_assembly_tile_runs_on_x86_avx2_hosts(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ok": True}
 
 
+_STRIP512_IR = r"""
+import json, re
+from numba import types as t
+import tilefuse
+from tilefuse.kernels.conv import k1x1
+A = lambda n: t.Array(t.float32, n, "C", readonly=False, aligned=True)
+# _k1x1_tile's signature: _k1x1's with pfo an int64
+sig = (A(1), A(1), A(3), A(1), A(1), t.boolean, t.int64, t.float32, t.float32) + (t.int64,) * 12 \
+    + (t.boolean, t.int64, t.int64, t.int64)
+k1x1._k1x1_tile.compile(sig)
+ir = k1x1._k1x1_tile.inspect_llvm(k1x1._k1x1_tile.signatures[0])
+calls = sorted(set(re.findall(r"call [^@\n]*@\S*?(_k1x1_[a-z0-9]+)B", ir)))
+s = k1x1._k1x1_strips.inspect_llvm(k1x1._k1x1_strips.signatures[0]) if "_k1x1_strips" in calls else ""
+print(json.dumps({"calls": calls, "zmm": s.count("vfmadd231ps %zmm")}))
+"""
+
+
+def test_avx512_strip_runs_on_avx512_hosts(tmp_path):
+    """x86-64 hosts compiled for 512-bit vectors run the stride-1 1x1 on the AVX-512 strip: the flag
+    says so, the 1x1's tile dispatcher compiled afresh calls `_k1x1_strips`, whose code holds strip512's
+    28 variants (14 + 13 + ... + 1 positions x 3 FMAs = 315 zmm FMAs, more where LLVM copies a branch);
+    with TILEFUSE_ASM_TILES=0 it calls the numba tiles only. Fails if AVX-512 hosts fall back to the
+    numba 7 x 2 tile (60-80% of the peak where the strip runs 70-85%: benchmarks/RESULTS.md)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tilefuse.kernels.conv import tiles
+    host_can = (not NARROW) and tiles.X86_512
+    assert ASM_512 == (host_can and os.environ.get("TILEFUSE_ASM_TILES", "").strip() != "0")
+    if not host_can:
+        pytest.skip("no AVX-512 code generation on this host (the AVX2 strip's test covers it)")
+
+    def probe(flag):
+        e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / f"numba{flag}"), TILEFUSE_ASM_TILES=flag,
+                 PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+        out = subprocess.run([sys.executable, "-c", _STRIP512_IR], env=e, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    on, off = probe("1"), probe("0")
+    assert "_k1x1_strips" in on["calls"] and on["zmm"] >= 315, on
+    assert "_k1x1_strips" not in off["calls"] and "_k1x1_wide" in off["calls"], off
+
+
 @pytest.mark.parametrize("ci,co,h,w,stride,n", [(24, 40, 9, 7, 1, 2), (40, 144, 7, 5, 2, 1), (256, 48, 6, 6, 1, 1),
                                               (16, 16, 3, 11, 1, 3), (72, 80, 13, 13, 2, 2), (48, 32, 4, 4, 1, 1),
                                               (33, 17, 1, 17, 1, 1)])
@@ -162,17 +209,22 @@ def test_k1x1_tiles_same_bits(ci, co, h, w, stride, n, with_res):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not ASM_AVX2, reason="the assembly strip runs on x86-64 AVX2 hosts (tiles.ASM_AVX2) only")
+@pytest.mark.skipif(not (ASM_AVX2 or ASM_512),
+                    reason="the assembly strips run on x86-64 AVX2 or AVX-512 hosts (tiles.ASM_AVX2 / ASM_512) only")
 @pytest.mark.parametrize("act", [None, "relu", ("clip", 0.0, 6.0), "silu"])
 def test_k1x1_strips_same_bits_as_tiles(act):
-    """run_nchwc with the strip (k1x1.STRIPS, the default on these hosts) and without: the same bits for
+    """run_nchwc with the strip (k1x1.STRIPS, the default on these hosts: `_nb.strip16` on AVX2, the
+    14 x 2 `_nb.strip512` on AVX-512) and without (the numba tiles): the same bits for
     identity / ReLU / clip stored by the assembly (NaN inputs included: max / min with the bound first, as
     store16's selects) and a deferred SiLU; batches whose tasks cross image boundaries, residuals, 1-3
-    threads, reductions in slices (k1x1.STRIP_K) or whole, a residual in the output's memory; and the
-    strip path is the one that ran."""
+    threads, reductions in slices (k1x1.STRIP_K) or whole, a residual in the output's memory, odd output
+    block counts (strip512's one-block tile), maps longer than a tile with a partial last one, stride 2.
+    That the strips are what these hosts run: test_assembly_tile_runs_on_x86_avx2_hosts and
+    test_avx512_strip_runs_on_avx512_hosts (a dispatcher's signatures, checked here before, are empty
+    when the kernels come from numba's cache)."""
     rng = np.random.default_rng(7)
     cases = [(1, 16, 16, 5, 5), (2, 24, 40, 7, 7), (3, 32, 16, 3, 5), (1, 160, 96, 7, 7), (2, 200, 48, 7, 7),
-             (1, 20, 48, 13, 11), (2, 3, 17, 9, 4)]
+             (1, 20, 48, 13, 11), (2, 3, 17, 9, 4), (1, 40, 80, 15, 15), (2, 64, 32, 14, 14)]
     try:
         # reduction slices of 32 channels (k1x1.STRIP_K: partial sums stored and resumed) and none
         for (n, ci, co, h, w), k in ((c, k) for c in cases for k in (32, 0)):
@@ -183,7 +235,7 @@ def test_k1x1_strips_same_bits_as_tiles(act):
             wt = rng.standard_normal((co, ci, 1, 1)).astype(np.float32)
             pr = k1x1.prepare(wt, rng.standard_normal(co).astype(np.float32))
             xb = _blocked(x)
-            ob = 2 * (-(-co // 32))
+            ob = -(-co // 16)
             for res in (None, rng.standard_normal((n, ob, h, w, 16)).astype(np.float32)):
                 for th in (1, 2, 3):
                     outs = []
@@ -193,6 +245,24 @@ def test_k1x1_strips_same_bits_as_tiles(act):
                         k1x1.run_nchwc(o, xb, pr, res, act=act, threads=th)
                         outs.append(o)
                     assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (n, ci, co, h, w, th)
+        # stride 2 (ResNet's projection shortcuts): on AVX-512 the strided positions are gathered first
+        for n, ci, co, h, w in ((2, 40, 48, 13, 11), (1, 64, 96, 14, 14), (3, 16, 16, 7, 9)):
+            k1x1.STRIP_K = 32
+            x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
+            wt = rng.standard_normal((co, ci, 1, 1)).astype(np.float32)
+            pr = k1x1.prepare(wt, None)
+            ho, wo, ob = (h - 1) // 2 + 1, (w - 1) // 2 + 1, -(-co // 16)
+            r = rng.standard_normal((n, ob, ho, wo, 16)).astype(np.float32)
+            outs = []
+            for strips in (False, True):
+                k1x1.STRIPS = strips
+                o = np.full((n, ob, ho, wo, 16), 7.0, np.float32)
+                k1x1.run_nchwc(o, _blocked(x), pr, r, stride=(2, 2), act=act, threads=2)
+                outs.append(o)
+            assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), ("stride 2", n, ci, co, h, w)
+            ref = np.einsum("nchw,oc->nohw", x[:, :, ::2, ::2], wt[:, :, 0, 0])
+            if act is None:
+                np.testing.assert_allclose(_unblocked(outs[1], co), ref + _unblocked(r, co), rtol=1e-4, atol=1e-4)
         # the residual in the output's own memory (in place): the slices' partial sums must not overwrite it
         for n, ci, co, h, w in ((1, 200, 48, 7, 7), (2, 96, 64, 5, 5)):
             k1x1.STRIP_K = 32
@@ -209,7 +279,6 @@ def test_k1x1_strips_same_bits_as_tiles(act):
     finally:
         k1x1.STRIPS = True
         k1x1.STRIP_K = 128
-    assert k1x1._k1x1_strips.signatures, "the strip path never ran"
 
 
 def _conv_ref(x, wt, b, stride, pad, dil):

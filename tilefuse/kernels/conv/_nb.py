@@ -481,3 +481,176 @@ def strip16_rows(prm, nv):
         strip16(prm, 2)
     else:
         strip16(prm, 1)
+
+
+# The AVX-512 strip (k1x1 at stride 1 on tiles.ASM_512 hosts): `_strip_asm`'s loop, stores and epilogue
+# with zmm registers and tiles of R <= 14 positions x B (1 or 2) blocks of 16 output channels: 2R
+# accumulators in zmm0-27 (position r, block b in zmm(B*r + b)), the weight row (B x 16 floats, the
+# pair-packed wp row: block 1 at +64 bytes) in zmm28-29, two broadcast registers alternating (zmm30-31).
+# Per input channel B loads + R broadcasts feed B*R FMAs (28 FMAs on 16 loads: the numba 7 x 2 tile
+# ran 14 on 9 and its per-tile code around them). B = 1 only for an odd last block. Each accumulator's
+# chain is the numba tiles' (fma(x, w, acc) over the channels in order, + bias, + residual, the
+# activation as store16): the same bits (tests/test_register_tiles.py). Parameter block: strip16's 16
+# (block 0's addresses) and
+#  16 the byte distance from an output block to the next (block 1's output / residual at +that)
+STRIP512_ROWS = 14
+
+
+def _strip512_asm(rows: int, blocks: int) -> str:
+    step = 64 * rows
+    A = lambda r, b: blocks * r + b          # noqa: E731  accumulator register of position r, block b
+    acc = [(r, b) for r in range(rows) for b in range(blocks)]
+
+    def mem(r, b, base):                     # position r of block b at base (+ the block stride in %r15)
+        return f"{64 * r}({base})" if b == 0 else f"{64 * r}({base},%r15)"
+
+    body = [f"vmovups {64 * b}(%rdx), %zmm{28 + b}" for b in range(blocks)]
+    body += [f"prefetcht1 {64 * b}(%rdx,%rax)" for b in range(blocks)]
+    for r in range(rows):
+        bc = 30 + (r & 1)
+        body += [f"vbroadcastss {64 * r}(%rsi), %zmm{bc}"]
+        body += [f"vfmadd231ps %zmm{bc}, %zmm{28 + b}, %zmm{A(r, b)}" for b in range(blocks)]
+    s = ["mov 104(%rdi), %rax", "mov (%rdi), %r10", "mov 48(%rdi), %r11", "mov 56(%rdi), %r12", "mov 72(%rdi), %r13",
+         "mov 16(%rdi), %r8", "mov 40(%rdi), %r9", "mov 128(%rdi), %r15",
+         "5:", "cmpq $$0, 112(%rdi)", "je 9f"]
+    s += [f"vmovups {mem(r, b, '%r11')}, %zmm{A(r, b)}" for r, b in acc]
+    s += ["jmp 10f", "9:"]
+    s += [f"vpxord %zmm{A(r, b)}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
+    s += ["10:"] + [f"prefetchw {mem(r, b, '%r11').replace(f'{64 * r}(', f'{STRIP_PF_OUT * step + 64 * r}(', 1)}"
+                    for r in range(rows) for b in range(blocks)]
+    s += ["mov %r10, %r14", "mov 8(%rdi), %rdx", "mov 24(%rdi), %rcx", "test %rcx, %rcx", "jz 2f",
+          "1:", "mov %r14, %rsi", "mov $$16, %rbx", "cmp $$1, %rcx", "jne 3f", "mov 32(%rdi), %rbx", "3:"]
+    s += ["cmpq $$0, 96(%rdi)", "je 4f"] + [f"prefetcht0 {STRIP_PF_IN * step + 64 * r}(%r14)" for r in range(rows)]
+    s += ["4:"] + body + ["add $$4, %rsi", "add %r9, %rdx", "dec %rbx", "jnz 4b",
+                          "add %r8, %r14", "dec %rcx", "jnz 1b",
+                          "2:", "cmpq $$0, 120(%rdi)", "je 8f", "mov 64(%rdi), %rdx"]
+    s += [f"vmovups {64 * b}(%rdx), %zmm{28 + b}" for b in range(blocks)]
+    s += [f"vaddps %zmm{28 + b}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
+    s += ["test %r13, %r13", "jz 6f"]
+    s += [f"vaddps {mem(r, b, '%r13')}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
+    s += [f"add $${step}, %r13",
+          "6:", "mov 80(%rdi), %rdx", "cmp $$1, %rdx", "jne 7f", "vpxord %zmm28, %zmm28, %zmm28"]
+    s += [f"vmaxps %zmm{A(r, b)}, %zmm28, %zmm{A(r, b)}" for r, b in acc]
+    s += ["jmp 8f", "7:", "cmp $$2, %rdx", "jne 8f", "mov 88(%rdi), %rdx", "vbroadcastss (%rdx), %zmm28",
+          "vbroadcastss 4(%rdx), %zmm29"]
+    s += [f"vmaxps %zmm{A(r, b)}, %zmm28, %zmm{A(r, b)}" for r, b in acc]
+    s += [f"vminps %zmm{A(r, b)}, %zmm29, %zmm{A(r, b)}" for r, b in acc]
+    s += ["8:"] + [f"vmovups %zmm{A(r, b)}, {mem(r, b, '%r11')}" for r, b in acc]
+    s += [f"add $${step}, %r10", f"add $${step}, %r11", "dec %r12", "jnz 5b"]
+    return "\n\t".join(s)
+
+
+_ZMM_CLOBBERS = ",".join([f"~{{zmm{i}}}" for i in range(32)]
+                         + [f"~{{{r}}}" for r in ("rax", "rbx", "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "r12",
+                                                  "r13", "r14", "r15")]
+                         + ["~{memory}", "~{dirflag}", "~{fpsr}", "~{flags}"])
+
+
+def x86_avx512() -> bool:
+    """Can the AVX-512 strip be compiled here: an x86-64 host whose code numba generates with AVX-512F
+    (tiles.X86_512; tiles.ASM_512 decides whether the kernels use it)."""
+    import platform
+
+    from numba.core.registry import cpu_target
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    return "+avx512f" in set(cpu_target.target_context.codegen()._tm_features.split(","))
+
+
+@intrinsic
+def strip512(typingctx, prm, rows, blocks):
+    """The AVX-512 strip above for `rows` (1..14) positions x `blocks` (1, 2) output blocks a tile, both
+    compile-time literals, its parameters in prm (a CPointer(int64) of 17 from stack_i64). On a host
+    without AVX-512 the (unreachable) call traps instead."""
+    if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
+            and 1 <= rows.literal_value <= STRIP512_ROWS and isinstance(blocks, types.IntegerLiteral)
+            and blocks.literal_value in (1, 2)):
+        return None
+    nr, nbk = rows.literal_value, blocks.literal_value
+    sig = types.void(prm, rows, blocks)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        if not x86_avx512():
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
+            builder.call(fn, [])
+            return context.get_dummy_value()
+        i64 = ir.IntType(64)
+        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), _strip512_asm(nr, nbk), "{rdi}," + _ZMM_CLOBBERS,
+                    [builder.ptrtoint(args[0], i64)], True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def _strip512_two(prm, nv):
+    if nv >= 14:
+        strip512(prm, 14, 2)
+    elif nv == 13:
+        strip512(prm, 13, 2)
+    elif nv == 12:
+        strip512(prm, 12, 2)
+    elif nv == 11:
+        strip512(prm, 11, 2)
+    elif nv == 10:
+        strip512(prm, 10, 2)
+    elif nv == 9:
+        strip512(prm, 9, 2)
+    elif nv == 8:
+        strip512(prm, 8, 2)
+    elif nv == 7:
+        strip512(prm, 7, 2)
+    elif nv == 6:
+        strip512(prm, 6, 2)
+    elif nv == 5:
+        strip512(prm, 5, 2)
+    elif nv == 4:
+        strip512(prm, 4, 2)
+    elif nv == 3:
+        strip512(prm, 3, 2)
+    elif nv == 2:
+        strip512(prm, 2, 2)
+    else:
+        strip512(prm, 1, 2)
+
+
+@njit(inline="always")
+def _strip512_one(prm, nv):
+    if nv >= 14:
+        strip512(prm, 14, 1)
+    elif nv == 13:
+        strip512(prm, 13, 1)
+    elif nv == 12:
+        strip512(prm, 12, 1)
+    elif nv == 11:
+        strip512(prm, 11, 1)
+    elif nv == 10:
+        strip512(prm, 10, 1)
+    elif nv == 9:
+        strip512(prm, 9, 1)
+    elif nv == 8:
+        strip512(prm, 8, 1)
+    elif nv == 7:
+        strip512(prm, 7, 1)
+    elif nv == 6:
+        strip512(prm, 6, 1)
+    elif nv == 5:
+        strip512(prm, 5, 1)
+    elif nv == 4:
+        strip512(prm, 4, 1)
+    elif nv == 3:
+        strip512(prm, 3, 1)
+    elif nv == 2:
+        strip512(prm, 2, 1)
+    else:
+        strip512(prm, 1, 1)
+
+
+@njit(inline="always")
+def strip512_rows(prm, nv, nblk):
+    """strip512 with nv = 1..14 positions a tile and nblk = 1, 2 blocks chosen at run time."""
+    if nblk == 2:
+        _strip512_two(prm, nv)
+    else:
+        _strip512_one(prm, nv)

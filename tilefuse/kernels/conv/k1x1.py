@@ -36,9 +36,9 @@ import numpy as np
 from numba import njit
 
 from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, prefetch, prefetch_l2, prefetchw, stack_f32, stack_i64,
-                                       store16, strip16_rows, tile16_rows)
+                                       store16, strip16_rows, strip512_rows, tile16_rows)
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
-from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
+from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, bias_or_zeros, resolve_act
 from tilefuse.kernels.activations import apply_span
 from tilefuse.kernels.conv.planner import RB1X1, plan_k1x1
@@ -51,6 +51,8 @@ PF_INPUT_SWEEPS = 0  # 4: pair outer, prefetch the input block on every sweep (e
 PF_BLOCKS = 1  # software-prefetch distance in 7-position blocks (0: off)
 STRIPS = True   # stride-1 layers on the assembly strip (_nb.strip16, `_k1x1_strips`); False: tile by tile
 STRIP_GROUP_BYTES = 16384   # q outer: a strip group's input block (positions x kc x 4 B) at most this (L1 / 2)
+SR = 14 if ASM_512 else 6   # positions a strip tile (_nb.strip512 / strip16)
+SU = 2 if ASM_512 else 1    # output blocks a strip tile
 STRIP_K = 128   # the strip's reduction slice (input channels, a multiple of 16, at most 4080; 0: none): longer
                 # reductions run in slices whose block weights (STRIP_K x 64 B) stay in L1 (128: 2048 -> 512 at
                 # 7x7 0.70x the time of no slices, 256 0.74x; benchmarks/RESULTS.md, fifth session)
@@ -89,7 +91,10 @@ def reduction_length(wp):
 def _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
                q_outer, pfd, pfo, kc):
     """The micro-kernel of the host's vector width (tiles.NARROW, tiles.ASM_AVX2: compile-time constants)."""
-    if ASM_AVX2:
+    if ASM_512 and (pfo & 16) and sh == 1 and sw == 1:   # stride 1 on AVX-512: the assembly strip (STRIPS)
+        _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo,
+                     kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR))
+    elif ASM_AVX2:
         _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                    sw, q_outer, pfd, pfo, kc)
     elif NARROW:
@@ -148,9 +153,11 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     streamed from L2 for every tile), the partial sums stored in the output and the next slice's chain
     going on from them (the same FMAs in the same order: the same bits); bias, residual and activation
     with the last slice. The bits are the tile's (the same FMA chain, then + bias, + residual, the
-    activation as store16)."""
-    pp = stack_i64(16)
-    prm = nb.carray(pp, 16)
+    activation as store16). On AVX-512 hosts (tiles.ASM_512) the strip is `_nb.strip512`: SR = 14
+    positions x SU = 2 blocks a tile (one block for an odd last one), and a tile never crosses an
+    image's end (the image's last positions are a partial tile)."""
+    pp = stack_i64(17)
+    prm = nb.carray(pp, 17)
     ab = nb.carray(stack_f32(2), 2)
     ab[0] = alpha
     ab[1] = beta
@@ -168,8 +175,9 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
             kb = max(kc, 16)
     nkb = (kc + kb - 1) // kb if kc > 0 else 1
     if nkb > 1 and q_outer:
-        group = max(6, STRIP_GROUP_BYTES // (4 * kb) // 6 * 6)
+        group = max(SR, STRIP_GROUP_BYTES // (4 * kb) // SR * SR)
     prm[2] = cs * 4
+    prm[16] = cs * 4      # output block g + 1 (strip512's second block): HWo * 16 floats on
     prm[5] = wp.shape[2] * 4
     prm[10] = code
     prm[11] = address(ab, 0)
@@ -179,11 +187,15 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     acc = nb.carray(stack_f32(96), (6, 16))
     tpp = stack_i64(13)
     tp = nb.carray(tpp, 13)
-    table = np.empty(max(ncb, 1), np.int64)
+    # on the stack: three heap arrays cost ~1000 cycles a call, as much as a tile's FMAs (a batch-1 task)
+    if ncb <= 256:
+        table = nb.carray(stack_i64(256), 256)
+    else:
+        table = np.empty(ncb, np.int64)
     for cb in range(ncb):
         table[cb] = cb * cs * 4
-    xoff = np.empty(6, np.int64)
-    ooff = np.empty(6, np.int64)
+    xoff = nb.carray(stack_i64(6), 6)
+    ooff = nb.carray(stack_i64(6), 6)
     tp[7] = ncb
     tp[8] = kc - 16 * (ncb - 1)
     tp[9] = address(table, 0)
@@ -202,14 +214,15 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
             fin = ks == nkb - 1
             prm[15] = 1 if fin else 0
             xk = (k0 // 16) * cs
-            for g in range(u0, u0 + nu):
+            for g in range(u0, u0 + nu, SU):
+                nbk = min(SU, u0 + nu - g)     # blocks in this strip (2 on AVX-512 but an odd last block)
                 p = g // 2
                 wo = p * ps + (g - 2 * p) * 16
                 # the rows the strip computes next, prefetched row by row as this block's are read
                 # (PF_WEIGHTS): the next block's slice, else the first block's next slice, else (the next
                 # group) its first slice
-                gn, kn = g + 1, k0
-                if gn == u0 + nu:
+                gn, kn = g + SU, k0
+                if gn >= u0 + nu:
                     gn, kn = u0, (k0 + kb if ks + 1 < nkb else 0)
                     if ks + 1 == nkb and a0 + span >= q1:
                         gn, kn = g, k0   # nothing after this block: a distance of 0
@@ -225,18 +238,21 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                     n = j // HWo
                     jj = j - n * HWo
                     end = min(a1, (n + 1) * HWo)
-                    nt = (end - j) // 6
+                    nt = (end - j) // SR
                     if nt > 0:   # the image's whole tiles
                         oo = ((n * Ob + g) * HWo + jj) * 16
                         prm[0] = address(xf, (n * Cb * HWo + jj) * 16 + xk)
                         prm[6] = address(of, oo)
                         prm[7] = nt
                         prm[9] = address(rf, oo) if has_res and fin else 0
-                        strip16_rows(pp, 6)
-                        j += 6 * nt
+                        if ASM_512:
+                            strip512_rows(pp, SR, nbk)
+                        else:
+                            strip16_rows(pp, 6)
+                        j += SR * nt
                     if j == end:
                         continue
-                    if end < a1 and nkb == 1:
+                    if end < a1 and nkb == 1 and not ASM_512:
                         # the image's last positions and the next image's first in one tile (7x7 maps of a
                         # batch: a partial tile at every image's end cost 5-7%): tile16 on gathered offsets
                         nv = min(6, a1 - j)
@@ -261,7 +277,10 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                         prm[6] = address(of, oo)
                         prm[7] = 1
                         prm[9] = address(rf, oo) if has_res and fin else 0
-                        strip16_rows(pp, end - j)
+                        if ASM_512:
+                            strip512_rows(pp, end - j, nbk)
+                        else:
+                            strip16_rows(pp, end - j)
                         j = end
 
 
@@ -276,7 +295,7 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
     bytes) and stores it (epilogue.store_rows' forms)."""
     if (pfo & 16) and sh == 1 and sw == 1 and code <= 2:   # stride 1: the assembly strip (STRIPS)
         _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo,
-                     kc, max(6, STRIP_GROUP_BYTES // max(1, 4 * kc) // 6 * 6))
+                     kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR))
         return
     acc = nb.carray(stack_f32(96), (6, 16))
     pp = stack_i64(13)   # the tile's parameter block (_nb.tile16)
@@ -414,7 +433,30 @@ def _k1x1_scaled_par(nt, tasks, of, xf, wk, sc, scr, done, bias, rf, has_res, co
                          alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
 
 
-@functools.lru_cache(maxsize=1024)
+@njit(nogil=True, cache=True)
+def _strided_seq(counter, tid, xs, x, sh, sw):
+    """One worker of the strided gather (run_nchwc): xs[n, c, i, j] = x[n, c, i*sh, j*sw] (NCHW16c), a task
+    per (image, channel block)."""
+    N, Cb, Ho, Wo, _ = xs.shape
+    while True:
+        t = atomic_add(counter, 0, 1)
+        if t >= N * Cb:
+            break
+        n = t // Cb
+        c = t - n * Cb
+        for i in range(Ho):
+            for j in range(Wo):
+                for l in range(16):
+                    xs[n, c, i, j, l] = x[n, c, i * sh, j * sw, l]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _strided_par(nt, xs, x, sh, sw):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _strided_seq(counter, nb.get_thread_id(), xs, x, sh, sw)
+
+
 @functools.lru_cache(maxsize=1024)
 def task_table(total: int, op: int, q: int, p: int) -> np.ndarray:
     """(T, 4) int64 rows (q0, q1, p0, p1): position blocks outer, channel-pair ranges inner (read-only, shared
@@ -443,6 +485,13 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     hw = ho * wo
     total = n * hw
     threads = resolve_threads(threads)
+    if tuple(stride) != (1, 1) and STRIPS and ASM_512:
+        # the AVX-512 strip reads a tile's positions 64 bytes apart: the strided positions (a quarter of the
+        # input at stride 2, ResNet's projection shortcuts) are gathered into a scratch map first, then the
+        # strip runs at stride 1. The same products in the same order: the same bits as the strided tiles.
+        xs = scratch("k1x1_strided", (n, cb, ho, wo, 16))
+        numba_region(_strided_par, _strided_seq, threads, n * cb, xs, x_b, int(stride[0]), int(stride[1]))
+        x_b, stride, h, w = xs, (1, 1), ho, wo
     pl = plan or plan_k1x1(cip, op, total, threads)
     tasks = task_table(total, op, pl["Q"], pl["P"])
     has_res = residual_b is not None

@@ -16,13 +16,18 @@ in the same order in both forms, so the bits do not depend on the host (tests/te
 numba's code for the same tile spilled. The same bits again. `TILEFUSE_ASM_TILES=0` turns it off
 (the numba 5 x 1 tile then runs).
 
+`ASM_512`: on x86-64 hosts compiled for 512-bit vectors, the stride-1 1x1 runs the AVX-512 strip
+(`_nb.strip512`, `k1x1._k1x1_strips`): tiles of 14 positions x 2 blocks (28 zmm accumulators) in
+assembly, where the numba 7 x 2 tile reached 60-80% of the measured peak (Ice Lake, 2026-11-27). The
+same bits as the numba tiles; `TILEFUSE_ASM_TILES=0` turns it off too.
+
 Read when the kernel modules are imported, after `tilefuse/__init__` has set the vector width
 (`isa.configure()`); numba freezes the value into the compiled kernels (its cache is per CPU).
 """
 from __future__ import annotations
 
 from tilefuse.kernels import isa
-from tilefuse.kernels.conv._nb import x86_avx2
+from tilefuse.kernels.conv._nb import x86_avx2, x86_avx512
 
 NARROW = isa.info()["vector_bits"] < 512
 
@@ -36,3 +41,14 @@ def _asm_avx2() -> bool:
 
 
 ASM_AVX2 = _asm_avx2()
+
+
+X86_512 = x86_avx512()   # the AVX-512 strip can be compiled here
+
+
+def _asm_512() -> bool:
+    import os
+    return (not NARROW) and X86_512 and os.environ.get("TILEFUSE_ASM_TILES", "").strip() != "0"
+
+
+ASM_512 = _asm_512()
