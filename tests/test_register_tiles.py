@@ -133,15 +133,24 @@ k1x1._k1x1_tile.compile(sig)
 ir = k1x1._k1x1_tile.inspect_llvm(k1x1._k1x1_tile.signatures[0])
 calls = sorted(set(re.findall(r"call [^@\n]*@\S*?(_k1x1_[a-z0-9]+)B", ir)))
 s = k1x1._k1x1_strips.inspect_llvm(k1x1._k1x1_strips.signatures[0]) if "_k1x1_strips" in calls else ""
-print(json.dumps({"calls": calls, "zmm": s.count("vfmadd231ps %zmm")}))
+# the direct conv: a 3x3 through its public entry, then its tile dispatcher's calls
+import numpy as np
+from tilefuse.kernels.conv import direct
+x = np.ones((1, 1, 9, 9, 16), np.float32)
+o = np.empty((1, 2, 9, 9, 16), np.float32)
+direct.run_nchwc(o, x, direct.prepare(np.ones((32, 16, 3, 3), np.float32), None), padding=(1, 1, 1, 1), threads=1)
+dir_ir = direct._direct_tile.inspect_llvm(direct._direct_tile.signatures[0])
+dcalls = sorted(set(re.findall(r"call [^@\n]*@\S*?(_direct_rows[a-z0-9_]+?)B", dir_ir)))
+print(json.dumps({"calls": calls, "zmm": s.count("vfmadd231ps %zmm"), "direct": dcalls}))
 """
 
 
 def test_avx512_strip_runs_on_avx512_hosts(tmp_path):
-    """x86-64 hosts compiled for 512-bit vectors run the stride-1 1x1 on the AVX-512 strip: the flag
-    says so, the 1x1's tile dispatcher compiled afresh calls `_k1x1_strips`, whose code holds strip512's
-    28 variants (14 + 13 + ... + 1 positions x 3 FMAs = 315 zmm FMAs, more where LLVM copies a branch);
-    with TILEFUSE_ASM_TILES=0 it calls the numba tiles only. Fails if AVX-512 hosts fall back to the
+    """x86-64 hosts compiled for 512-bit vectors run the 1x1 on the AVX-512 strip: the flag says so, the
+    1x1's tile dispatcher compiled afresh calls `_k1x1_strips`, whose code holds strip512's 28 variants
+    (14 + 13 + ... + 1 positions x 3 FMAs = 315 zmm FMAs, more where LLVM copies a branch), and the
+    direct conv's tile dispatcher calls its strip (`_direct_rows_512`); with TILEFUSE_ASM_TILES=0 both
+    call the numba tiles only. Fails if AVX-512 hosts fall back to the
     numba 7 x 2 tile (60-80% of the peak where the strip runs 70-85%: benchmarks/RESULTS.md)."""
     import json
     import os
@@ -165,6 +174,7 @@ def test_avx512_strip_runs_on_avx512_hosts(tmp_path):
     on, off = probe("1"), probe("0")
     assert "_k1x1_strips" in on["calls"] and on["zmm"] >= 315, on
     assert "_k1x1_strips" not in off["calls"] and "_k1x1_wide" in off["calls"], off
+    assert "_direct_rows_512" in on["direct"] and "_direct_rows_512" not in off["direct"], (on, off)
 
 
 @pytest.mark.parametrize("ci,co,h,w,stride,n", [(24, 40, 9, 7, 1, 2), (40, 144, 7, 5, 2, 1), (256, 48, 6, 6, 1, 1),
@@ -288,7 +298,9 @@ def _conv_ref(x, wt, b, stride, pad, dil):
 
 
 @pytest.mark.parametrize("ci,co,k,stride,dil,hw,o0", [(32, 48, 3, 1, 1, 9, 0), (16, 80, 3, 2, 1, 11, 1),
-                                                       (20, 40, 5, 1, 2, 12, 1), (48, 16, 3, 1, 1, 7, 0)])
+                                                       (20, 40, 5, 1, 2, 12, 1), (48, 16, 3, 1, 1, 7, 0),
+                                                       (32, 48, 3, 1, 1, 30, 0), (16, 40, 3, 2, 1, 31, 1),
+                                                       (24, 32, 7, 1, 1, 16, 0)])
 def test_direct_tiles_same_bits(ci, co, k, stride, dil, hw, o0):
     rng = np.random.default_rng(co + k)
     n, pad = 2, dil * (k // 2)
@@ -303,7 +315,9 @@ def test_direct_tiles_same_bits(ci, co, k, stride, dil, hw, o0):
     res = rng.standard_normal((n, ob, ho * ho, 16)).astype(np.float32)
     xv = xp.reshape(n, xp.shape[1], hp * wp_, 16)
     outs = []
-    for fn in (direct._direct_rows_narrow, direct._direct_rows2_wide) + ((direct._direct_rows_avx2,) if ASM_AVX2 else ()):
+    # (the AVX-512 strip where this host runs it: rows of 16-30 positions, whole 14-position tiles and the rest)
+    for fn in ((direct._direct_rows_narrow, direct._direct_rows2_wide) + ((direct._direct_rows_avx2,) if ASM_AVX2 else ())
+               + ((direct._direct_rows_512,) if ASM_512 else ())):
         out = np.zeros((n, ob, ho * ho, 16), np.float32)
         for img in range(n):
             for r0, r1 in ((0, 2), (2, ho)):   # two row bands

@@ -496,14 +496,43 @@ def strip16_rows(prm, nv):
 STRIP512_ROWS = 14
 
 
+def _zmm_acc(rows: int, blocks: int):
+    """The zmm strips' accumulators: [(r, b)] and A(r, b) = the register of position r, block b."""
+    return [(r, b) for r in range(rows) for b in range(blocks)], (lambda r, b: blocks * r + b)
+
+
+def _zmm_mem(r: int, b: int, base: str, disp: int = 0) -> str:
+    """Position r of output block b at base (+ the block stride in %r15), disp bytes further."""
+    return f"{disp + 64 * r}({base})" if b == 0 else f"{disp + 64 * r}({base},%r15)"
+
+
+def _zmm_finish(rows: int, blocks: int) -> list[str]:
+    """The zmm strips' tile epilogue: + bias (prm[8]), + residual (%r13, 0: none; advanced a tile), the
+    activation (prm[10] 0 / 1 ReLU / 2 clip, prm[11] &(alpha, beta)), stored at %r11 (label 8: the stores).
+    ReLU and clip take the bound first, as `_strip_asm` (NaN and -0.0 come out as from store16)."""
+    acc, A = _zmm_acc(rows, blocks)
+    s = ["mov 64(%rdi), %rdx"] + [f"vmovups {64 * b}(%rdx), %zmm{28 + b}" for b in range(blocks)]
+    s += [f"vaddps %zmm{28 + b}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
+    s += ["test %r13, %r13", "jz 6f"]
+    s += [f"vaddps {_zmm_mem(r, b, '%r13')}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
+    s += [f"add $${64 * rows}, %r13",
+          "6:", "mov 80(%rdi), %rdx", "cmp $$1, %rdx", "jne 7f", "vpxord %zmm28, %zmm28, %zmm28"]
+    s += [f"vmaxps %zmm{A(r, b)}, %zmm28, %zmm{A(r, b)}" for r, b in acc]
+    s += ["jmp 8f", "7:", "cmp $$2, %rdx", "jne 8f", "mov 88(%rdi), %rdx", "vbroadcastss (%rdx), %zmm28",
+          "vbroadcastss 4(%rdx), %zmm29"]
+    s += [f"vmaxps %zmm{A(r, b)}, %zmm28, %zmm{A(r, b)}" for r, b in acc]
+    s += [f"vminps %zmm{A(r, b)}, %zmm29, %zmm{A(r, b)}" for r, b in acc]
+    return s + ["8:"] + [f"vmovups %zmm{A(r, b)}, {_zmm_mem(r, b, '%r11')}" for r, b in acc]
+
+
+def _zmm_prefetch_out(rows: int, blocks: int) -> list[str]:
+    """prefetchw of the output lines STRIP_PF_OUT tiles ahead of %r11."""
+    return [f"prefetchw {_zmm_mem(r, b, '%r11', STRIP_PF_OUT * 64 * rows)}" for r in range(rows) for b in range(blocks)]
+
+
 def _strip512_asm(rows: int, blocks: int) -> str:
     step = 64 * rows
-    A = lambda r, b: blocks * r + b          # noqa: E731  accumulator register of position r, block b
-    acc = [(r, b) for r in range(rows) for b in range(blocks)]
-
-    def mem(r, b, base):                     # position r of block b at base (+ the block stride in %r15)
-        return f"{64 * r}({base})" if b == 0 else f"{64 * r}({base},%r15)"
-
+    acc, A = _zmm_acc(rows, blocks)
     body = [f"vmovups {64 * b}(%rdx), %zmm{28 + b}" for b in range(blocks)]
     body += [f"prefetcht1 {64 * b}(%rdx,%rax)" for b in range(blocks)]
     for r in range(rows):
@@ -513,29 +542,17 @@ def _strip512_asm(rows: int, blocks: int) -> str:
     s = ["mov 104(%rdi), %rax", "mov (%rdi), %r10", "mov 48(%rdi), %r11", "mov 56(%rdi), %r12", "mov 72(%rdi), %r13",
          "mov 16(%rdi), %r8", "mov 40(%rdi), %r9", "mov 128(%rdi), %r15",
          "5:", "cmpq $$0, 112(%rdi)", "je 9f"]
-    s += [f"vmovups {mem(r, b, '%r11')}, %zmm{A(r, b)}" for r, b in acc]
+    s += [f"vmovups {_zmm_mem(r, b, '%r11')}, %zmm{A(r, b)}" for r, b in acc]
     s += ["jmp 10f", "9:"]
     s += [f"vpxord %zmm{A(r, b)}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
-    s += ["10:"] + [f"prefetchw {mem(r, b, '%r11').replace(f'{64 * r}(', f'{STRIP_PF_OUT * step + 64 * r}(', 1)}"
-                    for r in range(rows) for b in range(blocks)]
+    s += ["10:"] + _zmm_prefetch_out(rows, blocks)
     s += ["mov %r10, %r14", "mov 8(%rdi), %rdx", "mov 24(%rdi), %rcx", "test %rcx, %rcx", "jz 2f",
           "1:", "mov %r14, %rsi", "mov $$16, %rbx", "cmp $$1, %rcx", "jne 3f", "mov 32(%rdi), %rbx", "3:"]
     s += ["cmpq $$0, 96(%rdi)", "je 4f"] + [f"prefetcht0 {STRIP_PF_IN * step + 64 * r}(%r14)" for r in range(rows)]
     s += ["4:"] + body + ["add $$4, %rsi", "add %r9, %rdx", "dec %rbx", "jnz 4b",
                           "add %r8, %r14", "dec %rcx", "jnz 1b",
-                          "2:", "cmpq $$0, 120(%rdi)", "je 8f", "mov 64(%rdi), %rdx"]
-    s += [f"vmovups {64 * b}(%rdx), %zmm{28 + b}" for b in range(blocks)]
-    s += [f"vaddps %zmm{28 + b}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
-    s += ["test %r13, %r13", "jz 6f"]
-    s += [f"vaddps {mem(r, b, '%r13')}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
-    s += [f"add $${step}, %r13",
-          "6:", "mov 80(%rdi), %rdx", "cmp $$1, %rdx", "jne 7f", "vpxord %zmm28, %zmm28, %zmm28"]
-    s += [f"vmaxps %zmm{A(r, b)}, %zmm28, %zmm{A(r, b)}" for r, b in acc]
-    s += ["jmp 8f", "7:", "cmp $$2, %rdx", "jne 8f", "mov 88(%rdi), %rdx", "vbroadcastss (%rdx), %zmm28",
-          "vbroadcastss 4(%rdx), %zmm29"]
-    s += [f"vmaxps %zmm{A(r, b)}, %zmm28, %zmm{A(r, b)}" for r, b in acc]
-    s += [f"vminps %zmm{A(r, b)}, %zmm29, %zmm{A(r, b)}" for r, b in acc]
-    s += ["8:"] + [f"vmovups %zmm{A(r, b)}, {mem(r, b, '%r11')}" for r, b in acc]
+                          "2:", "cmpq $$0, 120(%rdi)", "je 8f"]
+    s += _zmm_finish(rows, blocks)
     s += [f"add $${step}, %r10", f"add $${step}, %r11", "dec %r12", "jnz 5b"]
     return "\n\t".join(s)
 
@@ -654,3 +671,207 @@ def strip512_rows(prm, nv, nblk):
         _strip512_two(prm, nv)
     else:
         _strip512_one(prm, nv)
+
+
+# The AVX-512 strip of the direct kxk conv (direct._direct_rows_512 on tiles.ASM_512 hosts): tiles of R <= 14
+# consecutive output positions of one output row x B (1, 2) blocks, the positions `step` (1 or 2: the
+# stride) x 64 bytes apart in the (padded) input; the reduction runs over a table of chunks (the (cb, kh,
+# kw) taps in the weights' order, 16 input channels each, at the chunk's byte offset from the position), the
+# weight rows of block 0 consecutive (64 bytes apart: direct's packed wb[ob, cb, kh, kw, ci, :]), block 1's
+# the weight block stride further. Registers as strip512's (accumulators zmm0-27, weights zmm28-29,
+# broadcasts zmm30-31); the epilogue is strip512's finalize (+ bias, + residual, identity / ReLU / clip,
+# stored by the assembly). The FMA chain per accumulator is the direct tiles' (`fma(x, w, acc)` over the
+# chunks and their channels in order): the same bits (tests/test_register_tiles.py). Parameter block
+# (int64 [14], read through %rdi):
+#   0 &x (position 0 of the strip's first tile)   1 &w (block 0's first row)   2 &table (int64 byte offsets)
+#   3 chunks (>= 1)   4 unused   5 weight block stride (bytes)   6 &out (position 0, block 0)   7 tiles
+#   8 &bias[B * 16]   9 &residual (like out), or 0   10 activation code (0, 1, 2)   11 &(alpha, beta)
+#  12 unused   13 the byte distance from an output block to the next
+def _dstrip512_asm(rows: int, blocks: int, step: int) -> str:
+    ps = 64 * step                            # input bytes from one position to the next
+    acc, A = _zmm_acc(rows, blocks)
+    body = ["vmovups (%rdx), %zmm28"] + (["vmovups (%rdx,%r14), %zmm29"] if blocks == 2 else [])
+    for r in range(rows):
+        bc = 30 + (r & 1)
+        body += [f"vbroadcastss {ps * r}(%rsi), %zmm{bc}"]
+        body += [f"vfmadd231ps %zmm{bc}, %zmm{28 + b}, %zmm{A(r, b)}" for b in range(blocks)]
+    s = ["mov (%rdi), %r10", "mov 48(%rdi), %r11", "mov 56(%rdi), %r12", "mov 72(%rdi), %r13",
+         "mov 40(%rdi), %r14", "mov 104(%rdi), %r15",
+         "5:"]
+    s += [f"vpxord %zmm{A(r, b)}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
+    s += _zmm_prefetch_out(rows, blocks)
+    s += ["mov 8(%rdi), %rdx", "mov 16(%rdi), %r8", "mov 24(%rdi), %rcx",
+          "1:", "mov (%r8), %rsi", "add %r10, %rsi", "add $$8, %r8", "mov $$16, %rbx",
+          "4:"] + body + ["add $$4, %rsi", "add $$64, %rdx", "dec %rbx", "jnz 4b", "dec %rcx", "jnz 1b"]
+    s += _zmm_finish(rows, blocks)
+    s += [f"add $${ps * rows}, %r10", f"add $${64 * rows}, %r11", "dec %r12", "jnz 5b"]
+    return "\n\t".join(s)
+
+
+@intrinsic
+def dstrip512(typingctx, prm, rows, blocks, step):
+    """The direct conv's AVX-512 strip above for `rows` (1..14) positions x `blocks` (1, 2) at input
+    position step `step` (1, 2), all compile-time literals; parameters in prm (CPointer(int64) of 14)."""
+    lit = (rows, blocks, step)
+    if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64
+            and all(isinstance(v, types.IntegerLiteral) for v in lit)
+            and 1 <= rows.literal_value <= STRIP512_ROWS and blocks.literal_value in (1, 2)
+            and step.literal_value in (1, 2)):
+        return None
+    nr, nbk, st = (v.literal_value for v in lit)
+    sig = types.void(prm, rows, blocks, step)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        if not x86_avx512():
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
+            builder.call(fn, [])
+            return context.get_dummy_value()
+        i64 = ir.IntType(64)
+        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), _dstrip512_asm(nr, nbk, st), "{rdi}," + _ZMM_CLOBBERS,
+                    [builder.ptrtoint(args[0], i64)], True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def _dstrip512_two_1(prm, nv):
+    if nv >= 14:
+        dstrip512(prm, 14, 2, 1)
+    elif nv == 13:
+        dstrip512(prm, 13, 2, 1)
+    elif nv == 12:
+        dstrip512(prm, 12, 2, 1)
+    elif nv == 11:
+        dstrip512(prm, 11, 2, 1)
+    elif nv == 10:
+        dstrip512(prm, 10, 2, 1)
+    elif nv == 9:
+        dstrip512(prm, 9, 2, 1)
+    elif nv == 8:
+        dstrip512(prm, 8, 2, 1)
+    elif nv == 7:
+        dstrip512(prm, 7, 2, 1)
+    elif nv == 6:
+        dstrip512(prm, 6, 2, 1)
+    elif nv == 5:
+        dstrip512(prm, 5, 2, 1)
+    elif nv == 4:
+        dstrip512(prm, 4, 2, 1)
+    elif nv == 3:
+        dstrip512(prm, 3, 2, 1)
+    elif nv == 2:
+        dstrip512(prm, 2, 2, 1)
+    else:
+        dstrip512(prm, 1, 2, 1)
+
+
+@njit(inline="always")
+def _dstrip512_two_2(prm, nv):
+    if nv >= 14:
+        dstrip512(prm, 14, 2, 2)
+    elif nv == 13:
+        dstrip512(prm, 13, 2, 2)
+    elif nv == 12:
+        dstrip512(prm, 12, 2, 2)
+    elif nv == 11:
+        dstrip512(prm, 11, 2, 2)
+    elif nv == 10:
+        dstrip512(prm, 10, 2, 2)
+    elif nv == 9:
+        dstrip512(prm, 9, 2, 2)
+    elif nv == 8:
+        dstrip512(prm, 8, 2, 2)
+    elif nv == 7:
+        dstrip512(prm, 7, 2, 2)
+    elif nv == 6:
+        dstrip512(prm, 6, 2, 2)
+    elif nv == 5:
+        dstrip512(prm, 5, 2, 2)
+    elif nv == 4:
+        dstrip512(prm, 4, 2, 2)
+    elif nv == 3:
+        dstrip512(prm, 3, 2, 2)
+    elif nv == 2:
+        dstrip512(prm, 2, 2, 2)
+    else:
+        dstrip512(prm, 1, 2, 2)
+
+
+@njit(inline="always")
+def _dstrip512_one_1(prm, nv):
+    if nv >= 14:
+        dstrip512(prm, 14, 1, 1)
+    elif nv == 13:
+        dstrip512(prm, 13, 1, 1)
+    elif nv == 12:
+        dstrip512(prm, 12, 1, 1)
+    elif nv == 11:
+        dstrip512(prm, 11, 1, 1)
+    elif nv == 10:
+        dstrip512(prm, 10, 1, 1)
+    elif nv == 9:
+        dstrip512(prm, 9, 1, 1)
+    elif nv == 8:
+        dstrip512(prm, 8, 1, 1)
+    elif nv == 7:
+        dstrip512(prm, 7, 1, 1)
+    elif nv == 6:
+        dstrip512(prm, 6, 1, 1)
+    elif nv == 5:
+        dstrip512(prm, 5, 1, 1)
+    elif nv == 4:
+        dstrip512(prm, 4, 1, 1)
+    elif nv == 3:
+        dstrip512(prm, 3, 1, 1)
+    elif nv == 2:
+        dstrip512(prm, 2, 1, 1)
+    else:
+        dstrip512(prm, 1, 1, 1)
+
+
+@njit(inline="always")
+def _dstrip512_one_2(prm, nv):
+    if nv >= 14:
+        dstrip512(prm, 14, 1, 2)
+    elif nv == 13:
+        dstrip512(prm, 13, 1, 2)
+    elif nv == 12:
+        dstrip512(prm, 12, 1, 2)
+    elif nv == 11:
+        dstrip512(prm, 11, 1, 2)
+    elif nv == 10:
+        dstrip512(prm, 10, 1, 2)
+    elif nv == 9:
+        dstrip512(prm, 9, 1, 2)
+    elif nv == 8:
+        dstrip512(prm, 8, 1, 2)
+    elif nv == 7:
+        dstrip512(prm, 7, 1, 2)
+    elif nv == 6:
+        dstrip512(prm, 6, 1, 2)
+    elif nv == 5:
+        dstrip512(prm, 5, 1, 2)
+    elif nv == 4:
+        dstrip512(prm, 4, 1, 2)
+    elif nv == 3:
+        dstrip512(prm, 3, 1, 2)
+    elif nv == 2:
+        dstrip512(prm, 2, 1, 2)
+    else:
+        dstrip512(prm, 1, 1, 2)
+
+
+@njit(inline="always")
+def dstrip512_rows(prm, nv, nblk, step):
+    """dstrip512 with nv = 1..14 positions, nblk = 1, 2 blocks and input step 1, 2 chosen at run time."""
+    if nblk == 2:
+        if step == 1:
+            _dstrip512_two_1(prm, nv)
+        else:
+            _dstrip512_two_2(prm, nv)
+    elif step == 1:
+        _dstrip512_one_1(prm, nv)
+    else:
+        _dstrip512_one_2(prm, nv)

@@ -25,9 +25,9 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, address, atomic_add, stack_f32, stack_i64, tile16_rows
+from tilefuse.kernels.conv._nb import LANES, address, atomic_add, dstrip512_rows, stack_f32, stack_i64, tile16_rows
 from tilefuse.kernels.conv._tiles_gen import _direct_rows2_wide, _direct_rows_narrow  # (tilegen.DIRECT)
-from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
+from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.activations import apply_scalar, apply_span
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY4, IDENTITY, RB_OFFSETS, bias_or_zeros, resolve_act, store_rows
 from tilefuse.kernels.conv.layout import to_nchwc
@@ -104,6 +104,65 @@ def _direct_rows_avx2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh
 
 
 @njit(nogil=True, cache=True)
+def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
+                     code, alpha, beta, o0, o1):
+    """The direct tiles' work on the AVX-512 strip `_nb.dstrip512` (tiles.ASM_512 hosts, stride 1 or 2 along
+    W, code <= 2): per block pair and output row, the row's whole 14-position tiles in one strip call, then
+    one call for the rest; 2 blocks a tile (1 for an odd last block). The reduction's chunks are the (cb,
+    kh, kw) taps in the weights' order (`_direct_rows_avx2`'s table); the same FMA chains and epilogue as
+    the numba tiles: the same bits."""
+    Cb, HWp = xb.shape[1], xb.shape[2]
+    Ob, _, KH, KW, _, _ = wb.shape
+    xf = xb.reshape(xb.size)
+    wf = wb.reshape(wb.size)
+    of, rf = out.reshape(out.size), res.reshape(res.size)
+    P = out.shape[2]
+    pp = stack_i64(14)
+    prm = nb.carray(pp, 14)
+    ab = nb.carray(stack_f32(2), 2)
+    ab[0] = alpha
+    ab[1] = beta
+    nch = Cb * KH * KW
+    if nch <= 1024:      # on the stack: a heap array per call costs ~300 cycles
+        table = nb.carray(stack_i64(1024), 1024)
+    else:
+        table = np.empty(nch, np.int64)
+    nbase = n * Cb * HWp * 16
+    for cb in range(Cb):
+        for kh in range(KH):
+            for kw in range(KW):
+                table[(cb * KH + kh) * KW + kw] = (nbase + cb * HWp * 16 + (kh * dh * Wp + kw * dw) * 16) * 4
+    wsize = Cb * KH * KW * 256
+    prm[2] = address(table, 0)
+    prm[3] = nch
+    prm[5] = wsize * 4
+    prm[10] = code
+    prm[11] = address(ab, 0)
+    prm[13] = P * 64
+    nt = Wo // 14
+    rem = Wo - 14 * nt
+    for g in range(o0, o1, 2):
+        nbk = min(2, o1 - g)
+        prm[1] = address(wf, g * wsize)
+        prm[8] = address(bias, g * 16)
+        for oh in range(oh0, oh1):
+            x0 = (oh * sh - x_row0) * Wp * 16
+            d0 = ((n_out * Ob + g) * P + oh * Wo - q_off) * 16
+            if nt > 0:
+                prm[0] = address(xf, x0)
+                prm[6] = address(of, d0)
+                prm[7] = nt
+                prm[9] = address(rf, d0) if has_res else 0
+                dstrip512_rows(pp, 14, nbk, sw)
+            if rem > 0:
+                prm[0] = address(xf, x0 + 14 * nt * sw * 16)
+                prm[6] = address(of, d0 + 14 * nt * 16)
+                prm[7] = 1
+                prm[9] = address(rf, d0 + 14 * nt * 16) if has_res else 0
+                dstrip512_rows(pp, rem, nbk, sw)
+
+
+@njit(nogil=True, cache=True)
 def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, code,
                   alpha, beta, o0, o1):
     """Output rows [oh0, oh1), blocks [o0, o1) (the tiles' arguments); an activation past clip is
@@ -128,9 +187,13 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
 @njit(nogil=True, cache=True)
 def _direct_tile(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, code,
                  alpha, beta, o0, o1):
-    """The register tile of the host's vector width (tiles.NARROW, tiles.ASM_AVX2): 7 x 2 blocks, 5 x 1
-    or the 6 x 1 assembly tile."""
-    if ASM_AVX2:
+    """The register tile of the host's vector width (tiles.NARROW, tiles.ASM_AVX2, tiles.ASM_512): 7 x 2
+    blocks, 5 x 1, the 6 x 1 assembly tile or the 14 x 2 AVX-512 strip (stride 1 or 2 along W; code <= 2
+    here: _direct_rows2 defers the others)."""
+    if ASM_512 and sw <= 2 and code <= 2:
+        _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
+                         has_res, code, alpha, beta, o0, o1)
+    elif ASM_AVX2:
         _direct_rows_avx2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
                           has_res, code, alpha, beta, o0, o1)
     elif NARROW:
