@@ -687,8 +687,10 @@ def strip512_rows(prm, nv, nblk):
 #   3 chunks (>= 1)   4 unused   5 weight block stride (bytes)   6 &out (position 0, block 0)   7 tiles
 #   8 &bias[B * 16]   9 &residual (like out), or 0   10 activation code (0, 1, 2)   11 &(alpha, beta)
 #  12 unused   13 the byte distance from an output block to the next
-def _dstrip512_asm(rows: int, blocks: int, step: int) -> str:
-    ps = 64 * step                            # input bytes from one position to the next
+def _dstrip512_asm(rows: int, blocks: int, ps: int) -> str:
+    """ps: the input bytes from one position to the next: 64 or 128 (direct, NCHW16c input, 16 channels a
+    chunk, 4 bytes apart), 4 or 8 (the stem, a plain (C, rows, Wp) band: one channel a chunk)."""
+    ch = 16 if ps >= 64 else 1                # input channels a chunk
     acc, A = _zmm_acc(rows, blocks)
     body = ["vmovups (%rdx), %zmm28"] + (["vmovups (%rdx,%r14), %zmm29"] if blocks == 2 else [])
     for r in range(rows):
@@ -701,7 +703,7 @@ def _dstrip512_asm(rows: int, blocks: int, step: int) -> str:
     s += [f"vpxord %zmm{A(r, b)}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
     s += _zmm_prefetch_out(rows, blocks)
     s += ["mov 8(%rdi), %rdx", "mov 16(%rdi), %r8", "mov 24(%rdi), %rcx",
-          "1:", "mov (%r8), %rsi", "add %r10, %rsi", "add $$8, %r8", "mov $$16, %rbx",
+          "1:", "mov (%r8), %rsi", "add %r10, %rsi", "add $$8, %r8", f"mov $${ch}, %rbx",
           "4:"] + body + ["add $$4, %rsi", "add $$64, %rdx", "dec %rbx", "jnz 4b", "dec %rcx", "jnz 1b"]
     s += _zmm_finish(rows, blocks)
     s += [f"add $${ps * rows}, %r10", f"add $${64 * rows}, %r11", "dec %r12", "jnz 5b"]
@@ -709,17 +711,18 @@ def _dstrip512_asm(rows: int, blocks: int, step: int) -> str:
 
 
 @intrinsic
-def dstrip512(typingctx, prm, rows, blocks, step):
-    """The direct conv's AVX-512 strip above for `rows` (1..14) positions x `blocks` (1, 2) at input
-    position step `step` (1, 2), all compile-time literals; parameters in prm (CPointer(int64) of 14)."""
-    lit = (rows, blocks, step)
+def dstrip512(typingctx, prm, rows, blocks, ps):
+    """The direct conv's (and the stem's) AVX-512 strip above for `rows` (1..14) positions x `blocks` (1, 2)
+    at `ps` (64, 128: direct; 4, 8: the stem) input bytes from one position to the next, all compile-time
+    literals; parameters in prm (CPointer(int64) of 14)."""
+    lit = (rows, blocks, ps)
     if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64
             and all(isinstance(v, types.IntegerLiteral) for v in lit)
             and 1 <= rows.literal_value <= STRIP512_ROWS and blocks.literal_value in (1, 2)
-            and step.literal_value in (1, 2)):
+            and ps.literal_value in (4, 8, 64, 128)):
         return None
     nr, nbk, st = (v.literal_value for v in lit)
-    sig = types.void(prm, rows, blocks, step)
+    sig = types.void(prm, rows, blocks, ps)
 
     def codegen(context, builder, signature, args):
         from llvmlite import ir
@@ -738,134 +741,263 @@ def dstrip512(typingctx, prm, rows, blocks, step):
 @njit(inline="always")
 def _dstrip512_two_1(prm, nv):
     if nv >= 14:
-        dstrip512(prm, 14, 2, 1)
+        dstrip512(prm, 14, 2, 64)
     elif nv == 13:
-        dstrip512(prm, 13, 2, 1)
+        dstrip512(prm, 13, 2, 64)
     elif nv == 12:
-        dstrip512(prm, 12, 2, 1)
+        dstrip512(prm, 12, 2, 64)
     elif nv == 11:
-        dstrip512(prm, 11, 2, 1)
+        dstrip512(prm, 11, 2, 64)
     elif nv == 10:
-        dstrip512(prm, 10, 2, 1)
+        dstrip512(prm, 10, 2, 64)
     elif nv == 9:
-        dstrip512(prm, 9, 2, 1)
+        dstrip512(prm, 9, 2, 64)
     elif nv == 8:
-        dstrip512(prm, 8, 2, 1)
+        dstrip512(prm, 8, 2, 64)
     elif nv == 7:
-        dstrip512(prm, 7, 2, 1)
+        dstrip512(prm, 7, 2, 64)
     elif nv == 6:
-        dstrip512(prm, 6, 2, 1)
+        dstrip512(prm, 6, 2, 64)
     elif nv == 5:
-        dstrip512(prm, 5, 2, 1)
+        dstrip512(prm, 5, 2, 64)
     elif nv == 4:
-        dstrip512(prm, 4, 2, 1)
+        dstrip512(prm, 4, 2, 64)
     elif nv == 3:
-        dstrip512(prm, 3, 2, 1)
+        dstrip512(prm, 3, 2, 64)
     elif nv == 2:
-        dstrip512(prm, 2, 2, 1)
+        dstrip512(prm, 2, 2, 64)
     else:
-        dstrip512(prm, 1, 2, 1)
+        dstrip512(prm, 1, 2, 64)
 
 
 @njit(inline="always")
 def _dstrip512_two_2(prm, nv):
     if nv >= 14:
-        dstrip512(prm, 14, 2, 2)
+        dstrip512(prm, 14, 2, 128)
     elif nv == 13:
-        dstrip512(prm, 13, 2, 2)
+        dstrip512(prm, 13, 2, 128)
     elif nv == 12:
-        dstrip512(prm, 12, 2, 2)
+        dstrip512(prm, 12, 2, 128)
     elif nv == 11:
-        dstrip512(prm, 11, 2, 2)
+        dstrip512(prm, 11, 2, 128)
     elif nv == 10:
-        dstrip512(prm, 10, 2, 2)
+        dstrip512(prm, 10, 2, 128)
     elif nv == 9:
-        dstrip512(prm, 9, 2, 2)
+        dstrip512(prm, 9, 2, 128)
     elif nv == 8:
-        dstrip512(prm, 8, 2, 2)
+        dstrip512(prm, 8, 2, 128)
     elif nv == 7:
-        dstrip512(prm, 7, 2, 2)
+        dstrip512(prm, 7, 2, 128)
     elif nv == 6:
-        dstrip512(prm, 6, 2, 2)
+        dstrip512(prm, 6, 2, 128)
     elif nv == 5:
-        dstrip512(prm, 5, 2, 2)
+        dstrip512(prm, 5, 2, 128)
     elif nv == 4:
-        dstrip512(prm, 4, 2, 2)
+        dstrip512(prm, 4, 2, 128)
     elif nv == 3:
-        dstrip512(prm, 3, 2, 2)
+        dstrip512(prm, 3, 2, 128)
     elif nv == 2:
-        dstrip512(prm, 2, 2, 2)
+        dstrip512(prm, 2, 2, 128)
     else:
-        dstrip512(prm, 1, 2, 2)
+        dstrip512(prm, 1, 2, 128)
 
 
 @njit(inline="always")
 def _dstrip512_one_1(prm, nv):
     if nv >= 14:
-        dstrip512(prm, 14, 1, 1)
+        dstrip512(prm, 14, 1, 64)
     elif nv == 13:
-        dstrip512(prm, 13, 1, 1)
+        dstrip512(prm, 13, 1, 64)
     elif nv == 12:
-        dstrip512(prm, 12, 1, 1)
+        dstrip512(prm, 12, 1, 64)
     elif nv == 11:
-        dstrip512(prm, 11, 1, 1)
+        dstrip512(prm, 11, 1, 64)
     elif nv == 10:
-        dstrip512(prm, 10, 1, 1)
+        dstrip512(prm, 10, 1, 64)
     elif nv == 9:
-        dstrip512(prm, 9, 1, 1)
+        dstrip512(prm, 9, 1, 64)
     elif nv == 8:
-        dstrip512(prm, 8, 1, 1)
+        dstrip512(prm, 8, 1, 64)
     elif nv == 7:
-        dstrip512(prm, 7, 1, 1)
+        dstrip512(prm, 7, 1, 64)
     elif nv == 6:
-        dstrip512(prm, 6, 1, 1)
+        dstrip512(prm, 6, 1, 64)
     elif nv == 5:
-        dstrip512(prm, 5, 1, 1)
+        dstrip512(prm, 5, 1, 64)
     elif nv == 4:
-        dstrip512(prm, 4, 1, 1)
+        dstrip512(prm, 4, 1, 64)
     elif nv == 3:
-        dstrip512(prm, 3, 1, 1)
+        dstrip512(prm, 3, 1, 64)
     elif nv == 2:
-        dstrip512(prm, 2, 1, 1)
+        dstrip512(prm, 2, 1, 64)
     else:
-        dstrip512(prm, 1, 1, 1)
+        dstrip512(prm, 1, 1, 64)
 
 
 @njit(inline="always")
 def _dstrip512_one_2(prm, nv):
     if nv >= 14:
-        dstrip512(prm, 14, 1, 2)
+        dstrip512(prm, 14, 1, 128)
     elif nv == 13:
-        dstrip512(prm, 13, 1, 2)
+        dstrip512(prm, 13, 1, 128)
     elif nv == 12:
-        dstrip512(prm, 12, 1, 2)
+        dstrip512(prm, 12, 1, 128)
     elif nv == 11:
-        dstrip512(prm, 11, 1, 2)
+        dstrip512(prm, 11, 1, 128)
     elif nv == 10:
-        dstrip512(prm, 10, 1, 2)
+        dstrip512(prm, 10, 1, 128)
     elif nv == 9:
-        dstrip512(prm, 9, 1, 2)
+        dstrip512(prm, 9, 1, 128)
     elif nv == 8:
-        dstrip512(prm, 8, 1, 2)
+        dstrip512(prm, 8, 1, 128)
     elif nv == 7:
-        dstrip512(prm, 7, 1, 2)
+        dstrip512(prm, 7, 1, 128)
     elif nv == 6:
-        dstrip512(prm, 6, 1, 2)
+        dstrip512(prm, 6, 1, 128)
     elif nv == 5:
-        dstrip512(prm, 5, 1, 2)
+        dstrip512(prm, 5, 1, 128)
     elif nv == 4:
-        dstrip512(prm, 4, 1, 2)
+        dstrip512(prm, 4, 1, 128)
     elif nv == 3:
-        dstrip512(prm, 3, 1, 2)
+        dstrip512(prm, 3, 1, 128)
     elif nv == 2:
-        dstrip512(prm, 2, 1, 2)
+        dstrip512(prm, 2, 1, 128)
     else:
-        dstrip512(prm, 1, 1, 2)
+        dstrip512(prm, 1, 1, 128)
+
+
+@njit(inline="always")
+def _sstrip512_two_1(prm, nv):
+    if nv >= 14:
+        dstrip512(prm, 14, 2, 4)
+    elif nv == 13:
+        dstrip512(prm, 13, 2, 4)
+    elif nv == 12:
+        dstrip512(prm, 12, 2, 4)
+    elif nv == 11:
+        dstrip512(prm, 11, 2, 4)
+    elif nv == 10:
+        dstrip512(prm, 10, 2, 4)
+    elif nv == 9:
+        dstrip512(prm, 9, 2, 4)
+    elif nv == 8:
+        dstrip512(prm, 8, 2, 4)
+    elif nv == 7:
+        dstrip512(prm, 7, 2, 4)
+    elif nv == 6:
+        dstrip512(prm, 6, 2, 4)
+    elif nv == 5:
+        dstrip512(prm, 5, 2, 4)
+    elif nv == 4:
+        dstrip512(prm, 4, 2, 4)
+    elif nv == 3:
+        dstrip512(prm, 3, 2, 4)
+    elif nv == 2:
+        dstrip512(prm, 2, 2, 4)
+    else:
+        dstrip512(prm, 1, 2, 4)
+
+
+@njit(inline="always")
+def _sstrip512_two_2(prm, nv):
+    if nv >= 14:
+        dstrip512(prm, 14, 2, 8)
+    elif nv == 13:
+        dstrip512(prm, 13, 2, 8)
+    elif nv == 12:
+        dstrip512(prm, 12, 2, 8)
+    elif nv == 11:
+        dstrip512(prm, 11, 2, 8)
+    elif nv == 10:
+        dstrip512(prm, 10, 2, 8)
+    elif nv == 9:
+        dstrip512(prm, 9, 2, 8)
+    elif nv == 8:
+        dstrip512(prm, 8, 2, 8)
+    elif nv == 7:
+        dstrip512(prm, 7, 2, 8)
+    elif nv == 6:
+        dstrip512(prm, 6, 2, 8)
+    elif nv == 5:
+        dstrip512(prm, 5, 2, 8)
+    elif nv == 4:
+        dstrip512(prm, 4, 2, 8)
+    elif nv == 3:
+        dstrip512(prm, 3, 2, 8)
+    elif nv == 2:
+        dstrip512(prm, 2, 2, 8)
+    else:
+        dstrip512(prm, 1, 2, 8)
+
+
+@njit(inline="always")
+def _sstrip512_one_1(prm, nv):
+    if nv >= 14:
+        dstrip512(prm, 14, 1, 4)
+    elif nv == 13:
+        dstrip512(prm, 13, 1, 4)
+    elif nv == 12:
+        dstrip512(prm, 12, 1, 4)
+    elif nv == 11:
+        dstrip512(prm, 11, 1, 4)
+    elif nv == 10:
+        dstrip512(prm, 10, 1, 4)
+    elif nv == 9:
+        dstrip512(prm, 9, 1, 4)
+    elif nv == 8:
+        dstrip512(prm, 8, 1, 4)
+    elif nv == 7:
+        dstrip512(prm, 7, 1, 4)
+    elif nv == 6:
+        dstrip512(prm, 6, 1, 4)
+    elif nv == 5:
+        dstrip512(prm, 5, 1, 4)
+    elif nv == 4:
+        dstrip512(prm, 4, 1, 4)
+    elif nv == 3:
+        dstrip512(prm, 3, 1, 4)
+    elif nv == 2:
+        dstrip512(prm, 2, 1, 4)
+    else:
+        dstrip512(prm, 1, 1, 4)
+
+
+@njit(inline="always")
+def _sstrip512_one_2(prm, nv):
+    if nv >= 14:
+        dstrip512(prm, 14, 1, 8)
+    elif nv == 13:
+        dstrip512(prm, 13, 1, 8)
+    elif nv == 12:
+        dstrip512(prm, 12, 1, 8)
+    elif nv == 11:
+        dstrip512(prm, 11, 1, 8)
+    elif nv == 10:
+        dstrip512(prm, 10, 1, 8)
+    elif nv == 9:
+        dstrip512(prm, 9, 1, 8)
+    elif nv == 8:
+        dstrip512(prm, 8, 1, 8)
+    elif nv == 7:
+        dstrip512(prm, 7, 1, 8)
+    elif nv == 6:
+        dstrip512(prm, 6, 1, 8)
+    elif nv == 5:
+        dstrip512(prm, 5, 1, 8)
+    elif nv == 4:
+        dstrip512(prm, 4, 1, 8)
+    elif nv == 3:
+        dstrip512(prm, 3, 1, 8)
+    elif nv == 2:
+        dstrip512(prm, 2, 1, 8)
+    else:
+        dstrip512(prm, 1, 1, 8)
 
 
 @njit(inline="always")
 def dstrip512_rows(prm, nv, nblk, step):
-    """dstrip512 with nv = 1..14 positions, nblk = 1, 2 blocks and input step 1, 2 chosen at run time."""
+    """The direct strip (NCHW16c input) with nv = 1..14 positions, nblk = 1, 2 blocks and stride step = 1, 2
+    chosen at run time."""
     if nblk == 2:
         if step == 1:
             _dstrip512_two_1(prm, nv)
@@ -875,3 +1007,17 @@ def dstrip512_rows(prm, nv, nblk, step):
         _dstrip512_one_1(prm, nv)
     else:
         _dstrip512_one_2(prm, nv)
+
+
+@njit(inline="always")
+def sstrip512_rows(prm, nv, nblk, step):
+    """The stem's strip (a plain (C, rows, Wp) band, one channel a chunk), as dstrip512_rows."""
+    if nblk == 2:
+        if step == 1:
+            _sstrip512_two_1(prm, nv)
+        else:
+            _sstrip512_two_2(prm, nv)
+    elif step == 1:
+        _sstrip512_one_1(prm, nv)
+    else:
+        _sstrip512_one_2(prm, nv)

@@ -23,9 +23,9 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, atomic_add
+from tilefuse.kernels.conv._nb import LANES, address, atomic_add, sstrip512_rows, stack_f32, stack_i64
 from tilefuse.kernels.conv._tiles_gen import _stem_rows_narrow, _stem_rows_wide  # (tilegen.STEM)
-from tilefuse.kernels.conv.tiles import NARROW
+from tilefuse.kernels.conv.tiles import ASM_512, NARROW
 from tilefuse.kernels.activations import apply_span
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY4, resolve_act
 from tilefuse.kernels.conv.planner import plan_stem
@@ -83,9 +83,69 @@ def _pad_rows(band, x, n, h0, pl):
 
 
 @njit(nogil=True, cache=True)
+def _stem_rows_512(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
+    """The stem tiles' work on the AVX-512 strip (`_nb.dstrip512` with one input channel a chunk:
+    `sstrip512_rows`; tiles.ASM_512 hosts, stride 1 or 2 along W, code <= 2): per block pair and output row,
+    the row's whole 14-position tiles in one call, then one call for the rest. The chunks are the (c, kh, kw)
+    taps in the weights' order, the weight rows wb[ob, c, kh, kw] 64 bytes apart: the numba tiles' FMA chain
+    per output (the same bits)."""
+    C, R, Wp = band.shape
+    Ob, _, KH, KW, _ = wb.shape
+    bf = band.reshape(band.size)
+    wf = wb.reshape(wb.size)
+    of, rf = out.reshape(out.size), res.reshape(res.size)
+    HW = out.shape[2]
+    pp = stack_i64(14)
+    prm = nb.carray(pp, 14)
+    ab = nb.carray(stack_f32(2), 2)
+    ab[0] = alpha
+    ab[1] = beta
+    nch = C * KH * KW
+    if nch <= 1024:
+        table = nb.carray(stack_i64(1024), 1024)
+    else:
+        table = np.empty(nch, np.int64)
+    for c in range(C):
+        for kh in range(KH):
+            for kw in range(KW):
+                table[(c * KH + kh) * KW + kw] = (c * R * Wp + kh * dh * Wp + kw * dw) * 4
+    wsize = nch * 16
+    prm[2] = address(table, 0)
+    prm[3] = nch
+    prm[5] = wsize * 4
+    prm[10] = code
+    prm[11] = address(ab, 0)
+    prm[13] = HW * 64
+    nt = Wo // 14
+    rem = Wo - 14 * nt
+    for g in range(0, Ob, 2):
+        nbk = min(2, Ob - g)
+        prm[1] = address(wf, g * wsize)
+        prm[8] = address(bias, g * 16)
+        for oh in range(oh0, oh1):
+            x0 = (oh * sh - x_row0) * Wp
+            d0 = ((n * Ob + g) * HW + oh * Wo) * 16
+            if nt > 0:
+                prm[0] = address(bf, x0)
+                prm[6] = address(of, d0)
+                prm[7] = nt
+                prm[9] = address(rf, d0) if has_res else 0
+                sstrip512_rows(pp, 14, nbk, sw)
+            if rem > 0:
+                prm[0] = address(bf, x0 + 14 * nt * sw)
+                prm[6] = address(of, d0 + 14 * nt * 16)
+                prm[7] = 1
+                prm[9] = address(rf, d0 + 14 * nt * 16) if has_res else 0
+                sstrip512_rows(pp, rem, nbk, sw)
+
+
+@njit(nogil=True, cache=True)
 def _stem_tile(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
-    """The register tile of the host's vector width (tiles.NARROW): 8 x 2 blocks or 5 x 1."""
-    if NARROW:
+    """The register tile of the host's vector width (tiles.NARROW, tiles.ASM_512): 8 x 2 blocks, 5 x 1, or
+    the AVX-512 strip (stride 1 or 2 along W; code <= 2 here: _stem_rows defers the others)."""
+    if ASM_512 and sw <= 2 and code <= 2:
+        _stem_rows_512(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
+    elif NARROW:
         _stem_rows_narrow(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
     else:
         _stem_rows_wide(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
