@@ -8,7 +8,7 @@ Layouts:
 Vectorized over a block of 16 output channels (one zmm register: the analogue of the paper's
 48 lanes = 16 PEs x 3 FMACs) and register-blocked over 7 output positions x 2 output-channel
 blocks (`_direct_rows2`; 5 x 1 on hosts with 256-bit vectors, the 6 x 1 assembly tile `_direct_rows_avx2`
-on x86-64 ones; the numba tiles generated from one
+on x86-64 ones, the 14 x 2 AVX-512 strip `_direct_rows_512` on AVX-512 ones; the numba tiles generated from one
 template, tilegen.DIRECT): 14 accumulators live in registers for the whole Ci*KH*KW reduction. Partitioning (planner.plan_direct, for the thread
 count): a task is (one image, a band of output rows, a group of output-channel blocks): whole
 images per task at large batch (task level), row bands (window level: cores split the image

@@ -7,7 +7,7 @@ zero-bordered scratch band (Cin, rows, Wp) (this is the border/interior split: t
 materialized once per band, so the inner loop has no bounds checks), then for each pair of
 output-channel blocks runs a register-blocked kernel: 8 output positions x 2 blocks of 16
 output channels = 16 zmm accumulators, live across the whole Cin*KH*KW reduction (2 weight
-vectors + 8 broadcasts feed 16 FMAs per tap). Epilogue (epilogue.store_block): + bias (+ residual), activation,
+vectors + 8 broadcasts feed 16 FMAs per tap; on AVX-512 hosts the 14 x 2 assembly strip `_stem_rows_512`). Epilogue (epilogue.store_block): + bias (+ residual), activation,
 stored straight into the blocked output; padded output channels come out 0 (zero weights/bias).
 
 Weights are packed at compile time (`prepare`: (Ob, Cin, KH, KW, 16co) and a padded bias, added
