@@ -575,16 +575,17 @@ def x86_avx512() -> bool:
 
 
 @intrinsic
-def strip512(typingctx, prm, rows, blocks):
-    """The AVX-512 strip above for `rows` (1..14) positions x `blocks` (1, 2) output blocks a tile, both
-    compile-time literals, its parameters in prm (a CPointer(int64) of 17 from stack_i64). On a host
-    without AVX-512 the (unreachable) call traps instead."""
+def strip512(typingctx, prm, rows, blocks, ps):
+    """The AVX-512 strip above for `rows` (1..14) positions x `blocks` (1, 2) output blocks a tile, the
+    positions ps = 64 bytes apart (dstrip512's signature), all compile-time literals; its parameters in
+    prm (a CPointer(int64) of 17 from stack_i64). On a host without AVX-512 the (unreachable) call traps
+    instead."""
     if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
             and 1 <= rows.literal_value <= STRIP512_ROWS and isinstance(blocks, types.IntegerLiteral)
-            and blocks.literal_value in (1, 2)):
+            and blocks.literal_value in (1, 2) and isinstance(ps, types.IntegerLiteral) and ps.literal_value == 64):
         return None
     nr, nbk = rows.literal_value, blocks.literal_value
-    sig = types.void(prm, rows, blocks)
+    sig = types.void(prm, rows, blocks, ps)
 
     def codegen(context, builder, signature, args):
         from llvmlite import ir
@@ -600,68 +601,45 @@ def strip512(typingctx, prm, rows, blocks):
     return sig, codegen
 
 
-@njit(inline="always")
-def _strip512_two(prm, nv):
-    if nv >= 14:
-        strip512(prm, 14, 2)
-    elif nv == 13:
-        strip512(prm, 13, 2)
-    elif nv == 12:
-        strip512(prm, 12, 2)
-    elif nv == 11:
-        strip512(prm, 11, 2)
-    elif nv == 10:
-        strip512(prm, 10, 2)
-    elif nv == 9:
-        strip512(prm, 9, 2)
-    elif nv == 8:
-        strip512(prm, 8, 2)
-    elif nv == 7:
-        strip512(prm, 7, 2)
-    elif nv == 6:
-        strip512(prm, 6, 2)
-    elif nv == 5:
-        strip512(prm, 5, 2)
-    elif nv == 4:
-        strip512(prm, 4, 2)
-    elif nv == 3:
-        strip512(prm, 3, 2)
-    elif nv == 2:
-        strip512(prm, 2, 2)
-    else:
-        strip512(prm, 1, 2)
+def _by_rows(strip, blocks: int, ps: int):
+    """An inlined dispatcher nv -> strip(prm, nv, blocks, ps) for nv = 1..14 positions chosen at run time
+    (the intrinsics take compile-time literals: one branch per position count; blocks and ps, closure
+    constants, are literals to numba too)."""
+    @njit(inline="always")
+    def rows(prm, nv):
+        if nv >= 14:
+            strip(prm, 14, blocks, ps)
+        elif nv == 13:
+            strip(prm, 13, blocks, ps)
+        elif nv == 12:
+            strip(prm, 12, blocks, ps)
+        elif nv == 11:
+            strip(prm, 11, blocks, ps)
+        elif nv == 10:
+            strip(prm, 10, blocks, ps)
+        elif nv == 9:
+            strip(prm, 9, blocks, ps)
+        elif nv == 8:
+            strip(prm, 8, blocks, ps)
+        elif nv == 7:
+            strip(prm, 7, blocks, ps)
+        elif nv == 6:
+            strip(prm, 6, blocks, ps)
+        elif nv == 5:
+            strip(prm, 5, blocks, ps)
+        elif nv == 4:
+            strip(prm, 4, blocks, ps)
+        elif nv == 3:
+            strip(prm, 3, blocks, ps)
+        elif nv == 2:
+            strip(prm, 2, blocks, ps)
+        else:
+            strip(prm, 1, blocks, ps)
+    return rows
 
 
-@njit(inline="always")
-def _strip512_one(prm, nv):
-    if nv >= 14:
-        strip512(prm, 14, 1)
-    elif nv == 13:
-        strip512(prm, 13, 1)
-    elif nv == 12:
-        strip512(prm, 12, 1)
-    elif nv == 11:
-        strip512(prm, 11, 1)
-    elif nv == 10:
-        strip512(prm, 10, 1)
-    elif nv == 9:
-        strip512(prm, 9, 1)
-    elif nv == 8:
-        strip512(prm, 8, 1)
-    elif nv == 7:
-        strip512(prm, 7, 1)
-    elif nv == 6:
-        strip512(prm, 6, 1)
-    elif nv == 5:
-        strip512(prm, 5, 1)
-    elif nv == 4:
-        strip512(prm, 4, 1)
-    elif nv == 3:
-        strip512(prm, 3, 1)
-    elif nv == 2:
-        strip512(prm, 2, 1)
-    else:
-        strip512(prm, 1, 1)
+_strip512_two = _by_rows(strip512, 2, 64)
+_strip512_one = _by_rows(strip512, 1, 64)
 
 
 @njit(inline="always")
@@ -738,260 +716,10 @@ def dstrip512(typingctx, prm, rows, blocks, ps):
     return sig, codegen
 
 
-@njit(inline="always")
-def _dstrip512_two_1(prm, nv):
-    if nv >= 14:
-        dstrip512(prm, 14, 2, 64)
-    elif nv == 13:
-        dstrip512(prm, 13, 2, 64)
-    elif nv == 12:
-        dstrip512(prm, 12, 2, 64)
-    elif nv == 11:
-        dstrip512(prm, 11, 2, 64)
-    elif nv == 10:
-        dstrip512(prm, 10, 2, 64)
-    elif nv == 9:
-        dstrip512(prm, 9, 2, 64)
-    elif nv == 8:
-        dstrip512(prm, 8, 2, 64)
-    elif nv == 7:
-        dstrip512(prm, 7, 2, 64)
-    elif nv == 6:
-        dstrip512(prm, 6, 2, 64)
-    elif nv == 5:
-        dstrip512(prm, 5, 2, 64)
-    elif nv == 4:
-        dstrip512(prm, 4, 2, 64)
-    elif nv == 3:
-        dstrip512(prm, 3, 2, 64)
-    elif nv == 2:
-        dstrip512(prm, 2, 2, 64)
-    else:
-        dstrip512(prm, 1, 2, 64)
-
-
-@njit(inline="always")
-def _dstrip512_two_2(prm, nv):
-    if nv >= 14:
-        dstrip512(prm, 14, 2, 128)
-    elif nv == 13:
-        dstrip512(prm, 13, 2, 128)
-    elif nv == 12:
-        dstrip512(prm, 12, 2, 128)
-    elif nv == 11:
-        dstrip512(prm, 11, 2, 128)
-    elif nv == 10:
-        dstrip512(prm, 10, 2, 128)
-    elif nv == 9:
-        dstrip512(prm, 9, 2, 128)
-    elif nv == 8:
-        dstrip512(prm, 8, 2, 128)
-    elif nv == 7:
-        dstrip512(prm, 7, 2, 128)
-    elif nv == 6:
-        dstrip512(prm, 6, 2, 128)
-    elif nv == 5:
-        dstrip512(prm, 5, 2, 128)
-    elif nv == 4:
-        dstrip512(prm, 4, 2, 128)
-    elif nv == 3:
-        dstrip512(prm, 3, 2, 128)
-    elif nv == 2:
-        dstrip512(prm, 2, 2, 128)
-    else:
-        dstrip512(prm, 1, 2, 128)
-
-
-@njit(inline="always")
-def _dstrip512_one_1(prm, nv):
-    if nv >= 14:
-        dstrip512(prm, 14, 1, 64)
-    elif nv == 13:
-        dstrip512(prm, 13, 1, 64)
-    elif nv == 12:
-        dstrip512(prm, 12, 1, 64)
-    elif nv == 11:
-        dstrip512(prm, 11, 1, 64)
-    elif nv == 10:
-        dstrip512(prm, 10, 1, 64)
-    elif nv == 9:
-        dstrip512(prm, 9, 1, 64)
-    elif nv == 8:
-        dstrip512(prm, 8, 1, 64)
-    elif nv == 7:
-        dstrip512(prm, 7, 1, 64)
-    elif nv == 6:
-        dstrip512(prm, 6, 1, 64)
-    elif nv == 5:
-        dstrip512(prm, 5, 1, 64)
-    elif nv == 4:
-        dstrip512(prm, 4, 1, 64)
-    elif nv == 3:
-        dstrip512(prm, 3, 1, 64)
-    elif nv == 2:
-        dstrip512(prm, 2, 1, 64)
-    else:
-        dstrip512(prm, 1, 1, 64)
-
-
-@njit(inline="always")
-def _dstrip512_one_2(prm, nv):
-    if nv >= 14:
-        dstrip512(prm, 14, 1, 128)
-    elif nv == 13:
-        dstrip512(prm, 13, 1, 128)
-    elif nv == 12:
-        dstrip512(prm, 12, 1, 128)
-    elif nv == 11:
-        dstrip512(prm, 11, 1, 128)
-    elif nv == 10:
-        dstrip512(prm, 10, 1, 128)
-    elif nv == 9:
-        dstrip512(prm, 9, 1, 128)
-    elif nv == 8:
-        dstrip512(prm, 8, 1, 128)
-    elif nv == 7:
-        dstrip512(prm, 7, 1, 128)
-    elif nv == 6:
-        dstrip512(prm, 6, 1, 128)
-    elif nv == 5:
-        dstrip512(prm, 5, 1, 128)
-    elif nv == 4:
-        dstrip512(prm, 4, 1, 128)
-    elif nv == 3:
-        dstrip512(prm, 3, 1, 128)
-    elif nv == 2:
-        dstrip512(prm, 2, 1, 128)
-    else:
-        dstrip512(prm, 1, 1, 128)
-
-
-@njit(inline="always")
-def _sstrip512_two_1(prm, nv):
-    if nv >= 14:
-        dstrip512(prm, 14, 2, 4)
-    elif nv == 13:
-        dstrip512(prm, 13, 2, 4)
-    elif nv == 12:
-        dstrip512(prm, 12, 2, 4)
-    elif nv == 11:
-        dstrip512(prm, 11, 2, 4)
-    elif nv == 10:
-        dstrip512(prm, 10, 2, 4)
-    elif nv == 9:
-        dstrip512(prm, 9, 2, 4)
-    elif nv == 8:
-        dstrip512(prm, 8, 2, 4)
-    elif nv == 7:
-        dstrip512(prm, 7, 2, 4)
-    elif nv == 6:
-        dstrip512(prm, 6, 2, 4)
-    elif nv == 5:
-        dstrip512(prm, 5, 2, 4)
-    elif nv == 4:
-        dstrip512(prm, 4, 2, 4)
-    elif nv == 3:
-        dstrip512(prm, 3, 2, 4)
-    elif nv == 2:
-        dstrip512(prm, 2, 2, 4)
-    else:
-        dstrip512(prm, 1, 2, 4)
-
-
-@njit(inline="always")
-def _sstrip512_two_2(prm, nv):
-    if nv >= 14:
-        dstrip512(prm, 14, 2, 8)
-    elif nv == 13:
-        dstrip512(prm, 13, 2, 8)
-    elif nv == 12:
-        dstrip512(prm, 12, 2, 8)
-    elif nv == 11:
-        dstrip512(prm, 11, 2, 8)
-    elif nv == 10:
-        dstrip512(prm, 10, 2, 8)
-    elif nv == 9:
-        dstrip512(prm, 9, 2, 8)
-    elif nv == 8:
-        dstrip512(prm, 8, 2, 8)
-    elif nv == 7:
-        dstrip512(prm, 7, 2, 8)
-    elif nv == 6:
-        dstrip512(prm, 6, 2, 8)
-    elif nv == 5:
-        dstrip512(prm, 5, 2, 8)
-    elif nv == 4:
-        dstrip512(prm, 4, 2, 8)
-    elif nv == 3:
-        dstrip512(prm, 3, 2, 8)
-    elif nv == 2:
-        dstrip512(prm, 2, 2, 8)
-    else:
-        dstrip512(prm, 1, 2, 8)
-
-
-@njit(inline="always")
-def _sstrip512_one_1(prm, nv):
-    if nv >= 14:
-        dstrip512(prm, 14, 1, 4)
-    elif nv == 13:
-        dstrip512(prm, 13, 1, 4)
-    elif nv == 12:
-        dstrip512(prm, 12, 1, 4)
-    elif nv == 11:
-        dstrip512(prm, 11, 1, 4)
-    elif nv == 10:
-        dstrip512(prm, 10, 1, 4)
-    elif nv == 9:
-        dstrip512(prm, 9, 1, 4)
-    elif nv == 8:
-        dstrip512(prm, 8, 1, 4)
-    elif nv == 7:
-        dstrip512(prm, 7, 1, 4)
-    elif nv == 6:
-        dstrip512(prm, 6, 1, 4)
-    elif nv == 5:
-        dstrip512(prm, 5, 1, 4)
-    elif nv == 4:
-        dstrip512(prm, 4, 1, 4)
-    elif nv == 3:
-        dstrip512(prm, 3, 1, 4)
-    elif nv == 2:
-        dstrip512(prm, 2, 1, 4)
-    else:
-        dstrip512(prm, 1, 1, 4)
-
-
-@njit(inline="always")
-def _sstrip512_one_2(prm, nv):
-    if nv >= 14:
-        dstrip512(prm, 14, 1, 8)
-    elif nv == 13:
-        dstrip512(prm, 13, 1, 8)
-    elif nv == 12:
-        dstrip512(prm, 12, 1, 8)
-    elif nv == 11:
-        dstrip512(prm, 11, 1, 8)
-    elif nv == 10:
-        dstrip512(prm, 10, 1, 8)
-    elif nv == 9:
-        dstrip512(prm, 9, 1, 8)
-    elif nv == 8:
-        dstrip512(prm, 8, 1, 8)
-    elif nv == 7:
-        dstrip512(prm, 7, 1, 8)
-    elif nv == 6:
-        dstrip512(prm, 6, 1, 8)
-    elif nv == 5:
-        dstrip512(prm, 5, 1, 8)
-    elif nv == 4:
-        dstrip512(prm, 4, 1, 8)
-    elif nv == 3:
-        dstrip512(prm, 3, 1, 8)
-    elif nv == 2:
-        dstrip512(prm, 2, 1, 8)
-    else:
-        dstrip512(prm, 1, 1, 8)
+_dstrip512_two_1, _dstrip512_two_2 = _by_rows(dstrip512, 2, 64), _by_rows(dstrip512, 2, 128)
+_dstrip512_one_1, _dstrip512_one_2 = _by_rows(dstrip512, 1, 64), _by_rows(dstrip512, 1, 128)
+_sstrip512_two_1, _sstrip512_two_2 = _by_rows(dstrip512, 2, 4), _by_rows(dstrip512, 2, 8)
+_sstrip512_one_1, _sstrip512_one_2 = _by_rows(dstrip512, 1, 4), _by_rows(dstrip512, 1, 8)
 
 
 @njit(inline="always")
