@@ -16,10 +16,12 @@ in the same order in both forms, so the bits do not depend on the host (tests/te
 numba's code for the same tile spilled. The same bits again. `TILEFUSE_ASM_TILES=0` turns it off
 (the numba 5 x 1 tile then runs).
 
-`ASM_512`: on x86-64 hosts compiled for 512-bit vectors, the stride-1 1x1 runs the AVX-512 strip
-(`_nb.strip512`, `k1x1._k1x1_strips`): tiles of 14 positions x 2 blocks (28 zmm accumulators) in
-assembly, where the numba 7 x 2 tile reached 60-80% of the measured peak (Ice Lake, 2026-11-27). The
-same bits as the numba tiles; `TILEFUSE_ASM_TILES=0` turns it off too.
+`ASM_512`: on x86-64 hosts compiled for 512-bit vectors, the 1x1 (`_nb.strip512`, `k1x1._k1x1_strips`;
+strided ones after a gather), the direct conv and the grouped conv through it (`_nb.dstrip512`,
+`direct._direct_rows_512`; stride 1 or 2 along W) and the stem (`stem._stem_rows_512`) run AVX-512
+strips: tiles of 14 positions x 2 blocks (28 zmm accumulators) in assembly, where the numba 7 x 2
+tiles reached 45-72% of the measured peak (Ice Lake, 2026-11-27). The same bits as the numba tiles;
+`TILEFUSE_ASM_TILES=0` turns them off too.
 
 Read when the kernel modules are imported, after `tilefuse/__init__` has set the vector width
 (`isa.configure()`); numba freezes the value into the compiled kernels (its cache is per CPU).
