@@ -331,21 +331,50 @@ def _tile_asm(rows: int) -> str:
     return "\n\t".join(s)
 
 
-_TILE_CLOBBERS = ",".join([f"~{{ymm{i}}}" for i in range(16)]
-                          + [f"~{{{r}}}" for r in ("rax", "rbx", "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "r12",
-                                                   "r13", "r14", "r15")]
-                          + ["~{memory}", "~{dirflag}", "~{fpsr}", "~{flags}"])
+def _clobbers(vector_regs: list[str]) -> str:
+    """The clobber list of an assembly block that uses these vector registers and every scratch
+    general-purpose register but %rdi (the parameter block) and %rbp."""
+    return ",".join([f"~{{{v}}}" for v in vector_regs]
+                    + [f"~{{{r}}}" for r in ("rax", "rbx", "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "r12",
+                                             "r13", "r14", "r15")]
+                    + ["~{memory}", "~{dirflag}", "~{fpsr}", "~{flags}"])
 
 
-def x86_avx2() -> bool:
-    """Can the assembly tile be compiled here: an x86-64 host whose code numba generates with AVX2
-    and FMA (tiles.X86_AVX2; tiles.ASM_AVX2 decides whether the kernels use it)."""
+_TILE_CLOBBERS = _clobbers([f"ymm{i}" for i in range(16)])
+
+
+def _x86_with(features: set[str]) -> bool:
+    """An x86-64 host whose code numba generates with these LLVM features ("+avx2", ...)."""
     import platform
 
     from numba.core.registry import cpu_target
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    return {"+avx2", "+fma"} <= set(cpu_target.target_context.codegen()._tm_features.split(","))
+    return features <= set(cpu_target.target_context.codegen()._tm_features.split(","))
+
+
+def x86_avx2() -> bool:
+    """Can the assembly tile be compiled here: an x86-64 host whose code numba generates with AVX2
+    and FMA (tiles.X86_AVX2; tiles.ASM_AVX2 decides whether the kernels use it)."""
+    return _x86_with({"+avx2", "+fma"})
+
+
+def _asm_codegen(available, text: str, clobbers: str):
+    """The codegen of an assembly block intrinsic: the block with the parameter block's address (the
+    intrinsic's first argument) in %rdi. Where available() is false (another kind of host) the
+    dispatchers still compile their unreachable assembly branch; it traps there instead of holding x86
+    code LLVM cannot assemble."""
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        if not available():
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
+            builder.call(fn, [])
+            return context.get_dummy_value()
+        i64 = ir.IntType(64)
+        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), text, "{rdi}," + clobbers,
+                    [builder.ptrtoint(args[0], i64)], True)
+        return context.get_dummy_value()
+    return codegen
 
 
 def _asm_block(prm, rows, text):
@@ -356,21 +385,7 @@ def _asm_block(prm, rows, text):
     if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
             and 1 <= rows.literal_value <= TILE_ROWS):
         return None
-    n = rows.literal_value
-    sig = types.void(prm, rows)
-
-    def codegen(context, builder, signature, args):
-        from llvmlite import ir
-        if not x86_avx2():
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
-            builder.call(fn, [])
-            return context.get_dummy_value()
-        i64 = ir.IntType(64)
-        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), text(n), "{rdi}," + _TILE_CLOBBERS,
-                    [builder.ptrtoint(args[0], i64)], True)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return types.void(prm, rows), _asm_codegen(x86_avx2, text(rows.literal_value), _TILE_CLOBBERS)
 
 
 @intrinsic
@@ -557,21 +572,22 @@ def _strip512_asm(rows: int, blocks: int) -> str:
     return "\n\t".join(s)
 
 
-_ZMM_CLOBBERS = ",".join([f"~{{zmm{i}}}" for i in range(32)]
-                         + [f"~{{{r}}}" for r in ("rax", "rbx", "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "r12",
-                                                  "r13", "r14", "r15")]
-                         + ["~{memory}", "~{dirflag}", "~{fpsr}", "~{flags}"])
+_ZMM_CLOBBERS = _clobbers([f"zmm{i}" for i in range(32)])
 
 
 def x86_avx512() -> bool:
     """Can the AVX-512 strip be compiled here: an x86-64 host whose code numba generates with AVX-512F
     (tiles.X86_512; tiles.ASM_512 decides whether the kernels use it)."""
-    import platform
+    return _x86_with({"+avx512f"})
 
-    from numba.core.registry import cpu_target
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    return "+avx512f" in set(cpu_target.target_context.codegen()._tm_features.split(","))
+
+def _zmm_literals(prm, rows, blocks, ps, steps) -> bool:
+    """The zmm strips' typing: prm a CPointer(int64), rows 1..14, blocks 1 or 2 and ps (the input bytes
+    between positions) in `steps`, all compile-time literals."""
+    return (isinstance(prm, types.CPointer) and prm.dtype == types.int64
+            and all(isinstance(v, types.IntegerLiteral) for v in (rows, blocks, ps))
+            and 1 <= rows.literal_value <= STRIP512_ROWS and blocks.literal_value in (1, 2)
+            and ps.literal_value in steps)
 
 
 @intrinsic
@@ -580,25 +596,10 @@ def strip512(typingctx, prm, rows, blocks, ps):
     positions ps = 64 bytes apart (dstrip512's signature), all compile-time literals; its parameters in
     prm (a CPointer(int64) of 17 from stack_i64). On a host without AVX-512 the (unreachable) call traps
     instead."""
-    if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
-            and 1 <= rows.literal_value <= STRIP512_ROWS and isinstance(blocks, types.IntegerLiteral)
-            and blocks.literal_value in (1, 2) and isinstance(ps, types.IntegerLiteral) and ps.literal_value == 64):
+    if not _zmm_literals(prm, rows, blocks, ps, (64,)):
         return None
-    nr, nbk = rows.literal_value, blocks.literal_value
-    sig = types.void(prm, rows, blocks, ps)
-
-    def codegen(context, builder, signature, args):
-        from llvmlite import ir
-        if not x86_avx512():
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
-            builder.call(fn, [])
-            return context.get_dummy_value()
-        i64 = ir.IntType(64)
-        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), _strip512_asm(nr, nbk), "{rdi}," + _ZMM_CLOBBERS,
-                    [builder.ptrtoint(args[0], i64)], True)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return (types.void(prm, rows, blocks, ps),
+            _asm_codegen(x86_avx512, _strip512_asm(rows.literal_value, blocks.literal_value), _ZMM_CLOBBERS))
 
 
 def _by_rows(strip, blocks: int, ps: int):
@@ -693,27 +694,10 @@ def dstrip512(typingctx, prm, rows, blocks, ps):
     """The direct conv's (and the stem's) AVX-512 strip above for `rows` (1..14) positions x `blocks` (1, 2)
     at `ps` (64, 128: direct; 4, 8: the stem) input bytes from one position to the next, all compile-time
     literals; parameters in prm (CPointer(int64) of 14)."""
-    lit = (rows, blocks, ps)
-    if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64
-            and all(isinstance(v, types.IntegerLiteral) for v in lit)
-            and 1 <= rows.literal_value <= STRIP512_ROWS and blocks.literal_value in (1, 2)
-            and ps.literal_value in (4, 8, 64, 128)):
+    if not _zmm_literals(prm, rows, blocks, ps, (4, 8, 64, 128)):
         return None
-    nr, nbk, st = (v.literal_value for v in lit)
-    sig = types.void(prm, rows, blocks, ps)
-
-    def codegen(context, builder, signature, args):
-        from llvmlite import ir
-        if not x86_avx512():
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
-            builder.call(fn, [])
-            return context.get_dummy_value()
-        i64 = ir.IntType(64)
-        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), _dstrip512_asm(nr, nbk, st), "{rdi}," + _ZMM_CLOBBERS,
-                    [builder.ptrtoint(args[0], i64)], True)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    text = _dstrip512_asm(rows.literal_value, blocks.literal_value, ps.literal_value)
+    return types.void(prm, rows, blocks, ps), _asm_codegen(x86_avx512, text, _ZMM_CLOBBERS)
 
 
 _dstrip512_two_1, _dstrip512_two_2 = _by_rows(dstrip512, 2, 64), _by_rows(dstrip512, 2, 128)
