@@ -8,8 +8,9 @@
 # Every step runs under its own timeout, clipped so that the whole script ends within DEADLINE_S
 # seconds; a step that runs out is reported (rc=124) and the next one starts. Everything goes to
 # $OUT/log.txt (and stdout); the profile's bar chart to $OUT/profile_resnet50.png.
-# Order: what the issue asks to show first (networks at 16 and 2 threads), then where the time
-# goes (per layer against ORT, profile), scaling, 1x1 single-core efficiency, then the tests.
+# Order: what the issue asks to show first (networks at 16 threads), the assembly strips' bitwise
+# tests on this CPU, networks at 2 threads, scaling, 1x1 single-core efficiency, where the time
+# goes (profile, per layer against ORT), then issue 9's modern suite and the remaining tests.
 set -u
 OUT=${OUT:-/tmp/tilefuse_device}
 mkdir -p "$OUT"
@@ -19,7 +20,7 @@ START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-480}
 CASES=${CASES:-"resnet50:1 resnet50:32 resnet18:16 vgg16:16"}
 
-STEPS=${STEPS:-"isa networks16 networks2 align vs_ort16 profile16 scaling1 scaling32 conv1x1 test_isa vs_ort2 vs_ort2_mnv2 test_threads"}
+STEPS=${STEPS:-"isa networks16 test_tiles networks2 scaling32 scaling1 conv1x1 profile16 vs_ort16 test_isa modern2 align vs_ort2 vs_ort2_mnv2 test_threads"}
 
 step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     local name=$1 want=$2; shift 2
@@ -39,15 +40,18 @@ step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     "$PY" -c "import numpy, numba, torch, onnxruntime as o; print('numpy', numpy.__version__, 'numba', numba.__version__, 'torch', torch.__version__, 'ort', o.__version__)"
     step isa 60 "$PY" -c "from tilefuse.kernels import isa; print(isa.info())"
     step networks16 200 "$PY" benchmarks/networks.py --cases $CASES --threads 16 --reps 3
+    step test_tiles 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_register_tiles.py \
+        -k "strips_same_bits or direct_tiles or stem_tiles or k1x1_tiles"
     step networks2 200 taskset -c 0,1 "$PY" benchmarks/networks.py --cases $CASES --threads 2 --reps 3 --no-cl
-    step align 60 "$PY" benchmarks/alignment.py --threads 1 16 --rounds 20
-    step vs_ort16 150 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 16 --repeat 20
-    step profile16 60 "$PY" -m tilefuse.cli profile resnet50 --threads 16 --plot "$OUT/profile_resnet50.png"
-    step scaling1 100 "$PY" benchmarks/scaling.py --batches 1 --threads-list 1,16 --no-layers --reps 3
     step scaling32 100 "$PY" benchmarks/scaling.py --batches 32 --threads-list 1,16 --no-layers --reps 2
+    step scaling1 100 "$PY" benchmarks/scaling.py --batches 1 --threads-list 1,16 --no-layers --reps 3
     step conv1x1 90 "$PY" benchmarks/conv_layers.py --threads 1 --batch 1 32 --repeat 3 \
         --layers 1x1_56 1x1_28 1x1_14 1x1_7
+    step profile16 60 "$PY" -m tilefuse.cli profile resnet50 --threads 16 --plot "$OUT/profile_resnet50.png"
+    step vs_ort16 150 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 16 --repeat 20
     step test_isa 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_isa.py
+    step modern2 200 taskset -c 0,1 "$PY" benchmarks/networks.py --suite modern --threads 2 --reps 3 --no-cl
+    step align 60 "$PY" benchmarks/alignment.py --threads 1 16 --rounds 20
     step vs_ort2 90 taskset -c 0,1 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 2 --repeat 10
     step vs_ort2_mnv2 60 taskset -c 0,1 "$PY" benchmarks/layers_vs_ort.py mobilenet_v2 --threads 2 --repeat 20
     step test_threads 150 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_conv_threads.py
