@@ -200,3 +200,28 @@ def test_numba_regions_keep_one_team_width(monkeypatch):
     done = np.zeros(1, np.int64)
     threads.numba_region(par, seq, 16, 1, done)    # one task: on the calling thread, no region
     assert done[0] == 1 and widths == [16] * 4
+
+
+@pytest.mark.parametrize("env, others, want", [
+    ({}, 0, ("spin", threads.GOMP_SPIN_DEFAULT, None)),                 # idle machine: the long spin
+    ({}, 10 ** 6, ("passive", None, "PASSIVE")),                         # loaded: the workers sleep at once
+    ({"TILEFUSE_WAIT": "passive"}, 0, ("passive", None, "PASSIVE")),
+    ({"TILEFUSE_WAIT": "spin"}, 10 ** 6, ("spin", threads.GOMP_SPIN_DEFAULT, None)),
+    ({"GOMP_SPINCOUNT": "1234"}, 0, ("user (GOMP_SPINCOUNT=1234)", "1234", None)),   # the user's own setting
+])
+def test_wait_policy_choice(env, others, want, monkeypatch):
+    """How numba's OpenMP workers wait between regions, chosen before libgomp loads: on an idle machine
+    they spin GOMP_SPIN_DEFAULT times before sleeping. That count is long (millions: ~43 ms of a core
+    on the Ice Lake development VM) because a run after an idle gap paid ~2 ms per region for each of
+    its first regions with a short one (30000: MobileNetV2 batch 1 at 2 threads 15 ms after a 200 ms
+    gap against 6 ms; benchmarks/idle_gaps.py). Loaded machines get passive workers, and a user's
+    OMP_WAIT_POLICY / GOMP_SPINCOUNT is left alone."""
+    for k in ("TILEFUSE_WAIT", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(threads, "_others_running", lambda: others)
+    import os
+    policy = threads._choose_wait_policy()
+    assert (policy, os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY")) == want
+    assert int(threads.GOMP_SPIN_DEFAULT) >= 1_000_000

@@ -192,18 +192,23 @@ def numba_max_threads() -> int:
     return n
 
 
-# GNU OpenMP's idle threads spin before they sleep (GOMP_SPINCOUNT, 300000 by default: about a
-# millisecond). On a machine with idle cores a short spin (GOMP_SPIN_DEFAULT) keeps the wake-up of
-# back-to-back layers at a few microseconds; on a machine with more runnable threads than cores
-# any spinning starves the thread being waited for (measured on the loaded 2-core development
-# machine: an empty 2-thread region took 700 us spinning, 70 us passive, 26 us on the Python
-# pool). So the wait policy is chosen when numba starts its pool, before it loads libgomp:
-# TILEFUSE_WAIT=spin|passive if set; else OMP_WAIT_POLICY / GOMP_SPINCOUNT if the user set
+# GNU OpenMP's idle threads spin before they sleep (GOMP_SPINCOUNT, 300000 by default). On a machine
+# with idle cores the workers spin (GOMP_SPIN_DEFAULT): 3,000,000 iterations, ~43 ms of one core per
+# worker after the last region on the Ice Lake development VM, about what ONNX Runtime's workers spin
+# after a run (~34 ms there). A shorter spin made every run after an idle gap 2-3x slower on the KVM
+# development VMs: the first four regions of the run each waited ~2 ms for the parked worker
+# (MobileNetV2 batch 1 at 2 threads, `benchmarks/idle_gaps.py`: 15.3-15.8 ms a run after a 200 ms or
+# 1 s gap with 30000, 6.2-6.6 ms with 3,000,000, 4.8-5.4 back to back either way; ONNX Runtime 5.3
+# and 11.6 ms after the same gaps; benchmarks/RESULTS.md, eighth session). On a machine with more
+# runnable threads than cores any spinning starves the thread being waited for (measured on the
+# loaded 2-core development machine: an empty 2-thread region took 700 us spinning, 70 us passive,
+# 26 us on the Python pool). So the wait policy is chosen when numba starts its pool, before it loads
+# libgomp: TILEFUSE_WAIT=spin|passive if set; else OMP_WAIT_POLICY / GOMP_SPINCOUNT if the user set
 # them; else passive when the runnable threads of other processes (/proc/stat procs_running less
 # this process's running threads, the least of five samples taken now: not the 1-minute load
 # average, which a benchmark run just before would inflate) exceed 3/4 of the usable cores, spin
-# (short) otherwise. `wait_policy()` says which, with the count it saw.
-GOMP_SPIN_DEFAULT = "30000"
+# otherwise. `wait_policy()` says which, with the count it saw.
+GOMP_SPIN_DEFAULT = "3000000"
 
 
 def _others_running(samples: int = 5) -> int:
