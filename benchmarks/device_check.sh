@@ -20,7 +20,7 @@ START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-480}
 CASES=${CASES:-"resnet50:1 resnet50:32 resnet18:16 vgg16:16"}
 
-STEPS=${STEPS:-"isa networks16 test_tiles networks2 scaling32 scaling1 conv1x1 profile16 vs_ort16 test_isa modern2 align vs_ort2 vs_ort2_mnv2 test_threads"}
+STEPS=${STEPS:-"isa networks16 test_tiles networks2 scaling32 scaling1 conv1x1 profile16 vs_ort16 test_isa modern2 idle16 align vs_ort2 vs_ort2_mnv2 test_threads"}
 
 step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     local name=$1 want=$2; shift 2
@@ -51,6 +51,7 @@ step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     step vs_ort16 150 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 16 --repeat 20
     step test_isa 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_isa.py
     step modern2 200 taskset -c 0,1 "$PY" benchmarks/networks.py --suite modern --threads 2 --reps 3 --no-cl
+    step idle16 120 "$PY" benchmarks/idle_gaps.py --model resnet50 --threads 16 --gaps 0 0.2 1 --reps 7
     step align 60 "$PY" benchmarks/alignment.py --threads 1 16 --rounds 20
     step vs_ort2 90 taskset -c 0,1 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 2 --repeat 10
     step vs_ort2_mnv2 60 taskset -c 0,1 "$PY" benchmarks/layers_vs_ort.py mobilenet_v2 --threads 2 --repeat 20
