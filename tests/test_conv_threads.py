@@ -221,6 +221,7 @@ def test_wait_policy_choice(env, others, want, monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(threads, "_others_running", lambda: others)
+    monkeypatch.setitem(threads._NUMBA, "wait_others", 0)   # restored after: the choice records its count
     import os
     policy = threads._choose_wait_policy()
     assert (policy, os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY")) == want
