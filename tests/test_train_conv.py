@@ -182,3 +182,67 @@ def test_nb_gemm_matches_numpy():
         blas.nb_gemm((ctypes.cast(lp64, ctypes.c_void_p).value, False), a, np.ascontiguousarray(b.T),
                      out, 0.0, False)
         np.testing.assert_allclose(out, a @ b.T, rtol=1e-5, atol=1e-5)
+
+
+def _wino_v_reference(xt, H, W):
+    """V[xi, c, n*T + t] = (B^T d B)[xi] of the zero-padded 4x4 patches, float64 numpy (xt: the
+    transformed input (C, N, H, W))."""
+    Bt = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
+    C, N = xt.shape[:2]
+    th, tw = (H + 1) // 2, (W + 1) // 2
+    pad = np.zeros((C, N, 2 * th + 2, 2 * tw + 2))
+    pad[:, :, 1:H + 1, 1:W + 1] = xt
+    V = np.zeros((16, C, N * th * tw))
+    for ty in range(th):
+        for tx in range(tw):
+            d = pad[:, :, 2 * ty:2 * ty + 4, 2 * tx:2 * tx + 4]          # (C, N, 4, 4)
+            v = np.einsum("ij,cnjk,lk->cnil", Bt, d, Bt).reshape(C, N, 16)
+            V[:, :, np.arange(N) * th * tw + ty * tw + tx] = v.transpose(2, 0, 1)
+    return V
+
+
+@pytest.mark.parametrize("H, W, N", [(4, 4, 8), (4, 4, 33), (7, 7, 16), (5, 3, 17), (8, 6, 20)])
+def test_wino_input_image_lanes_equal_planes(H, W, N):
+    """train_winograd.wino_input's two forms: small planes with the images as the vector lanes
+    (`_wino_input_lanes`) and one plane at a time (`_wino_input_planes`) give the same bits for
+    every input stage (BN affine, shortcut with and without its BN, ReLU, the stored C2 input),
+    at a row / patch offset and a channel sub-range; and both equal B^T d B in float64."""
+    from tilefuse.kernels import train_winograd as wg
+    assert W <= wg.LANES_MAX_W and N >= wg.LANES_MIN_IMAGES     # wino_input takes the lanes form
+    rng = np.random.default_rng(H * 100 + W * 10 + N)
+    C, c0, c1, vr0, p0 = 5, 1, 4, 2, 3
+    T = ((H + 1) // 2) * ((W + 1) // 2)
+    x2 = rng.standard_normal((C, N * H * W)).astype(np.float32)
+    s2 = rng.standard_normal((C, N * H * W)).astype(np.float32)
+    a, b, a2, b2 = (rng.standard_normal(C).astype(np.float32) for _ in range(4))
+    d1, d2 = np.zeros(1, np.float32), np.zeros((1, 1), np.float32)
+    for affine, skind, relu, write_r in [(False, 0, False, False), (True, 0, True, False),
+                                         (True, 1, True, True), (True, 2, True, True), (False, 2, False, True)]:
+        out = {}
+        for name, f in (("lanes", wg._wino_input_lanes), ("planes", wg._wino_input_planes), ("entry", wg.wino_input)):
+            V = np.full((16, vr0 + C + 1, wg.pitch(vr0 + C, p0 + N * T)), np.nan, np.float32)
+            r2 = np.full((C, N * H * W), np.nan, np.float32) if write_r else d2
+            f(x2, a if affine else d1, b if affine else d1, s2 if skind else d2, a2 if skind == 2 else d1,
+              b2 if skind == 2 else d1, r2, V, vr0, p0, 0, N, c0, c1, H, W, affine, skind, relu, write_r)
+            out[name] = (V, r2.copy())
+        for name in ("lanes", "entry"):
+            np.testing.assert_array_equal(out[name][0], out["planes"][0], err_msg=f"{name} V {affine, skind}")
+            np.testing.assert_array_equal(out[name][1], out["planes"][1], err_msg=f"{name} r {affine, skind}")
+        # float64 reference of the written block; everything else untouched (NaN)
+        t = x2.astype(np.float64)
+        if affine:
+            t = a[:, None] * t + b[:, None]
+        if skind == 1:
+            t = t + s2
+        elif skind == 2:
+            t = t + a2[:, None] * s2 + b2[:, None]
+        if relu:
+            t = np.maximum(t, 0)
+        ref = _wino_v_reference(t[c0:c1].reshape(c1 - c0, N, H, W), H, W)
+        V = out["lanes"][0]
+        got = V[:, vr0:vr0 + c1 - c0, p0:p0 + N * T]
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+        assert np.isnan(V[:, :vr0]).all() and np.isnan(V[:, vr0 + c1 - c0:]).all()
+        assert np.isnan(V[:, :, :p0]).all() and np.isnan(V[:, :, p0 + N * T:]).all()
+        if write_r:
+            np.testing.assert_allclose(out["lanes"][1][c0:c1], t[c0:c1], rtol=1e-6, atol=1e-6)

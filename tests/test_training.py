@@ -316,18 +316,27 @@ def test_fused_and_unfused_agree_over_steps():
         np.testing.assert_allclose(v, b.state_dict()[k], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("ks,st,pd,dl", [((3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
-                                         ((2, 3), (1, 2), (0, 0, 1, 1), (2, 1)),
-                                         ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))])
-def test_max_pool_ties_nan_match_torch(ks, st, pd, dl):
+@pytest.mark.parametrize("ks,st,pd,dl,hw", [((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (9, 11)),
+                                            ((2, 3), (1, 2), (0, 0, 1, 1), (2, 1), (9, 11)),
+                                            ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), (9, 11)),
+                                            ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (13, 75)),
+                                            ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), (6, 70)),
+                                            ((2, 3), (1, 3), (0, 0, 1, 1), (2, 1), (7, 80)),
+                                            ((3, 2), (2, 2), (1, 0, 0, 1), (1, 1), (8, 66))])
+def test_max_pool_ties_nan_match_torch(ks, st, pd, dl, hw):
     """Separable max pool: values and argmax (first maximum, last NaN in (ki, kj) order) and
-    the backward scatter match PyTorch on integer-valued data full of ties, NaN and -inf."""
+    the backward scatter match PyTorch on integer-valued data full of ties, NaN and -inf. The
+    wide rows run the vectorized row pass (the 3x3 / 2 one-loop form, stride 1 and 2, and the
+    general stride) over many columns, NaN among them."""
     from tilefuse.kernels import pool as K
     rng = np.random.default_rng(3)
-    x = rng.integers(0, 3, (3, 2, 9, 11)).astype(np.float32)      # CNHW
+    x = rng.integers(0, 3, (3, 2) + hw).astype(np.float32)      # CNHW
     x[0, 0, 2, 3] = np.nan
     x[1, 1, 0, 0] = -np.inf
     x[2, 1] = -np.inf
+    if hw[1] > 20:
+        x[0, 1, 3, 17:40:3] = np.nan                              # NaN inside the vectorized columns
+        x[1, 0, 4, 20:30] = -np.inf
     y, idx = K.max_pool_forward(x, ks, st, pd, dl, False)
     xt = torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 2, 3)))
     yt, it = torch.nn.functional.max_pool2d(xt, ks, st, (pd[0], pd[2]), dl, return_indices=True)

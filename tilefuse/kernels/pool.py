@@ -379,6 +379,46 @@ def global_avg_pool(out, x, *, layout="nchw", threads=None, **_):
 
 # training forms: CNHW planes (kernels/cnhw.py), split over the step's threads -----------------------
 
+@nb.njit(inline="always", **JIT)
+def _max_row_full(xr, rvr, rir, oa, ob, kw, dw, pl, SW):
+    """The row pass over the output columns [oa, ob) whose kw taps are all inside the row, tap by
+    tap (loops over the columns: vectors; SW a literal at each call, so the loads have a constant
+    stride; views indexed from 0, so no negative-index code). Per column the taps come in kj order
+    with the same rule as the scalar loop."""
+    n = ob - oa
+    if n <= 0:
+        return
+    rs = rvr[oa:ob]
+    ri = rir[oa:ob]
+    if SW == 2 and kw == 3 and dw == 1:     # ResNet's 3x3 / 2: the three taps in one loop
+        x0 = xr[oa * 2 - pl:]
+        j0 = oa * 2 - pl
+        for k in range(n):
+            a0 = x0[2 * k]
+            a1 = x0[2 * k + 1]
+            a2 = x0[2 * k + 2]
+            t = (a1 > a0) | (a1 != a1)
+            b = a1 if t else a0
+            bi = j0 + 2 * k + 1 if t else j0 + 2 * k
+            t = (a2 > b) | (a2 != a2)
+            rs[k] = a2 if t else b
+            ri[k] = j0 + 2 * k + 2 if t else bi
+        return
+    x0 = xr[oa * SW - pl:]
+    for k in range(n):
+        rs[k] = x0[k * SW]
+        ri[k] = (oa + k) * SW - pl
+    for kj in range(1, kw):
+        off = kj * dw
+        xk = xr[oa * SW - pl + off:]
+        for k in range(n):
+            v = xk[k * SW]
+            b = rs[k]
+            t = (v > b) | (v != v)
+            rs[k] = v if t else b
+            ri[k] = (oa + k) * SW - pl + off if t else ri[k]
+
+
 @nb.njit(**JIT)
 def _max_pool_argmax(x, y, idx, kh, kw, sh, sw, pt, pl, dh, dw):
     """Max pool of planes x (P, H, W) -> y, with the flat index of each maximum in idx (what
@@ -387,51 +427,87 @@ def _max_pool_argmax(x, y, idx, kh, kw, sh, sw, pt, pl, dh, dw):
     instead of kh*kw compares per output. Same selection rule as PyTorch's loop over (ki, kj): a strictly
     greater value or a NaN replaces the current best, so the first maximum (or the last NaN) in
     (ki, kj) order wins: the row pass keeps the first maximum of its row, and the column pass,
-    scanning rows in ki order with the same rule, keeps the first row holding the maximum."""
+    scanning rows in ki order with the same rule, keeps the first row holding the maximum.
+
+    Both passes loop over the output columns innermost (vectors): the row pass over the columns
+    whose taps are all inside the row (`_max_row_full`, stride 1 and 2 with a constant stride),
+    the border columns one at a time; the column pass row by row in ki order. ResNet's 3x3 / 2
+    pool on (64, 32, 56, 56), one Ice Lake core: 15 cycles an input value one column at a time
+    with the taps innermost, 4.9 in this form (benchmarks/RESULTS.md)."""
     P, H, W = x.shape
     _, ho, wo = y.shape
     rv = np.empty((H, wo), x.dtype)
     ri = np.empty((H, wo), np.int32)
     lo_j = np.empty(wo, np.int64)
     hi_j = np.empty(wo, np.int64)
+    oa = wo                                  # [oa, ob): the columns with all kw taps inside
+    ob = wo
     for ow in range(wo):
         lo_j[ow], hi_j[ow] = _valid(ow * sw - pl, dw, W, kw)
+        if lo_j[ow] == 0 and hi_j[ow] == kw:
+            if oa == wo:
+                oa = ow
+            ob = ow + 1
+    for ow in range(oa, ob):                 # contiguous (the window start grows with ow)
+        if lo_j[ow] != 0 or hi_j[ow] != kw:
+            oa = ob = wo
+    yb = np.empty(wo, x.dtype)
+    ib = np.empty(wo, np.int32)
     for p in range(P):
         for ih in range(H):
-            for ow in range(wo):
+            xr = x[p, ih]
+            rvr = rv[ih]
+            rir = ri[ih]
+            if sw == 2:
+                _max_row_full(xr, rvr, rir, oa, ob, kw, dw, pl, 2)
+            elif sw == 1:
+                _max_row_full(xr, rvr, rir, oa, ob, kw, dw, pl, 1)
+            else:
+                _max_row_full(xr, rvr, rir, oa, ob, kw, dw, pl, sw)
+            for q in range(wo - (ob - oa)):  # the border columns, one at a time
+                ow = q if q < oa else q + ob - oa
                 j0 = ow * sw - pl
                 kj0 = lo_j[ow]
                 kj1 = hi_j[ow]
                 if kj0 >= kj1:
-                    rv[ih, ow] = -np.inf
-                    ri[ih, ow] = -1
+                    rvr[ow] = -np.inf
+                    rir[ow] = -1
                     continue
                 iw = j0 + kj0 * dw
-                best = x[p, ih, iw]
+                best = xr[iw]
                 bi = iw
-                for kj in range(kj0 + 1, kj1):     # branch-free selects (random data)
+                for kj in range(kj0 + 1, kj1):
                     iw = j0 + kj * dw
-                    v = x[p, ih, iw]
+                    v = xr[iw]
                     t = (v > best) | (v != v)
                     best = v if t else best
                     bi = iw if t else bi
-                rv[ih, ow] = best
-                ri[ih, ow] = bi
+                rvr[ow] = best
+                rir[ow] = bi
         for oh in range(ho):
             i0 = oh * sh - pt
             ki0, ki1 = _valid(i0, dh, H, kh)
             for ow in range(wo):
-                best = -np.inf
-                bi = -1
-                for ki in range(ki0, ki1):
-                    ih = i0 + ki * dh
-                    c = ri[ih, ow]
-                    v = rv[ih, ow]
+                yb[ow] = -np.inf
+                ib[ow] = -1
+            for ki in range(ki0, ki1):       # rows in ki order, the columns as vectors
+                ih = i0 + ki * dh
+                rvr = rv[ih]
+                rir = ri[ih]
+                base = ih * W
+                for ow in range(wo):
+                    c = rir[ow]
+                    v = rvr[ow]
+                    best = yb[ow]
+                    bi = ib[ow]
                     t = (c >= 0) & ((bi < 0) | (v > best) | (v != v))
-                    best = v if t else best
-                    bi = ih * W + c if t else bi
-                y[p, oh, ow] = best
-                idx[p, oh, ow] = bi
+                    yb[ow] = v if t else best
+                    ib[ow] = base + c if t else bi
+            yr = y[p, oh]
+            ir = idx[p, oh]
+            for ow in range(wo):
+                yr[ow] = yb[ow]
+                ir[ow] = ib[ow]
 
 
 @nb.njit(**JIT)

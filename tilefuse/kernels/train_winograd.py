@@ -128,10 +128,138 @@ def _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, tmp, pb, H, W, affine, skind, relu
             dst[j] = src[j]
 
 
+# planes at most this wide, tasks of at least this many images: the transform runs with the images
+# as the vector lanes (`_wino_input_lanes`)
+LANES_MAX_W = 8
+LANES_MIN_IMAGES = 8
+
+
 @nb.njit(**JIT)
 def wino_input(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind, relu,
                write_r):
     """V[xi, vr0 + c - c0, p0 + p] = (B^T d B)[xi] of the transformed input t(x)
+    (train_conv._transform) for the patches p of images [n0, n1) (p = (n - n0)*th*tw + ty*tw
+    + tx), channels [c0, c1).
+
+    x2, s2, r2: (C, N*H*W) rows; with write_r also r2 = t(x) (pattern 4's stored C2 input);
+    V: a contiguous (16, rows, pitch) buffer, written through unsigned flat offsets (no
+    negative-index code in the loop; the planes can be as small as 4x4).
+
+    Small planes (W <= LANES_MAX_W) of tasks with >= LANES_MIN_IMAGES images run
+    `_wino_input_lanes` (the images as vector lanes), the others `_wino_input_planes` (one plane
+    at a time, vectors along its rows). Both compute every value with the same operations in the
+    same order: the same bits."""
+    if W <= LANES_MAX_W and n1 - n0 >= LANES_MIN_IMAGES:
+        _wino_input_lanes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind,
+                          relu, write_r)
+    else:
+        _wino_input_planes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine,
+                           skind, relu, write_r)
+
+
+LN = 16     # the image lanes of `_wino_input_lanes` (a compile-time constant: the tile loop's offsets are)
+
+
+@nb.njit(**JIT)
+def _wino_input_lanes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind,
+                      relu, write_r):
+    """`wino_input` with the task's images as the vector lanes. A 4x4 or 7x7 plane has 2-4 tiles
+    a row: one plane at a time (`_wino_input_planes`) cost 700-1100 cycles a plane (loop set-up,
+    short rows). Per channel: t(x) of all the task's images in one pass (tmp), then per group of
+    LN images: the padded planes transposed to pbn (rows, cols, LN images), each tile's 16 values
+    computed for the LN images at once into Z (tiles, 16 xi, LN) (constant offsets: LLVM
+    vectorizes the image loop), and Z transposed into V's rows (patch p = image * T + tile,
+    contiguous per xi)."""
+    th = (H + 1) // 2
+    tw = (W + 1) // 2
+    HW = H * W
+    T = th * tw
+    Wp = 2 * tw + 2
+    nn = n1 - n0
+    tmp = np.empty(nn * HW, V.dtype)
+    pbn = np.zeros((2 * th + 2, Wp, LN), V.dtype)   # border stays 0
+    Z = np.empty((T, 16, LN), V.dtype)
+    pf = pbn.reshape(pbn.size)
+    zf = Z.reshape(Z.size)
+    g1 = np.uint64(Wp * LN)                          # the next padded row in pbn
+    g2 = g1 + g1
+    g3 = g2 + g1
+    L1 = np.uint64(LN)                               # unsigned offsets: no negative-index code
+    L2 = L1 + L1
+    L3 = L2 + L1
+    ld = V.shape[2]
+    S = np.uint64(V.shape[1] * ld)                   # xi plane stride
+    Vf = V.reshape(V.size)
+    for c in range(c0, c1):
+        ac = a[c] if affine else 1
+        bc = b[c] if affine else 0
+        a2c = a2[c] if skind == 2 else 0
+        b2c = b2[c] if skind == 2 else 0
+        xr = x2[c, n0 * HW:n1 * HW]
+        sr = s2[c, n0 * HW:n1 * HW] if skind != 0 else xr
+        rr = r2[c, n0 * HW:n1 * HW] if write_r else xr
+        _transform(xr, ac, bc, sr, a2c, b2c, rr, tmp, affine, skind, relu, write_r)
+        base = np.uint64((vr0 + c - c0) * ld + p0)
+        for m0 in range(0, nn, LN):
+            m = min(LN, nn - m0)                     # images in this group (lanes >= m: not stored)
+            src = tmp[m0 * HW:(m0 + m) * HW]
+            for i in range(H):                       # (images, H, W) -> pbn (1 + H, 1 + W, lanes)
+                for j in range(W):
+                    dst = pbn[1 + i, 1 + j]
+                    q = i * W + j
+                    for n in range(m):               # long loops: the image axis innermost
+                        dst[n] = src[q + n * HW]
+            for ty in range(th):
+                for tx in range(tw):
+                    o = np.uint64((2 * ty * Wp + 2 * tx) * LN)   # pbn[2ty, 2tx, 0]
+                    z = np.uint64((ty * tw + tx) * 16 * LN)      # Z[tile, 0, 0]
+                    for n in range(LN):                          # one vector: the images
+                        u = o + np.uint64(n)
+                        # B^T d per column (rows d0..d3 of the patch, g1 apart; columns LN apart):
+                        # R0 = d0 - d2, R1 = d1 + d2, R2 = d2 - d1, R3 = d1 - d3
+                        d00, d01, d02, d03 = pf[u], pf[u + L1], pf[u + L2], pf[u + L3]
+                        d10, d11 = pf[u + g1], pf[u + g1 + L1]
+                        d12, d13 = pf[u + g1 + L2], pf[u + g1 + L3]
+                        d20, d21 = pf[u + g2], pf[u + g2 + L1]
+                        d22, d23 = pf[u + g2 + L2], pf[u + g2 + L3]
+                        d30, d31 = pf[u + g3], pf[u + g3 + L1]
+                        d32, d33 = pf[u + g3 + L2], pf[u + g3 + L3]
+                        e00, e01, e02, e03 = d00 - d20, d01 - d21, d02 - d22, d03 - d23
+                        e10, e11, e12, e13 = d10 + d20, d11 + d21, d12 + d22, d13 + d23
+                        e20, e21, e22, e23 = d20 - d10, d21 - d11, d22 - d12, d23 - d13
+                        e30, e31, e32, e33 = d10 - d30, d11 - d31, d12 - d32, d13 - d33
+                        # (B^T d) B: row ar -> xi = 4 ar + (e0 - e2, e1 + e2, e2 - e1, e1 - e3)
+                        w = z + np.uint64(n)
+                        zf[w] = e00 - e02
+                        zf[w + L1] = e01 + e02
+                        zf[w + L2] = e02 - e01
+                        zf[w + L3] = e01 - e03
+                        zf[w + np.uint64(4 * LN)] = e10 - e12
+                        zf[w + np.uint64(5 * LN)] = e11 + e12
+                        zf[w + np.uint64(6 * LN)] = e12 - e11
+                        zf[w + np.uint64(7 * LN)] = e11 - e13
+                        zf[w + np.uint64(8 * LN)] = e20 - e22
+                        zf[w + np.uint64(9 * LN)] = e21 + e22
+                        zf[w + np.uint64(10 * LN)] = e22 - e21
+                        zf[w + np.uint64(11 * LN)] = e21 - e23
+                        zf[w + np.uint64(12 * LN)] = e30 - e32
+                        zf[w + np.uint64(13 * LN)] = e31 + e32
+                        zf[w + np.uint64(14 * LN)] = e32 - e31
+                        zf[w + np.uint64(15 * LN)] = e31 - e33
+            uT = np.uint64(T)
+            for k in range(16):                      # Z[:, xi, :m] -> V row (images, tiles)
+                vk = base + np.uint64(k) * S + np.uint64(m0 * T)
+                for t in range(T):
+                    zt = Z[t, k]
+                    vt = vk + np.uint64(t)
+                    for n in range(m):
+                        Vf[vt + np.uint64(n) * uT] = zt[n]
+
+
+@nb.njit(**JIT)
+def _wino_input_planes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind, relu,
+               write_r):
+    """`wino_input` one plane at a time: V[xi, vr0 + c - c0, p0 + p] = (B^T d B)[xi] of the transformed input t(x)
     (train_conv._transform) for the patches p of images [n0, n1) (p = (n - n0)*th*tw + ty*tw
     + tx), channels [c0, c1).
 
