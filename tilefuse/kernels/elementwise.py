@@ -136,6 +136,33 @@ def _sgd(p, g, buf, lr, momentum, wd, has_wd, has_mom, first):
         p[k] = p[k] - lr * d
 
 
+@nb.njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _nonfinite_sum(a):
+    """sum of a[k] - a[k] over a flat float view: 0 when every value is finite, NaN when one
+    is NaN or +-inf (inf - inf = NaN). Only reassociation is allowed (a vectorized sum); x - x
+    is not folded to 0 (that needs no-NaN / no-inf), and NaN survives any order."""
+    s = a.dtype.type(0)
+    for k in range(a.shape[0]):
+        s += a[k] - a[k]
+    return s
+
+
+def all_finite(a) -> bool:
+    """np.all(np.isfinite(a)) for a float32 / float64 array without the bool temporary, split over
+    the step's threads (one read of a; the trainer checks every gradient and parameter each
+    step: ~6 ms of one core for ResNet18's 11.7M parameters with numpy)."""
+    a = np.asarray(a)
+    if a.dtype not in (np.float32, np.float64):
+        return bool(np.all(np.isfinite(a)))
+    f = a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
+    if f.shape[0] < 65536:
+        s = _nonfinite_sum(f)
+        return s == 0
+    sums = {}
+    flat_split(f.shape[0], lambda lo, hi: sums.__setitem__(lo, _nonfinite_sum(f[lo:hi])))
+    return all(v == 0 for v in sums.values())
+
+
 def sgd_update(p, g, buf, lr, momentum, weight_decay, first):
     """In place, split over the step's threads: the SGD update of one float32 parameter p with
     gradient g and momentum buffer buf (all the same shape, contiguous)."""

@@ -28,6 +28,7 @@ from ..errors import GraphError, NonFiniteError
 from ..interpreter import bind_inputs
 from ..ir import Network, ops
 from ..kernels import dense
+from ..kernels.elementwise import all_finite
 from .schedule import TrainingSchedule
 from .traffic import format_report, pattern_table
 
@@ -119,10 +120,11 @@ class Trainer:
         if self.optimizer is None:
             raise ValueError("Trainer.step needs an optimizer; construct Trainer(net, SGD(...))")
         loss, grads = self.forward_backward(x, labels, input_grads=False)
-        with _threads(self.threads):                 # (the update splits over the step's threads)
+        with _threads(self.threads):                 # (the update and the checks split over the step's threads)
             self.optimizer.step(self.params, {k: v for k, v in grads.items() if k in self.params})
-        for k, v in self.params.items():
-            _check_finite(self.num_batches_tracked, "parameter", k, v, "after the update: lower the learning rate")
+            for k, v in self.params.items():
+                _check_finite(self.num_batches_tracked, "parameter", k, v,
+                              "after the update: lower the learning rate")
         return loss
 
     def predict(self, x, batch: int | None = None) -> np.ndarray:
@@ -197,7 +199,7 @@ class Trainer:
 
 def _check_finite(step: int, what: str, name: str, a, note: str = "") -> None:
     a = np.asarray(a)
-    if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
+    if a.dtype.kind in "fc" and not all_finite(a):
         bad = ~np.isfinite(a)
         first = tuple(int(i) for i in np.argwhere(bad)[0])
         raise NonFiniteError(f"step {step}: {what} '{name}' has {int(bad.sum())} non-finite value(s) "
