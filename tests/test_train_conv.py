@@ -246,3 +246,24 @@ def test_wino_input_image_lanes_equal_planes(H, W, N):
         assert np.isnan(V[:, :, :p0]).all() and np.isnan(V[:, :, p0 + N * T:]).all()
         if write_r:
             np.testing.assert_allclose(out["lanes"][1][c0:c1], t[c0:c1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("O, C", [(37, 21), (16, 48), (5, 3), (130, 64)])
+def test_wino_weights_match_float64(O, C):
+    """train_winograd.wino_weights (U = G g G^T per filter, 16 filters a vector block) and
+    wino_weights_mirrored (Ud[xi, c, o] = U[mirror(xi), o, c]) against float64 numpy, for
+    channel counts that are not multiples of 16, on sub-ranges (rows outside stay untouched)."""
+    from tilefuse.kernels import train_winograd as wg
+    rng = np.random.default_rng(O * 100 + C)
+    w = rng.standard_normal((O, C, 3, 3)).astype(np.float32)
+    G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+    ref = np.einsum("ai,ocij,bj->aboc", G, w.astype(np.float64), G).reshape(16, O, C)
+    U = np.full((16, O, C), np.nan, np.float32)
+    wg.wino_weights(w.reshape(O, C * 9), U, 1, O)
+    assert np.isnan(U[:, 0]).all()
+    np.testing.assert_allclose(U[:, 1:], ref[:, 1:], rtol=1e-6, atol=1e-6)
+    Ud = np.full((16, C, O), np.nan, np.float32)
+    wg.wino_weights_mirrored(w.reshape(O, C * 9), Ud, 1, C)
+    assert np.isnan(Ud[:, 0]).all()
+    mirror = [15, 13, 14, 12, 7, 5, 6, 4, 11, 9, 10, 8, 3, 1, 2, 0]
+    np.testing.assert_allclose(Ud[:, 1:], ref[mirror].transpose(0, 2, 1)[:, 1:], rtol=1e-6, atol=1e-6)
