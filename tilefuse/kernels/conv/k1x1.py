@@ -35,8 +35,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, prefetch, prefetch_l2, prefetchw, stack_f32, stack_i64,
-                                       store16, strip16_rows, strip512_rows, tile16_rows)
+from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, mul16, prefetch, prefetch_l2, prefetchw, stack_f32,
+                                       stack_i64, store16, strip16_rows, strip512_rows, tile16_rows)
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, bias_or_zeros, resolve_act
@@ -408,6 +408,9 @@ def _k1x1_scaled_seq(counter, tid, tasks, of, xf, wk, sc, scr, done, bias, rf, h
     scaling is spread over the threads with the tasks and lands in the cache of the core that reads
     it."""
     w = scr[tid]
+    wf = w.reshape(w.size)
+    wkf = wk.reshape(wk.size)
+    cip = wk.shape[1]
     while True:
         i = atomic_add(counter, 0, 1)
         if i >= tasks.shape[0]:
@@ -415,10 +418,11 @@ def _k1x1_scaled_seq(counter, tid, tasks, of, xf, wk, sc, scr, done, bias, rf, h
         for p in range(tasks[i, 2], tasks[i, 3]):
             if done[tid, p] == 0:
                 done[tid, p] = 1
-                for ci in range(kc):
+                for ci in range(kc):            # two 16-lane multiplies per input channel (_nb.mul16)
                     f = sc[ci]
-                    for j in range(32):
-                        w[p, ci, j] = wk[p, ci, j] * f
+                    o = (p * cip + ci) * 32
+                    mul16(wf, o, wkf, o, f, 0)
+                    mul16(wf, o + 16, wkf, o + 16, f, 0)
         _k1x1(of, xf, w, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3],
               HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
 
