@@ -9,8 +9,9 @@
 # seconds; a step that runs out is reported (rc=124) and the next one starts. Everything goes to
 # $OUT/log.txt (and stdout); the profile's bar chart to $OUT/profile_resnet50.png.
 # Order: what the issue asks to show first (networks at 16 threads), the assembly strips' bitwise
-# tests on this CPU, networks at 2 threads, scaling, 1x1 single-core efficiency, where the time
-# goes (profile, per layer against ORT), then issue 9's modern suite and the remaining tests.
+# tests on this CPU, networks and the ResNet18 training step at 2 threads, scaling, 1x1 single-core
+# efficiency, where the time goes (profile, per layer against ORT), then issue 9's modern suite and
+# the remaining tests.
 set -u
 OUT=${OUT:-/tmp/tilefuse_device}
 mkdir -p "$OUT"
@@ -20,7 +21,7 @@ START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-480}
 CASES=${CASES:-"resnet50:1 resnet50:32 resnet18:16 vgg16:16"}
 
-STEPS=${STEPS:-"isa networks16 test_tiles networks2 scaling32 scaling1 conv1x1 profile16 vs_ort16 test_isa modern2 idle16 align vs_ort2 vs_ort2_mnv2 test_threads"}
+STEPS=${STEPS:-"isa networks16 test_tiles networks2 train2 scaling32 scaling1 conv1x1 profile16 vs_ort16 test_isa modern2 idle16 align vs_ort2 vs_ort2_mnv2 test_threads"}
 
 step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     local name=$1 want=$2; shift 2
@@ -43,6 +44,8 @@ step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     step test_tiles 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_register_tiles.py \
         -k "strips_same_bits or direct_tiles or stem_tiles or k1x1_tiles"
     step networks2 200 taskset -c 0,1 "$PY" benchmarks/networks.py --cases $CASES --threads 2 --reps 3 --no-cl
+    step train2 150 taskset -c 0,1 "$PY" benchmarks/training.py --models resnet18 --threads 2 --steps 5 \
+        --no-unfused
     step scaling32 100 "$PY" benchmarks/scaling.py --batches 32 --threads-list 1,16 --no-layers --reps 2
     step scaling1 100 "$PY" benchmarks/scaling.py --batches 1 --threads-list 1,16 --no-layers --reps 3
     step conv1x1 90 "$PY" benchmarks/conv_layers.py --threads 1 --batch 1 32 --repeat 3 \
