@@ -87,6 +87,21 @@ def _transform(xr, ac, bc, sr, a2c, b2c, rr, out, affine, skind, relu, write_r):
             rr[k] = v
 
 
+
+@nb.njit(**JIT)
+def transform_rows(x2, a, b, s2, a2, b2, r2, c, k0, k1, out, affine, skind, relu, write_r):
+    """out[:k1 - k0] = t(x2[c, k0:k1]) (`_transform` with channel c's BN scalars and the matching
+    slices of the shortcut s2 and the stored input r2; (C, L) rows). The input stage of every
+    training conv path (train_conv.py's im2col and 1x1 forms, train_winograd.py's transforms)."""
+    ac = a[c] if affine else 1
+    bc = b[c] if affine else 0
+    a2c = a2[c] if skind == 2 else 0
+    b2c = b2[c] if skind == 2 else 0
+    xr = x2[c, k0:k1]
+    sr = s2[c, k0:k1] if skind != 0 else xr
+    rr = r2[c, k0:k1] if write_r else xr
+    _transform(xr, ac, bc, sr, a2c, b2c, rr, out[:k1 - k0], affine, skind, relu, write_r)
+
 def _o(a, dummy):
     """`a`, or the placeholder when it is None (numba needs fixed argument types)."""
     return dummy if a is None else a

@@ -53,7 +53,7 @@ import numpy as np
 
 from . import train_winograd as wg
 from .blas import SGEMM, gemm
-from .cnhw import _D64, JIT, JITR, _o, _transform, _valid, dummies, to_cnhw, to_nchw
+from .cnhw import _D64, JIT, JITR, _o, _valid, dummies, to_cnhw, to_nchw, transform_rows
 from .reference import conv_out_size
 from .threads import scratch, split
 
@@ -92,14 +92,7 @@ def _cols_shift(x2, a, b, s2, a2, b2, r2, cols, n0, n1, c0, c1, hw, d, mask, mar
     tb = np.zeros(L + 2 * margin, x2.dtype)
     mid = tb[margin:margin + L]
     for c in range(c0, c1):
-        ac = a[c] if affine else 1
-        bc = b[c] if affine else 0
-        a2c = a2[c] if skind == 2 else 0
-        b2c = b2[c] if skind == 2 else 0
-        xr = x2[c, n0 * hw:n1 * hw]
-        sr = s2[c, n0 * hw:n1 * hw] if skind != 0 else xr
-        rr = r2[c, n0 * hw:n1 * hw] if write_r else xr
-        _transform(xr, ac, bc, sr, a2c, b2c, rr, mid, affine, skind, relu, write_r)
+        transform_rows(x2, a, b, s2, a2, b2, r2, c, n0 * hw, n1 * hw, mid, affine, skind, relu, write_r)
         for t in range(kk):
             row = cols[(c - c0) * kk + t, :L]
             o = margin + d[t]
@@ -118,15 +111,8 @@ def _cols_gather(x2, a, b, s2, a2, b2, r2, cols, n0, n1, c0, c1, HW, idx,
     plane = np.zeros(HW + 1, x2.dtype)
     pv = plane[:HW]
     for c in range(c0, c1):
-        ac = a[c] if affine else 1
-        bc = b[c] if affine else 0
-        a2c = a2[c] if skind == 2 else 0
-        b2c = b2[c] if skind == 2 else 0
         for n in range(n0, n1):
-            xr = x2[c, n * HW:(n + 1) * HW]
-            sr = s2[c, n * HW:(n + 1) * HW] if skind != 0 else xr
-            rr = r2[c, n * HW:(n + 1) * HW] if write_r else xr
-            _transform(xr, ac, bc, sr, a2c, b2c, rr, pv, affine, skind, relu, write_r)
+            transform_rows(x2, a, b, s2, a2, b2, r2, c, n * HW, (n + 1) * HW, pv, affine, skind, relu, write_r)
             base = (n - n0) * hw
             for t in range(kk):
                 row = cols[(c - c0) * kk + t, base:base + hw]
@@ -139,14 +125,7 @@ def _cols_gather(x2, a, b, s2, a2, b2, r2, cols, n0, n1, c0, c1, HW, idx,
 def _pre_rows(x2, a, b, s2, a2, b2, r2, out, k0, k1, affine, skind, relu, write_r):
     """1x1 stride-1 conv: out[c, k - k0] = t(x2[c, k]) for k in [k0, k1) (t as in _transform)."""
     for c in range(x2.shape[0]):
-        ac = a[c] if affine else 1
-        bc = b[c] if affine else 0
-        a2c = a2[c] if skind == 2 else 0
-        b2c = b2[c] if skind == 2 else 0
-        xr = x2[c, k0:k1]
-        sr = s2[c, k0:k1] if skind != 0 else xr
-        rr = r2[c, k0:k1] if write_r else xr
-        _transform(xr, ac, bc, sr, a2c, b2c, rr, out[c, :k1 - k0], affine, skind, relu, write_r)
+        transform_rows(x2, a, b, s2, a2, b2, r2, c, k0, k1, out[c], affine, skind, relu, write_r)
 
 
 @nb.njit(**JITR)

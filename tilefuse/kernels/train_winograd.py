@@ -33,7 +33,7 @@ import numba as nb
 import numpy as np
 
 from .blas import nb_gemm
-from .cnhw import JIT, _transform
+from .cnhw import JIT, transform_rows
 
 # ============================================================================ transforms
 
@@ -164,18 +164,6 @@ def wino_weights_mirrored(w2, Ud, c0, c1):
                     dst[l] = tk[l]
 
 
-@nb.njit(**JIT)
-def _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, tmp, pb, H, W, affine, skind, relu, write_r):
-    """pb[1 + i, 1:1 + W] = t(x row i) (cnhw._transform on the whole plane into tmp, then
-    the rows into the padded plane); the border of pb stays zero."""
-    _transform(xr, ac, bc, sr, a2c, b2c, rr, tmp, affine, skind, relu, write_r)
-    for i in range(H):
-        dst = pb[1 + i, 1:1 + W]
-        src = tmp[i * W:(i + 1) * W]
-        for j in range(W):
-            dst[j] = src[j]
-
-
 # planes at most this wide, tasks of at least this many images: the transform runs with the images
 # as the vector lanes (`_wino_input_lanes`)
 LANES_MAX_W = 8
@@ -239,14 +227,7 @@ def _wino_input_lanes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W
     S = np.uint64(V.shape[1] * ld)                   # xi plane stride
     Vf = V.reshape(V.size)
     for c in range(c0, c1):
-        ac = a[c] if affine else 1
-        bc = b[c] if affine else 0
-        a2c = a2[c] if skind == 2 else 0
-        b2c = b2[c] if skind == 2 else 0
-        xr = x2[c, n0 * HW:n1 * HW]
-        sr = s2[c, n0 * HW:n1 * HW] if skind != 0 else xr
-        rr = r2[c, n0 * HW:n1 * HW] if write_r else xr
-        _transform(xr, ac, bc, sr, a2c, b2c, rr, tmp, affine, skind, relu, write_r)
+        transform_rows(x2, a, b, s2, a2, b2, r2, c, n0 * HW, n1 * HW, tmp, affine, skind, relu, write_r)
         base = np.uint64((vr0 + c - c0) * ld + p0)
         for m0 in range(0, nn, LN):
             m = min(LN, nn - m0)                     # images in this group (lanes >= m: not stored)
@@ -326,16 +307,14 @@ def _wino_input_planes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, 
     S = np.uint64(V.shape[1] * ld)              # xi plane stride
     Vf = V.reshape(V.size)
     for c in range(c0, c1):
-        ac = a[c] if affine else 1
-        bc = b[c] if affine else 0
-        a2c = a2[c] if skind == 2 else 0
-        b2c = b2[c] if skind == 2 else 0
         for n in range(n0, n1):
-            xr = x2[c, n * HW:(n + 1) * HW]
-            sr = s2[c, n * HW:(n + 1) * HW] if skind != 0 else xr
-            rr = r2[c, n * HW:(n + 1) * HW] if write_r else xr
-            _fill_plane(xr, ac, bc, sr, a2c, b2c, rr, tmp, pb, H, W, affine, skind, relu,
-                        write_r)
+            transform_rows(x2, a, b, s2, a2, b2, r2, c, n * HW, (n + 1) * HW, tmp, affine, skind, relu,
+                           write_r)
+            for i in range(H):                  # t(x) rows into the padded plane (border stays 0)
+                dst = pb[1 + i, 1:1 + W]
+                src = tmp[i * W:(i + 1) * W]
+                for j in range(W):
+                    dst[j] = src[j]
             base = np.uint64((vr0 + c - c0) * ld + p0 + (n - n0) * T)
             for ty in range(th):
                 d0 = pb[2 * ty]
