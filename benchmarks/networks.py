@@ -27,7 +27,10 @@ every engine alike: after one warm-up run each, --reps rounds each time one run 
 (the order rotating per round; between engines `quiesce()` waits until the process is idle:
 ONNX Runtime's workers spin for tens of ms after a run, and an engine started meanwhile loses a
 core to them, benchmarks/quiesce.py); the table gives the median per engine. A ratio
-> 1 means tilefuse is faster. "rel err" is max|tilefuse - torch| / max|torch|.
+> 1 means tilefuse is faster. "rel err" is max|tilefuse - torch| / max|torch|. The trailing
+"regions" count where tilefuse's parallel task loops ran during the timed runs (warm-up included):
+on numba's pool at the session's width, narrowed to fewer threads, or on our Python pool
+(threads.region_plan: other processes' runnable threads decide).
 """
 from __future__ import annotations
 
@@ -124,7 +127,7 @@ def main() -> int:
     import tilefuse
     from tilefuse import models
     from tilefuse.compiler.tune import cpu_model
-    from tilefuse.kernels.threads import blas_info, region_mode, wait_policy
+    from tilefuse.kernels.threads import blas_info, region_counts, region_mode, wait_policy
 
     torch.set_num_threads(args.threads)
     print(f"# networks: {cpu_model()}, {os.cpu_count()} cores, threads={args.threads}, tilefuse "
@@ -173,14 +176,17 @@ def main() -> int:
                 with torch.no_grad():
                     tm_cl(x_cl)
             engines["torch_cl"] = torch_cl_run
+        region_counts(reset=True)
         t = interleaved(engines, args.reps, args.inner)
+        rc = region_counts()
         nan = float("nan")
         t_tf, t_model, t_ort = t["tf"], t.get("tf_model", nan), t.get("ort", nan)
         t_torch, t_cl = t["torch"], t.get("torch_cl", nan)
         err = float(np.max(np.abs(y_tf - y_t)) / np.max(np.abs(y_t)))
         print(f"{name:<15} {batch:>5} {size:>4} {t_tf:>10.4f} {t_model:>10.4f} {t_ort:>8.4f} {t_torch:>9.4f} "
               f"{t_cl:>10.4f} {t_ort / t_tf:>7.2f} {t_torch / t_tf:>8.2f} {t_cl / t_tf:>6.2f} {err:>8.1e} "
-              f"{first:>6.2f}   (compile {compiled.compile_seconds:.2f} s, load {os.getloadavg()[0]:.2f})", flush=True)
+              f"{first:>6.2f}   (compile {compiled.compile_seconds:.2f} s, load {os.getloadavg()[0]:.2f}, regions "
+              f"numba {rc['numba']} / narrowed {rc['narrowed']} / our pool {rc['pool']})", flush=True)
         sess.release()
     return 0
 

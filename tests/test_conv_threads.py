@@ -226,3 +226,62 @@ def test_wait_policy_choice(env, others, want, monkeypatch):
     policy = threads._choose_wait_policy()
     assert (policy, os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY")) == want
     assert int(threads.GOMP_SPIN_DEFAULT) >= 1_000_000
+
+
+@pytest.mark.parametrize("cpus, others, nt, want", [
+    (16, 0, 16, ("numba", 16)),     # idle: the session's width
+    (16, 1, 16, ("numba", 15)),     # a daemon on a 16-core server: one core fewer, still numba's pool
+    (16, 8, 16, ("numba", 8)),      # half the cores free: half the team
+    (16, 9, 16, ("pool", 16)),      # fewer: our pool (the caller never waits for a descheduled worker)
+    (2, 0, 2, ("numba", 2)),
+    (2, 1, 2, ("pool", 2)),         # the loaded 2-core machine: our pool, as measured there
+    (16, 12, 4, ("numba", 4)),      # a narrow session fits in the free cores
+    (16, 13, 4, ("numba", 3)),
+])
+def test_region_plan_narrows_before_it_leaves_numbas_pool(cpus, others, nt, want, monkeypatch):
+    """Where other processes' runnable threads leave fewer free cores than the region wants, the
+    team shrinks to the free cores while they are at least half of it, and only then do the regions
+    move to our pool. Before, one runnable thread of another process put every region of a 16-thread
+    session on a 16-core machine on our pool (~0.4 ms a region there)."""
+    monkeypatch.setitem(threads._NUMBA, "mode", "auto")
+    monkeypatch.setitem(threads._NUMBA, "sampled", -1e9)
+    monkeypatch.setitem(threads._NUMBA, "last", others)
+    monkeypatch.setattr(threads, "_others_now", lambda: others)
+    monkeypatch.setattr(threads, "cpu_count", lambda: cpus)
+    assert threads.region_plan(nt) == want
+    assert threads.region_mode(nt) == want[0]
+
+
+def test_narrowed_region_runs_every_task_once_and_is_counted(monkeypatch):
+    """A narrowed region (one other runnable thread on a 16-core machine) runs on numba's pool with 15
+    workers; every task runs exactly once, and region_counts() says where each region ran."""
+    widths, sets = [], []
+    monkeypatch.setitem(threads._NUMBA, "mode", "auto")
+    monkeypatch.setitem(threads._NUMBA, "sampled", -1e9)
+    monkeypatch.setitem(threads._NUMBA, "last", 1)
+    monkeypatch.setitem(threads._NUMBA, "layer", "omp")
+    monkeypatch.setitem(threads._NUMBA, "max_threads", 16)
+    monkeypatch.setitem(threads._NUMBA, "set", sets.append)
+    monkeypatch.setattr(threads._LOCAL, "numba_nt", 0, raising=False)
+    monkeypatch.setattr(threads, "_others_now", lambda: 1)
+    monkeypatch.setattr(threads, "cpu_count", lambda: 16)
+
+    def par(nt, done):
+        widths.append(nt)
+        counter = np.zeros(1, np.int64)
+        for tid in range(nt):
+            seq(counter, tid, done)
+
+    def seq(counter, tid, done):
+        while counter[0] < len(done):
+            done[counter[0]] += 1
+            counter[0] += 1
+
+    threads.region_counts(reset=True)
+    for ntasks in (16, 40, 1):
+        done = np.zeros(ntasks, np.int64)
+        threads.numba_region(par, seq, 16, ntasks, done)
+        assert (done == 1).all(), ntasks
+    assert widths == [15, 15] and sets == [15], (widths, sets)
+    assert threads.region_counts(reset=True) == {"numba": 0, "narrowed": 2, "pool": 0, "serial": 1}
+    assert threads.region_counts() == {"numba": 0, "narrowed": 0, "pool": 0, "serial": 0}

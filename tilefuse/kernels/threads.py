@@ -163,7 +163,7 @@ def parallel_range(ntasks: int, fn, threads=None) -> None:
 # microseconds whatever the thread count. Every such kernel has its worker loop compiled without
 # parallel=True too (`seq(counter, tid, *args)`: takes tasks from the shared counter), used for one
 # thread, inside our own pool's workers, and on our pool where numba's would wait for unscheduled
-# threads (`region_mode`).
+# threads (`region_plan`).
 #
 #     numba_region(par, seq, threads, ntasks, *args)   ->  par(nt, *args) on nt threads, or seq workers
 #
@@ -290,20 +290,32 @@ REGION_RESAMPLE_S = 1.0
 def region_mode(nt: int) -> str:
     """Where a numba kernel's task loop runs on nt > 1 threads: 'numba' (numba's OpenMP / TBB
     pool, `par`) or 'pool' (our pool: `seq` workers on the calling thread and pool threads, the
-    caller never waiting for a worker that has not started). TILEFUSE_REGIONS=numba|pool if set;
-    else 'pool' while the runnable threads of other processes (`_others_now`, the smaller of the
-    last two samples, taken at most every REGION_RESAMPLE_S) plus nt exceed the usable cores:
-    there the end-of-region barrier of numba's pool waits for every thread, and one the OS has
-    not scheduled costs a time slice per layer (measured on the shared 2-core development
-    machine at 2 threads, MobileNetV2 batch 1, median of 30 runs: 56 ms a run on numba's pool,
-    12.5 ms on ours); 'numba' on an idle machine (a region starts in microseconds there)."""
+    caller never waiting for a worker that has not started); `region_plan(nt)[0]`."""
+    return region_plan(nt)[0]
+
+
+def region_plan(nt: int) -> tuple[str, int]:
+    """(mode, width) for a task loop that wants nt > 1 threads. TILEFUSE_REGIONS=numba|pool if set
+    (numba at width nt, or our pool); else by the runnable threads of other processes
+    (`_others_now`, the smaller of the last two samples, taken at most every REGION_RESAMPLE_S):
+    - they leave nt cores free: ('numba', nt) (a region starts in microseconds on an idle machine);
+    - they leave fewer, but at least half of nt and two: ('numba', the free cores): numba's
+      end-of-region barrier waits for every worker, and one the OS has descheduled for another
+      process costs a time slice per layer, so the team shrinks to the free cores; the tasks are
+      handed out dynamically and a task's bits do not depend on which thread runs it;
+    - fewer still: ('pool', nt), where the caller never waits for a worker that has not started
+      (measured on the shared 2-core development machine at 2 threads, MobileNetV2 batch 1, median
+      of 30 runs: 56 ms a run on numba's pool, 12.5 ms on ours).
+    The second case is for large machines: at 16 threads on 16 cores, one runnable thread of any
+    other process used to put every region on our pool, which costs ~0.4 ms a region there
+    (`benchmarks/scaling.py`'s "python pool us" at 16 threads on the device machine)."""
     import time
     mode = _NUMBA.get("mode")
     if mode is None:
         want = os.environ.get("TILEFUSE_REGIONS", "").strip().lower()
         mode = _NUMBA["mode"] = want if want in ("numba", "pool") else "auto"
     if mode != "auto":
-        return mode
+        return mode, nt
     now = time.monotonic()
     if now - _NUMBA.get("sampled", -1e9) > REGION_RESAMPLE_S:
         # the smaller of two reads, and of the last two samples: other load must persist across
@@ -316,20 +328,42 @@ def region_mode(nt: int) -> str:
         _NUMBA["others"] = min(sample, _NUMBA.get("last", sample))
         _NUMBA["last"], _NUMBA["sampled"] = sample, now
         _NUMBA["cpus"] = cpu_count()     # resampled with the load: a syscall, ~1 us a layer if per call
-    return "pool" if _NUMBA["others"] + nt > _NUMBA["cpus"] else "numba"
+    free = _NUMBA["cpus"] - _NUMBA["others"]
+    if free >= nt:
+        return "numba", nt
+    if free >= max(2, -(-nt // 2)):
+        return "numba", free
+    return "pool", nt
+
+
+_REGIONS = {"numba": 0, "narrowed": 0, "pool": 0, "serial": 0}
+
+
+def region_counts(reset: bool = False) -> dict:
+    """How many task loops ran where since the last reset: 'numba' (numba's pool at the session's
+    width), 'narrowed' (numba's pool, fewer threads: other processes held cores), 'pool' (ours),
+    'serial' (one task or one thread: on the calling thread). Counted without a lock (a count may be
+    off by a few under concurrent sessions); `benchmarks/networks.py` prints them."""
+    out = dict(_REGIONS)
+    if reset:
+        for k in _REGIONS:
+            _REGIONS[k] = 0
+    return out
 
 
 def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     """Run a task loop of `ntasks` tasks. `seq(counter, tid, *args)` is one worker: it takes tasks
     from counter[0] (an int64 array, atomically) until none is left, with per-thread scratch row
     `tid` (< numba_max_threads()); `par(nt, *args)` runs nt such workers on numba's pool. With
-    region_threads(threads, ntasks) <= 1: seq on the calling thread; on our pool (`region_mode`):
+    region_threads(threads, ntasks) <= 1: seq on the calling thread; on our pool (`region_plan`):
     that many seq workers; on numba's pool: region_threads(threads, any) workers, the same team
-    width for every region of a session whatever its task count. Which thread runs a task never
+    width for every region of a session whatever its task count (fewer while other processes hold
+    cores: `region_plan`). Which thread runs a task never
     changes its bits. Returns the thread count used."""
     width = region_threads(threads, 1 << 30)
     nt = min(width, ntasks)
     if nt <= 1:
+        _REGIONS["serial"] += 1
         seq(np.zeros(1, np.int64), 0, *args)
         return 1
     # numba's pool runs the full width whatever the task count (the workers past the last task find
@@ -337,12 +371,15 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     # and the next wide one must wake the parked threads. On the 16-core device machine a 1x1 layer
     # after a 14-task Winograd layer took 260-278 us against 157 us after a 16-task one, and the
     # classifier after the 2-task global pool 0.56-0.89 ms against 0.115 (benchmarks/RESULTS.md).
-    if region_mode(width) == "pool":       # judged at the width numba's pool would run
+    mode, free = region_plan(width)       # judged at the width numba's pool would run
+    if mode == "pool":
+        _REGIONS["pool"] += 1
         counter = np.zeros(1, np.int64)     # a fresh one per region: a late worker finds it spent
         _spread(lambda tid: seq(counter, tid, *args), nt)
         return nt
     layer = numba_layer()
-    nt = width
+    _REGIONS["narrowed" if free < width else "numba"] += 1
+    nt = free
     if _LOCAL.numba_nt != nt:
         _NUMBA["set"](nt)          # numba's per-thread count: set once per change (a ctypes call)
         _LOCAL.numba_nt = nt
