@@ -216,6 +216,28 @@ def test_cost_model_winograd_saves_multiplies():
                                                           estimate_cost("direct", xs, ws, *one))
 
 
+def test_selection_knows_the_thread_count():
+    """On 16 threads a batch-1 14x14 layer's F(4x4) has 16 tiles: its largest tasks hold two 7-tile
+    blocks and each streams 1.18 MB of U (406-433 us a layer on the 16-core device machine, where
+    direct with the same output ran 307 us), so the thread-aware model picks direct there; on one or
+    two threads, at batch 32, and on the larger maps it keeps the one-thread pick."""
+    from tilefuse.kernels.conv.select import parallel_cost
+    one = ((1, 1), (1, 1, 1, 1), (1, 1), 1)
+    xs, ws = (1, 256, 14, 14), (256, 256, 3, 3)
+    for t in (1, 2):
+        assert select_algorithm(xs, ws, *one, threads=t) == "winograd4"
+    assert select_algorithm(xs, ws, *one, threads=16) == "direct"
+    assert select_algorithm((32, 256, 14, 14), ws, *one, threads=16) == "winograd4"
+    assert select_algorithm((1, 128, 28, 28), (128, 128, 3, 3), *one, threads=16) == "winograd4"
+    assert select_algorithm((1, 512, 7, 7), (512, 512, 3, 3), *one, threads=2) == "direct"
+    for a in ("direct", "winograd4", "gemm1x1"):
+        w = ws if a != "gemm1x1" else (256, 256, 1, 1)
+        o = one if a != "gemm1x1" else ((1, 1), (0, 0, 0, 0), (1, 1), 1)
+        assert parallel_cost(a, xs, w, *o, 1) == estimate_cost(a, xs, w, *o)
+    # the 16-thread Winograd makespan is the largest task's, not a sixteenth of the one-thread cost
+    assert parallel_cost("winograd4", xs, ws, *one, 16) > 2 * estimate_cost("winograd4", xs, ws, *one) / 16
+
+
 def test_bad_algorithm_errors():
     w = np.zeros((8, 8, 3, 3), np.float32)
     with pytest.raises(ValueError, match="unknown conv algorithm 'fft'"):

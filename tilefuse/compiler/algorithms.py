@@ -9,7 +9,9 @@ Every conv2d of the optimized network gets `params["algorithm"]`, the kernel its
     "reference" forces the plain numpy kernel everywhere;
   - tuned (`compile(tune=True)`): every candidate measured on this machine, the fastest kept
     and cached per layer shape and machine (`compiler/tune.py`);
-  - else the cost model's pick (`kernels.conv.select_algorithm`, on the whole layer's shape).
+  - else the cost model's pick (`kernels.conv.select_algorithm`, on the whole layer's shape and the
+    thread count the program is compiled for: on many threads a batch-1 14x14 layer runs direct
+    rather than Winograd, whose tasks there stream 4x the weight bytes in too few tiles).
 
 Convs on other dtypes than float32 get "reference". The layer schedule (`lower.py`) prepares
 each conv's weights for its algorithm and the layout `layout.conv_layout` gives it; the row-band
@@ -69,8 +71,9 @@ def choose_algorithms(net: Network, *, algorithm: str | None = None, winograd: b
                 if tuning is not None:
                     tuning[op.outputs[0].name] = {"seconds": secs, "cached": hit}
             else:
+                from ..kernels.threads import resolve_threads
                 algo = fast.select_algorithm(x.shape, w.shape, p["stride"], p["padding"], p["dilation"],
-                                             p["groups"], allow_winograd=winograd)
+                                             p["groups"], allow_winograd=winograd, threads=resolve_threads(threads))
         op.params = {**p, "algorithm": algo}
         counts[algo] = counts.get(algo, 0) + 1
     if cache is not None:

@@ -37,7 +37,7 @@ import math
 
 from tilefuse.kernels.conv.grouped import applies as grouped_applies
 from tilefuse.kernels.conv.grouped import bundle
-from tilefuse.kernels.conv.planner import grouped_lanes_applies, plan_winograd
+from tilefuse.kernels.conv.planner import grouped_lanes_applies, plan_direct, plan_winograd
 
 ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4", "im2col", "depthwise", "grouped")
 
@@ -51,6 +51,17 @@ TRANSFORM_BW = 4e9    # Winograd transforms, bytes of V + M per second
 # 2026-11-27, fourth session). At 8e9 it picks direct there, F(4x4) for 14x14 at batch 1 (the three
 # within 15% measured) and for every ResNet50 3x3 layer from batch 8 on (F(4x4) measured fastest).
 WEIGHT_BW = 8e9
+# ...and what all cores together stream: on the 16-core device machine at 16 threads every batch-1
+# ResNet50 layer that streams a large weight slice per task ran at ~2-3 GB/s of it per core (F(4x4)
+# 14x14: 1.18 MB of U a task in 406-433 us; 28x28: 590 KB in 184-260 us; the 7x7 direct convs: 590 KB
+# of weights a task in 311-327 us; benchmarks/RESULTS.md, tenth session). parallel_cost gives each of
+# T streaming cores min(WEIGHT_BW, AGG_WEIGHT_BW / T).
+AGG_WEIGHT_BW = 48e9
+# the direct kernel's weight stream on many threads ran ~1.4x slower than the U stream of Winograd's
+# GEMM (the 7x7 layers at 16 threads: 311-327 us measured, 230 modelled with the same rate; Winograd's
+# 0.8-1.3x its model): direct's weight stream is modelled at DIRECT_PAR_EFF times that rate
+DIRECT_PAR_EFF = 0.7
+SWITCH_MARGIN = 0.6   # select_algorithm: on many threads, another of direct / Winograd must model this much cheaper
 EFF = {"gemm1x1": 0.9, "direct": 0.9, "direct1": 0.6, "winograd": 0.85, "im2col": 0.6, "depthwise": 0.08,
        "dw_blocked": 0.4, "grouped_lanes": 0.35}
 BAND_BW = 10e9        # grouped_lanes: bytes of the zero-bordered input band copied per second
@@ -168,7 +179,84 @@ def estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups
     raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
 
-def select_algorithm(x_shape, w_shape, stride, padding, dilation, groups, allow_winograd=True) -> str:
-    """The cheapest candidate under `estimate_cost`."""
+def _makespan(task_seconds: list[float], threads: int) -> float:
+    """Finish time of tasks handed out in order to whichever of `threads` workers is free first (the
+    kernels' shared task counter, threads.numba_region)."""
+    free = [0.0] * max(1, int(threads))
+    for t in task_seconds:
+        i = free.index(min(free))
+        free[i] += t
+    return max(free)
+
+
+def parallel_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups, threads: int) -> float:
+    """Estimated seconds on `threads` threads: `estimate_cost` on one; on more, for direct and Winograd
+    (the two that compete on 3x3 layers), the makespan of the task grid the planner gives that thread
+    count (planner.plan_direct, planner.plan_winograd): each task's share of the one-thread cost, tasks
+    handed out in order to the first free thread. A Winograd task computes its tiles in 7-row blocks
+    (a 2-tile remainder costs a whole block), transforms its tiles' input again for every channel
+    group and streams its pairs' U; on a batch-1 14x14 map F(4x4) has 16 tiles (3 blocks), so at 16
+    threads its largest task holds 2 of them against direct's even row x channel split (the device
+    machine, 16 threads: F(4x4) 406-433 us a 14x14 ResNet50 layer, direct with stride 2 and the same
+    output 307 us; benchmarks/RESULTS.md, tenth session). Other algorithms: the one-thread cost / threads."""
+    t = max(1, int(threads))
+    one = estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups)
+    if t == 1:
+        return one
+    n, ci, h, w = x_shape
+    co, cg, kh, kw = w_shape
+    ho, wo = _out_hw(x_shape, w_shape, stride, padding, dilation)
+    cip, cop = _pad16(ci), _pad16(co)
+    wbw = min(WEIGHT_BW, AGG_WEIGHT_BW / t)     # each streaming core's share
+    if algorithm.startswith("winograd"):
+        m = int(algorithm[-1])
+        a2 = (m + 2) ** 2
+        tiles = n * math.ceil(ho / m) * math.ceil(wo / m)
+        p = plan_winograd(m + 2, cip, cop, tiles, t)
+        op = -(-cop // 32)
+        secs = []
+        for p0 in range(0, tiles, p["tiles"]):
+            pt = min(p["tiles"], tiles - p0)
+            for c0 in range(0, op, p["pairs"]):
+                npr = min(p["pairs"], op - c0)
+                f = 2.0 * _ceil7(pt) * a2 * cip * 32 * npr
+                u = 4.0 * a2 * cip * 32 * npr
+                vm = 4.0 * pt * a2 * (cip + 32 * npr)
+                secs.append(max(f / (PEAK * EFF["winograd"]), u / wbw) + vm / TRANSFORM_BW)
+        in_bytes = 4 * n * cip * (ho + 2) * (wo + 2)
+        return _makespan(secs, t) + in_bytes / BW / t
+    if algorithm == "direct" and groups == 1:
+        p = plan_direct(cip // 16, kh, dilation[0], stride[0], ho, w + padding[2] + padding[3], wo=wo, n=n,
+                        ob=cop // 16, kw=kw, padded=tuple(padding) != (0, 0, 0, 0), threads=t)
+        r, g, ob = p["rows"], p["blocks"], cop // 16
+        wp = w + padding[2] + padding[3]
+        secs, work = [], []
+        for _ in range(n):
+            for r0 in range(0, ho, r):
+                rr = min(r, ho - r0)
+                band = 4.0 * cip * ((rr - 1) * stride[0] + (kh - 1) * dilation[0] + 1) * wp
+                for b0 in range(0, ob, g):
+                    gg = min(g, ob - b0)
+                    work.append(_ceil7(rr * wo) * gg)
+                    # the task's weight slice streamed alongside its FMAs; its input band copied first
+                    secs.append((4.0 * gg * 16 * cip * kh * kw / wbw, 2 * band / BW))
+        total = sum(work)
+        return _makespan([max(one * wk / total, u / DIRECT_PAR_EFF) + b for wk, (u, b) in zip(work, secs)], t)
+    return one / t
+
+
+def select_algorithm(x_shape, w_shape, stride, padding, dilation, groups, allow_winograd=True,
+                     threads: int = 1) -> str:
+    """The cheapest candidate under `estimate_cost`; on more threads, where that is direct or Winograd,
+    the cheaper of those under `parallel_cost` for the thread count."""
     cands = candidates(x_shape, w_shape, stride, padding, dilation, groups, allow_winograd)
-    return min(cands, key=lambda a: estimate_cost(a, x_shape, w_shape, stride, padding, dilation, groups))
+    best = min(cands, key=lambda a: estimate_cost(a, x_shape, w_shape, stride, padding, dilation, groups))
+    if int(threads) <= 1 or not (best == "direct" or best.startswith("winograd")):
+        return best
+    # on more threads only direct and Winograd are weighed again (their task grids are modelled), and
+    # the one-thread pick is kept unless another is SWITCH_MARGIN of its cost or less: the model's
+    # multi-thread terms are calibrated on one machine's batch-1 layers, each within ~1.3x either way
+    cost = {a: parallel_cost(a, x_shape, w_shape, stride, padding, dilation, groups, threads)
+            for a in cands if a == "direct" or a.startswith("winograd")}
+    other = min(cost, key=cost.get)
+    return other if cost[other] <= SWITCH_MARGIN * cost[best] else best
