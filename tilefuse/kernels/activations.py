@@ -202,9 +202,16 @@ def erf32(x):
     return np.divide(p, q)
 
 
+# sigmoid's exponent is kept within +-_SIG_CLAMP: e^-87 = 1.6e-38 is still a normal float, so neither
+# e^-v (v > 87) nor 1 / (1 + e^-v) (v < -87) is a subnormal number, which x86 computes through a
+# microcode assist: SiLU over values beyond +-87 ran 156-285 cycles a 16-lane vector against ~20-30
+# (Ice Lake VM). The values there change by less than 1.7e-38 (sigmoid: 1.6e-38 for v <= -87, 1 for v >= 87)
+_SIG_CLAMP = np.float32(87.0)
+
+
 @njit(inline="always", cache=True)
 def _sigmoid(v):
-    return np.divide(_F1, _F1 + exp32(-v))
+    return np.divide(_F1, _F1 + exp32(min(max(-v, -_SIG_CLAMP), _SIG_CLAMP)))
 
 
 @njit(inline="always", cache=True)
@@ -233,7 +240,7 @@ def apply_scalar(code, v, alpha, beta):
     if code == 9:
         return v if v >= _F0 else alpha * v
     if code == 10:
-        return v if v > _F0 else alpha * (exp32(min(v, _F0)) - _F1)
+        return v if v > _F0 else alpha * (exp32(max(min(v, _F0), -_SIG_CLAMP)) - _F1)   # no subnormal e^v
     if code == 11:
         return tanh32(v)
     return v
