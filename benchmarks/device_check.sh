@@ -11,7 +11,8 @@
 # Order: what the issue asks to show first (networks at 16 threads), the assembly strips' bitwise
 # tests on this CPU, networks and the ResNet18 training step at 2 threads, scaling, 1x1 single-core
 # efficiency, where the time goes (profile, per layer against ORT), then issue 9's modern suite and
-# the remaining tests.
+# the remaining tests. The networks rows end with where tilefuse's task loops ran (`regions numba N /
+# narrowed N / our pool N`: threads.region_plan), so a slow row says whether it ran on our Python pool.
 set -u
 OUT=${OUT:-/tmp/tilefuse_device}
 mkdir -p "$OUT"
@@ -52,7 +53,7 @@ step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
         --layers 1x1_56 1x1_28 1x1_14 1x1_7
     step profile16 60 "$PY" -m tilefuse.cli profile resnet50 --threads 16 --plot "$OUT/profile_resnet50.png"
     step vs_ort16 150 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 16 --repeat 20
-    step test_isa 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_isa.py
+    step test_isa 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_isa.py   # its cases compile in subprocesses: >90 s on the device (tenth session)
     step modern2 200 taskset -c 0,1 "$PY" benchmarks/networks.py --suite modern --threads 2 --reps 3 --no-cl
     step idle16 120 "$PY" benchmarks/idle_gaps.py --model resnet50 --threads 16 --gaps 0 0.2 1 --reps 7
     step align 60 "$PY" benchmarks/alignment.py --threads 1 16 --rounds 20
