@@ -195,6 +195,34 @@ def test_depthwise_thread_counts_bitwise_identical(case, monkeypatch):
         assert np.array_equal(outs[0], o)
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["in_place", "padded_band"])
+@pytest.mark.parametrize("case", [DW_CASES[i] for i in (0, 1, 3, 4, 9)], ids=lambda c: c[0])
+def test_depthwise_clip_in_the_stores_equals_the_clip_pass(case, padded, monkeypatch):
+    """A clip (ReLU6) without a residual is applied in the stores (interior blocks, a short last block,
+    border positions): the bits of the conv without activation followed by activations.apply_span's
+    clip, NaN, +-inf and -0 inputs included, on both paths and every thread count."""
+    monkeypatch.setattr(depthwise, "PADDED", padded)
+    x, wt, b, _, kw = _dw_case(case, seed=11)
+    x *= 4.0                                  # values on both sides of the clip
+    x[0, 0, 0, :3] = [np.nan, np.inf, -0.0][:x.shape[3]]
+    x[0, -1, -1, -1] = -np.inf
+    prep = conv2d_prepare("depthwise", wt, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], layout="nchwc")
+    ho = ref.conv_out_size(x.shape[2], wt.shape[2], kw["stride"][0], kw["padding"][0], kw["padding"][1],
+                           kw["dilation"][0])
+    wo = ref.conv_out_size(x.shape[3], wt.shape[3], kw["stride"][1], kw["padding"][2], kw["padding"][3],
+                           kw["dilation"][1])
+    shape = nchwc_shape((x.shape[0], wt.shape[0], ho, wo))
+    plain = np.zeros(shape, np.float32)
+    conv2d_run_nchwc("depthwise", plain, to_nchwc(x), prep, None, act=None, threads=1, **kw)
+    f = plain.reshape(-1)
+    A.apply_span(f, 0, f.size, 2, np.float32(0.0), np.float32(6.0))
+    assert (plain == 0.0).any() and (np.isnan(plain).any() or case[0] == "k7_dil2_asym")   # (its taps skip the NaN)
+    for t in (1, 2, 3):
+        got = np.full(shape, -7.0, np.float32)
+        conv2d_run_nchwc("depthwise", got, to_nchwc(x), prep, None, act=A.encode("clip", 0.0, 6.0), threads=t, **kw)
+        assert np.array_equal(got.view(np.uint32), plain.view(np.uint32)), t
+
+
 def test_depthwise_tasks_split_large_maps_and_group_small_ones():
     big = depthwise.plan_tasks(2, 6, 112, 112, 9)
     assert all(t[2] - t[1] == 1 for t in big) and max(t[4] - t[3] for t in big) < 112
