@@ -362,3 +362,22 @@ def test_grouped_block_compiles_blocked():
     want = want[0] if isinstance(want, (list, tuple)) else list(want.values())[0] if isinstance(want, dict) else want
     got = tilefuse.Session(c).run(xv)
     assert np.abs(got - want).max() / np.abs(want).max() <= 1e-4
+
+
+def test_small_layer_rule_lets_depthwise_use_the_threads():
+    """Layers below a FLOP threshold run on the calling thread (registry.threads_for, a shape rule).
+    Depthwise runs ~10x fewer FLOP/s than the dense convs, so its threshold is lower: a 7x7 x 576 layer
+    (0.5 MFLOP, ~23 us on one core) runs on the session's threads (MobileNetV2 batch 1 at 2 threads: the
+    depthwise rows -12%), a 7x7 x 16 one stays on one; a dense 1x1 of 0.5 MFLOP stays on one too."""
+    from tilefuse.kernels import registry
+    from tilefuse.kernels.conv.layout import nchwc_shape
+
+    def views(c, hw, w_shape):
+        x = np.zeros(nchwc_shape((1, c, hw, hw)), np.float32)
+        return [x, np.zeros(w_shape, np.float32), np.zeros(c, np.float32), np.zeros_like(x)]
+
+    dw = dict(algorithm="depthwise", prepared=("weight", "bias"), layout="nchwc")
+    assert registry.threads_for("conv2d", views(576, 7, (36, 3, 3, 16)), dw, 2) == 2
+    assert registry.threads_for("conv2d", views(16, 7, (1, 3, 3, 16)), dw, 2) == 1
+    dense = dict(algorithm="gemm1x1", prepared=("weight", "bias"), layout="nchwc")
+    assert registry.threads_for("conv2d", views(64, 7, (64, 64)), dense, 2) == 1     # 2*49*4096 = 0.4 MFLOP

@@ -159,6 +159,10 @@ ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"} | 
 
 SMALL_BYTES = 64 << 10      # non-conv kernels touching less than this run on the calling thread
 SMALL_CONV_FLOPS = 2e6      # convs below this (~10 us on one core) too: the pool hand-off costs ~40 us
+# depthwise runs ~10x fewer FLOP/s than the dense convs (memory and latency bound: a 7x7 x 576 layer,
+# 0.5 MFLOP, took 23 us on one core) and its tasks are a numba region (a few us at 2 threads), so
+# only those below this stay on the calling thread
+SMALL_DW_FLOPS = 2.5e5
 
 
 def _shape_dtype(v):
@@ -176,9 +180,11 @@ def threads_for(kernel: str, views, params: dict, threads):
             "nchwc" else int(np.prod(out)) // max(out[1], 1)
         prepared = params.get("prepared") or ()
         wsize = int(np.prod(shapes[1])) if prepared else 0
+        small = SMALL_CONV_FLOPS
         if params.get("algorithm") == "depthwise" and prepared:
             wsize = int(np.prod(shapes[1][1:]))    # (Ob, KH, KW, 16): one block's taps per position
-        if wsize and 2.0 * positions * wsize < SMALL_CONV_FLOPS:
+            small = SMALL_DW_FLOPS
+        if wsize and 2.0 * positions * wsize < small:
             return 1
         return threads
     nbytes = sum(int(np.prod(s)) * _shape_dtype(v)[1].itemsize for s, v in zip(shapes, views))
