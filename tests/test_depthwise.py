@@ -368,7 +368,8 @@ def test_small_layer_rule_lets_depthwise_use_the_threads():
     """Layers below a FLOP threshold run on the calling thread (registry.threads_for, a shape rule).
     Depthwise runs ~10x fewer FLOP/s than the dense convs, so its threshold is lower: a 7x7 x 576 layer
     (0.5 MFLOP, ~23 us on one core) runs on the session's threads (MobileNetV2 batch 1 at 2 threads: the
-    depthwise rows -12%), a 7x7 x 16 one stays on one; a dense 1x1 of 0.5 MFLOP stays on one too."""
+    depthwise rows -12%), a 7x7 x 16 one stays on one, and at 16 threads the threshold is 4x; a dense 1x1 of
+    0.4 MFLOP stays on one thread."""
     from tilefuse.kernels import registry
     from tilefuse.kernels.conv.layout import nchwc_shape
 
@@ -379,5 +380,8 @@ def test_small_layer_rule_lets_depthwise_use_the_threads():
     dw = dict(algorithm="depthwise", prepared=("weight", "bias"), layout="nchwc")
     assert registry.threads_for("conv2d", views(576, 7, (36, 3, 3, 16)), dw, 2) == 2
     assert registry.threads_for("conv2d", views(16, 7, (1, 3, 3, 16)), dw, 2) == 1
+    # on many threads a region costs more (~16 us at 16): the threshold grows with the thread count
+    assert registry.threads_for("conv2d", views(576, 7, (36, 3, 3, 16)), dw, 16) == 1
+    assert registry.threads_for("conv2d", views(960, 14, (60, 3, 3, 16)), dw, 16) == 16
     dense = dict(algorithm="gemm1x1", prepared=("weight", "bias"), layout="nchwc")
     assert registry.threads_for("conv2d", views(64, 7, (64, 64)), dense, 2) == 1     # 2*49*4096 = 0.4 MFLOP

@@ -160,8 +160,8 @@ ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"} | 
 SMALL_BYTES = 64 << 10      # non-conv kernels touching less than this run on the calling thread
 SMALL_CONV_FLOPS = 2e6      # convs below this (~10 us on one core) too: the pool hand-off costs ~40 us
 # depthwise runs ~10x fewer FLOP/s than the dense convs (memory and latency bound: a 7x7 x 576 layer,
-# 0.5 MFLOP, took 23 us on one core) and its tasks are a numba region (a few us at 2 threads), so
-# only those below this stay on the calling thread
+# 0.5 MFLOP, took 23 us on one core) and its tasks are a numba region (a few us at 2 threads, ~16 us at
+# 16 on the device machine), so only those below this times max(1, threads / 4) stay on the calling thread
 SMALL_DW_FLOPS = 2.5e5
 
 
@@ -183,7 +183,8 @@ def threads_for(kernel: str, views, params: dict, threads):
         small = SMALL_CONV_FLOPS
         if params.get("algorithm") == "depthwise" and prepared:
             wsize = int(np.prod(shapes[1][1:]))    # (Ob, KH, KW, 16): one block's taps per position
-            small = SMALL_DW_FLOPS
+            from .threads import resolve_threads
+            small = SMALL_DW_FLOPS * max(1.0, resolve_threads(threads) / 4)
         if wsize and 2.0 * positions * wsize < small:
             return 1
         return threads
