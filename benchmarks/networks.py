@@ -30,7 +30,8 @@ core to them, benchmarks/quiesce.py); the table gives the median per engine. A r
 > 1 means tilefuse is faster. "rel err" is max|tilefuse - torch| / max|torch|. The trailing
 "regions" count where tilefuse's parallel task loops ran during the timed runs (warm-up included):
 on numba's pool at the session's width, narrowed to fewer threads, or on our Python pool
-(threads.region_plan: other processes' runnable threads decide).
+(threads.region_plan: other processes' runnable threads decide), and how many bound calls replayed
+their recorded task loops (threads.replaying).
 """
 from __future__ import annotations
 
@@ -186,7 +187,8 @@ def main() -> int:
         print(f"{name:<15} {batch:>5} {size:>4} {t_tf:>10.4f} {t_model:>10.4f} {t_ort:>8.4f} {t_torch:>9.4f} "
               f"{t_cl:>10.4f} {t_ort / t_tf:>7.2f} {t_torch / t_tf:>8.2f} {t_cl / t_tf:>6.2f} {err:>8.1e} "
               f"{first:>6.2f}   (compile {compiled.compile_seconds:.2f} s, load {os.getloadavg()[0]:.2f}, regions "
-              f"numba {rc['numba']} / narrowed {rc['narrowed']} / our pool {rc['pool']})", flush=True)
+              f"numba {rc['numba']} / narrowed {rc['narrowed']} / our pool {rc['pool']}, calls replayed "
+              f"{rc['replayed']})", flush=True)
         sess.release()
     return 0
 

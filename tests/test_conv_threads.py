@@ -283,5 +283,5 @@ def test_narrowed_region_runs_every_task_once_and_is_counted(monkeypatch):
         threads.numba_region(par, seq, 16, ntasks, done)
         assert (done == 1).all(), ntasks
     assert widths == [15, 15] and sets == [15], (widths, sets)
-    assert threads.region_counts(reset=True) == {"numba": 0, "narrowed": 2, "pool": 0, "serial": 1}
-    assert threads.region_counts() == {"numba": 0, "narrowed": 0, "pool": 0, "serial": 0}
+    assert threads.region_counts(reset=True) == {"numba": 0, "narrowed": 2, "pool": 0, "serial": 1, "replayed": 0}
+    assert threads.region_counts() == {"numba": 0, "narrowed": 0, "pool": 0, "serial": 0, "replayed": 0}

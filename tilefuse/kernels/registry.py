@@ -16,6 +16,7 @@ import numpy as np
 
 from . import dense, elementwise, pool
 from . import reference as ref
+from .threads import replaying
 
 
 def _conv2d(out, x, *args, stride, padding, dilation, groups, has_bias, has_residual, relu=False, act=None,
@@ -219,11 +220,19 @@ def _bind_conv2d(views, params):
     except ValueError:
         return None
 
-    def call(out, x, *args):
+    def run(out, x, *args):
         layer(out, x, dict(zip(keys, args[:nk])), args[nk] if has_res else None)
+    # replayable layers (front.BoundConv.replayable): from the second call on, the recorded task loops
+    # run again without the Python that derived their arguments (threads.replaying)
+    call = replaying(run) if layer.replayable else run
     call.__name__ = f"conv2d_{layer.algorithm}_{layer.form.replace('>', '_to_')}"
     call.layer = layer
     return call
+
+
+# kernels whose fast form does all its work in numba_region task loops (and whose other forms run no
+# such loop): bound calls are replayed from the second on (threads.replaying)
+REPLAYABLE = frozenset({"squeeze_excitation", "global_avg_pool", "linear"})
 
 
 def bind(kernel: str, views, params: dict):
@@ -231,6 +240,11 @@ def bind(kernel: str, views, params: dict):
     params = dict(params)
     if kernel in THREADED:
         params["threads"] = threads_for(kernel, views, params, params.get("threads"))
+    if kernel in REPLAYABLE:
+        fn, kw = KERNELS[kernel], params
+        call = replaying(lambda out, *ins: fn(out, *ins, **kw))
+        call.__name__ = kernel
+        return call, {}
     if kernel == "conv2d" and params.get("has_input_scale"):
         from .se_conv import bind as bind_input_scaled
         fast = bind_input_scaled(views, params)

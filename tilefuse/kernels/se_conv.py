@@ -29,7 +29,7 @@ from . import reference as ref
 from .broadcast import _code, apply_act_inplace
 from .conv._nb import mul16
 from .pool import next_block_task
-from .threads import blas_threads, numba_region, parallel_for, scratch
+from .threads import blas_threads, numba_region, parallel_for, replaying, scratch
 
 
 @njit(nogil=True, cache=True)
@@ -45,6 +45,18 @@ def scale_blocks(xs, x, sb, n, c0, c1):
         sc = (n * Cb + cb) * 16
         for p in range(P):
             mul16(xsf, base + 16 * p, xf, base + 16 * p, sf, sc)
+
+
+@njit(nogil=True, cache=True)
+def _pad_scale_seq(counter, tid, sb, s2):
+    """sb[:, :C] = s2 (N, C), sb[:, C:] = 0 (N, Cb*16): the scale with zeros past the channels, as a
+    one-task loop (threads.numba_region), so a replayed call (threads.replaying) refreshes it too."""
+    n, c = s2.shape
+    for i in range(n):
+        for j in range(c):
+            sb[i, j] = s2[i, j]
+        for j in range(c, sb.shape[1]):
+            sb[i, j] = 0.0
 
 
 @njit(nogil=True, cache=True)
@@ -92,8 +104,7 @@ def run_nchwc(out, x, prepared, s, res=None, *, relu=False, act=None, threads=No
     act = None if relu else act
     if not scales_weights(n, c, o, h * wd):
         sb = scratch("se_conv_sb", (n, cb * 16))
-        sb[:, c:] = 0.0
-        sb[:, :c] = s2
+        numba_region(None, _pad_scale_seq, 1, 1, sb, s2)     # one task, one thread: no parallel form
         xs = scratch("se_conv_xs", x.shape)
         x4, xs4 = x.reshape(n, cb, h * wd, 16), xs.reshape(n, cb, h * wd, 16)   # (N, Cb, H, W, 16) -> (N, Cb, H*W, 16)
         # the tasks of pool.mean_tasks (~64K values each), on a numba region: on our Python pool (one
@@ -124,9 +135,12 @@ def bind(views, params):
     prepared["kc"] = int(k1x1.reduction_length(prepared["weight"]))
     relu, act, threads = p.get("relu", False), p.get("act"), p.get("threads")
 
-    def call(out, x, *rest):
+    def run(out, x, *rest):
         res = rest[1 + has_b] if has_r else None
         run_nchwc(out, x, prepared, rest[-1], res, relu=relu, act=act, threads=threads)
+    # all of run_nchwc's work is in numba_region task loops (the scale's padding, the input scaling, the
+    # 1x1 with its weights scaled per task): replayed from the second call on (threads.replaying)
+    call = replaying(run)
     call.__name__ = "conv2d_input_scaled_nchwc"
     return call
 

@@ -18,13 +18,15 @@ identical results.
 """
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 from numba import njit
 
 from . import activations as A
 from . import reference as ref
+from .conv._nb import atomic_add
 from .pool import means_into
-from .threads import parallel_for, scratch
+from .threads import numba_region, scratch
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -52,6 +54,25 @@ def _fc_gate(s, m, w1, b1, w2, b2, i0, i1, c1, a1, e1, c2, a2, e2):
 IMAGES_PER_TASK = 4   # the FC part per task (fixed: the result never depends on the split)
 
 
+@njit(nogil=True, cache=True)
+def _fc_seq(counter, tid, s, m, w1, b1, w2, b2, c1, a1, e1, c2, a2, e2):
+    """One worker of the FC part (threads.numba_region): groups of IMAGES_PER_TASK images taken from
+    counter."""
+    n = s.shape[0]
+    while True:
+        i0 = atomic_add(counter, 0, 1) * IMAGES_PER_TASK
+        if i0 >= n:
+            break
+        _fc_gate(s, m, w1, b1, w2, b2, i0, min(i0 + IMAGES_PER_TASK, n), c1, a1, e1, c2, a2, e2)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _fc_par(nt, s, m, w1, b1, w2, b2, c1, a1, e1, c2, a2, e2):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _fc_seq(counter, nb.get_thread_id(), s, m, w1, b1, w2, b2, c1, a1, e1, c2, a2, e2)
+
+
 def squeeze_excitation(out, x, w1, b1, w2, b2, *, act, gate, layout="nchw", threads=None, **_):
     """out (N, C, 1, 1) NCHW = the SE scale of x (NCHW, or NCHW16c with layout="nchwc")."""
     n, c = out.shape[0], out.shape[1]
@@ -68,8 +89,8 @@ def squeeze_excitation(out, x, w1, b1, w2, b2, *, act, gate, layout="nchw", thre
     a1, e1, a2, e2 = (np.float32(v) for v in (a1, e1, a2, e2))
     w1m, w2m = w1.reshape(r, c), w2.reshape(c, r)          # (R, C, 1, 1) -> (R, C), (C, R, 1, 1) -> (C, R)
     s = out.reshape(n, c)                                    # (N, C, 1, 1) -> (N, C)
-    parallel_for(lambda i: _fc_gate(s, m, w1m, b1, w2m, b2, i, min(i + IMAGES_PER_TASK, n), c1, a1, e1, c2, a2, e2),
-                 range(0, n, IMAGES_PER_TASK), threads)
+    # both steps are numba_region task loops: a bound call can be replayed (threads.replaying)
+    numba_region(_fc_par, _fc_seq, threads, -(-n // IMAGES_PER_TASK), s, m, w1m, b1, w2m, b2, c1, a1, e1, c2, a2, e2)
 
 
 KERNELS = {"squeeze_excitation": squeeze_excitation}

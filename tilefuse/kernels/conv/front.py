@@ -45,12 +45,17 @@ def pad4(p):
 
 
 class BoundConv:
-    """One conv layer bound to its shapes, epilogue and thread count (from `bind`)."""
+    """One conv layer bound to its shapes, epilogue and thread count (from `bind`).
 
-    __slots__ = ("algorithm", "form", "threads", "info", "_run")
+    replayable: the runner does all its work in task loops started through threads.numba_region, with
+    arguments that depend only on the arrays passed and the bound parameters, so a recorded call
+    (threads.capture_regions) can be replayed on the same arrays (kernels/registry.py does)."""
 
-    def __init__(self, algorithm, form, threads, info, run):
+    __slots__ = ("algorithm", "form", "threads", "info", "_run", "replayable")
+
+    def __init__(self, algorithm, form, threads, info, run, replayable=False):
         self.algorithm, self.form, self.threads, self.info, self._run = algorithm, form, threads, info, run
+        self.replayable = replayable
 
     def __call__(self, out, x, prepared, residual=None) -> None:
         self._run(out, x, prepared, residual)
@@ -153,7 +158,8 @@ def bind(algorithm, x_shape, out_shape, prepared, *, stride, padding, dilation, 
     plan = lp.pop("plan")
     lp["activation"] = NAMES[act[0]]
     run = _runner(algorithm, form, use_stem, plan, act, t, stride, padding, dilation, groups)
-    return BoundConv(algorithm, form, t, lp, run)
+    # k1x1, direct, Winograd (NCHW16c) and the stem kernel: argument derivation, then numba_region only
+    return BoundConv(algorithm, form, t, lp, run, replayable=form == "nchwc" or use_stem)
 
 
 def _bind_grouped(algorithm, form, x_shape, out_shape, shapes, stride, padding, dilation, groups, has_residual,
@@ -213,9 +219,11 @@ def _bind_grouped(algorithm, form, x_shape, out_shape, shapes, stride, padding, 
     lp["activation"] = NAMES[act[0]]
     mod = depthwise if algorithm == "depthwise" else grouped
     f = mod.run_nchwc if blocked else mod.run
+    # depthwise NCHW16c: numba_region only (its gather form, a channel multiplier > 1, runs parallel_for,
+    # which a recording marks as not replayable)
     return BoundConv(algorithm, form, t, lp,
                      lambda o, x, p, r: f(o, x, p, r, stride=stride, padding=padding, dilation=dilation, act=act,
-                                          threads=t))
+                                          threads=t), replayable=blocked and algorithm == "depthwise")
 
 
 def _runner(algorithm, form, use_stem, plan, act, t, stride, padding, dilation, groups):

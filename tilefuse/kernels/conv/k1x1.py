@@ -411,6 +411,8 @@ def _k1x1_scaled_seq(counter, tid, tasks, of, xf, wk, sc, scr, done, bias, rf, h
     wf = w.reshape(w.size)
     wkf = wk.reshape(wk.size)
     cip = wk.shape[1]
+    for p in range(done.shape[1]):      # this thread's flags (its row only: no other worker touches it)
+        done[tid, p] = 0
     while True:
         i = atomic_add(counter, 0, 1)
         if i >= tasks.shape[0]:
@@ -513,10 +515,12 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     sc = np.asarray(input_scale, np.float32).reshape(-1)
     if sc.shape[0] < kc:
         raise ValueError(f"gemm1x1 (NCHWc): input scale has {sc.shape[0]} channels, the weights use {kc}")
-    # one scaled-weights scratch row per thread of the region (thread ids range over numba's pool)
+    # one scaled-weights scratch row per thread of the region (thread ids range over numba's pool); the
+    # flags are scratch too, each worker clearing its own row first (a call's task loop can be replayed:
+    # threads.replaying)
     nrows = numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1
     scr = scratch("k1x1_scaled_w", (nrows,) + wp.shape)
-    done = np.zeros((nrows, op), np.uint8)
+    done = scratch("k1x1_scaled_done", (nrows, op), np.uint8)
     numba_region(_k1x1_scaled_par, _k1x1_scaled_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1),
                  wp, sc, scr, done, bias, rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1],
                  qo, PF_BLOCKS, pfo, kc)
