@@ -6,7 +6,8 @@
 Each variant is NAME:STATEMENTS (Python, `;`-separated, run with the conv kernel modules k1x1, direct,
 depthwise, winograd and stem and kernels/threads.py as `threads` in scope) that set module-level switches the kernels read at call time.
 The network is compiled once; the rounds alternate the variants (order reversed every other round so
-neither always runs first), each round running `--runs` computes with per-instruction timings
+neither always runs first; the bound layers' replays (threads.replaying) are off, so every call reads
+the switches), each round running `--runs` computes with per-instruction timings
 (`Session.compute(timings=)`). Printed: each variant's median wall time and median kernel sum, and every
 layer whose median differs by more than 8% from the first variant's (ratio > 1: slower). This machine's
 speed drifts by more than most kernel changes between runs minutes apart; within a round the variants
@@ -38,6 +39,7 @@ def main() -> int:
     from tilefuse import models
     from tilefuse.kernels.conv import depthwise, direct, k1x1, stem, winograd
     from tilefuse.kernels import threads
+    threads.REPLAY = False      # every call takes the full path: the variants' switches are read at call time
     scope = {"threads": threads, "k1x1": k1x1, "direct": direct, "depthwise": depthwise, "winograd": winograd, "stem": stem}
     variants = []
     for v in args.variants:

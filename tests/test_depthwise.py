@@ -235,6 +235,9 @@ def test_depthwise_tasks_split_large_maps_and_group_small_ones():
     # more threads: smaller tasks (never below planner.DW_TASK_MIN_VFMAS), so 16 cores get work at batch 1
     assert len(depthwise.plan_tasks(1, 6, 56, 56, 9, 16)) > len(depthwise.plan_tasks(1, 6, 56, 56, 9, 1))
     assert depthwise.use_padded(7, 7) and depthwise.use_padded(28, 28) and not depthwise.use_padded(56, 56)
+    # 3x3 at stride 2: the band copy (four input values per output) only pays at 7x7 outputs; 5x5 keeps it
+    assert depthwise.use_padded(7, 7, 3, 2) and not depthwise.use_padded(14, 14, 3, 2)
+    assert not depthwise.use_padded(28, 28, 3, 2) and depthwise.use_padded(28, 28, 5, 2)
 
 
 def test_depthwise_rejects_mismatched_blocks():

@@ -383,6 +383,12 @@ def replay_regions(calls) -> None:
         numba_region(par, seq, threads, ntasks, *args)
 
 
+# replaying() on or off: TILEFUSE_REPLAY=0 (read at import) or threads.REPLAY = False turns every bound
+# call back into the full path, e.g. for A/B runs that flip module-level kernel switches between calls
+# (benchmarks/net_ab.py), which a replayed call would not see
+REPLAY = os.environ.get("TILEFUSE_REPLAY", "1").strip() not in ("0", "false", "no", "off")
+
+
 def replaying(run):
     """fn(*operands) = run(*operands), from its second call on replayed (`replay_regions`) while the
     operands are the same objects as when it was recorded (`capture_regions`). For a kernel whose
@@ -400,6 +406,9 @@ def replaying(run):
     is_ = operator.is_
 
     def fn(*operands):
+        if not REPLAY:
+            run(*operands)
+            return
         rec = state[1]
         if rec is not None:
             if len(operands) == len(state[0]) and all(map(is_, operands, state[0])):

@@ -528,7 +528,7 @@ def _call_plan(n, cb, h, w, ob, ho, wo, kh, kw, stride, pt, pl, dilation, thread
     geo = np.array([cb, h, w, ob, ho, wo, kh, kw, sh, sw, dh, dw, pt, pl], np.int64)
     tasks = plan_tasks(n, ob, ho, wo, kh * kw, threads)
     table = np.array(tasks, np.int64).reshape(-1, 5)
-    padded = (forced if forced is not None else use_padded(ho, wo)) and not gather
+    padded = (forced if forced is not None else use_padded(ho, wo, kw, sw)) and not gather
     wp = (wo - 1) * sw + (kw - 1) * dw + 1
     band_rows = max(t[4] - t[3] for t in tasks) * sh + (kh - 1) * dh if padded else 0
     return geo, table, bool(padded), max(1, band_rows * wp * LANES)
