@@ -27,6 +27,7 @@ import math
 import operator
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -221,7 +222,6 @@ def _others_running(samples: int = 5) -> int:
     """Runnable threads of other processes (`_others_now`): the least of a few samples 2 ms apart,
     so a moment's burst (this process's own threads excluded, e.g. a BLAS pool still spinning
     after a call) does not set the wait policy for the whole life of the process."""
-    import time
     seen = []
     for i in range(samples):
         if i:
@@ -266,10 +266,20 @@ def numba_layer() -> str:
     return _NUMBA["layer"]
 
 
+_WIDTHS: dict = {}    # int threads -> min(threads, NUMBA_NUM_THREADS) (~0.5 us a region to derive)
+
+
 def region_threads(threads, ntasks: int) -> int:
     """Threads a numba parallel region of `ntasks` tasks runs on: min(threads (None: all cores),
     ntasks, NUMBA_NUM_THREADS); 1 inside one of our pool's workers."""
-    return min(_width(threads, ntasks), numba_max_threads())
+    if _LOCAL.worker:
+        return 1
+    w = _WIDTHS.get(threads) if type(threads) is int else None
+    if w is None:
+        w = min(resolve_threads(threads), numba_max_threads())
+        if type(threads) is int:
+            _WIDTHS[threads] = w
+    return min(w, ntasks)
 
 
 def _others_now() -> int:
@@ -315,7 +325,6 @@ def region_plan(nt: int) -> tuple[str, int]:
     The second case is for large machines: at 16 threads on 16 cores, one runnable thread of any
     other process used to put every region on our pool, which costs ~0.4 ms a region there
     (`benchmarks/scaling.py`'s "python pool us" at 16 threads on the device machine)."""
-    import time
     mode = _NUMBA.get("mode")
     if mode is None:
         want = os.environ.get("TILEFUSE_REGIONS", "").strip().lower()
