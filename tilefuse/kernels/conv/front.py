@@ -219,11 +219,12 @@ def _bind_grouped(algorithm, form, x_shape, out_shape, shapes, stride, padding, 
     lp["activation"] = NAMES[act[0]]
     mod = depthwise if algorithm == "depthwise" else grouped
     f = mod.run_nchwc if blocked else mod.run
-    # depthwise NCHW16c: numba_region only (its gather form, a channel multiplier > 1, runs parallel_for,
-    # which a recording marks as not replayable)
+    # NCHW16c depthwise and grouped (lanes form): numba_region only. Their other forms (depthwise's gather
+    # for a channel multiplier > 1, grouped's tiles) run parallel_for, which a recording marks as not
+    # replayable (threads.replaying)
     return BoundConv(algorithm, form, t, lp,
                      lambda o, x, p, r: f(o, x, p, r, stride=stride, padding=padding, dilation=dilation, act=act,
-                                          threads=t), replayable=blocked and algorithm == "depthwise")
+                                          threads=t), replayable=blocked)
 
 
 def _runner(algorithm, form, use_stem, plan, act, t, stride, padding, dilation, groups):
