@@ -137,13 +137,24 @@ def profile(compiled, threads: int | None = None, repeat: int = 10, peak_core: f
             sess.compute(in_addrs, out_addrs)
             totals.append(time.perf_counter() - t0)
         sess.free_io((in_addrs, out_addrs))
+        chains = sess.chains()
     finally:
         sess.release()
+    # a fused chain (kernels/conv/chain.py) runs at its first instruction: that row holds the chain's time
+    # and FLOPs, the others say where they went
+    into = {j: i for i, (covers, _) in chains.items() for j in covers[1:]}
     rows = []
     for r in plan.rows:
-        rows.append({"index": r["index"], "kernel": r["kernel"], "algorithm": r["algorithm"], "layout": r["layout"],
-                     "partitioning": r["partitioning"], "tasks": r.get("tasks"), "output_shape": r["output_shape"],
-                     "flops": r["flops"], "seconds": min(p[r["index"]] for p in per)})
+        row = {"index": r["index"], "kernel": r["kernel"], "algorithm": r["algorithm"], "layout": r["layout"],
+               "partitioning": r["partitioning"], "tasks": r.get("tasks"), "output_shape": r["output_shape"],
+               "flops": r["flops"], "seconds": min(p[r["index"]] for p in per)}
+        if r["index"] in chains:
+            covers, d = chains[r["index"]]
+            row.update(algorithm="chain", partitioning=d["partitioning"], tasks=d["tasks"],
+                       flops=sum(plan.rows[j]["flops"] for j in covers))
+        elif r["index"] in into:
+            row.update(algorithm="fused", partitioning=f"in chain #{into[r['index']]}", tasks=None, flops=0)
+        rows.append(row)
     pk = peak_core if peak_core is not None else measure_peak()
     return Profile(name or compiled.package.name, rows, min(totals), t, pk, dict(plan.target or info()),
                    between_seconds=float(np.median(between)))

@@ -255,3 +255,26 @@ def bind(kernel: str, views, params: dict):
         if fast is not None:
             return fast, {}
     return KERNELS[kernel], params
+
+
+def bind_chains(program, views, threads) -> dict:
+    """{instruction index: fn} for the fused conv chains of a program (kernels/conv/chain.py): the
+    chain's first instruction runs the whole chain (a replayed call, threads.replaying), the others
+    are no-ops (`fn.fused_into` names the first). views[i]: instruction i's operand views (None: not
+    to be fused)."""
+    from .conv.chain import find_chains
+    from .threads import resolve_threads
+    bound = {}
+    for head, (chain, idx) in find_chains(program, views, resolve_threads(threads)).items():
+        call = replaying(chain)
+        call.__name__ = "conv_chain"
+        call.chain = chain
+        call.covers = tuple(idx)
+        bound[head] = call
+        for j in idx[1:]:
+            def noop(out, *ins):
+                pass
+            noop.__name__ = "fused"
+            noop.fused_into = head
+            bound[j] = noop
+    return bound

@@ -46,7 +46,7 @@ from ..compiler.package import DataPackage, validate_package
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
 from ..errors import DeviceError
 from ..ir.node import check_inputs
-from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel  # noqa: F401
+from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel, bind_chains  # noqa: F401
 from ..kernels.threads import Scratch, aligned_empty, use_scratch
 from .device import CPUDevice
 from .stages import PipelineStats, run_pipeline
@@ -198,6 +198,17 @@ class Session:
             return [dev.view(resolve(dev, ctx.record, op), op.dtype, op.shape) if op.mode == DIRECT else op
                     for op in ins.operands]
         prog, i = self._program, 0
+        # operand views of every instruction outside stream regions; fused conv chains over them
+        # (kernels/registry.bind_chains: an inverted-residual block's three convs as one call)
+        all_views: list = [None] * len(prog)
+        while i < len(prog):
+            if prog[i].kernel == "stream":
+                i += region_length(prog, i)
+                continue
+            all_views[i] = views_of(prog[i])
+            i += 1
+        chains = bind_chains(prog, all_views, self.threads)
+        i = 0
         while i < len(prog):
             ins = prog[i]
             if ins.kernel == "stream":
@@ -205,8 +216,11 @@ class Session:
                 ctx.bound.append(bind_region(prog, i, [views_of(x) for x in prog[i:i + n]], self.threads))
                 i += n
                 continue
+            views = all_views[i]
             i += 1
-            views = views_of(ins)
+            if i - 1 in chains:
+                ctx.bound.append((chains[i - 1], views, {}, ins))
+                continue
             params = dict(ins.params)
             if ins.kernel in THREADED:
                 params["threads"] = self.threads
@@ -216,6 +230,14 @@ class Session:
             ctx.bound.append((fn, views, params, ins))
         self._contexts.append(ctx)
         return ctx
+
+    def chains(self) -> dict:
+        """The fused conv chains the session bound (kernels/conv/chain.py): {first instruction index:
+        (indices the chain covers, its describe())}; empty before copy_constants or when none applies."""
+        if not self._contexts:
+            return {}
+        return {i: (fn.covers, fn.chain.describe()) for i, (fn, _, _, _) in enumerate(self._contexts[0].bound)
+                if getattr(fn, "covers", None)}
 
     def _acquire(self) -> _Context:
         if self._const is None:

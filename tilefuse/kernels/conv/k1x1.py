@@ -93,7 +93,7 @@ def _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
     """The micro-kernel of the host's vector width (tiles.NARROW, tiles.ASM_AVX2: compile-time constants)."""
     if ASM_512 and (pfo & 16) and sh == 1 and sw == 1:   # stride 1 on AVX-512: the assembly strip (STRIPS)
         _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo,
-                     kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR))
+                     kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR), HWo, 0)
     elif ASM_AVX2:
         _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                    sw, q_outer, pfd, pfo, kc)
@@ -141,7 +141,7 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
 
 @njit(nogil=True, cache=True)
 def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo, kc,
-                 group):
+                 group, HWi, xsh):
     """`_k1x1_avx2` for a stride-1 layer on the assembly strip (`_nb.strip16`): the task's positions
     in groups, each group's blocks one after the other, a block's positions of one image in one strip
     call (whole 6-position tiles, then one call for the rest), stored (bias, residual, identity / ReLU /
@@ -155,13 +155,16 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     with the last slice. The bits are the tile's (the same FMA chain, then + bias, + residual, the
     activation as store16). On AVX-512 hosts (tiles.ASM_512) the strip is `_nb.strip512`: SR = 14
     positions x SU = 2 blocks a tile (one block for an odd last one), and a tile never crosses an
-    image's end (the image's last positions are a partial tile)."""
+    image's end (the image's last positions are a partial tile).
+    HWi: positions per input channel block (HWo for a layer; a row band's for the fused chains of
+    kernels/conv/chain.py); xsh: output position j of an image reads input position j + xsh."""
     pp = stack_i64(17)
     prm = nb.carray(pp, 17)
     ab = nb.carray(stack_f32(2), 2)
     ab[0] = alpha
     ab[1] = beta
     cs = HWo * 16
+    ci_s = HWi * 16       # input channel block stride
     u0 = 2 * p0
     nu = min(2 * p1, Ob) - u0
     ncb = (kc + 15) // 16
@@ -176,7 +179,7 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     nkb = (kc + kb - 1) // kb if kc > 0 else 1
     if nkb > 1 and q_outer:
         group = max(SR, STRIP_GROUP_BYTES // (4 * kb) // SR * SR)
-    prm[2] = cs * 4
+    prm[2] = ci_s * 4     # input chunk stride
     prm[16] = cs * 4      # output block g + 1 (strip512's second block): HWo * 16 floats on
     prm[5] = wp.shape[2] * 4
     prm[10] = code
@@ -193,7 +196,7 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     else:
         table = np.empty(ncb, np.int64)
     for cb in range(ncb):
-        table[cb] = cb * cs * 4
+        table[cb] = cb * ci_s * 4
     xoff = nb.carray(stack_i64(6), 6)
     ooff = nb.carray(stack_i64(6), 6)
     tp[7] = ncb
@@ -213,7 +216,7 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
             prm[14] = 1 if ks > 0 else 0
             fin = ks == nkb - 1
             prm[15] = 1 if fin else 0
-            xk = (k0 // 16) * cs
+            xk = (k0 // 16) * ci_s
             for g in range(u0, u0 + nu, SU):
                 nbk = min(SU, u0 + nu - g)     # blocks in this strip (2 on AVX-512 but an odd last block)
                 p = g // 2
@@ -241,7 +244,7 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                     nt = (end - j) // SR
                     if nt > 0:   # the image's whole tiles
                         oo = ((n * Ob + g) * HWo + jj) * 16
-                        prm[0] = address(xf, (n * Cb * HWo + jj) * 16 + xk)
+                        prm[0] = address(xf, (n * Cb * HWi + jj + xsh) * 16 + xk)
                         prm[6] = address(of, oo)
                         prm[7] = nt
                         prm[9] = address(rf, oo) if has_res and fin else 0
@@ -260,7 +263,7 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                             pos = j + r
                             nr = pos // HWo
                             jr = pos - nr * HWo
-                            xoff[r] = (nr * Cb * HWo + jr) * 16
+                            xoff[r] = (nr * Cb * HWi + jr + xsh) * 16
                             ooff[r] = ((nr * Ob + g) * HWo + jr) * 16
                         tp[0] = address(xf, xoff[0])
                         for r in range(1, 6):
@@ -273,7 +276,7 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                     else:        # the image's (or group's) last positions
                         jj = j - n * HWo
                         oo = ((n * Ob + g) * HWo + jj) * 16
-                        prm[0] = address(xf, (n * Cb * HWo + jj) * 16 + xk)
+                        prm[0] = address(xf, (n * Cb * HWi + jj + xsh) * 16 + xk)
                         prm[6] = address(of, oo)
                         prm[7] = 1
                         prm[9] = address(rf, oo) if has_res and fin else 0
@@ -295,7 +298,7 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
     bytes) and stores it (epilogue.store_rows' forms)."""
     if (pfo & 16) and sh == 1 and sw == 1 and code <= 2:   # stride 1: the assembly strip (STRIPS)
         _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo,
-                     kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR))
+                     kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR), HWo, 0)
         return
     acc = nb.carray(stack_f32(96), (6, 16))
     pp = stack_i64(13)   # the tile's parameter block (_nb.tile16)
