@@ -199,3 +199,31 @@ def test_an_intermediate_with_another_reader_is_not_fused():
     y2 = s2.run(x)
     assert s2.chains() == {}, "the depthwise output has a second reader: it must be written"
     assert np.array_equal(y1, y2[0])
+
+
+@pytest.mark.parametrize("threads", [2, 4, 8, 16])
+def test_chains_give_every_thread_a_band_and_bound_the_recomputed_halo(threads):
+    """Batch 1 on many threads needs thin bands, and thin bands expand their halo rows again: a chain is
+    bound only where every thread gets a band and at most MAX_HALO of the expansion is computed twice
+    (MobileNetV2 at 16 threads: the two 112-row blocks; the stride-1 56- and 28-row ones run as layers)."""
+    net = models.get("mobilenet_v2", seed=0, batch=1, image_size=224)
+    sess = tilefuse.Session(tilefuse.compile(net, threads=threads), threads=threads)
+    sess.copy_constants()
+    chains = sess.chains()
+    assert chains
+    prog = sess.package.program()
+    for head, (covers, d) in chains.items():
+        assert d["tasks"] >= threads
+        dw = prog[covers[-2]]
+        if len(covers) == 3:
+            p, (_, _, h, _, _) = dw.params, dw.inputs[0].shape
+            c = sess._contexts[0].bound[head][0].chain
+            kh = c.geo[6]
+            assert chain.halo_share(c.tasks, h, kh, p["stride"][0], p["dilation"][0], p["padding"][0]) <= \
+                chain.MAX_HALO
+    sess.release()
+    if threads == 16:
+        two = tilefuse.Session(tilefuse.compile(net, threads=2), threads=2)
+        two.copy_constants()
+        assert len(chains) < len(two.chains())
+        two.release()

@@ -356,3 +356,23 @@ def test_flops_of_new_ops():
     net.output(net.silu(y))
     assert flops(net.ops[0]) == 2 * (4 * 8 * 8) * (3 * 2 * 2)    # every input pixel x every tap
     assert flops(net.ops[1]) == 5 * 3 * 16 * 16
+
+
+@pytest.mark.parametrize("keepdim", [True, False])
+def test_mean_over_hw_compiles_to_the_blocked_pool(keepdim):
+    """x.mean((2, 3)) (ShuffleNetV2, MNASNet) and x.mean((2, 3), keepdim=True): canonicalized to
+    global_avg_pool (+ flatten without keepdim), which reads the conv's NCHW16c output without a
+    conversion; the result is the mean's."""
+    import tilefuse
+    x = rnd((2, 24, 9, 7))
+    w = rnd((40, 24, 1, 1), seed=1)
+    net = Network("m")
+    xi = net.input("x", x.shape)
+    net.output(net.mean(net.conv2d(xi, w), (3, 2), keepdim))
+    compiled = tilefuse.compile(net, threads=2)
+    ops = [o.op for o in compiled.network.ops]
+    assert "mean" not in ops and "global_avg_pool" in ops and ("flatten" in ops) != keepdim
+    assert "from_nchwc" not in [i.kernel for i in compiled.package.program()][:-1]
+    got = compiled.run(x)
+    want = torch.mean(F.conv2d(t64(x), t64(w)), dim=(2, 3), keepdim=keepdim)
+    check(got, want)

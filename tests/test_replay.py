@@ -37,9 +37,10 @@ def _fresh(net, x, threads):
 # efficientnet_b0 at 64 x 64: the squeeze-excitation 1x1s scale the weights per task (8x8 maps: few output
 # channels for their positions) and the input (2x2 and 4x4 maps), with the depthwise, k1x1 and stem kernels;
 # resnet18: the direct, Winograd, max pool and classifier paths; mobilenet_v2: depthwise with ReLU6 and
-# residuals; regnet_y_400mf: grouped convs (lanes form). 1 and 2 threads (the region widths differ; the
+# residuals; regnet_y_400mf: grouped convs (lanes form); shufflenet_v2: the layout conversions around its
+# channel shuffles. 1 and 2 threads (the region widths differ; the
 # bits do not).
-@pytest.mark.parametrize("name", ["efficientnet_b0", "resnet18", "mobilenet_v2", "regnet_y_400mf"])
+@pytest.mark.parametrize("name", ["efficientnet_b0", "resnet18", "mobilenet_v2", "regnet_y_400mf", "shufflenet_v2"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_replayed_runs_equal_fresh_sessions(name, threads):
     net = models.get(name, seed=0, batch=1, image_size=64)

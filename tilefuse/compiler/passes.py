@@ -244,7 +244,7 @@ def _bypass(net: Network, op: OpNode, src: DataNode) -> bool:
 
 def canonicalize(net: Network) -> PassResult:
     """One form per computation, so later passes and kernels see the fast op:
-    mean over (H, W) with keepdim -> global_avg_pool; adaptive_avg_pool to 1x1 -> global_avg_pool,
+    mean over (H, W) with keepdim -> global_avg_pool, without -> global_avg_pool + flatten; adaptive_avg_pool to 1x1 -> global_avg_pool,
     to the input size -> nothing, to a divisor of it -> avg_pool; permute by the identity and
     reshape to the same shape -> nothing; reshape (N, ...) -> (N, prod) -> flatten; activation
     relu -> relu."""
@@ -253,9 +253,15 @@ def canonicalize(net: Network) -> PassResult:
     for op in list(net.ops):
         x, out, p = op.inputs[0], op.outputs[0], op.params
         new = None
-        if op.op == "mean" and len(x.shape) == 4 and p["keepdim"] and \
-                tuple(a % 4 for a in p["axes"]) in ((2, 3), (3, 2)):
-            new = ("global_avg_pool", {})
+        if op.op == "mean" and len(x.shape) == 4 and tuple(a % 4 for a in p["axes"]) in ((2, 3), (3, 2)):
+            if p["keepdim"]:
+                new = ("global_avg_pool", {})
+            else:   # x.mean((2, 3)) (ShuffleNetV2, MNASNet): the blocked pool, then (N, C, 1, 1) -> (N, C)
+                _drop(net, op)
+                g = _make_op(net, "global_avg_pool", [x], {}, net._fresh(op.name + ".pool"))
+                _make_op(net, "flatten", [g.outputs[0]], {"start_dim": 1}, op.name, out)
+                n += 1
+                continue
         elif op.op == "adaptive_avg_pool":
             (h, w), (oh, ow) = x.shape[2:], p["output_size"]
             if (oh, ow) == (h, w):

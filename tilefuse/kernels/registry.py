@@ -233,6 +233,8 @@ def _bind_conv2d(views, params):
 # kernels whose fast form does all its work in numba_region task loops (and whose other forms run no
 # such loop): bound calls are replayed from the second on (threads.replaying)
 REPLAYABLE = frozenset({"squeeze_excitation", "global_avg_pool", "linear"})
+# the layout conversions: one numba_region loop on contiguous float32 operands (else a copy comes first)
+CONVERSIONS = frozenset({"to_nchwc", "from_nchwc"})
 
 
 def bind(kernel: str, views, params: dict):
@@ -240,7 +242,8 @@ def bind(kernel: str, views, params: dict):
     params = dict(params)
     if kernel in THREADED:
         params["threads"] = threads_for(kernel, views, params, params.get("threads"))
-    if kernel in REPLAYABLE:
+    if kernel in REPLAYABLE or (kernel in CONVERSIONS and all(
+            isinstance(v, np.ndarray) and v.flags.c_contiguous and v.dtype == np.float32 for v in views)):
         fn, kw = KERNELS[kernel], params
         call = replaying(lambda out, *ins: fn(out, *ins, **kw))
         call.__name__ = kernel

@@ -45,7 +45,7 @@ from tilefuse.kernels.activations import apply_span
 from tilefuse.kernels.conv._nb import atomic_add, stack_i64
 from tilefuse.kernels.conv import depthwise
 from tilefuse.kernels.conv.depthwise import _dw_task
-from tilefuse.kernels.conv.epilogue import EMPTY1, resolve_act
+from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, resolve_act
 from tilefuse.kernels.conv.k1x1 import (PF_INPUT_SWEEPS, PF_OUT, PF_WEIGHTS, SR, STRIP_GROUP_BYTES, STRIP_K,
                                         _k1x1_strips, reduction_length)
 from tilefuse.kernels.conv.planner import cache_sizes
@@ -58,6 +58,7 @@ AVAILABLE = ASM_512 or ASM_AVX2          # the 1x1 parts run the assembly strip
 # image) stays in L2 between the layers anyway, and a band's recomputed halo rows then cost more than the
 # region launches the chain saves
 MIN_WIDE_BYTES = 128 << 10
+MAX_HALO = 0.35        # at most this share of the expansion's rows computed twice (the bands' halos)
 D_BYTES = 64 << 10      # the depthwise rows projected at a time (D): at most this many bytes, at least a row
 E_SHARE = 0.5           # a band's expanded rows (E): at most this share of L2
 PFO = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | 16 | (min(255, STRIP_K // 16) << 8)
@@ -78,12 +79,20 @@ def _pointwise(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, HWo, Cb, Ob,
     """One 1x1 over positions [q0, q1) of a plane of HWo positions (image 0 of `of`), every output
     block, reading input position j + xsh of planes of HWi positions; act as k1x1._k1x1 applies it
     (identity / ReLU / clip in the strip's stores, the others in one pass over the stored rows)."""
-    _k1x1_strips(of, xf, wp, bias, rf, has_res, code if code <= 2 else 0, al, be, q0, q1, 0, wp.shape[0], HWo, Cb, Ob,
-                 False, PFO, kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR), HWi, xsh)
-    if code > 2:
+    group = max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR)
+    if code <= 2:
+        _k1x1_strips(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, 0, wp.shape[0], HWo, Cb, Ob, False, PFO, kc,
+                     group, HWi, xsh)
+        return
+    # the other activations in chunks of ACT_CHUNK output floats, each activated while in L1 (as k1x1._k1x1)
+    step = max(SR, ACT_CHUNK // (Ob * 16))
+    for c0 in range(q0, q1, step):
+        c1 = min(q1, c0 + step)
+        _k1x1_strips(of, xf, wp, bias, rf, has_res, 0, al, be, c0, c1, 0, wp.shape[0], HWo, Cb, Ob, False, PFO, kc,
+                     group, HWi, xsh)
         for b in range(Ob):
             d = b * HWo * 16
-            apply_span(of, d + q0 * 16, d + q1 * 16, code, al, be)
+            apply_span(of, d + c0 * 16, d + c1 * 16, code, al, be)
 
 
 @njit(nogil=True, cache=True)
@@ -157,14 +166,16 @@ def _chain_par(nt, tasks, of, xf, rf, has_res, E, D, sp, padded, geo, has_e, we,
 
 def plan_bands(n, ce, h, w, ho, wo, kh, sh, dh, threads, budget=None):
     """Output rows per band: the most whose expanded input rows (E) fit `budget` bytes (default E_SHARE
-    of L2), at most ceil(Ho / 2), and then fewer while the batch's bands do not split evenly over the
-    threads (a count that is a multiple of the thread count, or at least 4 per thread); equal bands.
-    Returns the task table (T, 3) int64: (image, oh0, oh1)."""
+    of L2), at most ceil(Ho / 2) and few enough for a band per thread (a batch-1 layer on 16 threads:
+    Ho / 16 rows), then fewer while the batch's bands do not split evenly over the threads (a count that
+    is a multiple of the thread count, or at least 4 per thread); equal bands. Returns the task table
+    (T, 3) int64: (image, oh0, oh1)."""
     budget = budget or int(cache_sizes().l2 * E_SHARE)
     row_e = ce * w * 64
     rows = max(1, -(-ho // 2))
     while rows > 1 and ((rows - 1) * sh + (kh - 1) * dh + 1) * row_e > budget:
         rows -= 1
+    rows = max(1, min(rows, ho // -(-threads // n)))
     best = rows
     while rows > 1:
         bands = n * -(-ho // rows)
@@ -176,6 +187,15 @@ def plan_bands(n, ce, h, w, ho, wo, kh, sh, dh, threads, budget=None):
     t = np.array([(i, r, min(r + rows, ho)) for i in range(n) for r in range(0, ho, rows)], np.int64).reshape(-1, 3)
     t.flags.writeable = False
     return t
+
+
+def halo_share(tasks, h, kh, sh, dh, pt) -> float:
+    """The share of the expansion's rows a chain with these bands computes twice: the E rows of all bands
+    over the input's rows, minus 1 (0 when the bands need no input row twice)."""
+    lo = np.maximum(0, tasks[:, 1] * sh - pt)
+    hi = np.minimum(h, (tasks[:, 2] - 1) * sh - pt + (kh - 1) * dh + 1)
+    images = len(set(tasks[:, 0].tolist()))
+    return float((hi - lo).sum()) / (images * h) - 1.0
 
 
 class BoundChain:
@@ -292,6 +312,14 @@ def find_chains(program, views, threads) -> dict:
         wide = views[i][0]
         if wide.nbytes // wide.shape[0] < MIN_WIDE_BYTES:
             continue
+        if take_e:   # bands thin enough for every thread expand many rows twice: the layers are cheaper
+            p = ins.params
+            kh = views[i][1].shape[1]
+            n, _, h, w, _ = wide.shape
+            t = plan_bands(n, wide.shape[1], h, w, views[i][-1].shape[2], views[i][-1].shape[3], kh,
+                           p["stride"][0], p["dilation"][0], threads)
+            if halo_share(t, h, kh, p["stride"][0], p["dilation"][0], p["padding"][0]) > MAX_HALO:
+                continue
         x = vs[0][0]
         out = vs[-1][-1]
         eparams, eprep, _ = _parts(pre, views[i - 1]) if take_e else (None, None, None)
