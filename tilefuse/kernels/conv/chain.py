@@ -34,7 +34,6 @@ TILEFUSE_CHAINS=0 turns it off.
 """
 from __future__ import annotations
 
-import math
 import os
 
 import numba as nb
@@ -236,7 +235,6 @@ class BoundChain:
         self.p = part(project)
         code, al, be = resolve_act(dwp.get("relu", False), dwp.get("act"), "chain")
         self.d = (dwv["weight"].reshape(-1), dwv["bias"], code, al, be)
-        self.names = ("expand" if expand else None, "depthwise", "project" if project else None)
 
     def __call__(self, *_):
         nrows = numba_max_threads() if region_threads(self.threads, len(self.tasks)) > 1 else 1
@@ -312,14 +310,6 @@ def find_chains(program, views, threads) -> dict:
         wide = views[i][0]
         if wide.nbytes // wide.shape[0] < MIN_WIDE_BYTES:
             continue
-        if take_e:   # bands thin enough for every thread expand many rows twice: the layers are cheaper
-            p = ins.params
-            kh = views[i][1].shape[1]
-            n, _, h, w, _ = wide.shape
-            t = plan_bands(n, wide.shape[1], h, w, views[i][-1].shape[2], views[i][-1].shape[3], kh,
-                           p["stride"][0], p["dilation"][0], threads)
-            if halo_share(t, h, kh, p["stride"][0], p["dilation"][0], p["padding"][0]) > MAX_HALO:
-                continue
         x = vs[0][0]
         out = vs[-1][-1]
         eparams, eprep, _ = _parts(pre, views[i - 1]) if take_e else (None, None, None)
@@ -329,5 +319,8 @@ def find_chains(program, views, threads) -> dict:
             continue
         chain = BoundChain(x, out, res, (eparams, eprep) if take_e else None, (dparams, dprep),
                            (pparams, pprep) if take_p else None, threads)
+        g = chain.geo   # bands thin enough for every thread expand many rows twice: the layers are cheaper
+        if take_e and halo_share(chain.tasks, g[1], g[6], g[8], g[10], g[12]) > MAX_HALO:
+            continue
         found[idx[0]] = (chain, idx)
     return found
