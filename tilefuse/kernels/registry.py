@@ -281,3 +281,64 @@ def bind_chains(program, views, threads) -> dict:
             noop.fused_into = head
             bound[j] = noop
     return bound
+
+
+# the squeeze-excitation means from the depthwise conv's epilogue (bind_se_sums); TILEFUSE_SE_SUMS=0 turns
+# it off (the squeeze-excitation reads the depthwise output again: the same bits)
+SE_SUMS = __import__("os").environ.get("TILEFUSE_SE_SUMS", "1").strip() != "0"
+
+
+def bind_se_sums(program, views, threads, taken=()) -> dict:
+    """{instruction index: fn} for the depthwise -> squeeze-excitation pairs of a program (EfficientNet's and
+    MobileNetV3's blocks): the NCHW16c depthwise conv at i writes, besides its output, each output row's sum
+    over its positions into a small array of this context ((N, Ob, Ho, 16): `depthwise.run_nchwc(row_sums=)`,
+    in its epilogue while the row is in L1), and the squeeze-excitation at i + 1, whose input is that output,
+    takes its means from them (`squeeze.squeeze_excitation(row_sums=)`) instead of reading the output again.
+    Both are replayed calls (threads.replaying). The means are the same bits either way (kernels/squeeze.py).
+    views[i]: instruction i's operand views (None: not to be bound); `taken`: indices already bound (chains)."""
+    from .conv import depthwise
+    from .squeeze import squeeze_excitation
+    bound: dict = {}
+    if not SE_SUMS:
+        return bound
+    taken = set(taken)
+    for i in range(len(program) - 1):
+        ins, nxt = program[i], program[i + 1]
+        if i in taken or i + 1 in taken or views[i] is None or views[i + 1] is None:
+            continue
+        p = ins.params
+        keys = tuple(p.get("prepared") or ())
+        if ins.kernel != "conv2d" or p.get("algorithm") != "depthwise" or p.get("layout") != "nchwc" or \
+                p.get("out_layout") not in (None, "nchwc") or p.get("has_input_scale") or keys != ("weight", "bias"):
+            continue
+        if nxt.kernel != "squeeze_excitation" or nxt.params.get("layout") != "nchwc" or \
+                nxt.inputs[0].name != ins.output.name:
+            continue
+        dv, sv = views[i], views[i + 1]
+        if not all(isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.c_contiguous for v in (*dv, *sv)):
+            continue
+        dparams = dict(p)
+        dparams["threads"] = threads_for("conv2d", dv, dparams, threads)
+        layer = _bind_conv2d(dv, dparams)          # the layer's own checks and description
+        if layer is None or layer.layer.algorithm != "depthwise" or layer.layer.form != "nchwc":
+            continue
+        out = dv[-1]
+        n, ob, ho, _, _ = out.shape
+        rs = np.zeros((n, ob, ho, 16), np.float32)     # this context's row sums of the pair
+        has_res = bool(p.get("has_residual"))
+        kw = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], relu=p.get("relu", False),
+                  act=p.get("act"), threads=dparams["threads"])
+
+        def run_dw(out, x, w, b, *rest, kw=kw, rs=rs, has_res=has_res):
+            depthwise.run_nchwc(out, x, {"weight": w, "bias": b}, rest[0] if has_res else None, row_sums=rs, **kw)
+        sparams = dict(nxt.params)
+        sparams["threads"] = threads_for("squeeze_excitation", sv, sparams, threads)
+
+        def run_se(out, *ins_, sp=sparams, rs=rs):
+            squeeze_excitation(out, *ins_, row_sums=rs, **sp)
+        dcall, scall = replaying(run_dw), replaying(run_se)
+        dcall.__name__, scall.__name__ = layer.__name__, "squeeze_excitation"
+        dcall.layer = layer.layer
+        dcall.se_sums_for, scall.se_sums_from = i + 1, i
+        bound[i], bound[i + 1] = dcall, scall
+    return bound

@@ -5,11 +5,16 @@
 w1 (R, C, 1, 1), w2 (C, R, 1, 1): the 1x1 convs of MobileNetV3 / EfficientNet / RegNetY's SE
 block on a (N, C, 1, 1) tensor. Unfused, that is five instructions (global average pool, conv,
 conv, and at batch 1 layout conversions around the convs), each a few thousand FLOPs after
-the mean: the dispatch costs more than the work. Here: the means (kernels/pool.py
-`channel_means`, x read once, threads over (image, channel blocks), NCHW16c or NCHW), then per
-image both FCs as dot products over contiguous weight rows and the activations
-(kernels/activations.py `apply_scalar`), in numba. The scale stays NCHW: the next 1x1 conv
-takes it as its input scale (kernels/se_conv.py).
+the mean: the dispatch costs more than the work. Here: the means, then per image both FCs as dot
+products over contiguous weight rows and the activations (kernels/activations.py `apply_scalar`),
+in numba. The scale stays NCHW: the next 1x1 conv takes it as its input scale (kernels/se_conv.py).
+
+The means of an NCHW16c input are sums of row sums: each row's 16-lane sum over its positions
+(`conv/_nb.row_sum16`), the rows added in order, times 1/(H*W). Where a depthwise conv produces x,
+a session has that conv write the row sums in its epilogue while each row is in L1
+(`depthwise.run_nchwc(row_sums=)`, bound by kernels/registry.py `bind_se_sums`), and the
+squeeze-excitation starts from them (`row_sums=`) instead of reading x again: the same order, so
+the same bits as computing them here. NCHW inputs use kernels/pool.py `channel_means`.
 
 Tolerance against the reference (kernels/reference.py `squeeze_excitation`: numpy mean, then
 ref.conv2d): float32 sums in another order, within 1e-5 relative. Every value of image n is
@@ -24,8 +29,8 @@ from numba import njit
 
 from . import activations as A
 from . import reference as ref
-from .conv._nb import atomic_add
-from .pool import means_into
+from .conv._nb import atomic_add, row_sum16, stack_f32
+from .pool import mean_blocks_per_task, means_into, next_block_task
 from .threads import numba_region, scratch
 
 
@@ -73,8 +78,65 @@ def _fc_par(nt, s, m, w1, b1, w2, b2, c1, a1, e1, c2, a2, e2):
         _fc_seq(counter, nb.get_thread_id(), s, m, w1, b1, w2, b2, c1, a1, e1, c2, a2, e2)
 
 
-def squeeze_excitation(out, x, w1, b1, w2, b2, *, act, gate, layout="nchw", threads=None, **_):
-    """out (N, C, 1, 1) NCHW = the SE scale of x (NCHW, or NCHW16c with layout="nchwc")."""
+@njit(nogil=True, cache=True)
+def _row_means_seq(counter, tid, m, xf, n, cb, h, w, per, inv):
+    """One worker (threads.numba_region) of the means of an NCHW16c x (flat xf, (N, Cb, H, W, 16)) into m
+    (N, C), over (image, channel blocks) tasks (pool.next_block_task): per block the rows' sums
+    (`row_sum16`) added in order from 0, times inv; the order `_fc_rows_seq` adds given row sums in."""
+    C = m.shape[1]
+    acc = nb.carray(stack_f32(16), 16)
+    while True:
+        i, c0, c1 = next_block_task(counter, n, cb, per)
+        if i < 0:
+            break
+        for b in range(c0, c1):
+            for l in range(16):
+                acc[l] = 0.0
+            for r in range(h):
+                row_sum16(xf, ((i * cb + b) * h + r) * w * 16, w, acc, 0, True)
+            for l in range(min(16, C - b * 16)):
+                m[i, b * 16 + l] = acc[l] * inv
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _row_means_par(nt, m, xf, n, cb, h, w, per, inv):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _row_means_seq(counter, nb.get_thread_id(), m, xf, n, cb, h, w, per, inv)
+
+
+@njit(nogil=True, cache=True)
+def _fc_rows_seq(counter, tid, s, m, rs, inv, w1, b1, w2, b2, c1, a1, e1, c2, a2, e2):
+    """`_fc_seq` starting from row sums rs (N, Cb, H, 16): m[i, c] = (the rows' sums added in order) * inv."""
+    n, C = s.shape
+    cb, h = rs.shape[1], rs.shape[2]
+    while True:
+        i0 = atomic_add(counter, 0, 1) * IMAGES_PER_TASK
+        if i0 >= n:
+            break
+        i1 = min(i0 + IMAGES_PER_TASK, n)
+        for i in range(i0, i1):
+            for b in range(cb):
+                for l in range(min(16, C - b * 16)):
+                    acc = np.float32(0.0)
+                    for r in range(h):
+                        acc += rs[i, b, r, l]
+                    m[i, b * 16 + l] = acc * inv
+        _fc_gate(s, m, w1, b1, w2, b2, i0, i1, c1, a1, e1, c2, a2, e2)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _fc_rows_par(nt, s, m, rs, inv, w1, b1, w2, b2, c1, a1, e1, c2, a2, e2):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _fc_rows_seq(counter, nb.get_thread_id(), s, m, rs, inv, w1, b1, w2, b2, c1, a1, e1, c2, a2, e2)
+
+
+def squeeze_excitation(out, x, w1, b1, w2, b2, *, act, gate, layout="nchw", threads=None, row_sums=None, **_):
+    """out (N, C, 1, 1) NCHW = the SE scale of x (NCHW, or NCHW16c with layout="nchwc").
+
+    row_sums (NCHW16c only): None, or x's row sums (N, Cb, H, 16) as the depthwise conv that wrote x
+    left them (`depthwise.run_nchwc(row_sums=)`): then x itself is not read."""
     n, c = out.shape[0], out.shape[1]
     if out.dtype != np.float32 or not x.flags.c_contiguous:
         if layout == "nchwc":
@@ -83,14 +145,30 @@ def squeeze_excitation(out, x, w1, b1, w2, b2, *, act, gate, layout="nchw", thre
         return
     r = w1.shape[0]
     m = scratch("se_means", (n, c))
-    means_into(m, x, layout, threads)
     c1, a1, e1 = A.encode(*act)
     c2, a2, e2 = A.encode(*gate)
     a1, e1, a2, e2 = (np.float32(v) for v in (a1, e1, a2, e2))
     w1m, w2m = w1.reshape(r, c), w2.reshape(c, r)          # (R, C, 1, 1) -> (R, C), (C, R, 1, 1) -> (C, R)
     s = out.reshape(n, c)                                    # (N, C, 1, 1) -> (N, C)
-    # both steps are numba_region task loops: a bound call can be replayed (threads.replaying)
-    numba_region(_fc_par, _fc_seq, threads, -(-n // IMAGES_PER_TASK), s, m, w1m, b1, w2m, b2, c1, a1, e1, c2, a2, e2)
+    # every step is a numba_region task loop: a bound call can be replayed (threads.replaying)
+    if layout != "nchwc":
+        means_into(m, x, layout, threads)
+        numba_region(_fc_par, _fc_seq, threads, -(-n // IMAGES_PER_TASK), s, m, w1m, b1, w2m, b2, c1, a1, e1, c2, a2,
+                     e2)
+        return
+    _, cb, h, w, _ = x.shape
+    inv = np.float32(1.0) / np.float32(h * w)
+    if row_sums is None:
+        per = mean_blocks_per_task(h * w, 16)
+        numba_region(_row_means_par, _row_means_seq, threads, n * -(-cb // per), m, x.reshape(-1), n, cb, h, w,
+                     int(per), inv)
+        numba_region(_fc_par, _fc_seq, threads, -(-n // IMAGES_PER_TASK), s, m, w1m, b1, w2m, b2, c1, a1, e1, c2, a2,
+                     e2)
+        return
+    if row_sums.shape != (n, cb, h, 16):
+        raise ValueError(f"squeeze_excitation (NCHW16c): row sums {row_sums.shape}; expected ({n}, {cb}, {h}, 16)")
+    numba_region(_fc_rows_par, _fc_rows_seq, threads, -(-n // IMAGES_PER_TASK), s, m, row_sums, inv, w1m, b1, w2m,
+                 b2, c1, a1, e1, c2, a2, e2)
 
 
 KERNELS = {"squeeze_excitation": squeeze_excitation}

@@ -46,7 +46,7 @@ from ..compiler.package import DataPackage, validate_package
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
 from ..errors import DeviceError
 from ..ir.node import check_inputs
-from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel, bind_chains  # noqa: F401
+from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel, bind_chains, bind_se_sums  # noqa: F401
 from ..kernels.threads import Scratch, aligned_empty, use_scratch
 from .device import CPUDevice
 from .stages import PipelineStats, run_pipeline
@@ -208,6 +208,8 @@ class Session:
             all_views[i] = views_of(prog[i])
             i += 1
         chains = bind_chains(prog, all_views, self.threads)
+        # depthwise -> squeeze-excitation pairs: the means from the depthwise epilogue (registry.bind_se_sums)
+        chains.update(bind_se_sums(prog, all_views, self.threads, taken=chains))
         i = 0
         while i < len(prog):
             ins = prog[i]
@@ -238,6 +240,14 @@ class Session:
             return {}
         return {i: (fn.covers, fn.chain.describe()) for i, (fn, _, _, _) in enumerate(self._contexts[0].bound)
                 if getattr(fn, "covers", None)}
+
+    def se_sums(self) -> dict:
+        """The depthwise -> squeeze-excitation pairs the session bound (kernels/registry.py `bind_se_sums`: the
+        means from the depthwise epilogue): {depthwise instruction index: squeeze-excitation index}."""
+        if not self._contexts:
+            return {}
+        return {i: fn.se_sums_for for i, (fn, _, _, _) in enumerate(self._contexts[0].bound)
+                if getattr(fn, "se_sums_for", None) is not None}
 
     def _acquire(self) -> _Context:
         if self._const is None:

@@ -7,9 +7,10 @@ buffer and keeps small accumulators (16 lanes = one AVX-512 register) in registe
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import types
 from numba.core import cgutils
-from numba import njit
+from numba import carray as nb_carray, njit
 from numba.extending import intrinsic
 
 LANES = 16  # output-channel block: one AVX-512 register of float32
@@ -772,3 +773,62 @@ def sstrip512_rows(prm, nv, nblk, step):
         _sstrip512_one_1(prm, nv)
     else:
         _sstrip512_one_2(prm, nv)
+
+
+@intrinsic
+def add16(typingctx, dst, di, src, si):
+    """dst[di:di + 16] += src[si:si + 16] as one 16-lane vector add (each lane one IEEE add: the bits of
+    the scalar loop); C-contiguous float32 arrays indexed flat. For the row sums (`row_sum16`), whose
+    16-lane loops numba left partly scalar."""
+    f32 = types.float32
+    ok = (all(isinstance(a, types.Array) and a.dtype == f32 and a.layout == "C" for a in (dst, src))
+          and all(isinstance(a, types.Integer) for a in (di, si)))
+    if not ok:
+        return None
+    sig = types.void(dst, di, src, si)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        vty = ir.VectorType(ir.FloatType(), 16)
+        a = signature.args
+
+        def ptr(k, arr, idx):
+            ary = context.make_array(a[k])(context, builder, arr)
+            i = context.cast(builder, idx, a[k + 1], types.int64)
+            return builder.bitcast(builder.gep(ary.data, [i]), vty.as_pointer())
+
+        dp = ptr(0, args[0], args[1])
+        builder.store(builder.fadd(builder.load(dp, align=4), builder.load(ptr(2, args[2], args[3]), align=4)), dp,
+                      align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always", cache=True)
+def row_sum16(f, base, w, dst, d, add=False):
+    """dst[d:d+16] = the sum of the w 16-float vectors at f[base + 16p] (one NCHW16c row of one channel
+    block), in a fixed order: positions p = 4i + k into four partial sums a_k, then (a0 + a1) + (a2 + a3)
+    (four add chains in flight). The one order the squeeze-excitation means use, whether the depthwise
+    conv before them summed its rows in its epilogue or the squeeze-excitation reads them (kernels/squeeze.py):
+    the same bits either way. f, dst: flat float32; base, d: offsets. add: dst[d:d+16] += the sum instead
+    (the same bits as storing the sum and adding it after)."""
+    a = nb_carray(stack_f32(64), 64)           # a_k = a[16k:16k+16]
+    for l in range(64):
+        a[l] = 0.0
+    w4 = w // 4 * 4
+    for p in range(0, w4, 4):
+        q = base + 16 * p
+        add16(a, 0, f, q)
+        add16(a, 16, f, q + 16)
+        add16(a, 32, f, q + 32)
+        add16(a, 48, f, q + 48)
+    for p in range(w4, w):
+        add16(a, 0, f, base + 16 * p)
+    add16(a, 0, a, 16)                          # a0 + a1
+    add16(a, 32, a, 48)                         # a2 + a3
+    add16(a, 0, a, 32)                          # (a0 + a1) + (a2 + a3)
+    if add:
+        add16(dst, d, a, 0)
+    else:
+        mul16(dst, d, a, 0, np.float32(1.0), 0)    # a copy (x * 1 is x, -0 and NaN included)

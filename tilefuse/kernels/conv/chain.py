@@ -125,7 +125,7 @@ def _chain_task(n, oh0, oh1, of, xf, rf, has_res, E, D, sp, padded, geo,
     if not has_p:   # the depthwise writes the output rows; input row i of src is row i + src_row of the image
         g[12] = pt + src_row
         _dw_task(of[n * so:(n + 1) * so], src, wd, bd, EMPTY1, False, cd_code, cd_al, cd_be, 0, 0, Ce, oh0, oh1, g,
-                 sp, padded)
+                 sp, padded, EMPTY1)
         return
     oi = of[n * so:(n + 1) * so]
     ri = rf[n * so:(n + 1) * so] if has_res else EMPTY1
@@ -136,7 +136,7 @@ def _chain_task(n, oh0, oh1, of, xf, rf, has_res, E, D, sp, padded, geo,
         dst = D[:Ce * rd * Wo * 16]
         g[4] = rd
         g[12] = pt + src_row - s0 * sh   # D's row r is the layer's row r + s0
-        _dw_task(dst, src, wd, bd, EMPTY1, False, cd_code, cd_al, cd_be, 0, 0, Ce, 0, rd, g, sp, padded)
+        _dw_task(dst, src, wd, bd, EMPTY1, False, cd_code, cd_al, cd_be, 0, 0, Ce, 0, rd, g, sp, padded, EMPTY1)
         _pointwise(oi, dst, wp, bwp, ri, has_res, cp_code, cp_al, cp_be, s0 * Wo, s1 * Wo, Ho * Wo, Ce, Cout, kcp,
                    rd * Wo, -s0 * Wo)
 

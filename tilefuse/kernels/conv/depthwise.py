@@ -45,7 +45,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from tilefuse.kernels.activations import apply_scalar, apply_span
-from tilefuse.kernels.conv._nb import LANES, act16, atomic_add, stack_f32
+from tilefuse.kernels.conv._nb import LANES, act16, atomic_add, row_sum16, stack_f32
 from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.epilogue import bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
@@ -254,11 +254,15 @@ def _finish_row(of, rf, d0, m, has_res, code, al, be):
 
 
 @njit(nogil=True, cache=True, fastmath=FASTMATH)
-def _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0, oh1, geo, sp, padded):
+def _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0, oh1, geo, sp, padded, rs):
     """Output rows [oh0, oh1) of channel blocks [ob0, ob1) of image n (multiplier 1: block ob
     reads input block ob). Flat views xf (N*Cb*H*W*16), of / rf (N*Ob*Ho*Wo*16), wf (Ob*KH*KW*16);
     geo = (Cb, H, W, Ob, Ho, Wo, KH, KW, sh, sw, dh, dw, pt, pl). Offsets are unsigned (no
     negative-index wraparound code in the inner loops).
+
+    rs: empty, or (N*Ob*Ho*16) flat: each output row's sum over its positions (`_nb.row_sum16`, after the
+    activation, while the row is in L1) at rs[((n*Ob + ob)*Ho + oh)*16:+16], for the squeeze-excitation
+    after the layer (its means: kernels/squeeze.py), which then does not read the output again.
 
     padded (small maps): each block's input rows are first copied into the zero-bordered scratch
     sp (rows x Wp x 16, in L1/L2), so every position is interior: no border path, whose
@@ -291,6 +295,9 @@ def _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0,
     spv = nb.carray(_data_ptr(sp), sp.size)
     wf = nb.carray(_data_ptr(wf), wf.size)
     of = nb.carray(_data_ptr(of), of.size)
+    sums = rs.size > 0
+    # rows whose values are final only after the residual / activation pass (`_finish_row`)
+    deferred = has_res or (code != 0 and not clip)
     # interior columns [owa, owb): every kw tap inside the image
     owa = (pl + sw - 1) // sw
     lim = W - 1 + pl - (KW - 1) * dw
@@ -314,6 +321,7 @@ def _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0,
         for l in range(16):
             bv[l] = bias[ob * 16 + l]
         fin0 = obase + oh0 * Wo * 16        # rows from here on still wait for the residual / activation
+        srow = oh0                          # rows from here on are not summed yet (rs)
         for oh in range(oh0, oh1):
             ih0 = oh * sh - pt
             kh_lo, kh_hi = _row_taps(ih0, dh, KH, H)
@@ -413,9 +421,13 @@ def _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0,
             # the residual and activation pass runs over whole rows of the block at once, FINISH_SPAN
             # floats or more (still in L1): one call per row cost ~150 cycles on a 7-wide map's row
             end = orow + Wo * 16
-            if (has_res or (code != 0 and not clip)) and (end - fin0 >= FINISH_SPAN or oh == oh1 - 1):
+            if deferred and (end - fin0 >= FINISH_SPAN or oh == oh1 - 1):
                 _finish_row(of, rf, fin0, end - fin0, has_res, code, al, be)
                 fin0 = end
+            if sums and (not deferred or fin0 == end):    # rows [srow, oh] are final: their sums
+                for r in range(srow, oh + 1):
+                    row_sum16(of, obase + r * Wo * 16, Wo, rs, ((n * Ob + ob) * Ho + r) * 16)
+                srow = oh + 1
 
 
 @njit(nogil=True, cache=True, fastmath=FASTMATH)
@@ -458,31 +470,34 @@ def _dw_task_gather(o2, x2, w2, bias, src, r2, has_res, code, alpha, beta, n, ob
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _dw_par(nt, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded):
+def _dw_par(nt, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded, rs):
     """Every task (rows (n, ob0, ob1, oh0, oh1)) on nt of numba's threads, handed out dynamically
     (a shared counter: a thread the OS does not schedule never holds a fixed share); band
     (threads, size) scratch."""
     counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
     for _w in nb.prange(nt):
-        _dw_seq(counter, nb.get_thread_id(), tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded)
+        _dw_seq(counter, nb.get_thread_id(), tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded,
+                rs)
 
 
 @njit(nogil=True, cache=True)
-def _dw_seq(counter, tid, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded):
+def _dw_seq(counter, tid, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded, rs):
     """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
     while True:
         i = atomic_add(counter, 0, 1)
         if i >= tasks.shape[0]:
             break
         _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
-                 tasks[i, 3], tasks[i, 4], geo, band[tid], padded)
+                 tasks[i, 3], tasks[i, 4], geo, band[tid], padded, rs)
 
 
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-              relu=False, act=None, threads=None) -> None:
+              relu=False, act=None, threads=None, row_sums=None) -> None:
     """x_b (N, Cb, H, W, 16) unpadded -> out_b (N, Ob, Ho, Wo, 16), y = act(conv + bias + residual).
 
-    act: an activation of kernels/activations.py as epilogue.resolve_act takes it (relu=True is act relu)."""
+    act: an activation of kernels/activations.py as epilogue.resolve_act takes it (relu=True is act relu).
+    row_sums: None, or a float32 (N, Ob, Ho, 16) array given each output row's sum over its positions
+    (`_dw_task`'s rs; multiplier 1 only)."""
     wd, bias = prepared["weight"], prepared["bias"]
     src = prepared.get("src")
     n, cb, h, w, _ = x_b.shape
@@ -503,6 +518,8 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(
                                               tuple(dilation), threads, src is not None, PADDED)
     of, xf = out_b.reshape(-1), x_b.reshape(-1)   # flat views, no copy
     if src is not None:
+        if row_sums is not None:
+            raise ValueError("depthwise (NCHWc): row sums with a channel multiplier > 1 are not supported")
         # (N, C, H, W, 16) -> (N*C*H*W, 16): one vector per row (the gather variant)
         o2, x2, w2 = out_b.reshape(-1, LANES), x_b.reshape(-1, LANES), wd.reshape(-1, LANES)
         r2 = residual_b.reshape(-1, LANES) if has_res else EMPTY2
@@ -510,11 +527,17 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(
                                                 tk[2], tk[3], tk[4], geo), table.tolist(), threads)
         return
     rf = residual_b.reshape(-1) if has_res else EMPTY1
+    rs = EMPTY1
+    if row_sums is not None:
+        if row_sums.shape != (n, ob, ho, LANES) or row_sums.dtype != np.float32 or not row_sums.flags.c_contiguous:
+            raise ValueError(f"depthwise (NCHWc): row sums {row_sums.shape} {row_sums.dtype}; expected a contiguous "
+                             f"float32 ({n}, {ob}, {ho}, {LANES})")
+        rs = row_sums.reshape(-1)
     # one padded-band scratch row per thread of the region (thread ids range over numba's pool)
     nrows = numba_max_threads() if region_threads(threads, len(table)) > 1 else 1
     band = scratch("dw_band", (nrows, band_len))
     numba_region(_dw_par, _dw_seq, threads, len(table), table, of, xf, wd.reshape(-1), bias, rf, has_res, code, alpha,
-                 beta, geo, band, padded)
+                 beta, geo, band, padded, rs)
 
 
 @functools.lru_cache(maxsize=1024)
