@@ -239,6 +239,16 @@ def max16(typingctx, dst, di, src, si):
     return sig, codegen
 
 
+def _vec16_ptr(context, builder, signature, args, k):
+    """&array[idx] as a pointer to a 16 x float32 vector, for the intrinsics below: the float32 array is
+    argument k of the call, its flat index argument k + 1."""
+    from llvmlite import ir
+    a = signature.args
+    ary = context.make_array(a[k])(context, builder, args[k])
+    i = context.cast(builder, args[k + 1], a[k + 1], types.int64)
+    return builder.bitcast(builder.gep(ary.data, [i]), ir.VectorType(ir.FloatType(), 16).as_pointer())
+
+
 @intrinsic
 def mul16(typingctx, dst, di, src, si, sc, ci):
     """dst[di:di + 16] = src[si:si + 16] * sc[ci:ci + 16] as one 16-lane vector multiply, or times
@@ -257,22 +267,15 @@ def mul16(typingctx, dst, di, src, si, sc, ci):
     def codegen(context, builder, signature, args):
         from llvmlite import ir
         vty = ir.VectorType(ir.FloatType(), 16)
-        a = signature.args
-
-        def ptr(k, arr, idx):
-            ary = context.make_array(a[k])(context, builder, arr)
-            i = context.cast(builder, idx, a[k + 1], types.int64)
-            return builder.bitcast(builder.gep(ary.data, [i]), vty.as_pointer())
-
-        v = builder.load(ptr(2, args[2], args[3]), align=4)
+        v = builder.load(_vec16_ptr(context, builder, signature, args, 2), align=4)
         if vec:
-            f = builder.load(ptr(4, args[4], args[5]), align=4)
+            f = builder.load(_vec16_ptr(context, builder, signature, args, 4), align=4)
         else:
             f = builder.shuffle_vector(builder.insert_element(ir.Constant(vty, ir.Undefined), args[4],
                                                               ir.Constant(ir.IntType(32), 0)),
                                        ir.Constant(vty, ir.Undefined),
                                        ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
-        builder.store(builder.fmul(v, f), ptr(0, args[0], args[1]), align=4)
+        builder.store(builder.fmul(v, f), _vec16_ptr(context, builder, signature, args, 0), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -788,18 +791,9 @@ def add16(typingctx, dst, di, src, si):
     sig = types.void(dst, di, src, si)
 
     def codegen(context, builder, signature, args):
-        from llvmlite import ir
-        vty = ir.VectorType(ir.FloatType(), 16)
-        a = signature.args
-
-        def ptr(k, arr, idx):
-            ary = context.make_array(a[k])(context, builder, arr)
-            i = context.cast(builder, idx, a[k + 1], types.int64)
-            return builder.bitcast(builder.gep(ary.data, [i]), vty.as_pointer())
-
-        dp = ptr(0, args[0], args[1])
-        builder.store(builder.fadd(builder.load(dp, align=4), builder.load(ptr(2, args[2], args[3]), align=4)), dp,
-                      align=4)
+        dp = _vec16_ptr(context, builder, signature, args, 0)
+        builder.store(builder.fadd(builder.load(dp, align=4), builder.load(_vec16_ptr(context, builder, signature, args, 2),
+                                                                           align=4)), dp, align=4)
         return context.get_dummy_value()
 
     return sig, codegen
