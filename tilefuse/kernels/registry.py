@@ -12,6 +12,8 @@ Kernels in THREADED take `threads` (the session's thread count) as a parameter.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from . import dense, elementwise, pool
@@ -285,7 +287,7 @@ def bind_chains(program, views, threads) -> dict:
 
 # the squeeze-excitation means from the depthwise conv's epilogue (bind_se_sums); TILEFUSE_SE_SUMS=0 turns
 # it off (the squeeze-excitation reads the depthwise output again: the same bits)
-SE_SUMS = __import__("os").environ.get("TILEFUSE_SE_SUMS", "1").strip() != "0"
+SE_SUMS = os.environ.get("TILEFUSE_SE_SUMS", "1").strip() != "0"
 
 
 def bind_se_sums(program, views, threads, taken=()) -> dict:
