@@ -242,15 +242,35 @@ def _bypass(net: Network, op: OpNode, src: DataNode) -> bool:
     return True
 
 
+def _shuffle_chain(net: Network, r1: OpNode):
+    """(permute, reshape) when r1 starts a channel shuffle: reshape (N, C, H, W) -> (N, g, C/g, H, W),
+    permute (0, 2, 1, 3, 4), reshape back to (N, C, H, W), each intermediate read only by the next;
+    else None."""
+    x, y = r1.inputs[0], r1.outputs[0]
+    if len(x.shape) != 4 or len(y.shape) != 5 or y.shape[0] != x.shape[0] or y.shape[3:] != x.shape[2:] \
+            or y.shape[1] * y.shape[2] != x.shape[1]:
+        return None
+    pm = _single_user(net, y)
+    if pm is None or pm.op != "permute" or pm.params["perm"] != (0, 2, 1, 3, 4):
+        return None
+    r2 = _single_user(net, pm.outputs[0])
+    if r2 is None or r2.op != "reshape" or tuple(r2.outputs[0].shape) != tuple(x.shape):
+        return None
+    return pm, r2
+
+
 def canonicalize(net: Network) -> PassResult:
     """One form per computation, so later passes and kernels see the fast op:
     mean over (H, W) with keepdim -> global_avg_pool, without -> global_avg_pool + flatten; adaptive_avg_pool to 1x1 -> global_avg_pool,
     to the input size -> nothing, to a divisor of it -> avg_pool; permute by the identity and
-    reshape to the same shape -> nothing; reshape (N, ...) -> (N, prod) -> flatten; activation
+    reshape to the same shape -> nothing; reshape (N, ...) -> (N, prod) -> flatten; reshape to
+    (N, g, C/g, H, W) -> permute (0, 2, 1, 3, 4) -> reshape back -> channel_shuffle; activation
     relu -> relu."""
     net = net.clone()
     n = 0
     for op in list(net.ops):
+        if op not in net.ops:   # dropped by a rewrite of an earlier op (a channel shuffle's permute, reshape)
+            continue
         x, out, p = op.inputs[0], op.outputs[0], op.params
         new = None
         if op.op == "mean" and len(x.shape) == 4 and tuple(a % 4 for a in p["axes"]) in ((2, 3), (3, 2)):
@@ -276,6 +296,13 @@ def canonicalize(net: Network) -> PassResult:
                 (op.op == "reshape" or p["perm"] == tuple(range(len(x.shape)))):
             n += _bypass(net, op, x)
             continue
+        elif op.op == "reshape" and _shuffle_chain(net, op) is not None:
+            pm, r2 = _shuffle_chain(net, op)
+            for o in (op, pm, r2):
+                _drop(net, o)
+            _make_op(net, "channel_shuffle", [x], {"groups": out.shape[1]}, r2.name, r2.outputs[0])
+            n += 1
+            continue
         elif op.op == "reshape" and len(out.shape) == 2 and out.shape[0] == x.shape[0] and len(x.shape) > 2:
             new = ("flatten", {"start_dim": 1})
         elif op.op == "activation" and p["act"][0] == "relu":
@@ -287,6 +314,43 @@ def canonicalize(net: Network) -> PassResult:
     if n:
         _reorder(net)
     return PassResult(net, n > 0, f"{n} ops canonicalized")
+
+
+def fuse_channel_shuffle(net: Network) -> PassResult:
+    """ShuffleNetV2's concat -> channel shuffle -> chunk as gathers: a channel concat read only by a
+    channel_shuffle becomes the shuffle's inputs, and a shuffle read only by channel slices (step 1)
+    becomes one channel_shuffle per slice, each with that slice's [start, stop): every tensor the
+    convs read is gathered from the concat's inputs in one pass (kernels/movement.py's lane gather)
+    instead of a concat, a shuffle and a slice each copying it."""
+    net = net.clone()
+    n = 0
+    for sh in [o for o in net.ops if o.op == "channel_shuffle"]:
+        if sh not in net.ops:
+            continue
+        xs, out, p = list(sh.inputs), sh.outputs[0], sh.params
+        if len(xs) == 1 and xs[0].producer is not None and xs[0].producer.op == "concat" and \
+                xs[0].producer.params["axis"] % 4 == 1 and _single_user(net, xs[0]) is sh:
+            cat = xs[0].producer
+            xs = list(cat.inputs)
+            _drop(net, sh)
+            _drop(net, cat)
+            sh = _make_op(net, "channel_shuffle", xs, p, sh.name, out)
+            n += 1
+        users = list(out.consumers)
+        if users and not any(out is o for o in net.outputs) and all(
+                u.op == "slice" and u.params["axis"] % 4 == 1 and u.params["step"] == 1 and u.inputs[0] is out
+                for u in users):
+            base = p["start"]
+            for u in users:
+                c0, c1, _ = slice(u.params["start"], u.params["stop"], 1).indices(out.shape[1])
+                _drop(net, u)
+                _make_op(net, "channel_shuffle", xs, {"groups": p["groups"], "start": base + c0, "stop": base + c1},
+                         u.name, u.outputs[0])
+            _drop(net, sh)
+            n += 1
+    if n:
+        _reorder(net)
+    return PassResult(net, n > 0, f"{n} channel shuffles fused with their concat / slices")
 
 
 def _const_like(net: Network, name: str, value: np.ndarray, dtype) -> DataNode:

@@ -9,6 +9,7 @@ PASSES = [
     (P.remove_dropout,          "dropout is the identity at inference"),
     (P.eliminate_dead_nodes,    "nothing computes a value no output needs"),
     (P.canonicalize,            "one form per computation: mean over H, W is global_avg_pool, ..."),
+    (P.fuse_channel_shuffle,    "concat -> channel shuffle -> channel slices: one gather per tensor read"),
     (P.channels_last_to_nchw,   "permute -> LayerNorm / Linear per position -> permute runs in NCHW"),
     (P.fold_batch_norm,         "conv -> BN with one user: BN folds into the conv's weights and bias"),
     (P.batch_norm_to_scale,     "a BN left over is a per-channel affine map"),

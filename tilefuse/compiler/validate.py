@@ -580,7 +580,8 @@ def blocked_op_validator(op: str, layouts=("nchw",)) -> Callable:
     return validate
 
 
-for _k in ("activation", "prelu", "add", "sub", "mul", "div", "resize", "pad", "slice", "concat", "channel_norm"):
+for _k in ("activation", "prelu", "add", "sub", "mul", "div", "resize", "pad", "slice", "concat", "channel_norm",
+           "channel_shuffle"):
     VALIDATORS[_k] = blocked_op_validator(_k, _layouts(_k))
 for _k in ("mean", "sum", "reshape", "permute", "layer_norm", "adaptive_avg_pool"):
     VALIDATORS[_k] = op_validator(_k, _layouts(_k))

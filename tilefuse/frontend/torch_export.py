@@ -937,4 +937,7 @@ _ATEN = {
     "dropout": _dropout,
     "expand": _expand,
     "local_response_norm": _lrn,
+    "channel_shuffle": lambda imp, x, groups: imp.net.channel_shuffle(imp.tensor(x), int(groups), name=imp.op_name()),
+    "native_channel_shuffle": lambda imp, x, groups: imp.net.channel_shuffle(imp.tensor(x), int(groups),
+                                                                             name=imp.op_name()),
 }

@@ -301,6 +301,12 @@ class Network:
     def permute(self, x: DataNode, perm, name: str | None = None) -> DataNode:
         return self.add_op("permute", [x], {"perm": tuple(perm)}, name)
 
+    def channel_shuffle(self, x, groups: int, start: int = 0, stop: int | None = None,
+                        name: str | None = None) -> DataNode:
+        """x: a tensor, or a list of them (concatenated along channels first)."""
+        xs = list(x) if isinstance(x, (list, tuple)) else [x]
+        return self.add_op("channel_shuffle", xs, {"groups": groups, "start": start, "stop": stop}, name)
+
     def slice(self, x: DataNode, axis: int, start: int = 0, stop: int | None = None, step: int = 1,
               name: str | None = None) -> DataNode:
         return self.add_op("slice", [x], dict(axis=axis, start=start, stop=stop, step=step), name)

@@ -725,6 +725,36 @@ _register(OpSchema("slice", "shape", ("x",), _slice_norm, _slice_infer,
                    lambda i, o, p: 0))
 
 
+def _shuffle_norm(node, p):
+    start = _int(node, "start", p.get("start", 0), 0)
+    stop = p.get("stop")
+    return {"groups": _int(node, "groups", p.get("groups"), 1), "start": start,
+            "stop": None if stop is None else _int(node, "stop", stop, start + 1)}
+
+
+def _shuffle_infer(node, ins, p):
+    for d in ins:
+        _expect_rank(node, "input", d, 4)
+    c = _concat_infer(node, ins, {"axis": 1})[1]
+    if c % p["groups"]:
+        raise GraphError(node, f"channel_shuffle of {[d.shape for d in ins]}: {c} channels do not split into "
+                               f"groups={p['groups']}; expected a channel count divisible by the groups")
+    stop = c if p["stop"] is None else p["stop"]
+    if stop > c:
+        raise GraphError(node, f"channel_shuffle channels [{p['start']}, {stop}) of {c}; expected stop <= {c}")
+    return (ins[0].shape[0], stop - p["start"]) + tuple(ins[0].shape[2:])
+
+
+# ShuffleNet's channel shuffle of the concatenation of its inputs along channels, then channels
+# [start, stop) of it: shuffled channel c = concatenated channel (c % g) * (C / g) + c // g. torch's
+# channel_shuffle, or what model code writes, view (N, g, C/g, H, W) -> transpose(1, 2) -> view
+# (N, C, H, W) (compiler/passes.py canonicalize recognizes it, fuse_channel_shuffle takes in the
+# concat before it and the channel slices after it)
+_register(OpSchema("channel_shuffle", "shape", ("x*",), _shuffle_norm, _shuffle_infer,
+                   lambda *xs, groups, start, stop: ref.channel_shuffle(xs, groups, start, stop),
+                   lambda i, o, p: 0))
+
+
 PAD_MODES = ("constant", "reflect", "replicate")
 
 

@@ -1,17 +1,26 @@
 """Data movement runtime kernels: reshape, permute, slice, pad (constant / reflect / replicate),
-concat.
+concat, channel_shuffle.
 
 Each writes `out` in place with one numpy copy (strided views, no temporaries except the
-reflect / replicate index gathers); exact, no arithmetic. NCHW (any rank), and for slice, pad
-and concat also NCHW16c ("nchwc", the layout pass's blocked tensors; params channels /
-in_channels give the real channel counts): H and W slices and pads work on the 5-D array as
-they are, channel slices and concat copy channels between lanes (whole blocks when aligned),
-and the padded lanes of the result are kept zero.
+reflect / replicate index gathers); exact, no arithmetic. NCHW (any rank), and for slice, pad,
+concat and channel_shuffle also NCHW16c ("nchwc", the layout pass's blocked tensors; params
+channels / in_channels give the real channel counts): H and W slices and pads work on the 5-D
+array as they are; channel slices, concats and shuffles copy whole blocks with numpy where every
+channel keeps its lane and block offset (a concat of multiples of 16), and otherwise run the lane
+gather: one numba task loop over (image, output block), each output lane read from its source
+(array, block, lane) through a table built once per shape (`lane_table`), the padded lanes
+written zero in the same loop.
 """
 from __future__ import annotations
 
+import functools
+
+import numba as nb
 import numpy as np
 from numba import njit
+
+from .conv._nb import atomic_add, load_f32, stack_i64
+from .threads import numba_region
 
 
 def reshape(out, x, **_):
@@ -23,9 +32,14 @@ def permute(out, x, *, perm, **_):
     np.copyto(out, np.transpose(x, perm))
 
 
-def slice_(out, x, *, axis, start, stop, step, layout="nchw", in_channels=None, channels=None, **_):
+def slice_(out, x, *, axis, start, stop, step, layout="nchw", in_channels=None, channels=None, threads=None,
+           **_):
     if layout == "nchwc" and axis % 4 == 1:
         c0, _, st = slice(start, stop, step).indices(int(in_channels[0]))
+        if not (st == 1 and c0 % 16 == 0) and _gather_ok(out, (x,)):
+            _gather(out, (x,), lane_table("slice", (int(in_channels[0]),), int(channels), out.shape[1], (c0, st)),
+                    threads)
+            return
         _copy_channels(out, 0, x, c0, int(channels), st)
         for n in range(out.shape[0]):
             _zero_lanes_from(out, int(channels), n)
@@ -68,7 +82,7 @@ def pad(out, x, *, pads, mode="constant", value=0.0, layout="nchw", channels=Non
 
 
 
-THREADED: frozenset = frozenset()
+THREADED = frozenset({"slice", "concat", "channel_shuffle"})   # the lane gather's task loop
 
 
 # channel copies for blocked (NCHW16c) tensors ------------------------------------------------
@@ -110,11 +124,16 @@ def _zero_lanes_from(out5, channels, n):
                 out5[n, cb - 1, h, w, l] = 0.0
 
 
-def concat(out, *xs, axis=1, layout="nchw", in_channels=None, channels=None, **_):
+def concat(out, *xs, axis=1, layout="nchw", in_channels=None, channels=None, threads=None, **_):
     """Concatenation; blocked along channels: each input's channels copied to their offset (whole
-    blocks when the offsets are multiples of 16), padded lanes of the result zeroed."""
+    blocks when the offsets are multiples of 16), padded lanes of the result zeroed; other offsets
+    (ShuffleNetV2's 58 + 58) run the lane gather."""
     if layout != "nchwc":
         np.concatenate(xs, axis=axis, out=out)
+        return
+    inch = tuple(int(c) for c in in_channels)
+    if any(c % 16 for c in inch[:-1]) and _gather_ok(out, xs):
+        _gather(out, xs, lane_table("concat", inch, int(channels), out.shape[1], ()), threads)
         return
     off = 0
     for x, c in zip(xs, in_channels):
@@ -124,5 +143,119 @@ def concat(out, *xs, axis=1, layout="nchw", in_channels=None, channels=None, **_
         _zero_lanes_from(out, int(channels), n)
 
 
-KERNELS = {"reshape": reshape, "permute": permute, "slice": slice_, "pad": pad, "concat": concat}
-BLOCKED = frozenset({"slice", "pad", "concat"})   # kernels with an NCHW16c form
+def channel_shuffle(out, *xs, groups, start=0, stop=None, layout="nchw", in_channels=None, channels=None,
+                    threads=None, **_):
+    """The inputs concatenated along channels, shuffled (channel c <- (c % g) * (C / g) + c // g: ShuffleNet's
+    view (N, g, C/g, H, W), transpose of the two channel axes, view back), channels [start, stop) of that;
+    blocked: the lane gather reading the inputs directly."""
+    g = int(groups)
+    if layout == "nchwc":
+        inch = tuple(int(c) for c in in_channels)
+        table = lane_table("channel_shuffle", inch, int(channels), out.shape[1], (g, int(start)))
+        if _gather_ok(out, xs):
+            _gather(out, xs, table, threads)
+        else:   # non-contiguous operands (a band's ring view): the same table, lane by lane
+            for n in range(out.shape[0]):
+                for c in range(int(channels)):
+                    b, l = c // 16, c % 16
+                    out[n, b, :, :, l] = xs[table[0, b, l]][n, table[1, b, l], :, :, table[2, b, l]]
+                _zero_lanes_from(out, int(channels), n)
+        return
+    x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=1)
+    n, c, h, w = x.shape
+    if start == 0 and out.shape[1] == c:
+        # (N, C, H, W) -> (N, g, C/g, H, W) -> (N, C/g, g, H, W): out viewed as the transposed grid
+        np.copyto(out.reshape(n, c // g, g, h, w), x.reshape(n, g, c // g, h, w).transpose(0, 2, 1, 3, 4))
+        return
+    np.copyto(out, x.reshape(n, g, c // g, h, w).transpose(0, 2, 1, 3, 4).reshape(n, c, h, w)[:, start:stop])
+
+
+# the lane gather (NCHW16c channel movement) --------------------------------------------------
+
+@functools.lru_cache(maxsize=1024)
+def lane_table(kind: str, in_channels: tuple, channels: int, ob: int, args: tuple) -> np.ndarray:
+    """(3, Ob, 16) int64, read-only: for output lane (block b, lane l), channel c = 16 b + l, its source
+    array k (-1: a padded lane, written 0), source block and source lane. kind: "concat" (the inputs'
+    channels one after the other), "slice" (args (c0, step): channel c0 + c * step of input 0),
+    "channel_shuffle" (args (g, start): channel s = start + c of the shuffled concatenation, concatenated
+    channel (s % g) * (C / g) + s // g)."""
+    t = np.full((3, ob, 16), -1, np.int64)
+    t[1:] = 0
+    offs = np.cumsum((0,) + in_channels)
+    for c in range(channels):
+        if kind == "concat":
+            k = int(np.searchsorted(offs, c, side="right")) - 1
+            src = c - int(offs[k])
+        elif kind == "slice":
+            k, src = 0, args[0] + c * args[1]
+        elif kind == "channel_shuffle":   # args (g, start): the shuffled concatenation's channel start + c
+            s = args[1] + c
+            s = (s % args[0]) * (int(offs[-1]) // args[0]) + s // args[0]
+            k = int(np.searchsorted(offs, s, side="right")) - 1
+            src = s - int(offs[k])
+        else:
+            raise ValueError(f"lane_table: unknown kind {kind!r}")
+        t[0, c // 16, c % 16], t[1, c // 16, c % 16], t[2, c // 16, c % 16] = k, src // 16, src % 16
+    t.flags.writeable = False
+    return t
+
+
+def _gather_ok(out, xs) -> bool:
+    return all(a.dtype == np.float32 and a.flags.c_contiguous and a.ndim == 5 for a in (out,) + tuple(xs))
+
+
+def _gather(out, xs, table, threads) -> None:
+    """out (N, Ob, H, W, 16) from the blocked sources xs by `table` (lane_table): one task loop, every
+    lane of every output block written (so a replayed call, threads.replaying, redoes all of it). The
+    sources are passed as data addresses (any number of them in one compiled loop); they stay alive
+    for the call, and the table only names blocks they have (lane_table from their channel counts)."""
+    bases = np.array([x.ctypes.data for x in xs], np.int64)
+    cbs = np.array([x.shape[1] for x in xs], np.int64)
+    numba_region(_lanes_par, _lanes_seq, threads, out.shape[0] * out.shape[1], out, bases, cbs, table)
+
+
+@njit(nogil=True, cache=True)
+def _lanes_seq(counter, tid, out, bases, cbs, table):
+    """One worker of the lane gather: task t = (image n, output block b); for each lane l the source
+    address at position 0 (bases[k] + ((n * Cb_k + block) * P * 16 + lane) * 4 bytes), then the
+    positions in order, 16 lanes each (positions 64 bytes apart in every source); the padded lanes
+    (after the last channel: the last block only) are written 0."""
+    N, Ob = out.shape[0], out.shape[1]
+    P = out.shape[2] * out.shape[3]
+    of = out.reshape(out.size)
+    a = nb.carray(stack_i64(16), 16)
+    while True:
+        t = atomic_add(counter, 0, 1)
+        if t >= N * Ob:
+            break
+        n = t // Ob
+        b = t - n * Ob
+        d = (n * Ob + b) * P * 16
+        nl = 0          # lanes with a source: the first nl (a padded lane is never followed by a real one)
+        for l in range(16):
+            k = table[0, b, l]
+            if k >= 0:
+                a[l] = bases[k] + ((n * cbs[k] + table[1, b, l]) * P * 16 + table[2, b, l]) * 4
+                nl = l + 1
+        if nl == 16:
+            for p in range(P):
+                for l in range(16):
+                    of[d + p * 16 + l] = load_f32(a[l] + p * 64)
+        else:
+            for p in range(P):
+                for l in range(nl):
+                    of[d + p * 16 + l] = load_f32(a[l] + p * 64)
+                for l in range(nl, 16):
+                    of[d + p * 16 + l] = 0.0
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _lanes_par(nt, out, bases, cbs, table):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _lanes_seq(counter, nb.get_thread_id(), out, bases, cbs, table)
+
+
+KERNELS = {"reshape": reshape, "permute": permute, "slice": slice_, "pad": pad, "concat": concat,
+           "channel_shuffle": channel_shuffle}
+BLOCKED = frozenset({"slice", "pad", "concat", "channel_shuffle"})   # kernels with an NCHW16c form

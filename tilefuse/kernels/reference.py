@@ -288,6 +288,16 @@ def permute(x, perm):
     return np.ascontiguousarray(np.transpose(x, perm))
 
 
+def channel_shuffle(xs, groups, start=0, stop=None):
+    """(N, C, H, W) inputs, concatenated along channels, then shuffled: channel c of the result is
+    concatenated channel (c % g) * (C / g) + c // g (torch.nn.ChannelShuffle); channels [start, stop)
+    of that."""
+    x = np.concatenate(xs, axis=1)
+    n, c, h, w = x.shape
+    y = x.reshape(n, groups, c // groups, h, w).transpose(0, 2, 1, 3, 4).reshape(n, c, h, w)
+    return np.ascontiguousarray(y[:, start:stop])
+
+
 def slice_axis(x, axis, start, stop, step):
     """x[..., start:stop:step, ...] along `axis` (Python slice rules, step >= 1)."""
     idx = [slice(None)] * x.ndim

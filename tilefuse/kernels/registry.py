@@ -234,7 +234,8 @@ def _bind_conv2d(views, params):
 
 # kernels whose fast form does all its work in numba_region task loops (and whose other forms run no
 # such loop): bound calls are replayed from the second on (threads.replaying)
-REPLAYABLE = frozenset({"squeeze_excitation", "global_avg_pool", "linear"})
+# (the channel movement kernels: their lane gather is one such loop, their other forms numpy copies only)
+REPLAYABLE = frozenset({"squeeze_excitation", "global_avg_pool", "linear", "concat", "slice", "channel_shuffle"})
 # the layout conversions: one numba_region loop on contiguous float32 operands (else a copy comes first)
 CONVERSIONS = frozenset({"to_nchwc", "from_nchwc"})
 

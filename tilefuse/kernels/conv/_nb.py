@@ -335,6 +335,23 @@ def address(typingctx, arr, idx):
     return sig, codegen
 
 
+@intrinsic
+def load_f32(typingctx, addr):
+    """The float32 at byte address `addr` (an int64 from `address` or an array's data pointer, plus a
+    byte offset): a gather over several source arrays in one loop (kernels/movement.py's lane gather).
+    The caller keeps the arrays alive and the address inside them."""
+    if not isinstance(addr, types.Integer):
+        return None
+    sig = types.float32(addr)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        a = context.cast(builder, args[0], signature.args[0], types.int64)
+        return builder.load(builder.inttoptr(a, ir.PointerType(ir.FloatType())), align=4)
+
+    return sig, codegen
+
+
 # The AVX2 register tile of the blocked conv kernels (k1x1, direct, Winograd's GEMMs on tiles.ASM_AVX2
 # hosts), in x86-64 assembly (AT&T syntax; `$$` is LLVM's literal `$`): R <= 6 output positions x 16
 # output channels, 2R ymm accumulators. Numba's code for the 6 x 16 tile spilled: LLVM hoists the six
