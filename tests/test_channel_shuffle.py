@@ -261,3 +261,21 @@ def test_torch_channel_shuffle_module():
     c, (got,) = _run(net, [x], 2)
     assert [o.op for o in c.network.ops].count("channel_shuffle") == 1
     _close(got, m, x)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_onnx_exports_fuse_the_same_way(exporter):
+    """Reshape -> Transpose -> Reshape with the Concat before and the Split / Slice after, from both torch
+    exporters: the same gathers as from_torch, equal to ONNX Runtime and torch."""
+    from onnx_export import export, ort_run
+
+    from tilefuse.frontend import from_onnx
+    m = _init(Net(58, 3, tail=nn.Conv2d(58, 6, 1)))
+    x = rnd((1, 3, 14, 18))
+    blob = export(m, x, exporter)
+    c, (got,) = _run(from_onnx(blob), [x], 2)
+    ops = [o.op for o in c.network.ops]
+    assert "concat" not in ops and "permute" not in ops and ops.count("channel_shuffle") == 2 + 2 + 1, ops
+    _close(got, m, x)
+    want = ort_run(blob, x)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
