@@ -92,6 +92,40 @@ def test_squeeze_excitation_kernel_both_layouts_and_threads(n, c, r, hw, act, ga
             np.testing.assert_array_equal(o, outs[0])
 
 
+@pytest.mark.parametrize("n,c,r,hw", [(1, 960, 240, 7), (5, 1000, 250, 3), (1, 700, 190, 5), (3, 520, 130, 1)])
+def test_large_fc_weights_split_rows_over_tasks(n, c, r, hw, monkeypatch):
+    """FC weights of at least squeeze.SPLIT_BYTES (MobileNetV3-Large's 960 -> 240 -> 960) run both FCs in
+    row chunks (a rule on the shape only): the reference within tolerance, the same bits at every thread
+    count, from x and from row sums, and the unsplit kernel's values within 1e-6."""
+    from tilefuse.kernels import squeeze
+    from tilefuse.kernels.conv import to_nchwc
+    from tilefuse.kernels.conv._nb import row_sum16
+    assert squeeze.fc_chunks(r, c) > 1 and squeeze.fc_chunks(48, 1152) == 1   # EfficientNet-B0's largest: one
+    x = rand(n, c, hw, hw)
+    w1, b1, w2, b2 = se_weights(c, r)
+    act, gate = ("hardswish", 0.0, 0.0), ("hardsigmoid", 1 / 6, 0.5)
+    want = ref.squeeze_excitation(x, w1, b1, w2, b2, act, gate)
+    xb = to_nchwc(x)
+    rs = np.zeros((n, xb.shape[1], hw, 16), np.float32)       # x's row sums, as the depthwise epilogue writes them
+    xf, rsf = xb.reshape(-1), rs.reshape(-1)
+    for i in range(n * xb.shape[1] * hw):
+        row_sum16(xf, i * hw * 16, hw, rsf, i * 16)
+
+    def run(layout, th, sums=None):
+        out = np.full((n, c, 1, 1), np.nan, np.float32)
+        squeeze.squeeze_excitation(out, x if layout == "nchw" else xb, w1, b1, w2, b2, act=act, gate=gate,
+                                   layout=layout, threads=th, row_sums=sums)
+        return out
+    outs = [run(lay, th, sums) for lay, sums in (("nchw", None), ("nchwc", None), ("nchwc", rs)) for th in THREADS]
+    close(outs[0], want)
+    for o in outs[len(THREADS):]:
+        np.testing.assert_array_equal(o, outs[len(THREADS)])      # blocked: from x and from row sums alike
+    close(outs[len(THREADS)], want)
+    monkeypatch.setattr(squeeze, "SPLIT_BYTES", 1 << 40)
+    assert squeeze.fc_chunks(r, c) == 1
+    close(run("nchwc", 2), outs[len(THREADS)], tol=1e-6)
+
+
 @pytest.mark.parametrize("n,c,o,hw", [(1, 33, 17, 13), (3, 40, 70, 7), (3, 20, 5, 13), (1, 100, 70, 1), (2, 7, 3, 7)])
 def test_input_scaled_conv_bound_both_paths_and_threads(n, c, o, hw, monkeypatch):
     """The bound NCHW16c form (weights packed once): the scaled-weights path and the

@@ -57,6 +57,112 @@ def _fc_gate(s, m, w1, b1, w2, b2, i0, i1, c1, a1, e1, c2, a2, e2):
 
 
 IMAGES_PER_TASK = 4   # the FC part per task (fixed: the result never depends on the split)
+# FC weights (both layers, bytes) from which the FCs' rows are split over tasks too: at batch 1 the FC part
+# was one task, one core streaming MobileNetV3-Large's 0.9-1.8 MB blocks (85-166 us, ~11 GB/s) while the
+# others waited; EfficientNet-B0's blocks (<= 442 KB) did not gain from a split (eleventh session)
+SPLIT_BYTES = 512 << 10
+SPLIT_TASK_BYTES = 128 << 10   # a split task's share of one layer's weights (shape only: the split is fixed)
+
+
+def fc_chunks(r: int, c: int) -> int:
+    """Row chunks per FC layer for weights (R, C) and (C, R): 1 (no split) below SPLIT_BYTES, else enough
+    for SPLIT_TASK_BYTES a chunk. A rule on the shape only: the bits never depend on the thread count."""
+    nbytes = 4 * r * c
+    return 1 if 2 * nbytes < SPLIT_BYTES else -(-nbytes // SPLIT_TASK_BYTES)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _fc1_rows(h, m, w1, b1, i0, i1, r0, r1, c1, a1, e1):
+    """h[i, r] = act(w1[r] . m[i] + b1[r]) for images [i0, i1), rows [r0, r1): `_fc_gate`'s first layer."""
+    C = w1.shape[1]
+    for i in range(i0, i1):
+        for r in range(r0, r1):
+            acc = np.float32(0.0)
+            for c in range(C):
+                acc += w1[r, c] * m[i, c]
+            h[i, r] = A.apply_scalar(c1, acc + b1[r], a1, e1)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _fc2_rows(s, h, w2, b2, i0, i1, c0, c1_, c2, a2, e2):
+    """s[i, c] = gate(w2[c] . h[i] + b2[c]) for images [i0, i1), channels [c0, c1_): `_fc_gate`'s second."""
+    R = w2.shape[1]
+    for i in range(i0, i1):
+        si = s[i]
+        hi = h[i]
+        for c in range(c0, c1_):
+            acc = np.float32(0.0)
+            for r in range(R):
+                acc += w2[c, r] * hi[r]
+            si[c] = acc + b2[c]
+        A.apply_span(si, c0, c1_, c2, a2, e2)
+
+
+@njit(nogil=True, cache=True)
+def _split_seq(counter, tid, phase, s, h, m, w1, b1, w2, b2, k, c1, a1, e1, c2, a2, e2):
+    """One worker of a split FC layer (phase 1: the first, into h; 2: the second and the gate, into s):
+    task t = (group of IMAGES_PER_TASK images, row chunk of k)."""
+    n = s.shape[0]
+    rows = w1.shape[0] if phase == 1 else w2.shape[0]
+    per = -(-rows // k)
+    ng = -(-n // IMAGES_PER_TASK)
+    while True:
+        t = atomic_add(counter, 0, 1)
+        if t >= ng * k:
+            break
+        g = t // k
+        r0 = (t - g * k) * per
+        r1 = min(rows, r0 + per)
+        i0 = g * IMAGES_PER_TASK
+        i1 = min(n, i0 + IMAGES_PER_TASK)
+        if r0 >= r1:
+            continue
+        if phase == 1:
+            _fc1_rows(h, m, w1, b1, i0, i1, r0, r1, c1, a1, e1)
+        else:
+            _fc2_rows(s, h, w2, b2, i0, i1, r0, r1, c2, a2, e2)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _split_par(nt, phase, s, h, m, w1, b1, w2, b2, k, c1, a1, e1, c2, a2, e2):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _split_seq(counter, nb.get_thread_id(), phase, s, h, m, w1, b1, w2, b2, k, c1, a1, e1, c2, a2, e2)
+
+
+@njit(nogil=True, cache=True)
+def _rows_means_seq(counter, tid, m, rs, inv):
+    """m[i, c] = (x's row sums rs (N, Cb, H, 16) of channel c added in order) * inv, a task per image (the
+    means of `_fc_rows_seq`, for the split FCs)."""
+    n, C = m.shape
+    cb, h = rs.shape[1], rs.shape[2]
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= n:
+            break
+        for b in range(cb):
+            for l in range(min(16, C - b * 16)):
+                acc = np.float32(0.0)
+                for r in range(h):
+                    acc += rs[i, b, r, l]
+                m[i, b * 16 + l] = acc * inv
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_means_par(nt, m, rs, inv):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _rows_means_seq(counter, nb.get_thread_id(), m, rs, inv)
+
+
+def _fc_split(s, m, w1m, b1, w2m, b2, k, threads, c1, a1, e1, c2, a2, e2) -> None:
+    """Both FC layers with their rows in k chunks, a task loop each (the first's output in scratch)."""
+    n = s.shape[0]
+    h = scratch("se_hidden", (n, w1m.shape[0]))
+    ng = -(-n // IMAGES_PER_TASK)
+    for phase in (1, 2):
+        numba_region(_split_par, _split_seq, threads, ng * k, phase, s, h, m, w1m, b1, w2m, b2, k, c1, a1, e1, c2,
+                     a2, e2)
 
 
 @njit(nogil=True, cache=True)
@@ -151,10 +257,17 @@ def squeeze_excitation(out, x, w1, b1, w2, b2, *, act, gate, layout="nchw", thre
     w1m, w2m = w1.reshape(r, c), w2.reshape(c, r)          # (R, C, 1, 1) -> (R, C), (C, R, 1, 1) -> (C, R)
     s = out.reshape(n, c)                                    # (N, C, 1, 1) -> (N, C)
     # every step is a numba_region task loop: a bound call can be replayed (threads.replaying)
+    k = fc_chunks(r, c)
+
+    def fcs():
+        if k > 1:
+            _fc_split(s, m, w1m, b1, w2m, b2, k, threads, c1, a1, e1, c2, a2, e2)
+        else:
+            numba_region(_fc_par, _fc_seq, threads, -(-n // IMAGES_PER_TASK), s, m, w1m, b1, w2m, b2, c1, a1, e1, c2,
+                         a2, e2)
     if layout != "nchwc":
         means_into(m, x, layout, threads)
-        numba_region(_fc_par, _fc_seq, threads, -(-n // IMAGES_PER_TASK), s, m, w1m, b1, w2m, b2, c1, a1, e1, c2, a2,
-                     e2)
+        fcs()
         return
     _, cb, h, w, _ = x.shape
     inv = np.float32(1.0) / np.float32(h * w)
@@ -162,11 +275,14 @@ def squeeze_excitation(out, x, w1, b1, w2, b2, *, act, gate, layout="nchw", thre
         per = mean_blocks_per_task(h * w, 16)
         numba_region(_row_means_par, _row_means_seq, threads, n * -(-cb // per), m, x.reshape(-1), n, cb, h, w,
                      int(per), inv)
-        numba_region(_fc_par, _fc_seq, threads, -(-n // IMAGES_PER_TASK), s, m, w1m, b1, w2m, b2, c1, a1, e1, c2, a2,
-                     e2)
+        fcs()
         return
     if row_sums.shape != (n, cb, h, 16):
         raise ValueError(f"squeeze_excitation (NCHW16c): row sums {row_sums.shape}; expected ({n}, {cb}, {h}, 16)")
+    if k > 1:
+        numba_region(_rows_means_par, _rows_means_seq, threads, n, m, row_sums, inv)
+        fcs()
+        return
     numba_region(_fc_rows_par, _fc_rows_seq, threads, -(-n // IMAGES_PER_TASK), s, m, row_sums, inv, w1m, b1, w2m,
                  b2, c1, a1, e1, c2, a2, e2)
 
