@@ -93,9 +93,20 @@ SHUFFLE_CASES = [   # (input channel counts, groups, start, stop)
 ]
 
 
+@pytest.fixture(params=["vector", "lanes"])
+def lane_form(request, monkeypatch):
+    """Both forms of the lane gather: the AVX-512 permutes (conv/_nb.permsel16; where the host has AVX-512F)
+    and lane by lane."""
+    from tilefuse.kernels.conv.tiles import X86_512
+    if request.param == "vector" and not X86_512:
+        pytest.skip("the vector form needs AVX-512F (this host runs the lane-by-lane form, tested below)")
+    monkeypatch.setattr(movement, "LANE_SIMD", request.param == "vector")
+    return request.param
+
+
 @pytest.mark.parametrize("chans,g,start,stop", SHUFFLE_CASES)
 @pytest.mark.parametrize("n,threads", [(1, 1), (2, 2), (3, 3)])
-def test_blocked_shuffle_bitwise(chans, g, start, stop, n, threads):
+def test_blocked_shuffle_bitwise(chans, g, start, stop, n, threads, lane_form):
     xs = [rnd((n, c, 5, 7)) for c in chans]
     want = ref.channel_shuffle(xs, g, start, stop)
     c_out = want.shape[1]
@@ -118,7 +129,7 @@ def test_blocked_shuffle_non_contiguous_fallback():
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_blocked_concat_and_slice_gather(threads):
+def test_blocked_concat_and_slice_gather(threads, lane_form):
     """Misaligned channel concats and slices take the lane gather; whole-block ones numpy copies."""
     a, b, c = rnd((2, 21, 3, 5)), rnd((2, 7, 3, 5)), rnd((2, 33, 3, 5))
     out = np.full((2, 4, 3, 5, 16), np.nan, np.float32)
@@ -131,6 +142,24 @@ def test_blocked_concat_and_slice_gather(threads):
         movement.slice_(out, blocked(c), axis=1, start=start, stop=stop, step=step, layout="nchwc",
                         in_channels=[33], channels=want.shape[1], threads=threads)
         np.testing.assert_array_equal(out, blocked(want))
+
+
+def test_lane_segments():
+    """The vector form's table: per output block its source vectors (at most MAX_SEGMENTS, else lane by
+    lane) and for each the lane feeding every output lane, or -1."""
+    nseg, src, idx = movement.lane_segments("channel_shuffle", (58, 58), 58, 4, (2, 0))
+    # block 0: channels 0-7 of input 0 (its block 0) and of input 1 (block 0): two source vectors
+    assert nseg[0] == 2 and tuple(src[:, 0, 0]) == (0, 0) and tuple(src[:, 0, 1]) == (1, 0)
+    assert list(idx[0, :16]) == [0, -1, 1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1, 7, -1]
+    assert list(idx[0, 16:32]) == [-1, 0, -1, 1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1, 7]
+    # a 16-way spread (one channel from each of 16 inputs) is more than the vector form takes
+    nseg, _, _ = movement.lane_segments("concat", (1,) * 16, 16, 1, ())
+    assert nseg[0] == movement.MAX_SEGMENTS + 1
+    xs = [rnd((2, 1, 3, 4)) for _ in range(16)]
+    out = np.full((2, 1, 3, 4, 16), np.nan, np.float32)
+    movement.concat(out, *[blocked(x) for x in xs], axis=1, layout="nchwc", in_channels=[1] * 16, channels=16,
+                    threads=2)
+    np.testing.assert_array_equal(out, blocked(np.concatenate(xs, 1)))
 
 
 def test_lane_table_is_cached_and_read_only():

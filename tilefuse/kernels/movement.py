@@ -19,7 +19,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from .conv._nb import atomic_add, load_f32, stack_i64
+from .conv._nb import atomic_add, load_f32, permsel16, stack_i64
 from .threads import numba_region
 
 
@@ -37,8 +37,7 @@ def slice_(out, x, *, axis, start, stop, step, layout="nchw", in_channels=None, 
     if layout == "nchwc" and axis % 4 == 1:
         c0, _, st = slice(start, stop, step).indices(int(in_channels[0]))
         if not (st == 1 and c0 % 16 == 0) and _gather_ok(out, (x,)):
-            _gather(out, (x,), lane_table("slice", (int(in_channels[0]),), int(channels), out.shape[1], (c0, st)),
-                    threads)
+            _gather(out, (x,), ("slice", (int(in_channels[0]),), int(channels), out.shape[1], (c0, st)), threads)
             return
         _copy_channels(out, 0, x, c0, int(channels), st)
         for n in range(out.shape[0]):
@@ -133,7 +132,7 @@ def concat(out, *xs, axis=1, layout="nchw", in_channels=None, channels=None, thr
         return
     inch = tuple(int(c) for c in in_channels)
     if any(c % 16 for c in inch[:-1]) and _gather_ok(out, xs):
-        _gather(out, xs, lane_table("concat", inch, int(channels), out.shape[1], ()), threads)
+        _gather(out, xs, ("concat", inch, int(channels), out.shape[1], ()), threads)
         return
     off = 0
     for x, c in zip(xs, in_channels):
@@ -151,9 +150,10 @@ def channel_shuffle(out, *xs, groups, start=0, stop=None, layout="nchw", in_chan
     g = int(groups)
     if layout == "nchwc":
         inch = tuple(int(c) for c in in_channels)
-        table = lane_table("channel_shuffle", inch, int(channels), out.shape[1], (g, int(start)))
+        key = ("channel_shuffle", inch, int(channels), out.shape[1], (g, int(start)))
+        table = lane_table(*key)
         if _gather_ok(out, xs):
-            _gather(out, xs, table, threads)
+            _gather(out, xs, key, threads)
         else:   # non-contiguous operands (a band's ring view): the same table, lane by lane
             for n in range(out.shape[0]):
                 for c in range(int(channels)):
@@ -200,30 +200,71 @@ def lane_table(kind: str, in_channels: tuple, channels: int, ob: int, args: tupl
     return t
 
 
+LANE_SIMD = None   # the lane gather's vector form (conv/_nb.permsel16): None = where the host has AVX-512F
+MAX_SEGMENTS = 4   # source vectors an output block may read for the vector form (more: that block lane by lane)
+
+
+@functools.lru_cache(maxsize=1024)
+def lane_segments(kind: str, in_channels: tuple, channels: int, ob: int, args: tuple) -> tuple:
+    """`lane_table` as source vectors per output block, for `conv/_nb.permsel16`: (nseg (Ob,), src (2, Ob, 4):
+    input k and block of each, idx (Ob, 4 * 16) int32: the lane of segment j feeding output lane l, or -1).
+    nseg is MAX_SEGMENTS + 1 where a block reads more source vectors (that block runs lane by lane)."""
+    t = lane_table(kind, in_channels, channels, ob, args)
+    nseg = np.zeros(ob, np.int64)
+    src = np.zeros((2, ob, MAX_SEGMENTS), np.int64)
+    idx = np.full((ob, MAX_SEGMENTS * 16), -1, np.int32)
+    for b in range(ob):
+        segs = sorted({(int(t[0, b, l]), int(t[1, b, l])) for l in range(16) if t[0, b, l] >= 0})
+        if len(segs) > MAX_SEGMENTS:
+            nseg[b] = MAX_SEGMENTS + 1
+            continue
+        nseg[b] = len(segs)
+        for j, (k, blk) in enumerate(segs):
+            src[0, b, j], src[1, b, j] = k, blk
+            for l in range(16):
+                if (t[0, b, l], t[1, b, l]) == (k, blk):
+                    idx[b, 16 * j + l] = t[2, b, l]
+    for a in (nseg, src, idx):
+        a.flags.writeable = False
+    return nseg, src, idx
+
+
+def _simd() -> bool:
+    if LANE_SIMD is None:
+        from .conv.tiles import X86_512
+        return X86_512
+    return bool(LANE_SIMD)
+
+
 def _gather_ok(out, xs) -> bool:
     return all(a.dtype == np.float32 and a.flags.c_contiguous and a.ndim == 5 for a in (out,) + tuple(xs))
 
 
-def _gather(out, xs, table, threads) -> None:
-    """out (N, Ob, H, W, 16) from the blocked sources xs by `table` (lane_table): one task loop, every
-    lane of every output block written (so a replayed call, threads.replaying, redoes all of it). The
-    sources are passed as data addresses (any number of them in one compiled loop); they stay alive
-    for the call, and the table only names blocks they have (lane_table from their channel counts)."""
+def _gather(out, xs, key, threads) -> None:
+    """out (N, Ob, H, W, 16) from the blocked sources xs by the tables of `key` (lane_table's arguments):
+    one task loop, every lane of every output block written (so a replayed call, threads.replaying,
+    redoes all of it). The sources are passed as data addresses (any number of them in one compiled
+    loop); they stay alive for the call, and the tables only name blocks they have (built from their
+    channel counts)."""
     bases = np.array([x.ctypes.data for x in xs], np.int64)
     cbs = np.array([x.shape[1] for x in xs], np.int64)
-    numba_region(_lanes_par, _lanes_seq, threads, out.shape[0] * out.shape[1], out, bases, cbs, table)
+    nseg, src, idx = lane_segments(*key)
+    numba_region(_lanes_par, _lanes_seq, threads, out.shape[0] * out.shape[1], out, bases, cbs, lane_table(*key),
+                 nseg, src, idx, _simd())
 
 
 @njit(nogil=True, cache=True)
-def _lanes_seq(counter, tid, out, bases, cbs, table):
-    """One worker of the lane gather: task t = (image n, output block b); for each lane l the source
-    address at position 0 (bases[k] + ((n * Cb_k + block) * P * 16 + lane) * 4 bytes), then the
-    positions in order, 16 lanes each (positions 64 bytes apart in every source); the padded lanes
-    (after the last channel: the last block only) are written 0."""
+def _lanes_seq(counter, tid, out, bases, cbs, table, nseg, src, idx, simd):
+    """One worker of the lane gather: task t = (image n, output block b). Vector form (simd, a block reading
+    at most MAX_SEGMENTS source vectors): per position one `permsel16` over the block's source vectors
+    (their addresses at position 0: bases[k] + (n * Cb_k + block) * P * 64 bytes). Lane by lane: each
+    lane's source address at position 0 (+ lane * 4), then the positions in order, 16 lanes each; the
+    padded lanes (after the last channel: the last block only) are written 0. Both write the same values."""
     N, Ob = out.shape[0], out.shape[1]
     P = out.shape[2] * out.shape[3]
     of = out.reshape(out.size)
-    a = nb.carray(stack_i64(16), 16)
+    ap = stack_i64(16)
+    a = nb.carray(ap, 16)
     while True:
         t = atomic_add(counter, 0, 1)
         if t >= N * Ob:
@@ -231,6 +272,28 @@ def _lanes_seq(counter, tid, out, bases, cbs, table):
         n = t // Ob
         b = t - n * Ob
         d = (n * Ob + b) * P * 16
+        ns = nseg[b]
+        if simd and ns <= MAX_SEGMENTS:
+            for j in range(ns):
+                k = src[0, b, j]
+                a[j] = bases[k] + (n * cbs[k] + src[1, b, j]) * P * 64
+            ii = b * MAX_SEGMENTS * 16
+            if ns == 1:
+                for p in range(P):
+                    permsel16(of, d + p * 16, ap, p * 64, idx, ii, 1)
+            elif ns == 2:
+                for p in range(P):
+                    permsel16(of, d + p * 16, ap, p * 64, idx, ii, 2)
+            elif ns == 3:
+                for p in range(P):
+                    permsel16(of, d + p * 16, ap, p * 64, idx, ii, 3)
+            elif ns == 4:
+                for p in range(P):
+                    permsel16(of, d + p * 16, ap, p * 64, idx, ii, 4)
+            else:   # an output block of padding only (no channel): zeros
+                for p in range(P * 16):
+                    of[d + p] = 0.0
+            continue
         nl = 0          # lanes with a source: the first nl (a padded lane is never followed by a real one)
         for l in range(16):
             k = table[0, b, l]
@@ -250,10 +313,10 @@ def _lanes_seq(counter, tid, out, bases, cbs, table):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _lanes_par(nt, out, bases, cbs, table):
+def _lanes_par(nt, out, bases, cbs, table, nseg, src, idx, simd):
     counter = np.zeros(1, np.int64)
     for _w in nb.prange(nt):
-        _lanes_seq(counter, nb.get_thread_id(), out, bases, cbs, table)
+        _lanes_seq(counter, nb.get_thread_id(), out, bases, cbs, table, nseg, src, idx, simd)
 
 
 KERNELS = {"reshape": reshape, "permute": permute, "slice": slice_, "pad": pad, "concat": concat,

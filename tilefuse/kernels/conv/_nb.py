@@ -352,6 +352,51 @@ def load_f32(typingctx, addr):
     return sig, codegen
 
 
+@intrinsic
+def permsel16(typingctx, dst, di, segs, off, idx, ii, nseg):
+    """dst[di:di + 16] = 16 lanes gathered from `nseg` (a literal, 1..4) source vectors: for segment j, the 16
+    float32 at byte address segs[j] + off (segs: CPointer(int64)), permuted by the lane indices
+    idx[ii + 16 j: ii + 16 j + 16] (int32; vpermps, `llvm.x86.avx512.permvar.sf.512`) where that index is
+    >= 0; lanes no segment names are 0. The lane gather's AVX-512 form (kernels/movement.py): a few
+    vector loads and permutes per 16 values instead of 16 scalar loads and stores. Only on hosts with
+    AVX-512F (`x86_avx512`); elsewhere the (unreachable) call traps."""
+    f32, i32 = types.float32, types.int32
+    if not (isinstance(dst, types.Array) and dst.dtype == f32 and dst.layout == "C" and isinstance(di, types.Integer)
+            and isinstance(segs, types.CPointer) and segs.dtype == types.int64 and isinstance(off, types.Integer)
+            and isinstance(idx, types.Array) and idx.dtype == i32 and idx.layout == "C"
+            and isinstance(ii, types.Integer) and isinstance(nseg, types.IntegerLiteral)
+            and 1 <= nseg.literal_value <= 4):
+        return None
+    n = nseg.literal_value
+    sig = types.void(dst, di, segs, off, idx, ii, nseg)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        vf = ir.VectorType(ir.FloatType(), 16)
+        vi = ir.VectorType(ir.IntType(32), 16)
+        if not x86_avx512():
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.trap")
+            builder.call(fn, [])
+            return context.get_dummy_value()
+        perm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vi]),
+                                              "llvm.x86.avx512.permvar.sf.512")
+        o = context.cast(builder, args[3], signature.args[3], types.int64)
+        ia = context.make_array(signature.args[4])(context, builder, args[4])
+        i0 = context.cast(builder, args[5], signature.args[5], types.int64)
+        acc = ir.Constant(vf, [0.0] * 16)
+        for j in range(n):
+            a = builder.add(builder.load(builder.gep(args[2], [ir.Constant(ir.IntType(64), j)])), o)
+            v = builder.load(builder.inttoptr(a, vf.as_pointer()), align=4)
+            iv = builder.load(builder.bitcast(builder.gep(ia.data, [builder.add(i0, ir.Constant(ir.IntType(64), 16 * j))]),
+                                              vi.as_pointer()), align=4)
+            m = builder.icmp_signed(">=", iv, ir.Constant(vi, [0] * 16))
+            acc = builder.select(m, builder.call(perm, [v, iv]), acc)
+        builder.store(acc, _vec16_ptr(context, builder, signature, args, 0), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 # The AVX2 register tile of the blocked conv kernels (k1x1, direct, Winograd's GEMMs on tiles.ASM_AVX2
 # hosts), in x86-64 assembly (AT&T syntax; `$$` is LLVM's literal `$`): R <= 6 output positions x 16
 # output channels, 2R ymm accumulators. Numba's code for the 6 x 16 tile spilled: LLVM hoists the six
