@@ -131,21 +131,26 @@ def _split_par(nt, phase, s, h, m, w1, b1, w2, b2, k, c1, a1, e1, c2, a2, e2):
 
 
 @njit(nogil=True, cache=True)
-def _rows_means_seq(counter, tid, m, rs, inv):
-    """m[i, c] = (x's row sums rs (N, Cb, H, 16) of channel c added in order) * inv, a task per image (the
-    means of `_fc_rows_seq`, for the split FCs)."""
-    n, C = m.shape
+def _means_from_rows(m, rs, i, inv):
+    """m[i, c] = (image i's row sums rs (N, Cb, H, 16) of channel c, added in row order) * inv."""
+    C = m.shape[1]
     cb, h = rs.shape[1], rs.shape[2]
+    for b in range(cb):
+        for l in range(min(16, C - b * 16)):
+            acc = np.float32(0.0)
+            for r in range(h):
+                acc += rs[i, b, r, l]
+            m[i, b * 16 + l] = acc * inv
+
+
+@njit(nogil=True, cache=True)
+def _rows_means_seq(counter, tid, m, rs, inv):
+    """The means of `_fc_rows_seq` (`_means_from_rows`), a task per image, for the split FCs."""
     while True:
         i = atomic_add(counter, 0, 1)
-        if i >= n:
+        if i >= m.shape[0]:
             break
-        for b in range(cb):
-            for l in range(min(16, C - b * 16)):
-                acc = np.float32(0.0)
-                for r in range(h):
-                    acc += rs[i, b, r, l]
-                m[i, b * 16 + l] = acc * inv
+        _means_from_rows(m, rs, i, inv)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -214,20 +219,14 @@ def _row_means_par(nt, m, xf, n, cb, h, w, per, inv):
 @njit(nogil=True, cache=True)
 def _fc_rows_seq(counter, tid, s, m, rs, inv, w1, b1, w2, b2, c1, a1, e1, c2, a2, e2):
     """`_fc_seq` starting from row sums rs (N, Cb, H, 16): m[i, c] = (the rows' sums added in order) * inv."""
-    n, C = s.shape
-    cb, h = rs.shape[1], rs.shape[2]
+    n = s.shape[0]
     while True:
         i0 = atomic_add(counter, 0, 1) * IMAGES_PER_TASK
         if i0 >= n:
             break
         i1 = min(i0 + IMAGES_PER_TASK, n)
         for i in range(i0, i1):
-            for b in range(cb):
-                for l in range(min(16, C - b * 16)):
-                    acc = np.float32(0.0)
-                    for r in range(h):
-                        acc += rs[i, b, r, l]
-                    m[i, b * 16 + l] = acc * inv
+            _means_from_rows(m, rs, i, inv)
         _fc_gate(s, m, w1, b1, w2, b2, i0, i1, c1, a1, e1, c2, a2, e2)
 
 
