@@ -308,3 +308,31 @@ def test_onnx_exports_fuse_the_same_way(exporter):
     _close(got, m, x)
     want = ort_run(blob, x)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_validator_refuses_crafted_shuffles():
+    """A package's channel_shuffle instruction is checked before anything runs: channel counts that
+    disagree with the blocked shapes (the lane table would name blocks the inputs do not have), a range past
+    the channels, groups that do not divide them."""
+    from tilefuse.compiler import validate as V
+    from tilefuse.compiler.program import DIRECT, HIDDEN, Instruction, Operand
+
+    def ins(shapes, out, **params):
+        ops = [Operand(f"i{k}", DIRECT, HIDDEN, np.dtype(np.float32), sh) for k, sh in enumerate(shapes)]
+        return Instruction("channel_shuffle", ops + [Operand("o", DIRECT, HIDDEN, np.dtype(np.float32), out)],
+                           dict(params, layout="nchwc"))
+    V.VALIDATORS["channel_shuffle"](ins([(1, 4, 5, 5, 16), (1, 4, 5, 5, 16)], (1, 4, 5, 5, 16), groups=2,
+                                        start=58, stop=116, channels=58, in_channels=[58, 58]))
+    bad = [
+        (ins([(1, 2, 5, 5, 16)], (1, 7, 5, 5, 16), groups=2, start=0, stop=None, channels=100, in_channels=[100]),
+         "channel blocks"),
+        (ins([(1, 4, 5, 5, 16), (1, 4, 5, 5, 16)], (1, 4, 5, 5, 16), groups=2, start=60, stop=120, channels=60,
+             in_channels=[58, 58]), "stop <= 116"),
+        (ins([(1, 4, 5, 5, 16)], (1, 4, 5, 5, 16), groups=3, start=0, stop=None, channels=58, in_channels=[58]),
+         "groups=3"),
+        (ins([(1, 4, 5, 5, 16), (1, 4, 6, 5, 16)], (1, 8, 5, 5, 16), groups=2, start=0, stop=None, channels=116,
+             in_channels=[58, 58]), "concat input"),
+    ]
+    for i, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            V.VALIDATORS["channel_shuffle"](i)

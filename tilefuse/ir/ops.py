@@ -900,7 +900,7 @@ NORM = ops_in("norm")                # per-channel / cross-channel maps (batch_n
 ELEMENTWISE = ops_in("elementwise")  # one output element per input element (relu, activation, add, ...)
 LINEAR = ops_in("linear")            # dense layers (linear)
 REDUCE = ops_in("reduce")            # reductions along axes (softmax, mean, sum)
-SHAPE = ops_in("shape")              # data movement (flatten, concat, reshape, permute, slice, pad)
+SHAPE = ops_in("shape")              # data movement (flatten, concat, reshape, permute, slice, pad, channel_shuffle)
 RESIZE = ops_in("resize")            # spatial resampling (resize: nearest, bilinear)
 
 # property groups:

@@ -387,8 +387,8 @@ def permsel16(typingctx, dst, di, segs, off, idx, ii, nseg):
         for j in range(n):
             a = builder.add(builder.load(builder.gep(args[2], [ir.Constant(ir.IntType(64), j)])), o)
             v = builder.load(builder.inttoptr(a, vf.as_pointer()), align=4)
-            iv = builder.load(builder.bitcast(builder.gep(ia.data, [builder.add(i0, ir.Constant(ir.IntType(64), 16 * j))]),
-                                              vi.as_pointer()), align=4)
+            ij = builder.add(i0, ir.Constant(ir.IntType(64), 16 * j))
+            iv = builder.load(builder.bitcast(builder.gep(ia.data, [ij]), vi.as_pointer()), align=4)
             m = builder.icmp_signed(">=", iv, ir.Constant(vi, [0] * 16))
             acc = builder.select(m, builder.call(perm, [v, iv]), acc)
         builder.store(acc, _vec16_ptr(context, builder, signature, args, 0), align=4)
