@@ -120,6 +120,47 @@ def test_assembly_tile_runs_on_x86_avx2_hosts(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ok": True}
 
 
+_STEM_IR = r"""
+import json, re
+import numpy as np
+import tilefuse
+from tilefuse.kernels.conv import stem
+x = np.ones((1, 3, 12, 12), np.float32)
+o = np.empty((1, 2, 6, 6, 16), np.float32)
+stem.run_to_nchwc(o, x, stem.prepare(np.ones((32, 3, 3, 3), np.float32), np.zeros(32, np.float32)), stride=(2, 2),
+                  padding=(1, 1, 1, 1), relu=True, threads=1)
+ir = stem._stem_tile.inspect_llvm(stem._stem_tile.signatures[0])
+calls = sorted(set(re.findall(r"call [^@\n]*@\S*?(_stem_rows_[a-z0-9]+)B", ir)))
+print(json.dumps({"calls": calls, "ok": bool(np.all(o[:, :, 1:, 1:] == 27.0))}))
+"""
+
+
+def test_stem_strip_runs_on_x86_avx2_hosts(tmp_path):
+    """x86-64 AVX2 hosts (tiles.ASM_AVX2) run the stem on the AVX2 strip: its tile dispatcher, compiled
+    afresh through the public entry (in a new process with its own numba cache: numba cannot inspect cached
+    code), calls `_stem_rows_avx2` and computes the conv. Fails if the dispatch falls back to the numba
+    5 x 1 tile (1.2-1.5x the time: benchmarks/RESULTS.md, fifteenth session)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tilefuse.kernels.conv import tiles
+    if not (NARROW and tiles.X86_AVX2):
+        pytest.skip("not an x86-64 AVX2 host compiled for 256-bit vectors (the AVX-512 strip's test covers those)")
+
+    def probe(flag):
+        e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / f"numba{flag}"), TILEFUSE_ASM_TILES=flag,
+                 PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+        out = subprocess.run([sys.executable, "-c", _STEM_IR], env=e, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    on = probe("1")
+    assert on["ok"] and "_stem_rows_avx2" in on["calls"], on
+
+
 _STRIP512_IR = r"""
 import json, re
 from numba import types as t
@@ -330,9 +371,10 @@ def test_direct_tiles_same_bits(ci, co, k, stride, dil, hw, o0):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("cin,co,k,stride,hw", [(3, 64, 7, 2, 19), (1, 40, 3, 1, 10), (4, 24, 5, 2, 13),
-                                                 (3, 48, 7, 2, 63), (3, 32, 3, 1, 30)])
-def test_stem_tiles_same_bits(cin, co, k, stride, hw):
+@pytest.mark.parametrize("cin,co,k,stride,hw,with_res", [(3, 64, 7, 2, 19, False), (1, 40, 3, 1, 10, True),
+                                                          (4, 24, 5, 2, 13, False), (3, 48, 7, 2, 63, True),
+                                                          (3, 32, 3, 1, 30, False), (3, 16, 4, 4, 29, True)])
+def test_stem_tiles_same_bits(cin, co, k, stride, hw, with_res):
     rng = np.random.default_rng(cin * co)
     pad = k // 2
     x = rng.standard_normal((1, cin, hw, hw)).astype(np.float32)
@@ -343,16 +385,23 @@ def test_stem_tiles_same_bits(cin, co, k, stride, hw):
     band = np.ascontiguousarray(np.pad(x[0], ((0, 0), (pad, pad), (pad, pad))))
     ho = (hw + 2 * pad - k) // stride + 1
     ob = wb.shape[0]
+    res = rng.standard_normal((1, ob, ho * ho, 16)).astype(np.float32) if with_res else EMPTY4
     outs = []
-    # (the AVX-512 strip where this host runs it: rows of 30-32 positions, whole 14-position tiles and the rest)
-    for fn in (stem._stem_rows_narrow, stem._stem_rows_wide) + ((stem._stem_rows_512,) if ASM_512 else ()):
-        out = np.zeros((1, ob, ho * ho, 16), np.float32)
+    # (the AVX-512 strip / the AVX2 strip where this host runs them: whole 14- / 6-position tiles of a row and
+    # the rest; the AVX2 strip also at stride 4, ConvNeXt's patchify stem)
+    fns = [stem._stem_rows_narrow, stem._stem_rows_wide]
+    fns += [stem._stem_rows_512] if ASM_512 and stride <= 2 else []
+    fns += [stem._stem_rows_avx2] if ASM_AVX2 else []
+    for fn in fns:
+        out = np.full((1, ob, ho * ho, 16), np.nan, np.float32)
         for r0, r1 in ((0, 3), (3, ho)):
-            fn(out, 0, band, 0, wb, r0, r1, ho, stride, stride, 1, 1, bias, EMPTY4, False, *CLIP)
+            fn(out, 0, band, 0, wb, r0, r1, ho, stride, stride, 1, 1, bias, res, with_res, *CLIP)
         outs.append(out)
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
     got = _unblocked(outs[0].reshape(1, ob, ho, ho, 16), co)
-    np.testing.assert_allclose(got, _act(_conv_ref(x, wt, b, stride, pad, 1)), rtol=1e-4, atol=1e-4)
+    want = _act(_conv_ref(x, wt, b, stride, pad, 1),
+                _unblocked(res.reshape(1, ob, ho, ho, 16), co) if with_res else None)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("a2,p,cip,op,pa0,pa1,nob", [(16, 13, 48, 3, 0, 3, 5), (36, 7, 32, 2, 1, 2, 2),

@@ -603,6 +603,98 @@ def strip16_rows(prm, nv):
         strip16(prm, 1)
 
 
+# The stem's AVX2 strip (stem._stem_rows_avx2 on tiles.ASM_AVX2 hosts): dstrip512's loop (below) with ymm
+# registers: tiles of R <= 6 consecutive output positions of one output row x one block of 16 output
+# channels, the positions `ps` (4, 8 or 16: stride 1, 2 or 4) bytes apart in the stem's plain (C, rows, Wp) band;
+# the reduction runs over a table of chunks (the (c, kh, kw) taps in the weights' order, one input channel
+# each, at the tap's byte offset from the position), the weight rows wb[ob, c, kh, kw, :] 64 bytes apart.
+# Registers as tile16's (accumulators ymm0-11: position r's lanes 0-7 in ymm(2r), 8-15 in ymm(2r+1); the
+# weight row in ymm12-13; two broadcast registers alternating); the epilogue strip16's finalize (+ bias,
+# + residual, identity / ReLU / clip, stored by the assembly). Each accumulator's chain is the numba stem
+# tiles' (fma(x, w, acc) over the taps in order, + bias, + residual, the activation as store16): the same
+# bits (tests/test_register_tiles.py). The numba 5 x 1 tile around which this replaces ran 35 GFLOP/s on
+# two Zen 3 cores (MobileNetV2's stem: 614 us against ONNX Runtime's 437). Parameter block (int64 [14],
+# dstrip512's layout, read through %rdi):
+#   0 &x (position 0 of the strip's first tile)   1 &w (the block's first row)   2 &table (int64 byte offsets)
+#   3 chunks (>= 1)   4, 5 unused   6 &out (position 0)   7 tiles (>= 1)   8 &bias[16]
+#   9 &residual (like out), or 0   10 activation code (0, 1, 2)   11 &(alpha, beta)   12, 13 unused
+def _sstrip16_asm(rows: int, ps: int) -> str:
+    acc = range(2 * rows)
+    body = ["vmovups (%rdx), %ymm12", "vmovups 32(%rdx), %ymm13"]
+    for r in range(rows):
+        b = 14 + (r & 1)
+        body += [f"vbroadcastss {ps * r}(%rsi), %ymm{b}", f"vfmadd231ps %ymm{b}, %ymm12, %ymm{2 * r}",
+                 f"vfmadd231ps %ymm{b}, %ymm13, %ymm{2 * r + 1}"]
+    s = ["mov (%rdi), %r10", "mov 48(%rdi), %r11", "mov 56(%rdi), %r12", "mov 72(%rdi), %r13",
+         "5:"] + [f"vxorps %ymm{i}, %ymm{i}, %ymm{i}" for i in acc]
+    s += [f"prefetchw {STRIP_PF_OUT * 64 * rows + 64 * r}(%r11)" for r in range(rows)]
+    s += ["mov 8(%rdi), %rdx", "mov 16(%rdi), %r8", "mov 24(%rdi), %rcx",
+          "1:", "mov (%r8), %rsi", "add %r10, %rsi", "add $$8, %r8"] + body + [
+          "add $$64, %rdx", "dec %rcx", "jnz 1b",
+          "mov 64(%rdi), %r15", "vmovups (%r15), %ymm12", "vmovups 32(%r15), %ymm13"]
+    s += [f"vaddps %ymm{12 + (i & 1)}, %ymm{i}, %ymm{i}" for i in acc]
+    s += ["test %r13, %r13", "jz 6f"]
+    s += [f"vaddps {32 * i}(%r13), %ymm{i}, %ymm{i}" for i in acc]
+    s += [f"add $${64 * rows}, %r13",
+          "6:", "mov 80(%rdi), %r15", "cmp $$1, %r15", "jne 7f", "vxorps %ymm12, %ymm12, %ymm12"]
+    s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in acc]
+    s += ["jmp 8f", "7:", "cmp $$2, %r15", "jne 8f", "mov 88(%rdi), %r15", "vbroadcastss (%r15), %ymm12",
+          "vbroadcastss 4(%r15), %ymm13"]
+    s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in acc]
+    s += [f"vminps %ymm{i}, %ymm13, %ymm{i}" for i in acc]
+    s += ["8:"] + [f"vmovups %ymm{i}, {32 * i}(%r11)" for i in acc]
+    s += [f"add $${ps * rows}, %r10", f"add $${64 * rows}, %r11", "dec %r12", "jnz 5b"]
+    return "\n\t".join(s)
+
+
+@intrinsic
+def sstrip16(typingctx, prm, rows, ps):
+    """The stem's AVX2 strip above for `rows` (1..6) positions a tile, `ps` (4, 8, 16) input bytes from one
+    position to the next, both compile-time literals; parameters in prm (CPointer(int64) of 14). x86-64
+    with AVX2 and FMA only, as tile16."""
+    ok = (isinstance(prm, types.CPointer) and prm.dtype == types.int64
+          and all(isinstance(v, types.IntegerLiteral) for v in (rows, ps))
+          and 1 <= rows.literal_value <= TILE_ROWS and ps.literal_value in (4, 8, 16))
+    if not ok:
+        return None
+    text = _sstrip16_asm(rows.literal_value, ps.literal_value)
+    return types.void(prm, rows, ps), _asm_codegen(x86_avx2, text, _TILE_CLOBBERS)
+
+
+def _by_rows6(strip, ps: int):
+    """An inlined dispatcher nv -> strip(prm, nv, ps) for nv = 1..6 positions chosen at run time (`_by_rows`'
+    form for the ymm strips)."""
+    @njit(inline="always")
+    def rows(prm, nv):
+        if nv >= 6:
+            strip(prm, 6, ps)
+        elif nv == 5:
+            strip(prm, 5, ps)
+        elif nv == 4:
+            strip(prm, 4, ps)
+        elif nv == 3:
+            strip(prm, 3, ps)
+        elif nv == 2:
+            strip(prm, 2, ps)
+        else:
+            strip(prm, 1, ps)
+    return rows
+
+
+_sstrip16_1, _sstrip16_2, _sstrip16_4 = _by_rows6(sstrip16, 4), _by_rows6(sstrip16, 8), _by_rows6(sstrip16, 16)
+
+
+@njit(inline="always")
+def sstrip16_rows(prm, nv, step):
+    """The stem's AVX2 strip with nv = 1..6 positions a tile and stride step = 1, 2, 4 chosen at run time."""
+    if step == 1:
+        _sstrip16_1(prm, nv)
+    elif step == 2:
+        _sstrip16_2(prm, nv)
+    else:
+        _sstrip16_4(prm, nv)
+
+
 # The AVX-512 strip (k1x1 at stride 1 on tiles.ASM_512 hosts): `_strip_asm`'s loop, stores and epilogue
 # with zmm registers and tiles of R <= 14 positions x B (1 or 2) blocks of 16 output channels: 2R
 # accumulators in zmm0-27 (position r, block b in zmm(B*r + b)), the weight row (B x 16 floats, the

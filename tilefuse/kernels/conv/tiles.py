@@ -12,9 +12,10 @@ grouped_lanes run their 16 lanes as two 8-lane halves. Every output element is t
 in the same order in both forms, so the bits do not depend on the host (tests/test_register_tiles.py).
 
 `ASM_AVX2`: on x86-64 hosts of that kind with AVX2 and FMA, the 1x1 kernel runs a 6 positions x
-1 block tile written in assembly (`_nb.gemm6x16`, `k1x1._k1x1_avx2`): 12 ymm accumulators, which
-numba's code for the same tile spilled. The same bits again. `TILEFUSE_ASM_TILES=0` turns it off
-(the numba 5 x 1 tile then runs).
+1 block tile written in assembly (`_nb.tile16` / `_nb.strip16`, `k1x1._k1x1_avx2`): 12 ymm accumulators,
+which numba's code for the same tile spilled; the stem runs the same registers as a strip over an output
+row's tiles (`_nb.sstrip16`, `stem._stem_rows_avx2`). The same bits again. `TILEFUSE_ASM_TILES=0` turns
+them off (the numba 5 x 1 tile then runs).
 
 `ASM_512`: on x86-64 hosts compiled for 512-bit vectors, the 1x1 (`_nb.strip512`, `k1x1._k1x1_strips`;
 strided ones after a gather), the direct conv and the grouped conv through it (`_nb.dstrip512`,
