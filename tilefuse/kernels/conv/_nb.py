@@ -562,21 +562,29 @@ def _strip_asm(rows: int) -> str:
     s += ["cmpq $$0, 96(%rdi)", "je 4f"] + [f"prefetcht0 {STRIP_PF_IN * step + 64 * r}(%r14)" for r in range(rows)]
     s += ["4:"] + body + ["add $$4, %rsi", "add %r9, %rdx", "dec %rbx", "jnz 4b",
                           "add %r8, %r14", "dec %rcx", "jnz 1b",
-                          "2:", "cmpq $$0, 120(%rdi)", "je 8f",
-                          "mov 64(%rdi), %r15", "vmovups (%r15), %ymm12", "vmovups 32(%r15), %ymm13"]
+                          "2:", "cmpq $$0, 120(%rdi)", "je 8f"]
+    s += _ymm_finish(rows)
+    s += [f"add $${step}, %r10", f"add $${step}, %r11", "dec %r12", "jnz 5b"]
+    return "\n\t".join(s)
+
+
+def _ymm_finish(rows: int) -> list[str]:
+    """The ymm strips' tile epilogue (strip16's finalize, sstrip16's): + bias (prm[8]), + residual (%r13, 0:
+    none; advanced a tile), the activation (prm[10] 0 / 1 ReLU / 2 clip, prm[11] &(alpha, beta)), stored at
+    %r11 (label 8: the stores). Accumulator i holds position i // 2's lanes 8 * (i % 2) .. + 8."""
+    acc = range(2 * rows)
+    s = ["mov 64(%rdi), %r15", "vmovups (%r15), %ymm12", "vmovups 32(%r15), %ymm13"]
     s += [f"vaddps %ymm{12 + (i & 1)}, %ymm{i}, %ymm{i}" for i in acc]
     s += ["test %r13, %r13", "jz 6f"]
     s += [f"vaddps {32 * i}(%r13), %ymm{i}, %ymm{i}" for i in acc]
-    s += [f"add $${step}, %r13",
+    s += [f"add $${64 * rows}, %r13",
           "6:", "mov 80(%rdi), %r15", "cmp $$1, %r15", "jne 7f", "vxorps %ymm12, %ymm12, %ymm12"]
     s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in acc]
     s += ["jmp 8f", "7:", "cmp $$2, %r15", "jne 8f", "mov 88(%rdi), %r15", "vbroadcastss (%r15), %ymm12",
           "vbroadcastss 4(%r15), %ymm13"]
     s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in acc]
     s += [f"vminps %ymm{i}, %ymm13, %ymm{i}" for i in acc]
-    s += ["8:"] + [f"vmovups %ymm{i}, {32 * i}(%r11)" for i in acc]
-    s += [f"add $${step}, %r10", f"add $${step}, %r11", "dec %r12", "jnz 5b"]
-    return "\n\t".join(s)
+    return s + ["8:"] + [f"vmovups %ymm{i}, {32 * i}(%r11)" for i in acc]
 
 
 @intrinsic
@@ -630,19 +638,7 @@ def _sstrip16_asm(rows: int, ps: int) -> str:
     s += [f"prefetchw {STRIP_PF_OUT * 64 * rows + 64 * r}(%r11)" for r in range(rows)]
     s += ["mov 8(%rdi), %rdx", "mov 16(%rdi), %r8", "mov 24(%rdi), %rcx",
           "1:", "mov (%r8), %rsi", "add %r10, %rsi", "add $$8, %r8"] + body + [
-          "add $$64, %rdx", "dec %rcx", "jnz 1b",
-          "mov 64(%rdi), %r15", "vmovups (%r15), %ymm12", "vmovups 32(%r15), %ymm13"]
-    s += [f"vaddps %ymm{12 + (i & 1)}, %ymm{i}, %ymm{i}" for i in acc]
-    s += ["test %r13, %r13", "jz 6f"]
-    s += [f"vaddps {32 * i}(%r13), %ymm{i}, %ymm{i}" for i in acc]
-    s += [f"add $${64 * rows}, %r13",
-          "6:", "mov 80(%rdi), %r15", "cmp $$1, %r15", "jne 7f", "vxorps %ymm12, %ymm12, %ymm12"]
-    s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in acc]
-    s += ["jmp 8f", "7:", "cmp $$2, %r15", "jne 8f", "mov 88(%rdi), %r15", "vbroadcastss (%r15), %ymm12",
-          "vbroadcastss 4(%r15), %ymm13"]
-    s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in acc]
-    s += [f"vminps %ymm{i}, %ymm13, %ymm{i}" for i in acc]
-    s += ["8:"] + [f"vmovups %ymm{i}, {32 * i}(%r11)" for i in acc]
+          "add $$64, %rdx", "dec %rcx", "jnz 1b"] + _ymm_finish(rows)
     s += [f"add $${ps * rows}, %r10", f"add $${64 * rows}, %r11", "dec %r12", "jnz 5b"]
     return "\n\t".join(s)
 
