@@ -144,8 +144,8 @@ def _stem_rows_512(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias,
 def _stem_rows_avx2(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
     """The stem tiles' work on the AVX2 strip (`_nb.sstrip16`; tiles.ASM_AVX2 hosts, stride 1, 2 or 4 along
     W (4: ConvNeXt's patchify stem), code <= 2): per output block and row, the row's whole 6-position tiles
-    in one call, then one call for the rest. `_stem_rows_512`'s table and parameter block, one block a tile: the numba tiles' FMA chain per
-    output (the same bits)."""
+    in one call, then one call for the rest. `_stem_rows_512`'s table and parameter block, one block a tile:
+    the numba tiles' FMA chain per output (the same bits)."""
     C, R, Wp = band.shape
     Ob, _, KH, KW, _ = wb.shape
     bf = band.reshape(band.size)
