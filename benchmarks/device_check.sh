@@ -22,7 +22,14 @@ START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-480}
 CASES=${CASES:-"resnet50:1 resnet50:32 resnet18:16 vgg16:16"}
 
-STEPS=${STEPS:-"isa networks16 test_tiles networks2 train2 scaling32 scaling1 conv1x1 profile16 vs_ort16 test_isa modern2 idle16 align vs_ort2 vs_ort2_mnv2 test_threads"}
+# prewarm: one process per case compiles its kernels at the same time (benchmarks/prewarm.py), while the
+# AVX-512 bitwise tests run beside it (their output in $OUT/tests_*.txt); the timed steps then load
+# every kernel from numba's cache instead of compiling ~3 minutes inside the first case.
+PREWARM=${PREWARM:-"resnet50:1:16 resnet50:32:16 resnet18:16:16 vgg16:16:16 resnet50:1:2 resnet50:32:2 resnet18:16:2
+  vgg16:16:2 mobilenet_v2:1:2 mobilenet_v2:32:2 efficientnet_b0:1:2 efficientnet_b0:32:2 regnet_y_400mf:1:2
+  regnet_y_400mf:32:2 convnext_tiny:1:2 convnext_tiny:32:2 unet:1:2"}
+
+STEPS=${STEPS:-"prewarm isa networks16 test_tiles networks2 train2 scaling32 scaling1 conv1x1 profile16 vs_ort16 test_isa modern2 idle16 align vs_ort2 vs_ort2_mnv2 test_threads"}
 
 step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     local name=$1 want=$2; shift 2
@@ -40,6 +47,13 @@ step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)|L2|L3|Flags" | sed 's/Flags:.*/flags: &/' | cut -c1-200
     grep -o -w -E "avx512f|avx512_bf16|amx_tile|avx512_vnni" /proc/cpuinfo | sort | uniq -c
     "$PY" -c "import numpy, numba, torch, onnxruntime as o; print('numpy', numpy.__version__, 'numba', numba.__version__, 'torch', torch.__version__, 'ort', o.__version__)"
+    step prewarm 280 bash -c "
+        $PY -m pytest -q -p no:cacheprovider tests/test_register_tiles.py tests/test_channel_shuffle.py \
+            -k 'strips_same_bits or direct_tiles or stem_tiles or k1x1_tiles or shuffle' > $OUT/tests_tiles.txt 2>&1 &
+        $PY -m pytest -q -p no:cacheprovider tests/test_isa.py > $OUT/tests_isa.txt 2>&1 &
+        $PY benchmarks/training.py --models resnet18 --threads 2 --steps 1 --no-unfused > /dev/null 2>&1 &
+        $PY benchmarks/prewarm.py $(echo $PREWARM)
+        wait; tail -n 4 $OUT/tests_tiles.txt $OUT/tests_isa.txt"
     step isa 60 "$PY" -c "from tilefuse.kernels import isa; print(isa.info())"
     step networks16 200 "$PY" benchmarks/networks.py --cases $CASES --threads 16 --reps 3
     step test_tiles 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_register_tiles.py \
