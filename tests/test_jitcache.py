@@ -92,3 +92,39 @@ def test_trim_heap_is_safe_to_call():
     assert float(a[-1]) == float((1 << 20) - 1)
     if _sys.platform.startswith("linux"):
         assert jitcache._TRIM and jitcache._TRIM[0] is not None
+
+
+STALE_PROBE = ("import sys, warnings, numpy as np, tilefuse\n"
+               "from pathlib import Path\n"
+               "from tilefuse.kernels import elementwise, jitcache\n"
+               "if sys.argv[1] == 'edit':\n"
+               "    epi = Path(tilefuse.__file__).parent / 'kernels' / 'conv' / 'epilogue.py'\n"
+               "    epi.write_text(epi.read_text() + '\\n# edited while the process runs\\n')\n"
+               "x = np.full((1, 16, 4, 4), -2.0, np.float32)\n"
+               "with warnings.catch_warnings(record=True) as w:\n"
+               "    warnings.simplefilter('always')\n"
+               "    y = np.empty_like(x)\n"
+               "    elementwise.relu(y, x, threads=1)\n"
+               "print(jitcache.info()['dir'])\n"
+               "print(float(y.max()), jitcache.info().get('stale', False), any('changed after' in str(m.message) for m in w))\n")
+
+
+def test_no_cache_writes_after_the_sources_changed(tmp_path):
+    """A process whose kernel sources are edited after it started (its cache folder is keyed by the
+    old sources) compiles and runs its kernels but writes none of them to the cache, and says so;
+    the same process without the edit writes them (the check can fail)."""
+    pkg = tmp_path / "src"
+    shutil.copytree(ROOT / "tilefuse", pkg / "tilefuse",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
+    e = {k: v for k, v in os.environ.items() if k != "TILEFUSE_JIT_CACHE"}
+    e["PYTHONPATH"] = str(pkg)
+    found = {}
+    for mode in ("keep", "edit"):
+        e["NUMBA_CACHE_DIR"] = str(tmp_path / f"numba_{mode}")
+        r = subprocess.run([sys.executable, "-c", STALE_PROBE, mode], env=e, capture_output=True, text=True,
+                           timeout=300, cwd=str(pkg))
+        assert r.returncode == 0, r.stderr[-2000:]
+        folder, line = r.stdout.strip().splitlines()[-2:]
+        found[mode] = (sorted(p.name for p in Path(folder).rglob("*.nb*")), line)
+    assert found["keep"][0] and found["keep"][1] == "0.0 False False", found["keep"]
+    assert found["edit"][0] == [] and found["edit"][1] == "0.0 True True", found["edit"]

@@ -13,7 +13,14 @@ old helper: silently the old behaviour, or a crash. `configure()` runs once from
 where <hash> covers every .py file of the packages that define numba kernels (`SOURCES`) and the
 settings frozen into them (`BUILD_ENV`: TILEFUSE_ASM_TILES). Any
 change there starts a fresh folder (the kernels compile again on first use); numba's own
-per-function checks still apply inside it. TILEFUSE_JIT_CACHE=numba leaves numba's default
+per-function checks still apply inside it. The hash is taken when tilefuse is imported, but numba
+compiles (and caches) a kernel at its first call, possibly much later, from the code the process
+imported then: a module imported lazily after the sources were edited (a `git pull` beside a
+running server, an edit during a long test run) would put the new code's machine code into the old
+sources' folder, and a later process would load it as the old code's. So `configure()` also
+records each source file's size and modification time, and numba's cache writes check them
+(`guard_cache_writes()`): once a source has changed, this process stops writing cache entries (it
+warns once; its kernels still compile and run in memory). TILEFUSE_JIT_CACHE=numba leaves numba's default
 locations alone. Old folders are not removed (`tilefuse-*` under the root can be deleted any time).
 
 Loading a cached kernel: numba keeps, besides the machine code, the kernel's LLVM module parsed
@@ -70,8 +77,55 @@ def configure() -> dict:
     from numba.core import config
     path = os.path.join(root, "tilefuse-" + fingerprint())
     config.CACHE_DIR = path
-    _STATE.update(dir=path, reason="keyed by the kernel sources", lazy_linking=lazy_linking_modules())
+    _STATE.update(dir=path, reason="keyed by the kernel sources", lazy_linking=lazy_linking_modules(),
+                  stamps=stamps(), guarded=guard_cache_writes())
     return _STATE
+
+
+def stamps() -> tuple:
+    """(relative path, size, mtime in ns) of every kernel source file: what `fingerprint()` hashed."""
+    out = []
+    for d in SOURCES:
+        for p in sorted((_ROOT / d).rglob("*.py")):
+            st = p.stat()
+            out.append((str(p.relative_to(_ROOT)), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def sources_changed() -> bool:
+    """Have the kernel sources changed on disk since `configure()` hashed them?"""
+    return _STATE.get("stamps") is not None and stamps() != _STATE["stamps"]
+
+
+def guard_cache_writes() -> bool:
+    """numba's cache writes are skipped once the kernel sources changed since `configure()` (see the
+    module docstring). Idempotent; False where numba's cache class lacks `save_overload`."""
+    try:
+        from numba.core.caching import Cache
+    except ImportError:
+        return False
+    orig = getattr(Cache, "save_overload", None)
+    if orig is None:
+        return False
+    if getattr(orig, "_tilefuse_guard", False):
+        return True
+
+    def save_overload(self, sig, data):
+        mine = str(getattr(self, "_cache_path", "")).startswith(str(_STATE.get("dir")))  # our folder only
+        if mine and (_STATE.get("stale") or sources_changed()):
+            if not _STATE.get("stale"):
+                _STATE["stale"] = True
+                import warnings
+                warnings.warn(f"tilefuse: the kernel sources under {_ROOT} changed after this process "
+                              f"started; its kernels compile from the code it imported and are not "
+                              f"written to the cache folder {_STATE['dir']} (restart the process to cache "
+                              f"the new code)", RuntimeWarning, stacklevel=2)
+            return None
+        return orig(self, sig, data)
+
+    save_overload._tilefuse_guard = True
+    Cache.save_overload = save_overload
+    return True
 
 
 _TRIM: list = []
