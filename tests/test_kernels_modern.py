@@ -269,3 +269,8 @@ def test_channel_norm_blocked_kernel(n, c, h, w):
     assert np.all(flat[..., c:] == 0.0)
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
+    big = np.full(xb.shape[:3] + (2 * w, 16), 7.0, np.float32)
+    strided = big[:, :, :, ::2]                                  # a non-contiguous output view: written through
+    norm.channel_norm(strided, xb, g, b, eps=1e-6, threads=2, layout="nchwc", channels=c)
+    np.testing.assert_array_equal(big[:, :, :, ::2], outs[0])
+    assert np.all(big[:, :, :, 1::2] == 7.0)

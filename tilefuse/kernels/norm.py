@@ -60,81 +60,82 @@ def _channel_norm_image(out, x, gamma, beta, eps, n):
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def _channel_norm_rows(of, xf, gamma, beta, eps, C, Cb, H, W, n, h0, h1):
-    """Flat views xf, of of (N, Cb, H, W, 16), C real channels: rows [h0, h1) of image n, each (h, w)
-    normalized over the C lanes in use (the padded lanes are never read and are written 0). A row at a
-    time, vectorized over its W x 16 contiguous floats per block: acc[w*16 + l] sums lane l of every
-    block (the whole blocks, then the partial one's lanes), the 16 lane sums then added for the
-    position's sum; two passes (mean, then the centred variance: no cancellation) and the output,
-    over the row's blocks while they are in L1. Unsigned offsets (no wraparound code in the loops). A
-    position's result depends on its own values only: the task split never changes a bit. (One
-    position at a time over the blocks, a scalar sum, it ran ~4 GB/s: 9.8 ms of ConvNeXt-Tiny's
-    batch-1 time against ORT's 3.8 for LayerNormalization.)"""
+def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1):
+    """x4, o4: (N, Cb, H, W*16) views of NCHW16c tensors, C real channels; gt, bt: (Cb, W*16), gamma and
+    beta per lane tiled along the row. Rows [h0, h1) of image n, each (h, w) normalized over the C lanes
+    in use (the padded lanes are never read and are written beta's padding, 0). A row at a time, every
+    loop over the row's W x 16 contiguous floats of a block (vectorized): acc[w*16 + l] sums lane l of
+    every block (the whole blocks, then the partial one's lanes), the 16 lane sums then added for the
+    position's sum and spread over its 16 lanes again (mean, rstd); two passes (mean, then the centred
+    variance: no cancellation) and the output, over the row's blocks while they are in L1. A position's
+    result depends on its own values only: the task split never changes a bit. (One position at a time
+    over the blocks, a scalar sum, it ran ~4 GB/s: 9.8 ms of ConvNeXt-Tiny's batch-1 time against ORT's
+    3.8 for LayerNormalization; with a W x 16 nest for the output, which numba leaves scalar (LLVM
+    unrolls the 16 and numba runs no SLP vectorizer), 2-3x slower than with the tiled gamma/beta.)"""
+    Cb, RW = x4.shape[1], x4.shape[3]
+    W = RW // 16
     full = C // 16
     rem = C - full * 16
-    nb_ = full + (1 if rem else 0)
     inv_c = np.float32(1.0) / np.float32(C)
-    RW = W * 16
     acc = np.empty(RW, np.float32)
-    mean = np.empty(W, np.float32)
-    rstd = np.empty(W, np.float32)
+    mean = np.empty(RW, np.float32)     # per lane: its position's mean
+    rstd = np.empty(RW, np.float32)
     for h in range(h0, h1):
         for i in range(RW):
             acc[i] = 0.0
         for cb in range(full):
-            o = np.uint64(((n * Cb + cb) * H + h) * RW)
+            xr = x4[n, cb, h]
             for i in range(RW):
-                acc[i] += xf[o + np.uint64(i)]
+                acc[i] += xr[i]
         if rem:
-            o = np.uint64(((n * Cb + full) * H + h) * RW)
+            xr = x4[n, full, h]
             for w in range(W):
                 for l in range(rem):
-                    acc[w * 16 + l] += xf[o + np.uint64(w * 16 + l)]
+                    acc[w * 16 + l] += xr[w * 16 + l]
         for w in range(W):
             t = np.float32(0.0)
             for l in range(16):
                 t += acc[w * 16 + l]
-            mean[w] = t * inv_c
+            t *= inv_c
+            for l in range(16):
+                mean[w * 16 + l] = t
         for i in range(RW):
             acc[i] = 0.0
         for cb in range(full):
-            o = np.uint64(((n * Cb + cb) * H + h) * RW)
-            for w in range(W):
-                m = mean[w]
-                for l in range(16):
-                    d = xf[o + np.uint64(w * 16 + l)] - m
-                    acc[w * 16 + l] += d * d
+            xr = x4[n, cb, h]
+            for i in range(RW):
+                d = xr[i] - mean[i]
+                acc[i] += d * d
         if rem:
-            o = np.uint64(((n * Cb + full) * H + h) * RW)
+            xr = x4[n, full, h]
             for w in range(W):
-                m = mean[w]
                 for l in range(rem):
-                    d = xf[o + np.uint64(w * 16 + l)] - m
+                    d = xr[w * 16 + l] - mean[w * 16 + l]
                     acc[w * 16 + l] += d * d
         for w in range(W):
             t = np.float32(0.0)
             for l in range(16):
                 t += acc[w * 16 + l]
-            rstd[w] = np.float32(1.0) / np.sqrt(t * inv_c + eps)
-        for cb in range(full):
-            o = np.uint64(((n * Cb + cb) * H + h) * RW)
-            for w in range(W):
-                m, r = mean[w], rstd[w]
-                for l in range(16):
-                    u = o + np.uint64(w * 16 + l)
-                    of[u] = (xf[u] - m) * r * gamma[cb * 16 + l] + beta[cb * 16 + l]
-        for cb in range(full, Cb):
-            o = np.uint64(((n * Cb + cb) * H + h) * RW)
-            for w in range(W):
-                m, r = mean[w], rstd[w]
-                for l in range(16):
-                    u = o + np.uint64(w * 16 + l)
-                    c = cb * 16 + l
-                    of[u] = (xf[u] - m) * r * gamma[c] + beta[c] if cb < nb_ and l < rem else np.float32(0.0)
+            r = np.float32(1.0) / np.sqrt(t * inv_c + eps)
+            for l in range(16):
+                rstd[w * 16 + l] = r
+        for cb in range(Cb):
+            xr = x4[n, cb, h]
+            orow = o4[n, cb, h]
+            g = gt[cb]
+            b = bt[cb]
+            if cb < full:
+                for i in range(RW):
+                    orow[i] = (xr[i] - mean[i]) * rstd[i] * g[i] + b[i]
+            else:       # the partial block (its padded lanes, never read: 0) and any block past C
+                for w in range(W):
+                    for l in range(16):
+                        i = w * 16 + l
+                        orow[i] = (xr[i] - mean[i]) * rstd[i] * g[i] + b[i] if cb * 16 + l < C else np.float32(0.0)
 
 
 @njit(nogil=True, cache=True)
-def _channel_norm_seq(counter, tid, of, xf, gamma, beta, eps, C, N, Cb, H, W, rows):
+def _channel_norm_seq(counter, tid, o4, x4, gt, bt, eps, C, N, H, rows):
     """One worker (threads.numba_region): task i = image i // bands, rows [(i % bands) * rows, + rows)."""
     bands = (H + rows - 1) // rows
     total = N * bands
@@ -143,14 +144,14 @@ def _channel_norm_seq(counter, tid, of, xf, gamma, beta, eps, C, N, Cb, H, W, ro
         if i >= total:
             break
         h0 = (i % bands) * rows
-        _channel_norm_rows(of, xf, gamma, beta, eps, C, Cb, H, W, i // bands, h0, min(H, h0 + rows))
+        _channel_norm_rows(o4, x4, gt, bt, eps, C, i // bands, h0, min(H, h0 + rows))
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _channel_norm_par(nt, of, xf, gamma, beta, eps, C, N, Cb, H, W, rows):
+def _channel_norm_par(nt, o4, x4, gt, bt, eps, C, N, H, rows):
     counter = np.zeros(1, np.int64)
     for _w in nb.prange(nt):
-        _channel_norm_seq(counter, nb.get_thread_id(), of, xf, gamma, beta, eps, C, N, Cb, H, W, rows)
+        _channel_norm_seq(counter, nb.get_thread_id(), o4, x4, gt, bt, eps, C, N, H, rows)
 
 
 CN_TASK_VALUES = 1 << 14   # about this many values a channel-norm task (rows of one image; from the shape only)
@@ -158,13 +159,24 @@ CN_TASK_VALUES = 1 << 14   # about this many values a channel-norm task (rows of
 
 def channel_norm(out, x, gamma, beta, *, eps, threads=None, layout="nchw", channels=None, **_):
     if layout == "nchwc":
-        g, b = np.ascontiguousarray(gamma, np.float32), np.ascontiguousarray(beta, np.float32)
         n, cb, h, w, _ = x.shape
         rows = max(1, min(h, CN_TASK_VALUES // max(1, cb * w * 16)))
-        g16, b16 = np.zeros(cb * 16, np.float32), np.zeros(cb * 16, np.float32)   # padded to whole blocks
-        g16[:channels], b16[:channels] = g[:channels], b[:channels]
-        numba_region(_channel_norm_par, _channel_norm_seq, threads, n * -(-h // rows), out.reshape(-1), x.reshape(-1),
-                     g16, b16, np.float32(eps), int(channels), n, cb, h, w, int(rows))
+        # gamma, beta padded to whole blocks, each block's 16 lanes repeated along a row:
+        # (C,) -> (Cb*16,) -> (Cb, 1, 16) -> broadcast (Cb, W, 16) -> (Cb, W*16)
+        gt, bt = np.empty((cb, w, 16), np.float32), np.empty((cb, w, 16), np.float32)
+        for t, v in ((gt, gamma), (bt, beta)):
+            v16 = np.zeros(cb * 16, np.float32)
+            v16[:channels] = v[:channels]
+            t[...] = v16.reshape(cb, 1, 16)
+        gt, bt = gt.reshape(cb, -1), bt.reshape(cb, -1)
+        # (N, Cb, H, W, 16) -> (N, Cb, H, W*16): one row of a block is contiguous (views; a strided
+        # out or x is written through / read from a contiguous copy)
+        o = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
+        numba_region(_channel_norm_par, _channel_norm_seq, threads, n * -(-h // rows), o.reshape(n, cb, h, -1),
+                     np.ascontiguousarray(x).reshape(n, cb, h, -1), gt, bt, np.float32(eps), int(channels), n, h,
+                     int(rows))
+        if o is not out:
+            out[...] = o
         return
     if out.dtype != np.float32:
         out[...] = ref.channel_norm(x, gamma, beta, eps)
