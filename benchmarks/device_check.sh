@@ -24,7 +24,8 @@ CASES=${CASES:-"resnet50:1 resnet50:32 resnet18:16 vgg16:16"}
 
 # prewarm: one process per case compiles its kernels at the same time (benchmarks/prewarm.py), while the
 # AVX-512 bitwise tests run beside it (their output in $OUT/tests_*.txt); the timed steps then load
-# every kernel from numba's cache instead of compiling ~3 minutes inside the first case.
+# every kernel from numba's cache instead of compiling ~3 minutes inside the first case (PREWARM_TESTS=0: the
+# compiles alone). modern2b1 (not in the default STEPS): issue 9's batch-1 cases with more rounds.
 PREWARM=${PREWARM:-"resnet50:1:16 resnet50:32:16 resnet18:16:16 vgg16:16:16 resnet50:1:2 resnet50:32:2 resnet18:16:2
   vgg16:16:2 mobilenet_v2:1:2 mobilenet_v2:32:2 efficientnet_b0:1:2 efficientnet_b0:32:2 regnet_y_400mf:1:2
   regnet_y_400mf:32:2 convnext_tiny:1:2 convnext_tiny:32:2 unet:1:2"}
@@ -48,12 +49,13 @@ step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     grep -o -w -E "avx512f|avx512_bf16|amx_tile|avx512_vnni" /proc/cpuinfo | sort | uniq -c
     "$PY" -c "import numpy, numba, torch, onnxruntime as o; print('numpy', numpy.__version__, 'numba', numba.__version__, 'torch', torch.__version__, 'ort', o.__version__)"
     step prewarm 280 bash -c "
+        [ \"${PREWARM_TESTS:-1}\" = 0 ] || {
         $PY -m pytest -q -p no:cacheprovider tests/test_register_tiles.py tests/test_channel_shuffle.py \
             -k 'strips_same_bits or direct_tiles or stem_tiles or k1x1_tiles or shuffle' > $OUT/tests_tiles.txt 2>&1 &
         $PY -m pytest -q -p no:cacheprovider tests/test_isa.py > $OUT/tests_isa.txt 2>&1 &
-        $PY benchmarks/training.py --models resnet18 --threads 2 --steps 1 --no-unfused > /dev/null 2>&1 &
+        $PY benchmarks/training.py --models resnet18 --threads 2 --steps 1 --no-unfused > /dev/null 2>&1 & }
         $PY benchmarks/prewarm.py $(echo $PREWARM)
-        wait; tail -n 4 $OUT/tests_tiles.txt $OUT/tests_isa.txt"
+        wait; tail -n 4 $OUT/tests_tiles.txt $OUT/tests_isa.txt 2>/dev/null; true"
     step isa 60 "$PY" -c "from tilefuse.kernels import isa; print(isa.info())"
     step networks16 200 "$PY" benchmarks/networks.py --cases $CASES --threads 16 --reps 3
     step test_tiles 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_register_tiles.py \
@@ -69,6 +71,8 @@ step() {  # step NAME SECONDS CMD...   (only the steps named in $STEPS run)
     step vs_ort16 150 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 16 --repeat 20
     step test_isa 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_isa.py   # its cases compile in subprocesses: >90 s on the device (tenth session)
     step modern2 200 taskset -c 0,1 "$PY" benchmarks/networks.py --suite modern --threads 2 --reps 3 --no-cl
+    step modern2b1 200 taskset -c 0,1 "$PY" benchmarks/networks.py --cases mobilenet_v2:1 efficientnet_b0:1 \
+        convnext_tiny:1 regnet_y_400mf:1 --threads 2 --reps 9 --no-cl
     step idle16 120 "$PY" benchmarks/idle_gaps.py --model resnet50 --threads 16 --gaps 0 0.2 1 --reps 7
     step align 60 "$PY" benchmarks/alignment.py --threads 1 16 --rounds 20
     step vs_ort2 90 taskset -c 0,1 "$PY" benchmarks/layers_vs_ort.py resnet50 --threads 2 --repeat 10
