@@ -42,6 +42,21 @@ def _act(v, res=None):
     return np.clip(v, 0.0, 6.0)
 
 
+def _probe(tmp_path, script, flag, cache=None):
+    """Run `script` in a fresh process with its own numba cache (numba cannot inspect cached code) and
+    TILEFUSE_ASM_TILES=flag; returns the JSON of its last output line."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / (cache or f"numba{flag}")), TILEFUSE_ASM_TILES=flag,
+             PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    out = subprocess.run([sys.executable, "-c", script], env=e, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_narrow_flag_follows_the_compiled_width():
     from tilefuse.kernels import isa
     assert NARROW == (isa.info()["vector_bits"] < 512)
@@ -88,36 +103,21 @@ def test_assembly_tile_runs_on_x86_avx2_hosts(tmp_path):
     (`_nb.tile16`): the flag says so, and the 1x1 dispatcher compiled afresh (numba cannot inspect
     cached code) holds the tile's six variants (6 + 5 + ... + 1 = 21 positions x 2 FMAs per copy); with
     TILEFUSE_ASM_TILES=0 it holds none. Fails if the dispatch falls back to the numba tile."""
-    import json
     import os
     import platform
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from tilefuse.kernels import isa
     feats = set(isa._codegen_target()[1].split(","))
     host_can = NARROW and platform.machine().lower() in ("x86_64", "amd64") and {"+avx2", "+fma"} <= feats
     assert ASM_AVX2 == (host_can and os.environ.get("TILEFUSE_ASM_TILES", "").strip() != "0")
 
-    def fmas(flag):
-        e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / f"numba{flag}"), TILEFUSE_ASM_TILES=flag,
-                 PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-        out = subprocess.run([sys.executable, "-c", _DISPATCH_IR], env=e, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])["fma"]
-
-    got = fmas("1")   # 42 per copy of the tile LLVM inlined into the dispatcher
+    got = _probe(tmp_path, _DISPATCH_IR, "1")["fma"]   # 42 per copy of the tile LLVM inlined into the dispatcher
     assert (got > 0 and got % 42 == 0) if host_can else got == 0, got
-    assert fmas("0") == 0
+    assert _probe(tmp_path, _DISPATCH_IR, "0")["fma"] == 0
     # a new process: the dispatcher now comes from numba's cache (its codegen, which could register
     # LLVM's asm parser, never runs), and a function compiled afresh links its IR, assembly
     # included. Without the parser registered at import LLVM aborts the process here.
-    e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba1"), TILEFUSE_ASM_TILES="1",
-             PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    out = subprocess.run([sys.executable, "-c", _FRESH_CALLER], env=e, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"ok": True}
+    assert _probe(tmp_path, _FRESH_CALLER, "1") == {"ok": True}
 
 
 _STEM_IR = r"""
@@ -140,24 +140,11 @@ def test_stem_strip_runs_on_x86_avx2_hosts(tmp_path):
     afresh through the public entry (in a new process with its own numba cache: numba cannot inspect cached
     code), calls `_stem_rows_avx2` and computes the conv. Fails if the dispatch falls back to the numba
     5 x 1 tile (1.2-1.5x the time: benchmarks/RESULTS.md, fifteenth session)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from tilefuse.kernels.conv import tiles
     if not (NARROW and tiles.X86_AVX2):
         pytest.skip("not an x86-64 AVX2 host compiled for 256-bit vectors (the AVX-512 strip's test covers those)")
 
-    def probe(flag):
-        e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / f"numba{flag}"), TILEFUSE_ASM_TILES=flag,
-                 PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-        out = subprocess.run([sys.executable, "-c", _STEM_IR], env=e, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    on = probe("1")
+    on = _probe(tmp_path, _STEM_IR, "1")
     assert on["ok"] and "_stem_rows_avx2" in on["calls"], on
 
 
@@ -193,11 +180,7 @@ def test_avx512_strip_runs_on_avx512_hosts(tmp_path):
     direct conv's tile dispatcher calls its strip (`_direct_rows_512`); with TILEFUSE_ASM_TILES=0 both
     call the numba tiles only. Fails if AVX-512 hosts fall back to the
     numba 7 x 2 tile (60-80% of the peak where the strip runs 70-85%: benchmarks/RESULTS.md)."""
-    import json
     import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from tilefuse.kernels.conv import tiles
     host_can = (not NARROW) and tiles.X86_512
@@ -205,14 +188,7 @@ def test_avx512_strip_runs_on_avx512_hosts(tmp_path):
     if not host_can:
         pytest.skip("no AVX-512 code generation on this host (the AVX2 strip's test covers it)")
 
-    def probe(flag):
-        e = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / f"numba{flag}"), TILEFUSE_ASM_TILES=flag,
-                 PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-        out = subprocess.run([sys.executable, "-c", _STRIP512_IR], env=e, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    on, off = probe("1"), probe("0")
+    on, off = _probe(tmp_path, _STRIP512_IR, "1"), _probe(tmp_path, _STRIP512_IR, "0")
     assert "_k1x1_strips" in on["calls"] and on["zmm"] >= 315, on
     assert "_k1x1_strips" not in off["calls"] and "_k1x1_wide" in off["calls"], off
     assert "_direct_rows_512" in on["direct"] and "_direct_rows_512" not in off["direct"], (on, off)
