@@ -63,7 +63,7 @@ def _channel_norm_image(out, x, gamma, beta, eps, n):
 def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1):
     """x4, o4: (N, Cb, H, W*16) views of NCHW16c tensors, C real channels; gt, bt: (Cb, W*16), gamma and
     beta per lane tiled along the row. Rows [h0, h1) of image n, each (h, w) normalized over the C lanes
-    in use (the padded lanes are never read and are written beta's padding, 0). A row at a time, every
+    in use (the padded lanes are never read and are written 0). A row at a time, every
     loop over the row's W x 16 contiguous floats of a block (vectorized): acc[w*16 + l] sums lane l of
     every block (the whole blocks, then the partial one's lanes), the 16 lane sums then added for the
     position's sum and spread over its 16 lanes again (mean, rstd); two passes (mean, then the centred
