@@ -28,6 +28,9 @@ every engine alike: after one warm-up run each, --reps rounds each time one run 
 ONNX Runtime's workers spin for tens of ms after a run, and an engine started meanwhile loses a
 core to them, benchmarks/quiesce.py); the table gives the median per engine. A ratio
 > 1 means tilefuse is faster. "rel err" is max|tilefuse - torch| / max|torch|. The trailing
+"vs ort best / paired" are two more ratios to ONNX Runtime from the same rounds: each engine's
+fastest round, and the median of the per-round ratios (`round_stats`; on a VM whose speed shifts
+between phases of seconds the two medians can come from different phases). The trailing
 "regions" count where tilefuse's parallel task loops ran during the timed runs (warm-up included):
 on numba's pool at the session's width, narrowed to fewer threads, or on our Python pool
 (threads.region_plan: other processes' runnable threads decide), and how many bound calls replayed
@@ -60,11 +63,12 @@ IMAGE_SIZE = {"unet": 512}
 PAUSE_S = 0.02
 
 
-def interleaved(engines: dict, reps: int, inner: int = 1) -> dict:
+def interleaved(engines: dict, reps: int, inner: int = 1, rounds: dict | None = None) -> dict:
     """Median seconds per engine: one warm-up each, then `reps` rounds of every engine (order rotated
     per round, the process idle before each: quiesce, at least PAUSE_S), each timing `inner` runs back to back and counting their
     mean. inner = 1 (the default) is a single run after the other engines ran: cold caches and
-    sleeping worker threads; a larger inner is the steady state of a serving loop."""
+    sleeping worker threads; a larger inner is the steady state of a serving loop. `rounds`, if
+    given, receives each engine's per-round seconds (for `round_stats`)."""
     for fn in engines.values():
         fn()
     names = list(engines)
@@ -76,7 +80,19 @@ def interleaved(engines: dict, reps: int, inner: int = 1) -> dict:
             for _ in range(inner):
                 engines[n]()
             times[n].append((time.perf_counter() - t) / inner)
+    if rounds is not None:
+        rounds.update(times)
     return {n: float(np.median(ts)) for n, ts in times.items()}
+
+
+def round_stats(rounds: dict, a: str, b: str) -> tuple[float, float]:
+    """(best, paired) ratios of engine b's time over engine a's from interleaved's per-round times:
+    best = min(b) / min(a) (each engine's fastest round), paired = the median over rounds of
+    b[r] / a[r] (the two ran within one round, seconds apart). On a VM whose speed drifts between
+    phases that last seconds (the shared development machine), the median of each engine can fall in
+    different phases; these two compare like with like."""
+    ta, tb = np.asarray(rounds[a]), np.asarray(rounds[b])
+    return float(tb.min() / ta.min()), float(np.median(tb / ta))
 
 
 def torch_twin(name: str, net):
@@ -178,15 +194,20 @@ def main() -> int:
                     tm_cl(x_cl)
             engines["torch_cl"] = torch_cl_run
         region_counts(reset=True)
-        t = interleaved(engines, args.reps, args.inner)
+        per_round: dict = {}
+        t = interleaved(engines, args.reps, args.inner, per_round)
         rc = region_counts()
         nan = float("nan")
         t_tf, t_model, t_ort = t["tf"], t.get("tf_model", nan), t.get("ort", nan)
         t_torch, t_cl = t["torch"], t.get("torch_cl", nan)
         err = float(np.max(np.abs(y_tf - y_t)) / np.max(np.abs(y_t)))
+        ort_extra = ""
+        if "ort" in per_round:
+            best, paired = round_stats(per_round, "tf", "ort")
+            ort_extra = f"vs ort best {best:.2f} / paired {paired:.2f}, "
         print(f"{name:<15} {batch:>5} {size:>4} {t_tf:>10.4f} {t_model:>10.4f} {t_ort:>8.4f} {t_torch:>9.4f} "
               f"{t_cl:>10.4f} {t_ort / t_tf:>7.2f} {t_torch / t_tf:>8.2f} {t_cl / t_tf:>6.2f} {err:>8.1e} "
-              f"{first:>6.2f}   (compile {compiled.compile_seconds:.2f} s, load {os.getloadavg()[0]:.2f}, regions "
+              f"{first:>6.2f}   ({ort_extra}compile {compiled.compile_seconds:.2f} s, load {os.getloadavg()[0]:.2f}, regions "
               f"numba {rc['numba']} / narrowed {rc['narrowed']} / our pool {rc['pool']}, calls replayed "
               f"{rc['replayed']})", flush=True)
         sess.release()

@@ -238,12 +238,14 @@ def test_k1x1_tiles_same_bits(ci, co, h, w, stride, n, with_res):
 
 @pytest.mark.skipif(not (ASM_AVX2 or ASM_512),
                     reason="the assembly strips run on x86-64 AVX2 or AVX-512 hosts (tiles.ASM_AVX2 / ASM_512) only")
-@pytest.mark.parametrize("act", [None, "relu", ("clip", 0.0, 6.0), "silu"])
+@pytest.mark.parametrize("act", [None, "relu", ("clip", 0.0, 6.0), "silu", "gelu", ("leaky_relu", 0.1, 0.0)])
 def test_k1x1_strips_same_bits_as_tiles(act):
     """run_nchwc with the strip (k1x1.STRIPS, the default on these hosts: `_nb.strip16` on AVX2, the
     14 x 2 `_nb.strip512` on AVX-512) and without (the numba tiles): the same bits for
     identity / ReLU / clip stored by the assembly (NaN inputs included: max / min with the bound first, as
-    store16's selects) and a deferred SiLU; batches whose tasks cross image boundaries, residuals, 1-3
+    store16's selects) and for SiLU, GELU and leaky ReLU, which the strip path applies over each strip's
+    stored rows (epilogue.act_span, after the last reduction slice only) and the tiles in deferred chunks
+    (k1x1._k1x1); batches whose tasks cross image boundaries, residuals, 1-3
     threads, reductions in slices (k1x1.STRIP_K) or whole, a residual in the output's memory, odd output
     block counts (strip512's one-block tile), maps longer than a tile with a partial last one, stride 2.
     That the strips are what these hosts run: test_assembly_tile_runs_on_x86_avx2_hosts and

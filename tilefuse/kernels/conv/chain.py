@@ -40,11 +40,10 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.activations import apply_span
 from tilefuse.kernels.conv._nb import atomic_add, stack_i64
 from tilefuse.kernels.conv import depthwise
 from tilefuse.kernels.conv.depthwise import _dw_task
-from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, resolve_act
+from tilefuse.kernels.conv.epilogue import EMPTY1, resolve_act
 from tilefuse.kernels.conv.k1x1 import (PF_INPUT_SWEEPS, PF_OUT, PF_WEIGHTS, SR, STRIP_GROUP_BYTES, STRIP_K,
                                         _k1x1_strips, reduction_length)
 from tilefuse.kernels.conv.planner import cache_sizes
@@ -76,22 +75,11 @@ NO_BIAS = _readonly(np.zeros(0, np.float32))
 @njit(nogil=True, cache=True)
 def _pointwise(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, HWo, Cb, Ob, kc, HWi, xsh):
     """One 1x1 over positions [q0, q1) of a plane of HWo positions (image 0 of `of`), every output
-    block, reading input position j + xsh of planes of HWi positions; act as k1x1._k1x1 applies it
-    (identity / ReLU / clip in the strip's stores, the others in one pass over the stored rows)."""
+    block, reading input position j + xsh of planes of HWi positions; act as k1x1._k1x1_strips applies
+    it (identity / ReLU / clip in the strip's stores, the others over each strip's rows once stored)."""
     group = max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR)
-    if code <= 2:
-        _k1x1_strips(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, 0, wp.shape[0], HWo, Cb, Ob, False, PFO, kc,
-                     group, HWi, xsh)
-        return
-    # the other activations in chunks of ACT_CHUNK output floats, each activated while in L1 (as k1x1._k1x1)
-    step = max(SR, ACT_CHUNK // (Ob * 16))
-    for c0 in range(q0, q1, step):
-        c1 = min(q1, c0 + step)
-        _k1x1_strips(of, xf, wp, bias, rf, has_res, 0, al, be, c0, c1, 0, wp.shape[0], HWo, Cb, Ob, False, PFO, kc,
-                     group, HWi, xsh)
-        for b in range(Ob):
-            d = b * HWo * 16
-            apply_span(of, d + c0 * 16, d + c1 * 16, code, al, be)
+    _k1x1_strips(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, 0, wp.shape[0], HWo, Cb, Ob, False, PFO, kc,
+                 group, HWi, xsh)
 
 
 @njit(nogil=True, cache=True)

@@ -112,6 +112,18 @@ def store_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha
 
 
 @njit(nogil=True, cache=True, fastmath=True)
+def act_span(f, lo, hi, code, alpha, beta):
+    """f[lo:hi] = act(f[lo:hi]) in place (f 1-D float32; hi - lo a multiple of 16 when code is 9):
+    activations.apply_span, but leaky ReLU as act16 vectors (apply_span's loop for it is masked stores
+    on AVX2). act_block's activation, and the assembly strips' for the codes past clip (k1x1._k1x1_strips)."""
+    if code == 9:
+        for i in range(lo, hi, 16):
+            act16(f, i, f, i, False, 9, alpha, beta)
+    else:
+        apply_span(f, lo, hi, code, alpha, beta)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
 def act_block(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha, beta):
     """store_rows for the activations other than identity, ReLU and clip, called (not inlined) so
     that their code (exp, erf, tanh) stays out of the kernels' loops: the residual added into the
@@ -127,11 +139,7 @@ def act_block(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha,
             for k in range(nk):
                 i = (a0 + r) * LN + 16 * k
                 store16(af, i, af, i, res, np.uint64(o0 + offs[s0 + r] + k * dk), True, 0, alpha, beta)
-    if code == 9:   # leaky ReLU in place: act16 vectors (apply_span's loop is masked stores on AVX2)
-        for i in range(a0 * LN, (a0 + nv) * LN, 16):
-            act16(af, i, af, i, False, 9, alpha, beta)
-    else:
-        apply_span(af, a0 * LN, (a0 + nv) * LN, code, alpha, beta)
+    act_span(af, a0 * LN, (a0 + nv) * LN, code, alpha, beta)
     for r in range(nv):
         for k in range(nk):
             du = np.uint64(o0 + offs[s0 + r] + k * dk)

@@ -39,7 +39,7 @@ from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, mul16, prefe
                                        stack_i64, store16, strip16_rows, strip512_rows, tile16_rows)
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
-from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, bias_or_zeros, resolve_act
+from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, act_span, bias_or_zeros, resolve_act
 from tilefuse.kernels.activations import apply_span
 from tilefuse.kernels.conv.planner import RB1X1, plan_k1x1
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
@@ -116,8 +116,11 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
     per-tile activation (epilogue.act_block, 96-224 values) cost ~120 cycles more than the same
     values in one pass (SiLU on a 16 -> 96 1x1 at 112x112: 2.08 ms against 0.78 ms conv + 0.79 ms
     pass, one Zen 3 core). Each value gets the same operations (bias, residual, then the
-    activation), so the bits are those of the per-tile form."""
-    if code <= 2:
+    activation), so the bits are those of the per-tile form. Stride-1 layers on the assembly strips
+    (tiles.ASM_AVX2 / ASM_512, STRIPS) activate in the strip loop instead, each strip's rows right after
+    it stored them (`_k1x1_strips`): the chunks ran every output block's strip over a few positions
+    (18 for ConvNeXt's 96 -> 384 expansion), each block's weights read again for every chunk."""
+    if code <= 2 or ((ASM_AVX2 or ASM_512) and (pfo & 16) and sh == 1 and sw == 1):
         _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                    sw, q_outer, pfd, pfo, kc)
         return
@@ -153,7 +156,8 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     streamed from L2 for every tile), the partial sums stored in the output and the next slice's chain
     going on from them (the same FMAs in the same order: the same bits); bias, residual and activation
     with the last slice. The bits are the tile's (the same FMA chain, then + bias, + residual, the
-    activation as store16). On AVX-512 hosts (tiles.ASM_512) the strip is `_nb.strip512`: SR = 14
+    activation as store16; an activation past clip, which the assembly does not have, by act_span over
+    each strip's stored rows while they are in L1). On AVX-512 hosts (tiles.ASM_512) the strip is `_nb.strip512`: SR = 14
     positions x SU = 2 blocks a tile (one block for an odd last one), and a tile never crosses an
     image's end (the image's last positions are a partial tile).
     HWi: positions per input channel block (HWo for a layer; a row band's for the fused chains of
@@ -182,7 +186,9 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     prm[2] = ci_s * 4     # input chunk stride
     prm[16] = cs * 4      # output block g + 1 (strip512's second block): HWo * 16 floats on
     prm[5] = wp.shape[2] * 4
-    prm[10] = code
+    post = code > 2                 # past clip: the rows stored without it, then act_span over them in place
+    scode = 0 if post else code
+    prm[10] = scode
     prm[11] = address(ab, 0)
     wf = wp.reshape(wp.size)
     ps = wp.shape[1] * 32
@@ -252,6 +258,9 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                             strip512_rows(pp, SR, nbk)
                         else:
                             strip16_rows(pp, 6)
+                        if post and fin:
+                            for b in range(nbk):
+                                act_span(of, oo + b * cs, oo + b * cs + 16 * SR * nt, code, ab[0], ab[1])
                         j += SR * nt
                     if j == end:
                         continue
@@ -271,7 +280,9 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                         tile16_rows(tpp, nv)
                         for r in range(nv):
                             d = np.uint64(ooff[r])
-                            store16(of, d, acc, r * 16, rf, d, has_res, code, alpha, beta)
+                            store16(of, d, acc, r * 16, rf, d, has_res, scode, alpha, beta)
+                            if post:
+                                act_span(of, ooff[r], ooff[r] + 16, code, ab[0], ab[1])
                         j += nv
                     else:        # the image's (or group's) last positions
                         jj = j - n * HWo
@@ -284,6 +295,9 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                             strip512_rows(pp, end - j, nbk)
                         else:
                             strip16_rows(pp, end - j)
+                        if post and fin:
+                            for b in range(nbk):
+                                act_span(of, oo + b * cs, oo + b * cs + 16 * (end - j), code, ab[0], ab[1])
                         j = end
 
 
@@ -296,7 +310,7 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
     (the positions' input offsets; output block g's weight rows in the pair-packed wp:
     wp[g // 2, c, 16 * (g % 2) + l], 128 bytes apart; chunk cb of 16 input channels at cb * HWi * 64
     bytes) and stores it (epilogue.store_rows' forms)."""
-    if (pfo & 16) and sh == 1 and sw == 1 and code <= 2:   # stride 1: the assembly strip (STRIPS)
+    if (pfo & 16) and sh == 1 and sw == 1:   # stride 1: the assembly strip (STRIPS)
         _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo,
                      kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR), HWo, 0)
         return
