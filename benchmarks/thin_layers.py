@@ -1,4 +1,5 @@
-"""Thin 1x1 convs of MobileNetV2 (issue 9): the tilefuse NCHW16c kernel against ONNX Runtime's conv, same run.
+"""Thin 1x1 convs of MobileNetV2 (issue 9), and ConvNeXt-Tiny's GELU expansions: the tilefuse NCHW16c kernel
+against ONNX Runtime's conv, same run.
 
     PYTHONPATH=. env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/thin_layers.py --threads 2
     PYTHONPATH=. .venv/bin/python benchmarks/thin_layers.py --layers 16-96@112 --batch 1 32 --reps 20
@@ -8,7 +9,9 @@ an expansion, the residual add after a projection inside a repeated block): the 
 kernel as the compiled network runs it (`kernels.conv.bound_conv`-style call of k1x1.run_nchwc on
 NCHW16c input and output, the plan for the thread count) and ONNX Runtime's time for the same Conv
 node (+Clip / +Add, fused by ORT into its NCHWc conv) taken from ORT's own per-node profile, so
-ORT's layout reorders at the graph boundary are not counted. Both engines run --reps times in
+ORT's layout reorders at the graph boundary are not counted. The GELU layers (ConvNeXt-Tiny's
+expansions, `--layers 96-384@56 192-768@28 384-1536@14`) give ORT a Conv and an ONNX Gelu node (opset
+20) and count both nodes' times. Both engines run --reps times in
 alternation, INNER calls back to back each time (threads awake, as inside a network); medians, and the minima (less hit by other processes on a shared machine).
 A ratio > 1 means tilefuse is faster. The tilefuse time includes the Python call (run_nchwc).
 """
@@ -43,7 +46,12 @@ LAYERS = {
     "192-32@28": (192, 32, 28, 1, "residual"),
     "576-96@14": (576, 96, 14, 1, "residual"),
     "960-160@7": (960, 160, 7, 1, "residual"),
+    # ConvNeXt-Tiny's expansions (1x1 + GELU) at batch 1
+    "96-384@56": (96, 384, 56, 1, "gelu"),
+    "192-768@28": (192, 768, 28, 1, "gelu"),
+    "384-1536@14": (384, 1536, 14, 1, "gelu"),
 }
+MOBILENET = [k for k, v in LAYERS.items() if v[4] != "gelu"]
 
 
 def ort_conv_ms(ci, co, h, epi, w, b, x, res, threads, reps):
@@ -58,6 +66,8 @@ def ort_conv_ms(ci, co, h, epi, w, b, x, res, threads, reps):
     if epi == "relu6":
         inits += [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
         nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+    elif epi == "gelu":
+        nodes.append(helper.make_node("Gelu", ["c"], ["y"]))
     elif epi == "residual":
         ins.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, list(res.shape)))
         feeds["r"] = res
@@ -66,7 +76,7 @@ def ort_conv_ms(ci, co, h, epi, w, b, x, res, threads, reps):
         nodes.append(helper.make_node("Identity", ["c"], ["y"]))
     g = helper.make_graph(nodes, "thin", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, co, h, h])],
                           inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20 if epi == "gelu" else 17)])
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -77,18 +87,24 @@ def ort_conv_ms(ci, co, h, epi, w, b, x, res, threads, reps):
     return s, feeds
 
 
-def ort_node_ms(s) -> tuple[float, float]:
-    """(median, min) kernel time of ORT's conv node (op Conv / NchwcConv / FusedConv), ms."""
+def ort_node_ms(s, ops=("Conv",)) -> tuple[float, float]:
+    """(median, min) kernel time of ORT's conv node (op Conv / NchwcConv / FusedConv), ms; with more
+    `ops` (op names containing one of them: "Gelu"), the sum of each kind's median and of its min."""
     path = s.end_profiling()
     ev = json.load(open(path))
-    ts = [e["dur"] for e in ev if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
-          and "Conv" in e.get("args", {}).get("op_name", "")]
-    return float(np.median(ts[2:])) / 1e3, float(np.min(ts[2:])) / 1e3
+    med = low = 0.0
+    for op in ops:
+        ts = [e["dur"] for e in ev if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+              and op in e.get("args", {}).get("op_name", "")]
+        med += float(np.median(ts[2:])) / 1e3
+        low += float(np.min(ts[2:])) / 1e3
+    return med, low
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", nargs="+", default=list(LAYERS), choices=list(LAYERS))
+    ap.add_argument("--layers", nargs="+", default=MOBILENET, choices=list(LAYERS),
+                    help="default: MobileNetV2's layers (the GELU ones by name)")
     ap.add_argument("--batch", nargs="+", type=int, default=[1])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
@@ -115,7 +131,7 @@ def main() -> int:
             xb = to_nchwc(x)
             rb = to_nchwc(res) if res is not None else None
             ob = np.empty((n, -(-co // 16), h, h, 16), np.float32)
-            act = ("clip", 0.0, 6.0) if epi == "relu6" else None
+            act = ("clip", 0.0, 6.0) if epi == "relu6" else "gelu" if epi == "gelu" else None
             plan = plan_k1x1(prep["weight"].shape[1], prep["weight"].shape[0], n * h * h, args.threads)
 
             def tf():
@@ -134,7 +150,7 @@ def main() -> int:
                 for _ in range(INNER):
                     s.run(None, feeds)
             t_tf, m_tf = float(np.median(tt)) * 1e3, float(np.min(tt)) * 1e3
-            t_ort, m_ort = ort_node_ms(s)
+            t_ort, m_ort = ort_node_ms(s, ("Conv", "Gelu") if epi == "gelu" else ("Conv",))
             gf = 2.0 * n * h * h * ci * co / (t_tf * 1e-3) / 1e9
             print(f"{name:<11} {n:>5} {epi:>9} {t_tf:>11.3f} {t_ort:>8.3f} {t_ort / t_tf:>7.2f} {gf:>8.1f}"
                   f" {m_tf:>8.3f} {m_ort:>8.3f} {m_ort / m_tf:>7.2f}", flush=True)
