@@ -12,8 +12,11 @@ drift of the machine's speed hits both.
 
 Convolutions are matched by output shape in execution order: each tilefuse conv with the first
 unmatched ORT conv (Conv or FusedConv, which carries the ReLU / Add that tilefuse fuses too) of the
-same output shape, since the engines may order independent branches differently. The other ops are summed
-per kind. A ratio > 1 means tilefuse's layer is faster. The last block lists the layers with the
+same output shape, since the engines may order independent branches differently. An ORT activation node
+right after a conv of its shape (QuickGelu, ORT's fused SiLU; HardSwish, Gelu, ...: `ACTIVATION_OPS`) counts
+as that conv's time, as tilefuse runs it in the conv's epilogue. A fused chain of tilefuse's (an inverted
+residual block's expansion, depthwise and projection in one call, kernels/conv/chain.py) is one row, its
+convs' ORT times summed. The other ops are summed per kind. A ratio > 1 means tilefuse's layer is faster. The last block lists the layers with the
 most time lost to ORT: the ones to work on.
 """
 from __future__ import annotations
@@ -74,6 +77,7 @@ def interleaved_times(onnx_bytes: bytes, x: np.ndarray, compiled, threads: int, 
                     between.append(_timed_pass(sess, ins, outs, acc))
                     per.append(acc)
         sess.free_io((ins, outs))
+        chains = sess.chains()
         sess.release()
         with open(s.end_profiling()) as f:
             events = json.load(f)
@@ -92,7 +96,28 @@ def interleaved_times(onnx_bytes: bytes, x: np.ndarray, compiled, threads: int, 
         times[name].append(e["dur"] * 1e-6)
     # the warm-up run's events come first: drop one sample per node when there are repeat + 1
     ort_rows = [(n, op, shp, float(min(times[n][1:] if len(times[n]) > repeat else times[n]))) for n, op, shp in order]
-    return ort_rows, np.min(np.array(per), axis=0), float(np.median(between))
+    return ort_rows, np.min(np.array(per), axis=0), float(np.median(between)), chains
+
+
+# ORT ops that apply a conv's activation as a node of their own (QuickGelu: x * sigmoid(alpha x), ORT's fusion of
+# SiLU); tilefuse fuses them into the conv's epilogue, so their time is the conv's in the tables below
+ACTIVATION_OPS = ("QuickGelu", "Gelu", "FastGelu", "BiasGelu", "HardSwish", "HardSigmoid", "Relu", "Clip", "LeakyRelu",
+                  "Sigmoid", "Tanh", "Elu")
+
+
+def fold_activations(ort_rows: list) -> tuple[list, int]:
+    """ort_rows (name, op, shape, seconds) in execution order -> the same with each activation node that runs
+    right after a conv of its output shape added to that conv's time and dropped; and how many were folded."""
+    out, folded = [], 0
+    for row in ort_rows:
+        prev = out[-1] if out else None
+        if (row[1] in ACTIVATION_OPS and prev is not None and prev[1] in ("Conv", "FusedConv")
+                and tuple(prev[2]) == tuple(row[2])):
+            out[-1] = (prev[0], prev[1], prev[2], prev[3] + row[3])
+            folded += 1
+            continue
+        out.append(row)
+    return out, folded
 
 
 def same_shape(ort_shape: tuple, tf_shape: tuple) -> bool:
@@ -135,7 +160,7 @@ def main() -> int:
         torch.onnx.export(tm, (torch.from_numpy(x.copy()),), f, dynamo=False, input_names=["x"], output_names=["y"],
                           opset_version=17)
     compiled = tilefuse.compile(net, threads=args.threads)
-    ort_rows, tf_least, between = interleaved_times(f.getvalue(), x, compiled, args.threads, args.repeat)
+    ort_rows, tf_least, between, chains = interleaved_times(f.getvalue(), x, compiled, args.threads, args.repeat)
     prof = Profile(args.model, [{"index": r["index"], "kernel": r["kernel"], "algorithm": r["algorithm"],
                                  "partitioning": r["partitioning"], "tasks": r.get("tasks"),
                                  "output_shape": r["output_shape"], "flops": r["flops"], "seconds": float(t)}
@@ -147,12 +172,20 @@ def main() -> int:
     print(f"kernels: tilefuse {prof.kernel_seconds * 1e3:.3f} ms ({len(prof.rows)} instructions; + "
           f"{prof.overhead_seconds * 1e3:.3f} ms between them), ORT {ort_total * 1e3:.3f} ms ({len(ort_rows)} nodes)")
 
+    ops = {r[1] for r in ort_rows}
+    ort_rows, folded = fold_activations(ort_rows)
+    if folded:
+        print(f"({folded} ORT activation nodes ({', '.join(sorted({op for op in ACTIVATION_OPS if op in ops}))}) "
+              f"right after a conv of their shape: their time counted as the conv's, as tilefuse fuses them)")
     ortc = [r for r in ort_rows if r[1] in ("Conv", "FusedConv")]
     tfc = [r for r in prof.rows if r["kernel"] == "conv2d"]
+    # a fused chain (kernels/conv/chain.py) runs at its first instruction: the chain's convs after the first are
+    # matched to their ORT convs as usual, and those ORT times are added to the first one's row
+    head_of = {j: i for i, (covers, _) in chains.items() for j in covers[1:]}
     hdr = f"{'#':>3} {'algorithm':<11} {'output':<22} {'MFLOP':>7} {'tf us':>9} {'ort us':>9} {'vs ort':>7}"
     print(hdr)
     print("-" * len(hdr))
-    pairs, used = [], set()
+    pairs, used, at = [], set(), {}
     for row in tfc:
         # the first unmatched ORT conv with this output shape: the engines may order independent
         # branches differently (ORT ran a bottleneck's 3x3 before its downsample conv on Intel)
@@ -162,12 +195,26 @@ def main() -> int:
             print(f"  tilefuse conv #{row['index']} {tuple(row['output_shape'])}: no ORT conv left with its shape")
             continue
         used.add(j)
-        tt, ot = row["seconds"], ortc[j][3]
-        pairs.append((row, ot))
-        print(f"{row['index']:>3} {row['algorithm'] or '-':<11} {str(tuple(row['output_shape'])):<22} "
+        h = head_of.get(row["index"])
+        if h is not None and h in at:
+            head, ot0 = pairs[at[h]]
+            head = dict(head, seconds=head["seconds"] + row["seconds"], flops=head["flops"] + row["flops"],
+                        chain=head.get("chain", 1) + 1)
+            pairs[at[h]] = (head, ot0 + ortc[j][3])
+            continue
+        at[row["index"]] = len(pairs)
+        pairs.append((dict(row), ortc[j][3]))
+    for row, ot in pairs:
+        tt = row["seconds"]
+        alg = f"chain of {row['chain']}" if "chain" in row else row["algorithm"] or "-"
+        row["algorithm"] = alg
+        print(f"{row['index']:>3} {alg:<11} {str(tuple(row['output_shape'])):<22} "
               f"{row['flops'] / 1e6:>7.1f} {tt * 1e6:>9.1f} {ot * 1e6:>9.1f} {ot / tt:>7.2f}")
-    if len(ortc) != len(tfc) or len(pairs) != len(tfc):
-        print(f"(ORT ran {len(ortc)} convs, tilefuse {len(tfc)}: {len(pairs)} paired)")
+    if len(ortc) != len(tfc) or len(used) != len(tfc):
+        print(f"(ORT ran {len(ortc)} convs, tilefuse {len(tfc)}: {len(used)} paired)")
+    if head_of:
+        print(f"(a 'chain of k' row: the fused chain's k convs, its output shape the first one's; ORT's times of "
+              f"those k convs summed)")
     print()
     by = {}
     for row, ot in pairs:

@@ -382,6 +382,59 @@ def test_stem_tiles_same_bits(cin, co, k, stride, hw, with_res):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("act", [("leaky_relu", 0.1, 0.0), "silu"])
+def test_deferred_activation_passes_keep_the_bits(act):
+    """The deferred activation passes of the conv kernels (direct._direct_rows2, stem._stem_rows, k1x1._k1x1 on
+    strided 1x1s: the tiles store conv + bias, then epilogue.act_span activates each chunk of rows) give the
+    bits of the conv without activation followed by the activation: leaky ReLU as numpy's v if v >= 0 else
+    alpha * v (act_span runs it as act16 vectors, not apply_span's masked-store loop), SiLU as
+    activations.apply_span over the stored output. Maps of several chunks (epilogue.ACT_CHUNK) and a partial
+    last one, 1 and 2 threads."""
+    from tilefuse.kernels.activations import apply_span
+    from tilefuse.kernels.conv.epilogue import resolve_act
+    from tilefuse.kernels.conv.layout import to_nchwc
+
+    code, al, be = resolve_act(False, act)
+
+    def want(o):
+        if code == 9:
+            return np.where(o >= 0, o, al * o).astype(np.float32)
+        f = o.copy().reshape(-1)
+        apply_span(f, 0, f.size, code, al, be)
+        return f.reshape(o.shape)
+
+    rng = np.random.default_rng(11)
+    for threads in (1, 2):
+        for ci, co, hw, s in ((24, 40, 23, 1), (16, 48, 30, 2), (40, 24, 57, 1)):   # direct 3x3
+            x = rng.standard_normal((1, ci, hw, hw)).astype(np.float32)
+            pr = direct.prepare((rng.standard_normal((co, ci, 3, 3)) / np.sqrt(9 * ci)).astype(np.float32),
+                                rng.standard_normal(co).astype(np.float32))
+            xb = to_nchwc(x, (1, 1, 1, 1))
+            ho = (hw - 1) // s + 1
+            outs = [np.full((1, -(-co // 16), ho, ho, 16), np.nan, np.float32) for _ in range(2)]
+            direct.direct_nchwc(outs[0], xb, pr, stride=(s, s), threads=threads)
+            direct.direct_nchwc(outs[1], xb, pr, stride=(s, s), act=act, threads=threads)
+            assert np.array_equal(want(outs[0]).view(np.uint32), outs[1].view(np.uint32)), ("direct", ci, co, hw, s)
+        for co, hw in ((32, 224), (24, 61)):                                        # stem 3x3 / 2
+            x = rng.standard_normal((1, 3, hw, hw)).astype(np.float32)
+            pr = stem.prepare((rng.standard_normal((co, 3, 3, 3)) / 5).astype(np.float32),
+                              rng.standard_normal(co).astype(np.float32))
+            ho = (hw - 1) // 2 + 1
+            outs = [np.full((1, -(-co // 16), ho, ho, 16), np.nan, np.float32) for _ in range(2)]
+            stem.run_to_nchwc(outs[0], x, pr, stride=(2, 2), padding=(1, 1, 1, 1), threads=threads)
+            stem.run_to_nchwc(outs[1], x, pr, stride=(2, 2), padding=(1, 1, 1, 1), act=act, threads=threads)
+            assert np.array_equal(want(outs[0]).view(np.uint32), outs[1].view(np.uint32)), ("stem", co, hw)
+        for n, ci, co, hw in ((2, 40, 72, 37), (1, 24, 160, 56)):                   # 1x1 stride 2
+            xb = _blocked(rng.standard_normal((n, ci, hw, hw)).astype(np.float32))
+            pr = k1x1.prepare((rng.standard_normal((co, ci, 1, 1)) / np.sqrt(ci)).astype(np.float32),
+                              rng.standard_normal(co).astype(np.float32))
+            ho = (hw - 1) // 2 + 1
+            outs = [np.full((n, -(-co // 16), ho, ho, 16), np.nan, np.float32) for _ in range(2)]
+            k1x1.run_nchwc(outs[0], xb, pr, stride=(2, 2), threads=threads)
+            k1x1.run_nchwc(outs[1], xb, pr, stride=(2, 2), act=act, threads=threads)
+            assert np.array_equal(want(outs[0]).view(np.uint32), outs[1].view(np.uint32)), ("k1x1", n, ci, co, hw)
+
+
 @pytest.mark.parametrize("a2,p,cip,op,pa0,pa1,nob", [(16, 13, 48, 3, 0, 3, 5), (36, 7, 32, 2, 1, 2, 2),
                                                     (16, 1, 16, 1, 0, 1, 1), (16, 10, 24, 2, 0, 2, 3)])
 def test_winograd_gemm_tiles_same_bits(a2, p, cip, op, pa0, pa1, nob):

@@ -28,8 +28,9 @@ from numba import njit
 from tilefuse.kernels.conv._nb import LANES, address, atomic_add, dstrip512_rows, stack_f32, stack_i64, tile16_rows
 from tilefuse.kernels.conv._tiles_gen import _direct_rows2_wide, _direct_rows_narrow  # (tilegen.DIRECT)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
-from tilefuse.kernels.activations import apply_scalar, apply_span
-from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY4, IDENTITY, RB_OFFSETS, bias_or_zeros, resolve_act, store_rows
+from tilefuse.kernels.activations import apply_scalar
+from tilefuse.kernels.conv.epilogue import (ACT_CHUNK, EMPTY4, IDENTITY, RB_OFFSETS, act_span, bias_or_zeros, resolve_act,
+                                            store_rows)
 from tilefuse.kernels.conv.layout import to_nchwc
 from tilefuse.kernels.conv.planner import plan_direct
 from tilefuse.kernels.threads import (numba_max_threads, numba_region, parallel_for, region_threads, resolve_threads,
@@ -181,7 +182,7 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
                      alpha, beta, o0, o1)
         for ob in range(o0, o1):
             d = (n_out * Ob + ob) * P
-            apply_span(of, (d + r0 * Wo - q_off) * 16, (d + r1 * Wo - q_off) * 16, code, alpha, beta)
+            act_span(of, (d + r0 * Wo - q_off) * 16, (d + r1 * Wo - q_off) * 16, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True)

@@ -40,7 +40,6 @@ from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, mul16, prefe
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, act_span, bias_or_zeros, resolve_act
-from tilefuse.kernels.activations import apply_span
 from tilefuse.kernels.conv.planner import RB1X1, plan_k1x1
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
 
@@ -87,11 +86,19 @@ def reduction_length(wp):
     return 0
 
 
+@njit(inline="always")
+def _on_strips(pfo, sh, sw):
+    """Whether a task runs on the assembly strips (`_k1x1_strips`): an x86-64 host with the assembly tiles
+    (tiles.ASM_AVX2 or ASM_512), STRIPS on (pfo bit 4) and stride 1. `_k1x1_tile` / `_k1x1_avx2` dispatch on
+    it, and `_k1x1` does not chunk an activation past clip there (the strips activate their own rows)."""
+    return (ASM_AVX2 or ASM_512) and (pfo & 16) != 0 and sh == 1 and sw == 1
+
+
 @njit(nogil=True, cache=True)
 def _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
                q_outer, pfd, pfo, kc):
     """The micro-kernel of the host's vector width (tiles.NARROW, tiles.ASM_AVX2: compile-time constants)."""
-    if ASM_512 and (pfo & 16) and sh == 1 and sw == 1:   # stride 1 on AVX-512: the assembly strip (STRIPS)
+    if ASM_512 and _on_strips(pfo, sh, sw):   # stride 1 on AVX-512: the assembly strip
         _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo,
                      kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR), HWo, 0)
     elif ASM_AVX2:
@@ -112,7 +119,7 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
     tiles' stores. The other activations (SiLU, GELU, hardswish, ...) are deferred: the task runs in
     chunks of positions whose output (all its blocks) is at most epilogue.ACT_CHUNK floats; each chunk is
     stored with bias (+ residual) and no activation, then activated in place by
-    activations.apply_span over its rows while they are still in L1/L2. A call of the tile's
+    epilogue.act_span over its rows while they are still in L1/L2. A call of the tile's
     per-tile activation (epilogue.act_block, 96-224 values) cost ~120 cycles more than the same
     values in one pass (SiLU on a 16 -> 96 1x1 at 112x112: 2.08 ms against 0.78 ms conv + 0.79 ms
     pass, one Zen 3 core). Each value gets the same operations (bias, residual, then the
@@ -120,7 +127,7 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
     (tiles.ASM_AVX2 / ASM_512, STRIPS) activate in the strip loop instead, each strip's rows right after
     it stored them (`_k1x1_strips`): the chunks ran every output block's strip over a few positions
     (18 for ConvNeXt's 96 -> 384 expansion), each block's weights read again for every chunk."""
-    if code <= 2 or ((ASM_AVX2 or ASM_512) and (pfo & 16) and sh == 1 and sw == 1):
+    if code <= 2 or _on_strips(pfo, sh, sw):
         _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                    sw, q_outer, pfd, pfo, kc)
         return
@@ -138,7 +145,7 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
             j1 = min(c1, (n + 1) * HWo) - n * HWo
             for b in range(b0, b1):
                 d = (n * Ob + b) * os_
-                apply_span(of, d + j0 * 16, d + j1 * 16, code, alpha, beta)
+                act_span(of, d + j0 * 16, d + j1 * 16, code, alpha, beta)
             n += 1
 
 
@@ -310,7 +317,7 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
     (the positions' input offsets; output block g's weight rows in the pair-packed wp:
     wp[g // 2, c, 16 * (g % 2) + l], 128 bytes apart; chunk cb of 16 input channels at cb * HWi * 64
     bytes) and stores it (epilogue.store_rows' forms)."""
-    if (pfo & 16) and sh == 1 and sw == 1:   # stride 1: the assembly strip (STRIPS)
+    if _on_strips(pfo, sh, sw):   # stride 1: the assembly strip (STRIPS)
         _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo,
                      kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR), HWo, 0)
         return

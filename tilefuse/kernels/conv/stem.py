@@ -26,8 +26,7 @@ from numba import njit
 from tilefuse.kernels.conv._nb import LANES, address, atomic_add, sstrip16_rows, sstrip512_rows, stack_f32, stack_i64
 from tilefuse.kernels.conv._tiles_gen import _stem_rows_narrow, _stem_rows_wide  # (tilegen.STEM)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
-from tilefuse.kernels.activations import apply_span
-from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY4, resolve_act
+from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY4, act_span, resolve_act
 from tilefuse.kernels.conv.planner import plan_stem
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, resolve_threads, scratch
 
@@ -223,7 +222,7 @@ def _stem_rows(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res
         _stem_tile(out, n, band, x_row0, wb, r0, r1, Wo, sh, sw, dh, dw, bias, res, has_res, 0, alpha, beta)
         for ob in range(Ob):
             d = (n * Ob + ob) * HW * 16
-            apply_span(of, d + r0 * Wo * 16, d + r1 * Wo * 16, code, alpha, beta)
+            act_span(of, d + r0 * Wo * 16, d + r1 * Wo * 16, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True)
