@@ -78,3 +78,54 @@ def test_no_subnormal_results_beyond_the_exponent_range(name):
     z = np.array([np.nan] * 20, np.float32)
     A.apply_inplace(z, *A.encode(*A.normalize(name)))
     assert np.isnan(z).all()
+
+
+_FIRST_CALLER = r"""
+import sys
+import numpy as np
+from tilefuse.kernels import activations as A
+from tilefuse.kernels.conv.epilogue import act_span
+x = np.load(sys.argv[2])
+if sys.argv[1] == "fastmath-caller-first":
+    y = x.copy()
+    act_span(y, 0, y.size, 6, np.float32(0.0), np.float32(0.0))   # compiles apply_span as its callee
+outs = []
+for code, a, b in ((5, 0.0, 0.0), (6, 0.0, 0.0), (7, 0.0, 0.0), (8, 0.0, 0.0), (10, 1.0, 0.0), (11, 0.0, 0.0)):
+    y = x.copy()
+    A.apply_span(y, 0, y.size, code, np.float32(a), np.float32(b))
+    outs.append(y)
+np.save(sys.argv[3], np.stack(outs))
+"""
+
+
+def test_apply_span_bits_do_not_depend_on_its_first_caller(tmp_path):
+    """numba compiles a function that states no `fastmath` with the flags of the caller that triggers its first
+    compile, and caches that code: apply_span compiled first as the callee of epilogue.act_span (fastmath=True)
+    gave other bits (and NaN handling that assumes finite values) than compiled on its own. It states its flags
+    (activations.SPAN_FASTMATH): two fresh processes with empty kernel caches, one compiling it through
+    act_span first, one directly, give the same bits for every transcendental activation, NaN and infinities
+    included."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    x = np.concatenate([X, np.float32([np.nan, np.inf, -np.inf, 88.0, -88.0, 1e-38])]).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    script = tmp_path / "first.py"
+    script.write_text(_FIRST_CALLER)
+    root = Path(__file__).resolve().parent.parent
+    got = {}
+    for order in ("fastmath-caller-first", "alone"):
+        env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / f"cache-{order}"), PYTHONPATH=str(root))
+        out = tmp_path / f"{order}.npy"
+        r = subprocess.run([sys.executable, str(script), order, str(tmp_path / "x.npy"), str(out)], env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[order] = np.load(out)
+    a, b = got["fastmath-caller-first"], got["alone"]
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), np.argwhere(a.view(np.uint32) != b.view(np.uint32))[:5]
+    want = {5: torch.sigmoid, 6: F.silu, 7: F.gelu, 8: lambda t: F.gelu(t, approximate="tanh"), 10: F.elu,
+            11: torch.tanh}
+    keep = ~np.isinf(x)     # (SiLU(-inf): the clamped sigmoid keeps -inf where torch gives -inf * 0 = nan)
+    for row, fn in zip(b, want.values()):
+        np.testing.assert_allclose(row[keep], fn(torch.from_numpy(x[keep])).numpy(), rtol=2e-6, atol=2e-6)

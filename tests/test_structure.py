@@ -10,6 +10,9 @@ compiler, runtime, frontend, ...; ir nothing from compiler, runtime, frontend, .
 parts (stream, training, imaging, frontend, models, cli, ...) may import any core layer, but no
 two parts (core or not) may import each other in a cycle. `ALLOWED` lists the known exceptions,
 each with its reason.
+
+The numba kernels' floating-point flags are read the same way (`inherited_fastmath`): an njit function that a
+fastmath kernel calls states its own `fastmath`, or numba would compile it with its first caller's flags.
 """
 from __future__ import annotations
 
@@ -219,3 +222,66 @@ def test_streaming_and_passes_match_on_the_groups():
     from tilefuse.kernels import bands as kernel_bands
     assert ops.ROW_MAPPED == kernel_bands.ROW_MAPPED     # every row-mapped op has its row table and runner
     assert "ops.ACT_EPILOGUE" in Path(passes.__file__).read_text()
+
+
+def _njit_options(node: ast.FunctionDef) -> dict | None:
+    """The keyword options of a function's @njit decorator (None: not an njit function)."""
+    for d in node.decorator_list:
+        fn = d.func if isinstance(d, ast.Call) else d
+        name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
+        if name == "njit":
+            return {k.arg: k.value for k in (d.keywords if isinstance(d, ast.Call) else [])}
+    return None
+
+
+def inherited_fastmath(root: Path, package: str) -> list[tuple[str, str, str]]:
+    """(file, callee, caller) for every njit function without a stated `fastmath` that a fastmath njit function
+    calls (directly or through inline="always" helpers, which compile inside their caller). numba compiles such a
+    callee with the flags of whichever caller triggers its first compile and caches that code, so its bits depend
+    on the order the process (or the cache's first process) ran the kernels. Functions are matched by name."""
+    defs: dict = {}
+    for f in sorted((root / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.FunctionDef) and (opts := _njit_options(node)) is not None:
+                fm = opts.get("fastmath")
+                inline = isinstance(opts.get("inline"), ast.Constant) and opts["inline"].value == "always"
+                called = {c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", None)
+                          for c in ast.walk(node) if isinstance(c, ast.Call)}
+                defs.setdefault(node.name, []).append(
+                    (str(f.relative_to(root)), fm is not None, inline,
+                     fm is not None and not (isinstance(fm, ast.Constant) and fm.value is False), called))
+    found = set()
+    for name, entries in defs.items():
+        for _, _, inline, fast, called in entries:
+            if not fast or inline:
+                continue
+            todo, seen = list(called), set()
+            while todo:
+                c = todo.pop()
+                if c in seen:
+                    continue
+                seen.add(c)
+                for cf, stated, cinline, _, ccalled in defs.get(c, []):
+                    if cinline:
+                        todo.extend(ccalled)
+                    elif not stated:
+                        found.add((cf, c, name))
+    return sorted(found)
+
+
+def test_inherited_fastmath_checker_finds_a_callee_without_flags(tmp_path):
+    pkg = tmp_path / "p"
+    pkg.mkdir()
+    (pkg / "m.py").write_text(
+        "from numba import njit\n"
+        "@njit(cache=True)\ndef plain(x):\n    return x * 2.0\n"
+        "@njit(inline='always')\ndef helper(x):\n    return plain(x)\n"
+        "@njit(fastmath=False)\ndef stated(x):\n    return x + 1.0\n"
+        "@njit(fastmath=True)\ndef fast(x):\n    return helper(x) + stated(x)\n")
+    assert inherited_fastmath(tmp_path, "p") == [("p/m.py", "plain", "fast")]
+
+
+def test_no_kernel_inherits_fastmath_from_its_caller():
+    """Every njit function a fastmath kernel calls states its own flags (activations.apply_span: its SiLU bits
+    had depended on whether epilogue.act_span or a plain kernel compiled it first)."""
+    assert inherited_fastmath(ROOT, "tilefuse") == []

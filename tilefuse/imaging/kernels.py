@@ -21,7 +21,7 @@ from numba import njit
 REPLICATE, CONSTANT, REFLECT = 0, 1, 2  # == reference.BORDER_CODES
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, fastmath=False)   # stated: never inherited from a fastmath caller (integer code)
 def border_index(i, n, mode):
     """Image index read by position ``i`` on an axis of length ``n`` (-1: a zero)."""
     if i >= 0 and i < n:

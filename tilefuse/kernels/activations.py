@@ -253,10 +253,22 @@ def _apply_loop(f, lo, hi, code, a, b):
         g[i] = apply_scalar(code, g[i], a, b)
 
 
-@njit(nogil=True, cache=True)
+# apply_span's floating-point flags, stated so that they are never inherited: numba compiles a function without
+# its own `fastmath` with the flags of the caller that triggers its first compile (targetconfig's
+# inherit_if_not_set), and caches that code. apply_span is called by fastmath kernels (epilogue.act_span,
+# depthwise._finish_row, squeeze's gates) and by plain ones, so its bits and speed had depended on which of them
+# ran first since the cache was made (SiLU over 64K floats, one Zen 3 core: 0.93 ns a value compiled on its own,
+# 0.58 as act_span's callee, different last bits; benchmarks/RESULTS.md, 2026-11-29, eighteenth session).
+# "contract" lets LLVM fuse the polynomials' multiply-adds (0.65 ns); no flag that assumes finite values, so a NaN
+# or an infinity is still handled as the reference does. tests/test_activations.py checks both orders.
+SPAN_FASTMATH = {"contract"}
+
+
+@njit(nogil=True, cache=True, fastmath=SPAN_FASTMATH)
 def apply_span(f, lo, hi, code, a, b):
     """f[lo:hi] = act(f[lo:hi]) in place on a 1-D float32 array (a, b float32). One loop per code
-    (the code is a compile-time constant in each), so every loop vectorizes."""
+    (the code is a compile-time constant in each), so every loop vectorizes. Compiled with SPAN_FASTMATH
+    whoever calls it first."""
     if code == 0:
         return
     elif code == 1:
