@@ -382,6 +382,25 @@ def test_stem_tiles_same_bits(cin, co, k, stride, hw, with_res):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("code,alpha", [(1, 0.0), (9, 0.1), (9, -0.3)])
+def test_act_span_vectors_keep_apply_span_bits(code, alpha):
+    """epilogue.act_span runs ReLU and leaky ReLU as act16 vectors instead of apply_span's loop (masked stores
+    on AVX2): the same bits, -0.0, NaN and infinities included, over spans that start and end at any multiple of
+    16 inside the array (nothing outside the span written)."""
+    from tilefuse.kernels.activations import apply_span
+    from tilefuse.kernels.conv.epilogue import act_span
+    rng = np.random.default_rng(code)
+    x = (rng.standard_normal(16 * 40) * 3).astype(np.float32)
+    x[5:11] = [np.nan, -0.0, 0.0, np.inf, -np.inf, -1e-38]
+    a, b = np.float32(alpha), np.float32(0.0)
+    for lo, hi in ((0, x.size), (16, 16 * 7), (32, 48)):
+        got, want = x.copy(), x.copy()
+        act_span(got, lo, hi, code, a, b)
+        apply_span(want, lo, hi, code, a, b)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        np.testing.assert_array_equal(got[:lo].view(np.uint32), x[:lo].view(np.uint32))
+
+
 @pytest.mark.parametrize("act", [("leaky_relu", 0.1, 0.0), "silu"])
 def test_deferred_activation_passes_keep_the_bits(act):
     """The deferred activation passes of the conv kernels (direct._direct_rows2, stem._stem_rows, k1x1._k1x1 on

@@ -121,7 +121,7 @@ def act_span(f, lo, hi, code, alpha, beta):
     the conv kernels' chunks (k1x1._k1x1, direct._direct_rows2, stem._stem_rows)."""
     if code == 1 or code == 9:
         for i in range(lo, hi, 16):
-            act16(f, i, f, i, False, 9, alpha, beta)
+            act16(f, i, f, i, False, code, alpha, beta)
     else:
         apply_span(f, lo, hi, code, alpha, beta)
 
