@@ -16,8 +16,8 @@ same output shape, since the engines may order independent branches differently.
 right after a conv of its shape (QuickGelu, ORT's fused SiLU; HardSwish, Gelu, ...: `ACTIVATION_OPS`) counts
 as that conv's time, as tilefuse runs it in the conv's epilogue. A fused chain of tilefuse's (an inverted
 residual block's expansion, depthwise and projection in one call, kernels/conv/chain.py) is one row, its
-convs' ORT times summed. The other ops are summed per kind. A ratio > 1 means tilefuse's layer is faster. The last block lists the layers with the
-most time lost to ORT: the ones to work on.
+convs' ORT times summed. The other ops are summed per kind. A ratio > 1 means tilefuse's layer is faster.
+The last block lists the layers with the most time lost to ORT: the ones to work on.
 """
 from __future__ import annotations
 

@@ -142,8 +142,10 @@ def main() -> int:
             tt = []
             for _ in range(args.reps):
                 quiesce(PAUSE_S)
-                tf()             # wakes the parked workers (untimed: ORT's first run after the pause is not
-                t = time.perf_counter()   # told apart by its per-node profile either)
+                # one untimed call wakes the parked workers (ORT's first run after the pause is in its per-node
+                # profile like the others, diluted over INNER + 1 runs)
+                tf()
+                t = time.perf_counter()
                 for _ in range(INNER):
                     tf()
                 tt.append((time.perf_counter() - t) / INNER)

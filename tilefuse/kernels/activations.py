@@ -259,8 +259,8 @@ def _apply_loop(f, lo, hi, code, a, b):
 # depthwise._finish_row, squeeze's gates) and by plain ones, so its bits and speed had depended on which of them
 # ran first since the cache was made (SiLU over 64K floats, one Zen 3 core: 0.93 ns a value compiled on its own,
 # 0.58 as act_span's callee, different last bits; benchmarks/RESULTS.md, 2026-11-29, eighteenth session).
-# "contract" lets LLVM fuse the polynomials' multiply-adds (0.65 ns); no flag that assumes finite values, so a NaN
-# or an infinity is still handled as the reference does. tests/test_activations.py checks both orders.
+# "contract" lets LLVM fuse the polynomials' multiply-adds (0.65 ns); no flag that assumes finite values (a NaN
+# in gives a NaN out, the clamps stay). tests/test_activations.py checks both orders.
 SPAN_FASTMATH = {"contract"}
 
 
