@@ -10,6 +10,9 @@ Thread counts 1, 2, 3, 5, 8 give bitwise identical outputs (tasks from the shape
 """
 import numpy as np
 import pytest
+from llvmlite import ir as llvm_ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 import tilefuse
 from tilefuse.kernels import activations as A
@@ -388,3 +391,67 @@ def test_small_layer_rule_lets_depthwise_use_the_threads():
     assert registry.threads_for("conv2d", views(960, 14, (60, 3, 3, 16)), dw, 16) == 16
     dense = dict(algorithm="gemm1x1", prepared=("weight", "bias"), layout="nchwc")
     assert registry.threads_for("conv2d", views(64, 7, (64, 64)), dense, 2) == 1     # 2*49*4096 = 0.4 MFLOP
+
+
+# ------------------------------------------------------------------ one operation sequence on every path
+
+@intrinsic
+def _fma32(typingctx, a, b, c):
+    """fma(a, b, c) in float32, one rounding (LLVM's llvm.fma.f32)."""
+    if not all(t == types.float32 for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        f = llvm_ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], llvm_ir.FunctionType(f, [f, f, f]))
+        return builder.call(fn, args)
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@njit(cache=False)
+def _fma_sequence(x, w, b, m, sh, sw, pt, pl, dh, dw, ho, wo):
+    """The depthwise spec's operation order, value by value: acc = 0; for kh, then kw ascending over the
+    taps inside the image, acc = fma(x, w, acc); then acc + bias."""
+    n, c, h, wi = x.shape
+    co, _, kh_n, kw_n = w.shape
+    out = np.empty((n, co, ho, wo), np.float32)
+    for i in range(n):
+        for o in range(co):
+            ci = o // m
+            for oh in range(ho):
+                for ow in range(wo):
+                    acc = np.float32(0.0)
+                    for kh in range(kh_n):
+                        ih = oh * sh - pt + kh * dh
+                        if ih < 0 or ih >= h:
+                            continue
+                        for kw in range(kw_n):
+                            iw = ow * sw - pl + kw * dw
+                            if 0 <= iw < wi:
+                                acc = _fma32(x[i, ci, ih, iw], w[o, 0, kh, kw], acc)
+                    out[i, o, oh, ow] = acc + b[o]
+    return out
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["in_place", "padded_band"])
+@pytest.mark.parametrize("case", DW_CASES, ids=lambda c: c[0])
+def test_depthwise_every_path_is_the_fma_sequence(case, padded, monkeypatch):
+    """Every output value, whichever path computes it (a register block of 8 or of 7 positions, each
+    constant-offset specialization, the clamped generic block, the border positions, the padded band, the
+    lane-gather variant), is the spec's sequence: fma over the taps inside the image in (kh, kw) order, then
+    + bias; bitwise. (A 7-wide block's 7th position came out of a plain multiply and add in the KW = 5 stride-2
+    code, last bits apart from the 8-wide blocks'.)"""
+    monkeypatch.setattr(depthwise, "PADDED", padded)
+    _, n, c, h, w, m, k, s, pad, d = case
+    x, wt, b, _, kw = _dw_case(case, seed=11)
+    _, got = _run_nchwc("depthwise", x, wt, b, None, kw)
+    want = _fma_sequence(x, wt, b, m, s, s, pad[0], pad[2], d, d, got.shape[2], got.shape[3])
+    bad = np.argwhere(got.view(np.uint32) != want.view(np.uint32))
+    assert len(bad) == 0, f"{len(bad)} values differ from the fma sequence, first at {bad[0].tolist()}: " \
+                          f"{got[tuple(bad[0])]!r} against {want[tuple(bad[0])]!r}"
+
+
+def test_depthwise_generated_blocks_are_current():
+    import pathlib
+    path = pathlib.Path(depthwise.__file__).with_name("_depthwise_gen.py")
+    assert path.read_text() == depthwise.generate_block_source(), "run: python -m tilefuse.kernels.conv.depthwise"
