@@ -153,20 +153,24 @@ def _f32_as_bits(typingctx, v):
     return types.int32(types.float32), codegen
 
 
-# exp: Cephes expf (S. L. Moshier, Cephes Math Library, expf.c): x = n ln2 + r, |r| <= ln2/2,
-# e^r by a degree-7 polynomial, 2^n built in the exponent bits. Relative error ~1 ulp;
-# branch-free, so LLVM vectorizes it (numba's math.exp is a scalar libm call).
+# exp, after Cephes expf (S. L. Moshier, Cephes Math Library, expf.c): x = n ln2 + r, |r| <= ln2/2 (Cody-Waite:
+# ln2 in two parts), e^r = 1 + r + r^2 q(r), 2^n built in the exponent bits. Relative error < 1 ulp
+# (tests/test_activations.py::test_exp32_is_within_one_and_a_half_ulps); branch-free, so LLVM vectorizes
+# it (numba's math.exp is a scalar libm call).
 # n comes from the "shifter" trick: x log2(e) + 1.5 * 2^23 rounds x log2(e) to an integer in the float's
 # low mantissa bits (+ 127, the exponent bias, added in the same constant), read back with integer
 # operations, so that no flag of a fastmath caller can fold the round trip away (with reassociation
 # LLVM rewrites the float form (t + C) - C to t). One fused multiply-add, an integer subtract and a convert
-# in place of floor's round + convert + add; the polynomial in Estrin's form (three independent
-# multiply-adds, then two in r^2) in place of Horner's six in a row. SiLU over 64K floats, one Zen 3 core:
-# 0.69 -> 0.49 ns a value (benchmarks/RESULTS.md, 2026-11-29, nineteenth session).
+# in place of floor's round + convert + add; q in Estrin's form (two independent multiply-adds, then two in
+# r^2) in place of Horner's five in a row, and of degree 4 in place of Cephes' 5. SiLU over 64K floats, one
+# Zen 3 core: 0.68 -> 0.50 ns a value (benchmarks/RESULTS.md, 2026-11-29, nineteenth session).
 _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
-_EP = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                                     1.6666665459e-1, 5.0000001201e-1))
+# e^r = 1 + r + r^2 q(r), q of degree 4 fitted to e^r's relative error on |r| <= ln2/2 (a weighted least-squares
+# fit on Chebyshev nodes, iterated towards equal ripple): 7.8e-9 in float64, below float32's half ulp, as
+# Cephes' degree-5 q (1.1e-9); one multiply-add fewer
+_EQ = tuple(np.float32(c) for c in (0.49999967217445374, 0.16666479408740997, 0.04167356714606285,
+                                     0.008372685872018337, 0.0013571209274232388))
 _EXP_SHIFT = np.float32(1.5 * 2 ** 23 + 127)         # 12583039.0: exact in float32
 _EXP_SHIFT_BITS = np.int32(0x4B400000 + 127)          # its bits: the integer n sits in the low mantissa bits
 
@@ -194,7 +198,8 @@ def exp32(x):
     n = np.float32(np.int32(tb - _EXP_SHIFT_BITS))   # round(x log2 e); the int32 keeps the convert one vector op
     r = x - n * _LN2_HI - n * _LN2_LO                # Cody-Waite: |r| <= ln2 / 2
     r2 = r * r
-    p = (((_EP[0] * r + _EP[1]) * r2 + (_EP[2] * r + _EP[3])) * r2 + (_EP[4] * r + _EP[5])) * r2 + r + _F1
+    q = (_EQ[4] * r2 + (_EQ[3] * r + _EQ[2])) * r2 + (_EQ[1] * r + _EQ[0])
+    p = q * r2 + r + _F1
     # tb << 23 keeps only its low 9 bits, n + 127 in [1, 253], as the exponent field of 2^n
     return p * _bits_as_f32(np.int32(tb << 23))
 
