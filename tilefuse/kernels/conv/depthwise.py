@@ -13,6 +13,8 @@ each input and output byte once, from DRAM, at the machine's bandwidth:
 
 - Register blocking over output positions: RB = 8 consecutive output positions of a row are 8
   zmm accumulators held for the whole KH*KW reduction; each weight vector load feeds 8 FMAs.
+  5x5 stride 2 and the 7-wide maps run generated column-order blocks instead (`_depthwise_gen.py`,
+  COL_BLOCKS at the end of this module): each input column loaded once, a kernel row's weights held.
 - No padding pass and no padded copy: the zero padding is the loop bounds. A row's taps are
   limited to the input rows that exist (kh_lo..kh_hi, per output row); the columns are split
   into the interior (every kw tap inside the image: the register-blocked code, no checks) and
