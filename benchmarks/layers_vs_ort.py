@@ -1,13 +1,14 @@
 """Layer by layer against ONNX Runtime: where a network's gap to ORT is.
 
-    PYTHONPATH=. python benchmarks/layers_vs_ort.py resnet50 --threads 2 [--batch 1] [--repeat 20] [--top 10]
+    PYTHONPATH=. python benchmarks/layers_vs_ort.py resnet50 --threads 2 [--batch 1] [--repeat 20] [--top 10] \
+        [--stat least|median]
 
 ONNX Runtime runs the zoo model's torch twin (the same weights, exported by torch's TorchScript
 exporter, as benchmarks/networks.py does) with its profiler on (`enable_profiling`): each node's
-kernel time, the least of --repeat runs. tilefuse's per-instruction times come from timed passes
-(`Session.compute(timings=)`, as `tilefuse profile`; the least of --repeat runs too). Both engines
-run with the same thread count in this process, interleaved: every round one ORT run and one
-tilefuse pass, the process idle before each (benchmarks/quiesce.py), the order alternating, so a
+kernel time, the least of --repeat runs (--stat median: the median). tilefuse's per-instruction times
+come from timed passes (`Session.compute(timings=)`, as `tilefuse profile`; the least (median) of
+--repeat runs too). Both engines run with the same thread count in this process, interleaved: every
+round one ORT run and one tilefuse pass, the process idle before each (benchmarks/quiesce.py), the order alternating, so a
 drift of the machine's speed hits both.
 
 Convolutions are matched by output shape in execution order: each tilefuse conv with the first
@@ -39,13 +40,14 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 
 def interleaved_times(onnx_bytes: bytes, x: np.ndarray, compiled, threads: int, repeat: int,
-                      pause: float = 0.02):
+                      pause: float = 0.02, stat=np.min):
     """Both engines' per-layer times from one loop: each of `repeat` rounds runs ORT once (its profiler
     on) and one timed tilefuse pass (`Session.compute(timings=)`), the process idle before each
     (benchmarks/quiesce.py, at least `pause` seconds: ORT's workers spin for tens of ms after a run), the order
     alternating per round. Both see the same machine phase, which drifts by 1.5x within minutes on the
     shared development VM. Returns ([(node name, op, output shape, least kernel seconds)] in ORT's
-    execution order, [least seconds per tilefuse instruction], tilefuse's median "between kernels")."""
+    execution order, [least seconds per tilefuse instruction], tilefuse's median "between kernels"). stat:
+    np.min (the least of the rounds, the default) or np.median, for both engines."""
     import onnxruntime as ort
     from quiesce import quiesce
 
@@ -95,8 +97,8 @@ def interleaved_times(onnx_bytes: bytes, x: np.ndarray, compiled, threads: int, 
             order.append((name, e["args"].get("op_name", "?"), shape))
         times[name].append(e["dur"] * 1e-6)
     # the warm-up run's events come first: drop one sample per node when there are repeat + 1
-    ort_rows = [(n, op, shp, float(min(times[n][1:] if len(times[n]) > repeat else times[n]))) for n, op, shp in order]
-    return ort_rows, np.min(np.array(per), axis=0), float(np.median(between)), chains
+    ort_rows = [(n, op, shp, float(stat(times[n][1:] if len(times[n]) > repeat else times[n]))) for n, op, shp in order]
+    return ort_rows, stat(np.array(per), axis=0), float(np.median(between)), chains
 
 
 # ORT ops that apply a conv's activation as a node of their own (QuickGelu: x * sigmoid(alpha x), ORT's fusion of
@@ -138,6 +140,8 @@ def main() -> int:
     ap.add_argument("--image-size", type=int)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--stat", choices=("least", "median"), default="least",
+                    help="each layer's least time of the rounds (its speed) or median (what a run typically sees)")
     args = ap.parse_args()
 
     import onnxruntime as ort
@@ -160,14 +164,15 @@ def main() -> int:
         torch.onnx.export(tm, (torch.from_numpy(x.copy()),), f, dynamo=False, input_names=["x"], output_names=["y"],
                           opset_version=17)
     compiled = tilefuse.compile(net, threads=args.threads)
-    ort_rows, tf_least, between, chains = interleaved_times(f.getvalue(), x, compiled, args.threads, args.repeat)
+    ort_rows, tf_least, between, chains = interleaved_times(f.getvalue(), x, compiled, args.threads, args.repeat,
+                                                            stat=np.min if args.stat == "least" else np.median)
     prof = Profile(args.model, [{"index": r["index"], "kernel": r["kernel"], "algorithm": r["algorithm"],
                                  "partitioning": r["partitioning"], "tasks": r.get("tasks"),
                                  "output_shape": r["output_shape"], "flops": r["flops"], "seconds": float(t)}
                                 for r, t in zip(compiled.plan().rows, tf_least)],
                    total_seconds=float("nan"), threads=args.threads, peak_core=0.0, between_seconds=between)
     print(f"# layers vs ORT: {args.model} batch {args.batch} {size}x{size}, {args.threads} threads, {describe()}, "
-          f"onnxruntime {ort.__version__}, least of {args.repeat} runs per layer")
+          f"onnxruntime {ort.__version__}, {args.stat} of {args.repeat} runs per layer")
     ort_total = sum(r[3] for r in ort_rows)
     print(f"kernels: tilefuse {prof.kernel_seconds * 1e3:.3f} ms ({len(prof.rows)} instructions; + "
           f"{prof.overhead_seconds * 1e3:.3f} ms between them), ORT {ort_total * 1e3:.3f} ms ({len(ort_rows)} nodes)")

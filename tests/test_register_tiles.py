@@ -274,7 +274,7 @@ def test_k1x1_strips_same_bits_as_tiles(act):
                         k1x1.run_nchwc(o, xb, pr, res, act=act, threads=th)
                         outs.append(o)
                     assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (n, ci, co, h, w, th)
-        # stride 2 (ResNet's projection shortcuts): on AVX-512 the strided positions are gathered first
+        # stride 2 (ResNet's projection shortcuts): on the strips the strided positions are gathered first
         for n, ci, co, h, w in ((2, 40, 48, 13, 11), (1, 64, 96, 14, 14), (3, 16, 16, 7, 9)):
             k1x1.STRIP_K = 32
             x = rng.standard_normal((n, ci, h, w)).astype(np.float32)

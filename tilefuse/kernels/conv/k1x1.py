@@ -52,6 +52,7 @@ STRIPS = True   # stride-1 layers on the assembly strip (_nb.strip16, `_k1x1_str
 STRIP_GROUP_BYTES = 16384   # q outer: a strip group's input block (positions x kc x 4 B) at most this (L1 / 2)
 SR = 14 if ASM_512 else 6   # positions a strip tile (_nb.strip512 / strip16)
 SU = 2 if ASM_512 else 1    # output blocks a strip tile
+GATHER_STRIDED = True   # strided 1x1s on a strip host: gather the strided positions, then the strip at stride 1
 STRIP_K = 128   # the strip's reduction slice (input channels, a multiple of 16, at most 4080; 0: none): longer
                 # reductions run in slices whose block weights (STRIP_K x 64 B) stay in L1 (128: 2048 -> 512 at
                 # 7x7 0.70x the time of no slices, 256 0.74x; benchmarks/RESULTS.md, fifth session)
@@ -515,10 +516,11 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     hw = ho * wo
     total = n * hw
     threads = resolve_threads(threads)
-    if tuple(stride) != (1, 1) and STRIPS and ASM_512:
-        # the AVX-512 strip reads a tile's positions 64 bytes apart: the strided positions (a quarter of the
-        # input at stride 2, ResNet's projection shortcuts) are gathered into a scratch map first, then the
-        # strip runs at stride 1. The same products in the same order: the same bits as the strided tiles.
+    if tuple(stride) != (1, 1) and STRIPS and GATHER_STRIDED and (ASM_512 or ASM_AVX2):
+        # the strips (AVX2 and AVX-512) read a tile's positions 64 bytes apart: the strided positions (a quarter
+        # of the input at stride 2, ResNet's projection shortcuts) are gathered into a scratch map first, then
+        # the strip runs at stride 1. The same products in the same order: the same bits as the strided tiles
+        # (on Zen 3, 2 threads, ResNet50's projections 0.71-0.80x the time of the strided tile path).
         xs = scratch("k1x1_strided", (n, cb, ho, wo, 16))
         numba_region(_strided_par, _strided_seq, threads, n * cb, xs, x_b, int(stride[0]), int(stride[1]))
         x_b, stride, h, w = xs, (1, 1), ho, wo
