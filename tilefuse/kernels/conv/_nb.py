@@ -414,7 +414,9 @@ def permsel16(typingctx, dst, di, segs, off, idx, ii, nseg):
 TILE_ROWS = 6
 
 
-def _tile_asm(rows: int) -> str:
+def _tile_asm(rows: int, resume: bool = False) -> str:
+    """resume: the accumulators start from acc's values (prm[11]: a partial sum of an earlier slice of the
+    reduction, stored there exactly), else from 0 (tile16a / tile16)."""
     pos = ["(%rsi)", "(%rsi,%r8)", "(%rsi,%r9)", "(%rsi,%r10)", "(%rsi,%r11)", "(%rsi,%r12)"][:rows]
     body = ["vmovups (%rdx), %ymm12", "vmovups 32(%rdx), %ymm13"]
     for r, p in enumerate(pos):   # one input channel: 2 weight loads, R broadcasts, 2R FMAs
@@ -424,7 +426,10 @@ def _tile_asm(rows: int) -> str:
     regs = ["r14", "rdx", "r8", "r9", "r10", "r11", "r12", "rcx"]
     s = [f"mov {8 * i}(%rdi), %{r}" for i, r in enumerate(regs) if not (rows + 1 <= i <= 6)]
     s += ["mov 72(%rdi), %r13", "mov 80(%rdi), %r15"]
-    s += [f"vxorps %ymm{i}, %ymm{i}, %ymm{i}" for i in range(2 * rows)]
+    if resume:
+        s += ["mov 88(%rdi), %rax"] + [f"vmovups {32 * i}(%rax), %ymm{i}" for i in range(2 * rows)]
+    else:
+        s += [f"vxorps %ymm{i}, %ymm{i}, %ymm{i}" for i in range(2 * rows)]
     s += ["test %rcx, %rcx", "jz 2f",
           "1:", "mov (%r13), %rsi", "add %r14, %rsi", "add $$8, %r13", "mov $$16, %rbx", "cmp $$1, %rcx", "jne 3f",
           "mov 64(%rdi), %rbx",
@@ -516,6 +521,32 @@ def tile16_rows(prm, nv):
         tile16(prm, 2)
     else:
         tile16(prm, 1)
+
+
+@intrinsic
+def tile16a(typingctx, prm, rows):
+    """tile16 resuming a reduction: the accumulators start from acc (prm[11], R x 16 float32: the partial
+    sums of the chunks before this call's, as tile16 or tile16a stored them) instead of 0, so a reduction
+    run in slices (direct._direct_rows_avx2: a slice's weights stay in L1 over all the task's tiles) is the
+    same FMA chain as one call over all the chunks: the same bits."""
+    return _asm_block(prm, rows, lambda r: _tile_asm(r, True))
+
+
+@njit(inline="always")
+def tile16a_rows(prm, nv):
+    """tile16a with nv = 1..6 rows chosen at run time."""
+    if nv >= 6:
+        tile16a(prm, 6)
+    elif nv == 5:
+        tile16a(prm, 5)
+    elif nv == 4:
+        tile16a(prm, 4)
+    elif nv == 3:
+        tile16a(prm, 3)
+    elif nv == 2:
+        tile16a(prm, 2)
+    else:
+        tile16a(prm, 1)
 
 
 # The strip form of the tile (k1x1 at stride 1 on tiles.ASM_AVX2 hosts): `ntiles` consecutive tiles of R

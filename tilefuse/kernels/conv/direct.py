@@ -25,7 +25,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, address, atomic_add, dstrip512_rows, stack_f32, stack_i64, tile16_rows
+from tilefuse.kernels.conv._nb import (LANES, address, atomic_add, dstrip512_rows, stack_f32, stack_i64, tile16_rows,
+                                       tile16a_rows)
 from tilefuse.kernels.conv._tiles_gen import _direct_rows2_wide, _direct_rows_narrow  # (tilegen.DIRECT)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.activations import apply_scalar
@@ -36,6 +37,10 @@ from tilefuse.kernels.conv.planner import plan_direct
 from tilefuse.kernels.threads import (numba_max_threads, numba_region, parallel_for, region_threads, resolve_threads,
                                       scratch)
 
+
+SLICE_BYTES = 20480   # AVX2 tiles: the reduction in slices of input-channel blocks whose weights are at most this
+                      # (one block at least: 2 at 3x3; `_direct_rows_avx2_sliced`)
+SLICE_PART_BYTES = 65536   # ... where the task's partial sums (64 B a position) are at most this (else unsliced)
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
@@ -62,46 +67,79 @@ def _direct_rows_avx2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh
     consecutive output positions x 1 block, a partial last tile only its positions; the same
     arguments, order of the reduction, epilogue and bits. The reduction's chunks are the (cb, kh, kw)
     taps in the weights' order (16 input channels each, at the tap's offset from the position), the
-    weight rows wb[ob, cb, kh, kw, ci] 64 bytes apart."""
+    weight rows wb[ob, cb, kh, kw, ci] 64 bytes apart. The reduction runs in slices of input-channel
+    blocks whose weights fit SLICE_BYTES (`_direct_rows_avx2_sliced`)."""
+    KH, KW = wb.shape[2], wb.shape[3]
+    _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
+                             has_res, code, alpha, beta, o0, o1, max(1, SLICE_BYTES // (KH * KW * 1024)))
+
+
+@njit(nogil=True, cache=True)
+def _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
+                             has_res, code, alpha, beta, o0, o1, kb):
+    """`_direct_rows_avx2` with the reduction in slices of kb input-channel blocks (kb >= Cb: one slice).
+    Per output block, each slice runs over all the rows' tiles before the next (its weights, kb x KH x KW
+    x 1 KiB, stay in L1 across the tiles; unsliced, each 6-position tile read the block's whole weights
+    from L2 or L3: 288 KiB a tile for 512 input channels at 3x3), the tiles' partial sums kept in `part`
+    and resumed by `_nb.tile16a` (the same FMA chain: the same bits); bias with the last slice, then the
+    stores as the unsliced tiles do. Not where the band's partial sums would pass SLICE_PART_BYTES (wide
+    rows: they would stream through L2 once a slice). One Zen 3 core, ResNet50's 512 -> 512 layers at 7x7
+    output (stride 1 and 2), whole map: 0.91-0.94x the unsliced time (medians of 20 alternated calls); on
+    28x28 and 56x56 maps within +-5% (2026-11-29, twentieth session)."""
     Cb, HWp = xb.shape[1], xb.shape[2]
     Ob, _, KH, KW, _, _ = wb.shape
     xf = xb.reshape(xb.size)
     wf = wb.reshape(wb.size)
-    acc = nb.carray(stack_f32(96), (6, 16))
     pp = stack_i64(13)   # the tile's parameter block (_nb.tile16)
     prm = nb.carray(pp, 13)
+    taps = KH * KW
     nbase = n * Cb * HWp * 16
-    table = np.empty(Cb * KH * KW, np.int64)   # chunk (cb, kh, kw): its byte offset from position 0
+    table = np.empty(Cb * taps, np.int64)   # chunk (cb, kh, kw): its byte offset from position 0
     for cb in range(Cb):
         for kh in range(KH):
             for kw in range(KW):
                 table[(cb * KH + kh) * KW + kw] = (nbase + cb * HWp * 16 + (kh * dh * Wp + kw * dw) * 16) * 4
-    prm[7] = Cb * KH * KW
     prm[8] = 16
-    prm[9] = address(table, 0)
     prm[10] = 64
-    prm[11] = address(acc.reshape(96), 0)
     p_begin, p_end = oh0 * Wo, oh1 * Wo
     of, rf = out.reshape(out.size), res.reshape(res.size)  # flat (N', Ob, P, 16); res the same or empty
     P = out.shape[2]
-    wsize = Cb * KH * KW * 256
-    for ob in range(o0, o1):   # the block's weights stay in L1/L2 while the band's positions stream
-        prm[1] = address(wf, ob * wsize)
-        prm[12] = address(bias, ob * 16)
-        for pb in range(p_begin, p_end, 6):
-            nv = min(6, p_end - pb)
-            f0 = 0
-            for r in range(nv):
-                p = pb + r
-                f = (((p // Wo) * sh - x_row0) * Wp + (p % Wo) * sw) * 16
-                if r == 0:
-                    f0 = f
-                    prm[0] = address(xf, f)
+    wsize = Cb * taps * 256
+    ntl = (p_end - p_begin + 5) // 6
+    if ntl <= 1 or ntl * 6 * 64 > SLICE_PART_BYTES:
+        kb = Cb
+    sliced = kb < Cb
+    part = np.empty(((ntl if sliced else 1) * 6, 16), np.float32)   # the tiles' partial sums: tile t's rows 6t ..
+    partf = part.reshape(part.size)                                 # 6t + 5 (unsliced: one tile's, reused)
+    offs = np.empty((ntl, 6), np.int64)          # tile t: its first position's input index, the others' bytes
+    for t in range(ntl):
+        pb = p_begin + 6 * t
+        for r in range(min(6, p_end - pb)):
+            p = pb + r
+            f = (((p // Wo) * sh - x_row0) * Wp + (p % Wo) * sw) * 16
+            offs[t, r] = f if r == 0 else (f - offs[t, 0]) * 4
+    for ob in range(o0, o1):   # a slice of the block's weights stays in L1 while the band's positions stream
+        for c0 in range(0, Cb, kb):
+            c1 = min(Cb, c0 + kb)
+            prm[1] = address(wf, ob * wsize + c0 * taps * 256)
+            prm[7] = (c1 - c0) * taps
+            prm[9] = address(table, c0 * taps)
+            prm[12] = address(bias, ob * 16) if c1 == Cb else 0
+            for t in range(ntl):
+                pb = p_begin + 6 * t
+                nv = min(6, p_end - pb)
+                prm[0] = address(xf, offs[t, 0])
+                for r in range(1, nv):
+                    prm[1 + r] = offs[t, r]
+                a0 = 6 * t if sliced else 0
+                prm[11] = address(partf, 16 * a0)
+                if c0 == 0:
+                    tile16_rows(pp, nv)
                 else:
-                    prm[1 + r] = (f - f0) * 4
-            tile16_rows(pp, nv)
-            store_rows(of, rf, has_res, acc, 0, RB_OFFSETS, 0, ((n_out * Ob + ob) * P + pb - q_off) * 16, nv, 1, P * 16,
-                       code, alpha, beta)
+                    tile16a_rows(pp, nv)
+                if c1 == Cb:
+                    store_rows(of, rf, has_res, part, a0, RB_OFFSETS, 0, ((n_out * Ob + ob) * P + pb - q_off) * 16,
+                               nv, 1, P * 16, code, alpha, beta)
 
 
 @njit(nogil=True, cache=True)
