@@ -506,21 +506,27 @@ def tile16(typingctx, prm, rows):
     return _asm_block(prm, rows, _tile_asm)
 
 
-@njit(inline="always")
-def tile16_rows(prm, nv):
-    """tile16 with nv = 1..6 rows chosen at run time (a partial last tile computes only its positions)."""
-    if nv >= 6:
-        tile16(prm, 6)
-    elif nv == 5:
-        tile16(prm, 5)
-    elif nv == 4:
-        tile16(prm, 4)
-    elif nv == 3:
-        tile16(prm, 3)
-    elif nv == 2:
-        tile16(prm, 2)
-    else:
-        tile16(prm, 1)
+def _tile_rows(tile):
+    """An inlined dispatcher nv -> tile(prm, nv) for nv = 1..6 rows chosen at run time (a partial last
+    tile computes only its positions)."""
+    @njit(inline="always")
+    def rows(prm, nv):
+        if nv >= 6:
+            tile(prm, 6)
+        elif nv == 5:
+            tile(prm, 5)
+        elif nv == 4:
+            tile(prm, 4)
+        elif nv == 3:
+            tile(prm, 3)
+        elif nv == 2:
+            tile(prm, 2)
+        else:
+            tile(prm, 1)
+    return rows
+
+
+tile16_rows = _tile_rows(tile16)    # tile16 with nv = 1..6 rows chosen at run time
 
 
 @intrinsic
@@ -532,21 +538,7 @@ def tile16a(typingctx, prm, rows):
     return _asm_block(prm, rows, lambda r: _tile_asm(r, True))
 
 
-@njit(inline="always")
-def tile16a_rows(prm, nv):
-    """tile16a with nv = 1..6 rows chosen at run time."""
-    if nv >= 6:
-        tile16a(prm, 6)
-    elif nv == 5:
-        tile16a(prm, 5)
-    elif nv == 4:
-        tile16a(prm, 4)
-    elif nv == 3:
-        tile16a(prm, 3)
-    elif nv == 2:
-        tile16a(prm, 2)
-    else:
-        tile16a(prm, 1)
+tile16a_rows = _tile_rows(tile16a)  # tile16a with nv = 1..6 rows chosen at run time
 
 
 # The strip form of the tile (k1x1 at stride 1 on tiles.ASM_AVX2 hosts): `ntiles` consecutive tiles of R
@@ -625,21 +617,7 @@ def strip16(typingctx, prm, rows):
     return _asm_block(prm, rows, _strip_asm)
 
 
-@njit(inline="always")
-def strip16_rows(prm, nv):
-    """strip16 with nv = 1..6 positions a tile chosen at run time."""
-    if nv >= 6:
-        strip16(prm, 6)
-    elif nv == 5:
-        strip16(prm, 5)
-    elif nv == 4:
-        strip16(prm, 4)
-    elif nv == 3:
-        strip16(prm, 3)
-    elif nv == 2:
-        strip16(prm, 2)
-    else:
-        strip16(prm, 1)
+strip16_rows = _tile_rows(strip16)  # strip16 with nv = 1..6 positions a tile chosen at run time
 
 
 # The stem's AVX2 strip (stem._stem_rows_avx2 on tiles.ASM_AVX2 hosts): dstrip512's loop (below) with ymm
