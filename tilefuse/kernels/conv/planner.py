@@ -236,7 +236,8 @@ def plan_k1x1(cip: int, op: int, positions: int, threads: int = 1) -> dict:
     blocks; with few (batch-1 7x7 / 14x14 maps) the cores split the output channels and every
     task reads the same small input block (seed 000's feature-map level).
     Loop order inside a task: position block outer (7 positions of input stay in L1, the weights
-    stream from L2) when the task's weights P*Cip*128 B fit L2/2, else channel pair outer.
+    stream from L2) when the task's weights P*Cip*128 B fit L2/2, else channel pair outer; on AVX2 hosts
+    (tiles.ASM_AVX2: the assembly strip) channel pair outer always.
     """
     return dict(_plan_k1x1(cip, op, positions, max(1, int(threads)), cache_sizes().l2))
 
@@ -265,7 +266,11 @@ def _plan_k1x1(cip, op, positions, threads, l2):
     nq, npr = -(-positions // q), -(-op // p)
     part = ("positions x Co split" if nq > 1 and npr > 1 else "Co split (input shared)" if npr > 1
             else "positions split" if nq > 1 else "one task")
-    return (("Q", q), ("P", p), ("RB", RB1X1), ("q_outer", p * cip * 128 <= l2 / 2), ("tasks", nq * npr),
+    # AVX2 hosts (the assembly strip, k1x1._k1x1_strips) keep channel pair outer: a block's weight slice (STRIP_K
+    # channels, 8 KiB) stays in L1 while the positions stream from L2; position blocks outer ran 1.02-1.05x the
+    # time (ResNet50 / MobileNetV2 1x1s alone, batch 1 and 32, Zen 3; benchmarks/RESULTS.md, twentieth session)
+    q_outer = p * cip * 128 <= l2 / 2 and not ASM_AVX2
+    return (("Q", q), ("P", p), ("RB", RB1X1), ("q_outer", q_outer), ("tasks", nq * npr),
             ("partitioning", part), ("threads", threads))
 
 
