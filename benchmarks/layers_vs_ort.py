@@ -7,15 +7,15 @@ ONNX Runtime runs the zoo model's torch twin (the same weights, exported by torc
 exporter, as benchmarks/networks.py does) with its profiler on (`enable_profiling`): each node's
 kernel time, the least of --repeat runs (--stat median: the median). tilefuse's per-instruction times
 come from timed passes (`Session.compute(timings=)`, as `tilefuse profile`; the least (median) of
---repeat runs too). Both engines run with the same thread count in this process, interleaved: every
-round one ORT run and one tilefuse pass, the process idle before each (benchmarks/quiesce.py), the order alternating, so a
-drift of the machine's speed hits both.
+--repeat runs too). Both engines run with the same thread count in this process, interleaved: every round
+one ORT run and one tilefuse pass, the process idle before each (benchmarks/quiesce.py), the order
+alternating, so a drift of the machine's speed hits both.
 
-Convolutions are matched by output shape in execution order: each tilefuse conv with the first
-unmatched ORT conv (Conv or FusedConv, which carries the ReLU / Add that tilefuse fuses too) of the
-same output shape, since the engines may order independent branches differently. An ORT activation node
-right after a conv of its shape (QuickGelu, ORT's fused SiLU; HardSwish, Gelu, ...: `ACTIVATION_OPS`) counts
-as that conv's time, as tilefuse runs it in the conv's epilogue. A fused chain of tilefuse's (an inverted
+Convolutions are matched by output shape in execution order: each tilefuse conv with the first unmatched
+ORT conv (Conv or FusedConv, which carries the ReLU / Add that tilefuse fuses too) of the same output
+shape, since the engines may order independent branches differently. An ORT activation node right after a
+conv of its shape (QuickGelu, ORT's fused SiLU; HardSwish, Gelu, ...: `ACTIVATION_OPS`) counts as that
+conv's time, as tilefuse runs it in the conv's epilogue. A fused chain of tilefuse's (an inverted
 residual block's expansion, depthwise and projection in one call, kernels/conv/chain.py) is one row, its
 convs' ORT times summed. The other ops are summed per kind. A ratio > 1 means tilefuse's layer is faster.
 The last block lists the layers with the most time lost to ORT: the ones to work on.
