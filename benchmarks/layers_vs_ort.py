@@ -1,7 +1,7 @@
 """Layer by layer against ONNX Runtime: where a network's gap to ORT is.
 
     PYTHONPATH=. python benchmarks/layers_vs_ort.py resnet50 --threads 2 [--batch 1] [--repeat 20] [--top 10] \
-        [--stat least|median]
+        [--stat least|median] [--warm K]
 
 ONNX Runtime runs the zoo model's torch twin (the same weights, exported by torch's TorchScript
 exporter, as benchmarks/networks.py does) with its profiler on (`enable_profiling`): each node's
@@ -40,14 +40,17 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 
 def interleaved_times(onnx_bytes: bytes, x: np.ndarray, compiled, threads: int, repeat: int,
-                      pause: float = 0.02, stat=np.min):
+                      pause: float = 0.02, stat=np.min, warm: int = 0):
     """Both engines' per-layer times from one loop: each of `repeat` rounds runs ORT once (its profiler
     on) and one timed tilefuse pass (`Session.compute(timings=)`), the process idle before each
     (benchmarks/quiesce.py, at least `pause` seconds: ORT's workers spin for tens of ms after a run), the order
     alternating per round. Both see the same machine phase, which drifts by 1.5x within minutes on the
     shared development VM. Returns ([(node name, op, output shape, least kernel seconds)] in ORT's
     execution order, [least seconds per tilefuse instruction], tilefuse's median "between kernels"). stat:
-    np.min (the least of the rounds, the default) or np.median, for both engines."""
+    np.min (the least of the rounds, the default) or np.median, for both engines. warm > 0: each engine runs
+    warm + 1 times back to back after its pause and only the last `warm` runs count (the steady state of a
+    serving loop: the first layer after an idle pause pays for waking the threads and cold caches, in both
+    engines; MobileNetV2's stem 530 against 320 us)."""
     import onnxruntime as ort
     from quiesce import quiesce
 
@@ -69,15 +72,20 @@ def interleaved_times(onnx_bytes: bytes, x: np.ndarray, compiled, threads: int, 
         sess.compute(ins, outs)                              # JIT / cache load, first touch
         nins = len(compiled.plan().rows)
         per, between = [], []
+        keep = [False]                                       # per ORT run in order: does it count
         for r in range(repeat):
             for which in ((0, 1) if r % 2 == 0 else (1, 0)):
                 quiesce(pause)
-                if which == 0:
-                    s.run(None, {"x": x})
-                else:
-                    acc = [0.0] * nins
-                    between.append(_timed_pass(sess, ins, outs, acc))
-                    per.append(acc)
+                for k in range(warm + 1):
+                    if which == 0:
+                        s.run(None, {"x": x})
+                        keep.append(k > 0 or warm == 0)
+                    else:
+                        acc = [0.0] * nins
+                        b = _timed_pass(sess, ins, outs, acc)
+                        if k > 0 or warm == 0:
+                            between.append(b)
+                            per.append(acc)
         sess.free_io((ins, outs))
         chains = sess.chains()
         sess.release()
@@ -96,8 +104,10 @@ def interleaved_times(onnx_bytes: bytes, x: np.ndarray, compiled, threads: int, 
             shape = tuple(next(iter(shapes[0].values()), ()))
             order.append((name, e["args"].get("op_name", "?"), shape))
         times[name].append(e["dur"] * 1e-6)
-    # the warm-up run's events come first: drop one sample per node when there are repeat + 1
-    ort_rows = [(n, op, shp, float(stat(times[n][1:] if len(times[n]) > repeat else times[n]))) for n, op, shp in order]
+    # one event per node and run, in run order: keep the runs that count (not the warm-up, not a block's first)
+    def kept(v):
+        return [t for t, k in zip(v, keep) if k] if len(v) == len(keep) else v[1:]
+    ort_rows = [(n, op, shp, float(stat(kept(times[n])))) for n, op, shp in order]
     return ort_rows, stat(np.array(per), axis=0), float(np.median(between)), chains
 
 
@@ -140,6 +150,9 @@ def main() -> int:
     ap.add_argument("--image-size", type=int)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--warm", type=int, default=0, metavar="K",
+                    help="each engine runs K + 1 times per round, back to back; the first of each block is dropped "
+                         "(steady state; default 0: one run per round, after an idle pause)")
     ap.add_argument("--stat", choices=("least", "median"), default="least",
                     help="each layer's least time of the rounds (its speed) or median (what a run typically sees)")
     args = ap.parse_args()
@@ -165,14 +178,16 @@ def main() -> int:
                           opset_version=17)
     compiled = tilefuse.compile(net, threads=args.threads)
     ort_rows, tf_least, between, chains = interleaved_times(f.getvalue(), x, compiled, args.threads, args.repeat,
-                                                            stat=np.min if args.stat == "least" else np.median)
+                                                            stat=np.min if args.stat == "least" else np.median,
+                                                            warm=args.warm)
     prof = Profile(args.model, [{"index": r["index"], "kernel": r["kernel"], "algorithm": r["algorithm"],
                                  "partitioning": r["partitioning"], "tasks": r.get("tasks"),
                                  "output_shape": r["output_shape"], "flops": r["flops"], "seconds": float(t)}
                                 for r, t in zip(compiled.plan().rows, tf_least)],
                    total_seconds=float("nan"), threads=args.threads, peak_core=0.0, between_seconds=between)
     print(f"# layers vs ORT: {args.model} batch {args.batch} {size}x{size}, {args.threads} threads, {describe()}, "
-          f"onnxruntime {ort.__version__}, {args.stat} of {args.repeat} runs per layer")
+          f"onnxruntime {ort.__version__}, {args.stat} of {args.repeat * max(1, args.warm)} runs per layer"
+          + (f" ({args.warm} warm runs a round)" if args.warm else ""))
     ort_total = sum(r[3] for r in ort_rows)
     print(f"kernels: tilefuse {prof.kernel_seconds * 1e3:.3f} ms ({len(prof.rows)} instructions; + "
           f"{prof.overhead_seconds * 1e3:.3f} ms between them), ORT {ort_total * 1e3:.3f} ms ({len(ort_rows)} nodes)")

@@ -520,6 +520,11 @@ def fuse_squeeze_excitation(net: Network) -> PassResult:
             continue
         a, b = m.inputs
         x, s = (a, b) if len(b.shape) == 4 and b.shape[2:] == (1, 1) and a.shape == out.shape else (b, a)
+        if x.shape == s.shape and _computed_from(s, x) is False and _computed_from(x, s):
+            # a 1x1 map: both operands are (N, C, 1, 1); the scale is the one computed from the other
+            # (`scale * x` read as x = scale put the conv on the scale's layout, NCHW: RegNetY's last stage
+            # at 32x32 images ran its 1x1s 5-10x slower)
+            x, s = s, x
         if len(x.shape) != 4 or x.shape != out.shape or s.is_constant or s.shape != x.shape[:2] + (1, 1):
             continue
         conv.inputs = [x] + conv.inputs[1:] + [s]
@@ -532,6 +537,20 @@ def fuse_squeeze_excitation(net: Network) -> PassResult:
     if n:
         _reorder(net)
     return PassResult(net, n > 0, f"{n} squeeze-excitation scales fused into the next 1x1 conv")
+
+
+def _computed_from(d: DataNode, src: DataNode, depth: int = 16) -> bool:
+    """d depends on src through at most `depth` ops (a squeeze-excitation scale on its feature map)."""
+    todo, seen = [(d, 0)], set()
+    while todo:
+        t, k = todo.pop()
+        if t is src:
+            return True
+        if t.producer is None or k >= depth or id(t) in seen:
+            continue
+        seen.add(id(t))
+        todo.extend((i, k + 1) for i in t.producer.inputs)
+    return False
 
 
 def _se_fc(net: Network, op: OpNode | None, channels: int) -> bool:

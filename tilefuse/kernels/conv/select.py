@@ -17,7 +17,8 @@ Cost model (seconds on one core): t = flops / (PEAK * eff) + bytes / BW, with
             TRANSFORM_BW; the packed U streamed once per task at WEIGHT_BW, overlapped with the
             GEMMs (max, not sum)
   im2col    flops = 2*N*Ho*Wo*Co*Cg*KH*KW, eff 0.6 (0.08 for one input channel per group,
-            which runs as a scalar-ish depthwise loop); bytes: the cols matrix
+            which runs as a scalar-ish depthwise loop); bytes: the cols matrix; plus IM2COL_TASK_S per
+            task (image x group x band), each a Python call (the 3-channel stems excepted: stem.py)
   depthwise flops = 2*N*Ho*Wo*Cop*KH*KW, eff 0.4 (40-60 GFLOP/s on one core, depthwise.py) plus
             input + output bytes at DW_BW (it is memory bound)
   grouped   groups inside one block (cg = og in 2, 4, 8; grouped_lanes.py): flops = 2*N*Ho*Wo*Cop*cg*KH*KW,
@@ -37,7 +38,8 @@ import math
 
 from tilefuse.kernels.conv.grouped import applies as grouped_applies
 from tilefuse.kernels.conv.grouped import bundle
-from tilefuse.kernels.conv.planner import grouped_lanes_applies, plan_direct, plan_winograd
+from tilefuse.kernels.conv.planner import grouped_lanes_applies, plan_direct, plan_im2col, plan_winograd
+from tilefuse.kernels.conv.stem import applies as stem_applies
 
 ALGORITHMS = ("gemm1x1", "direct", "winograd2", "winograd4", "im2col", "depthwise", "grouped")
 
@@ -65,6 +67,12 @@ SWITCH_MARGIN = 0.6   # select_algorithm: on many threads, another of direct / W
 EFF = {"gemm1x1": 0.9, "direct": 0.9, "direct1": 0.6, "winograd": 0.85, "im2col": 0.6, "depthwise": 0.08,
        "dw_blocked": 0.4, "grouped_lanes": 0.35}
 BAND_BW = 10e9        # grouped_lanes: bytes of the zero-bordered input band copied per second
+# im2col's tasks (image x group x row band) are Python calls (scratch, the cols gather, np.matmul, the
+# epilogue): ~6.5 us each on one Zen 3 core whatever their size, and no faster on two threads (the GIL).
+# Without this term the model sent RegNetY's grouped 3x3s at 1x1 and 2x2 outputs (32x32 images; 55
+# groups) to im2col: 355 us on one thread, 740 on two, against the blocked grouped kernel's 28 us
+# (benchmarks/RESULTS.md, twenty-first session)
+IM2COL_TASK_S = 6.5e-6
 DW_BW = 20e9          # depthwise NCHW16c: bytes of input + output per second (memory bound)
 
 
@@ -173,9 +181,11 @@ def estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups
         return f / (PEAK * EFF["direct" if obg % 2 == 0 else "direct1"]) + in_bytes / BW
     if algorithm == "im2col":
         if cg == 1:   # its per-channel loop reads the input and writes the output like depthwise does
-            return flops / (PEAK * EFF["depthwise"]) + 4 * n * (ci * h * w + co * ho * wo) / BW
+            return flops / (PEAK * EFF["depthwise"]) + 4 * n * (ci * h * w + co * ho * wo) / BW + \
+                n * groups * IM2COL_TASK_S
         cols = 4 * n * ho * wo * cg * kh * kw * groups
-        return flops / (PEAK * EFF["im2col"]) + 2 * cols / BW
+        tasks = 0 if stem_applies(ci, groups) else n * groups * -(-ho // plan_im2col(cg * kh * kw, wo, ho)["rows"])
+        return flops / (PEAK * EFF["im2col"]) + 2 * cols / BW + tasks * IM2COL_TASK_S
     raise ValueError(f"unknown conv algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
 
