@@ -14,6 +14,7 @@ PASSES = [
     (P.fold_batch_norm,         "conv -> BN with one user: BN folds into the conv's weights and bias"),
     (P.batch_norm_to_scale,     "a BN left over is a per-channel affine map"),
     (P.fold_channel_affine,     "conv/linear -> * or + a per-channel constant: folds into weights, bias"),
+    (P.prune_dead_taps,         "kernel rows / columns that read only padding (dilation past the map) dropped"),
     (P.fuse_squeeze_excitation, "x * s(x) -> 1x1 conv: the channel scale moves onto the conv's weights"),
     (P.fuse_residual_add,       "conv -> add: the residual add runs in the conv's epilogue"),
     (P.fuse_activation,         "conv/linear/add/... -> activation: it runs in the producer's epilogue"),
