@@ -162,6 +162,9 @@ ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"} | 
 
 SMALL_BYTES = 64 << 10      # non-conv kernels touching less than this run on the calling thread
 SMALL_CONV_FLOPS = 2e6      # convs below this (~10 us on one core) too: the pool hand-off costs ~40 us
+# (on blocked outputs `threads_for` counts N*Ob*H*W positions, the FLOPs times the output blocks: in effect
+# 2 MFLOP / Ob. Counting the positions once, with this or a 1 or 0.5 MFLOP threshold, ran MobileNetV2 and
+# RegNetY at 64x64 and EfficientNet-B0 at 32x32 images 0.97-1.08x the time at 2 threads: kept as it is)
 # depthwise runs ~10x fewer FLOP/s than the dense convs (memory and latency bound: a 7x7 x 576 layer,
 # 0.5 MFLOP, took 23 us on one core) and its tasks are a numba region (a few us at 2 threads, ~16 us at
 # 16 on the device machine), so only those below this times max(1, threads / 4) stay on the calling thread
