@@ -564,7 +564,7 @@ def fuse_squeeze_excitation(net: Network) -> PassResult:
             continue
         a, b = m.inputs
         x, s = (a, b) if len(b.shape) == 4 and b.shape[2:] == (1, 1) and a.shape == out.shape else (b, a)
-        if x.shape == s.shape and _computed_from(s, x) is False and _computed_from(x, s):
+        if x.shape == s.shape and _computed_from(x, s):
             # a 1x1 map: both operands are (N, C, 1, 1); the scale is the one computed from the other
             # (`scale * x` read as x = scale put the conv on the scale's layout, NCHW: RegNetY's last stage
             # at 32x32 images ran its 1x1s 5-10x slower)
