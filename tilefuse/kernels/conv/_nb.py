@@ -958,6 +958,26 @@ def add16(typingctx, dst, di, src, si):
     return sig, codegen
 
 
+@intrinsic
+def copy16(typingctx, dst, di, src, si):
+    """dst[di:di + 16] = src[si:si + 16] as one 16-lane vector load and store; C-contiguous float32
+    arrays indexed flat. The strided 1x1's gather (k1x1._strided_seq), whose 16-lane copy numba left
+    scalar: ~1 value a nanosecond, 96 us for RegNetY's 32-channel 112x112 -> 56x56 gather."""
+    f32 = types.float32
+    ok = (all(isinstance(a, types.Array) and a.dtype == f32 and a.layout == "C" for a in (dst, src))
+          and all(isinstance(a, types.Integer) for a in (di, si)))
+    if not ok:
+        return None
+    sig = types.void(dst, di, src, si)
+
+    def codegen(context, builder, signature, args):
+        v = builder.load(_vec16_ptr(context, builder, signature, args, 2), align=4)
+        builder.store(v, _vec16_ptr(context, builder, signature, args, 0), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(inline="always", cache=True)
 def row_sum16(f, base, w, dst, d, add=False):
     """dst[d:d+16] = the sum of the w 16-float vectors at f[base + 16p] (one NCHW16c row of one channel

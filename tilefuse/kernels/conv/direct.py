@@ -25,8 +25,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import (LANES, address, atomic_add, dstrip512_rows, stack_f32, stack_i64, tile16_rows,
-                                       tile16a_rows)
+from tilefuse.kernels.conv._nb import (LANES, address, atomic_add, copy16, dstrip512_rows, stack_f32, stack_i64,
+                                       tile16_rows, tile16a_rows)
 from tilefuse.kernels.conv._tiles_gen import _direct_rows2_wide, _direct_rows_narrow  # (tilegen.DIRECT)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.activations import apply_scalar
@@ -270,7 +270,7 @@ def _direct_task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0,
         x0 = r0 * sh                                         # first padded input row of the band
         rows = (r1 - 1 - r0) * sh + (wb.shape[2] - 1) * dh + 1
         nin = Cb * rows * Wp * 16
-        _pad_band(band[:nin].reshape(1, Cb, rows, Wp, 16), x, n, x0 - pt, pl)
+        _pad_band(band[:nin].reshape(1, Cb, rows, Wp, 16), x, n, x0 - pt, pl, wb.shape[2], dh, sh, r1 - r0)
         _direct_rows2(out, n, 0, band[:nin].reshape(1, Cb, rows * Wp, 16), 0, x0, wb, r0, r1, Wo, Wp, sh, sw, dh, dw,
                       bias, res, has_res, code, alpha, beta, o0, o1)
     else:
@@ -362,28 +362,48 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0),
 
 
 @njit(nogil=True, cache=True)
-def _pad_band(band, x, n, h0, pl):
+def _band_row_read(r, kh, dh, sh, rows_out):
+    """Is row r of a task's band read by some output row i < rows_out and tap ky < kh (r = i*sh + ky*dh)?
+    rows_out 0: every row counts as read."""
+    if rows_out <= 0:
+        return True
+    for ky in range(kh):
+        d = r - ky * dh
+        if d >= 0 and d % sh == 0 and d // sh < rows_out:
+            return True
+    return False
+
+
+@njit(nogil=True, cache=True)
+def _pad_band(band, x, n, h0, pl, kh, dh, sh, rows_out):
     """band (1, Cb, R, Wp, 16) = rows h0 .. h0+R-1 of x[n] (N, Cb, H, W, 16) zero padded:
-    row h < 0 or >= H is zeros, columns [0, pl) and [pl+W, Wp) are zeros."""
+    row h < 0 or >= H is zeros, columns [0, pl) and [pl+W, Wp) are zeros. Given the task's geometry
+    (kh taps dh rows apart, rows_out output rows sh apart), only the rows some tap reads are written
+    (`_band_row_read`): a dilated conv's band skips the rows between its taps (DeepLabV3's dilation-24
+    ASPP conv: 3 of 49 rows a task, 30 MB copied a task before). The others keep whatever the
+    thread's scratch held; no tap reads them. Each position is one 16-lane copy (`_nb.copy16`), the
+    zeros contiguous fills."""
     Cb, R, Wp = band.shape[1], band.shape[2], band.shape[3]
     H, W = x.shape[2], x.shape[3]
-    for cb in range(Cb):
+    bf = band.reshape(band.size)
+    xf = x.reshape(x.size)
+    for cb in range(Cb):      # the band in memory order
         for r in range(R):
-            h = h0 + r
-            if h < 0 or h >= H:
-                for j in range(Wp):
-                    for l in range(16):
-                        band[0, cb, r, j, l] = 0.0
+            if not _band_row_read(r, kh, dh, sh, rows_out):
                 continue
-            for j in range(pl):
-                for l in range(16):
-                    band[0, cb, r, j, l] = 0.0
+            h = h0 + r
+            d = ((cb * R + r) * Wp) * 16
+            if h < 0 or h >= H:
+                for k in range(Wp * 16):
+                    bf[d + k] = 0.0
+                continue
+            for k in range(pl * 16):
+                bf[d + k] = 0.0
+            s = (((n * Cb + cb) * H + h) * W) * 16
             for j in range(W):
-                for l in range(16):
-                    band[0, cb, r, pl + j, l] = x[n, cb, h, j, l]
-            for j in range(pl + W, Wp):
-                for l in range(16):
-                    band[0, cb, r, j, l] = 0.0
+                copy16(bf, d + (pl + j) * 16, xf, s + 16 * j)
+            for k in range((pl + W) * 16, Wp * 16):
+                bf[d + k] = 0.0
 
 
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),

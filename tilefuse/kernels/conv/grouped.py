@@ -127,7 +127,7 @@ def _groups_task(of, xf, wt, bias, rf, has_res, band, i, j0, j1, r0, r1, geo, co
         xin = xf[(i * cb + c0) * h * w * 16:(i * cb + c1) * h * w * 16]
         if padded:
             bd = band[:(c1 - c0) * nrows * wp * 16].reshape(1, c1 - c0, nrows, wp, 16)
-            _pad_band(bd, xin.reshape(1, c1 - c0, h, w, 16), 0, x0 - t, l)
+            _pad_band(bd, xin.reshape(1, c1 - c0, h, w, 16), 0, x0 - t, l, kh, dh, sh, r1 - r0)
             xv = band[:(c1 - c0) * nrows * wp * 16].reshape(1, c1 - c0, nrows * wp, 16)
             xr0 = x0
         else:

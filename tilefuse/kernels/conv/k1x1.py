@@ -35,8 +35,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, mul16, prefetch, prefetch_l2, prefetchw, stack_f32,
-                                       stack_i64, store16, strip16_rows, strip512_rows, tile16_rows)
+from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, copy16, mul16, prefetch, prefetch_l2, prefetchw,
+                                       stack_f32, stack_i64, store16, strip16_rows, strip512_rows, tile16_rows)
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, act_span, bias_or_zeros, resolve_act
@@ -53,6 +53,7 @@ STRIP_GROUP_BYTES = 16384   # q outer: a strip group's input block (positions x 
 SR = 14 if ASM_512 else 6   # positions a strip tile (_nb.strip512 / strip16)
 SU = 2 if ASM_512 else 1    # output blocks a strip tile
 GATHER_STRIDED = True   # strided 1x1s on a strip host: gather the strided positions, then the strip at stride 1
+GATHER_VALUES = 8192    # values a gather task writes (whole output rows): tasks enough for many threads
 STRIP_K = 128   # the strip's reduction slice (input channels, a multiple of 16, at most 4080; 0: none): longer
                 # reductions run in slices whose block weights (STRIP_K x 64 B) stay in L1 (128: 2048 -> 512 at
                 # 7x7 0.70x the time of no slices, 256 0.74x; benchmarks/RESULTS.md, fifth session)
@@ -465,27 +466,33 @@ def _k1x1_scaled_par(nt, tasks, of, xf, wk, sc, scr, done, bias, rf, has_res, co
 
 
 @njit(nogil=True, cache=True)
-def _strided_seq(counter, tid, xs, x, sh, sw):
+def _strided_seq(counter, tid, xs, x, sh, sw, rows):
     """One worker of the strided gather (run_nchwc): xs[n, c, i, j] = x[n, c, i*sh, j*sw] (NCHW16c), a task
-    per (image, channel block)."""
+    per (image, channel block, `rows` output rows), each position one 16-lane copy (`_nb.copy16`; as a
+    5-d indexed lane loop numba left it scalar, ~1 value a nanosecond: 96 us for RegNetY's 32-channel
+    112x112 -> 56x56 gather, 20 us now, and N x Cb tasks only: 2 for that layer at batch 1)."""
     N, Cb, Ho, Wo, _ = xs.shape
+    H, W = x.shape[2], x.shape[3]
+    xf, xsf = x.reshape(x.size), xs.reshape(xs.size)
+    per = -(-Ho // rows)
     while True:
         t = atomic_add(counter, 0, 1)
-        if t >= N * Cb:
+        if t >= N * Cb * per:
             break
-        n = t // Cb
-        c = t - n * Cb
-        for i in range(Ho):
+        nc = t // per                       # image * Cb + channel block
+        i0 = (t - nc * per) * rows
+        for i in range(i0, min(i0 + rows, Ho)):
+            d = ((nc * Ho + i) * Wo) * 16
+            s = ((nc * H + i * sh) * W) * 16
             for j in range(Wo):
-                for l in range(16):
-                    xs[n, c, i, j, l] = x[n, c, i * sh, j * sw, l]
+                copy16(xsf, d + 16 * j, xf, s + 16 * sw * j)
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _strided_par(nt, xs, x, sh, sw):
+def _strided_par(nt, xs, x, sh, sw, rows):
     counter = np.zeros(1, np.int64)
     for _w in nb.prange(nt):
-        _strided_seq(counter, nb.get_thread_id(), xs, x, sh, sw)
+        _strided_seq(counter, nb.get_thread_id(), xs, x, sh, sw, rows)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -522,7 +529,10 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
         # the strip runs at stride 1. The same products in the same order: the same bits as the strided tiles
         # (on Zen 3, 2 threads, ResNet50's projections 0.71-0.80x the time of the strided tile path).
         xs = scratch("k1x1_strided", (n, cb, ho, wo, 16))
-        numba_region(_strided_par, _strided_seq, threads, n * cb, xs, x_b, int(stride[0]), int(stride[1]))
+        rows = max(1, GATHER_VALUES // (16 * wo))          # output rows per gather task
+        x_c = x_b if x_b.flags.c_contiguous else np.ascontiguousarray(x_b)
+        numba_region(_strided_par, _strided_seq, threads, n * cb * -(-ho // rows), xs, x_c, int(stride[0]),
+                     int(stride[1]), rows)
         x_b, stride, h, w = xs, (1, 1), ho, wo
     pl = plan or plan_k1x1(cip, op, total, threads)
     tasks = task_table(total, op, pl["Q"], pl["P"])

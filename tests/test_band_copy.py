@@ -1,0 +1,123 @@
+"""The copies the blocked conv kernels make before their tiles: the direct (and grouped) kernel's
+zero-bordered band (`direct._pad_band`, which writes only the rows some tap reads) and the strided
+1x1's gather (`k1x1._strided_seq`). Each is checked on its own (the rows it must write, the rows it
+must leave alone) and through the kernel, with the scratch buffers poisoned with NaN so that a row
+the kernel reads but the copy skipped shows up in the output."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilefuse.kernels import reference as ref
+from tilefuse.kernels.conv import direct, from_nchwc, k1x1, planner, to_nchwc
+from tilefuse.kernels.threads import scratch
+
+# (Cb, H, W, taps, dilation, stride, output rows of the task, first band row h0, left padding)
+BANDS = [(2, 9, 7, 3, 1, 1, 3, -1, 1), (1, 28, 28, 3, 24, 1, 1, -24, 24), (3, 11, 5, 3, 4, 2, 2, -4, 4),
+         (2, 13, 6, 5, 3, 1, 2, 2, 6), (1, 8, 8, 7, 2, 2, 3, -6, 6), (2, 6, 9, 1, 1, 2, 3, 0, 0),
+         (1, 30, 4, 3, 12, 1, 4, 5, 12)]
+
+
+def _read_rows(kh, dh, sh, rows_out):
+    return {i * sh + ky * dh for i in range(rows_out) for ky in range(kh)}
+
+
+@pytest.mark.parametrize("cb,h,w,kh,dh,sh,rows_out,h0,pl", BANDS)
+def test_pad_band_writes_exactly_the_rows_the_taps_read(cb, h, w, kh, dh, sh, rows_out, h0, pl):
+    rng = np.random.default_rng(cb * 100 + h)
+    x = rng.standard_normal((2, cb, h, w, 16)).astype(np.float32)
+    nrows = (rows_out - 1) * sh + (kh - 1) * dh + 1
+    wp = w + 2 * pl
+    band = np.full((1, cb, nrows, wp, 16), np.nan, np.float32)
+    direct._pad_band(band, x, 1, h0, pl, kh, dh, sh, rows_out)
+    # the padded image of x[1]: rows h0 .. h0 + nrows - 1 with zeros outside
+    padded = np.zeros((cb, nrows, wp, 16), np.float32)
+    for r in range(nrows):
+        if 0 <= h0 + r < h:
+            padded[:, r, pl:pl + w] = x[1, :, h0 + r]
+    read = _read_rows(kh, dh, sh, rows_out)
+    for r in range(nrows):
+        if r in read:
+            assert np.array_equal(band[0, :, r], padded[:, r]), f"row {r} (read by a tap) wrong"
+        else:
+            assert np.isnan(band[0, :, r]).all(), f"row {r} is read by no tap but was written"
+    # rows_out 0: every row written
+    full = np.full_like(band, np.nan)
+    direct._pad_band(full, x, 1, h0, pl, kh, dh, sh, 0)
+    assert np.array_equal(full[0], padded)
+
+
+# (N, C, H, W, Co, k, stride, padding, dilation): ASPP-like dilations wider than the map, strided
+# dilated convs, odd sizes
+DILATED = [(1, 35, 9, 11, 20, 3, 1, 6, 6), (1, 16, 28, 28, 16, 3, 1, 12, 12), (2, 19, 10, 7, 33, 3, 2, 4, 4),
+           (1, 24, 12, 12, 40, 3, 1, 24, 24), (1, 17, 13, 9, 16, 5, 1, 4, 2), (1, 32, 7, 7, 48, 3, 2, 1, 1)]
+
+
+@pytest.mark.parametrize("n,c,h,w,co,k,s,p,d", DILATED)
+def test_direct_with_poisoned_band_scratch(n, c, h, w, co, k, s, p, d):
+    """The direct kernel over bands that skip rows, its per-thread band scratch full of NaN first, with
+    bands of one output row (the dilated layers' tasks) and the planner's, at 1, 2 and 3 threads:
+    equal to the reference conv, and the same bits for every thread count."""
+    rng = np.random.default_rng(c * 7 + h)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((co, c, k, k)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    want = ref.conv2d(x, wt, b, (s, s), (p, p, p, p), (d, d), 1)
+    ho, wo = want.shape[2:]
+    prep = direct.prepare(wt, b)
+    for rows in (1, None):
+        outs = []
+        for threads in (1, 2, 3):
+            pl = planner.plan_direct(-(-c // 16), k, d, s, ho, w + 2 * p, wo=wo, n=n, ob=-(-co // 16), kw=k,
+                                     padded=True, threads=threads)
+            if rows is not None:
+                pl = dict(pl, rows=rows)
+            ntasks = n * -(-ho // pl["rows"]) * -(-(-(-co // 16)) // pl["blocks"])
+            elems = direct._band_elems(-(-c // 16), pl["rows"], s, k, d, w + 2 * p)
+            nb_rows = direct.numba_max_threads() if direct.region_threads(threads, ntasks) > 1 else 1
+            scratch("direct_band", (nb_rows, max(1, elems)))[...] = np.nan
+            ob = np.full((n, -(-co // 16), ho, wo, 16), np.nan, np.float32)
+            direct.run_nchwc(ob, to_nchwc(x), prep, stride=(s, s), padding=(p, p, p, p), dilation=(d, d),
+                             threads=threads, plan=pl)
+            got = from_nchwc(ob, co)
+            assert np.isfinite(got).all(), "a row the taps read was not copied into the band"
+            err = np.abs(got - want).max() / max(1.0, float(np.abs(want).max()))
+            assert err <= 1e-4, f"{threads} threads, rows {pl['rows']}: max error {err:.3g}"
+            outs.append(got)
+        assert all(np.array_equal(outs[0], o) for o in outs[1:]), "bits differ between thread counts"
+
+
+# (N, C, H, W, Co, stride): RegNetY's / ResNet's strided projections and odd sizes
+STRIDED = [(1, 32, 112, 112, 48, 2), (2, 48, 13, 9, 40, 2), (1, 20, 15, 15, 16, 3), (3, 16, 8, 8, 70, 2)]
+
+
+@pytest.mark.parametrize("gather_values", [16, 8192])
+@pytest.mark.parametrize("n,c,h,w,co,s", STRIDED)
+def test_strided_1x1_gather(n, c, h, w, co, s, gather_values, monkeypatch):
+    """The strided 1x1's gather (one output row a task with gather_values 16, several otherwise; a
+    partial last task where the rows do not divide), through the kernel at 1, 2 and 3 threads with
+    the gather's scratch poisoned: equal to the reference conv, the same bits for every thread count,
+    and the gathered map equal to x[:, :, ::s, ::s]."""
+    monkeypatch.setattr(k1x1, "GATHER_VALUES", gather_values)
+    rng = np.random.default_rng(c + h)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((co, c, 1, 1)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    want = ref.conv2d(x, wt, b, (s, s), (0, 0, 0, 0), (1, 1), 1)
+    ho, wo = want.shape[2:]
+    prep = k1x1.prepare(wt, b)
+    xb = to_nchwc(x)
+    outs = []
+    for t in (1, 2, 3):
+        scratch("k1x1_strided", (n, xb.shape[1], ho, wo, 16))[...] = np.nan
+        ob = np.full((n, -(-co // 16), ho, wo, 16), np.nan, np.float32)
+        k1x1.run_nchwc(ob, xb, prep, stride=(s, s), threads=t)
+        got = from_nchwc(ob, co)
+        err = np.abs(got - want).max() / max(1.0, float(np.abs(want).max()))
+        assert np.isfinite(got).all() and err <= 1e-4, f"{t} threads: max error {err:.3g}"
+        outs.append(got)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    xs = np.full((n, xb.shape[1], ho, wo, 16), np.nan, np.float32)
+    rows = max(1, gather_values // (16 * wo))
+    k1x1.numba_region(k1x1._strided_par, k1x1._strided_seq, 2, n * xb.shape[1] * -(-ho // rows), xs, xb, s, s, rows)
+    assert np.array_equal(xs, xb[:, :, ::s, ::s][:, :, :ho, :wo])
