@@ -121,3 +121,62 @@ def test_strided_1x1_gather(n, c, h, w, co, s, gather_values, monkeypatch):
     rows = max(1, gather_values // (16 * wo))
     k1x1.numba_region(k1x1._strided_par, k1x1._strided_seq, 2, n * xb.shape[1] * -(-ho // rows), xs, xb, s, s, rows)
     assert np.array_equal(xs, xb[:, :, ::s, ::s][:, :, :ho, :wo])
+
+
+# (Ho, Wo, KH, KW, stride, dilation, padding top/left, input H, W)
+LIVE = [(28, 28, 3, 3, 1, 24, 24, 28, 28), (28, 28, 3, 3, 1, 12, 12, 28, 28), (9, 7, 3, 3, 2, 4, 4, 17, 13),
+        (5, 11, 5, 5, 1, 3, 6, 5, 11), (14, 14, 7, 7, 2, 1, 3, 28, 28), (6, 6, 3, 3, 1, 1, 1, 6, 6),
+        (4, 9, 3, 5, 1, 6, 7, 4, 9)]
+
+
+@pytest.mark.parametrize("ho,wo,kh,kw,s,d,p,h,w", LIVE)
+def test_live_taps_are_the_hull_of_each_positions_live_taps(ho, wo, kh, kw, s, d, p, h, w):
+    """`direct._live_taps` for every tile of 1..6 positions of a band: the kernel rows and columns it
+    keeps hold every position's taps that read the image (not the zero border), and are exactly the hulls
+    of the kernel rows some position's row reads and of the columns some position's column reads.
+    Narrower would drop products (wrong results), wider would compute zeros."""
+    live = (p, p + h, p, p + w)
+    kr = np.zeros((1, 4), np.int64)
+    for nv in (1, 5, 6):
+        for pb in range(0, ho * wo - nv + 1, 3):
+            direct._live_taps(kr, 0, pb, nv, wo, s, s, d, d, kh, kw, live)
+            taps = [(ky, kx) for q in range(pb, pb + nv) for ky in range(kh) for kx in range(kw)
+                    if p <= (q // wo) * s + ky * d < p + h and p <= (q % wo) * s + kx * d < p + w]
+            ys = {ky for q in range(pb, pb + nv) for ky in range(kh) if p <= (q // wo) * s + ky * d < p + h}
+            xs = {kx for q in range(pb, pb + nv) for kx in range(kw) if p <= (q % wo) * s + kx * d < p + w}
+            assert all(kr[0, 0] <= ky < kr[0, 1] and kr[0, 2] <= kx < kr[0, 3] for ky, kx in taps), (pb, nv)
+            # exactly the hull of the rows some position's row reads and of the columns some column reads
+            assert (kr[0, 0], kr[0, 1]) == ((min(ys), max(ys) + 1) if ys else (0, 0)), (pb, nv)
+            assert (kr[0, 2], kr[0, 3]) == ((min(xs), max(xs) + 1) if xs else (0, 0)), (pb, nv)
+
+
+@pytest.mark.skipif(not direct.ASM_AVX2, reason="the AVX2 assembly tile (x86-64 AVX2 hosts)")
+@pytest.mark.parametrize("c,co,k,s,d,p,h,w,kb", [(32, 32, 3, 1, 12, 12, 28, 28, 2), (48, 16, 3, 2, 4, 4, 17, 13, 1),
+                                                 (16, 48, 5, 1, 3, 6, 9, 11, 1), (64, 32, 3, 1, 24, 24, 28, 28, 4)])
+def test_live_taps_give_the_bits_of_all_taps(c, co, k, s, d, p, h, w, kb):
+    """The AVX2 direct kernel on a padded band with its live taps only against the same kernel over every
+    tap (ALL_LIVE): the same values bit for bit (the skipped products are x * 0), sliced or not, with a
+    bias and a residual; and against the reference conv."""
+    rng = np.random.default_rng(c + k + d)
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((co, c, k, k)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    res = rng.standard_normal((1, co, (h + 2 * p - d * (k - 1) - 1) // s + 1,
+                               (w + 2 * p - d * (k - 1) - 1) // s + 1)).astype(np.float32)
+    want = ref.conv2d(x, wt, b, (s, s), (p, p, p, p), (d, d), 1, residual=res)
+    ho, wo = want.shape[2:]
+    prep = direct.prepare(wt, b)
+    xp = to_nchwc(x, (p, p, p, p))                               # (1, Cb, H + 2p, W + 2p, 16), zeros around
+    cb, ob = xp.shape[1], -(-co // 16)
+    wp = w + 2 * p
+    xv = xp.reshape(1, cb, -1, 16)
+    rb = to_nchwc(res).reshape(1, ob, ho * wo, 16)
+    outs = []
+    for live in ((p, p + h, p, p + w), direct.ALL_LIVE):
+        o = np.full((1, ob, ho * wo, 16), np.nan, np.float32)
+        direct._direct_rows_avx2_sliced(o, 0, 0, xv, 0, 0, prep["weight"], 0, ho, wo, wp, s, s, d, d, prep["bias"],
+                                        rb, True, 0, np.float32(0), np.float32(0), 0, ob, kb, live)
+        outs.append(o)
+    assert np.array_equal(outs[0], outs[1])
+    got = from_nchwc(outs[0].reshape(1, ob, ho, wo, 16), co)
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))

@@ -336,7 +336,7 @@ def test_direct_tiles_same_bits(ci, co, k, stride, dil, hw, o0):
     outs = []
     # (the AVX-512 strip where this host runs it: rows of 16-30 positions, whole 14-position tiles and the rest)
     # (the AVX2 tiles also with the reduction in slices of one input-channel block: partial sums resumed)
-    avx2 = (direct._direct_rows_avx2, lambda *a: direct._direct_rows_avx2_sliced(*a, 1))
+    avx2 = (direct._direct_rows_avx2, lambda *a: direct._direct_rows_avx2_sliced(*a, 1, direct.ALL_LIVE))
     for fn in ((direct._direct_rows_narrow, direct._direct_rows2_wide) + (avx2 if ASM_AVX2 else ())
                + ((direct._direct_rows_512,) if ASM_512 else ())):
         out = np.zeros((n, ob, ho * ho, 16), np.float32)

@@ -60,6 +60,97 @@ def prepare(w, b) -> dict:
     return {"weight": pack_weights(np.asarray(w, np.float32)), "bias": bias}
 
 
+# the padded input rows and columns [r0, r1) x [c0, c1) that hold the image: the whole plane (no zero border)
+ALL_LIVE = (-(1 << 40), 1 << 40, -(1 << 40), 1 << 40)
+
+
+@njit(nogil=True, cache=True)
+def _live_range(o0, o1, s, d, k, lo, hi):
+    """The kernel taps [a, b) (of k, d apart) that some output i in [o0, o1] reads inside [lo, hi) of
+    the padded input (output i's tap j reads i*s + j*d): the hull over the outputs of each one's live
+    taps, (0, 0) when none is live."""
+    a, b = k, 0
+    for i in range(o0, o1 + 1):
+        j0 = max(0, -((i * s - lo) // d))        # first j with i*s + j*d >= lo
+        j1 = min(k, -((i * s - hi) // d))       # first j with i*s + j*d >= hi
+        if j0 < j1:
+            a = min(a, j0)
+            b = max(b, j1)
+    if a >= b:
+        return 0, 0
+    return a, b
+
+
+@njit(nogil=True, cache=True)
+def _live_taps(kr, t, pb, nv, Wo, sh, sw, dh, dw, KH, KW, live):
+    """kr[t] = (kernel rows [a, b), kernel columns [c, d)) live for the tile of positions [pb, pb + nv) of
+    a band (flat over its rows, Wo a row): the hulls over the tile's rows and over its columns, so that
+    every position's live taps are among them."""
+    y0, y1 = pb // Wo, (pb + nv - 1) // Wo
+    kr[t, 0], kr[t, 1] = _live_range(y0, y1, sh, dh, KH, live[0], live[1])
+    xa, xb = pb - y0 * Wo, pb + nv - 1 - y1 * Wo
+    if y0 == y1:
+        kr[t, 2], kr[t, 3] = _live_range(xa, xb, sw, dw, KW, live[2], live[3])
+    elif y1 == y0 + 1:          # the tile wraps to the next row: the end of one, the start of the other
+        a0, b0 = _live_range(xa, Wo - 1, sw, dw, KW, live[2], live[3])
+        a1, b1 = _live_range(0, xb, sw, dw, KW, live[2], live[3])
+        if a0 >= b0:
+            a0, b0 = a1, b1
+        elif a1 < b1:
+            a0, b0 = min(a0, a1), max(b0, b1)
+        kr[t, 2], kr[t, 3] = a0, b0
+    else:
+        kr[t, 2], kr[t, 3] = _live_range(0, Wo - 1, sw, dw, KW, live[2], live[3])
+
+
+# a tile runs its live taps only (`_live_tile_calls`) where at most this fraction of its taps is live: the
+# calls per input block cost about what a third of the taps saves (one Zen 3 core, alternated in one process
+# against every tap: ResNet50's 512-channel 7x7 layer, whose top and bottom rows' tiles have 6 of 9 taps
+# live, 0.86-1.05x the time split, 0.98-1.03x not; DeepLabV3's dilation-12 ASPP conv 0.87-0.88x split
+# everywhere, 0.89-0.96x with this rule; dilation 24 0.35-0.50x either way)
+LIVE_SPLIT = 0.6
+
+
+@njit(nogil=True, cache=True)
+def _split_tile(kr, t, KH, KW):
+    """Does tile t run its live taps only (kr[t]; LIVE_SPLIT)?"""
+    live = max(0, kr[t, 1] - kr[t, 0]) * max(0, kr[t, 3] - kr[t, 2])
+    return live < KH * KW and live <= LIVE_SPLIT * KH * KW
+
+
+@njit(nogil=True, cache=True)
+def _live_tile_calls(pp, prm, nv, wf, table, kr, t, wob, c0, c1, KH, KW, b0):
+    """One tile's slice [c0, c1) of input blocks over its live taps only (kr[t]): per block and live kernel
+    row one tile call over the row's live columns (consecutive chunks in the weights' and the table's
+    (cb, kh, kw) order; with every column live, one call over the block's live rows), the first of the
+    tile's reduction from zero (tile16, when c0 == 0), the others resuming (tile16a); the bias b0 (0: none)
+    with the slice's last call. No live tap: the slice adds nothing (the bias only, or zeros as the first)."""
+    ky0, ky1, kx0, kx1 = kr[t, 0], kr[t, 1], kr[t, 2], kr[t, 3]
+    prm[12] = 0
+    if ky0 >= ky1 or kx0 >= kx1:
+        prm[7] = 0
+        prm[12] = b0
+        if c0 == 0:
+            tile16_rows(pp, nv)
+        elif b0 != 0:
+            tile16a_rows(pp, nv)
+        return
+    # every column live: the block's live rows are one run of chunks (one call a block)
+    step = ky1 - ky0 if kx1 - kx0 == KW else 1
+    prm[7] = (kx1 - kx0) * step
+    for cb in range(c0, c1):
+        for ky in range(ky0, ky1, step):
+            j = (cb * KH + ky) * KW + kx0
+            prm[1] = address(wf, wob + j * 256)
+            prm[9] = address(table, j)
+            if cb == c1 - 1 and ky + step >= ky1:
+                prm[12] = b0
+            if c0 == 0 and cb == c0 and ky == ky0:
+                tile16_rows(pp, nv)
+            else:
+                tile16a_rows(pp, nv)
+
+
 @njit(nogil=True, cache=True)
 def _direct_rows_avx2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
                       code, alpha, beta, o0, o1):
@@ -71,12 +162,12 @@ def _direct_rows_avx2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh
     blocks whose weights fit SLICE_BYTES (`_direct_rows_avx2_sliced`)."""
     KH, KW = wb.shape[2], wb.shape[3]
     _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
-                             has_res, code, alpha, beta, o0, o1, max(1, SLICE_BYTES // (KH * KW * 1024)))
+                             has_res, code, alpha, beta, o0, o1, max(1, SLICE_BYTES // (KH * KW * 1024)), ALL_LIVE)
 
 
 @njit(nogil=True, cache=True)
 def _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
-                             has_res, code, alpha, beta, o0, o1, kb):
+                             has_res, code, alpha, beta, o0, o1, kb, live):
     """`_direct_rows_avx2` with the reduction in slices of kb input-channel blocks (kb >= Cb: one slice).
     Per output block, each slice runs over all the rows' tiles before the next (its weights, kb x KH x KW
     x 1 KiB, stay in L1 across the tiles; unsliced, each 6-position tile read the block's whole weights
@@ -85,7 +176,14 @@ def _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo,
     stores as the unsliced tiles do. Not where the band's partial sums would pass SLICE_PART_BYTES (wide
     rows: they would stream through L2 once a slice). One Zen 3 core, ResNet50's 512 -> 512 layers at 7x7
     output (stride 1 and 2), whole map: 0.91-0.94x the unsliced time (medians of 20 alternated calls); on
-    28x28 and 56x56 maps within +-5% (2026-11-29, twentieth session)."""
+    28x28 and 56x56 maps within +-5% (2026-11-29, twentieth session).
+    live = (r0, r1, c0, c1): the padded input rows [r0, r1) and columns [c0, c1) that hold the image (the
+    rest is the band's zero border; ALL_LIVE: no border). A tile whose positions' taps partly read only
+    the border (a dilated conv's outer taps: `_live_taps`), at most LIVE_SPLIT of them live, runs its
+    live taps only, one resumed tile call
+    per (input block, kernel row) with its run of live columns: the chain of FMAs without the ones that
+    add x * 0 = 0, the same bits but for the sign of a zero sum and a non-finite weight times the
+    padding (as `passes.prune_dead_taps`)."""
     Cb, HWp = xb.shape[1], xb.shape[2]
     Ob, _, KH, KW, _, _ = wb.shape
     xf = xb.reshape(xb.size)
@@ -118,13 +216,22 @@ def _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo,
             p = pb + r
             f = (((p // Wo) * sh - x_row0) * Wp + (p % Wo) * sw) * 16
             offs[t, r] = f if r == 0 else (f - offs[t, 0]) * 4
+    kr = np.empty((ntl, 4), np.int64)           # tile t: its live kernel rows [kr0, kr1) and columns [kc0, kc1)
+    partial = False
+    for t in range(ntl):
+        pb = p_begin + 6 * t
+        _live_taps(kr, t, pb, min(6, p_end - pb), Wo, sh, sw, dh, dw, KH, KW, live)
+        if _split_tile(kr, t, KH, KW):
+            partial = True
     for ob in range(o0, o1):   # a slice of the block's weights stays in L1 while the band's positions stream
         for c0 in range(0, Cb, kb):
             c1 = min(Cb, c0 + kb)
-            prm[1] = address(wf, ob * wsize + c0 * taps * 256)
+            w0 = ob * wsize + c0 * taps * 256
+            b0 = address(bias, ob * 16) if c1 == Cb else 0
+            prm[1] = address(wf, w0)
             prm[7] = (c1 - c0) * taps
             prm[9] = address(table, c0 * taps)
-            prm[12] = address(bias, ob * 16) if c1 == Cb else 0
+            prm[12] = b0
             for t in range(ntl):
                 pb = p_begin + 6 * t
                 nv = min(6, p_end - pb)
@@ -133,7 +240,13 @@ def _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo,
                     prm[1 + r] = offs[t, r]
                 a0 = 6 * t if sliced else 0
                 prm[11] = address(partf, 16 * a0)
-                if c0 == 0:
+                if partial and _split_tile(kr, t, KH, KW):
+                    _live_tile_calls(pp, prm, nv, wf, table, kr, t, ob * wsize, c0, c1, KH, KW, b0)
+                    prm[1] = address(wf, w0)
+                    prm[7] = (c1 - c0) * taps
+                    prm[9] = address(table, c0 * taps)
+                    prm[12] = b0
+                elif c0 == 0:
                     tile16_rows(pp, nv)
                 else:
                     tile16a_rows(pp, nv)
@@ -203,13 +316,13 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
 
 @njit(nogil=True, cache=True)
 def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, code,
-                  alpha, beta, o0, o1):
+                  alpha, beta, o0, o1, live):
     """Output rows [oh0, oh1), blocks [o0, o1) (the tiles' arguments); an activation past clip is
     deferred to one pass per chunk of rows (k1x1._k1x1's form: the same bits, no per-tile act_block
-    call)."""
+    call). live: the padded input's image rows and columns (`_direct_rows_avx2_sliced`; ALL_LIVE)."""
     if code <= 2:
         _direct_tile(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
-                     code, alpha, beta, o0, o1)
+                     code, alpha, beta, o0, o1, live)
         return
     Ob, P = out.shape[1], out.shape[2]
     of = out.reshape(out.size)
@@ -217,7 +330,7 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
     for r0 in range(oh0, oh1, step):
         r1 = min(oh1, r0 + step)
         _direct_tile(out, n_out, q_off, xb, n, x_row0, wb, r0, r1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, 0,
-                     alpha, beta, o0, o1)
+                     alpha, beta, o0, o1, live)
         for ob in range(o0, o1):
             d = (n_out * Ob + ob) * P
             act_span(of, (d + r0 * Wo - q_off) * 16, (d + r1 * Wo - q_off) * 16, code, alpha, beta)
@@ -225,16 +338,17 @@ def _direct_rows2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw
 
 @njit(nogil=True, cache=True)
 def _direct_tile(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res, code,
-                 alpha, beta, o0, o1):
+                 alpha, beta, o0, o1, live):
     """The register tile of the host's vector width (tiles.NARROW, tiles.ASM_AVX2, tiles.ASM_512): 7 x 2
     blocks, 5 x 1, the 6 x 1 assembly tile or the 14 x 2 AVX-512 strip (stride 1 or 2 along W; code <= 2
     here: _direct_rows2 defers the others)."""
     if ASM_512 and sw <= 2 and code <= 2:
         _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
                          has_res, code, alpha, beta, o0, o1)
-    elif ASM_AVX2:
-        _direct_rows_avx2(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
-                          has_res, code, alpha, beta, o0, o1)
+    elif ASM_AVX2:      # (live taps only: `_direct_rows_avx2_sliced`)
+        _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
+                                 has_res, code, alpha, beta, o0, o1,
+                                 max(1, SLICE_BYTES // (wb.shape[2] * wb.shape[3] * 1024)), live)
     elif NARROW:
         _direct_rows_narrow(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
                             has_res, code, alpha, beta, o0, o1)
@@ -271,11 +385,12 @@ def _direct_task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0,
         rows = (r1 - 1 - r0) * sh + (wb.shape[2] - 1) * dh + 1
         nin = Cb * rows * Wp * 16
         _pad_band(band[:nin].reshape(1, Cb, rows, Wp, 16), x, n, x0 - pt, pl, wb.shape[2], dh, sh, r1 - r0)
+        live = (pt, pt + x.shape[2], pl, pl + x.shape[3])     # the image inside the padded plane
         _direct_rows2(out, n, 0, band[:nin].reshape(1, Cb, rows * Wp, 16), 0, x0, wb, r0, r1, Wo, Wp, sh, sw, dh, dw,
-                      bias, res, has_res, code, alpha, beta, o0, o1)
+                      bias, res, has_res, code, alpha, beta, o0, o1, live)
     else:
         _direct_rows2(out, n, 0, x.reshape(x.shape[0], Cb, x.shape[2] * x.shape[3], 16), n, 0, wb, r0, r1, Wo, Wp,
-                      sh, sw, dh, dw, bias, res, has_res, code, alpha, beta, o0, o1)
+                      sh, sw, dh, dw, bias, res, has_res, code, alpha, beta, o0, o1, ALL_LIVE)
 
 
 @njit(parallel=True, nogil=True, cache=True)

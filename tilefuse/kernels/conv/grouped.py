@@ -45,7 +45,7 @@ from numba import njit
 
 from tilefuse.kernels.conv import grouped_lanes
 from tilefuse.kernels.conv._nb import LANES
-from tilefuse.kernels.conv.direct import _direct_rows2, _pad_band
+from tilefuse.kernels.conv.direct import ALL_LIVE, _direct_rows2, _pad_band
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
 from tilefuse.kernels.conv.planner import grouped_bundle as bundle
@@ -130,11 +130,13 @@ def _groups_task(of, xf, wt, bias, rf, has_res, band, i, j0, j1, r0, r1, geo, co
             _pad_band(bd, xin.reshape(1, c1 - c0, h, w, 16), 0, x0 - t, l, kh, dh, sh, r1 - r0)
             xv = band[:(c1 - c0) * nrows * wp * 16].reshape(1, c1 - c0, nrows * wp, 16)
             xr0 = x0
+            live = (t, t + h, l, l + w)          # the image inside the padded plane
         else:
             xv = xin.reshape(1, c1 - c0, h * w, 16)
             xr0 = 0
+            live = ALL_LIVE
         _direct_rows2(ov, 0, 0, xv, 0, xr0, wg, r0, r1, wo, wp, sh, sw, dh, dw, bg, rv, has_res, code, al, be, 0,
-                      o1 - o0)
+                      o1 - o0, live)
 
 
 _rows, plan_tasks = plan_grouped_rows, plan_grouped_tasks   # planner.py
