@@ -180,3 +180,28 @@ def test_live_taps_give_the_bits_of_all_taps(c, co, k, s, d, p, h, w, kb):
     assert np.array_equal(outs[0], outs[1])
     got = from_nchwc(outs[0].reshape(1, ob, ho, wo, 16), co)
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("c,co,g,k,s,d,h,w", [(48, 48, 2, 3, 1, 4, 13, 11), (48, 96, 2, 3, 2, 6, 17, 9),
+                                              (32, 32, 4, 5, 1, 3, 10, 12)])
+def test_grouped_tiles_with_poisoned_band_scratch(c, co, g, k, s, d, h, w):
+    """The grouped conv's tiles form shares the band copy (`_pad_band` per block group): dilated, its band
+    scratch full of NaN first (one thread: the scratch is this thread's), equal to the reference."""
+    from tilefuse.kernels.conv import grouped
+    rng = np.random.default_rng(c + co + k)
+    p = d * (k // 2)
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((co, c // g, k, k)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    want = ref.conv2d(x, wt, b, (s, s), (p, p, p, p), (d, d), g)
+    ho, wo = want.shape[2:]
+    prep = grouped.prepare(wt, b, g, form="tiles")
+    assert not grouped.uses_lanes(prep)
+    _, obg, cbg, kh, kw = prep["weight"].shape[:5]
+    rows = grouped._rows(cbg, obg, kh, kw, (s, s), (d, d), ho, wo, w + 2 * p, True)
+    scratch("grouped_pad", cbg * ((rows - 1) * s + (kh - 1) * d + 1) * (w + 2 * p) * 16)[...] = np.nan
+    ob = np.full((1, -(-co // 16), ho, wo, 16), np.nan, np.float32)
+    grouped.run_nchwc(ob, to_nchwc(x), prep, stride=(s, s), padding=(p, p, p, p), dilation=(d, d), threads=1)
+    got = from_nchwc(ob, co)
+    assert np.isfinite(got).all(), "a row the taps read was not copied into the band"
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
