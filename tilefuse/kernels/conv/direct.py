@@ -180,10 +180,9 @@ def _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo,
     live = (r0, r1, c0, c1): the padded input rows [r0, r1) and columns [c0, c1) that hold the image (the
     rest is the band's zero border; ALL_LIVE: no border). A tile whose positions' taps partly read only
     the border (a dilated conv's outer taps: `_live_taps`), at most LIVE_SPLIT of them live, runs its
-    live taps only, one resumed tile call
-    per (input block, kernel row) with its run of live columns: the chain of FMAs without the ones that
-    add x * 0 = 0, the same bits but for the sign of a zero sum and a non-finite weight times the
-    padding (as `passes.prune_dead_taps`)."""
+    live taps only (`_live_tile_calls`): the chain of FMAs without the ones that add x * 0 = 0, the same
+    bits but for the sign of a zero sum and a non-finite weight times the padding (as
+    `passes.prune_dead_taps`)."""
     Cb, HWp = xb.shape[1], xb.shape[2]
     Ob, _, KH, KW, _, _ = wb.shape
     xf = xb.reshape(xb.size)
