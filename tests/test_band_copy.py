@@ -150,13 +150,16 @@ def test_live_taps_are_the_hull_of_each_positions_live_taps(ho, wo, kh, kw, s, d
             assert (kr[0, 2], kr[0, 3]) == ((min(xs), max(xs) + 1) if xs else (0, 0)), (pb, nv)
 
 
-@pytest.mark.skipif(not direct.ASM_AVX2, reason="the AVX2 assembly tile (x86-64 AVX2 hosts)")
+@pytest.mark.skipif(not (direct.ASM_AVX2 or direct.ASM_512),
+                    reason="the assembly tiles (x86-64 AVX2 or AVX-512 hosts) skip dead taps")
 @pytest.mark.parametrize("c,co,k,s,d,p,h,w,kb", [(32, 32, 3, 1, 12, 12, 28, 28, 2), (48, 16, 3, 2, 4, 4, 17, 13, 1),
-                                                 (16, 48, 5, 1, 3, 6, 9, 11, 1), (64, 32, 3, 1, 24, 24, 28, 28, 4)])
+                                                 (16, 48, 5, 1, 3, 6, 9, 11, 1), (64, 32, 3, 1, 24, 24, 28, 28, 4),
+                                                 (32, 48, 3, 1, 2, 2, 7, 33, 1), (16, 16, 3, 2, 1, 1, 9, 31, 1)])
 def test_live_taps_give_the_bits_of_all_taps(c, co, k, s, d, p, h, w, kb):
-    """The AVX2 direct kernel on a padded band with its live taps only against the same kernel over every
-    tap (ALL_LIVE): the same values bit for bit (the skipped products are x * 0), sliced or not, with a
-    bias and a residual; and against the reference conv."""
+    """The host's assembly direct kernel (the AVX2 tile, the AVX-512 strip) on a padded band with its live
+    taps only against the same kernel over every tap (ALL_LIVE): the same values bit for bit (the skipped
+    products are x * 0), the AVX2 one sliced or not, with a bias and a residual; and against the reference
+    conv. (33 and 31 columns: AVX-512 rows of two whole 14-position tiles and a rest, border tiles both.)"""
     rng = np.random.default_rng(c + k + d)
     x = rng.standard_normal((1, c, h, w)).astype(np.float32)
     wt = (rng.standard_normal((co, c, k, k)) * 0.2).astype(np.float32)
@@ -174,8 +177,12 @@ def test_live_taps_give_the_bits_of_all_taps(c, co, k, s, d, p, h, w, kb):
     outs = []
     for live in ((p, p + h, p, p + w), direct.ALL_LIVE):
         o = np.full((1, ob, ho * wo, 16), np.nan, np.float32)
-        direct._direct_rows_avx2_sliced(o, 0, 0, xv, 0, 0, prep["weight"], 0, ho, wo, wp, s, s, d, d, prep["bias"],
-                                        rb, True, 0, np.float32(0), np.float32(0), 0, ob, kb, live)
+        if direct.ASM_512:
+            direct._direct_rows_512(o, 0, 0, xv, 0, 0, prep["weight"], 0, ho, wo, wp, s, s, d, d, prep["bias"], rb,
+                                    True, 0, np.float32(0), np.float32(0), 0, ob, live)
+        else:
+            direct._direct_rows_avx2_sliced(o, 0, 0, xv, 0, 0, prep["weight"], 0, ho, wo, wp, s, s, d, d,
+                                            prep["bias"], rb, True, 0, np.float32(0), np.float32(0), 0, ob, kb, live)
         outs.append(o)
     assert np.array_equal(outs[0], outs[1])
     got = from_nchwc(outs[0].reshape(1, ob, ho, wo, 16), co)

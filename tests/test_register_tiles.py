@@ -338,7 +338,7 @@ def test_direct_tiles_same_bits(ci, co, k, stride, dil, hw, o0):
     # (the AVX2 tiles also with the reduction in slices of one input-channel block: partial sums resumed)
     avx2 = (direct._direct_rows_avx2, lambda *a: direct._direct_rows_avx2_sliced(*a, 1, direct.ALL_LIVE))
     for fn in ((direct._direct_rows_narrow, direct._direct_rows2_wide) + (avx2 if ASM_AVX2 else ())
-               + ((direct._direct_rows_512,) if ASM_512 else ())):
+               + ((lambda *a: direct._direct_rows_512(*a, direct.ALL_LIVE),) if ASM_512 else ())):
         out = np.zeros((n, ob, ho * ho, 16), np.float32)
         for img in range(n):
             for r0, r1 in ((0, 2), (2, ho)):   # two row bands

@@ -862,16 +862,23 @@ def strip512_rows(prm, nv, nblk):
 # the weight block stride further. Registers as strip512's (accumulators zmm0-27, weights zmm28-29,
 # broadcasts zmm30-31); the epilogue is strip512's finalize (+ bias, + residual, identity / ReLU / clip,
 # stored by the assembly). The FMA chain per accumulator is the direct tiles' (`fma(x, w, acc)` over the
-# chunks and their channels in order): the same bits (tests/test_register_tiles.py). Parameter block
-# (int64 [14], read through %rdi):
+# chunks and their channels in order): the same bits (tests/test_register_tiles.py). The direct conv's
+# table (ps 64, 128) holds a pair a chunk, (input byte offset, weight byte offset from &w): a table of the
+# live taps only skips the others' weights too (`direct._direct_rows_512`); the stem's (ps 4, 8) one input
+# offset a chunk, its weight rows consecutive. Parameter block (int64 [14], read through %rdi):
 #   0 &x (position 0 of the strip's first tile)   1 &w (block 0's first row)   2 &table (int64 byte offsets)
 #   3 chunks (>= 1)   4 unused   5 weight block stride (bytes)   6 &out (position 0, block 0)   7 tiles
 #   8 &bias[B * 16]   9 &residual (like out), or 0   10 activation code (0, 1, 2)   11 &(alpha, beta)
 #  12 unused   13 the byte distance from an output block to the next
 def _dstrip512_asm(rows: int, blocks: int, ps: int) -> str:
     """ps: the input bytes from one position to the next: 64 or 128 (direct, NCHW16c input, 16 channels a
-    chunk, 4 bytes apart), 4 or 8 (the stem, a plain (C, rows, Wp) band: one channel a chunk)."""
+    chunk, 4 bytes apart; (input, weight) offset pairs), 4 or 8 (the stem, a plain (C, rows, Wp) band: one
+    channel a chunk)."""
     ch = 16 if ps >= 64 else 1                # input channels a chunk
+    if ch == 16:    # %rdx = &w + the chunk's weight offset, %rax = &w
+        chunk = ["mov (%r8), %rsi", "add %r10, %rsi", "mov 8(%r8), %rdx", "add %rax, %rdx", "add $$16, %r8"]
+    else:           # the weight rows run on from chunk to chunk
+        chunk = ["mov (%r8), %rsi", "add %r10, %rsi", "add $$8, %r8"]
     acc, A = _zmm_acc(rows, blocks)
     body = ["vmovups (%rdx), %zmm28"] + (["vmovups (%rdx,%r14), %zmm29"] if blocks == 2 else [])
     for r in range(rows):
@@ -883,9 +890,9 @@ def _dstrip512_asm(rows: int, blocks: int, ps: int) -> str:
          "5:"]
     s += [f"vpxord %zmm{A(r, b)}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
     s += _zmm_prefetch_out(rows, blocks)
-    s += ["mov 8(%rdi), %rdx", "mov 16(%rdi), %r8", "mov 24(%rdi), %rcx",
-          "1:", "mov (%r8), %rsi", "add %r10, %rsi", "add $$8, %r8", f"mov $${ch}, %rbx",
-          "4:"] + body + ["add $$4, %rsi", "add $$64, %rdx", "dec %rbx", "jnz 4b", "dec %rcx", "jnz 1b"]
+    s += ["mov 8(%rdi), %rdx", "mov 8(%rdi), %rax", "mov 16(%rdi), %r8", "mov 24(%rdi), %rcx", "1:"]
+    s += chunk + [f"mov $${ch}, %rbx", "4:"] + body
+    s += ["add $$4, %rsi", "add $$64, %rdx", "dec %rbx", "jnz 4b", "dec %rcx", "jnz 1b"]
     s += _zmm_finish(rows, blocks)
     s += [f"add $${ps * rows}, %r10", f"add $${64 * rows}, %r11", "dec %r12", "jnz 5b"]
     return "\n\t".join(s)

@@ -255,13 +255,33 @@ def _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo,
 
 
 @njit(nogil=True, cache=True)
+def _chunk_pairs(table, nbase, HWp, Wp, dh, dw, KH, KW, c0, c1, ky0, ky1, kx0, kx1):
+    """table[2i], table[2i + 1] = the byte offsets of chunk i's input (from position 0) and weights (from
+    block 0's first row) over the taps (cb, kh, kw) in [c0, c1) x [ky0, ky1) x [kx0, kx1), in the weights'
+    order (`_nb.dstrip512`'s pairs); returns the chunk count."""
+    i = 0
+    for cb in range(c0, c1):
+        for kh in range(ky0, ky1):
+            for kw in range(kx0, kx1):
+                table[2 * i] = (nbase + cb * HWp * 16 + (kh * dh * Wp + kw * dw) * 16) * 4
+                table[2 * i + 1] = ((cb * KH + kh) * KW + kw) * 1024
+                i += 1
+    return i
+
+
+@njit(nogil=True, cache=True)
 def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
-                     code, alpha, beta, o0, o1):
+                     code, alpha, beta, o0, o1, live):
     """The direct tiles' work on the AVX-512 strip `_nb.dstrip512` (tiles.ASM_512 hosts, stride 1 or 2 along
     W, code <= 2): per block pair and output row, the row's whole 14-position tiles in one strip call, then
     one call for the rest; 2 blocks a tile (1 for an odd last block). The reduction's chunks are the (cb,
-    kh, kw) taps in the weights' order (`_direct_rows_avx2`'s table); the same FMA chains and epilogue as
-    the numba tiles: the same bits."""
+    kh, kw) taps in the weights' order (`_chunk_pairs`); the same FMA chains and epilogue as the numba
+    tiles: the same bits.
+    live: the padded input's image rows and columns (`_direct_rows_avx2_sliced`; ALL_LIVE). Where a row's
+    tiles read the zero border with some taps (`_live_range` of the row, of each tile's columns), the
+    strip runs over a table of the live taps' chunks only (input and weight offsets: no call more, no
+    partial sums), consecutive tiles with the same taps in one call: the FMA chain without its x * 0
+    products (the bits of every tap but for a zero sum's sign and a non-finite weight times the padding)."""
     Cb, HWp = xb.shape[1], xb.shape[2]
     Ob, _, KH, KW, _, _ = wb.shape
     xf = xb.reshape(xb.size)
@@ -275,14 +295,11 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
     ab[1] = beta
     nch = Cb * KH * KW
     if nch <= 1024:      # on the stack: a heap array per call costs ~300 cycles
-        table = nb.carray(stack_i64(1024), 1024)
+        table = nb.carray(stack_i64(2048), 2048)
     else:
-        table = np.empty(nch, np.int64)
+        table = np.empty(2 * nch, np.int64)
     nbase = n * Cb * HWp * 16
-    for cb in range(Cb):
-        for kh in range(KH):
-            for kw in range(KW):
-                table[(cb * KH + kh) * KW + kw] = (nbase + cb * HWp * 16 + (kh * dh * Wp + kw * dw) * 16) * 4
+    _chunk_pairs(table, nbase, HWp, Wp, dh, dw, KH, KW, 0, Cb, 0, KH, 0, KW)
     wsize = Cb * KH * KW * 256
     prm[2] = address(table, 0)
     prm[3] = nch
@@ -292,6 +309,23 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
     prm[13] = P * 64
     nt = Wo // 14
     rem = Wo - 14 * nt
+    ntl = nt + (1 if rem > 0 else 0)
+    # the live kernel columns of each tile of a row, and whether some row or tile reads the border
+    if 2 * ntl <= 64:
+        cols = nb.carray(stack_i64(64), 64)
+    else:
+        cols = np.empty(2 * ntl, np.int64)
+    partial = False
+    for t in range(ntl):
+        cols[2 * t], cols[2 * t + 1] = _live_range(14 * t, min(Wo, 14 * t + 14) - 1, sw, dw, KW, live[2], live[3])
+        if cols[2 * t + 1] - cols[2 * t] < KW:
+            partial = True
+    for oh in range(oh0, oh1):
+        a, b = _live_range(oh, oh, sh, dh, KH, live[0], live[1])
+        if b - a < KH:
+            partial = True
+    ltab = np.empty(2 * nch, np.int64) if partial else table    # the live taps' chunks of the tiles in hand
+    key = (-1, -1, -1, -1)
     for g in range(o0, o1, 2):
         nbk = min(2, o1 - g)
         prm[1] = address(wf, g * wsize)
@@ -299,18 +333,43 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
         for oh in range(oh0, oh1):
             x0 = (oh * sh - x_row0) * Wp * 16
             d0 = ((n_out * Ob + g) * P + oh * Wo - q_off) * 16
-            if nt > 0:
-                prm[0] = address(xf, x0)
-                prm[6] = address(of, d0)
-                prm[7] = nt
-                prm[9] = address(rf, d0) if has_res else 0
-                dstrip512_rows(pp, 14, nbk, sw)
-            if rem > 0:
-                prm[0] = address(xf, x0 + 14 * nt * sw * 16)
-                prm[6] = address(of, d0 + 14 * nt * 16)
-                prm[7] = 1
-                prm[9] = address(rf, d0 + 14 * nt * 16) if has_res else 0
-                dstrip512_rows(pp, rem, nbk, sw)
+            if not partial:
+                if nt > 0:
+                    prm[0] = address(xf, x0)
+                    prm[6] = address(of, d0)
+                    prm[7] = nt
+                    prm[9] = address(rf, d0) if has_res else 0
+                    dstrip512_rows(pp, 14, nbk, sw)
+                if rem > 0:
+                    prm[0] = address(xf, x0 + 14 * nt * sw * 16)
+                    prm[6] = address(of, d0 + 14 * nt * 16)
+                    prm[7] = 1
+                    prm[9] = address(rf, d0 + 14 * nt * 16) if has_res else 0
+                    dstrip512_rows(pp, rem, nbk, sw)
+                continue
+            ky0, ky1 = _live_range(oh, oh, sh, dh, KH, live[0], live[1])
+            t = 0
+            while t < ntl:       # runs of whole tiles with the same live columns, then the rest
+                kx0, kx1 = cols[2 * t], cols[2 * t + 1]
+                cnt = 1
+                if t < nt:
+                    while t + cnt < nt and cols[2 * (t + cnt)] == kx0 and cols[2 * (t + cnt) + 1] == kx1:
+                        cnt += 1
+                if ky1 - ky0 == KH and kx1 - kx0 == KW or ky0 >= ky1 or kx0 >= kx1:
+                    prm[2] = address(table, 0)      # every tap (or none live: the zeros the taps read)
+                    prm[3] = nch
+                else:
+                    if key != (ky0, ky1, kx0, kx1):
+                        _chunk_pairs(ltab, nbase, HWp, Wp, dh, dw, KH, KW, 0, Cb, ky0, ky1, kx0, kx1)
+                        key = (ky0, ky1, kx0, kx1)
+                    prm[2] = address(ltab, 0)
+                    prm[3] = Cb * (ky1 - ky0) * (kx1 - kx0)
+                prm[0] = address(xf, x0 + 14 * t * sw * 16)
+                prm[6] = address(of, d0 + 14 * t * 16)
+                prm[7] = cnt
+                prm[9] = address(rf, d0 + 14 * t * 16) if has_res else 0
+                dstrip512_rows(pp, 14 if t < nt else rem, nbk, sw)
+                t += cnt
 
 
 @njit(nogil=True, cache=True)
@@ -343,8 +402,8 @@ def _direct_tile(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
     here: _direct_rows2 defers the others)."""
     if ASM_512 and sw <= 2 and code <= 2:
         _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
-                         has_res, code, alpha, beta, o0, o1)
-    elif ASM_AVX2:      # (live taps only: `_direct_rows_avx2_sliced`)
+                         has_res, code, alpha, beta, o0, o1, live)
+    elif ASM_AVX2:
         _direct_rows_avx2_sliced(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res,
                                  has_res, code, alpha, beta, o0, o1,
                                  max(1, SLICE_BYTES // (wb.shape[2] * wb.shape[3] * 1024)), live)
