@@ -10,7 +10,7 @@ from tilefuse.kernels.conv._nb import stack_f32
 from tilefuse.kernels.conv.epilogue import RB_OFFSETS, store_block
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=False)
 def _wino_input_2_c(V, x, p0, P, th, tw, pt, pl):
     """V[a*4+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi of unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (F(2x2,3x3), generated)."""
     Cb, H, W = x.shape[1], x.shape[2], x.shape[3]
@@ -69,7 +69,7 @@ def _wino_input_2_c(V, x, p0, P, th, tw, pt, pl):
                     V[a * 4 + 3, pi, cb * 16 + l] = e1 - e3
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=False)
 def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
     """NCHW output: out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias (+ res)), valid positions; M and bias hold channel blocks ob0.. (generated)."""
     Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
@@ -119,7 +119,7 @@ def _wino_output_2(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta,
                         orow[x0 + j] = apply_scalar(code, v, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=False)
 def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
     """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = act((A^T M A)[i, j] + bias (+ res)); M and bias hold channel blocks ob0.. (generated)."""
     Obo, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
@@ -163,7 +163,7 @@ def _wino_output_2_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, bet
                             mw, 1, 0, code, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=False)
 def _wino_input_4_c(V, x, p0, P, th, tw, pt, pl):
     """V[a*6+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi of unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (F(4x4,3x3), generated)."""
     Cb, H, W = x.shape[1], x.shape[2], x.shape[3]
@@ -234,7 +234,7 @@ def _wino_input_4_c(V, x, p0, P, th, tw, pt, pl):
                     V[a * 6 + 5, pi, cb * 16 + l] = np.float32(4.0) * e1 - np.float32(5.0) * e3 + e5
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=False)
 def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
     """NCHW output: out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias (+ res)), valid positions; M and bias hold channel blocks ob0.. (generated)."""
     Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
@@ -292,7 +292,7 @@ def _wino_output_4(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta,
                         orow[x0 + j] = apply_scalar(code, v, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=False)
 def _wino_output_4_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):
     """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = act((A^T M A)[i, j] + bias (+ res)); M and bias hold channel blocks ob0.. (generated)."""
     Obo, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]

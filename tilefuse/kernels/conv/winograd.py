@@ -128,6 +128,12 @@ def prepare(w, b, m: int) -> dict:
 # vector registers; loops over a runtime coefficient table were 3x slower. The output is the
 # committed module _winograd_gen.py; tests check that it matches `generate_transform_source()`.
 # Regenerate: python -m tilefuse.kernels.conv.winograd
+# fastmath=False, stated (numba would otherwise inherit a caller's flags): with fastmath (reassociation, FMA
+# contraction) LLVM chose the F(4x4) transforms' operation order per compile context: inlined into
+# `_wino_front` and optimized there, the cached machine code computed other last bits than the same kernel
+# compiled in the running process (ResNet50's output differed between a process that compiled its kernels
+# and one that loaded them; tests/test_jit_determinism.py). Written out, each transform is the same IEEE
+# operations in the order of the generated expression wherever it runs.
 
 def _term(c, v):
     c = float(c)
@@ -151,7 +157,7 @@ def _gen_one(m, BT, AT):
     en = [f"e{j}" for j in range(alpha)]
     # the input transform reads the unpadded NCHWc input (no padded copy of the layer): interior
     # tiles read it in place, border tiles gather their patch (zeros outside) first
-    w(f"@njit(nogil=True, cache=True, fastmath=True)")
+    w("@njit(nogil=True, cache=True, fastmath=False)")
     w(f"def _wino_input_{m}_c(V, x, p0, P, th, tw, pt, pl):")
     w(f'    """V[a*{alpha}+b, pi, cb*16+l] = (B^T d B)[a, b] for tile p0+pi of unpadded x (N, Cb, H, W, 16), padding pt (top) / pl (left) of zeros (F({m}x{m},3x3), generated)."""')
     w(f"    Cb, H, W = x.shape[1], x.shape[2], x.shape[3]")
@@ -198,7 +204,7 @@ def _gen_one(m, BT, AT):
         w(f"                    V[a * {alpha} + {b}, pi, cb * 16 + l] = {_expr(BT[b], en)}")
     w("")
     w("")
-    w(f"@njit(nogil=True, cache=True, fastmath=True)")
+    w("@njit(nogil=True, cache=True, fastmath=False)")
     w(f"def _wino_output_{m}(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):")
     w(f'    """NCHW output: out[n, c, y0+i, x0+j] = act((A^T M A)[i, j] + bias (+ res)), valid positions; M and bias hold channel blocks ob0.. (generated)."""')
     w(f"    Co, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]")
@@ -244,7 +250,7 @@ def _gen_one(m, BT, AT):
     w(f"                        orow[x0 + j] = apply_scalar(code, v, alpha, beta)")
     w("")
     w("")
-    w(f"@njit(nogil=True, cache=True, fastmath=True)")
+    w("@njit(nogil=True, cache=True, fastmath=False)")
     w(f"def _wino_output_{m}_c(out, M, p0, P, th, tw, bias, res, has_res, code, alpha, beta, ob0):")
     w(f'    """NCHWc output: out[n, ob0+ob, y0+i, x0+j, :] = act((A^T M A)[i, j] + bias (+ res)); M and bias hold channel blocks ob0.. (generated)."""')
     w(f"    Obo, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]")
