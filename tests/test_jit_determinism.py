@@ -38,15 +38,33 @@ for m, n, c, hw in ((4, 1, 32, 18), (2, 2, 32, 13)):
     o = np.zeros((n, c, hw, hw), np.float32)
     winograd.run(o, x, prep, r, m=m, padding=(1, 1, 1, 1), relu=True, threads=1)
     out[f"nchw{m}"] = o
+from tilefuse.kernels.conv import depthwise, direct, k1x1
+x = rng.standard_normal((1, 48, 15, 17)).astype(np.float32)
+xb = layout.to_nchwc(x)
+w = (rng.standard_normal((40, 48, 3, 3)) * 0.1).astype(np.float32)
+o = np.zeros((1, 3, 15, 17, 16), np.float32)
+direct.run_nchwc(o, xb, direct.prepare(w, rng.standard_normal(40).astype(np.float32)), padding=(2, 2, 2, 2),
+                 dilation=(2, 2), relu=True, threads=2)
+out["direct"] = o
+w = (rng.standard_normal((40, 48, 1, 1)) * 0.1).astype(np.float32)
+o = np.zeros((1, 3, 15, 17, 16), np.float32)
+k1x1.run_nchwc(o, xb, k1x1.prepare(w, rng.standard_normal(40).astype(np.float32)), relu=True, threads=2)
+out["k1x1"] = o
+w = (rng.standard_normal((48, 1, 3, 3)) * 0.3).astype(np.float32)
+o = np.zeros((1, 3, 15, 17, 16), np.float32)
+depthwise.run_nchwc(o, xb, depthwise.prepare(w, rng.standard_normal(48).astype(np.float32), 48),
+                    padding=(1, 1, 1, 1), relu=True, threads=2)
+out["depthwise"] = o
 np.savez(sys.argv[1], **out)
 '''
 
 
 def test_kernels_compiled_here_and_loaded_from_the_cache_agree(tmp_path):
     """Two processes sharing one empty kernel cache: the first compiles the Winograd kernels (F(2x2) and
-    F(4x4), NCHWc and NCHW output, residual and ReLU) and caches them, the second loads them. Their outputs
-    are bitwise equal, and the second process wrote nothing new (it ran the cached code). With the
-    transforms' old `fastmath=True` the F(4x4) outputs differed in their last bits."""
+    F(4x4), NCHWc and NCHW output, residual and ReLU), the direct conv (dilated, padded), the 1x1 and the
+    depthwise conv and caches them, the second loads them. Their outputs are bitwise equal, and the second
+    process wrote nothing new (it ran the cached code). With the transforms' old `fastmath=True` the F(4x4)
+    outputs differed in their last bits."""
     root = Path(__file__).resolve().parent.parent
     script = tmp_path / "kernels.py"
     script.write_text(_SCRIPT)
