@@ -10,6 +10,7 @@ import pytest
 
 from tilefuse.kernels import reference as ref
 from tilefuse.kernels.conv import direct, from_nchwc, k1x1, planner, to_nchwc
+from tilefuse.kernels.conv.epilogue import EMPTY4
 from tilefuse.kernels.threads import scratch
 
 # (Cb, H, W, taps, dilation, stride, output rows of the task, first band row h0, left padding)
@@ -186,6 +187,39 @@ def test_live_taps_give_the_bits_of_all_taps(c, co, k, s, d, p, h, w, kb):
         outs.append(o)
     assert np.array_equal(outs[0], outs[1])
     got = from_nchwc(outs[0].reshape(1, ob, ho, wo, 16), co)
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+
+
+@pytest.mark.skipif(not (direct.ASM_AVX2 or direct.ASM_512),
+                    reason="the assembly tiles (x86-64 AVX2 or AVX-512 hosts) skip dead taps")
+@pytest.mark.parametrize("c,co,hw,s", [(32, 48, 14, 1), (16, 32, 31, 1), (48, 16, 20, 2)])
+def test_dead_taps_are_not_read(c, co, hw, s):
+    """A 3x3 conv dilated by the map's size (padding the same): every output's outer taps read only the
+    padding, so the live taps are the centre tap alone for every tile. With the padding full of NaN instead
+    of zeros, a kernel that still multiplies the dead taps returns NaN; skipping them gives the centre tap's
+    1x1 conv (the reference conv with zero padding)."""
+    d = p = hw
+    rng = np.random.default_rng(c + hw)
+    x = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
+    wt = (rng.standard_normal((co, c, 3, 3)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    want = ref.conv2d(x, wt, b, (s, s), (p, p, p, p), (d, d), 1)
+    ho, wo = want.shape[2:]
+    prep = direct.prepare(wt, b)
+    xp = to_nchwc(x, (p, p, p, p))
+    inside = np.zeros(xp.shape[2:4], bool)
+    inside[p:p + hw, p:p + hw] = True
+    xp[:, :, ~inside] = np.nan                                    # the padding poisoned
+    cb, ob, wp = xp.shape[1], -(-co // 16), hw + 2 * p
+    o = np.full((1, ob, ho * wo, 16), np.nan, np.float32)
+    args = (o, 0, 0, xp.reshape(1, cb, -1, 16), 0, 0, prep["weight"], 0, ho, wo, wp, s, s, d, d, prep["bias"],
+            EMPTY4, False, 0, np.float32(0), np.float32(0), 0, ob)
+    if direct.ASM_512:
+        direct._direct_rows_512(*args, (p, p + hw, p, p + hw))
+    else:
+        direct._direct_rows_avx2_sliced(*args, 1, (p, p + hw, p, p + hw))
+    got = from_nchwc(o.reshape(1, ob, ho, wo, 16), co)
+    assert np.isfinite(got).all(), "a dead tap's padding was read"
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
 
 
