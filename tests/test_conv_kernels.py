@@ -188,7 +188,9 @@ RESNET_1X1 = [((32, ci, s, s), (co, ci, 1, 1)) for ci, co, s in ((256, 64, 56), 
                                                                  (2048, 512, 7))]
 
 
-def test_select_algorithm():
+@pytest.mark.parametrize("host", ["base", "intel-avx512"])
+def test_select_algorithm(host, monkeypatch):
+    monkeypatch.setenv("TILEFUSE_COST_HOST", host)      # every call below without host= uses this kind
     one = ((1, 1), (1, 1, 1, 1), (1, 1), 1)
     for xs, ws in RESNET_3X3:
         assert select_algorithm(xs, ws, *one).startswith("winograd")
@@ -196,13 +198,38 @@ def test_select_algorithm():
     for xs, ws in RESNET_1X1:
         assert select_algorithm(xs, ws, (1, 1), (0, 0, 0, 0), (1, 1), 1) == "gemm1x1"
     # batch 1, 7x7, 512 channels: F(4x4) has 4 tiles and a 37.7 MB U to stream (measured 1.6x slower
-    # than direct, select.WEIGHT_BW); 14x14 still Winograd
+    # than direct, select.WEIGHT_BW)
     assert select_algorithm((1, 512, 7, 7), (512, 512, 3, 3), *one) == "direct"
-    assert select_algorithm((1, 256, 14, 14), (256, 256, 3, 3), *one).startswith("winograd")
+    # batch 1, 14x14: Winograd on the base host, direct on an Intel AVX-512 core (its strip 1.6x the
+    # base rate, F(4x4)'s 9.4 MB U at 6.5 GB/s: select.HOST_RATES), on one and two threads; at 16
+    # threads direct on both (parallel_cost, base rates); 28x28 and 56x56 keep F(4x4) on both
+    b1_14 = ((1, 256, 14, 14), (256, 256, 3, 3), *one)
+    for t in (1, 2):
+        got = select_algorithm(*b1_14, threads=t)
+        assert got.startswith("winograd") if host == "base" else got == "direct", (host, t, got)
+    assert select_algorithm(*b1_14, threads=16) == "direct"
+    for c, hw in ((128, 28), (64, 56)):
+        for t in (1, 2, 16):
+            assert select_algorithm((1, c, hw, hw), (c, c, 3, 3), *one, threads=t) == "winograd4", (c, hw, t)
     assert select_algorithm((1, 32, 8, 8), (32, 1, 3, 3), *one[:3], 32) == "depthwise"
     assert select_algorithm((1, 32, 8, 8), (64, 16, 3, 3), *one[:3], 2) == "grouped"
     assert select_algorithm((1, 64, 9, 9), (64, 64, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1) in ("direct", "im2col")
     assert "winograd4" not in candidates((1, 64, 9, 9), (64, 64, 3, 3), (1, 1), (1, 1, 1, 1), (2, 2), 1)
+
+
+def test_cost_host_kind():
+    from tilefuse.kernels import isa
+    from tilefuse.kernels.conv.select import HOST_RATES, estimate_cost
+    assert isa.cost_host_of("emeraldrapids", 512) == isa.cost_host_of("icelake-server", 512) == "intel-avx512"
+    # LLVM's own 256-bit tuning kept (TILEFUSE_VECTOR_BITS=256), an AMD core, a client core: the base rates
+    assert isa.cost_host_of("emeraldrapids", 256) == isa.cost_host_of("znver4", 512) == "base"
+    assert isa.cost_host_of("znver3", 256) == isa.cost_host_of("tigerlake", 512) == "base"
+    assert isa.cost_host() in HOST_RATES
+    args = ((1, 256, 14, 14), (256, 256, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    base, intel = (estimate_cost("direct", *args, host=h) for h in ("base", "intel-avx512"))
+    assert intel < base
+    with pytest.raises(ValueError, match="expected one of"):
+        estimate_cost("direct", *args, host="zen9")
 
 
 

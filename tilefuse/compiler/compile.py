@@ -47,8 +47,9 @@ class Plan:
         lines = [head, "-" * len(head)]
         if self.target:
             t = self.target
+            kind = f", cost model {t['cost_host']}" if t.get("cost_host") else ""
             lines.insert(0, f"target: {t.get('cpu_model')} ({t.get('llvm_cpu')}), {t.get('vector_bits')}-bit vectors, "
-                            f"{t.get('threads')} threads")
+                            f"{t.get('threads')} threads{kind}")
         for r in self.rows:
             ops = " ".join(r["addresses"])
             tiles = ",".join(f"{k}={v}" for k, v in r["tiles"].items()) or "-"
@@ -295,7 +296,9 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     mem = plan_hidden(low.hidden, low.lifetimes)             # liveness sharing of hidden blocks
     from ..kernels.isa import info as isa_info
     from ..kernels.threads import resolve_threads
+    from ..kernels.isa import cost_host
     target = {k: v for k, v in isa_info().items() if k in ("cpu_model", "llvm_cpu", "vector_bits")}
+    target["cost_host"] = cost_host()                        # the algorithm cost model's host kind
     target["threads"] = resolve_threads(threads)
     meta = {"pass_log": log, "options": {k: v for k, v in options.items() if v not in (None, False)},
             "gflops": sum(low.flops) / 1e9, "target": target}

@@ -126,6 +126,34 @@ def _tuned_prefer_256(cpu_name: str) -> bool:
     return bool(_PREFER_256.match(cpu_name or ""))
 
 
+# The algorithm cost model's host kinds (kernels/conv/select.py, HOST_RATES). Intel's AVX-512 server
+# cores (two 512-bit FMA pipes on the Xeon Gold / Platinum parts) run the direct conv's assembly strip
+# ~1.6x faster against the Winograd kernels than the machines the model was calibrated on (Zen 3 / Zen 4):
+# measured on an Emerald Rapids VM (benchmarks/RESULTS.md, twenty-fourth session). Only the LLVM CPU name
+# and the compiled width decide, so a plan is the same in every process on a host.
+COST_HOST_ENV = "TILEFUSE_COST_HOST"
+_INTEL_AVX512_SERVER = re.compile(r"^(skylake-avx512|cascadelake|cooperlake|icelake-server|sapphirerapids|"
+                                  r"emeraldrapids|graniterapids.*|diamondrapids)$")
+COST_HOSTS = ("base", "intel-avx512")
+
+
+def cost_host() -> str:
+    """The cost model's host kind: "intel-avx512" for an Intel AVX-512 server core compiled for 512-bit
+    vectors, else "base". TILEFUSE_COST_HOST (one of COST_HOSTS) overrides it."""
+    want = os.environ.get(COST_HOST_ENV, "").strip()
+    if want:
+        if want not in COST_HOSTS:
+            raise ValueError(f"{COST_HOST_ENV}={want!r}: expected one of {COST_HOSTS}")
+        return want
+    i = info()
+    return cost_host_of(i["llvm_cpu"], i["vector_bits"])
+
+
+def cost_host_of(llvm_cpu: str, vector_bits: int) -> str:
+    """The cost model's host kind for an LLVM CPU name and the compiled vector width."""
+    return "intel-avx512" if vector_bits == 512 and _INTEL_AVX512_SERVER.match(llvm_cpu or "") else "base"
+
+
 @functools.lru_cache(maxsize=1)
 def info() -> dict:
     """What the kernels are compiled for: {"cpu_model", "llvm_cpu", "vector_bits", "tilefuse_set",

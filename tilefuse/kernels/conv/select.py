@@ -74,6 +74,29 @@ BAND_BW = 10e9        # grouped_lanes: bytes of the zero-bordered input band cop
 # (benchmarks/RESULTS.md, twenty-first session)
 IM2COL_TASK_S = 6.5e-6
 DW_BW = 20e9          # depthwise NCHW16c: bytes of input + output per second (memory bound)
+# Per host kind (kernels/isa.cost_host), the one-thread model's rates relative to the constants above:
+# "strip" multiplies the FLOP rate of the 1x1 and direct kernels (the AVX-512 assembly strips of
+# `_nb`), "weight_bw" replaces WEIGHT_BW. On an Intel Emerald Rapids core (AVX-512, two FMA pipes)
+# inside ResNet50 at batch 1 on one thread, the direct strip ran 1.6-1.8x its base model on the
+# 14x14-56x56 3x3 layers (1475 us at 14x14 against 2402 modelled; 1385 at 28x28, 1420 at 56x56; the
+# 1x1 strip the same, 83-96% of the host's 176 GFLOP/s peak against the base's 110), while F(4x4)'s
+# batch-1 14x14 layer, bound by its 9.4 MB U, ran 1660 us against 1501 modelled (~6.5 GB/s of U, not
+# 8): the base rates picked F(4x4) there, 11% slower than direct on one thread and 12% on two (780
+# against 890 us; benchmarks/RESULTS.md, twenty-fourth session). The multi-thread terms of
+# `parallel_cost` stay in the base rates: they were fitted to the 16-core device machine's
+# measurements in those units.
+HOST_RATES = {"base": {"strip": 1.0, "weight_bw": WEIGHT_BW},
+              "intel-avx512": {"strip": 1.6, "weight_bw": 6.5e9}}
+
+
+def _rates(host: str | None) -> dict:
+    if host is None:
+        from tilefuse.kernels.isa import cost_host
+        host = cost_host()
+    try:
+        return HOST_RATES[host]
+    except KeyError:
+        raise ValueError(f"cost model host kind {host!r}: expected one of {tuple(HOST_RATES)}") from None
 
 
 def _out_hw(x_shape, w_shape, stride, padding, dilation):
@@ -138,8 +161,10 @@ def algorithm_flops(algorithm, x_shape, w_shape, stride, padding, dilation, grou
     return conv_flops(x_shape, w_shape, stride, padding, dilation, groups)
 
 
-def estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups) -> float:
-    """Estimated single-core seconds (a model, see the module docstring)."""
+def estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups, host: str | None = None) -> float:
+    """Estimated single-core seconds (a model, see the module docstring) on host kind `host`
+    (HOST_RATES; None: this host's, kernels/isa.cost_host)."""
+    rates = _rates(host)
     n, ci, h, w = x_shape
     co, cg, kh, kw = w_shape
     ho, wo = _out_hw(x_shape, w_shape, stride, padding, dilation)
@@ -147,12 +172,12 @@ def estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups
     out_bytes = 4 * n * co * ho * wo
     if algorithm == "gemm1x1":
         gather = 4 * n * ci * ho * wo if tuple(stride) != (1, 1) else 0
-        return flops / (PEAK * EFF["gemm1x1"]) + gather / BW
+        return flops / (PEAK * EFF["gemm1x1"] * rates["strip"]) + gather / BW
     if algorithm == "direct":
         cip, cop = _pad16(ci), _pad16(co)
         f = 2 * n * ho * wo * cip * cop * kh * kw
         in_bytes = 4 * n * cip * (h + padding[0] + padding[1]) * (w + padding[2] + padding[3])
-        return f / (PEAK * EFF["direct"]) + (in_bytes + 2 * out_bytes) / BW
+        return f / (PEAK * EFF["direct"] * rates["strip"]) + (in_bytes + 2 * out_bytes) / BW
     if algorithm.startswith("winograd"):
         m = int(algorithm[-1])
         alpha = m + 2
@@ -166,7 +191,7 @@ def estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups
         vm = 4 * tiles * alpha * alpha * (cip + cop)
         u_traffic = 4 * alpha * alpha * cip * cop * tasks
         in_bytes = 4 * n * cip * (ho + 2) * (wo + 2)
-        return max(f / (PEAK * EFF["winograd"]), u_traffic / WEIGHT_BW) + vm / TRANSFORM_BW + in_bytes / BW
+        return max(f / (PEAK * EFF["winograd"]), u_traffic / rates["weight_bw"]) + vm / TRANSFORM_BW + in_bytes / BW
     if algorithm == "depthwise":
         f = algorithm_flops("depthwise", x_shape, w_shape, stride, padding, dilation, groups)
         moved = 4 * n * (_pad16(ci) * h * w + _pad16(co) * ho * wo)
@@ -199,20 +224,22 @@ def _makespan(task_seconds: list[float], threads: int) -> float:
     return max(free)
 
 
-def parallel_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups, threads: int) -> float:
+def parallel_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups, threads: int,
+                  host: str | None = None) -> float:
     """Estimated seconds on `threads` threads: `estimate_cost` on one; on more, for direct and Winograd
     (the two that compete on 3x3 layers), the makespan of the task grid the planner gives that thread
     count (planner.plan_direct, planner.plan_winograd): each task's share of the one-thread cost, tasks
-    handed out in order to the first free thread. A Winograd task computes its tiles in 7-row blocks
+    handed out in order to the first free thread, in the base host rates (HOST_RATES: the terms were
+    fitted in those units; `host` only sets the one-thread cost). A Winograd task computes its tiles in 7-row blocks
     (a 2-tile remainder costs a whole block), transforms its tiles' input again for every channel
     group and streams its pairs' U; on a batch-1 14x14 map F(4x4) has 16 tiles (3 blocks), so at 16
     threads its largest task holds 2 of them against direct's even row x channel split (the device
     machine, 16 threads: F(4x4) 406-433 us a 14x14 ResNet50 layer, direct with stride 2 and the same
     output 307 us; benchmarks/RESULTS.md, tenth session). Other algorithms: the one-thread cost / threads."""
     t = max(1, int(threads))
-    one = estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups)
     if t == 1:
-        return one
+        return estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups, host)
+    one = estimate_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups, "base")
     n, ci, h, w = x_shape
     co, cg, kh, kw = w_shape
     ho, wo = _out_hw(x_shape, w_shape, stride, padding, dilation)
@@ -256,11 +283,12 @@ def parallel_cost(algorithm, x_shape, w_shape, stride, padding, dilation, groups
 
 
 def select_algorithm(x_shape, w_shape, stride, padding, dilation, groups, allow_winograd=True,
-                     threads: int = 1) -> str:
-    """The cheapest candidate under `estimate_cost`; on more threads, where that is direct or Winograd,
-    the cheaper of those under `parallel_cost` for the thread count."""
+                     threads: int = 1, host: str | None = None) -> str:
+    """The cheapest candidate under `estimate_cost` (host kind `host`, None: this host's); on more
+    threads, where that is direct or Winograd, the cheaper of those under `parallel_cost` for the
+    thread count."""
     cands = candidates(x_shape, w_shape, stride, padding, dilation, groups, allow_winograd)
-    best = min(cands, key=lambda a: estimate_cost(a, x_shape, w_shape, stride, padding, dilation, groups))
+    best = min(cands, key=lambda a: estimate_cost(a, x_shape, w_shape, stride, padding, dilation, groups, host))
     if int(threads) <= 1 or not (best == "direct" or best.startswith("winograd")):
         return best
     # on more threads only direct and Winograd are weighed again (their task grids are modelled), and
