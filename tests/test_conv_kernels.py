@@ -262,12 +262,14 @@ def test_cost_model_winograd_saves_multiplies():
                                                           estimate_cost("direct", xs, ws, *one))
 
 
-def test_selection_knows_the_thread_count():
+def test_selection_knows_the_thread_count(monkeypatch):
     """On 16 threads a batch-1 14x14 layer's F(4x4) has 16 tiles: its largest tasks hold two 7-tile
     blocks and each streams 1.18 MB of U (406-433 us a layer on the 16-core device machine, where
     direct with the same output ran 307 us), so the thread-aware model picks direct there; on one or
-    two threads, at batch 32, and on the larger maps it keeps the one-thread pick."""
+    two threads, at batch 32, and on the larger maps it keeps the one-thread pick (the base host
+    kind's: on an Intel AVX-512 core the one-thread pick at 14x14 is direct, test_select_algorithm)."""
     from tilefuse.kernels.conv.select import parallel_cost
+    monkeypatch.setenv("TILEFUSE_COST_HOST", "base")
     one = ((1, 1), (1, 1, 1, 1), (1, 1), 1)
     xs, ws = (1, 256, 14, 14), (256, 256, 3, 3)
     for t in (1, 2):

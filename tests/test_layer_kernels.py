@@ -180,3 +180,30 @@ def test_pools_identical_for_one_and_two_threads():
         pool.avg_pool(o, x, kernel_size=(3, 3), stride=(2, 2), padding=(0, 0, 0, 0), layout="nchwc", threads=t)
         outs.append(o)
     assert np.array_equal(*outs)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_max_pool_vector_windows_match_the_general_loop_bitwise(seed):
+    """The NCHW16c max pool (`_max_pool_rows16`: each window's rows and columns in registers,
+    `_nb.maxwin16`) against the general loop (`_max_pool_rows`, which a non-contiguous view selects):
+    the same bits, signed zeros and NaN included (max of +0.0 and -0.0 is whichever came first, so
+    the order of the selects shows), over random kernels, strides, dilations and paddings."""
+    rng = np.random.default_rng(seed)
+    done = 0
+    while done < 25:
+        kh, kw, sh, sw, dh, dw = (int(v) for v in rng.integers(1, [5, 5, 4, 4, 3, 3]))
+        pt, pl = int(rng.integers(0, (kh - 1) * dh // 2 + 1)), int(rng.integers(0, (kw - 1) * dw // 2 + 1))
+        h, w = (int(v) for v in rng.integers(max(kh * dh, kw * dw, 3), 20, 2))
+        ho, wo = (h + 2 * pt - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1
+        x = rng.standard_normal((2, 3, h, w, 16)).astype(np.float32)
+        m = rng.random(x.shape)
+        x[m < 0.03], x[(m > 0.03) & (m < 0.12)], x[(m > 0.12) & (m < 0.21)] = np.nan, 0.0, -0.0
+        kwargs = dict(kernel_size=(kh, kw), stride=(sh, sw), padding=(pt, pt, pl, pl), dilation=(dh, dw), threads=2)
+        fast = np.zeros((2, 3, ho, wo, 16), np.float32)
+        pool.max_pool_rows(fast, x, h, 0, h, **kwargs)
+        xv = np.zeros((2, 3, h, w, 32), np.float32)[..., :16]          # strided views: the general loop
+        yv = np.zeros((2, 3, ho, wo, 32), np.float32)[..., :16]
+        xv[...] = x
+        pool.max_pool_rows(yv, xv, h, 0, h, **kwargs)
+        assert fast.tobytes() == np.ascontiguousarray(yv).tobytes(), (kh, kw, sh, sw, dh, dw, pt, pl, h, w)
+        done += 1

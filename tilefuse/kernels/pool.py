@@ -26,7 +26,7 @@ from numba.extending import overload
 
 from .cnhw import JIT, _valid, rows_split
 from .reference import pool_out_size
-from .conv._nb import atomic_add, max16, stack_f32
+from .conv._nb import atomic_add, max16, maxwin16, stack_f32, stack_i64
 from .threads import numba_region, parallel_for
 
 
@@ -110,33 +110,47 @@ def _max_pool_rows(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c
 
 @njit(nogil=True, cache=True)
 def _max_pool_rows16(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c1, ra, rb):
-    """`_max_pool_rows` for C-contiguous NCHW16c x and y (L = 16): the same passes, each 16-lane
-    max one `max16` vector (the scalar select, so the same bits; numba left the 16-lane loops
-    scalar: 9x slower than ONNX Runtime's pool on the ResNet stem, benchmarks/RESULTS.md)."""
+    """`_max_pool_rows` for C-contiguous NCHW16c x and y (L = 16): per output vector its window's
+    valid rows and columns in one `maxwin16` (the row maxima per column, then their max, in the
+    separable loop's order: the same bits) with the vectors in registers. numba left the 16-lane
+    loops scalar (9x slower than ONNX Runtime's pool on the ResNet stem); the separable form on
+    `max16` vectors (a row buffer, then three dependent load-select-store rounds per output vector)
+    ran the ResNet stem pool 329 us on one core where this runs ~4x faster (benchmarks/RESULTS.md,
+    twenty-fourth session)."""
     C, Cy, R, Wo = x.shape[1], y.shape[1], y.shape[2], y.shape[3]
     yf = y.reshape(y.size)
-    t = np.empty(w * 16, x.dtype)
+    xf = x.reshape(x.size)
+    # per output column its first valid column's offset and their count; the window's valid rows'
+    # offsets (on the stack: a heap array per task call costs ~100 ns)
+    K = max(kh, 16)
+    if K + 2 * Wo <= 1024:
+        rows = nb.carray(stack_i64(1024), 1024)
+    else:
+        rows = np.empty(K + 2 * Wo, np.int64)
+    cofs = rows[K:K + Wo]
+    ncol = rows[K + Wo:K + 2 * Wo]
+    for j in range(Wo):
+        q0 = j * sw - pl
+        b0 = 0
+        while b0 < kw and q0 + b0 * dw < 0:
+            b0 += 1
+        b1 = kw
+        while b1 > b0 and q0 + (b1 - 1) * dw >= w:
+            b1 -= 1
+        cofs[j] = (q0 + b0 * dw) * 16
+        ncol[j] = b1 - b0
     for c in range(c0, c1):
         for r in range(ra, rb):
             base = (r0 + r) * sh - pt
-            for k in range(w * 16):
-                t[k] = -np.inf
+            nr = 0
             for a in range(kh):
                 i = base + a * dh
-                if i < 0 or i >= h:
-                    continue
-                xo = ((n * C + c) * cap + i % cap) * w * 16        # x[n, c, i % cap, 0, 0], flat
-                for j in range(w):
-                    max16(t, j * 16, x, xo + j * 16)
-            yo = ((n * Cy + c) * R + r) * Wo * 16                  # y[n, c, r, 0, 0], flat
-            for k in range(Wo * 16):
-                yf[yo + k] = -np.inf
+                if i >= 0 and i < h:
+                    rows[nr] = ((n * C + c) * cap + i % cap) * w * 16      # x[n, c, i % cap, 0, 0], flat
+                    nr += 1
+            yo = ((n * Cy + c) * R + r) * Wo * 16                          # y[n, c, r, 0, 0], flat
             for j in range(Wo):
-                q0 = j * sw - pl
-                for b in range(kw):
-                    q = q0 + b * dw
-                    if q >= 0 and q < w:
-                        max16(yf, yo + j * 16, t, q * 16)
+                maxwin16(yf, yo + j * 16, xf, rows, nr, cofs[j], dw * 16, ncol[j])
 
 
 def _pool_rows(y, x, cap, r0, h, w, kh, kw, sh, sw, dh, dw, pt, pl, n, c0, c1, ra, rb):

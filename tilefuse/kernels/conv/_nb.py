@@ -239,6 +239,57 @@ def max16(typingctx, dst, di, src, si):
     return sig, codegen
 
 
+@intrinsic
+def maxwin16(typingctx, dst, di, src, rows, nr, c0, cstep, nc):
+    """dst[di:di + 16] = the max of one pooling window as 16-lane vectors held in registers: for each
+    of `nc` columns b (in order), the max of src[rows[a] + c0 + b * cstep : +16] over the `nr` rows a
+    (in order, from -inf), then the max of those column maxima (in order, from -inf); each max the
+    scalar `v if v > t or v != v else t` lane by lane. The same selects in the same order as the
+    separable row pass and column pass of `max16` (pool._max_pool_rows), so the same bits (NaN and
+    -0.0 included), but the window's loads go straight into registers: the column pass of `max16`
+    ran three dependent load-select-store rounds on each output vector. dst / src C-contiguous
+    float32 or float64 arrays indexed flat, rows a C-contiguous int64 array of flat offsets."""
+    ok = (all(isinstance(a, types.Array) and a.layout == "C" for a in (dst, src, rows)) and dst.dtype == src.dtype
+          and dst.dtype in (types.float32, types.float64) and rows.dtype == types.int64
+          and all(isinstance(a, types.Integer) for a in (di, nr, c0, cstep, nc)))
+    if not ok:
+        return None
+    sig = types.void(dst, di, src, rows, nr, c0, cstep, nc)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        a = signature.args
+        fty = context.get_value_type(a[0].dtype)
+        vty = ir.VectorType(fty, 16)
+        cast = lambda k: context.cast(builder, args[k], a[k], types.int64)  # noqa: E731
+        dst_a = context.make_array(a[0])(context, builder, args[0])
+        src_a = context.make_array(a[2])(context, builder, args[2])
+        rows_a = context.make_array(a[3])(context, builder, args[3])
+        di_v, nr_v, c0_v, cs_v, nc_v = cast(1), cast(4), cast(5), cast(6), cast(7)
+        ninf = ir.Constant(vty, [ir.Constant(fty, float("-inf"))] * 16)
+
+        def sel(v, t):
+            take = builder.or_(builder.fcmp_ordered(">", v, t), builder.fcmp_unordered("uno", v, v))
+            return builder.select(take, v, t)
+
+        acc = cgutils.alloca_once_value(builder, ninf)        # private slots: promoted to registers
+        col = cgutils.alloca_once(builder, vty)
+        builder.store(ninf, acc)
+        with cgutils.for_range(builder, nc_v) as lb:
+            builder.store(ninf, col)
+            off = builder.add(c0_v, builder.mul(lb.index, cs_v))
+            with cgutils.for_range(builder, nr_v) as la:
+                r = builder.load(builder.gep(rows_a.data, [la.index]))
+                vp = builder.bitcast(builder.gep(src_a.data, [builder.add(r, off)]), vty.as_pointer())
+                builder.store(sel(builder.load(vp, align=4), builder.load(col)), col)
+            builder.store(sel(builder.load(col), builder.load(acc)), acc)
+        dp = builder.bitcast(builder.gep(dst_a.data, [di_v]), vty.as_pointer())
+        builder.store(builder.load(acc), dp, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _vec16_ptr(context, builder, signature, args, k):
     """&array[idx] as a pointer to a 16 x float32 vector, for the intrinsics below: the float32 array is
     argument k of the call, its flat index argument k + 1."""

@@ -333,23 +333,10 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
         for oh in range(oh0, oh1):
             x0 = (oh * sh - x_row0) * Wp * 16
             d0 = ((n_out * Ob + g) * P + oh * Wo - q_off) * 16
-            if not partial:
-                if nt > 0:
-                    prm[0] = address(xf, x0)
-                    prm[6] = address(of, d0)
-                    prm[7] = nt
-                    prm[9] = address(rf, d0) if has_res else 0
-                    dstrip512_rows(pp, 14, nbk, sw)
-                if rem > 0:
-                    prm[0] = address(xf, x0 + 14 * nt * sw * 16)
-                    prm[6] = address(of, d0 + 14 * nt * 16)
-                    prm[7] = 1
-                    prm[9] = address(rf, d0 + 14 * nt * 16) if has_res else 0
-                    dstrip512_rows(pp, rem, nbk, sw)
-                continue
             ky0, ky1 = _live_range(oh, oh, sh, dh, KH, live[0], live[1])
             t = 0
-            while t < ntl:       # runs of whole tiles with the same live columns, then the rest
+            while t < ntl:       # runs of whole tiles with the same live columns, then the rest (no border
+                                 # read: every whole tile in one call, the rest in another)
                 kx0, kx1 = cols[2 * t], cols[2 * t + 1]
                 cnt = 1
                 if t < nt:
