@@ -190,6 +190,44 @@ def test_live_taps_give_the_bits_of_all_taps(c, co, k, s, d, p, h, w, kb):
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
 
 
+@pytest.mark.skipif(not direct.ASM_512, reason="the AVX-512 strip's two-row calls (maps at most 7 wide)")
+@pytest.mark.parametrize("c,co,k,s,d,p,h,w,code", [(48, 40, 3, 1, 1, 1, 7, 7, 1), (32, 32, 3, 2, 1, 1, 14, 13, 0),
+                                                   (16, 48, 3, 1, 1, 1, 6, 5, 2), (32, 16, 3, 1, 2, 2, 9, 3, 0),
+                                                   (16, 32, 5, 1, 1, 2, 8, 6, 1), (64, 16, 3, 1, 1, 1, 5, 1, 0)])
+def test_two_row_calls_give_the_rows_bits(c, co, k, s, d, p, h, w, code):
+    """On maps at most 7 wide the AVX-512 direct rows run two output rows whose taps are all live in one strip
+    call (`_nb.dstrip512x2`); one row at a time (oh1 = oh0 + 1: no pairs) must give the same bytes, with a
+    residual, an activation and the border rows' live taps; and the reference conv's values."""
+    rng = np.random.default_rng(c + k + h)
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((co, c, k, k)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    ho, wo = (h + 2 * p - d * (k - 1) - 1) // s + 1, (w + 2 * p - d * (k - 1) - 1) // s + 1
+    assert wo <= 7
+    res = rng.standard_normal((1, co, ho, wo)).astype(np.float32)
+    want = ref.conv2d(x, wt, b, (s, s), (p, p, p, p), (d, d), 1, residual=res)
+    if code == 1:
+        want = np.maximum(want, 0)
+    elif code == 2:
+        want = np.clip(want, -0.5, 0.5)
+    prep = direct.prepare(wt, b)
+    xp = to_nchwc(x, (p, p, p, p))
+    cb, ob = xp.shape[1], -(-co // 16)
+    xv = xp.reshape(1, cb, -1, 16)
+    rb = to_nchwc(res).reshape(1, ob, ho * wo, 16)
+    outs = []
+    for rows in ([(0, ho)], [(r, r + 1) for r in range(ho)]):
+        o = np.full((1, ob, ho * wo, 16), np.nan, np.float32)
+        for r0, r1 in rows:
+            direct._direct_rows_512(o, 0, 0, xv, 0, 0, prep["weight"], r0, r1, wo, w + 2 * p, s, s, d, d,
+                                    prep["bias"], rb, True, code, np.float32(-0.5), np.float32(0.5), 0, ob,
+                                    (p, p + h, p, p + w))
+        outs.append(o)
+    assert outs[0].tobytes() == outs[1].tobytes()
+    got = from_nchwc(outs[0].reshape(1, ob, ho, wo, 16), co)
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+
+
 @pytest.mark.skipif(not (direct.ASM_AVX2 or direct.ASM_512),
                     reason="the assembly tiles (x86-64 AVX2 or AVX-512 hosts) skip dead taps")
 @pytest.mark.parametrize("c,co,hw,s", [(32, 48, 14, 1), (16, 32, 31, 1), (48, 16, 20, 2)])

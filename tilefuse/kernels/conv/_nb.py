@@ -921,10 +921,12 @@ def strip512_rows(prm, nv, nblk):
 #   3 chunks (>= 1)   4 unused   5 weight block stride (bytes)   6 &out (position 0, block 0)   7 tiles
 #   8 &bias[B * 16]   9 &residual (like out), or 0   10 activation code (0, 1, 2)   11 &(alpha, beta)
 #  12 unused   13 the byte distance from an output block to the next
-def _dstrip512_asm(rows: int, blocks: int, ps: int) -> str:
+def _dstrip512_asm(rows: int, blocks: int, ps: int, split: int = 0) -> str:
     """ps: the input bytes from one position to the next: 64 or 128 (direct, NCHW16c input, 16 channels a
     chunk, 4 bytes apart; (input, weight) offset pairs), 4 or 8 (the stem, a plain (C, rows, Wp) band: one
-    channel a chunk)."""
+    channel a chunk). split > 0: positions split..rows-1 are those of the next output row, read %r9 =
+    prm[12] bytes further on (its input row stride) (the direct conv's two-row tiles on maps at most 7
+    wide: one call fills the strip's 14 positions)."""
     ch = 16 if ps >= 64 else 1                # input channels a chunk
     if ch == 16:    # %rdx = &w + the chunk's weight offset, %rax = &w
         chunk = ["mov (%r8), %rsi", "add %r10, %rsi", "mov 8(%r8), %rdx", "add %rax, %rdx", "add $$16, %r8"]
@@ -934,10 +936,11 @@ def _dstrip512_asm(rows: int, blocks: int, ps: int) -> str:
     body = ["vmovups (%rdx), %zmm28"] + (["vmovups (%rdx,%r14), %zmm29"] if blocks == 2 else [])
     for r in range(rows):
         bc = 30 + (r & 1)
-        body += [f"vbroadcastss {ps * r}(%rsi), %zmm{bc}"]
+        src = f"{ps * (r - split)}(%rsi,%r9)" if 0 < split <= r else f"{ps * r}(%rsi)"
+        body += [f"vbroadcastss {src}, %zmm{bc}"]
         body += [f"vfmadd231ps %zmm{bc}, %zmm{28 + b}, %zmm{A(r, b)}" for b in range(blocks)]
     s = ["mov (%rdi), %r10", "mov 48(%rdi), %r11", "mov 56(%rdi), %r12", "mov 72(%rdi), %r13",
-         "mov 40(%rdi), %r14", "mov 104(%rdi), %r15",
+         "mov 40(%rdi), %r14", "mov 104(%rdi), %r15"] + (["mov 96(%rdi), %r9"] if split else []) + [
          "5:"]
     s += [f"vpxord %zmm{A(r, b)}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
     s += _zmm_prefetch_out(rows, blocks)
@@ -960,7 +963,41 @@ def dstrip512(typingctx, prm, rows, blocks, ps):
     return types.void(prm, rows, blocks, ps), _asm_codegen(x86_avx512, text, _ZMM_CLOBBERS)
 
 
+@intrinsic
+def dstrip512x2(typingctx, prm, rows, blocks, ps):
+    """`dstrip512` for two output rows in one tile: `rows` (2..14, even) positions, the first rows / 2 those of
+    one output row, the rest the next row's, prm[12] input bytes further on; the output positions follow each
+    other (rows / 2 is the map's width). Each position's chain is dstrip512's: the same bits."""
+    if not _zmm_literals(prm, rows, blocks, ps, (64, 128)) or rows.literal_value % 2:
+        return None
+    text = _dstrip512_asm(rows.literal_value, blocks.literal_value, ps.literal_value, rows.literal_value // 2)
+    return types.void(prm, rows, blocks, ps), _asm_codegen(x86_avx512, text, _ZMM_CLOBBERS)
+
+
+def _by_pairs(strip, blocks: int, ps: int):
+    """An inlined dispatcher w -> strip(prm, 2 * w, blocks, ps) for a map width w = 1..7 chosen at run time."""
+    @njit(inline="always")
+    def rows(prm, w):
+        if w >= 7:
+            strip(prm, 14, blocks, ps)
+        elif w == 6:
+            strip(prm, 12, blocks, ps)
+        elif w == 5:
+            strip(prm, 10, blocks, ps)
+        elif w == 4:
+            strip(prm, 8, blocks, ps)
+        elif w == 3:
+            strip(prm, 6, blocks, ps)
+        elif w == 2:
+            strip(prm, 4, blocks, ps)
+        else:
+            strip(prm, 2, blocks, ps)
+    return rows
+
+
 _dstrip512_two_1, _dstrip512_two_2 = _by_rows(dstrip512, 2, 64), _by_rows(dstrip512, 2, 128)
+_dpair512_two_1, _dpair512_two_2 = _by_pairs(dstrip512x2, 2, 64), _by_pairs(dstrip512x2, 2, 128)
+_dpair512_one_1, _dpair512_one_2 = _by_pairs(dstrip512x2, 1, 64), _by_pairs(dstrip512x2, 1, 128)
 _dstrip512_one_1, _dstrip512_one_2 = _by_rows(dstrip512, 1, 64), _by_rows(dstrip512, 1, 128)
 _sstrip512_two_1, _sstrip512_two_2 = _by_rows(dstrip512, 2, 4), _by_rows(dstrip512, 2, 8)
 _sstrip512_one_1, _sstrip512_one_2 = _by_rows(dstrip512, 1, 4), _by_rows(dstrip512, 1, 8)
@@ -979,6 +1016,21 @@ def dstrip512_rows(prm, nv, nblk, step):
         _dstrip512_one_1(prm, nv)
     else:
         _dstrip512_one_2(prm, nv)
+
+
+@njit(inline="always")
+def dpair512_rows(prm, w, nblk, step):
+    """The direct strip over two output rows of a map w = 1..7 wide (2w positions), nblk = 1, 2 blocks and
+    stride step = 1, 2 chosen at run time (`dstrip512x2`)."""
+    if nblk == 2:
+        if step == 1:
+            _dpair512_two_1(prm, w)
+        else:
+            _dpair512_two_2(prm, w)
+    elif step == 1:
+        _dpair512_one_1(prm, w)
+    else:
+        _dpair512_one_2(prm, w)
 
 
 @njit(inline="always")

@@ -25,7 +25,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import (LANES, address, atomic_add, copy16, dstrip512_rows, stack_f32, stack_i64,
+from tilefuse.kernels.conv._nb import (LANES, address, atomic_add, copy16, dpair512_rows, dstrip512_rows, stack_f32,
+                                       stack_i64,
                                        tile16_rows, tile16a_rows)
 from tilefuse.kernels.conv._tiles_gen import _direct_rows2_wide, _direct_rows_narrow  # (tilegen.DIRECT)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
@@ -325,15 +326,32 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
         if b - a < KH:
             partial = True
     ltab = np.empty(2 * nch, np.int64) if partial else table    # the live taps' chunks of the tiles in hand
+    # maps at most 7 wide: two output rows whose taps are all live (and the row's one tile every column) in
+    # one two-row call (`_nb.dstrip512x2`): each position's chain is the one-row call's, the same bits
+    pair = nt == 0 and ntl == 1 and cols[0] == 0 and cols[1] == KW
     key = (-1, -1, -1, -1)
     for g in range(o0, o1, 2):
         nbk = min(2, o1 - g)
         prm[1] = address(wf, g * wsize)
         prm[8] = address(bias, g * 16)
-        for oh in range(oh0, oh1):
+        oh = oh0
+        while oh < oh1:
             x0 = (oh * sh - x_row0) * Wp * 16
             d0 = ((n_out * Ob + g) * P + oh * Wo - q_off) * 16
             ky0, ky1 = _live_range(oh, oh, sh, dh, KH, live[0], live[1])
+            if pair and oh + 1 < oh1 and ky1 - ky0 == KH:
+                ky2, ky3 = _live_range(oh + 1, oh + 1, sh, dh, KH, live[0], live[1])
+                if ky3 - ky2 == KH:      # two rows, every tap live: one call, 2 Wo positions
+                    prm[0] = address(xf, x0)
+                    prm[2] = address(table, 0)
+                    prm[3] = nch
+                    prm[6] = address(of, d0)
+                    prm[7] = 1
+                    prm[9] = address(rf, d0) if has_res else 0
+                    prm[12] = sh * Wp * 64
+                    dpair512_rows(pp, Wo, nbk, sw)
+                    oh += 2
+                    continue
             t = 0
             while t < ntl:       # runs of whole tiles with the same live columns, then the rest (no border
                                  # read: every whole tile in one call, the rest in another)
@@ -357,6 +375,7 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
                 prm[9] = address(rf, d0 + 14 * t * 16) if has_res else 0
                 dstrip512_rows(pp, 14 if t < nt else rem, nbk, sw)
                 t += cnt
+            oh += 1
 
 
 @njit(nogil=True, cache=True)
