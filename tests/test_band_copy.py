@@ -193,17 +193,19 @@ def test_live_taps_give_the_bits_of_all_taps(c, co, k, s, d, p, h, w, kb):
 @pytest.mark.skipif(not direct.ASM_512, reason="the AVX-512 strip's two-row calls (maps at most 7 wide)")
 @pytest.mark.parametrize("c,co,k,s,d,p,h,w,code", [(48, 40, 3, 1, 1, 1, 7, 7, 1), (32, 32, 3, 2, 1, 1, 14, 13, 0),
                                                    (16, 48, 3, 1, 1, 1, 6, 5, 2), (32, 16, 3, 1, 2, 2, 9, 3, 0),
-                                                   (16, 32, 5, 1, 1, 2, 8, 6, 1), (64, 16, 3, 1, 1, 1, 5, 1, 0)])
+                                                   (16, 32, 5, 1, 1, 2, 8, 6, 1), (64, 16, 3, 1, 1, 1, 5, 1, 0),
+                                                   (16, 16, 3, 1, 1, 1, 8, 8, 0), (32, 16, 3, 1, 1, 1, 6, 13, 1)])
 def test_two_row_calls_give_the_rows_bits(c, co, k, s, d, p, h, w, code):
     """On maps at most 7 wide the AVX-512 direct rows run two output rows whose taps are all live in one strip
     call (`_nb.dstrip512x2`); one row at a time (oh1 = oh0 + 1: no pairs) must give the same bytes, with a
-    residual, an activation and the border rows' live taps; and the reference conv's values."""
+    residual, an activation and the border rows' live taps; and the reference conv's values. (8 and 13 wide:
+    one tile a row, not two rows: an 8..13-wide map paired as 7 + 7 positions computed the wrong outputs.)"""
     rng = np.random.default_rng(c + k + h)
     x = rng.standard_normal((1, c, h, w)).astype(np.float32)
     wt = (rng.standard_normal((co, c, k, k)) * 0.2).astype(np.float32)
     b = rng.standard_normal(co).astype(np.float32)
     ho, wo = (h + 2 * p - d * (k - 1) - 1) // s + 1, (w + 2 * p - d * (k - 1) - 1) // s + 1
-    assert wo <= 7
+    assert wo < 14      # one tile a row (8..13 wide: too wide for two rows a tile, must not pair)
     res = rng.standard_normal((1, co, ho, wo)).astype(np.float32)
     want = ref.conv2d(x, wt, b, (s, s), (p, p, p, p), (d, d), 1, residual=res)
     if code == 1:

@@ -328,7 +328,7 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
     ltab = np.empty(2 * nch, np.int64) if partial else table    # the live taps' chunks of the tiles in hand
     # maps at most 7 wide: two output rows whose taps are all live (and the row's one tile every column) in
     # one two-row call (`_nb.dstrip512x2`): each position's chain is the one-row call's, the same bits
-    pair = nt == 0 and ntl == 1 and cols[0] == 0 and cols[1] == KW
+    pair = 2 * Wo <= 14 and ntl == 1 and cols[0] == 0 and cols[1] == KW
     key = (-1, -1, -1, -1)
     for g in range(o0, o1, 2):
         nbk = min(2, o1 - g)
