@@ -10,6 +10,8 @@ relative for the BN sums (float64 sums of float32 values that cancel).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -86,13 +88,28 @@ def _close(name, got, ref, rel):
     assert err <= tol, f"{name}: max |error| {err:.3g} > {tol:.3g}"
 
 
+# several channel blocks per layer (MIN_BLOCK is 128: these layers would get one): the forward runs
+# several output-channel blocks per tile (the tiles' cols or V built once in a shared phase), the
+# input gradient several input-channel blocks. "odd" has 3 output channels a group: one block.
+_BLOCKINGS = [(geom, blocks) for geom in GEOMS for blocks in ("default", "small") if
+              not (blocks == "small" and geom == "odd")]
+
+
 @pytest.mark.parametrize("winograd", [True, False])
 @pytest.mark.parametrize("prekind", ["none", "bn-relu", "shortcut"])
-@pytest.mark.parametrize("geom", list(GEOMS))
-def test_conv_paths_match_torch_and_threads(geom, prekind, winograd, monkeypatch):
+@pytest.mark.parametrize("geom, blocks", _BLOCKINGS)
+def test_conv_paths_match_torch_and_threads(geom, blocks, prekind, winograd, monkeypatch):
     if winograd and not tc.WINOGRAD:
         pytest.skip("Winograd needs numpy's OpenBLAS (blas.SGEMM)")
     monkeypatch.setattr(tc, "WINOGRAD", winograd)
+    # plans made here stay here: a fresh cache (the small blocks' plans must not outlive the test)
+    monkeypatch.setattr(tc, "plan", functools.lru_cache(maxsize=None)(tc.plan.__wrapped__))
+    if blocks == "small":
+        blocks_of = tc._blocks
+        monkeypatch.setattr(tc, "_blocks", lambda rows, groups, ntiles: blocks_of(rows, groups, ntiles, 2))
+        N, C, H, W, O, (kh, kw), st, pad, dil, groups = GEOMS[geom]
+        p = tc.plan(tc.ConvGeom((N, C, H, W), (O, C // groups, kh, kw), st, pad, dil, groups).key)
+        assert len(p.oblocks) > groups                                # several blocks indeed
     N, C, H, W, O, (kh, kw), st, pad, dil, groups = GEOMS[geom]
     g = tc.ConvGeom((N, C, H, W), (O, C // groups, kh, kw), st, pad, dil, groups)
     assert not winograd or geom not in ("3x3-same", "3x3-same-4x4") or tc._use_wino(g, np.float32)
@@ -201,6 +218,51 @@ def _wino_v_reference(xt, H, W):
     return V
 
 
+@pytest.mark.parametrize("H, W", [(1, 1), (2, 3), (3, 6), (3, 7), (6, 13), (9, 15), (4, 20), (16, 16), (17, 31),
+                                  (2, 45), (33, 40), (5, 64)])
+def test_wino_input_planes_vector_rows(H, W):
+    """`_wino_input_planes` runs both stages on 16, 8 or 4 lanes at once, a row's last chunk
+    overlapping the one before (widths 1-64: every chunk width, with and without the overlap)
+    and images [1, 3) of 3 at a row / patch offset: B^T d B in float64, nothing else written."""
+    from tilefuse.kernels import train_winograd as wg
+    rng = np.random.default_rng(H * 100 + W)
+    C, N, c0, c1, vr0, p0 = 4, 3, 1, 3, 2, 5
+    T = ((H + 1) // 2) * ((W + 1) // 2)
+    x2 = rng.standard_normal((C, N * H * W)).astype(np.float32)
+    a, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    d2 = np.zeros((1, 1), np.float32)
+    V = np.full((16, vr0 + C + 1, wg.pitch(vr0 + C, p0 + N * T)), np.nan, np.float32)
+    wg._wino_input_planes(x2, a, b, d2, a, b, d2, V, vr0, p0, 1, N, c0, c1, H, W, True, 0, True, False)
+    t = np.maximum(a[:, None] * x2.astype(np.float64) + b[:, None], 0)
+    ref = _wino_v_reference(t[c0:c1].reshape(c1 - c0, N, H, W)[:, 1:], H, W)
+    np.testing.assert_allclose(V[:, vr0:vr0 + c1 - c0, p0:p0 + (N - 1) * T], ref, rtol=1e-5, atol=1e-5)
+    V[:, vr0:vr0 + c1 - c0, p0:p0 + (N - 1) * T] = np.nan
+    assert np.isnan(V).all()
+
+
+@pytest.mark.parametrize("H, W", [(1, 1), (2, 3), (3, 6), (3, 7), (6, 13), (9, 15), (4, 20), (16, 16), (17, 31),
+                                  (2, 45), (33, 40), (5, 64)])
+def test_wino_output_vector_rows(H, W):
+    """`wino_output` (A^T m A of 16, 8 or 4 tiles at once, the last chunk overlapping, stored
+    straight into y for even widths, cropped through a row buffer for odd ones) against float64,
+    for images [1, 3) and output rows at an offset; nothing else written."""
+    from tilefuse.kernels import train_winograd as wg
+    rng = np.random.default_rng(H * 100 + W + 1)
+    rows, N, o0 = 3, 3, 2
+    th, tw = (H + 1) // 2, (W + 1) // 2
+    T = th * tw
+    M = rng.standard_normal((16, rows + 1, wg.pitch(rows, N * T))).astype(np.float32)
+    y = np.full((o0 + rows + 1, N * H * W), np.nan, np.float32)
+    wg.wino_output(M, rows, y, 1, N, o0, H, W)
+    At = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
+    m = M[:, :rows, :(N - 1) * T].astype(np.float64).reshape(4, 4, rows, N - 1, th, tw)
+    t = np.einsum("ia,abrnyx,jb->rnyixj", At, m, At).reshape(rows, N - 1, 2 * th, 2 * tw)[:, :, :H, :W]
+    got = y[o0:o0 + rows].reshape(rows, N, H, W)
+    np.testing.assert_allclose(got[:, 1:], t, rtol=1e-5, atol=1e-5)
+    got[:, 1:] = np.nan
+    assert np.isnan(y).all()
+
+
 @pytest.mark.parametrize("H, W, N", [(4, 4, 8), (4, 4, 33), (7, 7, 16), (5, 3, 17), (8, 6, 20)])
 def test_wino_input_image_lanes_equal_planes(H, W, N):
     """train_winograd.wino_input's two forms: small planes with the images as the vector lanes
@@ -246,6 +308,23 @@ def test_wino_input_image_lanes_equal_planes(H, W, N):
         assert np.isnan(V[:, :, :p0]).all() and np.isnan(V[:, :, p0 + N * T:]).all()
         if write_r:
             np.testing.assert_allclose(out["lanes"][1][c0:c1], t[c0:c1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("Q, C, O", [(1, 37, 21), (3, 20, 130), (2, 5, 3), (1, 48, 528)])
+def test_wino_dw_matches_float64(Q, C, O):
+    """train_winograd.wino_dw (dW[o, c] = G^T m G, m = the partials Mw[q, :, c, o] summed in order;
+    vectorized over o through a transposing buffer, 16 input channels a block) against float64
+    numpy, on a sub-range of input channels (the others stay untouched), channel counts off 16."""
+    from tilefuse.kernels import train_winograd as wg
+    rng = np.random.default_rng(Q * 1000 + C + O)
+    Mw = rng.standard_normal((Q, 16, C, O)).astype(np.float32)
+    G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+    m = Mw.astype(np.float64).sum(axis=0).reshape(4, 4, C, O)
+    ref = np.einsum("ai,abco,bj->ocij", G, m, G)
+    dw = np.full((O, C, 3, 3), np.nan, np.float32)
+    wg.wino_dw(Mw, dw, 1, C)
+    assert np.isnan(dw[:, 0]).all()
+    np.testing.assert_allclose(dw[:, 1:], ref[:, 1:], rtol=1e-5, atol=1e-5 * Q)
 
 
 @pytest.mark.parametrize("O, C", [(37, 21), (16, 48), (5, 3), (130, 64)])

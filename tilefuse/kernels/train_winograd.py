@@ -34,6 +34,7 @@ import numpy as np
 
 from .blas import nb_gemm
 from .cnhw import JIT, transform_rows
+from .conv._nb import at4s, bt4s, bt4v
 
 # ============================================================================ transforms
 
@@ -137,31 +138,51 @@ def wino_weights(w2, U, o0, o1):
                     dst[l] = tk[l]
 
 
+@nb.njit(inline="always", **JIT)
+def _odd_pitch(n):
+    """A row pitch (floats) >= n: a multiple of 16 that is an odd number of 64-byte lines, so that
+    rows of a buffer spread over the L1 sets (at 2 KB, 512 floats, every row fell into 2 of 64)."""
+    p = -(-n // 16) * 16
+    return p + 16 if (p // 16) % 2 == 0 else p
+
+
 @nb.njit(**JIT)
 def wino_weights_mirrored(w2, Ud, c0, c1):
     """Ud[4a+b, c, o] = U[4 s(a) + s(b), o, c] (the input gradient's filters: 180-degree rotated,
-    transposed), for c in [c0, c1); 16 output channels at a time as in `wino_weights` (their
-    taps gathered from 16 rows of w2). 512 x 512 channels in tasks of 16 input channels, Ice Lake
-    core: 8.7 cycles a weight (one filter at a time 8.7 too: its 16 MB of Ud and the rows of w2
-    18 KB apart bound it; 256 x 256: 7.4 -> 3.5). Tiles of 16 x 16 channels through a transposing
-    buffer, or the 16-row blocks outermost, were slower at 512."""
+    transposed), for c in [c0, c1); 16 output channels at a time as in `wino_weights`.
+
+    Per block of 16 input channels, their taps of every output channel are first copied into a
+    buffer tb[c, j, o] (each w2 row read once, 16 * 9 contiguous floats; the buffer stays in L2),
+    from which a 16-filter block's taps are contiguous 16-float loads. Gathering them straight
+    from w2 (16 rows 9 * C floats apart per block, the next block 16 rows further) ran 4.3 ns a
+    weight at 512 x 512 channels on the Emerald Rapids VM, 5x `wino_weights`'s rate."""
     O = w2.shape[0]
     gf = np.zeros(144, w2.dtype)
     tf = np.empty(256, w2.dtype)
-    for c in range(c0, c1):
-        for ob in range(0, O, 16):
-            m = min(16, O - ob)
-            for l in range(m):
-                src = w2[ob + l, 9 * c:9 * c + 9]
+    tb = np.empty((16, 9, _odd_pitch(O)), w2.dtype)
+    for cb in range(c0, c1, 16):
+        mc = min(16, c1 - cb)
+        for o in range(O):                     # tb[l, j, o] = w2[o, 9 (cb + l) + j]
+            src = w2[o, 9 * cb:9 * (cb + mc)]
+            for l in range(mc):
                 for j in range(9):
-                    gf[16 * j + l] = src[j]
-            _filter_block(gf, tf)
-            for k in range(16):
-                dst = Ud[k, c, ob:ob + m]
-                mk = _MIRROR[k]
-                tk = tf[16 * mk:16 * mk + 16]
-                for l in range(m):
-                    dst[l] = tk[l]
+                    tb[l, j, o] = src[9 * l + j]
+        for l in range(mc):
+            c = cb + l
+            tl = tb[l]
+            for ob in range(0, O, 16):
+                m = min(16, O - ob)
+                for j in range(9):
+                    tj = tl[j, ob:ob + m]
+                    for i in range(m):
+                        gf[16 * j + i] = tj[i]
+                _filter_block(gf, tf)
+                for k in range(16):
+                    dst = Ud[k, c, ob:ob + m]
+                    mk = _MIRROR[k]
+                    tk = tf[16 * mk:16 * mk + 16]
+                    for i in range(m):
+                        dst[i] = tk[i]
 
 
 # planes at most this wide, tasks of at least this many images: the transform runs with the images
@@ -287,111 +308,156 @@ def _wino_input_lanes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W
 
 @nb.njit(**JIT)
 def _wino_input_planes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind, relu,
-               write_r):
-    """`wino_input` one plane at a time: V[xi, vr0 + c - c0, p0 + p] = (B^T d B)[xi] of the transformed input t(x)
-    (train_conv._transform) for the patches p of images [n0, n1) (p = (n - n0)*th*tw + ty*tw
+                       write_r):
+    """`wino_input` one plane at a time: V[xi, vr0 + c - c0, p0 + p] = (B^T d B)[xi] of the transformed
+    input t(x) (train_conv._transform) for the patches p of images [n0, n1) (p = (n - n0)*th*tw + ty*tw
     + tx), channels [c0, c1).
 
+    Per row of tiles: the row stage (B^T d: four combinations of the patch rows, along the padded row)
+    and the column stage ((B^T d) B: tile tx reads columns 2tx .. 2tx + 3) on 16, 8 or 4 lanes at once
+    (`_nb.bt4v`, `_nb.bt4s`; a row's last chunk overlaps the one before, computing its values again).
+    numba's own loops stayed scalar on rows of 7-15 values (AVX-512: it vectorizes 16 iterations at a
+    time): 64 channels x 4 images at 28x28 565 -> 327 us, 128 x 8 at 14x14 810 -> 460 us on the Emerald
+    Rapids VM (the 14x14 gain includes one t(x) call a channel instead of one a plane). The same
+    operations per value in the same order as the scalar loops: the same bits.
+
     x2, s2, r2: (C, N*H*W) rows; with write_r also r2 = t(x) (pattern 4's stored C2 input);
-    V: a contiguous (16, rows, pitch) buffer, written through unsigned flat offsets (no
-    negative-index code in the loop; the planes can be as small as 4x4)."""
+    V: a contiguous (16, rows, pitch) buffer."""
     th = (H + 1) // 2
     tw = (W + 1) // 2
     HW = H * W
     T = th * tw
     Wp = 2 * tw + 2
-    pb = np.zeros((2 * th + 2, Wp), V.dtype)
-    tmp = np.empty(HW, V.dtype)
-    R = np.empty((4, Wp), V.dtype)
+    pb = np.zeros((2 * th + 2) * Wp, V.dtype)    # the padded plane, rows of Wp (border stays 0)
+    R = np.empty(4 * Wp, V.dtype)                # B^T d of a row of tiles: 4 rows of Wp
+    tmp = np.empty((n1 - n0) * HW, V.dtype)
     ld = V.shape[2]
-    S = np.uint64(V.shape[1] * ld)              # xi plane stride
+    S = V.shape[1] * ld
     Vf = V.reshape(V.size)
     for c in range(c0, c1):
+        # t(x) of the channel's planes of all the task's images in one call (a call per plane cost
+        # ~0.25 us: a third of the transform of a 14x14 plane)
+        transform_rows(x2, a, b, s2, a2, b2, r2, c, n0 * HW, n1 * HW, tmp, affine, skind, relu, write_r)
         for n in range(n0, n1):
-            transform_rows(x2, a, b, s2, a2, b2, r2, c, n * HW, (n + 1) * HW, tmp, affine, skind, relu,
-                           write_r)
-            for i in range(H):                  # t(x) rows into the padded plane (border stays 0)
-                dst = pb[1 + i, 1:1 + W]
-                src = tmp[i * W:(i + 1) * W]
+            t0 = (n - n0) * HW
+            for i in range(H):
+                dst = pb[(1 + i) * Wp + 1:(1 + i) * Wp + 1 + W]
+                src = tmp[t0 + i * W:t0 + (i + 1) * W]
                 for j in range(W):
                     dst[j] = src[j]
-            base = np.uint64((vr0 + c - c0) * ld + p0 + (n - n0) * T)
+            base = (vr0 + c - c0) * ld + p0 + (n - n0) * T
             for ty in range(th):
-                d0 = pb[2 * ty]
-                d1 = pb[2 * ty + 1]
-                d2 = pb[2 * ty + 2]
-                d3 = pb[2 * ty + 3]
-                for j in range(Wp):             # B^T d: four row combinations (contiguous)
-                    R[0, j] = d0[j] - d2[j]
-                    R[1, j] = d1[j] + d2[j]
-                    R[2, j] = d2[j] - d1[j]
-                    R[3, j] = d1[j] - d3[j]
-                q = base + np.uint64(ty * tw)
-                for ar in range(4):             # (B^T d) B: column combinations per tile
-                    Ra = R[ar]
-                    o0 = q + np.uint64(4 * ar) * S
-                    for tx in range(tw):
-                        j = 2 * tx
-                        k = o0 + np.uint64(tx)
-                        e0, e1, e2, e3 = Ra[j], Ra[j + 1], Ra[j + 2], Ra[j + 3]
-                        Vf[k] = e0 - e2
-                        Vf[k + S] = e1 + e2
-                        Vf[k + 2 * S] = e2 - e1
-                        Vf[k + 3 * S] = e1 - e3
+                so = 2 * ty * Wp          # the row stage: R[i] = (B^T d)[i] over the row's columns
+                if Wp >= 16:
+                    for k in range((Wp + 15) // 16):
+                        j = min(16 * k, Wp - 16)
+                        bt4v(R, j, Wp + j, 2 * Wp + j, 3 * Wp + j, pb, so + j, so + Wp + j, so + 2 * Wp + j,
+                             so + 3 * Wp + j, 16)
+                elif Wp >= 8:
+                    for k in range((Wp + 7) // 8):
+                        j = min(8 * k, Wp - 8)
+                        bt4v(R, j, Wp + j, 2 * Wp + j, 3 * Wp + j, pb, so + j, so + Wp + j, so + 2 * Wp + j,
+                             so + 3 * Wp + j, 8)
+                else:                     # 4 <= Wp < 8
+                    for j in (0, Wp - 4):
+                        bt4v(R, j, Wp + j, 2 * Wp + j, 3 * Wp + j, pb, so + j, so + Wp + j, so + 2 * Wp + j,
+                             so + 3 * Wp + j, 4)
+                q = base + ty * tw
+                for ar in range(4):       # the column stage: tile tx of R row ar at columns 2tx .. 2tx + 3
+                    re = ar * Wp
+                    q0 = q + 4 * ar * S
+                    if tw >= 16:
+                        for k in range((tw + 15) // 16):
+                            t = min(16 * k, tw - 16)
+                            bt4s(Vf, q0 + t, q0 + S + t, q0 + 2 * S + t, q0 + 3 * S + t, R, re + 2 * t, 16)
+                    elif tw >= 8:
+                        for k in range((tw + 7) // 8):
+                            t = min(8 * k, tw - 8)
+                            bt4s(Vf, q0 + t, q0 + S + t, q0 + 2 * S + t, q0 + 3 * S + t, R, re + 2 * t, 8)
+                    elif tw >= 4:
+                        for k in range((tw + 3) // 4):
+                            t = min(4 * k, tw - 4)
+                            bt4s(Vf, q0 + t, q0 + S + t, q0 + 2 * S + t, q0 + 3 * S + t, R, re + 2 * t, 4)
+                    else:
+                        for t in range(tw):
+                            e0, e1, e2, e3 = R[re + 2 * t], R[re + 2 * t + 1], R[re + 2 * t + 2], R[re + 2 * t + 3]
+                            Vf[q0 + t] = e0 - e2
+                            Vf[q0 + S + t] = e1 + e2
+                            Vf[q0 + 2 * S + t] = e2 - e1
+                            Vf[q0 + 3 * S + t] = e1 - e3
 
 
 @nb.njit(**JIT)
 def wino_output(M, rows, y2, n0, n1, o0, H, W):
     """y2[o0 + o, image n, 2x2 tile p] = A^T M[:, o, p] A, cropped to H x W, for the rows
-    o < rows of M (16, >= rows, >= patches) and images [n0, n1)."""
+    o < rows of M (16, >= rows, >= patches) and images [n0, n1).
+
+    A row of tiles 16, 8 or 4 at a time (`_nb.at4s`, the last chunk overlapping the one before),
+    stored straight into y's two rows when W is even, else through a row buffer (cropped). numba
+    left the per-tile loop scalar on rows of 7-14 tiles: 64 channels x 3 images at 28x28 238 -> 150
+    us, 128 x 6 at 14x14 445 -> 285 us on the Emerald Rapids VM. The same bits."""
     th = (H + 1) // 2
     tw = (W + 1) // 2
     HW = H * W
     T = th * tw
-    r0 = np.empty(2 * tw, M.dtype)
-    r1 = np.empty(2 * tw, M.dtype)
+    rb = np.empty(4 * tw, M.dtype)       # a row of tiles' two output rows (odd W, or past the last row)
+    S = M.shape[1] * M.shape[2]
+    ld = M.shape[2]
+    Mf = M.reshape(M.size)
+    even = W % 2 == 0
     for o in range(rows):
+        yr = y2[o0 + o]
         for n in range(n0, n1):
-            yr = y2[o0 + o, n * HW:(n + 1) * HW]
             for ty in range(th):
-                pt = (n - n0) * T + ty * tw
-                m0 = M[0, o, pt:pt + tw]
-                m1 = M[1, o, pt:pt + tw]
-                m2 = M[2, o, pt:pt + tw]
-                m3 = M[3, o, pt:pt + tw]
-                m4 = M[4, o, pt:pt + tw]
-                m5 = M[5, o, pt:pt + tw]
-                m6 = M[6, o, pt:pt + tw]
-                m7 = M[7, o, pt:pt + tw]
-                m8 = M[8, o, pt:pt + tw]
-                m9 = M[9, o, pt:pt + tw]
-                m10 = M[10, o, pt:pt + tw]
-                m11 = M[11, o, pt:pt + tw]
-                m12 = M[12, o, pt:pt + tw]
-                m13 = M[13, o, pt:pt + tw]
-                m14 = M[14, o, pt:pt + tw]
-                m15 = M[15, o, pt:pt + tw]
-                for tx in range(tw):
-                    # A^T M: rows (m[0] + m[1] + m[2]) and (m[1] - m[2] - m[3]) per column b
-                    s00 = m0[tx] + m4[tx] + m8[tx]
-                    s01 = m1[tx] + m5[tx] + m9[tx]
-                    s02 = m2[tx] + m6[tx] + m10[tx]
-                    s03 = m3[tx] + m7[tx] + m11[tx]
-                    s10 = m4[tx] - m8[tx] - m12[tx]
-                    s11 = m5[tx] - m9[tx] - m13[tx]
-                    s12 = m6[tx] - m10[tx] - m14[tx]
-                    s13 = m7[tx] - m11[tx] - m15[tx]
-                    r0[2 * tx] = s00 + s01 + s02
-                    r0[2 * tx + 1] = s01 - s02 - s03
-                    r1[2 * tx] = s10 + s11 + s12
-                    r1[2 * tx + 1] = s11 - s12 - s13
-                y0 = yr[2 * ty * W:(2 * ty + 1) * W]
-                for j in range(W):
-                    y0[j] = r0[j]
-                if 2 * ty + 1 < H:
-                    y1 = yr[(2 * ty + 1) * W:(2 * ty + 2) * W]
+                pt = o * ld + (n - n0) * T + ty * tw
+                last = 2 * ty + 1 >= H
+                if even:
+                    r0, i0 = yr, n * HW + 2 * ty * W
+                else:
+                    r0, i0 = rb, 0
+                if even and not last:
+                    r1, i1 = yr, n * HW + (2 * ty + 1) * W
+                else:
+                    r1, i1 = rb, 2 * tw
+                if tw >= 16:
+                    for k in range((tw + 15) // 16):
+                        t = min(16 * k, tw - 16)
+                        at4s(r0, i0 + 2 * t, r1, i1 + 2 * t, Mf, pt + t, S, 16)
+                elif tw >= 8:
+                    for k in range((tw + 7) // 8):
+                        t = min(8 * k, tw - 8)
+                        at4s(r0, i0 + 2 * t, r1, i1 + 2 * t, Mf, pt + t, S, 8)
+                elif tw >= 4:
+                    for k in range((tw + 3) // 4):
+                        t = min(4 * k, tw - 4)
+                        at4s(r0, i0 + 2 * t, r1, i1 + 2 * t, Mf, pt + t, S, 4)
+                else:
+                    for tx in range(tw):
+                        q = pt + tx
+                        m0, m1, m2, m3 = Mf[q], Mf[q + S], Mf[q + 2 * S], Mf[q + 3 * S]
+                        m4, m5, m6, m7 = Mf[q + 4 * S], Mf[q + 5 * S], Mf[q + 6 * S], Mf[q + 7 * S]
+                        m8, m9, m10, m11 = Mf[q + 8 * S], Mf[q + 9 * S], Mf[q + 10 * S], Mf[q + 11 * S]
+                        m12, m13, m14, m15 = Mf[q + 12 * S], Mf[q + 13 * S], Mf[q + 14 * S], Mf[q + 15 * S]
+                        s00 = m0 + m4 + m8
+                        s01 = m1 + m5 + m9
+                        s02 = m2 + m6 + m10
+                        s03 = m3 + m7 + m11
+                        s10 = m4 - m8 - m12
+                        s11 = m5 - m9 - m13
+                        s12 = m6 - m10 - m14
+                        s13 = m7 - m11 - m15
+                        r0[i0 + 2 * tx] = s00 + s01 + s02
+                        r0[i0 + 2 * tx + 1] = s01 - s02 - s03
+                        r1[i1 + 2 * tx] = s10 + s11 + s12
+                        r1[i1 + 2 * tx + 1] = s11 - s12 - s13
+                if not even:
+                    y0 = yr[n * HW + 2 * ty * W:n * HW + (2 * ty + 1) * W]
                     for j in range(W):
-                        y1[j] = r1[j]
+                        y0[j] = rb[j]
+                    if not last:
+                        y1 = yr[n * HW + (2 * ty + 1) * W:n * HW + (2 * ty + 2) * W]
+                        for j in range(W):
+                            y1[j] = rb[2 * tw + j]
 
 
 @nb.njit(**JIT)
@@ -465,38 +531,57 @@ def wino_dy(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
 @nb.njit(**JIT)
 def wino_dw(Mw, dw4, c0, c1):
     """dw4[o, c] (3x3) = G^T m G with m[xi] = sum over partials q in order of Mw[q, xi, c, o],
-    for c in [c0, c1) (Mw: (partials, 16, C, O), the weight gradient's transposed products)."""
+    for c in [c0, c1) (Mw: (partials, 16, C, O), the weight gradient's transposed products).
+
+    Per block of 16 input channels: G^T m G vectorized over the output channels o into a buffer
+    gb[c, tap, o] (in L2), then stored as each dw4[o]'s 16 * 9 contiguous floats. Storing the 9
+    taps of one (o, c) at a time (o innermost: 512 rows 18 KB apart) ran 2.8 ns a weight at 512 x
+    512 channels on the Emerald Rapids VM."""
     Q = Mw.shape[0]
     O = Mw.shape[3]
     m = np.empty((16, O), Mw.dtype)
-    t = np.empty((3, 4), Mw.dtype)
+    gb = np.empty((16, 9, _odd_pitch(O)), Mw.dtype)
     half = Mw.dtype.type(0.5)
-    for c in range(c0, c1):
-        for k in range(16):
-            mr = m[k]
-            src = Mw[0, k, c]
-            for o in range(O):
-                mr[o] = src[o]
-            for q in range(1, Q):
-                src = Mw[q, k, c]
+    for cb in range(c0, c1, 16):
+        mc = min(16, c1 - cb)
+        for l in range(mc):
+            c = cb + l
+            for k in range(16):
+                mr = m[k]
+                src = Mw[0, k, c]
                 for o in range(O):
-                    mr[o] += src[o]
+                    mr[o] = src[o]
+                for q in range(1, Q):
+                    src = Mw[q, k, c]
+                    for o in range(O):
+                        mr[o] += src[o]
+            gl = gb[l]
+            for o in range(O):
+                # G^T m: rows k = 0, 1, 2 from rows a = 0..3 of m (per column b)
+                v0, v1, v2, v3 = m[0, o], m[4, o], m[8, o], m[12, o]
+                t00, t10, t20 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
+                v0, v1, v2, v3 = m[1, o], m[5, o], m[9, o], m[13, o]
+                t01, t11, t21 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
+                v0, v1, v2, v3 = m[2, o], m[6, o], m[10, o], m[14, o]
+                t02, t12, t22 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
+                v0, v1, v2, v3 = m[3, o], m[7, o], m[11, o], m[15, o]
+                t03, t13, t23 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
+                # (G^T m) G: each row (t0, t1, t2, t3) -> (t0 + (t1 + t2)/2, (t1 - t2)/2, (t1 + t2)/2 + t3)
+                gl[0, o] = t00 + half * (t01 + t02)
+                gl[1, o] = half * (t01 - t02)
+                gl[2, o] = half * (t01 + t02) + t03
+                gl[3, o] = t10 + half * (t11 + t12)
+                gl[4, o] = half * (t11 - t12)
+                gl[5, o] = half * (t11 + t12) + t13
+                gl[6, o] = t20 + half * (t21 + t22)
+                gl[7, o] = half * (t21 - t22)
+                gl[8, o] = half * (t21 + t22) + t23
         for o in range(O):
-            # G^T m: rows k = 0, 1, 2 from rows a = 0..3 of m (per column b)
-            for bcol in range(4):
-                v0 = m[bcol, o]
-                v1 = m[4 + bcol, o]
-                v2 = m[8 + bcol, o]
-                v3 = m[12 + bcol, o]
-                t[0, bcol] = v0 + half * (v1 + v2)
-                t[1, bcol] = half * (v1 - v2)
-                t[2, bcol] = half * (v1 + v2) + v3
-            g = dw4[o, c]
-            for k in range(3):
-                v0, v1, v2, v3 = t[k, 0], t[k, 1], t[k, 2], t[k, 3]
-                g[k, 0] = v0 + half * (v1 + v2)
-                g[k, 1] = half * (v1 - v2)
-                g[k, 2] = half * (v1 + v2) + v3
+            for l in range(mc):
+                g = dw4[o, cb + l]
+                for r in range(3):
+                    for j in range(3):
+                        g[r, j] = gb[l, 3 * r + j, o]
 
 
 # ============================================================================ tasks

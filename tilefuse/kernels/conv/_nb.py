@@ -1068,6 +1068,125 @@ def add16(typingctx, dst, di, src, si):
     return sig, codegen
 
 
+def _lanes_ok(arrays, ints, width) -> bool:
+    """The lane intrinsics' typing: C-contiguous float32 arrays, integer indices, width a literal 4, 8 or 16."""
+    return (all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in arrays)
+            and all(isinstance(a, types.Integer) for a in ints)
+            and isinstance(width, types.IntegerLiteral) and width.literal_value in (4, 8, 16))
+
+
+def _vec_ptr(context, builder, aty, aval, idx, lanes):
+    """&array[idx] (a flat int64 index value) as a pointer to a `lanes` x float32 vector."""
+    from llvmlite import ir
+    ary = context.make_array(aty)(context, builder, aval)
+    return builder.bitcast(builder.gep(ary.data, [idx]), ir.VectorType(ir.FloatType(), lanes).as_pointer())
+
+
+@intrinsic
+def bt4v(typingctx, dst, d0, d1, d2, d3, src, s0, s1, s2, s3, width):
+    """The Winograd F(2x2, 3x3) butterfly B^T on `width` (a literal: 4, 8 or 16) lanes at once: with x_i the
+    `width` float32 at src[s_i], dst[d0] = x0 - x2, dst[d1] = x1 + x2, dst[d2] = x2 - x1, dst[d3] = x1 - x3
+    (C-contiguous float32 arrays indexed flat; dst is not src). Each lane is the scalar loop's IEEE
+    add or subtract: the same bits. Both stages of the training input transform
+    (train_winograd._wino_input_planes), whose rows of 7-14 tiles numba left scalar (the vectorizer
+    wants 16 iterations on AVX-512)."""
+    if not _lanes_ok((dst, src), (d0, d1, d2, d3, s0, s1, s2, s3), width):
+        return None
+    n = width.literal_value
+    sig = types.void(dst, d0, d1, d2, d3, src, s0, s1, s2, s3, width)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        a = signature.args
+
+        def ptr(k, j):
+            return _vec_ptr(context, builder, a[k], args[k], context.cast(builder, args[j], a[j], types.int64), n)
+        x0, x1, x2, x3 = (builder.load(ptr(5, 6 + i), align=4) for i in range(4))
+        for j, v in enumerate((builder.fsub(x0, x2), builder.fadd(x1, x2), builder.fsub(x2, x1),
+                               builder.fsub(x1, x3))):
+            builder.store(v, ptr(0, 1 + j), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def bt4s(typingctx, dst, d0, d1, d2, d3, src, si, width):
+    """`bt4v` with the four inputs interleaved: x_i[l] = src[si + 2 l + i] for l < `width` (a literal: 4, 8,
+    16), read as two vectors of 2 * width floats (at si and si + 2) split into even and odd lanes. The
+    column stage of the training input transform: tile tx of a row reads columns 2 tx .. 2 tx + 3."""
+    if not _lanes_ok((dst, src), (d0, d1, d2, d3, si), width):
+        return None
+    n = width.literal_value
+    sig = types.void(dst, d0, d1, d2, d3, src, si, width)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        a = signature.args
+        i32 = ir.IntType(32)
+
+        def ptr(k, idx, lanes):
+            return _vec_ptr(context, builder, a[k], args[k], idx, lanes)
+        s0 = context.cast(builder, args[6], a[6], types.int64)
+        s2 = builder.add(s0, ir.Constant(ir.IntType(64), 2))
+        lo = builder.load(ptr(5, s0, 2 * n), align=4)
+        hi = builder.load(ptr(5, s2, 2 * n), align=4)
+        ev = ir.Constant(ir.VectorType(i32, n), [2 * l for l in range(n)])
+        od = ir.Constant(ir.VectorType(i32, n), [2 * l + 1 for l in range(n)])
+        x0 = builder.shuffle_vector(lo, lo, ev)
+        x1 = builder.shuffle_vector(lo, lo, od)
+        x2 = builder.shuffle_vector(hi, hi, ev)
+        x3 = builder.shuffle_vector(hi, hi, od)
+        for j, v in enumerate((builder.fsub(x0, x2), builder.fadd(x1, x2), builder.fsub(x2, x1),
+                               builder.fsub(x1, x3))):
+            i = context.cast(builder, args[1 + j], a[1 + j], types.int64)
+            builder.store(v, ptr(0, i, n), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def at4s(typingctx, dst0, d0, dst1, d1, src, si, sstride, width):
+    """The Winograd F(2x2, 3x3) output transform A^T m A of `width` (a literal: 4, 8 or 16) tiles at once:
+    m_k = the `width` float32 at src[si + k * sstride] (k = 0..15, the xi planes); per lane
+    s0b = m_b + m_(4+b) + m_(8+b), s1b = m_(4+b) - m_(8+b) - m_(12+b) (b = 0..3), and the tile's two output
+    rows interleaved: dst0[d0 + 2 l], dst0[d0 + 2 l + 1] = s00 + s01 + s02, s01 - s02 - s03; dst1[d1 + 2 l],
+    dst1[d1 + 2 l + 1] = s10 + s11 + s12, s11 - s12 - s13 (left to right: `train_winograd.wino_output`'s
+    scalar order, the same bits). C-contiguous float32 arrays indexed flat."""
+    if not _lanes_ok((dst0, dst1, src), (d0, d1, si, sstride), width):
+        return None
+    n = width.literal_value
+    sig = types.void(dst0, d0, dst1, d1, src, si, sstride, width)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        a = signature.args
+        i32 = ir.IntType(32)
+
+        def ptr(k, idx, lanes):
+            return _vec_ptr(context, builder, a[k], args[k], idx, lanes)
+        s0 = context.cast(builder, args[5], a[5], types.int64)
+        st = context.cast(builder, args[6], a[6], types.int64)
+        m = []
+        for k in range(16):
+            m.append(builder.load(ptr(4, s0, n), align=4))
+            s0 = builder.add(s0, st)
+        fa, fs = builder.fadd, builder.fsub
+        s_0 = [fa(fa(m[b], m[4 + b]), m[8 + b]) for b in range(4)]
+        s_1 = [fs(fs(m[4 + b], m[8 + b]), m[12 + b]) for b in range(4)]
+        inter = ir.Constant(ir.VectorType(i32, 2 * n), [(l // 2) + (n if l % 2 else 0) for l in range(2 * n)])
+        for k, (sr, di) in enumerate(((s_0, args[1]), (s_1, args[3]))):
+            even = fa(fa(sr[0], sr[1]), sr[2])
+            odd = fs(fs(sr[1], sr[2]), sr[3])
+            v = builder.shuffle_vector(even, odd, inter)
+            i = context.cast(builder, di, a[1 + 2 * k], types.int64)
+            builder.store(v, ptr(2 * k, i, 2 * n), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @intrinsic
 def copy16(typingctx, dst, di, src, si):
     """dst[di:di + 16] = src[si:si + 16] as one 16-lane vector load and store; C-contiguous float32
