@@ -263,6 +263,31 @@ def test_wino_output_vector_rows(H, W):
     assert np.isnan(y).all()
 
 
+@pytest.mark.parametrize("H, W", [(1, 1), (2, 3), (3, 6), (3, 7), (6, 13), (9, 15), (4, 20), (16, 16), (17, 31),
+                                  (2, 45), (33, 40), (5, 64)])
+def test_wino_dy_vector_rows(H, W):
+    """`wino_dy` (A g A^T of 16, 8 or 4 tiles of dy at once, read from dy's rows for even widths,
+    from zero-padded copies for odd ones and the last row of odd heights) against float64, for
+    images [1, 3) and channels [1, 3) at a row / patch offset; nothing else written."""
+    from tilefuse.kernels import train_winograd as wg
+    rng = np.random.default_rng(H * 100 + W + 2)
+    O, N, dr0, p0 = 4, 3, 2, 5
+    th, tw = (H + 1) // 2, (W + 1) // 2
+    T = th * tw
+    dy = rng.standard_normal((O, N * H * W)).astype(np.float32)
+    D = np.full((16, dr0 + 3, wg.pitch(dr0 + 2, p0 + N * T)), np.nan, np.float32)
+    wg.wino_dy(dy, D, dr0, p0, 1, N, 1, 3, H, W)
+    A = np.array([[1, 0], [1, 1], [1, -1], [0, -1]], np.float64)
+    g = np.zeros((2, N - 1, 2 * th, 2 * tw))
+    g[:, :, :H, :W] = dy[1:3].reshape(2, N, H, W)[:, 1:]
+    g = g.reshape(2, N - 1, th, 2, tw, 2)
+    ref = np.einsum("ai,onyixj,bj->abonyx", A, g, A).reshape(16, 2, (N - 1) * T)
+    got = D[:, dr0:dr0 + 2, p0:p0 + (N - 1) * T]
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    got[:] = np.nan
+    assert np.isnan(D).all()
+
+
 @pytest.mark.parametrize("H, W, N", [(4, 4, 8), (4, 4, 33), (7, 7, 16), (5, 3, 17), (8, 6, 20)])
 def test_wino_input_image_lanes_equal_planes(H, W, N):
     """train_winograd.wino_input's two forms: small planes with the images as the vector lanes
@@ -310,28 +335,29 @@ def test_wino_input_image_lanes_equal_planes(H, W, N):
             np.testing.assert_allclose(out["lanes"][1][c0:c1], t[c0:c1], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("Q, C, O", [(1, 37, 21), (3, 20, 130), (2, 5, 3), (1, 48, 528)])
+@pytest.mark.parametrize("Q, C, O", [(1, 37, 21), (3, 20, 130), (2, 5, 3), (1, 528, 48)])
 def test_wino_dw_matches_float64(Q, C, O):
-    """train_winograd.wino_dw (dW[o, c] = G^T m G, m = the partials Mw[q, :, c, o] summed in order;
-    vectorized over o through a transposing buffer, 16 input channels a block) against float64
-    numpy, on a sub-range of input channels (the others stay untouched), channel counts off 16."""
+    """train_winograd.wino_dw (dW[o, c] = G^T m G, m = the partials Mw[q, :, o, c] summed in order,
+    vectorized over c) against float64 numpy, on a sub-range of output channels (the others stay
+    untouched), channel counts off 16."""
     from tilefuse.kernels import train_winograd as wg
     rng = np.random.default_rng(Q * 1000 + C + O)
-    Mw = rng.standard_normal((Q, 16, C, O)).astype(np.float32)
+    Mw = rng.standard_normal((Q, 16, O, C)).astype(np.float32)
     G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
-    m = Mw.astype(np.float64).sum(axis=0).reshape(4, 4, C, O)
-    ref = np.einsum("ai,abco,bj->ocij", G, m, G)
+    m = Mw.astype(np.float64).sum(axis=0).reshape(4, 4, O, C)
+    ref = np.einsum("ai,aboc,bj->ocij", G, m, G)
     dw = np.full((O, C, 3, 3), np.nan, np.float32)
-    wg.wino_dw(Mw, dw, 1, C)
-    assert np.isnan(dw[:, 0]).all()
-    np.testing.assert_allclose(dw[:, 1:], ref[:, 1:], rtol=1e-5, atol=1e-5 * Q)
+    wg.wino_dw(Mw, dw, 1, O)
+    assert np.isnan(dw[0]).all()
+    np.testing.assert_allclose(dw[1:], ref[1:], rtol=1e-5, atol=1e-5 * Q)
 
 
 @pytest.mark.parametrize("O, C", [(37, 21), (16, 48), (5, 3), (130, 64)])
 def test_wino_weights_match_float64(O, C):
-    """train_winograd.wino_weights (U = G g G^T per filter, 16 filters a vector block) and
-    wino_weights_mirrored (Ud[xi, c, o] = U[mirror(xi), o, c]) against float64 numpy, for
-    channel counts that are not multiples of 16, on sub-ranges (rows outside stay untouched)."""
+    """train_winograd.wino_weights (U = G g G^T per filter, 16 filters a vector block) against
+    float64 numpy, for channel counts that are not multiples of 16, on a sub-range (rows outside
+    stay untouched); and the input gradient's GEMMs on U read transposed (`wino_gemms_mirrored`:
+    Ud[xi, c, o] = U[mirror(xi), o, c], a sub-block of its rows at a patch offset) against numpy."""
     from tilefuse.kernels import train_winograd as wg
     rng = np.random.default_rng(O * 100 + C)
     w = rng.standard_normal((O, C, 3, 3)).astype(np.float32)
@@ -341,8 +367,15 @@ def test_wino_weights_match_float64(O, C):
     wg.wino_weights(w.reshape(O, C * 9), U, 1, O)
     assert np.isnan(U[:, 0]).all()
     np.testing.assert_allclose(U[:, 1:], ref[:, 1:], rtol=1e-6, atol=1e-6)
-    Ud = np.full((16, C, O), np.nan, np.float32)
-    wg.wino_weights_mirrored(w.reshape(O, C * 9), Ud, 1, C)
-    assert np.isnan(Ud[:, 0]).all()
+    if not blas.SGEMM[0]:
+        return                                   # (the GEMMs need numpy's OpenBLAS)
+    U[:, 0] = rng.standard_normal((16, C))
+    P, b0, c0, m = 23, 3, C // 3, C - C // 3
+    vd = rng.standard_normal((16, O, b0 + P)).astype(np.float32)
+    Md = np.full((16, m + 1, P + 2), np.nan, np.float32)
+    wg.wino_gemms_mirrored(blas.SGEMM, U, vd, Md, c0, m, O, P, b0)
     mirror = [15, 13, 14, 12, 7, 5, 6, 4, 11, 9, 10, 8, 3, 1, 2, 0]
-    np.testing.assert_allclose(Ud[:, 1:], ref[mirror].transpose(0, 2, 1)[:, 1:], rtol=1e-6, atol=1e-6)
+    Ud = U.astype(np.float64)[mirror].transpose(0, 2, 1)            # (16, C, O)
+    want = Ud[:, c0:c0 + m] @ vd[:, :, b0:].astype(np.float64)
+    np.testing.assert_allclose(Md[:, :m, :P], want, rtol=1e-4, atol=1e-4)
+    assert np.isnan(Md[:, m]).all() and np.isnan(Md[:, :, P:]).all()

@@ -227,11 +227,11 @@ SGEMM = _nb_sgemm()
 
 
 @nb.njit(nogil=True, cache=True)
-def nb_gemm(fn, a, b, c, beta, trans_b):
-    """c = a @ op(b) + beta*c, op(b) = b.T if trans_b else b; 2-D float32 views, unit stride in
-    the last dimension (C order rows of any pitch); fn = SGEMM (the library's address and
-    interface; the address must not be 0)."""
-    m, k = a.shape
+def nb_gemm(fn, a, b, c, beta, trans_b, trans_a=False):
+    """c = op(a) @ op(b) + beta*c, op(b) = b.T if trans_b else b, op(a) = a.T if trans_a else a
+    (a stored (k, m) then); 2-D float32 views, unit stride in the last dimension (C order rows of
+    any pitch); fn = SGEMM (the library's address and interface; the address must not be 0)."""
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
     n = c.shape[1]
     if m == 0 or n == 0:
         return
@@ -241,12 +241,13 @@ def nb_gemm(fn, a, b, c, beta, trans_b):
                 c[i, j] = c[i, j] * np.float32(beta)
         return
     addr, ilp64 = fn
+    ta = np.int32(_T if trans_a else _NT)
     tb = np.int32(_T if trans_b else _NT)
     if ilp64:
-        _call_sgemm64(addr, np.int32(_NT), tb, m, n, k, a.ctypes.data, a.strides[0] // 4,
+        _call_sgemm64(addr, ta, tb, m, n, k, a.ctypes.data, a.strides[0] // 4,
                       b.ctypes.data, b.strides[0] // 4, np.float32(beta), c.ctypes.data,
                       c.strides[0] // 4)
     else:
-        _call_sgemm32(addr, np.int32(_NT), tb, m, n, k, a.ctypes.data, a.strides[0] // 4,
+        _call_sgemm32(addr, ta, tb, m, n, k, a.ctypes.data, a.strides[0] // 4,
                       b.ctypes.data, b.strides[0] // 4, np.float32(beta), c.ctypes.data,
                       c.strides[0] // 4)

@@ -665,7 +665,7 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
     rows = g.C if g.direct else g.C * g.kk
     call = None
     if wino:
-        U = _wino_weights(w, g, True)
+        U = _wino_weights(w, g)
         T = ((g.H + 1) // 2) * ((g.W + 1) // 2)
         # several output-channel blocks per tile: the tiles' V once, shared (phase 1)
         vall = _wino_shared_input(x, g, p, pre, T) if nb_ > 1 else None
@@ -730,18 +730,13 @@ def _mirror_weights(w, g: ConvGeom):
     return out
 
 
-def _wino_weights(w, g: ConvGeom, forward):
-    """Winograd filters (scratch): U (16, O, C) for the forward pass (split over output-channel
-    ranges), or Ud (16, C, O) for the input gradient (over input-channel ranges)."""
+def _wino_weights(w, g: ConvGeom):
+    """Winograd filters U (16, O, C) (scratch, split over output-channel ranges): the forward
+    pass's, and the input gradient's read transposed (`train_winograd.wino_gemms_mirrored`)."""
     w2 = w.reshape(g.O, g.C * 9)                  # (O, C*3*3) rows
-    if forward:
-        out = scratch("wu", (16, g.O, g.C), w.dtype)
-        rs = _ranges(g.O, min(g.O, 2 * TASKS))
-        split(len(rs), lambda k, tid: wg.wino_weights(w2, out, *rs[k]))
-    else:
-        out = scratch("wud", (16, g.C, g.O), w.dtype)
-        rs = _ranges(g.C, min(g.C, 2 * TASKS))
-        split(len(rs), lambda k, tid: wg.wino_weights_mirrored(w2, out, *rs[k]))
+    out = scratch("wu", (16, g.O, g.C), w.dtype)
+    rs = _ranges(g.O, min(g.O, 2 * TASKS))
+    split(len(rs), lambda k, tid: wg.wino_weights(w2, out, *rs[k]))
     return out
 
 
@@ -816,7 +811,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     # ---- weight gradient: partials (dw group, groups, K, og), transposed dW per conv group;
     # Winograd: (dw group, 16, C, O) transposed products
     ng = len(p.dw_chunks) if wino else len(p.dw_groups)
-    dwp = scratch("dwp", (ng, 16, g.C, g.O) if wino else (ng, g.groups, K, og), w.dtype)
+    dwp = scratch("dwp", (ng, 16, g.O, g.C) if wino else (ng, g.groups, K, og), w.dtype)
     dbp = np.zeros((g.N if wino else nt, g.O)) if has_bias else None    # per tile / chunk
     # ---- input gradient
     dx = np.empty((g.C, g.N, g.H, g.W), x.dtype) if need_dx else None
@@ -824,7 +819,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     sums = np.zeros((nt, 3, g.C)) if need_dx and nstat else None
     w2 = w.reshape(g.O, -1)
     wd = _mirror_weights(w, g) if need_dx and g.same and not wino else None
-    ud = _wino_weights(w, g, False) if need_dx and wino else None
+    ud = _wino_weights(w, g) if need_dx and wino else None
     T = ((g.H + 1) // 2) * ((g.W + 1) // 2)
     d1w, d2w, d3w = _wino_dummies(x.dtype)
     d1, d4, d2 = dummies(x.dtype)
@@ -863,7 +858,8 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
                 wg.wino_dy(dy2, D, 0, 0, n0, n1, 0, g.O, g.H, g.W)
             else:
                 D, b0 = dall, n0 * T
-            wg.wino_gemms(SGEMM, vx, D, dwp[gg, :, c_lo:c_hi], 0, c_hi - c_lo, P, g.O, b0,
+            # Mw^T (O, block) = D (O, P) @ V^T: dW's rows o contiguous over c (wino_dw's stores)
+            wg.wino_gemms(SGEMM, D[:, :, b0:], vx, dwp[gg, :, :, c_lo:c_hi], 0, g.O, P, c_hi - c_lo, 0,
                           0.0 if ci == 0 else 1.0, True)
             if dbp is not None and c_lo == 0:
                 _row_sums(dy2[:, n0 * hw:n1 * hw], dbp[n0])
@@ -880,7 +876,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
         else:
             vd, b0 = vdall, n0 * T
         Md = _wbuf("wmd", c_hi - c_lo, P, x.dtype)
-        wg.wino_gemms(SGEMM, ud, vd, Md, c_lo, c_hi - c_lo, g.O, P, b0, 0.0, False)
+        wg.wino_gemms_mirrored(SGEMM, ud, vd, Md, c_lo, c_hi - c_lo, g.O, P, b0)
         wg.wino_output(Md, c_hi - c_lo, dx2, n0, n1, c_lo, g.H, g.W)
         if not post_id:
             s1, s2a, s2b = ((sums[i, 0, c_lo:c_hi], sums[i, 1, c_lo:c_hi], sums[i, 2, c_lo:c_hi])
@@ -950,7 +946,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     dw = np.empty(w.shape, w.dtype)
     if wino:
         dw4 = dw.reshape(g.O, g.C, 3, 3)
-        rs = _ranges(g.C, min(g.C, TASKS))
+        rs = _ranges(g.O, min(g.O, TASKS))
         split(len(rs), lambda k, tid: wg.wino_dw(dwp, dw4, *rs[k]))
     else:
         dw3 = dw.reshape(g.groups, og, K)

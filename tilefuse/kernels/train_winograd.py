@@ -34,7 +34,7 @@ import numpy as np
 
 from .blas import nb_gemm
 from .cnhw import JIT, transform_rows
-from .conv._nb import at4s, bt4s, bt4v
+from .conv._nb import ad4s, at4s, bt4s, bt4v
 
 # ============================================================================ transforms
 
@@ -136,53 +136,6 @@ def wino_weights(w2, U, o0, o1):
                 tk = tf[16 * k:16 * k + 16]
                 for l in range(m):
                     dst[l] = tk[l]
-
-
-@nb.njit(inline="always", **JIT)
-def _odd_pitch(n):
-    """A row pitch (floats) >= n: a multiple of 16 that is an odd number of 64-byte lines, so that
-    rows of a buffer spread over the L1 sets (at 2 KB, 512 floats, every row fell into 2 of 64)."""
-    p = -(-n // 16) * 16
-    return p + 16 if (p // 16) % 2 == 0 else p
-
-
-@nb.njit(**JIT)
-def wino_weights_mirrored(w2, Ud, c0, c1):
-    """Ud[4a+b, c, o] = U[4 s(a) + s(b), o, c] (the input gradient's filters: 180-degree rotated,
-    transposed), for c in [c0, c1); 16 output channels at a time as in `wino_weights`.
-
-    Per block of 16 input channels, their taps of every output channel are first copied into a
-    buffer tb[c, j, o] (each w2 row read once, 16 * 9 contiguous floats; the buffer stays in L2),
-    from which a 16-filter block's taps are contiguous 16-float loads. Gathering them straight
-    from w2 (16 rows 9 * C floats apart per block, the next block 16 rows further) ran 4.3 ns a
-    weight at 512 x 512 channels on the Emerald Rapids VM, 5x `wino_weights`'s rate."""
-    O = w2.shape[0]
-    gf = np.zeros(144, w2.dtype)
-    tf = np.empty(256, w2.dtype)
-    tb = np.empty((16, 9, _odd_pitch(O)), w2.dtype)
-    for cb in range(c0, c1, 16):
-        mc = min(16, c1 - cb)
-        for o in range(O):                     # tb[l, j, o] = w2[o, 9 (cb + l) + j]
-            src = w2[o, 9 * cb:9 * (cb + mc)]
-            for l in range(mc):
-                for j in range(9):
-                    tb[l, j, o] = src[9 * l + j]
-        for l in range(mc):
-            c = cb + l
-            tl = tb[l]
-            for ob in range(0, O, 16):
-                m = min(16, O - ob)
-                for j in range(9):
-                    tj = tl[j, ob:ob + m]
-                    for i in range(m):
-                        gf[16 * j + i] = tj[i]
-                _filter_block(gf, tf)
-                for k in range(16):
-                    dst = Ud[k, c, ob:ob + m]
-                    mk = _MIRROR[k]
-                    tk = tf[16 * mk:16 * mk + 16]
-                    for i in range(m):
-                        dst[i] = tk[i]
 
 
 # planes at most this wide, tasks of at least this many images: the transform runs with the images
@@ -463,125 +416,150 @@ def wino_output(M, rows, y2, n0, n1, o0, H, W):
 @nb.njit(**JIT)
 def wino_dy(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
     """D[xi, dr0 + o - o0, p0 + p] = (A g A^T)[xi] for the 2x2 tiles g of dy (zero beyond
-    H x W), A = [[1, 0], [1, 1], [1, -1], [0, -1]], images [n0, n1), channels [o0, o1)."""
+    H x W), A = [[1, 0], [1, 1], [1, -1], [0, -1]], images [n0, n1), channels [o0, o1).
+
+    A row of tiles 16, 8 or 4 at a time (`_nb.ad4s`, the last chunk overlapping), read straight
+    from dy's two rows when W is even, else from zero-padded copies; rows of under 4 tiles
+    scalar. The same bits as the scalar loop."""
     th = (H + 1) // 2
     tw = (W + 1) // 2
     HW = H * W
     T = th * tw
-    g0 = np.zeros(2 * tw, D.dtype)
-    g1 = np.zeros(2 * tw, D.dtype)
+    gb = np.zeros(4 * tw, D.dtype)            # the two rows, zero-padded: [0, 2tw) and [2tw, 4tw)
+    g0 = gb[:2 * tw]
+    g1 = gb[2 * tw:]
+    S = D.shape[1] * D.shape[2]
+    ld = D.shape[2]
+    Df = D.reshape(D.size)
+    even = W % 2 == 0
     for o in range(o0, o1):
         oc = dr0 + o - o0
+        dro = dy2[o]
         for n in range(n0, n1):
-            dr = dy2[o, n * HW:(n + 1) * HW]
+            dr = dro[n * HW:(n + 1) * HW]
             for ty in range(th):
-                src = dr[2 * ty * W:(2 * ty + 1) * W]
-                for j in range(W):
-                    g0[j] = src[j]
-                if 2 * ty + 1 < H:
-                    src = dr[(2 * ty + 1) * W:(2 * ty + 2) * W]
-                    for j in range(W):
-                        g1[j] = src[j]
+                last = 2 * ty + 1 >= H
+                if even and not last and tw >= 4:
+                    src, s0 = dro, n * HW + 2 * ty * W
+                    s1 = s0 + W
                 else:
+                    row = dr[2 * ty * W:(2 * ty + 1) * W]
                     for j in range(W):
-                        g1[j] = 0
+                        g0[j] = row[j]
+                    if not last:
+                        row = dr[(2 * ty + 1) * W:(2 * ty + 2) * W]
+                        for j in range(W):
+                            g1[j] = row[j]
+                    else:
+                        for j in range(W):
+                            g1[j] = 0
+                    src, s0, s1 = gb, 0, 2 * tw
                 pt = p0 + (n - n0) * T + ty * tw
-                d0 = D[0, oc, pt:pt + tw]
-                d1 = D[1, oc, pt:pt + tw]
-                d2 = D[2, oc, pt:pt + tw]
-                d3 = D[3, oc, pt:pt + tw]
-                d4 = D[4, oc, pt:pt + tw]
-                d5 = D[5, oc, pt:pt + tw]
-                d6 = D[6, oc, pt:pt + tw]
-                d7 = D[7, oc, pt:pt + tw]
-                d8 = D[8, oc, pt:pt + tw]
-                d9 = D[9, oc, pt:pt + tw]
-                d10 = D[10, oc, pt:pt + tw]
-                d11 = D[11, oc, pt:pt + tw]
-                d12 = D[12, oc, pt:pt + tw]
-                d13 = D[13, oc, pt:pt + tw]
-                d14 = D[14, oc, pt:pt + tw]
-                d15 = D[15, oc, pt:pt + tw]
-                for tx in range(tw):
-                    a0 = g0[2 * tx]                  # rows of A g: (a0, a1), (a0 + b0, a1 + b1),
-                    a1 = g0[2 * tx + 1]              # (a0 - b0, a1 - b1), (-b0, -b1)
-                    b0 = g1[2 * tx]
-                    b1 = g1[2 * tx + 1]
-                    e0, e1 = a0 + b0, a1 + b1
-                    q0, q1 = a0 - b0, a1 - b1
-                    # each row (u, v) -> (u, u + v, u - v, -v)
-                    d0[tx] = a0
-                    d1[tx] = a0 + a1
-                    d2[tx] = a0 - a1
-                    d3[tx] = -a1
-                    d4[tx] = e0
-                    d5[tx] = e0 + e1
-                    d6[tx] = e0 - e1
-                    d7[tx] = -e1
-                    d8[tx] = q0
-                    d9[tx] = q0 + q1
-                    d10[tx] = q0 - q1
-                    d11[tx] = -q1
-                    d12[tx] = -b0
-                    d13[tx] = -b0 - b1
-                    d14[tx] = b1 - b0
-                    d15[tx] = b1
+                q = oc * ld + pt
+                if tw >= 16:
+                    for k in range((tw + 15) // 16):
+                        t = min(16 * k, tw - 16)
+                        ad4s(Df, q + t, S, src, s0 + 2 * t, s1 + 2 * t, 16)
+                elif tw >= 8:
+                    for k in range((tw + 7) // 8):
+                        t = min(8 * k, tw - 8)
+                        ad4s(Df, q + t, S, src, s0 + 2 * t, s1 + 2 * t, 8)
+                elif tw >= 4:
+                    for k in range((tw + 3) // 4):
+                        t = min(4 * k, tw - 4)
+                        ad4s(Df, q + t, S, src, s0 + 2 * t, s1 + 2 * t, 4)
+                else:
+                    d0 = D[0, oc, pt:pt + tw]
+                    d1 = D[1, oc, pt:pt + tw]
+                    d2 = D[2, oc, pt:pt + tw]
+                    d3 = D[3, oc, pt:pt + tw]
+                    d4 = D[4, oc, pt:pt + tw]
+                    d5 = D[5, oc, pt:pt + tw]
+                    d6 = D[6, oc, pt:pt + tw]
+                    d7 = D[7, oc, pt:pt + tw]
+                    d8 = D[8, oc, pt:pt + tw]
+                    d9 = D[9, oc, pt:pt + tw]
+                    d10 = D[10, oc, pt:pt + tw]
+                    d11 = D[11, oc, pt:pt + tw]
+                    d12 = D[12, oc, pt:pt + tw]
+                    d13 = D[13, oc, pt:pt + tw]
+                    d14 = D[14, oc, pt:pt + tw]
+                    d15 = D[15, oc, pt:pt + tw]
+                    for tx in range(tw):
+                        a0 = g0[2 * tx]                  # rows of A g: (a0, a1), (a0 + b0, a1 + b1),
+                        a1 = g0[2 * tx + 1]              # (a0 - b0, a1 - b1), (-b0, -b1)
+                        b0 = g1[2 * tx]
+                        b1 = g1[2 * tx + 1]
+                        e0, e1 = a0 + b0, a1 + b1
+                        q0, q1 = a0 - b0, a1 - b1
+                        # each row (u, v) -> (u, u + v, u - v, -v)
+                        d0[tx] = a0
+                        d1[tx] = a0 + a1
+                        d2[tx] = a0 - a1
+                        d3[tx] = -a1
+                        d4[tx] = e0
+                        d5[tx] = e0 + e1
+                        d6[tx] = e0 - e1
+                        d7[tx] = -e1
+                        d8[tx] = q0
+                        d9[tx] = q0 + q1
+                        d10[tx] = q0 - q1
+                        d11[tx] = -q1
+                        d12[tx] = -b0
+                        d13[tx] = -b0 - b1
+                        d14[tx] = b1 - b0
+                        d15[tx] = b1
 
 
 @nb.njit(**JIT)
-def wino_dw(Mw, dw4, c0, c1):
-    """dw4[o, c] (3x3) = G^T m G with m[xi] = sum over partials q in order of Mw[q, xi, c, o],
-    for c in [c0, c1) (Mw: (partials, 16, C, O), the weight gradient's transposed products).
+def wino_dw(Mw, dw4, o0, o1):
+    """dw4[o, c] (3x3) = G^T m G with m[xi] = sum over partials q in order of Mw[q, xi, o, c],
+    for o in [o0, o1) (Mw: (partials, 16, O, C), the weight gradient's products, rows o).
 
-    Per block of 16 input channels: G^T m G vectorized over the output channels o into a buffer
-    gb[c, tap, o] (in L2), then stored as each dw4[o]'s 16 * 9 contiguous floats. Storing the 9
-    taps of one (o, c) at a time (o innermost: 512 rows 18 KB apart) ran 2.8 ns a weight at 512 x
-    512 channels on the Emerald Rapids VM."""
+    Per output channel: the partial sums and G^T m G vectorized over the input channels, then
+    stored as dw4[o]'s C * 9 contiguous floats. (With the products transposed, (C, O), the 9 taps
+    of one (o, c) went 18 KB apart from the next o's: 2.8 ns a weight at 512 x 512 channels on the
+    Emerald Rapids VM.)"""
     Q = Mw.shape[0]
-    O = Mw.shape[3]
-    m = np.empty((16, O), Mw.dtype)
-    gb = np.empty((16, 9, _odd_pitch(O)), Mw.dtype)
+    C = Mw.shape[3]
+    m = np.empty((16, C), Mw.dtype)
+    gl = np.empty((9, C), Mw.dtype)
     half = Mw.dtype.type(0.5)
-    for cb in range(c0, c1, 16):
-        mc = min(16, c1 - cb)
-        for l in range(mc):
-            c = cb + l
-            for k in range(16):
-                mr = m[k]
-                src = Mw[0, k, c]
-                for o in range(O):
-                    mr[o] = src[o]
-                for q in range(1, Q):
-                    src = Mw[q, k, c]
-                    for o in range(O):
-                        mr[o] += src[o]
-            gl = gb[l]
-            for o in range(O):
-                # G^T m: rows k = 0, 1, 2 from rows a = 0..3 of m (per column b)
-                v0, v1, v2, v3 = m[0, o], m[4, o], m[8, o], m[12, o]
-                t00, t10, t20 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
-                v0, v1, v2, v3 = m[1, o], m[5, o], m[9, o], m[13, o]
-                t01, t11, t21 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
-                v0, v1, v2, v3 = m[2, o], m[6, o], m[10, o], m[14, o]
-                t02, t12, t22 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
-                v0, v1, v2, v3 = m[3, o], m[7, o], m[11, o], m[15, o]
-                t03, t13, t23 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
-                # (G^T m) G: each row (t0, t1, t2, t3) -> (t0 + (t1 + t2)/2, (t1 - t2)/2, (t1 + t2)/2 + t3)
-                gl[0, o] = t00 + half * (t01 + t02)
-                gl[1, o] = half * (t01 - t02)
-                gl[2, o] = half * (t01 + t02) + t03
-                gl[3, o] = t10 + half * (t11 + t12)
-                gl[4, o] = half * (t11 - t12)
-                gl[5, o] = half * (t11 + t12) + t13
-                gl[6, o] = t20 + half * (t21 + t22)
-                gl[7, o] = half * (t21 - t22)
-                gl[8, o] = half * (t21 + t22) + t23
-        for o in range(O):
-            for l in range(mc):
-                g = dw4[o, cb + l]
-                for r in range(3):
-                    for j in range(3):
-                        g[r, j] = gb[l, 3 * r + j, o]
+    for o in range(o0, o1):
+        for k in range(16):
+            mr = m[k]
+            src = Mw[0, k, o]
+            for c in range(C):
+                mr[c] = src[c]
+            for q in range(1, Q):
+                src = Mw[q, k, o]
+                for c in range(C):
+                    mr[c] += src[c]
+        for c in range(C):
+            # G^T m: rows k = 0, 1, 2 from rows a = 0..3 of m (per column b)
+            v0, v1, v2, v3 = m[0, c], m[4, c], m[8, c], m[12, c]
+            t00, t10, t20 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
+            v0, v1, v2, v3 = m[1, c], m[5, c], m[9, c], m[13, c]
+            t01, t11, t21 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
+            v0, v1, v2, v3 = m[2, c], m[6, c], m[10, c], m[14, c]
+            t02, t12, t22 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
+            v0, v1, v2, v3 = m[3, c], m[7, c], m[11, c], m[15, c]
+            t03, t13, t23 = v0 + half * (v1 + v2), half * (v1 - v2), half * (v1 + v2) + v3
+            # (G^T m) G: each row (t0, t1, t2, t3) -> (t0 + (t1 + t2)/2, (t1 - t2)/2, (t1 + t2)/2 + t3)
+            gl[0, c] = t00 + half * (t01 + t02)
+            gl[1, c] = half * (t01 - t02)
+            gl[2, c] = half * (t01 + t02) + t03
+            gl[3, c] = t10 + half * (t11 + t12)
+            gl[4, c] = half * (t11 - t12)
+            gl[5, c] = half * (t11 + t12) + t13
+            gl[6, c] = t20 + half * (t21 + t22)
+            gl[7, c] = half * (t21 - t22)
+            gl[8, c] = half * (t21 + t22) + t23
+        g = dw4[o]
+        for c in range(C):
+            for r in range(3):
+                for j in range(3):
+                    g[c, r, j] = gl[3 * r + j, c]
 
 
 # ============================================================================ tasks
@@ -595,3 +573,13 @@ def wino_gemms(fn, A, B, Cm, a0, m, kd, n, b0, beta, trans_b):
             nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :n, b0:b0 + kd], Cm[k, :m, :n], beta, True)
         else:
             nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :kd, b0:b0 + n], Cm[k, :m, :n], beta, False)
+
+
+@nb.njit(**JIT)
+def wino_gemms_mirrored(fn, U, B, Cm, a0, m, kd, n, b0):
+    """The input gradient's 16 GEMMs on the forward filters: Cm[xi, :m, :n] = Ud[xi, a0:a0 + m] @
+    B[xi, :kd, b0:b0 + n] with Ud[xi] = U[mirror(xi)]^T (the rotated, transposed filters) read as
+    U[mirror(xi), :kd, a0:a0 + m] with the GEMM's transposed-A flag: no Ud is built (building it
+    cost 2-3x U's transform: 5.8 ms a 512 x 512 layer)."""
+    for k in range(16):
+        nb_gemm(fn, U[_MIRROR[k], :kd, a0:a0 + m], B[k, :kd, b0:b0 + n], Cm[k, :m, :n], 0.0, False, True)

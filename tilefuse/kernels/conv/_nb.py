@@ -1188,6 +1188,49 @@ def at4s(typingctx, dst0, d0, dst1, d1, src, si, sstride, width):
 
 
 @intrinsic
+def ad4s(typingctx, dst, di, dstride, src, s0, s1, width):
+    """The Winograd weight gradient's transform of dy, A g A^T, for `width` (a literal: 4, 8 or 16) 2x2
+    tiles at once: a_j[l] = src[s0 + 2 l + j], b_j[l] = src[s1 + 2 l + j] (the tile's two rows, read as
+    vectors of 2 * width floats split into even and odd lanes); the 16 values (`train_winograd.wino_dy`'s
+    expressions and order: the same bits; negation as numba's, -0.0 - v) stored at dst[di + k * dstride],
+    k = 0..15. C-contiguous float32 arrays indexed flat."""
+    if not _lanes_ok((dst, src), (di, dstride, s0, s1), width):
+        return None
+    n = width.literal_value
+    sig = types.void(dst, di, dstride, src, s0, s1, width)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        a = signature.args
+        i32 = ir.IntType(32)
+        vty = ir.VectorType(ir.FloatType(), n)
+
+        def ptr(k, idx, lanes):
+            return _vec_ptr(context, builder, a[k], args[k], idx, lanes)
+        ev = ir.Constant(ir.VectorType(i32, n), [2 * l for l in range(n)])
+        od = ir.Constant(ir.VectorType(i32, n), [2 * l + 1 for l in range(n)])
+        rows = []
+        for j in (4, 5):
+            v = builder.load(ptr(3, context.cast(builder, args[j], a[j], types.int64), 2 * n), align=4)
+            rows.append((builder.shuffle_vector(v, v, ev), builder.shuffle_vector(v, v, od)))
+        (a0, a1), (b0, b1) = rows
+        fa, fs = builder.fadd, builder.fsub
+        neg = (lambda v: fs(ir.Constant(vty, [-0.0] * n), v))
+        e0, e1, q0, q1 = fa(a0, b0), fa(a1, b1), fs(a0, b0), fs(a1, b1)
+        nb0 = neg(b0)
+        out = (a0, fa(a0, a1), fs(a0, a1), neg(a1), e0, fa(e0, e1), fs(e0, e1), neg(e1),
+               q0, fa(q0, q1), fs(q0, q1), neg(q1), nb0, fs(nb0, b1), fs(b1, b0), b1)
+        d = context.cast(builder, args[1], a[1], types.int64)
+        st = context.cast(builder, args[2], a[2], types.int64)
+        for v in out:
+            builder.store(v, ptr(0, d, n), align=4)
+            d = builder.add(d, st)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def copy16(typingctx, dst, di, src, si):
     """dst[di:di + 16] = src[si:si + 16] as one 16-lane vector load and store; C-contiguous float32
     arrays indexed flat. The strided 1x1's gather (k1x1._strided_seq), whose 16-lane copy numba left
