@@ -13,14 +13,16 @@ and V = B^T d B, U = G g G^T (16 values each, xi = 4a + b):
 
     forward          M[xi] (O, P) = U[xi] (O, C) @ V[xi] (C, P),  y tile = A^T M A
     input gradient   the same with dy as input and Ud[xi = (a, b)] (C, O) = U[(s(a), s(b))]^T,
-                     s = (3, 1, 2, 0) (the 180-degree rotated, transposed filters)
+                     s = (3, 1, 2, 0) (the 180-degree rotated, transposed filters; U read
+                     transposed by the GEMM)
     weight gradient  F(3x3, 2x2) (its matrices are A' = G, G' = A, B' = B): Dy = A dy A^T for a
-                     2x2 tile of dy, Mw[xi] (C, O) = sum over tiles of V[xi] (C, P) @ Dy[xi]^T,
+                     2x2 tile of dy, Mw[xi]^T (O, C) = sum over tiles of Dy[xi] (O, P) @ V[xi]^T,
                      dW = G^T Mw G
 
 so every conv is 16 GEMMs with 16 multiplies per 2x2 outputs instead of 36 (2.25x fewer FLOPs).
 The GEMMs are OpenBLAS's cblas_sgemm called from inside numba (`blas.nb_gemm`), 16 per numba
-call. The (16, rows, patches) buffers get one spare row and a padded row pitch (`pitch`) so
+call. The transforms run on rows of tiles through the vector intrinsics of `conv/_nb.py`
+(`bt4v`, `bt4s`, `at4s`, `ad4s`). The (16, rows, patches) buffers get one spare row and a padded row pitch (`pitch`) so
 that the 16 xi planes a transform loop reads or writes at once do not start 4 KB apart (they
 would all fall into the same L1 sets: the dy transform of a 64-channel layer ran 6x slower). Tasks, partials and their fixed-order sums follow `train_conv.Plan`, so
 results are bitwise identical for every thread count. Transforms sum in float32 in a fixed
