@@ -240,22 +240,37 @@ def test_wino_input_planes_vector_rows(H, W):
     assert np.isnan(V).all()
 
 
-@pytest.mark.parametrize("H, W", [(1, 1), (2, 3), (3, 6), (3, 7), (6, 13), (9, 15), (4, 20), (16, 16), (17, 31),
-                                  (2, 45), (33, 40), (5, 64)])
-def test_wino_output_vector_rows(H, W):
-    """`wino_output` (A^T m A of 16, 8 or 4 tiles at once, the last chunk overlapping, stored
-    straight into y for even widths, cropped through a row buffer for odd ones) against float64,
-    for images [1, 3) and output rows at an offset; nothing else written."""
+_WIDTHS = [(1, 1), (2, 3), (3, 6), (3, 7), (6, 13), (9, 15), (4, 20), (16, 16), (17, 31), (2, 45), (33, 40),
+           (5, 64)]
+# small planes of tasks of >= 8 images: the images as the vector lanes, patches tile-major
+_LANES = [(4, 4, 20), (7, 7, 17), (5, 3, 18), (1, 1, 9), (8, 8, 40), (3, 6, 9)]
+
+
+def _image_major(a, images, T):
+    """The last axis of `a` (patches of `images` images in the `lanes` order, tile-major) image-major."""
+    lead = a.shape[:-1]
+    return a.reshape(*lead, T, images).swapaxes(-1, -2).reshape(*lead, images * T)
+
+
+@pytest.mark.parametrize("H, W, N", [(h, w, 3) for h, w in _WIDTHS] + _LANES)
+def test_wino_output_vector_rows(H, W, N):
+    """`wino_output` against float64 for images [1, N) and output rows at an offset; nothing else
+    written: A^T m A of 16, 8 or 4 tiles at once (the last chunk overlapping, stored straight into
+    y for even widths, cropped through a row buffer for odd ones), or of 16 images at once on small
+    planes of tasks of >= 8 images (M's patches tile-major, `lanes`)."""
     from tilefuse.kernels import train_winograd as wg
     rng = np.random.default_rng(H * 100 + W + 1)
-    rows, N, o0 = 3, 3, 2
+    rows, o0 = 3, 2
     th, tw = (H + 1) // 2, (W + 1) // 2
     T = th * tw
     M = rng.standard_normal((16, rows + 1, wg.pitch(rows, N * T))).astype(np.float32)
     y = np.full((o0 + rows + 1, N * H * W), np.nan, np.float32)
     wg.wino_output(M, rows, y, 1, N, o0, H, W)
     At = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
-    m = M[:, :rows, :(N - 1) * T].astype(np.float64).reshape(4, 4, rows, N - 1, th, tw)
+    m = M[:, :rows, :(N - 1) * T].astype(np.float64)
+    if wg.lanes(W, N - 1):
+        m = _image_major(m, N - 1, T)
+    m = m.reshape(4, 4, rows, N - 1, th, tw)
     t = np.einsum("ia,abrnyx,jb->rnyixj", At, m, At).reshape(rows, N - 1, 2 * th, 2 * tw)[:, :, :H, :W]
     got = y[o0:o0 + rows].reshape(rows, N, H, W)
     np.testing.assert_allclose(got[:, 1:], t, rtol=1e-5, atol=1e-5)
@@ -263,15 +278,15 @@ def test_wino_output_vector_rows(H, W):
     assert np.isnan(y).all()
 
 
-@pytest.mark.parametrize("H, W", [(1, 1), (2, 3), (3, 6), (3, 7), (6, 13), (9, 15), (4, 20), (16, 16), (17, 31),
-                                  (2, 45), (33, 40), (5, 64)])
-def test_wino_dy_vector_rows(H, W):
-    """`wino_dy` (A g A^T of 16, 8 or 4 tiles of dy at once, read from dy's rows for even widths,
-    from zero-padded copies for odd ones and the last row of odd heights) against float64, for
-    images [1, 3) and channels [1, 3) at a row / patch offset; nothing else written."""
+@pytest.mark.parametrize("H, W, N", [(h, w, 3) for h, w in _WIDTHS] + _LANES)
+def test_wino_dy_vector_rows(H, W, N):
+    """`wino_dy` against float64 for images [1, N) and channels [1, 3) at a row / patch offset;
+    nothing else written: A g A^T of 16, 8 or 4 tiles of dy at once (read from dy's rows for even
+    widths, from zero-padded copies for odd ones and the last row of odd heights), or of 16 images
+    at once on small planes of tasks of >= 8 images (D's patches tile-major, `lanes`)."""
     from tilefuse.kernels import train_winograd as wg
     rng = np.random.default_rng(H * 100 + W + 2)
-    O, N, dr0, p0 = 4, 3, 2, 5
+    O, dr0, p0 = 4, 2, 5
     th, tw = (H + 1) // 2, (W + 1) // 2
     T = th * tw
     dy = rng.standard_normal((O, N * H * W)).astype(np.float32)
@@ -283,7 +298,7 @@ def test_wino_dy_vector_rows(H, W):
     g = g.reshape(2, N - 1, th, 2, tw, 2)
     ref = np.einsum("ai,onyixj,bj->abonyx", A, g, A).reshape(16, 2, (N - 1) * T)
     got = D[:, dr0:dr0 + 2, p0:p0 + (N - 1) * T]
-    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(_image_major(got, N - 1, T) if wg.lanes(W, N - 1) else got, ref, rtol=1e-6, atol=1e-6)
     got[:] = np.nan
     assert np.isnan(D).all()
 
@@ -312,8 +327,10 @@ def test_wino_input_image_lanes_equal_planes(H, W, N):
             f(x2, a if affine else d1, b if affine else d1, s2 if skind else d2, a2 if skind == 2 else d1,
               b2 if skind == 2 else d1, r2, V, vr0, p0, 0, N, c0, c1, H, W, affine, skind, relu, write_r)
             out[name] = (V, r2.copy())
-        for name in ("lanes", "entry"):
-            np.testing.assert_array_equal(out[name][0], out["planes"][0], err_msg=f"{name} V {affine, skind}")
+        for name in ("lanes", "entry"):      # the same bits, the patches tile-major
+            got = out[name][0].copy()
+            got[:, :, p0:p0 + N * T] = _image_major(got[:, :, p0:p0 + N * T], N, T)
+            np.testing.assert_array_equal(got, out["planes"][0], err_msg=f"{name} V {affine, skind}")
             np.testing.assert_array_equal(out[name][1], out["planes"][1], err_msg=f"{name} r {affine, skind}")
         # float64 reference of the written block; everything else untouched (NaN)
         t = x2.astype(np.float64)
@@ -326,7 +343,7 @@ def test_wino_input_image_lanes_equal_planes(H, W, N):
         if relu:
             t = np.maximum(t, 0)
         ref = _wino_v_reference(t[c0:c1].reshape(c1 - c0, N, H, W), H, W)
-        V = out["lanes"][0]
+        V = out["planes"][0]
         got = V[:, vr0:vr0 + c1 - c0, p0:p0 + N * T]
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
         assert np.isnan(V[:, :vr0]).all() and np.isnan(V[:, vr0 + c1 - c0:]).all()

@@ -146,12 +146,21 @@ LANES_MAX_W = 8
 LANES_MIN_IMAGES = 8
 
 
+@nb.njit(inline="always", **JIT)
+def lanes(W, images):
+    """Do the transforms of a task of `images` images of width W run with the images as the vector
+    lanes? Then its patches are ordered tile-major, p = tile * images + image, in V, M and D alike
+    (every transform of the task's image range agrees, and the GEMMs do not care about the order of
+    their columns); else image-major, p = image * tiles + tile."""
+    return W <= LANES_MAX_W and images >= LANES_MIN_IMAGES
+
+
 @nb.njit(**JIT)
 def wino_input(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind, relu,
                write_r):
     """V[xi, vr0 + c - c0, p0 + p] = (B^T d B)[xi] of the transformed input t(x)
-    (train_conv._transform) for the patches p of images [n0, n1) (p = (n - n0)*th*tw + ty*tw
-    + tx), channels [c0, c1).
+    (train_conv._transform) for the patches p of images [n0, n1), channels [c0, c1): p =
+    (n - n0)*th*tw + ty*tw + tx, or in the `lanes` order (n - n0) + (ty*tw + tx)*(n1 - n0).
 
     x2, s2, r2: (C, N*H*W) rows; with write_r also r2 = t(x) (pattern 4's stored C2 input);
     V: a contiguous (16, rows, pitch) buffer, written through unsigned flat offsets (no
@@ -160,8 +169,8 @@ def wino_input(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affin
     Small planes (W <= LANES_MAX_W) of tasks with >= LANES_MIN_IMAGES images run
     `_wino_input_lanes` (the images as vector lanes), the others `_wino_input_planes` (one plane
     at a time, vectors along its rows). Both compute every value with the same operations in the
-    same order: the same bits."""
-    if W <= LANES_MAX_W and n1 - n0 >= LANES_MIN_IMAGES:
+    same order: the same bits, in their patch orders."""
+    if lanes(W, n1 - n0):
         _wino_input_lanes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind,
                           relu, write_r)
     else:
@@ -180,8 +189,8 @@ def _wino_input_lanes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W
     short rows). Per channel: t(x) of all the task's images in one pass (tmp), then per group of
     LN images: the padded planes transposed to pbn (rows, cols, LN images), each tile's 16 values
     computed for the LN images at once into Z (tiles, 16 xi, LN) (constant offsets: LLVM
-    vectorizes the image loop), and Z transposed into V's rows (patch p = image * T + tile,
-    contiguous per xi)."""
+    vectorizes the image loop), and Z stored into V's rows in the lanes order (patch p = tile *
+    images + image: `lanes`), each (xi, tile) a contiguous run of the group's images."""
     th = (H + 1) // 2
     tw = (W + 1) // 2
     HW = H * W
@@ -251,14 +260,14 @@ def _wino_input_lanes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W
                         zf[w + np.uint64(13 * LN)] = e31 + e32
                         zf[w + np.uint64(14 * LN)] = e32 - e31
                         zf[w + np.uint64(15 * LN)] = e31 - e33
-            uT = np.uint64(T)
-            for k in range(16):                      # Z[:, xi, :m] -> V row (images, tiles)
-                vk = base + np.uint64(k) * S + np.uint64(m0 * T)
+            uN = np.uint64(nn)
+            for k in range(16):                      # Z[:, xi, :m] -> V row: patch t * nn + image
+                vk = base + np.uint64(k) * S + np.uint64(m0)
                 for t in range(T):
                     zt = Z[t, k]
-                    vt = vk + np.uint64(t)
+                    vt = vk + np.uint64(t) * uN
                     for n in range(m):
-                        Vf[vt + np.uint64(n) * uT] = zt[n]
+                        Vf[vt + np.uint64(n)] = zt[n]
 
 
 @nb.njit(**JIT)
@@ -343,9 +352,76 @@ def _wino_input_planes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, 
 
 
 @nb.njit(**JIT)
+def _wino_output_lanes(M, rows, y2, n0, n1, o0, H, W):
+    """`wino_output` for the `lanes` patch order (p = tile * images + image): per output row and
+    group of LN images, each tile's A^T m A for the LN images at once (contiguous loads of M, the
+    scalar loop's operations in its order: the same bits) into Y (the LN output planes padded to
+    even sizes, the images innermost), then each image's H x W crop stored. On 7x7 planes a row of 4 tiles one plane at a time cost ~730
+    cycles a plane (loop set-up, the odd width's row buffer)."""
+    th = (H + 1) // 2
+    tw = (W + 1) // 2
+    HW = H * W
+    T = th * tw
+    nn = n1 - n0
+    ld = M.shape[2]
+    S = np.uint64(M.shape[1] * ld)
+    Mf = M.reshape(M.size)
+    W2 = 2 * tw
+    Y = np.empty((2 * th, W2, LN), M.dtype)          # the group's output planes, padded to even
+    yf = Y.reshape(Y.size)
+    L1 = np.uint64(LN)
+    R1 = np.uint64(W2 * LN)                          # the next output row in Y
+    for o in range(rows):
+        yr = y2[o0 + o]
+        for m0 in range(0, nn, LN):
+            m = min(LN, nn - m0)                     # images in this group (lanes >= m: not stored)
+            for t in range(T):
+                # lanes >= m read the next patches, or past them the spare row of M: not stored
+                q = np.uint64(o * ld + t * nn + m0)
+                ty = t // tw
+                z = np.uint64((2 * ty * W2 + 2 * (t - ty * tw)) * LN)   # Y[2ty, 2tx, 0]
+                for n in range(LN):
+                    u = q + np.uint64(n)
+                    m_0, m_1, m_2, m_3 = Mf[u], Mf[u + S], Mf[u + 2 * S], Mf[u + 3 * S]
+                    m_4, m_5, m_6, m_7 = Mf[u + 4 * S], Mf[u + 5 * S], Mf[u + 6 * S], Mf[u + 7 * S]
+                    m_8, m_9, m_10, m_11 = Mf[u + 8 * S], Mf[u + 9 * S], Mf[u + 10 * S], Mf[u + 11 * S]
+                    m_12, m_13, m_14, m_15 = Mf[u + 12 * S], Mf[u + 13 * S], Mf[u + 14 * S], Mf[u + 15 * S]
+                    s00 = m_0 + m_4 + m_8
+                    s01 = m_1 + m_5 + m_9
+                    s02 = m_2 + m_6 + m_10
+                    s03 = m_3 + m_7 + m_11
+                    s10 = m_4 - m_8 - m_12
+                    s11 = m_5 - m_9 - m_13
+                    s12 = m_6 - m_10 - m_14
+                    s13 = m_7 - m_11 - m_15
+                    w = z + np.uint64(n)
+                    yf[w] = s00 + s01 + s02
+                    yf[w + L1] = s01 - s02 - s03
+                    yf[w + R1] = s10 + s11 + s12
+                    yf[w + R1 + L1] = s11 - s12 - s13
+            for n in range(m):                       # the images' H x W crops
+                yb = (n0 + m0 + n) * HW
+                for i in range(H):
+                    yi = Y[i]
+                    r = yb + i * W
+                    for j in range(W):
+                        yr[r + j] = yi[j, n]
+
+
+@nb.njit(**JIT)
 def wino_output(M, rows, y2, n0, n1, o0, H, W):
     """y2[o0 + o, image n, 2x2 tile p] = A^T M[:, o, p] A, cropped to H x W, for the rows
-    o < rows of M (16, >= rows, >= patches) and images [n0, n1).
+    o < rows of M (16, >= rows + 1, >= patches) and images [n0, n1), patches in the `lanes` order
+    where that holds (`_wino_output_lanes`), else `_wino_output_planes`."""
+    if lanes(W, n1 - n0):
+        _wino_output_lanes(M, rows, y2, n0, n1, o0, H, W)
+    else:
+        _wino_output_planes(M, rows, y2, n0, n1, o0, H, W)
+
+
+@nb.njit(**JIT)
+def _wino_output_planes(M, rows, y2, n0, n1, o0, H, W):
+    """`wino_output` one plane at a time (patch p = image * tiles + tile).
 
     A row of tiles 16, 8 or 4 at a time (`_nb.at4s`, the last chunk overlapping the one before),
     stored straight into y's two rows when W is even, else through a row buffer (cropped). numba
@@ -416,9 +492,89 @@ def wino_output(M, rows, y2, n0, n1, o0, H, W):
 
 
 @nb.njit(**JIT)
+def _wino_dy_lanes(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
+    """`wino_dy` for the `lanes` patch order (p = tile * images + image): per channel and group of
+    LN images, the planes transposed to gbn (rows, cols, LN images; zero past H x W), each tile's 16
+    values for the LN images at once (the scalar loop's operations in its order: the same bits)
+    into Z (tiles, 16, LN), stored as contiguous runs of D's rows."""
+    th = (H + 1) // 2
+    tw = (W + 1) // 2
+    HW = H * W
+    T = th * tw
+    nn = n1 - n0
+    gbn = np.zeros((2 * th, 2 * tw, LN), D.dtype)
+    Z = np.empty((T, 16, LN), D.dtype)
+    gf = gbn.reshape(gbn.size)
+    zf = Z.reshape(Z.size)
+    L1 = np.uint64(LN)
+    g1 = np.uint64(2 * tw * LN)                      # the next row in gbn
+    ld = D.shape[2]
+    S = np.uint64(D.shape[1] * ld)
+    Df = D.reshape(D.size)
+    uN = np.uint64(nn)
+    for o in range(o0, o1):
+        dro = dy2[o]
+        base = np.uint64((dr0 + o - o0) * ld + p0)
+        for m0 in range(0, nn, LN):
+            m = min(LN, nn - m0)                     # images in this group (lanes >= m: not stored)
+            src = dro[(n0 + m0) * HW:(n0 + m0 + m) * HW]
+            for i in range(H):
+                for j in range(W):
+                    dst = gbn[i, j]
+                    q = i * W + j
+                    for n in range(m):
+                        dst[n] = src[q + n * HW]
+            for ty in range(th):
+                for tx in range(tw):
+                    u0 = np.uint64((2 * ty * 2 * tw + 2 * tx) * LN)
+                    z = np.uint64((ty * tw + tx) * 16 * LN)
+                    for n in range(LN):
+                        u = u0 + np.uint64(n)
+                        a0, a1 = gf[u], gf[u + L1]           # rows of A g: (a0, a1), (a0 + b0, a1 + b1),
+                        b0, b1 = gf[u + g1], gf[u + g1 + L1]  # (a0 - b0, a1 - b1), (-b0, -b1)
+                        e0, e1 = a0 + b0, a1 + b1
+                        q0, q1 = a0 - b0, a1 - b1
+                        # each row (u, v) -> (u, u + v, u - v, -v)
+                        w = z + np.uint64(n)
+                        zf[w] = a0
+                        zf[w + L1] = a0 + a1
+                        zf[w + np.uint64(2 * LN)] = a0 - a1
+                        zf[w + np.uint64(3 * LN)] = -a1
+                        zf[w + np.uint64(4 * LN)] = e0
+                        zf[w + np.uint64(5 * LN)] = e0 + e1
+                        zf[w + np.uint64(6 * LN)] = e0 - e1
+                        zf[w + np.uint64(7 * LN)] = -e1
+                        zf[w + np.uint64(8 * LN)] = q0
+                        zf[w + np.uint64(9 * LN)] = q0 + q1
+                        zf[w + np.uint64(10 * LN)] = q0 - q1
+                        zf[w + np.uint64(11 * LN)] = -q1
+                        zf[w + np.uint64(12 * LN)] = -b0
+                        zf[w + np.uint64(13 * LN)] = -b0 - b1
+                        zf[w + np.uint64(14 * LN)] = b1 - b0
+                        zf[w + np.uint64(15 * LN)] = b1
+            for k in range(16):
+                vk = base + np.uint64(k) * S + np.uint64(m0)
+                for t in range(T):
+                    zt = Z[t, k]
+                    vt = vk + np.uint64(t) * uN
+                    for n in range(m):
+                        Df[vt + np.uint64(n)] = zt[n]
+
+
+@nb.njit(**JIT)
 def wino_dy(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
     """D[xi, dr0 + o - o0, p0 + p] = (A g A^T)[xi] for the 2x2 tiles g of dy (zero beyond
-    H x W), A = [[1, 0], [1, 1], [1, -1], [0, -1]], images [n0, n1), channels [o0, o1).
+    H x W), A = [[1, 0], [1, 1], [1, -1], [0, -1]], images [n0, n1), channels [o0, o1); patches
+    in the `lanes` order where that holds (`_wino_dy_lanes`), else `_wino_dy_planes`."""
+    if lanes(W, n1 - n0):
+        _wino_dy_lanes(dy2, D, dr0, p0, n0, n1, o0, o1, H, W)
+    else:
+        _wino_dy_planes(dy2, D, dr0, p0, n0, n1, o0, o1, H, W)
+
+
+@nb.njit(**JIT)
+def _wino_dy_planes(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
+    """`wino_dy` one plane at a time (patch p = image * tiles + tile).
 
     A row of tiles 16, 8 or 4 at a time (`_nb.ad4s`, the last chunk overlapping), read straight
     from dy's two rows when W is even, else from zero-padded copies; rows of under 4 tiles
