@@ -191,9 +191,10 @@ class KernelTimer:
 
     ROLES = {
         "gemm": None, "wino_gemms": None,                   # split by caller below
+        "wino_gemms_mirrored": "GEMM input gradient",
         "wino_input": "Winograd transforms", "wino_output": "Winograd transforms",
         "wino_dy": "Winograd transforms", "wino_dw": "Winograd transforms",
-        "wino_weights": "Winograd transforms", "wino_weights_mirrored": "Winograd transforms",
+        "wino_weights": "Winograd transforms",
         "_cols_shift": "im2col / col2im (+ input stage)", "_cols_gather": "im2col / col2im (+ input stage)",
         "_col2im_post": "im2col / col2im (+ input stage)", "_mirror_rows": "im2col / col2im (+ input stage)",
         "_pre_rows": "pre/post-processing, epilogue", "_post_rows": "pre/post-processing, epilogue",
