@@ -147,6 +147,35 @@ def test_conv_paths_match_torch_and_threads(geom, blocks, prekind, winograd, mon
                 assert np.array_equal(a, b_), (geom, n)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_stride2_cols_equal_the_gather(seed):
+    """`_cols_s2` (the im2col of convs of stride 2 along W: even columns of a zero-padded plane, 16, 8 or 4
+    at a time, the last chunk overlapping) writes exactly the gather's cols (`_cols_gather`, the index
+    table), for random kernels, row strides and dilations, paddings and widths (1-80 output columns),
+    with a BN + ReLU input stage, on a channel and image sub-range."""
+    rng = np.random.default_rng(seed)
+    for _ in range(8):
+        kh, kw = int(rng.integers(1, 8)), int(rng.integers(1, 8))
+        sh, dh = int(rng.integers(1, 4)), int(rng.integers(1, 3))
+        pt, pb, pl, pr = (int(v) for v in rng.integers(0, 4, 4))
+        H, W = int(rng.integers(max(1, (kh - 1) * dh + 1 - pt - pb), 40)), int(rng.integers(max(1, kw - pl - pr), 160))
+        N, C = 4, 5
+        g = tc.ConvGeom((N, C, H, W), (3, C, kh, kw), (sh, 2), (pt, pb, pl, pr), (dh, 1), 1)
+        x2 = rng.standard_normal((C, N * H * W)).astype(np.float32)
+        a, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+        d2 = np.zeros((1, 1), np.float32)
+        outs = []
+        for f in ("s2", "gather"):
+            cols = np.full((3 * kh * kw, 2 * g.ho * g.wo), np.nan, np.float32)
+            args = (x2, a, b, d2, a, b, d2, cols, 1, 3, 1, 4)
+            if f == "s2":
+                tc._cols_s2(*args, H, W, kh, kw, sh, pt, pl, dh, g.ho, g.wo, True, 0, True, False)
+            else:
+                tc._cols_gather(*args, H * W, tc._gather_table(g.key), True, 0, True, False)
+            outs.append(cols)
+        np.testing.assert_array_equal(outs[0], outs[1], err_msg=str(g.key))
+
+
 def test_tasks_run_on_several_threads(monkeypatch):
     """The split really hands tasks to pool threads (a sequential loop would pass the bitwise
     checks above), and ResNet18's layers with 28x28 or larger outputs at batch 32 have >= 16

@@ -1231,6 +1231,32 @@ def ad4s(typingctx, dst, di, dstride, src, s0, s1, width):
 
 
 @intrinsic
+def ev2(typingctx, dst, di, src, si, width):
+    """dst[di + l] = src[si + 2 l] for l < `width` (a literal: 4, 8 or 16): 2 * width floats read from
+    src[si] (one past the last value used: the caller leaves it readable) and their even lanes stored.
+    dst: a float32 array with unit stride (a row of a 2-D array of any row pitch), src C-contiguous;
+    both indexed flat. The stride-2 im2col of the training convs (`train_conv._cols_s2`)."""
+    if not (isinstance(dst, types.Array) and dst.dtype == types.float32 and dst.ndim == 1
+            and _lanes_ok((src,), (di, si), width)):
+        return None
+    n = width.literal_value
+    sig = types.void(dst, di, src, si, width)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        a = signature.args
+        i32 = ir.IntType(32)
+        s0 = context.cast(builder, args[3], a[3], types.int64)
+        v = builder.load(_vec_ptr(context, builder, a[2], args[2], s0, 2 * n), align=4)
+        ev = ir.Constant(ir.VectorType(i32, n), [2 * l for l in range(n)])
+        d0 = context.cast(builder, args[1], a[1], types.int64)
+        builder.store(builder.shuffle_vector(v, v, ev), _vec_ptr(context, builder, a[0], args[0], d0, n), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def copy16(typingctx, dst, di, src, si):
     """dst[di:di + 16] = src[si:si + 16] as one 16-lane vector load and store; C-contiguous float32
     arrays indexed flat. The strided 1x1's gather (k1x1._strided_seq), whose 16-lane copy numba left
