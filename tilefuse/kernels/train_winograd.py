@@ -351,6 +351,26 @@ def _wino_input_planes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, 
                             Vf[q0 + 3 * S + t] = e1 - e3
 
 
+@nb.njit(inline="always", **JIT)
+def _output_tile(Mf, u, S):
+    """A^T m A of one 2x2 output tile, m_k = Mf[u + k S] (k = 0..15, the xi planes): (y00, y01, y10, y11),
+    summed left to right (`_nb.at4s`'s lanes compute the same)."""
+    m0, m1, m2, m3 = Mf[u], Mf[u + S], Mf[u + 2 * S], Mf[u + 3 * S]
+    m4, m5, m6, m7 = Mf[u + 4 * S], Mf[u + 5 * S], Mf[u + 6 * S], Mf[u + 7 * S]
+    m8, m9, m10, m11 = Mf[u + 8 * S], Mf[u + 9 * S], Mf[u + 10 * S], Mf[u + 11 * S]
+    m12, m13, m14, m15 = Mf[u + 12 * S], Mf[u + 13 * S], Mf[u + 14 * S], Mf[u + 15 * S]
+    # A^T m: rows (m[0] + m[1] + m[2]) and (m[1] - m[2] - m[3]) per column b
+    s00 = m0 + m4 + m8
+    s01 = m1 + m5 + m9
+    s02 = m2 + m6 + m10
+    s03 = m3 + m7 + m11
+    s10 = m4 - m8 - m12
+    s11 = m5 - m9 - m13
+    s12 = m6 - m10 - m14
+    s13 = m7 - m11 - m15
+    return s00 + s01 + s02, s01 - s02 - s03, s10 + s11 + s12, s11 - s12 - s13
+
+
 @nb.njit(**JIT)
 def _wino_output_lanes(M, rows, y2, n0, n1, o0, H, W):
     """`wino_output` for the `lanes` patch order (p = tile * images + image): per output row and
@@ -381,24 +401,12 @@ def _wino_output_lanes(M, rows, y2, n0, n1, o0, H, W):
                 ty = t // tw
                 z = np.uint64((2 * ty * W2 + 2 * (t - ty * tw)) * LN)   # Y[2ty, 2tx, 0]
                 for n in range(LN):
-                    u = q + np.uint64(n)
-                    m_0, m_1, m_2, m_3 = Mf[u], Mf[u + S], Mf[u + 2 * S], Mf[u + 3 * S]
-                    m_4, m_5, m_6, m_7 = Mf[u + 4 * S], Mf[u + 5 * S], Mf[u + 6 * S], Mf[u + 7 * S]
-                    m_8, m_9, m_10, m_11 = Mf[u + 8 * S], Mf[u + 9 * S], Mf[u + 10 * S], Mf[u + 11 * S]
-                    m_12, m_13, m_14, m_15 = Mf[u + 12 * S], Mf[u + 13 * S], Mf[u + 14 * S], Mf[u + 15 * S]
-                    s00 = m_0 + m_4 + m_8
-                    s01 = m_1 + m_5 + m_9
-                    s02 = m_2 + m_6 + m_10
-                    s03 = m_3 + m_7 + m_11
-                    s10 = m_4 - m_8 - m_12
-                    s11 = m_5 - m_9 - m_13
-                    s12 = m_6 - m_10 - m_14
-                    s13 = m_7 - m_11 - m_15
+                    y00, y01, y10, y11 = _output_tile(Mf, q + np.uint64(n), S)
                     w = z + np.uint64(n)
-                    yf[w] = s00 + s01 + s02
-                    yf[w + L1] = s01 - s02 - s03
-                    yf[w + R1] = s10 + s11 + s12
-                    yf[w + R1 + L1] = s11 - s12 - s13
+                    yf[w] = y00
+                    yf[w + L1] = y01
+                    yf[w + R1] = y10
+                    yf[w + R1 + L1] = y11
             for n in range(m):                       # the images' H x W crops
                 yb = (n0 + m0 + n) * HW
                 for i in range(H):
@@ -464,23 +472,11 @@ def _wino_output_planes(M, rows, y2, n0, n1, o0, H, W):
                         at4s(r0, i0 + 2 * t, r1, i1 + 2 * t, Mf, pt + t, S, 4)
                 else:
                     for tx in range(tw):
-                        q = pt + tx
-                        m0, m1, m2, m3 = Mf[q], Mf[q + S], Mf[q + 2 * S], Mf[q + 3 * S]
-                        m4, m5, m6, m7 = Mf[q + 4 * S], Mf[q + 5 * S], Mf[q + 6 * S], Mf[q + 7 * S]
-                        m8, m9, m10, m11 = Mf[q + 8 * S], Mf[q + 9 * S], Mf[q + 10 * S], Mf[q + 11 * S]
-                        m12, m13, m14, m15 = Mf[q + 12 * S], Mf[q + 13 * S], Mf[q + 14 * S], Mf[q + 15 * S]
-                        s00 = m0 + m4 + m8
-                        s01 = m1 + m5 + m9
-                        s02 = m2 + m6 + m10
-                        s03 = m3 + m7 + m11
-                        s10 = m4 - m8 - m12
-                        s11 = m5 - m9 - m13
-                        s12 = m6 - m10 - m14
-                        s13 = m7 - m11 - m15
-                        r0[i0 + 2 * tx] = s00 + s01 + s02
-                        r0[i0 + 2 * tx + 1] = s01 - s02 - s03
-                        r1[i1 + 2 * tx] = s10 + s11 + s12
-                        r1[i1 + 2 * tx + 1] = s11 - s12 - s13
+                        y00, y01, y10, y11 = _output_tile(Mf, pt + tx, S)
+                        r0[i0 + 2 * tx] = y00
+                        r0[i0 + 2 * tx + 1] = y01
+                        r1[i1 + 2 * tx] = y10
+                        r1[i1 + 2 * tx + 1] = y11
                 if not even:
                     y0 = yr[n * HW + 2 * ty * W:n * HW + (2 * ty + 1) * W]
                     for j in range(W):
