@@ -29,8 +29,9 @@ element). Other convs gather through a (taps, positions) index table into one tr
 plane with a zero slot for padding (`_cols_gather`).
 
 Partitioning (the same for every thread count). Every conv call runs a task grid that depends
-only on the layer's shape, planned for up to `TASKS` threads (`Plan`): column tiles (image
-ranges, or column ranges for 1x1 stride-1 convs) of about `COLS_BYTES` of operand, split further
+only on the layer's shape, planned for up to `TASKS` threads (`Plan`): column tiles (a power-of-
+two count of image ranges, or column ranges for 1x1 stride-1 convs) of about `COLS_BYTES` of
+operand, split further
 into output-channel blocks (forward) or input-channel blocks (input gradient) when a layer has
 fewer tiles than `TASKS`, and weight-gradient tasks (input-channel block x a fixed group of
 tiles, each group accumulating its tiles in order into its own partial dW, the partials summed
@@ -56,7 +57,7 @@ from .blas import SGEMM, gemm
 from .cnhw import _D64, JIT, JITR, _o, _valid, dummies, to_cnhw, to_nchw, transform_rows
 from .conv._nb import ev2
 from .reference import conv_out_size
-from .threads import scratch, split
+from .threads import nthreads, scratch, split
 
 # ============================================================================ task grid
 
@@ -486,6 +487,15 @@ def _ranges(n, parts, align=1):
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
+def _parts() -> int:
+    """Pieces of a split whose pieces' results do not depend on where it is cut (transforms
+    and sums per channel row): two per thread of the step, one on one thread. Each piece is a
+    Python task; 32 of ~5 us each took 0.2-0.4 ms on 2 threads, the workers waiting for the
+    GIL between them."""
+    t = nthreads()
+    return 1 if t == 1 else 2 * t
+
+
 def _blocks(rows, groups, ntiles, min_rows=MIN_BLOCK):
     """(group, lo, hi) row blocks of each group's `rows` rows: one per group when the layer has
     TASKS tiles, else enough for about TASKS tasks (blocks of >= min_rows, multiples of 16)."""
@@ -526,7 +536,10 @@ class Plan:
         else:
             nb_ = max(1, min(g.N, round(m / max(unit, 1))))
             self.unit = hw
-            self.tiles = _ranges(g.N, -(-g.N // nb_))
+            # a power-of-two tile count: equal tiles that any power-of-two thread count shares
+            # evenly (32 images in 7 tiles of 5 left one thread idle for the last tile's time)
+            count = -(-g.N // nb_)
+            self.tiles = _ranges(g.N, min(g.N, 1 << (count - 1).bit_length()))
         nt = len(self.tiles)
         self.max_units = max(hi - lo for lo, hi in self.tiles)
         self.oblocks = _blocks(og, g.groups, nt)
@@ -686,7 +699,7 @@ def _shared_cols(x, g: ConvGeom, p: Plan, pre: Pre, rows):
     kr = rows // g.C                              # cols rows per input channel
     mc = max(hi - lo for lo, hi in (p.cols(i) for i in range(len(p.tiles))))
     out = scratch("cols_all", (len(p.tiles), rows, mc), x.dtype)
-    cr = _ranges(g.C, max(1, -(-2 * TASKS // len(p.tiles))))
+    cr = _ranges(g.C, max(1, -(-_parts() // len(p.tiles))))
     tasks = [(i, c) for i in range(len(p.tiles)) for c in cr]
 
     def task(k, tid):
@@ -777,7 +790,7 @@ def _mirror_weights(w, g: ConvGeom):
     og, Cg = g.O // g.groups, g.C // g.groups
     w4 = w.reshape(g.groups, og, Cg, g.kk)
     out = scratch("wd", (g.C, og * g.kk), w.dtype)
-    rs = _ranges(g.C, min(g.C, 2 * TASKS))
+    rs = _ranges(g.C, _parts())
     split(len(rs), lambda k, tid: _mirror_rows(w4, out, rs[k][0], rs[k][1]))
     return out
 
@@ -787,7 +800,7 @@ def _wino_weights(w, g: ConvGeom):
     pass's, and the input gradient's read transposed (`train_winograd.wino_gemms_mirrored`)."""
     w2 = w.reshape(g.O, g.C * 9)                  # (O, C*3*3) rows
     out = scratch("wu", (16, g.O, g.C), w.dtype)
-    rs = _ranges(g.O, min(g.O, 2 * TASKS))
+    rs = _ranges(g.O, _parts())
     split(len(rs), lambda k, tid: wg.wino_weights(w2, out, *rs[k]))
     return out
 
@@ -816,7 +829,7 @@ def _wino_shared_input(x, g: ConvGeom, p: Plan, pre: Pre, T, name="wv_all"):
     (tile, channel range) (phase 1 of a layer whose tiles several tasks read)."""
     C = x.shape[0]
     out = _wbuf(name, C, g.N * T, x.dtype)
-    cr = _ranges(C, max(1, -(-2 * TASKS // len(p.tiles))))
+    cr = _ranges(C, max(1, -(-_parts() // len(p.tiles))))
     tasks = [(i, c) for i in range(len(p.tiles)) for c in cr]
 
     def task(k, tid):
@@ -855,7 +868,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
         dz, xb, f1, bb, cc = dy_pre
         dy2 = scratch("dy", (g.O, M), x.dtype)
         dz2, xb2 = dz.reshape(g.O, M), xb.reshape(g.O, M)
-        rs = _ranges(g.O, min(g.O, 2 * TASKS))
+        rs = _ranges(g.O, _parts())
         split(len(rs), lambda k, tid: _bwd_pre(dz2[rs[k][0]:rs[k][1]], xb2[rs[k][0]:rs[k][1]],
                                                f1[rs[k][0]:rs[k][1]], bb[rs[k][0]:rs[k][1]],
                                                cc[rs[k][0]:rs[k][1]], dy2[rs[k][0]:rs[k][1]]))
@@ -886,7 +899,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
         dall = _wbuf("wdy_all", g.O, g.N * T, x.dtype) if len(p.kblocks) > 1 else None
         vdall = (_wbuf("wvd_all", g.O, g.N * T, x.dtype)
                  if need_dx and len(p.cblocks) > 1 else None)
-        ors = _ranges(g.O, max(1, -(-2 * TASKS // nt)))
+        ors = _ranges(g.O, max(1, -(-_parts() // nt)))
         ptasks = ([("d", a, b, o) for c in p.dw_chunks for a, b in c for o in ors]
                   if dall is not None else [])
         ptasks += ([("v", a, b, o) for a, b in p.tiles for o in ors] if vdall is not None else [])
@@ -998,11 +1011,11 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     dw = np.empty(w.shape, w.dtype)
     if wino:
         dw4 = dw.reshape(g.O, g.C, 3, 3)
-        rs = _ranges(g.O, min(g.O, TASKS))
+        rs = _ranges(g.O, _parts())
         split(len(rs), lambda k, tid: wg.wino_dw(dwp, dw4, *rs[k]))
     else:
         dw3 = dw.reshape(g.groups, og, K)
-        rs = _ranges(K, TASKS, 16)
+        rs = _ranges(K, _parts(), 16)
         split(g.groups * len(rs), lambda k, tid: _sum_transpose(dwp, dw3, k // len(rs),
                                                                 *rs[k % len(rs)]))
     db = None
