@@ -207,6 +207,24 @@ def test_tasks_run_on_several_threads(monkeypatch):
         assert len(pl.tiles) * len(pl.oblocks) >= 16, op.name
 
 
+@pytest.mark.parametrize("N", [5, 7, 20, 32, 50, 64])
+def test_image_tiles_are_even_and_a_power_of_two(N):
+    """Image-range tiles split any batch into a power-of-two count (or N, one image each) of tiles whose sizes
+    differ by at most one, covering every image once: 32 images in 7 tiles of 5 (5 x 6 + 2) left
+    one of two threads idle for the last tile."""
+    for C, H, O, k, s, p in [(64, 28, 64, 3, 1, 1), (128, 14, 128, 3, 1, 1), (128, 14, 256, 3, 2, 1),
+                             (128, 14, 256, 1, 2, 0), (256, 7, 256, 3, 1, 1), (3, 112, 64, 7, 2, 3)]:
+        g = tc.ConvGeom((N, C, H, H), (O, C, k, k), (s, s), (p, p, p, p), (1, 1), 1)
+        for wino in (False, True) if k == 3 and s == 1 else (False,):
+            tiles = tc.plan(g.key, 4, wino).tiles
+            n = len(tiles)
+            assert (n & (n - 1) == 0 and n <= N) or n == N, (g.key, tiles)
+            assert [t[0] for t in tiles[1:]] == [t[1] for t in tiles[:-1]], tiles
+            assert tiles[0][0] == 0 and tiles[-1][1] == N, tiles
+            sizes = [b - a for a, b in tiles]
+            assert max(sizes) - min(sizes) <= 1, (g.key, sizes)
+
+
 def test_nb_gemm_matches_numpy():
     if not blas.SGEMM[0]:
         pytest.skip("numpy's OpenBLAS has no cblas_sgemm")

@@ -538,8 +538,8 @@ class Plan:
             self.unit = hw
             # a power-of-two tile count: equal tiles that any power-of-two thread count shares
             # evenly (32 images in 7 tiles of 5 left one thread idle for the last tile's time)
-            count = -(-g.N // nb_)
-            self.tiles = _ranges(g.N, min(g.N, 1 << (count - 1).bit_length()))
+            count = min(g.N, 1 << (-(-g.N // nb_) - 1).bit_length())
+            self.tiles = [(g.N * i // count, g.N * (i + 1) // count) for i in range(count)]
         nt = len(self.tiles)
         self.max_units = max(hi - lo for lo, hi in self.tiles)
         self.oblocks = _blocks(og, g.groups, nt)
