@@ -31,6 +31,8 @@ GEOMS = {
     "odd": (3, 4, 13, 11, 6, (2, 3), (2, 1), (1, 2, 0, 1), (2, 1), 2),         # groups, dilation
     "5x5-dil": (2, 6, 9, 9, 4, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1),       # same, dilated
     "stem": (2, 3, 20, 20, 8, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),
+    # Winograd weight gradient on nt_gemm: 360 patches (>= NT_MIN_K, 8 past the last 16), 6 x 5 (edges)
+    "3x3-same-nt": (5, 5, 16, 18, 6, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
 }
 
 
@@ -397,6 +399,32 @@ def test_wino_input_image_lanes_equal_planes(H, W, N):
         assert np.isnan(V[:, :, :p0]).all() and np.isnan(V[:, :, p0 + N * T:]).all()
         if write_r:
             np.testing.assert_allclose(out["lanes"][1][c0:c1], t[c0:c1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("m, n, k", [(64, 64, 784), (13, 7, 37), (6, 9, 15), (5, 6, 300), (3, 7, 40),
+                                     (9, 2, 33), (4, 4, 16), (8, 12, 2100), (7, 5, 0), (16, 16, 1)])
+def test_nt_gemm_matches_float64(m, n, k):
+    """train_winograd.nt_gemm (4 x 4 blocks of dot products along both operands' rows, a masked last
+    step, equal chunks of <= NT_KC terms, overlapping edge blocks) against float64 numpy, = and +=, on
+    operands and a result at offsets inside larger flat arrays: nothing else is written."""
+    from tilefuse.kernels import train_winograd as wg
+    rng = np.random.default_rng(m * 10000 + n * 100 + k)
+    lda, ldb, ldc = k + 5, k + 19, n + 3
+    ao, bo, co = 7, 3, 2 * ldc + 1
+    af = rng.standard_normal(ao + m * lda + 16).astype(np.float32)
+    bf = rng.standard_normal(bo + n * ldb + 16).astype(np.float32)
+    a = af[ao:ao + m * lda].reshape(m, lda)[:, :k].astype(np.float64)
+    b = bf[bo:bo + n * ldb].reshape(n, ldb)[:, :k].astype(np.float64)
+    for add in (False, True):
+        cf = rng.standard_normal(co + m * ldc + 9).astype(np.float32)
+        keep = cf.copy()
+        wg.nt_gemm(af, ao, lda, bf, bo, ldb, cf, co, ldc, m, n, k, add)
+        c = cf[co:co + m * ldc].reshape(m, ldc)
+        ref = a @ b.T + (keep[co:co + m * ldc].reshape(m, ldc)[:, :n] if add else 0)
+        np.testing.assert_allclose(c[:, :n], ref, rtol=1e-5, atol=1e-5 * max(1, k) ** 0.5)
+        written = np.zeros(cf.size, bool)
+        written[co:co + m * ldc] = np.tile(np.arange(ldc) < n, m)
+        np.testing.assert_array_equal(cf[~written], keep[~written])
 
 
 @pytest.mark.parametrize("Q, C, O", [(1, 37, 21), (3, 20, 130), (2, 5, 3), (1, 528, 48)])

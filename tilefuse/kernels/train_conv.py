@@ -924,8 +924,12 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
             else:
                 D, b0 = dall, n0 * T
             # Mw^T (O, block) = D (O, P) @ V^T: dW's rows o contiguous over c (wino_dw's stores)
-            wg.wino_gemms(SGEMM, D[:, :, b0:], vx, dwp[gg, :, :, c_lo:c_hi], 0, g.O, P, c_hi - c_lo, 0,
-                          0.0 if ci == 0 else 1.0, True)
+            beta = 0.0 if ci == 0 else 1.0
+            if wg.NT_GEMM and P >= wg.NT_MIN_K:
+                wg.wino_gemms_nt(D, vx, dwp[gg], 0, g.O, P, c_hi - c_lo, b0, c_lo, beta)
+            else:
+                wg.wino_gemms(SGEMM, D[:, :, b0:], vx, dwp[gg, :, :, c_lo:c_hi], 0, g.O, P, c_hi - c_lo, 0,
+                              beta, True)
             if dbp is not None and c_lo == 0:
                 _row_sums(dy2[:, n0 * hw:n1 * hw], dbp[n0])
 

@@ -21,8 +21,10 @@ and V = B^T d B, U = G g G^T (16 values each, xi = 4a + b):
 
 so every conv is 16 GEMMs with 16 multiplies per 2x2 outputs instead of 36 (2.25x fewer FLOPs).
 The GEMMs are OpenBLAS's cblas_sgemm called from inside numba (`blas.nb_gemm`), 16 per numba
-call. The transforms run on rows of tiles through the vector intrinsics of `conv/_nb.py`
-(`bt4v`, `bt4s`, `at4s`, `ad4s`). The (16, rows, patches) buffers get one spare row and a padded row pitch (`pitch`) so
+call, except the weight gradient's on AVX-512 hosts when they reduce over >= NT_MIN_K patches:
+`nt_gemm`, 4 x 4 blocks of dot products along the patches, which both D and V store contiguously
+(OpenBLAS's transposed-B GEMM ran them at 79-96 GFLOP/s in the step, nt_gemm 120-127). The
+transforms run on rows of tiles through the vector intrinsics of `conv/_nb.py` (`bt4v`, `bt4s`, `at4s`, `ad4s`). The (16, rows, patches) buffers get one spare row and a padded row pitch (`pitch`) so
 that the 16 xi planes a transform loop reads or writes at once do not start 4 KB apart (they
 would all fall into the same L1 sets: the dy transform of a 64-channel layer ran 6x slower). Tasks, partials and their fixed-order sums follow `train_conv.Plan`, so
 results are bitwise identical for every thread count. Transforms sum in float32 in a fixed
@@ -36,7 +38,7 @@ import numpy as np
 
 from .blas import nb_gemm
 from .cnhw import JIT, transform_rows
-from .conv._nb import ad4s, at4s, bt4s, bt4v
+from .conv._nb import ad4s, at4s, bt4s, bt4v, dot4x4, x86_avx512
 
 # ============================================================================ transforms
 
@@ -727,6 +729,66 @@ def wino_gemms(fn, A, B, Cm, a0, m, kd, n, b0, beta, trans_b):
             nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :n, b0:b0 + kd], Cm[k, :m, :n], beta, True)
         else:
             nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :kd, b0:b0 + n], Cm[k, :m, :n], beta, False)
+
+
+# The weight gradients' GEMMs c = a @ b.T reduce along the rows of both operands (positions, patches).
+# OpenBLAS (SkylakeX kernels) ran that transposed-B form at 79-96 GFLOP/s on one Emerald Rapids core in the
+# training step, 80-120 alone (the row-major NN form 100-150); `nt_gemm`'s 4 x 4 blocks of dot products
+# run 125-145 alone at reductions of 256-1568 (the 4 a rows stay in L1, b streams from L2). Below NT_MIN_K
+# the fold of the 16 sums a block costs too much (91 against OpenBLAS's 114 at 128). Only where AVX-512
+# holds the 16 + 8 vectors in registers (on AVX2 each would be two halves: 48 registers of 16).
+NT_GEMM = x86_avx512()
+NT_MIN_K = 256
+NT_KC = 1024        # terms a dot4x4 call reduces (4 rows of a: 16 KB, in L1)
+
+
+@nb.njit(**JIT)
+def nt_gemm(af, ao, lda, bf, bo, ldb, cf, co, ldc, m, n, k, add):
+    """c[i, j] (= or += with add) sum over q < k of a[i, q] * b[j, q], i < m, j < n, for row-major
+    operands in flat float32 arrays: x[i, q] = xf[xo + i ldx + q]. 4 x 4 blocks of dot products
+    (`_nb.dot4x4`) over equal chunks of <= NT_KC terms (a block's 4 a rows stay in L1), the chunks' sums added
+    in order; the last m % 4 rows and n % 4 columns from blocks that overlap the last whole ones,
+    computed into a scratch block of which only the new rows / columns are kept (scalar loops where
+    m or n < 4). Deterministic (the same bits for every call), other last bits than OpenBLAS's."""
+    if m < 4 or n < 4:
+        for i in range(m):
+            for j in range(n):
+                t = np.float32(0.0)
+                for q in range(k):
+                    t += af[ao + i * lda + q] * bf[bo + j * ldb + q]
+                c = co + i * ldc + j
+                cf[c] = cf[c] + t if add else t
+        return
+    m4, n4 = m // 4 * 4, n // 4 * 4
+    tmp = np.empty(16, np.float32)
+    step = -(-k // max(1, -(-k // NT_KC)))            # equal chunks of <= NT_KC terms
+    for q0 in range(0, max(k, 1), max(step, 1)):
+        kc = min(step, k - q0)
+        acc = add or q0 > 0
+        for i in range(0, m, 4):
+            for j in range(0, n, 4):
+                if i < m4 and j < n4:
+                    dot4x4(cf, co + i * ldc + j, ldc, af, ao + i * lda + q0, lda, bf, bo + j * ldb + q0, ldb,
+                           kc, acc)
+                    continue
+                i0, j0 = min(i, m - 4), min(j, n - 4)       # the overlapping block's corner
+                dot4x4(tmp, 0, 4, af, ao + i0 * lda + q0, lda, bf, bo + j0 * ldb + q0, ldb, kc, False)
+                for r in range(i - i0, 4):
+                    for s in range(j - j0, 4):
+                        c = co + (i0 + r) * ldc + j0 + s
+                        cf[c] = cf[c] + tmp[4 * r + s] if acc else tmp[4 * r + s]
+
+
+@nb.njit(**JIT)
+def wino_gemms_nt(A, B, Cm, a0, m, kd, n, b0, c0, beta):
+    """The weight gradient's 16 products Cm[xi, :m, c0:c0 + n] (= or += with beta = 1) A[xi, a0:a0 + m,
+    b0:b0 + kd] @ B[xi, :n, :kd]^T, both operands read along their rows (the patches): `blas.nt_gemm`
+    (4 x 4 blocks of dot products) on the flat buffers."""
+    Af, Bf, Cf = A.reshape(-1), B.reshape(-1), Cm.reshape(-1)
+    lda, ldb, ldc = A.shape[2], B.shape[2], Cm.shape[2]
+    for x in range(16):
+        nt_gemm(Af, x * A.shape[1] * lda + a0 * lda + b0, lda, Bf, x * B.shape[1] * ldb, ldb,
+                Cf, x * Cm.shape[1] * ldc + c0, ldc, m, n, kd, beta != 0.0)
 
 
 @nb.njit(**JIT)

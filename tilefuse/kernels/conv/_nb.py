@@ -1276,6 +1276,119 @@ def copy16(typingctx, dst, di, src, si):
     return sig, codegen
 
 
+def _fold16(builder, vecs):
+    """16 vectors of 16 float32 lanes -> one vector whose lane q is the sum of vecs[q]'s lanes, by a
+    fixed tree: each level adds the lower and upper halves of every vector's groups, two vectors at a
+    time (30 shuffles and 15 adds for the 16 sums instead of 60 and 64 one vector at a time)."""
+    from llvmlite import ir
+    i32 = ir.IntType(32)
+    w = 16                                  # lanes a group (one accumulator's partial sums) holds
+    while len(vecs) > 1:
+        h, ia, ib = w // 2, [], []
+        for src in (0, 1):                  # x's groups, then y's, halved
+            for q in range(16 // w):
+                base = src * 16 + q * w
+                ia += [base + l for l in range(h)]
+                ib += [base + h + l for l in range(h)]
+        ca, cb = ir.Constant(ir.VectorType(i32, 16), ia), ir.Constant(ir.VectorType(i32, 16), ib)
+        vecs = [builder.fadd(builder.shuffle_vector(x, y, ca), builder.shuffle_vector(x, y, cb))
+                for x, y in zip(vecs[0::2], vecs[1::2])]
+        w = h
+    return vecs[0]
+
+
+@intrinsic
+def dot4x4(typingctx, c, ci, ldc, a, ai, lda, b, bi, ldb, k, add):
+    """A 4 x 4 block of dot products along contiguous rows: c[ci + r ldc + s] = (c[...] if add else 0) +
+    sum over q < k of a[ai + r lda + q] * b[bi + s ldb + q], r, s < 4 (C-contiguous float32 arrays
+    indexed flat). 16 accumulators of 16 lanes, one fused multiply-add per lane and step (8 vector loads
+    per 16 FMAs: the four a rows stay in L1 while b streams), the last k % 16 terms by masked loads
+    (nothing past a row's end is read), folded by `_fold16`: a fixed order, the same bits on every call.
+    The training weight gradients' GEMMs (train_winograd.nt_gemm)."""
+    if not (all(isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C" for x in (c, a, b))
+            and all(isinstance(x, types.Integer) for x in (ci, ldc, ai, lda, bi, ldb, k))
+            and isinstance(add, (types.Integer, types.Boolean))):
+        return None
+    sig = types.void(c, ci, ldc, a, ai, lda, b, bi, ldb, k, add)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        sa = signature.args
+        i32, i64, v16 = ir.IntType(32), ir.IntType(64), ir.VectorType(ir.FloatType(), 16)
+        ci_, ldc_, ai_, lda_, bi_, ldb_, k_, add_ = (context.cast(builder, args[j], sa[j], types.int64)
+                                                     for j in (1, 2, 4, 5, 7, 8, 9, 10))
+        k16 = builder.and_(k_, ir.Constant(i64, -16))
+        fma = builder.module.globals.get("llvm.fma.v16f32") or ir.Function(
+            builder.module, ir.FunctionType(v16, [v16, v16, v16]), "llvm.fma.v16f32")
+        zero = ir.Constant(v16, None)
+
+        def step(kk, acc, mask=None):
+            def row(j, base, ld, r):
+                ptr = _vec_ptr(context, builder, sa[j], args[j],
+                               builder.add(builder.add(base, builder.mul(ld, ir.Constant(i64, r))), kk), 16)
+                if mask is None:
+                    return builder.load(ptr, align=4)
+                nm = "llvm.masked.load.v16f32.p0"
+                ml = builder.module.globals.get(nm) or ir.Function(
+                    builder.module, ir.FunctionType(v16, [ptr.type, i32, mask.type, v16]), nm)
+                return builder.call(ml, [ptr, ir.Constant(i32, 4), mask, zero])
+            xb = [row(6, bi_, ldb_, s) for s in range(4)]
+            out = []
+            for r in range(4):
+                xa = row(3, ai_, lda_, r)
+                out += [builder.call(fma, [xa, xb[s], acc[4 * r + s]]) for s in range(4)]
+            return out
+
+        entry = builder.block
+        loop = builder.append_basic_block("dot.loop")
+        check = builder.append_basic_block("dot.check")
+        tail = builder.append_basic_block("dot.tail")
+        done = builder.append_basic_block("dot.done")
+        builder.cbranch(builder.icmp_signed(">", k16, ir.Constant(i64, 0)), loop, check)
+        builder.position_at_end(loop)                      # the whole 16-term steps
+        kq = builder.phi(i64)
+        kq.add_incoming(ir.Constant(i64, 0), entry)
+        acc = [builder.phi(v16) for _ in range(16)]
+        for p in acc:
+            p.add_incoming(zero, entry)
+        new = step(kq, acc)
+        kn = builder.add(kq, ir.Constant(i64, 16))
+        kq.add_incoming(kn, loop)
+        for p, v in zip(acc, new):
+            p.add_incoming(v, loop)
+        builder.cbranch(builder.icmp_signed("<", kn, k16), loop, check)
+        builder.position_at_end(check)                     # a last, partial step?
+        acc_c = [builder.phi(v16) for _ in range(16)]
+        for p, v in zip(acc_c, new):
+            p.add_incoming(zero, entry)
+            p.add_incoming(v, loop)
+        builder.cbranch(builder.icmp_signed("<", k16, k_), tail, done)
+        builder.position_at_end(tail)
+        left = builder.sub(k_, k16)
+        u64 = ir.Constant(ir.VectorType(i64, 16), None)
+        splat = builder.shuffle_vector(builder.insert_element(u64, left, ir.Constant(i32, 0)), u64,
+                                       ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+        mask = builder.icmp_signed("<", ir.Constant(ir.VectorType(i64, 16), list(range(16))), splat)
+        new_t = step(k16, acc_c, mask)
+        builder.branch(done)
+        builder.position_at_end(done)
+        fin = [builder.phi(v16) for _ in range(16)]
+        for p, a0, a1 in zip(fin, acc_c, new_t):
+            p.add_incoming(a0, check)
+            p.add_incoming(a1, tail)
+        sums = _fold16(builder, fin)
+        add = builder.icmp_signed("!=", add_, ir.Constant(i64, 0))
+        for r in range(4):
+            part = builder.shuffle_vector(sums, sums, ir.Constant(ir.VectorType(i32, 4), list(range(4 * r, 4 * r + 4))))
+            at = builder.add(ci_, builder.mul(ldc_, ir.Constant(i64, r)))
+            ptr = _vec_ptr(context, builder, sa[0], args[0], at, 4)
+            old = builder.load(ptr, align=4)
+            builder.store(builder.select(add, builder.fadd(old, part), part), ptr, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(inline="always", cache=True)
 def row_sum16(f, base, w, dst, d, add=False):
     """dst[d:d+16] = the sum of the w 16-float vectors at f[base + 16p] (one NCHW16c row of one channel
