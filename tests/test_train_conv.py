@@ -33,6 +33,8 @@ GEOMS = {
     "stem": (2, 3, 20, 20, 8, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),
     # Winograd weight gradient on nt_gemm: 360 patches (>= NT_MIN_K, 8 past the last 16), 6 x 5 (edges)
     "3x3-same-nt": (5, 5, 16, 18, 6, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    # nn_gemm on channel blocks at offsets (>= 6 rows each with the "small" blocking, forward and input gradient)
+    "3x3-same-96": (2, 96, 12, 12, 96, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
 }
 
 
@@ -425,6 +427,41 @@ def test_nt_gemm_matches_float64(m, n, k):
         written = np.zeros(cf.size, bool)
         written[co:co + m * ldc] = np.tile(np.arange(ldc) < n, m)
         np.testing.assert_array_equal(cf[~written], keep[~written])
+
+
+@pytest.mark.parametrize("m, n, k", [(64, 392, 64), (6, 16, 1), (7, 17, 5), (13, 40, 147), (11, 100, 33),
+                                     (25, 64, 512), (6, 130, 9)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_nn_gemm_matches_float64(m, n, k, transposed):
+    """train_winograd.nn_gemm (blocks of 6 rows x 64 columns, b's rows in place, the last rows and columns
+    by overlapping blocks, the last vector of a block at a column off 16) against float64 numpy, a read
+    by rows or transposed, operands and result inside larger flat arrays: nothing else is written; and
+    every element equals the one a single-row, single-column product gives (the overlaps store the same
+    values)."""
+    from tilefuse.kernels import train_winograd as wg
+    rng = np.random.default_rng(m * 1000 + n + k)
+    ld = (k + 3) if not transposed else (m + 5)
+    sar, saq = (ld, 1) if not transposed else (1, ld)
+    ao, bo, co, ldb, ldc = 5, 9, 3, n + 7, n + 2
+    af = rng.standard_normal(ao + (m - 1) * sar + (k - 1) * saq + 1 + 11).astype(np.float32)
+    bf = rng.standard_normal(bo + k * ldb + 4).astype(np.float32)
+    a = np.array([[af[ao + i * sar + q * saq] for q in range(k)] for i in range(m)], np.float64)
+    b = bf[bo:bo + k * ldb].reshape(k, ldb)[:, :n].astype(np.float64)
+    cf = np.full(co + m * ldc + 6, np.nan, np.float32)
+    wg.nn_gemm(af, ao, sar, saq, bf, bo, ldb, cf, co, ldc, m, n, k)
+    c = cf[co:co + m * ldc].reshape(m, ldc)
+    np.testing.assert_allclose(c[:, :n], a @ b, rtol=1e-5, atol=1e-5 * k ** 0.5)
+    written = np.zeros(cf.size, bool)
+    written[co:co + m * ldc] = np.tile(np.arange(ldc) < n, m)
+    assert np.isnan(cf[~written]).all()
+    # element (i, j) from a product of rows i-5..i and columns j-15..j alone
+    for i, j in [(m - 1, n - 1), (0, 0), (m // 2, n // 2), (m - 1, 0)]:
+        i0, j0 = max(0, i - 5), max(0, j - 15)
+        if i0 + 6 > m or j0 + 16 > n:
+            continue
+        sub = np.full((6, 16), np.nan, np.float32).reshape(-1)
+        wg.nn_gemm(af, ao + i0 * sar, sar, saq, bf, bo + j0, ldb, sub, 0, 16, 6, 16, k)
+        assert sub.reshape(6, 16)[i - i0, j - j0] == c[i, j], (i, j)
 
 
 @pytest.mark.parametrize("Q, C, O", [(1, 37, 21), (3, 20, 130), (2, 5, 3), (1, 528, 48)])

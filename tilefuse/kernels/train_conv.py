@@ -751,13 +751,16 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
             else:
                 V, b0 = vall, n0 * T
             Mt = _wbuf("wm", o1 - o0, P, x.dtype)
-            wg.wino_gemms(SGEMM, U, V, Mt, o0, o1 - o0, g.C, P, b0, 0.0, False)
+            if wg.nn_fits(o1 - o0, g.C, P):
+                wg.wino_gemms_nn(U, V, Mt, o0, o1 - o0, g.C, P, b0)
+            else:
+                wg.wino_gemms(SGEMM, U, V, Mt, o0, o1 - o0, g.C, P, b0, 0.0, False)
             wg.wino_output(Mt, o1 - o0, y2, n0, n1, o0, g.H, g.W)
         else:
             cols = (call[i, :, :c1 - c0] if call is not None else
                     _tile_cols(x, g, p, i, 0, g.C, pre, scratch("cols", (rows, c1 - c0), x.dtype),
                                token))
-            gemm(w2[o0:o1], cols[gi * K:(gi + 1) * K], y2[o0:o1, c0:c1])
+            _mm(w2[o0:o1], cols[gi * K:(gi + 1) * K], y2[o0:o1, c0:c1])
         if bias is not None or part is not None:
             s, ss = (part[i, 0, o0:o1], part[i, 1, o0:o1]) if part is not None else (_D64, _D64)
             _epilogue(y2[o0:o1], c0, c1, bias[o0:o1] if bias is not None else d1,
@@ -803,6 +806,28 @@ def _wino_weights(w, g: ConvGeom):
     rs = _ranges(g.O, _parts())
     split(len(rs), lambda k, tid: wg.wino_weights(w2, out, *rs[k]))
     return out
+
+
+def _flat(v, span):
+    """The `span` float32 from v's first element on as a 1-D array (a view; v's extent)."""
+    return np.lib.stride_tricks.as_strided(v, shape=(span,), strides=(v.itemsize,))
+
+
+def _mm(a, b, out):
+    """out = a @ b for 2-D float32 views with unit stride along their rows: `train_winograd.nn_gemm`
+    where it takes the product (the forward's weights times cols, reductions of <= NN_MAX_K: the stem's
+    147-deep cols at 127-151 GFLOP/s against OpenBLAS's 120-124, a 1x1's 64 at 124 against 111), else
+    OpenBLAS (`gemm`; the input gradient's transposed weights, m = C kh kw rows, ran as fast or faster
+    there: OpenBLAS packs b once for all of them)."""
+    (m, k), n = a.shape, b.shape[1]
+    isz = a.itemsize
+    if (a.dtype == np.float32 and wg.nn_fits(m, k, n) and a.strides[1] == isz and b.strides[1] == isz
+            and out.strides[1] == isz):
+        lda, ldb, ldc = a.strides[0] // isz, b.strides[0] // isz, out.strides[0] // isz
+        wg.nn_gemm(_flat(a, (m - 1) * lda + k), 0, lda, 1, _flat(b, (k - 1) * ldb + n), 0, ldb,
+                   _flat(out, (m - 1) * ldc + n), 0, ldc, m, n, k)
+    else:
+        gemm(a, b, out)
 
 
 def _wbuf(name, rows, P, dtype):
@@ -983,7 +1008,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
                 gemm(w2[gi * og:(gi + 1) * og, cl:ch].T, dyt, dx2[c_lo:c_hi, c0:c1])
             else:
                 dc = _dy_cols(dy4, g, p, i, scratch("dcols", (g.O * kk, c1 - c0), x.dtype), token)
-                gemm(wd[c_lo:c_hi], dc[gi * og * kk:(gi + 1) * og * kk], dx2[c_lo:c_hi, c0:c1])
+                _mm(wd[c_lo:c_hi], dc[gi * og * kk:(gi + 1) * og * kk], dx2[c_lo:c_hi, c0:c1])
             if not post_id:
                 sl = (lambda a: a if a is d2 else a[c_lo:c_hi])
                 _post_rows(dx2[c_lo:c_hi], c0, c1, sl(acc2), post.acc is not None, sl(mk2),

@@ -20,16 +20,20 @@ and V = B^T d B, U = G g G^T (16 values each, xi = 4a + b):
                      dW = G^T Mw G
 
 so every conv is 16 GEMMs with 16 multiplies per 2x2 outputs instead of 36 (2.25x fewer FLOPs).
-The GEMMs are OpenBLAS's cblas_sgemm called from inside numba (`blas.nb_gemm`), 16 per numba
-call, except the weight gradient's on AVX-512 hosts when they reduce over >= NT_MIN_K patches:
-`nt_gemm`, 4 x 4 blocks of dot products along the patches, which both D and V store contiguously
-(OpenBLAS's transposed-B GEMM ran them at 79-96 GFLOP/s in the step, nt_gemm 120-127). The
-transforms run on rows of tiles through the vector intrinsics of `conv/_nb.py` (`bt4v`, `bt4s`, `at4s`, `ad4s`). The (16, rows, patches) buffers get one spare row and a padded row pitch (`pitch`) so
-that the 16 xi planes a transform loop reads or writes at once do not start 4 KB apart (they
-would all fall into the same L1 sets: the dy transform of a 64-channel layer ran 6x slower). Tasks, partials and their fixed-order sums follow `train_conv.Plan`, so
-results are bitwise identical for every thread count. Transforms sum in float32 in a fixed
-order; against direct convolution the results differ by float32 rounding (the tests compare
-them with PyTorch).
+The GEMMs, 16 per numba call, are on AVX-512 hosts this module's register-blocked kernels where they
+fit (section GEMMs): `nn_gemm` for the forward's and the input gradient's (6 x 64 blocks, V's rows
+read in place), `nt_gemm` for the weight gradient's (4 x 4 blocks of dot products along the patches,
+which both D and V store contiguously); elsewhere OpenBLAS's cblas_sgemm called from inside numba
+(`blas.nb_gemm`). In the ResNet18 step (batch 32, 112x112, 2 threads) they ran at 131-137 GFLOP/s a
+core (forward), 110-136 (input gradient), 115-127 (weight gradient) against OpenBLAS's 101-115,
+102-115 and 79-96. The transforms run on rows of tiles through the vector intrinsics of
+`conv/_nb.py` (`bt4v`, `bt4s`, `at4s`, `ad4s`). The (16, rows, patches) buffers get one spare row
+and a padded row pitch (`pitch`) so that the 16 xi planes a transform loop reads or writes at once
+do not start 4 KB apart (they would all fall into the same L1 sets: the dy transform of a 64-channel
+layer ran 6x slower). Tasks, partials and their fixed-order sums follow `train_conv.Plan`, so
+results are bitwise identical for every thread count. Transforms sum in float32 in a fixed order;
+against direct convolution the results differ by float32 rounding (the tests compare them with
+PyTorch).
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ import numpy as np
 
 from .blas import nb_gemm
 from .cnhw import JIT, transform_rows
-from .conv._nb import ad4s, at4s, bt4s, bt4v, dot4x4, x86_avx512
+from .conv._nb import ad4s, at4s, bt4s, bt4v, dot4x4, gemm6, x86_avx512
 
 # ============================================================================ transforms
 
@@ -718,18 +722,11 @@ def wino_dw(Mw, dw4, o0, o1):
                     g[c, r, j] = gl[3 * r + j, c]
 
 
-# ============================================================================ tasks
-
-@nb.njit(**JIT)
-def wino_gemms(fn, A, B, Cm, a0, m, kd, n, b0, beta, trans_b):
-    """Cm[xi, :m, :n] = A[xi, a0:a0 + m, :kd] @ op(B[xi]) (+ beta*Cm) for the 16 xi, op(B[xi]) =
-    B[xi, :n, b0:b0 + kd].T if trans_b else B[xi, :kd, b0:b0 + n] (blas.nb_gemm)."""
-    for k in range(16):
-        if trans_b:
-            nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :n, b0:b0 + kd], Cm[k, :m, :n], beta, True)
-        else:
-            nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :kd, b0:b0 + n], Cm[k, :m, :n], beta, False)
-
+# ============================================================================ GEMMs
+# OpenBLAS from numba (`blas.nb_gemm`), or on AVX-512 hosts (NT_GEMM, NN_GEMM) two register-blocked forms
+# whose operands need no packing: `nt_gemm` (c = a @ b.T, both read along their rows) and `nn_gemm`
+# (c = a @ b, b's rows read in place).
+NT_GEMM = NN_GEMM = x86_avx512()
 
 # The weight gradients' GEMMs c = a @ b.T reduce along the rows of both operands (positions, patches).
 # OpenBLAS (SkylakeX kernels) ran that transposed-B form at 79-96 GFLOP/s on one Emerald Rapids core in the
@@ -737,7 +734,6 @@ def wino_gemms(fn, A, B, Cm, a0, m, kd, n, b0, beta, trans_b):
 # run 125-145 alone at reductions of 256-1568 (the 4 a rows stay in L1, b streams from L2). Below NT_MIN_K
 # the fold of the 16 sums a block costs too much (91 against OpenBLAS's 114 at 128). Only where AVX-512
 # holds the 16 + 8 vectors in registers (on AVX2 each would be two halves: 48 registers of 16).
-NT_GEMM = x86_avx512()
 NT_MIN_K = 256
 NT_KC = 1024        # terms a dot4x4 call reduces (4 rows of a: 16 KB, in L1)
 
@@ -779,6 +775,72 @@ def nt_gemm(af, ao, lda, bf, bo, ldb, cf, co, ldc, m, n, k, add):
                         cf[c] = cf[c] + tmp[4 * r + s] if acc else tmp[4 * r + s]
 
 
+# The forward and input-gradient GEMMs c = a @ b (b's rows: patches or positions) on `nn_gemm` where the
+# reduction is at most NN_MAX_K (longer ones: OpenBLAS, whose packing pays there: 132 against 116 GFLOP/s
+# at 1152) and the blocks fit (>= 6 rows, >= 16 columns).
+NN_MAX_K = 512
+# ... and at most NN_MAX_K_T when a is read transposed (the input gradient's U^T: a block's 6 rows are 6
+# floats of each of k rows of U, k cache lines that L1 no longer holds at k = 512: 96 GFLOP/s in the step
+# against OpenBLAS's 108; 122-135 against 113-115 at k = 64-256)
+NN_MAX_K_T = 256
+
+
+@nb.njit(**JIT)
+def nn_gemm(af, ao, sar, saq, bf, bo, ldb, cf, co, ldc, m, n, k):
+    """c[i, j] = sum over q < k of a[i, q] * b[q, j], i < m, j < n (m >= 6, n >= 16, k > 0), for
+    operands in flat float32 arrays: a[i, q] = af[ao + i sar + q saq] (a or a transpose), b[q, j] =
+    bf[bo + q ldb + j], c[i, j] = cf[co + i ldc + j]. Blocks of 6 rows x 64 columns (`_nb.gemm6`, b's
+    rows read in place: no packing, the block's 64 columns of b stay in L1 or L2 while its rows' terms
+    run); the last rows and columns by blocks that overlap the ones before (each element's sum is the
+    same whichever block computes it). 115-160 GFLOP/s on one Emerald Rapids core where OpenBLAS ran
+    106-135 (k = 64-256; the stem's 147-deep cols 151 against 124)."""
+    for j in range(0, n, 64):
+        w = min(64, n - j)
+        nv = (w + 15) // 16
+        last = w - 16 if w % 16 else 16 * (nv - 1)     # the last vector's column in the block
+        for i in range(0, m, 6):
+            i0 = min(i, m - 6)
+            cb, ab, bb = co + i0 * ldc + j, ao + i0 * sar, bo + j
+            if nv == 4:
+                gemm6(cf, cb, ldc, af, ab, sar, saq, bf, bb, ldb, k, last, 4)
+            elif nv == 3:
+                gemm6(cf, cb, ldc, af, ab, sar, saq, bf, bb, ldb, k, last, 3)
+            elif nv == 2:
+                gemm6(cf, cb, ldc, af, ab, sar, saq, bf, bb, ldb, k, last, 2)
+            else:
+                gemm6(cf, cb, ldc, af, ab, sar, saq, bf, bb, ldb, k, last, 1)
+
+
+@nb.njit(inline="always", **JIT)
+def nn_fits(m, kd, n):
+    """Whether nn_gemm takes an (m, kd) @ (kd, n) product (else OpenBLAS)."""
+    return NN_GEMM and m >= 6 and n >= 16 and 0 < kd <= NN_MAX_K
+
+
+# ============================================================================ tasks
+
+@nb.njit(**JIT)
+def wino_gemms(fn, A, B, Cm, a0, m, kd, n, b0, beta, trans_b):
+    """Cm[xi, :m, :n] = A[xi, a0:a0 + m, :kd] @ op(B[xi]) (+ beta*Cm) for the 16 xi, op(B[xi]) =
+    B[xi, :n, b0:b0 + kd].T if trans_b else B[xi, :kd, b0:b0 + n] (blas.nb_gemm)."""
+    for k in range(16):
+        if trans_b:
+            nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :n, b0:b0 + kd], Cm[k, :m, :n], beta, True)
+        else:
+            nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :kd, b0:b0 + n], Cm[k, :m, :n], beta, False)
+
+
+@nb.njit(**JIT)
+def wino_gemms_nn(A, B, Cm, a0, m, kd, n, b0):
+    """The forward's 16 products Cm[xi, :m, :n] = A[xi, a0:a0 + m, :kd] @ B[xi, :kd, b0:b0 + n] on
+    `nn_gemm` (whole C-contiguous buffers; `nn_fits(m, kd, n)`)."""
+    Af, Bf, Cf = A.reshape(-1), B.reshape(-1), Cm.reshape(-1)
+    lda, ldb, ldc = A.shape[2], B.shape[2], Cm.shape[2]
+    for k in range(16):
+        nn_gemm(Af, k * A.shape[1] * lda + a0 * lda, lda, 1, Bf, k * B.shape[1] * ldb + b0, ldb,
+                Cf, k * Cm.shape[1] * ldc, ldc, m, n, kd)
+
+
 @nb.njit(**JIT)
 def wino_gemms_nt(A, B, Cm, a0, m, kd, n, b0, c0, beta):
     """The weight gradient's 16 products Cm[xi, :m, c0:c0 + n] (= or += with beta = 1) A[xi, a0:a0 + m,
@@ -797,5 +859,12 @@ def wino_gemms_mirrored(fn, U, B, Cm, a0, m, kd, n, b0):
     B[xi, :kd, b0:b0 + n] with Ud[xi] = U[mirror(xi)]^T (the rotated, transposed filters) read as
     U[mirror(xi), :kd, a0:a0 + m] with the GEMM's transposed-A flag: no Ud is built (building it
     cost 2-3x U's transform: 5.8 ms a 512 x 512 layer)."""
+    if nn_fits(m, kd, n) and kd <= NN_MAX_K_T:
+        Uf, Bf, Cf = U.reshape(-1), B.reshape(-1), Cm.reshape(-1)
+        ldu, ldb, ldc = U.shape[2], B.shape[2], Cm.shape[2]
+        for k in range(16):           # Ud[xi][i, q] = U[mirror(xi)][q, a0 + i]: a read transposed
+            nn_gemm(Uf, _MIRROR[k] * U.shape[1] * ldu + a0, 1, ldu, Bf, k * B.shape[1] * ldb + b0, ldb,
+                    Cf, k * Cm.shape[1] * ldc, ldc, m, n, kd)
+        return
     for k in range(16):
         nb_gemm(fn, U[_MIRROR[k], :kd, a0:a0 + m], B[k, :kd, b0:b0 + n], Cm[k, :m, :n], 0.0, False, True)

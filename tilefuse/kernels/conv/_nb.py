@@ -1389,6 +1389,70 @@ def dot4x4(typingctx, c, ci, ldc, a, ai, lda, b, bi, ldb, k, add):
     return sig, codegen
 
 
+@intrinsic
+def gemm6(typingctx, c, ci, ldc, a, ai, sar, saq, b, bi, ldb, k, last, nv):
+    """A 6-row x (nv vectors of 16) block of c = a @ b: c[ci + r ldc + 16 v + l] = sum over q < k of
+    a[ai + r sar + q saq] * b[bi + q ldb + 16 v + l], r < 6, l < 16, for v < nv - 1 and the last vector
+    at column `last` instead of 16 (nv - 1) (a block's columns may end past a multiple of 16: its last
+    vector then overlaps the one before, or the block before, and stores the same values there). nv a
+    literal 1-4; k > 0; C-contiguous float32 arrays indexed flat; a read by scalar broadcasts at any
+    strides (a or its transpose), b's rows as vectors: no packing. 6 x nv accumulators of 16 lanes, the
+    terms in order q = 0, 1, ... by fused multiply-adds (each element's sum in the order of a
+    row-by-column loop, whatever block computes it). The training forward and input-gradient GEMMs
+    (train_winograd.nn_gemm)."""
+    arrays_ok = all(isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C" for x in (c, a, b))
+    if not (arrays_ok and all(isinstance(x, types.Integer) for x in (ci, ldc, ai, sar, saq, bi, ldb, k, last))
+            and isinstance(nv, types.IntegerLiteral) and 1 <= nv.literal_value <= 4):
+        return None
+    sig = types.void(c, ci, ldc, a, ai, sar, saq, b, bi, ldb, k, last, nv)
+    nvec = nv.literal_value
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        sa = signature.args
+        i32, i64, v16 = ir.IntType(32), ir.IntType(64), ir.VectorType(ir.FloatType(), 16)
+        ci_, ldc_, ai_, sar_, saq_, bi_, ldb_, k_, last_ = (context.cast(builder, args[j], sa[j], types.int64)
+                                                           for j in (1, 2, 4, 5, 6, 8, 9, 10, 11))
+        fma = builder.module.globals.get("llvm.fma.v16f32") or ir.Function(
+            builder.module, ir.FunctionType(v16, [v16, v16, v16]), "llvm.fma.v16f32")
+        zero = ir.Constant(v16, None)
+        splat0 = ir.Constant(ir.VectorType(i32, 16), [0] * 16)
+        adata = context.make_array(sa[3])(context, builder, args[3]).data
+        cols = [ir.Constant(i64, 16 * v) for v in range(nvec - 1)] + [last_]
+        entry = builder.block
+        loop, done = builder.append_basic_block("gemm6.loop"), builder.append_basic_block("gemm6.done")
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        q = builder.phi(i64)
+        q.add_incoming(ir.Constant(i64, 0), entry)
+        acc = [builder.phi(v16) for _ in range(6 * nvec)]
+        for p in acc:
+            p.add_incoming(zero, entry)
+        brow = builder.add(bi_, builder.mul(q, ldb_))
+        bv = [builder.load(_vec_ptr(context, builder, sa[7], args[7], builder.add(brow, col), 16), align=4)
+              for col in cols]
+        aq = builder.add(ai_, builder.mul(q, saq_))
+        new = []
+        for r in range(6):
+            x = builder.load(builder.gep(adata, [builder.add(aq, builder.mul(sar_, ir.Constant(i64, r)))]), align=4)
+            xs = builder.shuffle_vector(builder.insert_element(zero, x, ir.Constant(i32, 0)), zero, splat0)
+            new += [builder.call(fma, [xs, bv[v], acc[r * nvec + v]]) for v in range(nvec)]
+        qn = builder.add(q, ir.Constant(i64, 1))
+        q.add_incoming(qn, loop)
+        for p, v in zip(acc, new):
+            p.add_incoming(v, loop)
+        builder.cbranch(builder.icmp_signed("<", qn, k_), loop, done)
+        builder.position_at_end(done)
+        for r in range(6):
+            row = builder.add(ci_, builder.mul(ldc_, ir.Constant(i64, r)))
+            for v in range(nvec):
+                ptr = _vec_ptr(context, builder, sa[0], args[0], builder.add(row, cols[v]), 16)
+                builder.store(new[r * nvec + v], ptr, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(inline="always", cache=True)
 def row_sum16(f, base, w, dst, d, add=False):
     """dst[d:d+16] = the sum of the w 16-float vectors at f[base + 16p] (one NCHW16c row of one channel
