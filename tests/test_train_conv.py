@@ -464,6 +464,28 @@ def test_nn_gemm_matches_float64(m, n, k, transposed):
         assert sub.reshape(6, 16)[i - i0, j - j0] == c[i, j], (i, j)
 
 
+def test_wino_gemms_nn_offsets():
+    """train_winograd.wino_gemms_nn at row / column offsets of all three buffers (the forward's U rows and V
+    patches, the weight gradient's D patches and dW columns), and transpose_planes, against float64."""
+    from tilefuse.kernels import train_winograd as wg
+    rng = np.random.default_rng(5)
+    m, kd, n, ar, ac, bc, cc = 13, 37, 21, 3, 7, 5, 2
+    A = rng.standard_normal((16, ar + m + 1, ac + kd + 3)).astype(np.float32)
+    B = rng.standard_normal((16, kd + 2, bc + n + 4)).astype(np.float32)
+    Cm = np.full((16, m + 2, cc + n + 3), np.nan, np.float32)
+    wg.wino_gemms_nn(A, B, Cm, ar, ac, bc, cc, m, kd, n)
+    ref = np.einsum("xik,xkj->xij", A[:, ar:ar + m, ac:ac + kd].astype(np.float64),
+                    B[:, :kd, bc:bc + n].astype(np.float64))
+    np.testing.assert_allclose(Cm[:, :m, cc:cc + n], ref, rtol=1e-5, atol=1e-5)
+    Cm[:, :m, cc:cc + n] = np.nan
+    assert np.isnan(Cm).all()
+    V = rng.standard_normal((16, n + 1, kd + 5)).astype(np.float32)
+    VT = np.full((16, kd, n + 2), np.nan, np.float32)
+    wg.transpose_planes(V, VT, n, kd)
+    np.testing.assert_array_equal(VT[:, :, :n], V[:, :n, :kd].transpose(0, 2, 1))
+    assert np.isnan(VT[:, :, n:]).all()
+
+
 @pytest.mark.parametrize("Q, C, O", [(1, 37, 21), (3, 20, 130), (2, 5, 3), (1, 528, 48)])
 def test_wino_dw_matches_float64(Q, C, O):
     """train_winograd.wino_dw (dW[o, c] = G^T m G, m = the partials Mw[q, :, o, c] summed in order,

@@ -752,7 +752,7 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
                 V, b0 = vall, n0 * T
             Mt = _wbuf("wm", o1 - o0, P, x.dtype)
             if wg.nn_fits(o1 - o0, g.C, P):
-                wg.wino_gemms_nn(U, V, Mt, o0, o1 - o0, g.C, P, b0)
+                wg.wino_gemms_nn(U, V, Mt, o0, 0, b0, 0, o1 - o0, g.C, P)
             else:
                 wg.wino_gemms(SGEMM, U, V, Mt, o0, o1 - o0, g.C, P, b0, 0.0, False)
             wg.wino_output(Mt, o1 - o0, y2, n0, n1, o0, g.H, g.W)
@@ -952,6 +952,11 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
             beta = 0.0 if ci == 0 else 1.0
             if wg.NT_GEMM and P >= wg.NT_MIN_K:
                 wg.wino_gemms_nt(D, vx, dwp[gg], 0, g.O, P, c_hi - c_lo, b0, c_lo, beta)
+            elif ci == 0 and wg.nn_fits(g.O, P, c_hi - c_lo):
+                # few patches (the 4x4 layers' 128): V^T (P, block) in scratch, then the NN form
+                vt = scratch("wvt", (16, P, c_hi - c_lo), x.dtype)
+                wg.transpose_planes(vx, vt, c_hi - c_lo, P)
+                wg.wino_gemms_nn(D, vt, dwp[gg], 0, b0, 0, c_lo, g.O, P, c_hi - c_lo)
             else:
                 wg.wino_gemms(SGEMM, D[:, :, b0:], vx, dwp[gg, :, :, c_lo:c_hi], 0, g.O, P, c_hi - c_lo, 0,
                               beta, True)

@@ -831,14 +831,27 @@ def wino_gemms(fn, A, B, Cm, a0, m, kd, n, b0, beta, trans_b):
 
 
 @nb.njit(**JIT)
-def wino_gemms_nn(A, B, Cm, a0, m, kd, n, b0):
-    """The forward's 16 products Cm[xi, :m, :n] = A[xi, a0:a0 + m, :kd] @ B[xi, :kd, b0:b0 + n] on
-    `nn_gemm` (whole C-contiguous buffers; `nn_fits(m, kd, n)`)."""
+def wino_gemms_nn(A, B, Cm, ar, ac, bc, cc, m, kd, n):
+    """The 16 products Cm[xi, :m, cc:cc + n] = A[xi, ar:ar + m, ac:ac + kd] @ B[xi, :kd, bc:bc + n] on
+    `nn_gemm` (whole C-contiguous buffers; `nn_fits(m, kd, n)`): the forward's (U's rows from ar, V's
+    patches from bc) and the weight gradient's of few patches (D's patches from ac, V^T, dW's columns
+    from cc)."""
     Af, Bf, Cf = A.reshape(-1), B.reshape(-1), Cm.reshape(-1)
     lda, ldb, ldc = A.shape[2], B.shape[2], Cm.shape[2]
     for k in range(16):
-        nn_gemm(Af, k * A.shape[1] * lda + a0 * lda, lda, 1, Bf, k * B.shape[1] * ldb + b0, ldb,
-                Cf, k * Cm.shape[1] * ldc, ldc, m, n, kd)
+        nn_gemm(Af, (k * A.shape[1] + ar) * lda + ac, lda, 1, Bf, k * B.shape[1] * ldb + bc, ldb,
+                Cf, k * Cm.shape[1] * ldc + cc, ldc, m, n, kd)
+
+
+@nb.njit(**JIT)
+def transpose_planes(V, VT, n, P):
+    """VT[xi, p, c] = V[xi, c, p] for c < n, p < P (the weight gradient's V^T for `wino_gemms_nn`)."""
+    for x in range(16):
+        for c0 in range(0, n, 16):
+            c1 = min(n, c0 + 16)
+            for p in range(P):
+                for c in range(c0, c1):
+                    VT[x, p, c] = V[x, c, p]
 
 
 @nb.njit(**JIT)
