@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from .cnhw import JIT, flat_split
-from .threads import parallel_for
+from .threads import nthreads, parallel_for, split
 
 
 @njit(nogil=True, cache=True, fastmath=True)
@@ -161,6 +161,62 @@ def all_finite(a) -> bool:
     sums = {}
     flat_split(f.shape[0], lambda lo, hi: sums.__setitem__(lo, _nonfinite_sum(f[lo:hi])))
     return all(v == 0 for v in sums.values())
+
+
+# pieces of the batched forms below: a step's parameters (62 arrays for ResNet18, 9.4k to 2.4M values)
+# cut into pieces of at most PIECE values, all of them one split (one parallel region per pass instead
+# of one per array: ~190 regions a step for the checks and the update before)
+PIECE = 1 << 18
+
+
+def _pieces(sizes):
+    """(array index, lo, hi) pieces of flat arrays of the given sizes: at most PIECE values each, and
+    at least two per thread of the step in all."""
+    total = sum(sizes)
+    step = max(4096, min(PIECE, -(-total // max(1, 2 * nthreads()))))
+    step = -(-step // 4096) * 4096
+    return [(i, lo, min(n, lo + step)) for i, n in enumerate(sizes) for lo in range(0, n, step)]
+
+
+def finite_many(arrays) -> list[bool]:
+    """[all_finite(a) for a in arrays] in one split over the step's threads (float32 / float64
+    arrays; others through numpy)."""
+    out = [True] * len(arrays)
+    flats, idx = [], []
+    for i, a in enumerate(arrays):
+        a = np.asarray(a)
+        if a.dtype not in (np.float32, np.float64):
+            out[i] = bool(np.all(np.isfinite(a)))
+            continue
+        flats.append(a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1))
+        idx.append(i)
+    ps = _pieces([f.shape[0] for f in flats])
+    sums = [0.0] * len(ps)
+
+    def task(k, tid):
+        i, lo, hi = ps[k]
+        sums[k] = _nonfinite_sum(flats[i][lo:hi])
+    split(len(ps), task)
+    for (i, _, _), v in zip(ps, sums):
+        if v != 0:
+            out[idx[i]] = False
+    return out
+
+
+def sgd_update_many(updates, lr, momentum, weight_decay) -> None:
+    """sgd_update for every (p, g, buf, first) in `updates` (float32, contiguous, one shape each), in
+    one split over the step's threads (each value's update is the same whichever piece runs it)."""
+    f32 = np.float32
+    flat = [(p.reshape(-1), g.reshape(-1), buf.reshape(-1) if buf is not None else p.reshape(-1),
+             buf is not None, bool(first)) for p, g, buf, first in updates]
+    ps = _pieces([f[0].shape[0] for f in flat])
+
+    def task(k, tid):
+        i, lo, hi = ps[k]
+        p1, g1, b1, has_mom, first = flat[i]
+        _sgd(p1[lo:hi], g1[lo:hi], b1[lo:hi], f32(lr), f32(momentum), f32(weight_decay),
+             weight_decay != 0, has_mom, first)
+    split(len(ps), task)
 
 
 def sgd_update(p, g, buf, lr, momentum, weight_decay, first):

@@ -20,10 +20,11 @@ class SGD:
         self.state: dict[str, np.ndarray] = {}
 
     def step(self, params: dict, grads: dict) -> None:
-        """Update params[name] in place for every name in grads (float32 parameters in one
-        numba pass each, split over the step's threads: `kernels.elementwise.sgd_update`, the
-        same bits as the numpy form below)."""
-        from ..kernels.elementwise import sgd_update
+        """Update params[name] in place for every name in grads (the float32 parameters in one
+        numba pass over all of them, split over the step's threads: `kernels.elementwise.
+        sgd_update_many`, the same bits as the numpy form below)."""
+        from ..kernels.elementwise import sgd_update_many
+        fast = []
         for name, g in grads.items():
             p = params[name]
             if (p.dtype == np.float32 and g.dtype == np.float32 and p.flags.c_contiguous
@@ -34,7 +35,7 @@ class SGD:
                     buf = self.state.get(name)
                     if buf is None:
                         buf = self.state[name] = np.empty_like(p)
-                sgd_update(p, g, buf, self.lr, self.momentum, self.weight_decay, bool(first))
+                fast.append((p, g, buf, first))
                 continue
             d = g.astype(p.dtype, copy=False)
             if self.weight_decay:
@@ -48,6 +49,8 @@ class SGD:
                     buf += d
                 d = buf
             p -= self.lr * d
+        if fast:
+            sgd_update_many(fast, self.lr, self.momentum, self.weight_decay)
 
     def state_dict(self) -> dict:
         return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,

@@ -28,7 +28,7 @@ from ..errors import GraphError, NonFiniteError
 from ..interpreter import bind_inputs
 from ..ir import Network, ops
 from ..kernels import dense
-from ..kernels.elementwise import all_finite
+from ..kernels.elementwise import all_finite, finite_many
 from .schedule import TrainingSchedule
 from .traffic import format_report, pattern_table
 
@@ -97,12 +97,10 @@ class Trainer:
         dins = self.schedule.backward(dlogits, input_grads)
         grads = dict(self.schedule.pgrads)
         grads.update(dins)
-        for k in list(self.params) + [d.name for d in self.net.inputs]:
-            if k in grads:
-                _check_finite(step, "gradient of", k, grads[k], "the weights were not updated")
+        _check_all(step, "gradient of", [(k, grads[k]) for k in list(self.params) + [d.name for d in self.net.inputs]
+                                          if k in grads], "the weights were not updated")
         self.num_batches_tracked += 1
-        for k, v in self.buffers.items():
-            _check_finite(step, "running statistic", k, v)
+        _check_all(step, "running statistic", list(self.buffers.items()))
         self.last_loss = loss
         return loss, grads
 
@@ -122,9 +120,8 @@ class Trainer:
         loss, grads = self.forward_backward(x, labels, input_grads=False)
         with _threads(self.threads):                 # (the update and the checks split over the step's threads)
             self.optimizer.step(self.params, {k: v for k, v in grads.items() if k in self.params})
-            for k, v in self.params.items():
-                _check_finite(self.num_batches_tracked, "parameter", k, v,
-                              "after the update: lower the learning rate")
+            _check_all(self.num_batches_tracked, "parameter", list(self.params.items()),
+                       "after the update: lower the learning rate")
         return loss
 
     def predict(self, x, batch: int | None = None) -> np.ndarray:
@@ -195,6 +192,14 @@ class Trainer:
         if print_it:
             print(text)
         return text
+
+
+def _check_all(step: int, what: str, items, note: str = "") -> None:
+    """_check_finite for every (name, array), in order, the finiteness of all of them read in one split
+    over the step's threads (`kernels.elementwise.finite_many`)."""
+    for (name, a), ok in zip(items, finite_many([a for _, a in items])):
+        if not ok:
+            _check_finite(step, what, name, a, note)
 
 
 def _check_finite(step: int, what: str, name: str, a, note: str = "") -> None:
