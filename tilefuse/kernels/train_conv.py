@@ -730,10 +730,10 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
     rows = g.C if g.direct else g.C * g.kk
     call = None
     if wino:
-        U = _wino_weights(w, g)
         T = ((g.H + 1) // 2) * ((g.W + 1) // 2)
-        # several output-channel blocks per tile: the tiles' V once, shared (phase 1)
-        vall = _wino_shared_input(x, g, p, pre, T) if nb_ > 1 else None
+        # several output-channel blocks per tile: the tiles' V once, shared (phase 1, with U's tasks)
+        vall, vtasks = _wino_shared_input(x, g, p, pre, T) if nb_ > 1 else (None, ())
+        U = _wino_weights(w, g, vtasks)
     elif nb_ > 1 and not (g.direct and pre.identity):
         # the same: every tile's cols once, shared (a thread-cached tile was built by each thread
         # that ran one of its blocks: twice per tile on two threads)
@@ -798,13 +798,17 @@ def _mirror_weights(w, g: ConvGeom):
     return out
 
 
-def _wino_weights(w, g: ConvGeom):
+def _wino_weights(w, g: ConvGeom, also=()):
     """Winograd filters U (16, O, C) (scratch, split over output-channel ranges): the forward
-    pass's, and the input gradient's read transposed (`train_winograd.wino_gemms_mirrored`)."""
+    pass's, and the input gradient's read transposed (`train_winograd.wino_gemms_mirrored`).
+    `also`: other tasks fn(tid) that do not read U, run in the same split (one parallel region
+    instead of two: the filter transform's region alone was half idle, its pieces short against
+    the worker's start)."""
     w2 = w.reshape(g.O, g.C * 9)                  # (O, C*3*3) rows
     out = scratch("wu", (16, g.O, g.C), w.dtype)
-    rs = _ranges(g.O, _parts())
-    split(len(rs), lambda k, tid: wg.wino_weights(w2, out, *rs[k]))
+    tasks = [(lambda tid, lo=lo, hi=hi: wg.wino_weights(w2, out, lo, hi)) for lo, hi in _ranges(g.O, _parts())]
+    tasks += list(also)
+    split(len(tasks), lambda k, tid: tasks[k](tid))
     return out
 
 
@@ -850,18 +854,17 @@ def _wino_in(x, g: ConvGeom, n0, n1, c0, c1, pre: Pre, out, vr0=0, p0=0):
 
 
 def _wino_shared_input(x, g: ConvGeom, p: Plan, pre: Pre, T, name="wv_all"):
-    """V of every tile in one buffer (16, C + 1, pitch) of the calling thread, built by tasks
-    (tile, channel range) (phase 1 of a layer whose tiles several tasks read)."""
+    """V of every tile in one buffer (16, C + 1, pitch) of the calling thread, and the tasks fn(tid)
+    (tile, channel range) that build it, for the caller to run (phase 1 of a layer whose tiles
+    several tasks read; the forward runs them with the filter transform's)."""
     C = x.shape[0]
     out = _wbuf(name, C, g.N * T, x.dtype)
     cr = _ranges(C, max(1, -(-_parts() // len(p.tiles))))
-    tasks = [(i, c) for i in range(len(p.tiles)) for c in cr]
 
-    def task(k, tid):
-        (n0, n1), (c0, c1) = p.tiles[tasks[k][0]], tasks[k][1]
+    def task(i, c0, c1):
+        n0, n1 = p.tiles[i]
         _wino_in(x, g, n0, n1, c0, c1, pre, out, c0, n0 * T)
-    split(len(tasks), task)
-    return out
+    return out, [(lambda tid, i=i, c0=c0, c1=c1: task(i, c0, c1)) for i in range(len(p.tiles)) for c0, c1 in cr]
 
 
 def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | None = None,
@@ -886,17 +889,17 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     post = post if post is not None else Post()
     post_id = post.identity
     mask_mode, nstat = post.modes()
-    # ---- the output gradient, pre-processed once (elementwise: any split gives the same bits)
+    # ---- the output gradient, pre-processed once (elementwise: any split gives the same bits; run
+    # below, with the Winograd filter transform's tasks where there is one)
+    pre_tasks = []
     if dy_pre is None:
         dy2 = dy.reshape(g.O, M)
     else:
         dz, xb, f1, bb, cc = dy_pre
         dy2 = scratch("dy", (g.O, M), x.dtype)
         dz2, xb2 = dz.reshape(g.O, M), xb.reshape(g.O, M)
-        rs = _ranges(g.O, _parts())
-        split(len(rs), lambda k, tid: _bwd_pre(dz2[rs[k][0]:rs[k][1]], xb2[rs[k][0]:rs[k][1]],
-                                               f1[rs[k][0]:rs[k][1]], bb[rs[k][0]:rs[k][1]],
-                                               cc[rs[k][0]:rs[k][1]], dy2[rs[k][0]:rs[k][1]]))
+        pre_tasks = [(lambda tid, lo=lo, hi=hi: _bwd_pre(dz2[lo:hi], xb2[lo:hi], f1[lo:hi], bb[lo:hi], cc[lo:hi],
+                                                         dy2[lo:hi])) for lo, hi in _ranges(g.O, _parts())]
     dy4 = dy2.reshape(g.O, g.N, g.ho, g.wo)
     # ---- weight gradient: partials (dw group, groups, K, og), transposed dW per conv group;
     # Winograd: (dw group, 16, C, O) transposed products
@@ -909,7 +912,9 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     sums = np.zeros((nt, 3, g.C)) if need_dx and nstat else None
     w2 = w.reshape(g.O, -1)
     wd = _mirror_weights(w, g) if need_dx and g.same and not wino else None
-    ud = _wino_weights(w, g) if need_dx and wino else None
+    ud = _wino_weights(w, g, pre_tasks) if need_dx and wino else None
+    if ud is None and pre_tasks:
+        split(len(pre_tasks), lambda k, tid: pre_tasks[k](tid))
     T = ((g.H + 1) // 2) * ((g.W + 1) // 2)
     d1w, d2w, d3w = _wino_dummies(x.dtype)
     d1, d4, d2 = dummies(x.dtype)
