@@ -148,19 +148,9 @@ def _nonfinite_sum(a):
 
 
 def all_finite(a) -> bool:
-    """np.all(np.isfinite(a)) for a float32 / float64 array without the bool temporary, split over
-    the step's threads (one read of a; the trainer checks every gradient and parameter each
-    step: ~6 ms of one core for ResNet18's 11.7M parameters with numpy)."""
-    a = np.asarray(a)
-    if a.dtype not in (np.float32, np.float64):
-        return bool(np.all(np.isfinite(a)))
-    f = a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
-    if f.shape[0] < 65536:
-        s = _nonfinite_sum(f)
-        return s == 0
-    sums = {}
-    flat_split(f.shape[0], lambda lo, hi: sums.__setitem__(lo, _nonfinite_sum(f[lo:hi])))
-    return all(v == 0 for v in sums.values())
+    """np.all(np.isfinite(a)) without the bool temporary, split over the step's threads (one read of
+    a: `finite_many` for one array)."""
+    return finite_many([a])[0]
 
 
 # pieces of the batched forms below: a step's parameters (62 arrays for ResNet18, 9.4k to 2.4M values)
@@ -204,8 +194,9 @@ def finite_many(arrays) -> list[bool]:
 
 
 def sgd_update_many(updates, lr, momentum, weight_decay) -> None:
-    """sgd_update for every (p, g, buf, first) in `updates` (float32, contiguous, one shape each), in
-    one split over the step's threads (each value's update is the same whichever piece runs it)."""
+    """In place, for every (p, g, buf, first) in `updates` (float32, contiguous, each g and buf of p's
+    shape; buf None without momentum): the SGD update of parameter p (`_sgd`), all of them in one split
+    over the step's threads (each value's update is the same whichever piece runs it)."""
     f32 = np.float32
     flat = [(p.reshape(-1), g.reshape(-1), buf.reshape(-1) if buf is not None else p.reshape(-1),
              buf is not None, bool(first)) for p, g, buf, first in updates]
@@ -217,14 +208,3 @@ def sgd_update_many(updates, lr, momentum, weight_decay) -> None:
         _sgd(p1[lo:hi], g1[lo:hi], b1[lo:hi], f32(lr), f32(momentum), f32(weight_decay),
              weight_decay != 0, has_mom, first)
     split(len(ps), task)
-
-
-def sgd_update(p, g, buf, lr, momentum, weight_decay, first):
-    """In place, split over the step's threads: the SGD update of one float32 parameter p with
-    gradient g and momentum buffer buf (all the same shape, contiguous)."""
-    f32 = np.float32
-    p1, g1 = p.reshape(-1), g.reshape(-1)
-    b1 = buf.reshape(-1) if buf is not None else p1
-    flat_split(p1.shape[0], lambda lo, hi: _sgd(
-        p1[lo:hi], g1[lo:hi], b1[lo:hi], f32(lr), f32(momentum), f32(weight_decay),
-        weight_decay != 0, buf is not None, first))
