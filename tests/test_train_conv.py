@@ -35,6 +35,10 @@ GEOMS = {
     "3x3-same-nt": (5, 5, 16, 18, 6, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     # nn_gemm on channel blocks at offsets (>= 6 rows each with the "small" blocking, forward and input gradient)
     "3x3-same-96": (2, 96, 12, 12, 96, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    # Winograd F(4x4, 3x3) (small planes): odd sizes, a partial last tile both ways, fewer images than lanes
+    "3x3-same-f4": (3, 6, 7, 5, 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    # ... and 20 images (a whole group of 16 lanes and 4), channels past 16 (the filter blocks)
+    "3x3-same-f4-20": (20, 17, 8, 6, 24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
 }
 
 
@@ -116,7 +120,8 @@ def test_conv_paths_match_torch_and_threads(geom, blocks, prekind, winograd, mon
         assert len(p.oblocks) > groups                                # several blocks indeed
     N, C, H, W, O, (kh, kw), st, pad, dil, groups = GEOMS[geom]
     g = tc.ConvGeom((N, C, H, W), (O, C // groups, kh, kw), st, pad, dil, groups)
-    assert not winograd or geom not in ("3x3-same", "3x3-same-4x4") or tc._use_wino(g, np.float32)
+    assert not winograd or not geom.startswith("3x3-same") or tc._use_wino(g, np.float32)
+    assert not winograd or tc._wino_geom(g)[0] == (4 if "f4" in geom else 2) or not tc._use_wino(g, np.float32)
     rng = np.random.default_rng(len(geom) + 7 * len(prekind))
     x = rng.standard_normal((C, N, H, W)).astype(np.float32)
     w = (rng.standard_normal((O, C // groups, kh, kw)) / np.sqrt(C * kh * kw)).astype(np.float32)
@@ -530,3 +535,81 @@ def test_wino_weights_match_float64(O, C):
     want = Ud[:, c0:c0 + m] @ vd[:, :, b0:].astype(np.float64)
     np.testing.assert_allclose(Md[:, :m, :P], want, rtol=1e-4, atol=1e-4)
     assert np.isnan(Md[:, m]).all() and np.isnan(Md[:, :, P:]).all()
+
+
+@pytest.mark.parametrize("H, W, N", [(7, 7, 20), (5, 8, 3), (8, 6, 17), (3, 5, 4), (7, 4, 33)])
+def test_wino4_transforms_match_float64(H, W, N):
+    """The F(4x4, 3x3) transforms of train_winograd (hand-factored expressions, the images as vector lanes)
+    against float64 einsums of the paper's matrices (conv/winograd.py's BT4, G4, AT4): the input and dy
+    transforms for images [1, N) and channels at a row / patch offset (patch p = tile * images + image),
+    the output transform's H x W crop, U, the rotated Ud, and dW = G^T (sum of partials) G; nothing
+    outside the written ranges is touched."""
+    from tilefuse.kernels import train_winograd as wg
+    from tilefuse.kernels.conv.winograd import AT4, BT4, G4
+    rng = np.random.default_rng(H * 100 + W * 10 + N)
+    th, tw = -(-H // 4), -(-W // 4)
+    T, nn, C, c0, c1, vr0, p0 = th * tw, N - 1, 5, 1, 4, 2, 3
+    x = rng.standard_normal((C, N, H, W)).astype(np.float32)
+    pad = np.zeros((C, N, 4 * th + 2, 4 * tw + 2))
+    pad[:, :, 1:H + 1, 1:W + 1] = x
+    ld = wg.pitch(8, p0 + nn * T)
+    V = np.full((36, 8, ld), np.nan, np.float32)
+    d1, d2 = np.ones(1, np.float32), np.zeros((1, 1), np.float32)
+    wg.wino_input(x.reshape(C, -1), d1, d1, d2, d1, d1, d2, V, vr0, p0, 1, N, c0, c1, H, W, False, 0, False,
+                  False)
+    for t in range(T):
+        ty, tx = divmod(t, tw)
+        d = pad[c0:c1, 1:, 4 * ty:4 * ty + 6, 4 * tx:4 * tx + 6]
+        ref = np.einsum("ij,cnjk,lk->ilcn", BT4, d, BT4).reshape(36, c1 - c0, nn)
+        got = V[:, vr0:vr0 + c1 - c0, p0 + t * nn:p0 + (t + 1) * nn]
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert np.isnan(V[:, :vr0]).all() and np.isnan(V[:, vr0 + c1 - c0:]).all()
+    assert np.isnan(V[:, :, :p0]).all() and np.isnan(V[:, :, p0 + nn * T:]).all()
+    # dy: A g A^T of the 4x4 tiles (zero past H x W)
+    dy = rng.standard_normal((C, N, H, W)).astype(np.float32)
+    dpad = np.zeros((C, N, 4 * th, 4 * tw))
+    dpad[:, :, :H, :W] = dy
+    D = np.full((36, 8, ld), np.nan, np.float32)
+    wg.wino_dy(dy.reshape(C, -1), D, vr0, p0, 1, N, c0, c1, H, W)
+    for t in range(T):
+        ty, tx = divmod(t, tw)
+        gt = dpad[c0:c1, 1:, 4 * ty:4 * ty + 4, 4 * tx:4 * tx + 4]
+        ref = np.einsum("ji,cnjk,kl->ilcn", AT4, gt, AT4).reshape(36, c1 - c0, nn)
+        got = D[:, vr0:vr0 + c1 - c0, p0 + t * nn:p0 + (t + 1) * nn]
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert np.isnan(D[:, :vr0]).all() and np.isnan(D[:, :, p0 + nn * T:]).all()
+    # output: A^T m A, cropped, rows o0.. of y for images [1, N)
+    rows, o0 = 3, 1
+    M = rng.standard_normal((36, rows + 1, wg.pitch(rows, nn * T))).astype(np.float32)
+    y = np.full((rows + 2, N * H * W), np.nan, np.float32)
+    wg.wino_output(M, rows, y, 1, N, o0, H, W)
+    got = y.reshape(rows + 2, N, H, W)
+    for t in range(T):
+        ty, tx = divmod(t, tw)
+        m = M[:, :rows, t * nn:(t + 1) * nn].astype(np.float64).reshape(6, 6, rows, nn)
+        ref = np.einsum("ia,abon,jb->onij", AT4, m, AT4)[:, :, :H - 4 * ty, :W - 4 * tx]
+        h, w_ = ref.shape[2], ref.shape[3]
+        np.testing.assert_allclose(got[o0:o0 + rows, 1:, 4 * ty:4 * ty + h, 4 * tx:4 * tx + w_], ref,
+                                   rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert np.isnan(got[:o0]).all() and np.isnan(got[o0 + rows:]).all() and np.isnan(got[:, 0]).all()
+    # filters: U (36, O, C) of rows [1, O), Ud (36, C, O) of the rotated filters for channels [1, C)
+    O, Cw = 21, 19
+    w = rng.standard_normal((O, Cw, 3, 3)).astype(np.float32)
+    U = np.full((36, O, Cw), np.nan, np.float32)
+    wg.wino4_weights(w.reshape(O, -1), U, 1, O)
+    ref = np.einsum("ai,ocij,bj->aboc", G4, w.astype(np.float64), G4).reshape(36, O, Cw)
+    assert np.isnan(U[:, 0]).all()
+    np.testing.assert_allclose(U[:, 1:], ref[:, 1:], rtol=1e-5, atol=1e-6)
+    Ud = np.full((36, Cw, O), np.nan, np.float32)
+    wg.wino4_weights_mirrored(w.reshape(O, -1), Ud, 1, Cw)
+    ref = np.einsum("ai,ocij,bj->abco", G4, w[:, :, ::-1, ::-1].astype(np.float64), G4).reshape(36, Cw, O)
+    assert np.isnan(Ud[:, 0]).all()
+    np.testing.assert_allclose(Ud[:, 1:], ref[:, 1:], rtol=1e-5, atol=1e-6)
+    # dW = G^T m G, m = the 2 partials summed in order, rows [1, O)
+    Mw = rng.standard_normal((2, 36, O, Cw)).astype(np.float32)
+    dw = np.full((O, Cw, 3, 3), np.nan, np.float32)
+    wg.wino_dw(Mw, dw, 1, O)
+    m = (Mw[0] + Mw[1]).astype(np.float64).reshape(6, 6, O, Cw)
+    ref = np.einsum("ai,aboc,bj->ocij", G4, m, G4)
+    assert np.isnan(dw[0]).all()
+    np.testing.assert_allclose(dw[1:], ref[1:], rtol=1e-5, atol=1e-5)

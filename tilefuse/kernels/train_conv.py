@@ -524,8 +524,9 @@ class Plan:
         Cg = g.C // g.groups
         og = g.O // g.groups
         self.wino = wino
-        if wino:                 # Winograd: th*tw patches per image, 16*C (16*O) values each
-            unit, rows = ((g.H + 1) // 2) * ((g.W + 1) // 2), 16 * max(g.C, g.O)
+        planes = _wino_geom(g)[1] if wino else 0
+        if wino:                 # Winograd: th*tw patches per image, 16*C or 36*C (*O) values each
+            unit, rows = _wino_geom(g)[2], planes * max(g.C, g.O)
         else:                    # operand rows per column of cols (and of dy's im2col)
             unit, rows = (1 if g.direct else hw), max(g.C * g.kk, g.O * g.kk if g.same else 0)
         m = max(MIN_COLS, min(MAX_COLS, COLS_BYTES // max(rows * itemsize, 1)))
@@ -547,7 +548,7 @@ class Plan:
         # weight gradient: tile groups that accumulate their own partial dW, as many as TASKS
         # needs while the partials stay within DW_PARTIAL_BYTES; input-channel blocks (of >=
         # MIN_KROWS cols rows, or 64 channels for Winograd) for the rest
-        dw_bytes = g.O * (16 * g.C if wino else g.K) * itemsize
+        dw_bytes = g.O * (planes * g.C if wino else g.K) * itemsize
         ng = max(1, min(nt, TASKS, DW_PARTIAL_BYTES // max(dw_bytes, 1)))
         if wino:
             # Winograd's weight-gradient GEMMs reduce over patches: long chunks of them
@@ -576,6 +577,13 @@ def plan(key, itemsize=4, wino=False) -> Plan:
 
 def _use_wino(g: ConvGeom, dtype) -> bool:
     return WINOGRAD and g.wino and np.dtype(dtype) == np.float32
+
+
+def _wino_geom(g: ConvGeom):
+    """(m, planes, T) of a Winograd conv: F(m x m, 3x3) (`train_winograd.wino_m`: 4 on small planes),
+    (m + 2)^2 transform planes, T patches an image."""
+    m = wg.wino_m(g.H, g.W)
+    return m, (m + 2) * (m + 2), wg.wino_tiles(g.H, g.W, m)
 
 
 # ============================================================================ python wrappers
@@ -730,7 +738,7 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
     rows = g.C if g.direct else g.C * g.kk
     call = None
     if wino:
-        T = ((g.H + 1) // 2) * ((g.W + 1) // 2)
+        _, planes, T = _wino_geom(g)
         # several output-channel blocks per tile: the tiles' V once, shared (phase 1, with U's tasks)
         vall, vtasks = _wino_shared_input(x, g, p, pre, T) if nb_ > 1 else (None, ())
         U = _wino_weights(w, g, vtasks)
@@ -747,10 +755,10 @@ def conv_forward_cnhw(x, w, g: ConvGeom, bias=None, pre: Pre = IDENTITY, stats=N
             n0, n1 = p.tiles[i]
             P = (n1 - n0) * T
             if vall is None:
-                V, b0 = _wino_in(x, g, n0, n1, 0, g.C, pre, _wbuf("wv", g.C, P, x.dtype)), 0
+                V, b0 = _wino_in(x, g, n0, n1, 0, g.C, pre, _wbuf("wv", g.C, P, x.dtype, planes)), 0
             else:
                 V, b0 = vall, n0 * T
-            Mt = _wbuf("wm", o1 - o0, P, x.dtype)
+            Mt = _wbuf("wm", o1 - o0, P, x.dtype, planes)
             if wg.nn_fits(o1 - o0, g.C, P):
                 wg.wino_gemms_nn(U, V, Mt, o0, 0, b0, 0, o1 - o0, g.C, P)
             else:
@@ -798,15 +806,25 @@ def _mirror_weights(w, g: ConvGeom):
     return out
 
 
-def _wino_weights(w, g: ConvGeom, also=()):
+def _wino_weights(w, g: ConvGeom, also=(), mirrored=False):
     """Winograd filters U (16, O, C) (scratch, split over output-channel ranges): the forward
-    pass's, and the input gradient's read transposed (`train_winograd.wino_gemms_mirrored`).
-    `also`: other tasks fn(tid) that do not read U, run in the same split (one parallel region
-    instead of two: the filter transform's region alone was half idle, its pieces short against
-    the worker's start)."""
+    pass's, and with F(2x2) the input gradient's read transposed (`train_winograd.wino_gemms_mirrored`);
+    F(4x4): U (36, O, C), or with `mirrored` the input gradient's Ud (36, C, O) of the rotated filters
+    (split over input-channel ranges). `also`: other tasks fn(tid) that do not read U, run in the same
+    split (one parallel region instead of two: the filter transform's region alone was half idle, its
+    pieces short against the worker's start)."""
     w2 = w.reshape(g.O, g.C * 9)                  # (O, C*3*3) rows
-    out = scratch("wu", (16, g.O, g.C), w.dtype)
-    tasks = [(lambda tid, lo=lo, hi=hi: wg.wino_weights(w2, out, lo, hi)) for lo, hi in _ranges(g.O, _parts())]
+    m, planes, _ = _wino_geom(g)
+    if m == 2:
+        out = scratch("wu", (16, g.O, g.C), w.dtype)
+        tasks = [(lambda tid, lo=lo, hi=hi: wg.wino_weights(w2, out, lo, hi)) for lo, hi in _ranges(g.O, _parts())]
+    elif not mirrored:
+        out = scratch("wu", (planes, g.O, g.C), w.dtype)
+        tasks = [(lambda tid, lo=lo, hi=hi: wg.wino4_weights(w2, out, lo, hi)) for lo, hi in _ranges(g.O, _parts())]
+    else:
+        out = scratch("wud", (planes, g.C, g.O), w.dtype)
+        tasks = [(lambda tid, lo=lo, hi=hi: wg.wino4_weights_mirrored(w2, out, lo, hi))
+                 for lo, hi in _ranges(g.C, _parts())]
     tasks += list(also)
     split(len(tasks), lambda k, tid: tasks[k](tid))
     return out
@@ -834,9 +852,9 @@ def _mm(a, b, out):
         gemm(a, b, out)
 
 
-def _wbuf(name, rows, P, dtype):
-    """A Winograd buffer (16, rows + 1, pitch) for `rows` rows of P patches (train_winograd.pitch)."""
-    return scratch(name, (16, rows + 1, wg.pitch(rows, P)), dtype)
+def _wbuf(name, rows, P, dtype, planes=16):
+    """A Winograd buffer (planes, rows + 1, pitch) for `rows` rows of P patches (train_winograd.pitch)."""
+    return scratch(name, (planes, rows + 1, wg.pitch(rows, P)), dtype)
 
 
 def _wino_dummies(dtype):
@@ -845,8 +863,8 @@ def _wino_dummies(dtype):
 
 
 def _wino_in(x, g: ConvGeom, n0, n1, c0, c1, pre: Pre, out, vr0=0, p0=0):
-    """Winograd input transform of t(x), images [n0, n1), channels [c0, c1), into `out` (16,
-    rows, pitch) at row vr0 and patch column p0."""
+    """Winograd input transform of t(x), images [n0, n1), channels [c0, c1), into `out` (16 or 36
+    planes, rows, pitch) at row vr0 and patch column p0."""
     C = x.shape[0]
     wg.wino_input(x.reshape(C, -1), *pre.args(x.dtype, C), out, vr0, p0, n0, n1, c0, c1, g.H,
                   g.W, *pre.flags())
@@ -854,11 +872,11 @@ def _wino_in(x, g: ConvGeom, n0, n1, c0, c1, pre: Pre, out, vr0=0, p0=0):
 
 
 def _wino_shared_input(x, g: ConvGeom, p: Plan, pre: Pre, T, name="wv_all"):
-    """V of every tile in one buffer (16, C + 1, pitch) of the calling thread, and the tasks fn(tid)
+    """V of every tile in one buffer (planes, C + 1, pitch) of the calling thread, and the tasks fn(tid)
     (tile, channel range) that build it, for the caller to run (phase 1 of a layer whose tiles
     several tasks read; the forward runs them with the filter transform's)."""
     C = x.shape[0]
-    out = _wbuf(name, C, g.N * T, x.dtype)
+    out = _wbuf(name, C, g.N * T, x.dtype, _wino_geom(g)[1])
     cr = _ranges(C, max(1, -(-_parts() // len(p.tiles))))
 
     def task(i, c0, c1):
@@ -902,9 +920,10 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
                                                          dy2[lo:hi])) for lo, hi in _ranges(g.O, _parts())]
     dy4 = dy2.reshape(g.O, g.N, g.ho, g.wo)
     # ---- weight gradient: partials (dw group, groups, K, og), transposed dW per conv group;
-    # Winograd: (dw group, 16, C, O) transposed products
+    # Winograd: (dw group, planes, O, C) products
+    wm, planes, T = _wino_geom(g) if wino else (0, 0, 0)
     ng = len(p.dw_chunks) if wino else len(p.dw_groups)
-    dwp = scratch("dwp", (ng, 16, g.O, g.C) if wino else (ng, g.groups, K, og), w.dtype)
+    dwp = scratch("dwp", (ng, planes, g.O, g.C) if wino else (ng, g.groups, K, og), w.dtype)
     dbp = np.zeros((g.N if wino else nt, g.O)) if has_bias else None    # per tile / chunk
     # ---- input gradient
     dx = np.empty((g.C, g.N, g.H, g.W), x.dtype) if need_dx else None
@@ -912,10 +931,9 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     sums = np.zeros((nt, 3, g.C)) if need_dx and nstat else None
     w2 = w.reshape(g.O, -1)
     wd = _mirror_weights(w, g) if need_dx and g.same and not wino else None
-    ud = _wino_weights(w, g, pre_tasks) if need_dx and wino else None
+    ud = _wino_weights(w, g, pre_tasks, mirrored=True) if need_dx and wino else None
     if ud is None and pre_tasks:
         split(len(pre_tasks), lambda k, tid: pre_tasks[k](tid))
-    T = ((g.H + 1) // 2) * ((g.W + 1) // 2)
     d1w, d2w, d3w = _wino_dummies(x.dtype)
     d1, d4, d2 = dummies(x.dtype)
     C2 = (lambda t: d2 if t is None else t.reshape(g.C, -1))
@@ -926,8 +944,8 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     xtasks = [(i, cb) for i in range(nt) for cb in range(len(p.cblocks))] if need_dx else []
     dall = vdall = None
     if wino:      # transforms of dy that several tasks read: once, shared (phase 1)
-        dall = _wbuf("wdy_all", g.O, g.N * T, x.dtype) if len(p.kblocks) > 1 else None
-        vdall = (_wbuf("wvd_all", g.O, g.N * T, x.dtype)
+        dall = _wbuf("wdy_all", g.O, g.N * T, x.dtype, planes) if len(p.kblocks) > 1 else None
+        vdall = (_wbuf("wvd_all", g.O, g.N * T, x.dtype, planes)
                  if need_dx and len(p.cblocks) > 1 else None)
         ors = _ranges(g.O, max(1, -(-_parts() // nt)))
         ptasks = ([("d", a, b, o) for c in p.dw_chunks for a, b in c for o in ors]
@@ -947,9 +965,9 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
         _, c_lo, c_hi = p.kblocks[kb]
         for ci, (n0, n1) in enumerate(p.dw_chunks[gg]):
             P = (n1 - n0) * T
-            vx = _wino_in(x, g, n0, n1, c_lo, c_hi, pre, _wbuf("wvx", c_hi - c_lo, P, x.dtype))
+            vx = _wino_in(x, g, n0, n1, c_lo, c_hi, pre, _wbuf("wvx", c_hi - c_lo, P, x.dtype, planes))
             if dall is None:
-                D, b0 = _wbuf("wdy", g.O, P, x.dtype), 0
+                D, b0 = _wbuf("wdy", g.O, P, x.dtype, planes), 0
                 wg.wino_dy(dy2, D, 0, 0, n0, n1, 0, g.O, g.H, g.W)
             else:
                 D, b0 = dall, n0 * T
@@ -959,7 +977,7 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
                 wg.wino_gemms_nt(D, vx, dwp[gg], 0, g.O, P, c_hi - c_lo, b0, c_lo, beta)
             elif ci == 0 and wg.nn_fits(g.O, P, c_hi - c_lo):
                 # few patches (the 4x4 layers' 128): V^T (P, block) in scratch, then the NN form
-                vt = scratch("wvt", (16, P, c_hi - c_lo), x.dtype)
+                vt = scratch("wvt", (planes, P, c_hi - c_lo), x.dtype)
                 wg.transpose_planes(vx, vt, c_hi - c_lo, P)
                 wg.wino_gemms_nn(D, vt, dwp[gg], 0, b0, 0, c_lo, g.O, P, c_hi - c_lo)
             else:
@@ -974,13 +992,18 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
         c0, c1 = p.cols(i)
         P = (n1 - n0) * T
         if vdall is None:
-            vd, b0 = _wbuf("wvd", g.O, P, x.dtype), 0
+            vd, b0 = _wbuf("wvd", g.O, P, x.dtype, planes), 0
             wg.wino_input(dy2, d1w, d1w, d2w, d1w, d1w, d2w, vd, 0, 0, n0, n1, 0, g.O, g.H, g.W,
                           False, 0, False, False)
         else:
             vd, b0 = vdall, n0 * T
-        Md = _wbuf("wmd", c_hi - c_lo, P, x.dtype)
-        wg.wino_gemms_mirrored(SGEMM, ud, vd, Md, c_lo, c_hi - c_lo, g.O, P, b0)
+        Md = _wbuf("wmd", c_hi - c_lo, P, x.dtype, planes)
+        if wm == 2:
+            wg.wino_gemms_mirrored(SGEMM, ud, vd, Md, c_lo, c_hi - c_lo, g.O, P, b0)
+        elif wg.nn_fits(c_hi - c_lo, g.O, P):           # F(4x4): Ud (36, C, O) as it is
+            wg.wino_gemms_nn(ud, vd, Md, c_lo, 0, b0, 0, c_hi - c_lo, g.O, P)
+        else:
+            wg.wino_gemms(SGEMM, ud, vd, Md, c_lo, c_hi - c_lo, g.O, P, b0, 0.0, False)
         wg.wino_output(Md, c_hi - c_lo, dx2, n0, n1, c_lo, g.H, g.W)
         if not post_id:
             s1, s2a, s2b = ((sums[i, 0, c_lo:c_hi], sums[i, 1, c_lo:c_hi], sums[i, 2, c_lo:c_hi])

@@ -1,6 +1,7 @@
 """Winograd F(2x2, 3x3) for training: the forward pass, the input gradient and the weight
 gradient of a 3x3, stride-1, pad-1 ("same"), one-group convolution on CNHW tensors, with the
-fused pre- and post-processing of `train_conv.py` (ResNet's 3x3 convs).
+fused pre- and post-processing of `train_conv.py` (ResNet's 3x3 convs); F(4x4, 3x3) on planes
+whose larger side is 5-8 (section "F(4x4, 3x3)": the same tasks and GEMMs on 36 planes).
 
 Each 2x2 output tile p of an image reads a 4x4 input patch d (rows 2ty-1 .. 2ty+2, columns
 2tx-1 .. 2tx+2, zero outside the image). With the F(2x2, 3x3) matrices
@@ -175,8 +176,10 @@ def wino_input(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affin
     Small planes (W <= LANES_MAX_W) of tasks with >= LANES_MIN_IMAGES images run
     `_wino_input_lanes` (the images as vector lanes), the others `_wino_input_planes` (one plane
     at a time, vectors along its rows). Both compute every value with the same operations in the
-    same order: the same bits, in their patch orders."""
-    if lanes(W, n1 - n0):
+    same order: the same bits, in their patch orders. A V of 36 planes takes F(4x4, 3x3) (`wino4_input`)."""
+    if V.shape[0] == 36:
+        wino4_input(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind, relu, write_r)
+    elif lanes(W, n1 - n0):
         _wino_input_lanes(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind,
                           relu, write_r)
     else:
@@ -377,6 +380,18 @@ def _output_tile(Mf, u, S):
     return s00 + s01 + s02, s01 - s02 - s03, s10 + s11 + s12, s11 - s12 - s13
 
 
+@nb.njit(inline="always", **JIT)
+def _lanes_crop(Y, yr, y0, HW, H, W, m):
+    """yr[y0 + n HW + i W + j] = Y[i, j, n] for n < m (the lanes' output planes, cropped to H x W)."""
+    for n in range(m):
+        yb = y0 + n * HW
+        for i in range(H):
+            yi = Y[i]
+            r = yb + i * W
+            for j in range(W):
+                yr[r + j] = yi[j, n]
+
+
 @nb.njit(**JIT)
 def _wino_output_lanes(M, rows, y2, n0, n1, o0, H, W):
     """`wino_output` for the `lanes` patch order (p = tile * images + image): per output row and
@@ -413,21 +428,18 @@ def _wino_output_lanes(M, rows, y2, n0, n1, o0, H, W):
                     yf[w + L1] = y01
                     yf[w + R1] = y10
                     yf[w + R1 + L1] = y11
-            for n in range(m):                       # the images' H x W crops
-                yb = (n0 + m0 + n) * HW
-                for i in range(H):
-                    yi = Y[i]
-                    r = yb + i * W
-                    for j in range(W):
-                        yr[r + j] = yi[j, n]
+            _lanes_crop(Y, yr, (n0 + m0) * HW, HW, H, W, m)     # the images' H x W crops
 
 
 @nb.njit(**JIT)
 def wino_output(M, rows, y2, n0, n1, o0, H, W):
     """y2[o0 + o, image n, 2x2 tile p] = A^T M[:, o, p] A, cropped to H x W, for the rows
     o < rows of M (16, >= rows + 1, >= patches) and images [n0, n1), patches in the `lanes` order
-    where that holds (`_wino_output_lanes`), else `_wino_output_planes`."""
-    if lanes(W, n1 - n0):
+    where that holds (`_wino_output_lanes`), else `_wino_output_planes`; an M of 36 planes: F(4x4, 3x3)
+    (`wino4_output`)."""
+    if M.shape[0] == 36:
+        wino4_output(M, rows, y2, n0, n1, o0, H, W)
+    elif lanes(W, n1 - n0):
         _wino_output_lanes(M, rows, y2, n0, n1, o0, H, W)
     else:
         _wino_output_planes(M, rows, y2, n0, n1, o0, H, W)
@@ -567,8 +579,11 @@ def _wino_dy_lanes(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
 def wino_dy(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
     """D[xi, dr0 + o - o0, p0 + p] = (A g A^T)[xi] for the 2x2 tiles g of dy (zero beyond
     H x W), A = [[1, 0], [1, 1], [1, -1], [0, -1]], images [n0, n1), channels [o0, o1); patches
-    in the `lanes` order where that holds (`_wino_dy_lanes`), else `_wino_dy_planes`."""
-    if lanes(W, n1 - n0):
+    in the `lanes` order where that holds (`_wino_dy_lanes`), else `_wino_dy_planes`; a D of 36 planes:
+    F(4x4, 3x3) (`wino4_dy`)."""
+    if D.shape[0] == 36:
+        wino4_dy(dy2, D, dr0, p0, n0, n1, o0, o1, H, W)
+    elif lanes(W, n1 - n0):
         _wino_dy_lanes(dy2, D, dr0, p0, n0, n1, o0, o1, H, W)
     else:
         _wino_dy_planes(dy2, D, dr0, p0, n0, n1, o0, o1, H, W)
@@ -679,7 +694,10 @@ def wino_dw(Mw, dw4, o0, o1):
     Per output channel: the partial sums and G^T m G vectorized over the input channels, then
     stored as dw4[o]'s C * 9 contiguous floats. (With the products transposed, (C, O), the 9 taps
     of one (o, c) went 18 KB apart from the next o's: 2.8 ns a weight at 512 x 512 channels on the
-    Emerald Rapids VM.)"""
+    Emerald Rapids VM.) An Mw of 36 planes: F(4x4, 3x3) (`wino4_dw`)."""
+    if Mw.shape[1] == 36:
+        wino4_dw(Mw, dw4, o0, o1)
+        return
     Q = Mw.shape[0]
     C = Mw.shape[3]
     m = np.empty((16, C), Mw.dtype)
@@ -715,6 +733,365 @@ def wino_dw(Mw, dw4, o0, o1):
             gl[6, c] = t20 + half * (t21 + t22)
             gl[7, c] = half * (t21 - t22)
             gl[8, c] = half * (t21 + t22) + t23
+        g = dw4[o]
+        for c in range(C):
+            for r in range(3):
+                for j in range(3):
+                    g[c, r, j] = gl[3 * r + j, c]
+
+
+# ============================================================================ F(4x4, 3x3)
+# Small planes (the 7x7 layers of a 112x112 ResNet): 4x4 output tiles of 6x6 patches, 36 GEMMs with 36
+# multiplies per 16 outputs instead of 64 (F(2x2): 4 tiles of 16), on the same padded 8x8 cover of a 7x7
+# plane. The matrices are Lavin & Gray's (points 0, 1, -1, 2, -2, inf; `conv/winograd.py` BT4, G4, AT4):
+#
+#     B^T d: (4d0 - 5d2 + d4, (d4 - 4d2) +- (d3 - 4d1), (d4 - d2) +- 2(d3 - d1), 4d1 - 5d3 + d5)
+#     G g:   (g0/4, -(g0 + g2 +- g1)/6, (g0/24 + g2/6) +- g1/12, g2)
+#     A^T m: (m0 + (m1 + m2) + (m3 + m4), (m1 - m2) + 2(m3 - m4), (m1 + m2) + 4(m3 + m4),
+#             (m1 - m2) + 8(m3 - m4) + m5)
+#     A t (the weight gradient's dy tiles, 4 -> 6): (t0, (t0 + t2) +- (t1 + t3), (t0 + 4t2) +- (2t1 + 8t3), t3)
+#     G^T m (its 6 -> 3): (m0/4 - (m1 + m2)/6 + (m3 + m4)/24, (m2 - m1)/6 + (m3 - m4)/12,
+#                          ((m3 + m4) - (m1 + m2))/6 + m5)
+#
+# xi = 6a + b. The input gradient's filters are not a permutation of U (the points are not closed under
+# x -> 1/x as F(2x2)'s are): Ud (36, C, O) is transformed from the rotated filters (`wino4_weights_mirrored`).
+# Every transform runs with the task's images as the vector lanes (patch p = tile * images + image, the
+# `lanes` order, for any image count), in two stages through a small buffer (6 values a lane per loop:
+# no spills). Larger coefficients than F(2x2): float32 errors ~10x larger (still ~1e-6 of the output's
+# largest value in the tests).
+WINO4_MIN, WINO4_MAX = 5, 8     # planes whose larger side is in this range run F(4x4, 3x3)
+
+
+def wino_m(H: int, W: int) -> int:
+    """The output tile side of a training Winograd conv on H x W planes: 4 (F(4x4, 3x3)) or 2."""
+    return 4 if WINO4_MIN <= max(H, W) <= WINO4_MAX else 2
+
+
+def wino_tiles(H: int, W: int, m: int) -> int:
+    """Output tiles (patches) a plane has."""
+    return -(-H // m) * -(-W // m)
+
+
+@nb.njit(inline="always", **JIT)
+def _bt6(d0, d1, d2, d3, d4, d5):
+    f2, f4, f5 = np.float32(2.0), np.float32(4.0), np.float32(5.0)
+    t1 = d4 - f4 * d2
+    t2 = d3 - f4 * d1
+    t3 = d4 - d2
+    t4 = f2 * (d3 - d1)
+    return f4 * d0 - f5 * d2 + d4, t1 + t2, t1 - t2, t3 + t4, t3 - t4, f4 * d1 - f5 * d3 + d5
+
+
+@nb.njit(inline="always", **JIT)
+def _at6(m0, m1, m2, m3, m4, m5):
+    f2, f4, f8 = np.float32(2.0), np.float32(4.0), np.float32(8.0)
+    a = m1 + m2
+    b = m1 - m2
+    c = m3 + m4
+    d = m3 - m4
+    return m0 + a + c, b + f2 * d, a + f4 * c, b + f8 * d + m5
+
+
+@nb.njit(inline="always", **JIT)
+def _a6(t0, t1, t2, t3):
+    f2, f4, f8 = np.float32(2.0), np.float32(4.0), np.float32(8.0)
+    p = t0 + t2
+    q = t1 + t3
+    p4 = t0 + f4 * t2
+    q4 = f2 * t1 + f8 * t3
+    return t0, p + q, p - q, p4 + q4, p4 - q4, t3
+
+
+@nb.njit(inline="always", **JIT)
+def _g6(g0, g1, g2):
+    c4, c6 = np.float32(0.25), np.float32(1.0 / 6.0)
+    c12, c24 = np.float32(1.0 / 12.0), np.float32(1.0 / 24.0)
+    s = g0 + g2
+    a = c24 * g0 + c6 * g2
+    b = c12 * g1
+    return c4 * g0, -c6 * (s + g1), -c6 * (s - g1), a + b, a - b, g2
+
+
+@nb.njit(inline="always", **JIT)
+def _gt6(m0, m1, m2, m3, m4, m5):
+    c4, c6 = np.float32(0.25), np.float32(1.0 / 6.0)
+    c12, c24 = np.float32(1.0 / 12.0), np.float32(1.0 / 24.0)
+    a = m1 + m2
+    c = m3 + m4
+    return c4 * m0 - c6 * a + c24 * c, c6 * (m2 - m1) + c12 * (m3 - m4), c6 * (c - a) + m5
+
+
+@nb.njit(inline="always", **JIT)
+def _to_lanes(src, buf, r0, HW, H, W, m):
+    """buf[r0 + i, r0 + j, n] = src[n HW + i W + j] for the m images of src (planes of H x W) as lanes."""
+    for i in range(H):
+        for j in range(W):
+            dst = buf[r0 + i, r0 + j]
+            q = i * W + j
+            for n in range(m):
+                dst[n] = src[q + n * HW]
+
+
+@nb.njit(inline="always", **JIT)
+def _lanes_to_rows(Z, Xf, base, S, nn, m):
+    """Xf[base + xi S + t nn + n] = Z[t, xi, n] for n < m: the tiles' values of m images stored in the
+    `lanes` patch order, each (xi, tile) a contiguous run of the images."""
+    for k in range(Z.shape[1]):
+        vk = base + k * S
+        for t in range(Z.shape[0]):
+            zt = Z[t, k]
+            vt = vk + t * nn
+            for n in range(m):
+                Xf[vt + n] = zt[n]
+
+
+@nb.njit(**JIT)
+def wino4_input(x2, a, b, s2, a2, b2, r2, V, vr0, p0, n0, n1, c0, c1, H, W, affine, skind, relu, write_r):
+    """`wino_input` for F(4x4, 3x3): V[xi, vr0 + c - c0, p0 + t * (n1 - n0) + n - n0] = (B^T d B)[xi] of
+    the 6x6 patch d of tile t (rows 4ty - 1 .. 4ty + 4, columns 4tx - 1 .. 4tx + 4, zero outside the
+    plane) of t(x), V (36, rows, pitch). Per channel and group of LN images: the padded planes
+    transposed to pbn (rows, cols, LN images), per tile B^T d column by column into E, then (B^T d) B row
+    by row into Z (tiles, 36, LN), stored as runs of V's rows."""
+    th = (H + 3) // 4
+    tw = (W + 3) // 4
+    HW = H * W
+    T = th * tw
+    nn = n1 - n0
+    tmp = np.empty(nn * HW, V.dtype)
+    pbn = np.zeros((4 * th + 2, 4 * tw + 2, LN), V.dtype)   # border stays 0
+    E = np.empty((6, 6, LN), V.dtype)
+    Z = np.empty((T, 36, LN), V.dtype)
+    ld = V.shape[2]
+    S = V.shape[1] * ld
+    Vf = V.reshape(V.size)
+    for c in range(c0, c1):
+        transform_rows(x2, a, b, s2, a2, b2, r2, c, n0 * HW, n1 * HW, tmp, affine, skind, relu, write_r)
+        base = (vr0 + c - c0) * ld + p0
+        for m0 in range(0, nn, LN):
+            m = min(LN, nn - m0)                     # images in this group (lanes >= m: not stored)
+            _to_lanes(tmp[m0 * HW:(m0 + m) * HW], pbn, 1, HW, H, W, m)
+            for ty in range(th):
+                for tx in range(tw):
+                    r0 = 4 * ty
+                    for j in range(6):               # B^T d: column j
+                        cj = 4 * tx + j
+                        q0, q1, q2 = pbn[r0, cj], pbn[r0 + 1, cj], pbn[r0 + 2, cj]
+                        q3, q4, q5 = pbn[r0 + 3, cj], pbn[r0 + 4, cj], pbn[r0 + 5, cj]
+                        e0, e1, e2, e3, e4, e5 = E[0, j], E[1, j], E[2, j], E[3, j], E[4, j], E[5, j]
+                        for n in range(LN):
+                            v0, v1, v2, v3, v4, v5 = _bt6(q0[n], q1[n], q2[n], q3[n], q4[n], q5[n])
+                            e0[n], e1[n], e2[n], e3[n], e4[n], e5[n] = v0, v1, v2, v3, v4, v5
+                    zt = Z[ty * tw + tx]
+                    for r in range(6):               # (B^T d) B: row r
+                        q0, q1, q2, q3, q4, q5 = E[r, 0], E[r, 1], E[r, 2], E[r, 3], E[r, 4], E[r, 5]
+                        z0, z1, z2 = zt[6 * r], zt[6 * r + 1], zt[6 * r + 2]
+                        z3, z4, z5 = zt[6 * r + 3], zt[6 * r + 4], zt[6 * r + 5]
+                        for n in range(LN):
+                            v0, v1, v2, v3, v4, v5 = _bt6(q0[n], q1[n], q2[n], q3[n], q4[n], q5[n])
+                            z0[n], z1[n], z2[n], z3[n], z4[n], z5[n] = v0, v1, v2, v3, v4, v5
+            _lanes_to_rows(Z, Vf, base + m0, S, nn, m)
+
+
+@nb.njit(**JIT)
+def wino4_output(M, rows, y2, n0, n1, o0, H, W):
+    """`wino_output` for F(4x4, 3x3): y2[o0 + o, image n, 4x4 tile t] = A^T M[:, o, p] A (p = t *
+    (n1 - n0) + n - n0), cropped to H x W, for the rows o < rows of M (36, >= rows + 1, >= patches).
+    Per row and group of LN images: A^T m column by column into E, (A^T m) A row by row into Y (the LN
+    output planes padded to multiples of 4, images innermost), then each image's crop stored."""
+    th = (H + 3) // 4
+    tw = (W + 3) // 4
+    HW = H * W
+    T = th * tw
+    nn = n1 - n0
+    ld = M.shape[2]
+    S = M.shape[1] * ld
+    Mf = M.reshape(M.size)
+    Y = np.empty((4 * th, 4 * tw, LN), M.dtype)
+    E = np.empty((4, 6, LN), M.dtype)
+    for o in range(rows):
+        yr = y2[o0 + o]
+        for m0 in range(0, nn, LN):
+            m = min(LN, nn - m0)             # lanes >= m read the next patches or M's spare row: not stored
+            for t in range(T):
+                q = o * ld + t * nn + m0
+                ty = t // tw
+                tx = t - ty * tw
+                for j in range(6):           # A^T m: column j (m rows a: planes 6a + j)
+                    u = q + j * S
+                    e0, e1, e2, e3 = E[0, j], E[1, j], E[2, j], E[3, j]
+                    for n in range(LN):
+                        w0, w1, w2, w3 = _at6(Mf[u + n], Mf[u + 6 * S + n], Mf[u + 12 * S + n],
+                                              Mf[u + 18 * S + n], Mf[u + 24 * S + n], Mf[u + 30 * S + n])
+                        e0[n], e1[n], e2[n], e3[n] = w0, w1, w2, w3
+                for r in range(4):           # (A^T m) A: row r
+                    q0, q1, q2, q3, q4, q5 = E[r, 0], E[r, 1], E[r, 2], E[r, 3], E[r, 4], E[r, 5]
+                    yo = Y[4 * ty + r]
+                    y0, y1, y2_, y3 = yo[4 * tx], yo[4 * tx + 1], yo[4 * tx + 2], yo[4 * tx + 3]
+                    for n in range(LN):
+                        w0, w1, w2, w3 = _at6(q0[n], q1[n], q2[n], q3[n], q4[n], q5[n])
+                        y0[n], y1[n], y2_[n], y3[n] = w0, w1, w2, w3
+            _lanes_crop(Y, yr, (n0 + m0) * HW, HW, H, W, m)     # the images' H x W crops
+
+
+@nb.njit(**JIT)
+def wino4_dy(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
+    """`wino_dy` for F(4x4, 3x3): D[xi, dr0 + o - o0, p0 + t * (n1 - n0) + n - n0] = (A g A^T)[xi] for the
+    4x4 tiles g of dy (zero beyond H x W), A (6 x 4) = AT4^T, images [n0, n1), channels [o0, o1)."""
+    th = (H + 3) // 4
+    tw = (W + 3) // 4
+    HW = H * W
+    T = th * tw
+    nn = n1 - n0
+    gbn = np.zeros((4 * th, 4 * tw, LN), D.dtype)   # zero past H x W
+    E = np.empty((6, 4, LN), D.dtype)
+    Z = np.empty((T, 36, LN), D.dtype)
+    ld = D.shape[2]
+    S = D.shape[1] * ld
+    Df = D.reshape(D.size)
+    for o in range(o0, o1):
+        dro = dy2[o]
+        base = (dr0 + o - o0) * ld + p0
+        for m0 in range(0, nn, LN):
+            m = min(LN, nn - m0)
+            _to_lanes(dro[(n0 + m0) * HW:(n0 + m0 + m) * HW], gbn, 0, HW, H, W, m)
+            for ty in range(th):
+                for tx in range(tw):
+                    for j in range(4):               # A g: column j
+                        cj = 4 * tx + j
+                        q0, q1, q2, q3 = gbn[4 * ty, cj], gbn[4 * ty + 1, cj], gbn[4 * ty + 2, cj], gbn[4 * ty + 3, cj]
+                        e0, e1, e2, e3, e4, e5 = E[0, j], E[1, j], E[2, j], E[3, j], E[4, j], E[5, j]
+                        for n in range(LN):
+                            v0, v1, v2, v3, v4, v5 = _a6(q0[n], q1[n], q2[n], q3[n])
+                            e0[n], e1[n], e2[n], e3[n], e4[n], e5[n] = v0, v1, v2, v3, v4, v5
+                    zt = Z[ty * tw + tx]
+                    for r in range(6):               # (A g) A^T: row r
+                        q0, q1, q2, q3 = E[r, 0], E[r, 1], E[r, 2], E[r, 3]
+                        z0, z1, z2 = zt[6 * r], zt[6 * r + 1], zt[6 * r + 2]
+                        z3, z4, z5 = zt[6 * r + 3], zt[6 * r + 4], zt[6 * r + 5]
+                        for n in range(LN):
+                            v0, v1, v2, v3, v4, v5 = _a6(q0[n], q1[n], q2[n], q3[n])
+                            z0[n], z1[n], z2[n], z3[n], z4[n], z5[n] = v0, v1, v2, v3, v4, v5
+            _lanes_to_rows(Z, Df, base + m0, S, nn, m)
+
+
+@nb.njit(inline="always", **JIT)
+def _filter6_block(gf, e, tf):
+    """tf[16 xi + l] = (G g_l G^T)[xi] (xi = 6a + b) for 16 filters, taps gf[16 j + l] (j = 3r + s): G g
+    column by column into e (6 rows x 3 columns of 16), then (G g) G^T row by row."""
+    for s in range(3):
+        for l in range(16):
+            v0, v1, v2, v3, v4, v5 = _g6(gf[16 * s + l], gf[48 + 16 * s + l], gf[96 + 16 * s + l])
+            e[16 * s + l] = v0
+            e[48 + 16 * s + l] = v1
+            e[96 + 16 * s + l] = v2
+            e[144 + 16 * s + l] = v3
+            e[192 + 16 * s + l] = v4
+            e[240 + 16 * s + l] = v5
+    for a in range(6):
+        for l in range(16):
+            v0, v1, v2, v3, v4, v5 = _g6(e[48 * a + l], e[48 * a + 16 + l], e[48 * a + 32 + l])
+            o = 96 * a + l
+            tf[o] = v0
+            tf[o + 16] = v1
+            tf[o + 32] = v2
+            tf[o + 48] = v3
+            tf[o + 64] = v4
+            tf[o + 80] = v5
+
+
+@nb.njit(inline="always", **JIT)
+def _put_block(tf, X, r, j0, m):
+    """X[xi, r, j0:j0 + m] = the first m of the 16 values tf[16 xi:16 xi + 16], xi < 36."""
+    for k in range(36):
+        dst = X[k, r, j0:j0 + m]
+        tk = tf[16 * k:16 * k + 16]
+        for l in range(m):
+            dst[l] = tk[l]
+
+
+@nb.njit(**JIT)
+def wino4_weights(w2, U, o0, o1):
+    """U[6a + b, o, c] = (G g G^T)[a, b] for the filters g = w2[o, 9c:9c + 9], o in [o0, o1): per output
+    channel, 16 input channels at a time (`wino_weights`' blocking)."""
+    C = w2.shape[1] // 9
+    gf = np.zeros(144, w2.dtype)
+    e = np.empty(288, w2.dtype)
+    tf = np.empty(576, w2.dtype)
+    for o in range(o0, o1):
+        wr = w2[o]
+        for c0 in range(0, C, 16):
+            m = min(16, C - c0)
+            src = wr[9 * c0:9 * (c0 + m)]
+            for l in range(m):
+                for j in range(9):
+                    gf[16 * j + l] = src[9 * l + j]
+            _filter6_block(gf, e, tf)
+            _put_block(tf, U, o, c0, m)
+
+
+@nb.njit(**JIT)
+def wino4_weights_mirrored(w2, Ud, c0, c1):
+    """The input gradient's filters Ud[6a + b, c, o] = (G g' G^T)[a, b], g' = the filter w2[o, 9c:9c + 9]
+    rotated by 180 degrees, for c in [c0, c1). Per 16 input channels: their taps of every output channel
+    copied into wb (O rows of 144: w2's rows are 9C floats apart, and read 9 floats at a time straight
+    from them they fell into 4 of L1's 64 sets at C = 256), then per input channel 16 output channels at a
+    time, Ud's rows written along their length."""
+    O = w2.shape[0]
+    gf = np.zeros(144, w2.dtype)
+    e = np.empty(288, w2.dtype)
+    tf = np.empty(576, w2.dtype)
+    wb = np.empty((O, 144), w2.dtype)
+    for cc in range(c0, c1, 16):
+        mc = min(16, c1 - cc)
+        for o in range(O):
+            src = w2[o, 9 * cc:9 * (cc + mc)]
+            dst = wb[o]
+            for t in range(9 * mc):
+                dst[t] = src[t]
+        for c in range(cc, cc + mc):
+            t0 = 9 * (c - cc) + 8
+            for o0 in range(0, O, 16):
+                m = min(16, O - o0)
+                for l in range(m):
+                    wr = wb[o0 + l]
+                    for j in range(9):
+                        gf[16 * j + l] = wr[t0 - j]
+                _filter6_block(gf, e, tf)
+                _put_block(tf, Ud, c, o0, m)
+
+
+@nb.njit(**JIT)
+def wino4_dw(Mw, dw4, o0, o1):
+    """dw4[o, c] (3x3) = G^T m G with m[xi] = sum over partials q in order of Mw[q, xi, o, c], o in [o0, o1)
+    (Mw: (partials, 36, O, C)). Per output channel, vectorized over the input channels: the sums, G^T m
+    column by column into e (3, 6, C), then (G^T m) G row by row."""
+    Q = Mw.shape[0]
+    C = Mw.shape[3]
+    m = np.empty((36, C), Mw.dtype)
+    e = np.empty((3, 6, C), Mw.dtype)
+    gl = np.empty((9, C), Mw.dtype)
+    for o in range(o0, o1):
+        for k in range(36):
+            mr = m[k]
+            src = Mw[0, k, o]
+            for c in range(C):
+                mr[c] = src[c]
+            for q in range(1, Q):
+                src = Mw[q, k, o]
+                for c in range(C):
+                    mr[c] += src[c]
+        for b in range(6):                   # G^T m: column b (rows a: planes 6a + b)
+            q0, q1, q2, q3, q4, q5 = m[b], m[6 + b], m[12 + b], m[18 + b], m[24 + b], m[30 + b]
+            e0, e1, e2 = e[0, b], e[1, b], e[2, b]
+            for c in range(C):
+                v0, v1, v2 = _gt6(q0[c], q1[c], q2[c], q3[c], q4[c], q5[c])
+                e0[c], e1[c], e2[c] = v0, v1, v2
+        for k in range(3):                   # (G^T m) G: row k
+            q0, q1, q2, q3, q4, q5 = e[k, 0], e[k, 1], e[k, 2], e[k, 3], e[k, 4], e[k, 5]
+            g0, g1, g2 = gl[3 * k], gl[3 * k + 1], gl[3 * k + 2]
+            for c in range(C):
+                v0, v1, v2 = _gt6(q0[c], q1[c], q2[c], q3[c], q4[c], q5[c])
+                g0[c], g1[c], g2[c] = v0, v1, v2
         g = dw4[o]
         for c in range(C):
             for r in range(3):
@@ -821,9 +1198,9 @@ def nn_fits(m, kd, n):
 
 @nb.njit(**JIT)
 def wino_gemms(fn, A, B, Cm, a0, m, kd, n, b0, beta, trans_b):
-    """Cm[xi, :m, :n] = A[xi, a0:a0 + m, :kd] @ op(B[xi]) (+ beta*Cm) for the 16 xi, op(B[xi]) =
-    B[xi, :n, b0:b0 + kd].T if trans_b else B[xi, :kd, b0:b0 + n] (blas.nb_gemm)."""
-    for k in range(16):
+    """Cm[xi, :m, :n] = A[xi, a0:a0 + m, :kd] @ op(B[xi]) (+ beta*Cm) for every plane xi of A (16 or
+    36), op(B[xi]) = B[xi, :n, b0:b0 + kd].T if trans_b else B[xi, :kd, b0:b0 + n] (blas.nb_gemm)."""
+    for k in range(A.shape[0]):
         if trans_b:
             nb_gemm(fn, A[k, a0:a0 + m, :kd], B[k, :n, b0:b0 + kd], Cm[k, :m, :n], beta, True)
         else:
@@ -838,7 +1215,7 @@ def wino_gemms_nn(A, B, Cm, ar, ac, bc, cc, m, kd, n):
     from cc)."""
     Af, Bf, Cf = A.reshape(-1), B.reshape(-1), Cm.reshape(-1)
     lda, ldb, ldc = A.shape[2], B.shape[2], Cm.shape[2]
-    for k in range(16):
+    for k in range(A.shape[0]):
         nn_gemm(Af, (k * A.shape[1] + ar) * lda + ac, lda, 1, Bf, k * B.shape[1] * ldb + bc, ldb,
                 Cf, k * Cm.shape[1] * ldc + cc, ldc, m, n, kd)
 
@@ -846,7 +1223,7 @@ def wino_gemms_nn(A, B, Cm, ar, ac, bc, cc, m, kd, n):
 @nb.njit(**JIT)
 def transpose_planes(V, VT, n, P):
     """VT[xi, p, c] = V[xi, c, p] for c < n, p < P (the weight gradient's V^T for `wino_gemms_nn`)."""
-    for x in range(16):
+    for x in range(V.shape[0]):
         for c0 in range(0, n, 16):
             c1 = min(n, c0 + 16)
             for p in range(P):
@@ -861,7 +1238,7 @@ def wino_gemms_nt(A, B, Cm, a0, m, kd, n, b0, c0, beta):
     (4 x 4 blocks of dot products) on the flat buffers."""
     Af, Bf, Cf = A.reshape(-1), B.reshape(-1), Cm.reshape(-1)
     lda, ldb, ldc = A.shape[2], B.shape[2], Cm.shape[2]
-    for x in range(16):
+    for x in range(A.shape[0]):
         nt_gemm(Af, x * A.shape[1] * lda + a0 * lda + b0, lda, Bf, x * B.shape[1] * ldb, ldb,
                 Cf, x * Cm.shape[1] * ldc + c0, ldc, m, n, kd, beta != 0.0)
 
