@@ -101,6 +101,9 @@ def _close(name, got, ref, rel):
 # input gradient several input-channel blocks. "odd" has 3 output channels a group: one block.
 _BLOCKINGS = [(geom, blocks) for geom in GEOMS for blocks in ("default", "small") if
               not (blocks == "small" and geom == "odd")]
+# small tiles and (Winograd) short weight-gradient chunks: several tiles and several chunk groups whose
+# partials `wino_dw` sums (the default plans of these small layers have one tile and one group)
+_BLOCKINGS += [(geom, "chunks") for geom in GEOMS if geom.startswith("3x3-same")]
 
 
 @pytest.mark.parametrize("winograd", [True, False])
@@ -118,6 +121,9 @@ def test_conv_paths_match_torch_and_threads(geom, blocks, prekind, winograd, mon
         N, C, H, W, O, (kh, kw), st, pad, dil, groups = GEOMS[geom]
         p = tc.plan(tc.ConvGeom((N, C, H, W), (O, C // groups, kh, kw), st, pad, dil, groups).key)
         assert len(p.oblocks) > groups                                # several blocks indeed
+    if blocks == "chunks":                 # (without Winograd: the shift im2col on small tiles)
+        monkeypatch.setattr(tc, "MIN_COLS", 16)
+        monkeypatch.setattr(tc, "WINO_DW_PATCHES", 16)
     N, C, H, W, O, (kh, kw), st, pad, dil, groups = GEOMS[geom]
     g = tc.ConvGeom((N, C, H, W), (O, C // groups, kh, kw), st, pad, dil, groups)
     assert not winograd or not geom.startswith("3x3-same") or tc._use_wino(g, np.float32)
