@@ -1154,8 +1154,9 @@ def nt_gemm(af, ao, lda, bf, bo, ldb, cf, co, ldc, m, n, k, add):
 
 # The forward and input-gradient GEMMs c = a @ b (b's rows: patches or positions) on `nn_gemm` where the
 # reduction is at most NN_MAX_K (longer ones: OpenBLAS, whose packing pays there: 132 against 116 GFLOP/s
-# at 1152) and the blocks fit (>= 6 rows, >= 16 columns).
-NN_MAX_K = 512
+# at 1152) and the blocks fit (>= 6 rows, >= 16 columns). 576 (a 64-channel 3x3 im2col: ResNet18's strided
+# layer2 forward, 128 x 576 x 392 a task) ran 7.5 -> 6.8 ms of CPU a conv on nn_gemm; 1152 went 7.7 -> 8.3.
+NN_MAX_K = 576
 # ... and at most NN_MAX_K_T when a is read transposed (the input gradient's U^T: a block's 6 rows are 6
 # floats of each of k rows of U, k cache lines that L1 no longer holds at k = 512: 96 GFLOP/s in the step
 # against OpenBLAS's 108; 122-135 against 113-115 at k = 64-256)
