@@ -619,3 +619,29 @@ def test_wino4_transforms_match_float64(H, W, N):
     ref = np.einsum("ai,aboc,bj->ocij", G4, m, G4)
     assert np.isnan(dw[0]).all()
     np.testing.assert_allclose(dw[1:], ref[1:], rtol=1e-5, atol=1e-5)
+
+
+def test_wino4_error_at_resnet_width():
+    """F(4x4, 3x3)'s float32 error at a ResNet layer's width (256 channels, 7x7 planes), against float64
+    PyTorch: its transforms' coefficients (up to 8 and 1/24) and the 256-term sums make it 10-20x F(2x2)'s
+    (~5e-7 of the largest value there): y, dx and dW within 5e-5 of their largest values (measured 1e-5 at
+    batch 32)."""
+    rng = np.random.default_rng(5)
+    N, C, H = 4, 256, 7
+    g = tc.ConvGeom((N, C, H, H), (C, C, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    if not tc._use_wino(g, np.float32):
+        pytest.skip("Winograd needs numpy's OpenBLAS (blas.SGEMM)")
+    assert tc._wino_geom(g)[0] == 4
+    x = rng.standard_normal((C, N, H, H)).astype(np.float32)
+    w = (rng.standard_normal((C, C, 3, 3)) / np.sqrt(9 * C)).astype(np.float32)
+    dy = rng.standard_normal((C, N, H, H)).astype(np.float32)
+    with blas_threads(1), using(2):
+        y = tc.conv_forward_cnhw(x, w, g)
+        dw, _, dx = tc.conv_backward_cnhw(dy, x, w, g)
+    xt = torch.tensor(x.transpose(1, 0, 2, 3).astype(np.float64), requires_grad=True)
+    wt = torch.tensor(w.astype(np.float64), requires_grad=True)
+    yt = F.conv2d(xt, wt, padding=1)
+    yt.backward(torch.tensor(dy.transpose(1, 0, 2, 3).astype(np.float64)))
+    _close("y", y, yt.detach().numpy().transpose(1, 0, 2, 3), 5e-5)
+    _close("dx", dx, xt.grad.numpy().transpose(1, 0, 2, 3), 5e-5)
+    _close("dw", dw, wt.grad.numpy(), 5e-5)
