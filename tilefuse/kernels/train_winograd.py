@@ -686,6 +686,22 @@ def _wino_dy_planes(dy2, D, dr0, p0, n0, n1, o0, o1, H, W):
                         d15[tx] = b1
 
 
+@nb.njit(inline="always", **JIT)
+def _sum_partials(Mw, m, o):
+    """m[xi, c] = sum over the partials q in order of Mw[q, xi, o, c] (the weight gradient's products of
+    output channel o: (partials, planes, O, C))."""
+    Q, C = Mw.shape[0], Mw.shape[3]
+    for k in range(m.shape[0]):
+        mr = m[k]
+        src = Mw[0, k, o]
+        for c in range(C):
+            mr[c] = src[c]
+        for q in range(1, Q):
+            src = Mw[q, k, o]
+            for c in range(C):
+                mr[c] += src[c]
+
+
 @nb.njit(**JIT)
 def wino_dw(Mw, dw4, o0, o1):
     """dw4[o, c] (3x3) = G^T m G with m[xi] = sum over partials q in order of Mw[q, xi, o, c],
@@ -698,21 +714,12 @@ def wino_dw(Mw, dw4, o0, o1):
     if Mw.shape[1] == 36:
         wino4_dw(Mw, dw4, o0, o1)
         return
-    Q = Mw.shape[0]
     C = Mw.shape[3]
     m = np.empty((16, C), Mw.dtype)
     gl = np.empty((9, C), Mw.dtype)
     half = Mw.dtype.type(0.5)
     for o in range(o0, o1):
-        for k in range(16):
-            mr = m[k]
-            src = Mw[0, k, o]
-            for c in range(C):
-                mr[c] = src[c]
-            for q in range(1, Q):
-                src = Mw[q, k, o]
-                for c in range(C):
-                    mr[c] += src[c]
+        _sum_partials(Mw, m, o)
         for c in range(C):
             # G^T m: rows k = 0, 1, 2 from rows a = 0..3 of m (per column b)
             v0, v1, v2, v3 = m[0, c], m[4, c], m[8, c], m[12, c]
@@ -1066,21 +1073,12 @@ def wino4_dw(Mw, dw4, o0, o1):
     """dw4[o, c] (3x3) = G^T m G with m[xi] = sum over partials q in order of Mw[q, xi, o, c], o in [o0, o1)
     (Mw: (partials, 36, O, C)). Per output channel, vectorized over the input channels: the sums, G^T m
     column by column into e (3, 6, C), then (G^T m) G row by row."""
-    Q = Mw.shape[0]
     C = Mw.shape[3]
     m = np.empty((36, C), Mw.dtype)
     e = np.empty((3, 6, C), Mw.dtype)
     gl = np.empty((9, C), Mw.dtype)
     for o in range(o0, o1):
-        for k in range(36):
-            mr = m[k]
-            src = Mw[0, k, o]
-            for c in range(C):
-                mr[c] = src[c]
-            for q in range(1, Q):
-                src = Mw[q, k, o]
-                for c in range(C):
-                    mr[c] += src[c]
+        _sum_partials(Mw, m, o)
         for b in range(6):                   # G^T m: column b (rows a: planes 6a + b)
             q0, q1, q2, q3, q4, q5 = m[b], m[6 + b], m[12 + b], m[18 + b], m[24 + b], m[30 + b]
             e0, e1, e2 = e[0, b], e[1, b], e[2, b]
