@@ -524,9 +524,9 @@ class Plan:
         Cg = g.C // g.groups
         og = g.O // g.groups
         self.wino = wino
-        planes = _wino_geom(g)[1] if wino else 0
-        if wino:                 # Winograd: th*tw patches per image, 16*C or 36*C (*O) values each
-            unit, rows = _wino_geom(g)[2], planes * max(g.C, g.O)
+        _, planes, T = _wino_geom(g) if wino else (0, 0, 0)
+        if wino:                 # Winograd: T patches per image, 16*C or 36*C (*O) values each
+            unit, rows = T, planes * max(g.C, g.O)
         else:                    # operand rows per column of cols (and of dy's im2col)
             unit, rows = (1 if g.direct else hw), max(g.C * g.kk, g.O * g.kk if g.same else 0)
         m = max(MIN_COLS, min(MAX_COLS, COLS_BYTES // max(rows * itemsize, 1)))
