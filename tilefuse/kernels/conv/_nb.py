@@ -918,9 +918,12 @@ def strip512_rows(prm, nv, nblk):
 # live taps only skips the others' weights too (`direct._direct_rows_512`); the stem's (ps 4, 8) one input
 # offset a chunk, its weight rows consecutive. Parameter block (int64 [14], read through %rdi):
 #   0 &x (position 0 of the strip's first tile)   1 &w (block 0's first row)   2 &table (int64 byte offsets)
-#   3 chunks (>= 1)   4 unused   5 weight block stride (bytes)   6 &out (position 0, block 0)   7 tiles
-#   8 &bias[B * 16]   9 &residual (like out), or 0   10 activation code (0, 1, 2)   11 &(alpha, beta)
-#  12 unused   13 the byte distance from an output block to the next
+#   3 chunks (>= 1)   4 (ps 64, 128) prefetch distance: as each weight row of block 0 is read, the line that many
+#     bytes on is prefetched into L2 (prefetcht1; another block's same row: the weights of the block pair the
+#     caller computes next, `direct._direct_rows_512`; 0: the row itself, no traffic)   5 weight block stride
+#     (bytes)   6 &out (position 0, block 0)   7 tiles   8 &bias[B * 16]   9 &residual (like out), or 0
+#  10 activation code (0, 1, 2)   11 &(alpha, beta)   12 (two-row tiles) the input bytes from one output row's
+#     positions to the next row's   13 the byte distance from an output block to the next
 def _dstrip512_asm(rows: int, blocks: int, ps: int, split: int = 0) -> str:
     """ps: the input bytes from one position to the next: 64 or 128 (direct, NCHW16c input, 16 channels a
     chunk, 4 bytes apart; (input, weight) offset pairs), 4 or 8 (the stem, a plain (C, rows, Wp) band: one
@@ -934,6 +937,8 @@ def _dstrip512_asm(rows: int, blocks: int, ps: int, split: int = 0) -> str:
         chunk = ["mov (%r8), %rsi", "add %r10, %rsi", "add $$8, %r8"]
     acc, A = _zmm_acc(rows, blocks)
     body = ["vmovups (%rdx), %zmm28"] + (["vmovups (%rdx,%r14), %zmm29"] if blocks == 2 else [])
+    if ch == 16:    # the row prm[4] bytes on, into L2 (%r15 holds the distance in the chunk loop)
+        body += ["prefetcht1 (%rdx,%r15)"]
     for r in range(rows):
         bc = 30 + (r & 1)
         src = f"{ps * (r - split)}(%rsi,%r9)" if 0 < split <= r else f"{ps * r}(%rsi)"
@@ -944,10 +949,11 @@ def _dstrip512_asm(rows: int, blocks: int, ps: int, split: int = 0) -> str:
          "5:"]
     s += [f"vpxord %zmm{A(r, b)}, %zmm{A(r, b)}, %zmm{A(r, b)}" for r, b in acc]
     s += _zmm_prefetch_out(rows, blocks)
-    s += ["mov 8(%rdi), %rdx", "mov 8(%rdi), %rax", "mov 16(%rdi), %r8", "mov 24(%rdi), %rcx", "1:"]
+    s += ["mov 8(%rdi), %rdx", "mov 8(%rdi), %rax", "mov 16(%rdi), %r8", "mov 24(%rdi), %rcx"]
+    s += (["mov 32(%rdi), %r15"] if ch == 16 else []) + ["1:"]       # %r15: the prefetch distance ...
     s += chunk + [f"mov $${ch}, %rbx", "4:"] + body
     s += ["add $$4, %rsi", "add $$64, %rdx", "dec %rbx", "jnz 4b", "dec %rcx", "jnz 1b"]
-    s += _zmm_finish(rows, blocks)
+    s += (["mov 104(%rdi), %r15"] if ch == 16 else []) + _zmm_finish(rows, blocks)   # ... the block distance
     s += [f"add $${ps * rows}, %r10", f"add $${64 * rows}, %r11", "dec %r12", "jnz 5b"]
     return "\n\t".join(s)
 

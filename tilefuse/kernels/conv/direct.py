@@ -39,6 +39,13 @@ from tilefuse.kernels.threads import (numba_max_threads, numba_region, parallel_
                                       scratch)
 
 
+# The AVX-512 strip prefetches the next block pair's weights into L2 during the second and third calls on a
+# pair (`_direct_rows_512`). At batch 1 a late layer's weights come from DRAM (ResNet50's 9.4 MB 512-channel
+# 3x3s; this VM's L3 share held ~40 MB): a pair's first call streamed them (14 positions a weight: 7 FLOP a
+# byte, ~13 GB/s a core) while the later calls, on L2, left the memory idle. In ResNet50's batch-1 run on 2
+# threads the three 7x7 layers went 1130-1142 / 1044-1052 / 1046 -> 968-993 / 859-865 / 863-865 us, the direct
+# layers' sum 8.83 -> 8.03 ms (benchmarks/RESULTS.md, twenty-eighth session). False: no prefetch.
+PF_NEXT_PAIR = True
 SLICE_BYTES = 20480   # AVX2 tiles: the reduction in slices of input-channel blocks whose weights are at most this
                       # (one block at least: 2 at 3x3; `_direct_rows_avx2_sliced`)
 SLICE_PART_BYTES = 65536   # ... where the task's partial sums (64 B a position) are at most this (else unsliced)
@@ -282,7 +289,8 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
     tiles read the zero border with some taps (`_live_range` of the row, of each tile's columns), the
     strip runs over a table of the live taps' chunks only (input and weight offsets: no call more, no
     partial sums), consecutive tiles with the same taps in one call: the FMA chain without its x * 0
-    products (the bits of every tap but for a zero sum's sign and a non-finite weight times the padding)."""
+    products (the bits of every tap but for a zero sum's sign and a non-finite weight times the padding).
+    The second and third row of a pair prefetch the next pair's weights (PF_NEXT_PAIR)."""
     Cb, HWp = xb.shape[1], xb.shape[2]
     Ob, _, KH, KW, _, _ = wb.shape
     xf = xb.reshape(xb.size)
@@ -335,7 +343,12 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
         prm[1] = address(wf, g * wsize)
         prm[8] = address(bias, g * 16)
         oh = oh0
+        call = 0
         while oh < oh1:
+            # the first row's call reads the pair's weights (from DRAM, cold); the second and third
+            # prefetch the next pair's blocks g + 2 and g + 3 (prm[4]: their rows' distance from block g's)
+            prm[4] = (call + 1) * wsize * 4 if PF_NEXT_PAIR and (call == 1 or call == 2) and g + call + 1 < o1 else 0
+            call += 1
             x0 = (oh * sh - x_row0) * Wp * 16
             d0 = ((n_out * Ob + g) * P + oh * Wo - q_off) * 16
             ky0, ky1 = _live_range(oh, oh, sh, dh, KH, live[0], live[1])
@@ -374,6 +387,7 @@ def _direct_rows_512(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh,
                 prm[7] = cnt
                 prm[9] = address(rf, d0 + 14 * t * 16) if has_res else 0
                 dstrip512_rows(pp, 14 if t < nt else rem, nbk, sw)
+                prm[4] = 0           # (once a row)
                 t += cnt
             oh += 1
 
