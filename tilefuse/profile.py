@@ -9,8 +9,10 @@ last row is the overhead between kernels, measured inside every timed pass: the 
 minus the sum of its own kernel calls (the Python loop, operand address resolution, the thread
 hand-offs not inside a kernel's call), the median over the passes. The total is the best untimed
 pass; it need not equal the sum of the rows plus the overhead, since each row is its own best of
---repeat runs (on a busy machine the rows' sum is the more optimistic). --plot writes the rows as a PNG
-bar chart (tilefuse/barchart.py, no plotting library needed).
+--repeat runs (on a busy machine the rows' sum is the more optimistic). A fused chain's row and a stem conv's
+row whose max pool runs inside it (kernels/stem_pool.py) hold the time and FLOPs of what they cover; the
+covered rows say "fused". --plot writes the rows as a PNG bar chart (tilefuse/barchart.py, no plotting
+library needed).
 
     profile(compiled_or_network, threads=None, repeat=10) -> Profile
 """
@@ -138,11 +140,14 @@ def profile(compiled, threads: int | None = None, repeat: int = 10, peak_core: f
             totals.append(time.perf_counter() - t0)
         sess.free_io((in_addrs, out_addrs))
         chains = sess.chains()
+        pools = sess.stem_pools()
     finally:
         sess.release()
     # a fused chain (kernels/conv/chain.py) runs at its first instruction: that row holds the chain's time
     # and FLOPs, the others say where they went
     into = {j: i for i, (covers, _) in chains.items() for j in covers[1:]}
+    # a stem conv -> max pool pair (kernels/stem_pool.py) runs at the conv: its row holds both
+    pooled = {j: i for i, j in pools.items()}
     rows = []
     for r in plan.rows:
         row = {"index": r["index"], "kernel": r["kernel"], "algorithm": r["algorithm"], "layout": r["layout"],
@@ -154,6 +159,11 @@ def profile(compiled, threads: int | None = None, repeat: int = 10, peak_core: f
                        flops=sum(plan.rows[j]["flops"] for j in covers))
         elif r["index"] in into:
             row.update(algorithm="fused", partitioning=f"in chain #{into[r['index']]}", tasks=None, flops=0)
+        elif r["index"] in pools:
+            row.update(partitioning=row["partitioning"].replace(" (stem kernel)", "") + " + pool",
+                       flops=r["flops"] + plan.rows[pools[r["index"]]]["flops"])
+        elif r["index"] in pooled:
+            row.update(algorithm="fused", partitioning=f"in the stem #{pooled[r['index']]}", tasks=None, flops=0)
         rows.append(row)
     pk = peak_core if peak_core is not None else measure_peak()
     return Profile(name or compiled.package.name, rows, min(totals), t, pk, dict(plan.target or info()),

@@ -348,3 +348,59 @@ def bind_se_sums(program, views, threads, taken=()) -> dict:
         dcall.se_sums_for, scall.se_sums_from = i + 1, i
         bound[i], bound[i + 1] = dcall, scall
     return bound
+
+
+# the stem conv -> max pool pairs computed together (bind_stem_pools); TILEFUSE_STEM_POOL=0 turns it off (the
+# pool reads the stem's output again: the same bits)
+STEM_POOL = os.environ.get("TILEFUSE_STEM_POOL", "1").strip() != "0"
+
+
+def bind_stem_pools(program, views, threads, taken=()) -> dict:
+    """{instruction index: fn} for the stem conv -> max pool pairs of a program (ResNet's 7x7/2 conv and 3x3/2
+    pool; kernels/stem_pool.py): the conv's call (the stem kernel: NCHW input of <= 4 channels, NCHW16c output)
+    also pools, band by band while the rows are in cache, into the max pool's output; the pool's own call is a
+    no-op (`fn.fused_into` names the conv). The same bits as the two calls. views[i]: instruction i's operand
+    views (None: not to be bound; the conv's input may be the program's input, an IO operand resolved per
+    call); `taken`: indices already bound."""
+    from .conv import stem
+    from .stem_pool import run as run_stem_pool
+    bound: dict = {}
+    if not STEM_POOL:
+        return bound
+    taken = set(taken)
+    for i in range(len(program) - 1):
+        ins, nxt = program[i], program[i + 1]
+        if i in taken or i + 1 in taken or views[i] is None or views[i + 1] is None:
+            continue
+        p, q = ins.params, nxt.params
+        keys = tuple(p.get("prepared") or ())
+        if ins.kernel != "conv2d" or p.get("algorithm") != "im2col" or p.get("layout") not in (None, "nchw") or \
+                p.get("out_layout") != "nchwc" or p.get("groups", 1) != 1 or p.get("has_input_scale") or \
+                "stem_weight" not in keys:
+            continue
+        if nxt.kernel != "max_pool" or q.get("layout") != "nchwc" or nxt.inputs[0].name != ins.output.name:
+            continue
+        cv, pv = views[i], views[i + 1]
+        out, y = cv[-1], pv[-1]
+        if not all(isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.c_contiguous for v in (out, y)) \
+                or np.dtype(cv[0].dtype) != np.float32 or not stem.applies(cv[0].shape[1], 1) or out.ndim != 5:
+            continue
+        has_res = bool(p.get("has_residual"))
+        nk = len(keys)
+        kw = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], relu=p.get("relu", False),
+                  act=p.get("act"), pool_kernel=tuple(q["kernel_size"]), pool_stride=tuple(q["stride"]),
+                  pool_padding=tuple(q.get("padding", (0, 0, 0, 0))), pool_dilation=tuple(q.get("dilation", (1, 1))),
+                  threads=threads_for("conv2d", cv, p, threads))
+
+        def run_pair(out, x, *args, kw=kw, y=y, keys=keys, nk=nk, has_res=has_res):
+            run_stem_pool(out, x, dict(zip(keys, args[:nk])), y, args[nk] if has_res else None, **kw)
+
+        def noop(out, *ins_):
+            pass
+        call = replaying(run_pair)
+        call.__name__ = "conv2d_stem_pool"
+        call.stem_pool_for = i + 1
+        noop.__name__ = "fused"
+        noop.fused_into = i
+        bound[i], bound[i + 1] = call, noop
+    return bound

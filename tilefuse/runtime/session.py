@@ -46,7 +46,8 @@ from ..compiler.package import DataPackage, validate_package
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
 from ..errors import DeviceError
 from ..ir.node import check_inputs
-from ..kernels.registry import KERNELS, THREADED, bind as bind_kernel, bind_chains, bind_se_sums  # noqa: F401
+from ..kernels.registry import (KERNELS, THREADED, bind as bind_kernel, bind_chains, bind_se_sums,  # noqa: F401
+                                bind_stem_pools)
 from ..kernels.threads import Scratch, aligned_empty, use_scratch
 from .device import CPUDevice
 from .stages import PipelineStats, run_pipeline
@@ -210,6 +211,8 @@ class Session:
         chains = bind_chains(prog, all_views, self.threads)
         # depthwise -> squeeze-excitation pairs: the means from the depthwise epilogue (registry.bind_se_sums)
         chains.update(bind_se_sums(prog, all_views, self.threads, taken=chains))
+        # the stem conv -> max pool pair: the pool band by band inside the stem's tasks (registry.bind_stem_pools)
+        chains.update(bind_stem_pools(prog, all_views, self.threads, taken=chains))
         i = 0
         while i < len(prog):
             ins = prog[i]
@@ -248,6 +251,14 @@ class Session:
             return {}
         return {i: fn.se_sums_for for i, (fn, _, _, _) in enumerate(self._contexts[0].bound)
                 if getattr(fn, "se_sums_for", None) is not None}
+
+    def stem_pools(self) -> dict:
+        """The stem conv -> max pool pairs the session bound (kernels/registry.py `bind_stem_pools`: the pool
+        computed inside the stem's tasks): {conv instruction index: max pool index}."""
+        if not self._contexts:
+            return {}
+        return {i: fn.stem_pool_for for i, (fn, _, _, _) in enumerate(self._contexts[0].bound)
+                if getattr(fn, "stem_pool_for", None) is not None}
 
     def _acquire(self) -> _Context:
         if self._const is None:

@@ -266,20 +266,18 @@ def task_table(n: int, ho: int, rows: int) -> np.ndarray:
     return t
 
 
-def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                 relu=False, act=None, threads=None, plan=None) -> None:
-    """NCHW x (N, Cin <= 4, H, W) -> NCHW16c out_b (N, Ob, Ho, Wo, 16); `prepared` holds the
-    stem's constants ("stem_weight", "stem_bias", from `prepare`; im2col's conv2d_prepare adds
-    them for the convs this kernel applies to)."""
+def loop_args(out_b, x, prepared, residual_b, stride, padding, dilation, relu, act, threads, plan, where="stem kernel"):
+    """The stem's task loop for these operands, checked: (threads, tasks, the `_stem_seq` arguments after the
+    task table, the plan's band rows). Shared by `run_to_nchwc` and kernels/stem_pool.py."""
     code, al, be = resolve_act(relu, act, "stem")
     if "stem_weight" not in prepared:
-        raise ValueError("stem kernel: prepared weights have no 'stem_weight' (prepare them with "
+        raise ValueError(f"{where}: prepared weights have no 'stem_weight' (prepare them with "
                          "conv2d_prepare('im2col', ...) or stem.prepare)")
     wb, bp = prepared["stem_weight"], prepared["stem_bias"]
     n, cin, h, w = x.shape
     _, ob, ho, wo, _ = out_b.shape
     if wb.shape[0] != ob or wb.shape[1] != cin:
-        raise ValueError(f"stem kernel: stem_weight {wb.shape} does not match input channels {cin} and output "
+        raise ValueError(f"{where}: stem_weight {wb.shape} does not match input channels {cin} and output "
                          f"blocks {ob}")
     kh, kw = wb.shape[2], wb.shape[3]
     t, _, l, r = padding
@@ -294,5 +292,14 @@ def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=
     res = residual_b.reshape(n, ob, ho * wo, LANES) if has_res else EMPTY4
     nband = cin * ((p["rows"] - 1) * sh + (kh - 1) * dh + 1) * wp
     band = scratch("stem_band", (numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1, nband))
-    numba_region(_stem_par, _stem_seq, threads, len(tasks), tasks, ofl, x, band, wb, bp, res, has_res, code, al, be,
-                 t, l, wp, wo, sh, sw, dh, dw)
+    return threads, tasks, (ofl, x, band, wb, bp, res, has_res, code, al, be, t, l, wp, wo, sh, sw, dh, dw), p["rows"]
+
+
+def run_to_nchwc(out_b, x, prepared, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
+                 relu=False, act=None, threads=None, plan=None) -> None:
+    """NCHW x (N, Cin <= 4, H, W) -> NCHW16c out_b (N, Ob, Ho, Wo, 16); `prepared` holds the
+    stem's constants ("stem_weight", "stem_bias", from `prepare`; im2col's conv2d_prepare adds
+    them for the convs this kernel applies to)."""
+    threads, tasks, args, _ = loop_args(out_b, x, prepared, residual_b, stride, padding, dilation, relu, act, threads,
+                                        plan)
+    numba_region(_stem_par, _stem_seq, threads, len(tasks), tasks, *args)
