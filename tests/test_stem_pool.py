@@ -124,3 +124,19 @@ def test_resnet_with_the_pair_bound_equals_without(threads, monkeypatch):
     from tilefuse.interpreter import evaluate
     r = evaluate(net, xs[1])[0]
     np.testing.assert_allclose(got[1], r, rtol=0, atol=1e-4 * max(1.0, float(np.abs(r).max())))
+
+
+def test_pair_is_not_bound_where_the_pool_would_overwrite_what_the_stem_reads():
+    """Run apart, the pool may write over the conv's input (dead after the conv); together it must not: the
+    binding skips a pair whose pool output shares memory with any of the conv's operands."""
+    net = models.get("resnet18", seed=0, batch=1, image_size=64)
+    compiled = tilefuse.compile(net, threads=2)
+    sess = tilefuse.Session(compiled, threads=2)
+    sess.copy_constants()
+    prog = compiled.package.program()
+    views = [b[1] for b in sess._contexts[0].bound]
+    assert registry.bind_stem_pools(prog, views, 2), "the pair should bind as compiled"
+    cv, pv = list(views[0]), list(views[1])
+    y = pv[-1]
+    cv[0] = y.reshape(-1)[:int(np.prod(cv[0].shape))].reshape(cv[0].shape)     # the input inside the pool's output
+    assert registry.bind_stem_pools(prog, [cv, pv] + views[2:], 2) == {}

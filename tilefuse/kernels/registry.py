@@ -385,6 +385,10 @@ def bind_stem_pools(program, views, threads, taken=()) -> dict:
         if not all(isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.c_contiguous for v in (out, y)) \
                 or np.dtype(cv[0].dtype) != np.float32 or not stem.applies(cv[0].shape[1], 1) or out.ndim != 5:
             continue
+        # the pool writes while the stem still reads: its output must not be memory the conv reads (the planner
+        # may give the pool the conv's input block, dead after the conv when they run apart)
+        if any(isinstance(v, np.ndarray) and np.may_share_memory(v, y) for v in cv[:-1]):
+            continue
         has_res = bool(p.get("has_residual"))
         nk = len(keys)
         kw = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], relu=p.get("relu", False),
