@@ -1009,48 +1009,35 @@ _sstrip512_two_1, _sstrip512_two_2 = _by_rows(dstrip512, 2, 4), _by_rows(dstrip5
 _sstrip512_one_1, _sstrip512_one_2 = _by_rows(dstrip512, 1, 4), _by_rows(dstrip512, 1, 8)
 
 
-@njit(inline="always")
-def dstrip512_rows(prm, nv, nblk, step):
+def _by_blocks_step(two_1, two_2, one_1, one_2, doc: str):
+    """An inlined dispatcher (prm, n, nblk, step) -> the strip of nblk = 2 or 1 blocks at stride step = 1 or 2
+    (the four `_by_rows` / `_by_pairs` dispatchers of one strip), chosen at run time."""
+    @njit(inline="always")
+    def rows(prm, n, nblk, step):
+        if nblk == 2:
+            if step == 1:
+                two_1(prm, n)
+            else:
+                two_2(prm, n)
+        elif step == 1:
+            one_1(prm, n)
+        else:
+            one_2(prm, n)
+    rows.__doc__ = doc
+    return rows
+
+
+dstrip512_rows = _by_blocks_step(
+    _dstrip512_two_1, _dstrip512_two_2, _dstrip512_one_1, _dstrip512_one_2,
     """The direct strip (NCHW16c input) with nv = 1..14 positions, nblk = 1, 2 blocks and stride step = 1, 2
-    chosen at run time."""
-    if nblk == 2:
-        if step == 1:
-            _dstrip512_two_1(prm, nv)
-        else:
-            _dstrip512_two_2(prm, nv)
-    elif step == 1:
-        _dstrip512_one_1(prm, nv)
-    else:
-        _dstrip512_one_2(prm, nv)
-
-
-@njit(inline="always")
-def dpair512_rows(prm, w, nblk, step):
+    chosen at run time.""")
+dpair512_rows = _by_blocks_step(
+    _dpair512_two_1, _dpair512_two_2, _dpair512_one_1, _dpair512_one_2,
     """The direct strip over two output rows of a map w = 1..7 wide (2w positions), nblk = 1, 2 blocks and
-    stride step = 1, 2 chosen at run time (`dstrip512x2`)."""
-    if nblk == 2:
-        if step == 1:
-            _dpair512_two_1(prm, w)
-        else:
-            _dpair512_two_2(prm, w)
-    elif step == 1:
-        _dpair512_one_1(prm, w)
-    else:
-        _dpair512_one_2(prm, w)
-
-
-@njit(inline="always")
-def sstrip512_rows(prm, nv, nblk, step):
-    """The stem's strip (a plain (C, rows, Wp) band, one channel a chunk), as dstrip512_rows."""
-    if nblk == 2:
-        if step == 1:
-            _sstrip512_two_1(prm, nv)
-        else:
-            _sstrip512_two_2(prm, nv)
-    elif step == 1:
-        _sstrip512_one_1(prm, nv)
-    else:
-        _sstrip512_one_2(prm, nv)
+    stride step = 1, 2 chosen at run time (`dstrip512x2`).""")
+sstrip512_rows = _by_blocks_step(
+    _sstrip512_two_1, _sstrip512_two_2, _sstrip512_one_1, _sstrip512_one_2,
+    """The stem's strip (a plain (C, rows, Wp) band, one channel a chunk), as dstrip512_rows.""")
 
 
 @intrinsic
