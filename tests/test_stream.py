@@ -390,6 +390,33 @@ def test_min_band_pixels_widens_narrow_layers():
     assert_close(s.run(x), lbl, "min_band_pixels")
 
 
+
+@pytest.mark.parametrize("first", ["avg_pool", "conv1x1_s2", "conv3x3_s2_p0"])
+@pytest.mark.parametrize("band", [1, 2, 3])
+def test_layers_that_never_read_the_last_input_row(first, band):
+    """A 2x2/2 pool on 43 rows, a 1x1/2 or an unpadded 3x3/2 conv on 44: no output row reads the input's
+    last row, so the layers are done before the input's last band arrives. The dry run once called that
+    "stuck" and then failed on its own message (IndexError); now it ends, and the streamed network equals
+    the reference."""
+    rng = np.random.default_rng(5)
+    h, w = (43 if first == "avg_pool" else 44), 26
+    net = Network("odd")
+    x = net.input("x", (1, 8, h, w))
+    if first == "avg_pool":
+        y = net.avg_pool(x, 2, stride=2)
+    else:
+        k = 1 if first == "conv1x1_s2" else 3
+        y = net.relu(net.conv2d(x, rng.standard_normal((16, 8, k, k)).astype(np.float32) / (8 * k * k) ** 0.5,
+                                np.zeros(16, np.float32), stride=2))
+    c = y.shape[1]
+    y = net.conv2d(y, rng.standard_normal((8, c, 3, 3)).astype(np.float32) / (9 * c) ** 0.5,
+                   np.zeros(8, np.float32), padding=1)
+    net.output(y)
+    xin = rng.standard_normal((1, 8, h, w)).astype(np.float32)
+    s = compile_stream(net, band_rows=band)
+    assert_close(s.run(xin), evaluate(net, xin)[0], f"{first} band {band}")
+
+
 def test_batch_of_two():
     net = NETS["branches"](15, 13)
     net2 = with_input_shape(net, (2, 4, 15, 13))

@@ -407,6 +407,29 @@ def test_max_pool_ties_nan_match_torch(ks, st, pd, dl, hw):
     np.testing.assert_allclose(dx.transpose(1, 0, 2, 3), dxt.reshape(xt.shape).numpy(), rtol=1e-6)
 
 
+
+@pytest.mark.parametrize("shape", [(512, 32, 4, 4), (3, 2, 7, 5), (5, 3, 1, 1), (17, 4, 13, 11)])
+def test_global_avg_pool_forward_matches_torch_for_any_split(shape):
+    """The training forward's global average pool (`pool._plane_means`: float64 sums in four chains, split
+    over the step's threads) is each plane's mean (PyTorch's to float32 rounding) with the same bits on 1, 2, 3
+    and 5 threads; and its backward spreads dy / HW."""
+    from tilefuse.kernels import pool as K
+    from tilefuse.kernels.threads import using
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+    outs = []
+    for threads in (1, 2, 3, 5):
+        with using(threads):
+            outs.append(K.global_avg_pool_forward(x))
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    assert outs[0].shape == shape[:2] + (1, 1) and outs[0].dtype == np.float32
+    xt = torch.from_numpy(x.transpose(1, 0, 2, 3).copy()).double()
+    want = xt.mean((2, 3), keepdim=True).float().numpy().transpose(1, 0, 2, 3)
+    np.testing.assert_allclose(outs[0], want, rtol=2e-7, atol=1e-7)
+    dy = np.random.default_rng(8).standard_normal(outs[0].shape).astype(np.float32)
+    dx = K.global_avg_pool_backward(dy, shape)
+    np.testing.assert_allclose(dx, np.broadcast_to(dy / (shape[2] * shape[3]), shape), rtol=1e-7)
+
+
 # ----------------------------------------------------------------------------- checks (issue 11)
 
 from tilefuse.errors import GraphError, NonFiniteError  # noqa: E402

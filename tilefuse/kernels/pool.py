@@ -617,9 +617,33 @@ def avg_pool_backward(dy, x_shape, kernel_size, stride, padding, count_include_p
     return dx
 
 
+@nb.njit(**JIT)
+def _plane_means(x2, y):
+    """y[p] = the mean of row p of x2 (P, L): float64 sums in four chains (element j into chain j % 4), then
+    (s0 + s1) + (s2 + s3), rounded to y's dtype once. A fixed order: the same bits for any split of the rows."""
+    P, L = x2.shape
+    L4 = L // 4 * 4
+    for p in range(P):
+        r = x2[p]
+        s0 = s1 = s2 = s3 = 0.0
+        for j in range(0, L4, 4):
+            s0 += r[j]
+            s1 += r[j + 1]
+            s2 += r[j + 2]
+            s3 += r[j + 3]
+        for j in range(L4, L):
+            s0 += r[j]
+        y[p] = ((s0 + s1) + (s2 + s3)) / L
+
+
 def global_avg_pool_forward(x):
-    """(C, N, H, W) -> (C, N, 1, 1)."""
-    return x.mean(axis=(2, 3), keepdims=True, dtype=np.float64).astype(x.dtype)
+    """(C, N, H, W) -> (C, N, 1, 1) (numpy's mean over the two small axes, in float64: 444 us for ResNet18's
+    512 x 32 x 4 x 4 at 2 threads; `_plane_means` split over the step's threads)."""
+    C, N, H, W = x.shape
+    y = np.empty((C, N, 1, 1), x.dtype)
+    x2, y1 = np.ascontiguousarray(x).reshape(C * N, H * W), y.reshape(C * N)
+    rows_split(C * N, lambda lo, hi: _plane_means(x2[lo:hi], y1[lo:hi]))
+    return y
 
 
 def global_avg_pool_backward(dy, x_shape):

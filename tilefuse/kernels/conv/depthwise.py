@@ -27,10 +27,12 @@ each input and output byte once, from DRAM, at the machine's bandwidth:
   the store, the residual and the other activations in one pass over the block's rows while they are
   in L1 (`_finish_row`); the same bits either way.
 
-Partitioning: tasks are (image, range of channel blocks, band of output rows), sized from the
-layer shape only (`plan_tasks`, never the thread count): large maps split rows (window level,
-seed 000), small maps (7x7, 14x14) group channel blocks into one task so a task is never
-dominated by the call overhead. Results are bitwise identical for every thread count.
+Partitioning: tasks are (image, range of channel blocks, band of output rows) from the layer shape
+and the plan's thread count (`plan_tasks` = planner.plan_depthwise_tasks: about DW_TASK_VFMAS of work a
+task, smaller down to DW_TASK_MIN_VFMAS so that each thread gets ~3): large maps split rows (window
+level, seed 000), small maps (7x7, 14x14) group channel blocks into one task so a task is never
+dominated by the call overhead. The split never changes a value (each output is computed by the same
+code whatever task holds it): results are bitwise identical for every task table and thread count.
 
 Channel multiplier > 1 (C_out = m * C_in, output channel co reads input channel co // m) is
 supported by a lane-gather variant (`_dw_task_gather`, correct, not register blocked: rare in
