@@ -294,6 +294,16 @@ def bind_chains(program, views, threads) -> dict:
 SE_SUMS = os.environ.get("TILEFUSE_SE_SUMS", "1").strip() != "0"
 
 
+def _free_pairs(program, views, taken):
+    """(i, instruction i, instruction i + 1) for each pair of consecutive instructions that a binder may take:
+    neither already bound (`taken`) and both with operand views (`views[i]` not None)."""
+    taken = set(taken)
+    for i in range(len(program) - 1):
+        if i in taken or i + 1 in taken or views[i] is None or views[i + 1] is None:
+            continue
+        yield i, program[i], program[i + 1]
+
+
 def bind_se_sums(program, views, threads, taken=()) -> dict:
     """{instruction index: fn} for the depthwise -> squeeze-excitation pairs of a program (EfficientNet's and
     MobileNetV3's blocks): the NCHW16c depthwise conv at i writes, besides its output, each output row's sum
@@ -307,11 +317,7 @@ def bind_se_sums(program, views, threads, taken=()) -> dict:
     bound: dict = {}
     if not SE_SUMS:
         return bound
-    taken = set(taken)
-    for i in range(len(program) - 1):
-        ins, nxt = program[i], program[i + 1]
-        if i in taken or i + 1 in taken or views[i] is None or views[i + 1] is None:
-            continue
+    for i, ins, nxt in _free_pairs(program, views, taken):
         p = ins.params
         keys = tuple(p.get("prepared") or ())
         if ins.kernel != "conv2d" or p.get("algorithm") != "depthwise" or p.get("layout") != "nchwc" or \
@@ -367,11 +373,7 @@ def bind_stem_pools(program, views, threads, taken=()) -> dict:
     bound: dict = {}
     if not STEM_POOL:
         return bound
-    taken = set(taken)
-    for i in range(len(program) - 1):
-        ins, nxt = program[i], program[i + 1]
-        if i in taken or i + 1 in taken or views[i] is None or views[i + 1] is None:
-            continue
+    for i, ins, nxt in _free_pairs(program, views, taken):
         p, q = ins.params, nxt.params
         keys = tuple(p.get("prepared") or ())
         if ins.kernel != "conv2d" or p.get("algorithm") != "im2col" or p.get("layout") not in (None, "nchw") or \
