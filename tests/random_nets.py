@@ -1,0 +1,268 @@
+"""Random small networks for differential testing (tests/test_random_networks.py), and a longer fuzz run.
+
+Each builder takes a seed and returns (network, input) or None (a draw that built nothing). The networks
+mix what the compiler and the kernels choose between: convs of every kernel size 1-7, stride 1-2, dilation
+1-2, any padding, groups (depthwise, grouped, dense), odd channel counts and map sizes, batch norms, residual
+adds, activations, max / average pools, squeeze-excitation; the streaming builder adds nearest / bilinear
+upsampling and channel concats on maps of up to 90 rows.
+
+    .venv/bin/python tests/random_nets.py --check compile --seconds 600 [--seed 1]
+    .venv/bin/python tests/random_nets.py --check stream --seconds 600
+    .venv/bin/python tests/random_nets.py --check sessions --seconds 300
+
+`compile`: the compiled program (compiled for 1-4 threads) run on 1, 2 and 3 threads against the reference
+evaluator (fp32, 1e-4 of the output's max), bitwise equal across the session thread counts, and saved /
+loaded as a package (the same bits). `stream`: schedule="stream" with band_rows 1-8 against the reference.
+`sessions`: two sessions on one device, run / run_many from four threads, each output bitwise the
+sequential one. A run prints each failing seed (rebuild it with the builder) and a summary line.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import tilefuse  # noqa: E402
+from tilefuse.ir import Network  # noqa: E402
+
+ACTS = (None, "relu", "relu6", "silu", "hardswish", "sigmoid", "gelu", "leaky_relu")
+STREAM_ACTS = (None, "relu", "relu6", "silu", "hardswish")
+RTOL = 1e-4
+
+
+def _act(net, y, a):
+    if a is None:
+        return y
+    if a == "relu6":
+        return net.relu6(y)
+    if a == "leaky_relu":
+        return net.activation(y, a)
+    return getattr(net, a)(y)
+
+
+def _conv(net, r, y, c, kind, max_k=7):
+    """A random conv of `kind` (conv, dw, group) on y (c channels), or None where the window does not fit."""
+    h, w = y.shape[2], y.shape[3]
+    k = int(r.choice([k for k in (1, 1, 3, 3, 5, 7) if k <= max_k]))
+    s, d = int(r.choice([1, 1, 2])), int(r.choice([1, 1, 1, 2]))
+    p = (k // 2) * d if r.random() < 0.7 else int(r.integers(0, k // 2 * d + 1))
+    if min(h, w) + 2 * p - d * (k - 1) - 1 < 0:
+        return None
+    if kind == "dw":
+        g, o = c, c
+    elif kind == "group":
+        g = int(r.choice([q for q in (2, 3, 4, 8) if c % q == 0] or [1]))
+        o = g * int(r.integers(1, 9))
+    else:
+        g, o = 1, int(r.choice([1, 3, 8, 16, 17, 32, 40, 64]))
+    wt = (r.standard_normal((o, c // g, k, k)) / np.sqrt(c // g * k * k)).astype(np.float32)
+    b = (r.standard_normal(o) * 0.1).astype(np.float32)
+    return net.conv2d(y, wt, b, stride=s, padding=p, dilation=d, groups=g), o, f"{kind} {c}->{o} k{k} s{s} p{p} d{d} g{g}"
+
+
+def build(seed: int):
+    """A network of 1-3 layers (conv / depthwise / grouped + BN, residual add and activation; pool;
+    squeeze-excitation) on a (1-3, C, 3-39, 3-39) input: (net, x, description) or None."""
+    r = np.random.default_rng(seed)
+    n = int(r.choice([1, 1, 2, 3]))
+    c0 = int(r.choice([1, 3, 4, 5, 8, 16, 17, 24, 32, 48]))
+    h = int(r.integers(3, 40))
+    w = int(r.choice([h, int(r.integers(3, 40))]))
+    net = Network(f"random{seed}")
+    x = net.input("x", (n, c0, h, w))
+    y, c, desc = x, c0, []
+    for _ in range(int(r.integers(1, 4))):
+        kind = str(r.choice(["conv", "conv", "dw", "group", "pool", "se"]))
+        if kind in ("conv", "dw", "group"):
+            made = _conv(net, r, y, c, kind)
+            if made is None:
+                continue
+            z, o, what = made
+            if r.random() < 0.3:
+                z = net.batch_norm(z, gamma=r.random(o) + 0.5, beta=r.standard_normal(o) * 0.1,
+                                   mean=r.standard_normal(o) * 0.1, var=r.random(o) + 0.5)
+            if r.random() < 0.3 and z.shape == y.shape:
+                z = net.add(z, y)
+            a = ACTS[int(r.integers(len(ACTS)))]
+            y, c = _act(net, z, a), o
+            desc.append(f"{what} {a}")
+        elif kind == "pool":
+            if min(y.shape[2], y.shape[3]) < 3:
+                continue
+            y = net.max_pool(y, 3, stride=2, padding=1) if r.random() < 0.5 else net.avg_pool(y, 2, stride=2)
+            desc.append("pool")
+        else:
+            m = net.mean(y, (2, 3), keepdim=True)
+            cs = max(1, c // 4)
+            w1 = (r.standard_normal((cs, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+            w2 = (r.standard_normal((c, cs, 1, 1)) / np.sqrt(cs)).astype(np.float32)
+            s = net.sigmoid(net.conv2d(net.relu(net.conv2d(m, w1, np.zeros(cs, np.float32))), w2,
+                                       np.zeros(c, np.float32)))
+            y = net.mul(y, s)
+            desc.append("se")
+    if y is x:
+        return None
+    net.output(y)
+    return net, r.standard_normal((n, c0, h, w)).astype(np.float32), desc
+
+
+def build_stream(seed: int):
+    """A fully convolutional network of 1-5 layers (conv / depthwise, pools, 2x upsampling, residual adds,
+    channel concats) on a (1, C, 16-89, 8-69) input: (net, x, description) or None."""
+    r = np.random.default_rng(seed)
+    c0 = int(r.choice([3, 4, 8, 16]))
+    h, w = int(r.integers(16, 90)), int(r.integers(8, 70))
+    net = Network(f"stream{seed}")
+    x = net.input("x", (1, c0, h, w))
+    y, c, desc, earlier = x, c0, [], []
+    for _ in range(int(r.integers(1, 6))):
+        kind = str(r.choice(["conv", "conv", "dw", "pool", "up", "add", "cat"]))
+        hh, ww = y.shape[2], y.shape[3]
+        if kind in ("conv", "dw"):
+            made = _conv(net, r, y, c, kind, max_k=5)
+            if made is None:
+                continue
+            z, o, what = made
+            a = STREAM_ACTS[int(r.integers(len(STREAM_ACTS)))]
+            earlier.append(y)
+            y, c = _act(net, z, a), o
+            desc.append(f"{what} {a}")
+        elif kind == "pool":
+            if min(hh, ww) < 4:
+                continue
+            y = net.max_pool(y, 3, stride=2, padding=1) if r.random() < 0.5 else net.avg_pool(y, 2, stride=2)
+            desc.append("pool")
+        elif kind == "up":
+            if hh * ww > 5000:
+                continue
+            y = net.resize(y, scale_factor=2, mode=str(r.choice(["nearest", "bilinear"])))
+            desc.append("up")
+        elif kind == "add":
+            same = [e for e in earlier if e.shape == y.shape]
+            if same:
+                y = net.add(y, same[-1])
+                desc.append("add")
+        else:
+            same = [e for e in earlier if e.shape[2:] == y.shape[2:]]
+            if same:
+                y = net.concat([y, same[-1]], axis=1)
+                c = y.shape[1]
+                desc.append("cat")
+    if y is x:
+        return None
+    net.output(y)
+    return net, r.standard_normal((1, c0, h, w)).astype(np.float32), desc
+
+
+def _err(got, ref) -> float:
+    got, ref = np.asarray(got), np.asarray(ref)
+    if got.shape != ref.shape:
+        return float("inf")
+    return float(np.abs(got.astype(np.float64) - ref).max()) / max(float(np.abs(ref).max()), 1e-6)
+
+
+def check_compiled(seed: int) -> str | None:
+    """None, or what went wrong for build(seed) (see the module docstring, `compile`)."""
+    b = build(seed)
+    if b is None:
+        return None
+    net, x, desc = b
+    r = np.random.default_rng(seed + 1)
+    ref = tilefuse.evaluate(net, x)[0]
+    ct = int(r.integers(1, 5))
+    compiled = tilefuse.compile(net, threads=ct)
+    outs = [np.asarray(tilefuse.Session(compiled, threads=t).run(x)) for t in (1, 2, 3)]
+    err = _err(outs[0], ref)
+    if not err <= RTOL:
+        return f"compiled for {ct} threads: error {err:.3g} against the reference; {desc}"
+    if not all(np.array_equal(outs[0], o) for o in outs[1:]):
+        return f"compiled for {ct} threads: other bits on 1 / 2 / 3 session threads; {desc}"
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "net.tfpkg")
+        compiled.save(path)
+        loaded = np.asarray(tilefuse.Session(tilefuse.load_package(path), threads=2).run(x))
+    if not np.array_equal(loaded, outs[0]):
+        return f"saved and loaded: other bits; {desc}"
+    return None
+
+
+def check_streamed(seed: int) -> str | None:
+    """None, or what went wrong for build_stream(seed) (see the module docstring, `stream`)."""
+    b = build_stream(seed)
+    if b is None:
+        return None
+    net, x, desc = b
+    r = np.random.default_rng(seed + 1)
+    band = int(r.choice([1, 2, 3, 4, 8]))
+    ref = tilefuse.evaluate(net, x)[0]
+    s = tilefuse.compile(net, schedule="stream", stream_options={"band_rows": band}, threads=int(r.integers(1, 4)))
+    err = _err(s.run(x), ref)
+    return None if err <= RTOL else f"band_rows {band}: error {err:.3g} against the reference; {desc}"
+
+
+def check_sessions(seed: int, calls: int = 12, workers: int = 4) -> str | None:
+    """None, or what went wrong for build(seed) run from several threads (module docstring, `sessions`)."""
+    from tilefuse.runtime.device import CPUDevice
+    b = build(seed)
+    if b is None:
+        return None
+    net, x, desc = b
+    r = np.random.default_rng(seed + 1)
+    compiled = tilefuse.compile(net, threads=2)
+    dev = CPUDevice() if r.random() < 0.5 else CPUDevice(capacity_bytes=64 << 20)
+    sessions = [tilefuse.Session(compiled, device=dev, threads=int(r.integers(1, 3))) for _ in range(2)]
+    xs = [r.standard_normal(x.shape).astype(np.float32) for _ in range(calls)]
+    want = [np.array(sessions[0].run(v)) for v in xs]
+    got, errors = [None] * calls, []
+
+    def work(t):
+        try:
+            for j in range(t, calls, workers):
+                s = sessions[j % 2]
+                got[j] = np.array(s.run_many([xs[j]], depth=2)[0] if j % 3 == 0 else s.run(xs[j]))
+        except Exception as e:       # reported below, with the seed
+            errors.append(repr(e))
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        return f"{errors[0]}; {desc}"
+    bad = [j for j in range(calls) if not np.array_equal(got[j], want[j])]
+    return f"calls {bad} differ from the sequential outputs; {desc}" if bad else None
+
+
+CHECKS = {"compile": check_compiled, "stream": check_streamed, "sessions": check_sessions}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", choices=sorted(CHECKS), default="compile")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--seed", type=int, default=0, help="first seed: seeds run from seed * 1e6 up")
+    a = ap.parse_args(argv)
+    fn, end, seed, fails, ran = CHECKS[a.check], time.time() + a.seconds, a.seed * 10 ** 6, 0, 0
+    while time.time() < end:
+        try:
+            problem = fn(seed)
+        except Exception as e:          # a crash is a finding too: report it with its seed
+            problem = f"{type(e).__name__}: {str(e)[:300]}"
+        if problem:
+            fails += 1
+            print(f"seed {seed}: {problem}", flush=True)
+        seed += 1
+        ran += 1
+    print(f"{a.check}: {ran} seeds, {fails} failing", flush=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
