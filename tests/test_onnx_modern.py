@@ -292,3 +292,45 @@ def test_modern_block_old_opsets(name, opset):
     y = tilefuse.Session(tilefuse.compile(tilefuse.from_onnx(blob))).run(x)
     assert_close_to_max(y, ort_run(blob, x), what=f"{name}/opset {opset} vs ONNX Runtime")
     assert_close_to_max(y, torch_run(m, x), what=f"{name}/opset {opset} vs PyTorch")
+
+
+# (coordinate_transformation_mode, nearest_mode): (input length, output length) where a source coordinate lands
+# on an exact tie (an integer, or a half for the round modes) and torch's float32 order (dst times in / out) and
+# ONNX's (dst divided by out / in) round it to different sides: the ONNX import follows ONNX Runtime
+RESIZE_TIES = {("half_pixel", "round_prefer_ceil"): (2, 41), ("align_corners", "floor"): (2, 42),
+               ("half_pixel", "ceil"): (3, 21), ("pytorch_half_pixel", "ceil"): (3, 21),
+               ("align_corners", "round_prefer_floor"): (3, 29), ("half_pixel", "floor"): (3, 37),
+               ("asymmetric", "round_prefer_floor"): (3, 42), ("half_pixel", "round_prefer_floor"): (4, 14),
+               ("align_corners", "ceil"): (5, 29), ("asymmetric", "ceil"): (5, 35),
+               ("asymmetric", "round_prefer_ceil"): (7, 46), ("align_corners", "round_prefer_ceil"): (8, 47),
+               ("asymmetric", "floor"): (14, 2)}
+
+
+@pytest.mark.parametrize("modes", sorted(RESIZE_TIES))
+def test_resize_nearest_ties_follow_onnx_runtime(modes):
+    """A Resize (nearest, by sizes) whose source coordinates hit exact ties: the imported network (compiled,
+    and streamed over its rows) picks ONNX Runtime's input rows and columns, bit for bit; a network built with
+    torch's arithmetic (`Network.resize`'s default) picks other ones at these sizes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from tilefuse.kernels import reference as ref
+    coord, nearest = modes
+    n_in, n_out = RESIZE_TIES[modes]
+    shape = (1, 3, n_in, n_in + 1)
+    sizes = numpy_helper.from_array(np.array([1, 3, n_out, n_out + 1], np.int64), "sizes")
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest",
+                            coordinate_transformation_mode=coord, nearest_mode=nearest)
+    graph = helper.make_graph([node], "resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, n_out, n_out + 1])],
+                              [sizes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 8
+    blob = model.SerializeToString()
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    want = ort_run(blob, x)
+    net = tilefuse.from_onnx(onnx.load_from_string(blob))
+    assert np.array_equal(tilefuse.Session(tilefuse.compile(net, threads=2)).run(x), want)
+    streamed = tilefuse.compile(net, schedule="stream", stream_options={"band_rows": 2})
+    assert np.array_equal(streamed.run(x), want)
+    torch_order = ref.resize_nearest_index(n_in, n_out, None, coord, nearest, "aten")
+    assert not np.array_equal(torch_order, ref.resize_nearest_index(n_in, n_out, None, coord, nearest, "onnx"))

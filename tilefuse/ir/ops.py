@@ -813,7 +813,10 @@ def _resize_norm(node, p):
     nm = p.get("nearest_mode", "floor")
     if nm not in ref.NEAREST_MODES:
         raise GraphError(node, f"nearest_mode {nm!r} is not supported; expected one of {ref.NEAREST_MODES}")
-    return {"size": size, "scales": scales, "mode": mode, "coord": coord, "nearest_mode": nm}
+    arith = p.get("arith", "aten")
+    if arith not in ref.RESIZE_ARITH:
+        raise GraphError(node, f"arith {arith!r} is not supported; expected one of {ref.RESIZE_ARITH}")
+    return {"size": size, "scales": scales, "mode": mode, "coord": coord, "nearest_mode": nm, "arith": arith}
 
 
 def _resize_infer(node, ins, p):

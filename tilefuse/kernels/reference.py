@@ -408,30 +408,47 @@ def channel_norm(x, gamma, beta, eps=1e-6):
 
 RESIZE_COORDS = ("asymmetric", "half_pixel", "align_corners", "pytorch_half_pixel")
 NEAREST_MODES = ("floor", "ceil", "round_prefer_floor", "round_prefer_ceil")
+# the float32 arithmetic of the coordinate map: "aten" (PyTorch's F.interpolate: the source is dst times
+# in/out, or 1/scale) or "onnx" (ONNX's formulas as ONNX Runtime evaluates them: dst divided by out/in, or
+# by the given scale). They differ in the last bit, and a nearest index at an exact tie (a source coordinate
+# of 6.0 or 7.5) can fall either way: half_pixel 13 -> 7 rows, floor, reads row 6 where the map lands on
+# 5.9999995 (ORT, dst / scale) or row 6 on 6.0; each importer asks for its framework's arithmetic.
+RESIZE_ARITH = ("aten", "onnx")
 
 
-def resize_source(size_in: int, size_out: int, scale, coord: str) -> np.ndarray:
-    """Source coordinate (float32, as ATen computes it) of every output index.
+def resize_source(size_in: int, size_out: int, scale, coord: str, arith: str = "aten") -> np.ndarray:
+    """Source coordinate (float32) of every output index.
 
-    scale: the user's scale factor out/in, or None (then in/out is used, as torch does when given a
-    size). asymmetric: dst * s; half_pixel: (dst + 0.5) * s - 0.5; pytorch_half_pixel: the same but
-    0 for a length-1 output; align_corners: dst * (in - 1) / (out - 1); s = in/out or 1/scale."""
+    scale: the user's scale factor out/in, or None (then from the sizes). arith "aten" (torch's order):
+    asymmetric dst * s; half_pixel (dst + 0.5) * s - 0.5; pytorch_half_pixel the same but 0 for a
+    length-1 output; align_corners dst * ((in - 1) / (out - 1)); s = in/out or 1/scale. arith "onnx"
+    (ONNX Runtime's order): asymmetric dst / r; half_pixel (dst + 0.5) / r - 0.5; align_corners
+    (dst * (in - 1)) / (out - 1); r = out/in or the scale."""
     f32 = np.float32
     dst = np.arange(size_out, dtype=f32)
     if coord == "align_corners":
-        s = f32(size_in - 1) / f32(size_out - 1) if size_out > 1 else f32(0.0)
-        return dst * s
-    s = f32(1.0 / float(scale)) if scale else f32(size_in) / f32(size_out)
-    if coord == "asymmetric":
-        return dst * s
-    src = (dst + f32(0.5)) * s - f32(0.5)
+        if size_out <= 1:
+            return np.zeros(size_out, f32)
+        if arith == "onnx":
+            return dst * f32(size_in - 1) / f32(size_out - 1)
+        return dst * (f32(size_in - 1) / f32(size_out - 1))
+    if arith == "onnx":
+        r = f32(scale) if scale else f32(size_out) / f32(size_in)
+        if coord == "asymmetric":
+            return dst / r
+        src = (dst + f32(0.5)) / r - f32(0.5)
+    else:
+        s = f32(1.0 / float(scale)) if scale else f32(size_in) / f32(size_out)
+        if coord == "asymmetric":
+            return dst * s
+        src = (dst + f32(0.5)) * s - f32(0.5)
     if coord == "pytorch_half_pixel" and size_out == 1:
         src[:] = 0.0
     return src
 
 
-def resize_nearest_index(size_in, size_out, scale, coord, nearest_mode) -> np.ndarray:
-    src = resize_source(size_in, size_out, scale, coord)
+def resize_nearest_index(size_in, size_out, scale, coord, nearest_mode, arith="aten") -> np.ndarray:
+    src = resize_source(size_in, size_out, scale, coord, arith)
     if nearest_mode == "floor":
         i = np.floor(src)
     elif nearest_mode == "ceil":
@@ -443,30 +460,31 @@ def resize_nearest_index(size_in, size_out, scale, coord, nearest_mode) -> np.nd
     return np.clip(i, 0, size_in - 1).astype(np.int64)
 
 
-def resize_linear_weights(size_in, size_out, scale, coord):
+def resize_linear_weights(size_in, size_out, scale, coord, arith="aten"):
     """(i0, i1, lambda): out = (1 - lambda) * x[i0] + lambda * x[i1]; source clamped to [0, in-1]."""
-    src = np.clip(resize_source(size_in, size_out, scale, coord), 0, size_in - 1)
+    src = np.clip(resize_source(size_in, size_out, scale, coord, arith), 0, size_in - 1)
     i0 = np.minimum(np.floor(src).astype(np.int64), size_in - 1)
     lam = np.clip(src - i0, 0, 1).astype(np.float32)
     i1 = np.minimum(i0 + 1, size_in - 1)
     return i0, i1, lam
 
 
-def resize_rows(size_in, size_out, scale, mode, coord, nearest_mode="floor"):
+def resize_rows(size_in, size_out, scale, mode, coord, nearest_mode="floor", arith="aten"):
     """(first, last + 1) input row each output row reads: nearest (i, i + 1), linear (i0, i1 + 1)."""
     if mode == "nearest":
-        i = resize_nearest_index(size_in, size_out, scale, coord, nearest_mode)
+        i = resize_nearest_index(size_in, size_out, scale, coord, nearest_mode, arith)
         return i, i + 1
-    i0, i1, _ = resize_linear_weights(size_in, size_out, scale, coord)
+    i0, i1, _ = resize_linear_weights(size_in, size_out, scale, coord, arith)
     return i0, i1 + 1
 
 
-def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor", band=None):
+def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor", band=None, arith="aten"):
     """Resize H and W of (N, C, H, W) to `size`.
 
     torch F.interpolate: nearest = (asymmetric, floor); nearest-exact = (half_pixel,
     round_prefer_ceil); bilinear = (half_pixel, linear) or (align_corners, linear); scales are the
     scale_factor given (they enter the coordinate map, as in torch with recompute_scale_factor unset).
+    arith: the coordinate map's float32 order (RESIZE_ARITH: "aten" for torch, "onnx" for ONNX files).
     band=(r0, r1, lo, H): output rows [r0, r1) only, x holding input rows [lo, lo + x.shape[2]) of
     an input of height H (a row band of the stream mode)."""
     n, c, h, w = x.shape
@@ -475,13 +493,13 @@ def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mod
         r0, r1, lo, h = band
     sh, sw = scales if scales else (None, None)
     if mode == "nearest":
-        ih = resize_nearest_index(h, size[0], sh, coord, nearest_mode)[r0:r1] - lo
-        iw = resize_nearest_index(w, size[1], sw, coord, nearest_mode)
+        ih = resize_nearest_index(h, size[0], sh, coord, nearest_mode, arith)[r0:r1] - lo
+        iw = resize_nearest_index(w, size[1], sw, coord, nearest_mode, arith)
         return np.ascontiguousarray(x[:, :, ih][:, :, :, iw])
     acc = _acc_dtype(x.dtype)
-    h0, h1, lh = (a[r0:r1] for a in resize_linear_weights(h, size[0], sh, coord))
+    h0, h1, lh = (a[r0:r1] for a in resize_linear_weights(h, size[0], sh, coord, arith))
     h0, h1 = h0 - lo, h1 - lo
-    w0, w1, lw = resize_linear_weights(w, size[1], sw, coord)
+    w0, w1, lw = resize_linear_weights(w, size[1], sw, coord, arith)
     xa = x.astype(acc)
     lh = lh.astype(acc).reshape(1, 1, -1, 1)
     lw = lw.astype(acc).reshape(1, 1, 1, -1)

@@ -47,7 +47,7 @@ def _bilinear_plane(out, x, n, c, h0, h1, lh, w0, w1, lw):
 
 
 def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor",
-           layout="nchw", channels=None, threads=None, band=None, **_):
+           layout="nchw", channels=None, threads=None, band=None, arith="aten", **_):
     """band=(r0, lo, H): out holds output rows [r0, r0 + out.shape[2]) and x input rows
     [lo, lo + x.shape[2]) of an input of height H (the stream mode's row bands)."""
     h, w = x.shape[2], x.shape[3]
@@ -58,18 +58,18 @@ def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nea
     sh, sw = scales if scales else (None, None)
     if layout != "nchwc" and out.dtype != np.float32:
         out[...] = ref.resize(x, tuple(size), scales, mode, coord, nearest_mode,
-                              band=None if band is None else (r0, r1, lo, h))
+                              band=None if band is None else (r0, r1, lo, h), arith=arith)
         return
     x5, o5 = _view5(x, layout), _view5(out, layout)
     tasks = [(n, c) for n in range(x5.shape[0]) for c in range(x5.shape[1])]
     if mode == "nearest":
-        ih = ref.resize_nearest_index(h, size[0], sh, coord, nearest_mode)[r0:r1] - lo
-        iw = ref.resize_nearest_index(w, size[1], sw, coord, nearest_mode)
+        ih = ref.resize_nearest_index(h, size[0], sh, coord, nearest_mode, arith)[r0:r1] - lo
+        iw = ref.resize_nearest_index(w, size[1], sw, coord, nearest_mode, arith)
         parallel_for(lambda t: _nearest_plane(o5, x5, t[0], t[1], ih, iw), tasks, threads)
     else:
-        h0, h1, lh = (a[r0:r1] for a in ref.resize_linear_weights(h, size[0], sh, coord))
+        h0, h1, lh = (a[r0:r1] for a in ref.resize_linear_weights(h, size[0], sh, coord, arith))
         h0, h1 = h0 - lo, h1 - lo
-        w0, w1, lw = ref.resize_linear_weights(w, size[1], sw, coord)
+        w0, w1, lw = ref.resize_linear_weights(w, size[1], sw, coord, arith)
         parallel_for(lambda t: _bilinear_plane(o5, x5, t[0], t[1], h0, h1, lh, w0, w1, lw), tasks, threads)
     if layout == "nchwc" and channels is not None:   # padded lanes 0 whatever the input held there
         _zero_pad_lanes(out, int(channels))

@@ -650,7 +650,7 @@ def _resize(cx: Ctx, nd: OnnxNode, used):
                                 f"output length {x.shape[ax] * full_scale[ax]} is not whole; tilefuse implements "
                                 f"whole output lengths (give sizes instead)")
     return cx.net.add_op("resize", [x], dict(size=tuple(full_size[2:]), mode=mode, coord=coord,
-                                             nearest_mode=nearest,
+                                             nearest_mode=nearest, arith="onnx",
                                              scales=None if scales is None else tuple(full_scale[2:])),
                          cx.fresh(nd.name))
 
