@@ -68,7 +68,10 @@ def test_kernels_compiled_here_and_loaded_from_the_cache_agree(tmp_path):
     root = Path(__file__).resolve().parent.parent
     script = tmp_path / "kernels.py"
     script.write_text(_SCRIPT)
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(root))
+    # TILEFUSE_REGIONS=numba: both processes run their task loops on numba's parallel regions whatever the
+    # machine's load (with other processes running, `threads.region_plan` may put a loop on the Python pool,
+    # which calls the sequential worker: one process would then never compile, nor cache, `depthwise._dw_par`)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(root), TILEFUSE_REGIONS="numba")
     got = []
     for run in ("compiles", "loads"):
         out = tmp_path / f"{run}.npz"
