@@ -64,7 +64,8 @@ def _conv(net, r, y, c, kind, max_k=7):
         g, o = 1, int(r.choice([1, 3, 8, 16, 17, 32, 40, 64]))
     wt = (r.standard_normal((o, c // g, k, k)) / np.sqrt(c // g * k * k)).astype(np.float32)
     b = (r.standard_normal(o) * 0.1).astype(np.float32)
-    return net.conv2d(y, wt, b, stride=s, padding=p, dilation=d, groups=g), o, f"{kind} {c}->{o} k{k} s{s} p{p} d{d} g{g}"
+    what = f"{kind} {c}->{o} k{k} s{s} p{p} d{d} g{g}"
+    return net.conv2d(y, wt, b, stride=s, padding=p, dilation=d, groups=g), o, what
 
 
 def build(seed: int):
