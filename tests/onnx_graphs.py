@@ -1,0 +1,467 @@
+"""Random ONNX graphs with random attributes, imported by `from_onnx` and checked against ONNX Runtime
+(tests/test_onnx_graphs.py; longer runs: the command line below).
+
+Two builders, each a chain of 1-3 nodes on a random (N, C, H, W) input at a random opset (11-21):
+`spatial` (Conv with pads / auto_pad / dilations / groups, ConvTranspose with output_padding, Max / AveragePool
+with ceil_mode and count_include_pad, Resize by scales or sizes in every coordinate and nearest mode, Pad in
+three modes, Slice with negative starts and steps, Reshape with 0 / -1, ReduceMean by attribute or input, Clip
+with optional bounds, Softmax, Concat, broadcast Mul / Add, BatchNormalization, Flatten, activations with
+attributes, PRelu) and `tensor` (Gemm with transB / alpha / beta / C of four shapes, MatMul, Softmax on any axis,
+Split, Gather, DepthToSpace, Tile, Expand, LRN, LayerNormalization, Pow, Max / Min with a scalar, Unsqueeze +
+Squeeze, Transpose, ReduceSum / ReduceMean over random axes, Sub / Div either way, Sum / Mean, Gelu, ...).
+
+A graph ONNX Runtime rejects is skipped. Otherwise tilefuse must refuse it with a TilefuseError (an op or
+attribute outside what it implements, named) or compute it: every output within 1e-4 of the output's max of ONNX
+Runtime's, or, where ORT's own float32 arithmetic is the outlier, of ONNX's reference evaluator's (a ReduceSum
+then Sigmoid of its negative: ORT 5.96e-8, the reference 9.586e-8). An exception of another type, or a wrong
+value, is a failure.
+
+    .venv/bin/python tests/onnx_graphs.py --kind spatial --seconds 300 [--seed 1]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+RTOL = 1e-4
+
+
+def _c(name, a):
+    from onnx import numpy_helper
+    return numpy_helper.from_array(np.asarray(a), name)
+
+
+def _conv(r, li, cur, n, c, h, w, inits):
+    k, s = int(r.choice([1, 2, 3, 5])), int(r.choice([1, 2]))
+    d = int(r.choice([1, 1, 2]))
+    g = int(r.choice([1, c] if c > 1 else [1]))
+    o = int(r.choice([1, 4, 8])) * g
+    ap = str(r.choice(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], dilations=[d, d], group=g)
+    if ap == "NOTSET":
+        p = [int(v) for v in r.integers(0, k, 4)]
+        attrs["pads"] = p
+        ho, wo = (h + p[0] + p[2] - d * (k - 1) - 1) // s + 1, (w + p[1] + p[3] - d * (k - 1) - 1) // s + 1
+    else:
+        attrs["auto_pad"] = ap
+        if ap == "VALID":
+            ho, wo = (h - d * (k - 1) - 1) // s + 1, (w - d * (k - 1) - 1) // s + 1
+        else:
+            ho, wo = -(-h // s), -(-w // s)
+    if ho < 1 or wo < 1:
+        return None
+    inits.append(_c(f"w{li}", (r.standard_normal((o, c // g, k, k)) * 0.3).astype(np.float32)))
+    ins = [cur, f"w{li}"]
+    if r.random() < 0.5:
+        inits.append(_c(f"b{li}", r.standard_normal(o).astype(np.float32)))
+        ins.append(f"b{li}")
+    return ins, attrs, [n, o, ho, wo]
+
+
+def build_spatial(seed: int):
+    """(ModelProto, input) of a chain of spatial and channel ops, or None (see the module docstring)."""
+    from onnx import helper
+    r = np.random.default_rng(seed)
+    shape0 = [int(r.choice([1, 2])), int(r.choice([1, 3, 4, 8, 16])), int(r.integers(2, 20)), int(r.integers(2, 20))]
+    opset = int(r.choice([11, 13, 17, 18, 19, 21]))
+    shp, cur, nodes, inits = list(shape0), "x", [], []
+    for li in range(int(r.integers(1, 4))):
+        op = str(r.choice(["Conv", "Conv", "MaxPool", "AveragePool", "Resize", "Pad", "Slice", "Transpose", "Reshape",
+                           "ReduceMean", "Clip", "Softmax", "Concat", "Mul", "Add", "GlobalAveragePool",
+                           "ConvTranspose", "BatchNormalization", "Flatten", "LeakyRelu", "HardSigmoid", "Elu",
+                           "PRelu"]))
+        out = f"t{li}"
+        if len(shp) != 4 and op not in ("Softmax", "Clip", "Mul", "Add", "LeakyRelu"):
+            continue
+        n, c, h, w = shp if len(shp) == 4 else (None,) * 4
+        if op == "Conv":
+            made = _conv(r, li, cur, n, c, h, w, inits)
+            if made is None:
+                continue
+            ins, attrs, shp = made
+            nodes.append(helper.make_node("Conv", ins, [out], **attrs))
+        elif op == "ConvTranspose":
+            k, s = int(r.choice([1, 2, 3])), int(r.choice([1, 2]))
+            p, op_ = int(r.integers(0, k)), (int(r.integers(0, s)) if s > 1 else 0)
+            o = int(r.choice([1, 4, 8]))
+            ho, wo = (h - 1) * s - 2 * p + k + op_, (w - 1) * s - 2 * p + k + op_
+            if ho < 1 or wo < 1:
+                continue
+            attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=[p] * 4)
+            if op_:
+                attrs["output_padding"] = [op_, op_]
+            inits.append(_c(f"w{li}", (r.standard_normal((c, o, k, k)) * 0.3).astype(np.float32)))
+            nodes.append(helper.make_node("ConvTranspose", [cur, f"w{li}"], [out], **attrs))
+            shp = [n, o, ho, wo]
+        elif op in ("MaxPool", "AveragePool"):
+            k, ceil = int(r.choice([1, 2, 3])), int(r.random() < 0.3)
+            attrs = dict(kernel_shape=[k, k])
+            if r.random() < 0.7:
+                attrs["strides"] = [int(r.choice([1, 2]))] * 2
+            p = int(r.integers(0, (k + 1) // 2)) if k > 1 else 0
+            if p:
+                attrs["pads"] = [p] * 4
+            if ceil:
+                attrs["ceil_mode"] = 1
+            if op == "AveragePool" and r.random() < 0.5:
+                attrs["count_include_pad"] = 1
+            s = attrs.get("strides", [1, 1])[0]
+            if h + 2 * p < k or w + 2 * p < k:
+                continue
+            size = []
+            for x in (h, w):
+                o = (-(-(x + 2 * p - k) // s) if ceil else (x + 2 * p - k) // s) + 1
+                if ceil and (o - 1) * s >= x + p:     # the last window must start inside
+                    o -= 1
+                size.append(o)
+            nodes.append(helper.make_node(op, [cur], [out], **attrs))
+            shp = [n, c] + size
+        elif op == "GlobalAveragePool":
+            nodes.append(helper.make_node(op, [cur], [out]))
+            shp = [n, c, 1, 1]
+        elif op == "Resize":
+            if opset < 13:
+                continue
+            mode = str(r.choice(["nearest", "linear"]))
+            attrs = dict(mode=mode, coordinate_transformation_mode=str(r.choice(
+                ["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"])))
+            if mode == "nearest":
+                attrs["nearest_mode"] = str(r.choice(["floor", "round_prefer_floor", "round_prefer_ceil", "ceil"]))
+            if r.random() < 0.5:
+                sc = float(r.choice([2.0, 0.5, 3.0]))
+                inits.append(_c(f"sc{li}", np.array([1, 1, sc, sc], np.float32)))
+                ins, ho, wo = [cur, "", f"sc{li}"], int(np.floor(h * sc)), int(np.floor(w * sc))
+            else:
+                ho, wo = int(r.integers(1, 30)), int(r.integers(1, 30))
+                inits.append(_c(f"sz{li}", np.array([n, c, ho, wo], np.int64)))
+                ins = [cur, "", "", f"sz{li}"]
+            if ho < 1 or wo < 1:
+                continue
+            nodes.append(helper.make_node("Resize", ins, [out], **attrs))
+            shp = [n, c, ho, wo]
+        elif op == "Pad":
+            mode = str(r.choice(["constant", "reflect", "edge"]))
+            p = [0, 0] + [int(v) for v in r.integers(0, 3, 2)] + [0, 0] + [int(v) for v in r.integers(0, 3, 2)]
+            if mode == "reflect" and (max(p[2], p[6]) >= h or max(p[3], p[7]) >= w):
+                continue
+            inits.append(_c(f"p{li}", np.array(p, np.int64)))
+            ins = [cur, f"p{li}"]
+            if mode == "constant" and r.random() < 0.5:
+                inits.append(_c(f"pv{li}", np.array(0.5, np.float32)))
+                ins.append(f"pv{li}")
+            nodes.append(helper.make_node("Pad", ins, [out], mode=mode))
+            shp = [n, c, h + p[2] + p[6], w + p[3] + p[7]]
+        elif op == "Slice":
+            ax = int(r.choice([1, 2, 3, -1, -2]))
+            dim, st = shp[ax], int(r.choice([1, 1, 2, -1]))
+            if st > 0:
+                a, b = int(r.integers(-dim, dim)), int(r.choice([dim, 2 ** 31 - 1, -1, int(r.integers(-dim, dim + 1))]))
+            else:
+                a, b = int(r.choice([-1, dim - 1])), int(r.choice([-dim - 1, 0, -2 ** 31]))
+            length = len(range(*slice(a, b, st).indices(dim)))
+            if length < 1:
+                continue
+            for name, v in (("s", a), ("e", b), ("a", ax), ("st", st)):
+                inits.append(_c(f"{name}{li}", np.array([v], np.int64)))
+            nodes.append(helper.make_node("Slice", [cur, f"s{li}", f"e{li}", f"a{li}", f"st{li}"], [out]))
+            shp = list(shp)
+            shp[ax] = length
+        elif op == "Transpose":      # NCHW -> NHWC -> NCHW (ConvNeXt-style code)
+            nodes.append(helper.make_node("Transpose", [cur], [out + "a"], perm=[0, 2, 3, 1]))
+            nodes.append(helper.make_node("Transpose", [out + "a"], [out], perm=[0, 3, 1, 2]))
+        elif op == "Reshape":
+            target = np.array([0, c, -1, w], np.int64) if r.random() < 0.5 else np.array([n, c, h, w], np.int64)
+            inits.append(_c(f"rs{li}", target))
+            nodes.append(helper.make_node("Reshape", [cur, f"rs{li}"], [out]))
+        elif op == "ReduceMean":
+            axes, kd = ([2, 3] if r.random() < 0.7 else [1]), int(r.random() < 0.7)
+            if opset >= 18:
+                inits.append(_c(f"ax{li}", np.array(axes, np.int64)))
+                nodes.append(helper.make_node("ReduceMean", [cur, f"ax{li}"], [out], keepdims=kd))
+            else:
+                nodes.append(helper.make_node("ReduceMean", [cur], [out], axes=axes, keepdims=kd))
+            shp = [1 if i in axes else d for i, d in enumerate(shp)] if kd else [d for i, d in enumerate(shp)
+                                                                                 if i not in axes]
+        elif op == "Clip":
+            inits += [_c(f"lo{li}", np.array(float(r.choice([0.0, -1.0])), np.float32)),
+                      _c(f"hi{li}", np.array(float(r.choice([6.0, 0.5])), np.float32))]
+            ins = [cur, f"lo{li}", f"hi{li}"] if r.random() < 0.7 else [cur, "", f"hi{li}"]
+            nodes.append(helper.make_node("Clip", ins, [out]))
+        elif op == "Softmax":
+            nodes.append(helper.make_node("Softmax", [cur], [out], axis=int(r.choice([1, -1, len(shp) - 1]))))
+        elif op == "Concat":
+            nodes.append(helper.make_node("Concat", [cur, cur], [out], axis=1))
+            shp = list(shp)
+            shp[1] *= 2
+        elif op in ("Mul", "Add"):
+            cshape = [1, shp[1], 1, 1] if len(shp) == 4 and r.random() < 0.5 else ([shp[-1]] if r.random() < 0.5
+                                                                                    else [1])
+            inits.append(_c(f"k{li}", r.standard_normal(cshape).astype(np.float32)))
+            ins = [cur, f"k{li}"] if r.random() < 0.5 else [f"k{li}", cur]
+            nodes.append(helper.make_node(op, ins, [out]))
+        elif op == "BatchNormalization":
+            for name, v in (("g", r.random(c) + 0.5), ("bb", r.standard_normal(c)), ("m", r.standard_normal(c) * 0.1),
+                            ("v", r.random(c) + 0.5)):
+                inits.append(_c(f"{name}{li}", v.astype(np.float32)))
+            nodes.append(helper.make_node(op, [cur] + [f"{k}{li}" for k in ("g", "bb", "m", "v")], [out],
+                                          epsilon=float(r.choice([1e-5, 1e-3]))))
+        elif op == "Flatten":
+            ax = int(r.choice([1, 2]))
+            nodes.append(helper.make_node(op, [cur], [out], axis=ax))
+            shp = [int(np.prod(shp[:ax])), int(np.prod(shp[ax:]))]
+        elif op == "LeakyRelu":
+            nodes.append(helper.make_node(op, [cur], [out], alpha=float(r.choice([0.01, 0.2]))))
+        elif op == "HardSigmoid":
+            nodes.append(helper.make_node(op, [cur], [out], **({"alpha": 0.2, "beta": 0.5} if r.random() < 0.5
+                                                              else {})))
+        elif op == "Elu":
+            nodes.append(helper.make_node(op, [cur], [out], alpha=float(r.choice([1.0, 0.5]))))
+        elif op == "PRelu":
+            inits.append(_c(f"sl{li}", (r.random((c, 1, 1)) * 0.3).astype(np.float32)))
+            nodes.append(helper.make_node(op, [cur, f"sl{li}"], [out]))
+        cur = out
+    return _model(nodes, inits, shape0, len(shp), opset, r)
+
+
+def build_tensor(seed: int):
+    """(ModelProto, input) of a chain of shape, reduction, GEMM and element-wise ops, or None."""
+    from onnx import helper
+    r = np.random.default_rng(seed)
+    opset = int(r.choice([11, 13, 17, 18, 20, 21]))
+    shape0 = [int(r.choice([1, 2])), int(r.choice([1, 2, 4, 8, 16])), int(r.integers(1, 9)), int(r.integers(1, 9))]
+    shp, cur, nodes, inits = list(shape0), "x", [], []
+    for li in range(int(r.integers(1, 4))):
+        op = str(r.choice(["Gemm", "MatMul", "Softmax", "Split", "Gather", "DepthToSpace", "Tile", "Expand", "LRN",
+                           "LayerNormalization", "Pow", "MaxMin", "SqueezeUnsqueeze", "Transpose", "ReduceSum",
+                           "ReduceMean", "SubDiv", "SumMean", "NegSigmoid", "Gelu", "HardSwish", "GlobalMaxPool",
+                           "Tanh"]))
+        out, rank = f"t{li}", len(shp)
+        if rank == 0:
+            break
+        if op == "Gemm":
+            if rank != 2:
+                nodes.append(helper.make_node("Flatten", [cur], [out + "f"], axis=1))
+                cur, shp = out + "f", [shp[0], int(np.prod(shp[1:]))]
+            k, m, tb = shp[1], int(r.choice([1, 3, 8])), int(r.random() < 0.5)
+            inits.append(_c(f"B{li}", r.standard_normal((m, k) if tb else (k, m)).astype(np.float32)))
+            ins = [cur, f"B{li}"]
+            if r.random() < 0.6:
+                cshape = [(m,), (1, m), (shp[0], m), ()][int(r.integers(4))]
+                inits.append(_c(f"C{li}", r.standard_normal(cshape).astype(np.float32)))
+                ins.append(f"C{li}")
+            attrs = dict(transB=tb)
+            if r.random() < 0.4:
+                attrs["alpha"] = float(r.choice([0.5, 2.0]))
+            if r.random() < 0.4 and len(ins) == 3:
+                attrs["beta"] = float(r.choice([0.5, 2.0]))
+            nodes.append(helper.make_node("Gemm", ins, [out], **attrs))
+            shp = [shp[0], m]
+        elif op == "MatMul":
+            m = int(r.choice([1, 3, 8]))
+            inits.append(_c(f"B{li}", r.standard_normal((shp[-1], m)).astype(np.float32)))
+            nodes.append(helper.make_node("MatMul", [cur, f"B{li}"], [out]))
+            shp = shp[:-1] + [m]
+        elif op == "Softmax":
+            nodes.append(helper.make_node("Softmax", [cur], [out], axis=int(r.integers(-rank, rank))))
+        elif op == "Split":
+            ax = int(r.integers(0, rank))
+            if shp[ax] < 2:
+                continue
+            a = int(r.integers(1, shp[ax]))
+            parts = [a, shp[ax] - a]
+            if opset >= 13:
+                inits.append(_c(f"sp{li}", np.array(parts, np.int64)))
+                nodes.append(helper.make_node("Split", [cur, f"sp{li}"], [out, out + "b"], axis=ax))
+            else:
+                nodes.append(helper.make_node("Split", [cur], [out, out + "b"], axis=ax, split=parts))
+            shp = list(shp)
+            shp[ax] = a
+        elif op == "Gather":
+            ax = int(r.integers(0, rank))
+            length = shp[ax]
+            idx = r.integers(-length, length, int(r.integers(1, 5))).astype(np.int64)
+            if r.random() < 0.3:
+                idx = np.array(int(r.integers(0, length)), np.int64)
+            inits.append(_c(f"gi{li}", idx))
+            nodes.append(helper.make_node("Gather", [cur, f"gi{li}"], [out], axis=ax))
+            shp = shp[:ax] + list(idx.shape) + shp[ax + 1:]
+        elif op == "DepthToSpace":
+            if rank != 4 or shp[1] % 4:
+                continue
+            nodes.append(helper.make_node("DepthToSpace", [cur], [out], blocksize=2,
+                                          mode=str(r.choice(["DCR", "CRD"]))))
+            shp = [shp[0], shp[1] // 4, shp[2] * 2, shp[3] * 2]
+        elif op == "Tile":
+            rep = [int(v) for v in r.integers(1, 3, rank)]
+            inits.append(_c(f"rp{li}", np.array(rep, np.int64)))
+            nodes.append(helper.make_node("Tile", [cur, f"rp{li}"], [out]))
+            shp = [a * b for a, b in zip(shp, rep)]
+        elif op == "Expand":
+            target = [d if d != 1 or r.random() < 0.5 else int(r.choice([1, 3])) for d in shp]
+            inits.append(_c(f"ex{li}", np.array(target, np.int64)))
+            nodes.append(helper.make_node("Expand", [cur, f"ex{li}"], [out]))
+            shp = target
+        elif op == "LRN":
+            if rank != 4:
+                continue
+            nodes.append(helper.make_node("LRN", [cur], [out], size=int(r.choice([1, 3, 5])), alpha=1e-3, beta=0.75,
+                                          bias=float(r.choice([1.0, 2.0]))))
+        elif op == "LayerNormalization":
+            if opset < 17:
+                continue
+            ax = int(r.choice([-1, rank - 1, 1 if rank > 1 else -1]))
+            normalized = shp[ax:]
+            inits += [_c(f"ls{li}", (r.random(normalized) + 0.5).astype(np.float32)),
+                      _c(f"lb{li}", r.standard_normal(normalized).astype(np.float32))]
+            nodes.append(helper.make_node("LayerNormalization", [cur, f"ls{li}", f"lb{li}"], [out], axis=ax,
+                                          epsilon=1e-5))
+        elif op == "Pow":
+            inits.append(_c(f"e{li}", np.array(float(r.choice([1, 2, 3, -1, 0.5])), np.float32)))
+            nodes.append(helper.make_node("Pow", [cur, f"e{li}"], [out]))
+        elif op == "MaxMin":
+            inits.append(_c(f"mm{li}", np.array(float(r.choice([0.0, -0.5, 1.0])), np.float32)))
+            nodes.append(helper.make_node(str(r.choice(["Max", "Min"])), [cur, f"mm{li}"], [out]))
+        elif op == "SqueezeUnsqueeze":
+            ax = int(r.integers(0, rank + 1))
+            if opset >= 13:
+                inits.append(_c(f"ua{li}", np.array([ax], np.int64)))
+                nodes.append(helper.make_node("Unsqueeze", [cur, f"ua{li}"], [out + "u"]))
+                nodes.append(helper.make_node("Squeeze", [out + "u", f"ua{li}"], [out]))
+            else:
+                nodes.append(helper.make_node("Unsqueeze", [cur], [out + "u"], axes=[ax]))
+                nodes.append(helper.make_node("Squeeze", [out + "u"], [out], axes=[ax]))
+        elif op == "Transpose":
+            perm = [int(v) for v in r.permutation(rank)]
+            nodes.append(helper.make_node("Transpose", [cur], [out], perm=perm))
+            shp = [shp[p] for p in perm]
+        elif op in ("ReduceSum", "ReduceMean"):
+            axes = sorted(int(v) for v in r.choice(rank, int(r.integers(1, rank + 1)), replace=False))
+            kd = 1 if len(axes) == rank else int(r.random() < 0.5)
+            if (op == "ReduceSum" and opset >= 13) or (op == "ReduceMean" and opset >= 18):
+                inits.append(_c(f"ax{li}", np.array(axes, np.int64)))
+                nodes.append(helper.make_node(op, [cur, f"ax{li}"], [out], keepdims=kd))
+            else:
+                nodes.append(helper.make_node(op, [cur], [out], axes=axes, keepdims=kd))
+            shp = [1 if i in axes else d for i, d in enumerate(shp)] if kd else [d for i, d in enumerate(shp)
+                                                                                 if i not in axes]
+        elif op == "SubDiv":
+            kind = str(r.choice(["Sub", "Div"]))
+            bshape = [d if r.random() < 0.5 else 1 for d in shp][int(r.integers(0, rank)):]
+            v = r.standard_normal(bshape).astype(np.float32)
+            if kind == "Div":
+                v = v + np.sign(v) * 0.5
+            inits.append(_c(f"sd{li}", v))
+            ins = [cur, f"sd{li}"] if kind == "Div" or r.random() < 0.5 else [f"sd{li}", cur]
+            nodes.append(helper.make_node(kind, ins, [out]))
+        elif op == "SumMean":
+            inits.append(_c(f"sm{li}", r.standard_normal([shp[-1]]).astype(np.float32)))
+            nodes.append(helper.make_node(str(r.choice(["Sum", "Mean"])), [cur, f"sm{li}", cur], [out]))
+        elif op == "NegSigmoid":
+            nodes.append(helper.make_node("Neg", [cur], [out + "n"]))
+            nodes.append(helper.make_node("Sigmoid", [out + "n"], [out]))
+        elif op == "Gelu":
+            if opset < 20:
+                continue
+            nodes.append(helper.make_node("Gelu", [cur], [out], approximate=str(r.choice(["none", "tanh"]))))
+        elif op == "HardSwish":
+            if opset < 14:
+                continue
+            nodes.append(helper.make_node("HardSwish", [cur], [out]))
+        elif op == "GlobalMaxPool":
+            if rank != 4:
+                continue
+            nodes.append(helper.make_node(op, [cur], [out]))
+            shp = shp[:2] + [1, 1]
+        elif op == "Tanh":
+            nodes.append(helper.make_node(op, [cur], [out]))
+        cur = out
+    return _model(nodes, inits, shape0, len(shp), opset, r)
+
+
+def _model(nodes, inits, shape, rank, opset, r):
+    from onnx import TensorProto, helper
+    if not nodes:
+        return None
+    nodes[-1].output[0] = "y"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [f"d{i}" for i in range(rank)])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model, r.standard_normal(shape).astype(np.float32)
+
+
+def _rel(got, want) -> float:
+    """Max |got - want| over the finite entries / max |want| there; inf where shapes, or the non-finite
+    entries, differ."""
+    if got.shape != want.shape:
+        return float("inf")
+    fin = np.isfinite(want)
+    if not np.array_equal(np.isfinite(got), fin) or not np.array_equal(got[~fin], want[~fin], equal_nan=True):
+        return float("inf")
+    if not fin.any():
+        return 0.0
+    scale = float(np.abs(want[fin]).max()) or 1.0
+    return float(np.abs(got[fin].astype(np.float64) - want[fin]).max()) / scale
+
+
+def check(kind: str, seed: int) -> str | None:
+    """None (computed right, refused by name, or a graph ONNX Runtime rejects), or what went wrong."""
+    import onnxruntime as ort
+
+    import tilefuse
+    from tilefuse.errors import TilefuseError
+    built = (build_spatial if kind == "spatial" else build_tensor)(seed)
+    if built is None:
+        return None
+    model, x = built
+    blob = model.SerializeToString()
+    try:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.log_severity_level = 4
+        want = ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    except Exception:        # not a valid graph for ONNX Runtime: nothing to compare
+        return None
+    ops = [n.op_type for n in model.graph.node]
+    try:
+        net = tilefuse.from_onnx(model)
+        got = np.asarray(tilefuse.Session(tilefuse.compile(net, threads=2), threads=2).run(x))
+    except TilefuseError:
+        return None
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:200]} ({ops})"
+    err = _rel(got, want)
+    if not err <= RTOL:
+        from onnx.reference import ReferenceEvaluator
+        with np.errstate(all="ignore"):
+            err = min(err, _rel(got, ReferenceEvaluator(model).run(None, {"x": x})[0]))
+    return None if err <= RTOL else f"error {err:.3g} against ONNX Runtime and the ONNX reference ({ops})"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kind", choices=("spatial", "tensor"), default="spatial")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--seed", type=int, default=0, help="first seed: seeds run from seed * 1e6 up")
+    a = ap.parse_args(argv)
+    end, seed, fails, ran = time.time() + a.seconds, a.seed * 10 ** 6, 0, 0
+    while time.time() < end:
+        problem = check(a.kind, seed)
+        if problem:
+            fails += 1
+            print(f"seed {seed}: {problem}", flush=True)
+        seed += 1
+        ran += 1
+    print(f"{a.kind}: {ran} seeds, {fails} failing", flush=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""Seeded random ONNX graphs (tests/onnx_graphs.py) against ONNX Runtime: every graph ORT runs is either refused
+by tilefuse with a TilefuseError naming what it does not implement, or computed within 1e-4 of the output's max
+(of ORT's output, or of ONNX's reference evaluator's where ORT's float32 arithmetic is the outlier). Longer runs:
+`python tests/onnx_graphs.py --kind spatial|tensor --seconds N` (the ties of Resize that such a run found are
+tests/test_onnx_modern.py::test_resize_nearest_ties_follow_onnx_runtime)."""
+from __future__ import annotations
+
+import pytest
+
+import onnx_graphs as G
+
+BATCHES = 10            # pytest cases per kind
+SEEDS_PER_BATCH = 100   # graphs per case (~0.3 s)
+
+
+@pytest.mark.parametrize("batch", range(BATCHES))
+@pytest.mark.parametrize("kind", ["spatial", "tensor"])
+def test_random_onnx_graphs_match_onnx_runtime_or_are_refused(kind, batch):
+    problems = []
+    for seed in range(batch * SEEDS_PER_BATCH, (batch + 1) * SEEDS_PER_BATCH):
+        p = G.check(kind, seed)
+        if p:
+            problems.append(f"seed {seed}: {p}")
+    assert not problems, "\n".join(problems[:5])
