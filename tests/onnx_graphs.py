@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -451,16 +450,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0, help="first seed: seeds run from seed * 1e6 up")
     a = ap.parse_args(argv)
-    end, seed, fails, ran = time.time() + a.seconds, a.seed * 10 ** 6, 0, 0
-    while time.time() < end:
-        problem = check(a.kind, seed)
-        if problem:
-            fails += 1
-            print(f"seed {seed}: {problem}", flush=True)
-        seed += 1
-        ran += 1
-    print(f"{a.kind}: {ran} seeds, {fails} failing", flush=True)
-    return 1 if fails else 0
+    from random_nets import run_seeds
+    return 1 if run_seeds(lambda seed: check(a.kind, seed), a.seconds, a.seed * 10 ** 6, a.kind) else 0
 
 
 if __name__ == "__main__":

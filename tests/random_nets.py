@@ -244,25 +244,31 @@ def check_sessions(seed: int, calls: int = 12, workers: int = 4) -> str | None:
 CHECKS = {"compile": check_compiled, "stream": check_streamed, "sessions": check_sessions}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--check", choices=sorted(CHECKS), default="compile")
-    ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--seed", type=int, default=0, help="first seed: seeds run from seed * 1e6 up")
-    a = ap.parse_args(argv)
-    fn, end, seed, fails, ran = CHECKS[a.check], time.time() + a.seconds, a.seed * 10 ** 6, 0, 0
+def run_seeds(fn, seconds: float, first: int, label: str) -> int:
+    """fn(seed) -> None or a problem, for seeds first, first + 1, ... until `seconds` pass; prints each problem
+    with its seed (a crash is a finding too) and a summary line; returns the number of failing seeds."""
+    end, seed, fails, ran = time.time() + seconds, first, 0, 0
     while time.time() < end:
         try:
             problem = fn(seed)
-        except Exception as e:          # a crash is a finding too: report it with its seed
+        except Exception as e:
             problem = f"{type(e).__name__}: {str(e)[:300]}"
         if problem:
             fails += 1
             print(f"seed {seed}: {problem}", flush=True)
         seed += 1
         ran += 1
-    print(f"{a.check}: {ran} seeds, {fails} failing", flush=True)
-    return 1 if fails else 0
+    print(f"{label}: {ran} seeds, {fails} failing", flush=True)
+    return fails
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", choices=sorted(CHECKS), default="compile")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--seed", type=int, default=0, help="first seed: seeds run from seed * 1e6 up")
+    a = ap.parse_args(argv)
+    return 1 if run_seeds(CHECKS[a.check], a.seconds, a.seed * 10 ** 6, a.check) else 0
 
 
 if __name__ == "__main__":
