@@ -941,7 +941,7 @@ RULES: dict[str, Rule] = {
     "ReduceSum": _r(_reduce, (1, 11, 13), "axes keepdims noop_with_empty_axes", "sum", "constant axes"),
     "Resize": _r(_resize, (11, 13, 18, 19), _RESIZE, "resize",
                  "H, W of (N, C, H, W); nearest or linear; half_pixel, pytorch_half_pixel, align_corners, "
-                 "asymmetric"),
+                 "asymmetric; ONNX Runtime's coordinate order (dst / (out / in): `arith=\"onnx\"`)"),
     # linear algebra
     "Gemm": _r(_gemm, (7, 9, 11, 13), "alpha beta transA transB", "linear add permute", "constant B and C"),
     "MatMul": _r(_matmul, (1, 9, 13), "", "linear", "(..., K) by a constant 2-D (K, M)"),
