@@ -9,12 +9,15 @@ upsampling and channel concats on maps of up to 90 rows.
     .venv/bin/python tests/random_nets.py --check compile --seconds 600 [--seed 1]
     .venv/bin/python tests/random_nets.py --check stream --seconds 600
     .venv/bin/python tests/random_nets.py --check sessions --seconds 300
+    .venv/bin/python tests/random_nets.py --check nonfinite --seconds 300
 
 `compile`: the compiled program (compiled for 1-4 threads) run on 1, 2 and 3 threads against the reference
 evaluator (fp32, 1e-4 of the output's max), bitwise equal across the session thread counts, and saved /
 loaded as a package (the same bits). `stream`: schedule="stream" with band_rows 1-8 against the reference.
 `sessions`: two sessions on one device, run / run_many from four threads, each output bitwise the
-sequential one. A run prints each failing seed (rebuild it with the builder) and a summary line.
+sequential one. `nonfinite`: a NaN, +inf or -inf at one input place, compiled and streamed: every output the
+reference computes as NaN (non-finite) is NaN (non-finite), and nothing raises. A run prints each failing
+seed (rebuild it with the builder) and a summary line.
 """
 from __future__ import annotations
 
@@ -241,7 +244,59 @@ def check_sessions(seed: int, calls: int = 12, workers: int = 4) -> str | None:
     return f"calls {bad} differ from the sequential outputs; {desc}" if bad else None
 
 
-CHECKS = {"compile": check_compiled, "stream": check_streamed, "sessions": check_sessions}
+def _lost_nonfinite(ref, got) -> str | None:
+    """None when every NaN of ref is NaN in got and every non-finite value of ref non-finite in got (extra
+    ones are allowed: Winograd tiles, grouped convs' zero weights), else what was lost."""
+    for name, bad in (("NaN", np.isnan), ("non-finite", lambda a: ~np.isfinite(a))):
+        lost = bad(ref) & ~bad(got)
+        if lost.any():
+            return f"{int(lost.sum())} of {int(bad(ref).sum())} {name} outputs of the reference are {got[lost][:3]}"
+    return None
+
+
+def _poisoned(x, seed: int, value: float):
+    """x with `value` at one place drawn from the seed (the same place for every value)."""
+    r = np.random.default_rng(seed + 7)
+    x = x.copy()
+    x[tuple(int(r.integers(0, s)) for s in x.shape)] = value
+    return x
+
+
+def check_nonfinite(seed: int, value: float) -> str | None:
+    """None, or what went wrong for build(seed) run with `value` (NaN, +-inf) at one input place: no error,
+    and the reference's NaN / non-finite outputs are NaN / non-finite (module docstring, `nonfinite`)."""
+    b = build(seed)
+    if b is None:
+        return None
+    net, x, desc = b
+    x = _poisoned(x, seed, value)
+    with np.errstate(all="ignore"):
+        ref = tilefuse.evaluate(net, x)[0]
+        got = np.asarray(tilefuse.Session(tilefuse.compile(net, threads=2), threads=2).run(x))
+    lost = _lost_nonfinite(ref, got)
+    return f"{value} in: {lost}; {desc}" if lost else None
+
+
+def check_streamed_nonfinite(seed: int, value: float) -> str | None:
+    """check_nonfinite for build_stream(seed) under schedule="stream" (band_rows from the seed)."""
+    b = build_stream(seed)
+    if b is None:
+        return None
+    net, x, desc = b
+    x = _poisoned(x, seed, value)
+    band = int(np.random.default_rng(seed + 1).choice([1, 2, 3, 4, 8]))
+    with np.errstate(all="ignore"):
+        ref = tilefuse.evaluate(net, x)[0]
+        s = tilefuse.compile(net, schedule="stream", stream_options={"band_rows": band}, threads=2)
+        got = np.asarray(s.run(x))
+    lost = _lost_nonfinite(ref, got)
+    return f"{value} in, band_rows {band}: {lost}; {desc}" if lost else None
+
+
+_VALUES = (np.nan, np.inf, -np.inf)
+CHECKS = {"compile": check_compiled, "stream": check_streamed, "sessions": check_sessions,
+          "nonfinite": lambda seed: check_nonfinite(seed, _VALUES[seed % 3]) or
+          check_streamed_nonfinite(seed, _VALUES[seed % 3])}
 
 
 def run_seeds(fn, seconds: float, first: int, label: str) -> int:

@@ -285,3 +285,21 @@ def test_no_kernel_inherits_fastmath_from_its_caller():
     """Every njit function a fastmath kernel calls states its own flags (activations.apply_span: its SiLU bits
     had depended on whether epilogue.act_span or a plain kernel compiled it first)."""
     assert inherited_fastmath(ROOT, "tilefuse") == []
+
+
+def test_no_kernel_assumes_finite_values():
+    """numba's `fastmath=True` includes `nnan` and `ninf`: LLVM may then drop a NaN or raise numba's
+    division-by-zero error on one (the tanh activation returned -1 for NaN, the channel norm raised; see
+    tests/test_nonfinite.py). Kernels state `fpflags.FAST` or a narrower set, never the two flags."""
+    found = []
+    for f in sorted((ROOT / "tilefuse").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "fastmath":
+                v = node.value
+                named = {e.value for e in getattr(v, "elts", []) if isinstance(e, ast.Constant)}
+                flags = {"nnan", "ninf"} if isinstance(v, ast.Constant) and v.value is True else named & {
+                    "nnan", "ninf", "fast"}
+                if flags:
+                    found.append(f"{f.relative_to(ROOT)}:{node.lineno}")
+    from tilefuse.kernels.fpflags import FAST
+    assert not found and not FAST & {"nnan", "ninf", "fast"}, found

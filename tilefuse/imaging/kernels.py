@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from tilefuse.kernels.fpflags import FAST
+
 REPLICATE, CONSTANT, REFLECT = 0, 1, 2  # == reference.BORDER_CODES
 
 
@@ -39,7 +41,7 @@ def border_index(i, n, mode):
     return i
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _edge_pixel(src, k, r, x, mode):
     """One output pixel with full border mapping (slow path for columns near the edges)."""
     h, w = src.shape
@@ -56,7 +58,7 @@ def _edge_pixel(src, k, r, x, mode):
     return acc
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _row_3x3(a, b, c, k, orow, xa, xb):
     """orow[x] = 3x3 taps over rows a, b, c (above, centre, below), all in registers.
 
@@ -77,7 +79,7 @@ def _row_3x3(a, b, c, k, orow, xa, xb):
                 + w20 * c0[i] + w21 * c1[i] + w22 * c2[i])
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _axpy(o, wt, s, first):
     """o (+)= wt * s over equal-length row segments."""
     if first:
@@ -88,7 +90,7 @@ def _axpy(o, wt, s, first):
             o[i] += wt * s[i]
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _row_taps(srow, k, dy, orow, xa, xb, first):
     """orow[x] (+)= sum over dx of k[dy, dx] * srow[x + dx - kw//2] for x in [xa, xb);
     horizontal taps unrolled for kw in 3, 5 so each pass over the row is one vector loop."""
@@ -123,7 +125,7 @@ def _row_taps(srow, k, dy, orow, xa, xb, first):
 _NARROW = 128  # row segments shorter than this (e.g. the paper's 64x32 tiles) use _narrow_row
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _narrow_row(src, k, r, orow, xa, xb, mode):
     """orow[xa:xb] for a short row segment: one pixel at a time, all taps in a register.
     Cheaper than the row-pass loops when there are too few pixels to amortise their setup."""
@@ -145,7 +147,7 @@ def _narrow_row(src, k, r, orow, xa, xb, mode):
             orow[x] = acc
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def correlate_region(src, k, out, r0, r1, c0, c1, mode, zero):
     """out[r0:r1, c0:c1] = correlation of ``src`` with ``k`` under border ``mode``.
 
@@ -191,7 +193,7 @@ def correlate_regions(src, k, out, regions, mode):
                          regions[i, 3], mode, zero)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def separable_region(src, kv, kh, out, r0, r1, c0, c1, mode):
     """out[r0:r1, c0:c1] = correlation with the rank-1 kernel outer(kv, kh).
 
@@ -255,7 +257,7 @@ def separable_regions(src, kv, kh, out, regions, mode):
                          regions[i, 3], mode)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def correlate_valid(padded, k, out):
     """'Valid' correlation of a padded tile: out (th, tw) from padded (th+kh-1, tw+kw-1).
 

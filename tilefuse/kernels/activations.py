@@ -219,25 +219,32 @@ def tanh32(x):
 
 @njit(inline="always", cache=True)
 def erf32(x):
-    """erf for float32 x, vectorizable."""
+    """erf for float32 x, vectorizable; exactly +-1 where float32 erf rounds to +-1 (|x| >= 4), whatever
+    flags the caller compiles it with (the rational form at the clamp gave 1 - 6e-8 under `arcp`, so a
+    depthwise kernel's GELU(-inf) was -inf * 6e-8 = -inf, PyTorch's and the reference's -inf * 0 = nan)."""
     c = min(max(x, -_ERF_CLAMP), _ERF_CLAMP)
     c2 = c * c
     p = ((((((_EA[0] * c2 + _EA[1]) * c2 + _EA[2]) * c2 + _EA[3]) * c2 + _EA[4]) * c2 + _EA[5]) * c2
          + _EA[6]) * c
     q = (((_EB[0] * c2 + _EB[1]) * c2 + _EB[2]) * c2 + _EB[3]) * c2 + _EB[4]
-    return np.divide(p, q)
+    t = np.divide(p, q)
+    return _F1 if x >= _ERF_CLAMP else (-_F1 if x <= -_ERF_CLAMP else t)
 
 
 # sigmoid's exponent is kept within +-_SIG_CLAMP: e^-87 = 1.6e-38 is still a normal float, so neither
 # e^-v (v > 87) nor 1 / (1 + e^-v) (v < -87) is a subnormal number, which x86 computes through a
 # microcode assist: SiLU over values beyond +-87 ran 156-285 cycles a 16-lane vector against ~20-30
-# (Ice Lake VM). The values there change by less than 1.7e-38 (sigmoid: 1.6e-38 for v <= -87, 1 for v >= 87)
+# (Ice Lake VM). Below -87 sigmoid is 0 (float32's exact value is under 1.7e-38 there), so that
+# sigmoid(-inf) = 0 and SiLU(-inf) = -inf * 0 = NaN, as in PyTorch and the reference (with the clamped
+# exponent alone they were 1.6e-38 and -inf, and an infinite input left finite values where PyTorch's were
+# NaN: tests/test_nonfinite.py); 1 for v >= 87. A NaN fails the compare and stays NaN.
 _SIG_CLAMP = np.float32(87.0)
 
 
 @njit(inline="always", cache=True)
 def _sigmoid(v):
-    return np.divide(_F1, _F1 + exp32(min(max(-v, -_SIG_CLAMP), _SIG_CLAMP)))
+    s = np.divide(_F1, _F1 + exp32(min(max(-v, -_SIG_CLAMP), _SIG_CLAMP)))
+    return _F0 if v < -_SIG_CLAMP else s
 
 
 @njit(inline="always", cache=True)

@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from . import activations as A
+from .fpflags import FAST
 from . import reference as ref
 from .threads import parallel_for
 
@@ -36,7 +37,7 @@ def _code(act, relu=False):
     return A.encode(act[0], act[1], act[2])
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _act_flat(out, x, i0, i1, code, alpha, beta):
     a, b = np.float32(alpha), np.float32(beta)
     for i in range(i0, i1):
@@ -86,7 +87,7 @@ def activation(out, x, *, act, layout="nchw", channels=None, threads=None, **_):
 
 # prelu ---------------------------------------------------------------------------------------
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _prelu_planes(out3, x3, slope, n, lanes):
     """x3 (N, C', S) rows; channel of row j, position p: j (lanes=1) or j*16 + p % 16 (blocked)."""
     C, S = x3.shape[1], x3.shape[2]
@@ -119,7 +120,7 @@ _UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divid
 _KIND = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 
 
-@njit(nogil=True, cache=True, fastmath=True, error_model="numpy")   # x / 0 is inf, as in NumPy and PyTorch
+@njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")   # x / 0 is inf, as in NumPy and PyTorch
 def _binary_flat(out, a, b, i0, i1, kind, code, alpha, beta):
     al, be = np.float32(alpha), np.float32(beta)
     for i in range(i0, i1):
@@ -134,7 +135,7 @@ def _binary_flat(out, a, b, i0, i1, kind, code, alpha, beta):
         out[i] = A.apply_scalar(code, v, al, be)
 
 
-@njit(nogil=True, cache=True, fastmath=True, error_model="numpy")
+@njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")
 def _binary_channel(out3, x3, s, n, kind, swap, lanes, code, alpha, beta):
     """out (N, C', S) = x (op) s[n, c] (a per-image, per-channel operand s (Ns, C)); swap: s (op) x."""
     C, S = x3.shape[1], x3.shape[2]

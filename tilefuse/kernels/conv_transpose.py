@@ -14,11 +14,12 @@ import numpy as np
 from numba import njit
 
 from . import activations as A
+from .fpflags import FAST
 from . import reference as ref
 from .threads import blas_threads, parallel_for, scratch
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _col2im(out, cols, n, co0, og, kh, kw, H, W, sh, sw, dh, dw, pt, pl, bias, code, alpha, beta):
     """out[n, co0 + o] = act(bias + sum over (p, q, i, j) of cols[(o*kh + p)*kw + q, i*W + j])."""
     Ho, Wo = out.shape[2], out.shape[3]

@@ -12,10 +12,11 @@ from numba import njit
 
 from .blas import blas_threads
 from .conv._nb import atomic_add
+from .fpflags import FAST
 from .threads import numba_region, parallel_for, scratch
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _bias_relu_rows(o, b, has_bias, relu):
     N, M = o.shape
     for i in range(N):
@@ -33,7 +34,7 @@ GEMV_ROWS = 4      # inputs of at most this many rows (a classifier at batch 1-4
 GEMV_COLS = 64     # output features per GEMV task
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _gemv_cols(out, x, w, b, has_bias, relu, j0, j1):
     """out[n, j] = act(x[n] . w[j] (+ b[j])) for j in [j0, j1): one dot product of two contiguous rows
     per output (vectorized over K), the same code whichever task or thread computes it."""

@@ -13,17 +13,18 @@ import numpy as np
 from numba import njit
 
 from .cnhw import JIT, flat_split
+from .fpflags import FAST
 from .threads import nthreads, parallel_for, split
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _add_flat(out, a, b, i0, i1, relu):
     for i in range(i0, i1):
         v = a[i] + b[i]
         out[i] = max(v, np.float32(0.0)) if relu else v
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _relu_flat(out, a, i0, i1):
     for i in range(i0, i1):
         out[i] = max(a[i], np.float32(0.0))

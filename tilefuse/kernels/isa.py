@@ -24,6 +24,8 @@ import functools
 import os
 import re
 
+from .fpflags import FAST
+
 ENV = "TILEFUSE_VECTOR_BITS"
 # act as if the host had these LLVM features ("+avx512f,+avx2,..."): configure() then decides as it
 # would on such a host. For inspecting the assembly of another machine (tests/test_isa.py checks
@@ -179,7 +181,7 @@ def probe_vector_bits() -> int:
         for i in range(c.size):
             c[i] += a[i] * b[i]
 
-    f = njit(fastmath=True)(axpy)
+    f = njit(fastmath=FAST)(axpy)
     x = np.ones(256, np.float32)
     f(x, x, x.copy())
     asm = f.inspect_asm(f.signatures[0])
@@ -234,7 +236,7 @@ def _fma_kernel(chains: int, lanes: int):
         from tilefuse.kernels.conv._nb import stack_f32
         ns = {"nb": nb, "np": np, "stack_f32": stack_f32}
         exec(_fma_chains_source(chains, lanes), ns)  # straight-line source: one register per chain
-        f = _FMA[(chains, lanes)] = njit(fastmath=True, nogil=True)(ns["fma_chains"])
+        f = _FMA[(chains, lanes)] = njit(fastmath=FAST, nogil=True)(ns["fma_chains"])
     return f
 
 

@@ -32,10 +32,11 @@ from numba import njit
 from . import reference as ref
 from .cnhw import JITR, rows, rows_split, to_cnhw, to_nchw, unrows
 from .conv._nb import atomic_add
+from .fpflags import FAST
 from .threads import numba_region, parallel_for
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")   # 1 / 0 is inf (eps = 0)
 def _channel_norm_image(out, x, gamma, beta, eps, n):
     """x, out (N, C, S): normalize each column s over C."""
     C, S = x.shape[1], x.shape[2]
@@ -59,7 +60,7 @@ def _channel_norm_image(out, x, gamma, beta, eps, n):
             out[n, c, s] = (x[n, c, s] - mean[s]) * var[s] * g + b
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")
 def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1):
     """x4, o4: (N, Cb, H, W*16) views of NCHW16c tensors, C real channels; gt, bt: (Cb, W*16), gamma and
     beta per lane tiled along the row. Rows [h0, h1) of image n, each (h, w) normalized over the C lanes

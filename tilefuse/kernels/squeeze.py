@@ -30,11 +30,12 @@ from numba import njit
 from . import activations as A
 from . import reference as ref
 from .conv._nb import atomic_add, row_sum16, stack_f32
+from .fpflags import FAST
 from .pool import mean_blocks_per_task, means_into, next_block_task
 from .threads import numba_region, scratch
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _fc_gate(s, m, w1, b1, w2, b2, i0, i1, c1, a1, e1, c2, a2, e2):
     """s[i] = gate(w2 @ act(w1 @ m[i] + b1) + b2) for images [i0, i1); w1 (R, C), w2 (C, R)."""
     R, C = w1.shape
@@ -71,7 +72,7 @@ def fc_chunks(r: int, c: int) -> int:
     return 1 if 2 * nbytes < SPLIT_BYTES else -(-nbytes // SPLIT_TASK_BYTES)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _fc1_rows(h, m, w1, b1, i0, i1, r0, r1, c1, a1, e1):
     """h[i, r] = act(w1[r] . m[i] + b1[r]) for images [i0, i1), rows [r0, r1): `_fc_gate`'s first layer."""
     C = w1.shape[1]
@@ -83,7 +84,7 @@ def _fc1_rows(h, m, w1, b1, i0, i1, r0, r1, c1, a1, e1):
             h[i, r] = A.apply_scalar(c1, acc + b1[r], a1, e1)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _fc2_rows(s, h, w2, b2, i0, i1, c0, c1_, c2, a2, e2):
     """s[i, c] = gate(w2[c] . h[i] + b2[c]) for images [i0, i1), channels [c0, c1_): `_fc_gate`'s second."""
     R = w2.shape[1]

@@ -7,6 +7,7 @@ from numba import njit
 
 from tilefuse.kernels.conv._nb import borrow, prefetch, prefetchw, stack_f32, store16
 from tilefuse.kernels.conv.epilogue import EMPTY1, RB_OFFSETS, act_block
+from tilefuse.kernels.fpflags import FAST
 
 
 @njit(inline="always")
@@ -39,7 +40,7 @@ def _offsets(q0, q1, m, HWo, Wo, Wi, Cb, Ob, cs, os_, sh, sw):
     return io_all, oo_all
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _k1x1_wide(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
           q_outer, pfd, pfo, kc):
     """1x1 tile 7 positions x 2 output blocks, hosts with 512-bit vectors: 14 zmm accumulators of the 32
@@ -186,7 +187,7 @@ def _k1x1_wide(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
                     store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _k1x1_one(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
           q_outer, pfd, pfo, kc):
     """1x1 tile 14 positions x 1 block: the odd last output block on hosts with 512-bit vectors: 14 zmm
@@ -337,7 +338,7 @@ def _k1x1_one(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, 
                     store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _k1x1_narrow(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
           q_outer, pfd, pfo, kc):
     """1x1 tile 5 positions x 1 output block, hosts with 256-bit vectors (tiles.NARROW): 10 ymm
@@ -435,7 +436,7 @@ def _k1x1_narrow(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                     store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _direct_rows2_wide(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
           code, alpha, beta, o0, o1):
     """Direct kxk tile 7 positions x 2 output blocks, hosts with 512-bit vectors: 14 zmm accumulators of
@@ -561,7 +562,7 @@ def _direct_rows2_wide(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, s
                         store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _direct_rows_narrow(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
           code, alpha, beta, o0, o1):
     """Direct kxk tile 5 positions x 1 output block, hosts with 256-bit vectors (tiles.NARROW): 10 ymm
@@ -643,7 +644,7 @@ def _direct_rows_narrow(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, 
                         store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _stem_rows_wide(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
     """Stem tile 8 positions x 2 output blocks, hosts with 512-bit vectors: 16 zmm accumulators of the 32
 
@@ -770,7 +771,7 @@ def _stem_rows_wide(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias
                         store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _stem_rows_narrow(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
     """Stem tile 5 positions x 1 output block, hosts with 256-bit vectors (tiles.NARROW): 10 ymm
     accumulators + the weight row + the broadcasts fit the 16 registers (a two-block tile would need 28
@@ -844,7 +845,7 @@ def _stem_rows_narrow(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bi
                         store16(of, d_, acc, (0 + r_) * acc.shape[1] + 16 * k_, rf, d_, has_res, code, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _wino_gemm_wide(M, V, U, P, pa0, pa1, nob):
     """Winograd GEMM tile 7 tiles x 2 output blocks, hosts with 512-bit vectors: 14 zmm accumulators of the
     32
@@ -949,7 +950,7 @@ def _wino_gemm_wide(M, V, U, P, pa0, pa1, nob):
                             mf[d + np.uint64(kk * 16 + l)] = acc[r, kk * 16 + l]
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _wino_gemm_narrow(M, V, U, P, pa0, pa1, nob):
     """Winograd GEMM tile 5 tiles x 1 output block, hosts with 256-bit vectors (tiles.NARROW): 10 ymm
     accumulators + the weight row + the broadcasts fit the 16 registers (a two-block tile would need 28
@@ -1013,7 +1014,7 @@ def _wino_gemm_narrow(M, V, U, P, pa0, pa1, nob):
                             mf[d + np.uint64(kk * 16 + l)] = acc[r, kk * 16 + l]
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _convt_rows_wide(of, xs, wp, bias, oh0, oh1, p0, p1, geo, xbase, ih_base, Hs, Ws, pli, offs, code, alpha, beta):
     """Transposed-conv tile 7 positions x 2 output blocks, hosts with 512-bit vectors: 14 zmm accumulators
     of the 32
@@ -1159,7 +1160,7 @@ def _convt_rows_wide(of, xs, wp, bias, oh0, oh1, p0, p1, geo, xbase, ih_base, Hs
                                         beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _convt_rows_narrow(of, xs, wp, bias, oh0, oh1, p0, p1, geo, xbase, ih_base, Hs, Ws, pli, offs, code, alpha, beta):
     """Transposed-conv tile 5 positions x 1 output block, hosts with 256-bit vectors (tiles.NARROW): 10 ymm
     accumulators + the weight row + the broadcasts fit the 16 registers (a two-block tile would need 28

@@ -31,6 +31,7 @@ from tilefuse.kernels.conv._nb import (LANES, address, atomic_add, copy16, dpair
 from tilefuse.kernels.conv._tiles_gen import _direct_rows2_wide, _direct_rows_narrow  # (tilegen.DIRECT)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.activations import apply_scalar
+from tilefuse.kernels.fpflags import FAST
 from tilefuse.kernels.conv.epilogue import (ACT_CHUNK, EMPTY4, IDENTITY, RB_OFFSETS, act_span, bias_or_zeros, resolve_act,
                                             store_rows)
 from tilefuse.kernels.conv.layout import to_nchwc
@@ -435,7 +436,7 @@ def _direct_tile(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw,
                            has_res, code, alpha, beta, o0, o1)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _band_to_nchw(out, band, n, oh0, res, has_res, code, alpha, beta):
     """band (1, Ob, R*Wo, 16) -> out[n, :, oh0:oh0+R, :] (NCHW) with residual and activation."""
     Co, Wo = out.shape[1], out.shape[3]

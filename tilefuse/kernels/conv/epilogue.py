@@ -28,6 +28,7 @@ from numba import njit
 
 from tilefuse.kernels.activations import ACTIVATIONS, NAMES, apply_scalar, apply_span, normalize
 from tilefuse.kernels.conv._nb import act16, store16
+from tilefuse.kernels.fpflags import FAST
 
 # floats (32 KiB) of output per deferred activation pass: the kernels' dispatchers (k1x1._k1x1,
 # direct._direct_rows2, stem._stem_rows) store the tiles of a chunk of output rows with bias (+ residual)
@@ -111,7 +112,7 @@ def store_rows(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha
             store16(dst, du, acc, (a0 + r) * LN + 16 * k, res, du, has_res, code, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def act_span(f, lo, hi, code, alpha, beta):
     """f[lo:hi] = act(f[lo:hi]) in place (f 1-D float32; hi - lo a multiple of 16 when code is 1 or 9):
     activations.apply_span, but ReLU and leaky ReLU as act16 vectors: apply_span's in-place loop for them
@@ -126,7 +127,7 @@ def act_span(f, lo, hi, code, alpha, beta):
         apply_span(f, lo, hi, code, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def act_block(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha, beta):
     """store_rows for the activations other than identity, ReLU and clip, called (not inlined) so
     that their code (exp, erf, tanh) stays out of the kernels' loops: the residual added into the
@@ -149,7 +150,7 @@ def act_block(dst, res, has_res, acc, a0, offs, s0, o0, nv, nk, dk, code, alpha,
             store16(dst, du, af, (a0 + r) * LN + 16 * k, res, du, False, 0, alpha, beta)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def epilogue_rows(o, bias, res, has_res, code, alpha, beta):
     """o (C, L) block, bias (C,), res (C, L) or EMPTY2; in place: o = act(o + bias[c] (+ res))."""
     C, L = o.shape

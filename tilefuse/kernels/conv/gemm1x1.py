@@ -16,6 +16,7 @@ from numba import njit
 from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv.epilogue import EMPTY2, EMPTY4, bias_or_zeros, epilogue_rows, resolve_act
 from tilefuse.kernels.conv.planner import plan_gemm1x1, plan_gemm1x1_nchwc
+from tilefuse.kernels.fpflags import FAST
 from tilefuse.kernels.threads import blas_threads, parallel_for, scratch
 
 
@@ -96,7 +97,7 @@ def _gather_nhwc(xs, x, q0, q1, HWo, Wo, sh, sw):
                 xs[q - q0, cb * 16 + l] = x[n, cb, ih, iw, l]
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _scatter_nchwc(out, o, c0, q0, bias, res, has_res, code, alpha, beta):
     """out[n, (c0+c)//16, j, c%16] = act(o[q - q0, c] + bias[c0+c] (+ res)) for q = n*HW + j;
     out / res flat (N, Ob, HW, 16)."""

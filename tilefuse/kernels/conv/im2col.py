@@ -16,6 +16,7 @@ from tilefuse.kernels.activations import apply_scalar
 from tilefuse.kernels.conv import stem
 from tilefuse.kernels.conv.epilogue import EMPTY2, EMPTY4, bias_or_zeros, epilogue_rows, resolve_act
 from tilefuse.kernels.conv.planner import plan_im2col
+from tilefuse.kernels.fpflags import FAST
 from tilefuse.kernels.threads import blas_threads, parallel_for, scratch
 
 
@@ -52,7 +53,7 @@ def _im2col(cols, x, n, c0, cg, KH, KW, sh, sw, pt, pl, dh, dw, r0, r1, Wo):
                         cols[row, base + ow] = x[n, c0 + c, ih, iw] if 0 <= iw < W else 0.0
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _depthwise_rows(out, x, w3, bias, res, has_res, code, alpha, beta, n, g, og, KH, KW, sh, sw, pt, pl, dh, dw, r0, r1):
     """Groups with one input channel: out[n, g*og + j, oh, :] = sum_taps w * x[n, g, ...]."""
     H, W = x.shape[2], x.shape[3]
@@ -124,7 +125,7 @@ def run(out, x, prepared, residual=None, *, stride=(1, 1), padding=(0, 0, 0, 0),
         parallel_for(task, tasks, threads)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def _scatter_rows_nchwc(out, o, n, q0, bias, res, has_res, code, alpha, beta):
     """o (Co, L) GEMM block of positions q0..q0+L -> out[n, c//16, q0+j, c%16] (flat (N, Ob, HW, 16))
     with bias, residual, activation; padded channels (c >= Co) are written as zeros."""

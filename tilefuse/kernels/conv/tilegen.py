@@ -51,6 +51,7 @@ from numba import njit
 
 from tilefuse.kernels.conv._nb import borrow, prefetch, prefetchw, stack_f32, store16
 from tilefuse.kernels.conv.epilogue import EMPTY1, RB_OFFSETS, act_block
+from tilefuse.kernels.fpflags import FAST
 
 
 @njit(inline="always")
@@ -88,7 +89,7 @@ def _offsets(q0, q1, m, HWo, Wo, Wi, Cb, Ob, cs, os_, sh, sw):
 # odd last block goes to the one-block tile $ONE); one-block tiles take the blocks
 # [2 p0, min(2 p1, Ob)) one at a time.
 K1X1 = '''
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def $NAME(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
           q_outer, pfd, pfo, kc):
     """$DOC
@@ -168,7 +169,7 @@ def $NAME(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
 # [o0, o1). The input is indexed through a flat view with unsigned offsets (no wraparound code);
 # two-block tiles compute an odd count's last block twice in the second slot and store it once.
 DIRECT = '''
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def $NAME(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw, bias, res, has_res,
           code, alpha, beta, o0, o1):
     """$DOC
@@ -218,7 +219,7 @@ def $NAME(out, n_out, q_off, xb, n, x_row0, wb, oh0, oh1, Wo, Wp, sh, sw, dh, dw
 
 # The stem (stem.py): few input channels, read from a zero-padded NCHW band (C, R, Wp).
 STEM = '''
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def $NAME(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
     """$DOC
 
@@ -261,7 +262,7 @@ def $NAME(out, n, band, x_row0, wb, oh0, oh1, Wo, sh, sw, dh, dw, bias, res, has
 # Winograd's element-wise stage (winograd.py): M (alpha^2, P, cob) = V (alpha^2, P, Cip) @ U[:, pairs]
 # for output blocks < nob (cob = 16 * nob) of the channel pairs from pa0 on.
 WINO_GEMM = '''
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def $NAME(M, V, U, P, pa0, pa1, nob):
     """$DOC
 
@@ -302,7 +303,7 @@ def $NAME(M, V, U, P, pa0, pa1, nob):
 # last one) over every (tap, input channel). Two-block tiles take a channel pair per step (an odd
 # last pair stores its first block only); one-block tiles take the blocks [2 p0, min(2 p1, Ob)).
 TRANSPOSE = '''
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=FAST)
 def $NAME(of, xs, wp, bias, oh0, oh1, p0, p1, geo, xbase, ih_base, Hs, Ws, pli, offs, code, alpha, beta):
     """$DOC
 
