@@ -4,20 +4,23 @@ Each builder takes a seed and returns (network, input) or None (a draw that buil
 mix what the compiler and the kernels choose between: convs of every kernel size 1-7, stride 1-2, dilation
 1-2, any padding, groups (depthwise, grouped, dense), odd channel counts and map sizes, batch norms, residual
 adds, activations, max / average pools, squeeze-excitation; the streaming builder adds nearest / bilinear
-upsampling and channel concats on maps of up to 90 rows.
+upsampling and channel concats on maps of up to 90 rows; the mixed builder (build_mixed) draws from more of
+the vocabulary (transposed convs, channel norms, ShuffleNetV2 units, resize, pad, classifier heads, ...).
 
     .venv/bin/python tests/random_nets.py --check compile --seconds 600 [--seed 1]
     .venv/bin/python tests/random_nets.py --check stream --seconds 600
     .venv/bin/python tests/random_nets.py --check sessions --seconds 300
     .venv/bin/python tests/random_nets.py --check nonfinite --seconds 300
+    .venv/bin/python tests/random_nets.py --check mixed --seconds 600
 
 `compile`: the compiled program (compiled for 1-4 threads) run on 1, 2 and 3 threads against the reference
 evaluator (fp32, 1e-4 of the output's max), bitwise equal across the session thread counts, and saved /
 loaded as a package (the same bits). `stream`: schedule="stream" with band_rows 1-8 against the reference.
 `sessions`: two sessions on one device, run / run_many from four threads, each output bitwise the
 sequential one. `nonfinite`: a NaN, +inf or -inf at one input place, compiled and streamed: every output the
-reference computes as NaN (non-finite) is NaN (non-finite), and nothing raises. A run prints each failing
-seed (rebuild it with the builder) and a summary line.
+reference computes as NaN (non-finite) is NaN (non-finite), and nothing raises. `mixed`: build_mixed's
+networks as `compile`, and those without a head streamed (a TilefuseError refusal allowed). A run prints
+each failing seed (rebuild it with the builder) and a summary line.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import tilefuse  # noqa: E402
+from tilefuse.errors import TilefuseError  # noqa: E402
 from tilefuse.ir import Network  # noqa: E402
 
 ACTS = (None, "relu", "relu6", "silu", "hardswish", "sigmoid", "gelu", "leaky_relu")
@@ -165,6 +169,165 @@ def build_stream(seed: int):
     return net, r.standard_normal((1, c0, h, w)).astype(np.float32), desc
 
 
+MIXED_ACTS = ACTS + ("hardsigmoid", "elu", "tanh", "prelu", "clip")
+
+
+def _act_mixed(net, r, y, a):
+    if a == "prelu":
+        return net.prelu(y, (r.random(int(r.choice([1, y.shape[1]]))) * 0.5).astype(np.float32))
+    if a == "clip":
+        return net.activation(y, "clip", min=float(-r.random()), max=float(r.random() + 0.5))
+    if a in ("hardsigmoid", "elu", "tanh"):
+        return net.activation(y, a)
+    return _act(net, y, a)
+
+
+def _f32(r, *shape, scale=1.0):
+    return (r.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _mixed_layer(net, r, y, c, kind):
+    """One layer of build_mixed on y (c channels): (y, c, description) or None where it does not fit."""
+    h, w = y.shape[2], y.shape[3]
+    if kind in ("conv", "dw", "group"):
+        made = _conv(net, r, y, c, kind)
+        if made is None:
+            return None
+        z, o, what = made
+        if r.random() < 0.3:
+            z = net.batch_norm(z, gamma=r.random(o) + 0.5, beta=r.standard_normal(o) * 0.1,
+                               mean=r.standard_normal(o) * 0.1, var=r.random(o) + 0.5)
+        if r.random() < 0.3 and z.shape == y.shape:
+            z = net.add(z, y)
+        a = MIXED_ACTS[int(r.integers(len(MIXED_ACTS)))]
+        return _act_mixed(net, r, z, a), o, f"{what} {a}"
+    if kind == "convT":
+        k, s = int(r.choice([2, 3, 4])), int(r.choice([1, 2, 2]))
+        p, op = int(r.integers(0, (k - 1) // 2 + 1)), int(r.integers(0, s))
+        g = c if r.random() < 0.25 else 1
+        o = c if g > 1 else int(r.choice([4, 8, 13, 16]))
+        if (h - 1) * s - 2 * p + k + op < 1 or (w - 1) * s - 2 * p + k + op < 1 or max(h, w) > 24:
+            return None
+        wt = _f32(r, c, o // g, k, k, scale=1 / np.sqrt(c * k * k / g))
+        z = net.conv_transpose2d(y, wt, _f32(r, o, scale=0.1), stride=s, padding=p, output_padding=op, groups=g)
+        a = MIXED_ACTS[int(r.integers(len(MIXED_ACTS)))]
+        return _act_mixed(net, r, z, a), o, f"convT {c}->{o} k{k} s{s} p{p} op{op} g{g} {a}"
+    if kind in ("chnorm", "ln_permute") and c < 8:   # a norm over 1-7 channels after a ReLU is ill-conditioned
+        return None                                   # (a position of zeros and one tiny value: 3e-4 apart)
+    if kind == "chnorm":
+        return net.channel_norm(y, r.random(c).astype(np.float32) + 0.5, _f32(r, c, scale=0.1)), c, "channel_norm"
+    if kind == "ln_permute":     # ConvNeXt's permute -> LayerNorm -> permute
+        z = net.permute(y, (0, 2, 3, 1))
+        z = net.layer_norm(z, r.random(c).astype(np.float32) + 0.5, _f32(r, c, scale=0.1), eps=1e-6)
+        return net.permute(z, (0, 3, 1, 2)), c, "permute-layer_norm-permute"
+    if kind == "concat":
+        o = int(r.choice([3, 8, 16, 21]))
+        z = net.conv2d(y, _f32(r, o, c, 1, 1, scale=1 / np.sqrt(c)), _f32(r, o, scale=0.1))
+        parts = [y, net.relu(z)] if r.random() < 0.5 else [net.relu(z), y]
+        return net.concat(parts), c + o, f"concat +{o}"
+    if kind == "shuffle_unit":    # ShuffleNetV2: x[:, :c // 2] passes, the other half through 1x1-dw-1x1
+        if c % 2 or c < 4:
+            return None
+        hc = c // 2
+        a, b = (net.slice(y, 1, 0, hc), net.slice(y, 1, hc, c)) if r.random() < 0.5 else net.split(y, [hc, hc])
+        b = net.relu(net.conv2d(b, _f32(r, hc, hc, 1, 1, scale=1 / np.sqrt(hc)), _f32(r, hc, scale=0.1)))
+        b = net.conv2d(b, _f32(r, hc, 1, 3, 3, scale=0.3), _f32(r, hc, scale=0.1), padding=1, groups=hc)
+        b = net.relu(net.conv2d(b, _f32(r, hc, hc, 1, 1, scale=1 / np.sqrt(hc)), _f32(r, hc, scale=0.1)))
+        return net.channel_shuffle(net.concat([a, b]), 2), c, "shuffle unit"
+    if kind == "shuffle":
+        gs = [g for g in (2, 3, 4, 8) if c % g == 0]
+        if not gs:
+            return None
+        g = int(r.choice(gs))
+        return net.channel_shuffle(y, g), c, f"channel_shuffle {g}"
+    if kind == "resize":
+        if max(h, w) > 24:
+            return None
+        m = str(r.choice(["nearest", "bilinear", "nearest-exact"]))
+        if r.random() < 0.5:
+            z = net.resize(y, scale_factor=int(r.choice([2, 2, 3])), mode=m)
+        else:
+            z = net.resize(y, size=(int(r.integers(1, 40)), int(r.integers(1, 40))), mode=m,
+                           align_corners=bool(m == "bilinear" and r.random() < 0.5))
+        return z, c, f"resize {m} -> {z.shape[2]}x{z.shape[3]}"
+    if kind == "pad":
+        m = str(r.choice(["constant", "reflect", "replicate"]))
+        lim = 2 if m != "reflect" else min(2, h - 1, w - 1)
+        if lim < 0:
+            return None
+        pt, pb, pl, pr = (int(r.integers(0, lim + 1)) for _ in range(4))
+        return net.pad(y, (0, 0, 0, 0, pt, pb, pl, pr), m, float(r.standard_normal())), c, f"pad {m}"
+    if kind == "se":              # squeeze-excitation: ReLU / SiLU inside, sigmoid / hardsigmoid gate
+        m = net.mean(y, (2, 3), keepdim=True)
+        cs = max(1, c // 4)
+        inner, gate = str(r.choice(["relu", "silu"])), str(r.choice(["sigmoid", "hardsigmoid"]))
+        t = net.conv2d(m, _f32(r, cs, c, 1, 1, scale=1 / np.sqrt(c)), _f32(r, cs, scale=0.1))
+        t = net.relu(t) if inner == "relu" else net.silu(t)
+        t = net.activation(net.conv2d(t, _f32(r, c, cs, 1, 1, scale=1 / np.sqrt(cs)), _f32(r, c, scale=0.1)), gate)
+        z = net.mul(y, t) if r.random() < 0.7 else net.mul(t, y)
+        if r.random() < 0.5:      # the next 1x1 conv (the SE scale fused into it)
+            o = int(r.choice([8, 16, 24]))
+            z = net.conv2d(z, _f32(r, o, c, 1, 1, scale=1 / np.sqrt(c)), _f32(r, o, scale=0.1))
+            return z, o, f"se {inner}/{gate} + 1x1 -> {o}"
+        return z, c, f"se {inner}/{gate}"
+    if kind == "pool":
+        if min(h, w) < 2:
+            return None
+        if r.random() < 0.2:
+            oh, ow = int(r.integers(1, min(h, 5) + 1)), int(r.integers(1, min(w, 5) + 1))
+            return net.adaptive_avg_pool(y, (oh, ow)), c, f"adaptive_avg_pool {oh}x{ow}"
+        k = int(r.choice([2, 3]))
+        if min(h, w) < k:
+            return None
+        s, p, ceil = int(r.choice([1, 2])), int(r.integers(0, k // 2 + 1)), bool(r.random() < 0.3)
+        if r.random() < 0.5:
+            return net.max_pool(y, k, stride=s, padding=p, ceil_mode=ceil), c, f"max_pool k{k} s{s} p{p} ceil{ceil}"
+        cip = bool(r.random() < 0.5)
+        return (net.avg_pool(y, k, stride=s, padding=p, ceil_mode=ceil, count_include_pad=cip), c,
+                f"avg_pool k{k} s{s} p{p} ceil{ceil} cip{cip}")
+    if kind == "affine":          # per-channel constants (folded into the conv before, where there is one)
+        z = net.mul(y, net.constant(f"scale{len(net.ops)}", r.random((1, c, 1, 1)).astype(np.float32) + 0.5))
+        return net.add(z, net.constant(f"shift{len(net.ops)}", _f32(r, 1, c, 1, 1, scale=0.1))), c, "affine"
+    return None
+
+
+MIXED_KINDS = ("conv", "conv", "dw", "group", "convT", "chnorm", "ln_permute", "concat", "shuffle_unit",
+               "shuffle", "resize", "pad", "se", "pool", "affine")
+
+
+def build_mixed(seed: int):
+    """A network of 1-5 layers drawn from more of the vocabulary than build's (transposed convs, channel norms
+    and ConvNeXt's permute-LayerNorm-permute, concats, ShuffleNetV2 units with slices / split and channel
+    shuffles, resize in three modes, pads in three modes, squeeze-excitation with hardsigmoid gates and the
+    next 1x1 conv, adaptive and ceil-mode pools, per-channel affine constants, thirteen activations), ending in
+    a classifier head (global pool, flatten, linear, softmax) one time in four: (net, x, description, head)
+    or None."""
+    r = np.random.default_rng(seed)
+    n = int(r.choice([1, 1, 2, 3]))
+    c0 = int(r.choice([1, 3, 4, 8, 16, 17, 24, 32]))
+    h = int(r.integers(3, 33))
+    w = int(r.choice([h, int(r.integers(3, 33))]))
+    net = Network(f"mixed{seed}")
+    x = net.input("x", (n, c0, h, w))
+    y, c, desc = x, c0, []
+    for _ in range(int(r.integers(1, 6))):
+        made = _mixed_layer(net, r, y, c, str(r.choice(MIXED_KINDS)))
+        if made is not None:
+            y, c, what = made
+            desc.append(what)
+    if y is x:
+        return None
+    head = r.random() < 0.25
+    if head:
+        k = int(r.choice([5, 10]))
+        y = net.linear(net.flatten(net.global_avg_pool(y)), _f32(r, k, c, scale=1 / np.sqrt(c)), _f32(r, k))
+        if r.random() < 0.5:
+            y = net.softmax(y, 1)
+        desc.append("head")
+    net.output(y)
+    return net, r.standard_normal((n, c0, h, w)).astype(np.float32), desc, head
+
+
 def _err(got, ref) -> float:
     got, ref = np.asarray(got), np.asarray(ref)
     if got.shape != ref.shape:
@@ -172,12 +335,12 @@ def _err(got, ref) -> float:
     return float(np.abs(got.astype(np.float64) - ref).max()) / max(float(np.abs(ref).max()), 1e-6)
 
 
-def check_compiled(seed: int) -> str | None:
-    """None, or what went wrong for build(seed) (see the module docstring, `compile`)."""
-    b = build(seed)
+def check_compiled(seed: int, builder=build) -> str | None:
+    """None, or what went wrong for builder(seed) (see the module docstring, `compile`)."""
+    b = builder(seed)
     if b is None:
         return None
-    net, x, desc = b
+    net, x, desc = b[:3]
     r = np.random.default_rng(seed + 1)
     ref = tilefuse.evaluate(net, x)[0]
     ct = int(r.integers(1, 5))
@@ -293,10 +456,28 @@ def check_streamed_nonfinite(seed: int, value: float) -> str | None:
     return f"{value} in, band_rows {band}: {lost}; {desc}" if lost else None
 
 
+def check_mixed_streamed(seed: int) -> str | None:
+    """build_mixed(seed) without a head under schedule="stream" against the reference; a clear refusal
+    (a TilefuseError naming what streaming does not take) is allowed, any other exception is not."""
+    b = build_mixed(seed)
+    if b is None or b[3]:
+        return None
+    net, x, desc, _ = b
+    r = np.random.default_rng(seed + 2)
+    band = int(r.choice([1, 2, 3, 4, 8]))
+    try:
+        s = tilefuse.compile(net, schedule="stream", stream_options={"band_rows": band}, threads=int(r.integers(1, 4)))
+    except TilefuseError:
+        return None
+    err = _err(s.run(x), tilefuse.evaluate(net, x)[0])
+    return None if err <= RTOL else f"streamed, band_rows {band}: error {err:.3g} against the reference; {desc}"
+
+
 _VALUES = (np.nan, np.inf, -np.inf)
 CHECKS = {"compile": check_compiled, "stream": check_streamed, "sessions": check_sessions,
           "nonfinite": lambda seed: check_nonfinite(seed, _VALUES[seed % 3]) or
-          check_streamed_nonfinite(seed, _VALUES[seed % 3])}
+          check_streamed_nonfinite(seed, _VALUES[seed % 3]),
+          "mixed": lambda seed: check_compiled(seed, build_mixed) or check_mixed_streamed(seed)}
 
 
 def run_seeds(fn, seconds: float, first: int, label: str) -> int:

@@ -264,6 +264,39 @@ def test_division_by_zero_gives_inf_and_nan_as_numpy_does(threads):
         assert np.all(o[:, 1, :, :, 4:] == 0)                        # padded lanes stay zero
 
 
+@pytest.mark.parametrize("c", [3, 17, 37, 96])
+def test_channel_norm_of_a_constant_position_is_beta(c):
+    """Where all channels of a position are equal (a constant pad, a saturated ReLU6), x - mean is 0 and the
+    output is exactly beta, as PyTorch's LayerNorm gives (norm.SHIFTED_SUMS): the float32 mean of the equal values
+    had missed by an ulp and 1 / sqrt(eps) magnified it to up to 1.9e-3 (times gamma). Both layouts, and the
+    reference's channel_norm and layer_norm (the same miss, 1.7e-4 in a random network's constant pad)."""
+    import torch
+    import torch.nn.functional as F
+
+    from tilefuse.kernels import norm
+    from tilefuse.kernels import reference as ref
+    from tilefuse.kernels.conv import from_nchwc, to_nchwc
+    x = RNG.standard_normal((2, c, 5, 7)).astype(np.float32)
+    vals = np.float32([6.0, 0.7, -3.3, 1e3, 0.1, 2.9])
+    const = RNG.random((2, 5, 7)) < 0.5                                  # (N, H, W) positions made constant
+    x = np.where(const[:, None], vals[RNG.integers(0, 6, (2, 1, 5, 7))], x).astype(np.float32)
+    g, b = RNG.standard_normal(c).astype(np.float32), RNG.standard_normal(c).astype(np.float32)
+    t = F.layer_norm(torch.from_numpy(x).permute(0, 2, 3, 1), (c,), torch.from_numpy(g), torch.from_numpy(b),
+                     eps=1e-6).permute(0, 3, 1, 2).numpy()
+    want = np.broadcast_to(b.reshape(1, c, 1, 1), x.shape)
+    ob = np.empty_like(to_nchwc(x))
+    norm.channel_norm(ob, to_nchwc(x), g, b, eps=1e-6, threads=2, layout="nchwc", channels=c)
+    o = np.empty_like(x)
+    norm.channel_norm(o, x, g, b, eps=1e-6, threads=2)
+    m = np.broadcast_to(const[:, None], x.shape)
+    r = ref.channel_norm(x, g, b, 1e-6)                                 # the reference: the same (its _mean_var)
+    rl = ref.layer_norm(x.transpose(0, 2, 3, 1), g, b, -1, 1e-6).transpose(0, 3, 1, 2)
+    for got in (from_nchwc(ob, c), o, r, rl):
+        np.testing.assert_array_equal(got[m], want[m])
+        np.testing.assert_array_equal(got[m], t[m])                    # torch's: exactly beta too
+        np.testing.assert_allclose(got[~m], t[~m], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("n,c,h,w", [(1, 37, 9, 5), (3, 20, 7, 7), (1, 96, 14, 3), (2, 16, 1, 30), (1, 768, 7, 7)])
 def test_channel_norm_blocked_kernel(n, c, h, w):
     """ConvNeXt's channel norm on NCHW16c (kernels/norm.py, tasks of rows on a numba region): equal to

@@ -36,18 +36,24 @@ from .fpflags import FAST
 from .threads import numba_region, parallel_for
 
 
-@njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")   # 1 / 0 is inf (eps = 0)
+# the channel norm's flags: FAST without reassociation (its loops run along a row, across positions, so they
+# vectorize without it), which would let LLVM regroup acc + (x - x0) as (acc + x) - x0 and lose SHIFTED_SUMS'
+# exactness
+CN_FASTMATH = {"contract", "nsz", "arcp", "afn"}
+
+
+@njit(nogil=True, cache=True, fastmath=CN_FASTMATH, error_model="numpy")   # 1 / 0 is inf (eps = 0)
 def _channel_norm_image(out, x, gamma, beta, eps, n):
     """x, out (N, C, S): normalize each column s over C."""
     C, S = x.shape[1], x.shape[2]
     mean = np.zeros(S, np.float32)
     var = np.zeros(S, np.float32)
-    for c in range(C):
+    for c in range(C):     # sums of x - x[channel 0] (SHIFTED_SUMS)
         for s in range(S):
-            mean[s] += x[n, c, s]
+            mean[s] += x[n, c, s] - x[n, 0, s]
     inv_c = np.float32(1.0) / np.float32(C)
     for s in range(S):
-        mean[s] *= inv_c
+        mean[s] = x[n, 0, s] + mean[s] * inv_c
     for c in range(C):
         for s in range(S):
             d = x[n, c, s] - mean[s]
@@ -60,7 +66,7 @@ def _channel_norm_image(out, x, gamma, beta, eps, n):
             out[n, c, s] = (x[n, c, s] - mean[s]) * var[s] * g + b
 
 
-@njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")
+@njit(nogil=True, cache=True, fastmath=CN_FASTMATH, error_model="numpy")
 def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1):
     """x4, o4: (N, Cb, H, W*16) views of NCHW16c tensors, C real channels; gt, bt: (Cb, W*16), gamma and
     beta per lane tiled along the row. Rows [h0, h1) of image n, each (h, w) normalized over the C lanes
@@ -81,23 +87,27 @@ def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1):
     acc = np.empty(RW, np.float32)
     mean = np.empty(RW, np.float32)     # per lane: its position's mean
     rstd = np.empty(RW, np.float32)
+    shift = np.empty(RW, np.float32)    # per lane: its position's channel 0 (SHIFTED_SUMS)
     for h in range(h0, h1):
+        x0 = x4[n, 0, h]
+        for w in range(W):
+            shift[w * 16:w * 16 + 16] = x0[w * 16]
         for i in range(RW):
             acc[i] = 0.0
         for cb in range(full):
             xr = x4[n, cb, h]
             for i in range(RW):
-                acc[i] += xr[i]
+                acc[i] += xr[i] - shift[i]
         if rem:
             xr = x4[n, full, h]
             for w in range(W):
                 for l in range(rem):
-                    acc[w * 16 + l] += xr[w * 16 + l]
+                    acc[w * 16 + l] += xr[w * 16 + l] - shift[w * 16 + l]
         for w in range(W):
             t = np.float32(0.0)
             for l in range(16):
                 t += acc[w * 16 + l]
-            t *= inv_c
+            t = shift[w * 16] + t * inv_c
             for l in range(16):
                 mean[w * 16 + l] = t
         for i in range(RW):
@@ -155,6 +165,12 @@ def _channel_norm_par(nt, o4, x4, gt, bt, eps, C, N, H, rows):
         _channel_norm_seq(counter, nb.get_thread_id(), o4, x4, gt, bt, eps, C, N, H, rows)
 
 
+# The mean is channel 0's value plus the mean of the differences from it: a position whose channels are all equal
+# (a constant pad, a saturated ReLU6) gets its value exactly as mean, so x - mean = 0 and the output is beta, as
+# PyTorch's LayerNorm gives. Summing x itself, the float32 mean of C equal values missed by an ulp, which
+# 1 / sqrt(0 + eps) magnified: up to 1.9e-3 (times gamma) instead of 0 at eps = 1e-6 (random networks with a
+# constant pad before a channel norm were 1.3e-4-3e-4 of their output's max off the reference; tests/test_norm*).
+SHIFTED_SUMS = True
 CN_TASK_VALUES = 1 << 14   # about this many values a channel-norm task (rows of one image; from the shape only)
 
 

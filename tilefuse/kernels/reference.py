@@ -389,18 +389,26 @@ def layer_norm(x, gamma, beta, axis=-1, eps=1e-5):
     axis %= x.ndim
     axes = tuple(range(axis, x.ndim))
     xa = x.astype(acc)
-    mu = xa.mean(axis=axes, keepdims=True)
-    var = ((xa - mu) ** 2).mean(axis=axes, keepdims=True)
+    mu, var = _mean_var(xa, axes)
     y = (xa - mu) / np.sqrt(var + acc.type(eps))
     return (y * gamma.astype(acc) + beta.astype(acc)).astype(x.dtype, copy=False)
+
+
+def _mean_var(xa, axes):
+    """Mean and biased variance over `axes` (kept), the mean as the first value plus the mean of the differences
+    from it: exact where all values are equal, so x - mean = 0 and a norm gives beta there, as PyTorch's
+    LayerNorm does (the plain float32 mean of equal values can miss by an ulp, which 1 / sqrt(eps) magnifies to
+    ~1e-3), and no cancellation where the mean is large against the spread."""
+    x0 = xa[tuple(slice(0, 1) if a in axes else slice(None) for a in range(xa.ndim))]
+    mu = x0 + (xa - x0).mean(axis=axes, keepdims=True)
+    return mu, ((xa - mu) ** 2).mean(axis=axes, keepdims=True)
 
 
 def channel_norm(x, gamma, beta, eps=1e-6):
     """Layer norm over the channel axis 1 of (N, C, ...) at every position (LayerNorm2d, ConvNeXt)."""
     acc = _acc_dtype(x.dtype)
     xa = x.astype(acc)
-    mu = xa.mean(axis=1, keepdims=True)
-    var = ((xa - mu) ** 2).mean(axis=1, keepdims=True)
+    mu, var = _mean_var(xa, (1,))
     shape = (1, -1) + (1,) * (x.ndim - 2)
     y = (xa - mu) / np.sqrt(var + acc.type(eps))
     return (y * gamma.astype(acc).reshape(shape) + beta.astype(acc).reshape(shape)).astype(x.dtype, copy=False)
