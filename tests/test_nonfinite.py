@@ -55,6 +55,8 @@ OPS = {
     "avg_pool": lambda n, y, r: n.avg_pool(y, 3, 1, 1),
     "global_avg_pool": lambda n, y, r: n.global_avg_pool(y),
     "adaptive_avg_pool": lambda n, y, r: n.adaptive_avg_pool(y, (3, 2)),
+    "adaptive_avg_pool_divisible": lambda n, y, r: n.adaptive_avg_pool(          # (run as a 4x5 avg pool)
+        n.slice(n.slice(y, 2, 0, 12), 3, 0, 10), (3, 2)),
     "batch_norm": lambda n, y, r: n.batch_norm(y, _w(r, C), _w(r, C), _w(r, C), np.abs(_w(r, C)) + 0.5),
     "scale": lambda n, y, r: n.scale(y, _w(r, C), _w(r, C)),
     "channel_norm": lambda n, y, r: n.channel_norm(y, _w(r, C), _w(r, C)),
@@ -166,3 +168,26 @@ def test_zoo_model_with_one_nan_pixel_gives_nan_logits(model):
     ref, got = _run(net, x)
     assert np.isnan(ref).all()
     _covered(ref, got, model)
+
+
+def test_reference_adaptive_avg_pool_keeps_nan_and_infinities_in_their_windows():
+    """The reference's adaptive average pool (also the runtime kernel where the windows overlap) took window sums
+    as differences of prefix sums, so a NaN or an infinity spread to every later window (inf - inf = nan), and
+    the compiled avg pool that an evenly dividing adaptive pool becomes disagreed with it (random_nets' mixed
+    networks). Against PyTorch: the same values, and NaN / inf exactly where PyTorch has them."""
+    import torch
+    import torch.nn.functional as F
+
+    from tilefuse.kernels import reference as ref
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        h, w, oh, ow = (int(v) for v in rng.integers(1, 30, 2).tolist() + rng.integers(1, 12, 2).tolist())
+        x = rng.standard_normal((2, 3, h, w)).astype(np.float32)
+        x[rng.integers(0, 2), rng.integers(0, 3), rng.integers(0, h), rng.integers(0, w)] = rng.choice(
+            [np.nan, np.inf, -np.inf])
+        with np.errstate(all="ignore"):
+            want = F.adaptive_avg_pool2d(torch.from_numpy(x), (oh, ow)).numpy()
+            got = ref.adaptive_avg_pool(x, (oh, ow))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -361,25 +361,23 @@ def adaptive_windows(size: int, out: int):
 
 
 def adaptive_avg_pool(x, output_size, band=None):
-    """AdaptiveAvgPool2d to any (oh, ow): window sums from prefix sums, per axis (rectangles).
-    band=(r0, r1, lo, H): output rows [r0, r1) only, x holding input rows [lo, lo + x.shape[2])
-    of an input of height H (a row band of the stream mode)."""
-    acc = np.float64
-    y = x.astype(acc)
-    for axis, out in ((2, output_size[0]), (3, output_size[1])):
-        size = y.shape[axis]
-        lo, hi = adaptive_windows(size, out)
+    """AdaptiveAvgPool2d to any (oh, ow): each window's sum in float64, per axis (rectangles: the rows'
+    windows, then the columns'). band=(r0, r1, lo, H): output rows [r0, r1) only, x holding input rows
+    [lo, lo + x.shape[2]) of an input of height H (a row band of the stream mode). (Window sums as differences
+    of prefix sums spread a NaN or an infinity to every later window: inf - inf = nan; PyTorch's stay in the
+    windows that hold them, tests/test_nonfinite.py.)"""
+    y = x.astype(np.float64)
+    for axis in (2, 3):
+        lo, hi = adaptive_windows(y.shape[axis], output_size[axis - 2])
         if axis == 2 and band is not None:
             r0, r1, first, height = band
-            lo, hi = (v[r0:r1] - first for v in adaptive_windows(height, out))
-            out = r1 - r0
-        csum = np.cumsum(y, axis=axis)
-        zero = np.zeros_like(np.take(csum, [0], axis=axis))
-        csum = np.concatenate([zero, csum], axis=axis)          # (.., size+1, ..)
-        y = (np.take(csum, hi, axis=axis) - np.take(csum, lo, axis=axis))
-        shape = [1] * y.ndim
-        shape[axis] = out
-        y = y / (hi - lo).reshape(shape)
+            lo, hi = (v[r0:r1] - first for v in adaptive_windows(height, output_size[0]))
+        cut = [slice(None)] * y.ndim
+        parts = []
+        for a, b in zip(lo, hi):
+            cut[axis] = slice(int(a), int(b))
+            parts.append(y[tuple(cut)].sum(axis=axis, keepdims=True) / (b - a))
+        y = np.concatenate(parts, axis=axis) if parts else np.take(y, [], axis=axis)   # (an empty band)
     return y.astype(x.dtype, copy=False)
 
 
