@@ -75,6 +75,17 @@ def _conv(net, r, y, c, kind, max_k=7):
     return net.conv2d(y, wt, b, stride=s, padding=p, dilation=d, groups=g), o, what
 
 
+def _bn_and_residual(net, r, z, y, o):
+    """z (o channels, a conv of y) with a batch norm three times in ten and y added three times in ten where
+    the shapes allow."""
+    if r.random() < 0.3:
+        z = net.batch_norm(z, gamma=r.random(o) + 0.5, beta=r.standard_normal(o) * 0.1,
+                           mean=r.standard_normal(o) * 0.1, var=r.random(o) + 0.5)
+    if r.random() < 0.3 and z.shape == y.shape:
+        z = net.add(z, y)
+    return z
+
+
 def build(seed: int):
     """A network of 1-3 layers (conv / depthwise / grouped + BN, residual add and activation; pool;
     squeeze-excitation) on a (1-3, C, 3-39, 3-39) input: (net, x, description) or None."""
@@ -93,11 +104,7 @@ def build(seed: int):
             if made is None:
                 continue
             z, o, what = made
-            if r.random() < 0.3:
-                z = net.batch_norm(z, gamma=r.random(o) + 0.5, beta=r.standard_normal(o) * 0.1,
-                                   mean=r.standard_normal(o) * 0.1, var=r.random(o) + 0.5)
-            if r.random() < 0.3 and z.shape == y.shape:
-                z = net.add(z, y)
+            z = _bn_and_residual(net, r, z, y, o)
             a = ACTS[int(r.integers(len(ACTS)))]
             y, c = _act(net, z, a), o
             desc.append(f"{what} {a}")
@@ -194,11 +201,7 @@ def _mixed_layer(net, r, y, c, kind):
         if made is None:
             return None
         z, o, what = made
-        if r.random() < 0.3:
-            z = net.batch_norm(z, gamma=r.random(o) + 0.5, beta=r.standard_normal(o) * 0.1,
-                               mean=r.standard_normal(o) * 0.1, var=r.random(o) + 0.5)
-        if r.random() < 0.3 and z.shape == y.shape:
-            z = net.add(z, y)
+        z = _bn_and_residual(net, r, z, y, o)
         a = MIXED_ACTS[int(r.integers(len(MIXED_ACTS)))]
         return _act_mixed(net, r, z, a), o, f"{what} {a}"
     if kind == "convT":
