@@ -267,7 +267,7 @@ def test_division_by_zero_gives_inf_and_nan_as_numpy_does(threads):
 @pytest.mark.parametrize("c", [3, 17, 37, 96])
 def test_channel_norm_of_a_constant_position_is_beta(c):
     """Where all channels of a position are equal (a constant pad, a saturated ReLU6), x - mean is 0 and the
-    output is exactly beta, as PyTorch's LayerNorm gives (norm.SHIFTED_SUMS): the float32 mean of the equal values
+    output is exactly beta, as PyTorch's LayerNorm gives (norm.py's shifted sums): the float32 mean of the equal values
     had missed by an ulp and 1 / sqrt(eps) magnified it to up to 1.9e-3 (times gamma). Both layouts, and the
     reference's channel_norm and layer_norm (the same miss, 1.7e-4 in a random network's constant pad)."""
     import torch

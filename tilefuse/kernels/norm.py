@@ -36,9 +36,14 @@ from .fpflags import FAST
 from .threads import numba_region, parallel_for
 
 
-# the channel norm's flags: FAST without reassociation (its loops run along a row, across positions, so they
-# vectorize without it), which would let LLVM regroup acc + (x - x0) as (acc + x) - x0 and lose SHIFTED_SUMS'
-# exactness
+# Shifted sums: both channel-norm kernels take the mean as channel 0's value plus the mean of the differences from
+# it, so a position whose channels are all equal (a constant pad, a saturated ReLU6) gets its value exactly as
+# mean, x - mean = 0, and the output is beta, as PyTorch's LayerNorm gives. Summing x itself, the float32 mean of C
+# equal values missed by an ulp, which 1 / sqrt(0 + eps) magnified: up to 1.9e-3 (times gamma) instead of 0 at
+# eps = 1e-6 (tests/test_kernels_modern.py::test_channel_norm_of_a_constant_position_is_beta).
+# The channel norm's flags: FAST without reassociation (its loops run along a row, across positions, so they
+# vectorize without it), which would let LLVM regroup acc + (x - x0) as (acc + x) - x0 and lose the shifted
+# sums' exactness
 CN_FASTMATH = {"contract", "nsz", "arcp", "afn"}
 
 
@@ -48,7 +53,7 @@ def _channel_norm_image(out, x, gamma, beta, eps, n):
     C, S = x.shape[1], x.shape[2]
     mean = np.zeros(S, np.float32)
     var = np.zeros(S, np.float32)
-    for c in range(C):     # sums of x - x[channel 0] (SHIFTED_SUMS)
+    for c in range(C):     # sums of x - x[channel 0] (shifted sums, above)
         for s in range(S):
             mean[s] += x[n, c, s] - x[n, 0, s]
     inv_c = np.float32(1.0) / np.float32(C)
@@ -87,7 +92,7 @@ def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1):
     acc = np.empty(RW, np.float32)
     mean = np.empty(RW, np.float32)     # per lane: its position's mean
     rstd = np.empty(RW, np.float32)
-    shift = np.empty(RW, np.float32)    # per lane: its position's channel 0 (SHIFTED_SUMS)
+    shift = np.empty(RW, np.float32)    # per lane: its position's channel 0 (shifted sums)
     for h in range(h0, h1):
         x0 = x4[n, 0, h]
         for w in range(W):
@@ -165,12 +170,6 @@ def _channel_norm_par(nt, o4, x4, gt, bt, eps, C, N, H, rows):
         _channel_norm_seq(counter, nb.get_thread_id(), o4, x4, gt, bt, eps, C, N, H, rows)
 
 
-# The mean is channel 0's value plus the mean of the differences from it: a position whose channels are all equal
-# (a constant pad, a saturated ReLU6) gets its value exactly as mean, so x - mean = 0 and the output is beta, as
-# PyTorch's LayerNorm gives. Summing x itself, the float32 mean of C equal values missed by an ulp, which
-# 1 / sqrt(0 + eps) magnified: up to 1.9e-3 (times gamma) instead of 0 at eps = 1e-6 (random networks with a
-# constant pad before a channel norm were 1.3e-4-3e-4 of their output's max off the reference; tests/test_norm*).
-SHIFTED_SUMS = True
 CN_TASK_VALUES = 1 << 14   # about this many values a channel-norm task (rows of one image; from the shape only)
 
 
