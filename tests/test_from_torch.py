@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import tilefuse
 from tilefuse.errors import GraphError, UnsupportedOpError
 from tilefuse.frontend import from_torch
 from tilefuse.interpreter import evaluate
@@ -238,7 +239,6 @@ UNSUPPORTED = [
     (Wrap(lambda s, x: F.interpolate(x, scale_factor=2, mode="bicubic")), (1, 3, 8, 8),
      ["aten.upsample_bicubic2d"]),
     (Wrap(lambda s, x: F.pad(x, (1, 1, 1, 1), mode="circular")), (1, 3, 8, 8), ["circular"]),
-    (Wrap(lambda s, x: F.pad(x, (-1, 0, 0, 0))), (1, 3, 8, 8), ["negative sizes [-1, 0"]),
     (Wrap(lambda s, x: x.half()), (1, 3, 8, 8), ["dtype conversion to torch.float16"]),
     (Wrap(lambda s, x: F.selu(x)), (1, 3, 8, 8), ["elu with scale"]),
     (Wrap(lambda s, x: torch.div(x, x + 1, rounding_mode="floor")), (1, 3, 8, 8),
@@ -246,6 +246,27 @@ UNSUPPORTED = [
     (Wrap(lambda s, x: s.p(x)[1].float(), p=nn.MaxPool2d(2, return_indices=True)), (1, 3, 8, 8),
      ["indices of max pooling"]),
 ]
+
+
+@pytest.mark.parametrize("pad,mode", [((-1, 0, 0, 0), "constant"), ((0, -1, 2, -2), "constant"),
+                                      ((-1, 2, 1, -2), "reflect"), ((3, -2, 0, 0), "reflect"),
+                                      ((-2, 1, -1, 3), "replicate"), ((0, 0, 0, 0, -1, 1), "constant")])
+def test_negative_pads_crop_like_pytorch(pad, mode):
+    """F.pad with negative sizes crops (UNet code matching a skip's size with `F.pad(x, (0, dx, 0, dy))`); torch
+    pads first and crops after, so a reflection may use values the crop removes ((3, -2) on a width of 5)."""
+    module = Wrap(lambda s, x: s.c(F.pad(s.c(x), pad, mode=mode)), c=nn.Conv2d(3, 3, 3, padding=1))
+    net = check_import(module, (2, 3, 5, 5))
+    assert {op.op for op in net.ops} >= ({"slice", "pad"} if max(pad) > 0 else {"slice"})
+    x = torch.randn(2, 3, 5, 5)
+    with torch.no_grad():
+        want = module(x).numpy()
+    got = tilefuse.Session(tilefuse.compile(net, threads=2)).run(x.numpy())
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_negative_pads_that_crop_everything_are_refused():
+    with pytest.raises(GraphError, match=r"crop all of axis 3 \(size 5\)"):
+        from_torch(Wrap(lambda s, x: F.pad(x, (-3, -2))), torch.zeros(1, 3, 5, 5))
 
 
 @pytest.mark.parametrize("module,shape,fragments", UNSUPPORTED, ids=lambda v: "" if not isinstance(v, list) else

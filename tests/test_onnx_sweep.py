@@ -152,6 +152,18 @@ def _pad_slice(rng):
              "t": np.array(steps, np.int64)})
 
 
+def _pad_crop(rng):
+    """Pads with negative entries (a crop) on any axis, in every mode."""
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 5)), int(rng.integers(3, 8)), int(rng.integers(3, 8)))
+    mode = str(rng.choice(["constant", "reflect", "edge"]))
+    pads = rng.integers(-2, 3, 8)
+    pads[[0, 4]] = np.minimum(pads[[0, 4]], 0) if rng.random() < 0.3 else 0     # batch: crop only, sometimes
+    if mode != "constant":
+        pads[[1, 5]] = np.minimum(pads[[1, 5]], 0)                               # channels: no reflected pad
+    return (helper.make_node("Pad", ["x", "pads", "v"], ["y"], mode=mode), shape,
+            {"pads": pads.astype(np.int64), "v": np.array(rng.standard_normal(), np.float32)})
+
+
 def _binary(rng):
     r = int(rng.integers(1, 5))
     shape = tuple(int(v) for v in rng.integers(1, 5, r))
@@ -180,7 +192,7 @@ def _gemm(rng):
 
 
 SWEEPS = {"pool": _pool, "conv": _conv, "conv_transpose": _conv_transpose, "resize": _resize,
-          "pad_slice": _pad_slice, "binary": _binary, "gemm": _gemm}
+          "pad_slice": _pad_slice, "pad_crop": _pad_crop, "binary": _binary, "gemm": _gemm}
 
 
 @pytest.mark.parametrize("kind", sorted(SWEEPS))
@@ -192,3 +204,15 @@ def test_sweep_against_onnxruntime(kind):
         x = rng.standard_normal(shape).astype(np.float32)
         counts[_check(_model(node, shape, inits), x)] += 1
     assert counts["pass"] >= N_CASES // 2, counts
+
+
+def test_pad_that_crops_and_reflects_past_the_crop_is_refused():
+    """ONNX Runtime crops before it reflects and rejects (3, -2) on a width of 5; PyTorch pads first (tilefuse's
+    Network.pad, used by from_torch). from_onnx refuses rather than give PyTorch's answer to an ONNX graph."""
+    node = helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")
+    model = _model(node, (1, 2, 4, 5), {"pads": np.array([0, 0, 0, 3, 0, 0, 0, -2], np.int64)})
+    with pytest.raises(TilefuseError, match=r"reflect pads \(3, -2\) on axis 3 of size 5"):
+        tilefuse.from_onnx(model)
+    ok = _model(node, (1, 2, 4, 5), {"pads": np.array([0, 0, 0, 2, 0, 0, 0, -2], np.int64)})
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 5)).astype(np.float32)
+    assert _check(ok, x) == "pass"

@@ -696,10 +696,9 @@ def _cat(imp, tensors, dim=0):
 
 
 def _torch_pads(imp, x, pad):
-    """torch's pad list (last axis first: left, right, top, bottom, ...) -> IR pads per axis."""
+    """torch's pad list (last axis first: left, right, top, bottom, ...) -> IR pads per axis (a negative pad
+    crops: Network.pad)."""
     pad = [int(p) for p in pad]
-    if any(p < 0 for p in pad):
-        raise imp.fail(f"padding with negative sizes {pad}", "supported: pads >= 0")
     r = len(x.shape)
     pads = [0] * (2 * r)
     for i in range(len(pad) // 2):

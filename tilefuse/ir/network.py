@@ -325,8 +325,30 @@ class Network:
 
     def pad(self, x: DataNode, pads, mode: str = "constant", value: float = 0.0,
             name: str | None = None) -> DataNode:
-        """pads = (before_0, after_0, before_1, after_1, ...) over every axis."""
-        return self.add_op("pad", [x], dict(pads=tuple(pads), mode=mode, value=value), name)
+        """pads = (before_0, after_0, before_1, after_1, ...) over every axis. A negative pad crops, as in
+        PyTorch's F.pad and ONNX's Pad: the pad op takes the positive pads, then a slice per cropped axis
+        ('<name>.crop<axis>') removes the rest (padding first, as PyTorch does: a reflection may use the values
+        the crop then removes)."""
+        pads = tuple(int(v) for v in pads)
+        if min(pads, default=0) >= 0:
+            return self.add_op("pad", [x], dict(pads=pads, mode=mode, value=value), name)
+        n = self._name("pad", name)
+        if len(pads) != 2 * len(x.shape):
+            raise GraphError(n, f"pads={pads} has {len(pads)} values for input shape {x.shape}; expected "
+                                f"{2 * len(x.shape)} (before, after per axis)")
+        for i, d in enumerate(x.shape):
+            if d + pads[2 * i] + pads[2 * i + 1] < 1:
+                raise GraphError(n, f"pads ({pads[2 * i]}, {pads[2 * i + 1]}) crop all of axis {i} (size {d}) of "
+                                    f"{x.shape}; expected an output size >= 1")
+        y = x
+        if max(pads) > 0:
+            y = self.add_op("pad", [x], dict(pads=tuple(max(v, 0) for v in pads), mode=mode, value=value), n)
+        for i in range(len(x.shape)):
+            lo, hi = pads[2 * i], pads[2 * i + 1]
+            if lo < 0 or hi < 0:
+                size = y.shape[i]
+                y = self.slice(y, i, max(-lo, 0), size - max(-hi, 0), 1, name=f"{n}.crop{i}")
+        return y
 
     def resize(self, x: DataNode, size=None, scale_factor=None, mode: str = "nearest",
                align_corners: bool = False, name: str | None = None) -> DataNode:

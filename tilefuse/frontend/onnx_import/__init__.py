@@ -184,7 +184,8 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
                                      f"expected distinct outputs")
         outs.append(d)
     if not overridden:
-        _check_declared(cx, list(g.value_info) + list(g.output))
+        _check_declared(cx, list(g.value_info) + list(g.output), {t: n for n in nodes for t in n.output},
+                        {o.name for o in g.output})
     cx.net.output(*outs)
     return cx.net
 
@@ -283,17 +284,25 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
                             f"output(s) of {n.op_type}")
 
 
-def _check_declared(cx: Ctx, infos) -> None:
-    """Shapes and dtypes the model declares (value_info, outputs) must equal the imported ones."""
+def _check_declared(cx: Ctx, infos, producers: dict, outputs: set) -> None:
+    """Shapes and dtypes the model declares (value_info, outputs) must equal the imported ones. (ONNX Runtime
+    only warns and runs with the computed shape; a declaration that disagrees with the graph's own ops is a
+    broken export, e.g. the TorchScript exporter's output shapes after padded pools, so tilefuse refuses it and
+    says where.)"""
     for vi in infos:
         d = cx.env.get(vi.name)
         decl = _declared(vi)
         if d is None or decl is None:
             continue
         dt, dims = decl
+        n = producers.get(vi.name)
+        what = (f"{'graph output' if vi.name in outputs else 'value_info'} '{vi.name}'"
+                + (f" (output of node '{n.name}', {n.op_type})" if n is not None else ""))
+        fix = ("; the graph's ops give the computed one (as ONNX Runtime does): fix or drop the declaration "
+               "(or re-export the model)")
         if dims is not None and all(v is not None for v in dims) and tuple(dims) != tuple(d.shape):
-            raise GraphError(vi.name, f"the importer computes shape {d.shape} for this tensor; the model "
-                                      f"declares {tuple(dims)}")
+            raise GraphError(vi.name, f"{what}: the importer computes shape {d.shape}; the model declares "
+                                      f"{tuple(dims)}{fix}")
         if dt is not None and np.dtype(dt) != np.dtype(d.dtype):
-            raise GraphError(vi.name, f"the importer computes dtype {np.dtype(d.dtype)} for this tensor; the "
-                                      f"model declares {np.dtype(dt)}")
+            raise GraphError(vi.name, f"{what}: the importer computes dtype {np.dtype(d.dtype)}; the model "
+                                      f"declares {np.dtype(dt)}{fix}")

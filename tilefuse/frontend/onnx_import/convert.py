@@ -597,13 +597,16 @@ def _pad(cx: Ctx, nd: OnnxNode, used):
     axes = list(range(r)) if axes is None else [fold._axis(nd, v, r, "axes") for v in axes]
     if pads is None or len(pads) != 2 * len(axes):
         raise GraphError(nd.where, f"pads {pads} for axes {axes}; expected {2 * len(axes)} values")
-    if min(pads) < 0:
-        raise nd.refuse(f"pads {pads} crop (a negative pad); expected pads >= 0")
     if mode not in ("constant", "reflect", "edge"):
         raise nd.refuse(f"mode={mode!r}; expected constant, reflect or edge")
     full = [0] * (2 * r)
     for j, ax in enumerate(axes):     # ONNX (b_0, b_1, ..., e_0, e_1, ...) -> IR (b_0, e_0, b_1, e_1, ...)
         full[2 * ax], full[2 * ax + 1] = pads[j], pads[j + len(axes)]
+    for i, d in enumerate(x.shape):   # negative pads crop (Network.pad); ONNX Runtime crops before it reflects
+        lo, hi = full[2 * i], full[2 * i + 1]
+        if mode == "reflect" and min(lo, hi) < 0 and max(lo, hi) >= d + min(lo, hi):
+            raise nd.refuse(f"reflect pads ({lo}, {hi}) on axis {i} of size {d}: the reflection needs more than "
+                            f"the {d + min(lo, hi)} values the crop leaves; expected a pad < {d + min(lo, hi)}")
     if not any(full):
         return x
     return cx.net.pad(x, full, mode="replicate" if mode == "edge" else mode, value=value, name=cx.fresh(nd.name))
@@ -990,8 +993,8 @@ RULES: dict[str, Rule] = {
                   "constant indices forming at most 64 runs of consecutive values"),
     "Split": _r(_split, (2, 11, 13, 18), "axis split num_outputs", "slice", "constant split"),
     "Concat": _r(_concat, (4, 11, 13), "axis", "concat"),
-    "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad",
-              "constant pads >= 0; constant, reflect, edge"),
+    "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad slice",
+              "constant pads (a negative pad crops); constant, reflect, edge"),
     "Expand": _r(_expand, (8, 13), "", "mul", "constant shape; as x * ones over the expanded axes"),
     "Tile": _r(_tile, (6, 13), "", "concat", "constant repeats, up to 64 per axis"),
     "DepthToSpace": _r(_depth_space, (11, 13, 28), "blocksize mode", "reshape permute", "DCR and CRD"),

@@ -1,0 +1,594 @@
+"""Random PyTorch modules written the way model code is written, through both importers, against PyTorch and
+ONNX Runtime.
+
+`random_nets.py` draws tilefuse Networks and checks the compiler and runtime against the reference evaluator;
+this draws `nn.Module`s (in-place activations, `x.ndim` checks, `x.size(1) // g` shuffles, `chunk` and
+`x[:, :c]`, `F.interpolate`, `x.mean((2, 3), keepdim=True)`, permute-LayerNorm-permute with `nn.Linear` on
+channels-last, `torch.flatten(x, 1)` and `x.view(x.size(0), -1)`, ...) and checks the whole path a user takes:
+
+- "torch": `from_torch(module, x)` -> `compile` (1-3 threads) -> `Session.run`, against the module's own output;
+- "onnx": `torch.onnx.export` (the TorchScript exporter) -> `from_onnx` -> the same, against PyTorch and
+  ONNX Runtime;
+- "dynamo": the same with torch's default (dynamo) exporter (slower: a few seconds a module);
+- "stream": `from_torch` -> `compile(schedule="stream")` against PyTorch (a clear refusal is allowed).
+
+fp32, max error <= 1e-4 x max|reference| (issue 9's criterion). A tilefuse refusal is a finding too: every op
+drawn is in the documented vocabulary (docs/ops.md).
+
+    .venv/bin/python tests/random_torch.py --check torch --seconds 600 [--seed 1]
+    .venv/bin/python tests/random_torch.py --check onnx --seconds 600
+    .venv/bin/python tests/random_torch.py --check dynamo --seconds 600
+    .venv/bin/python tests/random_torch.py --check stream --seconds 600
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tilefuse  # noqa: E402
+from tilefuse.errors import TilefuseError  # noqa: E402
+from onnx_export import export, ort_run  # noqa: E402
+from random_nets import run_seeds  # noqa: E402
+
+TOL = 1e-4
+
+ACTS = ("relu", "relu_inplace", "relu6", "hardswish", "hardsigmoid", "silu", "gelu", "gelu_tanh", "leaky_relu",
+        "elu", "sigmoid", "tanh", "prelu", "prelu_c", "hardtanh", "clamp", "identity")
+
+
+def _act(name: str, c: int) -> nn.Module:
+    return {"relu": lambda: nn.ReLU(), "relu_inplace": lambda: nn.ReLU(inplace=True),
+            "relu6": lambda: nn.ReLU6(inplace=True), "hardswish": lambda: nn.Hardswish(inplace=True),
+            "hardsigmoid": lambda: nn.Hardsigmoid(), "silu": lambda: nn.SiLU(inplace=True),
+            "gelu": lambda: nn.GELU(), "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+            "leaky_relu": lambda: nn.LeakyReLU(0.1, inplace=True), "elu": lambda: nn.ELU(),
+            "sigmoid": lambda: nn.Sigmoid(), "tanh": lambda: nn.Tanh(), "prelu": lambda: nn.PReLU(),
+            "prelu_c": lambda: nn.PReLU(c), "hardtanh": lambda: nn.Hardtanh(-2.0, 2.0),
+            "clamp": lambda: _Clamp(), "identity": lambda: nn.Identity()}[name]()
+
+
+class _Clamp(nn.Module):
+    def forward(self, x):
+        return torch.clamp(x, min=-1.5, max=3.0)
+
+
+def _pick(r, seq):
+    return seq[int(r.integers(len(seq)))]
+
+
+class ConvBNAct(nn.Module):
+    """conv -> batch norm -> activation (torchvision's Conv2dNormActivation)."""
+
+    def __init__(self, r, c, o, k=3, stride=1, groups=1, dilation=1, act=None, bn=True):
+        super().__init__()
+        pad = (k - 1) // 2 * dilation
+        self.conv = nn.Conv2d(c, o, k, stride, pad, dilation=dilation, groups=groups, bias=not bn)
+        self.bn = nn.BatchNorm2d(o) if bn else nn.Identity()
+        self.act = _act(act or _pick(r, ACTS), o)
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+class Residual(nn.Module):
+    """ResNet's basic block: `out += identity`, then an in-place ReLU."""
+
+    def __init__(self, r, c):
+        super().__init__()
+        self.a = ConvBNAct(r, c, c, _pick(r, (1, 3, 5)), dilation=_pick(r, (1, 1, 2)))
+        self.b = ConvBNAct(r, c, c, 3, act="identity")
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        identity = x
+        out = self.b(self.a(x))
+        out += identity
+        return self.relu(out)
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2 / EfficientNet: expand 1x1, depthwise kxk, optional SE, project 1x1, shortcut if shapes
+    agree."""
+
+    def __init__(self, r, c, o, stride):
+        super().__init__()
+        e = c * _pick(r, (1, 2, 4, 6))
+        act = _pick(r, ("relu6", "silu", "hardswish", "relu"))
+        k = _pick(r, (3, 5, 7))
+        layers = [] if e == c else [ConvBNAct(r, c, e, 1, act=act)]
+        layers.append(ConvBNAct(r, e, e, k, stride, groups=e, act=act))
+        if r.random() < 0.5:
+            layers.append(SqueezeExcite(r, e))
+        layers.append(ConvBNAct(r, e, o, 1, act="identity"))
+        self.block = nn.Sequential(*layers)
+        self.use_res = stride == 1 and c == o
+
+    def forward(self, x):
+        if self.use_res:
+            return x + self.block(x)
+        return self.block(x)
+
+
+class SqueezeExcite(nn.Module):
+    """`x.mean((2, 3), keepdim=True)` or adaptive_avg_pool2d, two 1x1 convs, a gate, `x * s`."""
+
+    def __init__(self, r, c):
+        super().__init__()
+        s = max(1, c // _pick(r, (4, 8)))
+        self.fc1, self.fc2 = nn.Conv2d(c, s, 1), nn.Conv2d(s, c, 1)
+        self.act = _act(_pick(r, ("relu", "silu")), s)
+        self.gate = _act(_pick(r, ("sigmoid", "hardsigmoid")), c)
+        self.use_mean = bool(r.random() < 0.5)
+
+    def forward(self, x):
+        s = x.mean((2, 3), keepdim=True) if self.use_mean else F.adaptive_avg_pool2d(x, 1)
+        return x * self.gate(self.fc2(self.act(self.fc1(s))))
+
+
+def channel_shuffle(x, groups: int):
+    batchsize, num_channels, height, width = x.size()
+    channels_per_group = num_channels // groups
+    x = x.view(batchsize, groups, channels_per_group, height, width)   # (N, g, C/g, H, W)
+    x = torch.transpose(x, 1, 2).contiguous()                           # (N, C/g, g, H, W)
+    return x.view(batchsize, -1, height, width)
+
+
+class ShuffleUnit(nn.Module):
+    """ShuffleNetV2's stride-1 unit: `x.chunk(2, dim=1)`, a branch on one half, cat, shuffle."""
+
+    def __init__(self, r, c):
+        super().__init__()
+        h = c // 2
+        self.branch = nn.Sequential(ConvBNAct(r, h, h, 1, act="relu"), ConvBNAct(r, h, h, 3, groups=h,
+                                                                                 act="identity"),
+                                    ConvBNAct(r, h, h, 1, act="relu"))
+
+    def forward(self, x):
+        x1, x2 = x.chunk(2, dim=1)
+        out = torch.cat((x1, self.branch(x2)), dim=1)
+        return channel_shuffle(out, 2)
+
+
+class Ghost(nn.Module):
+    """GhostNet's module: a primary conv, a cheap depthwise conv of it, cat, `[:, :oup]`."""
+
+    def __init__(self, r, c, o):
+        super().__init__()
+        self.oup = o
+        init = -(-o // 2)
+        self.primary = ConvBNAct(r, c, init, 1, act=_pick(r, ("relu", "identity")))
+        self.cheap = ConvBNAct(r, init, init, 3, groups=init, act=_pick(r, ("relu", "identity")))
+
+    def forward(self, x):
+        x1 = self.primary(x)
+        out = torch.cat([x1, self.cheap(x1)], dim=1)
+        return out[:, :self.oup, :, :]
+
+
+class SplitConv(nn.Module):
+    """`x[:, :c]` through a conv, the rest passed on (a partial conv), then concatenated."""
+
+    def __init__(self, r, c):
+        super().__init__()
+        self.k = int(r.integers(1, c))
+        self.conv = nn.Conv2d(self.k, self.k, 3, 1, 1, bias=False)
+
+    def forward(self, x):
+        if x.ndim != 4:
+            raise ValueError("expected NCHW")
+        x1, x2 = x[:, :self.k], x[:, self.k:]
+        return torch.cat((self.conv(x1), x2), 1)
+
+
+class ConvNeXtBlock(nn.Module):
+    """depthwise 7x7, permute, LayerNorm, Linear, GELU, Linear, layer scale, permute back, residual."""
+
+    def __init__(self, r, c):
+        super().__init__()
+        self.dwconv = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.pwconv1, self.pwconv2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.act = nn.GELU()
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+
+    def forward(self, x):
+        shortcut = x
+        x = self.dwconv(x)
+        x = x.permute(0, 2, 3, 1)            # (N, H, W, C)
+        x = self.pwconv2(self.act(self.pwconv1(self.norm(x))))
+        x = self.gamma * x
+        x = x.permute(0, 3, 1, 2)            # (N, C, H, W)
+        return shortcut + x
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """timm's LayerNorm2d: permute, layer_norm, permute back."""
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class UpCat(nn.Module):
+    """A strided conv down, back up by `F.interpolate` (scale 2 or the skip's size) or a transposed conv,
+    concatenated with the skip (UNet / a YOLO neck)."""
+
+    def __init__(self, r, c):
+        super().__init__()
+        self.down = ConvBNAct(r, c, c, 3, 2)
+        self.mode = _pick(r, ("nearest", "bilinear", "bilinear_ac", "convT"))
+        self.by_size = bool(r.random() < 0.5)
+        if self.mode == "convT":
+            self.up = nn.ConvTranspose2d(c, c, 2, 2)
+        self.cat = bool(r.random() < 0.6)
+
+    def forward(self, x):
+        y = self.down(x)
+        if self.mode == "convT":
+            y = self.up(y)
+            if y.shape[-2:] != x.shape[-2:]:
+                y = F.pad(y, (0, x.size(3) - y.size(3), 0, x.size(2) - y.size(2)))
+        elif self.by_size or x.size(2) % 2 or x.size(3) % 2:
+            y = F.interpolate(y, size=x.shape[-2:], mode=self.mode[:8],
+                              align_corners=(self.mode == "bilinear_ac") if self.mode != "nearest" else None)
+        else:
+            y = F.interpolate(y, scale_factor=2, mode=self.mode[:8],
+                              align_corners=(self.mode == "bilinear_ac") if self.mode != "nearest" else None)
+        return torch.cat([x, y], dim=1) if self.cat else x + y
+
+
+class Pool(nn.Module):
+    def __init__(self, r):
+        super().__init__()
+        k = _pick(r, (2, 3))
+        s = _pick(r, (1, 2))
+        p = int(r.integers(0, k // 2 + 1))
+        ceil = bool(r.random() < 0.4)
+        self.pool = (nn.MaxPool2d(k, s, p, ceil_mode=ceil) if r.random() < 0.5 else
+                     nn.AvgPool2d(k, s, p, ceil_mode=ceil, count_include_pad=bool(r.random() < 0.5)))
+
+    def forward(self, x):
+        return self.pool(x)
+
+
+class Pad(nn.Module):
+    def __init__(self, r):
+        super().__init__()
+        self.pads = tuple(int(v) for v in r.integers(0, 3, 4))
+        self.mode = _pick(r, ("constant", "reflect", "replicate"))
+        self.value = float(r.standard_normal())
+
+    def forward(self, x):
+        if self.mode == "constant":
+            return F.pad(x, self.pads, value=self.value)
+        return F.pad(x, self.pads, mode=self.mode)
+
+
+class Affine(nn.Module):
+    """Element-wise arithmetic with a broadcast parameter and with numbers."""
+
+    def __init__(self, r, c):
+        super().__init__()
+        self.scale = nn.Parameter(torch.from_numpy(r.uniform(0.5, 1.5, (1, c, 1, 1)).astype(np.float32)))
+        self.kind = int(r.integers(3))
+
+    def forward(self, x):
+        if self.kind == 0:
+            return x * self.scale - 0.25
+        if self.kind == 1:
+            return (x + 1.0) / self.scale
+        return x * 0.5 + x.mean(1, keepdim=True)
+
+
+class SPPF(nn.Module):
+    """YOLOv5's SPPF: a 1x1 conv, the same 5x5 / 1 max pool three times, cat of all four, a 1x1 conv."""
+
+    def __init__(self, r, c, o):
+        super().__init__()
+        h = max(1, c // 2)
+        self.cv1 = ConvBNAct(r, c, h, 1, act="silu")
+        self.cv2 = ConvBNAct(r, h * 4, o, 1, act="silu")
+        self.m = nn.MaxPool2d(kernel_size=5, stride=1, padding=2)
+
+    def forward(self, x):
+        x = self.cv1(x)
+        y1 = self.m(x)
+        y2 = self.m(y1)
+        return self.cv2(torch.cat((x, y1, y2, self.m(y2)), 1))
+
+
+class Focus(nn.Module):
+    """YOLOv5's Focus: space-to-depth by strided slices `x[..., ::2, ::2]`, cat, a conv (odd sizes cropped)."""
+
+    def __init__(self, r, c, o):
+        super().__init__()
+        self.conv = ConvBNAct(r, 4 * c, o, _pick(r, (1, 3)), act="silu")
+
+    def forward(self, x):
+        x = x[..., :x.size(2) // 2 * 2, :x.size(3) // 2 * 2]          # even sizes, so the four slices agree
+        return self.conv(torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]], 1))
+
+
+class ASPP(nn.Module):
+    """DeepLabV3's ASPP: a 1x1 branch, dilated 3x3 branches, an image-pooling branch brought back by bilinear
+    `F.interpolate(size=...)`, cat, a 1x1 projection, dropout (eval: identity)."""
+
+    def __init__(self, r, c, o):
+        super().__init__()
+        self.branches = nn.ModuleList([ConvBNAct(r, c, o, 1, act="relu")] +
+                                      [ConvBNAct(r, c, o, 3, dilation=d, act="relu") for d in (1, 2, 3)[
+                                          :int(r.integers(1, 4))]])
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, o, 1, bias=False), nn.ReLU())
+        self.project = nn.Sequential(ConvBNAct(r, o * (len(self.branches) + 1), o, 1, act="relu"), nn.Dropout(0.5))
+
+    def forward(self, x):
+        size = x.shape[-2:]
+        res = [b(x) for b in self.branches]
+        res.append(F.interpolate(self.pool(x), size=size, mode="bilinear", align_corners=False))
+        return self.project(torch.cat(res, dim=1))
+
+
+class Functional(nn.Module):
+    """Functional spellings: `F.relu(x, inplace=True)`, `x * torch.sigmoid(x)`, `x.clamp(min=0)`, `torch.split`,
+    `nn.Upsample`, `F.adaptive_avg_pool2d` to a small grid and back, `torch.add(..., alpha=)`, `x.div(2)`."""
+
+    def __init__(self, r, c):
+        super().__init__()
+        self.kind = int(r.integers(6))
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.up = nn.Upsample(scale_factor=2, mode=_pick(r, ("nearest", "bilinear")))
+        self.grid = (int(r.integers(1, 4)), int(r.integers(1, 4)))
+
+    def forward(self, x):
+        if self.kind == 0:
+            return F.relu(self.conv(x), inplace=True) + x.clamp(min=0)
+        if self.kind == 1:
+            y = self.conv(x)
+            return y * torch.sigmoid(y)
+        if self.kind == 2:
+            a, b = torch.split(x, [x.size(1) // 2, x.size(1) - x.size(1) // 2], dim=1)
+            return torch.cat([b, self.conv(x)[:, :a.size(1)] - a], 1)
+        if self.kind == 3:
+            return F.max_pool2d(self.up(x), 2)
+        if self.kind == 4:
+            g = F.adaptive_avg_pool2d(x, self.grid)
+            return x + F.interpolate(g, size=(x.size(2), x.size(3)), mode="nearest")
+        return torch.add(x, self.conv(x), alpha=0.5).div(2)
+
+
+class Head(nn.Module):
+    def __init__(self, r, c):
+        super().__init__()
+        self.pool = _pick(r, ("adaptive", "mean", "flatten_view"))
+        self.fc = nn.Linear(c, int(r.integers(2, 12)))
+        self.softmax = bool(r.random() < 0.3)
+
+    def forward(self, x):
+        if self.pool == "adaptive":
+            x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+        elif self.pool == "mean":
+            x = x.mean([2, 3])
+        else:
+            x = F.adaptive_avg_pool2d(x, (1, 1))
+            x = x.view(x.size(0), -1)
+        x = self.fc(x)
+        return F.softmax(x, dim=1) if self.softmax else x
+
+
+class RandomNet(nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def build(seed: int):
+    """(module, input) for a seed: a stem conv, 2-6 blocks, sometimes a classifier head. Draws that PyTorch
+    itself rejects (a feature map pooled or strided away, a reflect pad wider than the map) or whose output is
+    not finite are drawn again from the same generator."""
+    r = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    for _ in range(50):
+        module, x = _draw(r)
+        try:
+            y = _torch_out(module, x)
+        except RuntimeError:
+            continue
+        if np.isfinite(y).all():
+            return module, x
+    raise RuntimeError(f"seed {seed}: no valid draw in 50 tries")
+
+
+def _draw(r):
+    n, cin = int(r.integers(1, 3)), int(r.integers(1, 5))
+    h, w = int(r.integers(8, 29)), int(r.integers(8, 29))
+    c = int(r.integers(2, 9)) * 2
+    blocks = [ConvBNAct(r, cin, c, _pick(r, (1, 3, 5, 7)), _pick(r, (1, 2)), act=_pick(r, ACTS))]
+    kinds = ("residual", "inverted", "shuffle", "ghost", "split", "convnext", "ln2d", "upcat", "pool", "pad",
+             "affine", "conv", "grouped", "dilated", "convT")
+    more = ("sppf", "focus", "aspp", "functional")
+    for _ in range(int(r.integers(2, 7))):
+        kind = _pick(r, kinds)
+        if r.random() < 0.25:                # a quarter of the blocks: the neck and head idioms
+            kind = _pick(r, more)
+        if kind == "sppf":
+            o = int(r.integers(2, 25))
+            blocks.append(SPPF(r, c, o))
+            c = o
+        elif kind == "focus":
+            o = int(r.integers(2, 25))
+            blocks.append(Focus(r, c, o))
+            c = o
+        elif kind == "aspp":
+            o = int(r.integers(2, 17))
+            blocks.append(ASPP(r, c, o))
+            c = o
+        elif kind == "functional":
+            blocks.append(Functional(r, c))
+        elif kind == "residual":
+            blocks.append(Residual(r, c))
+        elif kind == "inverted":
+            o = int(r.integers(2, 13)) * 2
+            blocks.append(InvertedResidual(r, c, o, _pick(r, (1, 1, 2))))
+            c = o
+        elif kind == "shuffle":
+            blocks.append(ShuffleUnit(r, c))
+        elif kind == "ghost":
+            o = int(r.integers(3, 25))
+            blocks.append(Ghost(r, c, o))
+            c = o
+        elif kind == "split":
+            blocks.append(SplitConv(r, c))
+        elif kind == "convnext":
+            blocks.append(ConvNeXtBlock(r, c))
+        elif kind == "ln2d":
+            blocks.append(LayerNorm2d(c, eps=1e-6))
+        elif kind == "upcat":
+            blocks.append(UpCat(r, c))
+            c = c * 2 if blocks[-1].cat else c
+        elif kind == "pool":
+            blocks.append(Pool(r))
+        elif kind == "pad":
+            blocks.append(Pad(r))
+        elif kind == "affine":
+            blocks.append(Affine(r, c))
+        elif kind == "conv":
+            o = int(r.integers(2, 33))
+            blocks.append(ConvBNAct(r, c, o, _pick(r, (1, 3, 5)), _pick(r, (1, 2))))
+            c = o
+        elif kind == "grouped":
+            g = _pick(r, [d for d in (2, 4, c) if c % d == 0])
+            o = g * int(r.integers(1, 5))
+            blocks.append(ConvBNAct(r, c, o, 3, _pick(r, (1, 2)), groups=g))
+            c = o
+        elif kind == "dilated":
+            blocks.append(ConvBNAct(r, c, c, 3, 1, dilation=_pick(r, (2, 3))))
+        else:
+            o = int(r.integers(2, 17))
+            k, s = _pick(r, ((2, 2), (3, 2), (4, 2), (3, 1)))
+            p = int(r.integers(0, (k - 1) // 2 + 1))
+            blocks.append(nn.ConvTranspose2d(c, o, k, s, p, output_padding=int(r.integers(0, s)) if p or s > 1
+                                             else 0))
+            c = o
+    if r.random() < 0.4:
+        blocks.append(Head(r, c))
+    module = RandomNet(blocks)
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.rand(m.num_features) - 0.5)
+            m.running_var.copy_(torch.rand(m.num_features) * 1.5 + 0.5)
+            m.weight.data.copy_(torch.rand(m.num_features) + 0.5)
+            m.bias.data.copy_(torch.rand(m.num_features) * 0.5 - 0.25)
+    x = r.standard_normal((n, cin, h, w)).astype(np.float32)
+    return module.eval(), x
+
+
+def _torch_out(module, x):
+    with torch.no_grad():
+        return module(torch.from_numpy(x.copy())).numpy()
+
+
+def _compare(got, ref, what) -> str | None:
+    if got.shape != ref.shape:
+        return f"{what}: shape {got.shape}, expected {ref.shape}"
+    scale = float(np.abs(ref).max()) or 1.0
+    err = float(np.abs(got.astype(np.float64) - ref).max())
+    if not err <= TOL * scale:
+        return f"{what}: max error {err:.3g} = {err / scale:.2g} x max|ref| {scale:.3g}"
+    return None
+
+
+def _run(net, x, seed) -> np.ndarray:
+    threads = 1 + seed % 3
+    return tilefuse.Session(tilefuse.compile(net, threads=threads), threads=threads).run(x)
+
+
+def check_torch(seed: int) -> str | None:
+    module, x = build(seed)
+    ref = _torch_out(module, x)
+    try:
+        net = tilefuse.from_torch(module, torch.from_numpy(x.copy()))
+    except ValueError as e:                  # torch.export's own refusals
+        if "torch.export" in str(e):
+            return None
+        raise
+    return _compare(_run(net, x, seed), ref, "from_torch vs PyTorch")
+
+
+def check_stream(seed: int) -> str | None:
+    """from_torch -> compile(schedule="stream") against PyTorch; a clear refusal (a head, a global op first) is
+    allowed."""
+    module, x = build(seed)
+    ref = _torch_out(module, x)
+    net = tilefuse.from_torch(module, torch.from_numpy(x.copy()))
+    try:
+        compiled = tilefuse.compile(net, schedule="stream", threads=1 + seed % 2)
+    except TilefuseError:
+        return None
+    return _compare(tilefuse.Session(compiled).run(x), ref, "stream vs PyTorch")
+
+
+def _declared_output_shape(blob: bytes):
+    import onnx
+    dims = onnx.load_from_string(blob).graph.output[0].type.tensor_type.shape.dim
+    return tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+
+
+def _check_onnx(seed: int, exporter: str) -> str | None:
+    """Against PyTorch and ONNX Runtime. An export that is itself broken (ONNX Runtime fails on it, or the file
+    declares an output shape PyTorch does not produce: the TorchScript exporter after ceil-mode pools with
+    padding, whose shapes it infers by ONNX's pre-opset-22 rule) must be refused with a tilefuse error or run as
+    PyTorch does."""
+    module, x = build(seed)
+    ref = _torch_out(module, x)
+    try:
+        blob = export(module, x, exporter)
+    except Exception:                        # the exporter's own refusals (adaptive pools to a non-divisor, ...)
+        return None
+    try:
+        ort_ref = ort_run(blob, x)
+    except Exception:
+        ort_ref = None
+    broken = ort_ref is None or ort_ref.shape != ref.shape or _declared_output_shape(blob) != ref.shape
+    try:
+        net = tilefuse.from_onnx(blob)
+    except TilefuseError as e:
+        return None if broken else f"refused: {e}"
+    got = _run(net, x, seed)
+    if ort_ref is not None and not broken:
+        problem = _compare(got, ort_ref, f"{exporter} vs ONNX Runtime")
+        if problem:
+            return problem
+    return _compare(got, ref, f"{exporter} vs PyTorch")
+
+
+CHECKS = {"torch": check_torch, "stream": check_stream, "onnx": lambda s: _check_onnx(s, "torchscript"),
+          "dynamo": lambda s: _check_onnx(s, "dynamo")}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", choices=sorted(CHECKS), default="torch")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--seed", type=int, default=0, help="first seed: seeds run from seed * 1e6 up")
+    a = ap.parse_args(argv)
+    import onnxruntime
+    onnxruntime.set_default_logger_severity(3)      # exporter-broken files make ORT log shape warnings
+    return 1 if run_seeds(CHECKS[a.check], a.seconds, a.seed * 10 ** 6, a.check) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
