@@ -10,7 +10,9 @@ channels-last, `torch.flatten(x, 1)` and `x.view(x.size(0), -1)`, ...) and check
 - "onnx": `torch.onnx.export` (the TorchScript exporter) -> `from_onnx` -> the same, against PyTorch and
   ONNX Runtime;
 - "dynamo": the same with torch's default (dynamo) exporter (slower: a few seconds a module);
-- "stream": `from_torch` -> `compile(schedule="stream")` against PyTorch (a clear refusal is allowed).
+- "stream": `from_torch` -> `compile(schedule="stream")` against PyTorch (a clear refusal is allowed);
+- "train": modules of the trainable vocabulary (`build_trainable`) -> `from_torch` -> `Trainer`: one step's loss,
+  gradients and state dict after SGD against PyTorch autograd.
 
 fp32, max error <= 1e-4 x max|reference| (issue 9's criterion). A tilefuse refusal is a finding too: every op
 drawn is in the documented vocabulary (docs/ops.md).
@@ -496,6 +498,216 @@ def _draw(r):
     return module.eval(), x
 
 
+class Bottleneck(nn.Module):
+    """ResNet's bottleneck: 1x1, kxk (stride, dilation), 1x1 with BN; a 1x1 conv + BN on the shortcut when the
+    shape changes."""
+
+    def __init__(self, r, c, o, stride):
+        super().__init__()
+        m = max(1, o // _pick(r, (1, 2, 4)))
+        k = _pick(r, (1, 3, 5))
+        self.conv1, self.bn1 = nn.Conv2d(c, m, 1, bias=False), nn.BatchNorm2d(m)
+        d = _pick(r, (1, 1, 2)) if k > 1 else 1
+        self.conv2 = nn.Conv2d(m, m, k, stride, (k - 1) // 2 * d, dilation=d, bias=False)
+        self.bn2 = nn.BatchNorm2d(m)
+        self.conv3, self.bn3 = nn.Conv2d(m, o, 1, bias=False), nn.BatchNorm2d(o)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or c != o:
+            self.downsample = nn.Sequential(nn.Conv2d(c, o, 1, stride, bias=False), nn.BatchNorm2d(o))
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        out += identity
+        return self.relu(out)
+
+
+class Branches(nn.Module):
+    """Inception: parallel conv / pool branches concatenated on channels."""
+
+    def __init__(self, r, c):
+        super().__init__()
+        self.b = nn.ModuleList()
+        self.o = 0
+        for _ in range(int(r.integers(2, 4))):
+            o = int(r.integers(1, 12))
+            k = _pick(r, (1, 3, 5))
+            self.b.append(nn.Sequential(nn.Conv2d(c, o, k, 1, k // 2, bias=bool(r.random() < 0.5)),
+                                        nn.BatchNorm2d(o), nn.ReLU(inplace=True)))
+            self.o += o
+        self.pool = bool(r.random() < 0.5)
+        if self.pool:
+            self.b.append(nn.MaxPool2d(3, 1, 1))
+            self.o += c
+
+    def forward(self, x):
+        return torch.cat([b(x) for b in self.b], 1)
+
+
+class TrainNet(nn.Module):
+    def __init__(self, features, c, classes, dropout):
+        super().__init__()
+        self.features = nn.Sequential(*features)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.dropout = nn.Dropout(0.2) if dropout else nn.Identity()
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x):
+        x = self.avgpool(self.features(x))
+        x = torch.flatten(x, 1)
+        return self.fc(self.dropout(x))
+
+
+def build_trainable(seed: int):
+    """(module, input, labels) over what the Trainer has backward passes for: convs (any kernel, stride,
+    dilation, bias or not), batch norms, ReLUs, residual adds, concats, max / avg pools, global average pool,
+    flatten, dropout (0.2, exercised only in training mode: the check uses none), linear."""
+    r = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    n, cin = int(r.integers(2, 5)), int(r.integers(1, 5))
+    h, w = int(r.integers(8, 25)), int(r.integers(8, 25))
+    c = int(r.integers(2, 17))
+    k = _pick(r, (1, 3, 5, 7))
+    feats = [nn.Conv2d(cin, c, k, _pick(r, (1, 2)), k // 2, bias=bool(r.random() < 0.3)), nn.BatchNorm2d(c),
+             nn.ReLU(inplace=True)]
+    for _ in range(int(r.integers(1, 5))):
+        kind = _pick(r, ("basic", "bottleneck", "branches", "maxpool", "avgpool", "conv"))
+        if kind == "basic":
+            feats.append(Residual(r, c))
+            # (Residual draws its activation: the Trainer has backward passes for ReLU and identity only)
+            feats[-1].a.act = nn.ReLU(inplace=True)
+        elif kind == "bottleneck":
+            o = int(r.integers(2, 25))
+            feats.append(Bottleneck(r, c, o, _pick(r, (1, 2))))
+            c = o
+        elif kind == "branches":
+            feats.append(Branches(r, c))
+            c = feats[-1].o
+        elif kind == "maxpool":
+            feats.append(nn.MaxPool2d(_pick(r, (2, 3)), _pick(r, (1, 2)), int(r.integers(0, 2)),
+                                      ceil_mode=bool(r.random() < 0.3)))
+        elif kind == "avgpool":
+            feats.append(nn.AvgPool2d(_pick(r, (2, 3)), _pick(r, (1, 2)), int(r.integers(0, 2)),
+                                      count_include_pad=bool(r.random() < 0.5)))
+        else:
+            o = int(r.integers(2, 25))
+            k = _pick(r, (1, 3, 5))
+            feats += [nn.Conv2d(c, o, k, _pick(r, (1, 2)), k // 2, dilation=_pick(r, (1, 2)) if k > 1 else 1),
+                      nn.BatchNorm2d(o), nn.ReLU()]
+            c = o
+    classes = int(r.integers(2, 11))
+    module = TrainNet(feats, c, classes, False)
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.weight.data.copy_(torch.rand(m.num_features) + 0.5)
+            m.bias.data.copy_(torch.rand(m.num_features) * 0.5 - 0.25)
+    x = r.standard_normal((n, cin, h, w)).astype(np.float32)
+    labels = r.integers(0, classes, n)
+    return module, x, labels
+
+
+def _rounding_decided(module) -> list:
+    """Forward hooks recording, per ReLU, how close its input comes to 0 and, per max pool, how close a
+    window's two largest values come (a near tie decides where the gradient goes), relative to the tensor's
+    largest value."""
+    near = []
+
+    def relu(_, i):
+        t = i[0].detach().abs()
+        near.append(float(t.min() / t.max()))
+
+    def pool(m, i):
+        t = i[0].detach()
+        p = m.padding if isinstance(m.padding, int) else m.padding[0]
+        cols = F.unfold(F.pad(t, (p, p, p, p), value=-np.inf), m.kernel_size, stride=m.stride)
+        # (N, C*k*k, L) -> (N, C, k*k, L): each window's values
+        top2 = cols.view(t.shape[0], t.shape[1], -1, cols.shape[-1]).topk(2, dim=2).values
+        gap = top2[:, :, 0] - top2[:, :, 1]
+        gap = gap[torch.isfinite(gap) & (gap > 0)]  # exact ties (zeros after a ReLU) are decided by index
+        if gap.numel():
+            near.append(float(gap.min() / t.abs().max()))
+
+    for m in module.modules():
+        if isinstance(m, nn.ReLU):
+            m.register_forward_pre_hook(relu)
+        elif isinstance(m, nn.MaxPool2d) and not m.ceil_mode:
+            m.register_forward_pre_hook(pool)
+    return near
+
+
+def check_train(seed: int) -> str | None:
+    """from_torch -> Trainer (fused, 1-2 threads, the Winograd 3x3 path on every other pair of seeds): one
+    step's loss, every parameter's gradient, and the state dict after one SGD step with momentum and weight
+    decay (BN running statistics included), against PyTorch autograd in training mode in float64 (float32
+    PyTorch is itself up to 2% off on some draws: a BN over few positions magnifies its rounding). Tolerance per
+    tensor: 1e-3 x its max|reference| + 1e-4 x the largest gradient (a conv bias before a batch norm has a true
+    gradient of 0 and a rounding-noise one: PyTorch's own float32 one is 1.5e-5 x the largest on seed 1124).
+    Draws where rounding decides a ReLU's derivative or a max pool's winner (an input within 1e-6 of 0, a
+    window's top two within 1e-6, relative to the tensor's largest; 1e-5 with Winograd, whose float32 error is
+    up to 1e-5: tests/test_train_conv.py) check the loss only: one flipped position moves a weight gradient by
+    percents (seen: a ReLU input of 1.7e-7 in a map of values ~0.5)."""
+    import copy
+
+    from tilefuse.kernels import train_conv
+    from tilefuse.training import SGD, Trainer
+    for _ in range(50):
+        module, x, labels = build_trainable(seed)
+        try:
+            _torch_out(module, x)
+            break
+        except RuntimeError:                 # a map pooled or strided away: the next seed of this stream
+            seed += 10 ** 9
+    net = tilefuse.from_torch(module, torch.from_numpy(x.copy()))
+    module = copy.deepcopy(module).double().train()
+    near = _rounding_decided(module)
+    loss_ref = F.cross_entropy(module(torch.from_numpy(x.astype(np.float64))), torch.from_numpy(labels))
+    loss_ref.backward()
+    loss_ref = float(loss_ref.detach())
+    winograd, saved = train_conv.WINOGRAD and (seed // 2) % 2 == 0, train_conv.WINOGRAD
+    train_conv.WINOGRAD = winograd
+    try:
+        tr = Trainer(net, SGD(0.1, momentum=0.9, weight_decay=5e-4), schedule="fused", threads=1 + seed % 2)
+        loss, grads = tr.forward_backward(x, labels)
+    finally:
+        train_conv.WINOGRAD = saved
+    if abs(loss - loss_ref) > 1e-4 * max(1.0, abs(loss_ref)):
+        return f"loss {loss} vs PyTorch {loss_ref}"
+    if min(near, default=1.0) < (1e-5 if winograd else 1e-6):
+        return None
+    floor = 1e-4 * max(float(p.grad.abs().max()) for p in module.parameters())
+    for k, p in module.named_parameters():
+        problem = _compare_rel(grads.get(k), p.grad.numpy(), f"gradient of {k}", 1e-3, floor)
+        if problem:
+            return problem
+    # a parameter after the step may be off by lr x its gradient's tolerance
+    step_tol = {k: 0.1 * (1e-3 * float(p.grad.abs().max()) + floor) for k, p in module.named_parameters()}
+    torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4).step()
+    tr.optimizer.step(tr.params, {k: v for k, v in grads.items() if k in tr.params})
+    sd = tr.to_torch_state_dict()
+    for k, v in module.state_dict().items():
+        if v.dtype.is_floating_point:
+            problem = _compare_rel(None if k not in sd else sd[k].numpy(), v.numpy(), f"state {k}", 1e-3,
+                                   1e-6 + step_tol.get(k, 0.0))
+            if problem:
+                return problem
+    return None
+
+
+def _compare_rel(got, ref, what, rel, floor) -> str | None:
+    if got is None:
+        return f"{what}: missing"
+    got = np.asarray(got)
+    if got.shape != ref.shape:
+        return f"{what}: shape {got.shape}, expected {ref.shape}"
+    err = float(np.abs(got.astype(np.float64) - ref).max())
+    if not err <= rel * float(np.abs(ref).max()) + floor:
+        return f"{what}: max error {err:.3g}, max|ref| {float(np.abs(ref).max()):.3g}"
+    return None
+
+
 def _torch_out(module, x):
     with torch.no_grad():
         return module(torch.from_numpy(x.copy())).numpy()
@@ -575,7 +787,7 @@ def _check_onnx(seed: int, exporter: str) -> str | None:
     return _compare(got, ref, f"{exporter} vs PyTorch")
 
 
-CHECKS = {"torch": check_torch, "stream": check_stream, "onnx": lambda s: _check_onnx(s, "torchscript"),
+CHECKS = {"torch": check_torch, "stream": check_stream, "train": check_train, "onnx": lambda s: _check_onnx(s, "torchscript"),
           "dynamo": lambda s: _check_onnx(s, "dynamo")}
 
 

@@ -1,6 +1,7 @@
 """Seeded random PyTorch modules (tests/random_torch.py; longer runs: its command line) through the paths a user
 takes, against PyTorch and ONNX Runtime: `from_torch` -> compile -> Session on 1-3 threads, the streamed
-schedule, and both torch ONNX exporters -> `from_onnx`. The modules are written in model-code idioms (in-place
+schedule, both torch ONNX exporters -> `from_onnx`, and one training step (`random_torch.build_trainable` ->
+Trainer) against float64 PyTorch autograd. The modules are written in model-code idioms (in-place
 activations, `x.ndim` checks, `x.size(1) // g` shuffles, `chunk`, `x[:, :c]`, `F.interpolate`, permute-LayerNorm-
 Linear-permute, `F.pad` matching a skip's size, SPPF, Focus's strided slices, ASPP, functional spellings). 45, 46
 and 97 crop with a negative `F.pad` (refused before this file existed); 37, 69, 321 and 344 put a padded
@@ -17,6 +18,7 @@ TORCH_SEEDS = list(range(0, 40)) + [45, 46, 97]
 ONNX_SEEDS = list(range(0, 24)) + [37, 45, 69, 321, 344]
 DYNAMO_SEEDS = [0, 1, 45]
 STREAM_SEEDS = list(range(0, 16)) + [45]
+TRAIN_SEEDS = list(range(0, 16))
 
 
 @pytest.mark.parametrize("seed", TORCH_SEEDS)
@@ -40,6 +42,12 @@ def test_random_module_torchscript_onnx_matches_pytorch_and_onnxruntime(seed):
 @pytest.mark.parametrize("seed", DYNAMO_SEEDS)
 def test_random_module_dynamo_onnx_matches_pytorch_and_onnxruntime(seed):
     problem = RT.CHECKS["dynamo"](seed)
+    assert problem is None, f"seed {seed}: {problem}"
+
+
+@pytest.mark.parametrize("seed", TRAIN_SEEDS)
+def test_random_trainable_module_step_matches_float64_pytorch(seed):
+    problem = RT.check_train(seed)
     assert problem is None, f"seed {seed}: {problem}"
 
 

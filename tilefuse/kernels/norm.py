@@ -216,13 +216,13 @@ BLOCKED = frozenset({"channel_norm"})   # kernels with an NCHW16c form
 
 @nb.njit(**JITR)
 def _row_sums(x2, s, ss):
-    """s[c] = sum(x[c]), ss[c] = sum(x[c]^2) over rows of a (C, L) array."""
+    """s[c] = sum(x[c]), ss[c] = sum(x[c]^2) over rows of a (C, L) array (float64 products and sums)."""
     C, L = x2.shape
     for c in range(C):
         t = 0.0
         tt = 0.0
         for k in range(L):
-            v = x2[c, k]
+            v = np.float64(x2[c, k])         # float64 products: var = E[x^2] - mean^2 cancels where |mean| >> std
             t += v
             tt += v * v
         s[c] = t
@@ -245,7 +245,7 @@ def _row_dot_sums(dy, x, s1, s2):
         t = 0.0
         tt = 0.0
         for k in range(L):
-            v = dy[c, k]
+            v = np.float64(dy[c, k])         # float64 products: B's mean*s1 - s2 cancels like the variance
             t += v
             tt += v * x[c, k]
         s1[c] = t

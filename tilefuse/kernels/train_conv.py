@@ -235,11 +235,12 @@ def _col2im_post(df, ld, dx2, n0, n1, HW, tbl, acc2, has_acc, mk2, mask_mode, ma
                 elif mask_mode == 2:
                     v = v if mac * mr[q] + mbc > 0 else 0
                 dr[q] = v
+                w = np.float64(v)                 # float64 products (the BN sums cancel: norm._row_sums)
                 if nstat >= 1:
-                    t1 += v
-                    t2 += v * xr[q]
+                    t1 += w
+                    t2 += w * xr[q]
                 if nstat == 2:
-                    t3 += v * xr2[q]
+                    t3 += w * xr2[q]
         if nstat >= 1:
             s1[c] += t1
             s2a[c] += t2
@@ -279,7 +280,7 @@ def _post_rows(d2, k0, k1, acc2, has_acc, mk2, mask_mode, ma, mb, x12, x22, nsta
             t2 = 0.0
             xa = x12[c, k0:k1]
             for j in range(n):
-                v = d[j]
+                v = np.float64(d[j])                # float64 products (norm._row_sums)
                 t1 += v
                 t2 += v * xa[j]
             s1[c] += t1
@@ -288,7 +289,7 @@ def _post_rows(d2, k0, k1, acc2, has_acc, mk2, mask_mode, ma, mb, x12, x22, nsta
             t3 = 0.0
             xc = x22[c, k0:k1]
             for j in range(n):
-                t3 += d[j] * xc[j]
+                t3 += np.float64(d[j]) * xc[j]
             s2b[c] += t3
 
 
@@ -308,8 +309,9 @@ def _epilogue(y2, c0, c1, bias, has_bias, stats, s, ss):
                 v += bo
                 r[j] = v
             if stats:
-                t += v
-                tt += v * v
+                w = np.float64(v)                    # float64 products (norm._row_sums)
+                t += w
+                tt += w * w
         if stats:
             s[o] += t
             ss[o] += tt
