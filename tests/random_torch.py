@@ -787,8 +787,8 @@ def _check_onnx(seed: int, exporter: str) -> str | None:
     return _compare(got, ref, f"{exporter} vs PyTorch")
 
 
-CHECKS = {"torch": check_torch, "stream": check_stream, "train": check_train, "onnx": lambda s: _check_onnx(s, "torchscript"),
-          "dynamo": lambda s: _check_onnx(s, "dynamo")}
+CHECKS = {"torch": check_torch, "stream": check_stream, "train": check_train,
+          "onnx": lambda s: _check_onnx(s, "torchscript"), "dynamo": lambda s: _check_onnx(s, "dynamo")}
 
 
 def main(argv=None) -> int:
