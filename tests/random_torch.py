@@ -403,15 +403,36 @@ def build(seed: int):
     not finite are drawn again from the same generator."""
     r = np.random.default_rng(seed)
     torch.manual_seed(seed)
-    for _ in range(50):
+    for attempt in range(50):
         module, x = _draw(r)
+        _swap_norms(module, seed, attempt)
         try:
             y = _torch_out(module, x)
-        except RuntimeError:
+        except (RuntimeError, ValueError):     # ValueError: an instance norm of a 1x1 map
             continue
         if np.isfinite(y).all():
             return module, x
     raise RuntimeError(f"seed {seed}: no valid draw in 50 tries")
+
+
+def _swap_norms(module, seed: int, attempt: int) -> None:
+    """GroupNorm (1, 2, 4 or C groups) or InstanceNorm2d (with and without affine) in place of a fifth of the
+    batch norms, drawn from a side generator so that the main draws stay what they were."""
+    s = np.random.default_rng([seed, attempt, 7])
+    for m in list(module.modules()):
+        for name, child in list(m.named_children()):
+            if not isinstance(child, nn.BatchNorm2d) or s.random() >= 0.2:
+                continue
+            c = child.num_features
+            kind = int(s.integers(3))
+            if kind == 0:
+                new = nn.GroupNorm(_pick(s, [g for g in (1, 2, 4, c) if c % g == 0]), c)
+            else:
+                new = nn.InstanceNorm2d(c, affine=kind == 1)
+            if kind < 2:
+                new.weight.data.copy_(torch.from_numpy(s.uniform(0.5, 1.5, c).astype(np.float32)))
+                new.bias.data.copy_(torch.from_numpy(s.uniform(-0.25, 0.25, c).astype(np.float32)))
+            setattr(m, name, new.eval())
 
 
 def _draw(r):
@@ -723,6 +744,36 @@ def _compare(got, ref, what) -> str | None:
     return None
 
 
+CONDITIONED: list = []      # (what, tilefuse's error, the peer's) of the draws passed against float64
+
+
+def _float64_out(module, x):
+    import copy
+    with torch.no_grad():
+        return copy.deepcopy(module).double()(torch.from_numpy(x.astype(np.float64))).numpy()
+
+
+def _compare_conditioned(got, ref, module, x, what) -> str | None:
+    """_compare against a float32 peer (PyTorch, ONNX Runtime); where that fails, against float64 PyTorch: the
+    draw passes if tilefuse's error there is within TOL or 4x the peer's own (a normalization of a group whose
+    spread is ~1e-3 of its mean turns float32 input rounding into 1e-4 output errors in any float32 runtime:
+    PyTorch, ONNX Runtime and tilefuse differ there by their rounding, not by a bug)."""
+    problem = _compare(got, ref, what)
+    if problem is None:
+        return None
+    try:
+        exact = _float64_out(module, x)
+    except Exception:
+        return problem
+    scale = float(np.abs(exact).max()) or 1.0
+    mine = float(np.abs(got.astype(np.float64) - exact).max()) / scale
+    peer = float(np.abs(ref.astype(np.float64) - exact).max()) / scale
+    if mine <= max(TOL, 4 * peer):
+        CONDITIONED.append((what, mine, peer))
+        return None
+    return f"{problem}; against float64 PyTorch: {mine:.2g} x max, the peer's own {peer:.2g}"
+
+
 def _run(net, x, seed) -> np.ndarray:
     threads = 1 + seed % 3
     return tilefuse.Session(tilefuse.compile(net, threads=threads), threads=threads).run(x)
@@ -737,7 +788,7 @@ def check_torch(seed: int) -> str | None:
         if "torch.export" in str(e):
             return None
         raise
-    return _compare(_run(net, x, seed), ref, "from_torch vs PyTorch")
+    return _compare_conditioned(_run(net, x, seed), ref, module, x, "from_torch vs PyTorch")
 
 
 def check_stream(seed: int) -> str | None:
@@ -750,7 +801,7 @@ def check_stream(seed: int) -> str | None:
         compiled = tilefuse.compile(net, schedule="stream", threads=1 + seed % 2)
     except TilefuseError:
         return None
-    return _compare(tilefuse.Session(compiled).run(x), ref, "stream vs PyTorch")
+    return _compare_conditioned(tilefuse.Session(compiled).run(x), ref, module, x, "stream vs PyTorch")
 
 
 def _declared_output_shape(blob: bytes):
@@ -781,10 +832,10 @@ def _check_onnx(seed: int, exporter: str) -> str | None:
         return None if broken else f"refused: {e}"
     got = _run(net, x, seed)
     if ort_ref is not None and not broken:
-        problem = _compare(got, ort_ref, f"{exporter} vs ONNX Runtime")
+        problem = _compare_conditioned(got, ort_ref, module, x, f"{exporter} vs ONNX Runtime")
         if problem:
             return problem
-    return _compare(got, ref, f"{exporter} vs PyTorch")
+    return _compare_conditioned(got, ref, module, x, f"{exporter} vs PyTorch")
 
 
 CHECKS = {"torch": check_torch, "stream": check_stream, "train": check_train,
@@ -799,7 +850,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import onnxruntime
     onnxruntime.set_default_logger_severity(3)      # exporter-broken files make ORT log shape warnings
-    return 1 if run_seeds(CHECKS[a.check], a.seconds, a.seed * 10 ** 6, a.check) else 0
+    failed = run_seeds(CHECKS[a.check], a.seconds, a.seed * 10 ** 6, a.check)
+    if CONDITIONED:
+        worst = max(CONDITIONED, key=lambda c: c[1])
+        print(f"{len(CONDITIONED)} comparisons passed against float64 PyTorch (the float32 peer itself off); "
+              f"worst: {worst[0]}: {worst[1]:.2g} x max, the peer's own {worst[2]:.2g}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

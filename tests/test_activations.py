@@ -28,6 +28,7 @@ CASES = [
     ("elu", {}, F.elu),
     ("elu", {"alpha": 1.7}, lambda t: F.elu(t, 1.7)),
     ("tanh", {}, torch.tanh),
+    ("mish", {}, F.mish),
 ]
 
 
@@ -58,7 +59,7 @@ def test_codes_are_unique_and_dense():
     assert codes == list(range(len(codes)))
 
 
-@pytest.mark.parametrize("name", ["sigmoid", "silu", "elu"])
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "elu", "mish"])
 def test_no_subnormal_results_beyond_the_exponent_range(name):
     """sigmoid, SiLU and ELU of inputs of magnitude >= 1 never give a subnormal float: x86 computes
     those through a microcode assist, ~150-285 cycles a 16-lane vector instead of ~30 (SiLU on values
@@ -72,7 +73,7 @@ def test_no_subnormal_results_beyond_the_exponent_range(name):
     A.apply_inplace(y, *A.encode(*A.normalize(name)))
     tiny = np.finfo(np.float32).tiny
     assert not ((y != 0) & (np.abs(y) < tiny)).any(), x[(y != 0) & (np.abs(y) < tiny)][:5]
-    fn = {"sigmoid": torch.sigmoid, "silu": F.silu, "elu": F.elu}[name]
+    fn = {"sigmoid": torch.sigmoid, "silu": F.silu, "elu": F.elu, "mish": F.mish}[name]
     # infinities included: sigmoid(-inf) = 0 exactly, so SiLU(-inf) = -inf * 0 = nan, as torch's
     np.testing.assert_allclose(y, fn(torch.from_numpy(x)).numpy(), rtol=2e-6, atol=2e-6)
     z = np.array([np.nan] * 20, np.float32)
@@ -90,7 +91,8 @@ if sys.argv[1] == "fastmath-caller-first":
     y = x.copy()
     act_span(y, 0, y.size, 6, np.float32(0.0), np.float32(0.0))   # compiles apply_span as its callee
 outs = []
-for code, a, b in ((5, 0.0, 0.0), (6, 0.0, 0.0), (7, 0.0, 0.0), (8, 0.0, 0.0), (10, 1.0, 0.0), (11, 0.0, 0.0)):
+for code, a, b in ((5, 0.0, 0.0), (6, 0.0, 0.0), (7, 0.0, 0.0), (8, 0.0, 0.0), (10, 1.0, 0.0), (11, 0.0, 0.0),
+                   (12, 0.0, 0.0)):
     y = x.copy()
     A.apply_span(y, 0, y.size, code, np.float32(a), np.float32(b))
     outs.append(y)
@@ -125,7 +127,7 @@ def test_apply_span_bits_do_not_depend_on_its_first_caller(tmp_path):
     a, b = got["fastmath-caller-first"], got["alone"]
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), np.argwhere(a.view(np.uint32) != b.view(np.uint32))[:5]
     want = {5: torch.sigmoid, 6: F.silu, 7: F.gelu, 8: lambda t: F.gelu(t, approximate="tanh"), 10: F.elu,
-            11: torch.tanh}
+            11: torch.tanh, 12: F.mish}
     # infinities too: SiLU(-inf) = -inf * 0 = nan, as torch's; torch's erf GELU of +inf is nan (its vector
     # form), the reference's and ours inf
     for (code, fn), row in zip(want.items(), b):

@@ -22,7 +22,7 @@ TOL = {"gemm1x1": 1e-4, "direct": 1e-4, "im2col": 1e-4, "winograd2": 1e-3, "wino
 ACTS = [("identity", {}), ("relu", {}), ("clip", {"min": -0.5, "max": 0.7}), ("clip", {"min": 0.0, "max": 6.0}),
         ("hardswish", {}), ("hardsigmoid", {"alpha": 0.2, "beta": 0.5}), ("sigmoid", {}), ("silu", {}),
         ("gelu", {}), ("gelu_tanh", {}), ("leaky_relu", {"negative_slope": 0.2}), ("elu", {"alpha": 0.7}),
-        ("tanh", {})]
+        ("tanh", {}), ("mish", {})]
 
 
 def test_every_activation_is_tested():

@@ -545,6 +545,78 @@ def fold_channel_affine(net: Network) -> PassResult:
     return PassResult(net, n > 0, f"{n} per-channel constant ops folded into conv/linear")
 
 
+def _set_inputs(op: OpNode, inputs: list[DataNode]) -> None:
+    for d in op.inputs:
+        if op in d.consumers:
+            d.consumers.remove(op)
+    op.inputs = list(inputs)
+    for d in inputs:
+        d.consumers.append(op)
+
+
+def fold_group_norm(net: Network) -> PassResult:
+    """GroupNorm as ONNX exporters write it, back to one group_norm: reshape (N, C, ...) -> (N, G, L), an
+    instance norm of the G rows with unit scale and zero bias, reshape back to (N, C, ...) -> group_norm(G) of
+    the 4-D tensor; and a per-channel affine after a group_norm (scale, or mul / div / add / sub by a
+    per-channel constant: the exporters' weight and bias) folded into its gamma and beta."""
+    net = net.clone()
+    n_shape = n_affine = 0
+    for gn in [o for o in net.ops if o.op == "group_norm"]:
+        if _has_act(gn):
+            continue
+        xr, g, b = gn.inputs
+        rp, bk = xr.producer, _single_user(net, gn.outputs[0])
+        if (rp is not None and rp.op == "reshape" and _single_user(net, xr) is gn and bk is not None
+                and bk.op == "reshape" and len(xr.shape) == 3 and gn.params["groups"] == xr.shape[1]
+                and np.all(g.value == 1) and np.all(b.value == 0)):
+            x = rp.inputs[0]
+            big = tuple(bk.outputs[0].shape)
+            if len(x.shape) >= 3 and tuple(x.shape) == big and x.shape[0] == xr.shape[0] \
+                    and x.shape[1] % xr.shape[1] == 0:
+                c, dt = x.shape[1], g.dtype
+                _set_inputs(gn, [x, DataNode(f"{gn.name}.unit_weight", (c,), dt, np.ones(c, dt)),
+                                 DataNode(f"{gn.name}.zero_bias", (c,), dt, np.zeros(c, dt))])
+                _replace_output(net, gn, bk)
+                rp.inputs[0].consumers.remove(rp)
+                net.ops.remove(rp)
+                n_shape += 1
+        while not _has_act(gn):
+            u = _single_user(net, gn.outputs[0])
+            if u is None or u.op not in ("scale", "mul", "div", "add", "sub") or _has_act(u) \
+                    or u.outputs[0].shape != gn.outputs[0].shape:
+                break
+            c = gn.outputs[0].shape[1]
+            if u.op == "scale":
+                if u.inputs[0] is not gn.outputs[0]:
+                    break
+                f, t = u.inputs[1].value.astype(np.float64), u.inputs[2].value.astype(np.float64)
+            else:
+                i = 0 if u.inputs[0] is gn.outputs[0] else 1
+                other = u.inputs[1 - i]
+                if other is gn.outputs[0] or not other.is_constant or len(other.shape) > len(gn.outputs[0].shape):
+                    break
+                v = other.value.astype(np.float64)
+                # (.., C, 1, ..) aligned to the output's axes: per channel when only axis 1 may differ from 1
+                full = (1,) * (len(gn.outputs[0].shape) - v.ndim) + v.shape
+                if any(d != 1 for k, d in enumerate(full) if k != 1) or full[1] not in (1, c):
+                    break
+                v = np.broadcast_to(v.reshape(-1), (c,)) if full[1] == c else np.full(c, float(v.reshape(-1)[0]))
+                if (u.op == "sub" and i == 1) or (u.op == "div" and (i == 1 or np.any(v == 0))):
+                    break
+                f, t = {"mul": (v, 0.0 * v), "div": (1.0 / v, 0.0 * v), "add": (1.0 + 0.0 * v, v),
+                        "sub": (1.0 + 0.0 * v, -v)}[u.op]
+            gam, bet = gn.inputs[1].value.astype(np.float64), gn.inputs[2].value.astype(np.float64)
+            dt = gn.inputs[1].dtype
+            _set_inputs(gn, [gn.inputs[0], DataNode(f"{gn.name}.weight_folded", (c,), dt, (gam * f).astype(dt)),
+                             DataNode(f"{gn.name}.bias_folded", (c,), dt, (bet * f + t).astype(dt))])
+            _replace_output(net, gn, u)
+            n_affine += 1
+    if n_shape:
+        _reorder(net)
+    return PassResult(net, bool(n_shape or n_affine), f"{n_shape} reshaped instance norms as group_norm, "
+                                                      f"{n_affine} per-channel affine ops folded into group_norm")
+
+
 def fuse_squeeze_excitation(net: Network) -> PassResult:
     """mul(x, s) with s (N, C, 1, 1) computed from x (a squeeze-excitation scale) feeding a 1x1
     conv: the conv takes s as an input scale (params has_input_scale), and x * s is never

@@ -583,7 +583,7 @@ def blocked_op_validator(op: str, layouts=("nchw",)) -> Callable:
 for _k in ("activation", "prelu", "add", "sub", "mul", "div", "resize", "pad", "slice", "concat", "channel_norm",
            "channel_shuffle"):
     VALIDATORS[_k] = blocked_op_validator(_k, _layouts(_k))
-for _k in ("mean", "sum", "reshape", "permute", "layer_norm", "adaptive_avg_pool"):
+for _k in ("mean", "sum", "max", "reshape", "permute", "layer_norm", "adaptive_avg_pool", "group_norm"):
     VALIDATORS[_k] = op_validator(_k, _layouts(_k))
 
 

@@ -147,9 +147,11 @@ def _preserved():
             a.reflection_pad2d.default, a.replication_pad2d.default, a.adaptive_avg_pool2d.default,
             a.upsample_nearest2d.default, a.upsample_nearest2d.vec, a.upsample_bilinear2d.default,
             a.upsample_bilinear2d.vec, a._upsample_nearest_exact2d.default, a._upsample_nearest_exact2d.vec,
-            a.hardtanh.default, a.gelu.default, a.elu.default, a.leaky_relu.default,
+            a.hardtanh.default, a.gelu.default, a.elu.default, a.leaky_relu.default, a.group_norm.default,
+            a.instance_norm.default,
+            a.mish.default,
             # not in the vocabulary, kept whole so an error names what the user wrote
-            a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec, a.softplus.default, a.mish.default]
+            a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec, a.softplus.default]
 
 
 def _decomposition_table():
@@ -376,6 +378,10 @@ class _Importer:
         if name.startswith("_assert"):
             return None   # export's own metadata / shape assertions: already true for static shapes
         flat = [v for v in _flatten(args) + _flatten(list(kwargs.values()))]
+        bad = next((v for v in flat if isinstance(v, _Unsupported)), None)
+        if bad is not None:
+            raise self.fail(f"{self.target_name()} of {bad.what}",
+                            f"tilefuse computes the values only; the indices come from {bad.where}")
         if not any(isinstance(v, DataNode) for v in flat) and not name.startswith(_NONDETERMINISTIC):
             return self.fold(target, args, kwargs)
         fn = _ATEN.get(name.rstrip("_") if name not in _ATEN else name)
@@ -496,6 +502,34 @@ def _batch_norm_aten(imp, x, w, b, mean, var, training, momentum, eps, *rest):
     return _batch_norm(imp, x, w, b, mean, var, momentum, eps)[0]
 
 
+def _group_norm(imp, x, groups, w=None, b=None, eps=1e-5, *rest):
+    """aten.group_norm(x, groups, weight?, bias?, eps, cudnn_enabled) -> group_norm."""
+    x = imp.tensor(x)
+    name = imp.op_name()
+    c = x.shape[1] if len(x.shape) >= 2 else 0
+    g = imp.const_node(imp.weight(w, "weight")) if w is not None else \
+        imp.net.constant(imp.unique(f"{name}.unit_weight"), np.ones(c, imp.dtype), imp.dtype)
+    bb = imp.const_node(imp.weight(b, "bias")) if b is not None else \
+        imp.net.constant(imp.unique(f"{name}.zero_bias"), np.zeros(c, imp.dtype), imp.dtype)
+    return imp.net.add_op("group_norm", [x, g, bb], {"groups": int(groups), "eps": float(eps)}, name)
+
+
+def _native_group_norm(imp, x, w, b, n, c, hw, groups, eps):
+    """aten.native_group_norm(x, weight?, bias?, N, C, HxW, groups, eps) -> (y, mean, rstd)."""
+    return (_group_norm(imp, x, groups, w, b, eps), None, None)
+
+
+def _instance_norm(imp, x, w, b, mean, var, use_input_stats, momentum, eps, *rest):
+    """aten.instance_norm: statistics of each image's channel (group_norm with groups = C), or, with
+    track_running_stats in eval mode (use_input_stats False), the running statistics (batch_norm)."""
+    if not use_input_stats:
+        return _batch_norm(imp, x, w, b, mean, var, momentum, eps)[0]
+    xt = imp.tensor(x)
+    if len(xt.shape) < 3:
+        raise imp.fail(f"instance norm of a rank-{len(xt.shape)} input {xt.shape}", "expected (N, C, ...)")
+    return _group_norm(imp, x, xt.shape[1], w, b, eps)
+
+
 def _conv_transpose(imp, x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     return _convolution(imp, x, w, b, stride, padding, dilation, True, output_padding, groups)
 
@@ -580,6 +614,36 @@ def _reduce(kind):
         dims = tuple(range(len(x.shape))) if dims in (None, []) else tuple(dims)
         return imp.net.add_op(kind, [x], {"axes": dims, "keepdim": bool(keepdim)}, imp.op_name())
     return f
+
+
+def _max_dim(imp, x, dim, keepdim=False):
+    """aten.max.dim: (values, indices); the values are the max reduce, the indices refused where used."""
+    return (_reduce("max")(imp, x, [dim], keepdim), _Unsupported(imp, "the indices of max over a dim (argmax)"))
+
+
+def _max(imp, x, *rest, **kw):
+    """aten.max.default (the maximum of every value) or aten.max.dim; max.other (two tensors) is refused."""
+    overload = imp.node.target._overloadname
+    if overload == "dim":
+        return _max_dim(imp, x, *rest, **kw)
+    if overload == "default":
+        return _reduce("max")(imp, x, None, False)
+    raise imp.fail("the element-wise maximum of two tensors (torch.max(a, b), torch.maximum)",
+                   "expected a max over dims (x.max(dim), torch.amax)")
+
+
+def _adaptive_max_pool(imp, x, output_size):
+    """aten.adaptive_max_pool2d to sizes that divide the input's (1x1 included): max_pool with the window
+    the quotient; (values, indices), the indices refused where used."""
+    x = imp.tensor(x)
+    oh, ow = (int(s) for s in output_size)
+    h, w = x.shape[-2:]
+    if len(x.shape) != 4 or h % oh or w % ow:
+        raise imp.fail(f"adaptive max pooling of {x.shape} to {(oh, ow)}",
+                       "expected (N, C, H, W) and output sizes that divide H and W")
+    k = (h // oh, w // ow)
+    y = imp.net.max_pool(x, k, k, (0, 0, 0, 0), name=imp.op_name())
+    return (y, _Unsupported(imp, "the indices of adaptive max pooling (return_indices=True)"))
 
 
 def _reshape(imp, x, shape):
@@ -878,6 +942,7 @@ _ATEN = {
     "sigmoid": _act("sigmoid"),
     "tanh": _act("tanh"),
     "silu": _act("silu"),
+    "mish": _act("mish"),
     "hardswish": _act("hardswish"),
     "hardsigmoid": _act("hardsigmoid"),
     "gelu": _gelu,
@@ -892,6 +957,9 @@ _ATEN = {
     "rsub": _rsub,
     "mean": _reduce("mean"),
     "sum": _reduce("sum"),
+    "amax": _reduce("max"),
+    "max": _max,
+    "adaptive_max_pool2d": _adaptive_max_pool,
     "view": _reshape,
     "_unsafe_view": _reshape,
     "reshape": _reshape,
@@ -923,6 +991,9 @@ _ATEN = {
     "linear": _linear,
     "addmm": _addmm,
     "mm": _mm,
+    "group_norm": _group_norm,
+    "native_group_norm": _native_group_norm,
+    "instance_norm": _instance_norm,
     "native_layer_norm": _layer_norm,
     "layer_norm": _layer_norm_single,
     "_softmax": _softmax,

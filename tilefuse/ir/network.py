@@ -295,6 +295,10 @@ class Network:
     def sum(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
         return self.add_op("sum", [x], {"axes": axes, "keepdim": keepdim}, name)
 
+    def max(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
+        """The maximum over `axes` (torch.amax, x.max(dim)[0], ONNX ReduceMax)."""
+        return self.add_op("max", [x], {"axes": axes, "keepdim": keepdim}, name)
+
     def reshape(self, x: DataNode, shape, name: str | None = None) -> DataNode:
         return self.add_op("reshape", [x], {"shape": tuple(shape)}, name)
 
@@ -387,6 +391,17 @@ class Network:
         n = self._name("channel_norm", name)
         return self.add_op("channel_norm", [x, self._const(n, "weight", gamma, x.dtype),
                                             self._const(n, "bias", beta, x.dtype)], {"eps": eps}, n)
+
+    def group_norm(self, x: DataNode, groups: int, gamma=None, beta=None, eps: float = 1e-5,
+                   name: str | None = None) -> DataNode:
+        """torch GroupNorm(groups, C): each of `groups` consecutive channel groups normalized over its channels
+        and positions, then gamma[c] * . + beta[c] (default 1 and 0). groups = C is InstanceNorm."""
+        n = self._name("group_norm", name)
+        c = x.shape[1] if len(x.shape) >= 2 else 0
+        gamma = np.ones(c, x.dtype) if gamma is None else gamma
+        beta = np.zeros(c, x.dtype) if beta is None else beta
+        return self.add_op("group_norm", [x, self._const(n, "weight", gamma, x.dtype),
+                                          self._const(n, "bias", beta, x.dtype)], {"groups": groups, "eps": eps}, n)
 
     def adaptive_avg_pool(self, x: DataNode, output_size, name: str | None = None) -> DataNode:
         return self.add_op("adaptive_avg_pool", [x], {"output_size": output_size}, name)

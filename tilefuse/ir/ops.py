@@ -324,7 +324,7 @@ for _kind in ("add", "sub", "mul", "div"):
 # activations (the shared table of kernels/activations.py), prelu ---------------------------
 
 _ACT_FLOPS = {"identity": 0, "relu": 1, "clip": 2, "leaky_relu": 2, "hardsigmoid": 3, "hardswish": 4,
-              "sigmoid": 4, "silu": 5, "elu": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8}
+              "sigmoid": 4, "silu": 5, "elu": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8, "mish": 7}
 
 
 def _activation_norm(node, p):
@@ -639,7 +639,7 @@ def _reduce_infer(node, ins, p):
     return out
 
 
-for _kind in ("mean", "sum"):
+for _kind in ("mean", "sum", "max"):
     _register(OpSchema(_kind, "reduce", ("x",), _reduce_norm, _reduce_infer,
                        (lambda k: lambda x, axes, keepdim: ref.reduce(
                            k, x, tuple(a % x.ndim for a in axes), keepdim))(_kind),
@@ -849,6 +849,30 @@ def _layer_norm_infer(node, ins, p):
     return tuple(x.shape)
 
 
+def _group_norm_norm(node, p):
+    q = {"groups": _int(node, "groups", p.get("groups", 1), 1), "eps": _bn_norm(node, p)["eps"]}
+    q.update(_epilogue_norm(node, p))
+    return q
+
+
+def _group_norm_infer(node, ins, p):
+    x, g, b = ins
+    _expect_same_dtype(node, ins)
+    if len(x.shape) < 2:
+        raise GraphError(node, f"input '{x.name}' has shape {x.shape}, expected (N, C, ...)")
+    c = x.shape[1]
+    if c % p["groups"]:
+        raise GraphError(node, f"groups={p['groups']} does not divide the {c} channels of input '{x.name}' "
+                               f"{x.shape}; expected a divisor of {c}")
+    for role, d in (("gamma", g), ("beta", b)):
+        _expect_shape(node, role, d, (c,))
+    return tuple(x.shape)
+
+
+# group_norm reads whole planes (a group's statistics): a "global" op for the row-band schedule
+_register(OpSchema("group_norm", "global", ("x", "gamma", "beta"), _group_norm_norm, _group_norm_infer,
+                   lambda x, g, b, groups, eps, relu, act=None: ref.group_norm(x, g, b, groups, eps, relu, act),
+                   lambda i, o, p: 8 * _prod(o)))
 _register(OpSchema("layer_norm", "norm", ("x", "gamma", "beta"), _layer_norm_norm, _layer_norm_infer,
                    lambda x, g, b, eps, axis: ref.layer_norm(x, g, b, axis, eps),
                    lambda i, o, p: 8 * _prod(o)))
@@ -924,7 +948,7 @@ ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool"
 # ops with a fused epilogue activation (`relu` / `act` parameters): a following ReLU or activation
 # fuses into them (compiler/passes.py fuse_activation); lowering splits it out again for a kernel
 # that cannot apply it
-ACT_EPILOGUE = frozenset({"conv2d", "conv_transpose2d", "linear", "add", "sub", "mul", "div"})
+ACT_EPILOGUE = frozenset({"conv2d", "conv_transpose2d", "linear", "add", "sub", "mul", "div", "group_norm"})
 # seed 004's memory-bound layers (BN, its inference form scale, ReLU, Add): what training fuses
 # into the convolutions and its traffic tables count as memory-bound
 MEMORY_BOUND = frozenset({"batch_norm", "scale", "relu", "add"})

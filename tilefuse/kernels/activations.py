@@ -26,6 +26,9 @@ The epilogue order of a fused conv is fixed:  y = act(conv(x, w) + bias + residu
  9     leaky_relu   (negative_slope, -)           x if x >= 0 else alpha * x                LeakyReLU / LeakyRelu
  10    elu          (alpha, -)                    x if x > 0 else alpha * (exp(x) - 1)      ELU / Elu
  11    tanh         -                             tanh(x)                                   Tanh
+ 12    mish         -                             x * tanh(softplus(x)) = x * n / (n + 2),  Mish; the TorchScript
+                                                  n = e^x (e^x + 2)                         exporter's Softplus,
+                                                                                            Tanh, Mul
 
 PReLU (a learned slope per channel) is not a scalar activation: it is its own op.
 
@@ -59,6 +62,7 @@ ACTIVATIONS: dict[str, tuple[int, tuple[str, ...], tuple[float, ...]]] = {
     "leaky_relu": (9, ("negative_slope",), (0.01,)),
     "elu": (10, ("alpha",), (1.0,)),
     "tanh": (11, (), ()),
+    "mish": (12, (), ()),
 }
 NAMES = {code: name for name, (code, _, _) in ACTIVATIONS.items()}
 IDENTITY = (0, 0.0, 0.0)
@@ -120,6 +124,8 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
         y = np.where(d > 0, d, alpha * np.expm1(np.minimum(d, 0.0)))
     elif name == "tanh":
         y = np.tanh(d)
+    elif name == "mish":
+        y = d * np.tanh(np.logaddexp(0.0, d))     # softplus without overflow; mish(-inf) = -inf * 0 = nan
     else:
         raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
     return y.astype(np.asarray(x).dtype if np.asarray(x).dtype.kind == "f" else np.float32)
@@ -247,6 +253,21 @@ def _sigmoid(v):
     return _F0 if v < -_SIG_CLAMP else s
 
 
+# Mish: tanh(softplus(v)) = ((1 + e^v)^2 - 1) / ((1 + e^v)^2 + 1) = n / (n + 2) with n = e^v (e^v + 2): no log, no
+# tanh, no cancellation. Past v = 20 the ratio is 1 in float32 (n ~ 2e17), so e^v is taken at min(v, 20) (no
+# overflow to inf / inf); below -87 the ratio is 0 (float32's exact value is under 1.7e-38 there), so that
+# mish(-inf) = -inf * 0 = nan as in PyTorch, and no subnormal intermediate (as sigmoid above).
+_MISH_HI = np.float32(20.0)
+
+
+@njit(inline="always", cache=True)
+def _mish_ratio(v):
+    e = exp32(max(min(v, _MISH_HI), -_SIG_CLAMP))
+    n = e * (e + _F2)
+    r = np.divide(n, n + _F2)
+    return _F0 if v < -_SIG_CLAMP else r
+
+
 @njit(inline="always", cache=True)
 def apply_scalar(code, v, alpha, beta):
     """The activation of one float32 value inside njit code ((code, alpha, beta) from encode(); pass
@@ -276,6 +297,8 @@ def apply_scalar(code, v, alpha, beta):
         return v if v > _F0 else alpha * (exp32(max(min(v, _F0), -_SIG_CLAMP)) - _F1)   # no subnormal e^v
     if code == 11:
         return tanh32(v)
+    if code == 12:
+        return v * _mish_ratio(v)
     return v
 
 
@@ -324,8 +347,10 @@ def apply_span(f, lo, hi, code, a, b):
         _apply_loop(f, lo, hi, 9, a, b)
     elif code == 10:
         _apply_loop(f, lo, hi, 10, a, b)
-    else:
+    elif code == 11:
         _apply_loop(f, lo, hi, 11, a, b)
+    else:
+        _apply_loop(f, lo, hi, 12, a, b)
 
 
 @njit(nogil=True, cache=True)

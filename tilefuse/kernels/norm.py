@@ -32,6 +32,7 @@ from numba import njit
 from . import reference as ref
 from .cnhw import JITR, rows, rows_split, to_cnhw, to_nchw, unrows
 from .conv._nb import atomic_add
+from .activations import apply_span
 from .fpflags import FAST
 from .threads import numba_region, parallel_for
 
@@ -207,9 +208,89 @@ def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, **_):
     out[...] = ref.layer_norm(x, gamma, beta, axis, eps)
 
 
-KERNELS = {"channel_norm": channel_norm, "layer_norm": layer_norm}
-THREADED = frozenset({"channel_norm"})
+# ---------------------------------------------------------------------------- group norm
+# GroupNorm / InstanceNorm at inference: one task per (image, group), a slab of C/G channel rows that NCHW keeps
+# contiguous. Three passes over the slab: the mean, the centred variance (no cancellation where the mean is far
+# above the spread), then y = (x - mean) * (gamma[c] * rstd) + beta[c], all three in float64 lanes (the slab is
+# read from memory once and from cache twice: the kernel is memory bound, float64 costs nothing measurable), and
+# the fused activation on each written row. Each slab is one task whatever the thread count: the same bits.
+# reassoc lets LLVM vectorize the float64 sums (their order is the kernel's own, not the thread count's).
+GN_FASTMATH = {"contract", "reassoc", "nsz", "arcp"}
+
+
+@njit(nogil=True, cache=True, fastmath=GN_FASTMATH, error_model="numpy")
+def _group_norm_slab(o3, x3, gamma, beta, eps, n, c0, cg, code, a, b):
+    """x3, o3 (N, C, S): channels [c0, c0 + cg) of image n normalized together (one group)."""
+    S = x3.shape[2]
+    s1 = 0.0
+    for c in range(c0, c0 + cg):
+        xr = x3[n, c]
+        t = 0.0
+        for i in range(S):
+            t += np.float64(xr[i])
+        s1 += t
+    cnt = np.float64(cg * S)
+    mean = s1 / cnt
+    s2 = 0.0
+    for c in range(c0, c0 + cg):
+        xr = x3[n, c]
+        t = 0.0
+        for i in range(S):
+            d = np.float64(xr[i]) - mean
+            t += d * d
+        s2 += t
+    rstd = 1.0 / np.sqrt(s2 / cnt + eps)
+    for c in range(c0, c0 + cg):
+        sc = np.float64(gamma[c]) * rstd
+        sh = np.float64(beta[c])
+        xr = x3[n, c]
+        orow = o3[n, c]
+        for i in range(S):
+            orow[i] = np.float32((np.float64(xr[i]) - mean) * sc + sh)
+        apply_span(orow, 0, S, code, a, b)
+
+
+@njit(nogil=True, cache=True)
+def _group_norm_seq(counter, tid, o3, x3, gamma, beta, eps, groups, code, a, b):
+    """One worker (threads.numba_region): task i = image i // groups, group i % groups."""
+    cg = x3.shape[1] // groups
+    total = x3.shape[0] * groups
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= total:
+            break
+        _group_norm_slab(o3, x3, gamma, beta, eps, i // groups, (i % groups) * cg, cg, code, a, b)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _group_norm_par(nt, o3, x3, gamma, beta, eps, groups, code, a, b):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _group_norm_seq(counter, nb.get_thread_id(), o3, x3, gamma, beta, eps, groups, code, a, b)
+
+
+def group_norm(out, x, gamma, beta, *, groups, eps, relu=False, act=None, threads=None, **_):
+    """GroupNorm (InstanceNorm: groups = C) of (N, C, ...) NCHW, with the fused activation (relu / act)."""
+    if out.dtype != np.float32:
+        out[...] = ref.group_norm(x, gamma, beta, groups, eps, relu, act)
+        return
+    from .activations import encode
+    code, al, be = encode(*(act if act is not None else (("relu",) if relu else ("identity",))))
+    n, c = x.shape[0], x.shape[1]
+    o = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
+    # (N, C, ...) -> (N, C, S): a group's channel rows are consecutive
+    numba_region(_group_norm_par, _group_norm_seq, threads, n * groups, o.reshape(n, c, -1),
+                 np.ascontiguousarray(x).reshape(n, c, -1), np.ascontiguousarray(gamma, np.float32),
+                 np.ascontiguousarray(beta, np.float32), np.float64(eps), int(groups), code, np.float32(al),
+                 np.float32(be))
+    if o is not out:
+        out[...] = o
+
+
+KERNELS = {"channel_norm": channel_norm, "layer_norm": layer_norm, "group_norm": group_norm}
+THREADED = frozenset({"channel_norm", "group_norm"})
 BLOCKED = frozenset({"channel_norm"})   # kernels with an NCHW16c form
+ACT_KERNELS = frozenset({"group_norm"})   # kernels that apply their fused activation (relu / act) themselves
 
 
 # ============================================================================ training: batch norm

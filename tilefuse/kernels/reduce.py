@@ -1,4 +1,4 @@
-"""Reduction runtime kernels: mean / sum over axes, adaptive average pooling to any size.
+"""Reduction runtime kernels: mean / sum / max over axes, adaptive average pooling to any size.
 
 NCHW (any rank) only; the layout pass keeps their inputs NCHW. Global average pooling (mean
 over H and W with keepdim) is canonicalized by the importers to the `global_avg_pool` op, which
@@ -15,6 +15,9 @@ from . import reference as ref
 def _reduce(kind):
     def k(out, x, *, axes, keepdim=False, **_):
         axes = tuple(a % x.ndim for a in axes)
+        if kind == "max":      # NaN propagates (np.max), as torch.amax and ONNX Runtime's ReduceMax
+            out[...] = np.max(x, axis=axes, keepdims=True).reshape(out.shape)
+            return
         f = np.mean if kind == "mean" else np.sum
         acc = np.float64 if x.dtype == np.float64 else np.float32
         # (.., reduced axes, ..) -> out's shape (keepdim or not: same element order)
@@ -28,6 +31,7 @@ def adaptive_avg_pool(out, x, *, output_size, **_):
     out[...] = ref.adaptive_avg_pool(x, tuple(output_size))
 
 
-KERNELS = {"mean": _reduce("mean"), "sum": _reduce("sum"), "adaptive_avg_pool": adaptive_avg_pool}
+KERNELS = {"mean": _reduce("mean"), "sum": _reduce("sum"), "max": _reduce("max"),
+           "adaptive_avg_pool": adaptive_avg_pool}
 THREADED: frozenset = frozenset()
 BLOCKED = frozenset()

@@ -273,9 +273,9 @@ def binary(kind, a, b, relu=False, act=None):
 
 
 def reduce(kind, x, axes, keepdim=False):
-    """mean / sum over `axes` (accumulated in float32, float64 for float64)."""
+    """mean / sum / max over `axes` (accumulated in float32, float64 for float64; max: NaN wins, as in PyTorch)."""
     acc = _acc_dtype(x.dtype)
-    f = np.mean if kind == "mean" else np.sum
+    f = {"mean": np.mean, "sum": np.sum, "max": np.max}[kind]
     return f(x.astype(acc), axis=tuple(axes), keepdims=keepdim).astype(x.dtype, copy=False).reshape(
         _reduced_shape(x.shape, axes, keepdim))
 
@@ -400,6 +400,22 @@ def _mean_var(xa, axes):
     x0 = xa[tuple(slice(0, 1) if a in axes else slice(None) for a in range(xa.ndim))]
     mu = x0 + (xa - x0).mean(axis=axes, keepdims=True)
     return mu, ((xa - mu) ** 2).mean(axis=axes, keepdims=True)
+
+
+def group_norm(x, gamma, beta, groups, eps=1e-5, relu=False, act=None):
+    """GroupNorm: the channels of (N, C, ...) in `groups` consecutive groups, each group of each image normalized
+    over its channels and every position (biased variance), then gamma[c] * . + beta[c], then the activation.
+    groups = C is InstanceNorm, groups = 1 a LayerNorm over (C, ...) with per-channel affine. In float64."""
+    n, c = x.shape[:2]
+    xa = x.astype(np.float64).reshape(n, groups, -1)      # (N, C, ...) -> (N, G, C/G * prod(...))
+    mu = xa.mean(axis=2, keepdims=True)
+    var = ((xa - mu) ** 2).mean(axis=2, keepdims=True)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    y = ((xa - mu) / np.sqrt(var + eps)).reshape(x.shape)
+    y = y * gamma.astype(np.float64).reshape(shape) + beta.astype(np.float64).reshape(shape)
+    if relu:
+        np.maximum(y, 0, out=y)
+    return apply_act(y, act).astype(x.dtype, copy=False)
 
 
 def channel_norm(x, gamma, beta, eps=1e-6):

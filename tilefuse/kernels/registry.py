@@ -149,7 +149,8 @@ for _m in (broadcast, conv_transpose, movement, norm, reduce, resize, squeeze):
 BLOCKED_TO_NCHW = BLOCKED_TO_NCHW | squeeze.BLOCKED_TO_NCHW    # the SE scale: blocked x -> NCHW (N, C, 1, 1)
 # kernels that apply a fused activation (params "act") themselves; lowering emits a separate
 # activation instruction after any other kernel whose op carries a non-ReLU activation
-ACT_KERNELS = broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"} | squeeze.ACT_KERNELS
+ACT_KERNELS = (broadcast.ACT_KERNELS | conv_transpose.ACT_KERNELS | {"conv2d"} | squeeze.ACT_KERNELS
+               | norm.ACT_KERNELS)
 
 # ---------------------------------------------------------------- bind-time preparation (issue 3)
 # Session._bind calls `bind(kernel, views, params)` once per instruction: it returns the callable

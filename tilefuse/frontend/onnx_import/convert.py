@@ -278,7 +278,7 @@ def _global_avg_pool(cx: Ctx, nd: OnnxNode, used):
 def _reduce(cx: Ctx, nd: OnnxNode, used):
     x = cx.computed(nd, 0)
     a = nd.attrs
-    since = 18 if nd.op == "ReduceMean" else 13
+    since = 13 if nd.op == "ReduceSum" else 18     # the opset from which axes is an input
     axes = fold.axes_input(nd, [None, cx.const(nd, 1, "axes")], a, 1, since)
     if not axes:
         if nd.version >= since and a.get("noop_with_empty_axes", 0):
@@ -292,7 +292,8 @@ def _reduce(cx: Ctx, nd: OnnxNode, used):
         # the mean over H, W is global average pooling (N, C, 1, 1), flattened to (N, C) without keepdims
         y = cx.net.global_avg_pool(x, name=name if keep else cx.fresh(nd.name + ".pool"))
         return y if keep else cx.net.flatten(y, 1, name=name)
-    return getattr(cx.net, "mean" if nd.op == "ReduceMean" else "sum")(x, tuple(ax), keepdim=keep, name=name)
+    return getattr(cx.net, {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max"}[nd.op])(
+        x, tuple(ax), keepdim=keep, name=name)
 
 
 def _gemm(cx: Ctx, nd: OnnxNode, used):
@@ -538,21 +539,52 @@ def _gather(cx: Ctx, nd: OnnxNode, used):
     if ((idx < -n) | (idx >= n)).any():
         raise GraphError(nd.where, f"indices {idx.reshape(-1).tolist()[:8]} out of range for axis {axis} "
                                    f"of size {n}")
-    if idx.size == 0:
-        raise nd.refuse(f"indices of shape {idx.shape} are empty; expected at least one index")
-    ids = [int(i) % n for i in idx.reshape(-1)]
+    return _gather_runs(cx, nd, x, axis, [int(i) % n for i in idx.reshape(-1)], idx.shape)
+
+
+def _gather_runs(cx: Ctx, nd: OnnxNode, x: DataNode, axis: int, ids: list[int], shape) -> DataNode:
+    """x's entries `ids` (in range) along `axis`, as slices of the consecutive runs concatenated, the axis then
+    reshaped to `shape` (the indices' shape)."""
+    if not ids:
+        raise nd.refuse(f"indices of shape {tuple(shape)} are empty; expected at least one index")
     runs, start = [], 0    # consecutive runs of the (flattened) indices -> one slice each, concatenated
     for k in range(1, len(ids) + 1):
         if k == len(ids) or ids[k] != ids[k - 1] + 1:
             runs.append(range(ids[start], ids[k - 1] + 1))
             start = k
     if len(runs) > 64:
-        raise nd.refuse(f"indices {idx.reshape(-1).tolist()[:8]}... form {len(runs)} runs; tilefuse gathers up "
-                        f"to 64 runs of consecutive indices (as slices)")
+        raise nd.refuse(f"indices {ids[:8]}... form {len(runs)} runs; tilefuse gathers up to 64 runs of "
+                        f"consecutive indices (as slices)")
     parts = [_slice_axis(cx, nd, x, axis, rg) for rg in runs]
     y = parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=axis, name=cx.fresh(nd.name + ".concat"))
     # (..., len(ids), ...) -> (..., *indices.shape, ...)
-    return _reshape_to(cx, nd, y, x.shape[:axis] + idx.shape + x.shape[axis + 1:])
+    return _reshape_to(cx, nd, y, x.shape[:axis] + tuple(shape) + x.shape[axis + 1:])
+
+
+def _gather_nd(cx: Ctx, nd: OnnxNode, used):
+    """GatherND with constant indices (batch_dims 0): each index tuple of length k picks data[i0, .., ik-1],
+    i.e. a Gather along the first k axes flattened into one (torch's dynamo exporter writes it for an adaptive
+    average pool whose windows overlap)."""
+    x = cx.computed(nd, 0, "data")
+    idx = np.asarray(cx.const(nd, 1, "indices"))
+    if idx.dtype.kind not in "iu":
+        raise GraphError(nd.where, f"indices have dtype {idx.dtype}; expected int32/int64")
+    if nd.attrs.get("batch_dims", 0) != 0:
+        raise nd.refuse(f"batch_dims={nd.attrs['batch_dims']}; tilefuse implements batch_dims=0")
+    r = len(x.shape)
+    k = idx.shape[-1] if idx.ndim else 0
+    if idx.ndim < 1 or not 1 <= k <= r:
+        raise GraphError(nd.where, f"indices have shape {idx.shape}; expected (..., k) with 1 <= k <= {r} "
+                                   f"(the rank of data {x.shape})")
+    lead = x.shape[:k]
+    for j, n in enumerate(lead):
+        if ((idx[..., j] < -n) | (idx[..., j] >= n)).any():
+            raise GraphError(nd.where, f"indices {idx[..., j].reshape(-1).tolist()[:8]} out of range for axis "
+                                       f"{j} of size {n}")
+    flat = np.ravel_multi_index(tuple((idx[..., j] % n).reshape(-1) for j, n in enumerate(lead)), lead)
+    if k > 1:     # (d0, .., dk-1, rest..) -> (d0 * .. * dk-1, rest..)
+        x = cx.net.reshape(x, (int(np.prod(lead)),) + x.shape[k:], name=cx.fresh(nd.name + ".flat"))
+    return _gather_runs(cx, nd, x, 0, [int(i) for i in flat], idx.shape[:-1])
 
 
 def _split(cx: Ctx, nd: OnnxNode, used):
@@ -675,6 +707,33 @@ def _layer_norm(cx: Ctx, nd: OnnxNode, used):
     return cx.net.layer_norm(x, cx.const_node(nd.inputs[1] if nd.has(1) else nd.name + ".Scale", g, x.dtype),
                              cx.const_node(nd.inputs[2] if nd.has(2) else nd.name + ".B", b, x.dtype),
                              axis=axis, eps=nd.attrs.get("epsilon", 1e-5), name=cx.fresh(nd.name))
+
+
+def _group_norm(cx: Ctx, nd: OnnxNode, used):
+    """InstanceNormalization (groups = C) and GroupNormalization (num_groups; scale and bias per channel, as
+    from opset 21: opset 18's per-group form is deprecated, and ONNX's checker refuses it) -> group_norm."""
+    x = cx.computed(nd, 0)
+    if len(x.shape) < 3:
+        raise GraphError(nd.where, f"input '{x.name}' has shape {x.shape}; expected (N, C, D1, ...)")
+    c = x.shape[1]
+    groups = c
+    if nd.op == "GroupNormalization":
+        if "num_groups" not in nd.attrs:
+            raise GraphError(nd.where, "attribute num_groups is missing")
+        groups = int(nd.attrs["num_groups"])
+        if groups < 1 or c % groups:
+            raise GraphError(nd.where, f"num_groups={groups} does not divide the {c} channels of input "
+                                       f"'{x.name}' {x.shape}")
+    vals = []
+    for i, role in ((1, "scale"), (2, "bias" if nd.op == "GroupNormalization" else "B")):
+        v = cx.const(nd, i, role)
+        if v is None:
+            raise GraphError(nd.where, f"input {role} (input {i}) is missing")
+        v = _float_array(nd, v, role)
+        if v.shape != (c,):
+            raise GraphError(nd.where, f"{role} has shape {v.shape}; expected ({c},) (one value per channel)")
+        vals.append(cx.const_node(nd.inputs[i], v, x.dtype))
+    return cx.net.group_norm(x, groups, vals[0], vals[1], eps=nd.attrs.get("epsilon", 1e-5), name=cx.fresh(nd.name))
 
 
 def _conv_transpose(cx: Ctx, nd: OnnxNode, used):
@@ -931,6 +990,9 @@ RULES: dict[str, Rule] = {
                              "batch_norm reshape", "inference (training_mode=0); constant statistics"),
     "LayerNormalization": _r(_layer_norm, (17,), "axis epsilon stash_type", "layer_norm",
                              "constant Scale and B; the Mean/InvStdDev outputs are refused"),
+    "InstanceNormalization": _r(_group_norm, (6, 22), "epsilon", "group_norm", "constant scale and B"),
+    "GroupNormalization": _r(_group_norm, (21,), "epsilon num_groups stash_type", "group_norm",
+                             "constant scale and bias"),
     "LRN": _r(_lrn, (1, 13), "alpha beta bias size", "local_response_norm"),
     "MaxPool": _r(_lift_1d(_pool), (1, 8, 10, 11, 12, 22), _POOL + " storage_order", "max_pool reshape",
                   "1-D (as 2-D) or 2-D; the Indices output is refused"),
@@ -942,6 +1004,8 @@ RULES: dict[str, Rule] = {
     "ReduceMean": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "mean global_avg_pool",
                      "constant axes; over H, W of (N, C, H, W): global_avg_pool"),
     "ReduceSum": _r(_reduce, (1, 11, 13), "axes keepdims noop_with_empty_axes", "sum", "constant axes"),
+    "ReduceMax": _r(_reduce, (1, 11, 12, 13, 18, 20), "axes keepdims noop_with_empty_axes", "max",
+                    "constant axes; float tensors"),
     "Resize": _r(_resize, (11, 13, 18, 19), _RESIZE, "resize",
                  "H, W of (N, C, H, W); nearest or linear; half_pixel, pytorch_half_pixel, align_corners, "
                  "asymmetric; ONNX Runtime's coordinate order (dst / (out / in): `arith=\"onnx\"`)"),
@@ -970,6 +1034,7 @@ RULES: dict[str, Rule] = {
                     "activation(leaky_relu)"),
     "Elu": _r(_activation("elu", alpha=("alpha", 1.0)), (6, 22), "alpha", "activation(elu)"),
     "Tanh": _r(_activation("tanh"), (6, 13), "", "activation(tanh)"),
+    "Mish": _r(_activation("mish"), (18, 22), "", "activation(mish)"),
     "Gelu": _r(_gelu, (20,), "approximate", "activation(gelu) activation(gelu_tanh)"),
     "PRelu": _r(_prelu, (7, 9, 16), "", "prelu relu sub mul add",
                  "a constant slope; per channel: prelu, other shapes: relu(x) + slope * (x - relu(x))"),
@@ -991,6 +1056,8 @@ RULES: dict[str, Rule] = {
     "Slice": _r(_slice, (1, 10, 11, 13), "starts ends axes", "slice", "constant starts/ends/axes/steps; steps >= 1"),
     "Gather": _r(_gather, (1, 11, 13), "axis", "slice reshape concat",
                   "constant indices forming at most 64 runs of consecutive values"),
+    "GatherND": _r(_gather_nd, (11, 12, 13), "batch_dims", "slice reshape concat",
+                   "constant indices forming at most 64 runs of consecutive positions; batch_dims 0"),
     "Split": _r(_split, (2, 11, 13, 18), "axis split num_outputs", "slice", "constant split"),
     "Concat": _r(_concat, (4, 11, 13), "axis", "concat"),
     "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad slice",

@@ -6,10 +6,11 @@ exporter writes them out of primitive ops, including Erf and Sqrt, which tilefus
   GELU (erf):   y = (x * (Erf(x / sqrt(2)) + 1)) * 0.5       (and the orders 0.5 * x * (...), x * (0.5 * (...)))
   LayerNorm:    m = ReduceMean(x, axes); d = x - m; v = ReduceMean(d ^ 2, axes)
                 y = d / Sqrt(v + eps) [* gamma] [+ beta]
+  Mish:         y = x * Tanh(Softplus(x))                     (before opset 18, which has Mish)
 
 `rewrite(nodes, const)` replaces each such chain (every intermediate used only inside the chain, the
 constants what the formula needs) by one node of domain `tilefuse.pattern` carrying the op it spells
-(Gelu, LayerNormalization); the importer converts it with that op's rule. A chain that differs in
+(Gelu, LayerNormalization, Mish); the importer converts it with that op's rule. A chain that differs in
 any constant, axis or extra use stays as it is (and Erf/Sqrt are then refused by name).
 """
 from __future__ import annotations
@@ -164,6 +165,16 @@ def _layer_norm(g: _Graph, const, sqrt, rank):
     return chain, ("LayerNormalization", [x, gamma, beta], out, {"axis": axis, "epsilon": float(e.reshape(-1)[0])})
 
 
+def _mish(g: _Graph, softplus):
+    """Softplus(x) -> Tanh -> Mul(x, .), each the single user of the one before."""
+    x = softplus.input[0]
+    th = g.only_user(softplus.output[0], "Tanh")
+    mul = g.only_user(th.output[0], "Mul") if th is not None else None
+    if mul is None or g.other(mul, th.output[0]) != x:
+        return None
+    return [softplus, th, mul], ("Mish", [x], mul.output[0], {})
+
+
 def rewrite(nodes, const, rank, graph_outputs):
     """nodes (NodeProtos in order) -> nodes with the recognized chains replaced by one node each.
 
@@ -177,7 +188,8 @@ def rewrite(nodes, const, rank, graph_outputs):
         if n.domain not in ("", "ai.onnx") or id(n) in dropped:
             continue
         hit = _gelu(g, const, n) if n.op_type == "Erf" else \
-            _layer_norm(g, const, n, rank) if n.op_type == "Sqrt" else None
+            _layer_norm(g, const, n, rank) if n.op_type == "Sqrt" else \
+            _mish(g, n) if n.op_type == "Softplus" else None
         if hit is None:
             continue
         chain, (op, ins, out, attrs) = hit

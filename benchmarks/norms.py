@@ -1,0 +1,109 @@
+"""GroupNorm / InstanceNorm layers: tilefuse's compiled network against PyTorch and ONNX Runtime, same run.
+
+    .venv/bin/python benchmarks/norms.py --threads 1 2 --reps 20
+    PYTHONPATH=. python3 benchmarks/norms.py --threads 16          # a bigger machine
+
+Each case is one normalization layer (with the activation model code puts after it) as an nn.Module: PyTorch
+runs it as written; ONNX Runtime runs its TorchScript export (GroupNorm arrives as Reshape ->
+InstanceNormalization -> Reshape -> Mul -> Add, as in files users have); tilefuse compiles the same export
+(`from_onnx`: the compiler folds the chain back into one group_norm with the activation fused) and runs it in a
+Session. Medians of --reps runs after a warm-up, each framework over all cases before the next starts. GB/s
+counts the input read once and the output written once (the least any implementation moves); the kernel is
+memory bound, so the yardstick is the machine's bandwidth (depthwise.py measures it: `triad`). Ratios > 1: tilefuse
+faster. Needs numpy, numba, torch, onnx, onnxruntime.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+# (name, input shape, module kind, groups, activation)
+CASES = [
+    ("unet-sd 320@64x64 gn32+silu", (1, 320, 64, 64), "gn", 32, "silu"),
+    ("unet-sd 640@32x32 gn32+silu", (1, 640, 32, 32), "gn", 32, "silu"),
+    ("resnet-gn 256@56x56 gn32+relu", (8, 256, 56, 56), "gn", 32, "relu"),
+    ("detect-head 256@80x80 gn32+relu", (2, 256, 80, 80), "gn", 32, "relu"),
+    ("style 64@256x256 instance+relu", (1, 64, 256, 256), "in", 64, "relu"),
+    ("cyclegan 256@64x64 instance", (1, 256, 64, 64), "in", 256, "none"),
+]
+
+
+def _module(kind, c, groups, act):
+    import torch.nn as nn
+    norm = nn.GroupNorm(groups, c) if kind == "gn" else nn.InstanceNorm2d(c, affine=True)
+    a = {"silu": nn.SiLU(), "relu": nn.ReLU(), "none": nn.Identity()}[act]
+    return nn.Sequential(norm, a).eval()
+
+
+def _median_time(fn, reps):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[2])
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args(argv)
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from onnx_export import export
+
+    import tilefuse
+    print(f"# norms: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
+          f"onnxruntime {ort.__version__}")
+    rng = np.random.default_rng(0)
+    for threads in a.threads:
+        torch.set_num_threads(threads)
+        rows = []
+        for name, shape, kind, groups, act in CASES:
+            m = _module(kind, shape[1], groups, act)
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.copy_(torch.from_numpy(rng.uniform(0.5, 1.5, p.shape).astype(np.float32)))
+            x = rng.standard_normal(shape).astype(np.float32)
+            blob = export(m, x, "torchscript")
+            prog = tilefuse.compile(tilefuse.from_onnx(blob), threads=threads)
+            kernels = [i.kernel for i in prog.lowered.instructions]
+            sess = tilefuse.Session(prog, threads=threads)
+            so = ort.SessionOptions()
+            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+            osess = ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
+            tx = torch.from_numpy(x)
+            y_tf, y_ort = sess.run(x), osess.run(None, {"x": x})[0]
+            with torch.no_grad():
+                y_pt = m(tx).numpy()
+            err = max(float(np.abs(y_tf - y_pt).max()), float(np.abs(y_tf - y_ort).max())) / float(np.abs(y_pt).max())
+            rows.append([name, shape, kernels, x.nbytes * 2, err, sess, osess, m, tx, x])
+        t_tf = [_median_time(lambda r=r: r[5].run(r[9]), a.reps) for r in rows]
+        t_ort = [_median_time(lambda r=r: r[6].run(None, {"x": r[9]}), a.reps) for r in rows]
+        with torch.no_grad():
+            t_pt = [_median_time(lambda r=r: r[7](r[8]), a.reps) for r in rows]
+        print(f"\n## {threads} thread(s): median of {a.reps}")
+        print(f"{'case':<34} {'tilefuse ms':>11} {'GB/s':>6} {'PyTorch ms':>10} {'ORT ms':>8} {'PT/tf':>6} "
+              f"{'ORT/tf':>6}  max rel err  tilefuse instructions")
+        for r, tf, o, p in zip(rows, t_tf, t_ort, t_pt):
+            print(f"{r[0]:<34} {tf * 1e3:11.3f} {r[3] / tf / 1e9:6.1f} {p * 1e3:10.3f} {o * 1e3:8.3f} {p / tf:6.2f} "
+                  f"{o / tf:6.2f}  {r[4]:.1e}      {' '.join(r[2])}")
+        gm = statistics.geometric_mean
+        print(f"geometric mean: PyTorch / tilefuse {gm([p / t for p, t in zip(t_pt, t_tf)]):.2f}, "
+              f"ONNX Runtime / tilefuse {gm([o / t for o, t in zip(t_ort, t_tf)]):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""The max reduce (torch.amax, x.max(dim)[0], ONNX ReduceMax), adaptive max pooling, and CBAM, the attention
+block built of them (channel attention from average- and max-pooled descriptors through one shared MLP, spatial
+attention from the channel mean and max), through from_torch, both ONNX exporters and ONNX Runtime; GatherND
+with constant indices (the dynamo exporter's form of an adaptive average pool with overlapping windows); uses of
+the argmax indices are refused by name. Mish (YOLOv4's activation) through from_torch and both exporters (the
+TorchScript one spells it Softplus -> Tanh -> Mul), fused into the producing conv."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from onnx import TensorProto, helper
+from onnx_export import EXPORTERS, assert_close_to_max, export, ort_run, torch_run
+
+import tilefuse
+from tilefuse.errors import GraphError, UnsupportedOpError
+from tilefuse.kernels import reference as ref
+
+
+class CBAM(nn.Module):
+    """Woo et al., 2018, as model code writes it."""
+
+    def __init__(self, c, r=4, k=7):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Conv2d(c, c // r, 1, bias=False), nn.ReLU(inplace=True),
+                                 nn.Conv2d(c // r, c, 1, bias=False))
+        self.spatial = nn.Conv2d(2, 1, k, padding=k // 2, bias=False)
+
+    def forward(self, x):
+        a = self.mlp(F.adaptive_avg_pool2d(x, 1)) + self.mlp(F.adaptive_max_pool2d(x, 1))
+        x = x * torch.sigmoid(a)
+        s = torch.cat([torch.mean(x, dim=1, keepdim=True), torch.max(x, dim=1, keepdim=True)[0]], dim=1)
+        return x * torch.sigmoid(self.spatial(s))
+
+
+class Reductions(nn.Module):
+    def forward(self, x):
+        a = torch.amax(x, dim=(2, 3))                   # (N, C)
+        b = x.max(1)[0].flatten(1).amax(1, keepdim=True)  # (N, 1)
+        return a + b + x.amax((1, 2, 3), keepdim=True).flatten(1)
+
+
+class AdaptiveMax(nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.pool = nn.AdaptiveMaxPool2d(size)
+
+    def forward(self, x):
+        return self.pool(x)
+
+
+MODELS = {
+    "cbam": lambda: nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), CBAM(16), nn.Conv2d(16, 8, 3, stride=2)),
+    "reductions": lambda: nn.Sequential(nn.Conv2d(3, 6, 3), Reductions()),
+    "adaptive_max_1": lambda: nn.Sequential(nn.Conv2d(3, 6, 3), AdaptiveMax(1)),
+    "adaptive_max_divisor": lambda: nn.Sequential(nn.Conv2d(3, 6, 3), AdaptiveMax((4, 3))),
+}
+
+
+def _x(seed=0, shape=(2, 3, 14, 11)):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_from_torch_matches_pytorch(name):
+    torch.manual_seed(0)
+    m = MODELS[name]().eval()
+    x = _x()
+    net = tilefuse.from_torch(m, torch.from_numpy(x))
+    want = torch_run(m, x)
+    for t in (1, 3):
+        assert_close_to_max(tilefuse.compile(net, threads=t).run(x), want, what=f"{t} threads")
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_onnx_exports_match_pytorch_and_onnxruntime(name, exporter):
+    torch.manual_seed(1)
+    m = MODELS[name]().eval()
+    x = _x(1)
+    blob = export(m, x, exporter)
+    y = tilefuse.compile(tilefuse.from_onnx(blob)).run(x)
+    assert_close_to_max(y, torch_run(m, x), what="against PyTorch")
+    assert_close_to_max(y, ort_run(blob, x), what="against ONNX Runtime")
+
+
+def test_max_reference_propagates_nan_like_pytorch():
+    x = _x(2, (2, 5, 4, 3))
+    x[1, 2, 0, 1] = np.nan
+    want = torch.amax(torch.from_numpy(x), dim=(1, 3), keepdim=True).numpy()
+    got = ref.reduce("max", x, (1, 3), True)
+    np.testing.assert_array_equal(got, want)
+    net = tilefuse.Network("n")
+    y = net.max(net.input("x", x.shape), (1, 3), keepdim=True, name="m")
+    net.output(y)
+    np.testing.assert_array_equal(tilefuse.compile(net).run(x), want)
+
+
+def test_uses_of_the_indices_are_refused_by_name():
+    class Argmax(nn.Module):
+        def forward(self, x):
+            return x.max(1)[1].float()
+
+    with pytest.raises(UnsupportedOpError, match=r"the indices of max over a dim \(argmax\).*the indices come "
+                                                 r"from node 'max"):
+        tilefuse.from_torch(Argmax(), torch.from_numpy(_x()))
+
+    class Maximum(nn.Module):
+        def forward(self, x):
+            return torch.max(x, x * 0.5)
+
+    with pytest.raises(UnsupportedOpError, match=r"element-wise maximum of two tensors"):
+        tilefuse.from_torch(Maximum(), torch.from_numpy(_x()))
+
+    class Everything(nn.Module):
+        def forward(self, x):
+            return x - x.max()       # a 0-d tensor: tilefuse has no scalars
+
+    with pytest.raises(GraphError, match=r"reducing every axis of \(2, 3, 14, 11\) without keepdim gives a scalar"):
+        tilefuse.from_torch(Everything(), torch.from_numpy(_x()))
+
+    with pytest.raises(UnsupportedOpError, match=r"adaptive max pooling of \(2, 6, 12, 9\) to \(5, 3\).*output "
+                                                 r"sizes that divide H and W"):
+        tilefuse.from_torch(nn.Sequential(nn.Conv2d(3, 6, 3), AdaptiveMax((5, 3))), torch.from_numpy(_x()))
+
+
+def _gather_nd_model(x_shape, idx, out_shape, batch_dims=0):
+    node = helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=batch_dims)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+                          [onnx.numpy_helper.from_array(idx, "i")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+
+
+@pytest.mark.parametrize("x_shape,idx", [
+    ((5, 4, 3), np.array([[0, 1], [0, 2], [4, 3], [-1, 0]], np.int64)),          # k = 2: rows of 3
+    ((5, 4, 3), np.array([[[1], [2]], [[3], [0]]], np.int64)),                    # k = 1
+    ((2, 3, 4), np.array([[0, 0, 0], [1, 2, 3], [1, 2, 2]], np.int64)),           # k = rank: scalars
+])
+def test_gather_nd_with_constant_indices_matches_onnxruntime(x_shape, idx):
+    x = _x(3, x_shape)
+    k = idx.shape[-1]
+    out_shape = idx.shape[:-1] + x_shape[k:]
+    blob = _gather_nd_model(x_shape, idx, out_shape)
+    import onnxruntime as ort
+    want = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(tilefuse.compile(tilefuse.from_onnx(blob)).run(x), want)
+
+
+def test_gather_nd_refusals():
+    with pytest.raises(GraphError, match=r"indices \[5\] out of range for axis 0 of size 5"):
+        tilefuse.from_onnx(_gather_nd_model((5, 4), np.array([[5]], np.int64), (1, 4)))
+    with pytest.raises(UnsupportedOpError, match=r"batch_dims=1; tilefuse implements batch_dims=0"):
+        tilefuse.from_onnx(_gather_nd_model((2, 4, 3), np.array([[1], [2]], np.int64), (2, 3), batch_dims=1))
+
+
+class OverlappingPool(nn.Module):
+    """adaptive_avg_pool2d 9x11 -> 3x2: equal, overlapping windows along W, which the dynamo exporter writes as
+    GatherND + ReduceMean."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        g = F.adaptive_avg_pool2d(self.conv(x), (3, 2))
+        return F.interpolate(g, size=(x.size(2), x.size(3)), mode="nearest") + x.mean(1, keepdim=True)
+
+
+def test_dynamo_export_of_an_overlapping_adaptive_pool():
+    torch.manual_seed(2)
+    m = OverlappingPool().eval()
+    x = _x(4, (2, 3, 9, 11))
+    blob = export(m, x, "dynamo")
+    assert "GatherND" in {n.op_type for n in onnx.load_from_string(blob).graph.node}
+    y = tilefuse.compile(tilefuse.from_onnx(blob)).run(x)
+    assert_close_to_max(y, torch_run(m, x), what="against PyTorch")
+    assert_close_to_max(y, ort_run(blob, x), what="against ONNX Runtime")
+
+
+class MishNet(nn.Module):
+    """YOLOv4's CSPDarknet style: conv -> BN -> Mish (in place), and a functional F.mish."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = nn.Mish(inplace=True)
+        self.conv2 = nn.Conv2d(8, 8, 3, stride=2)
+
+    def forward(self, x):
+        return F.mish(self.conv2(self.act(self.bn(self.conv(x)))))
+
+
+@pytest.mark.parametrize("path", ["torch", "torchscript", "dynamo"])
+def test_mish_through_every_importer_fuses_into_the_conv(path):
+    torch.manual_seed(4)
+    m = MishNet().eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-1, 1)
+        m.bn.running_var.uniform_(0.5, 2)
+    x = _x(5, (2, 3, 13, 12)) * 3
+    if path == "torch":
+        net = tilefuse.from_torch(m, torch.from_numpy(x))
+    else:
+        blob = export(m, x, path)
+        ops = {n.op_type for n in onnx.load_from_string(blob).graph.node}
+        assert ("Softplus" in ops) if path == "torchscript" else ("Mish" in ops)   # opset 17 spells it out
+        net = tilefuse.from_onnx(blob)
+    prog = tilefuse.compile(net)
+    kernels = [i.kernel for i in prog.lowered.instructions if i.kernel not in ("to_nchwc", "from_nchwc")]
+    assert kernels == ["conv2d", "conv2d"], kernels            # both Mish in the convs' epilogues
+    y = prog.run(x)
+    assert_close_to_max(y, torch_run(m, x), what="against PyTorch")
+    if path != "torch":
+        assert_close_to_max(y, ort_run(blob, x), what="against ONNX Runtime")
+
+
+def test_a_softplus_that_is_not_mish_is_refused_by_name():
+    class Softplus(nn.Module):
+        def forward(self, x):
+            return F.softplus(x) * 2
+
+    blob = export(Softplus(), _x(), "torchscript")
+    with pytest.raises(UnsupportedOpError, match=r"ONNX op 'Softplus'"):
+        tilefuse.from_onnx(blob)
+    with pytest.raises(UnsupportedOpError, match=r"aten.softplus"):
+        tilefuse.from_torch(Softplus(), torch.from_numpy(_x()))
