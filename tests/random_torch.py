@@ -584,7 +584,7 @@ class TrainNet(nn.Module):
 
 def build_trainable(seed: int):
     """(module, input, labels) over what the Trainer has backward passes for: convs (any kernel, stride,
-    dilation, bias or not), batch norms, ReLUs, residual adds, concats, max / avg pools, global average pool,
+    dilation, bias or not), batch norms (a fifth swapped for GroupNorm / InstanceNorm2d), ReLUs, residual adds, concats, max / avg pools, global average pool,
     flatten, dropout (0.2, exercised only in training mode: the check uses none), linear."""
     r = np.random.default_rng(seed)
     torch.manual_seed(seed)
@@ -621,6 +621,7 @@ def build_trainable(seed: int):
             c = o
     classes = int(r.integers(2, 11))
     module = TrainNet(feats, c, classes, False)
+    _swap_norms(module, seed, 1)
     for m in module.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.weight.data.copy_(torch.rand(m.num_features) + 0.5)
@@ -678,8 +679,10 @@ def check_train(seed: int) -> str | None:
         module, x, labels = build_trainable(seed)
         try:
             _torch_out(module, x)
+            import copy
+            copy.deepcopy(module).train()(torch.from_numpy(x.copy()))   # an instance norm of a 1x1 map
             break
-        except RuntimeError:                 # a map pooled or strided away: the next seed of this stream
+        except (RuntimeError, ValueError):   # a map pooled or strided away: the next seed of this stream
             seed += 10 ** 9
     net = tilefuse.from_torch(module, torch.from_numpy(x.copy()))
     module = copy.deepcopy(module).double().train()

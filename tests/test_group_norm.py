@@ -5,7 +5,7 @@ activations, bitwise equal for every thread count; `from_torch` (GroupNorm, Inst
 affine, with running statistics, GroupNorm(1, C)); both ONNX exporters (GroupNorm arrives as Reshape ->
 InstanceNormalization -> Reshape -> Mul -> Add, which the compiler's `fold_group_norm` makes one op again);
 hand-built GroupNormalization and InstanceNormalization nodes; the streamed schedule,
-which ends before it with a reason; the trainer, which refuses it by name; packages that carry it."""
+which ends before it with a reason; the trainer's backward against float64 PyTorch; packages that carry it."""
 from __future__ import annotations
 
 import numpy as np
@@ -209,12 +209,58 @@ def test_stream_schedule_ends_before_a_group_norm_with_the_reason():
     assert_close_to_max(prog.run(x), torch_run(m, x))
 
 
-def test_trainer_refuses_group_norm_by_name():
+class _TrainNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(),
+            nn.Conv2d(8, 12, 3, stride=2, padding=1, bias=False), nn.InstanceNorm2d(12, affine=True), nn.ReLU(),
+            nn.Conv2d(12, 12, 1), nn.GroupNorm(1, 12, affine=False), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.fc = nn.Linear(12, 5)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+@pytest.mark.parametrize("schedule", ["fused", "unfused"])
+def test_trainer_group_norm_gradients_match_float64_pytorch(schedule):
+    """One step's loss and every parameter's gradient against PyTorch autograd in float64 (GroupNorm with 2 and
+    1 groups, InstanceNorm2d with affine parameters; the fixed unit weight and zero bias of GroupNorm(affine=False)
+    are not trained, as in PyTorch)."""
+    import copy
+
     from tilefuse.training import Trainer
-    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                      nn.Flatten(), nn.Linear(8, 4)).eval()
-    net = tilefuse.from_torch(m, torch.zeros(2, 3, 8, 8))
-    with pytest.raises(UnsupportedOpError, match=r"op 'group_norm' has no backward in the trainer"):
+    torch.manual_seed(6)
+    m = _TrainNet().eval()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, (nn.GroupNorm, nn.InstanceNorm2d)) and mod.weight is not None:
+                mod.weight.uniform_(0.5, 1.5)
+                mod.bias.uniform_(-0.3, 0.3)
+    x = np.random.default_rng(8).standard_normal((3, 3, 10, 9)).astype(np.float32)
+    labels = np.array([0, 3, 4])
+    net = tilefuse.from_torch(m, torch.from_numpy(x))
+    tr = Trainer(net, schedule=schedule)
+    assert not any(k.endswith((".unit_weight", ".zero_bias")) for k in tr.params)
+    loss, grads = tr.forward_backward(x, labels)
+    m64 = copy.deepcopy(m).double().train()
+    ref = F.cross_entropy(m64(torch.from_numpy(x).double()), torch.from_numpy(labels))
+    ref.backward()
+    assert abs(loss - float(ref)) <= 1e-5 * max(1.0, abs(float(ref)))
+    floor = 1e-5 * max(float(p.grad.abs().max()) for p in m64.parameters())
+    for k, p in m64.named_parameters():
+        want = p.grad.numpy()
+        err = float(np.abs(grads[k] - want).max())
+        assert err <= 1e-4 * float(np.abs(want).max()) + floor, (k, err, float(np.abs(want).max()))
+
+
+def test_trainer_refuses_a_group_norm_of_features():
+    from tilefuse.training import Trainer
+    net = tilefuse.Network("n")
+    x = net.input("x", (4, 6))
+    y = net.linear(net.group_norm(x, 2, name="gn"), np.ones((3, 6), np.float32), name="fc")
+    net.output(y)
+    with pytest.raises(UnsupportedOpError, match=r"gn: group_norm of a rank-2 tensor \(4, 6\) has no backward"):
         Trainer(net)
 
 

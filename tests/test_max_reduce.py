@@ -229,3 +229,57 @@ def test_a_softplus_that_is_not_mish_is_refused_by_name():
         tilefuse.from_onnx(blob)
     with pytest.raises(UnsupportedOpError, match=r"aten.softplus"):
         tilefuse.from_torch(Softplus(), torch.from_numpy(_x()))
+
+
+class AdaptiveAvg(nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(size)
+
+    def forward(self, x):
+        return torch.flatten(self.pool(self.conv(x)), 1)
+
+
+@pytest.mark.parametrize("hw,size", [((8, 8), (7, 7)),       # VGG's classifier pool at 256x256: 98 runs of 2
+                                     ((9, 11), (4, 3)),      # unequal windows: GatherND, Where masks, ReduceSum
+                                     ((10, 7), (3, 5))])
+def test_dynamo_adaptive_average_pools_to_non_divisors(hw, size):
+    torch.manual_seed(5)
+    m = AdaptiveAvg(size).eval()
+    x = _x(6, (2, 3) + hw)
+    blob = export(m, x, "dynamo")
+    y = tilefuse.compile(tilefuse.from_onnx(blob)).run(x)
+    assert_close_to_max(y, torch_run(m, x), what="against PyTorch")
+    assert_close_to_max(y, ort_run(blob, x), what="against ONNX Runtime")
+
+
+def _where_model(cond, fill, computed_first):
+    ins = ["c", "x", "f"] if computed_first else ["c", "f", "x"]
+    g = helper.make_graph([helper.make_node("Where", ins, ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
+                          [onnx.numpy_helper.from_array(cond, "c"), onnx.numpy_helper.from_array(fill, "f")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 16)]).SerializeToString()
+
+
+@pytest.mark.parametrize("computed_first", [True, False])
+@pytest.mark.parametrize("fill", [0.0, -2.5])
+def test_where_with_a_constant_condition_matches_onnxruntime(computed_first, fill):
+    r = np.random.default_rng(7)
+    cond = r.random((3, 1)) < 0.5
+    blob = _where_model(cond, np.full((1, 4), fill, np.float32), computed_first)
+    x = _x(7, (2, 3, 4))
+    import onnxruntime as ort
+    want = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(tilefuse.compile(tilefuse.from_onnx(blob)).run(x), want)
+
+
+def test_where_of_two_computed_tensors_is_refused():
+    g = helper.make_graph([helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Where", ["c", "x", "n"], ["y"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                          [onnx.numpy_helper.from_array(np.array([True, False, True]), "c")])
+    blob = helper.make_model(g, opset_imports=[helper.make_opsetid("", 16)]).SerializeToString()
+    with pytest.raises(UnsupportedOpError, match=r"both X and Y are computed by the graph"):
+        tilefuse.from_onnx(blob)

@@ -293,6 +293,38 @@ BLOCKED = frozenset({"channel_norm"})   # kernels with an NCHW16c form
 ACT_KERNELS = frozenset({"group_norm"})   # kernels that apply their fused activation (relu / act) themselves
 
 
+# ============================================================================ training: group norm
+# GroupNorm / InstanceNorm in the trainer, on its CNHW activations: plain float64 numpy (a group of image n is
+# channels [g*C/G, (g+1)*C/G) of column n: strided in CNHW). The forward keeps the per-(group, image) mean and
+# 1/std for the backward:
+#   xhat = (x - mean) * rstd,  y = gamma[c] * xhat + beta[c]
+#   dgamma[c] = sum(dy * xhat), dbeta[c] = sum(dy)            (over images and positions)
+#   g = dy * gamma[c],  dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (means over the group)
+
+def group_norm_forward(x, gamma, beta, groups: int, eps: float):
+    """x (C, N, ...) CNHW -> (y, mean, rstd); mean and rstd (G, 1, N, 1) float64."""
+    c, n = x.shape[:2]
+    xg = x.reshape(groups, c // groups, n, -1).astype(np.float64)     # (G, C/G, N, positions)
+    mean = xg.mean(axis=(1, 3), keepdims=True)
+    rstd = 1.0 / np.sqrt(((xg - mean) ** 2).mean(axis=(1, 3), keepdims=True) + eps)
+    cshape = (groups, c // groups, 1, 1)
+    y = (xg - mean) * rstd * gamma.astype(np.float64).reshape(cshape) + beta.astype(np.float64).reshape(cshape)
+    return y.reshape(x.shape).astype(x.dtype), mean, rstd
+
+
+def group_norm_backward(dy, x, gamma, mean, rstd, groups: int):
+    """(dx, dgamma, dbeta) of group_norm_forward, dy and x CNHW."""
+    c, n = x.shape[:2]
+    shape = (groups, c // groups, n, -1)
+    xhat = (x.reshape(shape).astype(np.float64) - mean) * rstd
+    d = dy.reshape(shape).astype(np.float64)
+    dgamma = (d * xhat).sum(axis=(2, 3)).reshape(c)
+    dbeta = d.sum(axis=(2, 3)).reshape(c)
+    g = d * gamma.astype(np.float64).reshape(groups, c // groups, 1, 1)
+    dx = rstd * (g - g.mean(axis=(1, 3), keepdims=True) - xhat * (g * xhat).mean(axis=(1, 3), keepdims=True))
+    return dx.reshape(x.shape).astype(x.dtype), dgamma, dbeta
+
+
 # ============================================================================ training: batch norm
 
 @nb.njit(**JITR)

@@ -105,6 +105,12 @@ class TrainingSchedule:
         if op.op == "linear" and len(op.inputs[0].shape) != 2:
             raise UnsupportedOpError(f"{op.name}: linear on a rank-{len(op.inputs[0].shape)} input has no backward "
                                      f"in the trainer; expected (N, features)")
+        if op.op == "group_norm" and len(op.inputs[0].shape) != 4:
+            raise UnsupportedOpError(f"{op.name}: group_norm of a rank-{len(op.inputs[0].shape)} tensor "
+                                     f"{op.inputs[0].shape} has no backward in the trainer; expected (N, C, H, W)")
+        if op.op == "group_norm" and op.params.get("relu"):
+            raise UnsupportedOpError(f"{op.name}: group_norm with a fused relu epilogue cannot be trained; "
+                                     f"expected a network before inference fusion")
         if op.op == "conv2d" and (op.params.get("relu") or op.params.get("has_residual")):
             raise UnsupportedOpError(f"{op.name}: conv2d with a fused relu/residual epilogue cannot be "
                                      f"trained; expected a network before inference fusion")
@@ -267,6 +273,16 @@ class TrainingSchedule:
         u.read(op.inputs[0].name, _nb(x), op.name)
         a, b = self.P(op.inputs[1]), self.P(op.inputs[2])
         self._store(u, op.outputs[0].name, norm.bn_apply(x, a, b), op.name, op.name)
+
+    def _fwd_group_norm(self, op):
+        g, b = self.P(op.inputs[1]), self.P(op.inputs[2])
+        stats = {}
+
+        def run(x):
+            y, stats["mean"], stats["rstd"] = norm.group_norm_forward(x, g, b, op.params["groups"], op.params["eps"])
+            return y
+        self._simple(op, run)
+        self.saved[op.name] = (stats["mean"], stats["rstd"])
 
     def _fwd_relu(self, op):
         x = self.env[op.inputs[0].name]
@@ -507,6 +523,18 @@ class TrainingSchedule:
         a = self.P(op.inputs[1])
         z = np.zeros_like(a)
         self._contribute(op.inputs[0].name, norm.bn_bwd_apply(dy, x, a, z, z), u, op.name)
+
+    def _bwd_group_norm(self, op):
+        mean, rstd = self.saved[op.name]
+        gamma = self.P(op.inputs[1])
+
+        def fn(dy, x):
+            dx, dg, db = norm.group_norm_backward(dy, x, gamma, mean, rstd, op.params["groups"])
+            for d, grad in ((op.inputs[1], dg), (op.inputs[2], db)):
+                if d.name in self.params:       # (GroupNorm(affine=False)'s unit weight, zero bias: buffers)
+                    self._param_grad(d.name, grad)
+            return dx
+        self._bwd_simple(op, fn)
 
     def _bwd_relu(self, op):
         x = self.env[op.inputs[0].name]

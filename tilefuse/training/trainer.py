@@ -8,7 +8,8 @@
     print(trainer.traffic_report())
 
 Trainable parameters are the constants that are weights: conv2d/linear weight and bias,
-batch_norm gamma/beta, scale alpha/beta. batch_norm mean/var are buffers (running statistics,
+batch_norm and group_norm gamma/beta, scale alpha/beta (a group_norm's imported unit weight and zero bias,
+GroupNorm(affine=False) and InstanceNorm2d's, stay fixed as in PyTorch). batch_norm mean/var are buffers (running statistics,
 updated with `bn_momentum`, PyTorch's unbiased variance). The network's constants are never
 modified: the trainer keeps its own writable copies.
 
@@ -32,7 +33,10 @@ from ..kernels.elementwise import all_finite, finite_many
 from .schedule import TrainingSchedule
 from .traffic import format_report, pattern_table
 
-_TRAINABLE = {"conv2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2)}
+_TRAINABLE = {"conv2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2), "group_norm": (1, 2)}
+# constants the importers make for a norm without affine parameters (GroupNorm(affine=False), InstanceNorm2d):
+# fixed, as in PyTorch (buffers, never trained)
+_FIXED_SUFFIXES = (".unit_weight", ".zero_bias")
 
 
 class Trainer:
@@ -51,6 +55,9 @@ class Trainer:
             for i in _TRAINABLE.get(op.op, ()):
                 if i < len(op.inputs) and op.inputs[i].is_constant:
                     d = op.inputs[i]
+                    if op.op == "group_norm" and d.name.endswith(_FIXED_SUFFIXES):
+                        self.buffers.setdefault(d.name, np.array(d.value, copy=True))
+                        continue
                     self.params.setdefault(d.name, np.array(d.value, copy=True))
             if op.op == "batch_norm":
                 for d in op.inputs[3:5]:

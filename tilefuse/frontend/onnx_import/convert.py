@@ -542,6 +542,11 @@ def _gather(cx: Ctx, nd: OnnxNode, used):
     return _gather_runs(cx, nd, x, axis, [int(i) % n for i in idx.reshape(-1)], idx.shape)
 
 
+# a gather becomes one slice per run of consecutive indices, then a concat: up to this many (VGG's 7x7 adaptive
+# pool of an 8x8 map, as the dynamo exporter writes it, is 98 runs of 2)
+MAX_GATHER_RUNS = 256
+
+
 def _gather_runs(cx: Ctx, nd: OnnxNode, x: DataNode, axis: int, ids: list[int], shape) -> DataNode:
     """x's entries `ids` (in range) along `axis`, as slices of the consecutive runs concatenated, the axis then
     reshaped to `shape` (the indices' shape)."""
@@ -552,13 +557,49 @@ def _gather_runs(cx: Ctx, nd: OnnxNode, x: DataNode, axis: int, ids: list[int], 
         if k == len(ids) or ids[k] != ids[k - 1] + 1:
             runs.append(range(ids[start], ids[k - 1] + 1))
             start = k
-    if len(runs) > 64:
-        raise nd.refuse(f"indices {ids[:8]}... form {len(runs)} runs; tilefuse gathers up to 64 runs of "
-                        f"consecutive indices (as slices)")
+    if len(runs) > MAX_GATHER_RUNS:
+        raise nd.refuse(f"indices {ids[:8]}... form {len(runs)} runs; tilefuse gathers up to {MAX_GATHER_RUNS} "
+                        f"runs of consecutive indices (as slices)")
     parts = [_slice_axis(cx, nd, x, axis, rg) for rg in runs]
     y = parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=axis, name=cx.fresh(nd.name + ".concat"))
     # (..., len(ids), ...) -> (..., *indices.shape, ...)
     return _reshape_to(cx, nd, y, x.shape[:axis] + tuple(shape) + x.shape[axis + 1:])
+
+
+def _where(cx: Ctx, nd: OnnxNode, used):
+    """Where(condition, X, Y) with a constant condition and one of X / Y computed, the other constant (masked_fill:
+    the dynamo exporter's adaptive average pool with unequal windows masks the padded positions): computed * keep
+    (+ other * (1 - keep) when it is not 0), keep the condition (or its negation) as 0 / 1 constants. Where the
+    computed tensor is not finite at a dropped position, the product is NaN where Where gives the constant (an
+    extra non-finite output, as docs/kernels.md allows; never a finite one where the exact result is NaN)."""
+    cond = cx.const(nd, 0, "condition")
+    if cond is None:
+        raise GraphError(nd.where, "condition (input 0) is missing")
+    cond = np.asarray(cond)
+    if cond.dtype != np.bool_:
+        raise GraphError(nd.where, f"condition has dtype {cond.dtype}; expected bool")
+    cx_, cy = cx.is_const(nd, 1), cx.is_const(nd, 2)
+    if cx_ == cy:
+        raise nd.refuse("both X and Y are computed by the graph; tilefuse selects between a computed tensor "
+                        "and a constant (a constant condition)" if not cx_ else "X and Y are constants")
+    ci = 1 if not cx_ else 2                     # the computed operand
+    v = cx.computed(nd, ci, "X" if ci == 1 else "Y")
+    other = _float_array(nd, cx.const(nd, 3 - ci, "Y" if ci == 1 else "X"), "Y" if ci == 1 else "X")
+    keep = cond if ci == 1 else ~cond
+    try:
+        out_shape = np.broadcast_shapes(v.shape, keep.shape, other.shape)
+    except ValueError:
+        raise GraphError(nd.where, f"condition {cond.shape}, X and Y ({v.shape} computed, {other.shape}) do not "
+                                   f"broadcast") from None
+    if tuple(out_shape) != tuple(v.shape):
+        raise nd.refuse(f"the result {tuple(out_shape)} is larger than the computed operand {v.shape}; tilefuse "
+                        f"broadcasts the constants only")
+    k = keep.astype(np.dtype(v.dtype))
+    y = cx.net.mul(v, cx.const_node(nd.name + ".keep", k, v.dtype), name=cx.fresh(nd.name + ".keep"))
+    fill = np.where(keep, 0, other).astype(np.dtype(v.dtype))
+    if not fill.any():
+        return y
+    return cx.net.add(y, cx.const_node(nd.name + ".fill", fill, v.dtype), name=cx.fresh(nd.name))
 
 
 def _gather_nd(cx: Ctx, nd: OnnxNode, used):
@@ -1055,9 +1096,11 @@ RULES: dict[str, Rule] = {
     "Transpose": _r(_transpose, (1, 13, 21, 23, 24, 25), "perm", "permute"),
     "Slice": _r(_slice, (1, 10, 11, 13), "starts ends axes", "slice", "constant starts/ends/axes/steps; steps >= 1"),
     "Gather": _r(_gather, (1, 11, 13), "axis", "slice reshape concat",
-                  "constant indices forming at most 64 runs of consecutive values"),
+                  "constant indices forming at most 256 runs of consecutive values"),
+    "Where": _r(_where, (9, 16), "", "mul add",
+                "a constant condition; one of X and Y computed, the other constant (as x * keep + fill)"),
     "GatherND": _r(_gather_nd, (11, 12, 13), "batch_dims", "slice reshape concat",
-                   "constant indices forming at most 64 runs of consecutive positions; batch_dims 0"),
+                   "constant indices forming at most 256 runs of consecutive positions; batch_dims 0"),
     "Split": _r(_split, (2, 11, 13, 18), "axis split num_outputs", "slice", "constant split"),
     "Concat": _r(_concat, (4, 11, 13), "axis", "concat"),
     "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad slice",
