@@ -62,6 +62,45 @@ def test_kernel_matches_reference_bitwise_across_threads(shape, groups, act):
         assert np.array_equal(o, outs[0]), f"{t} threads give other bits than 1"
 
 
+BLOCKED_SHAPES = [((2, 16, 5, 7), 4), ((1, 40, 6, 5), 5), ((1, 40, 3, 4), 40), ((2, 20, 9, 3), 2), ((1, 48, 1, 1), 3),
+                  ((1, 320, 8, 8), 32), ((2, 7, 4, 4), 7)]
+
+
+@pytest.mark.parametrize("shape,groups", BLOCKED_SHAPES)
+@pytest.mark.parametrize("act", [None, ("sigmoid", 0.0, 0.0), ("hardsigmoid", 1.0 / 6.0, 0.5)])
+def test_blocked_kernel_matches_reference_with_zero_padded_lanes(shape, groups, act):
+    """The NCHW16c form (groups straddling blocks, 16 lanes holding several groups, padded lanes): the reference
+    to float32 rounding, the padded lanes 0 even where act(0) is not (sigmoid, hardsigmoid), bitwise equal for
+    every thread count."""
+    from tilefuse.kernels.conv import from_nchwc, to_nchwc
+    x, g, b = _data(shape, seed=shape[1] + groups, offset=30.0)
+    want = ref.group_norm(x, g, b, groups, 1e-5, False, act)
+    xb = to_nchwc(x)
+    outs = []
+    for t in THREADS:
+        ob = np.full_like(xb, np.nan)
+        norm.group_norm(ob, xb, g, b, groups=groups, eps=1e-5, act=act, threads=t, layout="nchwc", channels=shape[1])
+        outs.append(ob)
+    np.testing.assert_allclose(from_nchwc(outs[0], shape[1]), want, rtol=0, atol=4e-6)
+    o = outs[0]
+    channel = np.arange(o.shape[1])[:, None] * 16 + np.arange(16)[None, :]        # (Cb, 16): channel of a lane
+    padded = o.transpose(0, 1, 4, 2, 3)[:, channel >= shape[1]]                    # (N, padded lanes, H, W)
+    assert padded.size == shape[0] * (-shape[1] % 16) * shape[2] * shape[3]
+    assert not padded.any(), "padded lanes must stay 0"
+    for t, o in zip(THREADS[1:], outs[1:]):
+        assert np.array_equal(o, outs[0]), f"{t} threads give other bits than 1"
+
+
+def test_group_norm_between_blocked_convs_runs_blocked():
+    m = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(8, 32), nn.SiLU(), nn.Conv2d(32, 16, 3, padding=1))
+    m = _affine(m).eval()
+    x = np.random.default_rng(9).standard_normal((1, 16, 20, 18)).astype(np.float32)
+    prog = tilefuse.compile(tilefuse.from_torch(m, torch.from_numpy(x)), threads=2)
+    ks = [(i.kernel, i.params.get("layout")) for i in prog.lowered.instructions]
+    assert ("group_norm", "nchwc") in ks and ks.count(("from_nchwc", None)) == 1, ks
+    assert_close_to_max(prog.run(x), torch_run(m, x))
+
+
 def test_a_constant_group_gives_beta():
     x = np.full((1, 4, 3, 3), 7.25, np.float32)
     x[:, 2:] = np.random.default_rng(1).standard_normal((1, 2, 3, 3))

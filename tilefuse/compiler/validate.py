@@ -581,9 +581,9 @@ def blocked_op_validator(op: str, layouts=("nchw",)) -> Callable:
 
 
 for _k in ("activation", "prelu", "add", "sub", "mul", "div", "resize", "pad", "slice", "concat", "channel_norm",
-           "channel_shuffle"):
+           "channel_shuffle", "group_norm"):
     VALIDATORS[_k] = blocked_op_validator(_k, _layouts(_k))
-for _k in ("mean", "sum", "max", "reshape", "permute", "layer_norm", "adaptive_avg_pool", "group_norm"):
+for _k in ("mean", "sum", "max", "reshape", "permute", "layer_norm", "adaptive_avg_pool"):
     VALIDATORS[_k] = op_validator(_k, _layouts(_k))
 
 

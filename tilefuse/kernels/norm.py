@@ -269,13 +269,124 @@ def _group_norm_par(nt, o3, x3, gamma, beta, eps, groups, code, a, b):
         _group_norm_seq(counter, nb.get_thread_id(), o3, x3, gamma, beta, eps, groups, code, a, b)
 
 
-def group_norm(out, x, gamma, beta, *, groups, eps, relu=False, act=None, threads=None, **_):
-    """GroupNorm (InstanceNorm: groups = C) of (N, C, ...) NCHW, with the fused activation (relu / act)."""
+# On NCHW16c a group's channels are lanes of one or more blocks, so the tasks are (image, block) pairs and the
+# statistics come in two steps: each task sums its block's 16 lanes over the positions (float64, shifted by the
+# lane's first value: x0, sum(x - x0), sum((x - x0)^2)), numpy adds the lanes of each group in a fixed order
+# (mean, then the centred sum of squares from the shifted sums, exact algebra), and a second region writes
+# y = (x - mean) * gamma[c] * rstd + beta[c] per lane and the activation, the padded lanes kept 0. Two reads of
+# the input instead of NCHW's three, and no conversions around a group norm between blocked convs.
+
+@njit(nogil=True, cache=True, fastmath=GN_FASTMATH)
+def _gn_block_sums(part, x3, n, b):
+    """x3 (N, Cb, S*16): part[n, b] = (x0, sum(x - x0), sum((x - x0)^2)) per lane of block b of image n."""
+    row = x3[n, b]
+    S = row.size // 16
+    x0 = np.empty(16, np.float64)
+    s1 = np.zeros(16, np.float64)
+    s2 = np.zeros(16, np.float64)
+    for lane in range(16):
+        x0[lane] = row[lane]
+    for p in range(S):
+        for lane in range(16):
+            d = np.float64(row[p * 16 + lane]) - x0[lane]
+            s1[lane] += d
+            s2[lane] += d * d
+    for lane in range(16):
+        part[n, b, 0, lane] = x0[lane]
+        part[n, b, 1, lane] = s1[lane]
+        part[n, b, 2, lane] = s2[lane]
+
+
+@njit(nogil=True, cache=True)
+def _gn_sums_seq(counter, tid, part, x3):
+    total = x3.shape[0] * x3.shape[1]
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= total:
+            break
+        _gn_block_sums(part, x3, i // x3.shape[1], i % x3.shape[1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _gn_sums_par(nt, part, x3):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _gn_sums_seq(counter, nb.get_thread_id(), part, x3)
+
+
+@njit(nogil=True, cache=True, fastmath=GN_FASTMATH)
+def _gn_block_apply(o3, x3, lm, ls, lb, n, b, lanes, code, a, be):
+    """o3[n, b] = act((x - lm) * ls + lb) per lane (float64 arithmetic); lanes >= `lanes` (padding) set to 0."""
+    row, orow = x3[n, b], o3[n, b]
+    S = row.size // 16
+    for p in range(S):
+        for lane in range(16):
+            orow[p * 16 + lane] = np.float32((np.float64(row[p * 16 + lane]) - lm[n, b, lane]) * ls[n, b, lane]
+                                             + lb[b, lane])
+    apply_span(orow, 0, S * 16, code, a, be)
+    if lanes < 16:
+        for p in range(S):
+            for lane in range(lanes, 16):
+                orow[p * 16 + lane] = np.float32(0.0)
+
+
+@njit(nogil=True, cache=True)
+def _gn_apply_seq(counter, tid, o3, x3, lm, ls, lb, C, code, a, be):
+    cb = x3.shape[1]
+    total = x3.shape[0] * cb
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= total:
+            break
+        b = i % cb
+        _gn_block_apply(o3, x3, lm, ls, lb, i // cb, b, min(16, C - b * 16), code, a, be)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _gn_apply_par(nt, o3, x3, lm, ls, lb, C, code, a, be):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _gn_apply_seq(counter, nb.get_thread_id(), o3, x3, lm, ls, lb, C, code, a, be)
+
+
+def _group_norm_blocked(out, x, gamma, beta, groups, eps, channels, code, al, be, threads):
+    n, cb = x.shape[:2]
+    c, cg = int(channels), int(channels) // groups
+    # (N, Cb, H, W, 16) -> (N, Cb, H*W*16): a block's values are contiguous
+    x3 = np.ascontiguousarray(x).reshape(n, cb, -1)
+    o = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
+    s = x3.shape[2] // 16
+    part = np.empty((n, cb, 3, 16), np.float64)
+    numba_region(_gn_sums_par, _gn_sums_seq, threads, n * cb, part, x3)
+    # per channel (the lanes in use): x0, sum(x - x0), sum((x - x0)^2) -> (N, C) each
+    x0, s1, s2 = (part[:, :, k, :].reshape(n, cb * 16)[:, :c] for k in range(3))
+    mean = (x0 * s + s1).reshape(n, groups, cg).sum(axis=2) / (cg * s)            # (N, G)
+    d = x0 - np.repeat(mean, cg, axis=1)                                            # x0 - mean, (N, C)
+    var = (s2 + 2.0 * d * s1 + s * d * d).reshape(n, groups, cg).sum(axis=2) / (cg * s)
+    rstd = 1.0 / np.sqrt(var + eps)
+    lm, ls = np.zeros((n, cb * 16)), np.zeros((n, cb * 16))
+    lm[:, :c] = np.repeat(mean, cg, axis=1)
+    ls[:, :c] = np.repeat(rstd, cg, axis=1) * gamma[:c].astype(np.float64)
+    lb = np.zeros(cb * 16)
+    lb[:c] = beta[:c]
+    numba_region(_gn_apply_par, _gn_apply_seq, threads, n * cb, o.reshape(n, cb, -1), x3, lm.reshape(n, cb, 16),
+                 ls.reshape(n, cb, 16), lb.reshape(cb, 16), c, code, np.float32(al), np.float32(be))
+    if o is not out:
+        out[...] = o
+
+
+def group_norm(out, x, gamma, beta, *, groups, eps, relu=False, act=None, threads=None, layout="nchw",
+               channels=None, **_):
+    """GroupNorm (InstanceNorm: groups = C) of (N, C, ...) NCHW or (N, Cb, H, W, 16) NCHW16c with `channels` real
+    channels, with the fused activation (relu / act)."""
+    from .activations import encode
+    code, al, be = encode(*(act if act is not None else (("relu",) if relu else ("identity",))))
+    if layout == "nchwc":
+        _group_norm_blocked(out, x, gamma, beta, groups, eps, channels, code, al, be, threads)
+        return
     if out.dtype != np.float32:
         out[...] = ref.group_norm(x, gamma, beta, groups, eps, relu, act)
         return
-    from .activations import encode
-    code, al, be = encode(*(act if act is not None else (("relu",) if relu else ("identity",))))
     n, c = x.shape[0], x.shape[1]
     o = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
     # (N, C, ...) -> (N, C, S): a group's channel rows are consecutive
@@ -289,7 +400,7 @@ def group_norm(out, x, gamma, beta, *, groups, eps, relu=False, act=None, thread
 
 KERNELS = {"channel_norm": channel_norm, "layer_norm": layer_norm, "group_norm": group_norm}
 THREADED = frozenset({"channel_norm", "group_norm"})
-BLOCKED = frozenset({"channel_norm"})   # kernels with an NCHW16c form
+BLOCKED = frozenset({"channel_norm", "group_norm"})   # kernels with an NCHW16c form
 ACT_KERNELS = frozenset({"group_norm"})   # kernels that apply their fused activation (relu / act) themselves
 
 
