@@ -7,8 +7,9 @@ Each case is one normalization layer (with the activation model code puts after 
 runs it as written; ONNX Runtime runs its TorchScript export (GroupNorm arrives as Reshape ->
 InstanceNormalization -> Reshape -> Mul -> Add, as in files users have); tilefuse compiles the same export
 (`from_onnx`: the compiler folds the chain back into one group_norm with the activation fused) and runs it in a
-Session. Medians of --reps runs after a warm-up, each framework over all cases before the next starts. GB/s
-counts the input read once and the output written once (the least any implementation moves); the kernel is
+Session. The last case is a diffusion UNet's residual block (GroupNorm, SiLU, conv 3x3, twice, and the skip):
+the group norms between blocked convs run on NCHW16c. Medians of --reps runs after a warm-up, each framework over all cases before the next starts. GB/s
+counts the input read once and the output written once (for the residual block too, where it is only a scale) (the least any implementation moves); the kernel is
 memory bound, so the yardstick is the machine's bandwidth (depthwise.py measures it: `triad`). Ratios > 1: tilefuse
 faster. Needs numpy, numba, torch, onnx, onnxruntime.
 """
@@ -33,11 +34,36 @@ CASES = [
     ("detect-head 256@80x80 gn32+relu", (2, 256, 80, 80), "gn", 32, "relu"),
     ("style 64@256x256 instance+relu", (1, 64, 256, 256), "in", 64, "relu"),
     ("cyclegan 256@64x64 instance", (1, 256, 64, 64), "in", 256, "none"),
+    # a diffusion UNet's residual block (GN, SiLU, conv 3x3, GN, SiLU, conv 3x3, + x): the group norms run
+    # between blocked convs (NCHW16c, no conversions)
+    ("resblock 128@64x64 (2 conv + 2 gn)", (1, 128, 64, 64), "resblock", 32, "silu"),
 ]
+
+
+class ResBlock:
+    """(built lazily: torch is imported in main)"""
+
+    @staticmethod
+    def make(c, groups):
+        import torch.nn as nn
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.n1, self.c1 = nn.GroupNorm(groups, c), nn.Conv2d(c, c, 3, padding=1)
+                self.n2, self.c2 = nn.GroupNorm(groups, c), nn.Conv2d(c, c, 3, padding=1)
+                self.act = nn.SiLU()
+
+            def forward(self, x):
+                h = self.c1(self.act(self.n1(x)))
+                return x + self.c2(self.act(self.n2(h)))
+        return Block().eval()
 
 
 def _module(kind, c, groups, act):
     import torch.nn as nn
+    if kind == "resblock":
+        return ResBlock.make(c, groups)
     norm = nn.GroupNorm(groups, c) if kind == "gn" else nn.InstanceNorm2d(c, affine=True)
     a = {"silu": nn.SiLU(), "relu": nn.ReLU(), "none": nn.Identity()}[act]
     return nn.Sequential(norm, a).eval()
@@ -74,7 +100,8 @@ def main(argv=None) -> int:
             m = _module(kind, shape[1], groups, act)
             with torch.no_grad():
                 for p in m.parameters():
-                    p.copy_(torch.from_numpy(rng.uniform(0.5, 1.5, p.shape).astype(np.float32)))
+                    lo = 0.5 if p.dim() == 1 else -0.05                   # norm weights / conv weights
+                    p.copy_(torch.from_numpy(rng.uniform(lo, -lo if lo < 0 else 1.5, p.shape).astype(np.float32)))
             x = rng.standard_normal(shape).astype(np.float32)
             blob = export(m, x, "torchscript")
             prog = tilefuse.compile(tilefuse.from_onnx(blob), threads=threads)
@@ -88,6 +115,8 @@ def main(argv=None) -> int:
             with torch.no_grad():
                 y_pt = m(tx).numpy()
             err = max(float(np.abs(y_tf - y_pt).max()), float(np.abs(y_tf - y_ort).max())) / float(np.abs(y_pt).max())
+            kernels = [k for k in kernels if k not in ("to_nchwc", "from_nchwc")] + \
+                [f"({sum(k in ('to_nchwc', 'from_nchwc') for k in kernels)} conversions)"]
             rows.append([name, shape, kernels, x.nbytes * 2, err, sess, osess, m, tx, x])
         t_tf = [_median_time(lambda r=r: r[5].run(r[9]), a.reps) for r in rows]
         t_ort = [_median_time(lambda r=r: r[6].run(None, {"x": r[9]}), a.reps) for r in rows]
