@@ -29,6 +29,9 @@ CASES = [
     ("elu", {"alpha": 1.7}, lambda t: F.elu(t, 1.7)),
     ("tanh", {}, torch.tanh),
     ("mish", {}, F.mish),
+    ("softplus", {}, F.softplus),
+    ("softplus", {"beta": 2.0, "threshold": 5.0}, lambda t: F.softplus(t, 2.0, 5.0)),
+    ("softplus", {"beta": 0.5, "threshold": 1e30}, lambda t: F.softplus(t, 0.5, 1e30)),
 ]
 
 
@@ -92,7 +95,7 @@ if sys.argv[1] == "fastmath-caller-first":
     act_span(y, 0, y.size, 6, np.float32(0.0), np.float32(0.0))   # compiles apply_span as its callee
 outs = []
 for code, a, b in ((5, 0.0, 0.0), (6, 0.0, 0.0), (7, 0.0, 0.0), (8, 0.0, 0.0), (10, 1.0, 0.0), (11, 0.0, 0.0),
-                   (12, 0.0, 0.0)):
+                   (12, 0.0, 0.0), (13, 1.0, 20.0)):
     y = x.copy()
     A.apply_span(y, 0, y.size, code, np.float32(a), np.float32(b))
     outs.append(y)
@@ -127,7 +130,7 @@ def test_apply_span_bits_do_not_depend_on_its_first_caller(tmp_path):
     a, b = got["fastmath-caller-first"], got["alone"]
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), np.argwhere(a.view(np.uint32) != b.view(np.uint32))[:5]
     want = {5: torch.sigmoid, 6: F.silu, 7: F.gelu, 8: lambda t: F.gelu(t, approximate="tanh"), 10: F.elu,
-            11: torch.tanh, 12: F.mish}
+            11: torch.tanh, 12: F.mish, 13: F.softplus}
     # infinities too: SiLU(-inf) = -inf * 0 = nan, as torch's; torch's erf GELU of +inf is nan (its vector
     # form), the reference's and ours inf
     for (code, fn), row in zip(want.items(), b):

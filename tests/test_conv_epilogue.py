@@ -22,7 +22,7 @@ TOL = {"gemm1x1": 1e-4, "direct": 1e-4, "im2col": 1e-4, "winograd2": 1e-3, "wino
 ACTS = [("identity", {}), ("relu", {}), ("clip", {"min": -0.5, "max": 0.7}), ("clip", {"min": 0.0, "max": 6.0}),
         ("hardswish", {}), ("hardsigmoid", {"alpha": 0.2, "beta": 0.5}), ("sigmoid", {}), ("silu", {}),
         ("gelu", {}), ("gelu_tanh", {}), ("leaky_relu", {"negative_slope": 0.2}), ("elu", {"alpha": 0.7}),
-        ("tanh", {}), ("mish", {})]
+        ("tanh", {}), ("mish", {}), ("softplus", {"beta": 2.0, "threshold": 5.0})]
 
 
 def test_every_activation_is_tested():
@@ -178,8 +178,8 @@ def test_resolve_act_errors_name_the_problem():
         resolve_act(False, (2, float("nan"), 1.0))
     x = np.zeros((1, 16, 4, 4), np.float32)
     prep = conv2d_prepare("im2col", np.zeros((16, 16, 1, 1), np.float32), None, 1, 0, 1, 1)
-    with pytest.raises(ValueError, match=r"conv2d_run\(im2col\): unknown activation 'softplus'"):
-        conv2d_run("im2col", np.zeros_like(x), x, prep, stride=1, padding=0, dilation=1, groups=1, act="softplus")
+    with pytest.raises(ValueError, match=r"conv2d_run\(im2col\): unknown activation 'selu'"):
+        conv2d_run("im2col", np.zeros_like(x), x, prep, stride=1, padding=0, dilation=1, groups=1, act="selu")
 
 
 def test_im2col_run_to_nchwc_direct_call_has_every_activation():
@@ -234,7 +234,7 @@ def test_bind_errors_say_found_and_expected():
         (dict(algorithm="im2col"), "no NCHWc form"),
         (dict(layout="nhwc"), "layout 'nhwc'"),
         (dict(dtype=np.float64), "take float32, found float64"),
-        (dict(act=("softplus", 0, 0)), "unknown activation 'softplus'"),
+        (dict(act=("selu", 0, 0)), "unknown activation 'selu'"),
         (dict(prepared={"bias": prep["bias"]}), "no 'weight'"),
     ]
     for change, msg in cases:

@@ -49,6 +49,7 @@ OPS = {
     "elu": lambda n, y, r: n.activation(y, "elu"),
     "tanh": lambda n, y, r: n.activation(y, "tanh"),
     "mish": lambda n, y, r: n.activation(y, "mish"),
+    "softplus": lambda n, y, r: n.activation(y, "softplus"),
     "clip": lambda n, y, r: n.activation(y, "clip", min=-0.5, max=0.5),
     "prelu": lambda n, y, r: n.prelu(y, _w(r, C)),
     "max_pool": lambda n, y, r: n.max_pool(y, 3, 2, 1),

@@ -149,9 +149,9 @@ def _preserved():
             a.upsample_bilinear2d.vec, a._upsample_nearest_exact2d.default, a._upsample_nearest_exact2d.vec,
             a.hardtanh.default, a.gelu.default, a.elu.default, a.leaky_relu.default, a.group_norm.default,
             a.instance_norm.default,
-            a.mish.default,
+            a.mish.default, a.softplus.default,
             # not in the vocabulary, kept whole so an error names what the user wrote
-            a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec, a.softplus.default]
+            a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec]
 
 
 def _decomposition_table():
@@ -943,6 +943,8 @@ _ATEN = {
     "tanh": _act("tanh"),
     "silu": _act("silu"),
     "mish": _act("mish"),
+    "softplus": lambda imp, x, beta=1.0, threshold=20.0: imp.net.activation(
+        imp.tensor(x), "softplus", name=imp.op_name(), beta=float(beta), threshold=float(threshold)),
     "hardswish": _act("hardswish"),
     "hardsigmoid": _act("hardsigmoid"),
     "gelu": _gelu,

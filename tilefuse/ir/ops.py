@@ -142,8 +142,10 @@ def act_param(node: str, v) -> tuple[str, float, float]:
         name, a, b = _acts.normalize(name, params, where=node)
     except ValueError as e:
         raise GraphError(node, str(e).split(": ", 1)[-1]) from None
-    if name == "clip":   # an open bound is the float32 range: finite, so packages can carry it
+    if name in ("clip", "softplus"):   # an open bound is the float32 range: finite, so packages can carry it
         a, b = (max(min(v, _F32_MAX), -_F32_MAX) for v in (a, b))
+    if name == "softplus" and not a > 0:
+        raise GraphError(node, f"softplus beta={a}; expected beta > 0")
     return name, a, b
 
 
@@ -324,7 +326,7 @@ for _kind in ("add", "sub", "mul", "div"):
 # activations (the shared table of kernels/activations.py), prelu ---------------------------
 
 _ACT_FLOPS = {"identity": 0, "relu": 1, "clip": 2, "leaky_relu": 2, "hardsigmoid": 3, "hardswish": 4,
-              "sigmoid": 4, "silu": 5, "elu": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8, "mish": 7}
+              "sigmoid": 4, "silu": 5, "elu": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8, "mish": 7, "softplus": 8}
 
 
 def _activation_norm(node, p):

@@ -1076,6 +1076,8 @@ RULES: dict[str, Rule] = {
     "Elu": _r(_activation("elu", alpha=("alpha", 1.0)), (6, 22), "alpha", "activation(elu)"),
     "Tanh": _r(_activation("tanh"), (6, 13), "", "activation(tanh)"),
     "Mish": _r(_activation("mish"), (18, 22), "", "activation(mish)"),
+    "Softplus": _r(_activation("softplus", threshold=("threshold", float("inf"))), (1, 22), "",
+                   "activation(softplus)"),
     "Gelu": _r(_gelu, (20,), "approximate", "activation(gelu) activation(gelu_tanh)"),
     "PRelu": _r(_prelu, (7, 9, 16), "", "prelu relu sub mul add",
                  "a constant slope; per channel: prelu, other shapes: relu(x) + slope * (x - relu(x))"),
