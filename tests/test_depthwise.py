@@ -65,7 +65,8 @@ GROUPED_CASES = [
     ("cg16_big", 1, 64, 30, 33, 64, 4, 3, 1, (1, 1, 1, 1), 1),
 ]
 
-ACT_PARAMS = {"clip": (0.0, 6.0), "hardsigmoid": (1 / 6, 0.5), "leaky_relu": (0.1, 0.0), "elu": (1.0, 0.0)}
+ACT_PARAMS = {"clip": (0.0, 6.0), "hardsigmoid": (1 / 6, 0.5), "leaky_relu": (0.1, 0.0), "elu": (1.0, 0.0),
+              "softplus": (2.0, 5.0)}
 
 
 def _dw_case(case, seed=0, bias=True, residual=False):
