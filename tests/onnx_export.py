@@ -57,3 +57,25 @@ def assert_close_to_max(y: np.ndarray, ref: np.ndarray, rel: float = 1e-4, what:
     scale = float(np.abs(ref).max()) or 1.0
     err = float(np.abs(y.astype(np.float64) - ref).max())
     assert err <= rel * scale, f"{what}: max error {err:.3g} > {rel} * max|ref| = {rel * scale:.3g}"
+
+
+def check_from_torch(make, x: np.ndarray, seed: int = 0, threads=(1, 3)):
+    """tilefuse.from_torch(make()) -> compile (each thread count) against PyTorch (the issue's fp32 criterion)."""
+    import tilefuse
+    torch.manual_seed(seed)
+    m = make().eval()
+    net = tilefuse.from_torch(m, torch.from_numpy(x))
+    want = torch_run(m, x)
+    for t in threads:
+        assert_close_to_max(tilefuse.compile(net, threads=t).run(x), want, what=f"{t} threads")
+
+
+def check_export(make, x: np.ndarray, exporter: str, seed: int = 1):
+    """make() exported by `exporter` -> from_onnx -> compile, against PyTorch and ONNX Runtime."""
+    import tilefuse
+    torch.manual_seed(seed)
+    m = make().eval()
+    blob = export(m, x, exporter)
+    y = tilefuse.compile(tilefuse.from_onnx(blob)).run(x)
+    assert_close_to_max(y, torch_run(m, x), what="against PyTorch")
+    assert_close_to_max(y, ort_run(blob, x), what="against ONNX Runtime")

@@ -22,7 +22,12 @@ TOL = {"gemm1x1": 1e-4, "direct": 1e-4, "im2col": 1e-4, "winograd2": 1e-3, "wino
 ACTS = [("identity", {}), ("relu", {}), ("clip", {"min": -0.5, "max": 0.7}), ("clip", {"min": 0.0, "max": 6.0}),
         ("hardswish", {}), ("hardsigmoid", {"alpha": 0.2, "beta": 0.5}), ("sigmoid", {}), ("silu", {}),
         ("gelu", {}), ("gelu_tanh", {}), ("leaky_relu", {"negative_slope": 0.2}), ("elu", {"alpha": 0.7}),
-        ("tanh", {}), ("mish", {}), ("softplus", {"beta": 2.0, "threshold": 5.0})]
+        ("tanh", {}), ("mish", {}), ("softplus", {"beta": 2.0, "threshold": 5.0}), ("abs", {}), ("exp", {}),
+        ("log", {}), ("sqrt", {}), ("rsqrt", {}), ("pow", {"exponent": 2.5}), ("celu", {"alpha": 0.7}), ("selu", {}),
+        ("log_sigmoid", {})]
+# NaN below 0 and steep near it: checked against the activation of the kernel's own un-activated output (the
+# conv's rounding near 0 would move ln and sqrt by more than the conv tolerance), NaN where it is negative
+DOMAIN = {"log", "sqrt", "rsqrt", "pow"}
 
 
 def test_every_activation_is_tested():
@@ -97,13 +102,20 @@ def test_every_activation_against_reference(path):
     x, wt, b, res, kw = _data(path)
     base = ref.conv2d(x, wt, b, kw["stride"], kw["padding"], kw["dilation"], kw["groups"], residual=res)
     tol = TOL[path[1]]
+    plain = _run(path, x, wt, b, res, kw)[0]
     for name, params in ACTS:
         _, al, be = A.normalize(name, params)
-        want = A.reference(name, base, al, be)
         got, blocked = _run(path, x, wt, b, res, kw, act=A.encode(name, al, be))
-        assert got.dtype == np.float32 and np.isfinite(got).all(), (name, params)
+        if name in DOMAIN:
+            want = A.reference(name, plain, al, be)
+            assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want).any(), name
+            fin = np.isfinite(want)
+            got, want, t = got[fin], want[fin], 2e-6
+        else:
+            want, t = A.reference(name, base, al, be), tol
+            assert got.dtype == np.float32 and np.isfinite(got).all(), (name, params)
         err = np.abs(got - want).max() / max(1.0, float(np.abs(want).max()))
-        assert err <= tol, f"{path[0]} act {name}{params}: max error {err:.3g} > {tol}"
+        assert err <= t, f"{path[0]} act {name}{params}: max error {err:.3g} > {t}"
         if blocked is not None and A.reference(name, np.zeros(1, np.float32), al, be)[0] == 0:
             co = wt.shape[0]
             assert not blocked[:, -1, ..., co - (blocked.shape[1] - 1) * 16:].any(), f"{name}: padded channels"
@@ -178,8 +190,8 @@ def test_resolve_act_errors_name_the_problem():
         resolve_act(False, (2, float("nan"), 1.0))
     x = np.zeros((1, 16, 4, 4), np.float32)
     prep = conv2d_prepare("im2col", np.zeros((16, 16, 1, 1), np.float32), None, 1, 0, 1, 1)
-    with pytest.raises(ValueError, match=r"conv2d_run\(im2col\): unknown activation 'selu'"):
-        conv2d_run("im2col", np.zeros_like(x), x, prep, stride=1, padding=0, dilation=1, groups=1, act="selu")
+    with pytest.raises(ValueError, match=r"conv2d_run\(im2col\): unknown activation 'swish2'"):
+        conv2d_run("im2col", np.zeros_like(x), x, prep, stride=1, padding=0, dilation=1, groups=1, act="swish2")
 
 
 def test_im2col_run_to_nchwc_direct_call_has_every_activation():
@@ -234,7 +246,7 @@ def test_bind_errors_say_found_and_expected():
         (dict(algorithm="im2col"), "no NCHWc form"),
         (dict(layout="nhwc"), "layout 'nhwc'"),
         (dict(dtype=np.float64), "take float32, found float64"),
-        (dict(act=("selu", 0, 0)), "unknown activation 'selu'"),
+        (dict(act=("swish2", 0, 0)), "unknown activation 'swish2'"),
         (dict(prepared={"bias": prep["bias"]}), "no 'weight'"),
     ]
     for change, msg in cases:

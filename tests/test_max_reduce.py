@@ -13,7 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from onnx import TensorProto, helper
-from onnx_export import EXPORTERS, assert_close_to_max, export, ort_run, torch_run
+from onnx_export import (EXPORTERS, assert_close_to_max, check_export, check_from_torch, export, ort_run,
+                         torch_run)
 
 import tilefuse
 from tilefuse.errors import GraphError, UnsupportedOpError
@@ -66,25 +67,13 @@ def _x(seed=0, shape=(2, 3, 14, 11)):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_from_torch_matches_pytorch(name):
-    torch.manual_seed(0)
-    m = MODELS[name]().eval()
-    x = _x()
-    net = tilefuse.from_torch(m, torch.from_numpy(x))
-    want = torch_run(m, x)
-    for t in (1, 3):
-        assert_close_to_max(tilefuse.compile(net, threads=t).run(x), want, what=f"{t} threads")
+    check_from_torch(MODELS[name], _x())
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_onnx_exports_match_pytorch_and_onnxruntime(name, exporter):
-    torch.manual_seed(1)
-    m = MODELS[name]().eval()
-    x = _x(1)
-    blob = export(m, x, exporter)
-    y = tilefuse.compile(tilefuse.from_onnx(blob)).run(x)
-    assert_close_to_max(y, torch_run(m, x), what="against PyTorch")
-    assert_close_to_max(y, ort_run(blob, x), what="against ONNX Runtime")
+    check_export(MODELS[name], _x(1), exporter)
 
 
 def test_max_reference_propagates_nan_like_pytorch():

@@ -14,6 +14,7 @@ from ..ir import Network, OpNode, ops
 from ..ir.network import _toposort
 from ..ir.node import DataNode
 from ..ir.ops import IDENTITY_ACT
+from ..kernels import activations as _acts
 
 
 @dataclass
@@ -178,6 +179,8 @@ def fuse_activation(net: Network) -> PassResult:
         if _single_user(net, d) is not a:
             continue
         act = ("relu", 0.0, 0.0) if a.op == "relu" else tuple(a.params["act"])
+        if prod.op in ("conv2d", "conv_transpose2d") and not _acts.finite_at_zero(*act):
+            continue    # ln, rsqrt, x^-p: infinite in the padded channels (ops._epilogue_norm); stays its own op
         prod.params = ops.with_act(prod.params, act)
         _replace_output(net, prod, a)
         n += 1

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import GraphError, UnsupportedOpError
 from ..ir import DataNode, Network
+from ..kernels import activations as _acts
 
 try:  # torch is a test / import-time dependency, not a runtime one
     import torch
@@ -149,7 +150,7 @@ def _preserved():
             a.upsample_bilinear2d.vec, a._upsample_nearest_exact2d.default, a._upsample_nearest_exact2d.vec,
             a.hardtanh.default, a.gelu.default, a.elu.default, a.leaky_relu.default, a.group_norm.default,
             a.instance_norm.default,
-            a.mish.default, a.softplus.default,
+            a.mish.default, a.softplus.default, a.celu.default, a.selu.default, a.log_sigmoid.default,
             # not in the vocabulary, kept whole so an error names what the user wrote
             a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec]
 
@@ -569,9 +570,123 @@ def _leaky_relu(imp, x, negative_slope=0.01):
 
 
 def _elu(imp, x, alpha=1.0, scale=1.0, input_scale=1.0):
-    if scale != 1 or input_scale != 1:
-        raise imp.fail(f"elu with scale={scale}, input_scale={input_scale} (SELU / CELU)", "supported: ELU")
-    return imp.net.activation(imp.tensor(x), "elu", name=imp.op_name(), alpha=float(alpha))
+    """aten.elu: ELU (scale 1, input_scale 1), SELU (torch's constants), CELU (input_scale 1 / alpha); with
+    another scale, ELU then a multiply."""
+    x = imp.tensor(x)
+    alpha, scale, input_scale = float(alpha), float(scale), float(input_scale)
+    if input_scale == 1 and math.isclose(alpha, _acts._SELU_ALPHA, rel_tol=1e-12) and \
+            math.isclose(scale, _acts._SELU_SCALE, rel_tol=1e-12):
+        return imp.net.activation(x, "selu", name=imp.op_name())
+    if scale == 1 and alpha > 0 and math.isclose(input_scale * alpha, 1.0, rel_tol=1e-12) and input_scale != 1:
+        return imp.net.activation(x, "celu", name=imp.op_name(), alpha=alpha)
+    if input_scale != 1:
+        raise imp.fail(f"elu with scale={scale}, input_scale={input_scale}",
+                       "supported: ELU, SELU, CELU and ELU times a scale")
+    if scale == 1:
+        return imp.net.activation(x, "elu", name=imp.op_name(), alpha=alpha)
+    y = imp.net.activation(x, "elu", name=imp.unique(imp.op_name_hint() + ".elu"), alpha=alpha)
+    return imp.net.mul(y, scale, name=imp.op_name())
+
+
+def _pow(imp, x, p):
+    """x ** p for a number p (or a one-value constant tensor: GeM pooling's learned p): x * x, x * x * x,
+    sqrt, rsqrt, 1 / x and x itself as those ops, any other p as activation(pow)."""
+    x = imp.tensor(x)
+    if isinstance(p, Const):
+        if p.tensor.numel() != 1:
+            raise imp.fail(f"pow with an exponent tensor of shape {tuple(p.tensor.shape)}",
+                           "expected a number or a one-value constant exponent")
+        p = p.tensor.reshape(-1)[0].item()
+    elif not isinstance(p, (int, float)):
+        raise imp.fail("pow with a computed exponent", "expected a number or a one-value constant exponent")
+    p = float(p)
+    name = imp.op_name()
+    if p == 1:
+        return x
+    if p in (2, 3):
+        sq = imp.net.mul(x, x, name=name if p == 2 else imp.unique(imp.op_name_hint() + ".square"))
+        return sq if p == 2 else imp.net.mul(sq, x, name=name)
+    if p == -1:
+        return imp.net.div(imp.operand(1.0, x), x, name=name)
+    if p in (0.5, -0.5):
+        return imp.net.activation(x, "sqrt" if p > 0 else "rsqrt", name=name)
+    return imp.net.activation(x, "pow", name=name, exponent=p)
+
+
+def _log1p(imp, x):
+    """log1p as ln(1 + x): exact but for 1 + x's rounding (an absolute error under 6e-8 near 0)."""
+    x = imp.tensor(x)
+    one = imp.net.add_op("add", [x, imp.operand(1.0, x)], {}, imp.unique(imp.op_name_hint() + ".plus1"))
+    return imp.net.activation(one, "log", name=imp.op_name())
+
+
+def _expm1(imp, x):
+    """expm1 as e^x - 1 (an absolute error under 6e-8 near 0)."""
+    x = imp.tensor(x)
+    e = imp.net.activation(x, "exp", name=imp.unique(imp.op_name_hint() + ".exp"))
+    return imp.net.sub(e, 1.0, name=imp.op_name())
+
+
+def _var(imp, x, dims=None, *rest, correction=None, keepdim=False, unbiased=None, sqrt=False, with_mean=False):
+    """var / std (.correction: (x, dims, *, correction, keepdim); .dim: (x, dims, unbiased, keepdim)) and
+    var_mean: sum((x - mean)^2) / (n - correction) over dims, as mean, sub, mul, sum and a scale (sqrt for std)."""
+    x = imp.tensor(x)
+    if imp.node.target._overloadname == "dim" or rest:
+        unbiased = rest[0] if rest else unbiased
+        keepdim = rest[1] if len(rest) > 1 else keepdim
+        correction = 1 if unbiased in (None, True) else 0
+    correction = 1 if correction is None else float(correction)
+    r = len(x.shape)
+    dims = tuple(range(r)) if dims in (None, []) else tuple(int(d) % r for d in dims)
+    n = int(np.prod([x.shape[d] for d in dims]))
+    base = imp.op_name_hint()
+    m = imp.net.mean(x, dims, keepdim=True, name=imp.unique(base + ".mean"))
+    d = imp.net.sub(x, m, name=imp.unique(base + ".centered"))
+    sq = imp.net.mul(d, d, name=imp.unique(base + ".square"))
+    s = imp.net.sum(sq, dims, keepdim=bool(keepdim), name=imp.unique(base + ".sum"))
+    # n - correction <= 0: torch's inf / nan (0 / 0); a multiply by inf keeps 0 * inf = nan
+    f = 1.0 / (n - correction) if n - correction > 0 else math.inf
+    v = imp.net.mul(s, f, name=imp.unique(base + ".var") if sqrt or with_mean else imp.op_name())
+    if sqrt:
+        v = imp.net.activation(v, "sqrt", name=imp.op_name())
+    if with_mean:
+        mean = m if keepdim else _reshape(imp, m, [s_ for i, s_ in enumerate(x.shape) if i not in dims] or [1])
+        return (v, mean)
+    return v
+
+
+def _vector_norm(imp, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """linalg_vector_norm (F.normalize's norm): Network.vector_norm (ord 1, 2, inf)."""
+    x = imp.tensor(x)
+    if dtype is not None:
+        raise imp.fail(f"vector norm with dtype={dtype}")
+    if float(ord) not in (1.0, 2.0, math.inf):
+        raise imp.fail(f"vector norm of order {ord}", "supported: 1, 2, inf")
+    r = len(x.shape)
+    dims = tuple(range(r)) if dim in (None, []) else tuple(int(d) % r for d in ([dim] if isinstance(dim, int) else dim))
+    return imp.net.vector_norm(x, ord, dims, bool(keepdim), name=imp.op_name())
+
+
+def _log_softmax(imp, x, dim, *rest):
+    return imp.net.log_softmax(imp.tensor(x), int(dim) % len(imp.tensor(x).shape), name=imp.op_name())
+
+
+def _min(imp, x, *rest, **kw):
+    """aten.min.dim ((values, indices): the indices refused where used) and aten.min.default (of every value)."""
+    overload = imp.node.target._overloadname
+    if overload == "dim":
+        dim, keepdim = (list(rest) + [kw.get("dim"), kw.get("keepdim", False)][len(rest):])[:2]
+        return (_amin(imp, x, [dim], keepdim), _Unsupported(imp, "the indices of min over a dim (argmin)"))
+    if overload == "default":
+        return _amin(imp, x, None, False)
+    raise imp.fail("the element-wise minimum of two tensors (torch.min(a, b), torch.minimum)",
+                   "expected a min over dims (x.min(dim), torch.amin)")
+
+
+def _amin(imp, x, dims=None, keepdim=False):
+    x = imp.tensor(x)
+    dims = tuple(range(len(x.shape))) if dims in (None, []) else tuple(dims)
+    return imp.net.min(x, dims, bool(keepdim), name=imp.op_name())
 
 
 def _prelu(imp, x, w):
@@ -950,6 +1065,28 @@ _ATEN = {
     "gelu": _gelu,
     "leaky_relu": _leaky_relu,
     "elu": _elu,
+    "celu": lambda imp, x, alpha=1.0: imp.net.activation(imp.tensor(x), "celu", name=imp.op_name(),
+                                                         alpha=float(alpha)),
+    "selu": _act("selu"),
+    "log_sigmoid": _act("log_sigmoid"),
+    "log_sigmoid_forward": lambda imp, x: (_act("log_sigmoid")(imp, x), None),
+    "abs": _act("abs"),
+    "exp": _act("exp"),
+    "log": _act("log"),
+    "sqrt": _act("sqrt"),
+    "rsqrt": _act("rsqrt"),
+    "log1p": _log1p,
+    "expm1": _expm1,
+    "neg": lambda imp, x: imp.net.mul(imp.tensor(x), -1.0, name=imp.op_name()),
+    "reciprocal": lambda imp, x: imp.net.div(imp.operand(1.0, imp.tensor(x)), imp.tensor(x), name=imp.op_name()),
+    "square": lambda imp, x: _pow(imp, x, 2),
+    "pow": _pow,
+    "var": _var,
+    "std": lambda imp, *a, **k: _var(imp, *a, sqrt=True, **k),
+    "var_mean": lambda imp, *a, **k: _var(imp, *a, with_mean=True, **k),
+    "linalg_vector_norm": _vector_norm,
+    "_log_softmax": _log_softmax,
+    "log_softmax": _log_softmax,
     "prelu": _prelu,
     "_prelu_kernel": _prelu,
     "add": _binary("add"),
@@ -960,6 +1097,8 @@ _ATEN = {
     "mean": _reduce("mean"),
     "sum": _reduce("sum"),
     "amax": _reduce("max"),
+    "amin": _amin,
+    "min": _min,
     "max": _max,
     "adaptive_max_pool2d": _adaptive_max_pool,
     "view": _reshape,

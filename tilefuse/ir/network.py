@@ -12,6 +12,7 @@ shape, dtype or parameter raises a GraphError naming the node.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -298,6 +299,33 @@ class Network:
     def max(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
         """The maximum over `axes` (torch.amax, x.max(dim)[0], ONNX ReduceMax)."""
         return self.add_op("max", [x], {"axes": axes, "keepdim": keepdim}, name)
+
+    def min(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
+        """The minimum over `axes` (torch.amin, ONNX ReduceMin) as -max(-x): negation is exact."""
+        n = self._name("min", name)
+        neg = self.mul(x, -1.0, name=self._fresh(n + ".neg"))
+        return self.mul(self.max(neg, axes, keepdim, name=self._fresh(n + ".max")), -1.0, name=n)
+
+    def vector_norm(self, x: DataNode, ord, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
+        """The vector norm over `axes` (torch.linalg.vector_norm, F.normalize's, ONNX ReduceL1 / ReduceL2):
+        ord 2: sqrt(sum(x * x)); 1: sum(|x|); inf: max(|x|)."""
+        n = self._name("vector_norm", name)
+        ord = float(ord)
+        if ord == 2:
+            s = self.sum(self.mul(x, x, name=self._fresh(n + ".square")), axes, keepdim, name=self._fresh(n + ".sum"))
+            return self.activation(s, "sqrt", name=n)
+        if ord in (1, math.inf):
+            a = self.activation(x, "abs", name=self._fresh(n + ".abs"))
+            return (self.sum if ord == 1 else self.max)(a, axes, keepdim, name=n)
+        raise GraphError(n, f"vector norm of order {ord}; expected 1, 2 or inf")
+
+    def log_softmax(self, x: DataNode, axis: int = 1, name: str | None = None) -> DataNode:
+        """ln softmax(x) along `axis`, as x - m - ln sum e^(x - m), m the maximum (no overflow, as PyTorch's)."""
+        n = self._name("log_softmax", name)
+        c = self.sub(x, self.max(x, (axis,), True, name=self._fresh(n + ".max")), name=self._fresh(n + ".shifted"))
+        s = self.sum(self.activation(c, "exp", name=self._fresh(n + ".exp")), (axis,), True,
+                     name=self._fresh(n + ".sum"))
+        return self.sub(c, self.activation(s, "log", name=self._fresh(n + ".log")), name=n)
 
     def reshape(self, x: DataNode, shape, name: str | None = None) -> DataNode:
         return self.add_op("reshape", [x], {"shape": tuple(shape)}, name)

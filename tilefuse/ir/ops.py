@@ -155,7 +155,7 @@ _F32_MAX = float(np.finfo(np.float32).max)
 IDENTITY_ACT = ("identity", 0.0, 0.0)
 
 
-def _epilogue_norm(node, p) -> dict:
+def _epilogue_norm(node, p, blocked: bool = False) -> dict:
     """relu / act of a fused epilogue. Normal form: {"relu": bool}, plus "act": (name, alpha, beta)
     only for an activation other than identity and ReLU (so the ops and packages of before issue 9
     keep their form); act "relu" is relu=True."""
@@ -164,6 +164,11 @@ def _epilogue_norm(node, p) -> dict:
     act = (("relu", 0.0, 0.0) if relu else IDENTITY_ACT) if act is None else act_param(node, act)
     if relu and act[0] != "relu":
         raise GraphError(node, f"relu=True with act={act[0]!r}; expected one activation")
+    if blocked and not _acts.finite_at_zero(*act):
+        # a conv's epilogue writes act(0) into the padded channels of an NCHW16c output, which the next conv
+        # multiplies by zero weights: an infinity there would make every output NaN
+        raise GraphError(node, f"activation {act[0]} (infinite at 0) in a conv's epilogue; expected it as its "
+                               "own activation op (Network.activation), which keeps padded channels 0")
     q = {"relu": act[0] == "relu"}
     if act[0] not in ("identity", "relu"):
         q["act"] = act
@@ -199,7 +204,7 @@ def _conv_norm(node, p):
     }
     if p.get("has_input_scale"):
         q["has_input_scale"] = True
-    q.update(_epilogue_norm(node, p))
+    q.update(_epilogue_norm(node, p, blocked=True))
     if p.get("algorithm") is not None:   # the compiler's annotation (compiler/algorithms.py)
         from ..kernels.conv.select import ALGORITHMS
         alg, known = p["algorithm"], ALGORITHMS + ("reference",)
@@ -326,7 +331,9 @@ for _kind in ("add", "sub", "mul", "div"):
 # activations (the shared table of kernels/activations.py), prelu ---------------------------
 
 _ACT_FLOPS = {"identity": 0, "relu": 1, "clip": 2, "leaky_relu": 2, "hardsigmoid": 3, "hardswish": 4,
-              "sigmoid": 4, "silu": 5, "elu": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8, "mish": 7, "softplus": 8}
+              "sigmoid": 4, "silu": 5, "elu": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8, "mish": 7, "softplus": 8,
+              "abs": 1, "exp": 8, "log": 12, "sqrt": 1, "rsqrt": 2, "pow": 20, "celu": 9, "selu": 6,
+              "log_sigmoid": 9}
 
 
 def _activation_norm(node, p):
@@ -560,7 +567,7 @@ def _convt_norm(node, p):
         "groups": _int(node, "groups", p.get("groups", 1), 1),
         "has_bias": bool(p.get("has_bias", False)),
     }
-    q.update(_epilogue_norm(node, p))
+    q.update(_epilogue_norm(node, p, blocked=True))
     for i in range(2):
         if q["output_padding"][i] >= max(q["stride"][i], q["dilation"][i]):
             raise GraphError(node, f"output_padding={q['output_padding']} must be smaller than stride "

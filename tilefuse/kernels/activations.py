@@ -31,6 +31,24 @@ The epilogue order of a fused conv is fixed:  y = act(conv(x, w) + bias + residu
                                                                                             Tanh, Mul
  13    softplus     (beta, threshold)             x if beta x > threshold else              Softplus (beta 1,
                                                   log(1 + e^(beta x)) / beta                threshold 20) / Softplus
+ 14    abs          -                             |x|                                       abs / Abs
+ 15    exp          -                             e^x (0 below -87: no subnormal result)    exp / Exp
+ 16    log          -                             ln x (-inf at 0, NaN below)               log / Log
+ 17    sqrt         -                             sqrt(x) (NaN below 0)                     sqrt / Sqrt
+ 18    rsqrt        -                             1 / sqrt(x)                               rsqrt
+ 19    pow          (exponent, -)                 x^p = e^(p ln|x|), the sign of x for an   pow(x, number) / Pow
+                                                  odd integer p, NaN for x < 0 otherwise;   (x^2, x^3, x^0.5,
+                                                  1 for p = 0                               x^-1 import as mul /
+                                                                                            sqrt / div)
+ 20    celu         (alpha, -)                    x if x > 0 else alpha (e^(x/alpha) - 1)   CELU / Celu (alpha > 0)
+ 21    selu         -                             1.0507... * (x if x > 0 else              SELU / Selu (torch's
+                                                  1.6732... (e^x - 1))                      constants)
+ 22    log_sigmoid  -                             -softplus(-x) = min(x, 0) -               LogSigmoid
+                                                  log(1 + e^-|x|)
+
+ln, sqrt, rsqrt and pow with p < 0 are infinite at 0: `finite_at_zero` says so, and the compiler keeps such an
+activation out of the epilogues that write act(0) into the padded channels of a blocked tensor (the next conv's
+zero weights would multiply an infinity: NaN everywhere); the standalone activation zeroes those lanes.
 
 PReLU (a learned slope per channel) is not a scalar activation: it is its own op.
 
@@ -66,12 +84,22 @@ ACTIVATIONS: dict[str, tuple[int, tuple[str, ...], tuple[float, ...]]] = {
     "tanh": (11, (), ()),
     "mish": (12, (), ()),
     "softplus": (13, ("beta", "threshold"), (1.0, 20.0)),
+    "abs": (14, (), ()),
+    "exp": (15, (), ()),
+    "log": (16, (), ()),
+    "sqrt": (17, (), ()),
+    "rsqrt": (18, (), ()),
+    "pow": (19, ("exponent",), (1.0,)),
+    "celu": (20, ("alpha",), (1.0,)),
+    "selu": (21, (), ()),
+    "log_sigmoid": (22, (), ()),
 }
 NAMES = {code: name for name, (code, _, _) in ACTIVATIONS.items()}
 IDENTITY = (0, 0.0, 0.0)
 
 _SQRT1_2 = 0.7071067811865476
 _GELU_C = 0.7978845608028654  # sqrt(2 / pi)
+_SELU_SCALE, _SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717  # torch's, ONNX's
 
 
 def normalize(name: str, params: dict | None = None, where: str = "?") -> tuple[str, float, float]:
@@ -90,8 +118,18 @@ def normalize(name: str, params: dict | None = None, where: str = "?") -> tuple[
         raise ValueError(f"{where}: activation {name} takes parameters {names or '()'}, got {sorted(params)}")
     if name == "clip" and vals[0] > vals[1]:
         raise ValueError(f"{where}: clip min {vals[0]} > max {vals[1]}")
+    if name == "pow" and not math.isfinite(vals[0]):
+        raise ValueError(f"{where}: pow exponent {vals[0]}; expected a finite number")
+    if name == "celu" and not vals[0] > 0:
+        raise ValueError(f"{where}: celu alpha {vals[0]}; expected alpha > 0")
     vals += [0.0] * (2 - len(vals))
     return name, vals[0], vals[1]
+
+
+def finite_at_zero(name: str, alpha: float = 0.0, beta: float = 0.0) -> bool:
+    """act(0) is finite (log, sqrt's reciprocal and negative powers are not): whether an epilogue may write it
+    into a blocked tensor's padded channels, which the next conv multiplies by zero weights."""
+    return bool(np.isfinite(reference(name, np.zeros(1, np.float64), alpha, beta)[0]))
 
 
 def encode(name: str, alpha: float = 0.0, beta: float = 0.0) -> tuple[int, float, float]:
@@ -133,9 +171,18 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
             y = np.where(bx > beta, d, np.logaddexp(0.0, bx) / alpha)
     elif name == "mish":
         y = d * np.tanh(np.logaddexp(0.0, d))     # softplus without overflow; mish(-inf) = -inf * 0 = nan
+    elif name in ("abs", "exp", "log", "sqrt", "rsqrt", "pow", "celu", "selu", "log_sigmoid"):
+        with np.errstate(all="ignore"):           # overflow to inf, log(0) = -inf, NaN below 0: as PyTorch
+            y = {"abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+                 "rsqrt": lambda v: 1.0 / np.sqrt(v),
+                 "pow": lambda v: np.power(v, alpha),
+                 "celu": lambda v: np.where(v > 0, v, alpha * np.expm1(np.minimum(v, 0.0) / alpha)),
+                 "selu": lambda v: _SELU_SCALE * np.where(v > 0, v, _SELU_ALPHA * np.expm1(np.minimum(v, 0.0))),
+                 "log_sigmoid": lambda v: -np.logaddexp(0.0, -v)}[name](d)
     else:
         raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
-    return y.astype(np.asarray(x).dtype if np.asarray(x).dtype.kind == "f" else np.float32)
+    with np.errstate(over="ignore"):              # beyond float32's range: inf, as PyTorch's float32
+        return y.astype(np.asarray(x).dtype if np.asarray(x).dtype.kind == "f" else np.float32)
 
 
 # float32 constants: njit code stays in float32 lanes (a Python float literal would widen to float64)
@@ -293,6 +340,72 @@ def _softplus(v, beta, threshold):
     return v if b > threshold else y
 
 
+# e^x over all of float32: e^min(x, 87) * e^(x - 87) past 87 (inf past 88.72, as float32's exp), 0 below -87
+# (float32's exact value is under 1.7e-38 there: no subnormal result, which x86 computes through a microcode
+# assist), NaN for NaN.
+@njit(inline="always", cache=True)
+def _exp(v):
+    h = min(max(v, -_SIG_CLAMP), _SIG_CLAMP)
+    r = exp32(h) * exp32(min(max(v - h, _F0), _SIG_CLAMP))
+    return _F0 if v < -_SIG_CLAMP else r
+
+
+# ln x: x = m 2^e with m in [sqrt(1/2), sqrt(2)) read from the float's bits (a subnormal x scaled by 2^23
+# first), ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.172: the odd series to s^11 (its next term is below
+# 1e-10), e ln2 in two parts (Cody-Waite, as exp32). -inf at +-0, NaN below 0 and for NaN, inf at inf.
+_FLT_MIN, _TWO23 = np.float32(1.1754943508222875e-38), np.float32(8388608.0)
+_SQRT2F = np.float32(1.4142135623730951)
+_LOG_C = tuple(np.float32(2.0 / k) for k in (3, 5, 7, 9, 11))
+_INF32, _NAN32 = np.float32(np.inf), np.float32(np.nan)
+_MANT, _ONE_BITS, _EXPF = np.int32(0x007FFFFF), np.int32(0x3F800000), np.int32(0xFF)
+
+
+@njit(inline="always", cache=True)
+def log32(x):
+    """ln x for float32 x, vectorizable."""
+    small = x < _FLT_MIN
+    bits = _f32_as_bits(x * _TWO23 if small else x)
+    e = np.float32(np.int32((bits >> np.int32(23)) & _EXPF)) - (np.float32(150.0) if small else np.float32(127.0))
+    m = _bits_as_f32(np.int32((bits & _MANT) | _ONE_BITS))      # [1, 2)
+    big = m > _SQRT2F
+    m = m * _FHALF if big else m
+    e = e + _F1 if big else e
+    s = np.divide(m - _F1, m + _F1)
+    s2 = s * s
+    q = (((_LOG_C[4] * s2 + _LOG_C[3]) * s2 + _LOG_C[2]) * s2 + _LOG_C[1]) * s2 + _LOG_C[0]
+    r = e * _LN2_HI + (e * _LN2_LO + (_F2 * s + q * s2 * s))
+    if x > _F0 and x < _INF32:
+        return r
+    return -_INF32 if x == _F0 else (x if x == _INF32 else _NAN32)
+
+
+# x^p = e^(p ln|x|); for x < 0 the sign of x where p is an odd integer (-0 included), NaN where p is no integer
+# (PyTorch's and C's pow); 1 for p = 0 whatever x. The relative error grows with |p ln x| (ln's 6e-8 times it: 5e-6 at
+# a result of e^80).
+@njit(inline="always", cache=True)
+def _pow(v, p):
+    r = _exp(p * log32(abs(v)))
+    fl = np.floor(p)
+    half = np.floor(fl * _FHALF)
+    r = -r if (fl == p and fl != half + half and _f32_as_bits(v) < np.int32(0)) else r   # odd p, x <= -0
+    r = _NAN32 if (fl != p and v < _F0 and v != -_INF32) else r                          # (-inf)^2.5 = inf
+    return _F1 if p == _F0 else r
+
+
+_FSELU_SCALE, _FSELU_ALPHA = np.float32(_SELU_SCALE), np.float32(_SELU_ALPHA)
+# e^t - 1 for t <= 0 (ELU, CELU, SELU): e^t - 1 cancels near 0 (ELU(-1e-30) was 0, PyTorch's expm1 gives
+# -1e-30), so above -1/4 the Taylor series to t^7 (its next term is under 2e-9 of the value)
+_EM1_C = tuple(np.float32(1.0 / f) for f in (2, 6, 24, 120, 720, 5040))
+_EM1_LO = np.float32(-0.25)
+
+
+@njit(inline="always", cache=True)
+def _expm1_neg(t):
+    p = t * (_F1 + t * (_EM1_C[0] + t * (_EM1_C[1] + t * (_EM1_C[2] + t * (_EM1_C[3] + t * (_EM1_C[4]
+                                                                                             + t * _EM1_C[5]))))))
+    return p if t > _EM1_LO else _exp(t) - _F1
+
+
 @njit(inline="always", cache=True)
 def apply_scalar(code, v, alpha, beta):
     """The activation of one float32 value inside njit code ((code, alpha, beta) from encode(); pass
@@ -319,13 +432,31 @@ def apply_scalar(code, v, alpha, beta):
     if code == 9:
         return v if v >= _F0 else alpha * v
     if code == 10:
-        return v if v > _F0 else alpha * (exp32(max(min(v, _F0), -_SIG_CLAMP)) - _F1)   # no subnormal e^v
+        return v if v > _F0 else alpha * _expm1_neg(min(v, _F0))
     if code == 11:
         return tanh32(v)
     if code == 12:
         return v * _mish_ratio(v)
     if code == 13:
         return _softplus(v, alpha, beta)
+    if code == 14:
+        return abs(v)
+    if code == 15:
+        return _exp(v)
+    if code == 16:
+        return log32(v)
+    if code == 17:
+        return np.sqrt(v)
+    if code == 18:
+        return np.divide(_F1, np.sqrt(v))
+    if code == 19:
+        return _pow(v, alpha)
+    if code == 20:
+        return v if v > _F0 else alpha * _expm1_neg(np.divide(min(v, _F0), alpha))
+    if code == 21:
+        return _FSELU_SCALE * (v if v > _F0 else _FSELU_ALPHA * _expm1_neg(min(v, _F0)))
+    if code == 22:
+        return -_softplus(-v, _F1, _INF32)
     return v
 
 
@@ -378,8 +509,26 @@ def apply_span(f, lo, hi, code, a, b):
         _apply_loop(f, lo, hi, 11, a, b)
     elif code == 12:
         _apply_loop(f, lo, hi, 12, a, b)
-    else:
+    elif code == 13:
         _apply_loop(f, lo, hi, 13, a, b)
+    elif code == 14:
+        _apply_loop(f, lo, hi, 14, a, b)
+    elif code == 15:
+        _apply_loop(f, lo, hi, 15, a, b)
+    elif code == 16:
+        _apply_loop(f, lo, hi, 16, a, b)
+    elif code == 17:
+        _apply_loop(f, lo, hi, 17, a, b)
+    elif code == 18:
+        _apply_loop(f, lo, hi, 18, a, b)
+    elif code == 19:
+        _apply_loop(f, lo, hi, 19, a, b)
+    elif code == 20:
+        _apply_loop(f, lo, hi, 20, a, b)
+    elif code == 21:
+        _apply_loop(f, lo, hi, 21, a, b)
+    else:
+        _apply_loop(f, lo, hi, 22, a, b)
 
 
 @njit(nogil=True, cache=True)

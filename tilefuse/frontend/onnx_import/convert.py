@@ -292,8 +292,12 @@ def _reduce(cx: Ctx, nd: OnnxNode, used):
         # the mean over H, W is global average pooling (N, C, 1, 1), flattened to (N, C) without keepdims
         y = cx.net.global_avg_pool(x, name=name if keep else cx.fresh(nd.name + ".pool"))
         return y if keep else cx.net.flatten(y, 1, name=name)
-    return getattr(cx.net, {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max"}[nd.op])(
-        x, tuple(ax), keepdim=keep, name=name)
+    if nd.op in ("ReduceL1", "ReduceL2"):
+        return cx.net.vector_norm(x, 1 if nd.op == "ReduceL1" else 2, tuple(ax), keep, name=name)
+    if nd.op == "ReduceSumSquare":
+        return cx.net.sum(cx.net.mul(x, x, name=cx.fresh(nd.name + ".square")), tuple(ax), keep, name=name)
+    f = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}[nd.op]
+    return getattr(cx.net, f)(x, tuple(ax), keepdim=keep, name=name)
 
 
 def _gemm(cx: Ctx, nd: OnnxNode, used):
@@ -846,11 +850,13 @@ def _reciprocal(cx: Ctx, nd: OnnxNode, used):
 
 
 def _pow(cx: Ctx, nd: OnnxNode, used):
+    """Pow by a one-value constant exponent: 1 (x), 2 and 3 (products), -1 (1 / x), 0.5 (sqrt), any other
+    as activation(pow)."""
     x = cx.computed(nd, 0, "X")
     e = cx.const(nd, 1, "exponent Y")
-    if e is None or e.size != 1 or float(e.reshape(-1)[0]) not in (1.0, 2.0, 3.0, -1.0):
+    if e is None or e.size != 1:
         raise nd.refuse(f"exponent {None if e is None else e.reshape(-1)[:4].tolist()}; tilefuse implements "
-                        f"the constant exponents 1, 2, 3 (products) and -1 (a reciprocal)")
+                        f"a constant exponent of one value")
     k = float(e.reshape(-1)[0])
     name = cx.fresh(nd.name)
     if np.broadcast_shapes(x.shape, e.shape) != x.shape:
@@ -859,8 +865,34 @@ def _pow(cx: Ctx, nd: OnnxNode, used):
         return x
     if k == -1.0:
         return cx.net.div(cx.const_node("one", np.array([1.0]), x.dtype), x, name=name)
+    if k == 0.5:
+        return cx.net.activation(x, "sqrt", name=name)
+    if k not in (2.0, 3.0):
+        if not np.isfinite(k):
+            raise nd.refuse(f"exponent {k}; expected a finite number")
+        return cx.net.activation(x, "pow", name=name, exponent=k)
     sq = cx.net.mul(x, x, name=name if k == 2.0 else cx.fresh(nd.name + ".sq"))
     return sq if k == 2.0 else cx.net.mul(sq, x, name=name)
+
+
+def _selu(cx: Ctx, nd: OnnxNode, used):
+    """Selu: activation(selu) with the default alpha and gamma (PyTorch's constants), else gamma * elu(alpha)."""
+    from ...kernels import activations as acts
+    x = cx.computed(nd, 0)
+    alpha, gamma = float(nd.attrs.get("alpha", 1.67326319217681884765625)), \
+        float(nd.attrs.get("gamma", 1.05070102214813232421875))
+    if np.float32(alpha) == np.float32(acts._SELU_ALPHA) and np.float32(gamma) == np.float32(acts._SELU_SCALE):
+        return cx.net.activation(x, "selu", name=cx.fresh(nd.name))
+    y = cx.net.activation(x, "elu", name=cx.fresh(nd.name + ".elu"), alpha=alpha)
+    return cx.net.mul(y, gamma, name=cx.fresh(nd.name))
+
+
+def _softsign(cx: Ctx, nd: OnnxNode, used):
+    """Softsign: x / (1 + |x|)."""
+    x = cx.computed(nd, 0)
+    a = cx.net.activation(x, "abs", name=cx.fresh(nd.name + ".abs"))
+    d = cx.net.add(a, cx.const_node("one", np.array([1.0]), x.dtype), name=cx.fresh(nd.name + ".den"))
+    return cx.net.div(x, d, name=cx.fresh(nd.name))
 
 
 def _max_min(cx: Ctx, nd: OnnxNode, used):
@@ -945,12 +977,13 @@ def _softmax(cx: Ctx, nd: OnnxNode, used):
     x = cx.computed(nd, 0)
     r = len(x.shape)
     axis = fold._axis(nd, nd.attrs.get("axis", -1 if nd.version >= 13 else 1), r)
+    f = cx.net.log_softmax if nd.op == "LogSoftmax" else cx.net.softmax
     if nd.version >= 13 or int(np.prod(x.shape[axis + 1:])) == 1:
-        return cx.net.softmax(x, axis=axis, name=cx.fresh(nd.name))
+        return f(x, axis=axis, name=cx.fresh(nd.name))
     # before opset 13 the input is coerced to 2-D at `axis`: one softmax over all dims from `axis` on
     flat = (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))    # (d0..d_{axis-1}, d_axis..)
     y = cx.net.reshape(x, flat, name=cx.fresh(nd.name + ".2d"))
-    y = cx.net.softmax(y, axis=1, name=cx.fresh(nd.name + ".softmax"))
+    y = f(y, axis=1, name=cx.fresh(nd.name + ".softmax"))
     return cx.net.reshape(y, x.shape, name=cx.fresh(nd.name))
 
 
@@ -1047,6 +1080,14 @@ RULES: dict[str, Rule] = {
     "ReduceSum": _r(_reduce, (1, 11, 13), "axes keepdims noop_with_empty_axes", "sum", "constant axes"),
     "ReduceMax": _r(_reduce, (1, 11, 12, 13, 18, 20), "axes keepdims noop_with_empty_axes", "max",
                     "constant axes; float tensors"),
+    "ReduceMin": _r(_reduce, (1, 11, 12, 13, 18, 20), "axes keepdims noop_with_empty_axes", "max mul",
+                    "constant axes; float tensors; as -max(-x)"),
+    "ReduceL1": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "activation(abs) sum",
+                   "constant axes"),
+    "ReduceL2": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "mul sum activation(sqrt)",
+                   "constant axes"),
+    "ReduceSumSquare": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "mul sum",
+                          "constant axes"),
     "Resize": _r(_resize, (11, 13, 18, 19), _RESIZE, "resize",
                  "H, W of (N, C, H, W); nearest or linear; half_pixel, pytorch_half_pixel, align_corners, "
                  "asymmetric; ONNX Runtime's coordinate order (dst / (out / in): `arith=\"onnx\"`)"),
@@ -1062,7 +1103,15 @@ RULES: dict[str, Rule] = {
     "Mean": _r(_variadic_sum, (8, 13), "", "add div", "NumPy broadcasting"),
     "Neg": _r(_neg, (6, 13), "", "mul", "as x * -1"),
     "Reciprocal": _r(_reciprocal, (6, 13), "", "div", "as 1 / x"),
-    "Pow": _r(_pow, (7, 12, 13, 15), "", "mul div", "a constant exponent 1, 2, 3 or -1"),
+    "Pow": _r(_pow, (7, 12, 13, 15), "", "mul div activation(sqrt) activation(pow)",
+              "a constant exponent of one value"),
+    "Abs": _r(_activation("abs"), (6, 13), "", "activation(abs)"),
+    "Exp": _r(_activation("exp"), (6, 13), "", "activation(exp)"),
+    "Log": _r(_activation("log"), (6, 13), "", "activation(log)"),
+    "Sqrt": _r(_activation("sqrt"), (6, 13), "", "activation(sqrt)"),
+    "Celu": _r(_activation("celu", alpha=("alpha", 1.0)), (12, 28), "alpha", "activation(celu)", "alpha > 0"),
+    "Selu": _r(_selu, (6, 22), "alpha gamma", "activation(selu) activation(elu) mul"),
+    "Softsign": _r(_softsign, (1, 22), "", "activation(abs) add div", "as x / (1 + abs(x))"),
     "Max": _r(_max_min, (8, 12, 13), "", "activation(clip) relu", "one tensor and scalar constants"),
     "Min": _r(_max_min, (8, 12, 13), "", "activation(clip)", "one tensor and scalar constants"),
     "Relu": _r(_relu, (1, 6, 13, 14), "", "relu"),
@@ -1083,6 +1132,8 @@ RULES: dict[str, Rule] = {
                  "a constant slope; per channel: prelu, other shapes: relu(x) + slope * (x - relu(x))"),
     "Softmax": _r(_softmax, (1, 11, 13), "axis", "softmax reshape",
                   "before opset 13: the 2-D rule, as reshape -> softmax -> reshape"),
+    "LogSoftmax": _r(_softmax, (1, 11, 13), "axis", "max sub activation(exp) sum activation(log) reshape",
+                     "as x - m - ln sum e^(x - m); before opset 13 the 2-D rule"),
     "Dropout": _r(_dropout, (7, 10, 12, 13, 22), "ratio seed", "-",
                   "inference: the identity; training_mode=True and the mask output are refused"),
     "Identity": _r(_identity, (1, 13, 14, 16, 19, 21, 23, 24, 25), "", "-", "tensors"),

@@ -194,6 +194,18 @@ def axes_input(node, ins, attrs, idx: int, since: int) -> list[int] | None:
 
 # ----------------------------------------------------------------------------- folders
 
+def _reduce_prod(node, ins, a):
+    """ReduceProd (the TorchScript exporter's element count of a shape: var / std's n - 1)."""
+    x = np.asarray(ins[0])
+    axes = axes_input(node, ins, a, 1, 18)
+    if not axes:
+        if node.version >= 18 and a.get("noop_with_empty_axes", 0):
+            return [x]
+        axes = list(range(x.ndim))
+    ax = tuple(sorted({_axis(node, v, x.ndim, "axes") for v in axes}))
+    return [np.prod(x, axis=ax, keepdims=bool(a.get("keepdims", 1))).astype(x.dtype)]
+
+
 def _constant(node, ins, a):
     if len(a) != 1:
         raise GraphError(node.where, f"Constant has attributes {sorted(a)}; expected exactly one value attribute")
@@ -407,7 +419,12 @@ FOLD = {
     "Floor": _unary(np.floor),
     "Ceil": _unary(np.ceil),
     "Sqrt": _unary(np.sqrt),
+    "Reciprocal": _unary(lambda v: 1 / v),
+    "Exp": _unary(np.exp),
+    "Log": _unary(np.log),
+    "Pow": _binary(lambda n, x, y: np.power(x.astype(np.float64), y).astype(x.dtype)),
     "Not": lambda node, ins, a: [np.logical_not(ins[0])],
+    "ReduceProd": _reduce_prod,
 }
 """ONNX op -> numpy folder; the ops whose constant-only nodes the importer evaluates."""
 
@@ -421,4 +438,5 @@ FOLD_ATTRS = {
     "Shape": {"start", "end"}, "Gather": {"axis"}, "Concat": {"axis"}, "Unsqueeze": {"axes"},
     "Squeeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"}, "CastLike": {"saturate", "round_mode"}, "Slice": {"starts", "ends", "axes"},
     "Reshape": {"allowzero"}, "Transpose": {"perm"}, "ConstantOfShape": {"value"}, "Range": {"stash_type"},
+    "ReduceProd": {"axes", "keepdims", "noop_with_empty_axes"},
 }

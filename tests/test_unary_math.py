@@ -1,0 +1,280 @@
+"""Element-wise math as model code writes it: abs, exp, log, sqrt, rsqrt, pow, CELU, SELU, LogSigmoid (activation
+codes 14-22), and what is composed of them: var / std, F.normalize's vector norm, log_softmax, amin / x.min(dim).
+
+The blocks are those of well-known models, written as their authors wrote them: SSD's L2Norm (`x.pow(2).sum(1,
+keepdim=True).sqrt()`), the official ConvNeXt LayerNorm for channels_first (`(x - u).pow(2).mean(1)`,
+`torch.sqrt(s + eps)`), GeM pooling (a learned exponent: `x.clamp(min=eps).pow(self.p)`), AdaIN's statistics
+(`x.var(dim=2) + eps`, `.sqrt()`), an embedding head normalized with F.normalize, a classifier ending in
+log_softmax, SELU / CELU / Softsign / LogSigmoid networks. Each through from_torch against PyTorch and through
+both ONNX exporters against PyTorch and ONNX Runtime."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from onnx_export import EXPORTERS, assert_close_to_max, check_export, check_from_torch, torch_run
+
+import tilefuse
+from tilefuse.errors import GraphError, UnsupportedOpError
+from tilefuse.kernels import activations as A
+
+_R = np.random.default_rng(0)
+# every sign and scale of float32: values from 1e-38 to 1e38, both signs, and the small integers
+MAG = np.exp(_R.uniform(-87, 87, 6000))
+XALL = np.concatenate([MAG, -MAG, _R.standard_normal(4000) * 4, np.arange(-5, 6), [1e-30, -1e-30]]).astype(np.float32)
+XPOS = XALL[XALL > 0]
+
+# name, params, torch function, inputs, relative tolerance (pow: ln's error times |p ln x|, 1e-5 at e^80)
+CASES = [
+    ("abs", {}, torch.abs, XALL, 0),
+    ("exp", {}, torch.exp, XALL, 2e-6),
+    ("log", {}, torch.log, XPOS, 2e-6),
+    ("sqrt", {}, torch.sqrt, XPOS, 2e-6),
+    ("rsqrt", {}, torch.rsqrt, XPOS, 2e-6),
+    ("pow", {"exponent": 2.5}, lambda t: torch.pow(t, 2.5), XALL, 2e-5),
+    ("pow", {"exponent": -3.0}, lambda t: torch.pow(t, -3.0), XALL, 2e-5),
+    ("pow", {"exponent": 4.0}, lambda t: torch.pow(t, 4.0), XALL, 2e-5),
+    ("pow", {"exponent": 1.0 / 3.0}, lambda t: torch.pow(t, 1.0 / 3.0), XALL, 2e-5),
+    ("pow", {"exponent": 0.0}, lambda t: torch.pow(t, 0.0), XALL, 0),
+    ("celu", {"alpha": 0.7}, lambda t: F.celu(t, 0.7), XALL, 2e-6),
+    ("selu", {}, F.selu, XALL, 2e-6),
+    ("log_sigmoid", {}, F.logsigmoid, XALL, 2e-6),
+]
+SPECIAL = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, -1.0, 1.0, -2.0, 89.0, -89.0, -104.0, 1e-40, -1e-40])
+
+
+@pytest.mark.parametrize("name,params,fn,x,rtol", CASES, ids=[f"{c[0]}{i}" for i, c in enumerate(CASES)])
+def test_kernel_and_reference_match_torch(name, params, fn, x, rtol):
+    """The njit form (apply_inplace: the loop every kernel's epilogue runs) and the numpy reference against
+    PyTorch in float64, rounded to float32; a result under e^-87 = 1.65e-38 may be 0 (no subnormal results: exp
+    below -87 is 0)."""
+    n, a, b = A.normalize(name, params)
+    want = fn(torch.from_numpy(x.astype(np.float64))).numpy()
+    y = x.copy()
+    A.apply_inplace(y, *A.encode(n, a, b))
+    got_ref = A.reference(n, x, a, b)
+    for got in (y, got_ref):
+        assert got.dtype == np.float32
+        with np.errstate(over="ignore"):
+            w32 = want.astype(np.float32)
+        np.testing.assert_allclose(got, w32, rtol=max(rtol, 1e-6), atol=1.7e-38)
+
+
+@pytest.mark.parametrize("name,params,fn", [c[:3] for c in CASES], ids=[f"{c[0]}{i}" for i, c in enumerate(CASES)])
+def test_nan_infinities_zeros_and_signs_are_pytorchs(name, params, fn):
+    """NaN in, NaN out; log(0) = -inf, log(-1) = NaN, rsqrt(0) = inf, exp(inf) = inf, (-inf)^2.5 = inf,
+    (-0)^-3 = -inf, x^0 = 1 even for NaN: the same non-finite values and signs as PyTorch."""
+    n, a, b = A.normalize(name, params)
+    want = fn(torch.from_numpy(SPECIAL)).numpy()
+    y = SPECIAL.copy()
+    A.apply_inplace(y, *A.encode(n, a, b))
+    fin = np.isfinite(want)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    np.testing.assert_array_equal(y[np.isinf(want)], want[np.isinf(want)])
+    np.testing.assert_allclose(y[fin], want[fin], rtol=2e-6, atol=1.7e-38)
+    if name in ("pow",) and a == -3.0:
+        assert np.signbit(y[SPECIAL == 0]).tolist() == np.signbit(want[SPECIAL == 0]).tolist()
+
+
+def test_parameters_are_checked():
+    with pytest.raises(ValueError, match="pow exponent inf; expected a finite number"):
+        A.normalize("pow", {"exponent": float("inf")})
+    with pytest.raises(ValueError, match="celu alpha 0.0; expected alpha > 0"):
+        A.normalize("celu", {"alpha": 0.0})
+    assert [A.finite_at_zero(n) for n in ("exp", "abs", "sqrt", "log", "rsqrt")] == [True] * 3 + [False] * 2
+    assert not A.finite_at_zero("pow", -2.0) and A.finite_at_zero("pow", 2.5)
+
+
+def _conv_log_net(c_mid=20, act_on_conv=False):
+    """conv (3 -> 20 channels: one full block of 16 and 4 channels in a padded one) with a large bias, so that its
+    outputs are positive, then ln, then a 3x3 conv reading every channel block."""
+    rng = np.random.default_rng(3)
+    net = tilefuse.Network("logs")
+    x = net.input("x", (2, 3, 12, 10))
+    w1 = (rng.standard_normal((c_mid, 3, 3, 3)) * 0.1).astype(np.float32)
+    b1 = np.full(c_mid, 5.0, np.float32)
+    if act_on_conv:
+        y = net.add_op("conv2d", [x, net.constant("w1", w1), net.constant("b1", b1)],
+                       dict(padding=1, has_bias=True, act="log"), "c1")
+    else:
+        y = net.activation(net.conv2d(x, w1, b1, padding=1, name="c1"), "log", name="ln")
+    y = net.conv2d(y, (rng.standard_normal((8, c_mid, 3, 3)) * 0.1).astype(np.float32), padding=1, name="c2")
+    net.output(y)
+    return net
+
+
+@pytest.mark.parametrize("schedule", ["layer", "stream"])
+def test_log_after_a_conv_keeps_padded_channels_finite(schedule):
+    """ln is -inf at 0, and a conv's epilogue writes act(0) into the padded channels of its NCHW16c output (4 of
+    the second block here), which the next conv multiplies by zero weights: -inf * 0 = NaN in every output. The
+    fusion pass leaves ln as its own op (which zeroes those lanes), so the result is the reference's, finite."""
+    net = _conv_log_net()
+    x = np.random.default_rng(4).standard_normal((2, 3, 12, 10)).astype(np.float32)
+    want = tilefuse.interpreter.evaluate(net, x)[0]
+    got = tilefuse.compile(net, schedule=schedule).run(x)
+    assert np.isfinite(want).all() and np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_infinite_at_zero_activation_in_a_conv_epilogue_is_refused():
+    with pytest.raises(GraphError, match=r"activation log \(infinite at 0\) in a conv's epilogue; expected it as "
+                                         r"its own activation op"):
+        _conv_log_net(act_on_conv=True)
+
+
+# ------------------------------------------------------------------------------------------------ model code
+
+
+class L2Norm(nn.Module):
+    """SSD's L2Norm (ssd.pytorch, layers/modules/l2norm.py)."""
+
+    def __init__(self, n_channels, scale):
+        super().__init__()
+        self.eps = 1e-10
+        self.weight = nn.Parameter(torch.full((n_channels,), float(scale)))
+
+    def forward(self, x):
+        norm = x.pow(2).sum(dim=1, keepdim=True).sqrt() + self.eps
+        x = torch.div(x, norm)
+        return self.weight.unsqueeze(0).unsqueeze(2).unsqueeze(3).expand_as(x) * x
+
+
+class ConvNeXtLayerNorm(nn.Module):
+    """The official ConvNeXt LayerNorm (facebookresearch/ConvNeXt, models/convnext.py), channels_first."""
+
+    def __init__(self, normalized_shape, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(normalized_shape) + 0.1 * torch.randn(normalized_shape))
+        self.bias = nn.Parameter(0.1 * torch.randn(normalized_shape))
+        self.eps = eps
+
+    def forward(self, x):
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+class GeM(nn.Module):
+    """Generalized-mean pooling (Radenovic et al.; cnnimageretrieval-pytorch), the exponent a learned parameter."""
+
+    def __init__(self, p=3.0, eps=1e-6):
+        super().__init__()
+        self.p = nn.Parameter(torch.ones(1) * p)
+        self.eps = eps
+
+    def forward(self, x):
+        return F.avg_pool2d(x.clamp(min=self.eps).pow(self.p), (x.size(-2), x.size(-1))).pow(1.0 / self.p)
+
+
+class AdaINStats(nn.Module):
+    """AdaIN's calc_mean_std (naoto0804/pytorch-AdaIN, function.py), normalizing by the content's statistics."""
+
+    def forward(self, feat, eps=1e-5):
+        n, c = feat.size()[:2]
+        feat_var = feat.view(n, c, -1).var(dim=2) + eps
+        feat_std = feat_var.sqrt().view(n, c, 1, 1)
+        feat_mean = feat.view(n, c, -1).mean(dim=2).view(n, c, 1, 1)
+        return (feat - feat_mean.expand(feat.size())) / feat_std.expand(feat.size())
+
+
+class EmbeddingHead(nn.Module):
+    """A metric-learning head: pooled features, a linear projection, F.normalize (ArcFace-style)."""
+
+    def __init__(self, c, d=8):
+        super().__init__()
+        self.fc = nn.Linear(c, d)
+
+    def forward(self, x):
+        return F.normalize(self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)), dim=1)
+
+
+class LogSoftmaxHead(nn.Module):
+    def __init__(self, c, k=5):
+        super().__init__()
+        self.fc = nn.Linear(c, k)
+
+    def forward(self, x):
+        return F.log_softmax(self.fc(x.mean((2, 3))), dim=1)
+
+
+class Elementwise(nn.Module):
+    """abs, exp, log, rsqrt, std, amin and x.min(dim) in one block."""
+
+    def forward(self, x):
+        a = torch.log(x.abs() + 1.0) + torch.exp(-x.abs())
+        b = torch.rsqrt(x * x + 1.0) * x.std(dim=(2, 3), keepdim=True)
+        c = torch.amin(x, dim=1, keepdim=True) + x.min(dim=1, keepdim=True)[0]
+        return a + b - c
+
+
+MODELS = {
+    "ssd_l2norm": lambda: nn.Sequential(nn.Conv2d(3, 24, 3, padding=1), nn.ReLU(), L2Norm(24, 20),
+                                        nn.Conv2d(24, 8, 3, padding=1)),
+    "convnext_layernorm": lambda: nn.Sequential(nn.Conv2d(3, 20, 4, stride=2), ConvNeXtLayerNorm(20),
+                                                nn.Conv2d(20, 40, 3, padding=1, groups=20)),
+    "gem": lambda: nn.Sequential(nn.Conv2d(3, 18, 3, padding=1), nn.ReLU(), GeM()),
+    "adain": lambda: nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), AdaINStats(), nn.Conv2d(16, 4, 1)),
+    "embedding": lambda: nn.Sequential(nn.Conv2d(3, 12, 3, stride=2), nn.ReLU(), EmbeddingHead(12)),
+    "log_softmax": lambda: nn.Sequential(nn.Conv2d(3, 12, 3), nn.ReLU(), LogSoftmaxHead(12)),
+    "selu_celu": lambda: nn.Sequential(nn.Conv2d(3, 20, 3, padding=1), nn.SELU(), nn.Conv2d(20, 12, 3),
+                                       nn.CELU(0.6), nn.Conv2d(12, 6, 1), nn.Softsign(), nn.Conv2d(6, 4, 1),
+                                       nn.LogSigmoid()),
+    "elementwise": lambda: nn.Sequential(nn.Conv2d(3, 10, 3, padding=1), Elementwise()),
+}
+
+
+def _x(seed=0, shape=(2, 3, 14, 11)):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_from_torch_matches_pytorch(name):
+    check_from_torch(MODELS[name], _x())
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_onnx_exports_match_pytorch_and_onnxruntime(name, exporter):
+    check_export(MODELS[name], _x(1), exporter)
+
+
+def test_pow_imports_as_products_roots_and_the_pow_activation():
+    """x^2 and x^3 are products, x^0.5 sqrt, x^-0.5 rsqrt, x^-1 a division, x^1 nothing; any other number (or a
+    one-value constant tensor) the pow activation."""
+    class Pows(nn.Module):
+        def forward(self, x):
+            a = x.abs() + 0.5
+            return a ** 2 + a ** 3 + a ** 0.5 + a ** -0.5 + a ** -1 + a ** 1 + a ** 1.7 + a.pow(torch.tensor(2.2))
+
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), Pows()).eval()
+    x = _x(2)
+    net = tilefuse.from_torch(m, torch.from_numpy(x))
+    acts = sorted(o.params["act"][0] for o in net.ops if o.op == "activation")
+    assert acts == ["abs", "pow", "pow", "rsqrt", "sqrt"], acts
+    assert_close_to_max(tilefuse.compile(net).run(x), torch_run(m, x))
+
+
+def test_what_stays_refused_is_named():
+    class TensorExponent(nn.Module):
+        def forward(self, x):
+            return x.abs().pow(x)
+
+    with pytest.raises(UnsupportedOpError, match=r"pow with a computed exponent"):
+        tilefuse.from_torch(TensorExponent(), torch.from_numpy(_x()))
+
+    class Minimum(nn.Module):
+        def forward(self, x):
+            return torch.min(x, x * 0.5)
+
+    with pytest.raises(UnsupportedOpError, match=r"element-wise minimum of two tensors"):
+        tilefuse.from_torch(Minimum(), torch.from_numpy(_x()))
+
+    class Norm3(nn.Module):
+        def forward(self, x):
+            return torch.linalg.vector_norm(x, 3, dim=1, keepdim=True)
+
+    with pytest.raises(UnsupportedOpError, match=r"vector norm of order 3 is not supported.*supported: 1, 2, inf"):
+        tilefuse.from_torch(Norm3(), torch.from_numpy(_x()))
