@@ -278,3 +278,43 @@ def test_what_stays_refused_is_named():
 
     with pytest.raises(UnsupportedOpError, match=r"vector norm of order 3 is not supported.*supported: 1, 2, inf"):
         tilefuse.from_torch(Norm3(), torch.from_numpy(_x()))
+
+
+# ------------------------------------------------------------------------- the spelled-out channel LayerNorm
+
+class _UsesCentered(nn.Module):
+    """The chain with x - u also read outside it: not one norm (the pass must leave it)."""
+
+    def forward(self, x):
+        d = x - x.mean(1, keepdim=True)
+        return d / torch.sqrt(d.pow(2).mean(1, keepdim=True) + 1e-6) + 0.5 * d
+
+
+class _OverWidth(nn.Module):
+    def forward(self, x):
+        u = x.mean(3, keepdim=True)
+        return (x - u) / torch.sqrt((x - u).pow(2).mean(3, keepdim=True) + 1e-6)
+
+
+@pytest.mark.parametrize("source", ["torch", "torchscript", "dynamo"])
+def test_official_convnext_layernorm_becomes_one_channel_norm(source):
+    """ConvNeXt's own LayerNorm (channels_first: mean, (x - u).pow(2).mean, torch.sqrt, weight[:, None, None] * x
+    + bias[:, None, None]), from PyTorch and from both exporters' files, compiles to one channel_norm (its affine
+    folded in): the compiled network holds only the convs and the norm, and matches PyTorch."""
+    from onnx_export import export
+    torch.manual_seed(2)
+    m = MODELS["convnext_layernorm"]().eval()
+    x = _x(3)
+    net = tilefuse.from_torch(m, torch.from_numpy(x)) if source == "torch" else tilefuse.from_onnx(export(m, x, source))
+    cp = tilefuse.compile(net)
+    assert sorted(o.op for o in cp.network.ops) == ["channel_norm", "conv2d", "conv2d"], [o.op for o in cp.network.ops]
+    assert_close_to_max(cp.run(x), torch_run(m, x))
+
+
+@pytest.mark.parametrize("block", [_UsesCentered, _OverWidth])
+def test_chains_that_are_not_a_channel_norm_stay_as_written(block):
+    m = nn.Sequential(nn.Conv2d(3, 20, 3), block()).eval()
+    x = _x(4)
+    cp = tilefuse.compile(tilefuse.from_torch(m, torch.from_numpy(x)))
+    assert "channel_norm" not in {o.op for o in cp.network.ops}
+    assert_close_to_max(cp.run(x), torch_run(m, x))

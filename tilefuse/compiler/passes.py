@@ -557,6 +557,110 @@ def _set_inputs(op: OpNode, inputs: list[DataNode]) -> None:
         d.consumers.append(op)
 
 
+def _absorb_affine(net: Network, gn: OpNode) -> int:
+    """Per-channel affine ops after a group_norm / channel_norm (scale, or mul / div / add / sub by a per-channel
+    or scalar constant: the exporters' and model code's weight and bias) folded into its gamma and beta, one after
+    another; returns how many."""
+    n = 0
+    while not _has_act(gn):
+        u = _single_user(net, gn.outputs[0])
+        if u is None or u.op not in ("scale", "mul", "div", "add", "sub") or _has_act(u) \
+                or u.outputs[0].shape != gn.outputs[0].shape:
+            break
+        c = gn.outputs[0].shape[1]
+        if u.op == "scale":
+            if u.inputs[0] is not gn.outputs[0]:
+                break
+            f, t = u.inputs[1].value.astype(np.float64), u.inputs[2].value.astype(np.float64)
+        else:
+            i = 0 if u.inputs[0] is gn.outputs[0] else 1
+            other = u.inputs[1 - i]
+            if other is gn.outputs[0] or not other.is_constant or len(other.shape) > len(gn.outputs[0].shape):
+                break
+            v = other.value.astype(np.float64)
+            # (.., C, 1, ..) aligned to the output's axes: per channel when only axis 1 may differ from 1
+            full = (1,) * (len(gn.outputs[0].shape) - v.ndim) + v.shape
+            if any(d != 1 for k, d in enumerate(full) if k != 1) or full[1] not in (1, c):
+                break
+            v = np.broadcast_to(v.reshape(-1), (c,)) if full[1] == c else np.full(c, float(v.reshape(-1)[0]))
+            if (u.op == "sub" and i == 1) or (u.op == "div" and (i == 1 or np.any(v == 0))):
+                break
+            f, t = {"mul": (v, 0.0 * v), "div": (1.0 / v, 0.0 * v), "add": (1.0 + 0.0 * v, v),
+                    "sub": (1.0 + 0.0 * v, -v)}[u.op]
+        gam, bet = gn.inputs[1].value.astype(np.float64), gn.inputs[2].value.astype(np.float64)
+        dt = gn.inputs[1].dtype
+        _set_inputs(gn, [gn.inputs[0], DataNode(f"{gn.name}.weight_folded", (c,), dt, (gam * f).astype(dt)),
+                         DataNode(f"{gn.name}.bias_folded", (c,), dt, (bet * f + t).astype(dt))])
+        _replace_output(net, gn, u)
+        n += 1
+    return n
+
+
+def _channel_mean(op: OpNode | None) -> bool:
+    """A mean over the channel axis of (N, C, H, W) with keepdim and no epilogue."""
+    return (op is not None and op.op == "mean" and len(op.inputs[0].shape) == 4 and op.params["keepdim"]
+            and tuple(a % 4 for a in op.params["axes"]) == (1,))
+
+
+def fold_channel_norm(net: Network) -> PassResult:
+    """The channels_first LayerNorm spelled out, as the official ConvNeXt code writes it (`u = x.mean(1,
+    keepdim=True); s = (x - u).pow(2).mean(1, keepdim=True); x = (x - u) / torch.sqrt(s + eps)`) and as both ONNX
+    exporters write that: mean(x, 1) -> d = x - u (once or twice) -> d * d -> mean(., 1) -> + eps (an add, or
+    ONNX's scale) -> sqrt -> d / . becomes one channel_norm (unit weight, zero bias), and the per-channel weight
+    and bias after it fold into its gamma and beta (`_absorb_affine`): 8-9 ops, as many passes over the tensor,
+    become one kernel."""
+    net = net.clone()
+    n = 0
+    for m1 in [o for o in net.ops if _channel_mean(o)]:
+        if not any(o is m1 for o in net.ops):      # the second mean of a chain folded before
+            continue
+        x, u = m1.inputs[0], m1.outputs[0]
+        # x - u once, or twice (the official code writes it in the variance and again in the quotient)
+        subs = list(dict.fromkeys(u.consumers))
+        if not 1 <= len(subs) <= 2 or any(o.op != "sub" or _has_act(o) or o.inputs[0] is not x or o.inputs[1] is not u
+                                          for o in subs):
+            continue
+        ds = [o.outputs[0] for o in subs]
+        users = list(dict.fromkeys(c for d in ds for c in d.consumers))
+        sq = next((o for o in users if o.op == "mul" and o.inputs[0] is o.inputs[1]), None)
+        div = next((o for o in users if o.op == "div" and any(o.inputs[0] is d for d in ds)), None)
+        if len(users) != 2 or sq is None or div is None or _has_act(sq) or _has_act(div) \
+                or any(d in net.outputs for d in ds) or any(div.inputs[1] is d for d in ds):
+            continue
+        m2 = _single_user(net, sq.outputs[0])
+        if not _channel_mean(m2):
+            continue
+        add = _single_user(net, m2.outputs[0])
+        if add is None or add.op not in ("add", "scale") or _has_act(add):
+            continue
+        if add.op == "scale":         # ONNX's Add of a scalar: scale(v, 1, eps)
+            eps_d = add.inputs[2]
+            if add.inputs[0] is not m2.outputs[0] or not np.all(add.inputs[1].value == 1):
+                continue
+        else:
+            eps_d = add.inputs[1] if add.inputs[0] is m2.outputs[0] else add.inputs[0]
+        if not eps_d.is_constant or eps_d.value.size != 1 or not float(eps_d.value.reshape(-1)[0]) >= 0:
+            continue
+        rt = _single_user(net, add.outputs[0])
+        if rt is None or rt.op != "activation" or rt.params["act"][0] != "sqrt" \
+                or div.inputs[1] is not rt.outputs[0] or _single_user(net, rt.outputs[0]) is not div:
+            continue
+        chain = [m1, *subs, sq, m2, add, rt, div]
+        if any(o.outputs[0] in net.outputs for o in chain[:-1]):
+            continue
+        c, dt = x.shape[1], x.dtype
+        out = div.outputs[0]
+        for o in chain:
+            _drop(net, o)
+        cn = _make_op(net, "channel_norm", [x, DataNode(f"{div.name}.unit_weight", (c,), dt, np.ones(c, dt)),
+                                            DataNode(f"{div.name}.zero_bias", (c,), dt, np.zeros(c, dt))],
+                      {"eps": float(eps_d.value.reshape(-1)[0])}, div.name, out)
+        _reorder(net)
+        _absorb_affine(net, cn)
+        n += 1
+    return PassResult(net, n > 0, f"{n} spelled-out channel layer norms as channel_norm")
+
+
 def fold_group_norm(net: Network) -> PassResult:
     """GroupNorm as ONNX exporters write it, back to one group_norm: reshape (N, C, ...) -> (N, G, L), an
     instance norm of the G rows with unit scale and zero bias, reshape back to (N, C, ...) -> group_norm(G) of
@@ -583,37 +687,7 @@ def fold_group_norm(net: Network) -> PassResult:
                 rp.inputs[0].consumers.remove(rp)
                 net.ops.remove(rp)
                 n_shape += 1
-        while not _has_act(gn):
-            u = _single_user(net, gn.outputs[0])
-            if u is None or u.op not in ("scale", "mul", "div", "add", "sub") or _has_act(u) \
-                    or u.outputs[0].shape != gn.outputs[0].shape:
-                break
-            c = gn.outputs[0].shape[1]
-            if u.op == "scale":
-                if u.inputs[0] is not gn.outputs[0]:
-                    break
-                f, t = u.inputs[1].value.astype(np.float64), u.inputs[2].value.astype(np.float64)
-            else:
-                i = 0 if u.inputs[0] is gn.outputs[0] else 1
-                other = u.inputs[1 - i]
-                if other is gn.outputs[0] or not other.is_constant or len(other.shape) > len(gn.outputs[0].shape):
-                    break
-                v = other.value.astype(np.float64)
-                # (.., C, 1, ..) aligned to the output's axes: per channel when only axis 1 may differ from 1
-                full = (1,) * (len(gn.outputs[0].shape) - v.ndim) + v.shape
-                if any(d != 1 for k, d in enumerate(full) if k != 1) or full[1] not in (1, c):
-                    break
-                v = np.broadcast_to(v.reshape(-1), (c,)) if full[1] == c else np.full(c, float(v.reshape(-1)[0]))
-                if (u.op == "sub" and i == 1) or (u.op == "div" and (i == 1 or np.any(v == 0))):
-                    break
-                f, t = {"mul": (v, 0.0 * v), "div": (1.0 / v, 0.0 * v), "add": (1.0 + 0.0 * v, v),
-                        "sub": (1.0 + 0.0 * v, -v)}[u.op]
-            gam, bet = gn.inputs[1].value.astype(np.float64), gn.inputs[2].value.astype(np.float64)
-            dt = gn.inputs[1].dtype
-            _set_inputs(gn, [gn.inputs[0], DataNode(f"{gn.name}.weight_folded", (c,), dt, (gam * f).astype(dt)),
-                             DataNode(f"{gn.name}.bias_folded", (c,), dt, (bet * f + t).astype(dt))])
-            _replace_output(net, gn, u)
-            n_affine += 1
+        n_affine += _absorb_affine(net, gn)
     if n_shape:
         _reorder(net)
     return PassResult(net, bool(n_shape or n_affine), f"{n_shape} reshaped instance norms as group_norm, "
