@@ -1,4 +1,4 @@
-"""GroupNorm / InstanceNorm layers: tilefuse's compiled network against PyTorch and ONNX Runtime, same run.
+"""GroupNorm / InstanceNorm layers and norms written in tensor math: tilefuse against PyTorch and ONNX Runtime.
 
     .venv/bin/python benchmarks/norms.py --threads 1 2 --reps 20
     PYTHONPATH=. python3 benchmarks/norms.py --threads 16          # a bigger machine
@@ -8,7 +8,8 @@ runs it as written; ONNX Runtime runs its TorchScript export (GroupNorm arrives 
 InstanceNormalization -> Reshape -> Mul -> Add, as in files users have); tilefuse compiles the same export
 (`from_onnx`: the compiler folds the chain back into one group_norm with the activation fused) and runs it in a
 Session. The last case is a diffusion UNet's residual block (GroupNorm, SiLU, conv 3x3, twice, and the skip):
-the group norms between blocked convs run on NCHW16c. Medians of --reps runs after a warm-up, each framework over all cases before the next starts. GB/s
+the group norms between blocked convs run on NCHW16c. The last three are norms model code writes in tensor math:
+the official ConvNeXt LayerNorm (the compiler folds its nine ops into one channel_norm) and SSD's L2Norm. Medians of --reps runs after a warm-up, each framework over all cases before the next starts. GB/s
 counts the input read once and the output written once (for the residual block too, where it is only a scale) (the least any implementation moves); the kernel is
 memory bound, so the yardstick is the machine's bandwidth (depthwise.py measures it: `triad`). Ratios > 1: tilefuse
 faster. Needs numpy, numba, torch, onnx, onnxruntime.
@@ -37,6 +38,12 @@ CASES = [
     # a diffusion UNet's residual block (GN, SiLU, conv 3x3, GN, SiLU, conv 3x3, + x): the group norms run
     # between blocked convs (NCHW16c, no conversions)
     ("resblock 128@64x64 (2 conv + 2 gn)", (1, 128, 64, 64), "resblock", 32, "silu"),
+    # model code's own norms written with tensor math: the official ConvNeXt LayerNorm (channels_first: mean,
+    # (x - u).pow(2).mean, torch.sqrt; the compiler folds it into one channel_norm) and SSD's L2Norm (pow, sum,
+    # sqrt, + eps, div, * weight: runs as those ops)
+    ("convnext-official 96@56x56 layernorm", (1, 96, 56, 56), "cf_ln", 0, "none"),
+    ("convnext-official 192@28x28 b8 layernorm", (8, 192, 28, 28), "cf_ln", 0, "none"),
+    ("ssd 512@38x38 l2norm", (1, 512, 38, 38), "l2norm", 0, "none"),
 ]
 
 
@@ -60,10 +67,40 @@ class ResBlock:
         return Block().eval()
 
 
+def _tensor_norm(kind, c):
+    import torch
+    import torch.nn as nn
+
+    class LayerNormCF(nn.Module):      # facebookresearch/ConvNeXt, models/convnext.py, data_format="channels_first"
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias, self.eps = nn.Parameter(torch.ones(c)), nn.Parameter(torch.zeros(c)), 1e-6
+
+        def forward(self, x):
+            u = x.mean(1, keepdim=True)
+            s = (x - u).pow(2).mean(1, keepdim=True)
+            x = (x - u) / torch.sqrt(s + self.eps)
+            return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+    class L2Norm(nn.Module):           # ssd.pytorch, layers/modules/l2norm.py
+        def __init__(self):
+            super().__init__()
+            self.weight, self.eps = nn.Parameter(torch.full((c,), 20.0)), 1e-10
+
+        def forward(self, x):
+            norm = x.pow(2).sum(dim=1, keepdim=True).sqrt() + self.eps
+            x = torch.div(x, norm)
+            return self.weight.unsqueeze(0).unsqueeze(2).unsqueeze(3).expand_as(x) * x
+
+    return (LayerNormCF if kind == "cf_ln" else L2Norm)().eval()
+
+
 def _module(kind, c, groups, act):
     import torch.nn as nn
     if kind == "resblock":
         return ResBlock.make(c, groups)
+    if kind in ("cf_ln", "l2norm"):
+        return _tensor_norm(kind, c)
     norm = nn.GroupNorm(groups, c) if kind == "gn" else nn.InstanceNorm2d(c, affine=True)
     a = {"silu": nn.SiLU(), "relu": nn.ReLU(), "none": nn.Identity()}[act]
     return nn.Sequential(norm, a).eval()

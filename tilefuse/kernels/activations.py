@@ -406,6 +406,93 @@ def _expm1_neg(t):
     return p if t > _EM1_LO else _exp(t) - _F1
 
 
+# apply_span's floating-point flags, stated so that they are never inherited: numba compiles a function without
+# its own `fastmath` with the flags of the caller that triggers its first compile (targetconfig's
+# inherit_if_not_set), and caches that code. apply_span is called by fastmath kernels (epilogue.act_span,
+# depthwise._finish_row, squeeze's gates) and by plain ones, so its bits and speed had depended on which of them
+# ran first since the cache was made (SiLU over 64K floats, one Zen 3 core: 0.93 ns a value compiled on its own,
+# 0.58 as act_span's callee, different last bits; benchmarks/RESULTS.md, 2026-11-29, eighteenth session).
+# "contract" lets LLVM fuse the polynomials' multiply-adds (0.65 ns); no flag that assumes finite values (a NaN
+# in gives a NaN out, the clamps stay). tests/test_activations.py checks both orders.
+SPAN_FASTMATH = {"contract"}
+
+
+# the element-wise math codes (14-22), one function each: apply_span's loop for a code inlines only its own
+# function, and apply_scalar (inlined into every kernel's scalar stores) reaches them through one call of
+# _math_call: inlining all of them there made numba compile 9x longer (apply_span 18 -> 169 s, a conv network's
+# kernels 1.7 -> 6.8 s)
+@njit(inline="always", cache=True)
+def _s_abs(v, alpha, beta):
+    return abs(v)
+
+
+@njit(inline="always", cache=True)
+def _s_exp(v, alpha, beta):
+    return _exp(v)
+
+
+@njit(inline="always", cache=True)
+def _s_log(v, alpha, beta):
+    return log32(v)
+
+
+@njit(inline="always", cache=True)
+def _s_sqrt(v, alpha, beta):
+    return np.sqrt(v)
+
+
+@njit(inline="always", cache=True)
+def _s_rsqrt(v, alpha, beta):
+    return np.divide(_F1, np.sqrt(v))
+
+
+@njit(inline="always", cache=True)
+def _s_pow(v, alpha, beta):
+    return _pow(v, alpha)
+
+
+@njit(inline="always", cache=True)
+def _s_celu(v, alpha, beta):
+    return v if v > _F0 else alpha * _expm1_neg(np.divide(min(v, _F0), alpha))
+
+
+@njit(inline="always", cache=True)
+def _s_selu(v, alpha, beta):
+    return _FSELU_SCALE * (v if v > _F0 else _FSELU_ALPHA * _expm1_neg(min(v, _F0)))
+
+
+@njit(inline="always", cache=True)
+def _s_log_sigmoid(v, alpha, beta):
+    return -_softplus(-v, _F1, _INF32)
+
+
+MATH_CODES = 14     # codes from here on: the element-wise math functions
+
+
+@njit(nogil=True, cache=True, fastmath=SPAN_FASTMATH)
+def _math_call(code, v, alpha, beta):
+    """One value of a math code (14-22), out of line (flags stated: never inherited from the caller)."""
+    if code == 14:
+        return _s_abs(v, alpha, beta)
+    if code == 15:
+        return _s_exp(v, alpha, beta)
+    if code == 16:
+        return _s_log(v, alpha, beta)
+    if code == 17:
+        return _s_sqrt(v, alpha, beta)
+    if code == 18:
+        return _s_rsqrt(v, alpha, beta)
+    if code == 19:
+        return _s_pow(v, alpha, beta)
+    if code == 20:
+        return _s_celu(v, alpha, beta)
+    if code == 21:
+        return _s_selu(v, alpha, beta)
+    if code == 22:
+        return _s_log_sigmoid(v, alpha, beta)
+    return v
+
+
 @njit(inline="always", cache=True)
 def apply_scalar(code, v, alpha, beta):
     """The activation of one float32 value inside njit code ((code, alpha, beta) from encode(); pass
@@ -439,25 +526,7 @@ def apply_scalar(code, v, alpha, beta):
         return v * _mish_ratio(v)
     if code == 13:
         return _softplus(v, alpha, beta)
-    if code == 14:
-        return abs(v)
-    if code == 15:
-        return _exp(v)
-    if code == 16:
-        return log32(v)
-    if code == 17:
-        return np.sqrt(v)
-    if code == 18:
-        return np.divide(_F1, np.sqrt(v))
-    if code == 19:
-        return _pow(v, alpha)
-    if code == 20:
-        return v if v > _F0 else alpha * _expm1_neg(np.divide(min(v, _F0), alpha))
-    if code == 21:
-        return _FSELU_SCALE * (v if v > _F0 else _FSELU_ALPHA * _expm1_neg(min(v, _F0)))
-    if code == 22:
-        return -_softplus(-v, _F1, _INF32)
-    return v
+    return _math_call(code, v, alpha, beta)      # 14-22 (a call: see _s_abs)
 
 
 @njit(inline="always", cache=True)
@@ -467,15 +536,20 @@ def _apply_loop(f, lo, hi, code, a, b):
         g[i] = apply_scalar(code, g[i], a, b)
 
 
-# apply_span's floating-point flags, stated so that they are never inherited: numba compiles a function without
-# its own `fastmath` with the flags of the caller that triggers its first compile (targetconfig's
-# inherit_if_not_set), and caches that code. apply_span is called by fastmath kernels (epilogue.act_span,
-# depthwise._finish_row, squeeze's gates) and by plain ones, so its bits and speed had depended on which of them
-# ran first since the cache was made (SiLU over 64K floats, one Zen 3 core: 0.93 ns a value compiled on its own,
-# 0.58 as act_span's callee, different last bits; benchmarks/RESULTS.md, 2026-11-29, eighteenth session).
-# "contract" lets LLVM fuse the polynomials' multiply-adds (0.65 ns); no flag that assumes finite values (a NaN
-# in gives a NaN out, the clamps stay). tests/test_activations.py checks both orders.
-SPAN_FASTMATH = {"contract"}
+def _math_loop(fn):
+    """The in-place loop of one math code's function (inlined whole: the loop vectorizes)."""
+    @njit(inline="always", cache=True)
+    def loop(f, lo, hi, a, b):
+        g = f[lo:hi]
+        for i in range(g.size):
+            g[i] = fn(g[i], a, b)
+    return loop
+
+
+_L_ABS, _L_EXP, _L_LOG, _L_SQRT, _L_RSQRT, _L_POW, _L_CELU, _L_SELU, _L_LOG_SIGMOID = (
+    _math_loop(f) for f in (_s_abs, _s_exp, _s_log, _s_sqrt, _s_rsqrt, _s_pow, _s_celu, _s_selu, _s_log_sigmoid))
+
+
 
 
 @njit(nogil=True, cache=True, fastmath=SPAN_FASTMATH)
@@ -512,23 +586,23 @@ def apply_span(f, lo, hi, code, a, b):
     elif code == 13:
         _apply_loop(f, lo, hi, 13, a, b)
     elif code == 14:
-        _apply_loop(f, lo, hi, 14, a, b)
+        _L_ABS(f, lo, hi, a, b)
     elif code == 15:
-        _apply_loop(f, lo, hi, 15, a, b)
+        _L_EXP(f, lo, hi, a, b)
     elif code == 16:
-        _apply_loop(f, lo, hi, 16, a, b)
+        _L_LOG(f, lo, hi, a, b)
     elif code == 17:
-        _apply_loop(f, lo, hi, 17, a, b)
+        _L_SQRT(f, lo, hi, a, b)
     elif code == 18:
-        _apply_loop(f, lo, hi, 18, a, b)
+        _L_RSQRT(f, lo, hi, a, b)
     elif code == 19:
-        _apply_loop(f, lo, hi, 19, a, b)
+        _L_POW(f, lo, hi, a, b)
     elif code == 20:
-        _apply_loop(f, lo, hi, 20, a, b)
+        _L_CELU(f, lo, hi, a, b)
     elif code == 21:
-        _apply_loop(f, lo, hi, 21, a, b)
+        _L_SELU(f, lo, hi, a, b)
     else:
-        _apply_loop(f, lo, hi, 22, a, b)
+        _L_LOG_SIGMOID(f, lo, hi, a, b)
 
 
 @njit(nogil=True, cache=True)

@@ -40,6 +40,11 @@ def _code(act, relu=False):
 @njit(nogil=True, cache=True, fastmath=FAST)
 def _act_flat(out, x, i0, i1, code, alpha, beta):
     a, b = np.float32(alpha), np.float32(beta)
+    if code >= A.MATH_CODES:        # the math codes' vectorized loops (apply_scalar reaches them by a call)
+        for i in range(i0, i1):
+            out[i] = x[i]
+        A.apply_span(out, i0, i1, code, a, b)
+        return
     for i in range(i0, i1):
         out[i] = A.apply_scalar(code, x[i], a, b)
 
@@ -123,6 +128,8 @@ _KIND = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 @njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")   # x / 0 is inf, as in NumPy and PyTorch
 def _binary_flat(out, a, b, i0, i1, kind, code, alpha, beta):
     al, be = np.float32(alpha), np.float32(beta)
+    math = code >= A.MATH_CODES     # the math codes: a second, vectorized pass over the chunk (in cache)
+    c = 0 if math else code
     for i in range(i0, i1):
         if kind == 0:
             v = a[i] + b[i]
@@ -132,7 +139,9 @@ def _binary_flat(out, a, b, i0, i1, kind, code, alpha, beta):
             v = a[i] * b[i]
         else:
             v = a[i] / b[i]
-        out[i] = A.apply_scalar(code, v, al, be)
+        out[i] = A.apply_scalar(c, v, al, be)
+    if math:
+        A.apply_span(out, i0, i1, code, al, be)
 
 
 @njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")
