@@ -9,7 +9,8 @@ InstanceNormalization -> Reshape -> Mul -> Add, as in files users have); tilefus
 (`from_onnx`: the compiler folds the chain back into one group_norm with the activation fused) and runs it in a
 Session. The last case is a diffusion UNet's residual block (GroupNorm, SiLU, conv 3x3, twice, and the skip):
 the group norms between blocked convs run on NCHW16c. The last three are norms model code writes in tensor math:
-the official ConvNeXt LayerNorm (the compiler folds its nine ops into one channel_norm) and SSD's L2Norm. Medians of --reps runs after a warm-up, each framework over all cases before the next starts. GB/s
+the official ConvNeXt LayerNorm (the compiler folds its nine ops into one channel_norm), SSD's L2Norm and
+F.normalize (one channel_norm in an l2 mode). Medians of --reps runs after a warm-up, each framework over all cases before the next starts. GB/s
 counts the input read once and the output written once (for the residual block too, where it is only a scale) (the least any implementation moves); the kernel is
 memory bound, so the yardstick is the machine's bandwidth (depthwise.py measures it: `triad`). Ratios > 1: tilefuse
 faster. Needs numpy, numba, torch, onnx, onnxruntime.
@@ -39,11 +40,14 @@ CASES = [
     # between blocked convs (NCHW16c, no conversions)
     ("resblock 128@64x64 (2 conv + 2 gn)", (1, 128, 64, 64), "resblock", 32, "silu"),
     # model code's own norms written with tensor math: the official ConvNeXt LayerNorm (channels_first: mean,
-    # (x - u).pow(2).mean, torch.sqrt; the compiler folds it into one channel_norm) and SSD's L2Norm (pow, sum,
-    # sqrt, + eps, div, * weight: runs as those ops)
+    # (x - u).pow(2).mean, torch.sqrt; the compiler folds it into one channel_norm), SSD's L2Norm (pow, sum,
+    # sqrt, + eps, div, * the expanded weight) and F.normalize over a feature map (both fold into one
+    # channel_norm in an l2 mode, the weight into its gamma)
     ("convnext-official 96@56x56 layernorm", (1, 96, 56, 56), "cf_ln", 0, "none"),
     ("convnext-official 192@28x28 b8 layernorm", (8, 192, 28, 28), "cf_ln", 0, "none"),
     ("ssd 512@38x38 l2norm", (1, 512, 38, 38), "l2norm", 0, "none"),
+    ("ssd 512@38x38 b8 l2norm", (8, 512, 38, 38), "l2norm", 0, "none"),
+    ("F.normalize 256@28x28 b8", (8, 256, 28, 28), "normalize", 0, "none"),
 ]
 
 
@@ -92,14 +96,18 @@ def _tensor_norm(kind, c):
             x = torch.div(x, norm)
             return self.weight.unsqueeze(0).unsqueeze(2).unsqueeze(3).expand_as(x) * x
 
-    return (LayerNormCF if kind == "cf_ln" else L2Norm)().eval()
+    class Normalize(nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.normalize(x, dim=1)
+
+    return {"cf_ln": LayerNormCF, "l2norm": L2Norm, "normalize": Normalize}[kind]().eval()
 
 
 def _module(kind, c, groups, act):
     import torch.nn as nn
     if kind == "resblock":
         return ResBlock.make(c, groups)
-    if kind in ("cf_ln", "l2norm"):
+    if kind in ("cf_ln", "l2norm", "normalize"):
         return _tensor_norm(kind, c)
     norm = nn.GroupNorm(groups, c) if kind == "gn" else nn.InstanceNorm2d(c, affine=True)
     a = {"silu": nn.SiLU(), "relu": nn.ReLU(), "none": nn.Identity()}[act]

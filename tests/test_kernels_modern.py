@@ -297,12 +297,48 @@ def test_channel_norm_of_a_constant_position_is_beta(c):
         np.testing.assert_allclose(got[~m], t[~m], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("layout", ["nchw", "nchwc"])
+def test_channel_l2_norm_against_torch_and_at_zero(layout):
+    """The l2 modes against PyTorch's own forms (SSD: x / (x.pow(2).sum(1).sqrt() + eps); F.normalize: x /
+    max(||x||, eps)), positions of all zeros included: with eps 0, 0 / 0 is NaN as in PyTorch, F.normalize's clamp
+    gives 0, SSD's eps gives 0; a NaN at a position makes that position's outputs NaN, and only those."""
+    import torch
+    import torch.nn.functional as F
+
+    from tilefuse.kernels import norm
+    from tilefuse.kernels.conv import from_nchwc, to_nchwc
+    c = 21
+    x = RNG.standard_normal((2, c, 4, 6)).astype(np.float32)
+    x[0, :, 1, 2] = 0.0
+    x[1, :, 3, :] = 0.0
+    x[1, 5, 0, 0] = np.nan
+    g = RNG.standard_normal(c).astype(np.float32)
+    t = torch.from_numpy(x)
+    cases = [("l2", 1e-10, t / (t.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)),
+             ("l2", 0.0, t / t.norm(dim=1, keepdim=True)),
+             ("l2_clamp", 1e-12, F.normalize(t, dim=1))]
+    for mode, eps, want in cases:
+        want = (want * torch.from_numpy(g).view(1, c, 1, 1)).numpy()
+        if layout == "nchwc":
+            ob = np.empty_like(to_nchwc(x))
+            norm.channel_norm(ob, to_nchwc(x), g, np.zeros(c, np.float32), eps=eps, threads=2, layout="nchwc",
+                              channels=c, mode=mode)
+            got = from_nchwc(ob, c)
+        else:
+            got = np.empty_like(x)
+            norm.channel_norm(got, x, g, np.zeros(c, np.float32), eps=eps, threads=2, mode=mode)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        assert np.isnan(want[1, :, 0, 0]).all() and (eps > 0) != np.isnan(want[0, :, 1, 2]).all()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode,eps", [("layer", 1e-6), ("l2", 1e-10), ("l2_clamp", 1e-12)])
 @pytest.mark.parametrize("n,c,h,w", [(1, 37, 9, 5), (3, 20, 7, 7), (1, 96, 14, 3), (2, 16, 1, 30), (1, 768, 7, 7)])
-def test_channel_norm_blocked_kernel(n, c, h, w):
-    """ConvNeXt's channel norm on NCHW16c (kernels/norm.py, tasks of rows on a numba region): equal to
-    the reference within 1e-5 of the output's scale; the padded lanes of the input never read (filled
-    with NaN and huge values here) and written 0; bitwise the same for 1, 2 and 3 threads (the task
-    split never changes a position's sums)."""
+def test_channel_norm_blocked_kernel(n, c, h, w, mode, eps):
+    """The channel norm on NCHW16c (kernels/norm.py, tasks of rows on a numba region), each mode (ConvNeXt's
+    LayerNorm, SSD's L2Norm, F.normalize): equal to the reference within 1e-5 of the output's scale, and the NCHW
+    kernel too; the padded lanes of the input never read (filled with NaN and huge values here) and written 0;
+    bitwise the same for 1, 2 and 3 threads (the task split never changes a position's sums)."""
     from tilefuse.kernels import norm
     from tilefuse.kernels import reference as ref
     from tilefuse.kernels.conv import from_nchwc, to_nchwc
@@ -312,20 +348,23 @@ def test_channel_norm_blocked_kernel(n, c, h, w):
     xb = to_nchwc(x)
     if c % 16:
         xb[:, -1, :, :, c % 16:] = np.where(RNG.random(xb[:, -1, :, :, c % 16:].shape) < 0.5, np.nan, 1e30)
-    want = ref.channel_norm(x, g, b, 1e-6)
+    want = ref.channel_norm(x, g, b, eps, mode)
     outs = []
     for th in (1, 2, 3):
         ob = np.full_like(xb, 7.0)
-        norm.channel_norm(ob, xb, g, b, eps=1e-6, threads=th, layout="nchwc", channels=c)
+        norm.channel_norm(ob, xb, g, b, eps=eps, threads=th, layout="nchwc", channels=c, mode=mode)
         outs.append(ob)
     got = from_nchwc(outs[0], c)
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    o = np.empty_like(x)
+    norm.channel_norm(o, x, g, b, eps=eps, threads=2, mode=mode)
+    assert np.abs(o - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
     flat = outs[0].transpose(0, 2, 3, 1, 4).reshape(n, h, w, -1)     # (N, Cb, H, W, 16) -> (N, H, W, Cb*16)
     assert np.all(flat[..., c:] == 0.0)
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
     big = np.full(xb.shape[:3] + (2 * w, 16), 7.0, np.float32)
     strided = big[:, :, :, ::2]                                  # a non-contiguous output view: written through
-    norm.channel_norm(strided, xb, g, b, eps=1e-6, threads=2, layout="nchwc", channels=c)
+    norm.channel_norm(strided, xb, g, b, eps=eps, threads=2, layout="nchwc", channels=c, mode=mode)
     np.testing.assert_array_equal(big[:, :, :, ::2], outs[0])
     assert np.all(big[:, :, :, 1::2] == 7.0)

@@ -191,6 +191,20 @@ class EmbeddingHead(nn.Module):
         return F.normalize(self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)), dim=1)
 
 
+class NormalizedFeatures(nn.Module):
+    """F.normalize over the channels of a feature map (contrastive and retrieval models' dense heads)."""
+
+    def forward(self, x):
+        return F.normalize(x, dim=1)
+
+
+class BareL2(nn.Module):
+    """x / x.norm(dim=1, keepdim=True): no eps."""
+
+    def forward(self, x):
+        return x / x.norm(dim=1, keepdim=True)
+
+
 class LogSoftmaxHead(nn.Module):
     def __init__(self, c, k=5):
         super().__init__()
@@ -223,6 +237,9 @@ MODELS = {
                                        nn.CELU(0.6), nn.Conv2d(12, 6, 1), nn.Softsign(), nn.Conv2d(6, 4, 1),
                                        nn.LogSigmoid()),
     "elementwise": lambda: nn.Sequential(nn.Conv2d(3, 10, 3, padding=1), Elementwise()),
+    "normalize_features": lambda: nn.Sequential(nn.Conv2d(3, 20, 3, padding=1), NormalizedFeatures(),
+                                                nn.Conv2d(20, 6, 1)),
+    "bare_l2": lambda: nn.Sequential(nn.Conv2d(3, 17, 3), BareL2(), nn.Conv2d(17, 4, 3)),
 }
 
 
@@ -318,3 +335,100 @@ def test_chains_that_are_not_a_channel_norm_stay_as_written(block):
     cp = tilefuse.compile(tilefuse.from_torch(m, torch.from_numpy(x)))
     assert "channel_norm" not in {o.op for o in cp.network.ops}
     assert_close_to_max(cp.run(x), torch_run(m, x))
+
+
+# ------------------------------------------------------------------------------------ channel L2 norms
+
+@pytest.mark.parametrize("source", ["torch", "torchscript", "dynamo"])
+@pytest.mark.parametrize("name,mode", [("ssd_l2norm", "l2"), ("normalize_features", "l2_clamp"), ("bare_l2", "l2"),
+                                       ("embedding", "l2_clamp")])
+def test_channel_l2_norms_become_one_channel_norm(name, mode, source):
+    """SSD's L2Norm (its weight expanded to the input's shape and multiplied), F.normalize over a feature map and
+    over an embedding, x / x.norm(dim=1, keepdim=True): from PyTorch and both exporters' files, one channel_norm in
+    an l2 mode (square, sum, sqrt, eps, expand, divide and the weight gone), matching PyTorch."""
+    from onnx_export import export
+    torch.manual_seed(3)
+    m = MODELS[name]().eval()
+    x = _x(5)
+    net = tilefuse.from_torch(m, torch.from_numpy(x)) if source == "torch" else tilefuse.from_onnx(export(m, x, source))
+    cp = tilefuse.compile(net)
+    ops = [o.op for o in cp.network.ops]
+    norms = [o for o in cp.network.ops if o.op == "channel_norm"]
+    assert len(norms) == 1 and norms[0].params["mode"] == mode, ops
+    assert not {"mul", "sum", "div", "activation", "add", "scale"} & set(ops), ops
+    assert_close_to_max(cp.run(x), torch_run(m, x))
+
+
+def test_ssd_weight_is_not_kept_at_the_activations_size():
+    """SSD's `weight.unsqueeze(0).unsqueeze(2).unsqueeze(3).expand_as(x) * x` is a constant as large as the
+    activation once folded at import; the compiled package keeps C values, whatever the batch and image size."""
+    m = MODELS["ssd_l2norm"]().eval()
+    sizes = []
+    for shape in ((1, 3, 8, 8), (4, 3, 30, 20)):
+        x = _x(1, shape)
+        cp = tilefuse.compile(tilefuse.from_torch(m, torch.from_numpy(x)))
+        sizes.append(cp.package.const_bytes)
+        assert_close_to_max(cp.run(x), torch_run(m, x))
+    assert sizes[0] == sizes[1] < 4 * 24 * 30 * 20 * 4, sizes    # the batch-4 activation: 230 KB
+
+
+class _NormAlsoAdded(nn.Module):
+    def forward(self, x):
+        n = x.pow(2).sum(1, keepdim=True).sqrt()
+        return x / n + n
+
+
+class _OverHeight(nn.Module):
+    def forward(self, x):
+        return x / x.pow(2).sum(2, keepdim=True).sqrt()
+
+
+class _ClampedAbove(nn.Module):
+    def forward(self, x):
+        return x / x.norm(dim=1, keepdim=True).clamp(1e-6, 3.0)
+
+
+class _OtherSquare(nn.Module):
+    def forward(self, x):
+        return x / (x * x.flip(1)).sum(1, keepdim=True).abs().sqrt()
+
+
+@pytest.mark.parametrize("block", [_NormAlsoAdded, _OverHeight, _ClampedAbove])
+def test_chains_that_are_not_an_l2_norm_stay_as_written(block):
+    """The norm read again, a sum over another axis, a clamp from above: not x / ||x|| over the channels."""
+    m = nn.Sequential(nn.Conv2d(3, 20, 3), block()).eval()
+    x = _x(4)
+    cp = tilefuse.compile(tilefuse.from_torch(m, torch.from_numpy(x)))
+    assert "channel_norm" not in {o.op for o in cp.network.ops}
+    assert_close_to_max(cp.run(x), torch_run(m, x))
+
+
+def test_binary_constants_shrink_and_expands_drop_without_changing_a_bit():
+    """canonicalize: a constant repeating along an axis the other operand spans is cut to size 1 there (a shared one
+    is cut for each reader by what that reader's other operand spans), and x * ones (an expand) read only by broadcasting ops is
+    dropped; outputs bit for bit the same as the network run without the passes' rewrites (the interpreter)."""
+    from tilefuse.compiler.passes import canonicalize
+    from tilefuse.interpreter import evaluate
+    rng = np.random.default_rng(7)
+    net = tilefuse.Network("shrink")
+    x = net.input("x", (2, 6, 5, 4))
+    w = np.broadcast_to(rng.standard_normal((1, 6, 1, 1)), (2, 6, 5, 4)).astype(np.float32)
+    wn = net.constant("w", w, np.float32)
+    a = net.mul(x, wn, name="a")                      # w shrinks to (1, 6, 1, 1)
+    s = net.sum(x, (1,), True, name="s")             # (2, 1, 5, 4)
+    e = net.mul(s, net.constant("ones", np.ones((1, 6, 1, 1), np.float32), np.float32), name="e")   # expand
+    d = net.div(a, e, name="d")                       # reads s itself
+    y = net.add(d, wn, name="y")                      # the shared w: its own reduced copy
+    z = net.sub(net.mean(x, (2, 3), True, name="m"), wn, name="z")   # m (2, 6, 1, 1): w keeps H, W for z
+    net.output(y)
+    net.output(z)
+    res = canonicalize(net)
+    got = {o.name: o for o in res.network.ops}
+    assert "e" not in got and got["d"].inputs[1].name == "s"
+    assert got["a"].inputs[1].shape == (1, 6, 1, 1) and got["y"].inputs[1].shape == (1, 6, 1, 1)
+    assert got["z"].inputs[1].shape == (1, 6, 5, 4)
+    xv = rng.standard_normal((2, 6, 5, 4)).astype(np.float32)
+    for o1, o2 in zip(evaluate(net, {"x": xv}), evaluate(res.network, {"x": xv})):
+        np.testing.assert_array_equal(o1, o2)
+    for o1, o2 in zip(evaluate(net, {"x": xv}), tilefuse.compile(net).run(xv)):
+        np.testing.assert_allclose(o1, o2, rtol=1e-5, atol=1e-6)

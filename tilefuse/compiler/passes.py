@@ -268,7 +268,8 @@ def canonicalize(net: Network) -> PassResult:
     to the input size -> nothing, to a divisor of it -> avg_pool; permute by the identity and
     reshape to the same shape -> nothing; reshape (N, ...) -> (N, prod) -> flatten; reshape to
     (N, g, C/g, H, W) -> permute (0, 2, 1, 3, 4) -> reshape back -> channel_shuffle; activation
-    relu -> relu."""
+    relu -> relu; a binary op's constant operand cut to the axes it varies on (`_shrink_broadcast_constant`), and
+    an expand (x * ones) read only by broadcasting ops dropped (`_bypass_expand`)."""
     net = net.clone()
     n = 0
     for op in list(net.ops):
@@ -310,6 +311,12 @@ def canonicalize(net: Network) -> PassResult:
             new = ("flatten", {"start_dim": 1})
         elif op.op == "activation" and p["act"][0] == "relu":
             new = ("relu", {})
+        elif op.op in _BINARY and not _has_act(op):
+            k = _shrink_broadcast_constant(net, op)
+            if op.op == "mul" and _bypass_expand(net, op):
+                k += 1
+            n += k
+            continue
         if new is not None:
             _drop(net, op)
             _make_op(net, new[0], [x], new[1], op.name, out)
@@ -317,6 +324,62 @@ def canonicalize(net: Network) -> PassResult:
     if n:
         _reorder(net)
     return PassResult(net, n > 0, f"{n} ops canonicalized")
+
+
+_BINARY = ("add", "sub", "mul", "div")
+
+
+def _aligned(shape, rank):
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+def _shrink_broadcast_constant(net: Network, op: OpNode) -> int:
+    """A constant operand of a broadcasting binary op that repeats one value along an axis where the other operand
+    spans the output anyway is cut to size 1 there (`w.view(1, C, 1, 1).expand_as(x) * x`, folded at import to a
+    constant as large as the activation: SSD's L2Norm weight at batch 32 would be 94 MB in the package). The output
+    is unchanged, bit for bit; a constant shared with other ops gets a reduced copy."""
+    out = op.outputs[0].shape
+    r = len(out)
+    n = 0
+    for i, c in enumerate(op.inputs):
+        other = op.inputs[1 - i]
+        if not c.is_constant or other.is_constant or len(c.shape) != r or c.value.size <= 1:
+            continue
+        v, oth = c.value, _aligned(other.shape, r)
+        for k in range(r):
+            if v.shape[k] > 1 and oth[k] == out[k] and np.array_equal(v, np.broadcast_to(v.take([0], axis=k), v.shape)):
+                v = v.take([0], axis=k)
+        if v.shape == c.value.shape:
+            continue
+        d = DataNode(net._fresh(f"{c.name}.reduced"), v.shape, c.dtype, np.ascontiguousarray(v))
+        c.consumers.remove(op)
+        op.inputs = [d if j == i else x for j, x in enumerate(op.inputs)]
+        d.consumers.append(op)
+        n += 1
+    return n
+
+
+def _bypass_expand(net: Network, op: OpNode) -> bool:
+    """x * ones (an importer's expand / expand_as, which keeps the values) whose consumers broadcast anyway:
+    they read x itself when their output shape stays the same (F.normalize's `norm.clamp_min(eps).expand_as(x)`
+    before x / it), or when x already has the product's shape."""
+    ones = [i for i, d in enumerate(op.inputs) if d.is_constant and d.value.size and np.all(d.value == 1)]
+    if not ones or op.inputs[0].is_constant and op.inputs[1].is_constant:
+        return False
+    x, out = op.inputs[1 - ones[0]], op.outputs[0]
+    if any(out is o for o in net.outputs):
+        return False
+    if tuple(x.shape) != tuple(out.shape):
+        for c in out.consumers:
+            if c.op not in _BINARY:
+                return False
+            try:
+                shape = np.broadcast_shapes(*[x.shape if d is out else d.shape for d in c.inputs])
+            except ValueError:
+                return False
+            if tuple(shape) != tuple(c.outputs[0].shape):
+                return False
+    return _bypass(net, op, x)
 
 
 def fuse_channel_shuffle(net: Network) -> PassResult:
@@ -659,6 +722,79 @@ def fold_channel_norm(net: Network) -> PassResult:
         _absorb_affine(net, cn)
         n += 1
     return PassResult(net, n > 0, f"{n} spelled-out channel layer norms as channel_norm")
+
+
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _l2_divisor(net: Network, d: DataNode) -> tuple[DataNode, str, float, list[OpNode]] | None:
+    """d = sqrt(sum(x * x, axis 1, keepdim)) [+ eps | clamped below at eps]: (x, mode, eps, the ops), each op
+    read only by the next (the divide is the last reader)."""
+    op, chain = d.producer, []
+    mode, eps = "l2", 0.0
+    if op is not None and not _has_act(op) and op.op in ("add", "scale"):
+        if op.op == "scale":          # ONNX's Add of a scalar: scale(v, 1, eps)
+            if not np.all(op.inputs[1].value == 1):
+                return None
+            eps_d, src = op.inputs[2], op.inputs[0]
+        else:
+            eps_d, src = op.inputs[::-1] if op.inputs[1].is_constant else op.inputs
+        if not eps_d.is_constant or eps_d.value.size != 1:
+            return None
+        eps = float(eps_d.value.reshape(-1)[0])
+        chain.append(op)
+        op = src.producer
+    elif op is not None and op.op == "activation" and op.params["act"][0] == "clip":
+        _, lo, hi = op.params["act"][:3]
+        if not hi >= _FLT_MAX:
+            return None
+        mode, eps = "l2_clamp", float(lo)
+        chain.append(op)
+        op = op.inputs[0].producer
+    if not 0.0 <= eps < float("inf"):
+        return None
+    if op is None or op.op != "activation" or op.params["act"][0] != "sqrt":
+        return None
+    chain.append(op)
+    sm = op.inputs[0].producer
+    if sm is None or sm.op != "sum" or _has_act(sm) or not sm.params["keepdim"] \
+            or tuple(a % len(sm.inputs[0].shape) for a in sm.params["axes"]) != (1,):
+        return None
+    sq = sm.inputs[0].producer
+    if sq is None or sq.op != "mul" or _has_act(sq) or sq.inputs[0] is not sq.inputs[1]:
+        return None
+    chain += [sm, sq]
+    if any(_single_user(net, o.outputs[0]) is None for o in chain):
+        return None
+    return sq.inputs[0], mode, eps, chain[::-1]
+
+
+def fold_l2_norm(net: Network) -> PassResult:
+    """x / ||x||_2 over the channels as model code writes it: SSD's L2Norm (`x.pow(2).sum(1, keepdim=True).sqrt()
+    + eps`, torch.div), F.normalize (the vector norm clamped at eps, expanded), a bare `x / x.norm(dim=1,
+    keepdim=True)`, and ONNX's ReduceL2 / Clip / Div: square -> sum over axis 1 -> sqrt -> [+ eps | clamp] ->
+    x / . becomes one channel_norm in an l2 mode (x read twice instead of six passes and a squared copy), and
+    the per-channel weight after it (SSD's) folds into its gamma (`_absorb_affine`)."""
+    net = net.clone()
+    n = 0
+    for div in [o for o in net.ops if o.op == "div" and not _has_act(o)]:
+        x, d = div.inputs
+        if len(x.shape) < 2 or tuple(div.outputs[0].shape) != tuple(x.shape):
+            continue
+        found = _l2_divisor(net, d)
+        if found is None or found[0] is not x or _single_user(net, d) is not div:
+            continue
+        _, mode, eps, chain = found
+        c, dt, out = x.shape[1], x.dtype, div.outputs[0]
+        for o in [*chain, div]:
+            _drop(net, o)
+        cn = _make_op(net, "channel_norm", [x, DataNode(f"{div.name}.unit_weight", (c,), dt, np.ones(c, dt)),
+                                            DataNode(f"{div.name}.zero_bias", (c,), dt, np.zeros(c, dt))],
+                      {"eps": eps, "mode": mode}, div.name, out)
+        _reorder(net)
+        _absorb_affine(net, cn)
+        n += 1
+    return PassResult(net, n > 0, f"{n} channel L2 norms as channel_norm")
 
 
 def fold_group_norm(net: Network) -> PassResult:

@@ -14,6 +14,7 @@ PASSES = [
     (P.fold_batch_norm,         "conv -> BN with one user: BN folds into the conv's weights and bias"),
     (P.batch_norm_to_scale,     "a BN left over is a per-channel affine map"),
     (P.fold_channel_norm,       "mean -> x - u -> square -> mean -> + eps -> sqrt -> divide: one channel_norm"),
+    (P.fold_l2_norm,            "square -> sum over C -> sqrt -> + eps or clamp -> x / .: one channel_norm (l2)"),
     (P.fold_group_norm,         "reshape -> instance norm -> reshape -> affine (ONNX GroupNorm): one group_norm"),
     (P.fold_channel_affine,     "conv/linear -> * or + a per-channel constant: folds into weights, bias"),
     (P.prune_dead_taps,         "kernel rows / columns that read only padding (dilation past the map) dropped"),

@@ -1035,8 +1035,11 @@ def _expand(imp, x, size, *, implicit=False):
     size = tuple(x.shape[i - (len(size) - len(x.shape))] if s == -1 else int(s) for i, s in enumerate(size))
     if size == x.shape:
         return x
-    # materialize the broadcast: x * ones(size) (an expand feeding a broadcasting op is rare)
-    ones = imp.net.constant(imp.unique(f"{imp.op_name_hint()}.ones"), np.ones(size, imp.dtype), imp.dtype)
+    # materialize the broadcast: x * ones, the ones only over the expanded axes (canonicalize drops the product
+    # where its consumers broadcast anyway)
+    xs = (1,) * (len(size) - len(x.shape)) + tuple(x.shape)
+    ones = np.ones([s if d == 1 else 1 for d, s in zip(xs, size)], imp.dtype)
+    ones = imp.net.constant(imp.unique(f"{imp.op_name_hint()}.ones"), ones, imp.dtype)
     return imp.net.mul(x, ones, name=imp.op_name())
 
 

@@ -414,11 +414,13 @@ class Network:
         return self.add_op("layer_norm", [x, self._const(n, "weight", gamma, x.dtype),
                                           self._const(n, "bias", beta, x.dtype)], {"axis": axis, "eps": eps}, n)
 
-    def channel_norm(self, x: DataNode, gamma, beta, eps: float = 1e-6, name: str | None = None) -> DataNode:
-        """Layer norm over the channels of (N, C, H, W) at each position (LayerNorm2d)."""
+    def channel_norm(self, x: DataNode, gamma, beta, eps: float = 1e-6, mode: str = "layer",
+                     name: str | None = None) -> DataNode:
+        """A norm over the channels of (N, C, H, W) at each position, then gamma[c] * . + beta[c]: mode "layer" is
+        LayerNorm2d, "l2" x / (||x||_2 + eps) (SSD's L2Norm), "l2_clamp" x / max(||x||_2, eps) (F.normalize)."""
         n = self._name("channel_norm", name)
         return self.add_op("channel_norm", [x, self._const(n, "weight", gamma, x.dtype),
-                                            self._const(n, "bias", beta, x.dtype)], {"eps": eps}, n)
+                                            self._const(n, "bias", beta, x.dtype)], {"eps": eps, "mode": mode}, n)
 
     def group_norm(self, x: DataNode, groups: int, gamma=None, beta=None, eps: float = 1e-5,
                    name: str | None = None) -> DataNode:

@@ -846,7 +846,15 @@ def _layer_norm_norm(node, p):
 
 
 def _channel_norm_norm(node, p):
-    return _bn_norm(node, {"eps": p.get("eps", 1e-6)})
+    mode = p.get("mode", "layer")
+    if mode not in ref.CHANNEL_NORM_MODES:
+        raise GraphError(node, f"parameter mode={mode!r}; expected one of {', '.join(ref.CHANNEL_NORM_MODES)}")
+    if mode == "layer":
+        return {**_bn_norm(node, {"eps": p.get("eps", 1e-6)}), "mode": mode}
+    eps = float(p.get("eps", 0.0))      # x / ||x|| (eps = 0) is allowed: 0 / 0 is NaN, as PyTorch's
+    if not eps >= 0 or eps == float("inf"):
+        raise GraphError(node, f"parameter eps={eps} must be finite and >= 0")
+    return {"eps": eps, "mode": mode}
 
 
 def _layer_norm_infer(node, ins, p):
@@ -898,7 +906,7 @@ def _channel_norm_infer(node, ins, p):
 
 
 _register(OpSchema("channel_norm", "norm", ("x", "gamma", "beta"), _channel_norm_norm, _channel_norm_infer,
-                   lambda x, g, b, eps: ref.channel_norm(x, g, b, eps), lambda i, o, p: 8 * _prod(o)))
+                   lambda x, g, b, eps, mode: ref.channel_norm(x, g, b, eps, mode), lambda i, o, p: 8 * _prod(o)))
 
 
 def _adaptive_norm(node, p):

@@ -1,11 +1,12 @@
-"""Normalization kernels: layer norm over trailing axes, channel norm (LayerNorm2d) at inference.
+"""Normalization kernels: layer norm over trailing axes, channel norm (LayerNorm2d, L2Norm) at inference.
 
 channel_norm normalizes each (n, h, w) position over the C channels of an NCHW tensor (ConvNeXt's
 permute -> LayerNorm -> permute, recognized by the compiler as one op): a numba loop per image
 that reads channel rows with unit stride, two passes (mean, then the centred variance, as the
 reference: no cancellation), accumulating in float32 over C <= a few thousand channels:
 within 1e-5 of the float64-accumulating reference; on NCHW16c the same per position over the
-lanes in use. layer_norm runs the numpy reference form.
+lanes in use. Its l2 modes (SSD's L2Norm x / (||x|| + eps), F.normalize's x / max(||x||, eps)) skip the
+mean pass: the same loops with mean 0. layer_norm runs the numpy reference form.
 
 Batch norm for training (the second half of this module): statistics, apply, and their backward
 passes (seed 004). The unfused passes run on channel rows of CNHW tensors (`cnhw.rows`), one
@@ -48,24 +49,41 @@ from .threads import numba_region, parallel_for
 CN_FASTMATH = {"contract", "nsz", "arcp", "afn"}
 
 
+# the channel norm's modes (reference.CHANNEL_NORM_MODES) as the kernels' integer
+CN_MODES = {"layer": 0, "l2": 1, "l2_clamp": 2}
+
+
+@njit(inline="always")
+def _cn_scale(t, inv_c, eps, mode):
+    """The factor a position's values are multiplied by, from t = the sum of its squared (centred) values:
+    layer 1 / sqrt(t / C + eps), l2 1 / (sqrt(t) + eps), l2_clamp 1 / max(sqrt(t), eps) (NaN stays NaN)."""
+    if mode == 0:
+        return np.float32(1.0) / np.sqrt(t * inv_c + eps)
+    r = np.sqrt(t)
+    if mode == 1:
+        return np.float32(1.0) / (r + eps)
+    return np.float32(1.0) / (r if r >= eps or r != r else eps)
+
+
 @njit(nogil=True, cache=True, fastmath=CN_FASTMATH, error_model="numpy")   # 1 / 0 is inf (eps = 0)
-def _channel_norm_image(out, x, gamma, beta, eps, n):
-    """x, out (N, C, S): normalize each column s over C."""
+def _channel_norm_image(out, x, gamma, beta, eps, n, mode):
+    """x, out (N, C, S): normalize each column s over C (mode: CN_MODES; the l2 modes take mean 0)."""
     C, S = x.shape[1], x.shape[2]
     mean = np.zeros(S, np.float32)
     var = np.zeros(S, np.float32)
-    for c in range(C):     # sums of x - x[channel 0] (shifted sums, above)
-        for s in range(S):
-            mean[s] += x[n, c, s] - x[n, 0, s]
     inv_c = np.float32(1.0) / np.float32(C)
-    for s in range(S):
-        mean[s] = x[n, 0, s] + mean[s] * inv_c
+    if mode == 0:
+        for c in range(C):     # sums of x - x[channel 0] (shifted sums, above)
+            for s in range(S):
+                mean[s] += x[n, c, s] - x[n, 0, s]
+        for s in range(S):
+            mean[s] = x[n, 0, s] + mean[s] * inv_c
     for c in range(C):
         for s in range(S):
             d = x[n, c, s] - mean[s]
             var[s] += d * d
     for s in range(S):
-        var[s] = np.float32(1.0) / np.sqrt(var[s] * inv_c + eps)
+        var[s] = _cn_scale(var[s], inv_c, eps, mode)
     for c in range(C):
         g, b = gamma[c], beta[c]
         for s in range(S):
@@ -73,7 +91,7 @@ def _channel_norm_image(out, x, gamma, beta, eps, n):
 
 
 @njit(nogil=True, cache=True, fastmath=CN_FASTMATH, error_model="numpy")
-def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1):
+def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1, mode):
     """x4, o4: (N, Cb, H, W*16) views of NCHW16c tensors, C real channels; gt, bt: (Cb, W*16), gamma and
     beta per lane tiled along the row. Rows [h0, h1) of image n, each (h, w) normalized over the C lanes
     in use (the padded lanes are never read and are written 0). A row at a time, every
@@ -94,28 +112,32 @@ def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1):
     mean = np.empty(RW, np.float32)     # per lane: its position's mean
     rstd = np.empty(RW, np.float32)
     shift = np.empty(RW, np.float32)    # per lane: its position's channel 0 (shifted sums)
-    for h in range(h0, h1):
-        x0 = x4[n, 0, h]
-        for w in range(W):
-            shift[w * 16:w * 16 + 16] = x0[w * 16]
+    if mode != 0:
         for i in range(RW):
-            acc[i] = 0.0
-        for cb in range(full):
-            xr = x4[n, cb, h]
-            for i in range(RW):
-                acc[i] += xr[i] - shift[i]
-        if rem:
-            xr = x4[n, full, h]
+            mean[i] = 0.0
+    for h in range(h0, h1):
+        if mode == 0:
+            x0 = x4[n, 0, h]
             for w in range(W):
-                for l in range(rem):
-                    acc[w * 16 + l] += xr[w * 16 + l] - shift[w * 16 + l]
-        for w in range(W):
-            t = np.float32(0.0)
-            for l in range(16):
-                t += acc[w * 16 + l]
-            t = shift[w * 16] + t * inv_c
-            for l in range(16):
-                mean[w * 16 + l] = t
+                shift[w * 16:w * 16 + 16] = x0[w * 16]
+            for i in range(RW):
+                acc[i] = 0.0
+            for cb in range(full):
+                xr = x4[n, cb, h]
+                for i in range(RW):
+                    acc[i] += xr[i] - shift[i]
+            if rem:
+                xr = x4[n, full, h]
+                for w in range(W):
+                    for l in range(rem):
+                        acc[w * 16 + l] += xr[w * 16 + l] - shift[w * 16 + l]
+            for w in range(W):
+                t = np.float32(0.0)
+                for l in range(16):
+                    t += acc[w * 16 + l]
+                t = shift[w * 16] + t * inv_c
+                for l in range(16):
+                    mean[w * 16 + l] = t
         for i in range(RW):
             acc[i] = 0.0
         for cb in range(full):
@@ -133,7 +155,7 @@ def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1):
             t = np.float32(0.0)
             for l in range(16):
                 t += acc[w * 16 + l]
-            r = np.float32(1.0) / np.sqrt(t * inv_c + eps)
+            r = _cn_scale(t, inv_c, eps, mode)
             for l in range(16):
                 rstd[w * 16 + l] = r
         for cb in range(Cb):
@@ -152,7 +174,7 @@ def _channel_norm_rows(o4, x4, gt, bt, eps, C, n, h0, h1):
 
 
 @njit(nogil=True, cache=True)
-def _channel_norm_seq(counter, tid, o4, x4, gt, bt, eps, C, N, H, rows):
+def _channel_norm_seq(counter, tid, o4, x4, gt, bt, eps, C, N, H, rows, mode):
     """One worker (threads.numba_region): task i = image i // bands, rows [(i % bands) * rows, + rows)."""
     bands = (H + rows - 1) // rows
     total = N * bands
@@ -161,20 +183,21 @@ def _channel_norm_seq(counter, tid, o4, x4, gt, bt, eps, C, N, H, rows):
         if i >= total:
             break
         h0 = (i % bands) * rows
-        _channel_norm_rows(o4, x4, gt, bt, eps, C, i // bands, h0, min(H, h0 + rows))
+        _channel_norm_rows(o4, x4, gt, bt, eps, C, i // bands, h0, min(H, h0 + rows), mode)
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _channel_norm_par(nt, o4, x4, gt, bt, eps, C, N, H, rows):
+def _channel_norm_par(nt, o4, x4, gt, bt, eps, C, N, H, rows, mode):
     counter = np.zeros(1, np.int64)
     for _w in nb.prange(nt):
-        _channel_norm_seq(counter, nb.get_thread_id(), o4, x4, gt, bt, eps, C, N, H, rows)
+        _channel_norm_seq(counter, nb.get_thread_id(), o4, x4, gt, bt, eps, C, N, H, rows, mode)
 
 
 CN_TASK_VALUES = 1 << 14   # about this many values a channel-norm task (rows of one image; from the shape only)
 
 
-def channel_norm(out, x, gamma, beta, *, eps, threads=None, layout="nchw", channels=None, **_):
+def channel_norm(out, x, gamma, beta, *, eps, threads=None, layout="nchw", channels=None, mode="layer", **_):
+    m = CN_MODES[mode]
     if layout == "nchwc":
         n, cb, h, w, _ = x.shape
         rows = max(1, min(h, CN_TASK_VALUES // max(1, cb * w * 16)))
@@ -191,17 +214,17 @@ def channel_norm(out, x, gamma, beta, *, eps, threads=None, layout="nchw", chann
         o = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
         numba_region(_channel_norm_par, _channel_norm_seq, threads, n * -(-h // rows), o.reshape(n, cb, h, -1),
                      np.ascontiguousarray(x).reshape(n, cb, h, -1), gt, bt, np.float32(eps), int(channels), n, h,
-                     int(rows))
+                     int(rows), m)
         if o is not out:
             out[...] = o
         return
     if out.dtype != np.float32:
-        out[...] = ref.channel_norm(x, gamma, beta, eps)
+        out[...] = ref.channel_norm(x, gamma, beta, eps, mode)
         return
     n, c = x.shape[0], x.shape[1]
     # (N, C, H, W) -> (N, C, H*W)
     x3, o3 = x.reshape(n, c, -1), out.reshape(n, c, -1)
-    parallel_for(lambda i: _channel_norm_image(o3, x3, gamma, beta, np.float32(eps), i), range(n), threads)
+    parallel_for(lambda i: _channel_norm_image(o3, x3, gamma, beta, np.float32(eps), i, m), range(n), threads)
 
 
 def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, **_):

@@ -418,13 +418,23 @@ def group_norm(x, gamma, beta, groups, eps=1e-5, relu=False, act=None):
     return apply_act(y, act).astype(x.dtype, copy=False)
 
 
-def channel_norm(x, gamma, beta, eps=1e-6):
-    """Layer norm over the channel axis 1 of (N, C, ...) at every position (LayerNorm2d, ConvNeXt)."""
+CHANNEL_NORM_MODES = ("layer", "l2", "l2_clamp")
+
+
+def channel_norm(x, gamma, beta, eps=1e-6, mode="layer"):
+    """A norm over the channel axis 1 of (N, C, ...) at every position, then gamma[c] * . + beta[c]. mode "layer":
+    (x - mean) / sqrt(var + eps) (LayerNorm2d, ConvNeXt); "l2": x / (||x||_2 + eps) (SSD's L2Norm); "l2_clamp":
+    x / max(||x||_2, eps) (F.normalize)."""
     acc = _acc_dtype(x.dtype)
     xa = x.astype(acc)
-    mu, var = _mean_var(xa, (1,))
     shape = (1, -1) + (1,) * (x.ndim - 2)
-    y = (xa - mu) / np.sqrt(var + acc.type(eps))
+    if mode == "layer":
+        mu, var = _mean_var(xa, (1,))
+        y = (xa - mu) / np.sqrt(var + acc.type(eps))
+    else:
+        nrm = np.sqrt((xa * xa).sum(axis=1, keepdims=True))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = xa / (nrm + acc.type(eps) if mode == "l2" else np.maximum(nrm, acc.type(eps)))
     return (y * gamma.astype(acc).reshape(shape) + beta.astype(acc).reshape(shape)).astype(x.dtype, copy=False)
 
 

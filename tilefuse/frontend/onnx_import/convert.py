@@ -300,6 +300,20 @@ def _reduce(cx: Ctx, nd: OnnxNode, used):
     return getattr(cx.net, f)(x, tuple(ax), keepdim=keep, name=name)
 
 
+def _lp_normalization(cx: Ctx, nd: OnnxNode, used):
+    """x / ||x||_p along `axis`, 0 where the norm is 0 (the spec since opset 22): the norm clamped below at the
+    smallest normal float32 (a subnormal norm, from subnormal inputs only, divides by that instead); p = 2 along
+    axis 1 becomes one channel_norm (the compiler's fold_l2_norm)."""
+    x = cx.computed(nd, 0)
+    p = nd.attrs.get("p", 2)
+    if p not in (1, 2):
+        raise GraphError(nd.where, f"attribute p={p}; expected 1 or 2")
+    axis = fold._axis(nd, nd.attrs.get("axis", -1), len(x.shape), "axis")
+    nrm = cx.net.vector_norm(x, p, (axis,), True, name=cx.fresh(nd.name + ".norm"))
+    nrm = cx.net.activation(nrm, "clip", name=cx.fresh(nd.name + ".clamp"), min=float(np.finfo(np.float32).tiny))
+    return cx.net.div(x, nrm, name=cx.fresh(nd.name))
+
+
 def _gemm(cx: Ctx, nd: OnnxNode, used):
     a = nd.attrs
     x = cx.computed(nd, 0, "A")
@@ -1134,6 +1148,9 @@ RULES: dict[str, Rule] = {
                   "before opset 13: the 2-D rule, as reshape -> softmax -> reshape"),
     "LogSoftmax": _r(_softmax, (1, 11, 13), "axis", "max sub activation(exp) sum activation(log) reshape",
                      "as x - m - ln sum e^(x - m); before opset 13 the 2-D rule"),
+    "LpNormalization": _r(_lp_normalization, (1, 22), "axis p",
+                          "mul activation(abs) sum activation(sqrt) activation(clip) div",
+                          "p 1 or 2; 0 where the norm is 0 (a subnormal norm divides by 2^-126)"),
     "Dropout": _r(_dropout, (7, 10, 12, 13, 22), "ratio seed", "-",
                   "inference: the identity; training_mode=True and the mask output are refused"),
     "Identity": _r(_identity, (1, 13, 14, 16, 19, 21, 23, 24, 25), "", "-", "tensors"),
