@@ -465,6 +465,30 @@ class _L2Norm(nn.Module):
         return self.weight.view(1, -1, 1, 1) * torch.div(x, norm)
 
 
+class _Normalize(nn.Module):
+    """F.normalize over the channels, then a per-channel scale."""
+
+    def __init__(self, c, s):
+        super().__init__()
+        self.weight = nn.Parameter(torch.from_numpy(s.uniform(0.5, 3.0, c).astype(np.float32)))
+
+    def forward(self, x):
+        return self.weight.view(1, -1, 1, 1) * F.normalize(x, dim=1)
+
+
+class _MaxOfTwo(nn.Module):
+    """torch.maximum / minimum of two computed tensors (a leaky max, a soft band)."""
+
+    def __init__(self, s):
+        super().__init__()
+        self.a, self.kind = float(s.uniform(0.05, 0.5)), int(s.integers(2))
+
+    def forward(self, x):
+        if self.kind == 0:
+            return torch.maximum(x, self.a * x - 0.05)
+        return torch.min(torch.max(x, -1.0 - self.a * x), 2.0 + self.a * x)
+
+
 class _LayerNormCF(nn.Module):
     """The official ConvNeXt LayerNorm, channels_first: mean, (x - u).pow(2).mean, torch.sqrt."""
 
@@ -480,14 +504,16 @@ class _LayerNormCF(nn.Module):
 
 
 _MATH_ACTS = (lambda s: nn.SELU(), lambda s: nn.CELU(float(s.uniform(0.3, 2.0))), lambda s: nn.LogSigmoid(),
-              lambda s: nn.Softsign(), lambda s: _Isru(), lambda s: _Gauss(), lambda s: _SignedLog())
+              lambda s: nn.Softsign(), lambda s: _Isru(), lambda s: _Gauss(), lambda s: _SignedLog(),
+              lambda s: _MaxOfTwo(s))
 _ACT_TYPES = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.SiLU, nn.GELU, nn.LeakyReLU, nn.ELU, nn.Tanh, nn.Sigmoid)
 
 
 def _swap_math(module, seed: int, attempt: int) -> None:
     """Element-wise math (SELU, CELU, LogSigmoid, Softsign, x * rsqrt(1 + x^2), exp(-x^2), log1p(|x|) - 0.1
-    sqrt|x|) in place of a sixth of the activations, and SSD's L2Norm or ConvNeXt's hand-written channels_first
-    LayerNorm in place of a tenth of the remaining batch norms; from a side generator, so that the main draws
+    sqrt|x|, maximum / minimum of two computed tensors) in place of a sixth of the activations, and SSD's L2Norm,
+    F.normalize or ConvNeXt's hand-written channels_first LayerNorm in place of a tenth of the remaining batch
+    norms; from a side generator, so that the main draws
     stay what they were."""
     s = np.random.default_rng([seed, attempt, 11])
     for m in list(module.modules()):
@@ -496,7 +522,8 @@ def _swap_math(module, seed: int, attempt: int) -> None:
                 setattr(m, name, _pick(s, _MATH_ACTS)(s))
             elif isinstance(child, nn.BatchNorm2d) and s.random() < 0.1:
                 c = child.num_features
-                setattr(m, name, (_L2Norm if s.random() < 0.5 else _LayerNormCF)(c, s).eval())
+                u = s.random()
+                setattr(m, name, (_L2Norm if u < 1 / 3 else _Normalize if u < 2 / 3 else _LayerNormCF)(c, s).eval())
 
 
 def _draw(r):

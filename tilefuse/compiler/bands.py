@@ -165,7 +165,7 @@ def refusal(op: OpNode) -> str | None:
         return f"concat on axis {op.params['axis']}; only channel concats (axis 1) stream"
     if op.params.get("has_input_scale"):
         return "its input scale is a per-image variable (a squeeze-excitation scale, from whole planes)"
-    if op.op in ("add", "sub", "mul", "div"):
+    if op.op in ops.BINARY:
         if len(variables) == 2 and variables[0].shape != variables[1].shape:
             return (f"its operands {variables[0].shape} ('{variables[0].name}') and {variables[1].shape} "
                     f"('{variables[1].name}') broadcast; streamed operands must have equal shapes (or one "

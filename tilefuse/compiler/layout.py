@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..ir.ops import BINARY
 from ..kernels.registry import BLOCKED_FORM, BLOCKED_TO_NCHW
 from .program import CONST, DIRECT, HIDDEN, Instruction, Operand
 
@@ -108,7 +109,7 @@ def _blocked_output_pays(ins: Instruction, program: list[Instruction]) -> bool:
     return False
 
 
-_BINARY = frozenset({"add", "sub", "mul", "div"})
+_BINARY = frozenset(BINARY)
 _OLD_BLOCKED = frozenset({"max_pool", "avg_pool", "relu", "scale"})   # need no channel counts
 
 

@@ -326,7 +326,7 @@ def canonicalize(net: Network) -> PassResult:
     return PassResult(net, n > 0, f"{n} ops canonicalized")
 
 
-_BINARY = ("add", "sub", "mul", "div")
+_BINARY = ops.BINARY
 
 
 def _aligned(shape, rank):

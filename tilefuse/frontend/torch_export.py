@@ -151,6 +151,7 @@ def _preserved():
             a.hardtanh.default, a.gelu.default, a.elu.default, a.leaky_relu.default, a.group_norm.default,
             a.instance_norm.default,
             a.mish.default, a.softplus.default, a.celu.default, a.selu.default, a.log_sigmoid.default,
+            a.scaled_dot_product_attention.default,
             # not in the vocabulary, kept whole so an error names what the user wrote
             a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec]
 
@@ -553,7 +554,13 @@ def _relu(imp, x):
 def _clip(imp, x, lo=None, hi=None):
     x = imp.tensor(x)
     if isinstance(lo, (Const, DataNode)) or isinstance(hi, (Const, DataNode)):
-        raise imp.fail("clamp with tensor bounds", "supported: number bounds")
+        # tensor bounds (clamp.Tensor): min(max(x, lo), hi), each broadcast
+        name = imp.op_name()
+        if lo is not None:
+            x = imp.net.maximum(x, imp.operand(lo, x), name=name if hi is None else imp.unique(name + ".min"))
+        if hi is not None:
+            x = imp.net.minimum(x, imp.operand(hi, x), name=name)
+        return x
     lo = -math.inf if lo is None else float(lo)
     hi = math.inf if hi is None else float(hi)
     if lo == 0.0 and hi == math.inf:
@@ -679,8 +686,9 @@ def _min(imp, x, *rest, **kw):
         return (_amin(imp, x, [dim], keepdim), _Unsupported(imp, "the indices of min over a dim (argmin)"))
     if overload == "default":
         return _amin(imp, x, None, False)
-    raise imp.fail("the element-wise minimum of two tensors (torch.min(a, b), torch.minimum)",
-                   "expected a min over dims (x.min(dim), torch.amin)")
+    if overload == "other":                 # torch.min(a, b): the element-wise minimum
+        return _binary("minimum")(imp, x, *rest)
+    raise imp.fail(f"aten.min.{overload}", "expected a min over dims (x.min(dim), torch.amin) or of two tensors")
 
 
 def _amin(imp, x, dims=None, keepdim=False):
@@ -737,14 +745,15 @@ def _max_dim(imp, x, dim, keepdim=False):
 
 
 def _max(imp, x, *rest, **kw):
-    """aten.max.default (the maximum of every value) or aten.max.dim; max.other (two tensors) is refused."""
+    """aten.max.default (the maximum of every value), aten.max.dim, aten.max.other (element-wise, two tensors)."""
     overload = imp.node.target._overloadname
     if overload == "dim":
         return _max_dim(imp, x, *rest, **kw)
     if overload == "default":
         return _reduce("max")(imp, x, None, False)
-    raise imp.fail("the element-wise maximum of two tensors (torch.max(a, b), torch.maximum)",
-                   "expected a max over dims (x.max(dim), torch.amax)")
+    if overload == "other":
+        return _binary("maximum")(imp, x, *rest)
+    raise imp.fail(f"aten.max.{overload}", "expected a max over dims (x.max(dim), torch.amax) or of two tensors")
 
 
 def _adaptive_max_pool(imp, x, output_size):
@@ -983,7 +992,36 @@ def _addmm(imp, b, x, wt, beta=1, alpha=1):
 
 
 def _mm(imp, x, wt):
+    """mm(x, w.T) (a linear layer) when the right operand is a constant; of a computed right operand (or a
+    constant left one): matmul."""
+    if isinstance(wt, DataNode) or not isinstance(x, DataNode):
+        return _matmul(imp, x, wt)
     return _addmm(imp, None, x, wt)
+
+
+def _sdpa(imp, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention without a mask: softmax(q @ k^T * scale) @ v, scale 1 / sqrt(E) unless
+    given (two matmuls, a mul, a softmax over the last axis)."""
+    if attn_mask is not None or is_causal or dropout_p or enable_gqa:
+        raise imp.fail("scaled_dot_product_attention with " + ", ".join(
+            w for w, on in (("an attn_mask", attn_mask is not None), ("is_causal=True", is_causal),
+                            (f"dropout_p={dropout_p}", dropout_p), ("enable_gqa=True", enable_gqa)) if on),
+            "supported: no mask, no dropout (eval)")
+    q, k, v = imp.tensor(q), imp.tensor(k), imp.tensor(v)
+    base = imp.op_name_hint()
+    r = len(k.shape)
+    kt = imp.net.permute(k, tuple(range(r - 2)) + (r - 1, r - 2), name=imp.unique(base + ".k_t"))
+    s = imp.net.matmul(q, kt, name=imp.unique(base + ".scores"))
+    s = imp.net.mul(s, float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]),
+                    name=imp.unique(base + ".scaled"))
+    p = imp.net.softmax(s, axis=len(s.shape) - 1, name=imp.unique(base + ".softmax"))
+    return imp.net.matmul(p, v, name=imp.op_name())
+
+
+def _matmul(imp, a, b):
+    """aten.bmm, aten.mm / matmul of computed tensors: a @ b (attention's q @ k^T, attn @ v)."""
+    like = a if isinstance(a, DataNode) else b
+    return imp.net.matmul(imp.operand(a, like), imp.operand(b, like), name=imp.op_name())
 
 
 def _layer_norm(imp, x, normalized_shape, w=None, b=None, eps=1e-5, *rest):
@@ -1100,6 +1138,8 @@ _ATEN = {
     "mean": _reduce("mean"),
     "sum": _reduce("sum"),
     "amax": _reduce("max"),
+    "maximum": _binary("maximum"),
+    "minimum": _binary("minimum"),
     "amin": _amin,
     "min": _min,
     "max": _max,
@@ -1135,6 +1175,9 @@ _ATEN = {
     "linear": _linear,
     "addmm": _addmm,
     "mm": _mm,
+    "bmm": _matmul,
+    "scaled_dot_product_attention": _sdpa,
+    "matmul": _matmul,
     "group_norm": _group_norm,
     "native_group_norm": _native_group_norm,
     "instance_norm": _instance_norm,

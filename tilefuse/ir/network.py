@@ -290,6 +290,95 @@ class Network:
     def div(self, a, b, name: str | None = None) -> DataNode:
         return self._binary("div", a, b, name)
 
+    def matmul(self, a: DataNode, b: DataNode, name: str | None = None) -> DataNode:
+        """a @ b as np.matmul / torch.matmul: the batch axes broadcast; a 1-D a is a row (K,) -> (1, K) and a 1-D b
+        a column (K,) -> (K, 1), that axis dropped from the product again (reshapes around the matmul op, which
+        takes rank >= 2); either may be a constant array."""
+        n = self._name("matmul", name)
+        dt = a.dtype if isinstance(a, DataNode) else b.dtype
+        a, b = self._const(n, "a", a, dt), self._const(n, "b", b, dt)
+        if len(a.shape) == 1 and len(b.shape) == 1:
+            raise GraphError(n, f"the product of two vectors {a.shape} and {b.shape} is a scalar; tilefuse has no "
+                                f"0-d tensors")
+        ra, rb = len(a.shape) == 1, len(b.shape) == 1
+        if not ra and not rb:
+            return self.add_op("matmul", [a, b], {}, n)
+        if ra:
+            a = self.reshape(a, (1,) + a.shape, name=self._fresh(n + ".row"))          # (K,) -> (1, K)
+        if rb:
+            b = self.reshape(b, b.shape + (1,), name=self._fresh(n + ".column"))       # (K,) -> (K, 1)
+        y = self.add_op("matmul", [a, b], {}, self._fresh(n + ".matmul"))
+        # (..., 1, N) -> (..., N) or (..., M, 1) -> (..., M)
+        return self.reshape(y, y.shape[:-2] + y.shape[-1:] if ra else y.shape[:-1], name=n)
+
+    def einsum(self, equation: str, a: DataNode, b: DataNode, name: str | None = None) -> DataNode:
+        """torch.einsum / ONNX Einsum of two tensors, composed of IR ops: the labels of one operand only (and not
+        the output) summed out, then each operand permuted to (batch, own, contracted) / (batch, contracted, own)
+        and reshaped to 3-D, one matmul, reshaped back and permuted to the output's order. Explicit output labels
+        (or the implicit sorted form); no ellipsis, no label repeated within an operand (a diagonal)."""
+        n = self._name("einsum", name)
+        eq = equation.replace(" ", "")
+        lhs, arrow, out = eq.partition("->")
+        ins = lhs.split(",")
+        if "." in eq or len(ins) != 2 or not all(t.isalpha() for t in ins + ([out] if out else [])):
+            raise GraphError(n, f"einsum '{equation}': tilefuse implements two operands with letter labels, no "
+                                f"ellipsis")
+        la, lb = ins
+        if not arrow:           # the implicit output: the labels that appear once, sorted
+            out = "".join(sorted(c for c in set(la + lb) if (la + lb).count(c) == 1))
+        for t, d in ((la, a), (lb, b)):
+            if len(set(t)) != len(t) or len(t) != len(d.shape):
+                raise GraphError(n, f"einsum '{equation}': operand '{d.name}' {d.shape} against labels '{t}' (one "
+                                    f"label per axis, none repeated)")
+        size = {}
+        for t, d in ((la, a), (lb, b)):
+            for c, k in zip(t, d.shape):
+                if size.setdefault(c, k) != k:
+                    raise GraphError(n, f"einsum '{equation}': label '{c}' is {size[c]} and {k} long")
+        if set(out) - set(la + lb) or len(set(out)) != len(out):
+            raise GraphError(n, f"einsum '{equation}': output labels '{out}' must each come from an operand once")
+
+        if not out:
+            raise GraphError(n, f"einsum '{equation}' gives a scalar; tilefuse has no 0-d tensors")
+
+        def drop(x, t, other):          # labels of this operand only, not in the output: summed out
+            gone = [i for i, c in enumerate(t) if c not in other and c not in out]
+            if not gone:
+                return x, t
+            return (self.sum(x, tuple(gone), False, name=self._fresh(n + ".sum")),
+                    "".join(c for i, c in enumerate(t) if i not in gone))
+        a, la = drop(a, la, lb)
+        b, lb = drop(b, lb, la)
+        batch = [c for c in la if c in lb and c in out]
+        contract = [c for c in la if c in lb and c not in out]
+        left = [c for c in la if c not in lb]
+        right = [c for c in lb if c not in la]
+
+        def prod(cs):
+            return int(np.prod([size[c] for c in cs], dtype=np.int64))
+
+        def arrange(x, t, order, shape):
+            perm = tuple(t.index(c) for c in order)
+            if perm != tuple(range(len(perm))):
+                x = self.permute(x, perm, name=self._fresh(n + ".permute"))
+            return self.reshape(x, shape, name=self._fresh(n + ".reshape")) if tuple(x.shape) != shape else x
+        nb = (prod(batch),)
+        a3 = arrange(a, la, batch + left + contract, nb + (prod(left), prod(contract)))
+        b3 = arrange(b, lb, batch + contract + right, nb + (prod(contract), prod(right)))
+        y = self.matmul(a3, b3, name=self._fresh(n + ".matmul"))                 # (B, L, R)
+        got = batch + left + right
+        full = tuple(size[c] for c in got)
+        y = self.reshape(y, full, name=self._fresh(n + ".unflat")) if tuple(y.shape) != full else y
+        perm = tuple(got.index(c) for c in out)
+        return self.permute(y, perm, name=n) if perm != tuple(range(len(perm))) else y
+
+    def maximum(self, a, b, name: str | None = None) -> DataNode:
+        """The element-wise maximum with broadcasting (torch.maximum: NaN if either is NaN)."""
+        return self._binary("maximum", a, b, name)
+
+    def minimum(self, a, b, name: str | None = None) -> DataNode:
+        return self._binary("minimum", a, b, name)
+
     def mean(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
         return self.add_op("mean", [x], {"axes": axes, "keepdim": keepdim}, name)
 

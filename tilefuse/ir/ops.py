@@ -321,8 +321,10 @@ def _binary_infer(kind):
 
 _register(OpSchema("relu", "elementwise", ("x",), lambda n, p: {}, _same_infer,
                    lambda x: ref.relu(x), lambda i, o, p: _prod(o)))
-for _kind in ("add", "sub", "mul", "div"):
-    # a (op) b with NumPy broadcasting, then the fused activation (relu or act)
+# the element-wise binary ops: a (op) b with NumPy broadcasting, then the fused activation (relu or act); maximum /
+# minimum as torch.maximum / minimum (a NaN in either operand gives NaN)
+BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
+for _kind in BINARY:
     _register(OpSchema(_kind, "elementwise", ("a", "b"), _epilogue_norm, _binary_infer(_kind),
                        (lambda k: lambda a, b, relu, act=None: ref.binary(k, a, b, relu, act))(_kind),
                        lambda i, o, p: _prod(o)))
@@ -482,6 +484,29 @@ def _linear_ref(x, w, *rest, has_bias, relu, act=None):
 
 _register(OpSchema("linear", "linear", ("x", "weight", "bias?"), _linear_norm, _linear_infer,
                    _linear_ref, lambda i, o, p: 2 * _prod(o) * i[1][1]))
+
+
+def _matmul_infer(node, ins, p):
+    """(..., M, K) @ (..., K, N) -> (..., M, N), the batch axes broadcast (np.matmul, torch.matmul of rank >= 2)."""
+    a, b = ins
+    _expect_same_dtype(node, ins)
+    for role, d in (("a", a), ("b", b)):
+        if len(d.shape) < 2:
+            raise GraphError(node, f"{role} '{d.name}' has shape {d.shape}; expected rank >= 2 (..., rows, columns)")
+    if a.shape[-1] != b.shape[-2]:
+        raise GraphError(node, f"a '{a.name}' {a.shape} and b '{b.name}' {b.shape} do not multiply: "
+                               f"{a.shape[-1]} columns against {b.shape[-2]} rows")
+    try:
+        batch = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+    except ValueError:
+        raise GraphError(node, f"the batch axes of a '{a.name}' {a.shape} and b '{b.name}' {b.shape} do not "
+                               f"broadcast") from None
+    return tuple(int(d) for d in batch) + (a.shape[-2], b.shape[-1])
+
+
+# a @ b of two tensors (attention: q @ k^T, attn @ v); a constant right operand of rank 2 is `linear`
+_register(OpSchema("matmul", "linear", ("a", "b"), lambda n, p: {}, _matmul_infer,
+                   lambda a, b: ref.matmul(a, b), lambda i, o, p: 2 * _prod(o) * i[0][-1]))
 
 
 def _axis_norm(node, p, default=1):
@@ -956,7 +981,7 @@ WINDOW = frozenset({"conv2d", "max_pool", "avg_pool"})
 # over the rows and channel_norm through their layer kernels on row bands; any other op through
 # its reference kernel on NCHW rows)
 # (slice: of channels or columns only, compiler/bands.py `refusal`)
-ROW_LOCAL = frozenset({"relu", "activation", "prelu", "add", "sub", "mul", "div", "scale", "batch_norm",
+ROW_LOCAL = frozenset({"relu", "activation", "prelu", *BINARY, "scale", "batch_norm",
                        "channel_norm", "dropout", "local_response_norm", "concat", "slice"})
 # output row r reads a monotone range of input rows [lo(r), hi(r)) that no integer-stride window
 # describes (upsampling, transposed convs, reflected borders, adaptive windows): the row-band
@@ -965,7 +990,7 @@ ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool"
 # ops with a fused epilogue activation (`relu` / `act` parameters): a following ReLU or activation
 # fuses into them (compiler/passes.py fuse_activation); lowering splits it out again for a kernel
 # that cannot apply it
-ACT_EPILOGUE = frozenset({"conv2d", "conv_transpose2d", "linear", "add", "sub", "mul", "div", "group_norm"})
+ACT_EPILOGUE = frozenset({"conv2d", "conv_transpose2d", "linear", *BINARY, "group_norm"})
 # seed 004's memory-bound layers (BN, its inference form scale, ReLU, Add): what training fuses
 # into the convolutions and its traffic tables count as memory-bound
 MEMORY_BOUND = frozenset({"batch_norm", "scale", "relu", "add"})

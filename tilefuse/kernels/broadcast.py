@@ -1,4 +1,4 @@
-"""Element-wise runtime kernels: activations, PReLU, add/sub/mul/div with NumPy broadcasting.
+"""Element-wise runtime kernels: activations, PReLU, add/sub/mul/div/maximum/minimum with NumPy broadcasting.
 
 Every kernel writes `out` in place (the registry convention, `fn(out, *inputs, **params)`) and
 takes the IR's params; the activation is the triple of the shared table
@@ -121,8 +121,25 @@ def prelu(out, x, slope, *, layout="nchw", channels=None, threads=None, **_):
 
 # binary ops --------------------------------------------------------------------------------
 
-_UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
-_KIND = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+_UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
+          "minimum": np.minimum}
+_KIND = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5}
+
+
+@njit(inline="always")
+def _op(kind, a, b):
+    """a (kind) b; maximum / minimum give NaN when either operand is NaN (torch.maximum's, np.maximum's)."""
+    if kind == 0:
+        return a + b
+    if kind == 1:
+        return a - b
+    if kind == 2:
+        return a * b
+    if kind == 3:
+        return a / b
+    if kind == 4:
+        return a if a > b or a != a else b
+    return a if a < b or a != a else b
 
 
 @njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")   # x / 0 is inf, as in NumPy and PyTorch
@@ -131,15 +148,7 @@ def _binary_flat(out, a, b, i0, i1, kind, code, alpha, beta):
     math = code >= A.MATH_CODES     # the math codes: a second, vectorized pass over the chunk (in cache)
     c = 0 if math else code
     for i in range(i0, i1):
-        if kind == 0:
-            v = a[i] + b[i]
-        elif kind == 1:
-            v = a[i] - b[i]
-        elif kind == 2:
-            v = a[i] * b[i]
-        else:
-            v = a[i] / b[i]
-        out[i] = A.apply_scalar(c, v, al, be)
+        out[i] = A.apply_scalar(c, _op(kind, a[i], b[i]), al, be)
     if math:
         A.apply_span(out, i0, i1, code, al, be)
 
@@ -157,15 +166,7 @@ def _binary_channel(out3, x3, s, n, kind, swap, lanes, code, alpha, beta):
             sv = s[row, 0] if cs == 1 else (s[row, c] if c < cs else np.float32(0.0))
             xv = x3[n, j, p]
             a, b = (sv, xv) if swap else (xv, sv)
-            if kind == 0:
-                v = a + b
-            elif kind == 1:
-                v = a - b
-            elif kind == 2:
-                v = a * b
-            else:
-                v = a / b
-            out3[n, j, p] = A.apply_scalar(code, v, al, be)
+            out3[n, j, p] = A.apply_scalar(code, _op(kind, a, b), al, be)
 
 
 def channel_operand(full_shape, other_shape, layout="nchw"):
@@ -225,7 +226,9 @@ KERNELS = {
     "sub": _binary_kernel("sub"),
     "mul": _binary_kernel("mul"),
     "div": _binary_kernel("div"),
+    "maximum": _binary_kernel("maximum"),
+    "minimum": _binary_kernel("minimum"),
 }
 THREADED = frozenset(KERNELS)
-ACT_KERNELS = frozenset({"activation", "add", "sub", "mul", "div"})   # kernels that apply the act param themselves
+ACT_KERNELS = frozenset({"activation", "add", "sub", "mul", "div", "maximum", "minimum"})   # they apply act
 BLOCKED = frozenset(KERNELS)   # every kernel here has the NCHW16c form

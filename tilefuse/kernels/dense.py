@@ -10,7 +10,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from .blas import blas_threads
+from .blas import blas_threads, gemm
 from .conv._nb import atomic_add
 from .fpflags import FAST
 from .threads import numba_region, parallel_for, scratch
@@ -131,6 +131,29 @@ def softmax(out, x, *, axis=1, **_):
 
 
 # training forms -----------------------------------------------------------------------------------
+
+def matmul(out, a, b, *, threads=None, **_):
+    """out (..., M, N) = a (..., M, K) @ b (..., K, N), the batch axes broadcast: one OpenBLAS GEMM per batch
+    item (`blas.gemm`, which takes either operand as a transposed view: a k.transpose(-2, -1) arrives without
+    a copy), the items spread over our thread pool with OpenBLAS held at one thread, so any thread count gives
+    the same bits. float64 / non-contiguous outputs: np.matmul."""
+    if out.dtype != np.float32 or not out.flags.c_contiguous:
+        np.matmul(a, b, out=out)
+        return
+    batch = out.shape[:-2]
+    # the operands broadcast to the output's batch axes (views: stride 0 where an operand is shared), one
+    # 2-D (M, K) @ (K, N) per batch index
+    ab = np.broadcast_to(a, batch + a.shape[-2:])
+    bb = np.broadcast_to(b, batch + b.shape[-2:])
+    items = list(np.ndindex(*batch))
+
+    def task(i):
+        idx = items[i]
+        gemm(ab[idx], bb[idx], out[idx])
+
+    with blas_threads(1):
+        parallel_for(task, range(len(items)), threads)
+
 
 def linear_forward(x, w, b=None):
     y = x @ w.T

@@ -189,6 +189,13 @@ def linear(x, w, b=None, relu=False, act=None):
     return apply_act(y, act).astype(x.dtype, copy=False)
 
 
+def matmul(a, b):
+    """a @ b of two tensors (np.matmul: (..., M, K) @ (..., K, N) -> (..., M, N), the batch axes broadcast),
+    accumulated in float32 (float64 for float64) as PyTorch's and ONNX Runtime's GEMMs do."""
+    acc = _acc_dtype(a.dtype)
+    return np.matmul(a.astype(acc), b.astype(acc)).astype(a.dtype, copy=False)
+
+
 def flatten(x, start_dim=1):
     """(N, C, H, W) -> (N, C*H*W) for start_dim=1."""
     return x.reshape(x.shape[:start_dim] + (-1,))
@@ -260,11 +267,12 @@ def prelu(x, slope):
     return np.where(xa > 0, xa, s * xa).astype(x.dtype, copy=False)
 
 
-_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
+           "minimum": np.minimum}     # np.maximum / minimum: NaN in either operand gives NaN, as torch's
 
 
 def binary(kind, a, b, relu=False, act=None):
-    """Element-wise add / sub / mul / div with NumPy broadcasting, then the activation."""
+    """Element-wise add / sub / mul / div / maximum / minimum with NumPy broadcasting, then the activation."""
     acc = _acc_dtype(a.dtype)
     y = _BINARY[kind](a.astype(acc), b.astype(acc))
     if relu:

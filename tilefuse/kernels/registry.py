@@ -116,6 +116,7 @@ KERNELS = {
     "avg_pool": _avg_pool,
     "global_avg_pool": pool.global_avg_pool,
     "linear": dense.linear,
+    "matmul": dense.matmul,
     "flatten": _copy_reshape,
     "dropout": _copy_reshape,
     "softmax": dense.softmax,
@@ -136,7 +137,7 @@ BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
 
 # kernels that take the session's thread count as params["threads"]
 THREADED = {"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
-            "from_nchwc", "linear"}
+            "from_nchwc", "linear", "matmul"}
 
 # the modern-CNN ops (issue 9), one module per op family, each with its KERNELS, THREADED and
 # BLOCKED (the kernels with an NCHW16c form); their validators are in compiler/validate.py

@@ -348,6 +348,14 @@ def _gemm(cx: Ctx, nd: OnnxNode, used):
 
 
 def _matmul(cx: Ctx, nd: OnnxNode, used):
+    """(..., K) by a constant (K, M): a linear layer; otherwise (a computed B, a constant A, batched constants)
+    a matmul, the batch axes broadcast, 1-D operands as np.matmul's (attention's Q K^T and A V)."""
+    if not cx.is_const(nd, 1) or cx.is_const(nd, 0) or np.ndim(cx.const(nd, 1, "B")) != 2:
+        a = cx.computed(nd, 0, "A") if not cx.is_const(nd, 0) else \
+            cx.const_node(nd.inputs[0], _float_array(nd, cx.const(nd, 0, "A"), "A"), np.float32)
+        b = cx.computed(nd, 1, "B") if not cx.is_const(nd, 1) else \
+            cx.const_node(nd.inputs[1], _float_array(nd, cx.const(nd, 1, "B"), "B"), a.dtype)
+        return cx.net.matmul(a, b, name=cx.fresh(nd.name))
     x = cx.computed(nd, 0, "A")
     b = _float_array(nd, cx.const(nd, 1, "B"), "B")
     if len(x.shape) < 2 or b.ndim != 2:
@@ -356,6 +364,20 @@ def _matmul(cx: Ctx, nd: OnnxNode, used):
     if b.shape[0] != x.shape[-1]:
         raise GraphError(nd.where, f"A {x.shape} and B {b.shape} do not multiply")
     return cx.net.linear(x, cx.const_node(nd.inputs[1] + ".T", b.T, x.dtype), None, name=cx.fresh(nd.name))
+
+
+def _einsum(cx: Ctx, nd: OnnxNode, used):
+    """Einsum of two operands (the TorchScript exporter's torch.einsum): `Network.einsum`, a matmul between
+    permutes and reshapes."""
+    eq = nd.attrs.get("equation", "")
+    eq = eq.decode() if isinstance(eq, bytes) else str(eq)
+    ins = [i for i in range(len(nd.inputs)) if nd.has(i)]
+    if len(ins) != 2:
+        raise nd.refuse(f"Einsum of {len(ins)} operands; tilefuse implements two")
+    a, b = (cx.computed(nd, i) if not cx.is_const(nd, i) else
+            cx.const_node(nd.inputs[i], _float_array(nd, cx.const(nd, i, "Inputs"), "Inputs"), np.float32)
+            for i in ins)
+    return cx.net.einsum(eq, a, b, name=cx.fresh(nd.name))
 
 
 def _channel_vector(c: np.ndarray, x: DataNode) -> np.ndarray | None:
@@ -910,17 +932,22 @@ def _softsign(cx: Ctx, nd: OnnxNode, used):
 
 
 def _max_min(cx: Ctx, nd: OnnxNode, used):
-    """Max / Min of a tensor and scalar constants: a clip (relu for max(x, 0))."""
+    """Max / Min of a tensor and scalar constants: a clip (relu for max(x, 0)); of several computed tensors or
+    tensor constants: a chain of element-wise maximum / minimum ops, broadcasting (NaN wins, as np.maximum)."""
     ins = [i for i in range(len(nd.inputs)) if nd.has(i)]
     comp = [i for i in ins if not cx.is_const(nd, i)]
-    if len(comp) != 1:
-        raise nd.refuse(f"{nd.op} of {len(comp)} computed tensors; tilefuse implements one tensor and scalar "
-                        f"constants (a clip)")
+    if not comp:
+        raise nd.refuse(f"{nd.op} of constants only (expected them folded)")
     x = cx.computed(nd, comp[0])
-    cs = [cx.const(nd, i, "bound") for i in ins if i != comp[0]]
-    if any(c.size != 1 for c in cs):
-        raise nd.refuse(f"{nd.op} with a constant of shape {[c.shape for c in cs if c.size != 1][0]}; "
-                        f"tilefuse implements scalar bounds")
+    cs = [cx.const(nd, i, "bound") for i in ins if i != comp[0] and i not in comp[1:]]
+    if len(comp) > 1 or any(c.size != 1 for c in cs):
+        f = cx.net.maximum if nd.op == "Max" else cx.net.minimum
+        rest = [i for i in ins if i != comp[0]]
+        for k, i in enumerate(rest):
+            other = cx.computed(nd, i) if i in comp else cx.const_node(f"{nd.name}.input{i}",
+                                                                        cx.const(nd, i, "operand"), x.dtype)
+            x = f(x, other, name=cx.fresh(nd.name if k == len(rest) - 1 else f"{nd.name}.{k}"))
+        return x
     if not cs:
         return x
     v = [float(c.reshape(-1)[0]) for c in cs]
@@ -1107,7 +1134,10 @@ RULES: dict[str, Rule] = {
                  "asymmetric; ONNX Runtime's coordinate order (dst / (out / in): `arith=\"onnx\"`)"),
     # linear algebra
     "Gemm": _r(_gemm, (7, 9, 11, 13), "alpha beta transA transB", "linear add permute", "constant B and C"),
-    "MatMul": _r(_matmul, (1, 9, 13), "", "linear", "(..., K) by a constant 2-D (K, M)"),
+    "Einsum": _r(_einsum, (12, 28), "equation", "matmul permute reshape sum",
+                 "two operands, letter labels, no ellipsis or repeated label"),
+    "MatMul": _r(_matmul, (1, 9, 13), "", "linear matmul",
+                 "(..., K) by a constant 2-D (K, M): linear; else matmul (1-D as np.matmul; not two 1-D)"),
     # element-wise
     "Add": _r(_elementwise, _EW, "", "add scale linear", "NumPy broadcasting"),
     "Sub": _r(_elementwise, _EW, "", "sub scale", "NumPy broadcasting"),
@@ -1126,8 +1156,10 @@ RULES: dict[str, Rule] = {
     "Celu": _r(_activation("celu", alpha=("alpha", 1.0)), (12, 28), "alpha", "activation(celu)", "alpha > 0"),
     "Selu": _r(_selu, (6, 22), "alpha gamma", "activation(selu) activation(elu) mul"),
     "Softsign": _r(_softsign, (1, 22), "", "activation(abs) add div", "as x / (1 + abs(x))"),
-    "Max": _r(_max_min, (8, 12, 13), "", "activation(clip) relu", "one tensor and scalar constants"),
-    "Min": _r(_max_min, (8, 12, 13), "", "activation(clip)", "one tensor and scalar constants"),
+    "Max": _r(_max_min, (8, 12, 13), "", "activation(clip) relu maximum",
+              "float tensors; one tensor and scalar constants: a clip"),
+    "Min": _r(_max_min, (8, 12, 13), "", "activation(clip) minimum",
+              "float tensors; one tensor and scalar constants: a clip"),
     "Relu": _r(_relu, (1, 6, 13, 14), "", "relu"),
     "Clip": _r(_clip, (6, 11, 12, 13), "min max", "activation(clip) relu", "constant min and max"),
     "Sigmoid": _r(_activation("sigmoid"), (6, 13), "", "activation(sigmoid)"),
