@@ -200,6 +200,23 @@ def test_group_normalization_matches_the_reference_and_onnxruntime():
     np.testing.assert_allclose(got, y, rtol=0, atol=1e-5)
 
 
+def test_group_normalization_18_takes_scale_and_bias_per_group():
+    """GroupNormalization-18 (the form opset 18 files carry): scale and bias of shape (G,), each group's value over
+    its C / G channels; against the per-channel reference and ONNX Runtime (which runs the op's function body)."""
+    x, _, _ = _data((2, 6, 4, 5), seed=5)
+    sg = np.float32([0.5, 1.5, -2.0])
+    bg = np.float32([0.1, -0.3, 0.7])
+    m = _node_model("GroupNormalization", 18, x.shape, sg, bg, num_groups=3, epsilon=1e-4)
+    got = tilefuse.compile(tilefuse.from_onnx(m)).run(x)
+    np.testing.assert_allclose(got, ref.group_norm(x, np.repeat(sg, 2), np.repeat(bg, 2), 3, 1e-4), rtol=0, atol=4e-6)
+    import onnxruntime as ort
+    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, y, rtol=0, atol=1e-5)
+    with pytest.raises(GraphError, match=r"scale has shape \(6,\); expected \(3,\) \(GroupNormalization-18: one "
+                                         r"value per group\)"):
+        tilefuse.from_onnx(_node_model("GroupNormalization", 18, x.shape, np.ones(6, np.float32), bg, num_groups=3))
+
+
 def test_onnx_refusals_name_the_node_and_what_was_expected():
     x = (2, 6, 4, 5)
     one = np.ones(6, np.float32)

@@ -76,6 +76,34 @@ def test_onnx_exports_match_pytorch_and_onnxruntime(name, exporter):
     check_export(MODELS[name], _x(1), exporter)
 
 
+class SPP(nn.Module):
+    """Spatial pyramid pooling (He et al. 2014): adaptive max pooling to 1x1, 2x2 and 4x4 bins, flattened and
+    concatenated; on a 13x13 map the 2x2 and 4x4 windows overlap (13 is no multiple of 2 or 4)."""
+
+    def forward(self, x):
+        n = x.size(0)
+        return torch.cat([F.adaptive_max_pool2d(x, b).view(n, -1) for b in (1, 2, 4)], dim=1)
+
+
+@pytest.mark.parametrize("size", [(5, 3), (13, 4), (3, 9)])
+def test_adaptive_max_pool_to_sizes_that_do_not_divide(size):
+    """adaptive_max_pool (PyTorch's overlapping windows, any output size, up to the input's or past it) against
+    PyTorch; SPP's bins; a NaN in a window makes that window's output NaN, and only those."""
+    x = _x(3, (2, 4, 13, 9))
+    x[1, 2, 6, 4] = np.nan
+    want = F.adaptive_max_pool2d(torch.from_numpy(x), size).numpy()
+    net = tilefuse.Network("amp")
+    net.output(net.adaptive_max_pool(net.input("x", x.shape), size, name="p"))
+    for got in (tilefuse.compile(net).run(x), tilefuse.interpreter.evaluate(net, {"x": x})[0]):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+    m = nn.Sequential(nn.Conv2d(3, 6, 3), nn.ReLU(), SPP(), nn.Linear(6 * 21, 5)).eval()
+    xx = _x(4, (2, 3, 15, 15))
+    cp = tilefuse.compile(tilefuse.from_torch(m, torch.from_numpy(xx)))
+    assert "adaptive_max_pool" in {o.op for o in cp.network.ops}
+    assert_close_to_max(cp.run(xx), torch_run(m, xx))
+
+
 def test_max_reference_propagates_nan_like_pytorch():
     x = _x(2, (2, 5, 4, 3))
     x[1, 2, 0, 1] = np.nan
@@ -104,9 +132,6 @@ def test_uses_of_the_indices_are_refused_by_name():
     with pytest.raises(GraphError, match=r"reducing every axis of \(2, 3, 14, 11\) without keepdim gives a scalar"):
         tilefuse.from_torch(Everything(), torch.from_numpy(_x()))
 
-    with pytest.raises(UnsupportedOpError, match=r"adaptive max pooling of \(2, 6, 12, 9\) to \(5, 3\).*output "
-                                                 r"sizes that divide H and W"):
-        tilefuse.from_torch(nn.Sequential(nn.Conv2d(3, 6, 3), AdaptiveMax((5, 3))), torch.from_numpy(_x()))
 
 
 def _gather_nd_model(x_shape, idx, out_shape, batch_dims=0):

@@ -583,7 +583,8 @@ def blocked_op_validator(op: str, layouts=("nchw",)) -> Callable:
 for _k in ("activation", "prelu", "add", "sub", "mul", "div", "maximum", "minimum", "resize", "pad", "slice", "concat",
            "channel_norm", "channel_shuffle", "group_norm"):
     VALIDATORS[_k] = blocked_op_validator(_k, _layouts(_k))
-for _k in ("mean", "sum", "max", "reshape", "permute", "layer_norm", "adaptive_avg_pool", "matmul"):
+for _k in ("mean", "sum", "max", "reshape", "permute", "layer_norm", "adaptive_avg_pool", "adaptive_max_pool",
+           "matmul"):
     VALIDATORS[_k] = op_validator(_k, _layouts(_k))
 
 

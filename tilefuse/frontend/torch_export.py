@@ -151,9 +151,7 @@ def _preserved():
             a.hardtanh.default, a.gelu.default, a.elu.default, a.leaky_relu.default, a.group_norm.default,
             a.instance_norm.default,
             a.mish.default, a.softplus.default, a.celu.default, a.selu.default, a.log_sigmoid.default,
-            a.scaled_dot_product_attention.default,
-            # not in the vocabulary, kept whole so an error names what the user wrote
-            a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec]
+            a.scaled_dot_product_attention.default, a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec]
 
 
 def _decomposition_table():
@@ -757,16 +755,19 @@ def _max(imp, x, *rest, **kw):
 
 
 def _adaptive_max_pool(imp, x, output_size):
-    """aten.adaptive_max_pool2d to sizes that divide the input's (1x1 included): max_pool with the window
-    the quotient; (values, indices), the indices refused where used."""
+    """aten.adaptive_max_pool2d: to sizes that divide the input's (1x1 included) max_pool with the window the
+    quotient, to any other the adaptive_max_pool op (PyTorch's overlapping windows); (values, indices), the
+    indices refused where used."""
     x = imp.tensor(x)
     oh, ow = (int(s) for s in output_size)
+    if len(x.shape) != 4:
+        raise imp.fail(f"adaptive max pooling of {x.shape} to {(oh, ow)}", "expected (N, C, H, W)")
     h, w = x.shape[-2:]
-    if len(x.shape) != 4 or h % oh or w % ow:
-        raise imp.fail(f"adaptive max pooling of {x.shape} to {(oh, ow)}",
-                       "expected (N, C, H, W) and output sizes that divide H and W")
-    k = (h // oh, w // ow)
-    y = imp.net.max_pool(x, k, k, (0, 0, 0, 0), name=imp.op_name())
+    if h % oh or w % ow:
+        y = imp.net.adaptive_max_pool(x, (oh, ow), name=imp.op_name())
+    else:
+        k = (h // oh, w // ow)
+        y = imp.net.max_pool(x, k, k, (0, 0, 0, 0), name=imp.op_name())
     return (y, _Unsupported(imp, "the indices of adaptive max pooling (return_indices=True)"))
 
 
@@ -914,7 +915,7 @@ def _resize(mode):
     .default(x, output_size, [align_corners,] scales_h, scales_w)."""
     def f(imp, x, output_size=None, *rest, **kw):
         x = imp.tensor(x)
-        names = (["align_corners"] if mode == "bilinear" else []) + \
+        names = (["align_corners"] if mode in ("bilinear", "bicubic") else []) + \
             (["scale_factors"] if imp.node.target._overloadname == "vec" else ["scales_h", "scales_w"])
         a = dict(zip(names, rest))
         a.update(kw)
@@ -929,8 +930,9 @@ def _resize(mode):
             output_size = (int(math.floor(h * float(scales[0]))), int(math.floor(w * float(scales[1]))))
         size = (int(output_size[0]), int(output_size[1]))
         sc = None if scales is None else (float(scales[0]), float(scales[1]))
-        if mode == "bilinear":
-            p = dict(mode="linear", coord="align_corners" if a.get("align_corners") else "half_pixel")
+        if mode in ("bilinear", "bicubic"):
+            p = dict(mode="linear" if mode == "bilinear" else "cubic",
+                     coord="align_corners" if a.get("align_corners") else "half_pixel")
         elif mode == "nearest-exact":
             p = dict(mode="nearest", coord="half_pixel", nearest_mode="round_prefer_ceil")
         else:
@@ -1167,6 +1169,7 @@ _ATEN = {
     "upsample_nearest2d": _resize("nearest"),
     "_upsample_nearest_exact2d": _resize("nearest-exact"),
     "upsample_bilinear2d": _resize("bilinear"),
+    "upsample_bicubic2d": _resize("bicubic"),
     "adaptive_avg_pool2d": _adaptive_avg_pool,
     "_adaptive_avg_pool2d": _adaptive_avg_pool,
     "max_pool2d_with_indices": _max_pool,

@@ -473,7 +473,7 @@ class Network:
 
     def resize(self, x: DataNode, size=None, scale_factor=None, mode: str = "nearest",
                align_corners: bool = False, name: str | None = None) -> DataNode:
-        """F.interpolate on (N, C, H, W): mode "nearest", "nearest-exact" or "bilinear"; by size or
+        """F.interpolate on (N, C, H, W): mode "nearest", "nearest-exact", "bilinear" or "bicubic"; by size or
         scale_factor (output size floor(H * scale), the scale enters the coordinate map as in torch)."""
         h, w = x.shape[2], x.shape[3]
         if (size is None) == (scale_factor is None):
@@ -485,15 +485,16 @@ class Network:
             size = (int(np.floor(h * scales[0])), int(np.floor(w * scales[1])))
         elif np.isscalar(size):
             size = (int(size), int(size))
-        if mode == "bilinear":
-            p = dict(mode="linear", coord="align_corners" if align_corners else "half_pixel")
+        if mode in ("bilinear", "bicubic"):
+            p = dict(mode="linear" if mode == "bilinear" else "cubic",
+                     coord="align_corners" if align_corners else "half_pixel")
         elif mode == "nearest-exact":
             p = dict(mode="nearest", coord="half_pixel", nearest_mode="round_prefer_ceil")
         elif mode == "nearest":
             p = dict(mode="nearest", coord="asymmetric", nearest_mode="floor")
         else:
             raise GraphError(self._name("resize", name), f"interpolation mode {mode!r} is not supported; "
-                                                        f"expected nearest, nearest-exact or bilinear")
+                                                        f"expected nearest, nearest-exact, bilinear or bicubic")
         return self.add_op("resize", [x], dict(p, size=tuple(size), scales=scales), name)
 
     def layer_norm(self, x: DataNode, gamma, beta, axis: int = -1, eps: float = 1e-5,
@@ -524,6 +525,9 @@ class Network:
 
     def adaptive_avg_pool(self, x: DataNode, output_size, name: str | None = None) -> DataNode:
         return self.add_op("adaptive_avg_pool", [x], {"output_size": output_size}, name)
+
+    def adaptive_max_pool(self, x: DataNode, output_size, name: str | None = None) -> DataNode:
+        return self.add_op("adaptive_max_pool", [x], {"output_size": output_size}, name)
 
     # ---------------------------------------------------------------- checks and copies
 

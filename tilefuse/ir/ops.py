@@ -828,7 +828,7 @@ _register(OpSchema("pad", "shape", ("x",), _pad_norm, _pad_infer,
 
 # resize -----------------------------------------------------------------------------------
 
-RESIZE_MODES = ("nearest", "linear")
+RESIZE_MODES = ("nearest", "linear", "cubic")
 
 
 def _resize_norm(node, p):
@@ -838,7 +838,7 @@ def _resize_norm(node, p):
         scales = tuple(float(v) for v in (scales if isinstance(scales, (tuple, list)) else (scales, scales)))
         if len(scales) != 2 or not all(np.isfinite(v) and v > 0 for v in scales):
             raise GraphError(node, f"scales={p.get('scales')!r} must be two positive numbers (h, w)")
-    mode = {"bilinear": "linear"}.get(p.get("mode", "nearest"), p.get("mode", "nearest"))
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(p.get("mode", "nearest"), p.get("mode", "nearest"))
     if mode not in RESIZE_MODES:
         raise GraphError(node, f"resize mode {mode!r} is not supported; expected one of {RESIZE_MODES}")
     coord = p.get("coord", "asymmetric" if mode == "nearest" else "half_pixel")
@@ -850,7 +850,13 @@ def _resize_norm(node, p):
     arith = p.get("arith", "aten")
     if arith not in ref.RESIZE_ARITH:
         raise GraphError(node, f"arith {arith!r} is not supported; expected one of {ref.RESIZE_ARITH}")
-    return {"size": size, "scales": scales, "mode": mode, "coord": coord, "nearest_mode": nm, "arith": arith}
+    q = {"size": size, "scales": scales, "mode": mode, "coord": coord, "nearest_mode": nm, "arith": arith}
+    if mode == "cubic":     # Keys' cubic convolution coefficient (PyTorch's and ONNX's default -0.75)
+        q["cubic_a"] = float(p.get("cubic_a", -0.75))
+        if not np.isfinite(q["cubic_a"]):
+            raise GraphError(node, f"cubic_a={q['cubic_a']}; expected a finite number")
+        q["cubic_exclude"] = bool(p.get("cubic_exclude", False))     # ONNX's exclude_outside
+    return q
 
 
 def _resize_infer(node, ins, p):
@@ -861,7 +867,7 @@ def _resize_infer(node, ins, p):
 
 _register(OpSchema("resize", "resize", ("x",), _resize_norm, _resize_infer,
                    lambda x, **p: ref.resize(x, **p),
-                   lambda i, o, p: (7 if p["mode"] == "linear" else 0) * _prod(o)))
+                   lambda i, o, p: {"linear": 7, "cubic": 32}.get(p["mode"], 0) * _prod(o)))
 
 
 # normalization over channels, adaptive pooling ----------------------------------------------
@@ -946,6 +952,9 @@ def _adaptive_infer(node, ins, p):
 
 _register(OpSchema("adaptive_avg_pool", "pool", ("x",), _adaptive_norm, _adaptive_infer,
                    lambda x, output_size: ref.adaptive_avg_pool(x, output_size), lambda i, o, p: _prod(i[0])))
+# (the importers give sizes that divide the input's to max_pool; this is the rest: SPP's 2x2 bins of 13x13)
+_register(OpSchema("adaptive_max_pool", "pool", ("x",), _adaptive_norm, _adaptive_infer,
+                   lambda x, output_size: ref.adaptive_max_pool(x, output_size), lambda i, o, p: _prod(i[0])))
 
 # ----------------------------------------------------------------------------- named op groups
 # What passes, layouts, streaming and training match on, defined once (tinygrad's GroupOp).

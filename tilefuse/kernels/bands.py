@@ -145,7 +145,7 @@ def row_window(kind: str, params: dict, in_shape, out_shape, weight_shape=None) 
     if kind == "resize":
         sh = params["scales"][0] if params.get("scales") else None
         lo, hi = ref.resize_rows(h, ho, sh, params["mode"], params["coord"], params["nearest_mode"],
-                                 params.get("arith", "aten"))
+                                 params.get("arith", "aten"), params.get("cubic_a", -0.75))
     elif kind == "conv_transpose2d":
         # output row oh gets kernel row kh from input row (oh + pt - kh*dh) / sh when divisible
         kh, (sh, _), (dh, _), pt = weight_shape[2], params["stride"], params["dilation"], params["padding"][0]

@@ -1,4 +1,4 @@
-"""Reduction runtime kernels: mean / sum / max over axes, adaptive average pooling to any size.
+"""Reduction runtime kernels: mean / sum / max over axes, adaptive average and max pooling to any size.
 
 NCHW (any rank) only; the layout pass keeps their inputs NCHW. Global average pooling (mean
 over H and W with keepdim) is canonicalized by the importers to the `global_avg_pool` op, which
@@ -31,7 +31,12 @@ def adaptive_avg_pool(out, x, *, output_size, **_):
     out[...] = ref.adaptive_avg_pool(x, tuple(output_size))
 
 
+def adaptive_max_pool(out, x, *, output_size, **_):
+    """PyTorch's adaptive windows, rows then columns (ref.adaptive_max_pool)."""
+    out[...] = ref.adaptive_max_pool(x, tuple(output_size))
+
+
 KERNELS = {"mean": _reduce("mean"), "sum": _reduce("sum"), "max": _reduce("max"),
-           "adaptive_avg_pool": adaptive_avg_pool}
+           "adaptive_avg_pool": adaptive_avg_pool, "adaptive_max_pool": adaptive_max_pool}
 THREADED: frozenset = frozenset()
 BLOCKED = frozenset()

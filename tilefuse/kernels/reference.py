@@ -389,6 +389,21 @@ def adaptive_avg_pool(x, output_size, band=None):
     return y.astype(x.dtype, copy=False)
 
 
+def adaptive_max_pool(x, output_size):
+    """AdaptiveMaxPool2d to any (oh, ow): the maximum over PyTorch's windows, per axis (the rows' windows, then
+    the columns'; max is separable); a NaN in a window gives NaN (np.max, as PyTorch's)."""
+    y = x
+    for axis in (2, 3):
+        lo, hi = adaptive_windows(y.shape[axis], output_size[axis - 2])
+        cut = [slice(None)] * y.ndim
+        parts = []
+        for a, b in zip(lo, hi):
+            cut[axis] = slice(int(a), int(b))
+            parts.append(np.max(y[tuple(cut)], axis=axis, keepdims=True))
+        y = np.concatenate(parts, axis=axis)
+    return y.astype(x.dtype, copy=False)
+
+
 def layer_norm(x, gamma, beta, axis=-1, eps=1e-5):
     """Normalize over axes [axis, rank) (biased variance), then gamma * . + beta (shape x.shape[axis:])."""
     acc = _acc_dtype(x.dtype)
@@ -509,20 +524,51 @@ def resize_linear_weights(size_in, size_out, scale, coord, arith="aten"):
     return i0, i1, lam
 
 
-def resize_rows(size_in, size_out, scale, mode, coord, nearest_mode="floor", arith="aten"):
-    """(first, last + 1) input row each output row reads: nearest (i, i + 1), linear (i0, i1 + 1)."""
+def resize_cubic_weights(size_in, size_out, scale, coord, a=-0.75, arith="aten", exclude_outside=False):
+    """(idx, w), each (out, 4): out = sum_k w[:, k] * x[idx[:, k]]; the taps floor(src) - 1 .. floor(src) + 2 of
+    the unclamped source coordinate, clamped to [0, in - 1] (the edge repeated, as PyTorch's bicubic and ONNX's
+    cubic with exclude_outside 0), Keys' cubic convolution with A = a (-0.75: PyTorch's and ONNX's default), in
+    float32 as ATen's get_cubic_upsample_coefficients. exclude_outside (ONNX's): the taps outside the input
+    weigh 0 and the others are divided by their sum."""
+    f32 = np.float32
+    src = resize_source(size_in, size_out, scale, coord, arith)
+    i = np.floor(src)
+    t = (src - i).astype(f32)
+    A = f32(a)
+
+    def near(x):            # |x| <= 1
+        return ((A + f32(2)) * x - (A + f32(3))) * x * x + f32(1)
+
+    def far(x):             # 1 < |x| < 2
+        return ((A * x - f32(5) * A) * x + f32(8) * A) * x - f32(4) * A
+    w = np.stack([far(t + f32(1)), near(t), near(f32(1) - t), far(f32(2) - t)], axis=1).astype(f32)
+    raw = i.astype(np.int64)[:, None] + np.arange(-1, 3)
+    if exclude_outside:
+        w = np.where((raw >= 0) & (raw < size_in), w, f32(0))
+        w = (w / w.sum(axis=1, keepdims=True)).astype(f32)
+    return np.clip(raw, 0, size_in - 1), w
+
+
+def resize_rows(size_in, size_out, scale, mode, coord, nearest_mode="floor", arith="aten", cubic_a=-0.75):
+    """(first, last + 1) input row each output row reads: nearest (i, i + 1), linear (i0, i1 + 1), cubic (its
+    first clamped tap, its last + 1)."""
     if mode == "nearest":
         i = resize_nearest_index(size_in, size_out, scale, coord, nearest_mode, arith)
         return i, i + 1
+    if mode == "cubic":
+        idx, _ = resize_cubic_weights(size_in, size_out, scale, coord, cubic_a, arith)   # (the same taps)
+        return idx[:, 0], idx[:, 3] + 1
     i0, i1, _ = resize_linear_weights(size_in, size_out, scale, coord, arith)
     return i0, i1 + 1
 
 
-def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor", band=None, arith="aten"):
+def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor", band=None, arith="aten",
+           cubic_a=-0.75, cubic_exclude=False):
     """Resize H and W of (N, C, H, W) to `size`.
 
     torch F.interpolate: nearest = (asymmetric, floor); nearest-exact = (half_pixel,
-    round_prefer_ceil); bilinear = (half_pixel, linear) or (align_corners, linear); scales are the
+    round_prefer_ceil); bilinear = (half_pixel, linear) or (align_corners, linear); bicubic = (half_pixel or
+    align_corners, cubic, A = -0.75); scales are the
     scale_factor given (they enter the coordinate map, as in torch with recompute_scale_factor unset).
     arith: the coordinate map's float32 order (RESIZE_ARITH: "aten" for torch, "onnx" for ONNX files).
     band=(r0, r1, lo, H): output rows [r0, r1) only, x holding input rows [lo, lo + x.shape[2]) of
@@ -537,6 +583,14 @@ def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mod
         iw = resize_nearest_index(w, size[1], sw, coord, nearest_mode, arith)
         return np.ascontiguousarray(x[:, :, ih][:, :, :, iw])
     acc = _acc_dtype(x.dtype)
+    if mode == "cubic":         # the columns' 4 taps, then the rows' (ATen's order)
+        ih, wh = resize_cubic_weights(h, size[0], sh, coord, cubic_a, arith, cubic_exclude)
+        ih, wh = ih[r0:r1] - lo, wh[r0:r1].astype(acc)
+        iw, ww = resize_cubic_weights(w, size[1], sw, coord, cubic_a, arith, cubic_exclude)
+        xa = x.astype(acc)
+        cols = sum(xa[:, :, :, iw[:, k]] * ww[:, k].astype(acc) for k in range(4))      # (N, C, H, Wo)
+        y = sum(cols[:, :, ih[:, k], :] * wh[:, k].reshape(1, 1, -1, 1) for k in range(4))
+        return y.astype(x.dtype, copy=False)
     h0, h1, lh = (a[r0:r1] for a in resize_linear_weights(h, size[0], sh, coord, arith))
     h0, h1 = h0 - lo, h1 - lo
     w0, w1, lw = resize_linear_weights(w, size[1], sw, coord, arith)

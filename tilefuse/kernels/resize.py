@@ -1,9 +1,10 @@
-"""Resize runtime kernel: nearest and bilinear over H and W, NCHW and NCHW16c.
+"""Resize runtime kernel: nearest, bilinear and bicubic over H and W, NCHW and NCHW16c.
 
 The source indices and weights per output row / column come from the reference
-(`ref.resize_nearest_index`, `ref.resize_linear_weights`: float32 arithmetic as ATen computes
-them), so both kernels pick exactly the reference's pixels; bilinear blends in float32 in the
-reference's order (top row, bottom row, then vertically): within 1e-6 relative.
+(`ref.resize_nearest_index`, `ref.resize_linear_weights`, `ref.resize_cubic_weights`: float32 arithmetic as
+ATen computes them), so the kernels pick exactly the reference's pixels; bilinear blends in float32 in the
+reference's order (top row, bottom row, then vertically): within 1e-6 relative; bicubic sums each of the 4
+rows' 4 columns, then the rows (the reference's order, per output instead of per plane).
 One numba loop serves both layouts through a 5-D view ((N, C, H, W, 1) or the blocked tensor);
 tasks are (image, channel block) planes.
 """
@@ -46,8 +47,26 @@ def _bilinear_plane(out, x, n, c, h0, h1, lh, w0, w1, lw):
                 out[n, c, oh, ow, l] = top * (one - t) + bot * t
 
 
+@njit(nogil=True, cache=True)
+def _bicubic_plane(out, x, n, c, ih, wh, iw, ww):
+    """ih, wh (Ho, 4): each output row's 4 source rows and weights; iw, ww (Wo, 4) the columns'."""
+    L = x.shape[4]
+    for oh in range(out.shape[2]):
+        for ow in range(out.shape[3]):
+            for l in range(L):
+                acc = np.float32(0.0)
+                for j in range(4):
+                    r = ih[oh, j]
+                    t = np.float32(0.0)
+                    for i in range(4):
+                        t += x[n, c, r, iw[ow, i], l] * ww[ow, i]
+                    acc += t * wh[oh, j]
+                out[n, c, oh, ow, l] = acc
+
+
 def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nearest_mode="floor",
-           layout="nchw", channels=None, threads=None, band=None, arith="aten", **_):
+           layout="nchw", channels=None, threads=None, band=None, arith="aten", cubic_a=-0.75, cubic_exclude=False,
+           **_):
     """band=(r0, lo, H): out holds output rows [r0, r0 + out.shape[2]) and x input rows
     [lo, lo + x.shape[2]) of an input of height H (the stream mode's row bands)."""
     h, w = x.shape[2], x.shape[3]
@@ -58,7 +77,8 @@ def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nea
     sh, sw = scales if scales else (None, None)
     if layout != "nchwc" and out.dtype != np.float32:
         out[...] = ref.resize(x, tuple(size), scales, mode, coord, nearest_mode,
-                              band=None if band is None else (r0, r1, lo, h), arith=arith)
+                              band=None if band is None else (r0, r1, lo, h), arith=arith, cubic_a=cubic_a,
+                              cubic_exclude=cubic_exclude)
         return
     x5, o5 = _view5(x, layout), _view5(out, layout)
     tasks = [(n, c) for n in range(x5.shape[0]) for c in range(x5.shape[1])]
@@ -66,6 +86,11 @@ def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nea
         ih = ref.resize_nearest_index(h, size[0], sh, coord, nearest_mode, arith)[r0:r1] - lo
         iw = ref.resize_nearest_index(w, size[1], sw, coord, nearest_mode, arith)
         parallel_for(lambda t: _nearest_plane(o5, x5, t[0], t[1], ih, iw), tasks, threads)
+    elif mode == "cubic":
+        ih, wh = ref.resize_cubic_weights(h, size[0], sh, coord, cubic_a, arith, cubic_exclude)
+        ih, wh = np.ascontiguousarray(ih[r0:r1] - lo), np.ascontiguousarray(wh[r0:r1])
+        iw, ww = ref.resize_cubic_weights(w, size[1], sw, coord, cubic_a, arith, cubic_exclude)
+        parallel_for(lambda t: _bicubic_plane(o5, x5, t[0], t[1], ih, wh, iw, ww), tasks, threads)
     else:
         h0, h1, lh = (a[r0:r1] for a in ref.resize_linear_weights(h, size[0], sh, coord, arith))
         h0, h1 = h0 - lo, h1 - lo

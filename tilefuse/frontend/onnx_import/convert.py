@@ -733,13 +733,15 @@ def _resize(cx: Ctx, nd: OnnxNode, used):
     mode = s.get("mode", "nearest")
     coord = s.get("coordinate_transformation_mode", "half_pixel")
     nearest = s.get("nearest_mode", "round_prefer_floor")
-    if mode not in ("nearest", "linear"):
-        raise nd.refuse(f"mode={mode!r}; expected 'nearest' or 'linear'")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise nd.refuse(f"mode={mode!r}; expected 'nearest', 'linear' or 'cubic'")
     if coord not in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
         raise nd.refuse(f"coordinate_transformation_mode={coord!r}; expected half_pixel, pytorch_half_pixel, "
                         f"align_corners or asymmetric")
-    if s.get("antialias", 0) or s.get("exclude_outside", 0):
-        raise nd.refuse("antialias/exclude_outside=1; expected 0")
+    if s.get("antialias", 0):
+        raise nd.refuse("antialias=1; expected 0")
+    if s.get("exclude_outside", 0) and mode != "cubic":
+        raise nd.refuse(f"exclude_outside=1 with mode={mode!r}; expected 0 (or mode 'cubic')")
     if s.get("keep_aspect_ratio_policy", "stretch") != "stretch":
         raise nd.refuse(f"keep_aspect_ratio_policy={s['keep_aspect_ratio_policy']!r}; expected 'stretch'")
     scales, sizes = cx.const(nd, 2, "scales"), cx.const(nd, 3, "sizes")
@@ -765,8 +767,10 @@ def _resize(cx: Ctx, nd: OnnxNode, used):
                 raise nd.refuse(f"{coord} with scale {full_scale[ax]} on axis {ax} (size {x.shape[ax]}): the "
                                 f"output length {x.shape[ax] * full_scale[ax]} is not whole; tilefuse implements "
                                 f"whole output lengths (give sizes instead)")
+    extra = {"cubic_a": float(a.get("cubic_coeff_a", -0.75)), "cubic_exclude": bool(a.get("exclude_outside", 0))} \
+        if mode == "cubic" else {}
     return cx.net.add_op("resize", [x], dict(size=tuple(full_size[2:]), mode=mode, coord=coord,
-                                             nearest_mode=nearest, arith="onnx",
+                                             nearest_mode=nearest, arith="onnx", **extra,
                                              scales=None if scales is None else tuple(full_scale[2:])),
                          cx.fresh(nd.name))
 
@@ -791,8 +795,8 @@ def _layer_norm(cx: Ctx, nd: OnnxNode, used):
 
 
 def _group_norm(cx: Ctx, nd: OnnxNode, used):
-    """InstanceNormalization (groups = C) and GroupNormalization (num_groups; scale and bias per channel, as
-    from opset 21: opset 18's per-group form is deprecated, and ONNX's checker refuses it) -> group_norm."""
+    """InstanceNormalization (groups = C) and GroupNormalization (num_groups; scale and bias per channel from
+    opset 21, per group in opset 18: each group's value repeated over its C / G channels) -> group_norm."""
     x = cx.computed(nd, 0)
     if len(x.shape) < 3:
         raise GraphError(nd.where, f"input '{x.name}' has shape {x.shape}; expected (N, C, D1, ...)")
@@ -811,6 +815,11 @@ def _group_norm(cx: Ctx, nd: OnnxNode, used):
         if v is None:
             raise GraphError(nd.where, f"input {role} (input {i}) is missing")
         v = _float_array(nd, v, role)
+        if nd.op == "GroupNormalization" and nd.version < 21:      # opset 18: one value per group
+            if v.shape != (groups,):
+                raise GraphError(nd.where, f"{role} has shape {v.shape}; expected ({groups},) (GroupNormalization-"
+                                           f"{nd.version}: one value per group)")
+            v = np.repeat(v, c // groups)                          # (G,) -> (C,)
         if v.shape != (c,):
             raise GraphError(nd.where, f"{role} has shape {v.shape}; expected ({c},) (one value per channel)")
         vals.append(cx.const_node(nd.inputs[i], v, x.dtype))
@@ -1106,8 +1115,8 @@ RULES: dict[str, Rule] = {
     "LayerNormalization": _r(_layer_norm, (17,), "axis epsilon stash_type", "layer_norm",
                              "constant Scale and B; the Mean/InvStdDev outputs are refused"),
     "InstanceNormalization": _r(_group_norm, (6, 22), "epsilon", "group_norm", "constant scale and B"),
-    "GroupNormalization": _r(_group_norm, (21,), "epsilon num_groups stash_type", "group_norm",
-                             "constant scale and bias"),
+    "GroupNormalization": _r(_group_norm, (18, 21), "epsilon num_groups stash_type", "group_norm",
+                             "constant scale and bias (per group in opset 18, per channel from 21)"),
     "LRN": _r(_lrn, (1, 13), "alpha beta bias size", "local_response_norm"),
     "MaxPool": _r(_lift_1d(_pool), (1, 8, 10, 11, 12, 22), _POOL + " storage_order", "max_pool reshape",
                   "1-D (as 2-D) or 2-D; the Indices output is refused"),
@@ -1130,7 +1139,8 @@ RULES: dict[str, Rule] = {
     "ReduceSumSquare": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "mul sum",
                           "constant axes"),
     "Resize": _r(_resize, (11, 13, 18, 19), _RESIZE, "resize",
-                 "H, W of (N, C, H, W); nearest or linear; half_pixel, pytorch_half_pixel, align_corners, "
+                 "H, W of (N, C, H, W); nearest, linear or cubic; not antialiased; half_pixel, "
+                 "pytorch_half_pixel, align_corners, "
                  "asymmetric; ONNX Runtime's coordinate order (dst / (out / in): `arith=\"onnx\"`)"),
     # linear algebra
     "Gemm": _r(_gemm, (7, 9, 11, 13), "alpha beta transA transB", "linear add permute", "constant B and C"),
