@@ -489,6 +489,21 @@ class _MaxOfTwo(nn.Module):
         return torch.min(torch.max(x, -1.0 - self.a * x), 2.0 + self.a * x)
 
 
+class _WhereAct(nn.Module):
+    """Activations written with comparisons: torch.where leaky, Hardshrink, a band mask as a float."""
+
+    def __init__(self, s):
+        super().__init__()
+        self.t, self.kind = float(s.uniform(-0.3, 0.3)), int(s.integers(3))
+
+    def forward(self, x):
+        if self.kind == 0:
+            return torch.where(x > self.t, x, 0.1 * x)
+        if self.kind == 1:
+            return F.hardshrink(x, abs(self.t))
+        return x * ((x > self.t) & (x < 2.0)).float() + torch.where(~(x < 2.0), 2.0, 0.0)
+
+
 class _LayerNormCF(nn.Module):
     """The official ConvNeXt LayerNorm, channels_first: mean, (x - u).pow(2).mean, torch.sqrt."""
 
@@ -505,16 +520,15 @@ class _LayerNormCF(nn.Module):
 
 _MATH_ACTS = (lambda s: nn.SELU(), lambda s: nn.CELU(float(s.uniform(0.3, 2.0))), lambda s: nn.LogSigmoid(),
               lambda s: nn.Softsign(), lambda s: _Isru(), lambda s: _Gauss(), lambda s: _SignedLog(),
-              lambda s: _MaxOfTwo(s))
+              lambda s: _MaxOfTwo(s), lambda s: _WhereAct(s))
 _ACT_TYPES = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.SiLU, nn.GELU, nn.LeakyReLU, nn.ELU, nn.Tanh, nn.Sigmoid)
 
 
 def _swap_math(module, seed: int, attempt: int) -> None:
     """Element-wise math (SELU, CELU, LogSigmoid, Softsign, x * rsqrt(1 + x^2), exp(-x^2), log1p(|x|) - 0.1
-    sqrt|x|, maximum / minimum of two computed tensors) in place of a sixth of the activations, and SSD's L2Norm,
-    F.normalize or ConvNeXt's hand-written channels_first LayerNorm in place of a tenth of the remaining batch
-    norms; from a side generator, so that the main draws
-    stay what they were."""
+    sqrt|x|, maximum / minimum of two computed tensors, torch.where of comparisons) in place of a sixth of the
+    activations, and SSD's L2Norm, F.normalize or ConvNeXt's hand-written channels_first LayerNorm in place of
+    a tenth of the remaining batch norms; from a side generator, so that the main draws stay what they were."""
     s = np.random.default_rng([seed, attempt, 11])
     for m in list(module.modules()):
         for name, child in list(m.named_children()):

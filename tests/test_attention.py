@@ -26,7 +26,8 @@ RNG = np.random.default_rng(5)
 
 
 @pytest.mark.parametrize("sa,sb", [((7, 5), (5, 3)), ((3, 4, 5), (3, 5, 2)), ((2, 1, 4, 5), (3, 5, 6)),
-                                   ((4, 6), (2, 3, 6, 1)), ((2, 3, 17, 33), (2, 3, 33, 9))])
+                                   ((4, 6), (2, 3, 6, 1)), ((2, 3, 17, 33), (2, 3, 33, 9)),
+                                   ((1, 300, 20), (20, 7))])      # 300 rows: three row-block tasks
 def test_kernel_matches_reference_and_torch(sa, sb):
     a = RNG.standard_normal(sa).astype(np.float32)
     b = RNG.standard_normal(sb).astype(np.float32)
@@ -68,7 +69,8 @@ def test_shapes_that_do_not_multiply_are_named():
 
 
 @pytest.mark.parametrize("eq,sa,sb", [("bcn,bcm->bnm", (2, 3, 4), (2, 3, 5)),
-                                      ("bhqd,bhkd->bhqk", (2, 2, 3, 4), (2, 2, 5, 4)), ("ij,jk", (3, 4), (4, 5)), ("bik,kj->bji", (2, 3, 4), (4, 6)),
+                                      ("bhqd,bhkd->bhqk", (2, 2, 3, 4), (2, 2, 5, 4)), ("ij,jk", (3, 4), (4, 5)),
+                                      ("bik,kj->bji", (2, 3, 4), (4, 6)),
                                       ("nchw,nc->nhw", (2, 3, 4, 5), (2, 3)), ("ijk,jl->il", (3, 4, 5), (4, 2))])
 def test_einsum_against_numpy(eq, sa, sb):
     """Network.einsum (ONNX Einsum's import): batch, contracted, own and summed-out labels, the implicit output."""

@@ -250,12 +250,18 @@ def test_softplus_that_is_not_mish_runs_through_from_torch_and_torchscript_onnx(
         assert_close_to_max(y, ort_run(export(m, x, path), x), what="against ONNX Runtime")
 
 
-def test_dynamo_softplus_threshold_is_refused_by_name():
-    """The dynamo exporter writes softplus's threshold as Greater -> Where on computed tensors; tilefuse has no
-    comparison op and refuses it naming the node (not yet recognized as one softplus)."""
+def test_dynamo_softplus_threshold_imports_as_a_where():
+    """The dynamo exporter writes softplus's threshold as Greater -> Where on computed tensors (refused by name
+    before the where op): now a where op selecting x past the threshold, against PyTorch and ONNX Runtime."""
+    torch.manual_seed(3)
     m = SoftplusNet(1.0, 20.0).eval()
-    with pytest.raises(UnsupportedOpError, match=r"Greater.*folds Greater on constants only"):
-        tilefuse.from_onnx(export(m, _x(), "dynamo"))
+    x = _x() * 15.0                        # values on both sides of the threshold
+    blob = export(m, x, "dynamo")
+    net = tilefuse.from_onnx(blob)
+    assert "where" in {o.op for o in net.ops}
+    y = tilefuse.compile(net).run(x)
+    assert_close_to_max(y, torch_run(m, x), what="against PyTorch")
+    assert_close_to_max(y, ort_run(blob, x), what="against ONNX Runtime")
 
 
 class AdaptiveAvg(nn.Module):
@@ -300,13 +306,3 @@ def test_where_with_a_constant_condition_matches_onnxruntime(computed_first, fil
     import onnxruntime as ort
     want = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(tilefuse.compile(tilefuse.from_onnx(blob)).run(x), want)
-
-
-def test_where_of_two_computed_tensors_is_refused():
-    g = helper.make_graph([helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Where", ["c", "x", "n"], ["y"])],
-                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-                          [onnx.numpy_helper.from_array(np.array([True, False, True]), "c")])
-    blob = helper.make_model(g, opset_imports=[helper.make_opsetid("", 16)]).SerializeToString()
-    with pytest.raises(UnsupportedOpError, match=r"both X and Y are computed by the graph"):
-        tilefuse.from_onnx(blob)

@@ -34,9 +34,27 @@ NO_PASSING_CASE = {
                "training cases are refused",
     "LayerNormalization": "every case also returns the Mean and InvStdDev outputs, which tilefuse does not "
                           "produce (refused by name)",
-    "Where": "the cases feed the condition and X, Y as inputs: bound as constants they fold to a constant output, "
-             "fed they select between two computed tensors (refused by name); tilefuse converts a constant "
-             "condition with one computed operand (tests/test_max_reduce.py, against ONNX Runtime)",
+    "And": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
+                 "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
+                 "(tests/test_where.py, against ONNX Runtime)",
+    "Equal": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
+                 "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
+                 "(tests/test_where.py, against ONNX Runtime)",
+    "Greater": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
+                 "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
+                 "(tests/test_where.py, against ONNX Runtime)",
+    "GreaterOrEqual": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
+                 "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
+                 "(tests/test_where.py, against ONNX Runtime)",
+    "LessOrEqual": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
+                 "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
+                 "(tests/test_where.py, against ONNX Runtime)",
+    "Not": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
+                 "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
+                 "(tests/test_where.py, against ONNX Runtime)",
+    "Or": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
+                 "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
+                 "(tests/test_where.py, against ONNX Runtime)",
 }
 
 

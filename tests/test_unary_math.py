@@ -282,12 +282,12 @@ def test_what_stays_refused_is_named():
     with pytest.raises(UnsupportedOpError, match=r"pow with a computed exponent"):
         tilefuse.from_torch(TensorExponent(), torch.from_numpy(_x()))
 
-    class Select(nn.Module):
+    class Floor(nn.Module):
         def forward(self, x):
-            return torch.where(x > 0, x, x * 0.5)
+            return torch.floor(x * 4.0)
 
-    with pytest.raises(UnsupportedOpError, match=r"aten\.gt\.Scalar"):
-        tilefuse.from_torch(Select(), torch.from_numpy(_x()))
+    with pytest.raises(UnsupportedOpError, match=r"aten\.floor\.default"):
+        tilefuse.from_torch(Floor(), torch.from_numpy(_x()))
 
     class Norm3(nn.Module):
         def forward(self, x):

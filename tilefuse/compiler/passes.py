@@ -311,7 +311,7 @@ def canonicalize(net: Network) -> PassResult:
             new = ("flatten", {"start_dim": 1})
         elif op.op == "activation" and p["act"][0] == "relu":
             new = ("relu", {})
-        elif op.op in _BINARY and not _has_act(op):
+        elif (op.op in _BINARY and not _has_act(op)) or op.op == "where":
             k = _shrink_broadcast_constant(net, op)
             if op.op == "mul" and _bypass_expand(net, op):
                 k += 1
@@ -334,18 +334,20 @@ def _aligned(shape, rank):
 
 
 def _shrink_broadcast_constant(net: Network, op: OpNode) -> int:
-    """A constant operand of a broadcasting binary op that repeats one value along an axis where the other operand
-    spans the output anyway is cut to size 1 there (`w.view(1, C, 1, 1).expand_as(x) * x`, folded at import to a
-    constant as large as the activation: SSD's L2Norm weight at batch 32 would be 94 MB in the package). The output
-    is unchanged, bit for bit; a constant shared with other ops gets a reduced copy."""
+    """A constant operand of a broadcasting binary op (or of where) that repeats one value along an axis where the
+    other operands span the output anyway is cut to size 1 there (`w.view(1, C, 1, 1).expand_as(x) * x`, folded
+    at import to a constant as large as the activation: SSD's L2Norm weight at batch 32 would be 94 MB in the
+    package; zeros_like(x) in a torch.where). The output is unchanged, bit for bit; a constant shared with other
+    ops gets a reduced copy."""
     out = op.outputs[0].shape
     r = len(out)
     n = 0
     for i, c in enumerate(op.inputs):
-        other = op.inputs[1 - i]
-        if not c.is_constant or other.is_constant or len(c.shape) != r or c.value.size <= 1:
+        others = [d for j, d in enumerate(op.inputs) if j != i]
+        if not c.is_constant or all(d.is_constant for d in others) or len(c.shape) != r or c.value.size <= 1:
             continue
-        v, oth = c.value, _aligned(other.shape, r)
+        v = c.value
+        oth = tuple(int(d) for d in np.broadcast_shapes(*(_aligned(d.shape, r) for d in others)))
         for k in range(r):
             if v.shape[k] > 1 and oth[k] == out[k] and np.array_equal(v, np.broadcast_to(v.take([0], axis=k), v.shape)):
                 v = v.take([0], axis=k)

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import GraphError, UnsupportedOpError
 from ..ir import DataNode, Network
 from ..kernels import activations as _acts
+from . import boolexpr
 
 try:  # torch is a test / import-time dependency, not a runtime one
     import torch
@@ -382,7 +383,15 @@ class _Importer:
         if bad is not None:
             raise self.fail(f"{self.target_name()} of {bad.what}",
                             f"tilefuse computes the values only; the indices come from {bad.where}")
-        if not any(isinstance(v, DataNode) for v in flat) and not name.startswith(_NONDETERMINISTIC):
+        cmp = next((v for v in flat if isinstance(v, boolexpr.BOOL)), None)
+        if cmp is not None and name not in _BOOL_READERS:
+            if self.direct:             # (x > 0).to(dtype) and the like decompose to a reader
+                raise _NeedsDecomposition(name)
+            raise self.fail(f"{self.target_name()} of a comparison's bool tensor (from {boolexpr.leaf(cmp).origin})",
+                            "tilefuse uses a comparison in torch.where(...), ~ / logical_not and .float() / "
+                            ".to(x.dtype) only")
+        if not any(isinstance(v, (DataNode, *boolexpr.BOOL)) for v in flat) and \
+                not name.startswith(_NONDETERMINISTIC):
             return self.fold(target, args, kwargs)
         fn = _ATEN.get(name.rstrip("_") if name not in _ATEN else name)
         if fn is None:
@@ -977,6 +986,79 @@ class _Unsupported:
         return self.what
 
 
+# the ATen ops that may read a bool tensor (a boolexpr expression: comparisons kept symbolic)
+_BOOL_READERS = frozenset({"where", "_to_copy", "logical_not", "bitwise_not", "logical_and", "bitwise_and",
+                           "__and__", "logical_or", "bitwise_or", "__or__", "clone", "alias", "detach"})
+
+
+def _compare(cmp):
+    def f(imp, a, b):
+        like = a if isinstance(a, DataNode) else b
+        return boolexpr.Cmp(_where_operand(imp, a, like), cmp, _where_operand(imp, b, like), imp.where())
+    return f
+
+
+def _bool_arg(imp, e):
+    if not isinstance(e, boolexpr.BOOL):
+        raise imp.fail(f"{imp.target_name()} of a tensor that is not a comparison",
+                       "tilefuse keeps bool tensors as comparisons of float tensors")
+    return e
+
+
+def _logical_not(imp, e):
+    return boolexpr.Not(_bool_arg(imp, e))
+
+
+def _logical(kind):
+    def f(imp, a, b):
+        return kind(_bool_arg(imp, a), _bool_arg(imp, b))
+    return f
+
+
+def _where(imp, c, a, b):
+    """aten.where.self(condition, a, b): where ops (boolexpr.select); the condition a comparison expression or a
+    constant bool mask (keep > 0.5); a, b tensors, constants or numbers (scalar_tensor's 0-d constants as one
+    value)."""
+    like = next((v for v in (a, b) if isinstance(v, DataNode)), None)
+    if isinstance(c, Const) and c.tensor.dtype == torch.bool:     # a constant mask: keep > 0.5
+        if like is None:
+            raise imp.fail("torch.where of constants only")
+        keep = Const(c.tensor.to(next(t for t, n in _DTYPES.items() if np.dtype(n) == like.dtype)),
+                     c.key + ".keep")
+        c = boolexpr.Cmp(_where_operand(imp, keep, like), "gt", _where_operand(imp, 0.5, like), imp.where())
+    if not isinstance(c, boolexpr.BOOL):
+        raise imp.fail("torch.where with a condition that is not a comparison or a constant mask",
+                       "expected torch.where(x > t, a, b) and the like")
+    like = like or boolexpr.leaf(c).l
+    return boolexpr.select(imp.net, c, _where_operand(imp, a, like), _where_operand(imp, b, like), imp.op_name())
+
+
+def _where_operand(imp, v, like):
+    """A where / comparison operand as a DataNode: a 0-d constant (scalar_tensor) as one value."""
+    if isinstance(v, Const) and v.tensor.dim() == 0:
+        v = float(v.tensor)
+    return imp.operand(v, like)
+
+
+def _full_like(imp, x, fill_value, *, dtype=None, **_):
+    """zeros_like / ones_like / full_like of a computed tensor: a constant of its shape (canonicalize cuts it to
+    one value where a broadcasting op reads it)."""
+    x = imp.tensor(x)
+    if dtype is not None and _DTYPES.get(dtype) != x.dtype:
+        raise imp.fail(f"full_like with dtype {dtype}", f"the network computes in {x.dtype}")
+    return Const(torch.full(x.shape, float(fill_value), dtype=next(t for t, n in _DTYPES.items()
+                                                                   if np.dtype(n) == x.dtype)),
+                 imp.unique(imp.op_name_hint() + ".full"))
+
+
+def _sign(imp, x):
+    """sign(x) = 1 where x > 0, else -1 where x < 0, else x (0, -0 and NaN as they are): two where ops."""
+    x = imp.tensor(x)
+    base = imp.op_name_hint()
+    neg = imp.net.where(x, "lt", 0.0, -1.0, x, name=imp.unique(base + ".neg"))
+    return imp.net.where(x, "gt", 0.0, 1.0, neg, name=imp.op_name())
+
+
 def _linear(imp, x, w, b=None):
     x = imp.tensor(x)
     wd = imp.const_node(imp.weight(w, "weight"))
@@ -1059,6 +1141,12 @@ def _dropout(imp, x, p=0.5, train=False):
 
 
 def _to_copy(imp, x, *, dtype=None, **k):
+    if isinstance(x, boolexpr.BOOL):    # mask.float(): 1 where it holds, else 0
+        if dtype == torch.bool:
+            return x
+        if _DTYPES.get(dtype) != imp.dtype:
+            raise imp.fail(f"a comparison's bool tensor converted to {dtype}", f"expected {imp.dtype} (.float())")
+        return boolexpr.select(imp.net, x, 1.0, 0.0, imp.op_name())
     x = imp.tensor(x)
     if dtype is not None and _DTYPES.get(dtype) != x.dtype:
         raise imp.fail(f"a dtype conversion to {dtype}", f"the network computes in {x.dtype}")
@@ -1141,6 +1229,23 @@ _ATEN = {
     "sum": _reduce("sum"),
     "amax": _reduce("max"),
     "maximum": _binary("maximum"),
+    "gt": _compare("gt"),
+    "ge": _compare("ge"),
+    "lt": _compare("lt"),
+    "le": _compare("le"),
+    "eq": _compare("eq"),
+    "ne": _compare("ne"),
+    "where": _where,
+    "logical_not": _logical_not,
+    "bitwise_not": _logical_not,
+    "logical_and": _logical(boolexpr.And),
+    "bitwise_and": _logical(boolexpr.And),
+    "__and__": _logical(boolexpr.And),
+    "logical_or": _logical(boolexpr.Or),
+    "bitwise_or": _logical(boolexpr.Or),
+    "__or__": _logical(boolexpr.Or),
+    "sign": _sign,
+    "full_like": _full_like,
     "minimum": _binary("minimum"),
     "amin": _amin,
     "min": _min,

@@ -372,6 +372,16 @@ class Network:
         perm = tuple(got.index(c) for c in out)
         return self.permute(y, perm, name=n) if perm != tuple(range(len(perm))) else y
 
+    def where(self, l, cmp: str, r, a, b, name: str | None = None) -> DataNode:
+        """a where (l cmp r) else b, cmp one of gt, ge, lt, le, eq, ne; all four broadcast, any of them may be a
+        number or a constant array (the first DataNode gives the dtype)."""
+        n = self._name("where", name)
+        dt = next(v.dtype for v in (l, r, a, b) if isinstance(v, DataNode))
+        ins = [v if isinstance(v, DataNode) else self.constant(
+            self._fresh(f"{n}.{role}"), np.asarray(v, dtype=dt).reshape(np.shape(v) or (1,)), dt)
+            for v, role in ((l, "l"), (r, "r"), (a, "a"), (b, "b"))]
+        return self.add_op("where", ins, {"cmp": cmp}, n)
+
     def maximum(self, a, b, name: str | None = None) -> DataNode:
         """The element-wise maximum with broadcasting (torch.maximum: NaN if either is NaN)."""
         return self._binary("maximum", a, b, name)

@@ -330,6 +330,28 @@ for _kind in BINARY:
                        lambda i, o, p: _prod(o)))
 
 
+# where (l cmp r) a else b: torch.where / ONNX Where of a comparison (Hardshrink, Threshold, masks); the
+# comparison is part of the op (the IR has no bool tensors); NaN compares false (ne: true), as IEEE / PyTorch
+def _where_norm(node, p):
+    cmp = p.get("cmp", "gt")
+    if cmp not in ref.COMPARISONS:
+        raise GraphError(node, f"parameter cmp={cmp!r}; expected one of {', '.join(ref.COMPARISONS)}")
+    return {"cmp": cmp}
+
+
+def _where_infer(node, ins, p):
+    _expect_same_dtype(node, ins)
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*(tuple(d.shape) for d in ins)))
+    except ValueError:
+        raise GraphError(node, "operands " + ", ".join(f"'{d.name}' {d.shape}" for d in ins) +
+                         " (l, r, a, b) do not broadcast") from None
+
+
+_register(OpSchema("where", "elementwise", ("l", "r", "a", "b"), _where_norm, _where_infer,
+                   lambda l, r, a, b, cmp: ref.where(l, r, a, b, cmp), lambda i, o, p: 2 * _prod(o)))
+
+
 # activations (the shared table of kernels/activations.py), prelu ---------------------------
 
 _ACT_FLOPS = {"identity": 0, "relu": 1, "clip": 2, "leaky_relu": 2, "hardsigmoid": 3, "hardswish": 4,

@@ -212,6 +212,47 @@ def binary(kind, out, a, b, *, relu=False, act=None, layout="nchw", channels=Non
     apply_act_inplace(out, code, al, be, threads)
 
 
+# where (l cmp r) a else b ---------------------------------------------------------------------
+
+_CMP_CODE = {"gt": 0, "ge": 1, "lt": 2, "le": 3, "eq": 4, "ne": 5}
+
+
+@njit(nogil=True, cache=True)       # no fastmath: comparisons with NaN as IEEE (false, ne true)
+def _where_flat(out, l, r, a, b, i0, i1, cmp):
+    """out[i] = a[i] if l[i] cmp r[i] else b[i]; an operand of size 1 is a scalar (index 0)."""
+    ls, rs, as_, bs = l.size == 1, r.size == 1, a.size == 1, b.size == 1
+    for i in range(i0, i1):
+        x = l[0] if ls else l[i]
+        y = r[0] if rs else r[i]
+        if cmp == 0:
+            c = x > y
+        elif cmp == 1:
+            c = x >= y
+        elif cmp == 2:
+            c = x < y
+        elif cmp == 3:
+            c = x <= y
+        elif cmp == 4:
+            c = x == y
+        else:
+            c = x != y
+        out[i] = (a[0] if as_ else a[i]) if c else (b[0] if bs else b[i])
+
+
+def where(out, l, r, a, b, *, cmp="gt", threads=None, **_):
+    """out = a where (l cmp r) else b (broadcasting). One flat loop when every operand has the output's shape or
+    is a single value (Hardshrink, Threshold, torch.where(x > 0, x, 0.1 * x)); any other broadcast through
+    the reference (numpy)."""
+    ops = (l, r, a, b)
+    if out.dtype == np.float32 and out.flags.c_contiguous and \
+            all(v.dtype == np.float32 and (v.size == 1 or v.shape == out.shape) for v in ops):
+        o = out.reshape(-1)
+        fl = [np.ascontiguousarray(v).reshape(-1) for v in ops]
+        parallel_for(lambda c: _where_flat(o, *fl, c[0], c[1], _CMP_CODE[cmp]), _chunks(o.size), threads)
+        return
+    out[...] = ref.where(l, r, a, b, cmp)
+
+
 def _binary_kernel(kind):
     def k(out, a, b, **p):
         binary(kind, out, a, b, **p)
@@ -228,7 +269,8 @@ KERNELS = {
     "div": _binary_kernel("div"),
     "maximum": _binary_kernel("maximum"),
     "minimum": _binary_kernel("minimum"),
+    "where": where,
 }
 THREADED = frozenset(KERNELS)
 ACT_KERNELS = frozenset({"activation", "add", "sub", "mul", "div", "maximum", "minimum"})   # they apply act
-BLOCKED = frozenset(KERNELS)   # every kernel here has the NCHW16c form
+BLOCKED = frozenset(KERNELS) - {"where"}   # the kernels here with an NCHW16c form

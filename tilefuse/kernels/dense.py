@@ -132,27 +132,34 @@ def softmax(out, x, *, axis=1, **_):
 
 # training forms -----------------------------------------------------------------------------------
 
+MATMUL_ROWS = 128     # rows of a matmul task (a GEMM call)
+
+
 def matmul(out, a, b, *, threads=None, **_):
-    """out (..., M, N) = a (..., M, K) @ b (..., K, N), the batch axes broadcast: one OpenBLAS GEMM per batch
-    item (`blas.gemm`, which takes either operand as a transposed view: a k.transpose(-2, -1) arrives without
-    a copy), the items spread over our thread pool with OpenBLAS held at one thread, so any thread count gives
-    the same bits. float64 / non-contiguous outputs: np.matmul."""
+    """out (..., M, N) = a (..., M, K) @ b (..., K, N), the batch axes broadcast: OpenBLAS GEMMs (`blas.gemm`,
+    which takes either operand as a transposed view: a k.transpose(-2, -1) arrives without a copy) per batch
+    item and block of rows, spread over our thread pool with OpenBLAS held at one thread, so any thread count
+    gives the same bits. float64 / non-contiguous outputs: np.matmul."""
     if out.dtype != np.float32 or not out.flags.c_contiguous:
         np.matmul(a, b, out=out)
         return
     batch = out.shape[:-2]
+    m = out.shape[-2]
     # the operands broadcast to the output's batch axes (views: stride 0 where an operand is shared), one
-    # 2-D (M, K) @ (K, N) per batch index
+    # 2-D (rows, K) @ (K, N) per batch index and block of MATMUL_ROWS rows (from the shape only: the same
+    # GEMM calls whatever the thread count, so the same bits; a batch-1 non-local block's 1024 x 1024 scores
+    # are 8 tasks, not 1)
     ab = np.broadcast_to(a, batch + a.shape[-2:])
     bb = np.broadcast_to(b, batch + b.shape[-2:])
-    items = list(np.ndindex(*batch))
+    tasks = [(idx, r0) for idx in np.ndindex(*batch) for r0 in range(0, m, MATMUL_ROWS)]
 
-    def task(i):
-        idx = items[i]
-        gemm(ab[idx], bb[idx], out[idx])
+    def task(t):
+        idx, r0 = t
+        r1 = min(m, r0 + MATMUL_ROWS)
+        gemm(ab[idx][r0:r1], bb[idx], out[idx][r0:r1])
 
     with blas_threads(1):
-        parallel_for(task, range(len(items)), threads)
+        parallel_for(task, tasks, threads)
 
 
 def linear_forward(x, w, b=None):

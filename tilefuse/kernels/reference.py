@@ -280,6 +280,17 @@ def binary(kind, a, b, relu=False, act=None):
     return apply_act(y, act).astype(a.dtype, copy=False)
 
 
+COMPARISONS = ("gt", "ge", "lt", "le", "eq", "ne")
+_CMP = {"gt": np.greater, "ge": np.greater_equal, "lt": np.less, "le": np.less_equal, "eq": np.equal,
+        "ne": np.not_equal}
+
+
+def where(l, r, a, b, cmp="gt"):
+    """a where (l cmp r) else b, all four broadcast (NumPy rules); NaN compares false but for ne."""
+    with np.errstate(invalid="ignore"):
+        return np.where(_CMP[cmp](l, r), a, b).astype(a.dtype, copy=False)
+
+
 def reduce(kind, x, axes, keepdim=False):
     """mean / sum / max over `axes` (accumulated in float32, float64 for float64; max: NaN wins, as in PyTorch)."""
     acc = _acc_dtype(x.dtype)

@@ -32,6 +32,7 @@ import numpy as np
 
 from ...errors import GraphError, TilefuseError, UnsupportedOpError
 from ...ir import Network
+from .. import boolexpr
 from . import fold, patterns
 from .convert import RULES, Ctx, OnnxNode
 
@@ -197,6 +198,9 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
                 raise UnsupportedOpError(f"graph output '{vi.name}' is a constant (its subgraph depends on no "
                                          f"graph input); expected a computed tensor")
             raise GraphError(vi.name, "graph output is not produced by any node")
+        if isinstance(d, boolexpr.BOOL):
+            raise UnsupportedOpError(f"graph output '{vi.name}' is the bool tensor of a comparison "
+                                     f"({boolexpr.leaf(d).origin}); tilefuse computes float tensors")
         if d.producer is None:
             raise UnsupportedOpError(f"graph output '{vi.name}' is the graph input '{d.name}' passed through; "
                                      f"expected a computed tensor")
@@ -313,7 +317,7 @@ def _check_declared(cx: Ctx, infos, producers: dict, outputs: set) -> None:
     for vi in infos:
         d = cx.env.get(vi.name)
         decl = _declared(vi)
-        if d is None or decl is None:
+        if d is None or decl is None or isinstance(d, boolexpr.BOOL):     # (a comparison's bool: no tensor)
             continue
         dt, dims = decl
         n = producers.get(vi.name)

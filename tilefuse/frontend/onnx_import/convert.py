@@ -21,6 +21,7 @@ import numpy as np
 from ...errors import GraphError, UnsupportedOpError
 from ...ir import Network
 from ...ir.node import DataNode
+from .. import boolexpr
 from . import fold
 
 
@@ -73,6 +74,10 @@ class Ctx:
             raise GraphError(nd.where, f"{role} (input {i}) is missing")
         t = nd.inputs[i]
         if t in self.env:
+            if isinstance(self.env[t], boolexpr.BOOL):
+                raise nd.refuse(f"{role} '{t}' is the bool tensor of a comparison "
+                                f"({boolexpr.leaf(self.env[t]).origin}); tilefuse uses comparisons in Where, Not, "
+                                f"And, Or and a Cast to float only")
             return self.env[t]
         if t in self.consts:
             raise nd.refuse(f"{role} '{t}' is a constant; expected a tensor computed by the graph "
@@ -607,39 +612,27 @@ def _gather_runs(cx: Ctx, nd: OnnxNode, x: DataNode, axis: int, ids: list[int], 
 
 
 def _where(cx: Ctx, nd: OnnxNode, used):
-    """Where(condition, X, Y) with a constant condition and one of X / Y computed, the other constant (masked_fill:
-    the dynamo exporter's adaptive average pool with unequal windows masks the padded positions): computed * keep
-    (+ other * (1 - keep) when it is not 0), keep the condition (or its negation) as 0 / 1 constants. Where the
-    computed tensor is not finite at a dropped position, the product is NaN where Where gives the constant (an
-    extra non-finite output, as docs/kernels.md allows; never a finite one where the exact result is NaN)."""
-    cond = cx.const(nd, 0, "condition")
-    if cond is None:
-        raise GraphError(nd.where, "condition (input 0) is missing")
-    cond = np.asarray(cond)
-    if cond.dtype != np.bool_:
-        raise GraphError(nd.where, f"condition has dtype {cond.dtype}; expected bool")
-    cx_, cy = cx.is_const(nd, 1), cx.is_const(nd, 2)
-    if cx_ == cy:
-        raise nd.refuse("both X and Y are computed by the graph; tilefuse selects between a computed tensor "
-                        "and a constant (a constant condition)" if not cx_ else "X and Y are constants")
-    ci = 1 if not cx_ else 2                     # the computed operand
-    v = cx.computed(nd, ci, "X" if ci == 1 else "Y")
-    other = _float_array(nd, cx.const(nd, 3 - ci, "Y" if ci == 1 else "X"), "Y" if ci == 1 else "X")
-    keep = cond if ci == 1 else ~cond
-    try:
-        out_shape = np.broadcast_shapes(v.shape, keep.shape, other.shape)
-    except ValueError:
-        raise GraphError(nd.where, f"condition {cond.shape}, X and Y ({v.shape} computed, {other.shape}) do not "
-                                   f"broadcast") from None
-    if tuple(out_shape) != tuple(v.shape):
-        raise nd.refuse(f"the result {tuple(out_shape)} is larger than the computed operand {v.shape}; tilefuse "
-                        f"broadcasts the constants only")
-    k = keep.astype(np.dtype(v.dtype))
-    y = cx.net.mul(v, cx.const_node(nd.name + ".keep", k, v.dtype), name=cx.fresh(nd.name + ".keep"))
-    fill = np.where(keep, 0, other).astype(np.dtype(v.dtype))
-    if not fill.any():
-        return y
-    return cx.net.add(y, cx.const_node(nd.name + ".fill", fill, v.dtype), name=cx.fresh(nd.name))
+    """Where(condition, X, Y) -> the where op, exact (NaN and infinities where they are selected only). The
+    condition: a comparison of computed tensors (a Cmp: l cmp r, Not swapping X and Y), or a constant bool
+    tensor (the dynamo exporter's masked_fill for an adaptive average pool with unequal windows) as a 0 / 1
+    constant k and k > 0.5; X and Y computed or constant, at least one computed."""
+    c = cx.env.get(nd.inputs[0]) if nd.has(0) else None
+    if not isinstance(c, boolexpr.BOOL):
+        cond = cx.const(nd, 0, "condition")
+        if cond is None:
+            raise GraphError(nd.where, "condition (input 0) is missing")
+        cond = np.asarray(cond)
+        if cond.dtype != np.bool_:
+            raise GraphError(nd.where, f"condition has dtype {cond.dtype}; expected bool")
+    if cx.is_const(nd, 1) and cx.is_const(nd, 2) and not isinstance(c, boolexpr.BOOL):
+        raise nd.refuse("X and Y are constants (expected the node folded)")
+    dt = next((cx.computed(nd, i).dtype for i in (1, 2) if not cx.is_const(nd, i)), None) or \
+        boolexpr.leaf(c).l.dtype
+    a, b = (cx.operand(nd, i, dt, role) for i, role in ((1, "X"), (2, "Y")))
+    if not isinstance(c, boolexpr.BOOL):
+        c = boolexpr.Cmp(cx.const_node(nd.inputs[0] + ".keep", cond.astype(dt), dt), "gt",
+                         cx.const_node(nd.name + ".half", np.full((1,), 0.5, dt), dt), nd.where)
+    return boolexpr.select(cx.net, c, a, b, cx.fresh(nd.name))
 
 
 def _gather_nd(cx: Ctx, nd: OnnxNode, used):
@@ -1073,7 +1066,53 @@ def _identity(cx: Ctx, nd: OnnxNode, used):
     return cx.computed(nd, 0)
 
 
+_ONNX_CMP = {"Greater": "gt", "GreaterOrEqual": "ge", "Less": "lt", "LessOrEqual": "le", "Equal": "eq"}
+
+
+def _comparison(cx: Ctx, nd: OnnxNode, used):
+    """Greater / Less / Equal / ...OrEqual of computed tensors (or one constant): a boolexpr.Cmp, no op yet."""
+    dt = next(cx.computed(nd, i).dtype for i in (0, 1) if not cx.is_const(nd, i))   # (constants only: folded)
+    a, b = (cx.operand(nd, i, dt, role) for i, role in ((0, "A"), (1, "B")))
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise GraphError(nd.where, f"A {a.shape} and B {b.shape} do not broadcast") from None
+    return boolexpr.Cmp(a, _ONNX_CMP[nd.op], b, nd.where)
+
+
+def _bool_input(cx: Ctx, nd: OnnxNode, i: int):
+    e = cx.env.get(nd.inputs[i]) if nd.has(i) else None
+    if not isinstance(e, boolexpr.BOOL):
+        cx.computed(nd, i)         # names what it is (missing, a constant)
+        raise nd.refuse(f"{nd.op} of a tensor that is not a comparison (tilefuse keeps bool tensors as "
+                        f"comparisons of float tensors)")
+    return e
+
+
+def _logical(cx: Ctx, nd: OnnxNode, used):
+    """Not / And / Or of comparisons: a boolexpr expression."""
+    if nd.op == "Not":
+        return boolexpr.Not(_bool_input(cx, nd, 0))
+    return (boolexpr.And if nd.op == "And" else boolexpr.Or)(_bool_input(cx, nd, 0), _bool_input(cx, nd, 1))
+
+
+def _sign(cx: Ctx, nd: OnnxNode, used):
+    """Sign: 1 where x > 0, else -1 where x < 0, else x (0 and NaN kept): two where ops."""
+    x = cx.computed(nd, 0)
+    neg = cx.net.where(x, "lt", 0.0, -1.0, x, name=cx.fresh(nd.name + ".neg"))
+    return cx.net.where(x, "gt", 0.0, 1.0, neg, name=cx.fresh(nd.name))
+
+
 def _cast(cx: Ctx, nd: OnnxNode, used):
+    c = cx.env.get(nd.inputs[0]) if nd.has(0) else None
+    if isinstance(c, boolexpr.BOOL):    # mask.float(): 1 where it holds, else 0
+        to = fold.np_dtype(nd, nd.attrs["to"]) if nd.op == "Cast" else None
+        if to == np.dtype(np.bool_):
+            return c                # a bool to bool cast (the TorchScript exporter writes them)
+        dt = np.dtype(boolexpr.leaf(c).l.dtype)
+        if to is None or to != dt:
+            raise nd.refuse(f"Cast of a comparison's bool tensor to {to}; expected {dt}")
+        return boolexpr.select(cx.net, c, 1.0, 0.0, cx.fresh(nd.name))
     x = cx.computed(nd, 0)
     if nd.op == "CastLike":
         to = np.dtype(cx.consts[nd.inputs[1]].dtype if cx.is_const(nd, 1) else cx.computed(nd, 1).dtype)
@@ -1209,8 +1248,17 @@ RULES: dict[str, Rule] = {
     "Slice": _r(_slice, (1, 10, 11, 13), "starts ends axes", "slice", "constant starts/ends/axes/steps; steps >= 1"),
     "Gather": _r(_gather, (1, 11, 13), "axis", "slice reshape concat",
                   "constant indices forming at most 256 runs of consecutive values"),
-    "Where": _r(_where, (9, 16), "", "mul add",
-                "a constant condition; one of X and Y computed, the other constant (as x * keep + fill)"),
+    "Greater": _r(_comparison, (7, 9, 13), "", "-", "read by Where, Not or a Cast to float"),
+    "GreaterOrEqual": _r(_comparison, (12, 16), "", "-", "read by Where, Not or a Cast to float"),
+    "Less": _r(_comparison, (7, 9, 13), "", "-", "read by Where, Not or a Cast to float"),
+    "LessOrEqual": _r(_comparison, (12, 16), "", "-", "read by Where, Not or a Cast to float"),
+    "Equal": _r(_comparison, (7, 11, 13, 19), "", "-", "read by Where, Not or a Cast to float"),
+    "Not": _r(_logical, (1,), "", "-", "of comparisons"),
+    "And": _r(_logical, (7,), "", "-", "of comparisons"),
+    "Or": _r(_logical, (7,), "", "-", "of comparisons"),
+    "Sign": _r(_sign, (9, 13), "", "where"),
+    "Where": _r(_where, (9, 16), "", "where",
+                "the condition a comparison of computed tensors (or its Not) or a constant; X, Y not both constant"),
     "GatherND": _r(_gather_nd, (11, 12, 13), "batch_dims", "slice reshape concat",
                    "constant indices forming at most 256 runs of consecutive positions; batch_dims 0"),
     "Split": _r(_split, (2, 11, 13, 18), "axis split num_outputs", "slice", "constant split"),
