@@ -44,6 +44,39 @@ def test_kernel_matches_reference_and_torch(sa, sb):
         np.testing.assert_array_equal(o, outs[0])
 
 
+@pytest.mark.parametrize("shape", [(3, 37), (2, 5, 100), (1, 130, 16)])
+@pytest.mark.parametrize("scale", [1.0, 0.125, -0.7])
+def test_softmax_kernel_with_a_folded_scale(shape, scale):
+    """dense.softmax over the last axis of x * scale (16-lane max and sum, vectorized exp) against PyTorch; a NaN
+    row is NaN, a row with +inf as PyTorch's; bitwise the same for 1, 2 and 3 threads (tasks of rows)."""
+    x = (RNG.standard_normal(shape) * 4).astype(np.float32)
+    x.reshape(-1, shape[-1])[0, 3] = np.nan
+    if x.reshape(-1, shape[-1]).shape[0] > 1:
+        x.reshape(-1, shape[-1])[1, 5] = np.inf
+    want = torch.softmax(torch.from_numpy(x) * scale, dim=-1).numpy()
+    outs = []
+    for th in (1, 2, 3):
+        o = np.empty_like(x)
+        dense.softmax(o, x, axis=len(shape) - 1, scale=scale, threads=th)
+        outs.append(o)
+    for got in (outs[0], ref.softmax(x, len(shape) - 1, scale)):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=2e-6, atol=1e-7)
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_the_attention_scale_folds_into_the_softmax():
+    torch.manual_seed(0)
+    m = MODELS["sdpa"]().eval()
+    x = _x(3, (1, 3, 9, 8))
+    cp = tilefuse.compile(tilefuse.from_torch(m, torch.from_numpy(x)))
+    sms = [o for o in cp.network.ops if o.op == "softmax"]
+    assert [round(o.params["scale"], 6) for o in sms] == [round(8 ** -0.5, 6), 0.3]
+    assert "mul" not in {o.op for o in cp.network.ops}
+    assert_close_to_max(cp.run(x), torch_run(m, x))
+
+
 def test_a_transposed_view_operand_is_read_as_it_is():
     """k.transpose(-2, -1) as a view (the last axis not contiguous): the same product as the contiguous copy's."""
     a = RNG.standard_normal((2, 6, 8)).astype(np.float32)

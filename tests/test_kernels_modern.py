@@ -332,6 +332,31 @@ def test_channel_l2_norm_against_torch_and_at_zero(layout):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape,k", [((8, 256, 192), 1), ((2, 3, 5, 7), 2), ((4, 37), 1), ((3, 700, 30), 1)])
+def test_layer_norm_kernel_rows(shape, k):
+    """norm.layer_norm over the trailing k axes (rows on the pool) against float64 PyTorch within 1e-6 of the
+    output's scale; a constant row gives beta exactly (shifted sums); bitwise the same for 1, 2 and 3 threads."""
+    import torch
+    import torch.nn.functional as F
+
+    from tilefuse.kernels import norm
+    x = (RNG.standard_normal(shape) * 3 + 1).astype(np.float32)
+    x.reshape(-1, int(np.prod(shape[-k:])))[1] = 6.25          # a constant row (a padded token)
+    ns = shape[-k:]
+    g, b = RNG.standard_normal(ns).astype(np.float32), RNG.standard_normal(ns).astype(np.float32)
+    want = F.layer_norm(torch.from_numpy(x).double(), ns, torch.from_numpy(g).double(), torch.from_numpy(b).double(),
+                        1e-5).numpy()
+    outs = []
+    for th in (1, 2, 3):
+        o = np.full_like(x, np.nan)
+        norm.layer_norm(o, x, g, b, axis=len(shape) - k, eps=1e-5, threads=th)
+        outs.append(o)
+    assert np.abs(outs[0] - want).max() <= 1e-6 * np.abs(want).max()
+    np.testing.assert_array_equal(outs[0].reshape(-1, g.size)[1], b.reshape(-1))
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
 @pytest.mark.parametrize("mode,eps", [("layer", 1e-6), ("l2", 1e-10), ("l2_clamp", 1e-12)])
 @pytest.mark.parametrize("n,c,h,w", [(1, 37, 9, 5), (3, 20, 7, 7), (1, 96, 14, 3), (2, 16, 1, 30), (1, 768, 7, 7)])
 def test_channel_norm_blocked_kernel(n, c, h, w, mode, eps):

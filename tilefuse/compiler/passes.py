@@ -799,6 +799,38 @@ def fold_l2_norm(net: Network) -> PassResult:
     return PassResult(net, n > 0, f"{n} channel L2 norms as channel_norm")
 
 
+def fold_softmax_scale(net: Network) -> PassResult:
+    """x * c -> softmax over the last axis (attention's scores times 1 / sqrt(d)), c one constant value (a mul, or
+    ONNX's scale with beta 0): softmax(x, scale=c), which multiplies each value as it reads it; the same values
+    (the kernel rounds x * c first, as the mul did), one pass over the scores fewer."""
+    net = net.clone()
+    n = 0
+    for sm in [o for o in net.ops if o.op == "softmax" and o.params.get("scale", 1.0) == 1.0]:
+        x = sm.inputs[0]
+        mul = x.producer
+        if mul is None or _has_act(mul) or _single_user(net, x) is not sm or \
+                sm.params["axis"] % len(x.shape) != len(x.shape) - 1:
+            continue
+        if mul.op == "mul":
+            i = next((i for i, d in enumerate(mul.inputs) if d.is_constant and d.value.size == 1), None)
+            if i is None or mul.inputs[1 - i].shape != x.shape:
+                continue
+            src, c = mul.inputs[1 - i], float(mul.inputs[i].value.reshape(-1)[0])
+        elif mul.op == "scale" and mul.inputs[1].value.size == 1 and not np.any(mul.inputs[2].value) \
+                and mul.inputs[0].shape == x.shape:
+            src, c = mul.inputs[0], float(mul.inputs[1].value.reshape(-1)[0])
+        else:
+            continue
+        if not np.isfinite(c) or c == 0.0:
+            continue
+        _drop(net, mul)
+        _drop(net, sm)
+        _make_op(net, "softmax", [src], {"axis": sm.params["axis"], "scale": c}, sm.name, sm.outputs[0])
+        _reorder(net)
+        n += 1
+    return PassResult(net, n > 0, f"{n} scalar multiplies folded into softmax")
+
+
 def fold_group_norm(net: Network) -> PassResult:
     """GroupNorm as ONNX exporters write it, back to one group_norm: reshape (N, C, ...) -> (N, G, L), an
     instance norm of the G rows with unit scale and zero bias, reshape back to (N, C, ...) -> group_norm(G) of

@@ -15,6 +15,7 @@ PASSES = [
     (P.batch_norm_to_scale,     "a BN left over is a per-channel affine map"),
     (P.fold_channel_norm,       "mean -> x - u -> square -> mean -> + eps -> sqrt -> divide: one channel_norm"),
     (P.fold_l2_norm,            "square -> sum over C -> sqrt -> + eps or clamp -> x / .: one channel_norm (l2)"),
+    (P.fold_softmax_scale,      "x * c -> softmax over the last axis: softmax(x, scale=c), one pass fewer"),
     (P.fold_group_norm,         "reshape -> instance norm -> reshape -> affine (ONNX GroupNorm): one group_norm"),
     (P.fold_channel_affine,     "conv/linear -> * or + a per-channel constant: folds into weights, bias"),
     (P.prune_dead_taps,         "kernel rows / columns that read only padding (dilation past the map) dropped"),

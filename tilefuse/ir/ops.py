@@ -543,8 +543,19 @@ def _softmax_infer(node, ins, p):
     return tuple(x.shape)
 
 
-_register(OpSchema("softmax", "reduce", ("x",), _axis_norm, _softmax_infer,
-                   lambda x, axis: ref.softmax(x, axis), lambda i, o, p: 5 * _prod(o)))
+def _softmax_norm(node, p):
+    """axis; scale (softmax of x * scale: a scalar multiply before it folded in by the compiler), when not 1."""
+    q = _axis_norm(node, p)
+    scale = float(p.get("scale", 1.0))
+    if not np.isfinite(scale) or scale == 0.0:
+        raise GraphError(node, f"parameter scale={scale}; expected a finite non-zero number")
+    if scale != 1.0:
+        q["scale"] = scale
+    return q
+
+
+_register(OpSchema("softmax", "reduce", ("x",), _softmax_norm, _softmax_infer,
+                   lambda x, axis, scale=1.0: ref.softmax(x, axis, scale), lambda i, o, p: 5 * _prod(o)))
 
 
 def _lrn_norm(node, p):

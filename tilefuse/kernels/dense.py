@@ -10,6 +10,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
+from . import activations as A
 from .blas import blas_threads, gemm
 from .conv._nb import atomic_add
 from .fpflags import FAST
@@ -104,30 +105,60 @@ def linear(out, x, w, *b, has_bias, relu, threads=None, **_):
         parallel_for(task, range(0, m, LINEAR_COLS), threads)
 
 
-@njit(nogil=True, cache=True)
-def _softmax_rows(out, x):
-    """Row-wise softmax of (R, K), max-subtracted, summed in float64."""
-    R, K = x.shape
-    for r in range(R):
-        m = x[r, 0]
-        for k in range(1, K):
-            m = max(m, x[r, k])
-        s = 0.0
+@njit(nogil=True, cache=True, fastmath=A.SPAN_FASTMATH)
+def _softmax_rows(out, x, r0, r1, scale):
+    """Rows [r0, r1) of (R, K): t = x * scale, softmax(t) = e^(t - max t) / sum, in float32 as the reference.
+    The max and the sum in 16 lanes (partial results per lane, then combined: vectorized without reassociating
+    anything), e^ by activations._exp (vectorized). A NaN in a row makes the row NaN, as PyTorch's."""
+    K = x.shape[1]
+    K16 = K - K % 16
+    lane = np.empty(16, np.float32)
+    for r in range(r0, r1):
+        xr, orow = x[r], out[r]
+        for l in range(16):
+            lane[l] = -np.inf
+        for k in range(0, K16, 16):
+            for l in range(16):
+                t = xr[k + l] * scale
+                lane[l] = t if (t > lane[l] or t != t) else lane[l]
+        m = np.float32(-np.inf)
+        for l in range(16):
+            m = lane[l] if (lane[l] > m or lane[l] != lane[l]) else m
+        for k in range(K16, K):
+            t = xr[k] * scale
+            m = t if (t > m or t != t) else m
         for k in range(K):
-            e = np.exp(x[r, k] - m)
-            out[r, k] = e
-            s += e
-        inv = 1.0 / s
+            orow[k] = A._exp(xr[k] * scale - m)
+        for l in range(16):
+            lane[l] = 0.0
+        for k in range(0, K16, 16):
+            for l in range(16):
+                lane[l] += orow[k + l]
+        s = np.float32(0.0)
+        for l in range(16):
+            s += lane[l]
+        for k in range(K16, K):
+            s += orow[k]
+        inv = np.float32(1.0) / s
         for k in range(K):
-            out[r, k] = out[r, k] * inv
+            orow[k] = orow[k] * inv
 
 
-def softmax(out, x, *, axis=1, **_):
-    if x.dtype != np.float32 or axis not in (x.ndim - 1, -1) or not x.flags.c_contiguous:
+SOFTMAX_ROWS = 64     # rows of a softmax task
+
+
+def softmax(out, x, *, axis=1, scale=1.0, threads=None, **_):
+    """Softmax over the last axis of x * scale (the scale: an attention's 1 / sqrt(d) folded in by the
+    compiler), rows in tasks of SOFTMAX_ROWS on the pool; another axis or dtype: the reference."""
+    if x.dtype != np.float32 or axis not in (x.ndim - 1, -1) or not x.flags.c_contiguous \
+            or not out.flags.c_contiguous:
         from . import reference as ref
-        out[...] = ref.softmax(x, axis)
+        out[...] = ref.softmax(x, axis, scale)
         return
-    _softmax_rows(out.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1]))
+    x2, o2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])   # (..., K) -> (R, K)
+    R, sc = x2.shape[0], np.float32(scale)
+    parallel_for(lambda r0: _softmax_rows(o2, x2, r0, min(R, r0 + SOFTMAX_ROWS), sc), range(0, R, SOFTMAX_ROWS),
+                 threads)
 
 
 # training forms -----------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ that reads channel rows with unit stride, two passes (mean, then the centred var
 reference: no cancellation), accumulating in float32 over C <= a few thousand channels:
 within 1e-5 of the float64-accumulating reference; on NCHW16c the same per position over the
 lanes in use. Its l2 modes (SSD's L2Norm x / (||x|| + eps), F.normalize's x / max(||x||, eps)) skip the
-mean pass: the same loops with mean 0. layer_norm runs the numpy reference form.
+mean pass: the same loops with mean 0. layer_norm (over the trailing axes) runs rows of the same two passes on
+the pool.
 
 Batch norm for training (the second half of this module): statistics, apply, and their backward
 passes (seed 004). The unfused passes run on channel rows of CNHW tensors (`cnhw.rows`), one
@@ -227,8 +228,44 @@ def channel_norm(out, x, gamma, beta, *, eps, threads=None, layout="nchw", chann
     parallel_for(lambda i: _channel_norm_image(o3, x3, gamma, beta, np.float32(eps), i, m), range(n), threads)
 
 
-def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, **_):
-    out[...] = ref.layer_norm(x, gamma, beta, axis, eps)
+@njit(nogil=True, cache=True, fastmath=CN_FASTMATH, error_model="numpy")
+def _layer_norm_rows(out, x, gamma, beta, eps, r0, r1):
+    """Rows [r0, r1) of (R, K), each normalized over its K values: the shifted sums of the channel norm (the
+    mean as the row's first value plus the mean of the differences: exact for a constant row), then the centred
+    variance, then (x - mean) * rstd * gamma + beta; float32 as the reference."""
+    K = x.shape[1]
+    inv_k = np.float32(1.0) / np.float32(K)
+    for r in range(r0, r1):
+        xr, orow = x[r], out[r]
+        x0 = xr[0]
+        acc = np.float32(0.0)
+        for k in range(K):
+            acc += xr[k] - x0
+        mean = x0 + acc * inv_k
+        acc = np.float32(0.0)
+        for k in range(K):
+            d = xr[k] - mean
+            acc += d * d
+        rstd = np.float32(1.0) / np.sqrt(acc * inv_k + eps)
+        for k in range(K):
+            orow[k] = (xr[k] - mean) * rstd * gamma[k] + beta[k]
+
+
+LN_TASK_VALUES = 1 << 15   # about this many values a layer-norm task (whole rows; from the shape only)
+
+
+def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, threads=None, **_):
+    """Layer norm over the trailing axes [axis, rank) (torch LayerNorm(x.shape[axis:])): (..., K) rows on the
+    pool (a transformer block's tokens, LayerNorm2d after a permute); other dtypes or layouts: the reference."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or not out.flags.c_contiguous:
+        out[...] = ref.layer_norm(x, gamma, beta, axis, eps)
+        return
+    k = int(np.prod(x.shape[axis % x.ndim:]))
+    x2, o2 = x.reshape(-1, k), out.reshape(-1, k)       # (..., normalized axes) -> (R, K)
+    g, b = np.ascontiguousarray(gamma, np.float32).reshape(-1), np.ascontiguousarray(beta, np.float32).reshape(-1)
+    R, e = x2.shape[0], np.float32(eps)
+    rows = max(1, LN_TASK_VALUES // max(1, k))
+    parallel_for(lambda r0: _layer_norm_rows(o2, x2, g, b, e, r0, min(R, r0 + rows)), range(0, R, rows), threads)
 
 
 # ---------------------------------------------------------------------------- group norm
@@ -422,7 +459,7 @@ def group_norm(out, x, gamma, beta, *, groups, eps, relu=False, act=None, thread
 
 
 KERNELS = {"channel_norm": channel_norm, "layer_norm": layer_norm, "group_norm": group_norm}
-THREADED = frozenset({"channel_norm", "group_norm"})
+THREADED = frozenset({"channel_norm", "group_norm", "layer_norm"})
 BLOCKED = frozenset({"channel_norm", "group_norm"})   # kernels with an NCHW16c form
 ACT_KERNELS = frozenset({"group_norm"})   # kernels that apply their fused activation (relu / act) themselves
 

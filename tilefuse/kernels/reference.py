@@ -201,9 +201,10 @@ def flatten(x, start_dim=1):
     return x.reshape(x.shape[:start_dim] + (-1,))
 
 
-def softmax(x, axis=1):
+def softmax(x, axis=1, scale=1.0):
+    """softmax(x * scale) along axis (x * scale rounded to the accumulation type first, as a multiply before it)."""
     acc = _acc_dtype(x.dtype)
-    z = x.astype(acc)
+    z = x.astype(acc) * acc.type(scale) if scale != 1.0 else x.astype(acc)
     z = z - z.max(axis=axis, keepdims=True)
     e = np.exp(z)
     return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)

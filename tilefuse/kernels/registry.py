@@ -137,7 +137,7 @@ BLOCKED_TO_NCHW = frozenset({"global_avg_pool"})
 
 # kernels that take the session's thread count as params["threads"]
 THREADED = {"conv2d", "max_pool", "avg_pool", "global_avg_pool", "add", "relu", "to_nchwc",
-            "from_nchwc", "linear", "matmul"}
+            "from_nchwc", "linear", "matmul", "softmax"}
 
 # the modern-CNN ops (issue 9), one module per op family, each with its KERNELS, THREADED and
 # BLOCKED (the kernels with an NCHW16c form); their validators are in compiler/validate.py
