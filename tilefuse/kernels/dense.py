@@ -109,7 +109,8 @@ def linear(out, x, w, *b, has_bias, relu, threads=None, **_):
 def _softmax_rows(out, x, r0, r1, scale):
     """Rows [r0, r1) of (R, K): t = x * scale, softmax(t) = e^(t - max t) / sum, in float32 as the reference.
     The max and the sum in 16 lanes (partial results per lane, then combined: vectorized without reassociating
-    anything), e^ by activations._exp (vectorized). A NaN in a row makes the row NaN, as PyTorch's."""
+    anything), e^ by activations._exp (vectorized). A NaN in a row makes the row NaN, as PyTorch's (through the
+    sum); a row of -inf only is NaN too (-inf - -inf), as PyTorch's."""
     K = x.shape[1]
     K16 = K - K % 16
     lane = np.empty(16, np.float32)
@@ -117,16 +118,16 @@ def _softmax_rows(out, x, r0, r1, scale):
         xr, orow = x[r], out[r]
         for l in range(16):
             lane[l] = -np.inf
-        for k in range(0, K16, 16):
+        for k in range(0, K16, 16):     # (a NaN is skipped here; its e^NaN makes the sum, so the row, NaN)
             for l in range(16):
                 t = xr[k + l] * scale
-                lane[l] = t if (t > lane[l] or t != t) else lane[l]
+                lane[l] = t if t > lane[l] else lane[l]
         m = np.float32(-np.inf)
         for l in range(16):
-            m = lane[l] if (lane[l] > m or lane[l] != lane[l]) else m
+            m = lane[l] if lane[l] > m else m
         for k in range(K16, K):
             t = xr[k] * scale
-            m = t if (t > m or t != t) else m
+            m = t if t > m else m
         for k in range(K):
             orow[k] = A._exp(xr[k] * scale - m)
         for l in range(16):
