@@ -162,8 +162,6 @@ def softmax(out, x, *, axis=1, scale=1.0, threads=None, **_):
                  threads)
 
 
-# training forms -----------------------------------------------------------------------------------
-
 MATMUL_ROWS = 128     # rows of a matmul task (a GEMM call)
 
 
@@ -193,6 +191,8 @@ def matmul(out, a, b, *, threads=None, **_):
     with blas_threads(1):
         parallel_for(task, tasks, threads)
 
+
+# training forms -----------------------------------------------------------------------------------
 
 def linear_forward(x, w, b=None):
     y = x @ w.T
