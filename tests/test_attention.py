@@ -66,6 +66,21 @@ def test_softmax_kernel_with_a_folded_scale(shape, scale):
         np.testing.assert_array_equal(o, outs[0])
 
 
+@pytest.mark.parametrize("scale", [0.7, -3.0, 1.0])
+def test_softmax_of_huge_equal_values_is_uniform(scale):
+    """A row of equal values near 1e30 times a scale: uniform, as PyTorch's. Computed as x * s - max(x * s), LLVM
+    contracted the two into one multiply-add of the exact product, ~1e23 off the rounded max: every e^ 0 and a
+    zero sum (ZeroDivisionError in the worker)."""
+    x = np.full((3, 40), 1e30, np.float32)
+    x[1] = -2e30
+    x[2, :20] = 3e30
+    o = np.empty_like(x)
+    dense.softmax(o, x, axis=1, scale=scale, threads=1)
+    want = torch.softmax(torch.from_numpy(x) * scale, dim=-1).numpy()
+    np.testing.assert_allclose(o, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(o[0], 1 / 40, rtol=1e-6)
+
+
 def test_the_attention_scale_folds_into_the_softmax():
     torch.manual_seed(0)
     m = MODELS["sdpa"]().eval()

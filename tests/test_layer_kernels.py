@@ -172,6 +172,33 @@ def test_softmax():
     np.testing.assert_allclose(o3, ref.softmax(x3, 1), rtol=1e-6)
 
 
+@pytest.mark.parametrize("kind", [0, 1, 2])
+def test_reduce16_is_the_lane_loop(kind):
+    """conv._nb.reduce16 (16 lanes in a register) gives the bits of the scalar loop over 16 lanes it replaced:
+    lane l takes values l mod 16 in order, the lanes combined in order; a NaN skipped by the max."""
+    from numba import njit
+
+    from tilefuse.kernels.conv._nb import reduce16
+
+    @njit
+    def vec(x, i0, n, sh, sc):
+        return reduce16(x, i0, n, sh, sc, kind)
+
+    x = RNG.standard_normal(16 * 9 + 5, dtype=np.float32) * 100
+    x[37] = np.nan if kind == 0 else x[37]
+    sh, sc = np.float32(0.3), np.float32(-1.7)
+    lane = np.full(16, -np.inf if kind == 0 else 0.0, np.float32)
+    for k in range(5, 5 + 16 * 8):
+        t = np.float32((x[k] - sh) * sc)
+        t = np.float32(t * t) if kind == 2 else t
+        l = (k - 5) % 16
+        lane[l] = (t if t > lane[l] else lane[l]) if kind == 0 else np.float32(lane[l] + t)
+    r = np.float32(-np.inf if kind == 0 else 0.0)
+    for v in lane:
+        r = (v if v > r else r) if kind == 0 else np.float32(r + v)
+    assert vec(x, 5, 8, sh, sc) == r
+
+
 def test_pools_identical_for_one_and_two_threads():
     x = to_nchwc(RNG.standard_normal((2, 40, 15, 15), dtype=np.float32))
     outs = []

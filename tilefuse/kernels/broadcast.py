@@ -2,7 +2,10 @@
 
 Every kernel writes `out` in place (the registry convention, `fn(out, *inputs, **params)`) and
 takes the IR's params; the activation is the triple of the shared table
-(`kernels/activations.py`): one njit loop applies `apply_scalar(code, v, alpha, beta)`.
+(`kernels/activations.py`), applied by `apply_span` (one vectorized loop per code) over a chunk or row the op's
+loop has just written. Each op's loop is specialized too (one loop per kind or comparison, a literal in each;
+views from the chunk's start): a kind or a code read inside a loop, or an index that numba wraps when negative,
+keeps the loop scalar (6-11x slower than numpy's ufuncs before; benchmarks/RESULTS.md, thirty-fifth session).
 
 Layouts: NCHW, and NCHW16c ("nchwc", (N, C/16, H, W, 16)) for the layout pass's blocked
 tensors. In NCHW16c the padded channels must stay zero (the blocked convs and the global pool
@@ -16,9 +19,11 @@ on the thread count); other dtypes run the numpy reference.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray as nb_carray, njit, types
+from numba.extending import overload
 
 from . import activations as A
+from .conv._nb import stack_f32
 from .fpflags import FAST
 from . import reference as ref
 from .threads import parallel_for
@@ -39,14 +44,10 @@ def _code(act, relu=False):
 
 @njit(nogil=True, cache=True, fastmath=FAST)
 def _act_flat(out, x, i0, i1, code, alpha, beta):
-    a, b = np.float32(alpha), np.float32(beta)
-    if code >= A.MATH_CODES:        # the math codes' vectorized loops (apply_scalar reaches them by a call)
-        for i in range(i0, i1):
-            out[i] = x[i]
-        A.apply_span(out, i0, i1, code, a, b)
-        return
-    for i in range(i0, i1):
-        out[i] = A.apply_scalar(code, x[i], a, b)
+    o, v = out[i0:i1], x[i0:i1]     # views from i0: no negative-index wraparound code, the loops vectorize
+    for i in range(o.size):
+        o[i] = v[i]
+    A.apply_span(o, 0, o.size, code, np.float32(alpha), np.float32(beta))   # one vectorized loop per code
 
 
 @njit(nogil=True, cache=True)
@@ -142,31 +143,76 @@ def _op(kind, a, b):
     return a if a < b or a != a else b
 
 
+@njit(inline="always")
+def _op_loop(o, x, y, kind):
+    for i in range(o.size):
+        o[i] = _op(kind, x[i], y[i])
+
+
 @njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")   # x / 0 is inf, as in NumPy and PyTorch
 def _binary_flat(out, a, b, i0, i1, kind, code, alpha, beta):
-    al, be = np.float32(alpha), np.float32(beta)
-    math = code >= A.MATH_CODES     # the math codes: a second, vectorized pass over the chunk (in cache)
-    c = 0 if math else code
-    for i in range(i0, i1):
-        out[i] = A.apply_scalar(c, _op(kind, a[i], b[i]), al, be)
-    if math:
-        A.apply_span(out, i0, i1, code, al, be)
+    """out[i0:i1] = act(a (kind) b): one loop per kind (a literal in each, so each vectorizes; a kind and a code
+    read inside one loop kept it scalar: 393K adds on one Zen 5 core 0.39 -> 0.05 ms), then the activation in
+    place over the chunk (in cache; `apply_span`, one loop per code)."""
+    o, x, y = out[i0:i1], a[i0:i1], b[i0:i1]     # views from i0: no negative-index wraparound code
+    if kind == 0:
+        _op_loop(o, x, y, 0)
+    elif kind == 1:
+        _op_loop(o, x, y, 1)
+    elif kind == 2:
+        _op_loop(o, x, y, 2)
+    elif kind == 3:
+        _op_loop(o, x, y, 3)
+    elif kind == 4:
+        _op_loop(o, x, y, 4)
+    else:
+        _op_loop(o, x, y, 5)
+    A.apply_span(o, 0, o.size, code, np.float32(alpha), np.float32(beta))
+
+
+@njit(inline="always")
+def _channel_row(o, x, sv, kind, swap, lanes):
+    """o = x (kind) sv over one channel row (NCHW: sv[0] for all; NCHW16c: lane l of each position takes sv[l])."""
+    if lanes == 16:
+        for q in range(o.size // 16):
+            for l in range(16):
+                xv = x[q * 16 + l]
+                o[q * 16 + l] = _op(kind, sv[l], xv) if swap else _op(kind, xv, sv[l])
+    else:
+        v = sv[0]
+        for p in range(o.size):
+            o[p] = _op(kind, v, x[p]) if swap else _op(kind, x[p], v)
 
 
 @njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")
 def _binary_channel(out3, x3, s, n, kind, swap, lanes, code, alpha, beta):
-    """out (N, C', S) = x (op) s[n, c] (a per-image, per-channel operand s (Ns, C)); swap: s (op) x."""
-    C, S = x3.shape[1], x3.shape[2]
+    """out (N, C', S) = x (op) s[n, c] (a per-image, per-channel operand s (Ns, C)); swap: s (op) x. A row (one
+    channel, or one block of 16) at a time: the operand's values in a stack vector, one loop per kind (a literal:
+    the loop vectorizes; a kind and a code read in the loop kept it scalar, 8 x 192 @ 56x56 on one Zen 5 core
+    7.0 -> 0.77 ms, numpy's broadcast 1.2), then the activation over the row in place (`apply_span`)."""
+    C = x3.shape[1]
     al, be = np.float32(alpha), np.float32(beta)
     ns, cs = s.shape
     row = n if ns > 1 else 0
+    sv = nb_carray(stack_f32(16), 16)
     for j in range(C):
-        for p in range(S):
-            c = j if lanes == 1 else j * 16 + p % 16
-            sv = s[row, 0] if cs == 1 else (s[row, c] if c < cs else np.float32(0.0))
-            xv = x3[n, j, p]
-            a, b = (sv, xv) if swap else (xv, sv)
-            out3[n, j, p] = A.apply_scalar(code, _op(kind, a, b), al, be)
+        for l in range(lanes):
+            c = j if lanes == 1 else j * 16 + l
+            sv[l] = s[row, 0] if cs == 1 else (s[row, c] if c < cs else np.float32(0.0))
+        o, x = out3[n, j], x3[n, j]
+        if kind == 0:
+            _channel_row(o, x, sv, 0, swap, lanes)
+        elif kind == 1:
+            _channel_row(o, x, sv, 1, swap, lanes)
+        elif kind == 2:
+            _channel_row(o, x, sv, 2, swap, lanes)
+        elif kind == 3:
+            _channel_row(o, x, sv, 3, swap, lanes)
+        elif kind == 4:
+            _channel_row(o, x, sv, 4, swap, lanes)
+        else:
+            _channel_row(o, x, sv, 5, swap, lanes)
+        A.apply_span(o, 0, o.size, code, al, be)
 
 
 def channel_operand(full_shape, other_shape, layout="nchw"):
@@ -217,26 +263,67 @@ def binary(kind, out, a, b, *, relu=False, act=None, layout="nchw", channels=Non
 _CMP_CODE = {"gt": 0, "ge": 1, "lt": 2, "le": 3, "eq": 4, "ne": 5}
 
 
+@njit(inline="always")
+def _cmp(cmp, x, y):
+    if cmp == 0:
+        return x > y
+    if cmp == 1:
+        return x >= y
+    if cmp == 2:
+        return x < y
+    if cmp == 3:
+        return x <= y
+    if cmp == 4:
+        return x == y
+    return x != y
+
+
+def _at(v, i):
+    """v[i] for an array, v for a scalar (numba: a separate specialization per operand kind, no test in the loop)."""
+
+
+@overload(_at, inline="always")
+def _at_impl(v, i):
+    if isinstance(v, types.Array):
+        return lambda v, i: v[i]
+    return lambda v, i: v
+
+
+def _part(v, i0, i1):
+    """v[i0:i1] for an array (a view from i0: no negative-index wraparound code in the loop), v for a scalar."""
+
+
+@overload(_part, inline="always")
+def _part_impl(v, i0, i1):
+    if isinstance(v, types.Array):
+        return lambda v, i0, i1: v[i0:i1]
+    return lambda v, i0, i1: v
+
+
+@njit(inline="always")
+def _where_loop(out, l, r, a, b, cmp):
+    for i in range(out.size):
+        out[i] = _at(a, i) if _cmp(cmp, _at(l, i), _at(r, i)) else _at(b, i)
+
+
 @njit(nogil=True, cache=True)       # no fastmath: comparisons with NaN as IEEE (false, ne true)
 def _where_flat(out, l, r, a, b, i0, i1, cmp):
-    """out[i] = a[i] if l[i] cmp r[i] else b[i]; an operand of size 1 is a scalar (index 0)."""
-    ls, rs, as_, bs = l.size == 1, r.size == 1, a.size == 1, b.size == 1
-    for i in range(i0, i1):
-        x = l[0] if ls else l[i]
-        y = r[0] if rs else r[i]
-        if cmp == 0:
-            c = x > y
-        elif cmp == 1:
-            c = x >= y
-        elif cmp == 2:
-            c = x < y
-        elif cmp == 3:
-            c = x <= y
-        elif cmp == 4:
-            c = x == y
-        else:
-            c = x != y
-        out[i] = (a[0] if as_ else a[i]) if c else (b[0] if bs else b[i])
+    """out[i] = a[i] if l[i] cmp r[i] else b[i] for i in [i0, i1); each of l, r, a, b an array or a float32
+    scalar (one specialization each combination: no test in the loop) and one loop per comparison, so each
+    vectorizes (393K values on one Zen 5 core: 1.63 -> 0.15 ms)."""
+    l, r, a, b, o = _part(l, i0, i1), _part(r, i0, i1), _part(a, i0, i1), _part(b, i0, i1), out[i0:i1]
+    if cmp == 0:
+        _where_loop(o, l, r, a, b, 0)
+    elif cmp == 1:
+        _where_loop(o, l, r, a, b, 1)
+    elif cmp == 2:
+        _where_loop(o, l, r, a, b, 2)
+    elif cmp == 3:
+        _where_loop(o, l, r, a, b, 3)
+    elif cmp == 4:
+        _where_loop(o, l, r, a, b, 4)
+    else:
+        _where_loop(o, l, r, a, b, 5)
 
 
 def where(out, l, r, a, b, *, cmp="gt", threads=None, **_):
@@ -247,7 +334,7 @@ def where(out, l, r, a, b, *, cmp="gt", threads=None, **_):
     if out.dtype == np.float32 and out.flags.c_contiguous and \
             all(v.dtype == np.float32 and (v.size == 1 or v.shape == out.shape) for v in ops):
         o = out.reshape(-1)
-        fl = [np.ascontiguousarray(v).reshape(-1) for v in ops]
+        fl = [np.float32(v.reshape(-1)[0]) if v.size == 1 else np.ascontiguousarray(v).reshape(-1) for v in ops]
         parallel_for(lambda c: _where_flat(o, *fl, c[0], c[1], _CMP_CODE[cmp]), _chunks(o.size), threads)
         return
     out[...] = ref.where(l, r, a, b, cmp)

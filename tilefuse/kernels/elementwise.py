@@ -19,15 +19,19 @@ from .threads import nthreads, parallel_for, split
 
 @njit(nogil=True, cache=True, fastmath=FAST)
 def _add_flat(out, a, b, i0, i1, relu):
-    for i in range(i0, i1):
-        v = a[i] + b[i]
-        out[i] = max(v, np.float32(0.0)) if relu else v
+    # views from i0: indices from 0 up, no negative-index wraparound code in the loop, which kept it scalar
+    # (393K values on one Zen 5 core: 0.32 -> 0.05 ms, as numpy's add)
+    o, x, y = out[i0:i1], a[i0:i1], b[i0:i1]
+    for i in range(o.size):
+        v = x[i] + y[i]
+        o[i] = max(v, np.float32(0.0)) if relu else v
 
 
 @njit(nogil=True, cache=True, fastmath=FAST)
 def _relu_flat(out, a, i0, i1):
-    for i in range(i0, i1):
-        out[i] = max(a[i], np.float32(0.0))
+    o, x = out[i0:i1], a[i0:i1]          # views from i0 (as _add_flat)
+    for i in range(o.size):
+        o[i] = max(x[i], np.float32(0.0))
 
 
 CHUNK = 1 << 16  # elements per task (256 KB of float32: a few tasks per L2)

@@ -33,7 +33,7 @@ from numba import njit
 
 from . import reference as ref
 from .cnhw import JITR, rows, rows_split, to_cnhw, to_nchw, unrows
-from .conv._nb import atomic_add
+from .conv._nb import atomic_add, reduce16
 from .activations import apply_span
 from .fpflags import FAST
 from .threads import numba_region, parallel_for
@@ -232,18 +232,23 @@ def channel_norm(out, x, gamma, beta, *, eps, threads=None, layout="nchw", chann
 def _layer_norm_rows(out, x, gamma, beta, eps, r0, r1):
     """Rows [r0, r1) of (R, K), each normalized over its K values: the shifted sums of the channel norm (the
     mean as the row's first value plus the mean of the differences: exact for a constant row), then the centred
-    variance, then (x - mean) * rstd * gamma + beta; float32 as the reference."""
+    variance, then (x - mean) * rstd * gamma + beta; float32 as the reference. The two sums over 16 lanes in one
+    register (`reduce16`, then the tail): a scalar sum was one add's latency per value (8 x 256 x 192 on one Zen 5
+    core: 0.56 -> 0.08 ms, PyTorch 0.28 without an affine, 0.15 with one)."""
     K = x.shape[1]
+    n16 = K // 16
+    K16 = 16 * n16
     inv_k = np.float32(1.0) / np.float32(K)
+    one = np.float32(1.0)
     for r in range(r0, r1):
         xr, orow = x[r], out[r]
         x0 = xr[0]
-        acc = np.float32(0.0)
-        for k in range(K):
+        acc = reduce16(xr, 0, n16, x0, one, 1)
+        for k in range(K16, K):
             acc += xr[k] - x0
         mean = x0 + acc * inv_k
-        acc = np.float32(0.0)
-        for k in range(K):
+        acc = reduce16(xr, 0, n16, mean, one, 2)
+        for k in range(K16, K):
             d = xr[k] - mean
             acc += d * d
         rstd = np.float32(1.0) / np.sqrt(acc * inv_k + eps)

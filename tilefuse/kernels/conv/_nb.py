@@ -290,6 +290,61 @@ def maxwin16(typingctx, dst, di, src, rows, nr, c0, cstep, nc):
     return sig, codegen
 
 
+@intrinsic
+def reduce16(typingctx, src, si, nvec, shift, scale, kind):
+    """Over k < 16 nvec, t = (src[si + k] - shift) * scale: the max of t (kind 0), the sum of t (kind 1) or the
+    sum of t * t (kind 2; kind a literal), as the scalar loop over 16 lanes computes it: lane l takes the k = l
+    mod 16 in order (max: `t if t > lane else lane`, a NaN skipped; sums: `lane + t`), then the lanes are
+    combined in order 0..15 from -inf / 0 the same way. The 16 lanes stay in one register (numba left such a
+    lane loop over a stack array a store-forwarding chain, ~4x slower): the row passes of the softmax and the
+    layer norm. C-contiguous float32 src indexed flat; shift and scale float32 (the subtract is skipped at
+    shift 0.0 only in the sense that x - 0 = x)."""
+    f32 = types.float32
+    if not (isinstance(src, types.Array) and src.dtype == f32 and src.layout == "C" and isinstance(si, types.Integer)
+            and isinstance(nvec, types.Integer) and shift == f32 and scale == f32
+            and isinstance(kind, types.IntegerLiteral) and kind.literal_value in (0, 1, 2)):
+        return None
+    k_ = kind.literal_value
+    sig = f32(src, si, nvec, shift, scale, kind)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        a = signature.args
+        fty = ir.FloatType()
+        vty = ir.VectorType(fty, 16)
+        ary = context.make_array(a[0])(context, builder, args[0])
+        si_v = context.cast(builder, args[1], a[1], types.int64)
+        n_v = context.cast(builder, args[2], a[2], types.int64)
+        start = ir.Constant(fty, float("-inf") if k_ == 0 else 0.0)
+
+        def splat(x):
+            return builder.shuffle_vector(builder.insert_element(ir.Constant(vty, ir.Undefined), x,
+                                                                 ir.Constant(ir.IntType(32), 0)),
+                                          ir.Constant(vty, ir.Undefined),
+                                          ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+
+        sh, sc = splat(args[3]), splat(args[4])
+
+        def step(t, acc):
+            if k_ == 0:
+                return builder.select(builder.fcmp_ordered(">", t, acc), t, acc)
+            return builder.fadd(acc, t)
+
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vty, [start] * 16))   # promoted to a register
+        with cgutils.for_range(builder, n_v) as lp:
+            i = builder.add(si_v, builder.mul(lp.index, ir.Constant(ir.IntType(64), 16)))
+            v = builder.load(builder.bitcast(builder.gep(ary.data, [i]), vty.as_pointer()), align=4)
+            t = builder.fmul(builder.fsub(v, sh), sc)
+            builder.store(step(builder.fmul(t, t) if k_ == 2 else t, builder.load(acc)), acc)
+        lanes = builder.load(acc)
+        r = start
+        for lane in range(16):
+            r = step(builder.extract_element(lanes, ir.Constant(ir.IntType(32), lane)), r)
+        return r
+
+    return sig, codegen
+
+
 def _vec16_ptr(context, builder, signature, args, k):
     """&array[idx] as a pointer to a 16 x float32 vector, for the intrinsics below: the float32 array is
     argument k of the call, its flat index argument k + 1."""
