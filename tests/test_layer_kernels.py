@@ -199,6 +199,44 @@ def test_reduce16_is_the_lane_loop(kind):
     assert vec(x, 5, 8, sh, sc) == r
 
 
+@pytest.mark.parametrize("shape,perm", [((3, 70, 165), (0, 2, 1)), ((1, 128, 1024), (0, 2, 1)),
+                                        ((2, 3, 50, 120), (0, 1, 3, 2)), ((2, 40, 3, 150), (1, 3, 0, 2)),
+                                        ((5, 33, 2, 128), (2, 0, 3, 1)), ((2, 5, 33, 17, 19), (0, 3, 1, 4, 2)),
+                                        ((4, 17, 3), (1, 0, 2))])
+def test_permute_register_tiles(shape, perm):
+    """movement.permute: the batched 2-D transposes (16 x 16 register tiles, partial tiles and edges element by
+    element, outer axes at any input stride) and the rest (numpy) equal numpy's transpose for 1, 2 and 3 threads."""
+    from tilefuse.kernels import movement
+    x = RNG.standard_normal(shape, dtype=np.float32)
+    sizes, strides = movement._merged_axes(shape, perm)
+    tiled = strides[-1] != 1 and strides[-2] == 1 and min(sizes[-2:]) >= 32 and x.size >= movement.TILED_MIN_SIZE
+    assert tiled == (shape[-1] in (165, 1024, 120, 128))          # the cases meant to take the tiles do
+    want = np.ascontiguousarray(np.transpose(x, perm))
+    for th in (1, 2, 3):
+        o = np.full(want.shape, np.nan, np.float32)
+        movement.permute(o, x, perm=perm, threads=th)
+        np.testing.assert_array_equal(o, want)
+
+
+@pytest.mark.parametrize("shape,pad", [((1, 1000, 32, 32), (0, 0, 0, 0)), ((2, 35, 13, 21), (1, 2, 3, 1)),
+                                       ((1, 16, 5, 40), (0, 0, 0, 0)), ((2, 17, 4, 33), (2, 0, 0, 3)),
+                                       ((1, 3, 7, 5), (1, 1, 1, 1))])
+def test_nchwc_conversions_register_tiles(shape, pad):
+    """to_nchwc / from_nchwc (16 x 16 tiles transposed in registers, the last block's missing channels as zero
+    lanes, spatial padding and the columns past the last full tile element by element) against numpy."""
+    x = RNG.standard_normal(shape, dtype=np.float32)
+    n, c, h, w = shape
+    t, b, l, r = pad
+    full = np.zeros((n, -(-c // 16) * 16, h + t + b, w + l + r), np.float32)
+    full[:, :c, t:t + h, l:l + w] = x
+    want = full.reshape(n, -1, 16, h + t + b, w + l + r).transpose(0, 1, 3, 4, 2)   # (N, Cb, Hp, Wp, 16)
+    for th in (1, 2):
+        np.testing.assert_array_equal(to_nchwc(x, pad, threads=th), want)
+    np.testing.assert_array_equal(from_nchwc(to_nchwc(x), c), x)
+    xb = RNG.standard_normal(nchwc_shape(shape), dtype=np.float32)
+    np.testing.assert_array_equal(from_nchwc(xb, c), xb.transpose(0, 1, 4, 2, 3).reshape(n, -1, h, w)[:, :c])
+
+
 def test_pools_identical_for_one_and_two_threads():
     x = to_nchwc(RNG.standard_normal((2, 40, 15, 15), dtype=np.float32))
     outs = []

@@ -1,5 +1,5 @@
-"""Element-wise math as model code writes it: abs, exp, log, sqrt, rsqrt, pow, CELU, SELU, LogSigmoid (activation
-codes 14-22), and what is composed of them: var / std, F.normalize's vector norm, log_softmax, amin / x.min(dim).
+"""Element-wise math as model code writes it: abs, exp, log, sqrt, rsqrt, pow, CELU, SELU, LogSigmoid, erf, floor,
+ceil, round (activation codes 14-26), and what is composed of them: var / std, F.normalize's vector norm, log_softmax, amin / x.min(dim).
 
 The blocks are those of well-known models, written as their authors wrote them: SSD's L2Norm (`x.pow(2).sum(1,
 keepdim=True).sqrt()`), the official ConvNeXt LayerNorm for channels_first (`(x - u).pow(2).mean(1)`,
@@ -8,6 +8,8 @@ keepdim=True).sqrt()`), the official ConvNeXt LayerNorm for channels_first (`(x 
 log_softmax, SELU / CELU / Softsign / LogSigmoid networks. Each through from_torch against PyTorch and through
 both ONNX exporters against PyTorch and ONNX Runtime."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -41,6 +43,10 @@ CASES = [
     ("celu", {"alpha": 0.7}, lambda t: F.celu(t, 0.7), XALL, 2e-6),
     ("selu", {}, F.selu, XALL, 2e-6),
     ("log_sigmoid", {}, F.logsigmoid, XALL, 2e-6),
+    ("erf", {}, torch.erf, XALL, 2e-6),
+    ("floor", {}, torch.floor, XALL, 0),
+    ("ceil", {}, torch.ceil, XALL, 0),
+    ("round", {}, torch.round, np.concatenate([XALL, np.arange(-6, 6, 0.5, dtype=np.float32)]), 0),
 ]
 SPECIAL = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, -1.0, 1.0, -2.0, 89.0, -89.0, -104.0, 1e-40, -1e-40])
 
@@ -224,6 +230,15 @@ class Elementwise(nn.Module):
         return a + b - c
 
 
+class Rounding(nn.Module):
+    """Quantization-style rounding of the input (x * 4 and x * 2 are exact: no rounding difference upstream
+    decides a step) and GELU written out with torch.erf, as pre-nn.GELU model code did."""
+
+    def forward(self, x):
+        q = torch.round(x * 4.0) / 4.0 + torch.floor(x * 2.0) - torch.ceil(x * 0.5)
+        return q + 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
 MODELS = {
     "ssd_l2norm": lambda: nn.Sequential(nn.Conv2d(3, 24, 3, padding=1), nn.ReLU(), L2Norm(24, 20),
                                         nn.Conv2d(24, 8, 3, padding=1)),
@@ -240,6 +255,7 @@ MODELS = {
     "normalize_features": lambda: nn.Sequential(nn.Conv2d(3, 20, 3, padding=1), NormalizedFeatures(),
                                                 nn.Conv2d(20, 6, 1)),
     "bare_l2": lambda: nn.Sequential(nn.Conv2d(3, 17, 3), BareL2(), nn.Conv2d(17, 4, 3)),
+    "rounding": lambda: nn.Sequential(Rounding(), nn.Conv2d(3, 6, 3)),
 }
 
 
@@ -282,12 +298,12 @@ def test_what_stays_refused_is_named():
     with pytest.raises(UnsupportedOpError, match=r"pow with a computed exponent"):
         tilefuse.from_torch(TensorExponent(), torch.from_numpy(_x()))
 
-    class Floor(nn.Module):
+    class RoundDecimals(nn.Module):
         def forward(self, x):
-            return torch.floor(x * 4.0)
+            return torch.round(x * 4.0, decimals=2)
 
-    with pytest.raises(UnsupportedOpError, match=r"aten\.floor\.default"):
-        tilefuse.from_torch(Floor(), torch.from_numpy(_x()))
+    with pytest.raises(UnsupportedOpError, match=r"round with decimals=2 is not supported.*expected torch\.round"):
+        tilefuse.from_torch(RoundDecimals(), torch.from_numpy(_x()))
 
     class Norm3(nn.Module):
         def forward(self, x):

@@ -558,6 +558,13 @@ def _relu(imp, x):
     return imp.net.relu(imp.tensor(x), name=imp.op_name())
 
 
+def _round(imp, x, decimals=0):
+    """torch.round (halves to even); round(x, decimals=d) scales by 10^d, which the IR does not spell."""
+    if decimals != 0:
+        raise imp.fail(f"round with decimals={decimals}", "expected torch.round(x) (decimals 0)")
+    return imp.net.activation(imp.tensor(x), "round", name=imp.op_name())
+
+
 def _clip(imp, x, lo=None, hi=None):
     x = imp.tensor(x)
     if isinstance(lo, (Const, DataNode)) or isinstance(hi, (Const, DataNode)):
@@ -1202,6 +1209,10 @@ _ATEN = {
     "log_sigmoid": _act("log_sigmoid"),
     "log_sigmoid_forward": lambda imp, x: (_act("log_sigmoid")(imp, x), None),
     "abs": _act("abs"),
+    "erf": _act("erf"),
+    "floor": _act("floor"),
+    "ceil": _act("ceil"),
+    "round": _round,
     "exp": _act("exp"),
     "log": _act("log"),
     "sqrt": _act("sqrt"),

@@ -45,6 +45,12 @@ The epilogue order of a fused conv is fixed:  y = act(conv(x, w) + bias + residu
                                                   1.6732... (e^x - 1))                      constants)
  22    log_sigmoid  -                             -softplus(-x) = min(x, 0) -               LogSigmoid
                                                   log(1 + e^-|x|)
+ 23    erf          -                             erf(x) (GELU's rational form; +-1 at      erf / Erf
+                                                  |x| >= 4)
+ 24    floor        -                             floor(x)                                  floor / Floor
+ 25    ceil         -                             ceil(x)                                   ceil / Ceil
+ 26    round        -                             x rounded to the nearest integer, halves  round / Round
+                                                  to even
 
 ln, sqrt, rsqrt and pow with p < 0 are infinite at 0: `finite_at_zero` says so, and the compiler keeps such an
 activation out of the epilogues that write act(0) into the padded channels of a blocked tensor (the next conv's
@@ -93,6 +99,10 @@ ACTIVATIONS: dict[str, tuple[int, tuple[str, ...], tuple[float, ...]]] = {
     "celu": (20, ("alpha",), (1.0,)),
     "selu": (21, (), ()),
     "log_sigmoid": (22, (), ()),
+    "erf": (23, (), ()),
+    "floor": (24, (), ()),
+    "ceil": (25, (), ()),
+    "round": (26, (), ()),
 }
 NAMES = {code: name for name, (code, _, _) in ACTIVATIONS.items()}
 IDENTITY = (0, 0.0, 0.0)
@@ -171,6 +181,10 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
             y = np.where(bx > beta, d, np.logaddexp(0.0, bx) / alpha)
     elif name == "mish":
         y = d * np.tanh(np.logaddexp(0.0, d))     # softplus without overflow; mish(-inf) = -inf * 0 = nan
+    elif name == "erf":
+        y = np.vectorize(math.erf, otypes=[np.float64])(d) if d.size else d
+    elif name in ("floor", "ceil", "round"):
+        y = {"floor": np.floor, "ceil": np.ceil, "round": np.rint}[name](d)
     elif name in ("abs", "exp", "log", "sqrt", "rsqrt", "pow", "celu", "selu", "log_sigmoid"):
         with np.errstate(all="ignore"):           # overflow to inf, log(0) = -inf, NaN below 0: as PyTorch
             y = {"abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
@@ -417,7 +431,7 @@ def _expm1_neg(t):
 SPAN_FASTMATH = {"contract"}
 
 
-# the element-wise math codes (14-22), one function each: apply_span's loop for a code inlines only its own
+# the element-wise math codes (14-26), one function each: apply_span's loop for a code inlines only its own
 # function, and apply_scalar (inlined into every kernel's scalar stores) reaches them through one call of
 # _math_call: inlining all of them there made numba compile 9x longer (apply_span 18 -> 169 s, a conv network's
 # kernels 1.7 -> 6.8 s)
@@ -466,12 +480,32 @@ def _s_log_sigmoid(v, alpha, beta):
     return -_softplus(-v, _F1, _INF32)
 
 
+@njit(inline="always", cache=True)
+def _s_erf(v, alpha, beta):
+    return erf32(v)
+
+
+@njit(inline="always", cache=True)
+def _s_floor(v, alpha, beta):
+    return np.floor(v)
+
+
+@njit(inline="always", cache=True)
+def _s_ceil(v, alpha, beta):
+    return np.ceil(v)
+
+
+@njit(inline="always", cache=True)
+def _s_round(v, alpha, beta):
+    return np.rint(v)        # the current rounding mode: to nearest, halves to even (torch.round, ONNX Round)
+
+
 MATH_CODES = 14     # codes from here on: the element-wise math functions
 
 
 @njit(nogil=True, cache=True, fastmath=SPAN_FASTMATH)
 def _math_call(code, v, alpha, beta):
-    """One value of a math code (14-22), out of line (flags stated: never inherited from the caller)."""
+    """One value of a math code (14-26), out of line (flags stated: never inherited from the caller)."""
     if code == 14:
         return _s_abs(v, alpha, beta)
     if code == 15:
@@ -490,6 +524,14 @@ def _math_call(code, v, alpha, beta):
         return _s_selu(v, alpha, beta)
     if code == 22:
         return _s_log_sigmoid(v, alpha, beta)
+    if code == 23:
+        return _s_erf(v, alpha, beta)
+    if code == 24:
+        return _s_floor(v, alpha, beta)
+    if code == 25:
+        return _s_ceil(v, alpha, beta)
+    if code == 26:
+        return _s_round(v, alpha, beta)
     return v
 
 
@@ -526,7 +568,7 @@ def apply_scalar(code, v, alpha, beta):
         return v * _mish_ratio(v)
     if code == 13:
         return _softplus(v, alpha, beta)
-    return _math_call(code, v, alpha, beta)      # 14-22 (a call: see _s_abs)
+    return _math_call(code, v, alpha, beta)      # 14-26 (a call: see _s_abs)
 
 
 @njit(inline="always", cache=True)
@@ -548,6 +590,7 @@ def _math_loop(fn):
 
 _L_ABS, _L_EXP, _L_LOG, _L_SQRT, _L_RSQRT, _L_POW, _L_CELU, _L_SELU, _L_LOG_SIGMOID = (
     _math_loop(f) for f in (_s_abs, _s_exp, _s_log, _s_sqrt, _s_rsqrt, _s_pow, _s_celu, _s_selu, _s_log_sigmoid))
+_L_ERF, _L_FLOOR, _L_CEIL, _L_ROUND = (_math_loop(f) for f in (_s_erf, _s_floor, _s_ceil, _s_round))
 
 
 
@@ -601,8 +644,16 @@ def apply_span(f, lo, hi, code, a, b):
         _L_CELU(f, lo, hi, a, b)
     elif code == 21:
         _L_SELU(f, lo, hi, a, b)
-    else:
+    elif code == 22:
         _L_LOG_SIGMOID(f, lo, hi, a, b)
+    elif code == 23:
+        _L_ERF(f, lo, hi, a, b)
+    elif code == 24:
+        _L_FLOOR(f, lo, hi, a, b)
+    elif code == 25:
+        _L_CEIL(f, lo, hi, a, b)
+    else:
+        _L_ROUND(f, lo, hi, a, b)
 
 
 @njit(nogil=True, cache=True)

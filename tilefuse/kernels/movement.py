@@ -19,8 +19,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from .conv._nb import atomic_add, load_f32, permsel16, stack_i64
-from .threads import numba_region
+from .conv._nb import atomic_add, load_f32, permsel16, stack_i64, transpose16
+from .threads import numba_region, parallel_for
 
 
 def reshape(out, x, **_):
@@ -28,8 +28,70 @@ def reshape(out, x, **_):
     out.reshape(-1)[...] = x.reshape(-1)
 
 
-def permute(out, x, *, perm, **_):
-    np.copyto(out, np.transpose(x, perm))
+@functools.lru_cache(maxsize=1024)
+def _merged_axes(shape, perm):
+    """The permute as few output axes as possible: (sizes, input strides in elements) of the output's axes after
+    dropping size-1 axes and merging neighbours that are neighbours in the input too."""
+    istr, acc = [0] * len(shape), 1
+    for k in range(len(shape) - 1, -1, -1):
+        istr[k], acc = acc, acc * shape[k]
+    merged: list[list[int]] = []
+    for p in perm:
+        if shape[p] == 1:
+            continue
+        if merged and merged[-1][1] == istr[p] * shape[p]:
+            merged[-1] = [merged[-1][0] * shape[p], istr[p]]
+        else:
+            merged.append([shape[p], istr[p]])
+    return tuple(m[0] for m in merged), tuple(m[1] for m in merged)
+
+
+@njit(nogil=True, cache=True)
+def _transpose_tasks(o, x, osh, ois, na, nb_, sa, t0, t1):
+    """out (outer..., B, A) flat from x: x offset of (outer, b, a) = sum outer_d ois_d + b + a sa. Task t = (outer
+    index, block of 16 b's): 16 x 16 tiles transposed in registers (`transpose16`), the edges element by element."""
+    nbb = -(-nb_ // 16)
+    A16 = na - na % 16
+    for t in range(t0, t1):
+        oi, b0 = t // nbb, (t % nbb) * 16
+        r, ib = oi, 0
+        for d in range(osh.size - 1, -1, -1):
+            ib += (r % osh[d]) * ois[d]
+            r //= osh[d]
+        ob = oi * na * nb_
+        nbr = min(16, nb_ - b0)
+        if nbr == 16:
+            for a0 in range(0, A16, 16):
+                transpose16(o, ob + b0 * na + a0, na, x, ib + a0 * sa + b0, sa, 16, 16)
+        a1 = A16 if nbr == 16 else 0     # where the element loop starts
+        for b in range(b0, b0 + nbr):
+            for a in range(a1, na):
+                o[ob + b * na + a] = x[ib + b + a * sa]
+
+
+PERMUTE_TASKS = 64       # tasks of a tiled permute at most (from the shape only)
+TILED_MIN_SIZE = 1 << 15  # smaller permutes, or a transposed plane with a side under TILED_MIN_SIDE: numpy's copy
+TILED_MIN_SIDE = 32       # (the tasks' set-up and the partial tiles cost more than they save)
+
+
+def permute(out, x, *, perm, threads=None, **_):
+    """out = x transposed by perm. A permute that moves the input's last axis to the output's second-last place
+    after merging axes (a batched 2-D transpose: (N, C, HW) -> (N, HW, C), k.transpose(-2, -1)) runs as
+    16 x 16 register tiles on the pool (8 x 192 x 256 on one Zen 5 core: numpy's strided copy 0.34 -> 0.10 ms);
+    anything else, numpy's copy (the last axis kept: contiguous runs)."""
+    sizes, strides = _merged_axes(tuple(x.shape), tuple(perm))
+    if x.dtype != np.float32 or not out.flags.c_contiguous or not x.flags.c_contiguous or len(sizes) < 2 \
+            or strides[-1] == 1 or strides[-2] != 1 or min(sizes[-2:]) < TILED_MIN_SIDE or x.size < TILED_MIN_SIZE:
+        np.copyto(out, np.transpose(x, perm))
+        return
+    osh = np.array(sizes[:-2] or (1,), np.int64)
+    ois = np.array(strides[:-2] or (0,), np.int64)
+    nb_, na, sa = sizes[-2], sizes[-1], strides[-1]
+    ntask = int(np.prod(osh)) * -(-nb_ // 16)
+    step = -(-ntask // min(PERMUTE_TASKS, ntask))
+    o, xf = out.reshape(-1), x.reshape(-1)
+    parallel_for(lambda t0: _transpose_tasks(o, xf, osh, ois, na, nb_, sa, t0, min(ntask, t0 + step)),
+                 range(0, ntask, step), threads)
 
 
 def slice_(out, x, *, axis, start, stop, step, layout="nchw", in_channels=None, channels=None, threads=None,

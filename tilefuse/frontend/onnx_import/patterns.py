@@ -1,7 +1,7 @@
 """Decomposed ops that older opsets make exporters write out, recognized as the op they spell.
 
 Before opset 20 ONNX has no Gelu and before opset 17 no LayerNormalization, so the TorchScript
-exporter writes them out of primitive ops, including Erf and Sqrt, which tilefuse has no IR op for:
+exporter writes them out of primitive ops (Erf, Sqrt, ...), each of which would otherwise run as its own op:
 
   GELU (erf):   y = (x * (Erf(x / sqrt(2)) + 1)) * 0.5       (and the orders 0.5 * x * (...), x * (0.5 * (...)))
   LayerNorm:    m = ReduceMean(x, axes); d = x - m; v = ReduceMean(d ^ 2, axes)
@@ -11,7 +11,7 @@ exporter writes them out of primitive ops, including Erf and Sqrt, which tilefus
 `rewrite(nodes, const)` replaces each such chain (every intermediate used only inside the chain, the
 constants what the formula needs) by one node of domain `tilefuse.pattern` carrying the op it spells
 (Gelu, LayerNormalization, Mish); the importer converts it with that op's rule. A chain that differs in
-any constant, axis or extra use stays as it is (and Erf/Sqrt are then refused by name).
+any constant, axis or extra use stays as it is and imports op by op (activation(erf), activation(sqrt), ...).
 """
 from __future__ import annotations
 

@@ -345,6 +345,57 @@ def reduce16(typingctx, src, si, nvec, shift, scale, kind):
     return sig, codegen
 
 
+@intrinsic
+def transpose16(typingctx, dst, di, dstride, src, si, sstride, nin, nout):
+    """A 16 x 16 float32 tile transposed in registers: row r of the source is src[si + r sstride : +16] for r < nin
+    (rows from nin on read as zeros), and dst[di + c dstride : +16] gets column c for c < nout. Sixteen vector loads,
+    four rounds of 16 two-vector shuffles (each swaps the off-diagonal b x b blocks, b = 8, 4, 2, 1), sixteen vector
+    stores: the NCHW <-> NCHW16c conversions and the permutes that move the last axis (numba left their element
+    loops strided gathers). C-contiguous float32 arrays indexed flat; the caller keeps every row in bounds."""
+    f32 = types.float32
+    if not (all(isinstance(a, types.Array) and a.dtype == f32 and a.layout == "C" for a in (dst, src))
+            and all(isinstance(a, types.Integer) for a in (di, dstride, si, sstride, nin, nout))):
+        return None
+    sig = types.void(dst, di, dstride, src, si, sstride, nin, nout)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        a = signature.args
+        vty = ir.VectorType(ir.FloatType(), 16)
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        cast = lambda k: context.cast(builder, args[k], a[k], types.int64)  # noqa: E731
+        dst_a = context.make_array(a[0])(context, builder, args[0])
+        src_a = context.make_array(a[3])(context, builder, args[3])
+        di_v, ds_v, si_v, ss_v, nin_v, nout_v = cast(1), cast(2), cast(4), cast(5), cast(6), cast(7)
+        zero = ir.Constant(vty, [ir.Constant(ir.FloatType(), 0.0)] * 16)
+        rows = []
+        for r in range(16):
+            slot = cgutils.alloca_once_value(builder, zero)
+            with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, r), nin_v)):
+                off = builder.add(si_v, builder.mul(ss_v, ir.Constant(i64, r)))
+                p = builder.bitcast(builder.gep(src_a.data, [off]), vty.as_pointer())
+                builder.store(builder.load(p, align=4), slot)
+            rows.append(builder.load(slot))
+        for b in (8, 4, 2, 1):
+            top = [j if (j // b) % 2 == 0 else 16 + j - b for j in range(16)]
+            bot = [j + b if (j // b) % 2 == 0 else 16 + j for j in range(16)]
+            new = list(rows)
+            for r in range(16):
+                if (r // b) % 2 == 0:
+                    t, u = rows[r], rows[r + b]
+                    new[r] = builder.shuffle_vector(t, u, ir.Constant(ir.VectorType(i32, 16), top))
+                    new[r + b] = builder.shuffle_vector(t, u, ir.Constant(ir.VectorType(i32, 16), bot))
+            rows = new
+        for c in range(16):
+            with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, c), nout_v)):
+                off = builder.add(di_v, builder.mul(ds_v, ir.Constant(i64, c)))
+                p = builder.bitcast(builder.gep(dst_a.data, [off]), vty.as_pointer())
+                builder.store(rows[c], p, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _vec16_ptr(context, builder, signature, args, k):
     """&array[idx] as a pointer to a 16 x float32 vector, for the intrinsics below: the float32 array is
     argument k of the call, its flat index argument k + 1."""

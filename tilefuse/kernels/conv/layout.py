@@ -10,17 +10,22 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, atomic_add
+from tilefuse.kernels.conv._nb import LANES, atomic_add, transpose16
 from tilefuse.kernels.threads import numba_region
 
 
 @njit(nogil=True, cache=True)
 def _to_nchwc_one(xb, x, n, cb, pt, pl):
-    # x (N, C, H, W) -> xb[n, cb] (Hp, Wp, 16), zeros outside
+    # x (N, C, H, W) -> xb[n, cb] (Hp, Wp, 16), zeros outside; each row's 16-column runs as 16 x 16 tiles
+    # transposed in registers (`transpose16`: channels -> lanes, the missing channels of the last block as zero
+    # rows), the rest element by element
     C, H, W = x.shape[1], x.shape[2], x.shape[3]
     Hp, Wp = xb.shape[2], xb.shape[3]
     c0 = cb * 16
     nl = min(16, C - c0)
+    xf, bf = x.reshape(-1), xb.reshape(-1)
+    HW = H * W
+    W16 = W - W % 16
     for hp in range(Hp):
         h = hp - pt
         if h < 0 or h >= H:
@@ -28,27 +33,40 @@ def _to_nchwc_one(xb, x, n, cb, pt, pl):
                 for l in range(16):
                     xb[n, cb, hp, wp, l] = 0.0
             continue
-        for wp in range(Wp):
-            w = wp - pl
-            if w < 0 or w >= W:
-                for l in range(16):
-                    xb[n, cb, hp, wp, l] = 0.0
-            else:
-                for l in range(nl):
-                    xb[n, cb, hp, wp, l] = x[n, c0 + l, h, w]
-                for l in range(nl, 16):
-                    xb[n, cb, hp, wp, l] = 0.0
+        for wp in range(pl):
+            for l in range(16):
+                xb[n, cb, hp, wp, l] = 0.0
+        xrow = ((n * C + c0) * H + h) * W            # x[n, c0, h, 0]
+        brow = (((n * xb.shape[1] + cb) * Hp + hp) * Wp + pl) * 16   # xb[n, cb, hp, pl, 0]
+        for w0 in range(0, W16, 16):
+            transpose16(bf, brow + w0 * 16, 16, xf, xrow + w0, HW, nl, 16)
+        for w in range(W16, W):
+            for l in range(nl):
+                xb[n, cb, hp, pl + w, l] = x[n, c0 + l, h, w]
+            for l in range(nl, 16):
+                xb[n, cb, hp, pl + w, l] = 0.0
+        for wp in range(pl + W, Wp):
+            for l in range(16):
+                xb[n, cb, hp, wp, l] = 0.0
 
 
 @njit(nogil=True, cache=True)
 def _from_nchwc_one(x, xb, n, cb):
+    # xb[n, cb] (H W, 16) -> x[n, c0:c0 + nl] (H W): 16 positions at a time as 16 x 16 tiles transposed in
+    # registers (lanes -> channels, only the block's real channels stored), the last positions element by element
     C, H, W = x.shape[1], x.shape[2], x.shape[3]
     c0 = cb * 16
     nl = min(16, C - c0)
+    xf, bf = x.reshape(-1), xb.reshape(-1)
+    HW = H * W
+    P16 = HW - HW % 16
+    xo = (n * C + c0) * HW                           # x[n, c0, 0, 0]
+    bo = (n * xb.shape[1] + cb) * HW * 16            # xb[n, cb, 0, 0, 0]
+    for p0 in range(0, P16, 16):
+        transpose16(xf, xo + p0, HW, bf, bo + p0 * 16, 16, 16, nl)
     for l in range(nl):
-        for h in range(H):
-            for w in range(W):
-                x[n, c0 + l, h, w] = xb[n, cb, h, w, l]
+        for p in range(P16, HW):
+            xf[xo + l * HW + p] = bf[bo + p * 16 + l]
 
 
 @njit(nogil=True, cache=True)
@@ -103,6 +121,9 @@ def to_nchwc(x: np.ndarray, padding=(0, 0, 0, 0), out: np.ndarray | None = None,
     t, _, l, _ = padding
     # one numba task loop (a task per image and channel block): a Python pool task per block cost 40-75 us
     # for ShuffleNetV2's 7x7 and 14x14 maps, whose channel shuffles convert at every block
+    if not out.flags.c_contiguous:          # a view (a ring's rows): the kernel reads and writes flat
+        out[...] = to_nchwc(x, padding, threads=threads)
+        return out
     numba_region(_to_par, _to_seq, threads, shape[0] * shape[1], out, x, t, l)
     return out
 
@@ -112,5 +133,8 @@ def from_nchwc(xb: np.ndarray, channels: int, out: np.ndarray | None = None, thr
     n, cb, h, w, _ = xb.shape
     if out is None:
         out = np.empty((n, channels, h, w), np.float32)
-    numba_region(_from_par, _from_seq, threads, n * cb, out, xb)
+    if not out.flags.c_contiguous:          # views (a band of a blocked tensor): the kernel reads and writes flat
+        out[...] = from_nchwc(xb, channels, threads=threads)
+        return out
+    numba_region(_from_par, _from_seq, threads, n * cb, out, np.ascontiguousarray(xb))
     return out
