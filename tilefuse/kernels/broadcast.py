@@ -18,21 +18,18 @@ on the thread count); other dtypes run the numpy reference.
 """
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 from numba import carray as nb_carray, njit, types
 from numba.extending import overload
 
 from . import activations as A
-from .conv._nb import stack_f32
+from .conv._nb import atomic_add, stack_f32
 from .fpflags import FAST
 from . import reference as ref
-from .threads import parallel_for
+from .threads import numba_region, parallel_for
 
 CHUNK = 1 << 16  # elements per task
-
-
-def _chunks(size: int):
-    return [(i, min(i + CHUNK, size)) for i in range(0, size, CHUNK)]
 
 
 def _code(act, relu=False):
@@ -48,6 +45,29 @@ def _act_flat(out, x, i0, i1, code, alpha, beta):
     for i in range(o.size):
         o[i] = v[i]
     A.apply_span(o, 0, o.size, code, np.float32(alpha), np.float32(beta))   # one vectorized loop per code
+
+
+# The flat kernels' task loops (threads.numba_region): chunks of CHUNK values taken from `counter` inside numba,
+# one worker per thread; a Python task per chunk cost ~5-30 us each on the pool (a 393K-value add took longer on
+# two threads than on one).
+@njit(nogil=True, cache=True)
+def _act_seq(counter, tid, out, x, code, alpha, beta):
+    while True:
+        i0 = atomic_add(counter, 0, 1) * CHUNK
+        if i0 >= out.size:
+            break
+        _act_flat(out, x, i0, min(out.size, i0 + CHUNK), code, alpha, beta)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _act_par(nt, out, x, code, alpha, beta):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _act_seq(counter, nb.get_thread_id(), out, x, code, alpha, beta)
+
+
+def _flat_tasks(n):
+    return -(-n // CHUNK)
 
 
 @njit(nogil=True, cache=True)
@@ -77,7 +97,7 @@ def apply_act_inplace(out, code, alpha, beta, threads=None):
     if code == 0:
         return
     o = out.reshape(-1)
-    parallel_for(lambda c: _act_flat(o, o, c[0], c[1], code, alpha, beta), _chunks(o.size), threads)
+    numba_region(_act_par, _act_seq, threads, _flat_tasks(o.size), o, o, code, np.float32(alpha), np.float32(beta))
 
 
 def activation(out, x, *, act, layout="nchw", channels=None, threads=None, **_):
@@ -87,7 +107,7 @@ def activation(out, x, *, act, layout="nchw", channels=None, threads=None, **_):
         return
     code, a, b = _code(act)
     o, xf = out.reshape(-1), x.reshape(-1)
-    parallel_for(lambda c: _act_flat(o, xf, c[0], c[1], code, a, b), _chunks(o.size), threads)
+    numba_region(_act_par, _act_seq, threads, _flat_tasks(o.size), o, xf, code, np.float32(a), np.float32(b))
     _fix_padding(out, layout, channels, code, a, b)
 
 
@@ -184,6 +204,22 @@ def _channel_row(o, x, sv, kind, swap, lanes):
             o[p] = _op(kind, v, x[p]) if swap else _op(kind, x[p], v)
 
 
+@njit(nogil=True, cache=True)
+def _binary_seq(counter, tid, out, a, b, kind, code, alpha, beta):
+    while True:
+        i0 = atomic_add(counter, 0, 1) * CHUNK
+        if i0 >= out.size:
+            break
+        _binary_flat(out, a, b, i0, min(out.size, i0 + CHUNK), kind, code, alpha, beta)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _binary_par(nt, out, a, b, kind, code, alpha, beta):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _binary_seq(counter, nb.get_thread_id(), out, a, b, kind, code, alpha, beta)
+
+
 @njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")
 def _binary_channel(out3, x3, s, n, kind, swap, lanes, code, alpha, beta):
     """out (N, C', S) = x (op) s[n, c] (a per-image, per-channel operand s (Ns, C)); swap: s (op) x. A row (one
@@ -236,8 +272,8 @@ def binary(kind, out, a, b, *, relu=False, act=None, layout="nchw", channels=Non
         return
     if a.shape == out.shape and b.shape == out.shape:
         o, x, y = out.reshape(-1), a.reshape(-1), b.reshape(-1)
-        parallel_for(lambda c: _binary_flat(o, x, y, c[0], c[1], _KIND[kind], code, al, be),
-                     _chunks(o.size), threads)
+        numba_region(_binary_par, _binary_seq, threads, _flat_tasks(o.size), o, x, y, _KIND[kind], code,
+                     np.float32(al), np.float32(be))
         _fix_padding(out, layout, channels, code, al, be, always=True)   # 0/0 in padded lanes of a div
         return
     for full, other, swap in ((a, b, False), (b, a, True)):
@@ -326,6 +362,22 @@ def _where_flat(out, l, r, a, b, i0, i1, cmp):
         _where_loop(o, l, r, a, b, 5)
 
 
+@njit(nogil=True, cache=True)
+def _where_seq(counter, tid, out, l, r, a, b, cmp):
+    while True:
+        i0 = atomic_add(counter, 0, 1) * CHUNK
+        if i0 >= out.size:
+            break
+        _where_flat(out, l, r, a, b, i0, min(out.size, i0 + CHUNK), cmp)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _where_par(nt, out, l, r, a, b, cmp):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _where_seq(counter, nb.get_thread_id(), out, l, r, a, b, cmp)
+
+
 def where(out, l, r, a, b, *, cmp="gt", threads=None, **_):
     """out = a where (l cmp r) else b (broadcasting). One flat loop when every operand has the output's shape or
     is a single value (Hardshrink, Threshold, torch.where(x > 0, x, 0.1 * x)); any other broadcast through
@@ -335,7 +387,7 @@ def where(out, l, r, a, b, *, cmp="gt", threads=None, **_):
             all(v.dtype == np.float32 and (v.size == 1 or v.shape == out.shape) for v in ops):
         o = out.reshape(-1)
         fl = [np.float32(v.reshape(-1)[0]) if v.size == 1 else np.ascontiguousarray(v).reshape(-1) for v in ops]
-        parallel_for(lambda c: _where_flat(o, *fl, c[0], c[1], _CMP_CODE[cmp]), _chunks(o.size), threads)
+        numba_region(_where_par, _where_seq, threads, _flat_tasks(o.size), o, *fl, _CMP_CODE[cmp])
         return
     out[...] = ref.where(l, r, a, b, cmp)
 

@@ -3,7 +3,7 @@
 The training forms (new arrays, ReLU' for the backward pass) are at the end.
 
 Any layout: add and relu run over the flat buffer in fixed chunks (CHUNK elements per task on
-the shared thread pool, boundaries from the size only, so 1 and 2 threads give identical
+one numba task loop, boundaries from the size only, so 1 and 2 threads give identical
 results); scale takes the NCHW or NCHW16c per-channel view.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ from numba import njit
 
 from .cnhw import JIT, flat_split
 from .fpflags import FAST
-from .threads import nthreads, parallel_for, split
+from .conv._nb import atomic_add
+from .threads import nthreads, numba_region, split
 
 
 @njit(nogil=True, cache=True, fastmath=FAST)
@@ -37,8 +38,38 @@ def _relu_flat(out, a, i0, i1):
 CHUNK = 1 << 16  # elements per task (256 KB of float32: a few tasks per L2)
 
 
-def _chunks(size):
-    return [(i, min(i + CHUNK, size)) for i in range(0, size, CHUNK)]
+# task loops (threads.numba_region): chunks taken from `counter` inside numba, one worker per thread (a Python
+# task per chunk cost more than a chunk of adds)
+@njit(nogil=True, cache=True)
+def _add_seq(counter, tid, out, a, b, relu):
+    while True:
+        i0 = atomic_add(counter, 0, 1) * CHUNK
+        if i0 >= out.size:
+            break
+        _add_flat(out, a, b, i0, min(out.size, i0 + CHUNK), relu)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _add_par(nt, out, a, b, relu):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _add_seq(counter, nb.get_thread_id(), out, a, b, relu)
+
+
+@njit(nogil=True, cache=True)
+def _relu_seq(counter, tid, out, a):
+    while True:
+        i0 = atomic_add(counter, 0, 1) * CHUNK
+        if i0 >= out.size:
+            break
+        _relu_flat(out, a, i0, min(out.size, i0 + CHUNK))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _relu_par(nt, out, a):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _relu_seq(counter, nb.get_thread_id(), out, a)
 
 
 def add(out, a, b, *, relu=False, threads=None, **_):
@@ -49,7 +80,7 @@ def add(out, a, b, *, relu=False, threads=None, **_):
             np.maximum(out, 0, out=out)
         return
     o, x, y = out.reshape(-1), a.reshape(-1), b.reshape(-1)
-    parallel_for(lambda c: _add_flat(o, x, y, c[0], c[1], relu), _chunks(o.size), threads)
+    numba_region(_add_par, _add_seq, threads, -(-o.size // CHUNK), o, x, y, bool(relu))
 
 
 def relu(out, x, *, threads=None, **_):
@@ -57,7 +88,7 @@ def relu(out, x, *, threads=None, **_):
         np.maximum(x, 0, out=out)
         return
     o, a = out.reshape(-1), x.reshape(-1)
-    parallel_for(lambda c: _relu_flat(o, a, c[0], c[1]), _chunks(o.size), threads)
+    numba_region(_relu_par, _relu_seq, threads, -(-o.size // CHUNK), o, a)
 
 
 def scale(out, x, alpha, beta, *, layout="nchw", **_):

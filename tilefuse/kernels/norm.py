@@ -259,6 +259,24 @@ def _layer_norm_rows(out, x, gamma, beta, eps, r0, r1):
 LN_TASK_VALUES = 1 << 15   # about this many values a layer-norm task (whole rows; from the shape only)
 
 
+@njit(nogil=True, cache=True)
+def _layer_norm_seq(counter, tid, out, x, gamma, beta, eps, rows):
+    """One worker: tasks of `rows` rows taken from `counter` (threads.numba_region)."""
+    R = x.shape[0]
+    while True:
+        r0 = atomic_add(counter, 0, 1) * rows
+        if r0 >= R:
+            break
+        _layer_norm_rows(out, x, gamma, beta, eps, r0, min(R, r0 + rows))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _layer_norm_par(nt, out, x, gamma, beta, eps, rows):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _layer_norm_seq(counter, nb.get_thread_id(), out, x, gamma, beta, eps, rows)
+
+
 def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, threads=None, **_):
     """Layer norm over the trailing axes [axis, rank) (torch LayerNorm(x.shape[axis:])): (..., K) rows on the
     pool (a transformer block's tokens, LayerNorm2d after a permute); other dtypes or layouts: the reference."""
@@ -270,7 +288,7 @@ def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, threads=None, **_):
     g, b = np.ascontiguousarray(gamma, np.float32).reshape(-1), np.ascontiguousarray(beta, np.float32).reshape(-1)
     R, e = x2.shape[0], np.float32(eps)
     rows = max(1, LN_TASK_VALUES // max(1, k))
-    parallel_for(lambda r0: _layer_norm_rows(o2, x2, g, b, e, r0, min(R, r0 + rows)), range(0, R, rows), threads)
+    numba_region(_layer_norm_par, _layer_norm_seq, threads, -(-R // rows), o2, x2, g, b, e, rows)
 
 
 # ---------------------------------------------------------------------------- group norm
