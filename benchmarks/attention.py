@@ -19,11 +19,13 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scaling import median_time  # noqa: E402
 
 # name, model key of tests/test_attention.py, input shape, channels, matmul FLOPs (2 M N K, both products)
 CASES = [
@@ -41,16 +43,6 @@ def _module(key, c):
     if key == "mhsa":
         return T.MHSA(c, 4).eval()
     return T.SDPAttention(c, 2).eval()
-
-
-def _median_time(fn, reps):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def main(argv=None) -> int:
@@ -86,10 +78,10 @@ def main(argv=None) -> int:
             y_tf, y_ort = sess.run(x), osess.run(None, {"x": x})[0]
             err = max(float(np.abs(y_tf - y_pt).max()), float(np.abs(y_tf - y_ort).max())) / float(np.abs(y_pt).max())
             rows.append((name, flops, err, sess, osess, m, tx, x))
-        t_tf = [_median_time(lambda r=r: r[3].run(r[7]), a.reps) for r in rows]
-        t_ort = [_median_time(lambda r=r: r[4].run(None, {"x": r[7]}), a.reps) for r in rows]
+        t_tf = [median_time(lambda r=r: r[3].run(r[7]), a.reps) for r in rows]
+        t_ort = [median_time(lambda r=r: r[4].run(None, {"x": r[7]}), a.reps) for r in rows]
         with torch.no_grad():
-            t_pt = [_median_time(lambda r=r: r[5](r[6]), a.reps) for r in rows]
+            t_pt = [median_time(lambda r=r: r[5](r[6]), a.reps) for r in rows]
         print(f"\n## {threads} thread(s): median of {a.reps}")
         print(f"{'case':<36} {'tilefuse ms':>11} {'GFLOP/s':>8} {'PyTorch ms':>10} {'ORT ms':>8} {'PT/tf':>6} "
               f"{'ORT/tf':>6}  max rel err")

@@ -22,11 +22,13 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, HERE)
+
+from scaling import median_time  # noqa: E402
 
 # (name, input shape, module kind, groups, activation)
 CASES = [
@@ -114,16 +116,6 @@ def _module(kind, c, groups, act):
     return nn.Sequential(norm, a).eval()
 
 
-def _median_time(fn, reps):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[2])
@@ -163,10 +155,10 @@ def main(argv=None) -> int:
             kernels = [k for k in kernels if k not in ("to_nchwc", "from_nchwc")] + \
                 [f"({sum(k in ('to_nchwc', 'from_nchwc') for k in kernels)} conversions)"]
             rows.append([name, shape, kernels, x.nbytes * 2, err, sess, osess, m, tx, x])
-        t_tf = [_median_time(lambda r=r: r[5].run(r[9]), a.reps) for r in rows]
-        t_ort = [_median_time(lambda r=r: r[6].run(None, {"x": r[9]}), a.reps) for r in rows]
+        t_tf = [median_time(lambda r=r: r[5].run(r[9]), a.reps) for r in rows]
+        t_ort = [median_time(lambda r=r: r[6].run(None, {"x": r[9]}), a.reps) for r in rows]
         with torch.no_grad():
-            t_pt = [_median_time(lambda r=r: r[7](r[8]), a.reps) for r in rows]
+            t_pt = [median_time(lambda r=r: r[7](r[8]), a.reps) for r in rows]
         print(f"\n## {threads} thread(s): median of {a.reps}")
         print(f"{'case':<34} {'tilefuse ms':>11} {'GB/s':>6} {'PyTorch ms':>10} {'ORT ms':>8} {'PT/tf':>6} "
               f"{'ORT/tf':>6}  max rel err  tilefuse instructions")
