@@ -18,7 +18,6 @@ on the thread count); other dtypes run the numpy reference.
 """
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 from numba import carray as nb_carray, njit, types
 from numba.extending import overload
@@ -27,7 +26,7 @@ from . import activations as A
 from .conv._nb import atomic_add, stack_f32
 from .fpflags import FAST
 from . import reference as ref
-from .threads import numba_region, parallel_for
+from .threads import parallel_for, pool_region
 
 CHUNK = 1 << 16  # elements per task
 
@@ -47,7 +46,7 @@ def _act_flat(out, x, i0, i1, code, alpha, beta):
     A.apply_span(o, 0, o.size, code, np.float32(alpha), np.float32(beta))   # one vectorized loop per code
 
 
-# The flat kernels' task loops (threads.numba_region): chunks of CHUNK values taken from `counter` inside numba,
+# The flat kernels' task loops (threads.pool_region): chunks of CHUNK values taken from `counter` inside numba,
 # one worker per thread; a Python task per chunk cost ~5-30 us each on the pool (a 393K-value add took longer on
 # two threads than on one).
 @njit(nogil=True, cache=True)
@@ -57,13 +56,6 @@ def _act_seq(counter, tid, out, x, code, alpha, beta):
         if i0 >= out.size:
             break
         _act_flat(out, x, i0, min(out.size, i0 + CHUNK), code, alpha, beta)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _act_par(nt, out, x, code, alpha, beta):
-    counter = np.zeros(1, np.int64)
-    for _w in nb.prange(nt):
-        _act_seq(counter, nb.get_thread_id(), out, x, code, alpha, beta)
 
 
 def _flat_tasks(n):
@@ -97,7 +89,7 @@ def apply_act_inplace(out, code, alpha, beta, threads=None):
     if code == 0:
         return
     o = out.reshape(-1)
-    numba_region(_act_par, _act_seq, threads, _flat_tasks(o.size), o, o, code, np.float32(alpha), np.float32(beta))
+    pool_region(_act_seq, threads, _flat_tasks(o.size), o, o, code, np.float32(alpha), np.float32(beta))
 
 
 def activation(out, x, *, act, layout="nchw", channels=None, threads=None, **_):
@@ -107,7 +99,7 @@ def activation(out, x, *, act, layout="nchw", channels=None, threads=None, **_):
         return
     code, a, b = _code(act)
     o, xf = out.reshape(-1), x.reshape(-1)
-    numba_region(_act_par, _act_seq, threads, _flat_tasks(o.size), o, xf, code, np.float32(a), np.float32(b))
+    pool_region(_act_seq, threads, _flat_tasks(o.size), o, xf, code, np.float32(a), np.float32(b))
     _fix_padding(out, layout, channels, code, a, b)
 
 
@@ -213,13 +205,6 @@ def _binary_seq(counter, tid, out, a, b, kind, code, alpha, beta):
         _binary_flat(out, a, b, i0, min(out.size, i0 + CHUNK), kind, code, alpha, beta)
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _binary_par(nt, out, a, b, kind, code, alpha, beta):
-    counter = np.zeros(1, np.int64)
-    for _w in nb.prange(nt):
-        _binary_seq(counter, nb.get_thread_id(), out, a, b, kind, code, alpha, beta)
-
-
 @njit(nogil=True, cache=True, fastmath=FAST, error_model="numpy")
 def _binary_channel(out3, x3, s, n, kind, swap, lanes, code, alpha, beta):
     """out (N, C', S) = x (op) s[n, c] (a per-image, per-channel operand s (Ns, C)); swap: s (op) x. A row (one
@@ -272,7 +257,7 @@ def binary(kind, out, a, b, *, relu=False, act=None, layout="nchw", channels=Non
         return
     if a.shape == out.shape and b.shape == out.shape:
         o, x, y = out.reshape(-1), a.reshape(-1), b.reshape(-1)
-        numba_region(_binary_par, _binary_seq, threads, _flat_tasks(o.size), o, x, y, _KIND[kind], code,
+        pool_region(_binary_seq, threads, _flat_tasks(o.size), o, x, y, _KIND[kind], code,
                      np.float32(al), np.float32(be))
         _fix_padding(out, layout, channels, code, al, be, always=True)   # 0/0 in padded lanes of a div
         return
@@ -371,13 +356,6 @@ def _where_seq(counter, tid, out, l, r, a, b, cmp):
         _where_flat(out, l, r, a, b, i0, min(out.size, i0 + CHUNK), cmp)
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _where_par(nt, out, l, r, a, b, cmp):
-    counter = np.zeros(1, np.int64)
-    for _w in nb.prange(nt):
-        _where_seq(counter, nb.get_thread_id(), out, l, r, a, b, cmp)
-
-
 def where(out, l, r, a, b, *, cmp="gt", threads=None, **_):
     """out = a where (l cmp r) else b (broadcasting). One flat loop when every operand has the output's shape or
     is a single value (Hardshrink, Threshold, torch.where(x > 0, x, 0.1 * x)); any other broadcast through
@@ -387,7 +365,7 @@ def where(out, l, r, a, b, *, cmp="gt", threads=None, **_):
             all(v.dtype == np.float32 and (v.size == 1 or v.shape == out.shape) for v in ops):
         o = out.reshape(-1)
         fl = [np.float32(v.reshape(-1)[0]) if v.size == 1 else np.ascontiguousarray(v).reshape(-1) for v in ops]
-        numba_region(_where_par, _where_seq, threads, _flat_tasks(o.size), o, *fl, _CMP_CODE[cmp])
+        pool_region(_where_seq, threads, _flat_tasks(o.size), o, *fl, _CMP_CODE[cmp])
         return
     out[...] = ref.where(l, r, a, b, cmp)
 

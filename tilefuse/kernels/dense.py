@@ -14,7 +14,7 @@ from . import activations as A
 from .blas import blas_threads, gemm
 from .conv._nb import atomic_add, reduce16
 from .fpflags import FAST
-from .threads import numba_region, parallel_for, scratch
+from .threads import numba_region, parallel_for, pool_region, scratch
 
 
 @njit(nogil=True, cache=True, fastmath=FAST)
@@ -153,7 +153,7 @@ SOFTMAX_ROWS = 64     # rows of a softmax task
 
 @njit(nogil=True, cache=True)
 def _softmax_seq(counter, tid, out, x, scale):
-    """One worker: tasks of SOFTMAX_ROWS rows taken from `counter` (threads.numba_region)."""
+    """One worker: tasks of SOFTMAX_ROWS rows taken from `counter` (threads.pool_region)."""
     R = x.shape[0]
     while True:
         r0 = atomic_add(counter, 0, 1) * SOFTMAX_ROWS
@@ -162,24 +162,17 @@ def _softmax_seq(counter, tid, out, x, scale):
         _softmax_rows(out, x, r0, min(R, r0 + SOFTMAX_ROWS), scale)
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _softmax_par(nt, out, x, scale):
-    counter = np.zeros(1, np.int64)
-    for _w in nb.prange(nt):
-        _softmax_seq(counter, nb.get_thread_id(), out, x, scale)
-
-
 def softmax(out, x, *, axis=1, scale=1.0, threads=None, **_):
     """Softmax over the last axis of x * scale (the scale: an attention's 1 / sqrt(d) folded in by the
-    compiler), rows in tasks of SOFTMAX_ROWS on one numba task loop (a Python task per row block cost more than
-    its rows: 128 tasks of 8 x 4 x 256 x 256 scores); another axis or dtype: the reference."""
+    compiler), rows in tasks of SOFTMAX_ROWS taken inside numba by one worker per thread (`pool_region`: a Python task
+    per row block cost more than its rows, 128 tasks of 8 x 4 x 256 x 256 scores); another axis or dtype: the reference."""
     if x.dtype != np.float32 or axis not in (x.ndim - 1, -1) or not x.flags.c_contiguous \
             or not out.flags.c_contiguous:
         from . import reference as ref
         out[...] = ref.softmax(x, axis, scale)
         return
     x2, o2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])   # (..., K) -> (R, K)
-    numba_region(_softmax_par, _softmax_seq, threads, -(-x2.shape[0] // SOFTMAX_ROWS), o2, x2, np.float32(scale))
+    pool_region(_softmax_seq, threads, -(-x2.shape[0] // SOFTMAX_ROWS), o2, x2, np.float32(scale))
 
 
 MATMUL_ROWS = 128     # rows of a matmul task (a GEMM call)

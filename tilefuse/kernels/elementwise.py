@@ -2,8 +2,8 @@
 `cache=True`) next to the numpy reference (`kernels/reference.py`; `tests/test_layer_kernels.py`).
 The training forms (new arrays, ReLU' for the backward pass) are at the end.
 
-Any layout: add and relu run over the flat buffer in fixed chunks (CHUNK elements per task on
-one numba task loop, boundaries from the size only, so 1 and 2 threads give identical
+Any layout: add and relu run over the flat buffer in fixed chunks (CHUNK elements per task, one worker
+per thread: `pool_region`; boundaries from the size only, so 1 and 2 threads give identical
 results); scale takes the NCHW or NCHW16c per-channel view.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from numba import njit
 from .cnhw import JIT, flat_split
 from .fpflags import FAST
 from .conv._nb import atomic_add
-from .threads import nthreads, numba_region, split
+from .threads import nthreads, pool_region, split
 
 
 @njit(nogil=True, cache=True, fastmath=FAST)
@@ -38,7 +38,7 @@ def _relu_flat(out, a, i0, i1):
 CHUNK = 1 << 16  # elements per task (256 KB of float32: a few tasks per L2)
 
 
-# task loops (threads.numba_region): chunks taken from `counter` inside numba, one worker per thread (a Python
+# task loops (threads.pool_region): chunks taken from `counter` inside numba, one worker per thread (a Python
 # task per chunk cost more than a chunk of adds)
 @njit(nogil=True, cache=True)
 def _add_seq(counter, tid, out, a, b, relu):
@@ -47,13 +47,6 @@ def _add_seq(counter, tid, out, a, b, relu):
         if i0 >= out.size:
             break
         _add_flat(out, a, b, i0, min(out.size, i0 + CHUNK), relu)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _add_par(nt, out, a, b, relu):
-    counter = np.zeros(1, np.int64)
-    for _w in nb.prange(nt):
-        _add_seq(counter, nb.get_thread_id(), out, a, b, relu)
 
 
 @njit(nogil=True, cache=True)
@@ -65,13 +58,6 @@ def _relu_seq(counter, tid, out, a):
         _relu_flat(out, a, i0, min(out.size, i0 + CHUNK))
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _relu_par(nt, out, a):
-    counter = np.zeros(1, np.int64)
-    for _w in nb.prange(nt):
-        _relu_seq(counter, nb.get_thread_id(), out, a)
-
-
 def add(out, a, b, *, relu=False, threads=None, **_):
     """out = a + b (ReLU) in one pass; any layout (both operands have the output's shape)."""
     if out.dtype != np.float32 or a.shape != out.shape or b.shape != out.shape:
@@ -80,7 +66,7 @@ def add(out, a, b, *, relu=False, threads=None, **_):
             np.maximum(out, 0, out=out)
         return
     o, x, y = out.reshape(-1), a.reshape(-1), b.reshape(-1)
-    numba_region(_add_par, _add_seq, threads, -(-o.size // CHUNK), o, x, y, bool(relu))
+    pool_region(_add_seq, threads, -(-o.size // CHUNK), o, x, y, bool(relu))
 
 
 def relu(out, x, *, threads=None, **_):
@@ -88,7 +74,7 @@ def relu(out, x, *, threads=None, **_):
         np.maximum(x, 0, out=out)
         return
     o, a = out.reshape(-1), x.reshape(-1)
-    numba_region(_relu_par, _relu_seq, threads, -(-o.size // CHUNK), o, a)
+    pool_region(_relu_seq, threads, -(-o.size // CHUNK), o, a)
 
 
 def scale(out, x, alpha, beta, *, layout="nchw", **_):

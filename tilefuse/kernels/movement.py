@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from .conv._nb import atomic_add, load_f32, permsel16, stack_i64, transpose16
-from .threads import numba_region
+from .threads import numba_region, pool_region
 
 
 def reshape(out, x, **_):
@@ -76,7 +76,7 @@ TILED_MIN_SIDE = 32       # (the tasks' set-up and the partial tiles cost more t
 
 @njit(nogil=True, cache=True)
 def _transpose_seq(counter, tid, o, x, osh, ois, na, nb_, sa, ntask, step):
-    """One worker: blocks of `step` tile tasks taken from `counter` (threads.numba_region)."""
+    """One worker: blocks of `step` tile tasks taken from `counter` (threads.pool_region)."""
     while True:
         t0 = atomic_add(counter, 0, 1) * step
         if t0 >= ntask:
@@ -84,17 +84,10 @@ def _transpose_seq(counter, tid, o, x, osh, ois, na, nb_, sa, ntask, step):
         _transpose_tasks(o, x, osh, ois, na, nb_, sa, t0, min(ntask, t0 + step))
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _transpose_par(nt, o, x, osh, ois, na, nb_, sa, ntask, step):
-    counter = np.zeros(1, np.int64)
-    for _w in nb.prange(nt):
-        _transpose_seq(counter, nb.get_thread_id(), o, x, osh, ois, na, nb_, sa, ntask, step)
-
-
 def permute(out, x, *, perm, threads=None, **_):
     """out = x transposed by perm. A permute that moves the input's last axis to the output's second-last place
     after merging axes (a batched 2-D transpose: (N, C, HW) -> (N, HW, C), k.transpose(-2, -1)) runs as
-    16 x 16 register tiles in one numba task loop (8 x 192 x 256 on one Zen 5 core: numpy's strided copy 0.34 -> 0.10 ms);
+    16 x 16 register tiles, one worker per thread (`pool_region`; 8 x 192 x 256 on one Zen 5 core: numpy's strided copy 0.34 -> 0.10 ms);
     anything else, numpy's copy (the last axis kept: contiguous runs)."""
     sizes, strides = _merged_axes(tuple(x.shape), tuple(perm))
     if x.dtype != np.float32 or not out.flags.c_contiguous or not x.flags.c_contiguous or len(sizes) < 2 \
@@ -106,7 +99,7 @@ def permute(out, x, *, perm, threads=None, **_):
     nb_, na, sa = sizes[-2], sizes[-1], strides[-1]
     ntask = int(np.prod(osh)) * -(-nb_ // 16)
     step = -(-ntask // min(PERMUTE_TASKS, ntask))
-    numba_region(_transpose_par, _transpose_seq, threads, -(-ntask // step), out.reshape(-1), x.reshape(-1), osh,
+    pool_region(_transpose_seq, threads, -(-ntask // step), out.reshape(-1), x.reshape(-1), osh,
                  ois, na, nb_, sa, ntask, step)
 
 
@@ -159,7 +152,7 @@ def pad(out, x, *, pads, mode="constant", value=0.0, layout="nchw", channels=Non
 
 
 
-THREADED = frozenset({"slice", "concat", "channel_shuffle"})   # the lane gather's task loop
+THREADED = frozenset({"slice", "concat", "channel_shuffle", "permute"})   # the lane gather, the tiled transpose
 
 
 # channel copies for blocked (NCHW16c) tensors ------------------------------------------------

@@ -36,7 +36,7 @@ from .cnhw import JITR, rows, rows_split, to_cnhw, to_nchw, unrows
 from .conv._nb import atomic_add, reduce16
 from .activations import apply_span
 from .fpflags import FAST
-from .threads import numba_region, parallel_for
+from .threads import numba_region, parallel_for, pool_region
 
 
 # Shifted sums: both channel-norm kernels take the mean as channel 0's value plus the mean of the differences from
@@ -261,20 +261,13 @@ LN_TASK_VALUES = 1 << 15   # about this many values a layer-norm task (whole row
 
 @njit(nogil=True, cache=True)
 def _layer_norm_seq(counter, tid, out, x, gamma, beta, eps, rows):
-    """One worker: tasks of `rows` rows taken from `counter` (threads.numba_region)."""
+    """One worker: tasks of `rows` rows taken from `counter` (threads.pool_region)."""
     R = x.shape[0]
     while True:
         r0 = atomic_add(counter, 0, 1) * rows
         if r0 >= R:
             break
         _layer_norm_rows(out, x, gamma, beta, eps, r0, min(R, r0 + rows))
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _layer_norm_par(nt, out, x, gamma, beta, eps, rows):
-    counter = np.zeros(1, np.int64)
-    for _w in nb.prange(nt):
-        _layer_norm_seq(counter, nb.get_thread_id(), out, x, gamma, beta, eps, rows)
 
 
 def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, threads=None, **_):
@@ -288,7 +281,7 @@ def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, threads=None, **_):
     g, b = np.ascontiguousarray(gamma, np.float32).reshape(-1), np.ascontiguousarray(beta, np.float32).reshape(-1)
     R, e = x2.shape[0], np.float32(eps)
     rows = max(1, LN_TASK_VALUES // max(1, k))
-    numba_region(_layer_norm_par, _layer_norm_seq, threads, -(-R // rows), o2, x2, g, b, e, rows)
+    pool_region(_layer_norm_seq, threads, -(-R // rows), o2, x2, g, b, e, rows)
 
 
 # ---------------------------------------------------------------------------- group norm

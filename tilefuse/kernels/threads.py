@@ -139,6 +139,25 @@ def parallel_for(fn, tasks, threads=None) -> None:
     _spread(body, nt)
 
 
+def pool_region(seq, threads, ntasks: int, *args) -> int:
+    """A task loop as `numba_region` runs one, always on our pool (or the calling thread): workers
+    `seq(counter, tid, *args)` take tasks from counter[0] inside numba, one Python call per worker (not
+    per task, as `parallel_for`). For the memory-bound flat and row kernels (element-wise chunks,
+    softmax and layer-norm rows, the tiled permute) that sit between BLAS calls on our pool in
+    attention blocks: numba's OpenMP team, spinning or parked beside those, cost 0.5-1 ms a region
+    on the 2-core development machine (benchmarks/RESULTS.md, thirty-fifth session). Returns the
+    thread count used."""
+    if _LOCAL.capture is not None:
+        _LOCAL.capture.append(None)      # not a replayable task loop (capture_regions)
+    nt = _width(threads, ntasks)
+    counter = np.zeros(1, np.int64)
+    if nt <= 1:
+        seq(counter, 0, *args)
+        return 1
+    _spread(lambda tid: seq(counter, tid, *args), nt)
+    return nt
+
+
 def parallel_range(ntasks: int, fn, threads=None) -> None:
     """fn(i, tid) for i in range(ntasks), handed out dynamically over min(threads, ntasks)
     threads; tid (0 = the caller) indexes per-thread accumulators the caller sized for
