@@ -1,5 +1,6 @@
 """Element-wise math as model code writes it: abs, exp, log, sqrt, rsqrt, pow, CELU, SELU, LogSigmoid, erf, floor,
-ceil, round (activation codes 14-26), and what is composed of them: var / std, F.normalize's vector norm, log_softmax, amin / x.min(dim).
+ceil, round (activation codes 14-26), and what is composed of them: var / std, F.normalize's vector norm,
+log_softmax, amin / x.min(dim).
 
 The blocks are those of well-known models, written as their authors wrote them: SSD's L2Norm (`x.pow(2).sum(1,
 keepdim=True).sqrt()`), the official ConvNeXt LayerNorm for channels_first (`(x - u).pow(2).mean(1)`,

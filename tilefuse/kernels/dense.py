@@ -121,9 +121,9 @@ def _softmax_rows(out, x, r0, r1, scale):
     """Rows [r0, r1) of (R, K): t = x * scale, softmax(t) = e^(t - max t) / sum, in float32 as the reference.
     The max and the sum over 16 lanes in one register (`reduce16`: partial results per lane, combined in order,
     nothing reassociated), then the tail; e^ in a plain loop LLVM vectorizes (one exp32). Four passes over a row
-    in L1: 1.40 -> 0.61 ms for 8192 x 256 on one Zen 5 core (PyTorch 0.94; benchmarks/RESULTS.md). A NaN in a row makes the
-    row NaN, as PyTorch's (the max skips it, its e^NaN makes the sum NaN); a row of -inf only is NaN too
-    (-inf - -inf), as PyTorch's."""
+    in L1: 1.52 -> 0.55 ms for 8 x 4 x 256 x 256 scores on one Zen 5 core (PyTorch 0.91; benchmarks/elementwise.py,
+    RESULTS.md). A NaN in a row makes the row NaN, as PyTorch's (the max skips it, its e^NaN makes the sum NaN);
+    a row of -inf only is NaN too (-inf - -inf), as PyTorch's."""
     K = x.shape[1]
     n16 = K // 16
     K16 = 16 * n16
@@ -164,8 +164,9 @@ def _softmax_seq(counter, tid, out, x, scale):
 
 def softmax(out, x, *, axis=1, scale=1.0, threads=None, **_):
     """Softmax over the last axis of x * scale (the scale: an attention's 1 / sqrt(d) folded in by the
-    compiler), rows in tasks of SOFTMAX_ROWS taken inside numba by one worker per thread (`pool_region`: a Python task
-    per row block cost more than its rows, 128 tasks of 8 x 4 x 256 x 256 scores); another axis or dtype: the reference."""
+    compiler), rows in tasks of SOFTMAX_ROWS taken inside numba by one worker per thread (`pool_region`: a Python
+    task per row block cost more than its rows, 128 tasks of 8 x 4 x 256 x 256 scores); another axis or dtype: the
+    reference."""
     if x.dtype != np.float32 or axis not in (x.ndim - 1, -1) or not x.flags.c_contiguous \
             or not out.flags.c_contiguous:
         from . import reference as ref

