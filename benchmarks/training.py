@@ -1,5 +1,6 @@
-"""Training-step benchmark (issues 5 and 13): ResNet18/ResNet50, tilefuse fused and unfused vs
-PyTorch CPU, same process, interleaved steps.
+"""Training-step benchmark (issues 5, 9 and 13): ResNet18/ResNet50 (the zoo networks) and the modern CNNs of
+tests/modern_models.py (MODERN, imported with from_torch), tilefuse fused and unfused vs PyTorch CPU, same
+process, interleaved steps.
 
     PYTHONPATH=. python3 benchmarks/training.py [--batch 32] [--image-size 112] [--steps 5]
         [--models resnet18,resnet50] [--threads 2[,16,...]] [--profile] [--kernels] [--no-unfused]
@@ -84,11 +85,11 @@ class TilefuseRun:
 
 
 class TorchRun:
-    def __init__(self, name, x, labels, threads):
+    def __init__(self, name, x, labels, threads, module=None):
         import torch
         import torch_zoo
         torch.set_num_threads(threads)
-        self.m = torch_zoo.build(name, num_classes=1000)
+        self.m = module if module is not None else torch_zoo.build(name, num_classes=1000)
         self.m.train()
         self.opt = torch.optim.SGD(self.m.parameters(), lr=0.01, momentum=0.9)
         self.xt, self.yt = torch.from_numpy(x), torch.from_numpy(labels)
@@ -242,14 +243,28 @@ class KernelTimer:
             setattr(mod, fn_name, f)
 
 
+MODERN = ("mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf", "shufflenet_v2", "ghostnet",
+          "convnext_tiny")
+
+
 def run_model(name, a, threads, rng):
     import tilefuse.models as models
-    net = getattr(models, name)(seed=0, batch=a.batch, image_size=a.image_size, num_classes=1000)
-    x = rng.standard_normal(net.inputs[0].shape).astype(np.float32)
+    module = None
+    if name in MODERN:            # tests/modern_models.py's definition, PyTorch's default init, through from_torch
+        import torch
+        import modern_models
+        import tilefuse
+        torch.manual_seed(0)
+        module = modern_models.build(name, num_classes=1000)
+        x = rng.standard_normal((a.batch, 3, a.image_size, a.image_size)).astype(np.float32)
+        net = tilefuse.from_torch(module, torch.from_numpy(x))
+    else:
+        net = getattr(models, name)(seed=0, batch=a.batch, image_size=a.image_size, num_classes=1000)
+        x = rng.standard_normal(net.inputs[0].shape).astype(np.float32)
     labels = rng.integers(0, 1000, a.batch)
     kinds = ("fused",) if a.no_unfused else ("unfused", "fused")
     runs = {s: TilefuseRun(net, x, labels, s, threads) for s in kinds}
-    runs["pytorch"] = TorchRun(name, x, labels, threads)
+    runs["pytorch"] = TorchRun(name, x, labels, threads, module)
     for _ in range(a.steps):                            # interleaved: same machine load
         for r in runs.values():
             r.step()

@@ -201,11 +201,14 @@ def _leaf_ops(module):
 
 class Const:
     """A constant tensor during import (a parameter, a buffer, or a folded subgraph); it becomes
-    a network constant named `key` when an op uses it as an operand."""
+    a network constant named `key` when an op uses it as an operand. `origin` goes into the network's
+    `constant_origin` (what the Trainer trains): "parameter" (an nn.Parameter as it is), "buffer" (a buffer, a
+    constant, a literal), or "derived from parameter '<key>'" (a folded expression of a parameter)."""
 
-    def __init__(self, tensor, key: str):
+    def __init__(self, tensor, key: str, origin: str = "buffer"):
         self.tensor = tensor.detach()
         self.key = key
+        self.origin = origin
 
     @property
     def shape(self):
@@ -287,6 +290,7 @@ class _Importer:
             if arr.ndim == 0:
                 arr = arr.reshape(1)
             d = self.net.constant(self.unique(c.key), arr, dtype=dt)
+            self.net.constant_origin[d.name] = c.origin
             self.consts[key] = d
         return d
 
@@ -310,7 +314,9 @@ class _Importer:
             return self.const_node(v)
         if isinstance(v, (int, float, bool)):
             key = self.unique(f"{self.op_name_hint()}.scalar")
-            return self.net.constant(key, np.full((1,), v, dtype=like.dtype), dtype=like.dtype)
+            d = self.net.constant(key, np.full((1,), v, dtype=like.dtype), dtype=like.dtype)
+            self.net.constant_origin[d.name] = "buffer"
+            return d
         raise self.fail(f"{self.target_name()} with an operand of type {type(v).__name__}")
 
     def op_name_hint(self) -> str:
@@ -348,7 +354,7 @@ class _Importer:
                     self.env[n] = self.net.input(self.unique(n.name), tuple(t.shape), _DTYPES[t.dtype])
                 elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
                     t = state[s.target] if s.target in state else consts[s.target]
-                    self.env[n] = Const(t, s.target)
+                    self.env[n] = Const(t, s.target, "parameter" if kind == "PARAMETER" else "buffer")
                 else:
                     raise self.fail(f"a graph input of kind {kind}")
             elif n.op == "call_function":
@@ -417,10 +423,13 @@ class _Importer:
             raise self.fail(f"constant subgraph {self.target_name()}", f"torch failed to evaluate it: {e}") from e
         keys = [v.key for v in _flatten(args) if isinstance(v, Const)]
         key = f"{keys[0]}.{target._opname}" if len(keys) == 1 else self.node.name
+        params = [v for v in _flatten(args) if isinstance(v, Const) and v.origin != "buffer"]
+        origin = "buffer" if not params else (
+            f"derived from parameter '{params[0].key}'" if params[0].origin == "parameter" else params[0].origin)
         if isinstance(out, torch.Tensor):
-            return Const(out, key)
+            return Const(out, key, origin)
         if isinstance(out, (tuple, list)):
-            return type(out)(Const(t, f"{key}.{i}") if isinstance(t, torch.Tensor) else t
+            return type(out)(Const(t, f"{key}.{i}", origin) if isinstance(t, torch.Tensor) else t
                              for i, t in enumerate(out))
         return out
 
@@ -717,7 +726,7 @@ def _prelu(imp, x, w):
     if int(np.prod(w.shape)) not in (1, x.shape[1] if len(x.shape) > 1 else -1):
         raise imp.fail(f"prelu with a slope of shape {w.shape} for input {x.shape}")
     name = imp.op_name()
-    wd = imp.const_node(Const(w.tensor.reshape(-1), w.key))
+    wd = imp.const_node(Const(w.tensor.reshape(-1), w.key, w.origin))
     return imp.net.add_op("prelu", [x, wd], {}, name)
 
 
@@ -1079,7 +1088,7 @@ def _addmm(imp, b, x, wt, beta=1, alpha=1):
         raise imp.fail(f"addmm with beta={beta}, alpha={alpha}")
     wt = imp.weight(wt, "matrix operand")
     key = wt.key[: -len(".permute")] if wt.key.endswith(".permute") else f"{wt.key}.T"
-    return _linear(imp, x, Const(wt.tensor.t().contiguous(), key), b)
+    return _linear(imp, x, Const(wt.tensor.t().contiguous(), key, wt.origin), b)
 
 
 def _mm(imp, x, wt):

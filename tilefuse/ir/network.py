@@ -36,6 +36,10 @@ class Network:
         self.outputs: list[DataNode] = []
         self._names: set[str] = {d.name for d in self.inputs}
         self._counter = itertools.count()
+        # constant name -> "parameter" / "buffer" / "derived from parameter '<key>'", where an importer knows
+        # (from_torch: nn.Parameter or not); the Trainer trains the parameters among the operands of ops that
+        # have no weight slot (a layer scale's mul) and refuses a constant whose origin it cannot tell
+        self.constant_origin: dict[str, str] = {}
         if ops:
             self.ops = _toposort(list(ops), self.inputs)
             for op in self.ops:
@@ -590,6 +594,7 @@ class Network:
             new.ops.append(nop)
         new.outputs = [cp(d) for d in self.outputs]
         new._names = set(self._names)
+        new.constant_origin = dict(self.constant_origin)
         new._counter = itertools.count(next(self._counter))
         return new
 

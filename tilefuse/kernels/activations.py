@@ -199,6 +199,79 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
         return y.astype(np.asarray(x).dtype if np.asarray(x).dtype.kind == "f" else np.float32)
 
 
+def derivative(name: str, dy: np.ndarray, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
+    """dy * act'(x), the training backward of `reference` (float64 inside, returned in dy's dtype).
+
+    At the kinks it takes PyTorch autograd's side: relu, leaky_relu, elu, celu, selu 0 / slope at x = 0
+    (x > 0 counts as the positive branch); clip passes the gradient only strictly inside (min, max), as
+    hardtanh / ReLU6 do (torch.clamp also passes it at x = min or max); hardsigmoid strictly inside
+    0 < alpha x + beta < 1; hardswish 0 up to -3 inclusive, x / 3 + 1 / 2 strictly between, 1 from 3 on; abs
+    sign(x) (0 at 0); pow with exponent 0 zero; floor, ceil, round zero everywhere."""
+    d = np.asarray(x, np.float64)
+    g = np.asarray(dy, np.float64)
+    with np.errstate(all="ignore"):               # inf / NaN propagate as in PyTorch
+        if name == "identity":
+            k = np.ones_like(d)
+        elif name == "relu":
+            k = (d > 0).astype(np.float64)
+        elif name == "clip":
+            k = ((d > alpha) & (d < beta)).astype(np.float64)
+        elif name == "hardswish":
+            k = np.where(d <= -3.0, 0.0, np.where(d < 3.0, d / 3.0 + 0.5, 1.0))
+        elif name == "hardsigmoid":
+            t = alpha * d + beta
+            k = np.where((t > 0.0) & (t < 1.0), alpha, 0.0)
+        elif name in ("sigmoid", "silu", "log_sigmoid"):
+            s = 0.5 * (1.0 + np.tanh(0.5 * d))
+            k = {"sigmoid": lambda: s * (1.0 - s), "silu": lambda: s * (1.0 + d * (1.0 - s)),
+                 "log_sigmoid": lambda: 1.0 - s}[name]()
+        elif name == "gelu":
+            erf = np.vectorize(math.erf, otypes=[np.float64])(d * _SQRT1_2) if d.size else d
+            k = 0.5 * (1.0 + erf) + d * np.exp(-0.5 * d * d) / math.sqrt(2.0 * math.pi)
+        elif name == "gelu_tanh":
+            t = np.tanh(_GELU_C * (d + 0.044715 * d ** 3))
+            k = 0.5 * (1.0 + t) + 0.5 * d * (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * 0.044715 * d * d)
+        elif name == "leaky_relu":
+            k = np.where(d > 0, 1.0, alpha)
+        elif name == "elu":
+            k = np.where(d > 0, 1.0, alpha * np.exp(np.minimum(d, 0.0)))
+        elif name == "tanh":
+            t = np.tanh(d)
+            k = 1.0 - t * t
+        elif name == "mish":
+            t = np.tanh(np.logaddexp(0.0, d))
+            k = t + d * 0.5 * (1.0 + np.tanh(0.5 * d)) * (1.0 - t * t)
+        elif name == "softplus":
+            bx = alpha * d
+            k = np.where(bx > beta, 1.0, 0.5 * (1.0 + np.tanh(0.5 * bx)))
+        elif name == "abs":
+            k = np.sign(d)
+        elif name == "exp":
+            k = np.exp(d)
+        elif name == "log":
+            k = 1.0 / d
+        elif name == "sqrt":
+            k = 0.5 / np.sqrt(d)
+        elif name == "rsqrt":
+            k = -0.5 / (d * np.sqrt(d))
+        elif name == "pow":
+            k = np.zeros_like(d) if alpha == 0.0 else alpha * np.power(d, alpha - 1.0)
+        elif name == "celu":
+            k = np.where(d > 0, 1.0, np.exp(np.minimum(d, 0.0) / alpha))
+        elif name == "selu":
+            k = _SELU_SCALE * np.where(d > 0, 1.0, _SELU_ALPHA * np.exp(np.minimum(d, 0.0)))
+        elif name == "erf":
+            k = 2.0 / math.sqrt(math.pi) * np.exp(-d * d)
+        elif name in ("floor", "ceil", "round"):
+            k = np.zeros_like(d)
+        else:
+            raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
+        out = g * k
+    dt = np.asarray(dy).dtype
+    with np.errstate(over="ignore"):
+        return out.astype(dt if dt.kind == "f" else np.float32)
+
+
 # float32 constants: njit code stays in float32 lanes (a Python float literal would widen to float64)
 _F0, _F1, _F2, _F3, _F6 = np.float32(0.0), np.float32(1.0), np.float32(2.0), np.float32(3.0), np.float32(6.0)
 _FHALF, _FSIXTH = np.float32(0.5), np.float32(1.0 / 6.0)
@@ -661,3 +734,82 @@ def apply_inplace(x, code, alpha, beta):
     """x[...] = act(x) on a contiguous float32 array (any shape), one thread (`apply_span`)."""
     f = x.reshape(-1)
     apply_span(f, 0, f.size, code, np.float32(alpha), np.float32(beta))
+
+
+# training backward (training/schedule.py's activation op): out = dy * act'(x) in float32, one loop per code
+# (the code a constant in each, as apply_span), the kink conventions of `derivative`. Codes 0-11 have a loop;
+# the others (mish, softplus, the math functions 14-26) take `derivative` (numpy, float64 inside), which the
+# tests compare both with PyTorch (tests/test_training_modern.py).
+GRAD_CODES = frozenset(range(12))
+_F1_3 = np.float32(1.0 / 3.0)
+_FINV_SQRT_2PI = np.float32(1.0 / math.sqrt(2.0 * math.pi))
+_FGELU_K3 = np.float32(3.0 * 0.044715)
+
+
+@njit(inline="always", cache=True)
+def _grad_scalar(code, g, v, a, b):
+    if code == 0:
+        return g
+    if code == 1:
+        return g if v > _F0 else _F0
+    if code == 2:
+        return g if (v > a and v < b) else _F0
+    if code == 3:
+        return _F0 if v <= -_F3 else (g * (v * _F1_3 + _FHALF) if v < _F3 else g)
+    if code == 4:
+        t = a * v + b
+        return g * a if (t > _F0 and t < _F1) else _F0
+    if code == 5:
+        s = _sigmoid(v)
+        return g * (s * (_F1 - s))
+    if code == 6:
+        s = _sigmoid(v)
+        return g * (s * (_F1 + v * (_F1 - s)))
+    if code == 7:
+        cdf = _FHALF * (_F1 + erf32(v * _FSQRT1_2))
+        pdf = exp32(max(-_FHALF * v * v, -_SIG_CLAMP)) * _FINV_SQRT_2PI
+        return g * (cdf + v * pdf)
+    if code == 8:
+        t = tanh32(_FGELU_C * (v + _FGELU_K * v * v * v))
+        return g * (_FHALF * (_F1 + t) + _FHALF * v * (_F1 - t * t) * _FGELU_C * (_F1 + _FGELU_K3 * v * v))
+    if code == 9:
+        return g if v > _F0 else g * a
+    if code == 10:
+        return g if v > _F0 else g * (a * exp32(max(v, -_SIG_CLAMP)))
+    t = tanh32(v)                                   # code 11
+    return g * (_F1 - t * t)
+
+
+@njit(nogil=True, cache=True)
+def _grad_loop(out, dy, x, code, a, b):
+    for i in range(out.size):
+        out[i] = _grad_scalar(code, dy[i], x[i], a, b)
+
+
+@njit(nogil=True, cache=True)
+def grad_span(out, dy, x, code, a, b):
+    """out = dy * act'(x) over 1-D float32 views (a, b float32), codes in GRAD_CODES; one loop per code."""
+    if code == 0:
+        _grad_loop(out, dy, x, 0, a, b)
+    elif code == 1:
+        _grad_loop(out, dy, x, 1, a, b)
+    elif code == 2:
+        _grad_loop(out, dy, x, 2, a, b)
+    elif code == 3:
+        _grad_loop(out, dy, x, 3, a, b)
+    elif code == 4:
+        _grad_loop(out, dy, x, 4, a, b)
+    elif code == 5:
+        _grad_loop(out, dy, x, 5, a, b)
+    elif code == 6:
+        _grad_loop(out, dy, x, 6, a, b)
+    elif code == 7:
+        _grad_loop(out, dy, x, 7, a, b)
+    elif code == 8:
+        _grad_loop(out, dy, x, 8, a, b)
+    elif code == 9:
+        _grad_loop(out, dy, x, 9, a, b)
+    elif code == 10:
+        _grad_loop(out, dy, x, 10, a, b)
+    else:
+        _grad_loop(out, dy, x, 11, a, b)

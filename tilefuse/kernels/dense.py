@@ -14,7 +14,7 @@ from . import activations as A
 from .blas import blas_threads, gemm
 from .conv._nb import atomic_add, reduce16
 from .fpflags import FAST
-from .threads import numba_region, parallel_for, pool_region, scratch
+from .threads import numba_region, parallel_for, pool_region, scratch, split
 
 
 @njit(nogil=True, cache=True, fastmath=FAST)
@@ -208,16 +208,58 @@ def matmul(out, a, b, *, threads=None, **_):
 
 # training forms -----------------------------------------------------------------------------------
 
+# The step's BLAS runs single-threaded (kernels/blas.blas_threads: one pool per step), so the training linear splits
+# its GEMMs itself over the step's threads, in blocks fixed by the shapes (not by the thread count: OpenBLAS's result
+# for an element may depend on the call's size, and the step's results stay bitwise equal for every thread count):
+# y and dx in blocks of LINEAR_ROWS rows, dW in blocks of LINEAR_COLS output features (each a whole reduction over
+# the rows, no partial sums). ConvNeXt's MLP linears over (N*H*W, C) token rows ran on one of two threads.
+LINEAR_ROWS = 1024
+LINEAR_COLS = 64
+
+
+def _row_blocks(n, step):
+    return [(i, min(n, i + step)) for i in range(0, n, step)]
+
+
 def linear_forward(x, w, b=None):
-    y = x @ w.T
-    if b is not None:
-        y += b
+    """(R, K) x, (M, K) w -> (R, M) x @ w.T [+ b]."""
+    if x.dtype != np.float32 or w.dtype != np.float32 or x.shape[0] <= LINEAR_ROWS:
+        y = x @ w.T
+        if b is not None:
+            y += b
+        return y
+    x = np.ascontiguousarray(x)
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    blocks = _row_blocks(x.shape[0], LINEAR_ROWS)
+
+    def task(i, tid):
+        r0, r1 = blocks[i]
+        gemm(x[r0:r1], w.T, y[r0:r1])
+        if b is not None:
+            y[r0:r1] += b
+    split(len(blocks), task)
     return y
 
 
 def linear_backward(dy, x, w, has_bias):
     """(N, M) dy, (N, K) x, (M, K) w -> dx (N, K), dw (M, K), db (M,)."""
-    return dy @ w, dy.T @ x, (dy.sum(axis=0) if has_bias else None)
+    if dy.dtype != np.float32 or x.dtype != np.float32 or w.dtype != np.float32 or x.shape[0] <= LINEAR_ROWS:
+        return dy @ w, dy.T @ x, (dy.sum(axis=0) if has_bias else None)
+    dy, x = np.ascontiguousarray(dy), np.ascontiguousarray(x)
+    R, M = dy.shape
+    dx = np.empty(x.shape, np.float32)
+    dw = np.empty(w.shape, np.float32)
+    rows, cols = _row_blocks(R, LINEAR_ROWS), _row_blocks(M, LINEAR_COLS)
+
+    def task(i, tid):
+        if i < len(rows):
+            r0, r1 = rows[i]
+            gemm(dy[r0:r1], w, dx[r0:r1])
+        else:
+            m0, m1 = cols[i - len(rows)]
+            gemm(dy[:, m0:m1].T, x, dw[m0:m1])
+    split(len(rows) + len(cols), task)
+    return dx, dw, (dy.sum(axis=0) if has_bias else None)
 
 
 def softmax_cross_entropy(logits, labels):

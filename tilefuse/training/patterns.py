@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Network, OpNode
+from ..kernels.train_depthwise import is_depthwise
 
 
 @dataclass(eq=False)
@@ -59,8 +60,11 @@ class Pattern:
 
 
 def _plain_conv(op) -> bool:
+    """A conv the fused units can run: not an inference-fused one, not depthwise (kernels/train_depthwise.py
+    convolves each channel directly, with no input stage or epilogue to fuse into)."""
     return (op is not None and op.op == "conv2d" and not op.params.get("relu")
-            and not op.params.get("has_residual"))
+            and not op.params.get("has_residual")
+            and not is_depthwise(op.inputs[0].shape, op.inputs[1].shape, op.params["groups"]))
 
 
 def _only_consumer(d):
@@ -115,8 +119,8 @@ def _bn_of_conv(d):
 
 def match_residual(add, order):
     """(4-1) and (4-2), matched from the Add: operand 0 is the main path when both qualify."""
-    if add.op != "add":
-        return None
+    if add.op != "add" or add.inputs[0].shape != add.inputs[1].shape or any(d.is_constant for d in add.inputs):
+        return None                 # (a broadcasting add runs alone: TrainingSchedule._fwd_binary)
     main = next((i for i in (0, 1) if _bn_of_conv(add.inputs[i])), None)
     if main is None:
         return None

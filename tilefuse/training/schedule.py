@@ -17,7 +17,9 @@ A schedule runs one training step as a list of units (see traffic.py):
                        the error Add at the shortcut's fork in its post-processing.
   Layers outside the patterns run as in the unfused schedule.
 
-Activations are CNHW inside (kernels.py); network inputs and input gradients are NCHW.
+Activations are CNHW inside (kernels.py); network inputs and input gradients are NCHW. The ops without a
+fused training kernel (activations, broadcasting binary ops, mean / sum, PReLU) compute on NCHW views of
+them (`_logical`) with kernels/train_elementwise.py and activations.derivative, and store CNHW again.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ import numpy as np
 
 from ..errors import GraphError, UnsupportedOpError
 from ..ir import Network, ops
-from ..kernels import cnhw, dense, elementwise as ew, norm, pool, train_conv as tc
+from ..kernels import broadcast as bc, cnhw, dense, elementwise as ew, norm, pool
+from ..kernels import reference as ref, train_conv as tc, train_depthwise as tdw, train_elementwise as te
 from .patterns import Pattern, find_patterns
 from .traffic import MemoryTracker, TrafficLog
 
@@ -36,6 +39,49 @@ from .traffic import MemoryTracker, TrafficLog
 
 def _nb(a) -> int:
     return int(a.nbytes)
+
+
+def _logical(a: np.ndarray) -> np.ndarray:
+    """A stored activation in the IR's layout: CNHW (4-D) viewed as NCHW; other ranks as they are."""
+    return a.transpose(1, 0, 2, 3) if a.ndim == 4 else a
+
+
+def _physical(a: np.ndarray) -> np.ndarray:
+    """An IR-layout array as the schedule stores it: NCHW -> CNHW (4-D), contiguous."""
+    return np.ascontiguousarray(a.transpose(1, 0, 2, 3) if a.ndim == 4 else a)
+
+
+def operand_constants(net: Network) -> dict[str, bool]:
+    """Constant operands of the binary ops (no weight slot says what they are) -> trainable or fixed.
+
+    A parameter (the network's `constant_origin`, which from_torch fills from torch.export's signature: an
+    nn.Parameter such as ConvNeXt's layer scale) is trained; a buffer or a literal (x + 3, x / 6: one value
+    whose origin nobody recorded) stays fixed. Anything else is refused naming it rather than guessed: a
+    folded expression of a parameter (its gradient would have to flow back through the fold), or a
+    multi-value constant of a network that does not say (built by hand, imported from ONNX)."""
+    out: dict[str, bool] = {}
+    for op in net.ops:
+        if op.op not in ops.BINARY:
+            continue
+        for d in op.inputs:
+            if not d.is_constant:
+                continue
+            origin = net.constant_origin.get(d.name)
+            if origin == "parameter":
+                out[d.name] = True
+            elif origin == "buffer" or (origin is None and d.value.size == 1):
+                out[d.name] = False
+            elif origin is None:
+                raise UnsupportedOpError(
+                    f"{op.name}: constant operand '{d.name}' {d.shape} may be a trainable parameter or a fixed "
+                    f"buffer, and the network does not say which (built by hand or imported from ONNX); expected "
+                    f"net.constant_origin['{d.name}'] = 'parameter' or 'buffer'")
+            else:
+                raise UnsupportedOpError(
+                    f"{op.name}: constant operand '{d.name}' is {origin}; the trainer trains a parameter only "
+                    f"where an op uses it as it is; expected the parameter itself as the operand (e.g. a layer "
+                    f"scale stored as (C, 1, 1))")
+    return out
 
 
 class TrainingSchedule:
@@ -61,6 +107,7 @@ class TrainingSchedule:
         self.logits = out
         for op in self.ops:
             self._check(op)
+        operand_constants(net)
         # the patterns are found in both schedules (the unfused report is per pattern too);
         # only the fused schedule executes them as fused units
         self.found: list[Pattern] = find_patterns(net)
@@ -99,12 +146,6 @@ class TrainingSchedule:
             raise UnsupportedOpError(f"{op.name}: {op.op} with a fused {act if act != 'identity' else 'input scale'} "
                                      f"epilogue has no backward in the trainer; expected a network before "
                                      f"inference fusion")
-        if op.op == "add" and op.inputs[0].shape != op.inputs[1].shape:
-            raise UnsupportedOpError(f"{op.name}: add broadcasting {op.inputs[0].shape} with {op.inputs[1].shape} "
-                                     f"has no backward in the trainer; expected equal shapes")
-        if op.op == "linear" and len(op.inputs[0].shape) != 2:
-            raise UnsupportedOpError(f"{op.name}: linear on a rank-{len(op.inputs[0].shape)} input has no backward "
-                                     f"in the trainer; expected (N, features)")
         if op.op == "group_norm" and len(op.inputs[0].shape) != 4:
             raise UnsupportedOpError(f"{op.name}: group_norm of a rank-{len(op.inputs[0].shape)} tensor "
                                      f"{op.inputs[0].shape} has no backward in the trainer; expected (N, C, H, W)")
@@ -131,7 +172,9 @@ class TrainingSchedule:
     def P(self, d):
         """Value of a constant (trainable copy or buffer) or a live activation."""
         if d.is_constant:
-            return self.params[d.name] if d.name in self.params else self.buffers[d.name]
+            if d.name in self.params:
+                return self.params[d.name]
+            return self.buffers[d.name] if d.name in self.buffers else d.value    # (a fixed operand: x + 3)
         return self.env[d.name]
 
     def _store(self, u, name, arr, layer, writer):
@@ -205,6 +248,11 @@ class TrainingSchedule:
         p = op.params
         g = tc.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
         bias = self.P(op.inputs[2]) if p["has_bias"] else None
+        if tdw.is_depthwise(x.shape, w.shape, p["groups"]):      # (never in a pattern: patterns._plain_conv)
+            u.read(x.name, _nb(self.env[x.name]), op.name)
+            self._store(u, op.outputs[0].name, tdw.depthwise_forward_cnhw(self.env[x.name], self.P(w), g, bias),
+                        op.name, op.name)
+            return
         pre, src = tc.IDENTITY, x
         pat = self.c2_of.get(op.name)
         if pat is not None:
@@ -291,6 +339,8 @@ class TrainingSchedule:
         self._store(u, op.outputs[0].name, ew.relu_forward(x), op.name, op.name)
 
     def _fwd_add(self, op):
+        if not _plain_add(op):
+            return self._fwd_binary(op)
         a, b = (self.env[d.name] for d in op.inputs)
         u = self.log.unit("fwd", op.name)
         u.read(op.inputs[0].name, _nb(a), op.name)
@@ -336,7 +386,12 @@ class TrainingSchedule:
     def _fwd_linear(self, op):
         w = self.P(op.inputs[1])
         b = self.P(op.inputs[2]) if op.params["has_bias"] else None
-        self._simple(op, lambda x: dense.linear_forward(x, w, b))
+
+        def run(x):                   # (..., K) -> (..., M): the leading axes as rows
+            xl = _logical(x)
+            return _physical(dense.linear_forward(xl.reshape(-1, xl.shape[-1]), w, b).reshape(
+                xl.shape[:-1] + (w.shape[0],)))
+        self._simple(op, run)
         if op.params.get("relu"):
             self.env[op.outputs[0].name] = ew.relu_forward(self.env[op.outputs[0].name])
 
@@ -355,6 +410,53 @@ class TrainingSchedule:
         for d, x in zip(op.inputs, xs):
             u.read(d.name, _nb(x), op.name)
         self._store(u, op.outputs[0].name, np.concatenate(xs, axis=phys), op.name, op.name)
+
+    def _value(self, d):
+        """An operand in the IR's layout: a constant as it is, an activation as an NCHW view."""
+        return self.P(d) if d.is_constant else _logical(self.env[d.name])
+
+    def _fwd_binary(self, op):
+        """add (broadcasting or with a constant) / sub / mul / div / maximum / minimum, then the fused relu."""
+        u = self.log.unit("fwd", op.name)
+        for d in op.inputs:
+            if not d.is_constant:
+                u.read(d.name, _nb(self.env[d.name]), op.name)
+        y = ref.binary(op.op, *(self._value(d) for d in op.inputs), bool(op.params.get("relu")))
+        self._store(u, op.outputs[0].name, _physical(y), op.name, op.name)
+
+    def _fwd_activation(self, op):
+        def run(x):
+            y = np.empty_like(x)
+            bc.activation(y, x, act=op.params["act"])
+            return y
+        self._simple(op, run)
+
+    def _fwd_reduce(self, op):
+        axes = tuple(a % len(op.inputs[0].shape) for a in op.params["axes"])
+        self._simple(op, lambda x: _physical(ref.reduce(op.op, _logical(x), axes, op.params["keepdim"])))
+
+    _fwd_mean = _fwd_sum = _fwd_reduce
+
+    def _fwd_reshape(self, op):
+        shape = op.outputs[0].shape
+        self._simple(op, lambda x: _physical(_logical(x).reshape(shape)))
+
+    def _fwd_permute(self, op):
+        self._simple(op, lambda x: _physical(np.transpose(_logical(x), op.params["perm"])))
+
+    def _fwd_slice(self, op):
+        p = op.params
+        ax = p["axis"] % len(op.inputs[0].shape)
+        self._simple(op, lambda x: _physical(ref.slice_axis(_logical(x), ax, p["start"], p["stop"], p["step"])))
+
+    def _fwd_layer_norm(self, op):
+        g, b = self.P(op.inputs[1]), self.P(op.inputs[2])
+        p = op.params
+        self._simple(op, lambda x: _physical(ref.layer_norm(_logical(x), g, b, p["axis"], p["eps"])))
+
+    def _fwd_prelu(self, op):
+        s = self.P(op.inputs[1])
+        self._simple(op, lambda x: _physical(ref.prelu(_logical(x), s)))
 
     # ------------------------------------------------------------------ backward
 
@@ -404,6 +506,8 @@ class TrainingSchedule:
         x, w = op.inputs[0], op.inputs[1]
         p = op.params
         g = tc.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
+        if tdw.is_depthwise(x.shape, w.shape, p["groups"]):
+            return self._bwd_depthwise(op, g, u)
         # ---- output side: dy, or F1*dz + B*x + C when this conv feeds a fused BN
         dy_pre, dy = None, None
         if op.name in self.stat_of:
@@ -448,6 +552,19 @@ class TrainingSchedule:
             self._finish_c2(pat, op, u, dx, post, target)
         else:
             self._contribute(target, dx, u, op.name)
+
+    def _bwd_depthwise(self, op, g, u):
+        x, w = op.inputs[0], op.inputs[1]
+        dy = self.grads[op.outputs[0].name]
+        u.read("d:" + op.outputs[0].name, _nb(dy), op.name, side="out")
+        u.read(x.name, _nb(self.env[x.name]), op.name)
+        need_dx = self._wants(x)
+        dw, db, dx = tdw.depthwise_backward_cnhw(dy, self.env[x.name], self.P(w), g, need_dx, op.params["has_bias"])
+        self._param_grad(w.name, dw)
+        if db is not None:
+            self._param_grad(op.inputs[2].name, db)
+        if need_dx:
+            self._contribute(x.name, dx, u, op.name)
 
     def pattern_of_names(self):
         if not hasattr(self, "_pnames"):
@@ -545,6 +662,8 @@ class TrainingSchedule:
         self._contribute(op.inputs[0].name, ew.relu_backward(dy, x), u, op.name)
 
     def _bwd_add(self, op):
+        if not _plain_add(op):
+            return self._bwd_binary(op)
         dy = self.grads[op.outputs[0].name]
         if op.params.get("relu"):
             y = self.env[op.outputs[0].name]
@@ -605,11 +724,13 @@ class TrainingSchedule:
         def run(dy, x):
             if op.params.get("relu"):
                 dy = dy * (self.env[op.outputs[0].name] > 0)
-            dx, dw, db = dense.linear_backward(dy, x, w, has_bias)
+            xl, dyl = _logical(x), _logical(dy)      # (..., K), (..., M) -> rows
+            dx, dw, db = dense.linear_backward(dyl.reshape(-1, dyl.shape[-1]), xl.reshape(-1, xl.shape[-1]), w,
+                                               has_bias)
             self._param_grad(op.inputs[1].name, dw)
             if has_bias:
                 self._param_grad(op.inputs[2].name, db)
-            return dx
+            return _physical(dx.reshape(xl.shape))
         self._bwd_simple(op, run)
 
     def _bwd_dropout(self, op):
@@ -626,3 +747,86 @@ class TrainingSchedule:
         for d, part in zip(op.inputs, np.split(dy, sizes, axis=phys)):
             if self._wants(d):
                 self._contribute(d.name, np.ascontiguousarray(part), u, op.name)
+
+    def _bwd_binary(self, op):
+        dy = self.grads[op.outputs[0].name]
+        u = self.log.unit("bwd", op.name)
+        u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
+        dy = _logical(dy)
+        if op.params.get("relu"):
+            y = self.env[op.outputs[0].name]
+            u.read(op.outputs[0].name, _nb(y), op.name)
+            dy = np.where(_logical(y) > 0, dy, np.zeros((), dy.dtype))
+        vals = []
+        for d in op.inputs:
+            if not d.is_constant:
+                u.read(d.name, _nb(self.env[d.name]), op.name)
+            vals.append(self._value(d))
+        for d, g in zip(op.inputs, te.binary_backward(op.op, dy, *vals)):
+            if d.is_constant:
+                if d.name in self.params:
+                    self._param_grad(d.name, g)
+            elif self._wants(d):
+                self._contribute(d.name, _physical(g), u, op.name)
+
+    def _bwd_activation(self, op):
+        self._bwd_simple(op, lambda dy, x: te.activation_backward(op.params["act"], dy, x))
+
+    def _bwd_reduce(self, op):
+        shape, p = op.inputs[0].shape, op.params
+        self._bwd_simple(op, lambda dy, x: _physical(te.reduce_backward(op.op, _logical(dy), shape, p["axes"],
+                                                                         p["keepdim"])), reads_x=False)
+
+    _bwd_mean = _bwd_sum = _bwd_reduce
+
+    def _bwd_reshape(self, op):
+        shape = op.inputs[0].shape
+        self._bwd_simple(op, lambda dy, x: _physical(_logical(dy).reshape(shape)), reads_x=False)
+
+    def _bwd_permute(self, op):
+        inv = tuple(int(i) for i in np.argsort(op.params["perm"]))
+        self._bwd_simple(op, lambda dy, x: _physical(np.transpose(_logical(dy), inv)), reads_x=False)
+
+    def _bwd_slice(self, op):
+        p, shape = op.params, op.inputs[0].shape
+        ax = p["axis"] % len(shape)
+
+        def run(dy, x):               # the slice's gradient scattered into zeros of the input's shape
+            dx = np.zeros(shape, dy.dtype)
+            idx = [slice(None)] * len(shape)
+            idx[ax] = slice(p["start"], p["stop"], p["step"])
+            dx[tuple(idx)] = _logical(dy)
+            return _physical(dx)
+        self._bwd_simple(op, run, reads_x=False)
+
+    def _bwd_layer_norm(self, op):
+        gamma, p = self.P(op.inputs[1]), op.params
+
+        def run(dy, x):
+            dx, dg, db = te.layer_norm_backward(_logical(dy), _logical(x), gamma, p["axis"], p["eps"])
+            for d, grad in ((op.inputs[1], dg), (op.inputs[2], db)):
+                if d.name in self.params:
+                    self._param_grad(d.name, grad)
+            return _physical(dx)
+        self._bwd_simple(op, run)
+
+    def _bwd_prelu(self, op):
+        s = op.inputs[1]
+
+        def run(dy, x):
+            dx, ds = te.prelu_backward(_logical(dy), _logical(x), self.P(s))
+            if s.name in self.params:
+                self._param_grad(s.name, ds)
+            return _physical(dx)
+        self._bwd_simple(op, run)
+
+
+for _kind in ops.BINARY:
+    if _kind != "add":
+        setattr(TrainingSchedule, "_fwd_" + _kind, TrainingSchedule._fwd_binary)
+        setattr(TrainingSchedule, "_bwd_" + _kind, TrainingSchedule._bwd_binary)
+
+
+def _plain_add(op) -> bool:
+    """An add of two activations of one shape: the kernels (and the fused patterns) of seed 004."""
+    return op.inputs[0].shape == op.inputs[1].shape and not any(d.is_constant for d in op.inputs)

@@ -8,8 +8,11 @@
     print(trainer.traffic_report())
 
 Trainable parameters are the constants that are weights: conv2d/linear weight and bias,
-batch_norm and group_norm gamma/beta, scale alpha/beta (a group_norm's imported unit weight and zero bias,
-GroupNorm(affine=False) and InstanceNorm2d's, stay fixed as in PyTorch). batch_norm mean/var are buffers (running statistics,
+batch_norm, group_norm and layer_norm gamma/beta, scale alpha/beta, prelu slope (a group_norm's imported unit
+weight and zero bias, GroupNorm(affine=False) and InstanceNorm2d's, stay fixed as in PyTorch), and the constant
+operands of binary ops that the network records as parameters (`Network.constant_origin`, which from_torch
+fills: ConvNeXt's layer scale; literals and buffers such as x + 3 stay fixed; schedule.operand_constants refuses
+the rest by name). batch_norm mean/var are buffers (running statistics,
 updated with `bn_momentum`, PyTorch's unbiased variance). The network's constants are never
 modified: the trainer keeps its own writable copies.
 
@@ -30,10 +33,11 @@ from ..interpreter import bind_inputs
 from ..ir import Network, ops
 from ..kernels import dense
 from ..kernels.elementwise import all_finite, finite_many
-from .schedule import TrainingSchedule
+from .schedule import TrainingSchedule, operand_constants
 from .traffic import format_report, pattern_table
 
-_TRAINABLE = {"conv2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2), "group_norm": (1, 2)}
+_TRAINABLE = {"conv2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2), "group_norm": (1, 2),
+              "prelu": (1,), "layer_norm": (1, 2)}
 # constants the importers make for a norm without affine parameters (GroupNorm(affine=False), InstanceNorm2d):
 # fixed, as in PyTorch (buffers, never trained)
 _FIXED_SUFFIXES = (".unit_weight", ".zero_bias")
@@ -66,6 +70,9 @@ class Trainer:
                 mean = op.inputs[3].name
                 if mean.endswith(".running_mean"):
                     self._bn_prefixes.append(mean[: -len(".running_mean")])
+        for name, trainable in operand_constants(net).items():
+            if trainable:
+                self.params.setdefault(name, np.array(net.data[name].value, copy=True))
         self.num_batches_tracked = 0
         self.threads = threads                       # None: all cores (kernels.threads.cpu_count())
         self.schedule = TrainingSchedule(net, self.params, self.buffers, schedule, bn_momentum, seed)

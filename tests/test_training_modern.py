@@ -1,0 +1,293 @@
+"""Training the CNNs people use today (issue 9's Trainer clause): the backward of every activation code, of the
+broadcasting binary ops, of mean / sum, PReLU, layer norm, reshape / permute / slice and linear over any rank,
+each against PyTorch autograd; then MobileNetV2 / V3, EfficientNet-B0, RegNetY-400MF, GhostNet, ShuffleNetV2 and
+ConvNeXt-Tiny (the definitions of tests/modern_models.py, random weights) through from_torch and one training
+step, every parameter gradient against PyTorch.
+
+Tolerances. Kernels: the derivative in float64 against torch's float32 autograd, rtol 1e-5 (transcendental
+ulps) + atol 1e-6 relative to the largest gradient. Networks: against PyTorch in float64 (the same module,
+.double()), per tensor the larger of 2e-3 * max(|reference|, 1e-3 * the largest gradient of the network) (as
+test_training_resnet.py) and 3x PyTorch float32's own error there (MobileNetV2's stem weight: 2.6e-3 of its
+largest value for both): batch-norm statistics over few values amplify float32 rounding, and a value the
+forward pass leaves within ~1e-5 of a ReLU's kink may take the other side (PyTorch's float32 does that too,
+elsewhere): the batch and image sizes below are ones where that does not happen."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import modern_models as mm
+import tilefuse
+from tilefuse.errors import UnsupportedOpError
+from tilefuse.kernels import activations as A
+from tilefuse.kernels import train_elementwise as te
+from tilefuse.kernels.threads import using
+from tilefuse.training import SGD, Trainer
+
+import test_activations
+import test_unary_math
+
+# ----------------------------------------------------------------------------- the kernels
+
+def _inputs(name, params):
+    """The activation tests' inputs; for torch.clamp (the one case spelled with it) without its bounds: at x = min
+    or max clamp passes the gradient, hardtanh / ReLU6 do not, and the IR's clip (one op for all three) takes
+    hardtanh's side (activations.derivative)."""
+    x = test_activations.X
+    if name == "clip" and (params["min"], params["max"]) == (-2.5, 0.5):
+        x = x[(x != -2.5) & (x != 0.5)]
+    if name == "hardsigmoid" and params:                  # clamp(0.2 x + 0.5, 0, 1): the same, at x = +-2.5
+        x = x[np.abs(x) != 2.5]
+    return x
+
+
+ACT_CASES = [c[:3] + (_inputs(c[0], c[1]),) for c in test_activations.CASES] + [
+    c[:4] for c in test_unary_math.CASES]
+
+
+@pytest.mark.parametrize("name,params,fn,x", ACT_CASES, ids=[f"{c[0]}{i}" for i, c in enumerate(ACT_CASES)])
+def test_activation_derivative_matches_autograd(name, params, fn, x):
+    """dy * act'(x) against torch autograd of the same function, kinks included (0, +-3 are in the inputs)."""
+    dy = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    t = torch.from_numpy(x.copy()).requires_grad_()
+    fn(t).backward(torch.from_numpy(dy))
+    want = t.grad.numpy()
+    n, a, b = A.normalize(name, params)
+    _assert_gradient(A.derivative(n, dy, x, a, b), want, rtol=1e-5, atol=1e-6)
+
+
+def _assert_gradient(got, want, rtol, atol):
+    """NaN where torch has NaN; finite where torch is finite; atol relative to the largest finite gradient."""
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    # where torch's float32 intermediates overflow (rsqrt, pow near 0: x^(p - 1) before the product with dy),
+    # the float64 form may still give a finite float32; it is then beyond 1e30
+    over = np.isinf(want) & np.isfinite(got)
+    assert (np.abs(got[over]) > 1e30).all(), got[over][:5]
+    fin = np.isfinite(want) & np.isfinite(got)
+    np.testing.assert_array_equal(fin, np.isfinite(want))
+    scale = float(np.abs(want[fin]).max()) if fin.any() else 1.0
+    np.testing.assert_allclose(got[fin], want[fin], rtol=rtol, atol=atol * scale)
+
+
+@pytest.mark.parametrize("name,params,fn,x", ACT_CASES, ids=[f"{c[0]}{i}" for i, c in enumerate(ACT_CASES)])
+def test_activation_backward_kernel_matches_autograd(name, params, fn, x):
+    """The trainer's kernel (float32 loops for codes 0-11, threaded; `derivative` for the rest) against torch, on
+    3 threads with a chunk boundary inside the array."""
+    x = np.tile(x, 12)[:70001]
+    dy = np.random.default_rng(2).standard_normal(x.shape).astype(np.float32)
+    t = torch.from_numpy(x.copy()).requires_grad_()
+    fn(t).backward(torch.from_numpy(dy))
+    want = t.grad.numpy()
+    with using(3):
+        got = te.activation_backward(A.normalize(name, params), dy, x)
+    _assert_gradient(got, want, rtol=2e-5, atol=4e-6)                  # (float32 tanh, erf: a few ulps)
+
+
+def test_every_activation_has_a_derivative_case():
+    assert {c[0] for c in ACT_CASES} == set(A.ACTIVATIONS)
+
+
+SHAPES = [((2, 3, 4, 5), (2, 3, 4, 5)), ((2, 3, 4, 5), (1, 3, 1, 1)), ((2, 3, 4, 5), (2, 3, 1, 1)),
+          ((3, 1, 5), (2, 1, 4, 1)), ((2, 7), (7,)), ((1,), (2, 3, 4))]
+
+
+@pytest.mark.parametrize("kind", ["add", "sub", "mul", "div", "maximum", "minimum"])
+@pytest.mark.parametrize("sa,sb", SHAPES)
+def test_binary_backward_matches_autograd(kind, sa, sb):
+    r = np.random.default_rng(2)
+    a = r.standard_normal(sa).astype(np.float32)
+    b = r.standard_normal(sb).astype(np.float32)
+    if kind == "div":
+        b = np.where(np.abs(b) < 0.3, 0.5, b).astype(np.float32)
+    if kind in ("maximum", "minimum"):               # ties: the gradient split in halves, as torch
+        a.reshape(-1)[::3] = np.broadcast_to(b, np.broadcast_shapes(sa, sb)).reshape(-1)[0]
+        b.reshape(-1)[::2] = a.reshape(-1)[0]
+    ta, tb = (torch.from_numpy(v.copy()).requires_grad_() for v in (a, b))
+    y = getattr(torch, {"add": "add", "sub": "sub", "mul": "mul", "div": "div"}.get(kind, kind))(ta, tb)
+    dy = r.standard_normal(y.shape).astype(np.float32)
+    y.backward(torch.from_numpy(dy))
+    da, db = te.binary_backward(kind, dy, a, b)
+    assert da.shape == sa and db.shape == sb
+    np.testing.assert_allclose(da, ta.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(db, tb.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["mean", "sum"])
+@pytest.mark.parametrize("axes,keepdim", [((2, 3), True), ((2, 3), False), ((1,), True), ((0, 2), False),
+                                          ((-1,), False)])
+def test_reduce_backward_matches_autograd(kind, axes, keepdim):
+    r = np.random.default_rng(3)
+    x = r.standard_normal((2, 5, 3, 7)).astype(np.float32)
+    t = torch.from_numpy(x).requires_grad_()
+    y = getattr(torch, kind)(t, dim=axes, keepdim=keepdim)
+    dy = r.standard_normal(y.shape).astype(np.float32)
+    y.backward(torch.from_numpy(dy))
+    np.testing.assert_allclose(te.reduce_backward(kind, dy, x.shape, axes, keepdim), t.grad.numpy(),
+                               rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("channels", [1, 6])
+def test_prelu_backward_matches_autograd(channels):
+    r = np.random.default_rng(4)
+    x = r.standard_normal((3, 6, 4, 5)).astype(np.float32)
+    x[0, 0, 0, :2] = 0.0
+    s = r.uniform(0.05, 0.5, channels).astype(np.float32)
+    tx, ts = torch.from_numpy(x).requires_grad_(), torch.from_numpy(s).requires_grad_()
+    dy = r.standard_normal(x.shape).astype(np.float32)
+    F.prelu(tx, ts).backward(torch.from_numpy(dy))
+    dx, ds = te.prelu_backward(dy, x, s)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ds, ts.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,axis", [((4, 7, 5, 12), -1), ((3, 6, 10), 1), ((2, 9), 0), ((5, 3), -1)])
+def test_layer_norm_backward_matches_autograd(shape, axis):
+    r = np.random.default_rng(5)
+    x = (r.standard_normal(shape) * 3 + 10).astype(np.float32)       # a large mean: no cancellation
+    nshape = shape[axis % len(shape):]
+    g = r.standard_normal(nshape).astype(np.float32)
+    tx, tg, tb = (torch.from_numpy(v.copy()).requires_grad_() for v in (x, g, g * 0.1))
+    dy = r.standard_normal(shape).astype(np.float32)
+    F.layer_norm(tx, nshape, tg, tb, 1e-6).backward(torch.from_numpy(dy))
+    dx, dg, db = te.layer_norm_backward(dy, x, g, axis, 1e-6)
+    for got, want in ((dx, tx.grad), (dg, tg.grad), (db, tb.grad)):
+        want = want.numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+# ----------------------------------------------------------------------------- networks
+
+def _step_against_torch(module, x, labels, schedule="fused"):
+    """One forward / backward through from_torch + Trainer and through PyTorch (float32 and float64)."""
+    for m in module.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0                 # (the Trainer's dropout draws its own mask)
+    net = tilefuse.from_torch(module, x)
+    tr = Trainer(net, SGD(lr=0.05, momentum=0.9), schedule=schedule)
+    module.train()
+    m64 = copy.deepcopy(module).double()
+    loss_ref = F.cross_entropy(m64(x.double()), labels)
+    loss_ref.backward()
+    m32 = copy.deepcopy(module)
+    F.cross_entropy(m32(x), labels).backward()
+    g32 = {k: p.grad.numpy() for k, p in m32.named_parameters()}
+    loss, grads = tr.forward_backward(x.numpy(), labels.numpy())
+    assert loss == pytest.approx(loss_ref.item(), rel=1e-4)
+    ref = {k: p.grad.numpy() for k, p in m64.named_parameters()}
+    gmax = max(float(np.abs(g).max()) for g in ref.values())
+    assert set(ref) <= set(grads), sorted(set(ref) - set(grads))
+    for k, g in ref.items():
+        atol = max(2e-3 * max(float(np.abs(g).max()), 1e-3 * gmax), 3 * float(np.abs(g32[k] - g).max()))
+        err = float(np.abs(grads[k] - g).max())
+        assert err <= atol, f"{k}: max |error| {err:.3g} > {atol:.3g} (max |ref| {np.abs(g).max():.3g})"
+    return tr, grads
+
+
+MODELS = [("mobilenet_v2", 4, 96), ("mobilenet_v3_large", 2, 64), ("efficientnet_b0", 4, 96),
+          ("regnet_y_400mf", 4, 96), ("ghostnet", 4, 96), ("shufflenet_v2", 4, 64), ("convnext_tiny", 4, 64)]
+
+
+@pytest.mark.parametrize("name,batch,size", MODELS, ids=[m[0] for m in MODELS])
+def test_modern_network_gradients_match_torch(name, batch, size):
+    torch.manual_seed(0)
+    module = mm.randomize(mm.build(name, num_classes=10))
+    x = torch.randn(batch, 3, size, size)
+    _step_against_torch(module, x, torch.arange(batch) % 10)
+
+
+def test_convnext_layer_scale_is_trained_and_loads_back():
+    """ConvNeXt's layer scale is an nn.Parameter used as a mul operand: the Trainer trains it (from_torch records
+    it as a parameter), and after one SGD step on both sides the exported state dict equals PyTorch's and loads
+    into the module strictly."""
+    torch.manual_seed(0)
+    module = mm.randomize(mm.build("convnext_tiny", num_classes=10))
+    x, labels = torch.randn(4, 3, 64, 64), torch.arange(4)
+    tr, grads = _step_against_torch(module, x, labels, schedule="unfused")
+    scales = [k for k in tr.params if k.endswith("layer_scale")]
+    assert len(scales) == 18 and all(np.abs(grads[k]).max() > 0 for k in scales)
+    module.zero_grad()
+    F.cross_entropy(module(x), labels).backward()
+    torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9).step()
+    tr.optimizer.step(tr.params, {k: v for k, v in grads.items() if k in tr.params})
+    sd, ref = tr.to_torch_state_dict(), module.state_dict()
+    for k in scales + ["features.1.0.block.3.weight", "features.0.1.weight"]:
+        np.testing.assert_allclose(sd[k].numpy(), ref[k].numpy(), rtol=1e-3, atol=1e-6)
+    module.load_state_dict(sd, strict=True)
+
+
+def test_unfused_and_fused_agree_on_a_mobile_block():
+    torch.manual_seed(1)
+    module = mm.randomize(mm.build("mobilenet_v2", num_classes=10))
+    x = torch.randn(4, 3, 64, 64)
+    _, g1 = _step_against_torch(module, x, torch.arange(4), schedule="unfused")
+    module.zero_grad()
+    _, g2 = _step_against_torch(module, x, torch.arange(4), schedule="fused")
+    for k in g1:
+        np.testing.assert_allclose(g1[k], g2[k], rtol=1e-3, atol=1e-4 * np.abs(g1[k]).max() + 1e-7)
+
+
+# ----------------------------------------------------------------------------- what stays refused
+
+class _ScaledBy(nn.Module):
+    """A layer scale applied through a reshape of the parameter (timm's `x * self.gamma.reshape(1, -1, 1, 1)`)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(3, c, 3, padding=1)
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+        self.fc = nn.Linear(c, 5)
+
+    def forward(self, x):
+        y = self.conv(x) * self.gamma.reshape(1, -1, 1, 1)
+        return self.fc(y.mean((2, 3)))
+
+
+def test_a_parameter_folded_into_a_constant_is_refused_by_name():
+    net = tilefuse.from_torch(_ScaledBy(4), torch.randn(2, 3, 8, 8))
+    with pytest.raises(UnsupportedOpError, match=r"derived from parameter 'gamma'"):
+        Trainer(net, SGD(lr=0.1))
+
+
+def test_a_constant_of_unknown_origin_is_refused_and_can_be_declared():
+    def build():
+        net = tilefuse.Network("t")
+        x = net.input("x", (2, 3, 8, 8))
+        y = net.conv2d(x, np.full((4, 3, 3, 3), 0.1, np.float32), None, padding=1, name="conv")
+        y = net.mul(y, net.constant("s", np.linspace(0.5, 1.5, 4, dtype=np.float32).reshape(1, 4, 1, 1)), name="sc")
+        y = net.flatten(net.global_avg_pool(y, name="gap"), 1, name="flat")
+        net.output(net.linear(y, np.ones((5, 4), np.float32) * 0.1, np.zeros(5, np.float32), name="fc"))
+        return net
+    with pytest.raises(UnsupportedOpError, match=r"sc: constant operand 's' \(1, 4, 1, 1\) may be a trainable "
+                                                  r"parameter or a fixed buffer"):
+        Trainer(build(), SGD(lr=0.1))
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    fixed, trained = build(), build()
+    fixed.constant_origin["s"] = "buffer"
+    trained.constant_origin["s"] = "parameter"
+    assert "s" not in Trainer(fixed, SGD(lr=0.1)).params
+    t = Trainer(trained, SGD(lr=0.1))
+    _, grads = t.forward_backward(x, [0, 3])
+    assert grads["s"].shape == (1, 4, 1, 1) and np.abs(grads["s"]).max() > 0
+
+
+@pytest.mark.parametrize("name,batch", [("mobilenet_v2", 4), ("convnext_tiny", 8)])
+def test_modern_steps_are_bitwise_equal_across_threads(name, batch):
+    """Depthwise convs (a channel a task), the activation backward (fixed chunks), the linear's GEMMs (blocks fixed
+    by the shapes; ConvNeXt at batch 8 has 2048-row token matrices: split) give the same bits on 1 and 3 threads."""
+    torch.manual_seed(0)
+    module = mm.randomize(mm.build(name, num_classes=10))
+    x = torch.randn(batch, 3, 64, 64)
+    net = tilefuse.from_torch(module, x)
+    out = []
+    for t in (1, 3):
+        loss, grads = Trainer(net, SGD(lr=0.1), threads=t).forward_backward(x.numpy(), np.arange(batch) % 10)
+        out.append((loss, grads))
+    assert out[0][0] == out[1][0]
+    for k in out[0][1]:
+        np.testing.assert_array_equal(out[0][1][k], out[1][1][k], err_msg=k)

@@ -1,0 +1,126 @@
+"""Training backward of the element-wise and reduction ops that have no fused training kernel: binary ops
+with NumPy broadcasting, mean / sum over axes, PReLU. Plain numpy in the logical (NCHW) layout; the training
+schedule converts its CNHW activations to views in that layout (training/schedule.py). Activations:
+`activation_backward` (activations.grad_span's float32 loops, threaded; `activations.derivative` for the
+other codes).
+
+Gradients follow PyTorch autograd's formulas (tools/autograd/derivatives.yaml), so a tie or a kink takes the
+same side: maximum / minimum split the gradient in halves where the operands are equal; div's divisor gets
+-dy a / b^2; PReLU's slope gets dy x where x <= 0.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from . import activations as A
+from . import reference as ref
+from .conv._nb import atomic_add
+from .threads import nthreads, pool_region
+
+
+def sum_to(g: np.ndarray, shape) -> np.ndarray:
+    """The gradient of a broadcast: g summed over the axes `shape` was broadcast along (leading axes it lacks,
+    axes where it has size 1), in shape `shape`."""
+    shape = tuple(shape)
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return np.ascontiguousarray(g).reshape(shape)
+
+
+def binary_backward(kind: str, dy: np.ndarray, a: np.ndarray, b: np.ndarray):
+    """(da, db) of y = a (kind) b with broadcasting, each in its operand's shape."""
+    if kind == "add":
+        ga, gb = dy, dy
+    elif kind == "sub":
+        ga, gb = dy, -dy
+    elif kind == "mul":
+        ga, gb = dy * b, dy * a
+    elif kind == "div":
+        ga = dy / b
+        gb = -dy * a / (b * b)
+    elif kind in ("maximum", "minimum"):
+        half = np.where(a == b, dy * np.float32(0.5), dy)
+        wins = a > b if kind == "maximum" else a < b
+        loses = a < b if kind == "maximum" else a > b
+        ga = np.where(loses, 0, half)
+        gb = np.where(wins, 0, half)
+    else:
+        raise ValueError(f"binary op {kind!r} has no backward; expected one of {', '.join(ref._BINARY)}")
+    dt = dy.dtype
+    return sum_to(np.asarray(ga, dt), a.shape), sum_to(np.asarray(gb, dt), b.shape)
+
+
+def reduce_backward(kind: str, dy: np.ndarray, x_shape, axes, keepdim: bool) -> np.ndarray:
+    """dx of y = mean / sum of x over `axes`: dy spread back over the reduced axes (mean: divided by their
+    size)."""
+    x_shape = tuple(x_shape)
+    axes = tuple(a % len(x_shape) for a in axes)
+    g = dy.reshape(ref._reduced_shape(x_shape, axes, True))
+    if kind == "mean":
+        g = g / np.asarray(np.prod([x_shape[a] for a in axes]), dy.dtype)
+    elif kind != "sum":
+        raise ValueError(f"reduction {kind!r} has no backward; expected mean or sum")
+    return np.ascontiguousarray(np.broadcast_to(g, x_shape))
+
+
+def prelu_backward(dy: np.ndarray, x: np.ndarray, slope: np.ndarray):
+    """(dx, dslope) of PReLU: dx = dy where x > 0 else slope[c] dy; dslope[c] = sum of dy x where x <= 0
+    (slope (C,) over axis 1, or (1,) shared)."""
+    shape = (1, -1) + (1,) * (x.ndim - 2) if x.ndim >= 2 and slope.size > 1 else (1,) * x.ndim
+    s = slope.reshape(shape)
+    pos = x > 0
+    dx = np.where(pos, dy, s * dy).astype(dy.dtype)
+    contrib = np.where(pos, 0, dy * x)
+    ds = contrib.sum(axis=tuple(i for i in range(x.ndim) if not (i == 1 and slope.size > 1)))
+    return dx, np.asarray(ds, dy.dtype).reshape(slope.shape)
+
+
+def layer_norm_backward(dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, axis: int, eps: float):
+    """(dx, dgamma, dbeta) of y = gamma * (x - mean) / sqrt(var + eps) + beta over axes [axis, rank) (biased
+    variance; float64 inside): dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy gamma."""
+    axis %= x.ndim
+    axes = tuple(range(axis, x.ndim))
+    lead = tuple(range(axis))
+    xa = x.astype(np.float64)
+    mu = xa.mean(axis=axes, keepdims=True)
+    xc = xa - mu
+    rstd = 1.0 / np.sqrt((xc * xc).mean(axis=axes, keepdims=True) + eps)
+    xhat = xc * rstd
+    d = dy.astype(np.float64)
+    g = d * gamma.astype(np.float64)
+    dx = rstd * (g - g.mean(axis=axes, keepdims=True) - xhat * (g * xhat).mean(axis=axes, keepdims=True))
+    dgamma = (d * xhat).sum(axis=lead) if lead else d * xhat
+    dbeta = d.sum(axis=lead) if lead else d
+    return dx.astype(dy.dtype), dgamma.astype(dy.dtype), dbeta.astype(dy.dtype)
+
+
+CHUNK = 1 << 16      # values a task
+
+
+@nb.njit(nogil=True, cache=True)
+def _act_grad_seq(counter, tid, out, dy, x, code, a, b):
+    n = out.size
+    while True:
+        i0 = atomic_add(counter, 0, 1) * CHUNK
+        if i0 >= n:
+            return
+        i1 = min(n, i0 + CHUNK)
+        A.grad_span(out[i0:i1], dy[i0:i1], x[i0:i1], code, a, b)
+
+
+def activation_backward(act, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dy * act'(x), act = (name, alpha, beta): float32 codes in activations.GRAD_CODES on the step's threads
+    (chunks of CHUNK values, any layout: element-wise), the rest `activations.derivative`."""
+    name, alpha, beta = act
+    code = A.ACTIVATIONS[name][0]
+    if code not in A.GRAD_CODES or dy.dtype != np.float32 or x.dtype != np.float32:
+        return A.derivative(name, dy, x, alpha, beta)
+    out = np.empty_like(dy)
+    o, d, v = out.reshape(-1), np.ascontiguousarray(dy).reshape(-1), np.ascontiguousarray(x).reshape(-1)
+    pool_region(_act_grad_seq, nthreads(), -(-o.size // CHUNK), o, d, v, code, np.float32(alpha), np.float32(beta))
+    return out
