@@ -150,13 +150,27 @@ def test_onnx_max_min_of_three_inputs_against_onnxruntime(op):
     assert_close_to_max(cp.run(x), want)
 
 
-def test_trainer_refuses_maximum_by_name():
+def test_trainer_trains_maximum_as_torch():
+    """A max-feature-map block trains (the gradient to the larger operand, halves at ties: torch.maximum's)."""
+    import torch
+    import torch.nn.functional as F
     from tilefuse.training import SGD, Trainer
+    w1, w2 = (RNG.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.2 for _ in range(2))
+    wf = RNG.standard_normal((5, 4)).astype(np.float32) * 0.3
     net = tilefuse.Network("t")
     x = net.input("x", (2, 3, 8, 8))
-    y = net.conv2d(x, RNG.standard_normal((4, 3, 3, 3)) * 0.2, None, padding=1, name="conv")
-    y = net.maximum(y, net.conv2d(x, RNG.standard_normal((4, 3, 3, 3)) * 0.2, None, padding=1, name="c2"),
+    y = net.maximum(net.conv2d(x, w1, None, padding=1, name="c1"), net.conv2d(x, w2, None, padding=1, name="c2"),
                     name="mfm")
-    net.output(net.linear(net.flatten(net.global_avg_pool(y), 1), np.ones((5, 4)) * 0.1, np.zeros(5), name="fc"))
-    with pytest.raises(UnsupportedOpError, match="mfm"):
-        Trainer(net, SGD(lr=0.1))
+    net.output(net.linear(net.flatten(net.global_avg_pool(y), 1), wf, np.zeros(5, np.float32), name="fc"))
+    xv = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    loss, grads = Trainer(net, SGD(lr=0.1)).forward_backward(xv, [1, 4])
+    tw1, tw2, twf = (torch.from_numpy(w).requires_grad_() for w in (w1, w2, wf))
+    tx = torch.from_numpy(xv).requires_grad_()
+    t = torch.maximum(F.conv2d(tx, tw1, padding=1), F.conv2d(tx, tw2, padding=1)).mean((2, 3)) @ twf.T
+    ref = F.cross_entropy(t, torch.tensor([1, 4]))
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), rel=1e-5)
+    names = {op.name: op.inputs[1].name for op in net.ops if op.op in ("conv2d", "linear")}
+    for op, tw in (("c1", tw1), ("c2", tw2), ("fc", twf)):
+        np.testing.assert_allclose(grads[names[op]], tw.grad.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads["x"], tx.grad.numpy(), rtol=1e-4, atol=1e-6)
