@@ -265,12 +265,21 @@ def test_masked_or_causal_attention_is_refused_by_name():
         tilefuse.from_torch(Causal(), torch.from_numpy(_x()))
 
 
-def test_trainer_refuses_matmul_by_name():
+def test_trainer_asks_what_a_matmul_constant_is():
+    """matmul trains (tests/test_training_modern.py); a hand-built network's constant operand is refused until the
+    network says whether it is a parameter, then trained or kept as said."""
     from tilefuse.training import SGD, Trainer
-    net = tilefuse.Network("t")
-    x = net.input("x", (2, 3, 4, 4))
-    y = net.flatten(net.global_avg_pool(net.conv2d(x, RNG.standard_normal((4, 3, 3, 3)) * 0.2, None, padding=1,
-                                                   name="c")), 1)
-    net.output(net.matmul(y, np.ones((4, 3), np.float32), name="gram"))       # (2, 4) @ (4, 3)
-    with pytest.raises(UnsupportedOpError, match="gram: op 'matmul' has no backward"):
-        Trainer(net, SGD(lr=0.1))
+
+    def build():
+        net = tilefuse.Network("t")
+        x = net.input("x", (2, 3, 4, 4))
+        y = net.flatten(net.global_avg_pool(net.conv2d(x, RNG.standard_normal((4, 3, 3, 3)) * 0.2, None, padding=1,
+                                                       name="c")), 1)
+        net.output(net.matmul(y, net.constant("m", np.ones((4, 3), np.float32)), name="gram"))  # (2, 4) @ (4, 3)
+        return net
+    with pytest.raises(UnsupportedOpError, match="gram: constant operand 'm' .* may be a trainable parameter"):
+        Trainer(build(), SGD(lr=0.1))
+    net = build()
+    net.constant_origin["m"] = "parameter"
+    _, grads = Trainer(net, SGD(lr=0.1)).forward_backward(_x()[:2, :3, :4, :4].copy(), [0, 2])
+    assert grads["m"].shape == (4, 3) and np.abs(grads["m"]).max() > 0

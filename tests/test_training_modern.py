@@ -291,3 +291,62 @@ def test_modern_steps_are_bitwise_equal_across_threads(name, batch):
     assert out[0][0] == out[1][0]
     for k in out[0][1]:
         np.testing.assert_array_equal(out[0][1][k], out[1][1][k], err_msg=k)
+
+
+# ----------------------------------------------------------------------------- attention, masks, pads, amax
+
+class _Blocks(nn.Module):
+    """CBAM's channel attention (amax and mean over the map), a Hardshrink (where), a reflect-padded conv, a
+    non-local block (matmul, softmax inside the network) and a replicate pad: the ops the Trainer added last."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.fc = nn.Sequential(nn.Conv2d(c, 4, 1), nn.ReLU(), nn.Conv2d(4, c, 1))
+        self.pconv = nn.Conv2d(c, c, 3)
+        self.q, self.k, self.v = nn.Conv2d(c, 4, 1), nn.Conv2d(c, 4, 1), nn.Conv2d(c, c, 1)
+        self.head = nn.Linear(c, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        att = torch.sigmoid(self.fc(x.amax((2, 3), keepdim=True)) + self.fc(x.mean((2, 3), keepdim=True)))
+        x = F.hardshrink(x * att, 0.1)
+        x = self.pconv(F.pad(x, (1, 1, 1, 1), mode="reflect"))
+        n, c, h, w = x.shape
+        q = self.q(x).flatten(2).transpose(1, 2)                      # (n, hw, 4)
+        k = self.k(x).flatten(2)                                      # (n, 4, hw)
+        a = torch.softmax(q @ k / 2.0, dim=-1)                        # (n, hw, hw)
+        y = (self.v(x).flatten(2) @ a.transpose(1, 2)).view(n, c, h, w)
+        x = F.pad(x + y, (0, 1, 0, 1), mode="replicate")
+        return self.head(x.mean((2, 3)))
+
+
+@pytest.mark.parametrize("schedule", ["unfused", "fused"])
+def test_attention_masks_pads_and_amax_train_as_torch(schedule):
+    torch.manual_seed(3)
+    module = _Blocks()
+    net = tilefuse.from_torch(module, torch.randn(4, 3, 10, 10))
+    have = {op.op for op in net.ops}
+    assert {"max", "where", "pad", "matmul", "softmax"} <= have, have
+    _step_against_torch(module, torch.randn(4, 3, 10, 10), torch.arange(4), schedule=schedule)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+def test_pad_backward_matches_autograd(mode):
+    r = np.random.default_rng(6)
+    x = r.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    pads = (1, 2, 3, 0) if mode != "reflect" else (2, 1, 0, 3)             # torch order: W left/right, H top/bottom
+    t = torch.from_numpy(x).requires_grad_()
+    y = F.pad(t, pads, mode=mode)
+    dy = r.standard_normal(tuple(y.shape)).astype(np.float32)
+    y.backward(torch.from_numpy(dy))
+    ir_pads = (0, 0, 0, 0, pads[2], pads[3], pads[0], pads[1])
+    np.testing.assert_allclose(te.pad_backward(dy, x.shape, ir_pads, mode), t.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_max_backward_shares_ties_as_amax():
+    x = np.array([[[1.0, 3.0, 3.0], [2.0, 2.0, 2.0]]], np.float32)
+    t = torch.from_numpy(x).requires_grad_()
+    t.amax(-1).backward(torch.tensor([[6.0, 3.0]]))
+    y = x.max(-1)
+    np.testing.assert_array_equal(te.max_backward(np.float32([[6.0, 3.0]]), x, y, (-1,), False), t.grad.numpy())

@@ -159,12 +159,20 @@ def test_what_stays_refused_is_named():
         tilefuse.from_onnx(blob)
 
 
-def test_trainer_refuses_where_by_name():
+def test_trainer_trains_where_as_the_relu_it_spells():
+    """where(y > 0, y, 0) is a ReLU: the Trainer's gradients through it equal those through relu (where's backward
+    routes dy by the condition; tests/test_training_modern.py has it against PyTorch)."""
     from tilefuse.training import SGD, Trainer
-    net = tilefuse.Network("t")
-    x = net.input("x", (2, 3, 8, 8))
-    y = net.conv2d(x, RNG.standard_normal((4, 3, 3, 3)) * 0.2, None, padding=1, name="conv")
-    y = net.where(y, "gt", 0.0, y, 0.0, name="gate")
-    net.output(net.linear(net.flatten(net.global_avg_pool(y), 1), np.ones((5, 4)) * 0.1, np.zeros(5), name="fc"))
-    with pytest.raises(UnsupportedOpError, match="gate: op 'where' has no backward"):
-        Trainer(net, SGD(lr=0.1))
+    w = (RNG.standard_normal((4, 3, 3, 3)) * 0.2).astype(np.float32)
+    xv = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    grads = []
+    for gate in ("where", "relu"):
+        net = tilefuse.Network("t")
+        x = net.input("x", (2, 3, 8, 8))
+        y = net.conv2d(x, w, None, padding=1, name="conv")
+        y = net.where(y, "gt", 0.0, y, 0.0, name="gate") if gate == "where" else net.relu(y, name="gate")
+        net.output(net.linear(net.flatten(net.global_avg_pool(y), 1), np.ones((5, 4), np.float32) * 0.1,
+                              np.zeros(5, np.float32), name="fc"))
+        grads.append(Trainer(net, SGD(lr=0.1), schedule="unfused").forward_backward(xv, [1, 3])[1])
+    for k in grads[1]:
+        np.testing.assert_array_equal(grads[0][k], grads[1][k], err_msg=k)

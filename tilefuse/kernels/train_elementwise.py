@@ -124,3 +124,63 @@ def activation_backward(act, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     o, d, v = out.reshape(-1), np.ascontiguousarray(dy).reshape(-1), np.ascontiguousarray(x).reshape(-1)
     pool_region(_act_grad_seq, nthreads(), -(-o.size // CHUNK), o, d, v, code, np.float32(alpha), np.float32(beta))
     return out
+
+
+def max_backward(dy: np.ndarray, x: np.ndarray, y: np.ndarray, axes, keepdim: bool) -> np.ndarray:
+    """dx of y = max of x over `axes`: torch.amax's rule, dy shared evenly among the positions equal to the
+    maximum (a NaN maximum: the NaN positions)."""
+    axes = tuple(a % x.ndim for a in axes)
+    keep = ref._reduced_shape(x.shape, axes, True)
+    yk, gk = y.reshape(keep), dy.reshape(keep)
+    hit = (x == yk) | (np.isnan(x) & np.isnan(yk))
+    count = hit.sum(axis=axes, keepdims=True).astype(dy.dtype)
+    return np.where(hit, gk / count, np.zeros((), dy.dtype)).astype(dy.dtype)
+
+
+def where_backward(dy: np.ndarray, cond: np.ndarray, a_shape, b_shape):
+    """(da, db) of y = where(cond, a, b): dy where the condition holds to a, elsewhere to b, summed back to each
+    operand's shape (the comparison's operands get none: it is not differentiable)."""
+    z = np.zeros((), dy.dtype)
+    return sum_to(np.where(cond, dy, z), a_shape), sum_to(np.where(cond, z, dy), b_shape)
+
+
+def pad_backward(dy: np.ndarray, x_shape, pads, mode: str) -> np.ndarray:
+    """dx of y = pad(x): constant padding crops dy; replicate / reflect add each padded position's gradient to
+    the input position it copies (axis by axis)."""
+    g = dy
+    for ax, n in enumerate(x_shape):
+        lo = pads[2 * ax]
+        m = g.shape[ax]
+        if m == n:
+            continue
+        if mode == "constant":
+            g = np.take(g, np.arange(lo, lo + n), axis=ax)
+            continue
+        src = np.arange(m) - lo                               # output position -> input position it copies
+        if mode == "replicate":
+            src = np.clip(src, 0, n - 1)
+        else:                                                 # reflect: -1 -> 1, n -> n - 2
+            src = np.abs(src)
+            src = np.where(src > n - 1, 2 * (n - 1) - src, src)
+        out_shape = list(g.shape)
+        out_shape[ax] = n
+        acc = np.zeros(out_shape, g.dtype)
+        moved = np.moveaxis(g, ax, 0)
+        np.add.at(np.moveaxis(acc, ax, 0), src, moved)
+        g = acc
+    return np.ascontiguousarray(g)
+
+
+def matmul_backward(dy: np.ndarray, a: np.ndarray, b: np.ndarray):
+    """(da, db) of y = a @ b ((..., M, K) @ (..., K, N), batch axes broadcast): dy @ b^T and a^T @ dy, summed back
+    over the broadcast batch axes."""
+    da = np.matmul(dy, np.swapaxes(b, -1, -2))
+    db = np.matmul(np.swapaxes(a, -1, -2), dy)
+    return sum_to(da.astype(dy.dtype), a.shape), sum_to(db.astype(dy.dtype), b.shape)
+
+
+def softmax_backward(dy: np.ndarray, y: np.ndarray, axis: int, scale: float = 1.0) -> np.ndarray:
+    """dx of y = softmax(x * scale) along axis: scale * y * (dy - sum(dy * y)) (float64 sums)."""
+    d, yy = dy.astype(np.float64), y.astype(np.float64)
+    s = (d * yy).sum(axis=axis, keepdims=True)
+    return (scale * yy * (d - s)).astype(dy.dtype)

@@ -51,8 +51,13 @@ def _physical(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a.transpose(1, 0, 2, 3) if a.ndim == 4 else a)
 
 
+# ops whose constant operands have no weight slot, and which of their operands get a gradient
+_OPERAND_SLOTS = {**{k: (0, 1) for k in ops.BINARY}, "matmul": (0, 1), "where": (2, 3)}
+
+
 def operand_constants(net: Network) -> dict[str, bool]:
-    """Constant operands of the binary ops (no weight slot says what they are) -> trainable or fixed.
+    """Constant operands of the binary ops, matmul and where's values (no weight slot says what they are) ->
+    trainable or fixed.
 
     A parameter (the network's `constant_origin`, which from_torch fills from torch.export's signature: an
     nn.Parameter such as ConvNeXt's layer scale) is trained; a buffer or a literal (x + 3, x / 6: one value
@@ -61,9 +66,7 @@ def operand_constants(net: Network) -> dict[str, bool]:
     multi-value constant of a network that does not say (built by hand, imported from ONNX)."""
     out: dict[str, bool] = {}
     for op in net.ops:
-        if op.op not in ops.BINARY:
-            continue
-        for d in op.inputs:
+        for d in (op.inputs[i] for i in _OPERAND_SLOTS.get(op.op, ())):
             if not d.is_constant:
                 continue
             origin = net.constant_origin.get(d.name)
@@ -155,9 +158,9 @@ class TrainingSchedule:
         if op.op == "conv2d" and (op.params.get("relu") or op.params.get("has_residual")):
             raise UnsupportedOpError(f"{op.name}: conv2d with a fused relu/residual epilogue cannot be "
                                      f"trained; expected a network before inference fusion")
-        if op.op in ("softmax", "local_response_norm"):
-            raise UnsupportedOpError(f"{op.name}: {op.op} inside the network is not trainable; "
-                                     f"expected softmax only as the last op")
+        if op.op == "local_response_norm":
+            raise UnsupportedOpError(f"{op.name}: local_response_norm is not trainable; expected a network "
+                                     f"without it (AlexNet's LRN has no backward here)")
         if op.op == "flatten" and op.params["start_dim"] != 1:
             raise UnsupportedOpError(f"{op.name}: flatten(start_dim={op.params['start_dim']}); "
                                      f"expected start_dim=1")
@@ -435,7 +438,31 @@ class TrainingSchedule:
         axes = tuple(a % len(op.inputs[0].shape) for a in op.params["axes"])
         self._simple(op, lambda x: _physical(ref.reduce(op.op, _logical(x), axes, op.params["keepdim"])))
 
-    _fwd_mean = _fwd_sum = _fwd_reduce
+    _fwd_mean = _fwd_sum = _fwd_max = _fwd_reduce
+
+    def _fwd_where(self, op):
+        u = self.log.unit("fwd", op.name)
+        for d in op.inputs:
+            if not d.is_constant:
+                u.read(d.name, _nb(self.env[d.name]), op.name)
+        y = ref.where(*(self._value(d) for d in op.inputs), op.params["cmp"])
+        self._store(u, op.outputs[0].name, _physical(y), op.name, op.name)
+
+    def _fwd_matmul(self, op):
+        u = self.log.unit("fwd", op.name)
+        for d in op.inputs:
+            if not d.is_constant:
+                u.read(d.name, _nb(self.env[d.name]), op.name)
+        self._store(u, op.outputs[0].name, _physical(ref.matmul(*(self._value(d) for d in op.inputs))), op.name,
+                    op.name)
+
+    def _fwd_pad(self, op):
+        p = op.params
+        self._simple(op, lambda x: _physical(ref.pad(_logical(x), p["pads"], p["mode"], p["value"])))
+
+    def _fwd_softmax(self, op):
+        p = op.params
+        self._simple(op, lambda x: _physical(ref.softmax(_logical(x), p["axis"] % x.ndim, p.get("scale", 1.0))))
 
     def _fwd_reshape(self, op):
         shape = op.outputs[0].shape
@@ -762,12 +789,7 @@ class TrainingSchedule:
             if not d.is_constant:
                 u.read(d.name, _nb(self.env[d.name]), op.name)
             vals.append(self._value(d))
-        for d, g in zip(op.inputs, te.binary_backward(op.op, dy, *vals)):
-            if d.is_constant:
-                if d.name in self.params:
-                    self._param_grad(d.name, g)
-            elif self._wants(d):
-                self._contribute(d.name, _physical(g), u, op.name)
+        self._operand_grads(op, zip(op.inputs, te.binary_backward(op.op, dy, *vals)), u)
 
     def _bwd_activation(self, op):
         self._bwd_simple(op, lambda dy, x: te.activation_backward(op.params["act"], dy, x))
@@ -778,6 +800,43 @@ class TrainingSchedule:
                                                                          p["keepdim"])), reads_x=False)
 
     _bwd_mean = _bwd_sum = _bwd_reduce
+
+    def _bwd_max(self, op):
+        y = _logical(self.env[op.outputs[0].name])
+        self._bwd_simple(op, lambda dy, x: _physical(te.max_backward(_logical(dy), _logical(x), y, op.params["axes"],
+                                                                      op.params["keepdim"])))
+
+    def _operand_grads(self, op, grads, u=None):
+        """Contribute the gradients of op's operands (IR layout): activations, trained constants."""
+        u = u if u is not None else self.log.unit("bwd", op.name)
+        for d, g in grads:
+            if d.is_constant:
+                if d.name in self.params:
+                    self._param_grad(d.name, g)
+            elif self._wants(d):
+                self._contribute(d.name, _physical(g), u, op.name)
+
+    def _bwd_where(self, op):
+        dy = _logical(self.grads[op.outputs[0].name])
+        l, r, a, b = (self._value(d) for d in op.inputs)
+        with np.errstate(invalid="ignore"):
+            cond = ref._CMP[op.params["cmp"]](l, r)
+        self._operand_grads(op, zip(op.inputs[2:], te.where_backward(dy, cond, a.shape, b.shape)))
+
+    def _bwd_matmul(self, op):
+        dy = _logical(self.grads[op.outputs[0].name])
+        self._operand_grads(op, zip(op.inputs, te.matmul_backward(dy, *(self._value(d) for d in op.inputs))))
+
+    def _bwd_pad(self, op):
+        p, shape = op.params, op.inputs[0].shape
+        self._bwd_simple(op, lambda dy, x: _physical(te.pad_backward(_logical(dy), shape, p["pads"], p["mode"])),
+                         reads_x=False)
+
+    def _bwd_softmax(self, op):
+        p = op.params
+        y = _logical(self.env[op.outputs[0].name])
+        self._bwd_simple(op, lambda dy, x: _physical(te.softmax_backward(
+            _logical(dy), y, p["axis"] % y.ndim, p.get("scale", 1.0))), reads_x=False)
 
     def _bwd_reshape(self, op):
         shape = op.inputs[0].shape
