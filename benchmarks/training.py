@@ -1,6 +1,6 @@
 """Training-step benchmark (issues 5, 9 and 13): ResNet18/ResNet50 (the zoo networks) and the modern CNNs of
-tests/modern_models.py (MODERN, imported with from_torch), tilefuse fused and unfused vs PyTorch CPU, same
-process, interleaved steps.
+tests/modern_models.py (MODERN, imported with from_torch; UNet and DeepLabV3 as dense predictors, per-pixel
+cross-entropy), tilefuse fused and unfused vs PyTorch CPU, same process, interleaved steps.
 
     PYTHONPATH=. python3 benchmarks/training.py [--batch 32] [--image-size 112] [--steps 5]
         [--models resnet18,resnet50] [--threads 2[,16,...]] [--profile] [--kernels] [--no-unfused]
@@ -244,7 +244,8 @@ class KernelTimer:
 
 
 MODERN = ("mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf", "shufflenet_v2", "ghostnet",
-          "convnext_tiny")
+          "convnext_tiny", "unet", "deeplabv3")
+DENSE = {"unet": 2, "deeplabv3": 21}      # dense predictors: classes; labels (N, H, W), per-pixel cross-entropy
 
 
 def run_model(name, a, threads, rng):
@@ -255,13 +256,14 @@ def run_model(name, a, threads, rng):
         import modern_models
         import tilefuse
         torch.manual_seed(0)
-        module = modern_models.build(name, num_classes=1000)
+        module = modern_models.build(name, num_classes=DENSE.get(name, 1000))
         x = rng.standard_normal((a.batch, 3, a.image_size, a.image_size)).astype(np.float32)
         net = tilefuse.from_torch(module, torch.from_numpy(x))
     else:
         net = getattr(models, name)(seed=0, batch=a.batch, image_size=a.image_size, num_classes=1000)
         x = rng.standard_normal(net.inputs[0].shape).astype(np.float32)
-    labels = rng.integers(0, 1000, a.batch)
+    labels = (rng.integers(0, DENSE[name], (a.batch, a.image_size, a.image_size)) if name in DENSE
+              else rng.integers(0, 1000, a.batch))
     kinds = ("fused",) if a.no_unfused else ("unfused", "fused")
     runs = {s: TilefuseRun(net, x, labels, s, threads) for s in kinds}
     runs["pytorch"] = TorchRun(name, x, labels, threads, module)

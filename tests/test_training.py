@@ -361,6 +361,22 @@ def test_training_reduces_loss_and_exports_state_dict():
     assert logits.shape == (8, 4)
 
 
+def test_steps_after_predict_and_bound_arrays_stay_writable():
+    """predict() binds the trainer's weights and running statistics into a network copy; binding used to freeze the
+    trainer's own arrays, so the next step failed in the BN update ('output array is read-only')."""
+    net = odd_network(n=8)
+    x = RNG.standard_normal(net.inputs[0].shape).astype(np.float32)
+    tr = Trainer(net, SGD(0.1, momentum=0.9))
+    before = tr.predict(x)
+    tr.step(x, RNG.integers(0, 4, 8))
+    assert all(v.flags.writeable for v in list(tr.params.values()) + list(tr.buffers.values()))
+    assert not np.array_equal(tr.predict(x), before)
+    mine = np.ones((3, 4), np.float32)
+    d = Network("t").constant("c", mine)
+    mine[0] = 2.0                               # the caller's array: still writable, the bound copy unchanged
+    assert d.value.flags.writeable is False and float(d.value.reshape(-1)[0]) == 1.0
+
+
 def test_fused_and_unfused_agree_over_steps():
     net = one_pattern("4-2", n=4, c=6, hw=6)
     x = RNG.standard_normal(net.inputs[0].shape).astype(np.float32)

@@ -97,7 +97,9 @@ class DataNode:
             raise GraphError(self.name, "bound constant contains NaN or infinity")
         if self.producer is not None:
             raise GraphError(self.name, f"is produced by op '{self.producer.name}' and cannot be a constant")
-        self.value = np.ascontiguousarray(a)
+        # frozen, so that no one changes a bound constant in place; a writable array is copied first (freezing
+        # the caller's own array would break its later writes: a Trainer's weights after predict())
+        self.value = np.array(a, order="C", copy=True) if a.flags.writeable else np.ascontiguousarray(a)
         self.value.flags.writeable = False
         return self
 

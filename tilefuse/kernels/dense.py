@@ -262,15 +262,23 @@ def linear_backward(dy, x, w, has_bias):
     return dx, dw, (dy.sum(axis=0) if has_bias else None)
 
 
-def softmax_cross_entropy(logits, labels):
-    """Mean cross-entropy over the batch and its gradient w.r.t. the logits (N, K)."""
-    z = logits.astype(np.float64)
+def softmax_cross_entropy(logits, labels, ignore_index=None):
+    """Mean cross-entropy and its gradient w.r.t. the logits, PyTorch's F.cross_entropy (reduction 'mean'):
+    logits (N, K) with labels (N,), or a dense prediction (N, K, d1, ...) with labels (N, d1, ...), the
+    classes on axis 1. Entries labelled ignore_index count for nothing: the mean is over the others (at least
+    one: trainer.check_labels), their gradient is 0."""
+    z = np.moveaxis(logits, 1, -1)                  # (N, d1, ..., K)
+    moved = z.shape
+    z = z.reshape(-1, moved[-1]).astype(np.float64)  # (entries, K)
+    lab = np.asarray(labels, dtype=np.int64).reshape(-1)
+    keep = np.flatnonzero(lab != ignore_index) if ignore_index is not None else np.arange(lab.size)
     z = z - z.max(axis=1, keepdims=True)
     lse = np.log(np.exp(z).sum(axis=1, keepdims=True))
     logp = z - lse
-    n = logits.shape[0]
-    labels = np.asarray(labels, dtype=np.int64)
-    loss = -logp[np.arange(n), labels].mean()
+    loss = -logp[keep, lab[keep]].sum() / keep.size
     grad = np.exp(logp)
-    grad[np.arange(n), labels] -= 1.0
-    return float(loss), (grad / n).astype(logits.dtype)
+    grad[keep, lab[keep]] -= 1.0
+    if keep.size < lab.size:
+        grad[lab == ignore_index] = 0.0
+    grad /= keep.size
+    return float(loss), np.moveaxis(grad.reshape(moved), -1, 1).astype(logits.dtype)

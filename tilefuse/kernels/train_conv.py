@@ -56,7 +56,7 @@ from . import train_winograd as wg
 from .blas import SGEMM, gemm
 from .cnhw import _D64, JIT, JITR, _o, _valid, dummies, to_cnhw, to_nchw, transform_rows
 from .conv._nb import ev2
-from .reference import conv_out_size
+from .reference import conv_out_size, conv_transpose_out_size
 from .threads import nthreads, scratch, split
 
 # ============================================================================ task grid
@@ -888,13 +888,14 @@ def _wino_shared_input(x, g: ConvGeom, p: Plan, pre: Pre, T, name="wv_all"):
 
 
 def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | None = None,
-                       dy_pre=None, need_dx=True, has_bias=False):
+                       dy_pre=None, need_dx=True, has_bias=False, need_dw=True):
     """Weight, bias and input gradients of Y = conv(t(x), w).
 
     dy: (O, N, Ho, Wo) output gradient, or with dy_pre=(dz, xb, F1, B, C) the output gradient
     is F1*dz + B*xb + C (the consumer-side BN step 2 backward, computed once into scratch).
     Returns (dw, db, dx); dx is CNHW and post-processed by `post` (its BN sums into post.s1,
-    post.s2a, post.s2b).
+    post.s2a, post.s2b). need_dw=False: the input gradient alone (dw and db None; x is read for
+    its dtype only): a transposed conv's forward is this conv's input gradient.
 
     One parallel region of the layer's Plan: weight-gradient tasks (input-channel block x
     tile group: per tile the block's cols, then dW^T += cols @ dy^T, GEMM beta = 1, into the
@@ -925,7 +926,8 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     # Winograd: (dw group, planes, O, C) products
     wm, planes, T = _wino_geom(g) if wino else (0, 0, 0)
     ng = len(p.dw_chunks) if wino else len(p.dw_groups)
-    dwp = scratch("dwp", (ng, planes, g.O, g.C) if wino else (ng, g.groups, K, og), w.dtype)
+    dwp = scratch("dwp", (ng, planes, g.O, g.C) if wino else (ng, g.groups, K, og), w.dtype) if need_dw else None
+    has_bias = has_bias and need_dw
     dbp = np.zeros((g.N if wino else nt, g.O)) if has_bias else None    # per tile / chunk
     # ---- input gradient
     dx = np.empty((g.C, g.N, g.H, g.W), x.dtype) if need_dx else None
@@ -942,11 +944,11 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
     acc2, mk2, x12, x22 = C2(post.acc), C2(post.mk), C2(post.x1), C2(post.x2)
     ma, mb = _o(post.ma, d1), _o(post.mb, d1)
     token = object()
-    wtasks = [(gg, kb) for gg in range(ng) for kb in range(len(p.kblocks))]
+    wtasks = [(gg, kb) for gg in range(ng) for kb in range(len(p.kblocks))] if need_dw else []
     xtasks = [(i, cb) for i in range(nt) for cb in range(len(p.cblocks))] if need_dx else []
     dall = vdall = None
     if wino:      # transforms of dy that several tasks read: once, shared (phase 1)
-        dall = _wbuf("wdy_all", g.O, g.N * T, x.dtype, planes) if len(p.kblocks) > 1 else None
+        dall = _wbuf("wdy_all", g.O, g.N * T, x.dtype, planes) if need_dw and len(p.kblocks) > 1 else None
         vdall = (_wbuf("wvd_all", g.O, g.N * T, x.dtype, planes)
                  if need_dx and len(p.cblocks) > 1 else None)
         ors = _ranges(g.O, max(1, -(-_parts() // nt)))
@@ -1072,8 +1074,10 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
             xt_fn(*xtasks[k - len(wtasks)])
 
     split(len(wtasks) + len(xtasks), task)
-    dw = np.empty(w.shape, w.dtype)
-    if wino:
+    dw = np.empty(w.shape, w.dtype) if need_dw else None
+    if not need_dw:
+        pass
+    elif wino:
         dw4 = dw.reshape(g.O, g.C, 3, 3)
         rs = _ranges(g.O, _parts())
         split(len(rs), lambda k, tid: wg.wino_dw(dwp, dw4, *rs[k]))
@@ -1091,6 +1095,43 @@ def conv_backward_cnhw(dy, x, w, g: ConvGeom, pre: Pre = IDENTITY, post: Post | 
         _sum_rows(sums[:, 0], post.s1)
         _sum_rows(sums[:, 1], post.s2a)
         _sum_rows(sums[:, 2], post.s2b)
+    return dw, db, dx
+
+
+# ============================================================================ transposed convolution
+
+def transposed_geom(x_shape, w_shape, stride, padding, output_padding, dilation, groups) -> ConvGeom:
+    """The conv of which a conv_transpose2d (x (N, C_in, H, W), w (C_in, C_out/groups, kh, kw)) is the input
+    gradient: input (N, C_out, Ho, Wo), the transposed conv's output; weight w as it is (O = C_in); the same
+    stride, padding and dilation. Ho = (H-1)s - pt - pb + d(kh-1) + output_padding + 1, so the conv's output
+    is H again (output_padding < stride: the extra rows are read by no window)."""
+    n, c, h, wd = x_shape
+    ci, og, kh, kw = w_shape
+    ho = conv_transpose_out_size(h, kh, stride[0], padding[0], padding[1], dilation[0], output_padding[0])
+    wo = conv_transpose_out_size(wd, kw, stride[1], padding[2], padding[3], dilation[1], output_padding[1])
+    g = ConvGeom((n, og * groups, ho, wo), w_shape, stride, padding, dilation, groups)
+    if (g.ho, g.wo) != (h, wd):
+        raise ValueError(f"transposed conv of {x_shape} with weight {w_shape}: the adjoint conv gives "
+                         f"{g.ho}x{g.wo}, expected {h}x{wd}")
+    return g
+
+
+def conv_transpose_forward_cnhw(x, w, g: ConvGeom, bias=None):
+    """Y (C_out, N, Ho, Wo) = conv_transpose2d(x (C_in, N, H, W), w): the input gradient of the conv g with
+    x as its output gradient (conv_backward_cnhw, its weight-gradient tasks left out)."""
+    shape = np.broadcast_to(np.zeros((), x.dtype), (g.C, g.N, g.H, g.W))    # (dtype and shape only)
+    _, _, y = conv_backward_cnhw(x, shape, w, g, need_dw=False)
+    if bias is not None:
+        y += bias.astype(y.dtype).reshape(-1, 1, 1, 1)
+    return y
+
+
+def conv_transpose_backward_cnhw(dy, x, w, g: ConvGeom, need_dx=True, has_bias=False):
+    """(dw, db, dx) of Y = conv_transpose2d(x, w) + b on CNHW: dx = conv g of dy (its forward), dw = g's
+    weight gradient with dy as the input and x as the output gradient, db = dy summed per channel."""
+    dx = conv_forward_cnhw(dy, w, g) if need_dx else None
+    dw, _, _ = conv_backward_cnhw(x, dy, w, g, need_dx=False)
+    db = dy.sum(axis=(1, 2, 3), dtype=np.float64).astype(w.dtype) if has_bias else None
     return dw, db, dx
 
 

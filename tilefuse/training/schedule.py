@@ -32,6 +32,7 @@ from ..errors import GraphError, UnsupportedOpError
 from ..ir import Network, ops
 from ..kernels import broadcast as bc, cnhw, dense, elementwise as ew, norm, pool
 from ..kernels import reference as ref, train_conv as tc, train_depthwise as tdw, train_elementwise as te
+from ..kernels import train_resample as trs
 from .patterns import Pattern, find_patterns
 from .traffic import MemoryTracker, TrafficLog
 
@@ -102,11 +103,13 @@ class TrainingSchedule:
                                        f"(the logits)")
         self.ops = list(net.ops)
         out = net.outputs[0]
-        if out.producer.op == "softmax":     # cross-entropy takes the softmax's input
-            self.ops.remove(out.producer)
+        if out.producer is not None and out.producer.op == "softmax" and \
+                out.producer.params["axis"] % len(out.shape) == 1:
+            self.ops.remove(out.producer)    # cross-entropy takes the softmax's input
             out = out.producer.inputs[0]
-        if len(out.shape) != 2:
-            raise GraphError(out.name, f"logits have shape {out.shape}; expected (N, classes)")
+        if len(out.shape) not in (2, 4):
+            raise GraphError(out.name, f"logits have shape {out.shape}; expected (N, classes) or, for a dense "
+                                       f"prediction, (N, classes, H, W)")
         self.logits = out
         for op in self.ops:
             self._check(op)
@@ -243,7 +246,7 @@ class TrainingSchedule:
                         ("memory-bound" if op.op in ops.MEMORY_BOUND else "other")] += dt
             self.timing["fwd:" + op.op] += dt
         self.mem.end_forward()
-        return self.env[self.logits.name]
+        return _logical(self.env[self.logits.name])        # (N, classes) or (N, classes, H, W)
 
     def _fwd_conv2d(self, op):
         u = self.log.unit("fwd", op.name)
@@ -270,6 +273,16 @@ class TrainingSchedule:
         if stats is not None:
             _, bn = self.stat_of[op.name]
             self._bn_finalize(bn, stats[0], stats[1], g.N * g.ho * g.wo)
+
+    def _convt_geom(self, op):
+        p = op.params
+        return tc.transposed_geom(op.inputs[0].shape, op.inputs[1].shape, p["stride"], p["padding"],
+                                  p["output_padding"], p["dilation"], p["groups"])
+
+    def _fwd_conv_transpose2d(self, op):
+        bias = self.P(op.inputs[2]) if op.params["has_bias"] else None
+        w = self.P(op.inputs[1])
+        self._simple(op, lambda x: tc.conv_transpose_forward_cnhw(x, w, self._convt_geom(op), bias))
 
     def _fwd_pre(self, pat: Pattern, op, u):
         """Input stage of C2: returns (stored source tensor, Pre)."""
@@ -378,6 +391,15 @@ class TrainingSchedule:
 
     def _fwd_global_avg_pool(self, op):
         self._simple(op, pool.global_avg_pool_forward)
+
+    def _fwd_resize(self, op):
+        p = op.params
+        self._simple(op, lambda x: ref.resize(x, p["size"], p["scales"], p["mode"], p["coord"], p["nearest_mode"],
+                                              arith=p["arith"], cubic_a=p.get("cubic_a", -0.75),
+                                              cubic_exclude=p.get("cubic_exclude", False)))
+
+    def _fwd_adaptive_avg_pool(self, op):
+        self._simple(op, lambda x: ref.adaptive_avg_pool(x, op.params["output_size"]))
 
     def _fwd_flatten(self, op):
         def run(x):
@@ -491,7 +513,7 @@ class TrainingSchedule:
         """Gradients of every trainable constant (self.pgrads) and, with input_grads, of every
         network input (a training step needs none: the stem's input gradient is skipped)."""
         self.input_grads = input_grads
-        self.grads[self.logits.name] = dlogits
+        self.grads[self.logits.name] = _physical(dlogits)
         for op in reversed(self.ops):
             t0 = time.perf_counter()
             if op.name in self.pattern_of:
@@ -733,6 +755,29 @@ class TrainingSchedule:
     def _bwd_global_avg_pool(self, op):
         shape = self._phys_shape(op.inputs[0])
         self._bwd_simple(op, lambda dy, x: pool.global_avg_pool_backward(dy, shape), reads_x=False)
+
+    def _bwd_resize(self, op):
+        p, hw = op.params, op.inputs[0].shape[2:]
+        self._bwd_simple(op, lambda dy, x: trs.resize_backward(
+            dy, hw, p["size"], p["scales"], p["mode"], p["coord"], p["nearest_mode"], p["arith"],
+            p.get("cubic_a", -0.75), p.get("cubic_exclude", False)), reads_x=False)
+
+    def _bwd_adaptive_avg_pool(self, op):
+        hw = op.inputs[0].shape[2:]
+        self._bwd_simple(op, lambda dy, x: trs.adaptive_avg_pool_backward(dy, hw, op.params["output_size"]),
+                         reads_x=False)
+
+    def _bwd_conv_transpose2d(self, op):
+        w, has_bias = op.inputs[1], op.params["has_bias"]
+
+        def run(dy, x):
+            dw, db, dx = tc.conv_transpose_backward_cnhw(dy, x, self.P(w), self._convt_geom(op),
+                                                         self._wants(op.inputs[0]), has_bias)
+            self._param_grad(w.name, dw)
+            if has_bias:
+                self._param_grad(op.inputs[2].name, db)
+            return dx
+        self._bwd_simple(op, run)
 
     def _bwd_flatten(self, op):
         d = op.inputs[0]

@@ -16,8 +16,12 @@ the rest by name). batch_norm mean/var are buffers (running statistics,
 updated with `bn_momentum`, PyTorch's unbiased variance). The network's constants are never
 modified: the trainer keeps its own writable copies.
 
+The loss is PyTorch's F.cross_entropy over logits (N, classes) with labels (N,), or over a dense prediction
+(N, classes, H, W) with labels (N, H, W) (segmentation); labels equal to `ignore_index` (default -100, as PyTorch's)
+count for nothing.
+
 Every step checks what it computes: the inputs are finite, the labels are class indices in
-[0, classes), the loss and the logits are finite (else the first non-finite activation in
+[0, classes) or the ignore_index, the loss and the logits are finite (else the first non-finite activation in
 execution order is named), every gradient is finite before the optimizer applies it, and every
 parameter after it. A failure raises NonFiniteError (or GraphError for labels) naming the step
 and the tensor, instead of training on with NaN weights.
@@ -36,7 +40,7 @@ from ..kernels.elementwise import all_finite, finite_many
 from .schedule import TrainingSchedule, operand_constants
 from .traffic import format_report, pattern_table
 
-_TRAINABLE = {"conv2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2), "group_norm": (1, 2),
+_TRAINABLE = {"conv2d": (1, 2), "conv_transpose2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2), "group_norm": (1, 2),
               "prelu": (1,), "layer_norm": (1, 2)}
 # constants the importers make for a norm without affine parameters (GroupNorm(affine=False), InstanceNorm2d):
 # fixed, as in PyTorch (buffers, never trained)
@@ -46,9 +50,13 @@ _FIXED_SUFFIXES = (".unit_weight", ".zero_bias")
 class Trainer:
     def __init__(self, net: Network, optimizer=None, schedule: str = "fused",
                  loss: str = "cross_entropy", bn_momentum: float = 0.1, seed: int = 0,
-                 threads: int | None = None):
+                 threads: int | None = None, ignore_index: int | None = -100):
         if loss != "cross_entropy":
             raise ValueError(f"loss '{loss}' is not supported; expected 'cross_entropy'")
+        if ignore_index is not None and not isinstance(ignore_index, (int, np.integer)):
+            raise ValueError(f"ignore_index={ignore_index!r}; expected an integer label (PyTorch's default "
+                             f"-100, 255 for VOC-style masks) or None")
+        self.ignore_index = None if ignore_index is None else int(ignore_index)
         net.lint()
         self.net = net
         self.optimizer = optimizer
@@ -85,7 +93,7 @@ class Trainer:
     # ------------------------------------------------------------------ steps
 
     def forward(self, x) -> np.ndarray:
-        """Training-mode forward pass; returns the logits (N, classes)."""
+        """Training-mode forward pass; returns the logits (N, classes) or (N, classes, H, W)."""
         xs = bind_inputs(self.net, x)
         return self.schedule.forward(xs)
 
@@ -100,9 +108,9 @@ class Trainer:
         xs = bind_inputs(self.net, x)
         for d, a in zip(self.net.inputs, xs):
             _check_finite(step, "input", d.name, a)
-        labels = check_labels(labels, xs[0].shape[0], self.net.outputs[0].shape[-1])
+        labels = check_labels(labels, self.schedule.logits.shape, self.ignore_index)
         logits = self.schedule.forward(xs)
-        loss, dlogits = dense.softmax_cross_entropy(logits, labels)
+        loss, dlogits = dense.softmax_cross_entropy(logits, labels, self.ignore_index)
         if not np.isfinite(loss) or not np.all(np.isfinite(logits)):
             name, what = self._first_nonfinite_activation()
             raise NonFiniteError(f"step {step}: the loss is {loss:.4g}; first non-finite tensor: {what} "
@@ -225,20 +233,32 @@ def _check_finite(step: int, what: str, name: str, a, note: str = "") -> None:
                              f"({a[first]} at {first}); expected finite values" + (f" ({note})" if note else ""))
 
 
-def check_labels(labels, n: int, classes: int) -> np.ndarray:
-    """Class indices as int64 (N,): integers in [0, classes), one per image; else ValueError."""
+def check_labels(labels, logits_shape, ignore_index=None) -> np.ndarray:
+    """Class indices as int64: (N,) for logits (N, classes), one per image; (N, H, W) for a dense prediction
+    (N, classes, H, W), one per pixel; integers in [0, classes) or ignore_index, at least one not ignored;
+    else GraphError."""
     lab = np.asarray(labels)
-    if lab.shape != (n,):
-        raise GraphError("labels", f"found shape {lab.shape}, expected ({n},): one class index per image")
+    n, classes = logits_shape[:2]
+    want = (n,) + tuple(logits_shape[2:])
+    if lab.shape != want:
+        per = "image" if len(want) == 1 else "pixel of the (N, H, W) prediction"
+        raise GraphError("labels", f"found shape {lab.shape}, expected {want}: one class index per {per}")
     if lab.dtype.kind == "f":
         if not np.all(np.isfinite(lab)) or np.any(lab != np.round(lab)):
             raise GraphError("labels", f"found non-integer values (dtype {lab.dtype}); expected class indices")
     elif lab.dtype.kind not in "iu":
         raise GraphError("labels", f"found dtype {lab.dtype}; expected integer class indices")
-    bad = np.flatnonzero((lab < 0) | (lab >= classes))
+    flat = lab.reshape(-1)
+    ignored = flat == ignore_index if ignore_index is not None else np.zeros(flat.shape, bool)
+    bad = np.flatnonzero(((flat < 0) | (flat >= classes)) & ~ignored)
     if bad.size:
-        raise GraphError("labels", f"found {lab[bad[0]]} at position {int(bad[0])} ({bad.size} out of range); "
-                                   f"expected class indices in [0, {classes})")
+        at = tuple(int(i) for i in np.unravel_index(bad[0], lab.shape))
+        raise GraphError("labels", f"found {flat[bad[0]]} at position {at if len(at) > 1 else at[0]} ({bad.size} "
+                                   f"out of range); expected class indices in [0, {classes})"
+                                   + (f" or the ignore_index {ignore_index}" if ignore_index is not None else ""))
+    if ignored.all():
+        raise GraphError("labels", f"every one of the {flat.size} labels is the ignore_index {ignore_index}; "
+                                   f"expected at least one class index (the mean loss would be 0 / 0)")
     return lab.astype(np.int64)
 
 
