@@ -350,3 +350,100 @@ def test_max_backward_shares_ties_as_amax():
     t.amax(-1).backward(torch.tensor([[6.0, 3.0]]))
     y = x.max(-1)
     np.testing.assert_array_equal(te.max_backward(np.float32([[6.0, 3.0]]), x, y, (-1,), False), t.grad.numpy())
+
+
+# ----------------------------------------------------------------------------- the compiler's channel forms
+
+@pytest.mark.parametrize("mode", ["layer", "l2", "l2_clamp"])
+@pytest.mark.parametrize("eps", [1e-6, 0.5])
+def test_channel_norm_backward_matches_autograd(mode, eps):
+    """Each mode against its PyTorch spelling (permute / LayerNorm / permute; x / (||x|| + eps); F.normalize), a
+    position whose channels are all 0 included (the norm's backward masked there, as PyTorch's)."""
+    r = np.random.default_rng(7)
+    xn = r.standard_normal((2, 5, 3, 4))
+    xn[0, :, 1, 2] = 0
+    x = torch.tensor(xn, requires_grad=True)
+    g = torch.tensor(r.standard_normal(5), requires_grad=True)
+    b = torch.tensor(r.standard_normal(5), requires_grad=True)
+    gv, bv = g.view(1, -1, 1, 1), b.view(1, -1, 1, 1)
+    if mode == "layer":
+        y = F.layer_norm(x.permute(0, 2, 3, 1), (5,), g, b, eps).permute(0, 3, 1, 2)
+    elif mode == "l2":
+        y = x / (x.norm(dim=1, keepdim=True) + eps) * gv + bv
+    else:
+        y = F.normalize(x, dim=1, eps=eps) * gv + bv
+    dy = torch.tensor(r.standard_normal(tuple(y.shape)))
+    y.backward(dy)
+    dx, dg, db = te.channel_norm_backward(dy.numpy(), xn, g.detach().numpy(), eps, mode)
+    for got, want in ((dx, x.grad), (dg, g.grad), (db, b.grad)):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("hw,out", [((7, 9), (3, 4)), ((5, 5), (2, 2)), ((13, 13), (4, 4)), ((3, 4), (6, 5))])
+def test_adaptive_max_pool_backward_matches_autograd(hw, out):
+    """Overlapping windows (13 -> 4: SPP's), ties (a 2x2 block of equal maxima: the first in row-major order), a NaN
+    (it is the window's maximum, as in PyTorch), upsampling sizes."""
+    from tilefuse.kernels import train_resample as trs
+    r = np.random.default_rng(8)
+    xn = r.standard_normal((2, 3) + hw).astype(np.float32)
+    xn[0, 0, :2, :2] = 5.0
+    xn[1, 2, -1, -1] = np.nan
+    x = torch.tensor(xn, requires_grad=True)
+    y = F.adaptive_max_pool2d(x, out)
+    dy = torch.tensor(r.standard_normal(tuple(y.shape)).astype(np.float32))
+    y.backward(dy)
+    np.testing.assert_allclose(trs.adaptive_max_pool_backward(dy.numpy(), xn, out), x.grad.numpy(), rtol=1e-6,
+                               atol=1e-6)
+
+
+class _ChannelForms(nn.Module):
+    """ConvNeXt's channels-last LayerNorm, a ChannelShuffle, F.normalize (times `scale`) and SPP's adaptive max pool
+    to a size that does not divide the map: the compiler's passes turn them into channel_norm and channel_shuffle."""
+
+    def __init__(self, scale=None):
+        super().__init__()
+        self.c1, self.ln, self.sh = nn.Conv2d(3, 8, 3, padding=1), nn.LayerNorm(8), nn.ChannelShuffle(2)
+        self.c2, self.pool, self.fc = nn.Conv2d(8, 6, 1), nn.AdaptiveMaxPool2d(3), nn.Linear(54, 5)
+        self.scale = scale
+
+    def forward(self, x):
+        y = self.ln(self.c1(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        y = F.normalize(self.sh(F.gelu(y)), dim=1)
+        if self.scale is not None:
+            y = y * self.scale
+        return self.fc(torch.flatten(self.pool(self.c2(y)), 1))
+
+
+def _compiler_forms(module, x):
+    from tilefuse.compiler import passes as P
+    net = tilefuse.from_torch(module, x)
+    for p in (P.canonicalize, P.channels_last_to_nchw, P.fold_l2_norm):
+        net = p(net).network
+    return net
+
+
+def test_channel_norm_shuffle_and_adaptive_max_pool_train_as_torch():
+    torch.manual_seed(0)
+    module, x, labels = _ChannelForms(), torch.randn(2, 3, 8, 8), torch.tensor([1, 3])
+    net = _compiler_forms(module, x)
+    assert [op.op for op in net.ops].count("channel_norm") == 2 and "channel_shuffle" in {op.op for op in net.ops}
+    assert "adaptive_max_pool" in {op.op for op in net.ops}
+    tr = Trainer(net)
+    assert not any(k.endswith((".unit_weight", ".zero_bias")) for k in tr.params)     # F.normalize: no affine
+    loss, grads = tr.forward_backward(x.numpy(), labels.numpy())
+    ref = F.cross_entropy(module(x), labels)
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), rel=1e-5)
+    for k, p in module.named_parameters():
+        want = p.grad.numpy()
+        np.testing.assert_allclose(grads[k].reshape(want.shape), want, rtol=1e-4, atol=1e-5 * np.abs(want).max(),
+                                   err_msg=k)
+
+
+def test_a_weight_folded_by_the_compiler_is_refused_by_name():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    net = _compiler_forms(_ChannelForms(scale=3.0), x)         # x / ||x|| * 3: the 3 folded into gamma
+    with pytest.raises(UnsupportedOpError, match=r"constant '\w+\.weight_folded' was folded by the compiler"):
+        Trainer(net)

@@ -99,6 +99,28 @@ def layer_norm_backward(dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, axis: 
     return dx.astype(dy.dtype), dgamma.astype(dy.dtype), dbeta.astype(dy.dtype)
 
 
+def channel_norm_backward(dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, eps: float, mode: str):
+    """(dx, dgamma, dbeta) of ref.channel_norm over axis 1 of (N, C, ...), float64 inside. "layer": layer norm over
+    the channels at each position (layer_norm_backward on the channels-last view); "l2": y = x / (n + eps) and
+    "l2_clamp" (F.normalize): y = x / max(n, eps), n = ||x||_2 over the channels, then gamma[c] * y + beta[c]:
+    dx = g / d - x (g . x) / (d^2 n) where the norm is live (l2: always; l2_clamp: n > eps, else g / eps),
+    g = dy gamma, d the denominator; at n = 0 the second term is 0 (PyTorch's norm backward masks it)."""
+    lead = (0,) + tuple(range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    if mode == "layer":
+        dx, dg, db = layer_norm_backward(np.moveaxis(dy, 1, -1), np.moveaxis(x, 1, -1), gamma, -1, eps)
+        return np.ascontiguousarray(np.moveaxis(dx, -1, 1)), dg, db
+    xa, d = x.astype(np.float64), dy.astype(np.float64)
+    n = np.sqrt((xa * xa).sum(axis=1, keepdims=True))
+    den = n + eps if mode == "l2" else np.maximum(n, eps)
+    live = n > 0 if mode == "l2" else n > eps
+    g = d * gamma.astype(np.float64).reshape(shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dx = g / den - np.where(live, xa * (g * xa).sum(axis=1, keepdims=True) / (den * den * n), 0.0)
+        y = xa / den
+    return dx.astype(dy.dtype), (d * y).sum(axis=lead).astype(dy.dtype), d.sum(axis=lead).astype(dy.dtype)
+
+
 CHUNK = 1 << 16      # values a task
 
 

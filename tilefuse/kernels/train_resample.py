@@ -87,3 +87,22 @@ def adaptive_avg_pool_backward(dy: np.ndarray, in_hw, output_size) -> np.ndarray
     """Gradient of ref.adaptive_avg_pool(x, output_size) w.r.t. x (A, B, H, W)."""
     return separable_backward(dy, adaptive_taps(in_hw[0], output_size[0]),
                               adaptive_taps(in_hw[1], output_size[1]), in_hw)
+
+
+def adaptive_max_pool_backward(dy: np.ndarray, x: np.ndarray, output_size) -> np.ndarray:
+    """Gradient of ref.adaptive_max_pool(x, output_size) w.r.t. x (A, B, H, W): each window's dy to its maximum,
+    the first in row-major order at ties and a NaN before any number (PyTorch's adaptive_max_pool2d, which
+    takes a value when it is greater or NaN); overlapping windows add up. A window a loop: the output is small
+    (SPP's bins)."""
+    a, b, h, w = x.shape
+    dx = np.zeros((a * b, h * w))
+    x2, dy2 = x.reshape(a * b, h, w), dy.reshape(a * b, output_size[0], output_size[1])
+    rows = np.arange(a * b)
+    (h0, h1), (w0, w1) = ref.adaptive_windows(h, output_size[0]), ref.adaptive_windows(w, output_size[1])
+    for i in range(output_size[0]):
+        for j in range(output_size[1]):
+            win = x2[:, h0[i]:h1[i], w0[j]:w1[j]].reshape(a * b, -1)
+            k = np.argmax(win, axis=1)           # (numpy: the first maximum, a NaN first of all)
+            ww = w1[j] - w0[j]
+            dx[rows, (h0[i] + k // ww) * w + w0[j] + k % ww] += dy2[:, i, j]
+    return dx.reshape(a, b, h, w).astype(dy.dtype)

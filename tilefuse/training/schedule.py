@@ -401,6 +401,21 @@ class TrainingSchedule:
     def _fwd_adaptive_avg_pool(self, op):
         self._simple(op, lambda x: ref.adaptive_avg_pool(x, op.params["output_size"]))
 
+    def _fwd_adaptive_max_pool(self, op):
+        self._simple(op, lambda x: ref.adaptive_max_pool(x, op.params["output_size"]))
+
+    def _fwd_channel_shuffle(self, op):
+        p = op.params
+        u = self.log.unit("fwd", op.name)
+        for d in op.inputs:
+            u.read(d.name, _nb(self.env[d.name]), op.name)
+        y = ref.channel_shuffle([_logical(self.env[d.name]) for d in op.inputs], p["groups"], p["start"], p["stop"])
+        self._store(u, op.outputs[0].name, _physical(y), op.name, op.name)
+
+    def _fwd_channel_norm(self, op):
+        g, b, p = self.P(op.inputs[1]), self.P(op.inputs[2]), op.params
+        self._simple(op, lambda x: _physical(ref.channel_norm(_logical(x), g, b, p["eps"], p["mode"])))
+
     def _fwd_flatten(self, op):
         def run(x):
             if x.ndim == 4:            # CNHW -> (N, C*H*W) in NCHW order
@@ -766,6 +781,36 @@ class TrainingSchedule:
         hw = op.inputs[0].shape[2:]
         self._bwd_simple(op, lambda dy, x: trs.adaptive_avg_pool_backward(dy, hw, op.params["output_size"]),
                          reads_x=False)
+
+    def _bwd_adaptive_max_pool(self, op):
+        self._bwd_simple(op, lambda dy, x: trs.adaptive_max_pool_backward(dy, x, op.params["output_size"]))
+
+    def _bwd_channel_shuffle(self, op):
+        """The inverse permutation: dy into zeros at [start, stop) of the shuffled channels, viewed (N, C/g, g, ..)
+        and transposed back, split among the concatenated inputs."""
+        p, dy = op.params, _logical(self.grads[op.outputs[0].name])
+        u = self.log.unit("bwd", op.name)
+        u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
+        sizes = [d.shape[1] for d in op.inputs]
+        n, c, g = dy.shape[0], sum(sizes), p["groups"]
+        full = np.zeros((n, c) + dy.shape[2:], dy.dtype)
+        full[:, p["start"]:p["start"] + dy.shape[1]] = dy
+        # (N, C, H, W) -> (N, C/g, g, H, W) -> (N, g, C/g, H, W) -> (N, C, H, W): channel c of the input
+        dx = full.reshape((n, c // g, g) + dy.shape[2:]).swapaxes(1, 2).reshape(full.shape)
+        for d, part in zip(op.inputs, np.split(dx, np.cumsum(sizes)[:-1], axis=1)):
+            if self._wants(d):
+                self._contribute(d.name, _physical(part), u, op.name)
+
+    def _bwd_channel_norm(self, op):
+        gamma, p = self.P(op.inputs[1]), op.params
+
+        def run(dy, x):
+            dx, dg, db = te.channel_norm_backward(_logical(dy), _logical(x), gamma, p["eps"], p["mode"])
+            for d, grad in ((op.inputs[1], dg), (op.inputs[2], db)):
+                if d.name in self.params:
+                    self._param_grad(d.name, grad)
+            return _physical(dx)
+        self._bwd_simple(op, run)
 
     def _bwd_conv_transpose2d(self, op):
         w, has_bias = op.inputs[1], op.params["has_bias"]

@@ -7,10 +7,10 @@
     trainer.to_torch_state_dict()                   # torch tensors (zoo/from_torch: loads as is)
     print(trainer.traffic_report())
 
-Trainable parameters are the constants that are weights: conv2d/linear weight and bias,
-batch_norm, group_norm and layer_norm gamma/beta, scale alpha/beta, prelu slope (a group_norm's imported unit
-weight and zero bias, GroupNorm(affine=False) and InstanceNorm2d's, stay fixed as in PyTorch), and the constant
-operands of binary ops that the network records as parameters (`Network.constant_origin`, which from_torch
+Trainable parameters are the constants that are weights: conv2d / conv_transpose2d / linear weight and bias,
+batch_norm, group_norm, layer_norm and channel_norm gamma/beta, scale alpha/beta, prelu slope (a group_norm's
+imported unit weight and zero bias, GroupNorm(affine=False) and InstanceNorm2d's, stay fixed as in PyTorch), and the
+constant operands of binary ops that the network records as parameters (`Network.constant_origin`, which from_torch
 fills: ConvNeXt's layer scale; literals and buffers such as x + 3 stay fixed; schedule.operand_constants refuses
 the rest by name). batch_norm mean/var are buffers (running statistics,
 updated with `bn_momentum`, PyTorch's unbiased variance). The network's constants are never
@@ -32,7 +32,7 @@ import contextlib
 
 import numpy as np
 
-from ..errors import GraphError, NonFiniteError
+from ..errors import GraphError, NonFiniteError, UnsupportedOpError
 from ..interpreter import bind_inputs
 from ..ir import Network, ops
 from ..kernels import dense
@@ -40,11 +40,13 @@ from ..kernels.elementwise import all_finite, finite_many
 from .schedule import TrainingSchedule, operand_constants
 from .traffic import format_report, pattern_table
 
-_TRAINABLE = {"conv2d": (1, 2), "conv_transpose2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2), "group_norm": (1, 2),
-              "prelu": (1,), "layer_norm": (1, 2)}
+_TRAINABLE = {"conv2d": (1, 2), "conv_transpose2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2),
+              "group_norm": (1, 2), "prelu": (1,), "layer_norm": (1, 2), "channel_norm": (1, 2)}
 # constants the importers make for a norm without affine parameters (GroupNorm(affine=False), InstanceNorm2d):
 # fixed, as in PyTorch (buffers, never trained)
 _FIXED_SUFFIXES = (".unit_weight", ".zero_bias")
+# weights the compiler's passes computed from others (passes._absorb_affine, fold_bn): not trainable as such
+_FOLDED_SUFFIXES = (".weight_folded", ".bias_folded")
 
 
 class Trainer:
@@ -67,9 +69,14 @@ class Trainer:
             for i in _TRAINABLE.get(op.op, ()):
                 if i < len(op.inputs) and op.inputs[i].is_constant:
                     d = op.inputs[i]
-                    if op.op == "group_norm" and d.name.endswith(_FIXED_SUFFIXES):
+                    if op.op in ("group_norm", "channel_norm") and d.name.endswith(_FIXED_SUFFIXES):
                         self.buffers.setdefault(d.name, np.array(d.value, copy=True))
                         continue
+                    if d.name.endswith(_FOLDED_SUFFIXES):
+                        raise UnsupportedOpError(
+                            f"{op.name}: constant '{d.name}' was folded by the compiler from other constants (a BN "
+                            f"or a scale into this {op.op}); its gradient would have to flow back through the fold; "
+                            f"expected the network before compile (from_torch's, the zoo's)")
                     self.params.setdefault(d.name, np.array(d.value, copy=True))
             if op.op == "batch_norm":
                 for d in op.inputs[3:5]:
