@@ -447,3 +447,28 @@ def test_a_weight_folded_by_the_compiler_is_refused_by_name():
     net = _compiler_forms(_ChannelForms(scale=3.0), x)         # x / ||x|| * 3: the 3 folded into gamma
     with pytest.raises(UnsupportedOpError, match=r"constant '\w+\.weight_folded' was folded by the compiler"):
         Trainer(net)
+
+
+@pytest.mark.parametrize("size,alpha,beta,k", [(5, 1e-4, 0.75, 2.0), (4, 0.5, 0.75, 1.0), (1, 0.3, 1.5, 0.5),
+                                               (8, 1.0, 0.75, 1.0)])
+def test_local_response_norm_backward_matches_autograd(size, alpha, beta, k):
+    """AlexNet's LRN (odd and even windows, a window wider than the 6 channels)."""
+    r = np.random.default_rng(9)
+    x = torch.tensor(r.standard_normal((2, 6, 3, 4)), requires_grad=True)
+    y = F.local_response_norm(x, size, alpha, beta, k)
+    dy = torch.tensor(r.standard_normal(tuple(y.shape)))
+    y.backward(dy)
+    np.testing.assert_allclose(te.local_response_norm_backward(dy.numpy(), x.detach().numpy(), size, alpha, beta, k),
+                               x.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_alexnet_style_lrn_trains_as_torch():
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 12, 5, 2, 2), nn.ReLU(inplace=True), nn.LocalResponseNorm(5, 1e-3, 0.75, 2.0),
+                           nn.MaxPool2d(3, 2), nn.Conv2d(12, 16, 3, padding=1), nn.ReLU(inplace=True),
+                           nn.LocalResponseNorm(3, 0.5, 0.75, 1.0), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                           nn.Linear(16, 10))
+    x = torch.randn(4, 3, 32, 32)
+    net = tilefuse.from_torch(module, x)
+    assert [op.op for op in net.ops].count("local_response_norm") == 2
+    _step_against_torch(module, x, torch.arange(4))

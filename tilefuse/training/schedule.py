@@ -161,9 +161,6 @@ class TrainingSchedule:
         if op.op == "conv2d" and (op.params.get("relu") or op.params.get("has_residual")):
             raise UnsupportedOpError(f"{op.name}: conv2d with a fused relu/residual epilogue cannot be "
                                      f"trained; expected a network before inference fusion")
-        if op.op == "local_response_norm":
-            raise UnsupportedOpError(f"{op.name}: local_response_norm is not trainable; expected a network "
-                                     f"without it (AlexNet's LRN has no backward here)")
         if op.op == "flatten" and op.params["start_dim"] != 1:
             raise UnsupportedOpError(f"{op.name}: flatten(start_dim={op.params['start_dim']}); "
                                      f"expected start_dim=1")
@@ -406,15 +403,16 @@ class TrainingSchedule:
 
     def _fwd_channel_shuffle(self, op):
         p = op.params
-        u = self.log.unit("fwd", op.name)
-        for d in op.inputs:
-            u.read(d.name, _nb(self.env[d.name]), op.name)
-        y = ref.channel_shuffle([_logical(self.env[d.name]) for d in op.inputs], p["groups"], p["start"], p["stop"])
-        self._store(u, op.outputs[0].name, _physical(y), op.name, op.name)
+        self._fwd_values(op, lambda *xs: ref.channel_shuffle(xs, p["groups"], p["start"], p["stop"]))
 
     def _fwd_channel_norm(self, op):
         g, b, p = self.P(op.inputs[1]), self.P(op.inputs[2]), op.params
         self._simple(op, lambda x: _physical(ref.channel_norm(_logical(x), g, b, p["eps"], p["mode"])))
+
+    def _fwd_local_response_norm(self, op):
+        p = op.params
+        self._simple(op, lambda x: _physical(ref.local_response_norm(_logical(x), p["size"], p["alpha"], p["beta"],
+                                                                     p["k"])))
 
     def _fwd_flatten(self, op):
         def run(x):
@@ -455,14 +453,17 @@ class TrainingSchedule:
         """An operand in the IR's layout: a constant as it is, an activation as an NCHW view."""
         return self.P(d) if d.is_constant else _logical(self.env[d.name])
 
-    def _fwd_binary(self, op):
-        """add (broadcasting or with a constant) / sub / mul / div / maximum / minimum, then the fused relu."""
+    def _fwd_values(self, op, fn):
+        """An op of several operands on their IR-layout values (`_value`): y = fn(*values), stored CNHW."""
         u = self.log.unit("fwd", op.name)
         for d in op.inputs:
             if not d.is_constant:
                 u.read(d.name, _nb(self.env[d.name]), op.name)
-        y = ref.binary(op.op, *(self._value(d) for d in op.inputs), bool(op.params.get("relu")))
-        self._store(u, op.outputs[0].name, _physical(y), op.name, op.name)
+        self._store(u, op.outputs[0].name, _physical(fn(*(self._value(d) for d in op.inputs))), op.name, op.name)
+
+    def _fwd_binary(self, op):
+        """add (broadcasting or with a constant) / sub / mul / div / maximum / minimum, then the fused relu."""
+        self._fwd_values(op, lambda a, b: ref.binary(op.op, a, b, bool(op.params.get("relu"))))
 
     def _fwd_activation(self, op):
         def run(x):
@@ -478,20 +479,10 @@ class TrainingSchedule:
     _fwd_mean = _fwd_sum = _fwd_max = _fwd_reduce
 
     def _fwd_where(self, op):
-        u = self.log.unit("fwd", op.name)
-        for d in op.inputs:
-            if not d.is_constant:
-                u.read(d.name, _nb(self.env[d.name]), op.name)
-        y = ref.where(*(self._value(d) for d in op.inputs), op.params["cmp"])
-        self._store(u, op.outputs[0].name, _physical(y), op.name, op.name)
+        self._fwd_values(op, lambda *v: ref.where(*v, op.params["cmp"]))
 
     def _fwd_matmul(self, op):
-        u = self.log.unit("fwd", op.name)
-        for d in op.inputs:
-            if not d.is_constant:
-                u.read(d.name, _nb(self.env[d.name]), op.name)
-        self._store(u, op.outputs[0].name, _physical(ref.matmul(*(self._value(d) for d in op.inputs))), op.name,
-                    op.name)
+        self._fwd_values(op, ref.matmul)
 
     def _fwd_pad(self, op):
         p = op.params
@@ -800,6 +791,11 @@ class TrainingSchedule:
         for d, part in zip(op.inputs, np.split(dx, np.cumsum(sizes)[:-1], axis=1)):
             if self._wants(d):
                 self._contribute(d.name, _physical(part), u, op.name)
+
+    def _bwd_local_response_norm(self, op):
+        p = op.params
+        self._bwd_simple(op, lambda dy, x: _physical(te.local_response_norm_backward(
+            _logical(dy), _logical(x), p["size"], p["alpha"], p["beta"], p["k"])))
 
     def _bwd_channel_norm(self, op):
         gamma, p = self.P(op.inputs[1]), op.params
