@@ -35,6 +35,17 @@ def test_trainer_refuses_ops_without_backward(build, fragment):
         Trainer(small(build), SGD(lr=0.1))
 
 
+def test_a_transposed_conv_with_a_fused_relu_is_refused():
+    """The inference fusion's relu epilogue on a transposed conv (a UNet's up-convolution after compile): refused,
+    not trained as if the relu were not there."""
+    net = small(lambda n, y: n.conv_transpose2d(y, np.ones((4, 2, 2, 2), np.float32) * 0.1, None, stride=2,
+                                                name="ct"))
+    ct = next(op for op in net.ops if op.op == "conv_transpose2d")
+    ct.params["relu"] = True
+    with pytest.raises(UnsupportedOpError, match="ct: conv_transpose2d with a fused relu/residual epilogue"):
+        Trainer(net, SGD(lr=0.1))
+
+
 def test_trainer_refuses_fused_inference_epilogues_and_zoo_models():
     net = tilefuse.compile(models.mobilenet_v2(image_size=32, num_classes=4)).network
     with pytest.raises(UnsupportedOpError, match="epilogue"):

@@ -158,8 +158,8 @@ class TrainingSchedule:
         if op.op == "group_norm" and op.params.get("relu"):
             raise UnsupportedOpError(f"{op.name}: group_norm with a fused relu epilogue cannot be trained; "
                                      f"expected a network before inference fusion")
-        if op.op == "conv2d" and (op.params.get("relu") or op.params.get("has_residual")):
-            raise UnsupportedOpError(f"{op.name}: conv2d with a fused relu/residual epilogue cannot be "
+        if op.op in ("conv2d", "conv_transpose2d") and (op.params.get("relu") or op.params.get("has_residual")):
+            raise UnsupportedOpError(f"{op.name}: {op.op} with a fused relu/residual epilogue cannot be "
                                      f"trained; expected a network before inference fusion")
         if op.op == "flatten" and op.params["start_dim"] != 1:
             raise UnsupportedOpError(f"{op.name}: flatten(start_dim={op.params['start_dim']}); "
