@@ -800,13 +800,7 @@ class TrainingSchedule:
     def _bwd_channel_norm(self, op):
         gamma, p = self.P(op.inputs[1]), op.params
 
-        def run(dy, x):
-            dx, dg, db = te.channel_norm_backward(_logical(dy), _logical(x), gamma, p["eps"], p["mode"])
-            for d, grad in ((op.inputs[1], dg), (op.inputs[2], db)):
-                if d.name in self.params:
-                    self._param_grad(d.name, grad)
-            return _physical(dx)
-        self._bwd_simple(op, run)
+        self._bwd_norm(op, lambda dy, x: te.channel_norm_backward(dy, x, gamma, p["eps"], p["mode"]))
 
     def _bwd_conv_transpose2d(self, op):
         w, has_bias = op.inputs[1], op.params["has_bias"]
@@ -947,8 +941,13 @@ class TrainingSchedule:
     def _bwd_layer_norm(self, op):
         gamma, p = self.P(op.inputs[1]), op.params
 
+        self._bwd_norm(op, lambda dy, x: te.layer_norm_backward(dy, x, gamma, p["axis"], p["eps"]))
+
+    def _bwd_norm(self, op, fn):
+        """A norm with (x, gamma, beta): (dx, dgamma, dbeta) = fn(dy, x) on the IR-layout views; gamma and beta
+        get theirs where they train (not an importer's unit weight / zero bias)."""
         def run(dy, x):
-            dx, dg, db = te.layer_norm_backward(_logical(dy), _logical(x), gamma, p["axis"], p["eps"])
+            dx, dg, db = fn(_logical(dy), _logical(x))
             for d, grad in ((op.inputs[1], dg), (op.inputs[2], db)):
                 if d.name in self.params:
                     self._param_grad(d.name, grad)
