@@ -163,8 +163,59 @@ def test_layer_norm_backward_matches_autograd(shape, axis):
 
 # ----------------------------------------------------------------------------- networks
 
+_KINKS = ((nn.ReLU, lambda m: (0.0,)), (nn.Hardtanh, lambda m: (m.min_val, m.max_val)),
+          (nn.Hardswish, lambda m: (-3.0, 3.0)), (nn.Hardsigmoid, lambda m: (-3.0, 3.0)))
+
+
+def _kink_allowance(module, x, labels, g64, rel=1e-6):
+    """Per parameter, how far its float64 gradient moves when an activation input within rounding distance of a
+    kink (ReLU's 0, ReLU6's 0 and 6, hardswish's -3 and 3: closer than `rel` x the tensor's largest value) is
+    taken on the other side: float32 rounding decides such a position (MobileNetV2 at 96x96 has a ReLU6 input of
+    3.9e-7 in a tensor of 8.1; the AVX2 kernels' rounding puts it on the other side from PyTorch's), and one
+    position moves a channel's BN statistics and every gradient before it by up to 3% of their largest value.
+    The eight closest positions, each flipped alone; the moves added."""
+    near = []                                   # (module name, flat index, kink)
+
+    def find(name, kinks):
+        def hook(m, inp):
+            z = inp[0].detach()
+            scale = float(z.abs().max())
+            for k in kinks:
+                d = (z - k).abs().flatten() / scale
+                idx = torch.nonzero(d < rel).flatten()
+                near.extend((float(d[i]), name, int(i), k) for i in idx)
+        return hook
+
+    def kinks_of(m):
+        return next((f(m) for t, f in _KINKS if isinstance(m, t)), None)
+
+    m64 = copy.deepcopy(module).double()
+    hs = [m.register_forward_pre_hook(find(n, kinks_of(m))) for n, m in m64.named_modules() if kinks_of(m)]
+    with torch.no_grad():
+        m64(x.double())
+    for h in hs:
+        h.remove()
+    allow = {k: np.zeros_like(g) for k, g in g64.items()}
+    for _, name, i, k in sorted(near)[:8]:          # (the closest: float32 rounding reaches ~1e-7 of the scale)
+        mf = copy.deepcopy(module).double()
+
+        def flip(m, inp):
+            z = inp[0].clone()
+            f = z.view(-1)
+            f[i] = 2 * k - f[i] if f[i] != k else k - 1e-12
+            return (z,) + inp[1:]
+        dict(mf.named_modules())[name].register_forward_pre_hook(flip)
+        F.cross_entropy(mf(x.double()), labels).backward()
+        for kk, p in mf.named_parameters():
+            allow[kk] += np.abs(p.grad.numpy() - g64[kk])
+    return {k: float(v.max()) for k, v in allow.items()}, len(near)
+
+
 def _step_against_torch(module, x, labels, schedule="fused"):
-    """One forward / backward through from_torch + Trainer and through PyTorch (float32 and float64)."""
+    """One forward / backward through from_torch + Trainer and through PyTorch (float32 and float64). Per
+    tensor: within 2e-3 of its largest value (1e-3 of the largest gradient's for a tensor whose gradient is
+    ~0), 3x float32 PyTorch's own error, or, where float32 rounding decides an activation's kink, the
+    gradient's move when those positions take the other side (`_kink_allowance`)."""
     for m in module.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0                 # (the Trainer's dropout draws its own mask)
@@ -182,10 +233,16 @@ def _step_against_torch(module, x, labels, schedule="fused"):
     ref = {k: p.grad.numpy() for k, p in m64.named_parameters()}
     gmax = max(float(np.abs(g).max()) for g in ref.values())
     assert set(ref) <= set(grads), sorted(set(ref) - set(grads))
+    allow = None
     for k, g in ref.items():
         atol = max(2e-3 * max(float(np.abs(g).max()), 1e-3 * gmax), 3 * float(np.abs(g32[k] - g).max()))
         err = float(np.abs(grads[k] - g).max())
-        assert err <= atol, f"{k}: max |error| {err:.3g} > {atol:.3g} (max |ref| {np.abs(g).max():.3g})"
+        if err > atol and allow is None:
+            allow, count = _kink_allowance(module, x, labels, ref)
+        if err > atol:
+            atol = max(atol, 1.5 * allow[k])
+        assert err <= atol, f"{k}: max |error| {err:.3g} > {atol:.3g} (max |ref| {np.abs(g).max():.3g}" + (
+            f"; {count} activation inputs within rounding of a kink)" if allow is not None else ")")
     return tr, grads
 
 
@@ -235,7 +292,7 @@ def test_unfused_and_fused_agree_on_a_mobile_block():
 # ----------------------------------------------------------------------------- what stays refused
 
 class _ScaledBy(nn.Module):
-    """A layer scale applied through a reshape of the parameter (timm's `x * self.gamma.reshape(1, -1, 1, 1)`)."""
+    """A layer scale through an expression of the parameter (`x * self.gamma.exp().reshape(1, -1, 1, 1)`)."""
 
     def __init__(self, c):
         super().__init__()
@@ -244,7 +301,7 @@ class _ScaledBy(nn.Module):
         self.fc = nn.Linear(c, 5)
 
     def forward(self, x):
-        y = self.conv(x) * self.gamma.reshape(1, -1, 1, 1)
+        y = self.conv(x) * self.gamma.exp().reshape(1, -1, 1, 1)
         return self.fc(y.mean((2, 3)))
 
 
@@ -252,6 +309,56 @@ def test_a_parameter_folded_into_a_constant_is_refused_by_name():
     net = tilefuse.from_torch(_ScaledBy(4), torch.randn(2, 3, 8, 8))
     with pytest.raises(UnsupportedOpError, match=r"derived from parameter 'gamma'"):
         Trainer(net, SGD(lr=0.1))
+
+
+class _ParameterViews(nn.Module):
+    """Parameters read through views, as model code writes them: timm's layer scale
+    `x * self.gamma.reshape(1, -1, 1, 1)`, SSD's L2Norm `self.weight.view(1, -1, 1, 1) * x / norm`, the official
+    ConvNeXt LayerNorm's `self.weight[:, None, None] * x + self.bias[:, None, None]`, a bias both as it is (in a
+    linear) and through `unsqueeze` (its two gradients add), and norms without affine parameters (their unit
+    weights are fixed, as PyTorch has none)."""
+
+    def __init__(self, c=6):
+        super().__init__()
+        self.conv = nn.Conv2d(3, c, 3, padding=1)
+        self.gamma = nn.Parameter(torch.linspace(0.5, 1.5, c))
+        self.l2 = nn.Parameter(torch.linspace(2.0, 4.0, c))
+        self.ln_w, self.ln_b = nn.Parameter(torch.linspace(0.8, 1.2, c)), nn.Parameter(torch.linspace(-0.2, 0.2, c))
+        self.bn = nn.BatchNorm2d(c, affine=False)
+        self.ln = nn.LayerNorm(c, elementwise_affine=False)
+        self.fc = nn.Linear(c, c)
+
+    def forward(self, x):
+        x = self.conv(x) * self.gamma.reshape(1, -1, 1, 1)
+        x = self.l2.view(1, -1, 1, 1) * x / (x.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
+        u = x.mean(1, keepdim=True)
+        v = (x - u).pow(2).mean(1, keepdim=True)
+        x = self.ln_w[:, None, None] * ((x - u) / torch.sqrt(v + 1e-6)) + self.ln_b[:, None, None]
+        x = self.ln(self.bn(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        y = self.fc(x.mean((2, 3)))                                   # (N, c): fc.bias as it is
+        return y + self.fc.bias.unsqueeze(0) * y                      # and through a view
+
+
+@pytest.mark.parametrize("schedule", ["unfused", "fused"])
+def test_parameters_read_through_views_train_as_torch_and_load_back(schedule):
+    torch.manual_seed(0)
+    module, x, labels = _ParameterViews(), torch.randn(4, 3, 7, 9), torch.tensor([0, 5, 2, 3])
+    net = tilefuse.from_torch(module, x)
+    assert net.constant_alias, "the views should be recorded as aliases of their parameters"
+    tr, grads = _step_against_torch(module, x, labels, schedule=schedule)
+    assert set(tr.params) == {k for k, _ in module.named_parameters()}, sorted(tr.params)
+    module.zero_grad()
+    F.cross_entropy(module(x), labels).backward()
+    torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9).step()
+    tr.optimizer.step(tr.params, {k: v for k, v in grads.items() if k in tr.params})
+    sd = tr.to_torch_state_dict()
+    assert set(sd) == set(module.state_dict()), sorted(set(sd) ^ set(module.state_dict()))
+    for k, v in module.state_dict().items():
+        np.testing.assert_allclose(sd[k].numpy(), v.numpy(), rtol=1e-4, atol=1e-6, err_msg=k)
+    module.load_state_dict(sd, strict=True)
+    # inference with the trained weights reads the views of the updated parameters
+    module.eval()
+    np.testing.assert_allclose(tr.predict(x.numpy()), module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_a_constant_of_unknown_origin_is_refused_and_can_be_declared():

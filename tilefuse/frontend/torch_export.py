@@ -203,12 +203,15 @@ class Const:
     """A constant tensor during import (a parameter, a buffer, or a folded subgraph); it becomes
     a network constant named `key` when an op uses it as an operand. `origin` goes into the network's
     `constant_origin` (what the Trainer trains): "parameter" (an nn.Parameter as it is), "buffer" (a buffer, a
-    constant, a literal), or "derived from parameter '<key>'" (a folded expression of a parameter)."""
+    constant, a literal), or "derived from parameter '<key>'" (a folded expression of a parameter). `root` is
+    (key, shape) of the nn.Parameter whose elements this is in their own order (the parameter itself, or a view
+    of it: `w.view(1, -1, 1, 1)`, `w[:, None, None]`), which the Trainer trains as that parameter."""
 
-    def __init__(self, tensor, key: str, origin: str = "buffer"):
+    def __init__(self, tensor, key: str, origin: str = "buffer", root: tuple | None = None):
         self.tensor = tensor.detach()
         self.key = key
         self.origin = origin
+        self.root = root
 
     @property
     def shape(self):
@@ -217,6 +220,10 @@ class Const:
     def __repr__(self):
         return f"Const({self.key!r}, {self.shape})"
 
+
+# ATen ops that give a tensor's elements in their own order (with as many elements: a view of all of them)
+_VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias", "detach", "clone",
+                       "contiguous", "slice", "select", "lift_fresh_copy", "_to_copy", "flatten", "unflatten"})
 
 _NONDETERMINISTIC = ("rand", "randn", "randint", "bernoulli", "dropout", "native_dropout", "empty",
                      "normal", "uniform", "multinomial")
@@ -291,7 +298,15 @@ class _Importer:
                 arr = arr.reshape(1)
             d = self.net.constant(self.unique(c.key), arr, dtype=dt)
             self.net.constant_origin[d.name] = c.origin
+            if c.root is not None and (c.root[0] != d.name or tuple(c.root[1]) != arr.shape):
+                self.net.constant_alias[d.name] = (c.root[0], tuple(c.root[1]))
             self.consts[key] = d
+        return d
+
+    def fixed(self, base: str, arr: np.ndarray) -> DataNode:
+        """A constant the importer makes (a norm's unit weight, a broadcast's ones): a buffer, never trained."""
+        d = self.net.constant(self.unique(base), arr, dtype=self.dtype)
+        self.net.constant_origin[d.name] = "buffer"
         return d
 
     def tensor(self, v, what="input") -> DataNode:
@@ -354,7 +369,8 @@ class _Importer:
                     self.env[n] = self.net.input(self.unique(n.name), tuple(t.shape), _DTYPES[t.dtype])
                 elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
                     t = state[s.target] if s.target in state else consts[s.target]
-                    self.env[n] = Const(t, s.target, "parameter" if kind == "PARAMETER" else "buffer")
+                    self.env[n] = Const(t, s.target, "parameter", (s.target, tuple(t.shape))) \
+                        if kind == "PARAMETER" else Const(t, s.target, "buffer")
                 else:
                     raise self.fail(f"a graph input of kind {kind}")
             elif n.op == "call_function":
@@ -426,6 +442,12 @@ class _Importer:
         params = [v for v in _flatten(args) if isinstance(v, Const) and v.origin != "buffer"]
         origin = "buffer" if not params else (
             f"derived from parameter '{params[0].key}'" if params[0].origin == "parameter" else params[0].origin)
+        consts = [v for v in _flatten(args) if isinstance(v, Const)]
+        if isinstance(out, torch.Tensor) and target._opname in _VIEW_OPS and len(consts) == 1 and \
+                consts[0].root is not None and out.dtype == consts[0].tensor.dtype and \
+                out.numel() == int(np.prod(consts[0].root[1])):
+            # every element of the parameter in its own order: trained as the parameter (its gradient reshaped)
+            return Const(out, key, "parameter", consts[0].root)
         if isinstance(out, torch.Tensor):
             return Const(out, key, origin)
         if isinstance(out, (tuple, list)):
@@ -505,10 +527,8 @@ def _batch_norm(imp, x, w, b, mean, var, momentum, eps):
     mean, var = imp.weight(mean, "running mean"), imp.weight(var, "running variance")
     prefix = mean.key[: -len(".running_mean")] if mean.key.endswith(".running_mean") else mean.key
     c = x.shape[1]
-    g = imp.const_node(w) if w is not None else imp.net.constant(imp.unique(f"{prefix}.unit_weight"),
-                                                                 np.ones(c, imp.dtype), imp.dtype)
-    bb = imp.const_node(b) if b is not None else imp.net.constant(imp.unique(f"{prefix}.zero_bias"),
-                                                                  np.zeros(c, imp.dtype), imp.dtype)
+    g = imp.const_node(w) if w is not None else imp.fixed(f"{prefix}.unit_weight", np.ones(c, imp.dtype))
+    bb = imp.const_node(b) if b is not None else imp.fixed(f"{prefix}.zero_bias", np.zeros(c, imp.dtype))
     y = imp.net.batch_norm(x, g, bb, imp.const_node(mean), imp.const_node(var), eps=float(eps), name=imp.op_name())
     return (y, None, None)
 
@@ -526,9 +546,9 @@ def _group_norm(imp, x, groups, w=None, b=None, eps=1e-5, *rest):
     name = imp.op_name()
     c = x.shape[1] if len(x.shape) >= 2 else 0
     g = imp.const_node(imp.weight(w, "weight")) if w is not None else \
-        imp.net.constant(imp.unique(f"{name}.unit_weight"), np.ones(c, imp.dtype), imp.dtype)
+        imp.fixed(f"{name}.unit_weight", np.ones(c, imp.dtype))
     bb = imp.const_node(imp.weight(b, "bias")) if b is not None else \
-        imp.net.constant(imp.unique(f"{name}.zero_bias"), np.zeros(c, imp.dtype), imp.dtype)
+        imp.fixed(f"{name}.zero_bias", np.zeros(c, imp.dtype))
     return imp.net.add_op("group_norm", [x, g, bb], {"groups": int(groups), "eps": float(eps)}, name)
 
 
@@ -1131,9 +1151,9 @@ def _layer_norm(imp, x, normalized_shape, w=None, b=None, eps=1e-5, *rest):
     shape = tuple(int(s) for s in normalized_shape)
     name = imp.op_name()
     g = imp.const_node(imp.weight(w, "weight")) if w is not None else \
-        imp.net.constant(imp.unique(f"{name}.unit_weight"), np.ones(shape, imp.dtype), imp.dtype)
+        imp.fixed(f"{name}.unit_weight", np.ones(shape, imp.dtype))
     bb = imp.const_node(imp.weight(b, "bias")) if b is not None else \
-        imp.net.constant(imp.unique(f"{name}.zero_bias"), np.zeros(shape, imp.dtype), imp.dtype)
+        imp.fixed(f"{name}.zero_bias", np.zeros(shape, imp.dtype))
     y = imp.net.add_op("layer_norm", [x, g, bb], {"axis": axis, "eps": float(eps)}, name)
     return (y, None, None)
 
@@ -1183,7 +1203,7 @@ def _expand(imp, x, size, *, implicit=False):
     # where its consumers broadcast anyway)
     xs = (1,) * (len(size) - len(x.shape)) + tuple(x.shape)
     ones = np.ones([s if d == 1 else 1 for d, s in zip(xs, size)], imp.dtype)
-    ones = imp.net.constant(imp.unique(f"{imp.op_name_hint()}.ones"), ones, imp.dtype)
+    ones = imp.fixed(f"{imp.op_name_hint()}.ones", ones)
     return imp.net.mul(x, ones, name=imp.op_name())
 
 

@@ -40,6 +40,10 @@ class Network:
         # (from_torch: nn.Parameter or not); the Trainer trains the parameters among the operands of ops that
         # have no weight slot (a layer scale's mul) and refuses a constant whose origin it cannot tell
         self.constant_origin: dict[str, str] = {}
+        # constant name -> (parameter key, parameter shape) where the constant is a parameter's elements in their
+        # own order under another name or shape (from_torch: `w.view(1, -1, 1, 1)`, `w[:, None, None]`): the
+        # Trainer trains the parameter, reading it in the constant's shape
+        self.constant_alias: dict[str, tuple[str, tuple]] = {}
         if ops:
             self.ops = _toposort(list(ops), self.inputs)
             for op in self.ops:
@@ -595,6 +599,7 @@ class Network:
         new.outputs = [cp(d) for d in self.outputs]
         new._names = set(self._names)
         new.constant_origin = dict(self.constant_origin)
+        new.constant_alias = dict(self.constant_alias)
         new._counter = itertools.count(next(self._counter))
         return new
 

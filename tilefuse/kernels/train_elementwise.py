@@ -157,11 +157,22 @@ def _act_grad_seq(counter, tid, out, dy, x, code, a, b):
         A.grad_span(out[i0:i1], dy[i0:i1], x[i0:i1], code, a, b)
 
 
+# activations whose derivative is infinite somewhere (at 0): 0 * inf there is NaN, where dy is 0 the gradient is 0
+_SINGULAR = frozenset({"sqrt", "rsqrt", "log", "pow"})
+
+
 def activation_backward(act, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     """dy * act'(x), act = (name, alpha, beta): float32 codes in activations.GRAD_CODES on the step's threads
-    (chunks of CHUNK values, any layout: element-wise), the rest `activations.derivative`."""
+    (chunks of CHUNK values, any layout: element-wise), the rest `activations.derivative`.
+
+    Where an activation's derivative is infinite (sqrt, rsqrt, log, a power at 0) and dy is 0, dx is 0, not
+    0 * inf = NaN: a position no gradient reaches (F.normalize's norm under its clamp_min(eps), a branch
+    torch.where did not take) gets none (PyTorch's autograd gives NaN for the explicit expression there)."""
     name, alpha, beta = act
     code = A.ACTIVATIONS[name][0]
+    if name in _SINGULAR:
+        dx = A.derivative(name, dy, x, alpha, beta)
+        return np.where(dy == 0, np.zeros((), dx.dtype), dx)
     if code not in A.GRAD_CODES or dy.dtype != np.float32 or x.dtype != np.float32:
         return A.derivative(name, dy, x, alpha, beta)
     out = np.empty_like(dy)

@@ -96,6 +96,8 @@ class TrainingSchedule:
         if mode not in ("fused", "unfused"):
             raise ValueError(f"schedule '{mode}' is not known; expected 'fused' or 'unfused'")
         self.net, self.params, self.buffers, self.mode = net, params, buffers, mode
+        # a constant that is a view of a parameter (net.constant_alias) -> that parameter's name in params
+        self.alias = {name: key for name, (key, _) in net.constant_alias.items()}
         self.momentum = bn_momentum
         self.rng = np.random.default_rng(seed)
         if len(net.outputs) != 1:
@@ -175,6 +177,8 @@ class TrainingSchedule:
     def P(self, d):
         """Value of a constant (trainable copy or buffer) or a live activation."""
         if d.is_constant:
+            if d.name in self.alias and self.alias[d.name] in self.params:
+                return self.params[self.alias[d.name]].reshape(d.shape)
             if d.name in self.params:
                 return self.params[d.name]
             return self.buffers[d.name] if d.name in self.buffers else d.value    # (a fixed operand: x + 3)
@@ -185,7 +189,14 @@ class TrainingSchedule:
         u.write(name, _nb(arr), layer)
         self.mem.alloc(name, _nb(arr), layer, writer)
 
+    def trains(self, d) -> bool:
+        """Whether constant d is (a view of) a trained parameter."""
+        return self.alias.get(d.name, d.name) in self.params
+
     def _param_grad(self, name, g):
+        name = self.alias.get(name, name)
+        if name not in self.params and name in self.buffers:
+            return                  # a fixed weight (BatchNorm2d(affine=False)'s unit weight): no gradient
         g = np.asarray(g, dtype=self.params[name].dtype).reshape(self.params[name].shape)
         if name in self.pgrads:
             self.pgrads[name] = self.pgrads[name] + g
@@ -703,7 +714,7 @@ class TrainingSchedule:
         def fn(dy, x):
             dx, dg, db = norm.group_norm_backward(dy, x, gamma, mean, rstd, op.params["groups"])
             for d, grad in ((op.inputs[1], dg), (op.inputs[2], db)):
-                if d.name in self.params:       # (GroupNorm(affine=False)'s unit weight, zero bias: buffers)
+                if self.trains(d):              # (GroupNorm(affine=False)'s unit weight, zero bias: buffers)
                     self._param_grad(d.name, grad)
             return dx
         self._bwd_simple(op, fn)
@@ -872,7 +883,22 @@ class TrainingSchedule:
         self._operand_grads(op, zip(op.inputs, te.binary_backward(op.op, dy, *vals)), u)
 
     def _bwd_activation(self, op):
-        self._bwd_simple(op, lambda dy, x: te.activation_backward(op.params["act"], dy, x))
+        act = op.params["act"]
+        if act[0] == "sqrt" and self._is_vector_norm(op):
+            # torch.linalg.vector_norm's rule (F.normalize, x.norm(dim=1)): a zero vector's norm has gradient 0
+            def fn(dy, x):
+                dx = te.activation_backward(act, dy, x)
+                return np.where(x == 0, np.zeros((), dx.dtype), dx)
+            self._bwd_simple(op, fn)
+            return
+        self._bwd_simple(op, lambda dy, x: te.activation_backward(act, dy, x))
+
+    @staticmethod
+    def _is_vector_norm(op) -> bool:
+        """sqrt(sum(x * x)): Network.vector_norm's ord-2 form."""
+        s = op.inputs[0].producer
+        m = s.inputs[0].producer if s is not None and s.op == "sum" else None
+        return m is not None and m.op == "mul" and m.inputs[0] is m.inputs[1]
 
     def _bwd_reduce(self, op):
         shape, p = op.inputs[0].shape, op.params
@@ -891,7 +917,7 @@ class TrainingSchedule:
         u = u if u is not None else self.log.unit("bwd", op.name)
         for d, g in grads:
             if d.is_constant:
-                if d.name in self.params:
+                if self.trains(d):
                     self._param_grad(d.name, g)
             elif self._wants(d):
                 self._contribute(d.name, _physical(g), u, op.name)
@@ -949,7 +975,7 @@ class TrainingSchedule:
         def run(dy, x):
             dx, dg, db = fn(_logical(dy), _logical(x))
             for d, grad in ((op.inputs[1], dg), (op.inputs[2], db)):
-                if d.name in self.params:
+                if self.trains(d):
                     self._param_grad(d.name, grad)
             return _physical(dx)
         self._bwd_simple(op, run)
@@ -959,7 +985,7 @@ class TrainingSchedule:
 
         def run(dy, x):
             dx, ds = te.prelu_backward(_logical(dy), _logical(x), self.P(s))
-            if s.name in self.params:
+            if self.trains(s):
                 self._param_grad(s.name, ds)
             return _physical(dx)
         self._bwd_simple(op, run)

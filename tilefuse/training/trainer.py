@@ -69,7 +69,9 @@ class Trainer:
             for i in _TRAINABLE.get(op.op, ()):
                 if i < len(op.inputs) and op.inputs[i].is_constant:
                     d = op.inputs[i]
-                    if op.op in ("group_norm", "channel_norm") and d.name.endswith(_FIXED_SUFFIXES):
+                    if d.name.endswith(_FIXED_SUFFIXES) or net.constant_origin.get(d.name) == "buffer":
+                        # a norm's unit weight / zero bias without affine parameters, a registered buffer in a
+                        # weight slot: fixed, as in PyTorch
                         self.buffers.setdefault(d.name, np.array(d.value, copy=True))
                         continue
                     if d.name.endswith(_FOLDED_SUFFIXES):
@@ -77,7 +79,7 @@ class Trainer:
                             f"{op.name}: constant '{d.name}' was folded by the compiler from other constants (a BN "
                             f"or a scale into this {op.op}); its gradient would have to flow back through the fold; "
                             f"expected the network before compile (from_torch's, the zoo's)")
-                    self.params.setdefault(d.name, np.array(d.value, copy=True))
+                    self._add_param(d)
             if op.op == "batch_norm":
                 for d in op.inputs[3:5]:
                     if d.is_constant:
@@ -87,11 +89,21 @@ class Trainer:
                     self._bn_prefixes.append(mean[: -len(".running_mean")])
         for name, trainable in operand_constants(net).items():
             if trainable:
-                self.params.setdefault(name, np.array(net.data[name].value, copy=True))
+                self._add_param(net.data[name])
         self.num_batches_tracked = 0
         self.threads = threads                       # None: all cores (kernels.threads.cpu_count())
         self.schedule = TrainingSchedule(net, self.params, self.buffers, schedule, bn_momentum, seed)
         self.last_loss = None
+
+    def _add_param(self, d) -> None:
+        """The trained copy of constant d: under its own name, or (a view of a parameter, net.constant_alias)
+        under the parameter's name in the parameter's shape."""
+        key, shape = self.net.constant_alias.get(d.name, (d.name, d.shape))
+        v = np.array(d.value, copy=True).reshape(shape)
+        have = self.params.setdefault(key, v)
+        if have.shape != v.shape or not np.array_equal(have, v, equal_nan=True):
+            raise GraphError(d.name, f"is parameter '{key}' {v.shape}, which the network also holds as "
+                                     f"{have.shape} with other values; expected one value per parameter")
 
     @property
     def patterns(self):
@@ -165,7 +177,8 @@ class Trainer:
         """Weights and BN running statistics by constant name (torch keys for zoo/from_torch
         networks, which also get `<bn>.num_batches_tracked`)."""
         out = {k: v.copy() for k, v in self.params.items()}
-        out.update({k: v.copy() for k, v in self.buffers.items()})
+        # (not the importer's unit weights / zero biases of norms without affine parameters: no module state)
+        out.update({k: v.copy() for k, v in self.buffers.items() if not k.endswith(_FIXED_SUFFIXES)})
         for p in self._bn_prefixes:
             out[p + ".num_batches_tracked"] = np.array(self.num_batches_tracked, dtype=np.int64)
         return out
@@ -191,8 +204,10 @@ class Trainer:
         or the compiler); softmax tail kept."""
         new = self.net.clone()
         for d in new.constants():
-            v = self.params.get(d.name, self.buffers.get(d.name))
+            key = self.net.constant_alias.get(d.name, (d.name,))[0]
+            v = self.params.get(key, self.buffers.get(d.name))
             if v is not None:
+                v = v.reshape(d.shape)
                 d.value = None
                 d.bind_constant(v)
         if batch is not None and batch != new.inputs[0].shape[0]:
