@@ -404,18 +404,24 @@ def build(seed: int):
     """(module, input) for a seed: a stem conv, 2-6 blocks, sometimes a classifier head. Draws that PyTorch
     itself rejects (a feature map pooled or strided away, a reflect pad wider than the map) or whose output is
     not finite are drawn again from the same generator."""
-    r = np.random.default_rng(seed)
-    torch.manual_seed(seed)
-    for attempt in range(50):
-        module, x = _draw(r)
-        _swap_norms(module, seed, attempt)
-        _swap_math(module, seed, attempt)
+    for _, module, x in _draws(seed):
         try:
             y = _torch_out(module, x)
         except (RuntimeError, ValueError):     # ValueError: an instance norm of a 1x1 map
             continue
         if np.isfinite(y).all():
             return module, x
+
+
+def _draws(seed: int):
+    """A seed's draws in order, (generator, module, input), norms and math swapped; 50 at most."""
+    r = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    for attempt in range(50):
+        module, x = _draw(r)
+        _swap_norms(module, seed, attempt)
+        _swap_math(module, seed, attempt)
+        yield r, module, x
     raise RuntimeError(f"seed {seed}: no valid draw in 50 tries")
 
 
@@ -835,12 +841,7 @@ def build_train_modern(seed: int):
     head's (N, classes), per pixel for a dense (N, C, H, W) output, a tenth of the pixels PyTorch's ignore_index.
     Dropout is p=0 (its mask is random on both sides). Draws that PyTorch rejects in training mode (a batch norm
     over one value per channel) or whose loss is not finite are drawn again from the same generator."""
-    r = np.random.default_rng(seed)
-    torch.manual_seed(seed)
-    for attempt in range(50):
-        module, x = _draw(r)
-        _swap_norms(module, seed, attempt)
-        _swap_math(module, seed, attempt)
+    for r, module, x in _draws(seed):
         for m in module.modules():
             if isinstance(m, nn.Dropout):
                 m.p = 0.0
@@ -860,7 +861,6 @@ def build_train_modern(seed: int):
             if (labels == -100).all():
                 continue
         return module, x, labels
-    raise RuntimeError(f"seed {seed}: no valid draw in 50 tries")
 
 
 class _ContiguousGrad(torch.autograd.Function):
