@@ -1,11 +1,10 @@
 """Seeded random PyTorch modules (tests/random_torch.py; longer runs: its command line) through the paths a user
 takes, against PyTorch and ONNX Runtime: `from_torch` -> compile -> Session on 1-3 threads, the streamed
 schedule, both torch ONNX exporters -> `from_onnx`, and one training step (`random_torch.build_trainable` and
-`build_train_modern` -> Trainer) against float64 PyTorch autograd. The modules are written in model-code idioms (in-place
-activations, `x.ndim` checks, `x.size(1) // g` shuffles, `chunk`, `x[:, :c]`, `F.interpolate`, permute-LayerNorm-
-Linear-permute, `F.pad` matching a skip's size, SPPF, Focus's strided slices, ASPP, functional spellings; a fifth of
-the batch norms swapped for GroupNorm or InstanceNorm2d). 45, 46
-and 97 crop with a negative `F.pad` (refused before this file existed); 37, 69, 321 and 344 put a padded
+`build_train_modern` -> Trainer) against float64 PyTorch autograd. The modules are written in model-code idioms
+(in-place activations, `x.ndim` checks, `x.size(1) // g` shuffles, `chunk`, `x[:, :c]`, `F.interpolate`,
+permute-LayerNorm-Linear-permute, `F.pad` matching a skip's size, SPPF, Focus's strided slices, ASPP, functional
+spellings; a fifth of the batch norms swapped for GroupNorm or InstanceNorm2d). 45, 46 and 97 crop with a negative `F.pad` (refused before this file existed); 37, 69, 321 and 344 put a padded
 ceil-mode pool where the TorchScript exporter writes a broken file (shapes by ONNX's pre-opset-22 rule: ONNX
 Runtime fails on 321 and 344, 37 and 69 declare an output shape PyTorch does not produce), which from_onnx must
 refuse by name or run as PyTorch does."""
