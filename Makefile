@@ -18,8 +18,12 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/tilefuse run
 
+# one pytest worker per core, at most 4 (each worker compiles its own kernels and may use several GiB); a
+# whole test file per worker, so a file's module-scoped fixtures (compiled networks) are built once
+TEST_ARGS ?= -n logical --maxprocesses 4 --dist loadfile
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(TEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
