@@ -9,7 +9,7 @@ import os
 os.environ.setdefault("NUMBA_NUM_THREADS", "16")
 
 # TILEFUSE_TEST_RSS_LOG=FILE: after each test whose run raised this process's (or its children's) peak
-# resident memory, append "peak_self_MiB peak_children_MiB test id" to FILE (one line per raise; with
+# resident memory, append "peak_self_MiB peak_children_MiB pid test_id" to FILE (one line per raise; with
 # pytest-xdist each worker appends its own lines). Finds the tests that make `make test` need its memory.
 _RSS_LOG = os.environ.get("TILEFUSE_TEST_RSS_LOG")
 _rss_peak = [0, 0]
