@@ -154,6 +154,41 @@ def test_input_scaled_conv_bound_both_paths_and_threads(n, c, o, hw, monkeypatch
             np.testing.assert_array_equal(q, outs[0])
 
 
+@pytest.mark.parametrize("mode", ["numba", "pool"])
+def test_input_scaled_conv_one_region_replayed_with_new_values(mode, monkeypatch):
+    """The scaled-input path runs the scaling and the 1x1 in one task loop (se_conv._se1x1_seq: a scaling
+    phase the 1x1 tasks wait for). Called again and again as a session calls a bound layer (the same operand
+    arrays, new values in them: from the second call on its task loop is replayed, threads.replaying), on
+    numba's pool and on ours (threads.region_plan), at 1, 2, 3 and 8 threads: every call equals the reference
+    for that call's input and scale (a 1x1 that ran before the scaled copy was complete, or on the last call's
+    copy, would not), the threads bitwise alike. RegNetY's 7x7 shape (C = O: the input is scaled, in 3 tasks)
+    and an odd one (C = 37: a partial last block)."""
+    from tilefuse.kernels import se_conv, threads
+    from tilefuse.kernels.conv import from_nchwc, to_nchwc
+    monkeypatch.setitem(threads._NUMBA, "mode", mode)
+    for n, c, o, hw in [(1, 440, 440, 7), (2, 37, 45, 5)]:
+        assert not se_conv.scales_weights(n, c, o, hw * hw)
+        xb = to_nchwc(rand(n, c, hw, hw))
+        s = RNG.random((n, c, 1, 1)).astype(np.float32)
+        wt, b = rand(o, c, 1, 1, scale=1 / np.sqrt(c)), rand(o)
+        params = dict(has_bias=True, has_residual=False, layout="nchwc", act=None, relu=True)
+        outs = {}
+        fns = {}
+        threads.region_counts(reset=True)
+        for call in range(3):
+            x = rand(n, c, hw, hw)
+            xb[...] = to_nchwc(x)
+            s[...] = RNG.random((n, c, 1, 1))
+            want = ref.conv2d(x, wt, b, (1, 1), (0, 0, 0, 0), (1, 1), 1, relu=True, input_scale=s)
+            for th in (1, 2, 3, 8):
+                out = outs.setdefault(th, np.full((n, -(-o // 16), hw, hw, 16), np.nan, np.float32))
+                fn = fns.setdefault(th, se_conv.bind([xb, wt, b, s, out], dict(params, threads=th)))
+                fn(out, xb, wt, b, s)
+                close(from_nchwc(out, o), want)
+                np.testing.assert_array_equal(out, outs[1])
+        assert threads.region_counts()["replayed"] == 4      # the third call of each binding
+
+
 # ----------------------------------------------------------------------------- the compiler pass
 
 def _se_net(c=37, r=9, n=3, hw=7, shared_mean=False, gate="sigmoid"):

@@ -12,8 +12,9 @@ One OpenBLAS GEMM per image and block of output channels (tasks on the conv pool
 thread), then bias, residual and the activation in place. On NCHW16c tensors the per-image
 scaled weights are packed for the blocked 1x1 kernel (kernels/conv/k1x1.py) instead, or, where
 that moves more values (a batch of small maps with many channels: O + N*H*W < N*O), the input
-is scaled once into a scratch buffer and one 1x1 conv runs over the batch (the products are
-then rounded as the reference rounds them: x * s first). Other convs scale the input into a
+is scaled once into a scratch buffer and one 1x1 conv runs over the batch, the scaling and the
+1x1 in one task loop (`_se1x1_seq`: a scaling phase, then the 1x1's tasks; the products are then
+rounded as the reference rounds them: x * s first). Other convs scale the input into a
 scratch buffer first and run the reference conv (correct, not fast). Tolerance against the
 reference (which scales x first): the products are associated differently, within 1e-5
 relative.
@@ -27,54 +28,81 @@ from numba import njit
 
 from . import reference as ref
 from .broadcast import _code, apply_act_inplace
-from .conv._nb import mul16
-from .pool import next_block_task
-from .threads import blas_threads, numba_region, parallel_for, replaying, scratch
+from .conv._nb import atomic_add_sync, mul16
+from .conv.epilogue import resolve_act
+from .conv.k1x1 import _k1x1_seq
+from .threads import (COUNTER_SLOTS, blas_threads, numba_region, parallel_for, replaying, resolve_threads,
+                      scratch)
 
 
 @njit(nogil=True, cache=True)
-def scale_blocks(xs, x, sb, n, c0, c1):
-    """xs[n, cb, p, :] = x[n, cb, p, :] * sb[n, cb*16:(cb+1)*16] for the blocks [c0, c1) of image n:
-    x (N, Cb, P, 16) NCHW16c, sb (N, Cb*16) the scale with zeros past C. One 16-lane multiply per
-    position (`_nb.mul16`; as a 16-lane loop numba left it scalar: ~1.4 cycles a value, 28 us for
-    EfficientNet's 1152-channel 7x7 input)."""
+def scale_blocks(xs, x, s2, n, c0, c1):
+    """xs[n, cb, p, :] = x[n, cb, p, :] * s2[n, cb*16:(cb+1)*16] for the blocks [c0, c1) of image n: x (N, Cb, P, 16)
+    NCHW16c, s2 (N, C) the scale; the lanes past C written 0 (the weights' rows there are zero and the 1x1
+    reduces over [0, kc), kc <= C: never read). One 16-lane multiply per position (`_nb.mul16`; as a 16-lane
+    loop numba left it scalar: ~1.4 cycles a value, 28 us for EfficientNet's 1152-channel 7x7 input)."""
     Cb, P = x.shape[1], x.shape[2]
-    xf, xsf, sf = x.reshape(x.size), xs.reshape(xs.size), sb.reshape(sb.size)
+    C = s2.shape[1]
+    xf, xsf, sf = x.reshape(x.size), xs.reshape(xs.size), s2.reshape(s2.size)
     for cb in range(c0, c1):
         base = (n * Cb + cb) * P * 16
-        sc = (n * Cb + cb) * 16
-        for p in range(P):
-            mul16(xsf, base + 16 * p, xf, base + 16 * p, sf, sc)
+        sc = n * C + cb * 16
+        if cb * 16 + 16 <= C:
+            for p in range(P):
+                mul16(xsf, base + 16 * p, xf, base + 16 * p, sf, sc)
+        else:
+            m = C - cb * 16
+            for p in range(P):
+                o = base + 16 * p
+                for l in range(m):
+                    xsf[o + l] = xf[o + l] * sf[sc + l]
+                for l in range(m, 16):
+                    xsf[o + l] = 0.0
 
 
 @njit(nogil=True, cache=True)
-def _pad_scale_seq(counter, tid, sb, s2):
-    """sb[:, :C] = s2 (N, C), sb[:, C:] = 0 (N, Cb*16): the scale with zeros past the channels, as a
-    one-task loop (threads.numba_region), so a replayed call (threads.replaying) refreshes it too."""
-    n, c = s2.shape
-    for i in range(n):
-        for j in range(c):
-            sb[i, j] = s2[i, j]
-        for j in range(c, sb.shape[1]):
-            sb[i, j] = 0.0
-
-
-@njit(nogil=True, cache=True)
-def _scale_seq(counter, tid, xs, x, sb, per):
-    """One worker of the input-scaling pass (threads.numba_region) over pool.mean_tasks' tasks
-    (pool.next_block_task)."""
+def _scale_phase(counter, xs, x, s2, per):
+    """The first phase of `_se1x1_seq`: the input-scaling tasks (image, `per` channel blocks) taken from
+    counter[1], each counted in counter[2] when written; returns once every task is written (whoever ran
+    it). A worker waits only for tasks other workers took and are running, so no schedule deadlocks: a
+    worker that starts late finds them taken or done."""
+    N, Cb = x.shape[0], x.shape[1]
+    chunks = (Cb + per - 1) // per
+    total = N * chunks
     while True:
-        n, c0, c1 = next_block_task(counter, x.shape[0], x.shape[1], per)
-        if n < 0:
+        t = atomic_add_sync(counter, 1, 1)
+        if t >= total:
             break
-        scale_blocks(xs, x, sb, n, c0, c1)
+        n = t // chunks
+        c0 = (t - n * chunks) * per
+        scale_blocks(xs, x, s2, n, c0, min(Cb, c0 + per))
+        atomic_add_sync(counter, 2, 1)
+    while atomic_add_sync(counter, 2, 0) < total:
+        pass
+
+
+@njit(nogil=True, cache=True)
+def _se1x1_seq(counter, tid, xs4, x4, s2, per, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo,
+               HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc):
+    """One worker of the input-scaled 1x1 (threads.numba_region): the scaling phase (`_scale_phase`: xs = x * s
+    into scratch), then the 1x1's tasks on xs (k1x1._k1x1_seq; xf is xs flat). One region for both: the scale's
+    padding and the scaling were a region each before the 1x1's (~5-25 us of launch and Python a call on the
+    development VMs, 16 such convs in RegNetY-400MF)."""
+    _scale_phase(counter, xs4, x4, s2, per)
+    _k1x1_seq(counter, tid, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh,
+              sw, q_outer, pfd, pfo, kc)
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _scale_par(nt, xs, x, sb, per):
-    counter = np.zeros(1, np.int64)
+def _se1x1_par(nt, xs4, x4, s2, per, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb,
+               Ob, sh, sw, q_outer, pfd, pfo, kc):
+    counter = np.zeros(COUNTER_SLOTS, np.int64)
     for _w in nb.prange(nt):
-        _scale_seq(counter, nb.get_thread_id(), xs, x, sb, per)
+        _se1x1_seq(counter, nb.get_thread_id(), xs4, x4, s2, per, tasks, of, xf, wp, bias, rf, has_res, code, alpha,
+                   beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
+
+
+SCALE_VALUES = 8192   # values a scaling task writes: a 7x7 map's 440 channels (RegNetY) are 3 tasks, not one
 
 
 CALL_VALUES = 100_000   # a 1x1 conv call per image costs about a memory pass over this many values
@@ -95,7 +123,6 @@ def run_nchwc(out, x, prepared, s, res=None, *, relu=False, act=None, threads=No
     """Blocked x (N, Cb, H, W, 16) / out / residual, NCHW scale s (N, C, 1, 1); `prepared`: the
     unscaled weights packed by k1x1.prepare (w (O, C, 1, 1), b) -> {"weight" (OP, Cip, 32), "bias"}."""
     from .conv import k1x1
-    from .pool import mean_blocks_per_task
     wk, bias = prepared["weight"], prepared["bias"]
     n, cb, h, wd, _ = x.shape
     c = s.shape[1]
@@ -103,17 +130,20 @@ def run_nchwc(out, x, prepared, s, res=None, *, relu=False, act=None, threads=No
     s2 = s.reshape(n, c)                                  # (N, C, 1, 1) -> (N, C)
     act = None if relu else act
     if not scales_weights(n, c, o, h * wd):
-        sb = scratch("se_conv_sb", (n, cb * 16))
-        numba_region(None, _pad_scale_seq, 1, 1, sb, s2)     # one task, one thread: no parallel form
         xs = scratch("se_conv_xs", x.shape)
         x4, xs4 = x.reshape(n, cb, h * wd, 16), xs.reshape(n, cb, h * wd, 16)   # (N, Cb, H, W, 16) -> (N, Cb, H*W, 16)
-        # the tasks of pool.mean_tasks (~64K values each), on a numba region: on our Python pool (one
-        # numba call per task through the GIL) the pass ran ~5 GB/s, 1.07 ms for RegNetY's batch-32
-        # 7x7 input (2.8 MB), as much as a fifth of the conv after it. (Scaling and convolving images in
-        # groups of 0.5-4 MiB, so the scaled copy stays in the caches, ran 0.91-1.25x the time: not kept.)
-        per = mean_blocks_per_task(h * wd, 16)
-        numba_region(_scale_par, _scale_seq, threads, n * -(-cb // per), xs4, x4, sb, int(per))
-        k1x1.run_nchwc(out, xs, prepared, res, relu=relu, act=act, threads=threads)
+        # one region: the input scaled into xs (tasks of SCALE_VALUES), then the 1x1 over xs. The scale passes
+        # as their own regions (~64K values a task: pool.mean_tasks) cost a launch each; on our Python pool
+        # (one numba call per task through the GIL) the pass ran ~5 GB/s, 1.07 ms for RegNetY's batch-32 7x7
+        # input. (Scaling and convolving images in groups of 0.5-4 MiB, so the scaled copy stays in the caches,
+        # ran 0.91-1.25x the time: not kept.)
+        per = max(1, SCALE_VALUES // (h * wd * 16))
+        code, al, be = resolve_act(relu, act, "gemm1x1")
+        threads = resolve_threads(threads)
+        loop = k1x1._task_loop(out, xs, prepared, res, (1, 1), code, al, be, threads, None)
+        ntasks = max(len(loop[0]), n * -(-cb // per))
+        numba_region(_se1x1_par, _se1x1_seq, threads, ntasks, xs4, x4, np.ascontiguousarray(s2, np.float32), per,
+                     *loop)
         return
     for i in range(n):   # the weights scaled task by task inside the 1x1 (= k1x1.prepare(w * s[i], b)["weight"])
         k1x1.run_nchwc(out[i:i + 1], x[i:i + 1], prepared, res[i:i + 1] if res is not None else None, relu=relu,

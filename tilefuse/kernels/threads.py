@@ -150,7 +150,7 @@ def pool_region(seq, threads, ntasks: int, *args) -> int:
     if _LOCAL.capture is not None:
         _LOCAL.capture.append(None)      # not a replayable task loop (capture_regions)
     nt = _width(threads, ntasks)
-    counter = np.zeros(1, np.int64)
+    counter = np.zeros(COUNTER_SLOTS, np.int64)
     if nt <= 1:
         seq(counter, 0, *args)
         return 1
@@ -206,6 +206,11 @@ def parallel_range(ntasks: int, fn, threads=None) -> None:
 
 _NUMBA: dict = {}
 _NUMBA_LOCK = threading.Lock()
+
+# a task loop's counter: counter[0] hands out the tasks; the other slots are the workers' own, zero at the
+# start of every region (a `par` makes its counter with this many slots too): a two-phase loop counts its
+# first phase's tasks there (kernels/se_conv.py: scale the input, then the 1x1 on it, in one region)
+COUNTER_SLOTS = 4
 
 
 def numba_max_threads() -> int:
@@ -472,7 +477,7 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     nt = min(width, ntasks)
     if nt <= 1:
         _REGIONS["serial"] += 1
-        seq(np.zeros(1, np.int64), 0, *args)
+        seq(np.zeros(COUNTER_SLOTS, np.int64), 0, *args)
         return 1
     # numba's pool runs the full width whatever the task count (the workers past the last task find
     # the counter spent and return): a region narrower than the one before shrinks the OpenMP team
@@ -482,7 +487,7 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     mode, free = region_plan(width)       # judged at the width numba's pool would run
     if mode == "pool":
         _REGIONS["pool"] += 1
-        counter = np.zeros(1, np.int64)     # a fresh one per region: a late worker finds it spent
+        counter = np.zeros(COUNTER_SLOTS, np.int64)   # a fresh one per region: a late worker finds it spent
         _spread(lambda tid: seq(counter, tid, *args), nt)
         return nt
     layer = numba_layer()

@@ -84,10 +84,7 @@ def prefetchw(typingctx, arr, idx):
     return _prefetch_impl(typingctx, arr, idx, 1)
 
 
-@intrinsic
-def atomic_add(typingctx, arr, idx, val):
-    """old = arr[idx]; arr[idx] += val, atomically (LLVM atomicrmw add, monotonic) on a 1-D
-    contiguous int64 array: the shared task counter of a parallel loop (threads.py)."""
+def _atomic_add_impl(arr, idx, val, ordering):
     if not (isinstance(arr, types.Array) and arr.dtype == types.int64 and isinstance(idx, types.Integer)
             and isinstance(val, types.Integer)):
         return None
@@ -97,9 +94,24 @@ def atomic_add(typingctx, arr, idx, val):
         ary = context.make_array(signature.args[0])(context, builder, args[0])
         ptr = builder.gep(ary.data, [args[1]])
         v = context.cast(builder, args[2], signature.args[2], types.int64)
-        return builder.atomic_rmw("add", ptr, v, "monotonic")
+        return builder.atomic_rmw("add", ptr, v, ordering)
 
     return sig, codegen
+
+
+@intrinsic
+def atomic_add(typingctx, arr, idx, val):
+    """old = arr[idx]; arr[idx] += val, atomically (LLVM atomicrmw add, monotonic) on a 1-D
+    contiguous int64 array: the shared task counter of a parallel loop (threads.py)."""
+    return _atomic_add_impl(arr, idx, val, "monotonic")
+
+
+@intrinsic
+def atomic_add_sync(typingctx, arr, idx, val):
+    """`atomic_add` with sequentially consistent ordering: the memory written before it is visible to a
+    thread that reads the new count with it (val 0: a read), and the compiler moves no load or store
+    across it. The phase count of a two-phase task loop (se_conv's scale-then-convolve region)."""
+    return _atomic_add_impl(arr, idx, val, "seq_cst")
 
 
 def _act16(context, builder, dst, src, res, hr, code, al, be, hide, leaky=False):

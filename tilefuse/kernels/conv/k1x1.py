@@ -505,6 +505,28 @@ def task_table(total: int, op: int, q: int, p: int) -> np.ndarray:
     return t
 
 
+def _task_loop(out_b, x_b, prepared, residual_b, stride, code, al, be, threads, plan) -> tuple:
+    """The arguments of `_k1x1_seq` after (counter, tid) for a layer whose strided positions were gathered
+    already where the strips need it (run_nchwc): (tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta,
+    HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)."""
+    wp, bias = prepared["weight"], prepared["bias"]
+    n, cb, h, w, _ = x_b.shape
+    _, ob, ho, wo, _ = out_b.shape
+    op, cip, _ = wp.shape
+    hw = ho * wo
+    pl = plan or plan_k1x1(cip, op, n * hw, threads)
+    tasks = task_table(n * hw, op, pl["Q"], pl["P"])
+    has_res = residual_b is not None
+    rf = residual_b.reshape(-1) if has_res else EMPTY1
+    qo = Q_OUTER if Q_OUTER is not None else pl["q_outer"]
+    kc = prepared.get("kc")
+    if kc is None:
+        kc = reduction_length(wp)
+    pfo = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | (16 if STRIPS else 0) | (min(255, STRIP_K // 16) << 8)
+    return (tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias, rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob,
+            int(stride[0]), int(stride[1]), qo, PF_BLOCKS, pfo, kc)
+
+
 def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=False, act=None, threads=None,
               plan=None, input_scale=None) -> None:
     """x_b (N, Cb, H, W, 16) -> out_b (N, Ob, Ho, Wo, 16), no padding (1x1).
@@ -514,14 +536,12 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     reduction_length) applied to the weights task by task (`_k1x1_scaled_seq`; the fused
     squeeze-excitation of kernels/se_conv.py, one image per call)."""
     code, al, be = resolve_act(relu, act, "gemm1x1")
-    wp, bias = prepared["weight"], prepared["bias"]
+    wp = prepared["weight"]
     n, cb, h, w, _ = x_b.shape
-    _, ob, ho, wo, _ = out_b.shape
+    ho, wo = out_b.shape[2:4]
     op, cip, _ = wp.shape
     if cip != cb * 16:
         raise ValueError(f"gemm1x1 (NCHWc): weight has {cip} input channels, input {cb * 16}")
-    hw = ho * wo
-    total = n * hw
     threads = resolve_threads(threads)
     if tuple(stride) != (1, 1) and STRIPS and GATHER_STRIDED and (ASM_512 or ASM_AVX2):
         # the strips (AVX2 and AVX-512) read a tile's positions 64 bytes apart: the strided positions (a quarter
@@ -534,19 +554,10 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
         numba_region(_strided_par, _strided_seq, threads, n * cb * -(-ho // rows), xs, x_c, int(stride[0]),
                      int(stride[1]), rows)
         x_b, stride, h, w = xs, (1, 1), ho, wo
-    pl = plan or plan_k1x1(cip, op, total, threads)
-    tasks = task_table(total, op, pl["Q"], pl["P"])
-    has_res = residual_b is not None
-    rf = residual_b.reshape(-1) if has_res else EMPTY1
-    qo = Q_OUTER if Q_OUTER is not None else pl["q_outer"]
-    kc = prepared.get("kc")
-    if kc is None:
-        kc = reduction_length(wp)
-    pfo = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | (16 if STRIPS else 0) | (min(255, STRIP_K // 16) << 8)
+    loop = _task_loop(out_b, x_b, prepared, residual_b, stride, code, al, be, threads, plan)
+    tasks, kc = loop[0], loop[-1]
     if input_scale is None:
-        numba_region(_k1x1_par, _k1x1_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias,
-                     rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1], qo, PF_BLOCKS, pfo,
-                     kc)
+        numba_region(_k1x1_par, _k1x1_seq, threads, len(tasks), *loop)
         return
     sc = np.asarray(input_scale, np.float32).reshape(-1)
     if sc.shape[0] < kc:
@@ -557,6 +568,4 @@ def run_nchwc(out_b, x_b, prepared, residual_b=None, *, stride=(1, 1), relu=Fals
     nrows = numba_max_threads() if region_threads(threads, len(tasks)) > 1 else 1
     scr = scratch("k1x1_scaled_w", (nrows,) + wp.shape)
     done = scratch("k1x1_scaled_done", (nrows, op), np.uint8)
-    numba_region(_k1x1_scaled_par, _k1x1_scaled_seq, threads, len(tasks), tasks, out_b.reshape(-1), x_b.reshape(-1),
-                 wp, sc, scr, done, bias, rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob, stride[0], stride[1],
-                 qo, PF_BLOCKS, pfo, kc)
+    numba_region(_k1x1_scaled_par, _k1x1_scaled_seq, threads, len(tasks), *loop[:4], sc, scr, done, *loop[4:])
