@@ -189,6 +189,31 @@ def test_input_scaled_conv_one_region_replayed_with_new_values(mode, monkeypatch
         assert threads.region_counts()["replayed"] == 4      # the third call of each binding
 
 
+def test_scale_phase_waits_for_a_task_another_worker_is_writing():
+    """The scaling phase's wait (se_conv._scale_phase): a worker that finds every scaling task taken returns only
+    once all are written, polling the count and, after YIELD_AFTER polls, giving its core away between polls
+    (conv/_nb.cpu_yield). Here the last task is 'written' by another thread 50 ms later: the worker returns
+    after that, not before, and does return (its GIL released: nogil)."""
+    import threading
+    import time
+    from tilefuse.kernels import se_conv
+    x4 = rand(1, 3, 7, 16)
+    xs4 = np.zeros_like(x4)
+    s2 = rand(1, 40)
+    counter = np.zeros(4, np.int64)
+    counter[1] = 3          # (N = 1) x 3 chunks of one block: all taken
+    counter[2] = 2          # two written, one still being written elsewhere
+    t0 = time.perf_counter()
+    waiter = threading.Thread(target=se_conv._scale_phase, args=(counter, xs4, x4, s2, 1), daemon=True)
+    waiter.start()
+    time.sleep(0.05)
+    assert waiter.is_alive()
+    counter[2] += 1
+    waiter.join(10)
+    assert not waiter.is_alive() and time.perf_counter() - t0 >= 0.05
+    assert not xs4.any()    # it took no task itself
+
+
 # ----------------------------------------------------------------------------- the compiler pass
 
 def _se_net(c=37, r=9, n=3, hw=7, shared_mean=False, gate="sigmoid"):

@@ -28,7 +28,7 @@ from numba import njit
 
 from . import reference as ref
 from .broadcast import _code, apply_act_inplace
-from .conv._nb import atomic_add_sync, mul16
+from .conv._nb import atomic_add_sync, cpu_yield, mul16
 from .conv.epilogue import resolve_act
 from .conv.k1x1 import _k1x1_seq
 from .threads import (COUNTER_SLOTS, blas_threads, numba_region, parallel_for, replaying, resolve_threads,
@@ -60,6 +60,9 @@ def scale_blocks(xs, x, s2, n, c0, c1):
                     xsf[o + l] = 0.0
 
 
+YIELD_AFTER = 2000    # polls of the phase count before a waiting worker yields its core (cpu_yield) between polls
+
+
 @njit(nogil=True, cache=True)
 def _scale_phase(counter, xs, x, s2, per):
     """The first phase of `_se1x1_seq`: the input-scaling tasks (image, `per` channel blocks) taken from
@@ -77,8 +80,11 @@ def _scale_phase(counter, xs, x, s2, per):
         c0 = (t - n * chunks) * per
         scale_blocks(xs, x, s2, n, c0, min(Cb, c0 + per))
         atomic_add_sync(counter, 2, 1)
+    spins = 0
     while atomic_add_sync(counter, 2, 0) < total:
-        pass
+        spins += 1
+        if spins > YIELD_AFTER:   # a task takes microseconds; longer, its thread may be waiting for this core
+            cpu_yield()
 
 
 @njit(nogil=True, cache=True)

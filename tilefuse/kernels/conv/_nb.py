@@ -114,6 +114,30 @@ def atomic_add_sync(typingctx, arr, idx, val):
     return _atomic_add_impl(arr, idx, val, "seq_cst")
 
 
+def _linux_x86_64() -> bool:
+    import platform
+    return platform.system() == "Linux" and platform.machine().lower() in ("x86_64", "amd64")
+
+
+@intrinsic
+def cpu_yield(typingctx):
+    """sched_yield(2): give the core to another runnable thread, for a worker waiting on others (a two-phase
+    task loop's phase count, `atomic_add_sync`). On a loaded machine the thread it waits for may be waiting
+    for this core; spinning on would hold it until the time slice ends. Linux x86-64: the system call itself
+    (numba cannot cache a function that calls through ctypes); elsewhere nothing (the caller spins on)."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        if _linux_x86_64():
+            i64 = ir.IntType(64)
+            builder.asm(ir.FunctionType(i64, [i64]), "syscall", "={rax},{rax},~{rcx},~{r11},~{memory}",
+                        [ir.Constant(i64, 24)], True)      # 24: sched_yield on x86-64 Linux
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _act16(context, builder, dst, src, res, hr, code, al, be, hide, leaky=False):
     """The codegen of store16 / act16: each operand (array type, array value, index type, index value)."""
     from llvmlite import ir
