@@ -22,8 +22,10 @@ TRAIN_SEEDS = list(range(0, 16))
 # the whole vocabulary trained: 42 and 43 (F.normalize's constant ones, L2Norm's `weight.view(1, -1, 1, 1)`:
 # refused before), 1000062 and 1000082 (F.normalize of an all-zero position: NaN gradients before), 1000192 (an
 # InstanceNorm2d at batch 1 after LayerNorm2d: PyTorch's own CPU backward is wrong there; the reference works
-# around it)
-TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192]
+# around it), 8000513 (SSD's L2Norm, `x.pow(2).sum(1).sqrt()`, at positions a ReLU zeroed: PyTorch's gradient
+# is NaN there, sqrt's inf derivative times 0; the reference takes the function's finite derivative, which
+# tilefuse's channel norm gives)
+TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 8000513]
 
 
 @pytest.mark.parametrize("seed", TORCH_SEEDS)
