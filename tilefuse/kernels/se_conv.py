@@ -148,6 +148,8 @@ def run_nchwc(out, x, prepared, s, res=None, *, relu=False, act=None, threads=No
         threads = resolve_threads(threads)
         loop = k1x1._task_loop(out, xs, prepared, res, (1, 1), code, al, be, threads, None)
         ntasks = max(len(loop[0]), n * -(-cb // per))
+        # s2 is read inside the loop, so a replayed call (threads.replaying) sees new scale values: a bound call's
+        # scale is a contiguous float32 view of device memory, passed as itself (the copy below is for other callers)
         numba_region(_se1x1_par, _se1x1_seq, threads, ntasks, xs4, x4, np.ascontiguousarray(s2, np.float32), per,
                      *loop)
         return
