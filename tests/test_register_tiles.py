@@ -473,6 +473,21 @@ def test_winograd_gemm_tiles_same_bits(a2, p, cip, op, pa0, pa1, nob):
     np.testing.assert_allclose(outs[0], np.einsum("apc,ack->apk", V, Uf), rtol=1e-4, atol=1e-3)
 
 
+def test_assembly_chunks_unrolled_beside_the_rolled_loop():
+    """tile16 and strip16 run a whole 16-channel chunk unrolled (`_nb.TILE_UNROLL`) and keep the rolled loop
+    for a chunk of fewer channels (and strip16 for weight rows not 128 bytes apart): each R-position tile's
+    assembly has 16 x 2R FMAs unrolled plus 2R in the loop, and the broadcasts of the unrolled channels step 4
+    bytes along the positions. The bits against the numba tiles: the tests above (16-channel and partial
+    chunks, 1-6 positions)."""
+    from tilefuse.kernels.conv import _nb
+    assert _nb.TILE_UNROLL
+    for rows in (1, 4, 6):
+        for text in (_nb._tile_asm(rows), _nb._tile_asm(rows, True), _nb._strip_asm(rows)):
+            assert text.count("vfmadd231ps") == 17 * 2 * rows, (rows, text.count("vfmadd231ps"))
+            assert "vbroadcastss 60(%rsi" in text or f"vbroadcastss {64 * (rows - 1) + 60}(%rsi)" in text
+            assert "jnz 14b" in text
+
+
 def test_generated_tiles_are_current():
     """_tiles_gen.py is what tilegen.generate_source() writes (edit the templates, not the output)."""
     import pathlib

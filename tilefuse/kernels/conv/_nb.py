@@ -605,17 +605,24 @@ def permsel16(typingctx, dst, di, segs, off, idx, ii, nseg):
 # acc[r, l] = (sum over the channels in order of fma(x[r, c], w[c, l], .)) (+ bias[l]): the numba
 # tiles' reduction, operation for operation (the same bits; tests/test_register_tiles.py).
 TILE_ROWS = 6
+# tile16's and strip16's whole chunks (16 channels) run unrolled: the rolled loop spends 4 instructions a
+# channel on its counters beside 20 (tile16) or 21 (strip16) for 12 FMAs, and where the core's dispatch is
+# the limit (a busy SMT sibling on the host) those count (docs/kernels.md). The same FMAs in the same order:
+# the same bits. False (read when the kernels compile): every chunk on the rolled loop.
+TILE_UNROLL = True
 
 
 def _tile_asm(rows: int, resume: bool = False) -> str:
     """resume: the accumulators start from acc's values (prm[11]: a partial sum of an earlier slice of the
     reduction, stored there exactly), else from 0 (tile16a / tile16)."""
-    pos = ["(%rsi)", "(%rsi,%r8)", "(%rsi,%r9)", "(%rsi,%r10)", "(%rsi,%r11)", "(%rsi,%r12)"][:rows]
-    body = ["vmovups (%rdx), %ymm12", "vmovups 32(%rdx), %ymm13"]
-    for r, p in enumerate(pos):   # one input channel: 2 weight loads, R broadcasts, 2R FMAs
-        b = 14 + (r & 1)
-        body += [f"vbroadcastss {p}, %ymm{b}", f"vfmadd231ps %ymm{b}, %ymm12, %ymm{2 * r}",
-                 f"vfmadd231ps %ymm{b}, %ymm13, %ymm{2 * r + 1}"]
+    def channel(k):   # one input channel: 2 weight loads, R broadcasts, 2R FMAs (k: its place in a chunk)
+        pos = ["(%rsi)", "(%rsi,%r8)", "(%rsi,%r9)", "(%rsi,%r10)", "(%rsi,%r11)", "(%rsi,%r12)"][:rows]
+        body = ["vmovups (%rdx), %ymm12", "vmovups 32(%rdx), %ymm13"]
+        for r, p in enumerate(pos):
+            b = 14 + (r & 1)
+            body += [f"vbroadcastss {4 * k}{p}, %ymm{b}", f"vfmadd231ps %ymm{b}, %ymm12, %ymm{2 * r}",
+                     f"vfmadd231ps %ymm{b}, %ymm13, %ymm{2 * r + 1}"]
+        return body
     regs = ["r14", "rdx", "r8", "r9", "r10", "r11", "r12", "rcx"]
     s = [f"mov {8 * i}(%rdi), %{r}" for i, r in enumerate(regs) if not (rows + 1 <= i <= 6)]
     s += ["mov 72(%rdi), %r13", "mov 80(%rdi), %r15"]
@@ -626,9 +633,16 @@ def _tile_asm(rows: int, resume: bool = False) -> str:
     s += ["test %rcx, %rcx", "jz 2f",
           "1:", "mov (%r13), %rsi", "add %r14, %rsi", "add $$8, %r13", "mov $$16, %rbx", "cmp $$1, %rcx", "jne 3f",
           "mov 64(%rdi), %rbx",
-          "3:"] + body + ["add $$4, %rsi", "add %r15, %rdx", "dec %rbx", "jnz 3b", "dec %rcx", "jnz 1b",
-                          "2:", "mov 96(%rdi), %rdx", "test %rdx, %rdx", "jz 4f", "vmovups (%rdx), %ymm12",
-                          "vmovups 32(%rdx), %ymm13"]
+          "3:"]
+    if TILE_UNROLL:    # a whole chunk (16 channels): unrolled, only the weight pointer advanced a channel
+        s += ["cmp $$16, %rbx", "jne 14f"]
+        for k in range(16):
+            s += channel(k) + ["add %r15, %rdx"]
+        s += ["jmp 13f"]
+    s += ["14:"] + channel(0) + ["add $$4, %rsi", "add %r15, %rdx", "dec %rbx", "jnz 14b",
+                                 "13:", "dec %rcx", "jnz 1b",
+                                 "2:", "mov 96(%rdi), %rdx", "test %rdx, %rdx", "jz 4f", "vmovups (%rdx), %ymm12",
+                                 "vmovups 32(%rdx), %ymm13"]
     s += [f"vaddps %ymm{12 + (i & 1)}, %ymm{i}, %ymm{i}" for i in range(2 * rows)]
     s += ["4:", "mov 88(%rdi), %rax"] + [f"vmovups %ymm{i}, {32 * i}(%rax)" for i in range(2 * rows)]
     return "\n\t".join(s)
@@ -758,13 +772,22 @@ STRIP_PF_OUT = 2   # output lines prefetched (prefetchw) this many tiles ahead
 STRIP_PF_IN = 1    # input lines (each chunk's) this many tiles ahead
 
 
-def _strip_asm(rows: int) -> str:
-    step = 64 * rows
-    body = ["vmovups (%rdx), %ymm12", "vmovups 32(%rdx), %ymm13", "prefetcht1 (%rdx,%rax)"]
+def _strip_channel(rows: int, k: int = 0) -> list[str]:
+    """One input channel of the strip's tile: the weight row (2 loads), its prefetch for the block computed
+    next, R broadcasts, 2R FMAs. k: the channel's place in an unrolled chunk (byte offsets k x 128 into the
+    weights, k x 4 into the positions); 0: the rolled loop's (%rsi and %rdx advanced by the loop)."""
+    w = 128 * k
+    body = [f"vmovups {w}(%rdx), %ymm12", f"vmovups {w + 32}(%rdx), %ymm13", f"prefetcht1 {w}(%rdx,%rax)"]
     for r in range(rows):
         b = 14 + (r & 1)
-        body += [f"vbroadcastss {64 * r}(%rsi), %ymm{b}", f"vfmadd231ps %ymm{b}, %ymm12, %ymm{2 * r}",
+        body += [f"vbroadcastss {64 * r + 4 * k}(%rsi), %ymm{b}", f"vfmadd231ps %ymm{b}, %ymm12, %ymm{2 * r}",
                  f"vfmadd231ps %ymm{b}, %ymm13, %ymm{2 * r + 1}"]
+    return body
+
+
+def _strip_asm(rows: int) -> str:
+    step = 64 * rows
+    body = _strip_channel(rows)
     acc = range(2 * rows)
     s = ["mov 104(%rdi), %rax", "mov (%rdi), %r10", "mov 48(%rdi), %r11", "mov 56(%rdi), %r12", "mov 72(%rdi), %r13",
          "mov 16(%rdi), %r8", "mov 40(%rdi), %r9",
@@ -776,9 +799,15 @@ def _strip_asm(rows: int) -> str:
     s += ["mov %r10, %r14", "mov 8(%rdi), %rdx", "mov 24(%rdi), %rcx", "test %rcx, %rcx", "jz 2f",
           "1:", "mov %r14, %rsi", "mov $$16, %rbx", "cmp $$1, %rcx", "jne 3f", "mov 32(%rdi), %rbx", "3:"]
     s += ["cmpq $$0, 96(%rdi)", "je 4f"] + [f"prefetcht0 {STRIP_PF_IN * step + 64 * r}(%r14)" for r in range(rows)]
-    s += ["4:"] + body + ["add $$4, %rsi", "add %r9, %rdx", "dec %rbx", "jnz 4b",
-                          "add %r8, %r14", "dec %rcx", "jnz 1b",
-                          "2:", "cmpq $$0, 120(%rdi)", "je 8f"]
+    s += ["4:"]
+    if TILE_UNROLL:   # a whole chunk (16 channels) on 128-byte weight rows (k1x1's pairs): unrolled
+        s += ["cmp $$16, %rbx", "jne 14f", "cmp $$128, %r9", "jne 14f"]
+        for k in range(16):
+            s += _strip_channel(rows, k)
+        s += ["add $$2048, %rdx", "jmp 13f"]
+    s += ["14:"] + body + ["add $$4, %rsi", "add %r9, %rdx", "dec %rbx", "jnz 14b",
+                           "13:", "add %r8, %r14", "dec %rcx", "jnz 1b",
+                           "2:", "cmpq $$0, 120(%rdi)", "je 8f"]
     s += _ymm_finish(rows)
     s += [f"add $${step}, %r10", f"add $${step}, %r11", "dec %r12", "jnz 5b"]
     return "\n\t".join(s)
