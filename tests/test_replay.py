@@ -126,3 +126,36 @@ def test_a_call_with_a_python_pool_loop_is_never_replayed():
     for _ in range(4):
         fn(out)
     assert len(calls) == 4 and np.array_equal(out, np.full(3, 4.0, np.float32))
+
+
+@pytest.mark.parametrize("mode,threads,where", [("numba", 2, "numba"), ("pool", 2, "pool"), ("numba", 1, "serial")])
+def test_inlined_replay_runs_the_loops_where_numba_region_would(mode, threads, where):
+    """replay_regions' inlined form (threads.REPLAY_INLINE) and the numba_region call per loop run a recorded
+    1x1 conv's task loops to the same bits and count them in the same place: numba's pool, our pool (forced by
+    the region mode), or the calling thread (one thread)."""
+    from tilefuse.kernels.conv import k1x1
+    rng = np.random.default_rng(3)
+    xb = rng.standard_normal((2, 3, 7, 9, 16)).astype(np.float32)
+    pr = k1x1.prepare(rng.standard_normal((40, 48, 1, 1)).astype(np.float32), rng.standard_normal(40).astype(np.float32))
+    out = np.zeros((2, 3, 7, 9, 16), np.float32)
+    with T.capture_regions() as calls:
+        k1x1.run_nchwc(out, xb, pr, relu=True, threads=threads)
+    want = out.copy()
+    assert calls and None not in calls and want.any()
+    saved_mode, saved_flag = T._NUMBA.get("mode"), T.REPLAY_INLINE
+    try:
+        T._NUMBA["mode"] = mode
+        for inline in (True, False):
+            T.REPLAY_INLINE = inline
+            out[...] = 0.0
+            T.region_counts(reset=True)
+            T.replay_regions(calls)
+            counts = T.region_counts()
+            assert np.array_equal(out, want), f"inline={inline}"
+            assert counts[where] == len(calls) and sum(v for k, v in counts.items() if k != where) == 0, counts
+    finally:
+        T.REPLAY_INLINE = saved_flag
+        if saved_mode is None:
+            T._NUMBA.pop("mode", None)
+        else:
+            T._NUMBA["mode"] = saved_mode

@@ -409,11 +409,39 @@ class capture_regions:
         _LOCAL.capture = self._prev
 
 
+REPLAY_INLINE = True   # replay_regions: numba_region's decisions inlined (False: a numba_region call per loop)
+
+
 def replay_regions(calls) -> None:
-    """Run the task loops `capture_regions` recorded, in order (each through numba_region: where it runs
-    is decided again now)."""
+    """Run the task loops `capture_regions` recorded, in order, each as numba_region runs it: where it runs
+    is decided again now. numba_region's steps are inlined for the common case (numba's OpenMP / TBB pool, no
+    capture, not inside our pool's worker): ~1 us a loop less of Python (MobileNetV2 / RegNetY batch 1 replay
+    ~90 loops a run); any other case goes through numba_region itself."""
+    if not REPLAY_INLINE or _LOCAL.capture is not None or _LOCAL.worker or _NUMBA.get("layer", "workqueue") == \
+            "workqueue":
+        for par, seq, threads, ntasks, args in calls:
+            numba_region(par, seq, threads, ntasks, *args)
+        return
+    plan = None                      # region_plan's answer for this call's loops (resampled once a second)
     for par, seq, threads, ntasks, args in calls:
-        numba_region(par, seq, threads, ntasks, *args)
+        width = _WIDTHS.get(threads) if type(threads) is int else None
+        if width is None:
+            width = region_threads(threads, 1 << 30)
+        if width <= 1 or ntasks <= 1:
+            _REGIONS["serial"] += 1
+            seq(np.zeros(COUNTER_SLOTS, np.int64), 0, *args)
+            continue
+        if plan is None or plan[0] != width:
+            plan = (width,) + region_plan(width)
+        _, mode, free = plan
+        if mode == "pool":
+            numba_region(par, seq, threads, ntasks, *args)
+            continue
+        _REGIONS["narrowed" if free < width else "numba"] += 1
+        if _LOCAL.numba_nt != free:
+            _NUMBA["set"](free)
+            _LOCAL.numba_nt = free
+        par(free, *args)
 
 
 # replaying() on or off: TILEFUSE_REPLAY=0 (read at import) or threads.REPLAY = False turns every bound
