@@ -17,7 +17,9 @@ shape, since the engines may order independent branches differently. An ORT acti
 conv of its shape (QuickGelu, ORT's fused SiLU; HardSwish, Gelu, ...: `ACTIVATION_OPS`) counts as that
 conv's time, as tilefuse runs it in the conv's epilogue. A fused chain of tilefuse's (an inverted
 residual block's expansion, depthwise and projection in one call, kernels/conv/chain.py) is one row, its
-convs' ORT times summed. The other ops are summed per kind. A ratio > 1 means tilefuse's layer is faster.
+convs' ORT times summed. The other ops are summed per kind, ORT's convs that no tilefuse conv took among
+them ("Conv not paired": the squeeze-excitation FCs tilefuse runs inside squeeze_excitation). A ratio > 1
+means tilefuse's layer is faster.
 The last block lists the layers with the most time lost to ORT: the ones to work on.
 """
 from __future__ import annotations
@@ -249,6 +251,11 @@ def main() -> int:
     for _, op, _, ot in ort_rows:
         if op not in ("Conv", "FusedConv"):
             other_ort[op] = other_ort.get(op, 0.0) + ot
+    # ORT convs no tilefuse conv took (RegNetY's / EfficientNet's squeeze-excitation FCs, which tilefuse runs
+    # inside its squeeze_excitation kernel): their time is ORT's side of the other ops
+    unpaired = [r for j, r in enumerate(ortc) if j not in used]
+    if unpaired:
+        other_ort[f"Conv not paired ({len(unpaired)})"] = sum(r[3] for r in unpaired)
     for row in prof.rows:
         if row["kernel"] != "conv2d":
             other_tf[row["kernel"]] = other_tf.get(row["kernel"], 0.0) + row["seconds"]

@@ -136,7 +136,8 @@ def test_inlined_replay_runs_the_loops_where_numba_region_would(mode, threads, w
     from tilefuse.kernels.conv import k1x1
     rng = np.random.default_rng(3)
     xb = rng.standard_normal((2, 3, 7, 9, 16)).astype(np.float32)
-    pr = k1x1.prepare(rng.standard_normal((40, 48, 1, 1)).astype(np.float32), rng.standard_normal(40).astype(np.float32))
+    w = rng.standard_normal((40, 48, 1, 1)).astype(np.float32)
+    pr = k1x1.prepare(w, rng.standard_normal(40).astype(np.float32))
     out = np.zeros((2, 3, 7, 9, 16), np.float32)
     with T.capture_regions() as calls:
         k1x1.run_nchwc(out, xb, pr, relu=True, threads=threads)
