@@ -99,3 +99,25 @@ def test_between_kernels_is_measured_inside_each_pass():
     rows = [{"seconds": 0.001, "flops": 0}]
     assert Profile("x", rows, 0.05, 1, 1e9, between_seconds=0.002).overhead_seconds == 0.002
     assert abs(Profile("x", rows, 0.05, 1, 1e9).overhead_seconds - 0.049) < 1e-12   # no passes: the difference
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_input_scaled_convs_show_the_path_they_run(batch, monkeypatch):
+    """The squeeze-excitation 1x1s (kernels/se_conv.py) are plan rows like the other convs: algorithm
+    "se1x1", the 1x1's partitioning and task count, and whether the scale went onto the weights per image or
+    onto the input, which must be what the session then runs (se_conv.scales_weights, recorded here)."""
+    from tilefuse.kernels import se_conv
+    net = tilefuse.models.get("efficientnet_b0", seed=0, batch=batch, image_size=64)
+    compiled = tilefuse.compile(net, threads=2)
+    rows = [r for r in compiled.plan().rows if r["kernel"] == "conv2d" and r["params"].get("has_input_scale")]
+    assert rows and all(r["algorithm"] == "se1x1" and r["tasks"] and r["partitioning"] != "-" for r in rows)
+    ran = []
+    orig = se_conv.scales_weights
+    monkeypatch.setattr(se_conv, "scales_weights", lambda *a: ran.append(orig(*a)) or ran[-1])
+    tilefuse.Session(compiled, threads=2).run(
+        np.random.default_rng(0).standard_normal(net.inputs[0].shape).astype(np.float32))
+    assert ran == [r["tiles"]["scaled"] == "weights" for r in rows]
+    assert all(r["partitioning"].endswith(", w scaled" if r["tiles"]["scaled"] == "weights" else ", x scaled")
+               for r in rows)
+    if batch == 1:    # both paths in EfficientNet at 64x64 (a batch of 3 scales the input everywhere)
+        assert {r["tiles"]["scaled"] for r in rows} == {"weights", "input"}

@@ -158,6 +158,36 @@ def run_nchwc(out, x, prepared, s, res=None, *, relu=False, act=None, threads=No
                        act=act, threads=threads, input_scale=s2[i])
 
 
+# k1x1's partitionings, short enough for the plan's column with the scaling's note after them
+_SHORT = {"Co split (input shared)": "Co split", "positions x Co split": "positions x Co",
+          "positions split": "positions"}
+
+
+def describe(x_shape, w_shape, layout: str, stride, padding, groups: int, threads: int) -> dict:
+    """What `compiled.plan()` shows for an input-scaled conv: {"algorithm", "partitioning", "tasks",
+    "tiles"}, the path this module runs for it. x_shape (N, C, H, W) NCHW, w_shape (O, C/groups, kh, kw).
+    "se1x1": the blocked 1x1 with the scale on the weights per image (k1x1 calls, one an image: tasks
+    summed over the images) or on the input (one task loop; its 1x1 tasks, after the scaling ones);
+    "blas": NCHW, one GEMM per image and block of 64 output channels; "reference": the input scaled
+    into scratch, then the reference conv."""
+    from .conv.planner import plan_k1x1
+    n, c, h, w = x_shape
+    o = w_shape[0]
+    one = tuple(w_shape[2:]) == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0, 0, 0) and \
+        groups == 1
+    if layout == "nchwc" and tuple(w_shape[2:]) == (1, 1):
+        cip, op = -(-c // 16) * 16, -(-o // 32)
+        per_image = scales_weights(n, c, -(-o // 16) * 16, h * w)
+        pl = plan_k1x1(cip, op, h * w if per_image else n * h * w, threads)
+        return {"algorithm": "se1x1", "tasks": pl["tasks"] * (n if per_image else 1),
+                "partitioning": _SHORT.get(pl["partitioning"], pl["partitioning"])
+                + (", w scaled" if per_image else ", x scaled"),
+                "tiles": {"Q": pl["Q"], "P": pl["P"], "scaled": "weights" if per_image else "input"}}
+    if layout != "nchwc" and one:
+        return {"algorithm": "blas", "partitioning": "images x 64 channels", "tasks": n * -(-o // 64), "tiles": {}}
+    return {"algorithm": "reference", "partitioning": "-", "tasks": None, "tiles": {}}
+
+
 def bind(views, params):
     """The bound NCHW16c input-scaled 1x1 conv (registry.bind, once per instruction): the weights
     packed once (k1x1.prepare), so a call scales 32 contiguous values per input channel instead
