@@ -55,7 +55,11 @@ class Profile:
 
     def __str__(self) -> str:
         t = self.target
-        head = (f"{'#':>3} {'kernel':<12} {'algorithm':<10} {'partitioning':<24} {'tasks':>5} {'output':<22} "
+        # columns as wide as their longest entry (squeeze_excitation, "Co split, x scaled"), at least the header's
+        kw = max([12] + [len(r["kernel"]) for r in self.rows])
+        aw = max([10] + [len(r["algorithm"]) + 1 for r in self.rows])
+        pw = max([24] + [len(r["partitioning"]) for r in self.rows])
+        head = (f"{'#':>3} {'kernel':<{kw}} {'algorithm':<{aw}} {'partitioning':<{pw}} {'tasks':>5} {'output':<22} "
                 f"{'ms':>8} {'GFLOP/s':>8} {'%peak':>6}")
         lines = [f"{self.name}: {t.get('cpu_model')} ({t.get('llvm_cpu')}), {t.get('vector_bits')}-bit vectors, "
                  f"{self.threads} threads; measured peak {self.peak_core / 1e9:.1f} GFLOP/s per core, "
@@ -63,10 +67,10 @@ class Profile:
         for r in self.rows:
             g = r["flops"] / r["seconds"] / 1e9 if r["seconds"] > 0 and r["flops"] else 0.0
             star = "*" if r["algorithm"].startswith("winograd") else ""
-            lines.append(f"{r['index']:>3} {r['kernel']:<12} {r['algorithm'] + star:<10} {r['partitioning']:<24} "
+            lines.append(f"{r['index']:>3} {r['kernel']:<{kw}} {r['algorithm'] + star:<{aw}} {r['partitioning']:<{pw}} "
                          f"{str(r['tasks'] if r['tasks'] is not None else '-'):>5} {str(r['output_shape']):<22} "
                          f"{r['seconds'] * 1e3:>8.3f} {g:>8.1f} {100 * g * 1e9 / self.peak:>6.1f}")
-        lines.append(f"{'':>3} {'overhead':<12} {'between kernels':<35} {'':>5} {'':<22} "
+        lines.append(f"{'':>3} {'overhead':<{kw}} {'between kernels':<{aw + pw + 1}} {'':>5} {'':<22} "
                      f"{self.overhead_seconds * 1e3:>8.3f}")
         lines.append("-" * len(head))
         flops = sum(r["flops"] for r in self.rows)
