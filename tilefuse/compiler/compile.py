@@ -103,18 +103,16 @@ class CompiledNetwork:
             alg = ins.params.get("algorithm", "-")
             layout = ins.params.get("layout", NCHW)
             part, tiles, measured, tasks = "-", {}, None, None
+            as_nchw = lambda s, c: (s[0], c, s[2], s[3]) if len(s) == 5 else tuple(s)  # noqa: E731
             if ins.kernel == "conv2d" and ins.params.get("has_input_scale"):   # kernels/se_conv.py's paths
                 from ..kernels.se_conv import describe as describe_se
                 x, w = ins.inputs[0], self._conv_weight_shape(ins)
-                xs = tuple(x.shape) if len(x.shape) == 4 else (x.shape[0], w[1] * ins.params["groups"]) + \
-                    tuple(x.shape[2:4])
-                d = describe_se(xs, w, layout, ins.params["stride"], ins.params["padding"], ins.params["groups"],
-                                threads)
+                d = describe_se(as_nchw(x.shape, w[1] * ins.params["groups"]), w, layout, ins.params["stride"],
+                                ins.params["padding"], ins.params["groups"], threads)
                 alg, part, tiles, tasks = d["algorithm"], d["partitioning"], d["tiles"], d["tasks"]
             elif ins.kernel == "conv2d" and alg not in ("-", "reference"):
                 x, w = ins.inputs[0], self._conv_weight_shape(ins)
                 o = ins.output.shape
-                as_nchw = lambda s, c: (s[0], c, s[2], s[3]) if len(s) == 5 else tuple(s)  # noqa: E731
                 d = describe(alg, as_nchw(x.shape, w[1] * ins.params["groups"]), w, as_nchw(o, w[0]),
                              ins.params["groups"], ins.params["stride"], ins.params["padding"],
                              ins.params["dilation"], layout, threads=threads, out_layout=ins.params.get("out_layout"))
