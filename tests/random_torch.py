@@ -40,7 +40,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tilefuse  # noqa: E402
-from tilefuse.errors import TilefuseError  # noqa: E402
+from tilefuse.errors import NonFiniteError, TilefuseError  # noqa: E402
 from onnx_export import export, ort_run  # noqa: E402
 from random_nets import run_seeds  # noqa: E402
 
@@ -965,7 +965,14 @@ def check_train_modern(seed: int) -> str | None:
     try:
         tr = Trainer(net, SGD(0.1, momentum=0.9, weight_decay=5e-4), schedule=("fused", "unfused")[(seed // 4) % 2],
                      threads=1 + seed % 2)
-        loss, grads = tr.forward_backward(x, labels)
+        try:
+            loss, grads = tr.forward_backward(x, labels)
+        except NonFiniteError:
+            if isinstance(safe, _safe_sqrt):
+                # PyTorch's own gradients are not finite here either (seed 12000641: sqrt(|x|) of an
+                # InstanceNorm's all-zero plane, inf x 0); the Trainer refusing the step by name agrees with it
+                return None
+            raise
     finally:
         train_conv.WINOGRAD = saved
     if abs(loss - loss_ref) > 1e-4 * max(1.0, abs(loss_ref)):

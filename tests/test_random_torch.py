@@ -24,8 +24,10 @@ TRAIN_SEEDS = list(range(0, 16))
 # InstanceNorm2d at batch 1 after LayerNorm2d: PyTorch's own CPU backward is wrong there; the reference works
 # around it), 8000513 (SSD's L2Norm, `x.pow(2).sum(1).sqrt()`, at positions a ReLU zeroed: PyTorch's gradient
 # is NaN there, sqrt's inf derivative times 0; the reference takes the function's finite derivative, which
-# tilefuse's channel norm gives)
-TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 8000513]
+# tilefuse's channel norm gives), 12000641 (`log1p(|x|) - 0.1 sqrt(|x|)` after an InstanceNorm2d of a depthwise
+# conv's all-zero plane: PyTorch's gradient is NaN, sqrt's inf derivative times abs's 0 at 0, and so is the
+# composition's; the Trainer refuses the step naming the gradient, which the check takes as agreement)
+TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 8000513, 12000641]
 
 
 @pytest.mark.parametrize("seed", TORCH_SEEDS)

@@ -428,20 +428,14 @@ def replay_regions(calls) -> None:
         if width is None:
             width = region_threads(threads, 1 << 30)
         if width <= 1 or ntasks <= 1:
-            _REGIONS["serial"] += 1
-            seq(np.zeros(COUNTER_SLOTS, np.int64), 0, *args)
+            _run_serial(seq, args)
             continue
         if plan is None or plan[0] != width:
             plan = (width,) + region_plan(width)
-        _, mode, free = plan
-        if mode == "pool":
+        if plan[1] == "pool":
             numba_region(par, seq, threads, ntasks, *args)
             continue
-        _REGIONS["narrowed" if free < width else "numba"] += 1
-        if _LOCAL.numba_nt != free:
-            _NUMBA["set"](free)
-            _LOCAL.numba_nt = free
-        par(free, *args)
+        _run_numba(par, width, plan[2], args)
 
 
 # replaying() on or off: TILEFUSE_REPLAY=0 (read at import) or threads.REPLAY = False turns every bound
@@ -504,8 +498,7 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     width = region_threads(threads, 1 << 30)
     nt = min(width, ntasks)
     if nt <= 1:
-        _REGIONS["serial"] += 1
-        seq(np.zeros(COUNTER_SLOTS, np.int64), 0, *args)
+        _run_serial(seq, args)
         return 1
     # numba's pool runs the full width whatever the task count (the workers past the last task find
     # the counter spent and return): a region narrower than the one before shrinks the OpenMP team
@@ -518,18 +511,29 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
         counter = np.zeros(COUNTER_SLOTS, np.int64)   # a fresh one per region: a late worker finds it spent
         _spread(lambda tid: seq(counter, tid, *args), nt)
         return nt
-    layer = numba_layer()
-    _REGIONS["narrowed" if free < width else "numba"] += 1
-    nt = free
-    if _LOCAL.numba_nt != nt:
-        _NUMBA["set"](nt)          # numba's per-thread count: set once per change (a ctypes call)
-        _LOCAL.numba_nt = nt
-    if layer == "workqueue":
+    if numba_layer() == "workqueue":
         with _NUMBA_LOCK:
-            par(nt, *args)
+            _run_numba(par, width, free, args)
     else:
-        par(nt, *args)
-    return nt
+        _run_numba(par, width, free, args)
+    return free
+
+
+def _run_serial(seq, args) -> None:
+    """A task loop on the calling thread (one task or one thread): numba_region's and replay_regions' serial
+    case."""
+    _REGIONS["serial"] += 1
+    seq(np.zeros(COUNTER_SLOTS, np.int64), 0, *args)
+
+
+def _run_numba(par, width: int, free: int, args) -> None:
+    """A task loop on numba's pool with `free` workers (`region_plan`'s answer for a team of `width`):
+    numba_region's and replay_regions' common tail, so the two cannot drift apart."""
+    _REGIONS["narrowed" if free < width else "numba"] += 1
+    if _LOCAL.numba_nt != free:
+        _NUMBA["set"](free)        # numba's per-thread count: set once per change (a ctypes call)
+        _LOCAL.numba_nt = free
+    par(free, *args)
 
 
 def aligned_empty(n: int, dtype=np.float32, align: int = 64, zeros: bool = False) -> np.ndarray:

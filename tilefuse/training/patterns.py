@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ..ir import Network, OpNode
 from ..kernels.train_depthwise import is_depthwise
+from ..kernels.train_grouped import is_small_grouped
 
 
 @dataclass(eq=False)
@@ -60,11 +61,13 @@ class Pattern:
 
 
 def _plain_conv(op) -> bool:
-    """A conv the fused units can run: not an inference-fused one, not depthwise (kernels/train_depthwise.py
-    convolves each channel directly, with no input stage or epilogue to fuse into)."""
-    return (op is not None and op.op == "conv2d" and not op.params.get("relu")
-            and not op.params.get("has_residual")
-            and not is_depthwise(op.inputs[0].shape, op.inputs[1].shape, op.params["groups"]))
+    """A conv the fused units can run: not an inference-fused one, not depthwise or small-group
+    (kernels/train_depthwise.py and train_grouped.py convolve a channel's or a group's planes directly, with no
+    input stage or epilogue to fuse into)."""
+    if op is None or op.op != "conv2d" or op.params.get("relu") or op.params.get("has_residual"):
+        return False
+    shapes = (op.inputs[0].shape, op.inputs[1].shape, op.params["groups"])
+    return not is_depthwise(*shapes) and not is_small_grouped(*shapes)
 
 
 def _only_consumer(d):

@@ -32,9 +32,21 @@ from ..errors import GraphError, UnsupportedOpError
 from ..ir import Network, ops
 from ..kernels import broadcast as bc, cnhw, dense, elementwise as ew, norm, pool
 from ..kernels import reference as ref, train_conv as tc, train_depthwise as tdw, train_elementwise as te
+from ..kernels import train_grouped as tg
 from ..kernels import train_resample as trs
 from .patterns import Pattern, find_patterns
 from .traffic import MemoryTracker, TrafficLog
+
+
+def _direct_conv(x_shape, w_shape, groups):
+    """(forward, backward) of the direct training kernels for a conv that has one: depthwise convs
+    (kernels/train_depthwise.py) and grouped convs of at most train_grouped.MAX_GROUP channels a group
+    (kernels/train_grouped.py); None: the GEMM paths of kernels/train_conv.py."""
+    if tdw.is_depthwise(x_shape, w_shape, groups):
+        return tdw.depthwise_forward_cnhw, tdw.depthwise_backward_cnhw
+    if tg.is_small_grouped(x_shape, w_shape, groups):
+        return tg.grouped_forward_cnhw, tg.grouped_backward_cnhw
+    return None
 
 
 
@@ -262,10 +274,10 @@ class TrainingSchedule:
         p = op.params
         g = tc.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
         bias = self.P(op.inputs[2]) if p["has_bias"] else None
-        if tdw.is_depthwise(x.shape, w.shape, p["groups"]):      # (never in a pattern: patterns._plain_conv)
+        direct = _direct_conv(x.shape, w.shape, p["groups"])    # (never in a pattern: patterns._plain_conv)
+        if direct is not None:
             u.read(x.name, _nb(self.env[x.name]), op.name)
-            self._store(u, op.outputs[0].name, tdw.depthwise_forward_cnhw(self.env[x.name], self.P(w), g, bias),
-                        op.name, op.name)
+            self._store(u, op.outputs[0].name, direct[0](self.env[x.name], self.P(w), g, bias), op.name, op.name)
             return
         pre, src = tc.IDENTITY, x
         pat = self.c2_of.get(op.name)
@@ -572,8 +584,9 @@ class TrainingSchedule:
         x, w = op.inputs[0], op.inputs[1]
         p = op.params
         g = tc.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
-        if tdw.is_depthwise(x.shape, w.shape, p["groups"]):
-            return self._bwd_depthwise(op, g, u)
+        direct = _direct_conv(x.shape, w.shape, p["groups"])
+        if direct is not None:
+            return self._bwd_direct(op, g, u, direct[1])
         # ---- output side: dy, or F1*dz + B*x + C when this conv feeds a fused BN
         dy_pre, dy = None, None
         if op.name in self.stat_of:
@@ -619,13 +632,14 @@ class TrainingSchedule:
         else:
             self._contribute(target, dx, u, op.name)
 
-    def _bwd_depthwise(self, op, g, u):
+    def _bwd_direct(self, op, g, u, backward):
+        """The backward of a depthwise or small-group conv (`_direct_conv`)."""
         x, w = op.inputs[0], op.inputs[1]
         dy = self.grads[op.outputs[0].name]
         u.read("d:" + op.outputs[0].name, _nb(dy), op.name, side="out")
         u.read(x.name, _nb(self.env[x.name]), op.name)
         need_dx = self._wants(x)
-        dw, db, dx = tdw.depthwise_backward_cnhw(dy, self.env[x.name], self.P(w), g, need_dx, op.params["has_bias"])
+        dw, db, dx = backward(dy, self.env[x.name], self.P(w), g, need_dx, op.params["has_bias"])
         self._param_grad(w.name, dw)
         if db is not None:
             self._param_grad(op.inputs[2].name, db)
