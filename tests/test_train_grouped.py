@@ -3,7 +3,8 @@ bias gradients; 1 to 16 channels a group in and out (RegNet's 8, a channel multi
 strides 1 to 3, dilation, asymmetric and zero padding, odd sizes, kernels 1x1 to 5x5 and non-square; image blocks
 that split the batch unevenly; bitwise equal on 1, 2, 3, 5, 8 and 16 threads. Tolerance: float32, 1e-5 of the
 largest value (the forward and input gradient sum cg*kh*kw / og*kh*kw float32 products; the weight gradient sums
-N*Ho*Wo products in float32 lanes of at most 64 terms, then float64)."""
+N*Ho*Wo products in float32 per chunk of positions, then float64). And the squeeze-excitation FCs (1x1 convs on
+1x1 maps), which train as linear layers (kernels/train_direct.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -114,3 +115,38 @@ def test_which_grouped_convs_take_this_path():
     assert not tg.is_small_grouped((2, 8, 5, 5), (8, 1, 3, 3), 8)         # depthwise: train_depthwise.py
     assert not tg.is_small_grouped((2, 8, 5, 5), (8, 8, 3, 3), 1)         # one group: GEMMs
     assert not tg.is_small_grouped((2, 64, 5, 5), (64, 32, 3, 3), 2)      # 32 a group: GEMMs
+
+
+@pytest.mark.parametrize("n,c,o,bias", [(32, 104, 26, True), (3, 7, 5, False), (70, 16, 40, True)])
+def test_squeeze_excitation_fcs_train_as_linear_layers(n, c, o, bias):
+    """1x1 convs on 1x1 maps (the squeeze-excitation FCs) run as linear layers (kernels/train_direct.py),
+    against PyTorch autograd."""
+    from tilefuse.kernels import train_direct as td
+    r = np.random.default_rng(n + c)
+    x = r.standard_normal((n, c, 1, 1)).astype(np.float32)
+    wt = r.standard_normal((o, c, 1, 1)).astype(np.float32)
+    b = r.standard_normal(o).astype(np.float32) if bias else None
+    params = {"groups": 1, "stride": (1, 1), "padding": (0, 0, 0, 0)}
+    assert td.direct_conv(x.shape, wt.shape, params)[0] is td.fc_forward_cnhw
+    assert td.direct_conv((n, c, 2, 1), wt.shape, params) is None                  # a map: train_conv's GEMMs
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(wt).requires_grad_()
+    tb = torch.from_numpy(b).requires_grad_() if bias else None
+    y_ref = F.conv2d(tx, tw, tb)
+    dy = r.standard_normal(tuple(y_ref.shape)).astype(np.float32)
+    y_ref.backward(torch.from_numpy(dy))
+    g = tc.ConvGeom(x.shape, wt.shape, (1, 1), (0, 0, 0, 0), (1, 1), 1)
+    with using(2):
+        y = td.fc_forward_cnhw(cnhw.to_cnhw(x), wt, g, b)
+        dwt, db, dx = td.fc_backward_cnhw(cnhw.to_cnhw(dy), cnhw.to_cnhw(x), wt, g, True, bias)
+
+    def close(got, want):
+        want = want.detach().numpy()
+        assert got.shape == want.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    close(cnhw.to_nchw(y), y_ref)
+    close(cnhw.to_nchw(dx), tx.grad)
+    close(dwt, tw.grad)
+    if bias:
+        close(db, tb.grad)
+    else:
+        assert db is None

@@ -24,11 +24,12 @@ A task is one group and a block of images (`plan`: about `BLOCK_BYTES` of phase 
 stay in the core's L2); the position loop runs in chunks of `CHUNK` values so that one output chunk and the
 chunks it reads stay in L1. The forward and input-gradient sums run in a fixed order (c, then kernel rows, then
 taps of a row; for each chunk), the weight gradient's per chunk in float32, then in float64, and the tasks'
-partial weight and bias gradients are added in task order after the loop: the results are bitwise equal for every thread count. `tests/test_train_grouped.py` compares all three
-with PyTorch autograd (strides 1 to 3, dilation, asymmetric padding, odd sizes, 1 to 16 channels a group).
+partial weight and bias gradients are added in task order after the loop: the results are bitwise equal for
+every thread count. `tests/test_train_grouped.py` compares all three with PyTorch autograd (strides 1 to 3,
+dilation, asymmetric padding, odd sizes, 1 to 16 channels a group).
 
 As for depthwise convs, the fused pre/post-processing of train_conv.py does not apply: patterns.py leaves these
-convs out of its patterns, so the BN / activations around them run as their own units.
+convs out of its patterns (kernels/train_direct.py), so the BN / activations around them run as their own units.
 """
 from __future__ import annotations
 

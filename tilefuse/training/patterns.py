@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Network, OpNode
-from ..kernels.train_depthwise import is_depthwise
-from ..kernels.train_grouped import is_small_grouped
+from ..kernels.train_direct import direct_conv
 
 
 @dataclass(eq=False)
@@ -61,13 +60,11 @@ class Pattern:
 
 
 def _plain_conv(op) -> bool:
-    """A conv the fused units can run: not an inference-fused one, not depthwise or small-group
-    (kernels/train_depthwise.py and train_grouped.py convolve a channel's or a group's planes directly, with no
-    input stage or epilogue to fuse into)."""
+    """A conv the fused units can run: not an inference-fused one, not one of kernels/train_direct.py's
+    (depthwise, small-group and fc convs run their own kernels, with no input stage or epilogue to fuse into)."""
     if op is None or op.op != "conv2d" or op.params.get("relu") or op.params.get("has_residual"):
         return False
-    shapes = (op.inputs[0].shape, op.inputs[1].shape, op.params["groups"])
-    return not is_depthwise(*shapes) and not is_small_grouped(*shapes)
+    return direct_conv(op.inputs[0].shape, op.inputs[1].shape, op.params) is None
 
 
 def _only_consumer(d):

@@ -31,22 +31,12 @@ import numpy as np
 from ..errors import GraphError, UnsupportedOpError
 from ..ir import Network, ops
 from ..kernels import broadcast as bc, cnhw, dense, elementwise as ew, norm, pool
-from ..kernels import reference as ref, train_conv as tc, train_depthwise as tdw, train_elementwise as te
-from ..kernels import train_grouped as tg
+from ..kernels import reference as ref, train_conv as tc, train_elementwise as te
+from ..kernels.train_direct import direct_conv
 from ..kernels import train_resample as trs
 from .patterns import Pattern, find_patterns
 from .traffic import MemoryTracker, TrafficLog
 
-
-def _direct_conv(x_shape, w_shape, groups):
-    """(forward, backward) of the direct training kernels for a conv that has one: depthwise convs
-    (kernels/train_depthwise.py) and grouped convs of at most train_grouped.MAX_GROUP channels a group
-    (kernels/train_grouped.py); None: the GEMM paths of kernels/train_conv.py."""
-    if tdw.is_depthwise(x_shape, w_shape, groups):
-        return tdw.depthwise_forward_cnhw, tdw.depthwise_backward_cnhw
-    if tg.is_small_grouped(x_shape, w_shape, groups):
-        return tg.grouped_forward_cnhw, tg.grouped_backward_cnhw
-    return None
 
 
 
@@ -274,7 +264,7 @@ class TrainingSchedule:
         p = op.params
         g = tc.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
         bias = self.P(op.inputs[2]) if p["has_bias"] else None
-        direct = _direct_conv(x.shape, w.shape, p["groups"])    # (never in a pattern: patterns._plain_conv)
+        direct = direct_conv(x.shape, w.shape, p)      # (never in a pattern: patterns._plain_conv)
         if direct is not None:
             u.read(x.name, _nb(self.env[x.name]), op.name)
             self._store(u, op.outputs[0].name, direct[0](self.env[x.name], self.P(w), g, bias), op.name, op.name)
@@ -584,7 +574,7 @@ class TrainingSchedule:
         x, w = op.inputs[0], op.inputs[1]
         p = op.params
         g = tc.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
-        direct = _direct_conv(x.shape, w.shape, p["groups"])
+        direct = direct_conv(x.shape, w.shape, p)
         if direct is not None:
             return self._bwd_direct(op, g, u, direct[1])
         # ---- output side: dy, or F1*dz + B*x + C when this conv feeds a fused BN
@@ -633,7 +623,7 @@ class TrainingSchedule:
             self._contribute(target, dx, u, op.name)
 
     def _bwd_direct(self, op, g, u, backward):
-        """The backward of a depthwise or small-group conv (`_direct_conv`)."""
+        """The backward of a conv kernels/train_direct.py runs (depthwise, small groups, fc)."""
         x, w = op.inputs[0], op.inputs[1]
         dy = self.grads[op.outputs[0].name]
         u.read("d:" + op.outputs[0].name, _nb(dy), op.name, side="out")
