@@ -20,13 +20,13 @@ kernels do (train_depthwise.py's `_fwd_flat_seq`), with strides turned into stri
     input         dxph[c, ph, e] = sum over o < og, taps t in phase ph of w[o, c, t] * g[o, e - off(t)]
                   (a gather: g is stored after `off` zeros), then dx read back out of the phase planes
 
-A task is one group and a block of images (`plan`: about `BLOCK_BYTES` of phase planes, so the block's planes
-stay in the core's L2); the position loop runs in chunks of `CHUNK` values so that one output chunk and the
-chunks it reads stay in L1. The forward and input-gradient sums run in a fixed order (c, then kernel rows, then
-taps of a row; for each chunk), the weight gradient's per chunk in float32, then in float64, and the tasks'
-partial weight and bias gradients are added in task order after the loop: the results are bitwise equal for
-every thread count. `tests/test_train_grouped.py` compares all three with PyTorch autograd (strides 1 to 3,
-dilation, asymmetric padding, odd sizes, 1 to 16 channels a group).
+A task is one group and a block of images (`plan`: about `BLOCK_BYTES` of phase planes, so the block's planes stay
+in the core's L2); the position loop runs in chunks of `CHUNK` values so that one output chunk and the chunks it
+reads stay in L1. The forward and input-gradient sums run in a fixed order for each chunk (forward: c, then kernel
+rows, then taps of a row; input gradient: o, then the taps of each phase plane in tap order), the weight gradient's
+per chunk in float32, then in float64, and the tasks' partial weight and bias gradients are added in task order
+after the loop: the results are bitwise equal for every thread count. `tests/test_train_grouped.py` compares all
+three with PyTorch autograd (strides 1 to 3, dilation, asymmetric padding, odd sizes, 1 to 16 channels a group).
 
 As for depthwise convs, the fused pre/post-processing of train_conv.py does not apply: patterns.py leaves these
 convs out of its patterns (kernels/train_direct.py), so the BN / activations around them run as their own units.
@@ -58,7 +58,7 @@ def is_small_grouped(x_shape, w_shape, groups) -> bool:
 
 
 class _Plan:
-    __slots__ = ("Hq", "Wq", "nbk", "nblk", "tph", "toff", "maxoff", "L", "groups", "cg", "og", "P")
+    __slots__ = ("Hq", "Wq", "nbk", "nblk", "tph", "toff", "tord", "maxoff", "L", "groups", "cg", "og", "P")
 
 
 @lru_cache(maxsize=256)
@@ -88,6 +88,7 @@ def plan(key) -> _Plan:
             toff.append(((i * dh) // sh) * p.Wq + (j * dw) // sw)
     p.tph = np.array(tph, np.int64)
     p.toff = np.array(toff, np.int64)
+    p.tord = np.array(sorted(range(kh * kw), key=lambda t: (tph[t], t)), np.int64)   # the taps by phase
     p.maxoff = int(max(toff))
     return p
 
@@ -101,20 +102,29 @@ def _fill(xf, Lx, x, c0, cg, P, n0, n1, pt, pl, sh, sw, Hq, Wq):
     for c in range(cg):
         for n in range(n0, n1):
             base = (n - n0) * Hq
+            xp = x[c0 + c, n]                      # (H, W): one view a plane (a view a row cost ~15 ns)
             for h in range(H):
                 hp = h + pt
                 row = (c * P + (hp % sh) * sw) * Lx + (base + hp // sh) * Wq
-                src = x[c0 + c, n, h]
                 if sw == 1:
                     o = row + pl
                     for k in range(W):
-                        xf[o + k] = src[k]
+                        xf[o + k] = xp[h, k]
+                elif sw == 2:                      # both phase columns in one loop (LLVM's interleaved loads)
+                    ka = pl % 2                    # input column 0's phase column; k = 2m + (1 - ka) is the other
+                    oa = row + ka * Lx + pl // 2
+                    ob = row + (1 - ka) * Lx + (pl + 1) // 2
+                    for m in range(W // 2):
+                        xf[oa + m] = xp[h, 2 * m]
+                        xf[ob + m] = xp[h, 2 * m + 1]
+                    if W % 2:
+                        xf[oa + W // 2] = xp[h, W - 1]
                 else:
                     for b in range(sw):            # phase column b: input columns k = k0, k0 + sw, ...
                         k0 = (b - pl) % sw
                         o = row + b * Lx + (k0 + pl) // sw
                         for m in range((W - k0 + sw - 1) // sw):
-                            xf[o + m] = src[k0 + m * sw]
+                            xf[o + m] = xp[h, k0 + m * sw]
 
 
 @nb.njit(**JIT)
@@ -197,7 +207,8 @@ def _dot(g, a0):
 
 
 @nb.njit(**JIT)
-def _bwd_seq(counter, tid, dy, x, w3, dx, dwp, dbp, need_dx, sh, sw, pt, pl, Hq, Wq, nbk, kw, tph, toff, maxoff):
+def _bwd_seq(counter, tid, dy, x, w3, dx, dwp, dbp, need_dx, sh, sw, pt, pl, Hq, Wq, nbk, kw, tph, toff, tord,
+             maxoff):
     C, N, H, W = x.shape
     O, _, Ho, Wo = dy.shape
     cg, kk = w3.shape[1], w3.shape[2]
@@ -271,35 +282,54 @@ def _bwd_seq(counter, tid, dy, x, w3, dx, dwp, dbp, need_dx, sh, sw, pt, pl, Hq,
                 ne = e1 - e0
                 for o in range(og):
                     oc = gi * og + o
-                    for i in range(kh):
-                        t = i * kw
-                        if kw == 3 and tph[t] == tph[t + 1] == tph[t + 2]:   # one destination: one pass
-                            w0, w1, w2 = w3[oc, c, t], w3[oc, c, t + 1], w3[oc, c, t + 2]
-                            d = tph[t] * L + e0
-                            gs = o * Lg + maxoff + e0
-                            dv = dxf[d:d + ne]
-                            g0 = gf[gs - toff[t]:gs - toff[t] + ne]
-                            g1 = gf[gs - toff[t + 1]:gs - toff[t + 1] + ne]
-                            g2 = gf[gs - toff[t + 2]:gs - toff[t + 2] + ne]
+                    gs = o * Lg + maxoff + e0
+                    j = 0
+                    while j < kk:                  # the taps by phase (`tord`), up to three of one phase a pass
+                        t0 = tord[j]
+                        d = tph[t0] * L + e0
+                        dv = dxf[d:d + ne]
+                        g0 = gf[gs - toff[t0]:gs - toff[t0] + ne]
+                        w0 = w3[oc, c, t0]
+                        if j + 2 < kk and tph[tord[j + 2]] == tph[t0]:
+                            t1, t2 = tord[j + 1], tord[j + 2]
+                            w1, w2 = w3[oc, c, t1], w3[oc, c, t2]
+                            g1 = gf[gs - toff[t1]:gs - toff[t1] + ne]
+                            g2 = gf[gs - toff[t2]:gs - toff[t2] + ne]
                             for e in range(ne):
                                 dv[e] = ((dv[e] + w0 * g0[e]) + w1 * g1[e]) + w2 * g2[e]
-                            continue
-                        for j in range(kw):
-                            wv = w3[oc, c, t + j]
-                            d = tph[t + j] * L + e0
-                            gs = o * Lg + maxoff - toff[t + j] + e0
-                            dv, gv = dxf[d:d + ne], gf[gs:gs + ne]
+                            j += 3
+                        elif j + 1 < kk and tph[tord[j + 1]] == tph[t0]:
+                            t1 = tord[j + 1]
+                            w1 = w3[oc, c, t1]
+                            g1 = gf[gs - toff[t1]:gs - toff[t1] + ne]
                             for e in range(ne):
-                                dv[e] = dv[e] + wv * gv[e]
+                                dv[e] = (dv[e] + w0 * g0[e]) + w1 * g1[e]
+                            j += 2
+                        else:
+                            for e in range(ne):
+                                dv[e] = dv[e] + w0 * g0[e]
+                            j += 1
             for n in range(n0, n1):
                 base = (n - n0) * Hq
                 for h in range(H):
                     hp = h + pt
                     row = (hp % sh) * sw * L + (base + hp // sh) * Wq
                     dst = dx[cc, n, h]
-                    for k in range(W):
-                        wp = k + pl
-                        dst[k] = dxf[row + (wp % sw) * L + wp // sw]
+                    if sw == 1:
+                        for k in range(W):
+                            dst[k] = dxf[row + pl + k]
+                    elif sw == 2:                  # as _fill's: both phase columns in one loop
+                        oa = row + (pl % 2) * L + pl // 2
+                        ob = row + (1 - pl % 2) * L + (pl + 1) // 2
+                        for m in range(W // 2):
+                            dst[2 * m] = dxf[oa + m]
+                            dst[2 * m + 1] = dxf[ob + m]
+                        if W % 2:
+                            dst[W - 1] = dxf[oa + W // 2]
+                    else:
+                        for k in range(W):
+                            wp = k + pl
+                            dst[k] = dxf[row + (wp % sw) * L + wp // sw]
 
 
 def grouped_forward_cnhw(x, w, g, bias=None):
@@ -324,7 +354,7 @@ def grouped_backward_cnhw(dy, x, w, g, need_dx=True, has_bias=False):
     dwp = np.empty((ntasks, p.og, p.cg, g.kh * g.kw), np.float64)
     dbp = np.empty((ntasks, p.og), np.float64)
     pool_region(_bwd_seq, nthreads(), ntasks, np.ascontiguousarray(dy), x, w3, dx, dwp, dbp, bool(need_dx), g.sh,
-                g.sw, g.pt, g.pl, p.Hq, p.Wq, p.nbk, g.kw, p.tph, p.toff, p.maxoff)
+                g.sw, g.pt, g.pl, p.Hq, p.Wq, p.nbk, g.kw, p.tph, p.toff, p.tord, p.maxoff)
     # task gi * nblk + bi: group gi's partials, image blocks in order
     dw = dwp.reshape(p.groups, p.nblk, p.og, p.cg, -1)
     acc = dw[:, 0].copy()
