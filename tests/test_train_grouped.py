@@ -37,6 +37,12 @@ def _torch(x, w, b, groups, stride, pad, dil):
     return F.conv2d(F.pad(x, (left, r, t, bt)), w, b, stride, 0, dil, groups=groups)
 
 
+def _close(got, want):
+    want = want.detach().numpy()
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 def _run(x, wt, b, dy, g, threads):
     with using(threads):
         y = tg.grouped_forward_cnhw(cnhw.to_cnhw(x), wt, g, b)
@@ -60,15 +66,11 @@ def test_grouped_training_matches_autograd(n, c, o, groups, h, w, k, s, pad, d, 
     assert tg.is_small_grouped(x.shape, wt.shape, groups)
     y, dwt, db, dx = _run(x, wt, b, dy, g, 2)
 
-    def close(got, want):
-        want = want.detach().numpy()
-        assert got.shape == want.shape and got.dtype == np.float32
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    close(y, y_ref)
-    close(dx, tx.grad)
-    close(dwt, tw.grad)
+    _close(y, y_ref)
+    _close(dx, tx.grad)
+    _close(dwt, tw.grad)
     if bias:
-        close(db, tb.grad)
+        _close(db, tb.grad)
     else:
         assert db is None
 
@@ -139,14 +141,10 @@ def test_squeeze_excitation_fcs_train_as_linear_layers(n, c, o, bias):
         y = td.fc_forward_cnhw(cnhw.to_cnhw(x), wt, g, b)
         dwt, db, dx = td.fc_backward_cnhw(cnhw.to_cnhw(dy), cnhw.to_cnhw(x), wt, g, True, bias)
 
-    def close(got, want):
-        want = want.detach().numpy()
-        assert got.shape == want.shape and got.dtype == np.float32
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    close(cnhw.to_nchw(y), y_ref)
-    close(cnhw.to_nchw(dx), tx.grad)
-    close(dwt, tw.grad)
+    _close(cnhw.to_nchw(y), y_ref)
+    _close(cnhw.to_nchw(dx), tx.grad)
+    _close(dwt, tw.grad)
     if bias:
-        close(db, tb.grad)
+        _close(db, tb.grad)
     else:
         assert db is None

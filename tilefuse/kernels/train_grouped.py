@@ -128,6 +128,16 @@ def _fill(xf, Lx, x, c0, cg, P, n0, n1, pt, pl, sh, sw, Hq, Wq):
 
 
 @nb.njit(**JIT)
+def _task_fill(task, xf, Lx, x, cg, P, nblk, nbk, pt, pl, sh, sw, Hq, Wq):
+    """Task -> (group gi, images n0..n1, positions Lt), its phase planes filled into xf (`_fill`)."""
+    gi, bi = task // nblk, task % nblk
+    n0 = bi * nbk
+    n1 = min(x.shape[1], n0 + nbk)
+    _fill(xf, Lx, x, gi * cg, cg, P, n0, n1, pt, pl, sh, sw, Hq, Wq)
+    return gi, n0, n1, (n1 - n0) * Hq * Wq
+
+
+@nb.njit(**JIT)
 def _fwd_seq(counter, tid, y, x, w3, b, has_bias, sh, sw, pt, pl, Hq, Wq, nbk, kw, tph, toff, maxoff):
     C, N, H, W = x.shape
     O, _, Ho, Wo = y.shape
@@ -145,11 +155,7 @@ def _fwd_seq(counter, tid, y, x, w3, b, has_bias, sh, sw, pt, pl, Hq, Wq, nbk, k
         task = atomic_add(counter, 0, 1)
         if task >= groups * nblk:
             return
-        gi, bi = task // nblk, task % nblk
-        n0 = bi * nbk
-        n1 = min(N, n0 + nbk)
-        Lt = (n1 - n0) * Hq * Wq
-        _fill(xf, Lx, x, gi * cg, cg, P, n0, n1, pt, pl, sh, sw, Hq, Wq)
+        gi, n0, n1, Lt = _task_fill(task, xf, Lx, x, cg, P, nblk, nbk, pt, pl, sh, sw, Hq, Wq)
         for o in range(og):
             oc = gi * og + o
             bv = b[oc] if has_bias else x.dtype.type(0.0)
@@ -228,11 +234,7 @@ def _bwd_seq(counter, tid, dy, x, w3, dx, dwp, dbp, need_dx, sh, sw, pt, pl, Hq,
         task = atomic_add(counter, 0, 1)
         if task >= groups * nblk:
             return
-        gi, bi = task // nblk, task % nblk
-        n0 = bi * nbk
-        n1 = min(N, n0 + nbk)
-        Lt = (n1 - n0) * Hq * Wq
-        _fill(xf, Lx, x, gi * cg, cg, P, n0, n1, pt, pl, sh, sw, Hq, Wq)
+        gi, n0, n1, Lt = _task_fill(task, xf, Lx, x, cg, P, nblk, nbk, pt, pl, sh, sw, Hq, Wq)
         gf[:] = 0.0
         for o in range(og):
             oc = gi * og + o
