@@ -286,3 +286,41 @@ def test_grouped_tiles_with_poisoned_band_scratch(c, co, g, k, s, d, h, w):
     got = from_nchwc(ob, co)
     assert np.isfinite(got).all(), "a row the taps read was not copied into the band"
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+
+
+def test_bands_past_the_l2_rule():
+    """Small maps may take row bands past the L2/2 rule (planner.BAND_PAST_L2: the weights read once per
+    band instead of once per L2-sized band). On a 256 KiB L2 the planner's band for this layer is past the
+    rule; the kernel over it, its band scratch poisoned, equals the reference and has the bits of the
+    L2-rule bands (BAND_PAST_L2 = 0) at 1, 2 and 3 threads. A wide map's bands keep the rule."""
+    n, c, h, w, co, k, s, p = 1, 256, 14, 14, 256, 3, 2, 1
+    cb, ob, ho, wp = c // 16, co // 16, 7, w + 2 * p
+    rule = lambda r: cb * ((r - 1) * s + k) * wp * 64 <= (256 << 10) / 2  # noqa: E731
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((co, c, k, k)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    want = ref.conv2d(x, wt, b, (s, s), (p,) * 4, (1, 1), 1)
+    prep = direct.prepare(wt, b)
+    for threads in (1, 2, 3):
+        outs = {}
+        for past, beyond in ((planner.BAND_PAST_L2, True), (0.0, False)):
+            old = planner.BAND_PAST_L2
+            planner.BAND_PAST_L2 = past
+            try:
+                pl = dict(planner._plan_direct.__wrapped__(cb, k, k, 1, s, ho, wp, ho, n, ob, True, threads, 256 << 10))
+            finally:
+                planner.BAND_PAST_L2 = old
+            assert rule(pl["rows"]) != beyond, (past, pl)
+            elems = direct._band_elems(cb, pl["rows"], s, k, 1, wp)
+            scratch("direct_band", (direct.numba_max_threads(), max(1, elems)))[...] = np.nan
+            out = np.full((n, ob, ho, ho, 16), np.nan, np.float32)
+            direct.run_nchwc(out, to_nchwc(x), prep, stride=(s, s), padding=(p,) * 4, threads=threads, plan=pl)
+            outs[past] = from_nchwc(out, co)
+            err = np.abs(outs[past] - want).max() / max(1.0, float(np.abs(want).max()))
+            assert err <= 1e-4, f"{threads} threads, rows {pl['rows']}: max error {err:.3g}"
+        assert np.array_equal(*outs.values())
+    # VGG's 64-channel 224x224 layer: bands of up to 15 rows fit 2x L2, but its weights are small (147 KiB) and
+    # the band's re-reads cost more than they save: the rule's bands stay
+    wide = dict(planner._plan_direct.__wrapped__(4, 3, 3, 1, 1, 224, 226, 224, 1, 4, True, 2, 512 << 10))
+    assert 4 * ((wide["rows"] - 1) + 3) * 226 * 64 <= (512 << 10) / 2, wide

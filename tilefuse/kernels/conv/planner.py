@@ -208,6 +208,7 @@ RB1X1 = 6 if ASM_AVX2 else 5 if NARROW else 7
 PEAK_CORE = 100e9      # FLOP/s of one core in the model (only ratios matter)
 BW_CORE = 10e9         # bytes/s one core streams from L3/DRAM
 TASK_SECONDS = 2e-6    # fixed cost of a task (offsets, scratch, loop set-up)
+BAND_PAST_L2 = 2.0     # direct: a row band's input may pass the L2 rule up to this multiple of L2 (plan_direct)
 WHOLE_MAP_L2 = 0.85    # k1x1: a whole map's input block up to this fraction of L2 may be one task's (plan_k1x1)
 
 
@@ -278,9 +279,11 @@ def plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int, *, wo: int
                 ob: int = 1, kw: int | None = None, padded: bool = True, threads: int = 1) -> dict:
     """The direct NCHWc kernel: a task is (one image, a band of R output rows, G output-channel
     blocks). R is at most the L2 rule (the band's input Cb*((R-1)*sh + (KH-1)*dh + 1)*Wp*64 B
-    <= L2/2); the cost model picks R and G for T threads: whole images per task when the batch
-    alone feeds the threads (seed 000's task level), row bands (window level: cores split the
-    image into regions) when it does not, and output-channel blocks too for small late layers
+    <= L2/2), or past it up to BAND_PAST_L2 x L2 with the band's re-reads from L3 counted (small
+    maps: fewer bands read the weights fewer times); the cost model picks R and G for T threads:
+    whole images per task when the batch alone feeds the threads (seed 000's task level), row
+    bands (window level: cores split the image into regions) when it does not, and output-channel
+    blocks too for small late layers
     (7x7, 14x14 maps at batch 1). G is even (the 7x2 micro-kernel works on block pairs).
     padded: the task copies its input rows into a zero-bordered band (run_nchwc with padding),
     so smaller bands and channel splits re-copy more."""
@@ -300,12 +303,19 @@ def _plan_direct(cb, kh, kw, dh, sh, ho, wp, wo, n, ob, padded, threads, l2):
     c7 = lambda v: -(-v // 7) * 7  # noqa: E731
     gs = sorted({min(ob, g + g % 2) for g in _splits(ob, 2 * threads)}, reverse=True)
     cands = []
-    # row bands within the L2 rule; on wide maps (4K: rmax 1-2 rows) none of the splits may fit
-    for r in [r for r in _splits(ho, 4 * threads) if r <= rmax] or [rmax]:
+    # row bands within the L2 rule, and past it on small maps (at most BAND_PAST_L2 of the L2): the band
+    # then streams from L3 again for every output block after the first (the tiles sweep the whole band per
+    # block), which the bytes count; fewer bands read the weights fewer times. On wide maps (4K: rmax 1-2
+    # rows) none of the splits may fit the rule
+    splits = _splits(ho, 4 * threads)
+    for r in ([r for r in splits if r <= rmax] or [rmax]) + \
+            [r for r in splits if r > rmax and cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64 <= BAND_PAST_L2 * l2]:
         band = cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64
         for g in gs:
             flops = 2.0 * c7(r * wo) * cb * 16 * kh * kw * 16 * (g + g % 2)
             nbytes = (2.0 * band if padded else band) + g * cb * kh * kw * 1024.0 + 64.0 * r * wo * g
+            if r > rmax:
+                nbytes += (g - 1) * band
             cands.append(((r, g), n * -(-ho // r) * -(-ob // g), _task_seconds(flops, nbytes)))
     r, g = _pick(cands, threads)
     nb, ng = -(-ho // r), -(-ob // g)
