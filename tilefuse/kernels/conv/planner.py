@@ -283,8 +283,8 @@ def plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int, *, wo: int
     maps: fewer bands read the weights fewer times); the cost model picks R and G for T threads:
     whole images per task when the batch alone feeds the threads (seed 000's task level), row
     bands (window level: cores split the image into regions) when it does not, and output-channel
-    blocks too for small late layers
-    (7x7, 14x14 maps at batch 1). G is even (the 7x2 micro-kernel works on block pairs).
+    blocks too for small late layers (7x7, 14x14 maps at batch 1). G is even (the 7x2
+    micro-kernel works on block pairs).
     padded: the task copies its input rows into a zero-bordered band (run_nchwc with padding),
     so smaller bands and channel splits re-copy more."""
     wo = wp if wo is None else wo
@@ -295,9 +295,10 @@ def plan_direct(cb: int, kh: int, dh: int, sh: int, ho: int, wp: int, *, wo: int
 
 @functools.lru_cache(maxsize=4096)
 def _plan_direct(cb, kh, kw, dh, sh, ho, wp, wo, n, ob, padded, threads, l2):
+    band_of = lambda r: cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64  # noqa: E731  (a band's input bytes)
     rmax = 1
     for r in range(1, ho + 1):
-        if cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64 > l2 / 2:
+        if band_of(r) > l2 / 2:
             break
         rmax = r
     c7 = lambda v: -(-v // 7) * 7  # noqa: E731
@@ -308,9 +309,9 @@ def _plan_direct(cb, kh, kw, dh, sh, ho, wp, wo, n, ob, padded, threads, l2):
     # block), which the bytes count; fewer bands read the weights fewer times. On wide maps (4K: rmax 1-2
     # rows) none of the splits may fit the rule
     splits = _splits(ho, 4 * threads)
-    for r in ([r for r in splits if r <= rmax] or [rmax]) + \
-            [r for r in splits if r > rmax and cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64 <= BAND_PAST_L2 * l2]:
-        band = cb * ((r - 1) * sh + (kh - 1) * dh + 1) * wp * 64
+    past = [r for r in splits if r > rmax and band_of(r) <= BAND_PAST_L2 * l2]
+    for r in ([r for r in splits if r <= rmax] or [rmax]) + past:
+        band = band_of(r)
         for g in gs:
             flops = 2.0 * c7(r * wo) * cb * 16 * kh * kw * 16 * (g + g % 2)
             nbytes = (2.0 * band if padded else band) + g * cb * kh * kw * 1024.0 + 64.0 * r * wo * g
