@@ -239,7 +239,26 @@ def numba_max_threads() -> int:
 # this process's running threads, the least of five samples taken now: not the 1-minute load
 # average, which a benchmark run just before would inflate) exceed 3/4 of the usable cores, spin
 # otherwise. `wait_policy()` says which, with the count it saw.
+# libgomp reads those variables once, when it loads, and numba's pool binds to the first libgomp.so.1 the
+# process loaded: torch's own copy when torch was imported first. So the policy is chosen when tilefuse is
+# imported (`_choose_early`), which a later `import torch` then obeys; a libgomp loaded before that keeps its
+# defaults, and `wait_policy()` says so. It matters: with torch's defaults (torch imported first), a 40 ms
+# burst of another thread of the process (a preprocessing thread) made the next MobileNetV2 batch 1 run at
+# 2 threads 8-14 ms against 3.2-3.7 with the spin below (the woken worker shared the caller's core, which
+# the OS still counted as the less loaded one, and spun there; benchmarks/RESULTS.md, 2026-12-03).
 GOMP_SPIN_DEFAULT = "3000000"
+
+
+def _gomp_mapped() -> str | None:
+    """The file of a libgomp this process has loaded (/proc/self/maps), or None (none, or no /proc)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for ln in f:
+                if "libgomp" in ln:
+                    return ln.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def _others_running(samples: int = 5) -> int:
@@ -270,12 +289,29 @@ def _choose_wait_policy() -> str:
     return want
 
 
+def _choose_early() -> None:
+    """At import: the wait policy, into the environment, before a libgomp loads (see GOMP_SPIN_DEFAULT);
+    if one is loaded already, which (its own settings apply: `wait_policy()` reports them)."""
+    with _NUMBA_LOCK:
+        if "wait" not in _NUMBA:
+            first = _gomp_mapped()
+            if first is not None:
+                _NUMBA["gomp_first"] = first
+            _NUMBA["wait"] = _choose_wait_policy()
+
+
 def wait_policy() -> str:
     """How numba's OpenMP threads wait between regions: 'spin', 'passive' (with the other runnable
-    threads seen when the choice was made) or the user's setting."""
+    threads seen when the choice was made) or the user's setting; or that a libgomp loaded before tilefuse
+    was imported keeps its own defaults, which file, and what to do."""
     numba_layer()
     w = _NUMBA["wait"]
-    return f"{w} ({_NUMBA['wait_others']} others running)" if "wait_others" in _NUMBA else w
+    w = f"{w} ({_NUMBA['wait_others']} others running)" if "wait_others" in _NUMBA else w
+    first = _NUMBA.get("gomp_first")
+    if first is not None and not w.startswith("user"):
+        w = (f"libgomp defaults, not {w}: {first} was loaded before tilefuse was imported (import tilefuse "
+             f"before torch, or set GOMP_SPINCOUNT={GOMP_SPIN_DEFAULT} in the environment)")
+    return w
 
 
 def numba_layer() -> str:
@@ -283,7 +319,7 @@ def numba_layer() -> str:
     if "layer" not in _NUMBA:
         import numba
         from numba.np.ufunc import parallel
-        _NUMBA["wait"] = _choose_wait_policy()
+        _choose_early()
         parallel._launch_threads()
         _NUMBA["set"] = getattr(parallel, "_set_num_threads", None) or numba.set_num_threads
         _NUMBA["layer"] = numba.threading_layer()
@@ -673,3 +709,5 @@ def split_rows(n: int, fn, min_per_task: int = 1) -> None:
 # OpenBLAS: its thread count lives with the rest of BLAS in kernels/blas.py (re-exported here
 # for the kernels that limit it around their own parallel regions)
 from .blas import blas_info, blas_threads  # noqa: E402,F401
+
+_choose_early()
