@@ -233,8 +233,8 @@ def numba_max_threads() -> int:
 # and 11.6 ms after the same gaps; benchmarks/RESULTS.md, eighth session). On a machine with more
 # runnable threads than cores any spinning starves the thread being waited for (measured on the
 # loaded 2-core development machine: an empty 2-thread region took 700 us spinning, 70 us passive,
-# 26 us on the Python pool). So the wait policy is chosen when numba starts its pool, before it loads
-# libgomp: TILEFUSE_WAIT=spin|passive if set; else OMP_WAIT_POLICY / GOMP_SPINCOUNT if the user set
+# 26 us on the Python pool). So the wait policy is chosen at import (below), before libgomp loads:
+# TILEFUSE_WAIT=spin|passive if set; else OMP_WAIT_POLICY / GOMP_SPINCOUNT if the user set
 # them; else passive when the runnable threads of other processes (/proc/stat procs_running less
 # this process's running threads, the least of five samples taken now: not the 1-minute load
 # average, which a benchmark run just before would inflate) exceed 3/4 of the usable cores, spin
