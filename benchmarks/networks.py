@@ -144,6 +144,7 @@ def main() -> int:
     import tilefuse
     from tilefuse import models
     from tilefuse.compiler.tune import cpu_model
+    from tilefuse.kernels import placement
     from tilefuse.kernels.threads import blas_info, region_counts, region_mode, wait_policy
 
     torch.set_num_threads(args.threads)
@@ -151,6 +152,7 @@ def main() -> int:
           f"{getattr(tilefuse, '__version__', '?')}, torch {torch.__version__}, onnxruntime {ort.__version__}, "
           f"numpy {np.__version__}, reps={args.reps} interleaved (median) x inner={args.inner}, OpenBLAS core {blas_info()}, "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}, numba wait {wait_policy()}, "
+          f"workers off the caller's core {'on' if placement.available() else 'off'} (kernels/placement.py), "
           f"regions {region_mode(args.threads)} (now; resampled each second), "
           f"tune={args.tune}, load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     hdr = (f"{'model':<15} {'batch':>5} {'size':>4} {'tilefuse s':>10} {'tf model s':>10} {'ort s':>8} {'torch s':>9} "

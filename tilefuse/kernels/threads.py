@@ -42,6 +42,7 @@ class _Local(threading.local):
     per layer on the main thread (which never sets `worker`)."""
     worker = False      # a thread of our pool (a nested region runs inline there)
     numba_nt = 0        # numba's thread count as last set from this thread
+    team = 0            # times that count grew (libgomp then starts workers: kernels/placement.py reads them again)
     capture = None      # a list while `capture_regions` records this thread's task loops
 
 
@@ -245,7 +246,8 @@ def numba_max_threads() -> int:
 # defaults, and `wait_policy()` says so. It matters: with torch's defaults (torch imported first), a 40 ms
 # burst of another thread of the process (a preprocessing thread) made the next MobileNetV2 batch 1 run at
 # 2 threads 8-14 ms against 3.2-3.7 with the spin below (the woken worker shared the caller's core, which
-# the OS still counted as the less loaded one, and spun there; benchmarks/RESULTS.md, 2026-12-03).
+# the OS still counted as the less loaded one, and spun there; benchmarks/RESULTS.md, 2026-12-03). Each run
+# now also keeps the workers off the caller's core (kernels/placement.py), whichever libgomp it is.
 GOMP_SPIN_DEFAULT = "3000000"
 
 
@@ -568,6 +570,8 @@ def _run_numba(par, width: int, free: int, args) -> None:
     _REGIONS["narrowed" if free < width else "numba"] += 1
     if _LOCAL.numba_nt != free:
         _NUMBA["set"](free)        # numba's per-thread count: set once per change (a ctypes call)
+        if free > _LOCAL.numba_nt:
+            _LOCAL.team += 1
         _LOCAL.numba_nt = free
     par(free, *args)
 

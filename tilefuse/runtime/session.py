@@ -48,6 +48,7 @@ from ..errors import DeviceError
 from ..ir.node import check_inputs
 from ..kernels.registry import (KERNELS, THREADED, bind as bind_kernel, bind_chains, bind_se_sums,  # noqa: F401
                                 bind_stem_pools)
+from ..kernels.placement import keep_off_caller
 from ..kernels.threads import Scratch, aligned_empty, use_scratch
 from .device import CPUDevice
 from .stages import PipelineStats, run_pipeline
@@ -335,6 +336,7 @@ class Session:
         """Write the IO addresses into a context's IO segment and run every instruction.
         timings: a list; the seconds of each instruction's kernel call are appended (tilefuse profile)."""
         addrs = self._check_io(in_addrs, out_addrs)
+        keep_off_caller(self.threads)        # numba's workers off this thread's core (kernels/placement.py)
         ctx = self._acquire()
         try:
             with use_scratch(ctx.scratch):   # contexts are exclusive per call: never shared at once
