@@ -16,7 +16,7 @@ on our own pool, not numba's: it has no such team): it
 records the OS thread ids of this thread's numba workers once (libgomp keeps a team of workers per
 calling thread; a parallel region where each writes its `gettid()`), and sets their CPU affinity
 to the cores they may use minus the one the caller is on now. Nothing changes while the caller
-stays on its core (one `sched_getcpu` a run, ~0.3 us); when it moves, the workers' affinity follows
+stays on its core (one `sched_getcpu` a run, ~0.5 us); when it moves, the workers' affinity follows
 (one `sched_setaffinity` each). Where the other cores cannot hold every worker (more threads than
 cores) the workers keep their own affinity. Only for numba's OpenMP layer on Linux, never inside
 our pool's workers; `TILEFUSE_PLACE=0` turns it off. Which thread runs a task never changes its
@@ -92,8 +92,7 @@ def _record(st: _State, width: int) -> None:
     writing its id), and each one's current affinity (kept for the ones seen before)."""
     out = np.zeros(T.numba_max_threads(), np.int32)
     if T._LOCAL.numba_nt != width:
-        T._NUMBA["set"](width)
-        T._LOCAL.numba_nt = width
+        T.set_numba_threads(width)
     _tids_par(width, out)
     me = threading.get_native_id()
     tids = tuple(sorted({int(t) for t in out[:width] if t > 0 and t != me}))
@@ -145,7 +144,7 @@ def keep_off_caller(threads) -> None:
 
 def placed() -> dict:
     """This thread's numba workers and where they are kept: {'workers': {tid: sorted affinity}, 'off_cpu': the
-    caller's core they are kept off or None} (tests, `tilefuse profile`)."""
+    caller's core they are kept off or None}; workers that have exited are left out."""
     st = _ST
-    return {"workers": {t: sorted(os.sched_getaffinity(t)) for t in st.tids if os.path.exists(f"/proc/self/task/{t}")},
-            "off_cpu": st.cpu if st.cpu >= 0 else None}
+    alive = [t for t in st.tids if os.path.exists(f"/proc/self/task/{t}")]
+    return {"workers": {t: sorted(os.sched_getaffinity(t)) for t in alive}, "off_cpu": st.cpu if st.cpu >= 0 else None}

@@ -569,11 +569,17 @@ def _run_numba(par, width: int, free: int, args) -> None:
     numba_region's and replay_regions' common tail, so the two cannot drift apart."""
     _REGIONS["narrowed" if free < width else "numba"] += 1
     if _LOCAL.numba_nt != free:
-        _NUMBA["set"](free)        # numba's per-thread count: set once per change (a ctypes call)
-        if free > _LOCAL.numba_nt:
-            _LOCAL.team += 1
-        _LOCAL.numba_nt = free
+        set_numba_threads(free)
     par(free, *args)
+
+
+def set_numba_threads(n: int) -> None:
+    """numba's per-thread count for this thread's next regions (a ctypes call: callers set it only on a change);
+    a growth counts in `_LOCAL.team` (libgomp starts workers then: kernels/placement.py reads them again)."""
+    _NUMBA["set"](n)
+    if n > _LOCAL.numba_nt:
+        _LOCAL.team += 1
+    _LOCAL.numba_nt = n
 
 
 def aligned_empty(n: int, dtype=np.float32, align: int = 64, zeros: bool = False) -> np.ndarray:
