@@ -25,8 +25,11 @@ device memory (`resolve`).
 
 Zero copy. On a device whose memory is the host's (`device.zero_copy`: the default growable
 `CPUDevice()`), the constant segment is the package's constant area mapped in place
-(`map_host`), not a second copy, and `run` maps the caller's input array and a new output array
-as the call's IO blocks instead of copying in and out. `run_many` still copies in and out: its
+(`map_host`), not a second copy, and `run` hands the caller's input array and a new output array
+to the kernels as the call's IO operands instead of copying in and out: the views `map_host` blocks
+would give, made from the arrays directly (no block bookkeeping, no address checks: these arrays are
+the call's own: 20-70 us of Python less a call after an idle pause, 4-8 us back to back; benchmarks/RESULTS.md
+2026-12-04). `compute` with addresses keeps the full path. `run_many` still copies in and out: its
 stages overlap, and an input iterator may reuse one array for the next item while the previous
 one computes. A package whose constant area is read-only bytes (a crafted or hand-built one) is
 copied as before.
@@ -74,6 +77,17 @@ def resolve(device: CPUDevice, record: int, op: Operand) -> int:
     if op.mode == DIRECT:
         return resolve_direct(base, op.seg_offset, op.block_offset)
     return resolve_indirect(device, base, op.seg_offset, op.block_offset)
+
+
+def _host_view(host: dict, op: Operand) -> np.ndarray:
+    """An IO operand's view straight from the call's host array (`host`: {IO slot offset: its bytes}); the
+    bytes `resolve` would address: the slot's block from its start plus the operand's block offset."""
+    n = math.prod(op.shape) * np.dtype(op.dtype).itemsize
+    b = host[op.seg_offset][op.block_offset:op.block_offset + n]
+    if b.size != n:
+        raise DeviceError(f"IO operand at slot {op.seg_offset} + {op.block_offset} needs {n} bytes; its array has "
+                          f"{host[op.seg_offset].size}")
+    return b.view(op.dtype).reshape(op.shape)
 
 
 class _Context:
@@ -138,6 +152,7 @@ class Session:
         self._contexts: list[_Context] = []
         self._idle: list[_Context] = []
         self._cond = threading.Condition()
+        self._in_specs: list | None = None          # (name, shape, dtype) of each input (_check_inputs)
         self._blocks: list[int] = []               # every segment block, for release / the finalizer
         self._finalizer = weakref.finalize(self, _free_blocks, self.device, self._blocks)
 
@@ -347,16 +362,24 @@ class Session:
         finally:
             self._give_back(ctx)
 
-    def _execute(self, ctx: _Context, addrs: list[int], timings: list | None = None) -> None:
+    def _execute(self, ctx: _Context, addrs: list[int] | None, timings: list | None = None,
+                 host: dict | None = None) -> None:
+        """Run every instruction of `ctx`. IO operands resolve through the IO-address segment, where
+        `addrs` are written first; or, with `host` ({IO slot offset: the host array's bytes}, run() on a
+        zero-copy device), straight from those arrays."""
         dev = self.device
-        for slot, addr in zip(self.package.io, addrs):
-            dev.write_u64(ctx.io + slot.offset, addr)
+        if host is None:
+            for slot, addr in zip(self.package.io, addrs):
+                dev.write_u64(ctx.io + slot.offset, addr)
         clock = time.perf_counter
         for fn, args, views, params, ins in ctx.calls():
             if args is None:
                 # IO operands: segment-indirect, through the record and the IO segment in device memory
-                a = [v if isinstance(v, np.ndarray) else dev.view(resolve(dev, ctx.record, v), v.dtype, v.shape)
-                     for v in views]
+                if host is None:
+                    a = [v if isinstance(v, np.ndarray) else dev.view(resolve(dev, ctx.record, v), v.dtype, v.shape)
+                         for v in views]
+                else:
+                    a = [v if isinstance(v, np.ndarray) else _host_view(host, v) for v in views]
                 args = (a[-1], *a[:-1])
             t0 = clock() if timings is not None else 0.0
             try:
@@ -382,7 +405,12 @@ class Session:
     # ---------------------------------------------------------------- convenience
 
     def _check_inputs(self, xs) -> list[np.ndarray]:
-        return check_inputs([(s.name, s.shape, s.dtype) for s in self.package.inputs], xs, self.package.name)
+        specs = self._in_specs
+        if specs is None:
+            specs = self._in_specs = [(s.name, tuple(s.shape), np.dtype(s.dtype)) for s in self.package.inputs]
+        if type(xs) is np.ndarray and len(specs) == 1 and xs.shape == specs[0][1] and xs.dtype == specs[0][2]:
+            return [xs]                   # the common call, as check_inputs would pass it
+        return check_inputs(specs, xs, self.package.name)
 
     def alloc_io(self) -> tuple[list[int], list[int]]:
         dev = self.device
@@ -409,35 +437,27 @@ class Session:
         ys = [self.device.copy_out(a, s.shape, s.dtype) for a, s in zip(bufs[1], self.package.outputs)]
         return ys[0] if len(ys) == 1 else ys
 
-    def _map_io(self, xs) -> tuple[tuple[list[int], list[int]], list[np.ndarray]]:
-        """Zero copy: the inputs (a contiguous writable copy of one that is not) and new output
-        arrays as device blocks; returns the addresses and the output arrays."""
-        dev = self.device
-        ins, outs, ys = [], [], []
-        try:
-            for x in xs:
-                if not (x.flags.c_contiguous and x.flags.writeable):
-                    x = np.array(x, order="C")
-                ins.append(dev.map_host(x))
-            for s in self.package.outputs:
-                ys.append(aligned_empty(math.prod(s.shape), s.dtype).reshape(s.shape))   # on a cache line
-                outs.append(dev.map_host(ys[-1]))
-        except Exception:
-            self.free_io((ins, outs))
-            raise
-        return (ins, outs), ys
-
     def run(self, xs):
         """alloc -> copy in -> compute -> copy out -> free (zero copy: map -> compute -> unmap).
         One array, or a list for several outputs."""
         self.copy_constants()
         xs = self._check_inputs(xs)
         if getattr(self.device, "zero_copy", False):
-            bufs, ys = self._map_io(xs)
+            # the arrays themselves are the IO operands (the module docstring): an input that is not
+            # C-contiguous and writable is copied, as map_host would need; outputs on a cache line
+            xs = [x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C") for x in xs]
+            ys = [aligned_empty(math.prod(s.shape), s.dtype).reshape(s.shape) for s in self.package.outputs]
+            arrays = xs + ys
+            if any(a.nbytes == 0 for a in arrays):
+                raise DeviceError(f"{self.package.name}: an input or output of 0 bytes; expected non-empty tensors")
+            host = {slot.offset: a.reshape(-1).view(np.uint8) for slot, a in zip(self.package.io, arrays)}
+            keep_off_caller(self.threads)
+            ctx = self._acquire()
             try:
-                self.compute(*bufs)
+                with use_scratch(ctx.scratch):
+                    self._execute(ctx, None, host=host)
             finally:
-                self.free_io(bufs)
+                self._give_back(ctx)
             return ys[0] if len(ys) == 1 else ys
         bufs = self.alloc_io()
         try:
