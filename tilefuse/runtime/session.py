@@ -79,6 +79,21 @@ def resolve(device: CPUDevice, record: int, op: Operand) -> int:
     return resolve_indirect(device, base, op.seg_offset, op.block_offset)
 
 
+SMALL_OUTPUT_BYTES = 64 << 10
+
+
+def _new_output(shape, dtype) -> np.ndarray:
+    """A run's output array: on a cache line (threads.aligned_empty) when large; a plain np.empty below
+    SMALL_OUTPUT_BYTES, where no kernel's speed depends on it (every vector store is unaligned-safe:
+    `vmovups`) and the alignment's address query was the largest Python step of a run after an idle
+    pause (MobileNetV2's 1000 logits: 68-77 us, benchmarks/RESULTS.md 2026-12-04)."""
+    dt = np.dtype(dtype)
+    n = math.prod(shape)
+    if n * dt.itemsize < SMALL_OUTPUT_BYTES:
+        return np.empty(shape, dt)
+    return aligned_empty(n, dt).reshape(shape)
+
+
 def _host_view(host: dict, op: Operand) -> np.ndarray:
     """An IO operand's view straight from the call's host array (`host`: {IO slot offset: its bytes}); the
     bytes `resolve` would address: the slot's block from its start plus the operand's block offset."""
@@ -446,7 +461,7 @@ class Session:
             # the arrays themselves are the IO operands (the module docstring): an input that is not
             # C-contiguous and writable is copied, as map_host would need; outputs on a cache line
             xs = [x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C") for x in xs]
-            ys = [aligned_empty(math.prod(s.shape), s.dtype).reshape(s.shape) for s in self.package.outputs]
+            ys = [_new_output(s.shape, s.dtype) for s in self.package.outputs]
             arrays = xs + ys
             if any(a.nbytes == 0 for a in arrays):
                 raise DeviceError(f"{self.package.name}: an input or output of 0 bytes; expected non-empty tensors")
