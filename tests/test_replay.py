@@ -160,3 +160,38 @@ def test_inlined_replay_runs_the_loops_where_numba_region_would(mode, threads, w
             T._NUMBA.pop("mode", None)
         else:
             T._NUMBA["mode"] = saved_mode
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_b0"])
+def test_flat_plan_replays_every_recorded_call_in_order(name):
+    """From a context's third run on, Session runs its flat plan (runtime/session.py `_flatten`): the recorded
+    task loops of consecutive replayed calls as one replay, the other calls as they are, the fused no-ops left
+    out. Every instruction is covered once, and every run equals a fresh session bit for bit (a plan that
+    dropped or reordered a step computes from the previous run's tensors); with replaying turned off
+    (threads.REPLAY) the plan is not used."""
+    from tilefuse.runtime.session import _flatten
+    net = models.get(name, seed=0, batch=1, image_size=64)
+    rng = np.random.default_rng(9)
+    xs = [rng.standard_normal(net.inputs[0].shape).astype(np.float32) * s for s in (1.0, 2.0, 0.5, 1.5, 1.0)]
+    sess = tilefuse.Session(tilefuse.compile(net, threads=2), threads=2)
+    got = [sess.run(xs[0]), sess.run(xs[1])]
+    ctx = sess._contexts[0]
+    assert ctx.flat is not None
+    calls = ctx.calls()
+    live = [e for e in calls if getattr(e[0], "fused_into", None) is None]
+    covered = sum(s[2] if s[0] == "replay" else 1 for s in ctx.flat)
+    assert covered == len(live) <= len(calls)
+    replays = [s for s in ctx.flat if s[0] == "replay"]
+    assert replays and max(s[2] for s in replays) > 1 and len(ctx.flat) < len(live)
+    assert ctx.flat == _flatten(calls)                      # nothing recorded anew since
+    got += [sess.run(x) for x in xs[2:4]]
+    T.REPLAY = False
+    try:
+        calls_before = T.region_counts()["replayed"]
+        got.append(sess.run(xs[4]))
+        assert T.region_counts()["replayed"] == calls_before  # the full path, no plan
+    finally:
+        T.REPLAY = True
+    for i, (g, x) in enumerate(zip(got, xs)):
+        want = _fresh(net, x, 2)
+        assert np.array_equal(g, want), f"run {i}: max diff {np.abs(g - want).max()}"

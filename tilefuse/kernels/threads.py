@@ -519,7 +519,19 @@ def replaying(run):
             run(*operands)
         if calls and None not in calls:
             state[0], state[1] = operands, tuple(calls)
+    fn.replay_state = state
     return fn
+
+
+def recorded(fn, operands) -> tuple | None:
+    """The task loops a `replaying` wrapper `fn` replays when called with exactly these operand objects (what
+    `fn(*operands)` would hand `replay_regions`), or None: not such a wrapper, nothing recorded yet, or recorded
+    for other operands. The runtime strings such recordings together (runtime/session.py: a context's flat
+    plan)."""
+    state = getattr(fn, "replay_state", None)
+    if state is None or state[1] is None or len(operands) != len(state[0]):
+        return None
+    return state[1] if all(map(operator.is_, operands, state[0])) else None
 
 
 def numba_region(par, seq, threads, ntasks: int, *args) -> int:

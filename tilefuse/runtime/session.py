@@ -52,6 +52,7 @@ from ..ir.node import check_inputs
 from ..kernels.registry import (KERNELS, THREADED, bind as bind_kernel, bind_chains, bind_se_sums,  # noqa: F401
                                 bind_stem_pools)
 from ..kernels.placement import keep_off_caller
+from ..kernels import threads as threads_mod
 from ..kernels.threads import Scratch, aligned_empty, use_scratch
 from .device import CPUDevice
 from .stages import PipelineStats, run_pipeline
@@ -105,18 +106,43 @@ def _host_view(host: dict, op: Operand) -> np.ndarray:
     return b.view(op.dtype).reshape(op.shape)
 
 
+def _flatten(calls: list) -> list:
+    """A context's flat plan: its calls (`_Context.calls`) as steps, ("call", entry) or ("replay", task loops,
+    instructions, first, last instruction). The calls whose recording (threads.replaying) holds for their fixed
+    operands are what they would replay anyway: consecutive ones become one step, a single replay_regions over
+    all their task loops, instead of a wrapper call, an identity check and a region plan each. A fused chain's
+    no-op members (registry.bind_chains) are left out. MobileNetV2 batch 1: 55 instructions, 25 replayed and 27
+    no-ops, 4 steps; the run's Python 33 -> 17 us back to back (benchmarks/RESULTS.md 2026-12-04)."""
+    steps: list = []
+    for entry in calls:
+        fn, args, views, params, ins = entry
+        if getattr(fn, "fused_into", None) is not None:
+            continue
+        rec = threads_mod.recorded(fn, args) if args is not None and not params else None
+        if rec is None:
+            steps.append(("call", entry))
+        elif steps and steps[-1][0] == "replay":
+            _, loops, n, first, _ = steps[-1]
+            steps[-1] = ("replay", loops + rec, n + 1, first, ins)
+        else:
+            steps.append(("replay", tuple(rec), 1, ins, ins))
+    return steps
+
+
 class _Context:
     """One call in flight: segment-base record, hidden and IO-address segments, bound kernels, and
     the kernels' host scratch (Winograd's transform buffers, direct conv's bands): it lives with
     the context, so a call on a new thread (each `run_many` starts new stage threads) reuses the
     buffers of the calls before it instead of allocating them again (kernels.threads.use_scratch)."""
-    __slots__ = ("record", "hidden", "io", "bound", "scratch", "_calls")
+    __slots__ = ("record", "hidden", "io", "bound", "scratch", "_calls", "flat", "runs")
 
     def __init__(self, record: int, hidden: int, io: int):
         self.record, self.hidden, self.io = record, hidden, io
         self.bound: list = []
         self.scratch = Scratch()
         self._calls = None
+        self.flat: list | None = None    # the flat plan (_flatten), made after the second untimed compute
+        self.runs = 0                    # untimed computes with replaying on, before the flat plan
 
     def calls(self) -> list:
         """`bound` as (fn, args, views, params, ins): args the call's positional arguments (out first)
@@ -381,31 +407,65 @@ class Session:
                  host: dict | None = None) -> None:
         """Run every instruction of `ctx`. IO operands resolve through the IO-address segment, where
         `addrs` are written first; or, with `host` ({IO slot offset: the host array's bytes}, run() on a
-        zero-copy device), straight from those arrays."""
+        zero-copy device), straight from those arrays. From a context's third untimed compute on, its flat
+        plan runs instead (`_flatten`): the same task loops in the same order, less Python."""
         dev = self.device
         if host is None:
             for slot, addr in zip(self.package.io, addrs):
                 dev.write_u64(ctx.io + slot.offset, addr)
+        if timings is None and threads_mod.REPLAY:
+            if ctx.flat is not None:
+                self._execute_flat(ctx, host)
+                return
+            ctx.runs += 1
         clock = time.perf_counter
-        for fn, args, views, params, ins in ctx.calls():
-            if args is None:
-                # IO operands: segment-indirect, through the record and the IO segment in device memory
-                if host is None:
-                    a = [v if isinstance(v, np.ndarray) else dev.view(resolve(dev, ctx.record, v), v.dtype, v.shape)
-                         for v in views]
-                else:
-                    a = [v if isinstance(v, np.ndarray) else _host_view(host, v) for v in views]
-                args = (a[-1], *a[:-1])
+        for entry in ctx.calls():
             t0 = clock() if timings is not None else 0.0
-            try:
-                if params:
-                    fn(*args, **params)
-                else:
-                    fn(*args)
-            except Exception as e:
-                raise RuntimeError(f"instruction {ins.kernel} -> '{ins.output.name}' failed: {e}") from e
+            self._call(ctx, entry, host)
             if timings is not None:
                 timings.append(clock() - t0)
+        if ctx.runs >= 2 and ctx.flat is None:
+            # every replaying call recorded its task loops at its second call (threads.replaying)
+            ctx.flat = _flatten(ctx.calls())
+
+    def _io_args(self, ctx: _Context, views: list, host: dict | None) -> tuple:
+        """A call's positional arguments (out first) with its IO operands resolved: segment-indirect, through
+        the record and the IO segment in device memory, or from the host arrays of a zero-copy run."""
+        if host is None:
+            dev = self.device
+            a = [v if isinstance(v, np.ndarray) else dev.view(resolve(dev, ctx.record, v), v.dtype, v.shape)
+                 for v in views]
+        else:
+            a = [v if isinstance(v, np.ndarray) else _host_view(host, v) for v in views]
+        return (a[-1], *a[:-1])
+
+    def _execute_flat(self, ctx: _Context, host: dict | None) -> None:
+        replayed = threads_mod._REGIONS
+        for step in ctx.flat:
+            if step[0] == "replay":
+                _, regions, n, first, last = step
+                replayed["replayed"] += n
+                try:
+                    threads_mod.replay_regions(regions)
+                except Exception as e:
+                    raise RuntimeError(f"instructions {first.kernel} -> '{first.output.name}' to {last.kernel} -> "
+                                       f"'{last.output.name}' (replayed) failed: {e}") from e
+                continue
+            self._call(ctx, step[1], host)
+
+    def _call(self, ctx: _Context, entry: tuple, host: dict | None) -> None:
+        """One bound call (`_Context.calls` entry), its IO operands resolved (`_io_args`); an error names the
+        instruction."""
+        fn, args, views, params, ins = entry
+        if args is None:
+            args = self._io_args(ctx, views, host)
+        try:
+            if params:
+                fn(*args, **params)
+            else:
+                fn(*args)
+        except Exception as e:
+            raise RuntimeError(f"instruction {ins.kernel} -> '{ins.output.name}' failed: {e}") from e
 
     def warmup(self) -> float:
         """Run the program once on zero inputs: numba compiles (or loads from its on-disk cache,
