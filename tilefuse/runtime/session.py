@@ -391,15 +391,15 @@ class Session:
     def compute(self, in_addrs: Sequence[int], out_addrs: Sequence[int], timings: list | None = None) -> None:
         """Write the IO addresses into a context's IO segment and run every instruction.
         timings: a list; the seconds of each instruction's kernel call are appended (tilefuse profile)."""
-        addrs = self._check_io(in_addrs, out_addrs)
+        self._in_context(self._check_io(in_addrs, out_addrs), timings)
+
+    def _in_context(self, addrs: list[int] | None, timings: list | None = None, host: dict | None = None) -> None:
+        """Execute the program in a free context (compute, and run on a zero-copy device with `host`)."""
         keep_off_caller(self.threads)        # numba's workers off this thread's core (kernels/placement.py)
         ctx = self._acquire()
         try:
             with use_scratch(ctx.scratch):   # contexts are exclusive per call: never shared at once
-                if timings is None:
-                    self._execute(ctx, addrs)
-                else:
-                    self._execute(ctx, addrs, timings)
+                self._execute(ctx, addrs, timings, host)
         finally:
             self._give_back(ctx)
 
@@ -513,26 +513,20 @@ class Session:
         return ys[0] if len(ys) == 1 else ys
 
     def run(self, xs):
-        """alloc -> copy in -> compute -> copy out -> free (zero copy: map -> compute -> unmap).
+        """alloc -> copy in -> compute -> copy out -> free (zero copy: the arrays as the IO operands -> compute).
         One array, or a list for several outputs."""
         self.copy_constants()
         xs = self._check_inputs(xs)
         if getattr(self.device, "zero_copy", False):
             # the arrays themselves are the IO operands (the module docstring): an input that is not
-            # C-contiguous and writable is copied, as map_host would need; outputs on a cache line
+            # C-contiguous and writable is copied, as map_host would need; large outputs on a cache line
             xs = [x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C") for x in xs]
             ys = [_new_output(s.shape, s.dtype) for s in self.package.outputs]
             arrays = xs + ys
             if any(a.nbytes == 0 for a in arrays):
                 raise DeviceError(f"{self.package.name}: an input or output of 0 bytes; expected non-empty tensors")
-            host = {slot.offset: a.reshape(-1).view(np.uint8) for slot, a in zip(self.package.io, arrays)}
-            keep_off_caller(self.threads)
-            ctx = self._acquire()
-            try:
-                with use_scratch(ctx.scratch):
-                    self._execute(ctx, None, host=host)
-            finally:
-                self._give_back(ctx)
+            self._in_context(None, host={slot.offset: a.reshape(-1).view(np.uint8)
+                                         for slot, a in zip(self.package.io, arrays)})
             return ys[0] if len(ys) == 1 else ys
         bufs = self.alloc_io()
         try:
