@@ -273,7 +273,7 @@ def test_k1x1_strips_same_bits_as_tiles(act):
                         o = np.full((n, ob, h, w, 16), 7.0, np.float32)
                         k1x1.run_nchwc(o, xb, pr, res, act=act, threads=th)
                         outs.append(o)
-                    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (n, ci, co, h, w, th)
+                    assert _same_bits(outs[0], outs[1], co, x), (n, ci, co, h, w, th)
         # stride 2 (ResNet's projection shortcuts): on the strips the strided positions are gathered first
         for n, ci, co, h, w in ((2, 40, 48, 13, 11), (1, 64, 96, 14, 14), (3, 16, 16, 7, 9)):
             k1x1.STRIP_K = 32
@@ -308,6 +308,68 @@ def test_k1x1_strips_same_bits_as_tiles(act):
     finally:
         k1x1.STRIPS = True
         k1x1.STRIP_K = 128
+
+
+@pytest.mark.skipif(not ASM_AVX2 or ASM_512, reason="the half strip (_nb.strip8) runs on x86-64 AVX2 hosts only")
+@pytest.mark.parametrize("act", [None, ("clip", 0.0, 6.0), "silu"])
+def test_k1x1_half_strip_same_bits(act):
+    """A last output block of 1-8 channels (Co = 8, 17, 24, 40, 104) on the half strip (k1x1.HALF_STRIPS:
+    12 positions x lanes 0-7, `_nb.strip8`) and on strip16 (both halves): the same bits in every lane for finite
+    inputs (the padded lanes act(bias + residual) as strip16 leaves them), with residuals, reductions in slices
+    (k1x1.STRIP_K) or whole, batches, partial tiles, 1-3 threads. And that the half strip is what runs: a NaN
+    input makes strip16's padded lanes NaN (0 x NaN), the half strip's stay act(0) = 0."""
+    rng = np.random.default_rng(11)
+    try:
+        for n, ci, co, h, w in ((1, 96, 24, 13, 11), (2, 40, 40, 7, 7), (1, 20, 8, 5, 5), (3, 300, 104, 3, 5),
+                                (1, 16, 17, 14, 14), (2, 144, 24, 1, 23)):
+            for k in (32, 0):
+                k1x1.STRIP_K = k
+                x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
+                pr = k1x1.prepare(rng.standard_normal((co, ci, 1, 1)).astype(np.float32),
+                                  rng.standard_normal(co).astype(np.float32))
+                ob = -(-co // 16)
+                res = rng.standard_normal((n, ob, h, w, 16)).astype(np.float32)
+                res.reshape(-1, ob * 16)[:, co:] = 0        # the padded channels of a blocked tensor
+                for r in (None, res):
+                    for th in (1, 2, 3):
+                        outs = []
+                        for half in (False, True):
+                            k1x1.HALF_STRIPS = half
+                            o = np.full((n, ob, h, w, 16), 7.0, np.float32)
+                            k1x1.run_nchwc(o, _blocked(x), pr, r, act=act, threads=th)
+                            outs.append(o)
+                        assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (n, ci, co, k, th)
+        x = rng.standard_normal((1, 32, 6, 6)).astype(np.float32)
+        x[0, 5, 2, 3] = np.nan
+        pr = k1x1.prepare(rng.standard_normal((24, 32, 1, 1)).astype(np.float32), None)
+        outs = []
+        for half in (False, True):
+            k1x1.HALF_STRIPS = half
+            o = np.full((1, 2, 6, 6, 16), 7.0, np.float32)
+            k1x1.run_nchwc(o, _blocked(x), pr, None, act=act, threads=2)
+            outs.append(o)
+        assert np.isnan(outs[0][0, 1, 2, 3, 8:]).all() and (outs[1][0, 1, :, :, 8:] == 0).all()
+        nan = np.isnan(outs[0])
+        nan[0, 1, 2, 3, 8:] = False        # only the padded lanes at the NaN's position differ
+        assert np.array_equal(np.isnan(outs[1]), nan) and nan[0, :, 2, 3, :8].all()
+    finally:
+        k1x1.HALF_STRIPS = True
+        k1x1.STRIP_K = 128
+
+
+def _same_bits(tiles, strips, co, x):
+    """The strips' output has the tiles' bits: every real channel, and the padded lanes (channels >= co) too
+    but at positions whose input holds a NaN or infinity. There the tiles' FMAs on zero weights made the
+    padded lanes NaN; the half strip (AVX2, a last block of 1-8 channels: `_nb.strip8`) does not compute them
+    and stores act(bias + residual) of the padding, act(0), as for finite inputs (docs/kernels.md)."""
+    a, b = tiles.view(np.uint32).copy(), strips.view(np.uint32).copy()
+    bad = ~np.isfinite(x).all(axis=1)                  # (N, H, W) positions with a non-finite input
+    for arr in (a, b):
+        # (N, Ob, H, W, 16) -> (N, H, W, Ob * 16): the channels of each position, padding last
+        flat = arr.transpose(0, 2, 3, 1, 4).reshape(arr.shape[0], arr.shape[2], arr.shape[3], -1)
+        flat[..., co:][bad] = 0
+        arr[...] = flat.reshape(arr.shape[0], arr.shape[2], arr.shape[3], arr.shape[1], 16).transpose(0, 3, 1, 2, 4)
+    return np.array_equal(a, b)
 
 
 def _conv_ref(x, wt, b, stride, pad, dil):

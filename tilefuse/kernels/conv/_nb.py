@@ -713,24 +713,17 @@ def tile16(typingctx, prm, rows):
     return _asm_block(prm, rows, _tile_asm)
 
 
-def _tile_rows(tile):
-    """An inlined dispatcher nv -> tile(prm, nv) for nv = 1..6 rows chosen at run time (a partial last
-    tile computes only its positions)."""
-    @njit(inline="always")
-    def rows(prm, nv):
-        if nv >= 6:
-            tile(prm, 6)
-        elif nv == 5:
-            tile(prm, 5)
-        elif nv == 4:
-            tile(prm, 4)
-        elif nv == 3:
-            tile(prm, 3)
-        elif nv == 2:
-            tile(prm, 2)
-        else:
-            tile(prm, 1)
-    return rows
+def _tile_rows(tile, most: int = TILE_ROWS):
+    """An inlined dispatcher nv -> tile(prm, nv) for nv = 1..most rows chosen at run time (a partial last
+    tile computes only its positions): `if nv >= most: tile(prm, most) elif nv == most - 1: ...`, written
+    out (each call's row count must be a compile-time literal)."""
+    lines = ["def rows(prm, nv):", f"    if nv >= {most}:", f"        tile(prm, {most})"]
+    for r in range(most - 1, 1, -1):
+        lines += [f"    elif nv == {r}:", f"        tile(prm, {r})"]
+    lines += ["    else:", "        tile(prm, 1)"]
+    scope = {"tile": tile}
+    exec("\n".join(lines), scope)
+    return njit(inline="always")(scope["rows"])
 
 
 tile16_rows = _tile_rows(tile16)    # tile16 with nv = 1..6 rows chosen at run time
@@ -785,16 +778,15 @@ def _strip_channel(rows: int, k: int = 0) -> list[str]:
     return body
 
 
-def _strip_asm(rows: int) -> str:
+def _strip_tile(rows: int, loads: list[str], zeros: list[str], channel) -> list[str]:
+    """A ymm strip's tile up to its finalize test (strip16's, strip8's): the parameters into registers, the
+    accumulators loaded (`loads`: accumulate, prm[14]) or zeroed, the output and input prefetches, the chunk
+    loop over `channel(rows, k)` (a whole 16-channel chunk on 128-byte weight rows unrolled), then `je 8f`
+    when not finalizing (prm[15]). Label 5 starts the tile."""
     step = 64 * rows
-    body = _strip_channel(rows)
-    acc = range(2 * rows)
     s = ["mov 104(%rdi), %rax", "mov (%rdi), %r10", "mov 48(%rdi), %r11", "mov 56(%rdi), %r12", "mov 72(%rdi), %r13",
          "mov 16(%rdi), %r8", "mov 40(%rdi), %r9",
-         "5:", "cmpq $$0, 112(%rdi)", "je 9f"]
-    s += [f"vmovups {32 * i}(%r11), %ymm{i}" for i in acc]
-    s += ["jmp 10f", "9:"]
-    s += [f"vxorps %ymm{i}, %ymm{i}, %ymm{i}" for i in acc]
+         "5:", "cmpq $$0, 112(%rdi)", "je 9f"] + loads + ["jmp 10f", "9:"] + zeros
     s += ["10:"] + [f"prefetchw {STRIP_PF_OUT * step + 64 * r}(%r11)" for r in range(rows)]
     s += ["mov %r10, %r14", "mov 8(%rdi), %rdx", "mov 24(%rdi), %rcx", "test %rcx, %rcx", "jz 2f",
           "1:", "mov %r14, %rsi", "mov $$16, %rbx", "cmp $$1, %rcx", "jne 3f", "mov 32(%rdi), %rbx", "3:"]
@@ -803,14 +795,33 @@ def _strip_asm(rows: int) -> str:
     if TILE_UNROLL:   # a whole chunk (16 channels) on 128-byte weight rows (k1x1's pairs): unrolled
         s += ["cmp $$16, %rbx", "jne 14f", "cmp $$128, %r9", "jne 14f"]
         for k in range(16):
-            s += _strip_channel(rows, k)
+            s += channel(rows, k)
         s += ["add $$2048, %rdx", "jmp 13f"]
-    s += ["14:"] + body + ["add $$4, %rsi", "add %r9, %rdx", "dec %rbx", "jnz 14b",
-                           "13:", "add %r8, %r14", "dec %rcx", "jnz 1b",
-                           "2:", "cmpq $$0, 120(%rdi)", "je 8f"]
+    return s + ["14:"] + channel(rows, 0) + ["add $$4, %rsi", "add %r9, %rdx", "dec %rbx", "jnz 14b",
+                                            "13:", "add %r8, %r14", "dec %rcx", "jnz 1b",
+                                            "2:", "cmpq $$0, 120(%rdi)", "je 8f"]
+
+
+def _strip_asm(rows: int) -> str:
+    step = 64 * rows
+    acc = range(2 * rows)
+    s = _strip_tile(rows, [f"vmovups {32 * i}(%r11), %ymm{i}" for i in acc],
+                    [f"vxorps %ymm{i}, %ymm{i}, %ymm{i}" for i in acc], _strip_channel)
     s += _ymm_finish(rows)
     s += [f"add $${step}, %r10", f"add $${step}, %r11", "dec %r12", "jnz 5b"]
     return "\n\t".join(s)
+
+
+def _ymm_act(regs, tag: int) -> list[str]:
+    """The activation of `_ymm_finish` (prm[10]: 0 none / 1 ReLU / 2 clip with prm[11]'s bounds) over `regs`,
+    with ymm12-13 as its constants; local labels tag, tag + 1."""
+    s = ["mov 80(%rdi), %r15", "cmp $$1, %r15", f"jne {tag}f", "vxorps %ymm12, %ymm12, %ymm12"]
+    s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in regs]
+    s += [f"jmp {tag + 1}f", f"{tag}:", "cmp $$2, %r15", f"jne {tag + 1}f", "mov 88(%rdi), %r15",
+          "vbroadcastss (%r15), %ymm12", "vbroadcastss 4(%r15), %ymm13"]
+    s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in regs]
+    s += [f"vminps %ymm{i}, %ymm13, %ymm{i}" for i in regs]
+    return s + [f"{tag + 1}:"]
 
 
 def _ymm_finish(rows: int) -> list[str]:
@@ -823,13 +834,8 @@ def _ymm_finish(rows: int) -> list[str]:
     s += ["test %r13, %r13", "jz 6f"]
     s += [f"vaddps {32 * i}(%r13), %ymm{i}, %ymm{i}" for i in acc]
     s += [f"add $${64 * rows}, %r13",
-          "6:", "mov 80(%rdi), %r15", "cmp $$1, %r15", "jne 7f", "vxorps %ymm12, %ymm12, %ymm12"]
-    s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in acc]
-    s += ["jmp 8f", "7:", "cmp $$2, %r15", "jne 8f", "mov 88(%rdi), %r15", "vbroadcastss (%r15), %ymm12",
-          "vbroadcastss 4(%r15), %ymm13"]
-    s += [f"vmaxps %ymm{i}, %ymm12, %ymm{i}" for i in acc]
-    s += [f"vminps %ymm{i}, %ymm13, %ymm{i}" for i in acc]
-    return s + ["8:"] + [f"vmovups %ymm{i}, {32 * i}(%r11)" for i in acc]
+          "6:"] + _ymm_act(acc, 7)
+    return s + [f"vmovups %ymm{i}, {32 * i}(%r11)" for i in acc]
 
 
 @intrinsic
@@ -840,6 +846,61 @@ def strip16(typingctx, prm, rows):
 
 
 strip16_rows = _tile_rows(strip16)  # strip16 with nv = 1..6 positions a tile chosen at run time
+
+
+# The half-block strip (k1x1 at stride 1 on tiles.ASM_AVX2 hosts, an output block whose lanes 8-15 have zero
+# weights: the last block of Co = 24, 40, 104, 440, ... where Co % 16 is 1..8). strip16 runs such a block as
+# two ymm halves, the upper one FMAs on zero weights (a quarter of a 24-channel projection's FMAs); here a tile
+# is R <= 12 positions x the block's lanes 0-7: 12 ymm accumulators (position r's in ymm r), the weight half-row
+# in ymm12, three broadcast registers in turn. The same parameter block as strip16 and each lower lane's FMA
+# chain as strip16's (the same bits). Lanes 8-15 are stored as strip16 stores them for finite inputs:
+# act(0 + bias + residual) (their FMA chain is fma(x, 0, .) from +0: exactly +0; a NaN or infinite input
+# made them NaN there, here they stay act(bias + residual) = act(0), the padded channels' value,
+# docs/kernels.md "Epilogue"). Not finalizing (a reduction slice's partial sums): lanes 0-7 only.
+HALF_ROWS = 12
+
+
+def _strip8_channel(rows: int, k: int = 0) -> list[str]:
+    """One input channel of the half strip's tile: the weight half-row, its prefetch for the block computed
+    next, R broadcasts, R FMAs (k as in `_strip_channel`)."""
+    w = 128 * k
+    body = [f"vmovups {w}(%rdx), %ymm12", f"prefetcht1 {w}(%rdx,%rax)"]
+    for r in range(rows):
+        b = 13 + r % 3
+        body += [f"vbroadcastss {64 * r + 4 * k}(%rsi), %ymm{b}", f"vfmadd231ps %ymm{b}, %ymm12, %ymm{r}"]
+    return body
+
+
+def _strip8_asm(rows: int) -> str:
+    step = 64 * rows
+    acc = range(rows)
+    s = _strip_tile(rows, [f"vmovups {64 * i}(%r11), %ymm{i}" for i in acc],
+                    [f"vxorps %ymm{i}, %ymm{i}, %ymm{i}" for i in acc], _strip8_channel)
+    # finalize: lanes 0-7 as _ymm_finish's (+ bias, + residual, the activation), then lanes 8-15 from +0
+    s += ["mov 64(%rdi), %r15", "vmovups (%r15), %ymm12"]
+    s += [f"vaddps %ymm12, %ymm{i}, %ymm{i}" for i in acc]
+    s += ["test %r13, %r13", "jz 6f"] + [f"vaddps {64 * i}(%r13), %ymm{i}, %ymm{i}" for i in acc]
+    s += ["6:"] + _ymm_act(acc, 15) + [f"vmovups %ymm{i}, {64 * i}(%r11)" for i in acc]
+    s += ["mov 64(%rdi), %r15", "vxorps %ymm15, %ymm15, %ymm15", "vaddps 32(%r15), %ymm15, %ymm15"]
+    s += [f"vmovaps %ymm15, %ymm{i}" for i in acc]
+    s += ["test %r13, %r13", "jz 7f"] + [f"vaddps {64 * i + 32}(%r13), %ymm{i}, %ymm{i}" for i in acc]
+    s += [f"add $${step}, %r13", "7:"] + _ymm_act(acc, 17) + [f"vmovups %ymm{i}, {64 * i + 32}(%r11)" for i in acc]
+    s += ["jmp 11f", "8:"] + [f"vmovups %ymm{i}, {64 * i}(%r11)" for i in acc]
+    s += ["11:", f"add $${step}, %r10", f"add $${step}, %r11", "dec %r12", "jnz 5b"]
+    return "\n\t".join(s)
+
+
+@intrinsic
+def strip8(typingctx, prm, rows):
+    """The half-block strip above for `rows` (a compile-time literal, 1..12) positions a tile, its parameters
+    in prm (strip16's block of 16 int64 from stack_i64); x86-64 with AVX2 and FMA only, as tile16."""
+    if not (isinstance(prm, types.CPointer) and prm.dtype == types.int64 and isinstance(rows, types.IntegerLiteral)
+            and 1 <= rows.literal_value <= HALF_ROWS):
+        return None
+    return types.void(prm, rows), _asm_codegen(x86_avx2, _strip8_asm(rows.literal_value), _TILE_CLOBBERS)
+
+
+strip8_rows = _tile_rows(strip8, HALF_ROWS)  # strip8 with nv = 1..12 positions a tile chosen at run time
 
 
 # The stem's AVX2 strip (stem._stem_rows_avx2 on tiles.ASM_AVX2 hosts): dstrip512's loop (below) with ymm

@@ -44,8 +44,8 @@ from tilefuse.kernels.conv._nb import atomic_add, stack_i64
 from tilefuse.kernels.conv import depthwise
 from tilefuse.kernels.conv.depthwise import _dw_task
 from tilefuse.kernels.conv.epilogue import EMPTY1, resolve_act
-from tilefuse.kernels.conv.k1x1 import (PF_INPUT_SWEEPS, PF_OUT, PF_WEIGHTS, SR, STRIP_GROUP_BYTES, STRIP_K,
-                                        _k1x1_strips, reduction_length)
+from tilefuse.kernels.conv.k1x1 import (HALF_STRIPS, PF_INPUT_SWEEPS, PF_OUT, PF_WEIGHTS, SR, STRIP_GROUP_BYTES,
+                                        STRIP_K, _k1x1_strips, reduction_length)
 from tilefuse.kernels.conv.planner import cache_sizes
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, scratch
@@ -59,7 +59,7 @@ MIN_WIDE_BYTES = 128 << 10
 MAX_HALO = 0.35        # at most this share of the expansion's rows computed twice (the bands' halos)
 D_BYTES = 64 << 10      # the depthwise rows projected at a time (D): at most this many bytes, at least a row
 E_SHARE = 0.5           # a band's expanded rows (E): at most this share of L2
-PFO = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | 16 | (min(255, STRIP_K // 16) << 8)
+PFO = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | 16 | (32 if HALF_STRIPS else 0) | (min(255, STRIP_K // 16) << 8)
 
 
 def _readonly(a):

@@ -30,13 +30,15 @@ whichever task or thread owns it, so any grid and thread count give bitwise iden
 from __future__ import annotations
 
 import functools
+import os
 
 import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import (address, atomic_add, borrow, copy16, mul16, prefetch, prefetch_l2, prefetchw,
-                                       stack_f32, stack_i64, store16, strip16_rows, strip512_rows, tile16_rows)
+from tilefuse.kernels.conv._nb import (HALF_ROWS, address, atomic_add, borrow, copy16, mul16, prefetch, prefetch_l2,
+                                       prefetchw, stack_f32, stack_i64, store16, strip8_rows, strip16_rows,
+                                       strip512_rows, tile16_rows)
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, act_span, bias_or_zeros, resolve_act
@@ -49,6 +51,10 @@ PF_WEIGHTS = 2  # software prefetch of the next channel pair's weight rows (asse
 PF_INPUT_SWEEPS = 0  # 4: pair outer, prefetch the input block on every sweep (else on the first)
 PF_BLOCKS = 1  # software-prefetch distance in 7-position blocks (0: off)
 STRIPS = True   # stride-1 layers on the assembly strip (_nb.strip16, `_k1x1_strips`); False: tile by tile
+# AVX2 strips: a last output block with zero weights in lanes 8-15 on `_nb.strip8` (12 positions x 8 lanes; pfo
+# bit 5). TILEFUSE_HALF_STRIPS=0: on strip16 (both halves) as before; part of the JIT cache key (the fused chains
+# freeze it, jitcache.BUILD_ENV)
+HALF_STRIPS = os.environ.get("TILEFUSE_HALF_STRIPS", "1") != "0"
 STRIP_GROUP_BYTES = 16384   # q outer: a strip group's input block (positions x kc x 4 B) at most this (L1 / 2)
 SR = 14 if ASM_512 else 6   # positions a strip tile (_nb.strip512 / strip16)
 SU = 2 if ASM_512 else 1    # output blocks a strip tile
@@ -151,6 +157,19 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
             n += 1
 
 
+@njit(inline="always")
+def _upper_half_zero(wf, ps, g, kc):
+    """Whether output block g's lanes 8-15 have zero weights in every input channel [0, kc) of the
+    pair-packed weights (flat wf, ps floats a pair): the block's half that the half strip skips."""
+    p = g // 2
+    base = p * ps + (g - 2 * p) * 16 + 8
+    for c in range(kc):
+        for lane in range(8):
+            if wf[base + 32 * c + lane] != 0:
+                return False
+    return True
+
+
 @njit(nogil=True, cache=True)
 def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo, kc,
                  group, HWi, xsh):
@@ -220,6 +239,8 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     tp[10] = wp.shape[2] * 4
     tp[11] = address(acc.reshape(96), 0)
     span = group if q_outer else q1 - q0
+    # the last output block on the half strip (AVX2): its lanes 8-15 all zero weights (Co % 16 in 1..8)
+    half = not ASM_512 and (pfo & 32) != 0 and u0 + nu == Ob and _upper_half_zero(wf, ps, Ob - 1, kc)
     for a0 in range(q0, q1, span):
         a1 = min(q1, a0 + span)
         for ks in range(nkb):
@@ -251,12 +272,14 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                 prm[12] = 1 if g == u0 or (pfo & 4) else 0   # the input: on the group's first block's sweep
                 tp[1] = prm[1]
                 tp[12] = prm[8]
+                hb = half and g == Ob - 1
+                sr = HALF_ROWS if hb else SR
                 j = a0
                 while j < a1:
                     n = j // HWo
                     jj = j - n * HWo
                     end = min(a1, (n + 1) * HWo)
-                    nt = (end - j) // SR
+                    nt = (end - j) // sr
                     if nt > 0:   # the image's whole tiles
                         oo = ((n * Ob + g) * HWo + jj) * 16
                         prm[0] = address(xf, (n * Cb * HWi + jj + xsh) * 16 + xk)
@@ -265,15 +288,17 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                         prm[9] = address(rf, oo) if has_res and fin else 0
                         if ASM_512:
                             strip512_rows(pp, SR, nbk)
+                        elif hb:
+                            strip8_rows(pp, HALF_ROWS)
                         else:
                             strip16_rows(pp, 6)
                         if post and fin:
                             for b in range(nbk):
-                                act_span(of, oo + b * cs, oo + b * cs + 16 * SR * nt, code, ab[0], ab[1])
-                        j += SR * nt
+                                act_span(of, oo + b * cs, oo + b * cs + 16 * sr * nt, code, ab[0], ab[1])
+                        j += sr * nt
                     if j == end:
                         continue
-                    if end < a1 and nkb == 1 and not ASM_512:
+                    if end < a1 and nkb == 1 and not ASM_512 and not hb:
                         # the image's last positions and the next image's first in one tile (7x7 maps of a
                         # batch: a partial tile at every image's end cost 5-7%): tile16 on gathered offsets
                         nv = min(6, a1 - j)
@@ -302,6 +327,8 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
                         prm[9] = address(rf, oo) if has_res and fin else 0
                         if ASM_512:
                             strip512_rows(pp, end - j, nbk)
+                        elif hb:
+                            strip8_rows(pp, end - j)
                         else:
                             strip16_rows(pp, end - j)
                         if post and fin:
@@ -522,7 +549,8 @@ def _task_loop(out_b, x_b, prepared, residual_b, stride, code, al, be, threads, 
     kc = prepared.get("kc")
     if kc is None:
         kc = reduction_length(wp)
-    pfo = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | (16 if STRIPS else 0) | (min(255, STRIP_K // 16) << 8)
+    pfo = (PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | (16 if STRIPS else 0) | (32 if HALF_STRIPS else 0)
+           | (min(255, STRIP_K // 16) << 8))
     return (tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias, rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob,
             int(stride[0]), int(stride[1]), qo, PF_BLOCKS, pfo, kc)
 
