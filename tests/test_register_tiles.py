@@ -339,6 +339,10 @@ def test_k1x1_half_strip_same_bits(act):
                             k1x1.run_nchwc(o, _blocked(x), pr, r, act=act, threads=th)
                             outs.append(o)
                         assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (n, ci, co, k, th)
+        # the per-layer decision (a layer's task loop and a fused chain's binding read it): the last block's upper half
+        for co, flag in ((24, 32), (40, 32), (17, 32), (32, 0), (48, 0), (30, 0)):
+            w = k1x1.prepare(rng.standard_normal((co, 20, 1, 1)).astype(np.float32), None)["weight"]
+            assert k1x1.half_flag(w, 20, -(-co // 16)) == flag, co
         x = rng.standard_normal((1, 32, 6, 6)).astype(np.float32)
         x[0, 5, 2, 3] = np.nan
         pr = k1x1.prepare(rng.standard_normal((24, 32, 1, 1)).astype(np.float32), None)

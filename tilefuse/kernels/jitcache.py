@@ -11,7 +11,7 @@ old helper: silently the old behaviour, or a crash. `configure()` runs once from
     ~/.cache/tilefuse/numba/tilefuse-<hash> (otherwise; $XDG_CACHE_HOME respected)
 
 where <hash> covers every .py file of the packages that define numba kernels (`SOURCES`) and the
-settings frozen into them (`BUILD_ENV`: TILEFUSE_ASM_TILES, TILEFUSE_HALF_STRIPS). Any
+settings frozen into them (`BUILD_ENV`: TILEFUSE_ASM_TILES). Any
 change there starts a fresh folder (the kernels compile again on first use); numba's own
 per-function checks still apply inside it. The hash is taken when tilefuse is imported, but numba
 compiles (and caches) a kernel at its first call, possibly much later, from the code the process
@@ -44,7 +44,7 @@ from pathlib import Path
 
 ENV = "TILEFUSE_JIT_CACHE"
 SOURCES = ("kernels", "imaging", "training")      # packages under tilefuse/ with numba kernels
-BUILD_ENV = ("TILEFUSE_ASM_TILES", "TILEFUSE_HALF_STRIPS")   # tiles.ASM_AVX2's switch, k1x1.HALF_STRIPS
+BUILD_ENV = ("TILEFUSE_ASM_TILES",)               # tiles.ASM_AVX2's switch
 _ROOT = Path(__file__).resolve().parents[1]       # tilefuse/
 _STATE: dict = {"configured": False, "dir": None, "reason": "not configured"}
 

@@ -44,8 +44,8 @@ from tilefuse.kernels.conv._nb import atomic_add, stack_i64
 from tilefuse.kernels.conv import depthwise
 from tilefuse.kernels.conv.depthwise import _dw_task
 from tilefuse.kernels.conv.epilogue import EMPTY1, resolve_act
-from tilefuse.kernels.conv.k1x1 import (HALF_STRIPS, PF_INPUT_SWEEPS, PF_OUT, PF_WEIGHTS, SR, STRIP_GROUP_BYTES,
-                                        STRIP_K, _k1x1_strips, reduction_length)
+from tilefuse.kernels.conv.k1x1 import (PF_INPUT_SWEEPS, PF_OUT, PF_WEIGHTS, SR, STRIP_GROUP_BYTES,
+                                        STRIP_K, _k1x1_strips, half_flag, reduction_length)
 from tilefuse.kernels.conv.planner import cache_sizes
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2
 from tilefuse.kernels.threads import numba_max_threads, numba_region, region_threads, scratch
@@ -59,7 +59,7 @@ MIN_WIDE_BYTES = 128 << 10
 MAX_HALO = 0.35        # at most this share of the expansion's rows computed twice (the bands' halos)
 D_BYTES = 64 << 10      # the depthwise rows projected at a time (D): at most this many bytes, at least a row
 E_SHARE = 0.5           # a band's expanded rows (E): at most this share of L2
-PFO = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | 16 | (32 if HALF_STRIPS else 0) | (min(255, STRIP_K // 16) << 8)
+PFO = PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | 16 | (min(255, STRIP_K // 16) << 8)   # | k1x1.half_flag per 1x1
 
 
 def _readonly(a):
@@ -73,20 +73,21 @@ NO_BIAS = _readonly(np.zeros(0, np.float32))
 
 
 @njit(nogil=True, cache=True)
-def _pointwise(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, HWo, Cb, Ob, kc, HWi, xsh):
+def _pointwise(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, HWo, Cb, Ob, kc, pfo, HWi, xsh):
     """One 1x1 over positions [q0, q1) of a plane of HWo positions (image 0 of `of`), every output
     block, reading input position j + xsh of planes of HWi positions; act as k1x1._k1x1_strips applies
-    it (identity / ReLU / clip in the strip's stores, the others over each strip's rows once stored)."""
+    it (identity / ReLU / clip in the strip's stores, the others over each strip's rows once stored); pfo: PFO and
+    the 1x1's k1x1.half_flag."""
     group = max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR)
-    _k1x1_strips(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, 0, wp.shape[0], HWo, Cb, Ob, False, PFO, kc,
+    _k1x1_strips(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, 0, wp.shape[0], HWo, Cb, Ob, False, pfo, kc,
                  group, HWi, xsh)
 
 
 @njit(nogil=True, cache=True)
 def _chain_task(n, oh0, oh1, of, xf, rf, has_res, E, D, sp, padded, geo,
-                has_e, we, bwe, kce, ce_code, ce_al, ce_be,
+                has_e, we, bwe, kce, pfe, ce_code, ce_al, ce_be,
                 wd, bd, cd_code, cd_al, cd_be,
-                has_p, wp, bwp, kcp, cp_code, cp_al, cp_be):
+                has_p, wp, bwp, kcp, pfp, cp_code, cp_al, cp_be):
     """Output rows [oh0, oh1) of image n (see the module docstring). geo = (Cx, H, W, Ce, Ho, Wo, KH, KW,
     sh, sw, dh, dw, pt, pl, Cout, sub): Cx input blocks, Ce the depthwise's blocks, Cout output blocks, sub the
     rows D holds (the band's depthwise rows are projected `sub` at a time)."""
@@ -102,7 +103,7 @@ def _chain_task(n, oh0, oh1, of, xf, rf, has_res, E, D, sp, padded, geo,
     if has_e:   # the band's input rows, expanded: E (Ce, re, W, 16)
         re = ih_hi - ih_lo
         src = E[:Ce * re * W * 16]
-        _pointwise(src, xi, we, bwe, EMPTY1, False, ce_code, ce_al, ce_be, 0, re * W, re * W, Cx, Ce, kce, H * W,
+        _pointwise(src, xi, we, bwe, EMPTY1, False, ce_code, ce_al, ce_be, 0, re * W, re * W, Cx, Ce, kce, pfe, H * W,
                    ih_lo * W)
         g[1] = re
         src_row = ih_lo
@@ -126,29 +127,30 @@ def _chain_task(n, oh0, oh1, of, xf, rf, has_res, E, D, sp, padded, geo,
         g[12] = pt + src_row - s0 * sh   # D's row r is the layer's row r + s0
         _dw_task(dst, src, wd, bd, EMPTY1, False, cd_code, cd_al, cd_be, 0, 0, Ce, 0, rd, g, sp, padded, EMPTY1)
         _pointwise(oi, dst, wp, bwp, ri, has_res, cp_code, cp_al, cp_be, s0 * Wo, s1 * Wo, Ho * Wo, Ce, Cout, kcp,
-                   rd * Wo, -s0 * Wo)
+                   pfp, rd * Wo, -s0 * Wo)
 
 
 @njit(nogil=True, cache=True)
-def _chain_seq(counter, tid, tasks, of, xf, rf, has_res, E, D, sp, padded, geo, has_e, we, bwe, kce, ce_code, ce_al, ce_be, wd, bd,
-               cd_code, cd_al, cd_be, has_p, wp, bwp, kcp, cp_code, cp_al, cp_be):
+def _chain_seq(counter, tid, tasks, of, xf, rf, has_res, E, D, sp, padded, geo, has_e, we, bwe, kce, pfe, ce_code,
+               ce_al, ce_be, wd, bd, cd_code, cd_al, cd_be, has_p, wp, bwp, kcp, pfp, cp_code, cp_al, cp_be):
     """One worker of the chain's task loop (threads.numba_region): tasks (T, 3) = (n, oh0, oh1)."""
     while True:
         i = atomic_add(counter, 0, 1)
         if i >= tasks.shape[0]:
             break
         _chain_task(tasks[i, 0], tasks[i, 1], tasks[i, 2], of, xf, rf, has_res, E[tid], D[tid], sp[tid], padded, geo,
-                    has_e, we, bwe, kce, ce_code, ce_al, ce_be, wd, bd, cd_code, cd_al, cd_be,
-                    has_p, wp, bwp, kcp, cp_code, cp_al, cp_be)
+                    has_e, we, bwe, kce, pfe, ce_code, ce_al, ce_be, wd, bd, cd_code, cd_al, cd_be,
+                    has_p, wp, bwp, kcp, pfp, cp_code, cp_al, cp_be)
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _chain_par(nt, tasks, of, xf, rf, has_res, E, D, sp, padded, geo, has_e, we, bwe, kce, ce_code, ce_al, ce_be, wd, bd,
-               cd_code, cd_al, cd_be, has_p, wp, bwp, kcp, cp_code, cp_al, cp_be):
+def _chain_par(nt, tasks, of, xf, rf, has_res, E, D, sp, padded, geo, has_e, we, bwe, kce, pfe, ce_code, ce_al, ce_be,
+               wd, bd, cd_code, cd_al, cd_be, has_p, wp, bwp, kcp, pfp, cp_code, cp_al, cp_be):
     counter = np.zeros(1, np.int64)
     for _w in nb.prange(nt):
-        _chain_seq(counter, nb.get_thread_id(), tasks, of, xf, rf, has_res, E, D, sp, padded, geo, has_e, we, bwe, kce, ce_code,
-                   ce_al, ce_be, wd, bd, cd_code, cd_al, cd_be, has_p, wp, bwp, kcp, cp_code, cp_al, cp_be)
+        _chain_seq(counter, nb.get_thread_id(), tasks, of, xf, rf, has_res, E, D, sp, padded, geo, has_e, we, bwe, kce,
+                   pfe, ce_code, ce_al, ce_be, wd, bd, cd_code, cd_al, cd_be, has_p, wp, bwp, kcp, pfp, cp_code, cp_al,
+                   cp_be)
 
 
 def plan_bands(n, ce, h, w, ho, wo, kh, sh, dh, threads, budget=None):
@@ -213,14 +215,15 @@ class BoundChain:
         band_in = (rows - 1) * sh + (kh - 1) * dh + 1
         self.sp_len = band_in * ((wo - 1) * sw + (kw - 1) * dd + 1) * 16 if self.padded else 1
 
-        def part(p):
+        def part(p, ob):
             if p is None:
-                return (False, NO_WEIGHT, NO_BIAS, 0, 0, np.float32(0), np.float32(0))
+                return (False, NO_WEIGHT, NO_BIAS, 0, PFO, 0, np.float32(0), np.float32(0))
             params, prep = p
             code, al, be = resolve_act(params.get("relu", False), params.get("act"), "chain")
-            return (True, prep["weight"], prep["bias"], int(reduction_length(prep["weight"])), code, al, be)
-        self.e = part(expand)
-        self.p = part(project)
+            kc = int(reduction_length(prep["weight"]))
+            return (True, prep["weight"], prep["bias"], kc, PFO | half_flag(prep["weight"], kc, ob), code, al, be)
+        self.e = part(expand, ce)
+        self.p = part(project, cout)
         code, al, be = resolve_act(dwp.get("relu", False), dwp.get("act"), "chain")
         self.d = (dwv["weight"].reshape(-1), dwv["bias"], code, al, be)
 

@@ -52,8 +52,8 @@ PF_INPUT_SWEEPS = 0  # 4: pair outer, prefetch the input block on every sweep (e
 PF_BLOCKS = 1  # software-prefetch distance in 7-position blocks (0: off)
 STRIPS = True   # stride-1 layers on the assembly strip (_nb.strip16, `_k1x1_strips`); False: tile by tile
 # AVX2 strips: a last output block with zero weights in lanes 8-15 on `_nb.strip8` (12 positions x 8 lanes; pfo
-# bit 5). TILEFUSE_HALF_STRIPS=0: on strip16 (both halves) as before; part of the JIT cache key (the fused chains
-# freeze it, jitcache.BUILD_ENV)
+# bit 5, set per layer by `half_flag`, read when a layer's task loop or a chain is bound). TILEFUSE_HALF_STRIPS=0
+# or False: on strip16 (both halves) as before
 HALF_STRIPS = os.environ.get("TILEFUSE_HALF_STRIPS", "1") != "0"
 STRIP_GROUP_BYTES = 16384   # q outer: a strip group's input block (positions x kc x 4 B) at most this (L1 / 2)
 SR = 14 if ASM_512 else 6   # positions a strip tile (_nb.strip512 / strip16)
@@ -157,17 +157,25 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
             n += 1
 
 
-@njit(inline="always")
-def _upper_half_zero(wf, ps, g, kc):
+@njit(nogil=True, cache=True)
+def _upper_half_zero(wp, g, kc):
     """Whether output block g's lanes 8-15 have zero weights in every input channel [0, kc) of the
-    pair-packed weights (flat wf, ps floats a pair): the block's half that the half strip skips."""
-    p = g // 2
-    base = p * ps + (g - 2 * p) * 16 + 8
+    pair-packed weights wp (OP, Cip, 32): the block's half that the half strip skips."""
+    k = 16 * (g % 2) + 8
     for c in range(kc):
         for lane in range(8):
-            if wf[base + 32 * c + lane] != 0:
+            if wp[g // 2, c, k + lane] != 0:
                 return False
     return True
+
+
+def half_flag(wp, kc: int, ob: int) -> int:
+    """pfo's bit 5 (32) for a 1x1 of ob output blocks: its last block runs on the half strip (HALF_STRIPS,
+    AVX2 hosts, lanes 8-15 zero weights), else 0. Decided once per layer (the task loop's arguments, a
+    chain's binding), not per strip call."""
+    if not HALF_STRIPS or ASM_512 or not ASM_AVX2 or ob < 1:
+        return 0
+    return 32 if _upper_half_zero(wp, ob - 1, kc) else 0
 
 
 @njit(nogil=True, cache=True)
@@ -239,8 +247,8 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     tp[10] = wp.shape[2] * 4
     tp[11] = address(acc.reshape(96), 0)
     span = group if q_outer else q1 - q0
-    # the last output block on the half strip (AVX2): its lanes 8-15 all zero weights (Co % 16 in 1..8)
-    half = not ASM_512 and (pfo & 32) != 0 and u0 + nu == Ob and _upper_half_zero(wf, ps, Ob - 1, kc)
+    # the last output block on the half strip (AVX2; pfo bit 5: its lanes 8-15 all zero weights, `half_flag`)
+    half = not ASM_512 and (pfo & 32) != 0 and u0 + nu == Ob
     for a0 in range(q0, q1, span):
         a1 = min(q1, a0 + span)
         for ks in range(nkb):
@@ -549,7 +557,7 @@ def _task_loop(out_b, x_b, prepared, residual_b, stride, code, al, be, threads, 
     kc = prepared.get("kc")
     if kc is None:
         kc = reduction_length(wp)
-    pfo = (PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | (16 if STRIPS else 0) | (32 if HALF_STRIPS else 0)
+    pfo = (PF_OUT | PF_WEIGHTS | PF_INPUT_SWEEPS | (16 if STRIPS else 0) | half_flag(wp, kc, ob)
            | (min(255, STRIP_K // 16) << 8))
     return (tasks, out_b.reshape(-1), x_b.reshape(-1), wp, bias, rf, has_res, code, al, be, hw, wo, h * w, w, cb, ob,
             int(stride[0]), int(stride[1]), qo, PF_BLOCKS, pfo, kc)
