@@ -438,6 +438,11 @@ def test_k1x1_software_prefetch_does_not_change_bits(name, q_outer):
     _check("gemm1x1", from_nchwc(outs[0], want.shape[1]), want)
 
 
+def _whole_tiles(q: int) -> bool:
+    """A k1x1 task's positions: whole tiles (RB1X1), except on AVX2 hosts, whose assembly strip runs any count."""
+    return planner.ASM_AVX2 or q % planner.RB1X1 == 0
+
+
 @pytest.mark.parametrize("l2", [1 << 20, 2 << 20])
 def test_k1x1_plan_splits_channels_on_small_maps(l2):
     """With a 1-2 MiB L2 (Zen 4, Emerald Rapids) the 7x7 map's input block (49 x 2048 x 4 B) fits the
@@ -462,9 +467,9 @@ def test_k1x1_plan_small_l2_keeps_the_l2_rule():
     try:
         for t in (1, 2, 8, 16):
             p = planner.plan_k1x1(2048, 16, 196, threads=t)
-            assert p["Q"] % planner.RB1X1 == 0 and p["Q"] * 2048 * 4 <= (512 << 10) / 2 and p["tasks"] >= min(t, 2)
+            assert _whole_tiles(p["Q"]) and p["Q"] * 2048 * 4 <= (512 << 10) / 2 and p["tasks"] >= min(t, 2)
             p = planner.plan_k1x1(2048, 16, 49, threads=t)
-            assert p["Q"] % planner.RB1X1 == 0 and p["tasks"] >= min(t, 2)
+            assert _whole_tiles(p["Q"]) and p["tasks"] >= min(t, 2)
             assert p["Q"] * 2048 * 4 <= planner.WHOLE_MAP_L2 * (512 << 10)
         assert planner.plan_k1x1(2048, 16, 49, threads=2)["partitioning"] == "Co split (input shared)"
     finally:
@@ -479,11 +484,65 @@ def test_k1x1_plan_positions_on_large_maps(l2):
         planner.set_cache_sizes(l2=l2)
     try:
         big = planner.plan_k1x1(256, 2, 32 * 3136, threads=16)
-        assert big["P"] == 2 and big["Q"] % planner.RB1X1 == 0 and big["Q"] * 256 * 4 <= planner.cache_sizes().l2 / 2 + 1
+        assert big["P"] == 2 and _whole_tiles(big["Q"]) and big["Q"] * 256 * 4 <= planner.cache_sizes().l2 / 2 + 1
         assert big["partitioning"] == "positions split" and big["tasks"] >= 16
         assert -(-big["tasks"] // 16) * 16 / big["tasks"] <= 1.05, big
     finally:
         planner.set_cache_sizes()
+
+
+def test_k1x1_plan_balances_blocks_on_avx2():
+    """MobileNetV2's 960 -> 160 at 7x7, batch 1, 2 threads: 10 output blocks. The AVX2 strip runs one block a
+    tile, so its tasks split 5 + 5 (pairs gave 6 + 4); elsewhere a task's blocks stay whole pairs."""
+    p = planner.plan_k1x1(960, 5, 49, threads=2, ob=10)
+    assert p["tasks"] == 2 and p["partitioning"].startswith("Co split")
+    assert p["B"] == (5 if planner.ASM_AVX2 else 6) and p["P"] == 3
+    for t in (1, 2, 3, 5, 8):
+        for cip, op, ob, pos in ((576, 3, 6, 196), (960, 5, 10, 49), (96, 1, 2, 3136), (1024, 8, 15, 49)):
+            q = planner.plan_k1x1(cip, op, pos, threads=t, ob=ob)
+            assert planner.ASM_AVX2 or q["B"] % 2 == 0, q
+
+
+@pytest.mark.parametrize("act", [None, "silu"])
+@pytest.mark.parametrize("res", [False, True])
+def test_k1x1_odd_block_ranges_same_bits(act, res):
+    """Tasks of any block range (what the AVX2 planner may hand out: [0, 5), [5, 10), single blocks, odd
+    position counts) and the planner's grid give the same bits as one task over everything: each output
+    element is the same full-K chain whichever task holds it. On AVX-512 and numba-tile hosts the grids
+    below keep pairs (even block starts), as the planner does there."""
+    from tilefuse.kernels.conv import k1x1
+    rng = np.random.default_rng(7)
+    for ci, co, hw in ((960, 160, 7), (72, 40, 9), (40, 24, 5)):
+        w = rng.standard_normal((co, ci, 1, 1)).astype(np.float32)
+        prep = k1x1.prepare(w, rng.standard_normal(co).astype(np.float32))
+        cb, ob = -(-ci // 16), -(-co // 16)
+        x = rng.standard_normal((1, cb, hw, hw, 16)).astype(np.float32)
+        r = rng.standard_normal((1, ob, hw, hw, 16)).astype(np.float32) if res else None
+        base = planner.plan_k1x1(cb * 16, prep["weight"].shape[0], hw * hw, 1, ob)
+        one = dict(base, Q=hw * hw, B=ob)
+        want = np.zeros((1, ob, hw, hw, 16), np.float32)
+        k1x1.run_nchwc(want, x, prep, r, act=act, threads=1, plan=one)
+        step = 1 if planner.ASM_AVX2 else 2
+        grids = [dict(base, Q=q, B=b) for q in (hw * hw, 11, 25) for b in range(step, ob + 1, step)]
+        grids.append(planner.plan_k1x1(cb * 16, prep["weight"].shape[0], hw * hw, 2, ob))
+        for pl in grids:
+            for t in (1, 2):
+                got = np.full_like(want, np.nan)
+                k1x1.run_nchwc(got, x, prep, r, act=act, threads=t, plan=pl)
+                assert np.array_equal(got, want), (ci, co, hw, pl["Q"], pl["B"], t)
+    # the scaled-weights form (squeeze-excitation's per-image scale) on odd ranges too
+    ci, co, hw = 72, 40, 9
+    w = rng.standard_normal((co, ci, 1, 1)).astype(np.float32)
+    prep = k1x1.prepare(w, None)
+    x = rng.standard_normal((1, 5, hw, hw, 16)).astype(np.float32)
+    sc = rng.uniform(0.5, 1.5, 80).astype(np.float32)
+    base = planner.plan_k1x1(80, prep["weight"].shape[0], hw * hw, 1, 3)
+    want = np.zeros((1, 3, hw, hw, 16), np.float32)
+    k1x1.run_nchwc(want, x, prep, act=act, threads=1, plan=dict(base, Q=hw * hw, B=3), input_scale=sc)
+    for b in ((1, 2, 3) if planner.ASM_AVX2 else (2,)):
+        got = np.full_like(want, np.nan)
+        k1x1.run_nchwc(got, x, prep, act=act, threads=2, plan=dict(base, Q=40, B=b), input_scale=sc)
+        assert np.array_equal(got, want), b
 
 
 @pytest.mark.parametrize("shape", [("d_odd_ob", 2, 20, 9, 11, 40, 3, 1, (1, 1, 1, 1), 1, 1),

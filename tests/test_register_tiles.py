@@ -90,7 +90,7 @@ out = np.zeros(2 * 49 * 16, np.float32)
 
 @njit
 def caller(of, xf, wp, bias):
-    k1x1._k1x1(of, xf, wp, bias, EMPTY1, False, 0, np.float32(0), np.float32(0), 0, 49, 0, 1, 49, 7, 49, 7, 2, 2,
+    k1x1._k1x1(of, xf, wp, bias, EMPTY1, False, 0, np.float32(0), np.float32(0), 0, 49, 0, 2, 49, 7, 49, 7, 2, 2,
                1, 1, True, 1, True, 32)
 
 caller(out, x, pr["weight"], pr["bias"])
@@ -221,9 +221,13 @@ def test_k1x1_tiles_same_bits(ci, co, h, w, stride, n, with_res):
         [(k1x1._k1x1_avx2, True), (k1x1._k1x1_avx2, 19)] if ASM_AVX2 else [])
     for (fn, pfo), q_outer in (((fn, pfo), q_outer) for fn, pfo in tiles for q_outer in (True, False)):
         out = np.full((n, ob, ho, wo, 16), np.nan, np.float32)
-        # three tasks: positions [0, q) x all pairs, then [q, total) in two pair ranges (mid-map starts)
+        # three tasks: positions [0, q) x all pairs, then [q, total) in two pair ranges (mid-map starts); the
+        # AVX2 kernel takes output blocks (any range: [q, total) then splits at block 1, inside a pair)
         q = min(total - 1, 13)
-        for q0, q1, p0, p1 in ((0, q, 0, op), (q, total, 0, 1), (q, total, 1, op)):
+        blocks = fn is k1x1._k1x1_avx2
+        rows = ((0, q, 0, ob), (q, total, 0, 1), (q, total, 1, ob)) if blocks else \
+            ((0, q, 0, op), (q, total, 0, 1), (q, total, 1, op))
+        for q0, q1, p0, p1 in rows:
             if p0 >= p1:
                 continue
             fn(out.reshape(-1), xb.reshape(-1), wp, bias, rf, with_res, *CLIP, q0, q1, p0, p1, ho * wo, wo, h * w,

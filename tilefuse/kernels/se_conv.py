@@ -178,11 +178,11 @@ def describe(x_shape, w_shape, layout: str, stride, padding, groups: int, thread
     if layout == "nchwc" and tuple(w_shape[2:]) == (1, 1):
         cip, op = -(-c // 16) * 16, -(-o // 32)
         per_image = scales_weights(n, c, -(-o // 16) * 16, h * w)
-        pl = plan_k1x1(cip, op, h * w if per_image else n * h * w, threads)
+        pl = plan_k1x1(cip, op, h * w if per_image else n * h * w, threads, -(-o // 16))
         return {"algorithm": "se1x1", "tasks": pl["tasks"] * (n if per_image else 1),
                 "partitioning": _SHORT.get(pl["partitioning"], pl["partitioning"])
                 + (", w scaled" if per_image else ", x scaled"),
-                "tiles": {"Q": pl["Q"], "P": pl["P"], "scaled": "weights" if per_image else "input"}}
+                "tiles": {"Q": pl["Q"], "B": pl["B"], "scaled": "weights" if per_image else "input"}}
     if layout != "nchwc" and one:
         return {"algorithm": "blas", "partitioning": "images x 64 channels", "tasks": n * -(-o // 64), "tiles": {}}
     return {"algorithm": "reference", "partitioning": "-", "tasks": None, "tiles": {}}

@@ -79,7 +79,7 @@ def _pointwise(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, HWo, Cb, Ob,
     it (identity / ReLU / clip in the strip's stores, the others over each strip's rows once stored); pfo: PFO and
     the 1x1's k1x1.half_flag."""
     group = max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR)
-    _k1x1_strips(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, 0, wp.shape[0], HWo, Cb, Ob, False, pfo, kc,
+    _k1x1_strips(of, xf, wp, bias, rf, has_res, code, al, be, q0, q1, 0, Ob, HWo, Cb, Ob, False, pfo, kc,
                  group, HWi, xsh)
 
 

@@ -21,7 +21,8 @@ by `_k1x1_one` (14 positions x 1 block) instead of a pair with a zero-weight hal
 reduction runs over input channels [0, kc), kc = `reduction_length(wp)` (the zero rows padding Ci
 to a multiple of 16 are skipped).
 
-Tasks: (block of positions, range of output-channel pairs), the grid chosen for the thread count
+Tasks: (block of positions, range of output blocks: whole channel pairs, any range on AVX2 hosts whose
+strip runs one block a tile), the grid chosen for the thread count
 by planner.plan_k1x1 (small maps at batch 1 split the output channels, seed 000's feature-map
 level; large ones positions); the layer's task table runs in one numba parallel loop
 (threads.numba_region). Every output element is one full-K dot product computed by the same code
@@ -103,27 +104,29 @@ def _on_strips(pfo, sh, sw):
 
 
 @njit(nogil=True, cache=True)
-def _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
+def _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
                q_outer, pfd, pfo, kc):
-    """The micro-kernel of the host's vector width (tiles.NARROW, tiles.ASM_AVX2: compile-time constants)."""
+    """The micro-kernel of the host's vector width (tiles.NARROW, tiles.ASM_AVX2: compile-time constants) for
+    output blocks [b0, b1): any range on ASM_AVX2 hosts (one block a tile), else b0 even (the numba tiles and
+    strip512 work on channel pairs: blocks 2p, 2p + 1)."""
     if ASM_512 and _on_strips(pfo, sh, sw):   # stride 1 on AVX-512: the assembly strip
-        _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo,
+        _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b1, HWo, Cb, Ob, q_outer, pfo,
                      kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR), HWo, 0)
     elif ASM_AVX2:
-        _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
+        _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                    sw, q_outer, pfd, pfo, kc)
     elif NARROW:
-        _k1x1_narrow(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
-                     sw, q_outer, pfd, pfo, kc)
+        _k1x1_narrow(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0 // 2, (b1 + 1) // 2, HWo, Wo, HWi,
+                     Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
     else:
-        _k1x1_wide(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
-                   sw, q_outer, pfd, pfo, kc)
+        _k1x1_wide(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0 // 2, (b1 + 1) // 2, HWo, Wo, HWi,
+                   Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
 
 
 @njit(nogil=True, cache=True)
-def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
+def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
           q_outer, pfd, pfo, kc):
-    """One task (positions [q0, q1), channel pairs [p0, p1)). Identity, ReLU and clip run in the
+    """One task (positions [q0, q1), output blocks [b0, b1): `_k1x1_tile`). Identity, ReLU and clip run in the
     tiles' stores. The other activations (SiLU, GELU, hardswish, ...) are deferred: the task runs in
     chunks of positions whose output (all its blocks) is at most epilogue.ACT_CHUNK floats; each chunk is
     stored with bias (+ residual) and no activation, then activated in place by
@@ -136,16 +139,15 @@ def _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo,
     it stored them (`_k1x1_strips`): the chunks ran every output block's strip over a few positions
     (18 for ConvNeXt's 96 -> 384 expansion), each block's weights read again for every chunk."""
     if code <= 2 or _on_strips(pfo, sh, sw):
-        _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
+        _k1x1_tile(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                    sw, q_outer, pfd, pfo, kc)
         return
-    b0 = 2 * p0
-    b1 = min(2 * p1, Ob)
+    b1 = min(b1, Ob)
     step = max(RB1X1, ACT_CHUNK // ((b1 - b0) * 16) // RB1X1 * RB1X1)
     os_ = HWo * 16
     for c0 in range(q0, q1, step):
         c1 = min(q1, c0 + step)
-        _k1x1_tile(of, xf, wp, bias, rf, has_res, 0, alpha, beta, c0, c1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
+        _k1x1_tile(of, xf, wp, bias, rf, has_res, 0, alpha, beta, c0, c1, b0, b1, HWo, Wo, HWi, Wi, Cb, Ob, sh,
                    sw, q_outer, pfd, pfo, kc)
         n = c0 // HWo
         while n * HWo < c1:   # the chunk's rows per image: positions [j0, j1) of image n
@@ -179,7 +181,7 @@ def half_flag(wp, kc: int, ob: int) -> int:
 
 
 @njit(nogil=True, cache=True)
-def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo, kc,
+def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b1, HWo, Cb, Ob, q_outer, pfo, kc,
                  group, HWi, xsh):
     """`_k1x1_avx2` for a stride-1 layer on the assembly strip (`_nb.strip16`): the task's positions
     in groups, each group's blocks one after the other, a block's positions of one image in one strip
@@ -205,8 +207,8 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
     ab[1] = beta
     cs = HWo * 16
     ci_s = HWi * 16       # input channel block stride
-    u0 = 2 * p0
-    nu = min(2 * p1, Ob) - u0
+    u0 = b0               # output blocks [b0, b1) (even b0 on AVX-512: strip512's pairs)
+    nu = min(b1, Ob) - u0
     ncb = (kc + 15) // 16
     kb = ((pfo >> 8) & 255) * 16
     if kb == 0 or kb >= kc:
@@ -346,7 +348,7 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p
 
 
 @njit(nogil=True, cache=True)
-def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
+def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b1, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
                q_outer, pfd, pfo, kc):
     """`_k1x1_narrow` with the assembly tile `_nb.tile16` (x86-64 AVX2 hosts, tiles.ASM_AVX2): 6
     positions x 1 block, a partial last tile of a task only its positions. The same arguments, loop
@@ -355,7 +357,7 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
     wp[g // 2, c, 16 * (g % 2) + l], 128 bytes apart; chunk cb of 16 input channels at cb * HWi * 64
     bytes) and stores it (epilogue.store_rows' forms)."""
     if _on_strips(pfo, sh, sw):   # stride 1: the assembly strip (STRIPS)
-        _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1, HWo, Cb, Ob, q_outer, pfo,
+        _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b1, HWo, Cb, Ob, q_outer, pfo,
                      kc, max(SR, STRIP_GROUP_BYTES // max(1, 4 * kc) // SR * SR), HWo, 0)
         return
     acc = nb.carray(stack_f32(96), (6, 16))
@@ -366,8 +368,8 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
     nqp = (q1 - q0 + 5) // 6 * 6
     io_all, oo_all = _offsets(q0, q1, nqp + 6 * pfd, HWo, Wo, Wi, Cb, Ob, cs, os_, sh, sw)
     nq = nqp // 6
-    u0 = 2 * p0  # units of a step: output blocks
-    nu = min(2 * p1, Ob) - u0
+    u0 = b0  # units of a step: output blocks
+    nu = min(b1, Ob) - u0
     ncb = (kc + 15) // 16
     table = np.empty(max(ncb, 1), np.int64)   # chunk cb's byte offset
     for cb in range(ncb):
@@ -439,7 +441,7 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, p0, p1,
 @njit(parallel=True, nogil=True, cache=True)
 def _k1x1_par(nt, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
               q_outer, pfd, pfo, kc):
-    """Every task of the layer on numba's pool: tasks (T, 4) = (q0, q1, p0, p1)."""
+    """Every task of the layer on numba's pool: tasks (T, 4) = (q0, q1, b0, b1)."""
     counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
     for _w in nb.prange(nt):
         _k1x1_seq(counter, nb.get_thread_id(), tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi,
@@ -478,7 +480,7 @@ def _k1x1_scaled_seq(counter, tid, tasks, of, xf, wk, sc, scr, done, bias, rf, h
         i = atomic_add(counter, 0, 1)
         if i >= tasks.shape[0]:
             break
-        for p in range(tasks[i, 2], tasks[i, 3]):
+        for p in range(tasks[i, 2] // 2, (tasks[i, 3] + 1) // 2):   # the pairs of its blocks
             if done[tid, p] == 0:
                 done[tid, p] = 1
                 for ci in range(kc):            # two 16-lane multiplies per input channel (_nb.mul16)
@@ -531,10 +533,10 @@ def _strided_par(nt, xs, x, sh, sw, rows):
 
 
 @functools.lru_cache(maxsize=1024)
-def task_table(total: int, op: int, q: int, p: int) -> np.ndarray:
-    """(T, 4) int64 rows (q0, q1, p0, p1): position blocks outer, channel-pair ranges inner (read-only, shared
-    by the calls of a layer shape)."""
-    t = np.array([(q0, min(q0 + q, total), p0, min(p0 + p, op)) for q0 in range(0, total, q) for p0 in range(0, op, p)],
+def task_table(total: int, ob: int, q: int, b: int) -> np.ndarray:
+    """(T, 4) int64 rows (q0, q1, b0, b1): position blocks outer, ranges of b output blocks inner (b even but on
+    AVX2 hosts, planner.plan_k1x1's "B"; read-only, shared by the calls of a layer shape)."""
+    t = np.array([(q0, min(q0 + q, total), b0, min(b0 + b, ob)) for q0 in range(0, total, q) for b0 in range(0, ob, b)],
                  np.int64).reshape(-1, 4)
     t.flags.writeable = False
     return t
@@ -549,8 +551,8 @@ def _task_loop(out_b, x_b, prepared, residual_b, stride, code, al, be, threads, 
     _, ob, ho, wo, _ = out_b.shape
     op, cip, _ = wp.shape
     hw = ho * wo
-    pl = plan or plan_k1x1(cip, op, n * hw, threads)
-    tasks = task_table(n * hw, op, pl["Q"], pl["P"])
+    pl = plan or plan_k1x1(cip, op, n * hw, threads, ob)
+    tasks = task_table(n * hw, ob, pl["Q"], pl.get("B", 2 * pl["P"]))   # a plan of pairs only (P): whole pairs
     has_res = residual_b is not None
     rf = residual_b.reshape(-1) if has_res else EMPTY1
     qo = Q_OUTER if Q_OUTER is not None else pl["q_outer"]

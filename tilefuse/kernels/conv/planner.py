@@ -227,51 +227,63 @@ def _task_seconds(flops: float, nbytes: float) -> float:
     return flops / PEAK_CORE + nbytes / BW_CORE + TASK_SECONDS
 
 
-def plan_k1x1(cip: int, op: int, positions: int, threads: int = 1) -> dict:
+def plan_k1x1(cip: int, op: int, positions: int, threads: int = 1, ob: int | None = None) -> dict:
     """The numba NCHW16c 1x1 kernel (k1x1.py, what gemm1x1 runs on NCHW16c).
 
-    A task is Q output positions (flat over the batch, a multiple of RB1X1: 7; 5 on NARROW hosts, 6 with
-    the assembly tile) x P output-channel pairs (32 channels). Q is at most the L2 rule Q*Cip*4 <= L2/2 (the task's input
-    block stays in L2 while its channel pairs sweep it); the cost model (above) then picks Q and P
+    A task is Q output positions (flat over the batch, a multiple of RB1X1: 7; 5 on NARROW hosts; any
+    number with the AVX2 assembly strip, whose partial tiles cost their positions) x B output blocks (16
+    channels; B even, a channel pair's 32, except with the AVX2 strip, which runs one block a tile: 10 blocks
+    split 5 + 5 over two threads, not 6 + 4). ob: the layer's output blocks (default 2 * op, op channel
+    pairs). Q is at most the L2 rule Q*Cip*4 <= L2/2 (the task's input
+    block stays in L2 while its channel pairs sweep it); the cost model (above) then picks Q and B
     for T threads: with many positions (large maps, large batch) whole-channel tasks over position
     blocks; with few (batch-1 7x7 / 14x14 maps) the cores split the output channels and every
-    task reads the same small input block (seed 000's feature-map level).
+    task reads the same small input block (seed 000's feature-map level). "P": the channel pairs a
+    task touches (ceil(B / 2)).
     Loop order inside a task: position block outer (7 positions of input stay in L1, the weights
-    stream from L2) when the task's weights P*Cip*128 B fit L2/2, else channel pair outer; on AVX2 hosts
+    stream from L2) when the task's weights B*Cip*64 B fit L2/2, else channel pair outer; on AVX2 hosts
     (tiles.ASM_AVX2: the assembly strip) channel pair outer always.
     """
-    return dict(_plan_k1x1(cip, op, positions, max(1, int(threads)), cache_sizes().l2))
+    ob = 2 * op if ob is None else max(1, int(ob))
+    return dict(_plan_k1x1(cip, ob, positions, max(1, int(threads)), cache_sizes().l2))
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan_k1x1(cip, op, positions, threads, l2):
+def _plan_k1x1(cip, ob, positions, threads, l2):
     c7 = lambda v: -(-v // RB1X1) * RB1X1  # noqa: E731
-    qmax = min(max(RB1X1, int(l2 / 2 / (4 * cip)) // RB1X1 * RB1X1), c7(positions))
+    # the AVX2 strips (k1x1._k1x1_strips, one block a tile; ASM_512's strip512 works on pairs): tasks of any
+    # number of blocks and positions. 960 -> 160 at 7x7, batch 1, 2 threads: 6 + 4 blocks was 1.2x the time of 5 + 5
+    fine = ASM_AVX2
+    cq = (lambda v: v) if fine else c7  # noqa: E731   (a task's positions)
+    bu = 1 if fine else 2               # blocks a unit of the Co split
+    qmax = min(max(RB1X1, int(l2 / 2 / (4 * cip)) // RB1X1 * RB1X1), cq(positions))
     if c7(positions) * 4 * cip <= WHOLE_MAP_L2 * l2:
         # the whole input fits the L2 (with room for the weight rows streaming through): the cores may
         # share it and split the output channels (2048 -> 512 at 7x7, batch 1, 512 KiB L2: the L2/2 rule
         # forced two position blocks, each core streaming all 4 MB of weights; the channel split ran
         # 0.86-0.89x the time with the weights cold; benchmarks/RESULTS.md, 2026-11-27, fourth session)
-        qmax = c7(positions)
+        qmax = cq(positions)
     kmin = -(-positions // qmax)
-    qs = {c7(-(-positions // k)) for k in range(kmin, kmin + 2 * threads + 1)}
-    qs |= {q for q in (c7(-(-positions // k)) for k in range(1, 4 * threads + 1)) if q <= qmax}
+    qs = {cq(-(-positions // k)) for k in range(kmin, kmin + 2 * threads + 1)}
+    qs |= {q for q in (cq(-(-positions // k)) for k in range(1, 4 * threads + 1)) if q <= qmax}
+    units = -(-ob // bu)
     cands = []
     for q in sorted(q for q in qs if q <= qmax):
         nq = -(-positions // q)
-        for p in _splits(op, 4 * threads):
-            flops = 2.0 * c7(q) * cip * 32 * p
-            nbytes = 4.0 * q * cip + 128.0 * p * cip + 128.0 * q * p
-            cands.append(((q, p), nq * -(-op // p), _task_seconds(flops, nbytes)))
-    q, p = _pick(cands, threads)
-    nq, npr = -(-positions // q), -(-op // p)
-    part = ("positions x Co split" if nq > 1 and npr > 1 else "Co split (input shared)" if npr > 1
+        for u in _splits(units, 4 * threads):
+            b = u * bu
+            flops = 2.0 * c7(q) * cip * 16 * b
+            nbytes = 4.0 * q * cip + 64.0 * b * cip + 64.0 * q * b
+            cands.append(((q, b), nq * -(-units // u), _task_seconds(flops, nbytes)))
+    q, b = _pick(cands, threads)
+    nq, nb_ = -(-positions // q), -(-ob // b)
+    part = ("positions x Co split" if nq > 1 and nb_ > 1 else "Co split (input shared)" if nb_ > 1
             else "positions split" if nq > 1 else "one task")
     # AVX2 hosts (the assembly strip, k1x1._k1x1_strips) keep channel pair outer: a block's weight slice (STRIP_K
     # channels, 8 KiB) stays in L1 while the positions stream from L2; position blocks outer ran 1.02-1.05x the
     # time (ResNet50 / MobileNetV2 1x1s alone, batch 1 and 32, Zen 3; benchmarks/RESULTS.md, twentieth session)
-    q_outer = p * cip * 128 <= l2 / 2 and not ASM_AVX2
-    return (("Q", q), ("P", p), ("RB", RB1X1), ("q_outer", q_outer), ("tasks", nq * npr),
+    q_outer = b * cip * 64 <= l2 / 2 and not ASM_AVX2
+    return (("Q", q), ("B", b), ("P", -(-b // 2)), ("RB", RB1X1), ("q_outer", q_outer), ("tasks", nq * nb_),
             ("partitioning", part), ("threads", threads))
 
 
@@ -530,9 +542,9 @@ def layer_plan(algorithm: str, x_shape, w_shape, out_shape, groups: int = 1, str
     out = {"threads": t, "plan": None}
     if algorithm == "gemm1x1" and layout == "nchwc":
         op = -(-co // 32)
-        p = plan_k1x1(cip, op, n * ho * wo, t)
+        p = plan_k1x1(cip, op, n * ho * wo, t, cop // 16)
         # K = reduction depth, Nb = output positions per task, m = output channels per task
-        tiles = {"K": cip, "Nb": p["Q"], "m": p["P"] * 32}
+        tiles = {"K": cip, "Nb": p["Q"], "m": p["B"] * 16}
         return dict(out, partitioning=p["partitioning"], tasks=p["tasks"], tiles=tiles, plan=p)
     if algorithm == "gemm1x1":
         p = plan_gemm1x1(ci, co, ho * wo)
