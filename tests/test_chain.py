@@ -164,6 +164,9 @@ def test_a_chain_covers_its_instructions_and_the_profile_says_so():
     for head, (covers, d) in chains.items():
         assert covers[0] == head and len(covers) in (2, 3)
         algs = [prog[j].params["algorithm"] for j in covers]
+        if "channel groups" in d["partitioning"]:    # a SplitChain: expansion -> depthwise
+            assert algs == ["gemm1x1", "depthwise"]
+            continue
         assert algs[-2:] == ["depthwise", "gemm1x1"] and (len(covers) == 2 or algs[0] == "gemm1x1")
         assert d["algorithm"] == "chain" and d["tasks"] >= 1
     from tilefuse.profile import profile
@@ -224,10 +227,11 @@ def test_chains_give_every_thread_a_band_and_bound_the_recomputed_halo(threads):
             assert chain.halo_share(c.tasks, h, kh, p["stride"][0], p["dilation"][0], p["padding"][0]) <= \
                 chain.MAX_HALO
     sess.release()
-    if threads == 16:
+    if threads == 16:   # fewer row-band chains (SplitChains, by channels, are not bands)
         two = tilefuse.Session(tilefuse.compile(net, threads=2), threads=2)
         two.copy_constants()
-        assert len(chains) < len(two.chains())
+        bands = lambda cs: [h for h, (_, d) in cs.items() if "row bands" in d["partitioning"]]  # noqa: E731
+        assert len(bands(chains)) < len(bands(two.chains()))
         two.release()
 
 
@@ -252,3 +256,60 @@ def test_a_chain_whose_output_shares_its_input_memory_is_not_bound(monkeypatch):
     extra = set(unsafe.chains()) - set(bound)
     assert extra, "no chain was refused for sharing memory: the test would not exercise the check"
     unsafe.release()
+
+
+SPLIT_CASES = [
+    # n, cin, ce, cout, h, w, k, s, d, padding, expand, residual, (act_e, act_d, act_p)
+    (1, 96, 576, 96, 14, 14, 3, 1, 1, (1, 1, 1, 1), True, False, (RELU6, RELU6, ID)),     # MobileNetV2's 14x14
+    (1, 40, 200, 24, 9, 7, 3, 2, 1, (1, 1, 1, 1), True, False, (("hardswish", 0.0, 0.0),) * 2 + (ID,)),
+    (1, 24, 88, 16, 6, 5, 5, 1, 1, (2, 2, 2, 2), True, False, (("silu", 0.0, 0.0),) * 2 + (ID,)),  # odd blocks
+]
+
+
+@pytest.mark.parametrize("case", range(len(SPLIT_CASES)))
+def test_split_chain_equals_the_layers_bitwise(case):
+    """SplitChain (expansion -> depthwise split by the wide tensor's channel blocks) against k1x1 -> depthwise
+    layer by layer: bitwise, for thread counts whose groups are one task a thread (2, 3) or several (5, 7)."""
+    n, cin, ce, cout, h, w, k, s, d, pad, _, _, (ae, ad, _) = SPLIT_CASES[case]
+    rng = np.random.default_rng(case)
+    x = to_nchwc(rng.standard_normal((n, cin, h, w)).astype(np.float32))
+    pe = _readonly(k1x1.prepare((rng.standard_normal((ce, cin, 1, 1)) / np.sqrt(cin)).astype(np.float32),
+                                rng.standard_normal(ce).astype(np.float32) * 0.1))
+    pd = _readonly(depthwise.prepare((rng.standard_normal((ce, 1, k, k)) / k).astype(np.float32),
+                                     rng.standard_normal(ce).astype(np.float32) * 0.1, ce))
+    dw_kw = dict(stride=(s, s), padding=pad, dilation=(d, d))
+    e = np.zeros((n, -(-ce // 16), h, w, 16), np.float32)
+    k1x1.run_nchwc(e, x, pe, act=ae, threads=1)
+    ho = (h + pad[0] + pad[1] - d * (k - 1) - 1) // s + 1
+    wo = (w + pad[2] + pad[3] - d * (k - 1) - 1) // s + 1
+    want = np.zeros((n, -(-ce // 16), ho, wo, 16), np.float32)
+    depthwise.run_nchwc(want, e, pd, **dw_kw, act=ad, threads=1)
+    cb = -(-ce // 16)
+    for threads in (1, 2, 3, 5, 7):
+        got = np.full_like(want, np.nan)
+        c = chain.SplitChain(x, got, ({"act": ae}, pe), ({"act": ad, **dw_kw}, pd), threads)
+        c()
+        assert c.describe()["tasks"] == -(-cb // chain.split_group(cb, threads))
+        assert np.array_equal(got, want), f"threads {threads}: max diff {np.nanmax(np.abs(got - want))}"
+
+
+def test_mobilenet_v2_binds_split_chains_where_bands_would_recompute():
+    """MobileNetV2 at 224, batch 1, 2 threads: the 14x14 and 7x7 blocks, whose row bands MAX_HALO refuses, run
+    expansion -> depthwise split by channels; the session's bits equal the layers' (SPLIT off)."""
+    net = models.get("mobilenet_v2", seed=0, batch=1, image_size=224)
+    compiled = tilefuse.compile(net, threads=2)
+    x = np.random.default_rng(4).standard_normal(net.inputs[0].shape).astype(np.float32)
+    sess = tilefuse.Session(compiled, threads=2)
+    got = [sess.run(x), sess.run(x * 2)]
+    split = [d for _, d in sess.chains().values() if "channel groups" in d["partitioning"]]
+    assert len(split) >= 2, sess.chains()
+    chain_split = chain.SPLIT
+    try:
+        chain.SPLIT = False
+        plain = tilefuse.Session(compiled, threads=2)
+        want = [plain.run(x), plain.run(x * 2)]
+        assert not [d for _, d in plain.chains().values() if "channel groups" in d["partitioning"]]
+    finally:
+        chain.SPLIT = chain_split
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)

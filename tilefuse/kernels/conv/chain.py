@@ -27,6 +27,10 @@ value's dot product does not depend on the positions around it; a depthwise valu
 rows inside the image, all of them in the band), so the fused chain gives the same bits as the
 three layers, for any band height and thread count (tests/test_chain.py).
 
+Where the bands would expand too many halo rows (small maps with many channels, batch 1), `SplitChain` runs
+the expansion and the depthwise as one region split by the wide tensor's channel blocks instead (a depthwise
+channel needs only its own expanded channel); the projection stays a layer.
+
 A session binds chains itself (`find_chains`, called from kernels/registry.py's `bind_chains`):
 the program keeps its three conv instructions, the first runs the chain and the others become
 no-ops, and nothing changes in packages, plans or the accelerator models. `CHAINS = False` or
@@ -56,6 +60,9 @@ AVAILABLE = ASM_512 or ASM_AVX2          # the 1x1 parts run the assembly strip
 # image) stays in L2 between the layers anyway, and a band's recomputed halo rows then cost more than the
 # region launches the chain saves
 MIN_WIDE_BYTES = 128 << 10
+# where MAX_HALO refuses the bands at batch 1: expansion -> depthwise as one region split by channels (SplitChain);
+# TILEFUSE_SPLIT_CHAINS=0: the layers
+SPLIT = os.environ.get("TILEFUSE_SPLIT_CHAINS", "1") != "0"
 MAX_HALO = 0.35        # at most this share of the expansion's rows computed twice (the bands' halos)
 D_BYTES = 64 << 10      # the depthwise rows projected at a time (D): at most this many bytes, at least a row
 E_SHARE = 0.5           # a band's expanded rows (E): at most this share of L2
@@ -153,6 +160,113 @@ def _chain_par(nt, tasks, of, xf, rf, has_res, E, D, sp, padded, geo, has_e, we,
                    cp_be)
 
 
+@njit(nogil=True, cache=True)
+def _split_seq(counter, tid, tasks, of, xf, Cx, E, sp, padded, geo, we, bwe, kce, pfe, ce_code, ce_al, ce_be, wd, bd,
+               cd_code, cd_al, cd_be):
+    """One worker of a channel-split chain (`SplitChain`): tasks (T, 2) = expanded blocks [c0, c1). A task expands
+    its blocks over the whole map of image 0 into this thread's E (the wide tensor's shape, only [c0, c1)
+    written), then runs the depthwise on those blocks from E into the layer's output. Cx: the input's blocks;
+    geo: the depthwise layer's (its input, E, has Ce blocks)."""
+    H, W, Ce = geo[1], geo[2], geo[3]
+    Ho = geo[4]
+    group = max(SR, STRIP_GROUP_BYTES // max(1, 4 * kce) // SR * SR)
+    e = E[tid]
+    while True:
+        i = atomic_add(counter, 0, 1)
+        if i >= tasks.shape[0]:
+            break
+        c0, c1 = tasks[i, 0], tasks[i, 1]
+        _k1x1_strips(e, xf, we, bwe, EMPTY1, False, ce_code, ce_al, ce_be, 0, H * W, c0, c1, H * W, Cx, Ce, False,
+                     pfe, kce, group, H * W, 0)
+        _dw_task(of, e, wd, bd, EMPTY1, False, cd_code, cd_al, cd_be, 0, c0, c1, 0, Ho, geo, sp[tid], padded, EMPTY1)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _split_par(nt, tasks, of, xf, Cx, E, sp, padded, geo, we, bwe, kce, pfe, ce_code, ce_al, ce_be, wd, bd, cd_code,
+               cd_al, cd_be):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _split_seq(counter, nb.get_thread_id(), tasks, of, xf, Cx, E, sp, padded, geo, we, bwe, kce, pfe, ce_code,
+                   ce_al, ce_be, wd, bd, cd_code, cd_al, cd_be)
+
+
+def _dw_geometry(dwp, dwv) -> tuple:
+    """A depthwise instruction's (params, prepared) -> (blocks, KH, KW, sh, sw, dh, dw, top pad, left pad)."""
+    kh, kw = dwv["weight"].shape[1:3]
+    sh, sw = dwp["stride"]
+    dh, dd = dwp["dilation"]
+    pt, _, pl, _ = dwp["padding"]
+    return dwv["weight"].shape[0], kh, kw, sh, sw, dh, dd, pt, pl
+
+
+def _pw_part(p, ob: int) -> tuple:
+    """A chain's 1x1 arguments from (params, prepared) or None (absent): (present, weight, bias, kc, pfo, act
+    code, alpha, beta); pfo with the 1x1's k1x1.half_flag for its ob output blocks."""
+    if p is None:
+        return (False, NO_WEIGHT, NO_BIAS, 0, PFO, 0, np.float32(0), np.float32(0))
+    params, prep = p
+    code, al, be = resolve_act(params.get("relu", False), params.get("act"), "chain")
+    kc = int(reduction_length(prep["weight"]))
+    return (True, prep["weight"], prep["bias"], kc, PFO | half_flag(prep["weight"], kc, ob), code, al, be)
+
+
+def _dw_part(dwp, dwv) -> tuple:
+    """A chain's depthwise arguments: (flat weight, bias, act code, alpha, beta)."""
+    code, al, be = resolve_act(dwp.get("relu", False), dwp.get("act"), "chain")
+    return (dwv["weight"].reshape(-1), dwv["bias"], code, al, be)
+
+
+def split_group(ce: int, threads: int) -> int:
+    """A SplitChain task's blocks of the wide tensor's ce: one task per thread where ce divides evenly (the
+    blocks a core expands are the ones it filters), else about three per thread (equal groups) to balance."""
+    t = max(1, int(threads))
+    want = t if ce % t == 0 else min(ce, 3 * t)
+    g = -(-ce // want)
+    return -(-ce // -(-ce // g))
+
+
+class SplitChain:
+    """Expansion -> depthwise of one image split by the wide tensor's channel blocks (`_split_seq`), where row
+    bands would expand too many halo rows twice (MAX_HALO: MobileNetV2's 14x14 and 7x7 blocks at batch 1). A
+    depthwise channel reads only its own expanded channel, so a task of blocks [c0, c1) needs nothing from
+    the others: one region for the two layers, each expanded block read by the depthwise from the core that
+    wrote it (layer by layer, half of it was in the other core's cache) and never written to the shared
+    tensor. The projection after it stays its own layer. The same bits as the two layers (the 1x1's full-K
+    chains, the depthwise's taps on the same values)."""
+
+    def __init__(self, x, out, expand, dw, threads):
+        self.x, self.out, self.res = x, out, None
+        self.threads = threads
+        dwp, dwv = dw
+        _, cx, h, w, _ = x.shape
+        _, _, ho, wo, _ = out.shape
+        ce, kh, kw, sh, sw, dh, dd, pt, pl = _dw_geometry(dwp, dwv)
+        g = split_group(ce, threads)
+        self.tasks = np.array([(c, min(c + g, ce)) for c in range(0, ce, g)], np.int64).reshape(-1, 2)
+        self.tasks.flags.writeable = False
+        self.geo = np.array([ce, h, w, ce, ho, wo, kh, kw, sh, sw, dh, dd, pt, pl], np.int64)
+        self.geo.flags.writeable = False
+        self.cx = cx
+        self.e_len = ce * h * w * 16
+        pad = depthwise.PADDED if depthwise.PADDED is not None else depthwise.use_padded(ho, wo, kw, sw)
+        self.padded = bool(pad)
+        self.sp_len = (((ho - 1) * sh + (kh - 1) * dh + 1) * ((wo - 1) * sw + (kw - 1) * dd + 1) * 16
+                       if self.padded else 1)
+        self.e = _pw_part(expand, ce)[1:]
+        self.d = _dw_part(dwp, dwv)
+
+    def __call__(self, *_):
+        nrows = numba_max_threads() if region_threads(self.threads, len(self.tasks)) > 1 else 1
+        E = scratch("chain_split_e", (nrows, self.e_len))
+        sp = scratch("chain_sp", (nrows, self.sp_len))
+        numba_region(_split_par, _split_seq, self.threads, len(self.tasks), self.tasks, self.out.reshape(-1),
+                     self.x.reshape(-1), self.cx, E, sp, self.padded, self.geo, *self.e, *self.d)
+
+    def describe(self) -> dict:
+        return {"algorithm": "chain", "partitioning": f"pw+dw, {int(self.tasks[0, 1] - self.tasks[0, 0])}-block "
+                "channel groups", "tasks": len(self.tasks), "rows": int(self.geo[4])}
+
+
 def plan_bands(n, ce, h, w, ho, wo, kh, sh, dh, threads, budget=None):
     """Output rows per band: the most whose expanded input rows (E) fit `budget` bytes (default E_SHARE
     of L2), at most ceil(Ho / 2) and few enough for a band per thread (a batch-1 layer on 16 threads:
@@ -196,12 +310,8 @@ class BoundChain:
         self.threads = threads
         dwp, dwv = dw
         n, cx, h, w, _ = x.shape
-        ce = dwv["weight"].shape[0]
-        kh, kw = dwv["weight"].shape[1:3]
-        sh, sw = dwp["stride"]
-        dh, dd = dwp["dilation"]
-        pt, _, pl, _ = dwp["padding"]
         _, cout, ho, wo, _ = out.shape
+        ce, kh, kw, sh, sw, dh, dd, pt, pl = _dw_geometry(dwp, dwv)
         self.tasks = plan_bands(n, ce, h, w, ho, wo, kh, sh, dh, threads)
         rows = int((self.tasks[:, 2] - self.tasks[:, 1]).max())
         sub = max(1, min(rows, D_BYTES // (ce * wo * 64)))
@@ -214,18 +324,9 @@ class BoundChain:
         self.padded = bool(pad)
         band_in = (rows - 1) * sh + (kh - 1) * dh + 1
         self.sp_len = band_in * ((wo - 1) * sw + (kw - 1) * dd + 1) * 16 if self.padded else 1
-
-        def part(p, ob):
-            if p is None:
-                return (False, NO_WEIGHT, NO_BIAS, 0, PFO, 0, np.float32(0), np.float32(0))
-            params, prep = p
-            code, al, be = resolve_act(params.get("relu", False), params.get("act"), "chain")
-            kc = int(reduction_length(prep["weight"]))
-            return (True, prep["weight"], prep["bias"], kc, PFO | half_flag(prep["weight"], kc, ob), code, al, be)
-        self.e = part(expand, ce)
-        self.p = part(project, cout)
-        code, al, be = resolve_act(dwp.get("relu", False), dwp.get("act"), "chain")
-        self.d = (dwv["weight"].reshape(-1), dwv["bias"], code, al, be)
+        self.e = _pw_part(expand, ce)
+        self.p = _pw_part(project, cout)
+        self.d = _dw_part(dwp, dwv)
 
     def __call__(self, *_):
         nrows = numba_max_threads() if region_threads(self.threads, len(self.tasks)) > 1 else 1
@@ -312,6 +413,10 @@ def find_chains(program, views, threads) -> dict:
                            (pparams, pprep) if take_p else None, threads)
         g = chain.geo   # bands thin enough for every thread expand many rows twice: the layers are cheaper
         if take_e and halo_share(chain.tasks, g[1], g[6], g[8], g[10], g[12]) > MAX_HALO:
+            # batch 1: expansion -> depthwise split by channels instead (its output must not share memory with the
+            # input: a task writes its blocks while another still expands)
+            if SPLIT and x.shape[0] == 1 and take_e and wide.shape[1] >= threads and not _overlaps(views[i][-1], x):
+                found[idx[0]] = (SplitChain(x, views[i][-1], (eparams, eprep), (dparams, dprep), threads), idx[:2])
             continue
         found[idx[0]] = (chain, idx)
     return found
