@@ -326,3 +326,57 @@ def test_narrowed_region_runs_every_task_once_and_is_counted(monkeypatch):
     assert widths == [15, 15] and sets == [15], (widths, sets)
     assert threads.region_counts(reset=True) == {"numba": 0, "narrowed": 2, "pool": 0, "serial": 1, "replayed": 0}
     assert threads.region_counts() == {"numba": 0, "narrowed": 0, "pool": 0, "serial": 0, "replayed": 0}
+
+
+def test_take_hands_each_worker_its_own_chunk_first_then_the_rest():
+    """`_nb.take` on a `new_counter(nt)` counter: worker k takes its contiguous chunk [k*n//nt, (k+1)*n//nt) in
+    order, then what is left of the chunks after it (wrapping round), each task once; a counter without a team
+    width (slot 3 zero: a serial loop's) hands the tasks out in order. The kernels' task loops take their tasks
+    this way, so consecutive layers split the same way keep a thread's part of a map on its own core."""
+    from tilefuse.kernels.conv._nb import AFFINITY, new_counter, take
+    if not AFFINITY:
+        pytest.skip("TILEFUSE_AFFINITY=0: every counter hands tasks out in order")
+    c = new_counter(3)                                   # chunks of 10 tasks: [0, 3), [3, 6), [6, 10)
+    assert [take(c, 1, 10) for _ in range(11)] == [3, 4, 5, 6, 7, 8, 9, 0, 1, 2, -1]
+    c = new_counter(3)
+    got = [take(c, 2, 10), take(c, 0, 10), take(c, 2, 10), take(c, 1, 10), take(c, 0, 10)]
+    assert got == [6, 0, 7, 3, 1]
+    rest = []
+    while (i := take(c, 0, 10)) >= 0:
+        rest.append(i)
+    assert rest == [2, 4, 5, 8, 9]                       # its own chunk, then 1's, then 2's
+    assert take(c, 1, 10) == -1 and take(c, 2, 10) == -1
+    c = new_counter(4)                                   # fewer tasks than workers: empty chunks are skipped
+    assert sorted(take(c, k, 3) for k in range(4)) == [-1, 0, 1, 2]
+    plain = np.zeros(threads.COUNTER_SLOTS, np.int64)
+    assert [take(plain, 1, 4) for _ in range(5)] == [0, 1, 2, 3, -1]
+
+
+@pytest.mark.parametrize("mode", ["numba", "pool"])
+@pytest.mark.parametrize("nt,ntasks", [(2, 7), (3, 2), (5, 64)])
+def test_take_runs_every_task_once_on_real_threads(mode, nt, ntasks, monkeypatch):
+    """Workers on real threads (numba's pool and ours, oversubscribed on a small machine) taking tasks with `take`
+    run every task exactly once, however the OS schedules them."""
+    import numba as nb
+
+    from tilefuse.kernels.conv._nb import atomic_add, new_counter, take
+
+    @nb.njit(nogil=True)
+    def seq(counter, tid, hits):
+        while True:
+            i = take(counter, tid, hits.shape[0])
+            if i < 0:
+                break
+            atomic_add(hits, i, 1)
+
+    @nb.njit(parallel=True, nogil=True)
+    def par(n, hits):
+        counter = new_counter(n)
+        for _w in nb.prange(n):
+            seq(counter, nb.get_thread_id(), hits)
+
+    monkeypatch.setitem(threads._NUMBA, "mode", mode)
+    for _ in range(20):
+        hits = np.zeros(ntasks, np.int64)
+        threads.numba_region(par, seq, nt, ntasks, hits)
+        assert (hits == 1).all(), hits

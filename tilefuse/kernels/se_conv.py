@@ -28,10 +28,10 @@ from numba import njit
 
 from . import reference as ref
 from .broadcast import _code, apply_act_inplace
-from .conv._nb import atomic_add_sync, cpu_yield, mul16
+from .conv._nb import atomic_add_sync, cpu_yield, mul16, new_counter
 from .conv.epilogue import resolve_act
 from .conv.k1x1 import _k1x1_seq
-from .threads import (COUNTER_SLOTS, blas_threads, numba_region, parallel_for, replaying, resolve_threads,
+from .threads import (blas_threads, numba_region, parallel_for, replaying, resolve_threads,
                       scratch)
 
 
@@ -102,7 +102,7 @@ def _se1x1_seq(counter, tid, xs4, x4, s2, per, tasks, of, xf, wp, bias, rf, has_
 @njit(parallel=True, nogil=True, cache=True)
 def _se1x1_par(nt, xs4, x4, s2, per, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb,
                Ob, sh, sw, q_outer, pfd, pfo, kc):
-    counter = np.zeros(COUNTER_SLOTS, np.int64)
+    counter = new_counter(nt)
     for _w in nb.prange(nt):
         _se1x1_seq(counter, nb.get_thread_id(), xs4, x4, s2, per, tasks, of, xf, wp, bias, rf, has_res, code, alpha,
                    beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)

@@ -210,7 +210,9 @@ _NUMBA_LOCK = threading.Lock()
 
 # a task loop's counter: counter[0] hands out the tasks; the other slots are the workers' own, zero at the
 # start of every region (a `par` makes its counter with this many slots too): a two-phase loop counts its
-# first phase's tasks there (kernels/se_conv.py: scale the input, then the 1x1 on it, in one region)
+# first phase's tasks there (kernels/se_conv.py: scale the input, then the 1x1 on it, in one region). The conv
+# kernels' counters (conv/_nb.new_counter(nt)) hold the team width in slot 3 and a chunk count per worker past
+# them: conv/_nb.take gives each worker its own contiguous chunk of the tasks first
 COUNTER_SLOTS = 4
 
 
@@ -536,8 +538,8 @@ def recorded(fn, operands) -> tuple | None:
 
 def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     """Run a task loop of `ntasks` tasks. `seq(counter, tid, *args)` is one worker: it takes tasks
-    from counter[0] (an int64 array, atomically) until none is left, with per-thread scratch row
-    `tid` (< numba_max_threads()); `par(nt, *args)` runs nt such workers on numba's pool. With
+    from counter[0] (an int64 array, atomically), or its own chunk first (conv/_nb.take), until none is
+    left, with per-thread scratch row `tid` (< numba_max_threads()); `par(nt, *args)` runs nt such workers on numba's pool. With
     region_threads(threads, ntasks) <= 1: seq on the calling thread; on our pool (`region_plan`):
     that many seq workers; on numba's pool: region_threads(threads, any) workers, the same team
     width for every region of a session whatever its task count (fewer while other processes hold
@@ -558,7 +560,8 @@ def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     mode, free = region_plan(width)       # judged at the width numba's pool would run
     if mode == "pool":
         _REGIONS["pool"] += 1
-        counter = np.zeros(COUNTER_SLOTS, np.int64)   # a fresh one per region: a late worker finds it spent
+        from .conv._nb import new_counter      # (here: the conv modules import this one)
+        counter = new_counter(nt)   # a fresh one per region: a late worker finds it spent
         _spread(lambda tid: seq(counter, tid, *args), nt)
         return nt
     if numba_layer() == "workqueue":

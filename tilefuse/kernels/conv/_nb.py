@@ -7,6 +7,8 @@ buffer and keeps small accumulators (16 lanes = one AVX-512 register) in registe
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from numba import types
 from numba.core import cgutils
@@ -112,6 +114,48 @@ def atomic_add_sync(typingctx, arr, idx, val):
     thread that reads the new count with it (val 0: a read), and the compiler moves no load or store
     across it. The phase count of a two-phase task loop (se_conv's scale-then-convolve region)."""
     return _atomic_add_impl(arr, idx, val, "seq_cst")
+
+
+AFFINITY = os.environ.get("TILEFUSE_AFFINITY", "1").strip() not in ("0", "off", "no", "false")
+COUNTER_BASE = 8      # counter slots before the per-thread chunk counters (threads.COUNTER_SLOTS <= this)
+COUNTER_STRIDE = 8    # int64s between two threads' chunk counters: one 64-byte line each
+
+
+@njit(nogil=True, cache=True)
+def new_counter(nt):
+    """A task loop's counter for a team of nt workers (`take`): slot 3 holds nt, each worker's chunk
+    counter a cache line of its own past COUNTER_BASE."""
+    c = np.zeros(COUNTER_BASE + COUNTER_STRIDE * max(nt, 1), np.int64)
+    if AFFINITY:
+        c[3] = nt
+    return c
+
+
+@njit(nogil=True, inline="always")
+def take(counter, tid, ntasks):
+    """The next task of a loop of `ntasks` for worker `tid`, or -1 when none is left. A counter from
+    `new_counter(nt)` (slot 3 = nt > 1): worker k owns the contiguous chunk [k*ntasks//nt,
+    (k+1)*ntasks//nt) and takes its own tasks first, in order, then what is left of the others' chunks
+    (each chunk's count is atomic: every task runs once, and a worker the OS does not schedule holds up
+    no one). Consecutive layers split the same way leave each thread's part of a map in its own core's
+    cache. Any other counter (slot 3 zero): the tasks in order from slot 0, as `atomic_add` hands them."""
+    nt = counter[3]
+    if nt <= 1:
+        i = atomic_add(counter, 0, 1)
+        return i if i < ntasks else -1
+    k = tid % nt
+    for _j in range(nt):
+        lo = k * ntasks // nt
+        n = (k + 1) * ntasks // nt - lo
+        s = COUNTER_BASE + COUNTER_STRIDE * k
+        if counter[s] < n:
+            c = atomic_add(counter, s, 1)
+            if c < n:
+                return lo + c
+        k += 1
+        if k == nt:
+            k = 0
+    return -1
 
 
 def _linux_x86_64() -> bool:

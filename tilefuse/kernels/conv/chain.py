@@ -44,7 +44,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import atomic_add, stack_i64
+from tilefuse.kernels.conv._nb import new_counter, stack_i64, take
 from tilefuse.kernels.conv import depthwise
 from tilefuse.kernels.conv.depthwise import _dw_task
 from tilefuse.kernels.conv.epilogue import EMPTY1, resolve_act
@@ -142,8 +142,8 @@ def _chain_seq(counter, tid, tasks, of, xf, rf, has_res, E, D, sp, padded, geo, 
                ce_al, ce_be, wd, bd, cd_code, cd_al, cd_be, has_p, wp, bwp, kcp, pfp, cp_code, cp_al, cp_be):
     """One worker of the chain's task loop (threads.numba_region): tasks (T, 3) = (n, oh0, oh1)."""
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= tasks.shape[0]:
+        i = take(counter, tid, tasks.shape[0])
+        if i < 0:
             break
         _chain_task(tasks[i, 0], tasks[i, 1], tasks[i, 2], of, xf, rf, has_res, E[tid], D[tid], sp[tid], padded, geo,
                     has_e, we, bwe, kce, pfe, ce_code, ce_al, ce_be, wd, bd, cd_code, cd_al, cd_be,
@@ -153,7 +153,7 @@ def _chain_seq(counter, tid, tasks, of, xf, rf, has_res, E, D, sp, padded, geo, 
 @njit(parallel=True, nogil=True, cache=True)
 def _chain_par(nt, tasks, of, xf, rf, has_res, E, D, sp, padded, geo, has_e, we, bwe, kce, pfe, ce_code, ce_al, ce_be,
                wd, bd, cd_code, cd_al, cd_be, has_p, wp, bwp, kcp, pfp, cp_code, cp_al, cp_be):
-    counter = np.zeros(1, np.int64)
+    counter = new_counter(nt)
     for _w in nb.prange(nt):
         _chain_seq(counter, nb.get_thread_id(), tasks, of, xf, rf, has_res, E, D, sp, padded, geo, has_e, we, bwe, kce,
                    pfe, ce_code, ce_al, ce_be, wd, bd, cd_code, cd_al, cd_be, has_p, wp, bwp, kcp, pfp, cp_code, cp_al,
@@ -172,8 +172,8 @@ def _split_seq(counter, tid, tasks, of, xf, Cx, E, sp, padded, geo, we, bwe, kce
     group = max(SR, STRIP_GROUP_BYTES // max(1, 4 * kce) // SR * SR)
     e = E[tid]
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= tasks.shape[0]:
+        i = take(counter, tid, tasks.shape[0])
+        if i < 0:
             break
         c0, c1 = tasks[i, 0], tasks[i, 1]
         _k1x1_strips(e, xf, we, bwe, EMPTY1, False, ce_code, ce_al, ce_be, 0, H * W, c0, c1, H * W, Cx, Ce, False,
@@ -184,7 +184,7 @@ def _split_seq(counter, tid, tasks, of, xf, Cx, E, sp, padded, geo, we, bwe, kce
 @njit(parallel=True, nogil=True, cache=True)
 def _split_par(nt, tasks, of, xf, Cx, E, sp, padded, geo, we, bwe, kce, pfe, ce_code, ce_al, ce_be, wd, bd, cd_code,
                cd_al, cd_be):
-    counter = np.zeros(1, np.int64)
+    counter = new_counter(nt)
     for _w in nb.prange(nt):
         _split_seq(counter, nb.get_thread_id(), tasks, of, xf, Cx, E, sp, padded, geo, we, bwe, kce, pfe, ce_code,
                    ce_al, ce_be, wd, bd, cd_code, cd_al, cd_be)

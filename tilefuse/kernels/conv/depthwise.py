@@ -50,7 +50,7 @@ from numba.extending import intrinsic
 
 from tilefuse.kernels.activations import apply_scalar, apply_span
 from tilefuse.kernels.conv import _depthwise_gen as _dg
-from tilefuse.kernels.conv._nb import LANES, act16, atomic_add, row_sum16, stack_f32
+from tilefuse.kernels.conv._nb import LANES, act16, new_counter, row_sum16, stack_f32, take
 from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.epilogue import bias_or_zeros, resolve_act
 from tilefuse.kernels.conv.layout import from_nchwc, to_nchwc
@@ -479,7 +479,7 @@ def _dw_par(nt, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, ba
     """Every task (rows (n, ob0, ob1, oh0, oh1)) on nt of numba's threads, handed out dynamically
     (a shared counter: a thread the OS does not schedule never holds a fixed share); band
     (threads, size) scratch."""
-    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    counter = new_counter(nt)
     for _w in nb.prange(nt):
         _dw_seq(counter, nb.get_thread_id(), tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded,
                 rs)
@@ -489,8 +489,8 @@ def _dw_par(nt, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, ba
 def _dw_seq(counter, tid, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band, padded, rs):
     """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= tasks.shape[0]:
+        i = take(counter, tid, tasks.shape[0])
+        if i < 0:
             break
         _dw_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
                  tasks[i, 3], tasks[i, 4], geo, band[tid], padded, rs)

@@ -25,9 +25,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import (LANES, address, atomic_add, copy16, dpair512_rows, dstrip512_rows, stack_f32,
-                                       stack_i64,
-                                       tile16_rows, tile16a_rows)
+from tilefuse.kernels.conv._nb import (LANES, address, copy16, dpair512_rows, dstrip512_rows, new_counter, stack_f32,
+                                       stack_i64, take, tile16_rows, tile16a_rows)
 from tilefuse.kernels.conv._tiles_gen import _direct_rows2_wide, _direct_rows_narrow  # (tilegen.DIRECT)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.activations import apply_scalar
@@ -476,7 +475,7 @@ def _direct_task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0,
 def _direct_par(nt, tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, padded, Wo, sh, sw,
                 dh, dw):
     """Every task (rows (n, r0, r1, o0, o1)) on numba's pool; band (threads, size) scratch."""
-    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    counter = new_counter(nt)
     for _w in nb.prange(nt):
         _direct_seq(counter, nb.get_thread_id(), tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl,
                     Wp, padded, Wo, sh, sw, dh, dw)
@@ -487,8 +486,8 @@ def _direct_seq(counter, tid, tasks, out, x, band, wb, bias, res, has_res, code,
                 sh, sw, dh, dw):
     """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= tasks.shape[0]:
+        i = take(counter, tid, tasks.shape[0])
+        if i < 0:
             break
         _direct_task(out, x, band[tid], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1],
                      tasks[i, 2], tasks[i, 3], tasks[i, 4], pt, pl, Wp, padded, Wo, sh, sw, dh, dw)

@@ -54,7 +54,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from tilefuse.kernels.conv._nb import LANES, atomic_add, stack_f32
+from tilefuse.kernels.conv._nb import LANES, new_counter, stack_f32, take
 from tilefuse.kernels.conv.tiles import NARROW
 from tilefuse.kernels.conv.depthwise import FASTMATH, _data_ptr, _finish_row, _store8
 from tilefuse.kernels.conv.epilogue import EMPTY1, bias_or_zeros, resolve_act
@@ -288,7 +288,7 @@ def _gl_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, n, ob0, ob1, oh0,
 @njit(parallel=True, nogil=True, cache=True)
 def _gl_par(nt, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band):
     """Every task (rows (n, ob0, ob1, oh0, oh1)) on nt of numba's threads, handed out dynamically."""
-    counter = np.zeros(1, np.int64)
+    counter = new_counter(nt)
     for _w in nb.prange(nt):
         _gl_seq(counter, nb.get_thread_id(), tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band)
 
@@ -297,8 +297,8 @@ def _gl_par(nt, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, ba
 def _gl_seq(counter, tid, tasks, of, xf, wf, bias, rf, has_res, code, alpha, beta, geo, band):
     """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= tasks.shape[0]:
+        i = take(counter, tid, tasks.shape[0])
+        if i < 0:
             break
         _gl_task(of, xf, wf, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
                  tasks[i, 3], tasks[i, 4], geo, band[tid])

@@ -37,9 +37,9 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import (HALF_ROWS, address, atomic_add, borrow, copy16, mul16, prefetch, prefetch_l2,
-                                       prefetchw, stack_f32, stack_i64, store16, strip8_rows, strip16_rows,
-                                       strip512_rows, tile16_rows)
+from tilefuse.kernels.conv._nb import (HALF_ROWS, address, atomic_add, borrow, copy16, mul16, new_counter, prefetch,
+                                       prefetch_l2, prefetchw, stack_f32, stack_i64, store16, strip8_rows, strip16_rows,
+                                       strip512_rows, take, tile16_rows)
 from tilefuse.kernels.conv._tiles_gen import _k1x1_narrow, _k1x1_one, _k1x1_wide, _offsets  # noqa: F401  (tilegen.py)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY1, act_block, act_span, bias_or_zeros, resolve_act
@@ -442,7 +442,7 @@ def _k1x1_avx2(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b1,
 def _k1x1_par(nt, tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw,
               q_outer, pfd, pfo, kc):
     """Every task of the layer on numba's pool: tasks (T, 4) = (q0, q1, b0, b1)."""
-    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    counter = new_counter(nt)  # tasks handed out by `take`: own chunk first (stragglers never stall)
     for _w in nb.prange(nt):
         _k1x1_seq(counter, nb.get_thread_id(), tasks, of, xf, wp, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi,
                   Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
@@ -453,8 +453,8 @@ def _k1x1_seq(counter, tid, tasks, of, xf, wp, bias, rf, has_res, code, alpha, b
               q_outer, pfd, pfo, kc):
     """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= tasks.shape[0]:
+        i = take(counter, tid, tasks.shape[0])
+        if i < 0:
             break
         _k1x1(of, xf, wp, bias, rf, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2], tasks[i, 3],
               HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)
@@ -477,8 +477,8 @@ def _k1x1_scaled_seq(counter, tid, tasks, of, xf, wk, sc, scr, done, bias, rf, h
     for p in range(done.shape[1]):      # this thread's flags (its row only: no other worker touches it)
         done[tid, p] = 0
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= tasks.shape[0]:
+        i = take(counter, tid, tasks.shape[0])
+        if i < 0:
             break
         for p in range(tasks[i, 2] // 2, (tasks[i, 3] + 1) // 2):   # the pairs of its blocks
             if done[tid, p] == 0:
@@ -496,7 +496,7 @@ def _k1x1_scaled_seq(counter, tid, tasks, of, xf, wk, sc, scr, done, bias, rf, h
 def _k1x1_scaled_par(nt, tasks, of, xf, wk, sc, scr, done, bias, rf, has_res, code, alpha, beta, HWo, Wo, HWi, Wi,
                      Cb, Ob, sh, sw, q_outer, pfd, pfo, kc):
     """_k1x1_scaled_seq's workers on numba's pool."""
-    counter = np.zeros(1, np.int64)
+    counter = new_counter(nt)
     for _w in nb.prange(nt):
         _k1x1_scaled_seq(counter, nb.get_thread_id(), tasks, of, xf, wk, sc, scr, done, bias, rf, has_res, code,
                          alpha, beta, HWo, Wo, HWi, Wi, Cb, Ob, sh, sw, q_outer, pfd, pfo, kc)

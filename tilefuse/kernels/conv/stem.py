@@ -23,7 +23,8 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, address, atomic_add, sstrip16_rows, sstrip512_rows, stack_f32, stack_i64
+from tilefuse.kernels.conv._nb import (LANES, address, new_counter, sstrip16_rows, sstrip512_rows, stack_f32, stack_i64,
+                                       take)
 from tilefuse.kernels.conv._tiles_gen import _stem_rows_narrow, _stem_rows_wide  # (tilegen.STEM)
 from tilefuse.kernels.conv.tiles import ASM_512, ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import ACT_CHUNK, EMPTY4, act_span, resolve_act
@@ -240,7 +241,7 @@ def _stem_task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0, r
 @njit(parallel=True, nogil=True, cache=True)
 def _stem_par(nt, tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, Wo, sh, sw, dh, dw):
     """Every task of the layer on nt of numba's threads."""
-    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    counter = new_counter(nt)
     for _w in nb.prange(nt):
         _stem_seq(counter, nb.get_thread_id(), tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl,
                   Wp, Wo, sh, sw, dh, dw)
@@ -251,8 +252,8 @@ def _stem_seq(counter, tid, tasks, out, x, band, wb, bias, res, has_res, code, a
               dh, dw):
     """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= tasks.shape[0]:
+        i = take(counter, tid, tasks.shape[0])
+        if i < 0:
             break
         _stem_task(out, x, band[tid], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1],
                    tasks[i, 2], pt, pl, Wp, Wo, sh, sw, dh, dw)

@@ -32,7 +32,7 @@ import numba as nb
 import numpy as np
 from numba import njit
 
-from tilefuse.kernels.conv._nb import LANES, address, atomic_add, stack_f32, stack_i64, store16, tile16_rows
+from tilefuse.kernels.conv._nb import LANES, address, new_counter, stack_f32, stack_i64, store16, take, tile16_rows
 from tilefuse.kernels.conv._tiles_gen import _wino_gemm_narrow, _wino_gemm_wide  # (tilegen.WINO_GEMM)
 from tilefuse.kernels.conv.tiles import ASM_AVX2, NARROW
 from tilefuse.kernels.conv.epilogue import EMPTY1, EMPTY4, bias_or_zeros, resolve_act
@@ -403,7 +403,7 @@ def _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf
 @njit(parallel=True, nogil=True, cache=True)
 def _wino_par_c(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
     """Every task (rows (p0, P, pa0, pa1)) on numba's pool; vbuf / mbuf (threads, size) scratch."""
-    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    counter = new_counter(nt)
     for _w in nb.prange(nt):
         _wino_seq_c(counter, nb.get_thread_id(), tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf,
                     th, tw, pt, pl, m)
@@ -413,8 +413,8 @@ def _wino_par_c(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbu
 def _wino_seq_c(counter, tid, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
     """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= tasks.shape[0]:
+        i = take(counter, tid, tasks.shape[0])
+        if i < 0:
             break
         _wino_task_c(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[tid], mbuf[tid], tasks[i, 0], tasks[i, 1],
                      tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
@@ -423,7 +423,7 @@ def _wino_seq_c(counter, tid, tasks, out, x, U, bias, res, has_res, code, alpha,
 @njit(parallel=True, nogil=True, cache=True)
 def _wino_par_nchw(nt, tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf, th, tw, pt, pl, m):
     """Every task of the layer on nt of numba's threads."""
-    counter = np.zeros(1, np.int64)  # next task: handed out dynamically (stragglers never stall)
+    counter = new_counter(nt)
     for _w in nb.prange(nt):
         _wino_seq_nchw(counter, nb.get_thread_id(), tasks, out, x, U, bias, res, has_res, code, alpha, beta, vbuf, mbuf,
                        th, tw, pt, pl, m)
@@ -434,8 +434,8 @@ def _wino_seq_nchw(counter, tid, tasks, out, x, U, bias, res, has_res, code, alp
                    m):
     """One worker of the task loop on the calling thread: tasks taken from `counter` (threads.numba_region)."""
     while True:
-        i = atomic_add(counter, 0, 1)
-        if i >= tasks.shape[0]:
+        i = take(counter, tid, tasks.shape[0])
+        if i < 0:
             break
         _wino_task_nchw(out, x, U, bias, res, has_res, code, alpha, beta, vbuf[tid], mbuf[tid], tasks[i, 0],
                         tasks[i, 1], tasks[i, 2], tasks[i, 3], th, tw, pt, pl, m)
