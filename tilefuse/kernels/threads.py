@@ -539,12 +539,12 @@ def recorded(fn, operands) -> tuple | None:
 def numba_region(par, seq, threads, ntasks: int, *args) -> int:
     """Run a task loop of `ntasks` tasks. `seq(counter, tid, *args)` is one worker: it takes tasks
     from counter[0] (an int64 array, atomically), or its own chunk first (conv/_nb.take), until none is
-    left, with per-thread scratch row `tid` (< numba_max_threads()); `par(nt, *args)` runs nt such workers on numba's pool. With
-    region_threads(threads, ntasks) <= 1: seq on the calling thread; on our pool (`region_plan`):
-    that many seq workers; on numba's pool: region_threads(threads, any) workers, the same team
-    width for every region of a session whatever its task count (fewer while other processes hold
-    cores: `region_plan`). Which thread runs a task never
-    changes its bits. Returns the thread count used."""
+    left, with per-thread scratch row `tid` (< numba_max_threads()); `par(nt, *args)` runs nt such
+    workers on numba's pool. With region_threads(threads, ntasks) <= 1: seq on the calling thread; on
+    our pool (`region_plan`): that many seq workers; on numba's pool: region_threads(threads, any)
+    workers, the same team width for every region of a session whatever its task count (fewer while
+    other processes hold cores: `region_plan`). Which thread runs a task never changes its bits.
+    Returns the thread count used."""
     if _LOCAL.capture is not None:
         _LOCAL.capture.append((par, seq, threads, ntasks, args))
     width = region_threads(threads, 1 << 30)
