@@ -116,6 +116,9 @@ def atomic_add_sync(typingctx, arr, idx, val):
     return _atomic_add_impl(arr, idx, val, "seq_cst")
 
 
+# TILEFUSE_AFFINITY=0: counters hand the tasks out in table order (`take`). Read when the kernels compile: numba's
+# cache does not key on it, so a cache compiled with the other setting keeps that one (A/B runs: a NUMBA_CACHE_DIR
+# of their own per setting)
 AFFINITY = os.environ.get("TILEFUSE_AFFINITY", "1").strip() not in ("0", "off", "no", "false")
 COUNTER_BASE = 8      # counter slots before the per-thread chunk counters (threads.COUNTER_SLOTS <= this)
 COUNTER_STRIDE = 8    # int64s between two threads' chunk counters: one 64-byte line each
