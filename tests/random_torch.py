@@ -411,6 +411,7 @@ def build(seed: int):
         except (RuntimeError, ValueError):     # ValueError: an instance norm of a 1x1 map
             continue
         if np.isfinite(y).all():
+            _thresholds_off_data(module, x)
             return module, x
 
 
@@ -522,13 +523,58 @@ class _WhereAct(nn.Module):
     def __init__(self, s):
         super().__init__()
         self.t, self.kind = float(s.uniform(-0.3, 0.3)), int(s.integers(3))
+        self.hi = 2.0
 
     def forward(self, x):
         if self.kind == 0:
             return torch.where(x > self.t, x, 0.1 * x)
         if self.kind == 1:
             return F.hardshrink(x, abs(self.t))
-        return x * ((x > self.t) & (x < 2.0)).float() + torch.where(~(x < 2.0), 2.0, 0.0)
+        return x * ((x > self.t) & (x < self.hi)).float() + torch.where(~(x < self.hi), self.hi, 0.0)
+
+    def thresholds(self) -> list[str]:
+        """The attributes whose values the input is compared with (kind 1 compares |x| with |t|)."""
+        return ["t"] if self.kind < 2 else ["t", "hi"]
+
+
+THRESHOLD_NEAR = 1e-5   # a compared value this close to a threshold (x its tensor's max|.|) is decided by rounding
+
+
+def _thresholds_off_data(module, x) -> None:
+    """Move each `_WhereAct` threshold that the float32 forward's input to it comes within THRESHOLD_NEAR x
+    max|input| of, to the nearest value at least that far from every input value. Any two float32 runtimes
+    (PyTorch, ONNX Runtime, tilefuse) compute such an input with different roundings, and a value within
+    rounding of the threshold lands on either side: the draw would compare rounding, not the op (seed
+    61000165: a 1x1 conv + BN value 6e-8 above hardshrink's lambda 0.033, 17 float32 steps, where the runtimes
+    differ by ~1e-6). Repeated until no threshold is near (a moved one changes the inputs after it)."""
+    acts = [m for m in module.modules() if isinstance(m, _WhereAct)]
+    for _ in range(8):
+        seen: dict = {}
+        hooks = [m.register_forward_pre_hook(lambda m, i: seen.__setitem__(m, i[0].detach().double().flatten()))
+                 for m in acts]
+        try:
+            _torch_out(module, x)
+        finally:
+            for h in hooks:
+                h.remove()
+        moved = False
+        for m, v in seen.items():
+            scale = float(v.abs().max()) or 1.0
+            near = THRESHOLD_NEAR * scale
+            vals = v.abs() if m.kind == 1 else v
+            for name in m.thresholds():
+                thr = abs(getattr(m, name)) if m.kind == 1 else getattr(m, name)
+                if float((vals - thr).abs().min()) >= near:
+                    continue
+                # candidates thr +- k * near, nearest first: the first clear of every value
+                for k in range(1, 10 ** 6):
+                    cand = [c for c in (thr + k * near, thr - k * near) if float((vals - c).abs().min()) >= near]
+                    if cand:
+                        setattr(m, name, cand[0])
+                        moved = True
+                        break
+        if not moved:
+            return
 
 
 class _LayerNormCF(nn.Module):

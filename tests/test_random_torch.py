@@ -7,15 +7,17 @@ permute-LayerNorm-Linear-permute, `F.pad` matching a skip's size, SPPF, Focus's 
 spellings; a fifth of the batch norms swapped for GroupNorm or InstanceNorm2d). 45, 46 and 97 crop with a negative `F.pad` (refused before this file existed); 37, 69, 321 and 344 put a padded
 ceil-mode pool where the TorchScript exporter writes a broken file (shapes by ONNX's pre-opset-22 rule: ONNX
 Runtime fails on 321 and 344, 37 and 69 declare an output shape PyTorch does not produce), which from_onnx must
-refuse by name or run as PyTorch does."""
+refuse by name or run as PyTorch does. 61000165 drew a hardshrink whose input came within float32 rounding of its
+lambda (every runtime rounds that input differently): `random_torch.build` now moves such thresholds off the
+data."""
 from __future__ import annotations
 
 import pytest
 
 import random_torch as RT
 
-TORCH_SEEDS = list(range(0, 40)) + [45, 46, 97]
-ONNX_SEEDS = list(range(0, 24)) + [37, 45, 69, 321, 344]
+TORCH_SEEDS = list(range(0, 40)) + [45, 46, 97, 61000165]
+ONNX_SEEDS = list(range(0, 24)) + [37, 45, 69, 321, 344, 61000165]
 DYNAMO_SEEDS = [0, 1, 45]
 STREAM_SEEDS = list(range(0, 16)) + [45]
 TRAIN_SEEDS = list(range(0, 16))
@@ -77,3 +79,29 @@ def test_the_draws_cover_the_idioms():
     assert kinds >= {"ConvBNAct", "Residual", "InvertedResidual", "ShuffleUnit", "Ghost", "SplitConv",
                      "ConvNeXtBlock", "LayerNorm2d", "UpCat", "Pool", "Pad", "Affine", "Head", "ConvTranspose2d",
                      "SPPF", "Focus", "ASPP", "Functional"}
+
+
+def test_thresholds_are_moved_off_the_data():
+    """Seed 61000165's hardshrink input comes 6e-8 (17 float32 steps) from lambda 0.033 as drawn: `build` moves
+    lambda until no input value is within THRESHOLD_NEAR x max|input| of it, and leaves a threshold far from
+    the data where it was drawn."""
+    import numpy as np
+    import torch
+
+    module, x = RT.build(61000165)
+    act = module.blocks[2].branches[0].act
+    assert isinstance(act, RT._WhereAct) and act.kind == 1
+    drawn = next(m for _, m, _ in RT._draws(61000165)).blocks[2].branches[0].act.t   # the first draw is valid
+    assert act.t != drawn and abs(abs(act.t) - abs(drawn)) < 1e-3
+    seen = []
+    h = act.register_forward_pre_hook(lambda m, i: seen.append(i[0].detach().double().abs()))
+    with torch.no_grad():
+        module(torch.from_numpy(x))
+    h.remove()
+    v = seen[0]
+    assert float((v - abs(act.t)).abs().min()) >= RT.THRESHOLD_NEAR * float(v.max())
+    far = RT._WhereAct(np.random.default_rng(0))
+    far.t = 10.0
+    net = RT.RandomNet([far]).eval()
+    RT._thresholds_off_data(net, np.zeros((1, 1, 2, 2), np.float32) + 0.5)
+    assert far.t == 10.0
