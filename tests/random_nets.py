@@ -25,6 +25,7 @@ each failing seed (rebuild it with the builder) and a summary line.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 import tempfile
@@ -483,15 +484,32 @@ CHECKS = {"compile": check_compiled, "stream": check_streamed, "sessions": check
           "mixed": lambda seed: check_compiled(seed, build_mixed) or check_mixed_streamed(seed)}
 
 
-def run_seeds(fn, seconds: float, first: int, label: str) -> int:
+def _hung(seed: int, limit: float, label: str, ran: int, fails: int) -> None:
+    """The watchdog's end: a seed that runs past `limit` seconds is a finding (a hang): its seed, the
+    summary so far and every thread's stack, then the process exits with status 2."""
+    print(f"seed {seed}: still running after {limit:.0f} s (a hang?); every thread's stack:", flush=True)
+    faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
+    print(f"{label}: {ran} seeds, {fails + 1} failing (stopped at the hung seed)", flush=True)
+    os._exit(2)
+
+
+def run_seeds(fn, seconds: float, first: int, label: str, seed_limit: float = 1200.0) -> int:
     """fn(seed) -> None or a problem, for seeds first, first + 1, ... until `seconds` pass; prints each problem
-    with its seed (a crash is a finding too) and a summary line; returns the number of failing seeds."""
+    with its seed (a crash is a finding too) and a summary line; returns the number of failing seeds. A seed
+    still running after `seed_limit` seconds (a cold numba cache compiles for a few minutes in the first
+    seeds) ends the run with its seed and stacks (`_hung`) rather than leaving an outer timeout to kill it
+    without a word."""
     end, seed, fails, ran = time.time() + seconds, first, 0, 0
     while time.time() < end:
+        dog = threading.Timer(seed_limit, _hung, (seed, seed_limit, label, ran, fails))
+        dog.daemon = True
+        dog.start()
         try:
             problem = fn(seed)
         except Exception as e:
             problem = f"{type(e).__name__}: {str(e)[:300]}"
+        finally:
+            dog.cancel()
         if problem:
             fails += 1
             print(f"seed {seed}: {problem}", flush=True)
@@ -506,8 +524,10 @@ def main(argv=None) -> int:
     ap.add_argument("--check", choices=sorted(CHECKS), default="compile")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0, help="first seed: seeds run from seed * 1e6 up")
+    ap.add_argument("--seed-limit", type=float, default=1200.0,
+                    help="seconds one seed may run before the run stops on it as a hang")
     a = ap.parse_args(argv)
-    return 1 if run_seeds(CHECKS[a.check], a.seconds, a.seed * 10 ** 6, a.check) else 0
+    return 1 if run_seeds(CHECKS[a.check], a.seconds, a.seed * 10 ** 6, a.check, a.seed_limit) else 0
 
 
 if __name__ == "__main__":

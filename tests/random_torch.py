@@ -1197,10 +1197,12 @@ def main(argv=None) -> int:
     ap.add_argument("--check", choices=sorted(CHECKS), default="torch")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0, help="first seed: seeds run from seed * 1e6 up")
+    ap.add_argument("--seed-limit", type=float, default=1200.0,
+                    help="seconds one seed may run before the run stops on it as a hang")
     a = ap.parse_args(argv)
     import onnxruntime
     onnxruntime.set_default_logger_severity(3)      # exporter-broken files make ORT log shape warnings
-    failed = run_seeds(CHECKS[a.check], a.seconds, a.seed * 10 ** 6, a.check)
+    failed = run_seeds(CHECKS[a.check], a.seconds, a.seed * 10 ** 6, a.check, a.seed_limit)
     if TRAIN_MODERN_STATS["seeds"]:
         print(f"{TRAIN_MODERN_STATS['loss_only']} of {TRAIN_MODERN_STATS['seeds']} draws checked the loss only "
               f"(gradients decided by rounding)")

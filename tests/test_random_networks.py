@@ -42,3 +42,24 @@ def test_random_network_shared_sessions_from_threads(seed):
 def test_random_mixed_network_compiled_and_streamed_match_reference(seed):
     problem = R.check_compiled(seed, R.build_mixed) or R.check_mixed_streamed(seed)
     assert problem is None, f"seed {seed}: {problem}"
+
+
+def test_a_hung_seed_ends_the_run_with_its_seed_and_stacks():
+    """run_seeds' watchdog: a seed past its limit stops the run (status 2) naming the seed, with the summary
+    and the stack where it hangs (a train_modern run was once killed by an outer timeout without a word:
+    seed 65000701 looped forever in train_winograd.pitch)."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import random_nets as R\n"
+            "def fn(seed):\n"
+            "    while seed == 2:\n"
+            "        pass\n"
+            "    return 'wrong' if seed == 1 else None\n"
+            "R.run_seeds(fn, 60, 0, 'demo', seed_limit=1.5)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.join(here, "..")]))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "seed 1: wrong" in r.stdout and "seed 2: still running after 2 s" in r.stdout, r.stdout
+    assert "in fn" in r.stdout and "demo: 2 seeds, 2 failing (stopped at the hung seed)" in r.stdout, r.stdout

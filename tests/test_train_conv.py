@@ -39,6 +39,8 @@ GEOMS = {
     "3x3-same-f4": (3, 6, 7, 5, 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     # ... and 20 images (a whole group of 16 lanes and 4), channels past 16 (the filter blocks)
     "3x3-same-f4-20": (20, 17, 8, 6, 24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    # 63 channels in and out: Winograd planes of 64 rows (wg.pitch once looped forever there, seed 65000701)
+    "3x3-f4-63": (1, 63, 5, 6, 63, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
 }
 
 
@@ -100,7 +102,7 @@ def _close(name, got, ref, rel):
 # several output-channel blocks per tile (the tiles' cols or V built once in a shared phase), the
 # input gradient several input-channel blocks. "odd" has 3 output channels a group: one block.
 _BLOCKINGS = [(geom, blocks) for geom in GEOMS for blocks in ("default", "small") if
-              not (blocks == "small" and geom == "odd")]
+              not (blocks == "small" and geom in ("odd", "3x3-f4-63"))]
 # small tiles and (Winograd) short weight-gradient chunks: several tiles and several chunk groups whose
 # partials `wino_dw` sums (the default plans of these small layers have one tile and one group)
 _BLOCKINGS += [(geom, "chunks") for geom in GEOMS if geom.startswith("3x3-same")]
@@ -278,6 +280,21 @@ def _wino_v_reference(xt, H, W):
             v = np.einsum("ij,cnjk,lk->cnil", Bt, d, Bt).reshape(C, N, 16)
             V[:, :, np.arange(N) * th * tw + ty * tw + tx] = v.transpose(2, 0, 1)
     return V
+
+
+def test_wino_pitch_ends_for_every_row_count():
+    """pitch(rows, P): a multiple of 16 >= P; the planes (rows + 1) * pitch floats apart miss the 4 KB
+    multiples by >= 256 bytes where some pitch can (rows + 1 not a multiple of 64), and it returns
+    where none can (it looped forever at rows = 63, 127, ...)."""
+    from tilefuse.kernels import train_winograd as wg
+    for rows in range(0, 300):
+        for P in (1, 16, 17, 100, 1000):
+            ld = wg.pitch(rows, P)
+            assert ld >= P and ld % 16 == 0 and ld < P + 64 * 16
+            if (rows + 1) % 64:
+                assert ((rows + 1) * ld * 4 + 256) % 4096 >= 512, (rows, P, ld)
+            else:
+                assert ld == -(-P // 16) * 16
 
 
 @pytest.mark.parametrize("H, W", [(1, 1), (2, 3), (3, 6), (3, 7), (6, 13), (9, 15), (4, 20), (16, 16), (17, 31),

@@ -49,11 +49,16 @@ from .conv._nb import ad4s, at4s, bt4s, bt4v, dot4x4, gemm6, x86_avx512
 
 def pitch(rows: int, patches: int) -> int:
     """Row pitch (floats) >= patches, a multiple of 16, such that the xi planes of a
-    (16, rows + 1, pitch) float32 buffer are not a multiple of 4 KB apart (+- 256 bytes)."""
-    ld = -(-max(patches, 1) // 16) * 16
-    while ((rows + 1) * ld * 4 + 256) % 4096 < 512:
-        ld += 16
-    return ld
+    (16, rows + 1, pitch) float32 buffer are not a multiple of 4 KB apart (+- 256 bytes).
+
+    A plane is (rows + 1) * pitch * 4 bytes, 64 * (rows + 1) * (pitch / 16): when rows + 1 is a multiple
+    of 64 every pitch gives a multiple of 4 KB, so the search stops after one cycle of pitches (64 steps
+    of 16) and keeps the smallest pitch (the planes then alias in the cache; the results are the same)."""
+    ld0 = -(-max(patches, 1) // 16) * 16
+    for ld in range(ld0, ld0 + 64 * 16, 16):
+        if ((rows + 1) * ld * 4 + 256) % 4096 >= 512:
+            return ld
+    return ld0
 
 
 
