@@ -207,7 +207,7 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b
     ab[1] = beta
     cs = HWo * 16
     ci_s = HWi * 16       # input channel block stride
-    u0 = b0               # output blocks [b0, b1) (even b0 on AVX-512: strip512's pairs)
+    u0 = b0               # output blocks [b0, b1) (an odd b0 on AVX-512: its first block alone)
     nu = min(b1, Ob) - u0
     ncb = (kc + 15) // 16
     kb = ((pfo >> 8) & 255) * 16
@@ -263,14 +263,18 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b
             fin = ks == nkb - 1
             prm[15] = 1 if fin else 0
             xk = (k0 // 16) * ci_s
-            for g in range(u0, u0 + nu, SU):
-                nbk = min(SU, u0 + nu - g)     # blocks in this strip (2 on AVX-512 but an odd last block)
+            g = u0
+            while g < u0 + nu:
+                # blocks in this strip: 2 on AVX-512 (a pair of the packing, wp[g // 2]), but an odd last
+                # block, and an odd first one alone (a task starting at an odd block: SplitChain's groups
+                # of 3; strip512 reads its second block 16 floats after the first, in the same pair)
+                nbk = 1 if g % 2 else min(SU, u0 + nu - g)
                 p = g // 2
                 wo = p * ps + (g - 2 * p) * 16
                 # the rows the strip computes next, prefetched row by row as this block's are read
                 # (PF_WEIGHTS): the next block's slice, else the first block's next slice, else (the next
                 # group) its first slice
-                gn, kn = g + SU, k0
+                gn, kn = g + nbk, k0
                 if gn >= u0 + nu:
                     gn, kn = u0, (k0 + kb if ks + 1 < nkb else 0)
                     if ks + 1 == nkb and a0 + span >= q1:
@@ -345,6 +349,7 @@ def _k1x1_strips(of, xf, wp, bias, rf, has_res, code, alpha, beta, q0, q1, b0, b
                             for b in range(nbk):
                                 act_span(of, oo + b * cs, oo + b * cs + 16 * (end - j), code, ab[0], ab[1])
                         j = end
+                g += nbk
 
 
 @njit(nogil=True, cache=True)
