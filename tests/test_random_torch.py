@@ -29,7 +29,10 @@ TRAIN_SEEDS = list(range(0, 16))
 # tilefuse's channel norm gives), 12000641 (`log1p(|x|) - 0.1 sqrt(|x|)` after an InstanceNorm2d of a depthwise
 # conv's all-zero plane: PyTorch's gradient is NaN, sqrt's inf derivative times abs's 0 at 0, and so is the
 # composition's; the Trainer refuses the step naming the gradient, which the check takes as agreement)
-TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 8000513, 12000641]
+# 65001588, 65003019: draws that float32's rounding of a layer's output decides (checked on the loss only; they
+# fail if `check_train_modern` stops probing that rounding)
+TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 8000513, 12000641, 65001588,
+                                           65003019]
 
 
 @pytest.mark.parametrize("seed", TORCH_SEEDS)

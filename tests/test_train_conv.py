@@ -11,6 +11,7 @@ relative for the BN sums (float64 sums of float32 values that cancel).
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 import pytest
@@ -199,9 +200,20 @@ def test_tasks_run_on_several_threads(monkeypatch):
     tasks per pass (smaller layers get fewer: tiles keep >= MIN_COLS GEMM columns)."""
     seen = set()
     real = threads.parallel_range
+    other = threading.Event()      # a second thread took a task
+    waited = []
 
     def spy(ntasks, fn, nthreads=None):
-        real(ntasks, lambda i, tid: (seen.add(tid), fn(i, tid)), nthreads)
+        def task(i, tid):
+            seen.add(tid)
+            if len(seen) > 1:
+                other.set()
+            elif ntasks > 1 and not waited:
+                # the first thread holds its first task until another takes one (a loaded machine can let the
+                # caller finish every small task before a woken worker gets one); a sequential loop never does
+                waited.append(other.wait(10.0))
+            fn(i, tid)
+        real(ntasks, task, nthreads)
     monkeypatch.setattr(threads, "parallel_range", spy)
     N, C, H, W, O = 8, 16, 14, 14, 16
     g = tc.ConvGeom((N, C, H, W), (O, C, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
