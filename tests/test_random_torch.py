@@ -16,7 +16,7 @@ import pytest
 
 import random_torch as RT
 
-TORCH_SEEDS = list(range(0, 40)) + [45, 46, 97, 61000165]
+TORCH_SEEDS = list(range(0, 40)) + [45, 46, 97, 61000165, 66000438]   # 66000438: a draw float32 rounding decides
 ONNX_SEEDS = list(range(0, 24)) + [37, 45, 69, 321, 344, 61000165]
 DYNAMO_SEEDS = [0, 1, 45]
 STREAM_SEEDS = list(range(0, 16)) + [45]
