@@ -997,9 +997,10 @@ def check_train_modern(seed: int) -> str | None:
     error there. Rounding can decide a step at a kink (ReLU, ReLU6, hardswish, clamp, max pools, where, |x|,
     a max of two tensors) or an ill-conditioned normalization: a draw whose float64 gradients move by more than
     half that tolerance when the input moves by 1e-5 of its largest value (two random directions), or when every
-    layer's output moves by float32's rounding (two draws), checks the loss only. Where PyTorch's float64 gradients are not finite (SSD's L2Norm, `sqrt` of a zero sum of squares:
-    inf x 0), the references are taken with that square root made differentiable at 0 (`_safe_sqrt`): the
-    function's own derivative there is finite."""
+    layer's output moves by float32's rounding (two draws), checks the loss only. Where PyTorch's float64
+    gradients are not finite (SSD's L2Norm, `sqrt` of a zero sum of squares: inf x 0), the references are taken
+    with that square root made differentiable at 0 (`_safe_sqrt`): the function's own derivative there is
+    finite."""
     from tilefuse.kernels import train_conv
     from tilefuse.training import SGD, Trainer
     module, x, labels = build_train_modern(seed)
@@ -1021,10 +1022,12 @@ def check_train_modern(seed: int) -> str | None:
     for probe in range(4):
         # two random moves of the input, then two of float32's rounding of every layer's output (seeds
         # 65001588, 65003019: a tie or a kink that rounding decides and the input alone does not move)
-        xp = x + (1e-5 * float(np.abs(x).max()) * rs.standard_normal(x.shape)).astype(np.float32)
         with safe:
-            _, gp = (_torch_step(ref_module, xp, labels, torch.float64) if probe < 2 else
-                     _torch_step(ref_module, x, labels, torch.float64, jitter=seed * 4 + probe))
+            if probe < 2:
+                xp = x + (1e-5 * float(np.abs(x).max()) * rs.standard_normal(x.shape)).astype(np.float32)
+                _, gp = _torch_step(ref_module, xp, labels, torch.float64)
+            else:
+                _, gp = _torch_step(ref_module, x, labels, torch.float64, jitter=seed * 4 + probe)
         if any(float(np.abs(gp[k] - g).max()) > 0.5 * tol[k] for k, g in g64.items()):
             loss_only = True
             break
