@@ -844,7 +844,10 @@ def check_train(seed: int) -> str | None:
     decay (BN running statistics included), against PyTorch autograd in training mode in float64 (float32
     PyTorch is itself up to 2% off on some draws: a BN over few positions magnifies its rounding). Tolerance per
     tensor: 1e-3 x its max|reference| + 1e-4 x the largest gradient (a conv bias before a batch norm has a true
-    gradient of 0 and a rounding-noise one: PyTorch's own float32 one is 1.5e-5 x the largest on seed 1124).
+    gradient of 0 and a rounding-noise one: PyTorch's own float32 one is 1.5e-5 x the largest on seed 1124), or
+    within 4x PyTorch float32's own error there (seed 70001998: a GroupNorm of 1x1 maps makes a constant, a
+    batch norm of two equal values then has a true weight gradient of 0 and 1 / sqrt(eps) x rounding noise,
+    0.034 from float32 PyTorch, 4e-5 from tilefuse).
     Draws where rounding decides a ReLU's derivative or a max pool's winner (an input within 1e-6 of 0, a
     window's top two within 1e-6, relative to the tensor's largest; 1e-5 with Winograd, whose float32 error is
     up to 1e-5: tests/test_train_conv.py) check the loss only: one flipped position moves a weight gradient by
@@ -880,12 +883,19 @@ def check_train(seed: int) -> str | None:
     if min(near, default=1.0) < (1e-5 if winograd else 1e-6):
         return None
     floor = 1e-4 * max(float(p.grad.abs().max()) for p in module.parameters())
+    tol = {k: 1e-3 * float(p.grad.abs().max()) + floor for k, p in module.named_parameters()}
+    g32 = None
     for k, p in module.named_parameters():
-        problem = _compare_rel(grads.get(k), p.grad.numpy(), f"gradient of {k}", 1e-3, floor)
+        if _compare_rel(grads.get(k), p.grad.numpy(), "", 0.0, tol[k]) and grads.get(k) is not None:
+            if g32 is None:     # float32 PyTorch's own error, asked only where the tolerance is missed
+                g32 = _torch_step(module, x, labels, torch.float32)[1]
+            if k in g32:
+                tol[k] = max(tol[k], 4 * float(np.abs(g32[k] - p.grad.numpy()).max()))
+        problem = _compare_rel(grads.get(k), p.grad.numpy(), f"gradient of {k}", 0.0, tol[k])
         if problem:
             return problem
     # a parameter after the step may be off by lr x its gradient's tolerance
-    step_tol = {k: 0.1 * (1e-3 * float(p.grad.abs().max()) + floor) for k, p in module.named_parameters()}
+    step_tol = {k: 0.1 * t for k, t in tol.items()}
     torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4).step()
     tr.optimizer.step(tr.params, {k: v for k, v in grads.items() if k in tr.params})
     sd = tr.to_torch_state_dict()
