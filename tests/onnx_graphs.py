@@ -13,8 +13,9 @@ Squeeze, Transpose, ReduceSum / ReduceMean over random axes, Sub / Div either wa
 A graph ONNX Runtime rejects is skipped. Otherwise tilefuse must refuse it with a TilefuseError (an op or
 attribute outside what it implements, named) or compute it: every output within 1e-4 of the output's max of ONNX
 Runtime's, or, where ORT's own float32 arithmetic is the outlier, of ONNX's reference evaluator's (a ReduceSum
-then Sigmoid of its negative: ORT 5.96e-8, the reference 9.586e-8). An exception of another type, or a wrong
-value, is a failure.
+then Sigmoid of its negative: ORT 5.96e-8, the reference 9.586e-8; its LRN replaced, `_evaluator`), or, on a draw
+float32 rounding decides, of the graph evaluated in float64 within 4x of how much rounding the input moves that
+(`_rounding_decides`). An exception of another type, or a wrong value, is a failure.
 
     .venv/bin/python tests/onnx_graphs.py --kind spatial --seconds 300 [--seed 1]
 """
@@ -438,10 +439,64 @@ def check(kind: str, seed: int) -> str | None:
         return f"{type(e).__name__}: {str(e)[:200]} ({ops})"
     err = _rel(got, want)
     if not err <= RTOL:
-        from onnx.reference import ReferenceEvaluator
         with np.errstate(all="ignore"):
-            err = min(err, _rel(got, ReferenceEvaluator(model).run(None, {"x": x})[0]))
+            err = min(err, _rel(got, _evaluator(model).run(None, {"x": x})[0]))
+    if not err <= RTOL and _rounding_decides(model, x, got, want, seed):
+        return None
     return None if err <= RTOL else f"error {err:.3g} against ONNX Runtime and the ONNX reference ({ops})"
+
+
+def _evaluator(model):
+    """ONNX's reference evaluator, its LRN replaced: onnx 1.23.2's loops the channel over the batch axis
+    (`for c in range(x.shape[0])`), so every channel from N on gets a square sum of 0 (seed 77014535)."""
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.op_run import OpRun
+
+    class LRN(OpRun):
+        op_domain = ""
+
+        def _run(self, x, alpha=None, beta=None, bias=None, size=None):
+            c = x.shape[1]
+            sq = np.zeros_like(x)
+            for k in range(c):       # ONNX's window: [k - floor((size - 1) / 2), k + ceil((size - 1) / 2)]
+                sq[:, k] = np.sum(x[:, max(0, k - (size - 1) // 2):min(c, k + size // 2 + 1)] ** 2, axis=1)
+            return ((x / (bias + (alpha / size) * sq) ** beta).astype(x.dtype),)
+
+    return ReferenceEvaluator(model, new_ops=[LRN])
+
+
+def _float64_model(model):
+    """The graph in float64 (input, output, float initializers), for ONNX's reference evaluator."""
+    import copy
+
+    from onnx import TensorProto, numpy_helper
+    m = copy.deepcopy(model)
+    for vi in list(m.graph.input) + list(m.graph.output):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+    for i, t in enumerate(m.graph.initializer):
+        if t.data_type == TensorProto.FLOAT:
+            m.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64),
+                                                                    t.name))
+    return m
+
+
+def _rounding_decides(model, x, got, want, seed) -> bool:
+    """Whether the draw is one float32 rounding decides (ill-conditioned: a mean of 162 values that cancel to
+    1e-5 of their sum, seed 76047196; a Pow of a LayerNorm to the fourth power, 77002218): the graph in float64
+    (ONNX's reference evaluator) as the truth, tilefuse within RTOL of it or 4x of how much float32 rounding of
+    the input at its own scale (2^-24 x max|x|, two draws) moves it. ONNX Runtime's own error does not count:
+    its LRN is 0.24% off the formula on seed 77052015, where tilefuse is 1.2e-7 off."""
+    try:
+        ev = _evaluator(_float64_model(model))
+        with np.errstate(all="ignore"):
+            ref = np.asarray(ev.run(None, {"x": x.astype(np.float64)})[0], np.float64)
+            rs = np.random.default_rng([seed, 64])
+            moves = [_rel(np.asarray(ev.run(None, {"x": x.astype(np.float64) * (
+                1.0 + 2.0 ** -24 * rs.standard_normal(x.shape))})[0], np.float64), ref) for _ in range(2)]
+    except Exception:        # an op the float64 evaluation does not take: the float32 verdict stands
+        return False
+    return _rel(got, ref) <= max(RTOL, 4 * max(moves))
 
 
 def main(argv=None) -> int:

@@ -159,3 +159,32 @@ def test_exp32_is_within_one_and_a_half_ulps():
     ulp = np.spacing(want.astype(np.float32)).astype(np.float64)
     err = np.abs(got - want) / ulp
     assert err.max() <= 1.5, (err.max(), x[np.argmax(err)])
+
+
+def test_gelu_tanh_is_accurate_in_its_negative_tail():
+    """GELU(approximate='tanh') and its derivative over [-12, 6] against float64, each value to (2e-6 + 4 ulp x
+    |2z|) of itself, z = sqrt(2/pi) (x + 0.044715 x^3) (float32's rounding of the exponent's argument, 2z = -70 at
+    x = -9.3, is what e^2z can be off by), or to 1e-35 (the sigmoid is 0 below e^-87 = 1.6e-38, no subnormal
+    numbers; the derivative multiplies it by up to 230); the derivative, a sum, to the size of its terms.
+    0.5 x (1 + tanh z) cancels where tanh z is near -1: GELU(-4.32) = -1.363e-5 came out 3% off
+    (tests/onnx_graphs.py seed 77022427); the kernels take 0.5 (1 + tanh z) as sigmoid(2z), which does not."""
+    x = np.concatenate([np.linspace(-12, 6, 200_001), [-4.3237102, -6.0, -9.0]]).astype(np.float32)
+    d = x.astype(np.float64)
+    c = np.sqrt(2 / np.pi)
+    z2 = 2 * c * (d + 0.044715 * d ** 3)
+    with np.errstate(over="ignore"):
+        s = 1.0 / (1.0 + np.exp(-z2))
+    want_y = d * s
+    term = 2 * d * s * (1 - s) * c * (1 + 3 * 0.044715 * d * d)
+    want_g = s + term
+    y = x.copy()
+    A.apply_span(y, 0, y.size, 8, np.float32(0), np.float32(0))
+    dy = np.ones_like(x)
+    g = np.empty_like(x)
+    A.grad_span(g, dy, x, 8, np.float32(0), np.float32(0))
+    rel = 2e-6 + 4 * 2.0 ** -24 * np.abs(z2)
+    for got, want, size, what in ((y, want_y, np.abs(want_y), "gelu_tanh"),
+                                  (g, want_g, s + np.abs(term), "its derivative")):   # (a sum: to its terms)
+        err = np.abs(got.astype(np.float64) - want)
+        bad = err > rel * size + 1e-35
+        assert not bad.any(), (what, x[bad][:3], got[bad][:3], want[bad][:3])

@@ -106,6 +106,19 @@ def test_lrn_node_matches_reference():
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)
 
 
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_lrn_of_an_even_size_is_refused_by_name(size):
+    """ONNX's LRN window for an even size, [c - floor((size - 1) / 2), c + ceil((size - 1) / 2)], starts one
+    channel after PyTorch's (the IR's): refused, naming the node and the size (ONNX Runtime refuses it too),
+    not computed over the wrong channels."""
+    g = helper.make_graph([helper.make_node("LRN", ["x"], ["y"], name="norm", size=size, alpha=0.1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 3, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 3, 3])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    with pytest.raises(UnsupportedOpError, match=rf"node 'norm'.*size={size} is even.*expected an odd size"):
+        tilefuse.from_onnx(model)
+
 def test_unsupported_op_names_op_and_node():
     model = _graph([helper.make_node("Hardmax", ["x"], ["y"], name="gate")])
     with pytest.raises(UnsupportedOpError, match=r"ONNX op 'Hardmax' in node 'gate'"):

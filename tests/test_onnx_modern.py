@@ -334,3 +334,65 @@ def test_resize_nearest_ties_follow_onnx_runtime(modes):
     assert np.array_equal(streamed.run(x), want)
     torch_order = ref.resize_nearest_index(n_in, n_out, None, coord, nearest, "aten")
     assert not np.array_equal(torch_order, ref.resize_nearest_index(n_in, n_out, None, coord, nearest, "onnx"))
+
+
+def _resize_width_model(n_in, n_out, coord, nearest, channels=1, rows=1):
+    """A Resize (nearest, by sizes) of the last axis only, (1, channels, rows, n_in) -> (.., n_out), opset 19."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    sizes = numpy_helper.from_array(np.array([1, channels, rows, n_out], np.int64), "sizes")
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest",
+                            coordinate_transformation_mode=coord, nearest_mode=nearest)
+    graph = helper.make_graph([node], "resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                 [1, channels, rows, n_in])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, rows, n_out])],
+                              [sizes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("nearest", ["round_prefer_ceil", "round_prefer_floor"])
+def test_resize_round_modes_near_a_half_follow_onnx_runtime(nearest):
+    """ONNX Runtime's round modes take a float32 source coordinate within ONNX_HALF_TIE (1e-6) of a half as the
+    half (asymmetric 7 -> 2: 3.4999998 reads input 4 with round_prefer_ceil), and one 1.9e-6 off as it is
+    (26 -> 28: 19.499998 reads 19). Every size pair of input 2-32, output 2-48 with a source within 4e-6 of a half
+    (but not on it), in four coordinate modes: the importer's input indices are ONNX Runtime's, and some differ
+    from plain float32 rounding of the same coordinates (what the importer did before)."""
+    from tilefuse.kernels import reference as ref
+    checked = differs = 0
+    for coord in ("asymmetric", "half_pixel", "pytorch_half_pixel", "align_corners"):
+        for n_in in range(2, 33):
+            for n_out in range(2, 49):
+                src = ref.resize_source(n_in, n_out, None, coord, "onnx").astype(np.float64)
+                off = np.abs(src - np.floor(src) - 0.5)
+                if not ((off > 0) & (off <= 4e-6)).any():
+                    continue
+                x = np.arange(n_in, dtype=np.float32).reshape(1, 1, 1, n_in)
+                want = ort_run(_resize_width_model(n_in, n_out, coord, nearest), x).reshape(-1)
+                got = ref.resize_nearest_index(n_in, n_out, None, coord, nearest, "onnx")
+                assert np.array_equal(got, want), (coord, n_in, n_out, got, want)
+                plain = np.clip(np.floor(src + 0.5) if nearest == "round_prefer_ceil" else np.ceil(src - 0.5),
+                                0, n_in - 1)
+                checked += 1
+                differs += not np.array_equal(plain, want)
+    assert checked > 100 and differs > 5, (checked, differs)
+
+
+NEAR_HALF = [(7, 2, "asymmetric", "round_prefer_ceil"), (7, 38, "asymmetric", "round_prefer_floor"),
+             (14, 39, "half_pixel", "round_prefer_ceil"), (14, 19, "half_pixel", "round_prefer_floor")]
+
+
+@pytest.mark.parametrize("case", NEAR_HALF)
+def test_resize_near_a_half_compiled_and_streamed_as_onnx_runtime(case):
+    """The near-half sizes through the network: compiled and streamed, the values are ONNX Runtime's bit for bit."""
+    import onnx
+    n_in, n_out, coord, nearest = case
+    blob = _resize_width_model(n_in, n_out, coord, nearest, channels=3, rows=5)
+    x = np.random.default_rng(1).standard_normal((1, 3, 5, n_in)).astype(np.float32)
+    want = ort_run(blob, x)
+    net = tilefuse.from_onnx(onnx.load_from_string(blob))
+    assert np.array_equal(tilefuse.Session(tilefuse.compile(net, threads=2)).run(x), want)
+    streamed = tilefuse.compile(net, schedule="stream", stream_options={"band_rows": 2})
+    assert np.array_equal(streamed.run(x), want)

@@ -162,6 +162,26 @@ def test_local_response_norm(size, alpha, beta, k, c, dtype):
     check(y, F.local_response_norm(t64(x), size, alpha, beta, k), dtype)
 
 
+
+@pytest.mark.parametrize("size", [1, 3, 5])
+def test_local_response_norm_small_window_beside_large_ones(size):
+    """A channel of ~2.65 beside channels of ~600 (a Pow(x, -1) of inputs near 0): each output to 1e-5 of the
+    float64 formula's, compiled and in the reference. The window was a difference of running sums over the
+    channels, float32 sums of 4e5 that are 0.03 apart: the small window came out 0.8% off (tests/onnx_graphs.py
+    seed 77014535)."""
+    rng = np.random.default_rng(5)
+    x = rng.uniform(2.0, 3.0, (2, 9, 4, 3)).astype(np.float32)
+    x[:, ::2] *= 240.0           # channels 0, 2, 4, ... ~600: squares ~4e5
+    xd = x.astype(np.float64)
+    c = x.shape[1]
+    sq = np.stack([(xd[:, max(0, k - size // 2):min(c, k + (size - 1) // 2 + 1)] ** 2).sum(1) for k in range(c)], 1)
+    want = xd / (1.0 + 1e-3 / size * sq) ** 0.75
+    got = run1(lambda net, xi: net.local_response_norm(xi, size, 1e-3, 0.75, 1.0, name="lrn"), x, dtype=np.float32)
+    from tilefuse.kernels import reference as ref
+    for y in (got, ref.local_response_norm(x, size, 1e-3, 0.75, 1.0)):
+        rel = np.abs(y.astype(np.float64) - want) / np.abs(want)
+        assert rel.max() <= 1e-5, (rel.max(), np.unravel_index(rel.argmax(), rel.shape))
+
 # ----------------------------------------------------------------------------- elementwise
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1036,6 +1036,12 @@ def _lrn(cx: Ctx, nd: OnnxNode, used):
     _spatial(nd, x)
     if "size" not in a:
         raise GraphError(nd.where, "attribute size is missing")
+    if int(a["size"]) % 2 == 0:
+        # ONNX's window is [c - floor((size - 1) / 2), c + ceil((size - 1) / 2)]; the IR's (PyTorch's) is
+        # [c - size // 2, c + (size - 1) // 2]: the same for odd sizes, one channel apart for even ones
+        raise nd.refuse(f"size={int(a['size'])} is even: ONNX's channel window for an even size starts one "
+                        "channel later than tilefuse's (PyTorch's), and ONNX Runtime refuses even sizes too; "
+                        "expected an odd size")
     return cx.net.local_response_norm(x, int(a["size"]), a.get("alpha", 1e-4), a.get("beta", 0.75),
                                       a.get("bias", 1.0), name=cx.fresh(nd.name))
 
