@@ -481,12 +481,31 @@ def _float64_model(model):
     return m
 
 
+def _element_errors(got, want) -> np.ndarray:
+    """Per element: |got - want| / max|want| (over want's finite entries) where both are finite, 0 where both
+    are the same non-finite value (NaN and NaN, inf and inf), inf where one is finite and the other not."""
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    fin = np.isfinite(w)
+    scale = float(np.abs(w[fin]).max()) if fin.any() else 1.0
+    with np.errstate(invalid="ignore"):
+        e = np.where(fin & np.isfinite(g), np.abs(g - w) / (scale or 1.0), np.inf)
+    same = ~fin & ~np.isfinite(g) & ((np.isnan(g) & np.isnan(w)) | (g == w))
+    return np.where(same, 0.0, e)
+
+
 def _rounding_decides(model, x, got, want, seed) -> bool:
     """Whether the draw is one float32 rounding decides (ill-conditioned: a mean of 162 values that cancel to
-    1e-5 of their sum, seed 76047196; a Pow of a LayerNorm to the fourth power, 77002218): the graph in float64
-    (ONNX's reference evaluator) as the truth, tilefuse within RTOL of it or 4x of how much float32 rounding of
-    the input at its own scale (2^-24 x max|x|, two draws) moves it. ONNX Runtime's own error does not count:
-    its LRN is 0.24% off the formula on seed 77052015, where tilefuse is 1.2e-7 off."""
+    1e-5 of their sum, seed 76047196; a Pow of a LayerNorm to the fourth power, 77002218), with the graph in
+    float64 (ONNX's reference evaluator) as the truth: every output within RTOL of ONNX Runtime's, or within
+    RTOL of the float64 one, or 4x what float32's rounding of the input (each value x (1 + 2^-24 x a normal
+    draw), two draws) moves it. Element by element, non-finite ones included: the sign of a value below
+    float32's reach decides a NaN after it (sqrt of GELU(-5.6), -2.6e-9, where float32 frameworks give 0; ORT's
+    own GELU is +3e-7 at -5.15, seed 79056053). ONNX Runtime's own error does not widen the tolerance: its LRN is
+    0.24% off the formula on seed 77052015, where tilefuse is 1.2e-7 off. The float64 evaluation counts only where
+    it is the function ORT computes: ORT within 5% of it on at least half of the outputs (ORT is 0.6% off on
+    77025285, a GELU tail)."""
+    if got.shape != want.shape:
+        return False
     try:
         ev = _evaluator(_float64_model(model))
         with np.errstate(all="ignore"):
@@ -496,7 +515,14 @@ def _rounding_decides(model, x, got, want, seed) -> bool:
                 1.0 + 2.0 ** -24 * rs.standard_normal(x.shape))})[0], np.float64), ref) for _ in range(2)]
     except Exception:        # an op the float64 evaluation does not take: the float32 verdict stands
         return False
-    return _rel(got, ref) <= max(RTOL, 4 * max(moves))
+    if ref.shape != got.shape:
+        return False
+    if not np.median(_element_errors(want, ref)) <= 0.05:
+        return False         # not the function ORT computes (the evaluator's Softmax before opset 13, seed 79)
+    moves = [m for m in moves if np.isfinite(m)]
+    tol64 = max([RTOL] + [4 * m for m in moves])
+    ok = (_element_errors(got, want) <= RTOL) | (_element_errors(got, ref) <= tol64)
+    return bool(ok.all())
 
 
 def main(argv=None) -> int:

@@ -109,6 +109,10 @@ IDENTITY = (0, 0.0, 0.0)
 
 _SQRT1_2 = 0.7071067811865476
 _GELU_C = 0.7978845608028654  # sqrt(2 / pi)
+# GELU(approximate='tanh') is 0 (x * 0: -0, NaN at -inf) and so is its derivative where 0.5 (1 + tanh z) < 2^-26,
+# where float32's tanh z rounds to -1: PyTorch's and ONNX Runtime's zeros (x = -5.6: sqrt of their 0 is 0, of the
+# true -2.6e-9 NaN; tests/onnx_graphs.py seed 79056053); above it the sigmoid form's accurate value
+GELU_TANH_FLUSH = 2.0 ** -26
 _SELU_SCALE, _SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717  # torch's, ONNX's
 
 
@@ -168,8 +172,9 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
         from math import erf
         y = 0.5 * d * (1.0 + np.vectorize(erf, otypes=[np.float64])(d * _SQRT1_2)) if d.size else d
     elif name == "gelu_tanh":
-        with np.errstate(over="ignore"):   # 0.5 (1 + tanh z) = 1 / (1 + e^-2z): no cancellation in the tail
-            y = d / (1.0 + np.exp(-2.0 * _GELU_C * (d + 0.044715 * d ** 3)))
+        with np.errstate(over="ignore", invalid="ignore"):   # 0.5 (1 + tanh z) = 1 / (1 + e^-2z): no cancellation
+            s = 1.0 / (1.0 + np.exp(-2.0 * _GELU_C * (d + 0.044715 * d ** 3)))
+            y = np.where(s < GELU_TANH_FLUSH, 0.0 * d, d * s)
     elif name == "leaky_relu":
         y = np.where(d >= 0, d, alpha * d)
     elif name == "elu":
@@ -231,7 +236,8 @@ def derivative(name: str, dy: np.ndarray, x: np.ndarray, alpha: float = 0.0, bet
             k = 0.5 * (1.0 + erf) + d * np.exp(-0.5 * d * d) / math.sqrt(2.0 * math.pi)
         elif name == "gelu_tanh":
             s = 1.0 / (1.0 + np.exp(-2.0 * _GELU_C * (d + 0.044715 * d ** 3)))    # = 0.5 (1 + tanh z)
-            k = s + 2.0 * d * s * (1.0 - s) * _GELU_C * (1.0 + 3.0 * 0.044715 * d * d)
+            k = np.where(s < GELU_TANH_FLUSH, 0.0 * d,
+                         s + 2.0 * d * s * (1.0 - s) * _GELU_C * (1.0 + 3.0 * 0.044715 * d * d))
         elif name == "leaky_relu":
             k = np.where(d > 0, 1.0, alpha)
         elif name == "elu":
@@ -278,6 +284,7 @@ _F0, _F1, _F2, _F3, _F6 = np.float32(0.0), np.float32(1.0), np.float32(2.0), np.
 _FHALF, _FSIXTH = np.float32(0.5), np.float32(1.0 / 6.0)
 _FSQRT1_2, _FGELU_C, _FGELU_K = np.float32(_SQRT1_2), np.float32(_GELU_C), np.float32(0.044715)
 _FGELU_2C = np.float32(2.0 * _GELU_C)
+_FGELU_FLUSH = np.float32(GELU_TANH_FLUSH)
 
 
 @intrinsic
@@ -633,8 +640,10 @@ def apply_scalar(code, v, alpha, beta):
         return _FHALF * v * (_F1 + erf32(v * _FSQRT1_2))
     if code == 8:
         # 0.5 (1 + tanh z) as sigmoid(2z): 1 + tanh z cancelled in the negative tail (GELU(-4.32) = -1.36e-5 came
-        # out 3% off; tests/onnx_graphs.py seed 77022427), the sigmoid's 1 / (1 + e^-2z) does not
-        return v * _sigmoid(_FGELU_2C * (v + _FGELU_K * v * v * v))
+        # out 3% off; tests/onnx_graphs.py seed 77022427), the sigmoid's 1 / (1 + e^-2z) does not; 0 (x 0) where
+        # float32's tanh z is -1 (GELU_TANH_FLUSH)
+        s = _sigmoid(_FGELU_2C * (v + _FGELU_K * v * v * v))
+        return v * (s if s >= _FGELU_FLUSH else _F0)
     if code == 9:
         return v if v >= _F0 else alpha * v
     if code == 10:
@@ -775,7 +784,8 @@ def _grad_scalar(code, g, v, a, b):
         return g * (cdf + v * pdf)
     if code == 8:
         s = _sigmoid(_FGELU_2C * (v + _FGELU_K * v * v * v))       # 0.5 (1 + t); 1 - t^2 = 4 s (1 - s)
-        return g * (s + _F2 * v * s * (_F1 - s) * _FGELU_C * (_F1 + _FGELU_K3 * v * v))
+        k = s + _F2 * v * s * (_F1 - s) * _FGELU_C * (_F1 + _FGELU_K3 * v * v)
+        return g * (k if s >= _FGELU_FLUSH else _F0 * v)
     if code == 9:
         return g if v > _F0 else g * a
     if code == 10:
