@@ -1162,7 +1162,8 @@ RULES: dict[str, Rule] = {
     "InstanceNormalization": _r(_group_norm, (6, 22), "epsilon", "group_norm", "constant scale and B"),
     "GroupNormalization": _r(_group_norm, (18, 21), "epsilon num_groups stash_type", "group_norm",
                              "constant scale and bias (per group in opset 18, per channel from 21)"),
-    "LRN": _r(_lrn, (1, 13), "alpha beta bias size", "local_response_norm"),
+    "LRN": _r(_lrn, (1, 13), "alpha beta bias size", "local_response_norm",
+              "odd sizes (an even size's ONNX window is one channel off PyTorch's; refused, as ONNX Runtime does)"),
     "MaxPool": _r(_lift_1d(_pool), (1, 8, 10, 11, 12, 22), _POOL + " storage_order", "max_pool reshape",
                   "1-D (as 2-D) or 2-D; the Indices output is refused"),
     "AveragePool": _r(_lift_1d(_pool), (1, 7, 10, 11, 19, 22), _POOL + " count_include_pad", "avg_pool reshape",
@@ -1186,7 +1187,8 @@ RULES: dict[str, Rule] = {
     "Resize": _r(_resize, (11, 13, 18, 19), _RESIZE, "resize",
                  "H, W of (N, C, H, W); nearest, linear or cubic; not antialiased; half_pixel, "
                  "pytorch_half_pixel, align_corners, "
-                 "asymmetric; ONNX Runtime's coordinate order (dst / (out / in): `arith=\"onnx\"`)"),
+                 "asymmetric; ONNX Runtime's coordinate order (dst / (out / in): `arith=\"onnx\"`), and its round "
+                 "modes, which take a source within 1e-6 of a half as the half"),
     # linear algebra
     "Gemm": _r(_gemm, (7, 9, 11, 13), "alpha beta transA transB", "linear add permute", "constant B and C"),
     "Einsum": _r(_einsum, (12, 28), "equation", "matmul permute reshape sum",
