@@ -210,21 +210,26 @@ def softmax(x, axis=1, scale=1.0):
     return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
 
+def channel_window_sum(a: np.ndarray, before: int, after: int) -> np.ndarray:
+    """out[:, c] = sum of a[:, c - before .. c + after] over axis 1 (zeros outside), in a's dtype, term by term
+    in channel order (LRN's window and its backward's). A difference of running sums lost a small window next
+    to a large one: float32 sums of 4e5 are 0.03 apart, a window of 7.0 came out 0.8% off (tests/onnx_graphs.py
+    seed 77014535)."""
+    c = a.shape[1]
+    out = np.zeros_like(a)
+    for d in range(max(-before, 1 - c), min(after, c - 1) + 1):   # channel c + d into channel c's, both present
+        out[:, max(0, -d):c - max(0, d)] += a[:, max(0, d):c - max(0, -d)]
+    return out
+
+
 def local_response_norm(x, size, alpha=1e-4, beta=0.75, k=1.0):
     """PyTorch LocalResponseNorm: b_c = a_c / (k + alpha/size * sum_{c' in window} a_c'^2)^beta.
 
-    The window over channels is [c - size//2, c + (size-1)//2], zero-padded. Its sum is taken term by term in
-    channel order (a difference of running sums lost a small window next to a large one: float32 sums of
-    4e5 are 0.03 apart, a window of 7.0 came out 0.8% off; tests/onnx_graphs.py seed 77014535).
+    The window over channels is [c - size//2, c + (size-1)//2], zero-padded (`channel_window_sum`).
     """
     acc = _acc_dtype(x.dtype)
     xa = x.astype(acc)
-    sq = xa * xa
-    c = x.shape[1]
-    lo, hi = size // 2, (size - 1) // 2
-    window = np.zeros_like(sq)
-    for d in range(max(-lo, 1 - c), min(hi, c - 1) + 1):    # channel c + d into channel c's, where both exist
-        window[:, max(0, -d):c - max(0, d)] += sq[:, max(0, d):c - max(0, -d)]
+    window = channel_window_sum(xa * xa, size // 2, (size - 1) // 2)
     div = (acc.type(k) + acc.type(alpha) / size * window) ** acc.type(beta)
     return (xa / div).astype(x.dtype, copy=False)
 

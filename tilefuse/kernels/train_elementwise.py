@@ -121,15 +121,6 @@ def channel_norm_backward(dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, eps:
     return dx.astype(dy.dtype), (d * y).sum(axis=lead).astype(dy.dtype), d.sum(axis=lead).astype(dy.dtype)
 
 
-def _channel_window_sum(a: np.ndarray, before: int, after: int) -> np.ndarray:
-    """out[:, c] = sum of a[:, c - before .. c + after] over axis 1 (zeros outside), by prefix sums."""
-    c = a.shape[1]
-    z = np.zeros((a.shape[0], 1) + a.shape[2:])
-    padded = np.concatenate([z] * (before + 1) + [a] + [z] * after, axis=1)
-    csum = np.cumsum(padded, axis=1)
-    return csum[:, before + after + 1:before + after + 1 + c] - csum[:, 0:c]
-
-
 def local_response_norm_backward(dy: np.ndarray, x: np.ndarray, size: int, alpha: float, beta: float,
                                  k: float) -> np.ndarray:
     """dx of ref.local_response_norm (PyTorch's): y_c = x_c s_c^-beta, s_c = k + alpha / size * (sum of x^2 over the
@@ -137,9 +128,9 @@ def local_response_norm_backward(dy: np.ndarray, x: np.ndarray, size: int, alpha
     dy_c x_c s_c^(-beta - 1) over the c whose window holds j: [j - (size - 1) // 2, j + size // 2]). Float64."""
     xa, d = x.astype(np.float64), dy.astype(np.float64)
     lo, hi = size // 2, (size - 1) // 2
-    s = k + alpha / size * _channel_window_sum(xa * xa, lo, hi)
+    s = k + alpha / size * ref.channel_window_sum(xa * xa, lo, hi)
     t = d * xa * s ** (-beta - 1)
-    dx = d * s ** -beta - (2 * alpha * beta / size) * xa * _channel_window_sum(t, hi, lo)
+    dx = d * s ** -beta - (2 * alpha * beta / size) * xa * ref.channel_window_sum(t, hi, lo)
     return dx.astype(dy.dtype)
 
 
