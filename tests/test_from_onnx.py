@@ -416,3 +416,106 @@ def test_a_chain_that_is_not_gelu_stays_as_written():
     assert [o.params["act"][0] for o in tilefuse.from_onnx(m).ops if o.op == "activation"] == ["gelu"]
     x = np.random.default_rng(10).standard_normal((2, 3)).astype(np.float32)
     np.testing.assert_allclose(_run(m, x), _ort(m, x=x)[0], rtol=RTOL, atol=ATOL)
+
+
+# ------------------------------------------------------------------ files tilefuse did not make (onnx_mutants.py)
+
+@pytest.mark.parametrize("op,attrs", [("ReduceSum", dict(keepdims=-9)), ("ReduceMean", dict(keepdims=2)),
+                                      ("Gemm", dict(transB=7))])
+def test_flags_other_than_0_or_1_are_refused_by_name(op, attrs):
+    """ONNX Runtime reads keepdims=-2^63 as 0 where tilefuse read it as 1 (onnx_mutants seed 1015990): a 0 / 1
+    switch with another value is refused, naming the node and the value."""
+    if op == "Gemm":
+        node = helper.make_node(op, ["x", "w"], ["y"], name="n", **attrs)
+        m = _model([node], [("x", (2, 3))], [("y", 2)], [("w", np.ones((3, 3), np.float32))])
+    else:
+        m = _model([helper.make_node(op, ["x"], ["y"], name="n", **attrs)], [("x", (2, 3))], [("y", 2)])
+    key, value = next(iter(attrs.items()))
+    with pytest.raises(GraphError, match=rf"node 'n' \({op}-\d+\): attribute {key}={value}; expected 0 or 1"):
+        tilefuse.from_onnx(m)
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_squeeze_with_an_empty_axes_list_squeezes_every_axis_of_size_1(opset):
+    """An empty `axes` (attribute before opset 13, input from 13) squeezes as no axes, as ONNX Runtime does
+    (tilefuse squeezed nothing: seed 1003963)."""
+    if opset < 13:
+        nodes, inits = [helper.make_node("Squeeze", ["x"], ["y"])], []
+        nodes[0].attribute.append(helper.make_attribute("axes", [], attr_type=onnx.AttributeProto.INTS))
+    else:
+        nodes, inits = [helper.make_node("Squeeze", ["x", "ax"], ["y"])], [("ax", np.zeros(0, np.int64))]
+    m = _model([helper.make_node("Relu", ["x0"], ["x"])] + nodes, [("x0", (1, 3, 1, 5))], [("y", 2)], inits,
+               opset=opset)
+    x = np.random.default_rng(0).standard_normal((1, 3, 1, 5)).astype(np.float32)
+    y = _run(m, x)
+    assert y.shape == (3, 5)
+    np.testing.assert_array_equal(y, _ort(m, x0=x)[0])
+
+
+def test_max_with_an_infinite_bound_stays_infinite():
+    """Max(x, inf) is inf and Min(x, -inf) -inf, as ONNX Runtime gives (tilefuse clamped clip bounds to
+    +-3.4e38: seed 1036922); Clip(min=0) of inf is inf, as the ONNX spec ("if not specified, there is no upper
+    bound"), its reference evaluator and PyTorch's clamp give (ONNX Runtime 1.32's Clip gives 3.4e38 there);
+    the bounds survive a package round trip."""
+    from onnx.reference import ReferenceEvaluator
+    from tilefuse.compiler.package import from_bytes, to_bytes
+    nodes = [helper.make_node("Max", ["x", "inf"], ["a"]), helper.make_node("Min", ["x", "ninf"], ["b"]),
+             helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
+    inits = [("inf", np.array(np.inf, np.float32)), ("ninf", np.array(-np.inf, np.float32))]
+    m = _model(nodes, [("x", (1, 4))], [("y", 2)], inits)
+    x = np.array([[1.0, np.inf, -np.inf, -2.0]], np.float32)
+    want = _ort(m, x=x)[0]
+    np.testing.assert_array_equal(want, [[np.inf] * 4 + [-np.inf] * 4])
+    np.testing.assert_array_equal(_run(m, x), want)
+    pkg = from_bytes(to_bytes(tilefuse.compile(tilefuse.from_onnx(m)).package))
+    np.testing.assert_array_equal(tilefuse.Session(pkg).run(x), want)
+    m = _model([helper.make_node("Clip", ["x", "zero"], ["y"])], [("x", (1, 4))], [("y", 2)],
+               [("zero", np.array(0.0, np.float32))])
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(want, torch.clamp(torch.from_numpy(x), min=0).numpy())
+    np.testing.assert_array_equal(_run(m, x), [[1.0, np.inf, 0.0, 0.0]])
+
+
+def test_sizes_no_host_holds_are_refused_before_any_memory_is_taken():
+    """An input dimension over 2^31 (struct.error in the program encoder: seed 1003977), a batch of 2^31 (all the
+    host's memory in compile: seed 1041598) and an Expand to 2^31 rows (a 16 GiB constant: seed 2005072) are
+    refused by name."""
+    from tilefuse.errors import OutOfDeviceMemory
+    relu = [helper.make_node("Relu", ["x"], ["y"])]
+    with pytest.raises(GraphError, match=r"x: shape \(1, 4611686018427387904, 2, 2\) has a dimension over"):
+        tilefuse.from_onnx(_model(relu, [("x", (1, 2 ** 62, 2, 2))], [("y", 4)]))
+    with pytest.raises(OutOfDeviceMemory, match=r"tensor 'x' of shape \(2147483648, 4, 11, 2\) \(float32\) takes "
+                                                r"\d+ bytes, more than this host's memory"):
+        tilefuse.from_onnx(_model(relu, [("x", (2 ** 31, 4, 11, 2))], [("y", 4)]))
+    net = tilefuse.Network("big")
+    net.output(net.relu(net.input("x", (2 ** 31, 4, 11, 2))))
+    with pytest.raises(OutOfDeviceMemory, match="more than this host's memory"):
+        tilefuse.compile(net)
+    expand = [helper.make_node("Expand", ["x", "shape"], ["y"], name="e")]
+    m = _model(expand, [("x", (16, 4, 2))], [("y", 4)], [("shape", np.array([2 ** 31 - 1, 16, 4, 2], np.int64))])
+    with pytest.raises(GraphError, match=r"node 'e' \(Expand-13\): constant of shape \(2147483647, 1, 1, 1\)"):
+        tilefuse.from_onnx(m)
+
+
+def test_malformed_declarations_and_values_are_refused_by_name():
+    """A graph output declared as a string or an undefined type (ONNX Runtime refuses both; tilefuse computed
+    float32), an opset newer than onnx defines (tilefuse read opset 99 as the newest), a Pad constant_value with
+    no element (tilefuse padded with 0), a GroupNormalization without inputs (an IndexError in the importer)."""
+    relu = [helper.make_node("Relu", ["x"], ["y"])]
+    for et in (TensorProto.STRING, 0):
+        m = _model(relu, [("x", (1, 4))], [("y", 2)])
+        m.graph.output[0].type.tensor_type.elem_type = et
+        with pytest.raises(GraphError, match=r"graph output 'y' .*declares element type (STRING|UNDEFINED); the "
+                                             r"importer computes float32"):
+            tilefuse.from_onnx(m)
+    with pytest.raises(GraphError, match=r"opset 99 of the default domain; expected 1 to \d+"):
+        tilefuse.from_onnx(_model(relu, [("x", (1, 4))], [("y", 2)], opset=99))
+    pad = [helper.make_node("Pad", ["x", "p", "v"], ["y"], name="pad")]
+    m = _model(pad, [("x", (1, 4))], [("y", 2)], [("p", np.array([0, 1, 0, 1], np.int64)),
+                                                  ("v", np.zeros(0, np.float32))])
+    with pytest.raises(GraphError, match=r"node 'pad' \(Pad-13\): constant_value has shape \(0,\); expected one "
+                                         r"value"):
+        tilefuse.from_onnx(m)
+    gn = [helper.make_node("GroupNormalization", [], ["y"], num_groups=1)]
+    with pytest.raises(GraphError, match="ONNX checker rejected the model"):
+        tilefuse.from_onnx(_model(gn, [("x", (1, 4, 2, 2))], [("y", 4)], opset=18))

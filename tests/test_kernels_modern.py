@@ -357,6 +357,23 @@ def test_layer_norm_kernel_rows(shape, k):
         np.testing.assert_array_equal(o, outs[0])
 
 
+@pytest.mark.parametrize("eps", [1e-45, 1e-40, 1e-38])
+def test_layer_norm_kernel_with_a_subnormal_eps(eps):
+    """A constant row with a subnormal eps is beta, as float64 says, not NaN: the kernel's 1 / sqrt (a reciprocal
+    square root estimate under fastmath) read var + eps = 1e-45 as 0 (ONNX LayerNormalization epsilon=1e-45 over
+    one value, onnx_mutants seed 2045711)."""
+    from tilefuse.kernels import norm
+    from tilefuse.kernels import reference as ref
+    x = np.full((3, 5), 2.5, np.float32)
+    x[1] = RNG.standard_normal(5).astype(np.float32)
+    g, b = np.full(5, 2.0, np.float32), np.arange(5, dtype=np.float32)
+    o = np.full_like(x, np.nan)
+    norm.layer_norm(o, x, g, b, axis=1, eps=eps)
+    np.testing.assert_array_equal(o[[0, 2]], np.stack([b, b]))
+    want = ref.layer_norm(x.astype(np.float64), g, b, 1, eps)
+    np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode,eps", [("layer", 1e-6), ("l2", 1e-10), ("l2_clamp", 1e-12)])
 @pytest.mark.parametrize("n,c,h,w", [(1, 37, 9, 5), (3, 20, 7, 7), (1, 96, 14, 3), (2, 16, 1, 30), (1, 768, 7, 7)])
 def test_channel_norm_blocked_kernel(n, c, h, w, mode, eps):

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tilefuse.errors import GraphError
+from tilefuse import Session, compile
 from tilefuse.interpreter import evaluate
 from tilefuse.ir import Network
 
@@ -153,8 +154,10 @@ def test_prelu(shape, slope):
 
 # ----------------------------------------------------------------------------- broadcasting binary ops
 
+# rank 5: (C, 1, 1) broadcasts over axes 2-4, not over the channels, even where axes 1 and 2 have one size (the
+# per-channel fast path took it as channels: ONNX PRelu of a rank-5 input, tests/onnx_mutants.py seed 2067734)
 BIN = [((3, 5, 4, 6), (3, 5, 1, 1)), ((3, 5, 4, 6), (5, 1, 1)), ((1, 5, 4, 1), (3, 1, 1, 6)),
-       ((2, 3, 4), (4,)), ((2, 3, 4, 4), (2, 3, 4, 4))]
+       ((2, 3, 4), (4,)), ((2, 3, 4, 4), (2, 3, 4, 4)), ((1, 8, 8, 5, 3), (8, 1, 1)), ((2, 4, 4, 3, 2), (1, 4, 1, 1))]
 
 
 @pytest.mark.parametrize("kind,fn", [("add", torch.add), ("sub", torch.sub), ("mul", torch.mul),
@@ -164,10 +167,11 @@ def test_binary_broadcast(kind, fn, sa, sb):
     a, b = rnd(sa), rnd(sb, 1)
     if kind == "div":
         b = np.sign(b) * (np.abs(b) + 0.5)
-    got, _ = run1(lambda net, x0, x1: net.add_op(kind, [x0, x1]), a, b)
-    check(got, fn(t64(a), t64(b)))
-    got, _ = run1(lambda net, x0, x1: net.add_op(kind, [x1, x0]), a, b)   # broadcasting either side
-    check(got, fn(t64(b), t64(a)))
+    for order in ((0, 1), (1, 0)):                                        # broadcasting either side
+        got, net = run1(lambda net, *xs: net.add_op(kind, [xs[i] for i in order]), a, b)
+        want = fn(*(t64((a, b)[i]) for i in order))
+        check(got, want)
+        check(Session(compile(net)).run([a, b]), want)                   # the compiled kernels too
 
 
 def test_binary_with_constants_and_errors():

@@ -281,6 +281,7 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
         raise ValueError(f"stream_options are for schedule='stream', got schedule={schedule!r}")
     t0 = time.perf_counter()
     net.lint()
+    _check_fits_host(net)
     options = {"target": target, "winograd": winograd, "algorithm": algorithm, "threads": threads,
                "tune": tune, "layout": layout, "schedule": schedule}
     tuning: dict = {}
@@ -315,6 +316,25 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
         _warn_if_streaming_does_not_pay(net.name, stream_plan(stream))
     return CompiledNetwork(opt, net, pkg, low, mem, log, time.perf_counter() - t0, options, tuning, layout_log,
                            stream)
+
+
+def check_fits_host(name: str, shape, dtype) -> None:
+    """Refuse a tensor larger than this host's memory (OutOfDeviceMemory): no Session here could hold it, and
+    planning it is not free (the plan's task lists grow with its batch: an ONNX file declaring a batch of 2^31
+    took the process's memory in compile)."""
+    from ..errors import OutOfDeviceMemory
+    from ..kernels.isa import host_memory_bytes
+    host = host_memory_bytes()
+    nbytes = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+    if host is not None and nbytes > host:
+        raise OutOfDeviceMemory(f"tensor '{name}' of shape {tuple(shape)} ({np.dtype(dtype)}) takes {nbytes} "
+                                f"bytes, more than this host's memory ({host} bytes); expected a smaller batch or "
+                                f"image")
+
+
+def _check_fits_host(net: Network) -> None:
+    for d in net.data.values():
+        check_fits_host(d.name, d.shape, d.dtype)
 
 
 WARN_EXCESS_BYTES = 16 << 20

@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import GraphError
+from ..ir.node import MAX_DIM  # any tensor dimension
 from ..ir.ops import normalize, schema
 from ..kernels import registry
 from ..kernels.conv import NCHWC_ALGORITHMS
@@ -40,7 +41,6 @@ from ..kernels.conv.select import candidates
 from .program import CONST
 
 LANES = 16
-MAX_DIM = 1 << 31            # any tensor dimension
 MAX_PARAM = 1 << 31          # any integer in the params
 MAX_SPATIAL = 1 << 16        # stride, dilation, padding, kernel size (and a conv's weight_shape)
 SPATIAL = ("stride", "dilation", "padding", "kernel_size", "weight_shape")
@@ -84,9 +84,13 @@ def _unblock(shape, what: str, channels: int | None = None) -> tuple[int, ...]:
 
 def check_bounded(params: dict, where: str = "parameter") -> None:
     """Every number in the params: ints within +-MAX_PARAM (the spatial ones, SPATIAL, within
-    +-MAX_SPATIAL), floats finite."""
+    +-MAX_SPATIAL), floats finite, but for a clip's bounds (an activation ("clip", min, max)), which may be
+    infinite (an open side), not NaN."""
     def walk(k, v):
         if isinstance(v, bool) or v is None or isinstance(v, str):
+            return
+        if (isinstance(v, (tuple, list)) and len(v) == 3 and v[0] == "clip"
+                and all(isinstance(x, float) and not math.isnan(x) for x in v[1:])):
             return
         if isinstance(v, int):
             limit = MAX_SPATIAL if k in SPATIAL else MAX_PARAM

@@ -26,6 +26,9 @@ def as_dtype(dtype, where: str) -> np.dtype:
     return dt
 
 
+MAX_DIM = 1 << 31            # any tensor dimension (compiler/validate.py checks packages against it too)
+
+
 def as_shape(shape, where: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(d) for d in shape)
@@ -33,6 +36,9 @@ def as_shape(shape, where: str) -> tuple[int, ...]:
         raise GraphError(where, f"shape {shape!r} is not a sequence of integers") from e
     if any(d <= 0 for d in dims) or any(int(d) != d for d in shape):
         raise GraphError(where, f"shape {shape!r} must have positive integer dimensions")
+    if any(d > MAX_DIM for d in dims):
+        raise GraphError(where, f"shape {shape!r} has a dimension over {MAX_DIM} (2^31); expected each "
+                                f"dimension <= 2^31 (a package stores no larger one)")
     return dims
 
 

@@ -142,8 +142,10 @@ def act_param(node: str, v) -> tuple[str, float, float]:
         name, a, b = _acts.normalize(name, params, where=node)
     except ValueError as e:
         raise GraphError(node, str(e).split(": ", 1)[-1]) from None
-    if name in ("clip", "softplus"):   # an open bound is the float32 range: finite, so packages can carry it
+    if name == "softplus":             # an open threshold is the float32 range: finite, so packages carry it
         a, b = (max(min(v, _F32_MAX), -_F32_MAX) for v in (a, b))
+    # clip keeps an infinite bound: clamping it to the float32 range made clip(min=0) of +inf 3.4e38 and
+    # Max(x, inf) 3.4e38 (ONNX Runtime and PyTorch: inf); packages carry it (validate.check_bounded)
     if name == "softplus" and not a > 0:
         raise GraphError(node, f"softplus beta={a}; expected beta > 0")
     return name, a, b

@@ -237,8 +237,10 @@ def _binary_channel(out3, x3, s, n, kind, swap, lanes, code, alpha, beta):
 
 
 def channel_operand(full_shape, other_shape, layout="nchw"):
-    """True when `other` is a per-channel operand (N or 1, C, 1, 1) / (C, 1, 1) of a 4-D tensor."""
-    if len(full_shape) not in (4, 5) or len(other_shape) > 4:
+    """True when `other` is a per-channel operand (N or 1, C, 1, 1) / (C, 1, 1) of a 4-D tensor: NCHW (4-D) or
+    NCHW16c (5-D, layout "nchwc"). A 5-D NCHW tensor is no NCHW: a (C, 1, 1) operand broadcasts over its axes 2-4
+    (the fast path read it as channels and was wrong where axis 1 had the same size, PRelu of a rank-5 input)."""
+    if len(full_shape) != (5 if layout == "nchwc" else 4) or len(other_shape) > 4:
         return False
     c = full_shape[1] if layout != "nchwc" else None
     s = (1,) * (4 - len(other_shape)) + tuple(other_shape)

@@ -267,3 +267,12 @@ def measure_peak(seconds: float = 0.2, repeats: int = 5, vector_bits: int | None
         if dt > 0:
             best = max(best, 2.0 * lanes * chains * n / dt)
     return best
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this host (the most a growable device takes, the largest tensor `compile` plans),
+    or None if unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -256,6 +256,7 @@ def _layer_norm_rows(out, x, gamma, beta, eps, r0, r1):
             orow[k] = (xr[k] - mean) * rstd * gamma[k] + beta[k]
 
 
+_F32_TINY = float(np.finfo(np.float32).tiny)
 LN_TASK_VALUES = 1 << 15   # about this many values a layer-norm task (whole rows; from the shape only)
 
 
@@ -279,7 +280,10 @@ def layer_norm(out, x, gamma, beta, *, axis=-1, eps=1e-5, threads=None, **_):
     k = int(np.prod(x.shape[axis % x.ndim:]))
     x2, o2 = x.reshape(-1, k), out.reshape(-1, k)       # (..., normalized axes) -> (R, K)
     g, b = np.ascontiguousarray(gamma, np.float32).reshape(-1), np.ascontiguousarray(beta, np.float32).reshape(-1)
-    R, e = x2.shape[0], np.float32(eps)
+    # an eps below float32's smallest normal is taken as it: the fastmath 1 / sqrt (a reciprocal square root
+    # estimate) reads a subnormal var + eps as 0, and a constant row came out 0 x inf = NaN (ONNX eps=1e-45,
+    # tests/onnx_mutants.py seed 2045711); it moves rstd by > 1 ulp only where var < 1e-31
+    R, e = x2.shape[0], np.float32(max(eps, _F32_TINY) if eps > 0 else eps)
     rows = max(1, LN_TASK_VALUES // max(1, k))
     pool_region(_layer_norm_seq, threads, -(-R // rows), o2, x2, g, b, e, rows)
 

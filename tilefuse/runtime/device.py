@@ -29,27 +29,19 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 import struct
 import threading
 
 import numpy as np
 
 from ..errors import DeviceError, OutOfDeviceMemory
+from ..kernels.isa import host_memory_bytes
 from ..kernels.threads import aligned_empty
 
 SEGMENT_BASE_AREA = 64       # bytes reserved at address 0
 DEFAULT_ARENA_BYTES = 64 << 20
 HOST_ALIGN = 64               # host address alignment of an arena's first byte (a cache line)
 KINDS = ("user", "segment")
-
-
-def host_memory_bytes() -> int | None:
-    """Physical memory of this host (the most a growable device takes), or None if unknown."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 class _Arena:

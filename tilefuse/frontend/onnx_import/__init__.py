@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...compiler.compile import check_fits_host
 from ...errors import GraphError, TilefuseError, UnsupportedOpError
 from ...ir import Network
 from .. import boolexpr
@@ -39,6 +40,10 @@ from .convert import RULES, Ctx, OnnxNode
 __all__ = ["from_onnx", "RULES", "claimed_ops"]
 
 _FLOAT_INPUTS = (np.float32, np.float64, np.float16)
+# the attributes that are 0 / 1 switches; any other value is refused by name
+FLAGS = frozenset({"allowzero", "antialias", "ceil_mode", "count_include_pad", "exclude_outside", "keepdims",
+                   "noop_with_empty_axes", "saturate", "spatial", "storage_order", "training_mode", "transA",
+                   "transB"})
 
 
 def claimed_ops() -> list[str]:
@@ -71,6 +76,11 @@ def default_opset(model) -> int:
         found = [(o.domain, o.version) for o in model.opset_import]
         raise GraphError(model.graph.name or "onnx", f"opset_import {found} has no entry for the default "
                                                      f"domain ''; expected one")
+    import onnx
+    newest = onnx.defs.onnx_opset_version()
+    if not 1 <= vs[0] <= newest:       # a newer opset's ops may mean something the importer does not know
+        raise GraphError(model.graph.name or "onnx", f"opset {vs[0]} of the default domain; expected 1 to "
+                                                     f"{newest} (the newest onnx {onnx.__version__} defines)")
     return int(vs[0])
 
 
@@ -105,7 +115,7 @@ def _check_without_group_norm_18(onnx, model, gname) -> None:
     m.CopyFrom(model)
     for nd in m.graph.node:
         if nd.op_type == "GroupNormalization" and nd.domain in ("", "ai.onnx"):
-            inp, out = nd.input[0], list(nd.output)
+            inp, out = (nd.input[0] if len(nd.input) else ""), list(nd.output)    # none: the checker says so
             nd.Clear()
             nd.op_type, nd.name = "Identity", "group_norm_18_checked_as_identity"
             nd.input.append(inp)
@@ -184,6 +194,7 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
                 raise GraphError(vi.name, f"input_shapes gives {shape}; the model declares {dims}")
             overridden |= any(d is not None and d != s for d, s in zip(dims, shape))
         cx.env[vi.name] = cx.net.input(cx.fresh(vi.name), tuple(shape), dt)
+        check_fits_host(vi.name, tuple(shape), dt)  # before any constant is made to its size
 
     nodes = _live(_recognize(cx, g, input_shapes), [o.name for o in g.output])
     used = {t for n in nodes for t in n.input} | {o.name for o in g.output}
@@ -270,6 +281,9 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
             from None
     attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
     nd = OnnxNode(name, n.op_type, version, list(n.input), list(n.output), attrs)
+    for k in sorted(FLAGS & attrs.keys()):
+        if type(attrs[k]) is not int or attrs[k] not in (0, 1):
+            raise GraphError(nd.where, f"attribute {k}={attrs[k]!r}; expected 0 or 1")
     ins = list(n.input)
     meta = fold.META_INPUTS.get(n.op_type, ())
     try:
@@ -328,6 +342,10 @@ def _check_declared(cx: Ctx, infos, producers: dict, outputs: set) -> None:
         if dims is not None and all(v is not None for v in dims) and tuple(dims) != tuple(d.shape):
             raise GraphError(vi.name, f"{what}: the importer computes shape {d.shape}; the model declares "
                                       f"{tuple(dims)}{fix}")
+        et = vi.type.tensor_type.elem_type
+        if dt is None and (et != 0 or vi.name in outputs):     # (value_info may leave the type undefined)
+            raise GraphError(vi.name, f"{what}: the model declares element type {_elem_name(et)}; the importer "
+                                      f"computes {np.dtype(d.dtype)}{fix}")
         if dt is not None and np.dtype(dt) != np.dtype(d.dtype):
             raise GraphError(vi.name, f"{what}: the importer computes dtype {np.dtype(d.dtype)}; the model "
                                       f"declares {np.dtype(dt)}{fix}")

@@ -698,7 +698,9 @@ def _pad(cx: Ctx, nd: OnnxNode, used):
     else:
         pads = fold._ints(nd, cx.const(nd, 1, "pads"), "pads")
         v = cx.const(nd, 2, "constant_value")
-        value = 0.0 if v is None or v.size == 0 else float(np.asarray(v).reshape(-1)[0])
+        if v is not None and v.size != 1:
+            raise GraphError(nd.where, f"constant_value has shape {v.shape}; expected one value")
+        value = 0.0 if v is None else float(np.asarray(v).reshape(-1)[0])
         axes = fold._ints(nd, cx.const(nd, 3, "axes"), "axes")
     axes = list(range(r)) if axes is None else [fold._axis(nd, v, r, "axes") for v in axes]
     if pads is None or len(pads) != 2 * len(axes):
@@ -969,6 +971,7 @@ def _expand(cx: Ctx, nd: OnnxNode, used):
     if out == x.shape:
         return x
     xs = (1,) * (len(out) - len(x.shape)) + x.shape
+    fold._check_size(nd, [o if d == 1 else 1 for d, o in zip(xs, out)])
     ones = np.ones([o if d == 1 else 1 for d, o in zip(xs, out)])     # only the expanded axes
     return cx.net.mul(x, cx.const_node(nd.name + ".ones", ones, x.dtype), name=cx.fresh(nd.name))   # exact
 

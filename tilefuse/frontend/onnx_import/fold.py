@@ -175,7 +175,9 @@ def unsqueeze_shape(node, shape, axes: list[int]) -> tuple[int, ...]:
 
 
 def squeeze_shape(node, shape, axes: list[int] | None) -> tuple[int, ...]:
-    if axes is None:
+    """The shape after Squeeze; no axes, or an empty list of them, squeezes every axis of size 1 (as ONNX
+    Runtime reads an empty `axes`)."""
+    if axes is None or len(axes) == 0:
         return tuple(d for d in shape if d != 1)
     ax = {_axis(node, a, len(shape), "squeeze axis") for a in axes}
     for a in ax:
