@@ -452,6 +452,18 @@ def test_squeeze_with_an_empty_axes_list_squeezes_every_axis_of_size_1(opset):
     np.testing.assert_array_equal(y, _ort(m, x0=x)[0])
 
 
+def test_unary_ops_of_a_scalar_keep_it_a_scalar():
+    """Neg / Reciprocal / Softsign of a tensor squeezed to shape () stay shape () (a (1,) constant operand made
+    them (1,): onnx_mutants seed 6018449), and a 0-d initializer stays 0-d."""
+    nodes = [helper.make_node("Squeeze", ["x"], ["s"]), helper.make_node("Neg", ["s"], ["n"]),
+             helper.make_node("Softsign", ["n"], ["r"]), helper.make_node("Mul", ["r", "k"], ["y"])]
+    m = _model(nodes, [("x", (1, 1, 1, 1))], [("y", ())], [("k", np.array(3.0, np.float32))])
+    x = np.full((1, 1, 1, 1), 0.75, np.float32)
+    y, want = _run(m, x), _ort(m, x=x)[0]
+    assert y.shape == want.shape == ()
+    np.testing.assert_allclose(y, want, rtol=RTOL)
+
+
 def test_max_with_an_infinite_bound_stays_infinite():
     """Max(x, inf) is inf and Min(x, -inf) -inf, as ONNX Runtime gives (tilefuse clamped clip bounds to
     +-3.4e38: seed 1036922); Clip(min=0) of inf is inf, as the ONNX spec ("if not specified, there is no upper

@@ -282,10 +282,13 @@ class Network:
 
     def _binary(self, kind: str, a, b, name: str | None) -> DataNode:
         n = self._name(kind, name)
+        # a number is a (1,) constant, or () beside a 0-d tensor (so that the result keeps the tensor's shape)
         if not isinstance(a, DataNode):
-            a = self._const(n, "a", np.asarray(a, dtype=b.dtype).reshape(np.shape(a) or (1,)), b.dtype)
+            a = self._const(n, "a", np.asarray(a, dtype=b.dtype).reshape(np.shape(a) or (1,) * bool(b.shape)),
+                            b.dtype)
         if not isinstance(b, DataNode):
-            b = self._const(n, "b", np.asarray(b, dtype=a.dtype).reshape(np.shape(b) or (1,)), a.dtype)
+            b = self._const(n, "b", np.asarray(b, dtype=a.dtype).reshape(np.shape(b) or (1,) * bool(a.shape)),
+                            a.dtype)
         return self.add_op(kind, [a, b], {}, n)
 
     def sub(self, a, b, name: str | None = None) -> DataNode:

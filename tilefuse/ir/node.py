@@ -104,8 +104,9 @@ class DataNode:
         if self.producer is not None:
             raise GraphError(self.name, f"is produced by op '{self.producer.name}' and cannot be a constant")
         # frozen, so that no one changes a bound constant in place; a writable array is copied first (freezing
-        # the caller's own array would break its later writes: a Trainer's weights after predict())
-        self.value = np.array(a, order="C", copy=True) if a.flags.writeable else np.ascontiguousarray(a)
+        # the caller's own array would break its later writes: a Trainer's weights after predict()); asarray, not
+        # ascontiguousarray, which makes a 0-d array 1-d (an ONNX scalar initializer: onnx_mutants seed 6018449)
+        self.value = np.array(a, order="C", copy=True) if a.flags.writeable else np.asarray(a, order="C")
         self.value.flags.writeable = False
         return self
 

@@ -98,7 +98,7 @@ class Ctx:
 
     def const_node(self, name: str, arr: np.ndarray, dtype) -> DataNode:
         """A constant operand as a DataNode (shared when the same array is used again)."""
-        arr = np.ascontiguousarray(arr, dtype=dtype)
+        arr = np.asarray(arr, dtype=dtype, order="C")      # (ascontiguousarray makes a 0-d array 1-d)
         key = (name, arr.dtype.str, arr.shape, arr.tobytes())
         if key not in self._const_nodes:
             self._const_nodes[key] = self.net.constant(self.fresh(name), arr, dtype)
@@ -432,7 +432,7 @@ def _elementwise(cx: Ctx, nd: OnnxNode, used):
         alpha, beta = {"Add": (one, v), "Mul": (v, zero), "Sub": (-one, v) if ca else (one, -v)}[op]
         return cx.net.scale(x, cx.const_node(name + ".alpha", alpha, x.dtype),
                             cx.const_node(name + ".beta", beta, x.dtype), name=name)
-    cn = cx.const_node(nd.inputs[ci], c.reshape(c.shape or (1,)), x.dtype)
+    cn = cx.const_node(nd.inputs[ci], c.reshape(c.shape or (1,) * bool(x.shape)), x.dtype)
     a, b = (cn, x) if ca else (x, cn)
     return getattr(cx.net, kind)(a, b, name=name)
 
@@ -879,14 +879,20 @@ def _variadic_sum(cx: Ctx, nd: OnnxNode, used):
     return y
 
 
+def _scalar(x: DataNode, v: float) -> np.ndarray:
+    """v as a constant operand of x that broadcasts to x's own shape: (1,), or () for a 0-d x (a (1,) constant
+    made Neg of a Squeeze to a scalar shape (1,): onnx_mutants seed 6018449)."""
+    return np.full((1,) if x.shape else (), v)
+
+
 def _neg(cx: Ctx, nd: OnnxNode, used):
     x = cx.computed(nd, 0)
-    return cx.net.mul(x, cx.const_node("minus_one", np.array([-1.0]), x.dtype), name=cx.fresh(nd.name))
+    return cx.net.mul(x, cx.const_node("minus_one", _scalar(x, -1.0), x.dtype), name=cx.fresh(nd.name))
 
 
 def _reciprocal(cx: Ctx, nd: OnnxNode, used):
     x = cx.computed(nd, 0)
-    return cx.net.div(cx.const_node("one", np.array([1.0]), x.dtype), x, name=cx.fresh(nd.name))
+    return cx.net.div(cx.const_node("one", _scalar(x, 1.0), x.dtype), x, name=cx.fresh(nd.name))
 
 
 def _pow(cx: Ctx, nd: OnnxNode, used):
@@ -904,7 +910,7 @@ def _pow(cx: Ctx, nd: OnnxNode, used):
     if k == 1.0:
         return x
     if k == -1.0:
-        return cx.net.div(cx.const_node("one", np.array([1.0]), x.dtype), x, name=name)
+        return cx.net.div(cx.const_node("one", _scalar(x, 1.0), x.dtype), x, name=name)
     if k == 0.5:
         return cx.net.activation(x, "sqrt", name=name)
     if k not in (2.0, 3.0):
@@ -931,7 +937,7 @@ def _softsign(cx: Ctx, nd: OnnxNode, used):
     """Softsign: x / (1 + |x|)."""
     x = cx.computed(nd, 0)
     a = cx.net.activation(x, "abs", name=cx.fresh(nd.name + ".abs"))
-    d = cx.net.add(a, cx.const_node("one", np.array([1.0]), x.dtype), name=cx.fresh(nd.name + ".den"))
+    d = cx.net.add(a, cx.const_node("one", _scalar(x, 1.0), x.dtype), name=cx.fresh(nd.name + ".den"))
     return cx.net.div(x, d, name=cx.fresh(nd.name))
 
 
