@@ -171,3 +171,59 @@ def test_cli_missing_pillow_message(monkeypatch, tmp_path, capsys):
     np.save(tmp_path / "in.npy", np.zeros((8, 8), np.uint8))
     assert run_cli([str(tmp_path / "in.npy"), str(tmp_path / "out.png")]) == 2
     assert "needs Pillow, which is not installed" in capsys.readouterr().err
+
+
+# --- files we did not make ----------------------------------------------------------------
+
+def _npy_header(descr: str, shape) -> bytes:
+    """A version-1.0 .npy header claiming `descr` and `shape` (the data is the caller's)."""
+    text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {tuple(shape)}, }}"
+    text += " " * (118 - len(text)) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode()
+
+
+@pytest.mark.parametrize("content, pattern", [
+    (_npy_header("<f4", (100000, 100000)) + bytes(64),
+     r"declares a float32 array of shape \(100000, 100000\) \(40000000000 bytes\) but holds 64 bytes"),
+    (_npy_header("<f4", (8, 8)) + bytes(255), r"\(256 bytes\) but holds 255 bytes"),
+    (_npy_header("<f4", (-1, 4)) + bytes(16), r"declares shape \(-1, 4\), expected sizes >= 0"),
+    (b"\x93NUMPY\x01\x00\xff\xff" + b"{" * 100, r"is not a readable .npy file \(EOF"),
+    (b"PK\x03\x04 not a npy", r"is not a readable .npy file"),
+    (_npy_header("|O", (2,)) + bytes(16), r"holds Python objects \(dtype object\), expected numbers"),
+])
+@pytest.mark.parametrize("role", ["input", "--kernel"])
+def test_cli_refuses_bad_npy_before_allocating(content, pattern, role, tmp_path, capsys):
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(content)
+    np.save(tmp_path / "ok.npy", np.zeros((8, 8), np.float32))
+    argv = ([str(bad), str(tmp_path / "out.npy")] if role == "input"
+            else [str(tmp_path / "ok.npy"), str(tmp_path / "out.npy"), "--kernel", str(bad)])
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tilefuse filter: error: {role}: ")
+    assert __import__("re").search(pattern, err), err
+    assert not (tmp_path / "out.npy").exists()
+
+
+def test_cli_reads_big_endian_and_fortran_npy(tmp_path):
+    image = np.random.default_rng(5).standard_normal((13, 17)).astype(np.float32)
+    np.save(tmp_path / "be.npy", image.astype(">f4"))
+    np.save(tmp_path / "f.npy", np.asfortranarray(image))
+    for name in ("be.npy", "f.npy"):
+        assert run_cli([str(tmp_path / name), str(tmp_path / f"out_{name}")]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"out_{name}"), filter2d(image, KERNELS["sharpen"]))
+
+
+def test_cli_refuses_decompression_bomb_and_multi_page(tmp_path, capsys, monkeypatch):
+    Image.new("L", (300, 200)).save(tmp_path / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10000)        # 60000 pixels: over twice the limit
+    assert run_cli([str(tmp_path / "big.png"), str(tmp_path / "out.npy")]) == 2
+    assert "big.png' is too large to read safely" in capsys.readouterr().err
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 50000)        # over the limit, under twice: a warning
+    assert run_cli([str(tmp_path / "big.png"), str(tmp_path / "out.npy")]) == 2
+    assert "big.png' is too large to read safely" in capsys.readouterr().err
+    pages = [Image.fromarray(np.full((8, 8), i, np.uint8)) for i in range(3)]
+    pages[0].save(tmp_path / "pages.tif", save_all=True, append_images=pages[1:])
+    assert run_cli([str(tmp_path / "pages.tif"), str(tmp_path / "out.npy")]) == 2
+    assert "pages.tif' holds 3 images (pages or frames), expected one" in capsys.readouterr().err
+    assert not (tmp_path / "out.npy").exists()

@@ -126,6 +126,79 @@ def test_bad_target_files_are_rejected_naming_the_field(tmp_path, edit, field):
         _load_doc(tmp_path, doc)
 
 
+def _set(*path_value):
+    """An edit setting doc[path...] = value (the last argument)."""
+    *path, value = path_value
+
+    def edit(d):
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+    return edit
+
+
+@pytest.mark.parametrize("name,edit,field", [
+    # numbers: finite, of a magnitude a machine has, ranges ordered
+    ("ft-m7032", _set("link", "ddr", "bandwidth", "value", float("nan")),
+     r"link\.ddr\.bandwidth: found nan, expected a finite"),
+    ("host", _set("clock", "core", "value", "1e400 GHz"),
+     r"clock\.core: found '1e400 GHz', expected a finite frequency"),
+    ("host", _set("clock", "core", "value", "1e-300 GHz"),
+     r"clock\.core: .* expected 0 or a magnitude in 1e-15\.\.1e\+18"),
+    ("ft-m7032", _set("param", "fmac_latency", "range", [12, 3]), r"param\.fmac_latency\.range: .* low <= high"),
+    # the shape of the file
+    ("host", _set("param", 3), r"\[param\]: found 3, expected a section of tables"),
+    ("ft-m7032", _set("memory", "AM", "bandwidth", "clock", {"a": 1}),
+     r"memory\.AM\.bandwidth\.clock: found \{'a': 1\}"),
+    ("host", _set("compute", "units", "value", 2.5), r"compute\.units: found 2\.5, expected a whole number"),
+    ("host", _set("compute", "vector_ops_per_cycle", "value", 0), r"compute\.vector_ops_per_cycle: must be positive"),
+    ("ft-m7032", _set("link", "gsm", "latency", "value", "-1 us"), r"outside its range|link\.gsm\.latency"),
+    ("ft-m7032", _set("memory", "AM", "bandwidth", "value", "0 B/cycle"), r"memory\.AM\.bandwidth: must be positive"),
+    # each strategy's parameters: whole numbers, flags, fractions, the kind of quantity, allowed values
+    ("vck5000-aie", _set("param", "tile_width", "value", 32.5),
+     r"param\.tile_width: found 32\.5, expected a whole number"),
+    ("vck5000-aie", _set("param", "tile_height", "value", 0),
+     r"param\.tile_height: found 0, expected a whole number in 1"),
+    ("host", _set("param", "vector_lanes", "value", "1 KiB"), r"param\.vector_lanes: found '1 KiB', a bytes value"),
+    ("ft-m7032", _set("param", "fuse_residual", "value", 0.5), r"param\.fuse_residual: found 0\.5, expected 0 or 1"),
+    ("ft-m7032", _set("param", "vpes", "value", 0), r"param\.vpes: found 0, expected a whole number"),
+    ("virtex7-690t", _set("param", "winograd_m", "value", 3), r"param\.winograd_m: found 3, expected one of 2, 4"),
+    ("cambricon-x", _set("param", "instruction_bytes", "value", "3 GHz"),
+     r"param\.instruction_bytes: found '3 GHz', a frequency"),
+    # numbers that must agree with each other
+    ("cambricon-x", _set("param", "dot_width", "value", 32),
+     r"param\.dot_width: found 32, expected at most macs_per_cycle"),
+    ("ft-m7032", _set("param", "fmacs", "value", 6), r"param\.fmacs x vpes x images_per_word = 6 x 16 x 4 MACs"),
+    ("ft-m7032", _set("param", "m_min", "value", 13), r"expected m_min <= m_max"),
+    ("trainer-004", _set("param", "pu_rows", "value", 32), r"a 32 x 32 array of 32-MAC PUs, but target\.cores = 512"),
+])
+def test_numbers_a_strategy_cannot_use_are_rejected_naming_the_field(tmp_path, name, edit, field):
+    doc = _doc(name)
+    if name == "ft-m7032" and "range" in field:
+        doc["param"]["fmac_latency"]["value"] = 6
+    edit(doc)
+    with pytest.raises(TargetError, match=field):
+        _load_doc(tmp_path, doc)
+
+
+def test_overrides_obey_the_same_rules_when_simulated():
+    """An override changes a number after the file was checked: the strategy checks the target again."""
+    import tilefuse
+    compiled = tilefuse.compile(tilefuse.models.get("tinynet"))
+    for target, kw, field in [("ft-m7032", {"vpes": 0}, r"param\.vpes: found 0"),
+                              ("vck5000-aie", {"tile_width": 7.5}, r"param\.tile_width: found 7\.5"),
+                              ("trainer-004", {"cores": 3}, r"target\.cores = 3 PUs"),
+                              ("ft-m7032", {"compute.macs_per_cycle.float16": 1},
+                               r"more than compute\.macs_per_cycle")]:
+        t = load_target(target, **kw)               # loading takes any number of the right kind ...
+        with pytest.raises(TargetError, match=field):
+            tilefuse.simulate(compiled, t)          # ... the strategy refuses what it cannot use
+    with pytest.raises(TargetError, match=r"efficiency is a fraction of the bandwidth; found 0"):
+        load_target("ft-m7032", **{"link.ddr.efficiency": 0})
+    with pytest.raises(TargetError, match=r"compute\.units must be positive and a whole number >= max_cores"):
+        load_target("ft-m7032", **{"compute.units": 2.5})
+
+
 def test_unreadable_files(tmp_path):
     p = tmp_path / "broken.toml"
     p.write_text("[target\nname = ")

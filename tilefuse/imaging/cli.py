@@ -13,8 +13,10 @@ results as they are. ``--tile RxC`` is rows x columns of input pixels, halo incl
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +72,7 @@ def _load_kernel(spec: str | None):
     if spec in KERNELS:
         return KERNELS[spec]
     if spec.endswith(".npy"):
-        return np.load(spec)
+        return read_npy(spec, "--kernel")
     raise ValueError(f"--kernel: found {spec!r}, expected one of {', '.join(KERNELS)} "
                      "or a .npy file")
 
@@ -84,21 +86,66 @@ def _pillow():
     return Image
 
 
+def read_npy(path: str, what: str = "input") -> np.ndarray:
+    """A .npy file's array, its header checked against the file before anything is allocated: a
+    header that claims more data than the file holds (or less) is refused by name instead of
+    allocating what it claims; object arrays are refused (never unpickled)."""
+    fmt = np.lib.format
+    with open(path, "rb") as f:
+        try:
+            version = fmt.read_magic(f)
+            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, fortran, dtype = read_header(f)
+        except (ValueError, EOFError, SyntaxError) as e:
+            raise ValueError(f"{what}: {path!r} is not a readable .npy file ({e})") from None
+        if dtype.hasobject:
+            raise ValueError(f"{what}: {path!r} holds Python objects (dtype {dtype}), expected numbers; "
+                             "object arrays are never unpickled")
+        if any(d < 0 for d in shape):
+            raise ValueError(f"{what}: {path!r} declares shape {shape}, expected sizes >= 0")
+        need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        have = os.fstat(f.fileno()).st_size - f.tell()
+        if need != have:
+            raise ValueError(f"{what}: {path!r} declares a {dtype} array of shape {shape} ({need} bytes) but "
+                             f"holds {have} bytes after its header (truncated or not a .npy file)")
+        f.seek(0)
+        arr = fmt.read_array(f, allow_pickle=False)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))          # a big-endian file: the same values, native order
+    return arr
+
+
 def read_image(path: str) -> np.ndarray:
-    """A .npy, .png or .tif image as an array (16-bit images become int32)."""
+    """A .npy, .png or .tif image as an array (16-bit images become int32). Pillow's
+    decompression-bomb limit is an error here, and a multi-page TIFF is refused (only one image
+    is filtered)."""
     suffix = Path(path).suffix.lower()
     if suffix == ".npy":
-        return np.load(path)
+        return read_npy(path)
     if suffix not in IMAGE_SUFFIXES:
         raise ValueError(f"input: found suffix {suffix!r} in {path!r}, expected .npy, "
                          f"{', '.join(IMAGE_SUFFIXES)}")
     Image = _pillow()
-    with Image.open(path) as im:
-        if im.mode in ("1", "LA"):
-            im = im.convert("L")
-        elif im.mode in ("P", "PA"):
-            im = im.convert("RGBA" if im.mode == "PA" or "transparency" in im.info else "RGB")
-        arr = np.asarray(im)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            with Image.open(path) as im:
+                return _image_array(im, path)
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+            raise ValueError(f"input: {path!r} is too large to read safely ({e})") from None
+
+
+def _image_array(im, path: str) -> np.ndarray:
+    """An open Pillow image's pixels (1-bit and palette images expanded)."""
+    frames = getattr(im, "n_frames", 1)
+    if frames != 1:
+        raise ValueError(f"input: {path!r} holds {frames} images (pages or frames), expected one; "
+                         "split it first (or pass one page as .npy)")
+    if im.mode in ("1", "LA"):
+        im = im.convert("L")
+    elif im.mode in ("P", "PA"):
+        im = im.convert("RGBA" if im.mode == "PA" or "transparency" in im.info else "RGB")
+    arr = np.asarray(im)
     if arr.dtype in (np.uint16, np.dtype(">u2"), np.dtype("<u2")):
         arr = arr.astype(np.int32)  # uint16 is not a filter2d dtype; int32 holds it exactly
     return arr

@@ -14,6 +14,8 @@ reference) and times every transfer and compute step on a `Timeline`.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import TilefuseError, UnsupportedOpError
@@ -124,7 +126,7 @@ def simulate(compiled, target, *, cores: int | None = None, inputs=None, functio
     strat = STRATEGIES[tgt.strategy](tgt, functional)
     special = getattr(strat, "simulate_job", None)
     if special is not None and not _is_program(compiled):
-        return special(compiled, inputs=inputs, seed=seed)
+        return _checked(special(compiled, inputs=inputs, seed=seed), tgt)
     prog = _Program(compiled)
     io_in = prog.package.inputs
     net_dtype = np.dtype(io_in[0].dtype) if io_in else np.dtype(np.float32)
@@ -155,6 +157,7 @@ def simulate(compiled, target, *, cores: int | None = None, inputs=None, functio
             except TilefuseError as e:
                 e.args = (f"instruction {lay.index} ({lay.kernel} '{lay.name}') on {tgt.name}: {e.args[0]}",)
                 raise
+            _check_time(rep, tgt)
         if functional:
             if lay.out is None:
                 raise SimulationError(f"strategy {tgt.strategy} produced no output for layer '{lay.name}'")
@@ -173,6 +176,26 @@ def simulate(compiled, target, *, cores: int | None = None, inputs=None, functio
         outputs = [env[s.name].astype(np.dtype(s.dtype)) for s in prog.package.outputs]
     rep = SimReport(tgt, tgt.cores, reports, outputs, notes=notes)
     strat.finish(rep, prog, [lay for lay, _ in layers])
+    return _checked(rep, tgt)
+
+
+def _check_time(rep: LayerReport, tgt) -> None:
+    """A layer's time must be a finite number of seconds: numbers of the target far outside any
+    machine's (a clock of 1e-300 Hz, a link of 1e300 B/s) can make it overflow."""
+    times = [rep.seconds, *rep.busy.values()]
+    if not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in times):
+        raise SimulationError(f"layer '{rep.name}' on {tgt.name}: the target's numbers give a time of "
+                              f"{rep.seconds!r} s (busy {rep.busy}); check its clocks, rates and bandwidths "
+                              f"({tgt.path or tgt.name})")
+
+
+def _checked(rep: SimReport, tgt) -> SimReport:
+    """The report, once its layers' times, the total and the host side are finite."""
+    for lay_rep in rep.layers:
+        _check_time(lay_rep, tgt)
+    if not all(math.isfinite(t) for t in (rep.seconds, *rep.host.values())):
+        raise SimulationError(f"{tgt.name}: the target's numbers give a device time of {rep.seconds!r} s and host "
+                              f"times {rep.host}; check its clocks, rates and bandwidths ({tgt.path or tgt.name})")
     return rep
 
 

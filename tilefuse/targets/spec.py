@@ -23,6 +23,7 @@ and the field.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -60,7 +61,7 @@ def parse_quantity(raw, kind: str, where: str, clock_hz: float | None = None) ->
     if isinstance(raw, bool):
         raise TargetError(where, f"found the boolean {raw}, expected a {kind}")
     if isinstance(raw, (int, float)):
-        return float(raw)
+        return _finite(float(raw), raw, kind, where)
     if not isinstance(raw, str):
         raise TargetError(where, f"found {type(raw).__name__} {raw!r}, expected a number or a "
                                  f"string with a unit")
@@ -70,18 +71,69 @@ def parse_quantity(raw, kind: str, where: str, clock_hz: float | None = None) ->
                                  f"'42.6 GB/s', '1.6 GHz', '512 B/cycle')")
     v, unit = float(m.group(1)), m.group(2).lower()
     if not unit:
-        return v
+        return _finite(v, raw, kind, where)
     table = {"bytes": _CAP, "bandwidth": _BW, "frequency": _FREQ, "time": _TIME}.get(kind, {})
     if unit in table:
-        return v * table[unit]
+        return _finite(v * table[unit], raw, kind, where)
     if kind == "bandwidth" and unit == "b/cycle":
         if clock_hz is None:
             raise TargetError(where, f"{raw!r} is per cycle but the table names no clock; add "
                                      f"clock = \"<name of a [clock] entry>\"")
-        return v * clock_hz
+        return _finite(v * clock_hz, raw, kind, where)
     raise TargetError(where, f"unit '{m.group(2)}' is not a {kind} unit; expected one of "
                              f"{', '.join(sorted(table)) or 'none'}"
                       + (", b/cycle" if kind == "bandwidth" else ""))
+
+
+MAGNITUDE = (1e-15, 1e18)      # what a number may be in base units (or 0): machines' times stay finite
+
+
+def _finite(v: float, raw, kind: str, where: str) -> float:
+    if not math.isfinite(v):
+        raise TargetError(where, f"found {raw!r}, expected a finite {kind}")
+    if v != 0 and not MAGNITUDE[0] <= abs(v) <= MAGNITUDE[1]:
+        raise TargetError(where, f"found {raw!r}, a {kind} of {abs(v):.3g} in base units (B, B/s, Hz, s); "
+                                 f"expected 0 or a magnitude in {MAGNITUDE[0]:g}..{MAGNITUDE[1]:g}")
+    return v
+
+
+def unit_kind(raw) -> str:
+    """The kind a value's unit names ("number" for a bare number or an unknown unit)."""
+    m = _NUM.match(raw) if isinstance(raw, str) else None
+    u = m.group(2).lower() if m else ""
+    return ("bytes" if u in _CAP else "bandwidth" if u in _BW or u == "b/cycle" else
+            "frequency" if u in _FREQ else "time" if u in _TIME else "number")
+
+
+# What a strategy's parameter must be (Strategy.PARAMS maps each name to a rule): the rule's kind
+# of quantity, the test and what the error says was expected. A tuple of numbers: one of them.
+PARAM_RULES = {
+    "count": ("number", lambda v: 1 <= v <= 2 ** 31 and v == int(v), "a whole number in 1..2^31"),
+    "count0": ("number", lambda v: 0 <= v <= 2 ** 31 and v == int(v), "a whole number in 0..2^31"),
+    "flag": ("number", lambda v: v in (0, 1), "0 or 1"),
+    "fraction": ("number", lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),
+    "positive": ("number", lambda v: v > 0, "a number > 0"),
+    "nonneg": ("number", lambda v: v >= 0, "a number >= 0"),
+    "time": ("time", lambda v: v >= 0, "a time >= 0 (e.g. '1 us')"),
+    "bandwidth": ("bandwidth", lambda v: v > 0, "a bandwidth > 0 (e.g. '10 GB/s')"),
+}
+
+
+def check_param(tgt: "Target", name: str, rule) -> None:
+    """TargetError unless param.<name> of tgt (from the file or an override) obeys `rule`."""
+    p = tgt.params[name]
+    where = f"{tgt.path or tgt.name}"
+    if isinstance(rule, tuple):
+        if p.value not in rule:
+            raise TargetError(where, f"param.{name}: found {p.raw!r}, expected one of "
+                                     f"{', '.join(str(v) for v in rule)} (strategy '{tgt.strategy}')")
+        return
+    kind, ok, expected = PARAM_RULES[rule]
+    if p.kind not in ("number", kind):
+        raise TargetError(where, f"param.{name}: found {p.raw!r}, a {p.kind} value; expected {expected}")
+    if not ok(p.value):
+        raise TargetError(where, f"param.{name}: found {p.raw!r}, expected {expected} "
+                                 f"(strategy '{tgt.strategy}')")
 
 
 def format_quantity(v: float, kind: str) -> str:
@@ -136,7 +188,7 @@ def _param(tbl, path: str, kind: str, where: str, clock_hz: float | None = None,
         raise TargetError(where, f"{path}: unknown key(s) {sorted(unknown)}; expected value, source, "
                                  f"note, range, clock")
     if "clock" in tbl:
-        if not clocks or tbl["clock"] not in clocks:
+        if not clocks or not isinstance(tbl["clock"], str) or tbl["clock"] not in clocks:
             raise TargetError(where, f"{path}.clock: found {tbl['clock']!r}, expected one of "
                                      f"{', '.join(clocks or {})}")
         clock_hz = clocks[tbl["clock"]].value
@@ -157,6 +209,8 @@ def _param(tbl, path: str, kind: str, where: str, clock_hz: float | None = None,
             raise TargetError(where, f"{path}.range: found {r!r}, expected [low, high]")
         rng = (parse_quantity(r[0], kind, loc + ".range", clock_hz),
                parse_quantity(r[1], kind, loc + ".range", clock_hz))
+        if rng[0] > rng[1]:
+            raise TargetError(where, f"{path}.range: found {r}, expected [low, high] with low <= high")
         if not rng[0] <= v <= rng[1]:
             raise TargetError(where, f"{path}: value {tbl['value']!r} lies outside its range {r}")
     elif src.strip()[0] == "M":
@@ -318,6 +372,9 @@ class Target:
             c = dict(self.compute)
             key = ".".join(parts[1:])
             c[key] = newp(c[key], "number")
+            if c[key].value <= 0 or key == "units" and not self.max_cores <= c[key].value == int(c[key].value):
+                need = " and a whole number >= max_cores" if key == "units" else ""
+                raise TargetError(where, f"{path} must be positive{need}, found {val!r}")
             return replace(self, compute=c, overrides=rec)
         if sec == "memory" and len(parts) == 3 and parts[1] in self.memories:
             m = self.memories[parts[1]]
@@ -337,8 +394,9 @@ class Target:
                                                    "bandwidth" if parts[2] == "bandwidth" else "time")})
             elif parts[2] == "efficiency":
                 p = newp(ln.efficiency, "number")
-                if p.value > 1:
-                    raise TargetError(where, f"{path} is a fraction of the bandwidth; found {val!r}, expected <= 1")
+                if not 0 < p.value <= 1:
+                    raise TargetError(where, f"{path} is a fraction of the bandwidth; found {val!r}, "
+                                             f"expected one in (0, 1]")
                 ln = replace(ln, efficiency=p)
             else:
                 raise TargetError(where, f"{path}: only bandwidth, efficiency and latency of a link "
@@ -387,6 +445,9 @@ def parse_target(doc: dict, where: str = "<target>", strategies: dict | None = N
     if not isinstance(max_cores, int) or isinstance(max_cores, bool) or not 1 <= cores <= max_cores:
         raise TargetError(where, f"target.cores / target.max_cores: found {cores} / {max_cores}; "
                                  f"expected integers with 1 <= cores <= max_cores")
+    for sec in ("memory", "link", "param"):
+        if not isinstance(doc.get(sec, {}), dict):
+            raise TargetError(where, f"[{sec}]: found {doc[sec]!r}, expected a section of tables")
     clocks_t = doc.get("clock")
     if not isinstance(clocks_t, dict) or not clocks_t:
         raise TargetError(where, "[clock]: missing; name at least one clock domain")
@@ -399,7 +460,7 @@ def parse_target(doc: dict, where: str = "<target>", strategies: dict | None = N
         c = tbl.get("clock")
         if c is None:
             return None
-        if c not in clocks:
+        if not isinstance(c, str) or c not in clocks:
             raise TargetError(where, f"{path}.clock: found '{c}', expected one of {', '.join(clocks)}")
         return clocks[c].value
 
@@ -424,6 +485,11 @@ def parse_target(doc: dict, where: str = "<target>", strategies: dict | None = N
         if k in ("clock", "units", "macs_per_cycle"):
             continue
         compute[k] = _param(v, f"compute.{k}", "number", where)
+    for k, p in compute.items():
+        if p.value <= 0:
+            raise TargetError(where, f"compute.{k}: must be positive, found {p.raw!r}")
+    if compute["units"].value != int(compute["units"].value):
+        raise TargetError(where, f"compute.units: found {compute['units'].raw!r}, expected a whole number")
     if compute["units"].value < max_cores:
         raise TargetError(where, f"compute.units: {compute['units'].raw} units but target.max_cores is "
                                  f"{max_cores}; expected units >= max_cores")
@@ -452,6 +518,8 @@ def parse_target(doc: dict, where: str = "<target>", strategies: dict | None = N
             raise TargetError(where, f"{path}.capacity: must be positive, found {capp.raw!r}")
         bw = _param(m.get("bandwidth"), f"{path}.bandwidth", "bandwidth", where, clock_of(m, path),
                     required=False, clocks=clocks)
+        if bw is not None and bw.value <= 0:
+            raise TargetError(where, f"{path}.bandwidth: must be positive, found {bw.raw!r}")
         db = m.get("double_buffered", False)
         if not isinstance(db, bool):
             raise TargetError(where, f"{path}.double_buffered: found {db!r}, expected true or false")
@@ -481,6 +549,8 @@ def parse_target(doc: dict, where: str = "<target>", strategies: dict | None = N
         if eff is not None and not 0 < eff.value <= 1:
             raise TargetError(where, f"{path}.efficiency: found {eff.raw!r}, expected a fraction in (0, 1]")
         lat = _param(ln.get("latency"), f"{path}.latency", "time", where, required=False)
+        if lat is not None and lat.value < 0:
+            raise TargetError(where, f"{path}.latency: must be >= 0, found {lat.raw!r}")
         for flag in ("shared", "broadcast"):
             if flag in ln and not isinstance(ln[flag], bool):
                 raise TargetError(where, f"{path}.{flag}: found {ln[flag]!r}, expected true or false")
@@ -488,12 +558,7 @@ def parse_target(doc: dict, where: str = "<target>", strategies: dict | None = N
 
     params = {}
     for pname, pv in (doc.get("param") or {}).items():
-        kind = "number"
-        if isinstance(pv, dict) and isinstance(pv.get("value"), str):
-            unit = _NUM.match(pv["value"])
-            u = unit.group(2).lower() if unit else ""
-            kind = ("bytes" if u in _CAP else "bandwidth" if u in _BW or u == "b/cycle" else
-                    "frequency" if u in _FREQ else "time" if u in _TIME else "number")
+        kind = unit_kind(pv.get("value")) if isinstance(pv, dict) else "number"
         params[pname] = _param(pv, f"param.{pname}", kind, where, clocks=clocks)
     tgt = Target(name, title, strategy, seed, dtype, cores, max_cores, clocks, compute, cclock, mems,
                  links, params, where, str(t.get("notes", "")))
@@ -503,9 +568,13 @@ def parse_target(doc: dict, where: str = "<target>", strategies: dict | None = N
 
 
 def require(tgt: Target, memories=(), links=(), params=(), clocks=()) -> None:
-    """Raise TargetError naming the first field a strategy needs that the file lacks."""
+    """Raise TargetError naming the first field a strategy needs that the file lacks, or the first
+    parameter that breaks its rule (params: names, or a dict name -> PARAM_RULES key / allowed values)."""
     for section, names, have in (("memory", memories, tgt.memories), ("link", links, tgt.links),
                                  ("param", params, tgt.params), ("clock", clocks, tgt.clocks)):
         for nm in names:
             if nm not in have:
                 raise TargetError(tgt.path, f"{section}.{nm}: missing (strategy '{tgt.strategy}' needs it)")
+    if isinstance(params, dict):
+        for nm, rule in params.items():
+            check_param(tgt, nm, rule)

@@ -111,12 +111,21 @@ def _channel_slice(a, kernel: str, img: int, c0: int, c1: int, N: int, C: int, a
     return a
 
 
+def vector_peak(rep: LayerReport) -> LayerReport:
+    """A vector (streamed) layer's efficiency is measured against the MAC peak of the cores used or,
+    where the target's vector units outrun that peak, against the rate its compute units ran at: an
+    efficiency never above 1 whatever the target file's numbers."""
+    if rep.compute_busy > 0:
+        rep.peak = max(rep.peak, rep.flops / rep.compute_busy)
+    return rep
+
+
 class Strategy:
     """Base of every mapping strategy."""
     name = "base"
     MEMORIES: tuple = ()
     LINKS: tuple = ()
-    PARAMS: tuple = ()
+    PARAMS: dict = {}                   # param name -> its rule (spec.PARAM_RULES key, or allowed values)
     CLOCKS: tuple = ()
     KERNELS: tuple | None = None        # kernels it maps (None: all of the op vocabulary)
     GROUPED = False                     # maps grouped convolutions
@@ -124,6 +133,7 @@ class Strategy:
     STREAM_LINK = ""                    # link they stream over
 
     def __init__(self, target: Target, functional: bool = True):
+        self.check_target(target)            # again: overrides may have changed a number since loading
         self.t = target
         self.functional = functional
         self.cores = target.cores
@@ -315,9 +325,9 @@ class Strategy:
                 step += 1
         self.flush()
         lay.out = out
-        return self.report(lay, f"streamed through {memory} over {link}: {chunk} "
-                                f"{'image' if whole else 'plane'}(s) per chunk, double buffered, "
-                                f"{used} core(s)", cores=n)
+        return vector_peak(self.report(lay, f"streamed through {memory} over {link}: {chunk} "
+                                            f"{'image' if whole else 'plane'}(s) per chunk, double buffered, "
+                                            f"{used} core(s)", cores=n))
 
     def _stream_bands(self, lay: Layer, memory: str, link: str, n: int, acts) -> LayerReport:
         """A channel plane larger than the memory: bands of output rows of one plane (with the
@@ -386,8 +396,8 @@ class Strategy:
             out[img, ch, o0:o1] = ob.load(y.reshape(-1)).reshape(o1 - o0, Wo)
         self.flush()
         lay.out = out.astype(lay.dtype) if out is not None else None
-        return self.report(lay, f"streamed through {memory} over {link}: bands of {r} row(s) of one plane, "
-                                f"double buffered, {used} core(s)", cores=n)
+        return vector_peak(self.report(lay, f"streamed through {memory} over {link}: bands of {r} row(s) of one plane, "
+                                            f"double buffered, {used} core(s)", cores=n))
 
     def _chunk_args(self, lay: Layer, acts, img: int, c0: int, c1: int) -> list:
         k = lay.kernel

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..report import Layer, LayerReport, SimReport
+from ..spec import TargetError
 from .base import Strategy
 
 
@@ -30,9 +31,18 @@ class CambriconX(Strategy):
     name = "cambricon-x"
     MEMORIES = ("SB", "NBin", "NBout", "DRAM")
     LINKS = ("dram", "host")
-    PARAMS = ("dot_width", "instruction_bytes", "compile_per_instruction", "pack_bandwidth")
+    PARAMS = {"dot_width": "count", "instruction_bytes": "count", "compile_per_instruction": "time",
+              "pack_bandwidth": "bandwidth"}
     STREAM_MEMORY = "NBin"
     STREAM_LINK = "dram"
+
+    @classmethod
+    def check_target(cls, tgt) -> None:
+        super().check_target(tgt)
+        if tgt.p("dot_width") > tgt.macs_per_cycle():
+            raise TargetError(tgt.path or tgt.name, f"param.dot_width: found {tgt.params['dot_width'].raw!r}, expected "
+                              f"at most macs_per_cycle.{tgt.dtype} = {tgt.macs_per_cycle():g} (a PE's dot product "
+                              f"cannot use more multipliers than it has)")
 
     def __init__(self, target, functional=True):
         super().__init__(target, functional)

@@ -47,6 +47,7 @@ import numpy as np
 
 from ...kernels import reference as ref
 from ..report import Layer, LayerReport
+from ..spec import TargetError
 from .base import ConvGeom, Strategy, epilogue, gather
 
 
@@ -54,12 +55,26 @@ class FTM7032(Strategy):
     name = "ft-m7032"
     MEMORIES = ("SM", "AM", "GSM", "DDR")
     LINKS = ("ddr", "gsm")
-    PARAMS = ("images_per_word", "m_min", "m_max", "nb_unit", "ci_block", "co_block", "vpes", "fmacs",
-              "vector_registers", "reserved_registers", "broadcasts_per_cycle", "vector_bytes_per_cycle",
-              "stores_per_cycle", "fmac_latency", "loop_overhead", "gsm_tensor_fraction", "fuse_residual",
-              "kxk_weight_buffers")
+    PARAMS = {"images_per_word": "count", "m_min": "count", "m_max": "count", "nb_unit": "count", "ci_block": "count",
+              "co_block": "count", "vpes": "count", "fmacs": "positive", "vector_registers": "count",
+              "reserved_registers": "count0", "broadcasts_per_cycle": "positive", "vector_bytes_per_cycle": "positive",
+              "stores_per_cycle": "positive", "fmac_latency": "nonneg", "loop_overhead": "nonneg",
+              "gsm_tensor_fraction": "fraction", "fuse_residual": "flag", "kxk_weight_buffers": "count"}
     STREAM_MEMORY = "AM"
     STREAM_LINK = "ddr"
+
+    @classmethod
+    def check_target(cls, tgt) -> None:
+        super().check_target(tgt)
+        fm, vp, ipw = (tgt.p(k) for k in ("fmacs", "vpes", "images_per_word"))
+        if fm * vp * ipw > tgt.macs_per_cycle():
+            raise TargetError(tgt.path or tgt.name, f"param.fmacs x vpes x images_per_word = {fm:g} x {vp:g} x {ipw:g} "
+                              f"MACs per cycle, more than compute.macs_per_cycle.{tgt.dtype} = {tgt.macs_per_cycle():g}"
+                              f" of a core: change them together")
+        if tgt.p("m_min") > tgt.p("m_max") or tgt.p("reserved_registers") >= tgt.p("vector_registers"):
+            raise TargetError(tgt.path or tgt.name, f"param.m_min / m_max / reserved_registers / vector_registers: "
+                              f"found {tgt.p('m_min'):g} / {tgt.p('m_max'):g} / {tgt.p('reserved_registers'):g} / "
+                              f"{tgt.p('vector_registers'):g}; expected m_min <= m_max and reserved < vector registers")
 
     # ------------------------------------------------------------------ helpers
 

@@ -18,7 +18,7 @@ class Host(Strategy):
     name = "host"
     MEMORIES = ("L2", "L3", "DRAM")
     LINKS = ("dram",)
-    PARAMS = ("vector_lanes",)
+    PARAMS = {"vector_lanes": "count", "co_block": "count"}
     STREAM_MEMORY = "L2"
     STREAM_LINK = "dram"
 

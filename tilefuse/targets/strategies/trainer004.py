@@ -27,6 +27,7 @@ import numpy as np
 
 from ...ir import Network
 from ..report import Layer, LayerReport, SimReport
+from ..spec import TargetError
 from .base import Strategy
 
 
@@ -50,10 +51,19 @@ class Trainer004(Strategy):
     name = "trainer-004"
     MEMORIES = ("Fbuf_In", "Wbuf", "Fbuf_Out", "Bbuf", "DRAM")
     LINKS = ("feature", "weight")
-    PARAMS = ("pu_rows", "pu_cols", "pu_macs", "preu_macs", "postu_macs", "co_block", "preu_ops", "postu_ops",
-              "vector_ops")
+    PARAMS = {"pu_rows": "count", "pu_cols": "count", "pu_macs": "count", "preu_macs": "count", "postu_macs": "count",
+              "co_block": "count", "preu_ops": "nonneg", "postu_ops": "nonneg", "vector_ops": "nonneg"}
     STREAM_MEMORY = "Fbuf_In"
     STREAM_LINK = "feature"
+
+    @classmethod
+    def check_target(cls, tgt) -> None:
+        super().check_target(tgt)
+        rows, cols, macs = (tgt.p(k) for k in ("pu_rows", "pu_cols", "pu_macs"))
+        if rows * cols > tgt.cores or macs > tgt.macs_per_cycle():
+            raise TargetError(tgt.path or tgt.name, f"param.pu_rows x pu_cols x pu_macs: a {rows:g} x {cols:g} "
+                              f"array of {macs:g}-MAC PUs, but target.cores = {tgt.cores} PUs of macs_per_cycle."
+                              f"{tgt.dtype} = {tgt.macs_per_cycle():g}: the PU array is the cores; change both together")
 
     def _cycles(self, co, ci, kh, kw, pix):
         p = self.t.p
@@ -166,6 +176,8 @@ class Trainer004(Strategy):
                 mapping = "memory-bound unit on the vector unit"
             seconds = max(busy.values())
             lay_peak = 2.0 * array_macs * f
+            if "compute[VecU]" in busy and busy["compute[VecU]"] > 0:     # as base.vector_peak
+                lay_peak = max(lay_peak, flops / busy["compute[VecU]"])
             rep = LayerReport(i, name, op.op if op is not None else "add (error)", tuple(op.outputs[0].shape)
                               if op is not None else (), flops, seconds, self.t.cores, lay_peak, f, busy,
                               {"link feature": fbytes, "link weight": int(busy.get("link:weight", 0) * wlink.effective)},

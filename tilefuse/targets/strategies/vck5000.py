@@ -26,6 +26,7 @@ import numpy as np
 from ...errors import UnsupportedOpError
 from ...imaging.reference import correlate_valid, extend
 from ...kernels import reference as ref
+from ..machine import Scratchpad
 from ..report import Layer, LayerReport, SimReport
 from .base import Strategy
 
@@ -58,7 +59,8 @@ class VCK5000(Strategy):
     name = "vck5000-aie"
     MEMORIES = ("window", "DDR")
     LINKS = ("h2c", "c2h", "host_copy", "ddr_port")
-    PARAMS = ("tile_width", "tile_height", "words_per_cycle", "load_send_serial", "kernel_overhead")
+    PARAMS = {"tile_width": "count", "tile_height": "count", "words_per_cycle": "positive", "load_send_serial": "flag",
+              "kernel_overhead": "nonneg"}
     CLOCKS = ("aie", "pl")
     KERNELS = ("conv2d", "flatten", "reshape", "dropout")
 
@@ -196,6 +198,13 @@ class VCK5000(Strategy):
         self.begin()
         out = read = compute = write = None
         th, tw = int(self.t.p("tile_height")), int(self.t.p("tile_width"))
+        if kh >= th or kw >= tw:
+            raise UnsupportedOpError(f"FilterJob: a {kh}x{kw} kernel does not fit a {th}x{tw} tile "
+                                     f"(param.tile_height / param.tile_width of {self.t.name})")
+        # the two input windows of a tile must fit (CapacityError) before the frame is padded to whole tiles
+        probe = Scratchpad("window", self.t.capacity("window"), False)
+        for j in range(2):
+            probe.alloc(f"input window[{j}] {th}x{tw}", (th, tw), dt)
         if self.functional:
             img = job.image
             if img is None:
