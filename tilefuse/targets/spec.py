@@ -122,7 +122,7 @@ PARAM_RULES = {
 def check_param(tgt: "Target", name: str, rule) -> None:
     """TargetError unless param.<name> of tgt (from the file or an override) obeys `rule`."""
     p = tgt.params[name]
-    where = f"{tgt.path or tgt.name}"
+    where = f"{tgt.path or tgt.name}" + (f" with {p.source[2:]}" if p.tag == "O" else "")
     if isinstance(rule, tuple):
         if p.value not in rule:
             raise TargetError(where, f"param.{name}: found {p.raw!r}, expected one of "
