@@ -488,6 +488,25 @@ def test_max_with_an_infinite_bound_stays_infinite():
     np.testing.assert_array_equal(_run(m, x), [[1.0, np.inf, 0.0, 0.0]])
 
 
+@pytest.mark.parametrize("shape", [(1, 7), (1, 16, 3, 5)])
+def test_a_negative_zero_bound_keeps_the_sign_of_zero(shape):
+    """Max(x, -0.0) and Clip(x, -0.0[, 6]) give -0.0 for negative x (NumPy, PyTorch, ONNX Runtime): 1 / that is
+    -inf. tilefuse made them a relu (+0.0, so +inf after a reciprocal: onnx_mutants seed 9053317)."""
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[:3] = [-0.0, 2.0, -1.0]        # not +0.0: max(+0.0, -0.0) may be either zero (IEEE)
+    nz = ("nz", np.array(-0.0, np.float32))
+    six = ("six", np.array(6.0, np.float32))
+    for first, inits in ((helper.make_node("Max", ["x", "nz"], ["t"]), [nz]),
+                         (helper.make_node("Clip", ["x", "nz"], ["t"]), [nz]),
+                         (helper.make_node("Clip", ["x", "nz", "six"], ["t"]), [nz, six])):
+        m = _model([first, helper.make_node("Reciprocal", ["t"], ["y"])], [("x", shape)], [("y", len(shape))], inits)
+        want = _ort(m, x=x)[0]
+        assert np.isneginf(want).sum() == (x < 0).sum() + 1           # every negative x, and -0.0 itself
+        np.testing.assert_array_equal(_run(m, x), want)
+        t = torch.maximum(torch.from_numpy(x), torch.tensor(-0.0)).clamp(max=6.0 if len(inits) == 2 else float("inf"))
+        np.testing.assert_array_equal(want, torch.reciprocal(t).numpy())
+
+
 def test_sizes_no_host_holds_are_refused_before_any_memory_is_taken():
     """An input dimension over 2^31 (struct.error in the program encoder: seed 1003977), a batch of 2^31 (all the
     host's memory in compile: seed 1041598) and an Expand to 2^31 rows (a 16 GiB constant: seed 2005072) are

@@ -364,3 +364,26 @@ def test_docs_ops_table_lists_every_ir_op_and_aten_op():
     aten_column = " ".join(rows.values())
     missing = [op for op in _ATEN if op not in aten_column.replace(",", " ").split() and op not in aten_column]
     assert not missing, missing
+
+
+def test_clamp_at_negative_zero_keeps_the_sign_of_zero():
+    """torch.clamp(x, min=-0.0) is -0.0 for negative x (1 / it is -inf), standalone or fused after a conv;
+    tilefuse made it a relu (+0.0, +inf after the reciprocal)."""
+    torch.manual_seed(0)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x):
+            return 1 / torch.clamp(self.c(x), min=-0.0) + 1 / torch.clamp(x, min=-0.0)
+
+    m, x = M().eval(), torch.randn(1, 16, 10, 10)
+    with torch.no_grad():
+        want = m(x).numpy()
+    assert np.isneginf(want).sum() > 100
+    net = tilefuse.from_torch(m, (x,))
+    got = np.asarray(tilefuse.Session(tilefuse.compile(net)).run(x.numpy()))
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))          # the signs of the zeros
+    np.testing.assert_allclose(got, want, rtol=1e-3)                             # the rest: conv rounding, 1/x

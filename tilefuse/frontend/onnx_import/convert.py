@@ -458,7 +458,7 @@ def _clip(cx: Ctx, nd: OnnxNode, used):
     if lo > hi:
         raise nd.refuse(f"min {lo} > max {hi} (ONNX then outputs max everywhere); expected min <= max")
     name = cx.fresh(nd.name)
-    if lo == 0 and hi == np.inf:
+    if _is_relu_bound(lo) and hi == np.inf:
         return cx.net.relu(x, name=name)
     return cx.net.activation(x, "clip", name=name, min=lo, max=hi)
 
@@ -963,8 +963,16 @@ def _max_min(cx: Ctx, nd: OnnxNode, used):
     v = [float(c.reshape(-1)[0]) for c in cs]
     name = cx.fresh(nd.name)
     if nd.op == "Max":
-        return cx.net.relu(x, name=name) if max(v) == 0 else cx.net.activation(x, "clip", name=name, min=max(v))
+        lo = max(v)
+        return cx.net.relu(x, name=name) if _is_relu_bound(lo) else cx.net.activation(x, "clip", name=name, min=lo)
     return cx.net.activation(x, "clip", name=name, max=min(v))
+
+
+def _is_relu_bound(lo: float) -> bool:
+    """max(x, lo) is relu for lo = +0.0 only: max(x, -0.0) is -0.0 for negative x (NumPy, ONNX Runtime,
+    PyTorch), which a later 1 / x tells apart from relu's +0.0 (onnx_mutants seed 9053317); the clip kernel keeps
+    it."""
+    return lo == 0 and not np.signbit(lo)
 
 
 def _expand(cx: Ctx, nd: OnnxNode, used):
