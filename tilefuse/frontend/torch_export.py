@@ -606,7 +606,7 @@ def _clip(imp, x, lo=None, hi=None):
         return x
     lo = -math.inf if lo is None else float(lo)
     hi = math.inf if hi is None else float(hi)
-    if lo == 0.0 and not math.copysign(1.0, lo) < 0 and hi == math.inf:    # clamp(min=-0.0) keeps -0.0: clip
+    if lo == 0.0 and math.copysign(1.0, lo) > 0 and hi == math.inf:    # clamp(min=-0.0) keeps -0.0: clip
         return imp.net.relu(x, name=imp.op_name())
     return imp.net.activation(x, "clip", name=imp.op_name(), min=lo, max=hi)
 

@@ -95,7 +95,7 @@ def read_npy(path: str, what: str = "input") -> np.ndarray:
         try:
             version = fmt.read_magic(f)
             read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-            shape, fortran, dtype = read_header(f)
+            shape, _, dtype = read_header(f)
         except (ValueError, EOFError, SyntaxError) as e:
             raise ValueError(f"{what}: {path!r} is not a readable .npy file ({e})") from None
         if dtype.hasobject:

@@ -157,7 +157,6 @@ def simulate(compiled, target, *, cores: int | None = None, inputs=None, functio
             except TilefuseError as e:
                 e.args = (f"instruction {lay.index} ({lay.kernel} '{lay.name}') on {tgt.name}: {e.args[0]}",)
                 raise
-            _check_time(rep, tgt)
         if functional:
             if lay.out is None:
                 raise SimulationError(f"strategy {tgt.strategy} produced no output for layer '{lay.name}'")

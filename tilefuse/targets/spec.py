@@ -97,7 +97,7 @@ def _finite(v: float, raw, kind: str, where: str) -> float:
     return v
 
 
-def unit_kind(raw) -> str:
+def _unit_kind(raw) -> str:
     """The kind a value's unit names ("number" for a bare number or an unknown unit)."""
     m = _NUM.match(raw) if isinstance(raw, str) else None
     u = m.group(2).lower() if m else ""
@@ -558,7 +558,7 @@ def parse_target(doc: dict, where: str = "<target>", strategies: dict | None = N
 
     params = {}
     for pname, pv in (doc.get("param") or {}).items():
-        kind = unit_kind(pv.get("value")) if isinstance(pv, dict) else "number"
+        kind = _unit_kind(pv.get("value")) if isinstance(pv, dict) else "number"
         params[pname] = _param(pv, f"param.{pname}", kind, where, clocks=clocks)
     tgt = Target(name, title, strategy, seed, dtype, cores, max_cores, clocks, compute, cclock, mems,
                  links, params, where, str(t.get("notes", "")))

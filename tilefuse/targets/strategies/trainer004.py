@@ -28,7 +28,7 @@ import numpy as np
 from ...ir import Network
 from ..report import Layer, LayerReport, SimReport
 from ..spec import TargetError
-from .base import Strategy
+from .base import Strategy, vector_peak
 
 
 @dataclass
@@ -63,7 +63,8 @@ class Trainer004(Strategy):
         if rows * cols > tgt.cores or macs > tgt.macs_per_cycle():
             raise TargetError(tgt.path or tgt.name, f"param.pu_rows x pu_cols x pu_macs: a {rows:g} x {cols:g} "
                               f"array of {macs:g}-MAC PUs, but target.cores = {tgt.cores} PUs of macs_per_cycle."
-                              f"{tgt.dtype} = {tgt.macs_per_cycle():g}: the PU array is the cores; change both together")
+                              f"{tgt.dtype} = {tgt.macs_per_cycle():g}: the PU array is the cores; change both "
+                              f"together")
 
     def _cycles(self, co, ci, kh, kw, pix):
         p = self.t.p
@@ -176,11 +177,9 @@ class Trainer004(Strategy):
                 mapping = "memory-bound unit on the vector unit"
             seconds = max(busy.values())
             lay_peak = 2.0 * array_macs * f
-            if "compute[VecU]" in busy and busy["compute[VecU]"] > 0:     # as base.vector_peak
-                lay_peak = max(lay_peak, flops / busy["compute[VecU]"])
             rep = LayerReport(i, name, op.op if op is not None else "add (error)", tuple(op.outputs[0].shape)
                               if op is not None else (), flops, seconds, self.t.cores, lay_peak, f, busy,
                               {"link feature": fbytes, "link weight": int(busy.get("link:weight", 0) * wlink.effective)},
                               mapping, phase)
-            reports.append(rep)
+            reports.append(vector_peak(rep) if "compute[VecU]" in busy else rep)
         return reports

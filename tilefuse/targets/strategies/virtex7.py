@@ -23,7 +23,7 @@ import numpy as np
 from ...kernels import reference as ref
 from ..machine import CapacityError, Scratchpad, Timeline, Traffic
 from ..report import Layer, LayerReport, SimReport
-from .base import ConvGeom, Strategy, gather
+from .base import ConvGeom, Strategy, gather, vector_peak
 
 
 def _is_winograd(lay: Layer) -> bool:
@@ -176,11 +176,9 @@ class Virtex7(Strategy):
         elems = max(int(np.prod(shp[1:])), int(np.prod(lay.out_shape[1:])))
         compute_s = elems / (self.t.p("logic_lanes") * self.t.clock())
         lay.out = lay.reference(*lay.inputs) if self.functional else None
-        # measured against the DSP array's peak, or the logic's own rate where it outruns the DSPs used
-        # (few cores): a stage's efficiency never exceeds 1
-        peak = max(2.0 * self.t.cores * self.t.clock(), lay.flops / (n * compute_s) if compute_s > 0 else 0.0)
-        rep = self._stage(lay, compute_s, 0, f"line buffer {rows} rows, {self.t.p('logic_lanes'):g} "
-                                             f"elements/cycle in logic", peak)
+        # against the DSP array's peak, or the logic's own rate where it outruns the DSPs used (base.vector_peak)
+        mapping = f"line buffer {rows} rows, {self.t.p('logic_lanes'):g} elements/cycle in logic"
+        rep = vector_peak(self._stage(lay, compute_s, 0, mapping, 2.0 * self.t.cores * self.t.clock()))
         return rep
 
     def finish(self, report: SimReport, prog, layers) -> None:
