@@ -126,6 +126,26 @@ def test_squeeze_excitation_from_row_sums_does_not_read_its_input(n, c, r):
         squeeze_excitation(got, y, w1, b1, w2, b2, row_sums=np.zeros((1, 1, 1, 16), np.float32), **se)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_rows_are_added_in_float64(threads):
+    """A tall map whose first row is 2^24 and every other row 1: float32 over the rows stopped at 2^24
+    (the mean 2.4e-4 low; random 4K maps were 1.5e-6 off, global_avg_pool's float64 totals 3e-8). With
+    identity FCs the SE's output is the mean itself; from x and from given row sums, the same bits."""
+    c, h = 16, 4097
+    x = np.ones((1, 1, h, 1, 16), np.float32)                  # NCHW16c, W = 1: each row sum is the value
+    x[:, :, 0] = 2.0 ** 24
+    eye = np.eye(c, dtype=np.float32).reshape(c, c, 1, 1)
+    zero = np.zeros(c, np.float32)
+    se = dict(act=("identity", 0.0, 0.0), gate=("identity", 0.0, 0.0), layout="nchwc", threads=threads)
+    got = np.empty((1, c, 1, 1), np.float32)
+    squeeze_excitation(got, x, eye, zero, eye, zero, **se)
+    want = np.float32((2.0 ** 24 + h - 1) / h)
+    np.testing.assert_allclose(got.reshape(-1), np.full(c, want), rtol=1e-7)
+    from_rows = np.empty_like(got)
+    squeeze_excitation(from_rows, x, eye, zero, eye, zero, row_sums=x[:, :, :, 0].copy(), **se)
+    assert np.array_equal(from_rows, got)
+
+
 @pytest.mark.parametrize("name,size", [("efficientnet_b0", 96), ("mobilenet_v3_large", 64)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_networks_with_se_sums_equal_without(name, size, threads, monkeypatch):

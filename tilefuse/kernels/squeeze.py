@@ -10,7 +10,7 @@ products over contiguous weight rows and the activations (kernels/activations.py
 in numba. The scale stays NCHW: the next 1x1 conv takes it as its input scale (kernels/se_conv.py).
 
 The means of an NCHW16c input are sums of row sums: each row's 16-lane sum over its positions
-(`conv/_nb.row_sum16`), the rows added in order, times 1/(H*W). Where a depthwise conv produces x,
+(`conv/_nb.row_sum16`), the rows added in order in float64, times 1/(H*W). Where a depthwise conv produces x,
 a session has that conv write the row sums in its epilogue while each row is in L1
 (`depthwise.run_nchwc(row_sums=)`, bound by kernels/registry.py `bind_se_sums`), and the
 squeeze-excitation starts from them (`row_sums=`) instead of reading x again: the same order, so
@@ -133,14 +133,14 @@ def _split_par(nt, phase, s, h, m, w1, b1, w2, b2, k, c1, a1, e1, c2, a2, e2):
 
 @njit(nogil=True, cache=True)
 def _means_from_rows(m, rs, i, inv):
-    """m[i, c] = (image i's row sums rs (N, Cb, H, 16) of channel c, added in row order) * inv."""
+    """m[i, c] = (image i's row sums rs (N, Cb, H, 16) of channel c, added in row order in float64) * inv."""
     C = m.shape[1]
     cb, h = rs.shape[1], rs.shape[2]
     for b in range(cb):
         for l in range(min(16, C - b * 16)):
-            acc = np.float32(0.0)
+            acc = np.float64(0.0)
             for r in range(h):
-                acc += rs[i, b, r, l]
+                acc += np.float64(rs[i, b, r, l])
             m[i, b * 16 + l] = acc * inv
 
 
@@ -194,9 +194,11 @@ def _fc_par(nt, s, m, w1, b1, w2, b2, c1, a1, e1, c2, a2, e2):
 def _row_means_seq(counter, tid, m, xf, n, cb, h, w, per, inv):
     """One worker (threads.numba_region) of the means of an NCHW16c x (flat xf, (N, Cb, H, W, 16)) into m
     (N, C), over (image, channel blocks) tasks (pool.next_block_task): per block the rows' sums
-    (`row_sum16`) added in order from 0, times inv; the order `_fc_rows_seq` adds given row sums in."""
+    (`row_sum16`, float32) added in order from 0 in float64, times inv; the order `_fc_rows_seq` adds given
+    row sums in. Float64 over the rows as in pool.means_into: float32 lost up to 1.5e-6 of a 4K mean."""
     C = m.shape[1]
-    acc = nb.carray(stack_f32(16), 16)
+    row = nb.carray(stack_f32(16), 16)
+    acc = np.empty(16, np.float64)
     while True:
         i, c0, c1 = next_block_task(counter, n, cb, per)
         if i < 0:
@@ -205,7 +207,9 @@ def _row_means_seq(counter, tid, m, xf, n, cb, h, w, per, inv):
             for l in range(16):
                 acc[l] = 0.0
             for r in range(h):
-                row_sum16(xf, ((i * cb + b) * h + r) * w * 16, w, acc, 0, True)
+                row_sum16(xf, ((i * cb + b) * h + r) * w * 16, w, row, 0, False)
+                for l in range(16):
+                    acc[l] += np.float64(row[l])
             for l in range(min(16, C - b * 16)):
                 m[i, b * 16 + l] = acc[l] * inv
 
