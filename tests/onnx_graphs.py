@@ -448,7 +448,8 @@ def check(kind: str, seed: int) -> str | None:
 
 def _evaluator(model):
     """ONNX's reference evaluator, its LRN replaced: onnx 1.23.2's loops the channel over the batch axis
-    (`for c in range(x.shape[0])`), so every channel from N on gets a square sum of 0 (seed 77014535)."""
+    (`for c in range(x.shape[0])`), so every channel from N on gets a square sum of 0 (seed 77014535); its
+    BatchNormalization too (below)."""
     from onnx.reference import ReferenceEvaluator
     from onnx.reference.op_run import OpRun
 
@@ -462,7 +463,21 @@ def _evaluator(model):
                 sq[:, k] = np.sum(x[:, max(0, k - (size - 1) // 2):min(c, k + size // 2 + 1)] ** 2, axis=1)
             return ((x / (bias + (alpha / size) * sq) ** beta).astype(x.dtype),)
 
-    return ReferenceEvaluator(model, new_ops=[LRN])
+    class BatchNormalization(OpRun):
+        """Inference BN (batch statistics only with training_mode=1, opset 14+): onnx 1.23.2's BatchNormalization_9
+        takes the schema's default momentum 0.9 as training and mixes in the batch's statistics (seed 11063615)."""
+        op_domain = ""
+
+        def _run(self, x, scale, bias, mean, var, epsilon=None, momentum=None, training_mode=None, **_):
+            if training_mode:
+                axes = (0,) + tuple(range(2, x.ndim))
+                mean, var = x.mean(axis=axes), x.var(axis=axes)
+            shape = (1, -1) + (1,) * (x.ndim - 2)
+            y = scale.reshape(shape) * (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + epsilon) \
+                + bias.reshape(shape)
+            return (y.astype(x.dtype),)
+
+    return ReferenceEvaluator(model, new_ops=[LRN, BatchNormalization])
 
 
 def _float64_model(model):

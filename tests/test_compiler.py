@@ -168,3 +168,28 @@ def test_bn_fold_weights_chunked_equal_whole_array_formula():
     assert count(opt, "batch_norm") == 0
     np.testing.assert_array_equal(conv.inputs[1].value, want)
     assert conv.inputs[1].value.dtype == np.float32
+
+
+@pytest.mark.parametrize("case", ["flush", "overflow", "normal"])
+def test_a_fold_that_would_flush_or_overflow_a_weight_is_not_made(case):
+    """fold_batch_norm and fold_channel_affine round w * s to float32: with s = 1e-43 every weight became a
+    subnormal with 2-3 significant bits, with s = 1e30 and w ~ 1e10 inf. Such a factor is left as an op after
+    the conv (a scale), whose result the reference gives; an ordinary factor is folded."""
+    rng = np.random.default_rng(8)
+    gamma, var, wscale, xscale = {"flush": (1e-25, 1e36, 1.0, 1.0), "overflow": (1e30, 1.0, 1e10, 1e-20),
+                                  "normal": (1.5, 1.0, 1.0, 1.0)}[case]
+    w = (rng.standard_normal((4, 3, 3, 3)) * wscale).astype(np.float32)
+    net = tilefuse.Network("fold_range")
+    x = net.input("x", (1, 3, 6, 6))
+    y = net.batch_norm(net.conv2d(x, w, padding=1), np.full(4, gamma), np.zeros(4), np.zeros(4), np.full(4, var))
+    net.output(net.mul(net.conv2d(x, w, padding=1), net.constant("s", np.full((1, 4, 1, 1), gamma / var ** 0.5,
+                                                                            np.float32))))
+    net.output(y)
+    folded = case == "normal"
+    assert (count(P.fold_batch_norm(net).network, "batch_norm") == 0) == folded
+    assert (count(P.fold_channel_affine(net).network, "mul") == 0) == folded
+    xi = (rng.standard_normal((1, 3, 6, 6)) * xscale).astype(np.float32)
+    got = tilefuse.Session(tilefuse.compile(net)).run(xi)
+    for g, want in zip(got, tilefuse.evaluate(net, xi)):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=max(4e-45, 1e-5 * float(np.abs(want).max())))

@@ -550,3 +550,110 @@ def test_malformed_declarations_and_values_are_refused_by_name():
     gn = [helper.make_node("GroupNormalization", [], ["y"], num_groups=1)]
     with pytest.raises(GraphError, match="ONNX checker rejected the model"):
         tilefuse.from_onnx(_model(gn, [("x", (1, 4, 2, 2))], [("y", 4)], opset=18))
+
+
+@pytest.mark.parametrize("alpha,xscale,with_c", [(1.4e-45, 1.0, False), (1e-40, 1.0, True), (1e30, 1e-20, False),
+                                                 (0.5, 1.0, True)])
+def test_a_gemm_alpha_that_would_flush_or_overflow_the_weights_is_applied_after_the_sums(alpha, xscale, with_c):
+    """Gemm's alpha folded into B: 1.4e-45 x B flushed every weight to 0 or +-1.4e-45 (0.53 off ONNX Runtime,
+    onnx_mutants seed 11068116); 1e30 x B (B ~ 1e10) overflowed to inf where ORT's (A B) alpha is 1e20. Such
+    an alpha stays a scale after the linear layer; an ordinary one is still folded (no scale op)."""
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((140, 3)).astype(np.float32) * (1e10 if alpha > 1 else 1)
+    x = (rng.standard_normal((2, 140)) * xscale).astype(np.float32)
+    ins = ["x", "b", "c"] if with_c else ["x", "b"]
+    inits = [("b", b)] + ([("c", np.full(3, 1e-44 if alpha < 1e-30 else 0.25, np.float32))] if with_c else [])
+    m = _model([helper.make_node("Gemm", ins, ["y"], alpha=alpha)], [("x", x.shape)], [("y", 2)], inits)
+    net = tilefuse.from_onnx(m)
+    assert sum(o.op == "scale" for o in net.ops) == (alpha != 0.5)
+    got = tilefuse.Session(tilefuse.compile(net)).run(x)
+    want = _ort(m, x=x)[0]
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=3e-45)
+
+
+@pytest.mark.parametrize("op,ins", [("Concat", ["x", "x", ""]), ("Sum", ["", "x", "x"]), ("Mean", ["", "x"]),
+                                    ("Max", ["x", "", "x"])])
+def test_an_empty_name_in_a_variadic_input_is_refused(op, ins):
+    """Concat(x, x, '') was imported as Concat(x, x) and Sum('', c, x) as c + x (onnx_mutants seeds 11005160,
+    11006920), files ONNX Runtime refuses: '' leaves out an optional input, and a variadic one is not."""
+    attrs = dict(axis=1) if op == "Concat" else {}
+    m = _model([helper.make_node(op, ins, ["y"], name="n", **attrs)], [("x", (1, 4, 3, 3))], [("y", 4)])
+    from onnx_mutants import _ort_run              # a worker process: ORT crashes on some of these
+    assert isinstance(_ort_run(m.SerializeToString(), np.zeros((1, 4, 3, 3), np.float32)), str)
+    i = ins.index("")
+    with pytest.raises(GraphError, match=rf"node 'n' \({op}-\d+\): input {i} is the empty name ''; .* is variadic"):
+        tilefuse.from_onnx(m)
+
+
+def test_an_empty_optional_input_still_leaves_it_out():
+    """The same check leaves an Optional input's '' alone: Clip(x, '', max) is a clip from above only."""
+    m = _model([helper.make_node("Clip", ["x", "", "hi"], ["y"])], [("x", (2, 5))], [("y", 2)],
+               [("hi", np.array(0.25, np.float32))])
+    x = np.random.default_rng(2).standard_normal((2, 5)).astype(np.float32)
+    np.testing.assert_array_equal(_run(m, x), _ort(m, x=x)[0])
+
+
+def _int_case(role):
+    """(a model whose `role` constant is int32 where ONNX binds it to the input's float type, its input)"""
+    i32 = np.int32
+    x = np.random.default_rng(4).standard_normal((1, 2, 4, 4)).astype(np.float32)
+    cases = {
+        "weight W": ("Conv", ["x", "w"], [("w", np.ones((3, 2, 1, 1), i32))], {}),
+        "bias B": ("Conv", ["x", "w", "b"], [("w", np.ones((3, 2, 1, 1), np.float32)), ("b", np.ones(3, i32))], {}),
+        "slope": ("PRelu", ["x", "s"], [("s", np.ones((2, 1, 1), i32))], {}),
+        "constant_value": ("Pad", ["x", "p", "v"], [("p", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)),
+                                                    ("v", np.array(3, i32))], {}),
+        "min": ("Clip", ["x", "lo"], [("lo", np.array(0, i32))], {}),
+        "constant operand": ("Add", ["x", "c"], [("c", np.ones((2, 1, 1), i32))], {}),
+    }
+    op, ins, inits, attrs = cases[role]
+    return _model([helper.make_node(op, ins, ["y"], name="n", **attrs)], [("x", x.shape)], [("y", 4)], inits), x
+
+
+@pytest.mark.parametrize("role", ["weight W", "bias B", "slope", "constant_value", "min", "constant operand"])
+def test_an_integer_constant_in_a_float_role_is_refused_by_name(role):
+    """An int32 Conv weight, PRelu slope, Pad value ... was converted to float and computed (onnx_mutants seed
+    11002144 and 5 others); ONNX's type constraint T makes such a file invalid and ONNX Runtime refuses it."""
+    m, x = _int_case(role)
+    with pytest.raises(Exception):
+        _ort(m, x=x)
+    with pytest.raises(GraphError, match=rf"node 'n' \(\w+-\d+\): {role} has dtype int32; .* expected a float tensor"):
+        tilefuse.from_onnx(m)
+
+
+def _shape_case(case):
+    """(a model whose index / scale tensor has a shape the spec does not allow, its input, the message)"""
+    x = np.random.default_rng(5).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    i64 = np.int64
+    cases = {
+        "squeeze axes 0-d": ("Squeeze", ["x", "a"], [("a", np.array(0, i64))], {},
+                             r"axes has shape \(\); expected a 1-D"),
+        "slice starts 0-d": ("Slice", ["x", "s", "e", "a"], [("s", np.array(1, i64)), ("e", np.array([4], i64)),
+                                                            ("a", np.array([2], i64))], {},
+                             r"starts has shape \(\); expected a 1-D"),
+        "resize 5 scales": ("Resize", ["x", "", "sc"], [("sc", np.ones(5, np.float32))], {},
+                            r"5 scales for 4 axes; expected one per axis"),
+        "gemm C rank 3": ("Gemm", ["x2", "b", "c"], [("b", np.ones((6, 3), np.float32)),
+                                                      ("c", np.ones((1, 1, 1), np.float32))], {},
+                          r"C has shape \(1, 1, 1\); expected a shape that broadcasts to \(M, N\)"),
+    }
+    op, ins, inits, attrs, msg = cases[case]
+    if op == "Gemm":
+        x = x[0, 0]
+        ins = ["x"] + ins[1:]
+    m = _model([helper.make_node(op, ins, ["y"], name="n", **attrs)], [("x", x.shape)], [("y", x.ndim)], inits,
+               opset=13 if op != "Resize" else 19)
+    return m, x, msg
+
+
+@pytest.mark.parametrize("case", ["squeeze axes 0-d", "slice starts 0-d", "resize 5 scales", "gemm C rank 3"])
+def test_index_and_scale_tensors_of_the_wrong_shape_are_refused(case):
+    """A 0-d `axes` / `starts` was read as a list of one, a fifth scale for a 4-D input dropped, a (1, 1, 1) Gemm
+    C taken as a scalar: files ONNX Runtime and ONNX's reference evaluator both refuse (onnx_mutants seed 11 run,
+    the mutants computed where both refused). (A (1, 4) scales is flattened, as ONNX Runtime reads it.)"""
+    m, x, msg = _shape_case(case)
+    from onnx_mutants import _ort_run
+    assert isinstance(_ort_run(m.SerializeToString(), x), str)
+    with pytest.raises(GraphError, match=r"node 'n' \(\w+-\d+\): " + msg):
+        tilefuse.from_onnx(m)

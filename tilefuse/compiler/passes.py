@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ir import Network, OpNode, ops
 from ..ir.network import _toposort
-from ..ir.node import DataNode
+from ..ir.node import DataNode, rounded_product
 from ..ir.ops import IDENTITY_ACT
 from ..kernels import activations as _acts
 
@@ -72,15 +72,19 @@ def remove_dropout(net: Network) -> PassResult:
     return PassResult(net, n > 0, f"{n} dropout removed")
 
 
-def _scale_rows(w: np.ndarray, s: np.ndarray, dt) -> np.ndarray:
+def _scale_rows(w: np.ndarray, s: np.ndarray, dt) -> np.ndarray | None:
     """(w * s[o]) per output channel o, computed in float64 and rounded to dt, a few output
     channels at a time: whole-weight float64 temporaries (4x the weights, 38 MiB for a 512x512
-    3x3 conv) left ~40 MiB of freed but resident heap after the passes of a ResNet18."""
+    3x3 conv) left ~40 MiB of freed but resident heap after the passes of a ResNet18. None where a
+    product would flush or overflow a weight (ir/node.py `rounded_product`): the caller does not fold."""
     out = np.empty(w.shape, dt)
     per = max(1, (1 << 20) // max(1, w[:1].size * 8))          # ~1 MiB of float64 per chunk
     for o in range(0, w.shape[0], per):
-        out[o:o + per] = (w[o:o + per].astype(np.float64) * s[o:o + per].reshape((-1,) + (1,) * (w.ndim - 1))
-                          ).astype(dt)
+        q = rounded_product(w[o:o + per], w[o:o + per].astype(np.float64)
+                            * s[o:o + per].reshape((-1,) + (1,) * (w.ndim - 1)), dt)
+        if q is None:
+            return None
+        out[o:o + per] = q
     return out
 
 
@@ -102,7 +106,10 @@ def fold_batch_norm(net: Network) -> PassResult:
         w = conv.inputs[1].value
         b = conv.inputs[2].value.astype(np.float64) if conv.params["has_bias"] else np.zeros_like(s)
         dt = conv.inputs[1].dtype
-        wd = DataNode(f"{conv.name}.weight_bnfold", w.shape, dt, _scale_rows(w, s, dt))
+        ws = _scale_rows(w, s, dt)
+        if ws is None:                          # a weight would flush or overflow: a scale op after the conv
+            continue
+        wd = DataNode(f"{conv.name}.weight_bnfold", w.shape, dt, ws)
         bd = DataNode(f"{conv.name}.bias_bnfold", s.shape, dt, ((b - mean) * s + beta).astype(dt))
         for d in conv.inputs[1:]:
             d.consumers.remove(conv)
@@ -599,7 +606,10 @@ def fold_channel_affine(net: Network) -> PassResult:
             else:
                 b = b + s if u.op == "add" else b - s
             dt = prod.inputs[1].dtype
-            wd = DataNode(f"{prod.name}.weight_folded", w.shape, dt, w.astype(dt))
+            w = rounded_product(prod.inputs[1].value, w, dt)
+            if w is None:                       # a weight would flush or overflow: the op stays
+                continue
+            wd = DataNode(f"{prod.name}.weight_folded", w.shape, dt, w)
             bd = DataNode(f"{prod.name}.bias_folded", b.shape, dt, b.astype(dt))
             for x in prod.inputs[1:]:
                 x.consumers.remove(prod)

@@ -259,6 +259,22 @@ def _recognize(cx: Ctx, g, input_shapes) -> list:
     return patterns.rewrite(g.node, const, ranks.get, [o.name for o in g.output])
 
 
+def _check_empty_inputs(nd: OnnxNode, schema) -> None:
+    """An empty input name '' in a variadic input (Concat(x, x, ''), Sum('', a, b)) is an error ONNX Runtime
+    reports too, where skipping it computed another graph. ('' for a Single input is left to the converters:
+    Resize-11 files from some converters leave out `roi` that way, and ONNX Runtime runs them.)"""
+    import onnx
+    formals = schema.inputs
+    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    for i, t in enumerate(nd.inputs):
+        if t or not formals:
+            continue
+        f = formals[min(i, len(formals) - 1)]
+        if f.option == variadic:
+            raise GraphError(nd.where, f"input {i} is the empty name ''; {nd.op}-{nd.version}'s input '{f.name}' "
+                                       f"is variadic, not optional: expected a tensor name")
+
+
 def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
     import onnx
     from onnx import helper
@@ -275,12 +291,14 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
         raise UnsupportedOpError(f"ONNX op '{n.op_type}' in node '{name}' is not supported; supported: "
                                  f"{', '.join(sorted(RULES))} (and, on constants, {', '.join(sorted(fold.FOLD))})")
     try:
-        version = onnx.defs.get_schema(n.op_type, opset, "").since_version
+        schema = onnx.defs.get_schema(n.op_type, opset, "")
     except Exception:
         raise UnsupportedOpError(f"ONNX op '{n.op_type}' in node '{name}' is not defined in opset {opset}") \
             from None
+    version = schema.since_version
     attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
     nd = OnnxNode(name, n.op_type, version, list(n.input), list(n.output), attrs)
+    _check_empty_inputs(nd, schema)
     for k in sorted(FLAGS & attrs.keys()):
         if type(attrs[k]) is not int or attrs[k] not in (0, 1):
             raise GraphError(nd.where, f"attribute {k}={attrs[k]!r}; expected 0 or 1")

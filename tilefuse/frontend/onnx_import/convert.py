@@ -20,7 +20,7 @@ import numpy as np
 
 from ...errors import GraphError, UnsupportedOpError
 from ...ir import Network
-from ...ir.node import DataNode
+from ...ir.node import DataNode, rounded_product
 from .. import boolexpr
 from . import fold
 
@@ -112,8 +112,12 @@ class Ctx:
 
 
 def _float_array(nd, a: np.ndarray, role: str) -> np.ndarray:
-    if a.dtype.kind not in "fiu":
-        raise nd.refuse(f"{role} has dtype {a.dtype}; expected a numeric tensor")
+    """A constant in a float role (weights, biases, slopes, an element-wise operand): ONNX's type constraint binds
+    it to the computed input's float type, so an integer or bool tensor makes the model invalid (ONNX Runtime
+    refuses it); a float of another width is converted."""
+    if a.dtype.kind != "f":
+        raise GraphError(nd.where, f"{role} has dtype {a.dtype}; {nd.op} takes it in the computed input's float "
+                                   f"type (type constraint T): expected a float tensor")
     return a
 
 
@@ -184,6 +188,7 @@ def _conv_operands(cx: Ctx, nd: OnnxNode, w_layout: str):
         raise GraphError(nd.where, f"kernel_shape={list(k)} disagrees with weight W of shape {w.shape}")
     s, d = _hw(nd, a, "strides", (1, 1)), _hw(nd, a, "dilations", (1, 1))
     b = cx.const(nd, 2, "bias B")
+    b = None if b is None else _float_array(nd, b, "bias B")
     bn = cx.const_node(nd.inputs[2], b, x.dtype) if b is not None else None
     return x, cx.const_node(nd.inputs[1], w, x.dtype), bn, k, s, d
 
@@ -329,12 +334,20 @@ def _gemm(cx: Ctx, nd: OnnxNode, used):
     b = _float_array(nd, cx.const(nd, 1, "B"), "B")
     if b.ndim != 2:
         raise GraphError(nd.where, f"B has shape {b.shape}; expected a 2-D matrix")
-    # linear wants weight (out, in): B is (K, N), or (N, K) with transB
-    w = (b if a.get("transB", 0) else b.T) * np.asarray(a.get("alpha", 1.0), b.dtype)
+    # linear wants weight (out, in): B is (K, N), or (N, K) with transB; alpha folded in unless that would
+    # flush or overflow a weight (then a scale after the sums, as ONNX Runtime's sgemm applies it)
+    w = b if a.get("transB", 0) else b.T
+    alpha = float(a.get("alpha", 1.0))
+    folded = w if alpha == 1.0 else rounded_product(w, w.astype(np.float64) * alpha, w.dtype)
+    w, alpha = (w, alpha) if folded is None else (folded, 1.0)
     if w.shape[1] != x.shape[1]:
         raise GraphError(nd.where, f"A {x.shape} and B {b.shape} (transB={a.get('transB', 0)}) do not "
                                    f"multiply")
     c = cx.const(nd, 2, "C")
+    c = None if c is None else _float_array(nd, c, "C")
+    if c is not None and c.ndim > 2:
+        raise GraphError(nd.where, f"C has shape {c.shape}; expected a shape that broadcasts to (M, N) = "
+                                   f"{(x.shape[0], w.shape[0])} (rank <= 2)")
     bias = None
     if c is not None:
         n = w.shape[0]
@@ -346,6 +359,15 @@ def _gemm(cx: Ctx, nd: OnnxNode, used):
                                        f"{(x.shape[0], n)}")
     name = cx.fresh(nd.name)
     w = cx.const_node(nd.inputs[1] + ".weight", w, x.dtype)
+    if alpha != 1.0:                        # (A B) alpha + beta C: linear, a scale, then C as below
+        y = cx.net.linear(x, w, None, name=cx.fresh(nd.name + ".linear"))
+        n = w.shape[0]
+        s = (cx.const_node(nd.name + ".alpha", np.full(n, alpha), x.dtype),
+             cx.const_node(nd.name + ".zero", np.zeros(n), x.dtype))
+        if c is None:
+            return cx.net.scale(y, *s, name=name)
+        y = cx.net.scale(y, *s, name=cx.fresh(nd.name + ".alpha"))
+        return cx.net.add(y, cx.const_node(nd.inputs[2], c if bias is None else bias, x.dtype), name=name)
     if c is not None and bias is None:      # a C per row: linear, then a broadcasting add
         y = cx.net.linear(x, w, None, name=cx.fresh(nd.name + ".linear"))
         return cx.net.add(y, cx.const_node(nd.inputs[2], c, x.dtype), name=name)
@@ -451,6 +473,8 @@ def _clip(cx: Ctx, nd: OnnxNode, used):
     else:
         lo, hi = (cx.const(nd, i, r) for i, r in ((1, "min"), (2, "max")))
         for v, r in ((lo, "min"), (hi, "max")):
+            if v is not None:
+                _float_array(nd, v, r)
             if v is not None and v.size != 1:
                 raise GraphError(nd.where, f"{r} has shape {v.shape}; expected a scalar")
         lo = -np.inf if lo is None else float(np.asarray(lo).reshape(-1)[0])
@@ -698,6 +722,7 @@ def _pad(cx: Ctx, nd: OnnxNode, used):
     else:
         pads = fold._ints(nd, cx.const(nd, 1, "pads"), "pads")
         v = cx.const(nd, 2, "constant_value")
+        v = None if v is None else _float_array(nd, v, "constant_value")
         if v is not None and v.size != 1:
             raise GraphError(nd.where, f"constant_value has shape {v.shape}; expected one value")
         value = 0.0 if v is None else float(np.asarray(v).reshape(-1)[0])
@@ -745,6 +770,10 @@ def _resize(cx: Ctx, nd: OnnxNode, used):
     if (scales is None) == (sizes is None):
         raise GraphError(nd.where, "exactly one of scales and sizes must be given")
     axes = [fold._axis(nd, v, 4, "axes") for v in a.get("axes", range(4))]
+    given = scales if scales is not None else sizes
+    if len(given) != len(axes):
+        raise GraphError(nd.where, f"{len(given)} {'scales' if scales is not None else 'sizes'} for {len(axes)} "
+                                   f"axes; expected one per axis")
     full_scale, full_size = [1.0] * 4, list(x.shape)
     for j, ax in enumerate(axes):
         if scales is not None:
@@ -949,7 +978,7 @@ def _max_min(cx: Ctx, nd: OnnxNode, used):
     if not comp:
         raise nd.refuse(f"{nd.op} of constants only (expected them folded)")
     x = cx.computed(nd, comp[0])
-    cs = [cx.const(nd, i, "bound") for i in ins if i != comp[0] and i not in comp[1:]]
+    cs = [_float_array(nd, cx.const(nd, i, "bound"), f"input {i}") for i in ins if i != comp[0] and i not in comp[1:]]
     if len(comp) > 1 or any(c.size != 1 for c in cs):
         f = cx.net.maximum if nd.op == "Max" else cx.net.minimum
         rest = [i for i in ins if i != comp[0]]

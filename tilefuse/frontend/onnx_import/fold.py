@@ -99,7 +99,7 @@ def _ints(node, a: np.ndarray | None, what: str) -> list[int] | None:
     a = np.asarray(a)
     if a.dtype.kind not in "iu":
         raise GraphError(node.where, f"{what} has dtype {a.dtype}; expected an integer tensor")
-    if a.ndim > 1:
+    if a.ndim != 1:                  # ONNX Runtime and ONNX's reference refuse a 0-d axes / starts / shape too
         raise GraphError(node.where, f"{what} has shape {a.shape}; expected a 1-D tensor")
     return [int(v) for v in a.reshape(-1)]
 
