@@ -291,6 +291,33 @@ def test_pow_imports_as_products_roots_and_the_pow_activation():
     assert_close_to_max(tilefuse.compile(net).run(x), torch_run(m, x))
 
 
+@pytest.mark.parametrize("p", [2 ** 31 - 1, 16777217, -(2 ** 31 - 1), 2 ** 31, 16777215])
+def test_an_odd_exponent_past_float32s_integers_keeps_the_sign_of_a_negative_base(p):
+    """float32 rounds 2^31 - 1 to 2^31 and 16777217 to 16777216, both even: (-2) ** (2^31 - 1) was +inf where
+    PyTorch (and ONNX Runtime, onnx_mutants seed 12061890) gives -inf. An odd p from 2^24 on is pow(x, p - 1) * x;
+    the same through torch.export and through an ONNX Pow with an int64 exponent."""
+    x = np.array([[-2.0, -0.5, -1.0, -0.0, 0.0, 1.0, 1.0000001, 0.9999999, 3.0, -1.0000001]], np.float32)
+
+    class Pow(nn.Module):
+        def forward(self, v):
+            return v ** p
+
+    want = torch_run(Pow().eval(), x)
+    net = tilefuse.from_torch(Pow().eval(), torch.from_numpy(x))
+    got = np.asarray(tilefuse.compile(net).run(x))
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    from onnx import TensorProto, helper, numpy_helper
+    g = helper.make_graph([helper.make_node("Pow", ["x", "p"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)],
+                          [numpy_helper.from_array(np.array(p, np.int64), "p")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+    got = np.asarray(tilefuse.compile(tilefuse.from_onnx(m)).run(x))
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def test_what_stays_refused_is_named():
     class TensorExponent(nn.Module):
         def forward(self, x):

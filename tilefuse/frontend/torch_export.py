@@ -660,7 +660,7 @@ def _pow(imp, x, p):
         return imp.net.div(imp.operand(1.0, x), x, name=name)
     if p in (0.5, -0.5):
         return imp.net.activation(x, "sqrt" if p > 0 else "rsqrt", name=name)
-    return imp.net.activation(x, "pow", name=name, exponent=p)
+    return imp.net.power(x, p, name=name)
 
 
 def _log1p(imp, x):

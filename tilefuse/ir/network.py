@@ -258,6 +258,17 @@ class Network:
             return self.relu(x, name=name)
         return self.add_op("activation", [x], {"act": (act, params)}, name)
 
+    def power(self, x: DataNode, p: float, name: str | None = None) -> DataNode:
+        """x ** p as activation(pow), which holds p in float32. Every float32 of magnitude >= 2^24 is an even
+        integer, so an odd integer p beyond that (ONNX's int32 exponent 2^31 - 1) would lose the sign of a
+        negative x: it is pow(x, p - 1) * x then (pow(x, p + 1) / x for p < 0, so that 0 gives inf, not inf * 0),
+        as PyTorch and ONNX Runtime keep the sign (the even power differs from x^p by the factor x: within
+        float32 the same 0, inf or e^(p ln x))."""
+        if abs(p) < 2 ** 24 or p != int(p) or int(p) % 2 == 0:
+            return self.activation(x, "pow", name=name, exponent=p)
+        even = self.activation(x, "pow", name=self._fresh(f"{name or 'pow'}.even"), exponent=p - 1 if p > 0 else p + 1)
+        return self.mul(even, x, name=name) if p > 0 else self.div(even, x, name=name)
+
     def sigmoid(self, x: DataNode, name: str | None = None) -> DataNode:
         return self.activation(x, "sigmoid", name)
 

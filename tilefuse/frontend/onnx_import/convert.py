@@ -896,6 +896,9 @@ def _variadic_sum(cx: Ctx, nd: OnnxNode, used):
     """Sum / Mean of any number of tensors (NumPy broadcasting): a chain of adds (then / n)."""
     ins = [i for i in range(len(nd.inputs)) if nd.has(i)]
     comp = [cx.computed(nd, i) for i in ins if not cx.is_const(nd, i)]
+    for i in ins:
+        if cx.is_const(nd, i):
+            _float_array(nd, cx.const(nd, i, f"input {i}"), f"input {i}")
     xs = [cx.operand(nd, i, comp[0].dtype) for i in ins]
     if len(xs) == 1:
         return xs[0]
@@ -945,7 +948,7 @@ def _pow(cx: Ctx, nd: OnnxNode, used):
     if k not in (2.0, 3.0):
         if not np.isfinite(k):
             raise nd.refuse(f"exponent {k}; expected a finite number")
-        return cx.net.activation(x, "pow", name=name, exponent=k)
+        return cx.net.power(x, k, name=name)
     sq = cx.net.mul(x, x, name=name if k == 2.0 else cx.fresh(nd.name + ".sq"))
     return sq if k == 2.0 else cx.net.mul(sq, x, name=name)
 
