@@ -45,8 +45,8 @@ def as_shape(shape, where: str) -> tuple[int, ...]:
 def rounded_product(w: np.ndarray, p: np.ndarray, dt) -> np.ndarray | None:
     """p, the float64 product of the constant w and a factor folded into it (Gemm's alpha, a batch norm's
     gamma / std, a per-channel Mul), rounded to dt; None where the fold would lose a value of w that dt holds:
-    a nonzero product under dt's smallest normal (it would flush to a subnormal or zero, 1.4e-45 x 0.59 is
-    not -0.59 x 1.4e-45 to 40%) or a finite product over dt's range. The caller keeps the factor as an op of
+    a nonzero product under dt's smallest normal (it would round to a subnormal or zero: 1.4e-45 x 0.59 rounds
+    to 1.4e-45, 70% off) or a finite product over dt's range. The caller keeps the factor as an op of
     its own then, applied after the sums as the peers apply it."""
     fi = np.finfo(dt)
     with np.errstate(over="ignore", invalid="ignore"):
