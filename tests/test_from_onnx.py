@@ -657,3 +657,15 @@ def test_index_and_scale_tensors_of_the_wrong_shape_are_refused(case):
     assert isinstance(_ort_run(m.SerializeToString(), x), str)
     with pytest.raises(GraphError, match=r"node 'n' \(\w+-\d+\): " + msg):
         tilefuse.from_onnx(m)
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+def test_a_one_value_bound_of_a_higher_rank_broadcasts_the_output(op):
+    """Max / Min of x (2, 3) and a (1, 1, 1) constant are (1, 2, 3), as ONNX Runtime gives; the clip tilefuse
+    made of them kept x's shape (onnx_mutants seed 14014198: a 0-d x and a (1,) bound gave a 0-d output)."""
+    m = _model([helper.make_node(op, ["x", "c"], ["y"])], [("x", (2, 3))], [("y", 3)],
+               [("c", np.full((1, 1, 1), 0.25, np.float32))])
+    x = np.random.default_rng(6).standard_normal((2, 3)).astype(np.float32)
+    got, want = _run(m, x), _ort(m, x=x)[0]
+    assert got.shape == want.shape == (1, 2, 3)
+    np.testing.assert_array_equal(got, want)

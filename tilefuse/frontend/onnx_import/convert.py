@@ -982,7 +982,9 @@ def _max_min(cx: Ctx, nd: OnnxNode, used):
         raise nd.refuse(f"{nd.op} of constants only (expected them folded)")
     x = cx.computed(nd, comp[0])
     cs = [_float_array(nd, cx.const(nd, i, "bound"), f"input {i}") for i in ins if i != comp[0] and i not in comp[1:]]
-    if len(comp) > 1 or any(c.size != 1 for c in cs):
+    if len(comp) > 1 or any(c.size != 1 for c in cs) or any(len(c.shape) > len(x.shape) for c in cs):
+        # (a one-value constant of a higher rank broadcasts x up: Min(x of shape (), c of shape (1,)) is (1,),
+        # onnx_mutants seed 14014198; the chain's ops broadcast, a clip keeps x's shape)
         f = cx.net.maximum if nd.op == "Max" else cx.net.minimum
         rest = [i for i in ins if i != comp[0]]
         for k, i in enumerate(rest):
