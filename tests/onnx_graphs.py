@@ -627,11 +627,12 @@ def _rounding_decides(model, x, got, want, seed) -> bool:
     RTOL of the float64 one, or 4x what float32's rounding of the input and of every node's output (each value
     x (1 + 2^-24 x a normal draw), two draws, `_rounded_model`) moves it. Element by element, non-finite ones
     included: the sign of a value below float32's reach decides a NaN after it (sqrt of GELU(-5.6), -2.6e-9,
-    where float32 frameworks give 0; ORT's own GELU is +3e-7 at -5.15, seed 79056053). ONNX Runtime's own error does not widen the tolerance: its LRN is
-    0.24% off the formula on seed 77052015, where tilefuse is 1.2e-7 off. The float64 evaluation counts only where
-    it is the function ORT computes: ORT within 5% of it (or 16x what the modelled rounding moves it by: a reduction
-    rounds once per term where the model rounds once per node; ORT 6x on 12060690) on at least half of the
-    outputs (ORT is 0.6% off on 77025285, a GELU tail)."""
+    where float32 frameworks give 0; ORT's own GELU is +3e-7 at -5.15, seed 79056053). ONNX Runtime's own error does not
+    widen the tolerance: its LRN is 0.24% off the formula on seed 77052015, where tilefuse is 1.2e-7 off. The float64
+    evaluation counts only where it is the function ORT computes: ORT within 5% of it (or 16x what the modelled rounding
+    moves it by: a reduction rounds once per term where the model rounds once per node; ORT 6x on 12060690) on at least
+    half of the outputs (ORT is 0.6% off on 77025285, a GELU tail).
+    """
     if got.shape != want.shape:
         return False
     try:
