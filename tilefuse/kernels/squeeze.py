@@ -207,7 +207,7 @@ def _row_means_seq(counter, tid, m, xf, n, cb, h, w, per, inv):
             for l in range(16):
                 acc[l] = 0.0
             for r in range(h):
-                row_sum16(xf, ((i * cb + b) * h + r) * w * 16, w, row, 0, False)
+                row_sum16(xf, ((i * cb + b) * h + r) * w * 16, w, row, 0)
                 for l in range(16):
                     acc[l] += np.float64(row[l])
             for l in range(min(16, C - b * 16)):

@@ -1726,13 +1726,12 @@ def gemm6(typingctx, c, ci, ldc, a, ai, sar, saq, b, bi, ldb, k, last, nv):
 
 
 @njit(inline="always", cache=True)
-def row_sum16(f, base, w, dst, d, add=False):
+def row_sum16(f, base, w, dst, d):
     """dst[d:d+16] = the sum of the w 16-float vectors at f[base + 16p] (one NCHW16c row of one channel
     block), in a fixed order: positions p = 4i + k into four partial sums a_k, then (a0 + a1) + (a2 + a3)
     (four add chains in flight). The one order the squeeze-excitation means use, whether the depthwise
     conv before them summed its rows in its epilogue or the squeeze-excitation reads them (kernels/squeeze.py):
-    the same bits either way. f, dst: flat float32; base, d: offsets. add: dst[d:d+16] += the sum instead
-    (the same bits as storing the sum and adding it after)."""
+    the same bits either way. f, dst: flat float32; base, d: offsets."""
     a = nb_carray(stack_f32(64), 64)           # a_k = a[16k:16k+16]
     for l in range(64):
         a[l] = 0.0
@@ -1748,7 +1747,4 @@ def row_sum16(f, base, w, dst, d, add=False):
     add16(a, 0, a, 16)                          # a0 + a1
     add16(a, 32, a, 48)                         # a2 + a3
     add16(a, 0, a, 32)                          # (a0 + a1) + (a2 + a3)
-    if add:
-        add16(dst, d, a, 0)
-    else:
-        mul16(dst, d, a, 0, np.float32(1.0), 0)    # a copy (x * 1 is x, -0 and NaN included)
+    mul16(dst, d, a, 0, np.float32(1.0), 0)     # a copy (x * 1 is x, -0 and NaN included)
