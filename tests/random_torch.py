@@ -1197,6 +1197,14 @@ def _declared_output_shape(blob: bytes):
     return tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
 
 
+NAN_DROPPING = {"MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"}   # ONNX Runtime's: max(NaN, 3) is 3
+
+
+def _drops_nan(blob: bytes) -> bool:
+    import onnx
+    return any(n.op_type in NAN_DROPPING for n in onnx.load_from_string(blob).graph.node)
+
+
 def _check_onnx(seed: int, exporter: str) -> str | None:
     """Against PyTorch and ONNX Runtime. An export that is itself broken (ONNX Runtime fails on it, or the file
     declares an output shape PyTorch does not produce: the TorchScript exporter after ceil-mode pools with
@@ -1223,12 +1231,17 @@ def _check_onnx(seed: int, exporter: str) -> str | None:
         # L2Norm, so a position whose channels are all 0 gives 0 / 0): tilefuse must compute what the file says,
         # or what PyTorch does (seed 9900000000167: ONNX Runtime's 0 / 0 at two positions where tilefuse's
         # denominators are tiny but not 0, and its output is PyTorch's)
+        # Where its NaN meets a max pool or max / min reduction, ONNX leaves the result open: PyTorch's and
+        # tilefuse's are NaN, ONNX Runtime's the window's largest number (NaN only as a window's first element;
+        # seeds 95000019, 95000263). Every non-finite value of ONNX Runtime's must be one of tilefuse's, and only
+        # such a file may have more of them.
         if _compare(got, ref, f"{exporter} vs PyTorch") is None:
             return None
-        if not np.array_equal(np.isfinite(got), np.isfinite(ort_ref)):
+        fin_t, fin_o = np.isfinite(got), np.isfinite(ort_ref)
+        if (fin_t & ~fin_o).any() or ((fin_o & ~fin_t).any() and not _drops_nan(blob)):
             return f"{exporter}: a broken export (ONNX Runtime non-finite where PyTorch is not); tilefuse's " \
                    f"non-finite values are elsewhere"
-        fin = np.isfinite(ort_ref)
+        fin = fin_t & fin_o
         return _compare(got[fin], ort_ref[fin], f"{exporter} vs ONNX Runtime (a broken export, finite values)") \
             if fin.any() else None
     if ort_ref is not None and not broken:
