@@ -151,8 +151,9 @@ def mutate(data, h, prog, area):
         elif len(io) > 1:
             io[0], io[-1] = dict(io[-1], offset=0), dict(io[0], offset=io[-1]["offset"])
     elif kind == "const_data":
+        # (an earlier mutation may have moved a block out of the area or set its nbytes to 0: seed 61's 10,487th draw)
         consts = [b for b in blocks if b["segment"] == "const" and np.dtype(b["dtype"]) == np.float32
-                  and b["offset"] + b["nbytes"] <= len(area)]     # (an earlier mutation may have moved it out)
+                  and b["nbytes"] >= 4 and b["offset"] + b["nbytes"] <= len(area)]
         if consts:
             b = consts[data.draw(st.integers(0, len(consts) - 1))]
             i = data.draw(st.integers(0, b["nbytes"] // 4 - 1))
