@@ -653,6 +653,11 @@ def test_loader_validates_the_stream_region():
     def extra(p):
         p[3].params["threads"] = 8
     broken(extra, "unknown to the band kernel")
+    # rows_max sizes a band's scratch: exactly the most rows of its steps (2^31 asked numpy for 640 GiB and
+    # raised MemoryError; the package fuzz's hypothesis seed 62)
+    for v in (2 ** 31, prog[2].params["rows_max"] + 1, prog[2].params["rows_max"] - 1):
+        broken(lambda p: p[2].params.__setitem__("rows_max", v), f"rows_max {v}; its steps compute at most "
+               f"{prog[2].params['rows_max']} rows at once")
     # without their header the band instructions are refused by the loader itself
     pkg = s.package
     from tilefuse.compiler import package as package_mod

@@ -28,7 +28,8 @@ The runtime runs the region in its stream mode (`runtime/streaming.py`). A packa
 region is validated on load like any other program, and more (`validate_stream`): the band
 params against the op table, every operand's shape against its logical shape and capacity,
 the windows against the params, and the steps replayed against the capacities
-(`bands.check_steps`), so no step can read a row not held or overwrite one still needed.
+(`bands.check_steps`), so no step can read a row not held or overwrite one still needed, and
+each band's rows_max (its scratch size) equal to its steps' largest.
 `StreamPlan` is the memory report (`compiled.plan().stream`).
 """
 from __future__ import annotations
@@ -612,8 +613,19 @@ def validate_stream(program: list[Instruction], read_const, where: str = "packag
         if layers:
             layers[0]["tensors"] = desc
         steps = np.asarray(read_const(ins.operands[0]))
+        steps = [tuple(int(v) for v in s) for s in steps]
         try:
-            check_steps([tuple(int(v) for v in s) for s in steps], layers, f"{w}")
+            check_steps(steps, layers, f"{w}")
         except ValueError as e:
             raise PackageError(str(e)) from None
+        # rows_max sizes each band's scratch: the most rows one of its steps computes, as compiled
+        # (2^31 would ask for terabytes)
+        most = [0] * L
+        for li, r0, r1 in steps:
+            most[li] = max(most[li], r1 - r0)
+        for li in range(L):
+            b = program[i + 1 + li]
+            if b.params["rows_max"] != most[li]:
+                raise PackageError(f"{where}: instruction {i + 1 + li} (band {b.params['op']!r}): rows_max "
+                                   f"{b.params['rows_max']}; its steps compute at most {most[li]} rows at once")
         i += 1 + L
