@@ -152,13 +152,18 @@ def mutate(data, h, prog, area):
             io[0], io[-1] = dict(io[-1], offset=0), dict(io[0], offset=io[-1]["offset"])
     elif kind == "const_data":
         # (an earlier mutation may have moved a block out of the area or set its nbytes to 0: seed 61's 10,487th draw)
-        consts = [b for b in blocks if b["segment"] == "const" and np.dtype(b["dtype"]) == np.float32
+        # float32 weights, or int32 tables (a stream region's steps: layer, first row, end row)
+        consts = [b for b in blocks if b["segment"] == "const" and np.dtype(b["dtype"]) in (np.float32, np.int32)
                   and b["nbytes"] >= 4 and b["offset"] + b["nbytes"] <= len(area)]
         if consts:
             b = consts[data.draw(st.integers(0, len(consts) - 1))]
             i = data.draw(st.integers(0, b["nbytes"] // 4 - 1))
-            v = data.draw(st.sampled_from([0.0, 1.0, -1.0, 100.0, -37.5, 1e-3, 3.0]))
-            struct.pack_into("<f", area, b["offset"] + 4 * i, v)
+            if np.dtype(b["dtype"]) == np.int32:
+                v = data.draw(st.sampled_from([0, 1, -1, 2, 3, 5, 9, 2 ** 31 - 1, -2 ** 31]))
+                struct.pack_into("<i", area, b["offset"] + 4 * i, v)
+            else:
+                v = data.draw(st.sampled_from([0.0, 1.0, -1.0, 100.0, -37.5, 1e-3, 3.0]))
+                struct.pack_into("<f", area, b["offset"] + 4 * i, v)
     elif kind == "raw":
         return data.draw(st.integers(0, 2 ** 20)), data.draw(st.integers(0, 255))
     return None

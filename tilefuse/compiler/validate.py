@@ -33,8 +33,9 @@ import numpy as np
 
 from ..errors import GraphError
 from ..ir.node import MAX_DIM  # any tensor dimension
-from ..ir.ops import normalize, schema
+from ..ir.ops import BINARY, normalize, schema
 from ..kernels import registry
+from ..kernels.broadcast import channel_operand
 from ..kernels.conv import NCHWC_ALGORITHMS
 from ..kernels.conv.stem import applies as stem_applies
 from ..kernels.conv.select import candidates
@@ -578,6 +579,20 @@ def blocked_op_validator(op: str, layouts=("nchw",)) -> Callable:
             _fail(f"output '{node}': inputs and parameters give {want}, expected {c} channels (N, C, H, W)")
         if tuple(ins.output.shape) != blocked(want):
             _fail(f"output '{node}' has shape {ins.output.shape}; its inputs and parameters give {blocked(want)}")
+        # what the NCHW16c kernels take (the layout pass's `_blockable`): a binary op's blocked inputs are the
+        # output's shape and the others per-channel (kernels/broadcast.py); concat of channels only, no slice
+        # or pad of the batch axis, no pad of channels
+        if op in BINARY:
+            for o in ins.inputs:
+                if (len(o.shape) == 5 and tuple(o.shape) != tuple(ins.output.shape)) or \
+                        (len(o.shape) != 5 and not channel_operand(ins.output.shape, o.shape, "nchwc")):
+                    _fail(f"input '{o.name}' has shape {o.shape}; the NCHW16c {op} takes the output's shape "
+                          f"{ins.output.shape} or a per-channel (N or 1, C, 1, 1) operand")
+        if op == "concat" and norm["axis"] % 4 != 1 or op == "slice" and norm["axis"] % 4 == 0:
+            _fail(f"axis={norm['axis']}; the NCHW16c {op} takes " + ("channels (axis 1)" if op == "concat" else
+                                                                      "channels, rows or columns (axes 1-3)"))
+        if op == "pad" and any(norm["pads"][:4]):
+            _fail(f"pads={norm['pads']}; the NCHW16c pad pads rows and columns only")
 
     validate.__name__ = f"validate_{op}"
     validate.op = op
