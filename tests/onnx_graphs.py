@@ -533,17 +533,22 @@ def _evaluator(model):
             np.exp(t) / np.exp(t).sum(axis=axis, keepdims=True)
         return (y.reshape(shape).astype(x.dtype),)
 
+    def given_axis(node, axis):
+        """The node's own axis, or None: OpRun fills a missing one with the newest schema's default (-1), not
+        the model's opset's (1 before 13: seed 15125578)."""
+        return axis if any(a.name == "axis" for a in node.attribute) else None
+
     class Softmax(OpRun):
         op_domain = ""
 
         def _run(self, x, axis=None):
-            return softmax(x, axis, False)
+            return softmax(x, given_axis(self.onnx_node, axis), False)
 
     class LogSoftmax(OpRun):
         op_domain = ""
 
         def _run(self, x, axis=None):
-            return softmax(x, axis, True)
+            return softmax(x, given_axis(self.onnx_node, axis), True)
 
     class Squeeze(OpRun):
         """An empty `axes` squeezes every axis of size 1, as ONNX Runtime reads it (onnx's squeezes none)."""

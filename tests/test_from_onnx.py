@@ -193,6 +193,22 @@ def test_dropout_training_mode_is_refused():
     np.testing.assert_allclose(_run(m, x), np.maximum(x, 0))
 
 
+@pytest.mark.parametrize("ratio, mode, message", [
+    (np.array([0, 1, 1, 0], np.int64), np.array(False), r"ratio has dtype int64; expected a float tensor"),
+    (np.array(0.5, np.float32), np.array(0, np.int32), r"training_mode has dtype int32; expected a bool tensor"),
+])
+def test_dropout_of_an_integer_ratio_or_mode_is_refused(ratio, mode, message):
+    """Unused at inference, but they make the file invalid: ONNX Runtime refuses it (onnx_mutants seed 15095788:
+    an int64 ratio tilefuse ignored)."""
+    m = _model([helper.make_node("Dropout", ["x", "r", "t"], ["y"], name="drop")], [("x", (1, 4))], [("y", 2)],
+               opset=13)
+    m.graph.initializer.extend([numpy_helper.from_array(mode, "t"), numpy_helper.from_array(ratio, "r")])
+    with pytest.raises(Exception, match="Type Error"):
+        ort.InferenceSession(m.SerializeToString())
+    with pytest.raises(GraphError, match=r"node 'drop' \(Dropout-13\): " + message):
+        tilefuse.from_onnx(m)
+
+
 @pytest.mark.parametrize("op", ["Softmax"])
 @pytest.mark.parametrize("shape, axis, ops", [((2, 3, 1, 1), 1, ["softmax"]), ((2, 3, 2, 2), 3, ["softmax"]),
                                               ((2, 3, 2, 2), 1, ["reshape", "softmax", "reshape"]),
