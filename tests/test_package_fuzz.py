@@ -239,3 +239,46 @@ def test_unmutated_packages_match_the_reference(name):
     """The oracle itself: each fuzz package, re-encoded unchanged, loads and matches it."""
     h, prog, area = split(PACKAGES[name])
     check_mutated(join(h, prog, area))
+
+
+def main(argv=None) -> int:
+    """Longer runs than the suite's derandomized 2,000 draws: `python tests/test_package_fuzz.py --examples N
+    --seed S [--save FILE]`; the first failure stops the run (its package's bytes go to FILE)."""
+    import argparse
+    import time
+
+    from hypothesis import Phase
+    from hypothesis import seed as hseed
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--examples", type=int, default=20000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save", help="write a failing package here")
+    a = ap.parse_args(argv)
+    last = {}
+    real = check_mutated
+
+    def keep(blob):
+        last["blob"] = blob
+        return real(blob)
+
+    globals()["check_mutated"] = keep
+    run = hseed(a.seed)(settings(max_examples=a.examples, deadline=None, database=None, phases=[Phase.generate],
+                                 suppress_health_check=list(HealthCheck))(given(st.data())(
+        test_fuzz_structured_mutations.hypothesis.inner_test)))
+    t0 = time.perf_counter()
+    try:
+        run()
+    except Exception as e:
+        if a.save and "blob" in last:
+            with open(a.save, "wb") as f:
+                f.write(last["blob"])
+        print(f"seed {a.seed}: failing after {STATS['examples']} mutated packages: {type(e).__name__}: {str(e)[:1500]}")
+        return 1
+    print(f"seed {a.seed}: {STATS['examples']} mutated packages, {STATS['rejected']} refused at load, {STATS['ran']} "
+          f"ran as the reference, {STATS['too_big']} larger than the device; 0 failing "
+          f"({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
