@@ -22,7 +22,8 @@ File format (.tfpkg), little endian:
 A package file is untrusted input. `load_package` reads the 16-byte prefix first (magic,
 version, header length bounded by MAX_HEADER and by the file size), then the header, checks the
 sizes it declares against the file size, and only then reads the body. `validate_package` then
-checks every block and IO slot against its segment, decodes the program and checks every
+checks every block and IO slot against its segment (the input slots before the output slots),
+decodes the program and checks every
 instruction (`validate_program`): each operand lies inside the block it names with the block's
 dtype, outputs never write constants or inputs nor overlap their own inputs, every hidden or
 output byte an instruction reads was written before, every output is written completely, and
@@ -435,6 +436,11 @@ def _validate_package(pkg: DataPackage, where: str) -> None:
         raise PackageError(f"{where}: IO slot names {names} repeat; expected distinct names")
     if not pkg.outputs:
         raise PackageError(f"{where}: the package has no outputs")
+    kinds = [s.kind for s in pkg.io]
+    if "output" in kinds and "input" in kinds[kinds.index("output"):]:
+        i = kinds.index("input", kinds.index("output"))
+        raise PackageError(f"{where}: io slot {i} (input '{pkg.io[i].name}') follows an output; expected the "
+                           f"inputs first, then the outputs (a run passes their addresses in that order)")
     validate_program(pkg, where)
 
 
