@@ -1110,17 +1110,17 @@ def _concat(cx: Ctx, nd: OnnxNode, used):
 
 def _dropout(cx: Ctx, nd: OnnxNode, used):
     if nd.version >= 12:
+        # ratio and training_mode: unused at inference, but another type or a shape other than () makes the
+        # model invalid (ONNX Runtime refuses it)
+        for i, role, kinds, what in ((1, "ratio", "f", "a float"), (2, "training_mode", "b", "a bool")):
+            v = cx.const(nd, i, role)
+            if v is not None and (np.asarray(v).dtype.kind != kinds or np.asarray(v).ndim != 0):
+                raise GraphError(nd.where, f"{role} has dtype {np.asarray(v).dtype} and shape {np.asarray(v).shape}; "
+                                           f"expected {what} scalar (shape ())")
         tm = cx.const(nd, 2, "training_mode")
-        if tm is not None and np.asarray(tm).dtype != np.bool_:
-            raise GraphError(nd.where, f"training_mode has dtype {np.asarray(tm).dtype}; expected a bool tensor "
-                                       f"(type constraint T2)")
-        if tm is not None and bool(np.asarray(tm).reshape(-1)[0]):
+        if tm is not None and bool(np.asarray(tm)):
             raise nd.refuse("training_mode=True drops values at random; tilefuse imports inference graphs, "
                             "expected training_mode absent or False")
-        ratio = cx.const(nd, 1, "ratio")
-        if ratio is not None and np.asarray(ratio).dtype.kind != "f":   # unused at inference, but an integer ratio
-            raise GraphError(nd.where, f"ratio has dtype {np.asarray(ratio).dtype}; expected a float tensor "
-                                       f"(type constraint T1)")             # makes the model invalid (ONNX Runtime)
     _check_training_outputs(nd, used, 1, "mask")
     return cx.computed(nd, 0)      # inference: the identity
 
@@ -1302,8 +1302,8 @@ RULES: dict[str, Rule] = {
                           "mul activation(abs) sum activation(sqrt) activation(clip) div",
                           "p 1 or 2; 0 where the norm is 0 (a subnormal norm divides by 2^-126)"),
     "Dropout": _r(_dropout, (7, 10, 12, 13, 22), "ratio seed", "-",
-                  "inference: the identity; training_mode=True and the mask output are refused, so are an integer "
-                  "ratio and a non-bool training_mode (an invalid file)"),
+                  "inference: the identity; training_mode=True and the mask output are refused, so are a ratio "
+                  "other than a float scalar and a training_mode other than a bool scalar (an invalid file)"),
     "Identity": _r(_identity, (1, 13, 14, 16, 19, 21, 23, 24, 25), "", "-", "tensors"),
     "Cast": _r(_cast, (6, 9, 13, 19, 21, 23, 24, 25, 28), "to saturate round_mode", "-",
                "computed tensors: to their own dtype (the identity); constants: folded"),
