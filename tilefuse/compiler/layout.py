@@ -124,6 +124,18 @@ def blocked_inputs(ins: Instruction) -> list[int]:
     return acts
 
 
+def nchwc_params_ok(kernel: str, p: dict) -> bool:
+    """Whether the NCHW16c form of `kernel` runs with params p: concat joins channels, slice leaves the batch
+    alone, pad pads rows and columns only; any other kernel any params (the validator asks the same)."""
+    if kernel == "concat":
+        return p["axis"] % 4 == 1
+    if kernel == "slice":
+        return p["axis"] % 4 != 0
+    if kernel == "pad":
+        return not any(p["pads"][:4])
+    return True
+
+
 def _blockable(ins: Instruction) -> bool:
     """A non-conv instruction whose kernel has an NCHW16c form and whose operands allow it."""
     from ..kernels.broadcast import channel_operand
@@ -132,12 +144,8 @@ def _blockable(ins: Instruction) -> bool:
     if k not in BLOCKED_FORM or not idx or out.dtype.kind != "f" or \
             any(len(ins.inputs[i].shape) != 4 for i in idx) or (len(out.shape) != 4 and k not in BLOCKED_TO_NCHW):
         return False
-    if k == "concat":
-        return p["axis"] % 4 == 1
-    if k == "slice":
-        return p["axis"] % 4 != 0
-    if k == "pad":
-        return not any(p["pads"][:4])
+    if not nchwc_params_ok(k, p):
+        return False
     if k in _BINARY:
         return all(channel_operand(out.shape, op.shape) for i, op in enumerate(ins.inputs) if i not in idx)
     return True

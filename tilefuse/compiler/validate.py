@@ -39,6 +39,7 @@ from ..kernels.broadcast import channel_operand
 from ..kernels.conv import NCHWC_ALGORITHMS
 from ..kernels.conv.stem import applies as stem_applies
 from ..kernels.conv.select import candidates
+from .layout import nchwc_params_ok
 from .program import CONST
 
 LANES = 16
@@ -580,19 +581,18 @@ def blocked_op_validator(op: str, layouts=("nchw",)) -> Callable:
         if tuple(ins.output.shape) != blocked(want):
             _fail(f"output '{node}' has shape {ins.output.shape}; its inputs and parameters give {blocked(want)}")
         # what the NCHW16c kernels take (the layout pass's `_blockable`): a binary op's blocked inputs are the
-        # output's shape and the others per-channel (kernels/broadcast.py); concat of channels only, no slice
-        # or pad of the batch axis, no pad of channels
+        # output's shape and the others per-channel (kernels/broadcast.py); concat / slice / pad params as
+        # `layout.nchwc_params_ok`
         if op in BINARY:
             for o in ins.inputs:
                 if (len(o.shape) == 5 and tuple(o.shape) != tuple(ins.output.shape)) or \
                         (len(o.shape) != 5 and not channel_operand(ins.output.shape, o.shape, "nchwc")):
                     _fail(f"input '{o.name}' has shape {o.shape}; the NCHW16c {op} takes the output's shape "
                           f"{ins.output.shape} or a per-channel (N or 1, C, 1, 1) operand")
-        if op == "concat" and norm["axis"] % 4 != 1 or op == "slice" and norm["axis"] % 4 == 0:
-            _fail(f"axis={norm['axis']}; the NCHW16c {op} takes " + ("channels (axis 1)" if op == "concat" else
-                                                                      "channels, rows or columns (axes 1-3)"))
-        if op == "pad" and any(norm["pads"][:4]):
-            _fail(f"pads={norm['pads']}; the NCHW16c pad pads rows and columns only")
+        if not nchwc_params_ok(op, norm):
+            _fail({"concat": f"axis={norm.get('axis')}; the NCHW16c concat joins channels (axis 1)",
+                   "slice": f"axis={norm.get('axis')}; the NCHW16c slice takes channels, rows or columns (axes 1-3)",
+                   "pad": f"pads={norm.get('pads')}; the NCHW16c pad pads rows and columns only"}[op])
 
     validate.__name__ = f"validate_{op}"
     validate.op = op

@@ -1112,13 +1112,13 @@ def _dropout(cx: Ctx, nd: OnnxNode, used):
     if nd.version >= 12:
         # ratio and training_mode: unused at inference, but another type or a shape other than () makes the
         # model invalid (ONNX Runtime refuses it)
-        for i, role, kinds, what in ((1, "ratio", "f", "a float"), (2, "training_mode", "b", "a bool")):
+        for i, role, kind, what in ((1, "ratio", "f", "a float"), (2, "training_mode", "b", "a bool")):
             v = cx.const(nd, i, role)
-            if v is not None and (np.asarray(v).dtype.kind != kinds or np.asarray(v).ndim != 0):
-                raise GraphError(nd.where, f"{role} has dtype {np.asarray(v).dtype} and shape {np.asarray(v).shape}; "
-                                           f"expected {what} scalar (shape ())")
-        tm = cx.const(nd, 2, "training_mode")
-        if tm is not None and bool(np.asarray(tm)):
+            v = None if v is None else np.asarray(v)
+            if v is not None and (v.dtype.kind != kind or v.ndim != 0):
+                raise GraphError(nd.where, f"{role} has dtype {v.dtype} and shape {v.shape}; expected {what} "
+                                           f"scalar (shape ())")
+        if v is not None and bool(v):                    # training_mode, a bool scalar
             raise nd.refuse("training_mode=True drops values at random; tilefuse imports inference graphs, "
                             "expected training_mode absent or False")
     _check_training_outputs(nd, used, 1, "mask")
