@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tilefuse
-from tilefuse.errors import PackageError
+from tilefuse.errors import GraphError, PackageError
 from tilefuse.interpreter import evaluate
 from tilefuse.ir import Network
 from tilefuse.kernels.bands import RowTable
@@ -192,6 +192,35 @@ def test_saved_package_round_trip_and_tampered_row_table(tmp_path):
         validate_stream(p, read)
 
 
+def test_saved_row_slice_round_trips_and_its_window_is_checked(tmp_path):
+    """A slice of rows in a saved package: it loads and runs; the loader recomputes its window from
+    the params ([step, first row, 1]) and refuses one that reads other rows, or a slice of the batch."""
+    import copy
+    from tilefuse.compiler.streaming import validate_stream
+    from test_stream import _program_and_consts
+    net = _wrap("rows", 13, 6, lambda net, p, y: net.add_op("slice", [y], dict(axis=2, start=1, stop=12, step=3)))
+    x = _x(net)
+    s = tilefuse.compile(net, schedule="stream", stream_options={"band_rows": 2})
+    path = s.save(tmp_path / "rows.tfpkg")
+    assert_close(tilefuse.Session(tilefuse.load_package(path)).run(x), evaluate(net, x)[0],
+                 "loaded row slice vs reference", tol=1e-4)
+    prog, read = _program_and_consts(s)
+    validate_stream(prog, read)
+    at = next(i for i, ins in enumerate(prog) if ins.kernel == "band" and ins.params["op"] == "slice")
+    assert list(prog[at].params["windows"][0]) == [3, 1, 1]
+    for window, match in (([3, 0, 1], r"window 0 is RowWindow\(stride=3, offset=0, span=1\); the params give "
+                                       r"RowWindow\(stride=3, offset=1"),
+                          ([1, 1, 1], "window 0 is RowWindow.stride=1")):
+        p = copy.deepcopy(prog)
+        p[at].params["windows"] = [window]
+        with pytest.raises(PackageError, match=match):
+            validate_stream(p, read)
+    p = copy.deepcopy(prog)
+    p[at].params["attrs"] = dict(p[at].params["attrs"], axis=0, start=0, stop=None, step=1)
+    with pytest.raises(PackageError, match="slice of axis 0 .the batch."):
+        validate_stream(p, read)
+
+
 def test_row_table_is_monotone_hull():
     from tilefuse.kernels.bands import row_window
     t = row_window("pad", {"pads": (0, 0, 0, 0, 2, 2, 0, 0), "mode": "reflect", "value": 0.0}, (1, 1, 5, 3),
@@ -316,13 +345,47 @@ def test_float16_row_mapped_ops_stream():
     assert got.dtype == np.float16 and np.array_equal(got, layer)
 
 
-@pytest.mark.parametrize("axis,start,stop,step", [(1, 3, 17, 1), (1, 0, 20, 3), (1, 16, 20, 1), (-1, 1, 8, 2)])
-def test_channel_and_column_slices_stream(axis, start, stop, step):
-    """torch.chunk / x[:, :c] (channel slices, NCHW16c rings through movement.slice_'s lane copies)
-    and column slices stream; a slice of rows does not."""
+@pytest.mark.parametrize("axis,start,stop,step", [(1, 3, 17, 1), (1, 0, 20, 3), (1, 16, 20, 1), (-1, 1, 8, 2),
+                                                  (2, 1, 9, 1), (2, 0, None, 2), (-2, 1, None, 2), (2, -8, 10, 3),
+                                                  (2, 4, 5, 1), (2, 0, 11, 4)])
+def test_channel_row_and_column_slices_stream(axis, start, stop, step):
+    """torch.chunk / x[:, :c] (channel slices, NCHW16c rings through movement.slice_'s lane copies),
+    column slices and slices of rows (a row window: output row r reads input row start + r * step)
+    stream; a slice of the batch does not."""
     net = _wrap(f"slice{axis}", 11, 9, lambda net, p, y: net.relu(
         net.add_op("slice", [y], dict(axis=axis, start=start, stop=stop, step=step))))
-    check_streams(net, band_rows=(2,), must=("slice",))
-    rows = _wrap("rows", 11, 9, lambda net, p, y: net.add_op("slice", [y], dict(axis=2, start=1, stop=9, step=1)))
-    s = tilefuse.compile(rows, schedule="stream")
-    assert s.schedule.ends[0][1] == "slice" and "only slices of channels" in s.schedule.ends[0][2]
+    s = check_streams(net, band_rows=(1, 2, 5), must=("slice",))
+    if axis % 4 == 2:
+        sl = next(b for b in bands(s) if b.params["op"] == "slice")
+        first = slice(start, stop, step).indices(11)[0]
+        assert [list(w) for w in sl.params["windows"]] == [[step, first, 1]]
+    batch = Network("batch")
+    x = batch.input("x", (3, 4, 7, 5))
+    batch.output(batch.add_op("slice", [x], dict(axis=0, start=1, stop=None, step=1)))
+    with pytest.raises(GraphError, match="slice of axis 0 .the batch.; only slices of channels, rows or columns"):
+        tilefuse.compile(batch, schedule="stream")
+
+
+def test_yolov5_focus_streams_from_torch():
+    """YOLOv5's Focus as its model code writes it (x[..., ::2, ::2] and three more phases, cat, a conv):
+    four slices of rows and four of columns, all streamed, equal to PyTorch and the layer schedule."""
+    torch = pytest.importorskip("torch")
+
+    class Focus(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(12, 16, 3, 1, 1)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(self.conv(torch.cat(
+                [x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]], 1)))
+
+    torch.manual_seed(0)
+    m = Focus().eval()
+    x = torch.randn(1, 3, 38, 22)
+    net = tilefuse.from_torch(m, x)
+    s = check_streams(net, band_rows=(1, 4), must=("slice", "concat", "conv2d"), x=x.numpy())
+    assert [b.params["attrs"]["axis"] % 4 for b in bands(s) if b.params["op"] == "slice"].count(2) == 4
+    assert not s.schedule.tail
+    with torch.no_grad():
+        assert_close(s.run(x.numpy()), m(x).numpy(), "Focus streamed vs PyTorch", tol=1e-5)

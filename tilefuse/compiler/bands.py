@@ -6,9 +6,10 @@ bias/residual and any activation of kernels/activations.py), max_pool / avg_pool
 ceil_mode), and the row-local ops (`ops.ROW_LOCAL`): relu, activation, prelu, add / sub / mul /
 div (operands of equal shapes, or a constant broadcast over the rows: per-channel (1, C, 1, 1) /
 (C, 1, 1) or a scalar; any fused activation), scale, batch_norm, channel_norm, dropout,
-local_response_norm, channel concat, channel / column slices, and the row-mapped ops
-(`ops.ROW_MAPPED`: resize, conv_transpose2d, pad on H and W, adaptive_avg_pool to height > 1)
-whose rows come from a row table (`refusal` says why any other op is not). The streamed
+local_response_norm, channel concat, channel / column slices, slices of rows (a row window
+of span 1: output row r is input row start + r * step), and the row-mapped ops (`ops.ROW_MAPPED`:
+resize, conv_transpose2d, pad on H and W, adaptive_avg_pool to height > 1) whose rows come from
+a row table (`refusal` says why any other op is not). The streamed
 part of a network is every op whose variable inputs are the (single, NCHW) network input or
 outputs of streamed ops; everything else (global pooling and what follows, a squeeze-excitation
 scale and what follows: `BandSchedule.ends` says where and why) is the tail, lowered as
@@ -42,7 +43,7 @@ import numpy as np
 from ..errors import GraphError
 from ..ir import Network, OpNode, ops
 from ..ir.ops import flops as op_flops
-from ..kernels.bands import IDENTITY, RowWindow, band_layout, row_window
+from ..kernels.bands import IDENTITY, RowWindow, band_layout, row_slice, row_window, slice_window
 
 ROW_MAPPED = ops.ROW_MAPPED
 STREAMABLE = ops.WINDOW | ops.ROW_LOCAL | ops.ROW_MAPPED
@@ -131,10 +132,18 @@ def window_of(kind: str, params: dict, kernel_height: int | None = None) -> RowW
     return RowWindow(params["stride"][0], -params["padding"][0], d * (k - 1) + 1)
 
 
+def windowed(kind: str, params: dict) -> bool:
+    """Whether a streamed op's first input is read through a row window or table (window ops,
+    row-mapped ops, a slice of rows) rather than row for row."""
+    return kind in ops.WINDOW or kind in ROW_MAPPED or row_slice(kind, params)
+
+
 def layer_window(kind: str, params: dict, in_shape, out_shape, weight_shape=None):
     """The row window (RowWindow) or row table (RowTable) of a streamed op's first input."""
     if kind in ROW_MAPPED:
         return row_window(kind, params, in_shape, out_shape, weight_shape)
+    if row_slice(kind, params):
+        return slice_window(params, in_shape[2])
     return window_of(kind, params, weight_shape[2] if kind == "conv2d" else None)
 
 
@@ -159,8 +168,8 @@ def refusal(op: OpNode) -> str | None:
         return f"it pads the batch or channel axis (pads {op.params['pads']}); only H and W pads stream"
     if op.op == "adaptive_avg_pool" and op.outputs[0].shape[2] == 1:
         return "adaptive_avg_pool to height 1 does not stream: it reads whole planes (a global op)"
-    if op.op == "slice" and op.params["axis"] % 4 not in (1, 3):
-        return f"slice of axis {op.params['axis']}; only slices of channels (axis 1) or columns (axis 3) stream"
+    if op.op == "slice" and op.params["axis"] % 4 == 0:
+        return f"slice of axis {op.params['axis']} (the batch); only slices of channels, rows or columns stream"
     if op.op == "concat" and op.params["axis"] % 4 != 1:
         return f"concat on axis {op.params['axis']}; only channel concats (axis 1) stream"
     if op.params.get("has_input_scale"):
@@ -238,7 +247,7 @@ def build_schedule(net: Network, band_rows: int = 8, layer_rows=None) -> BandSch
         for pos, d in enumerate(op.inputs):
             if d.is_constant:
                 continue
-            win = _window(op) if ((op.op in ops.WINDOW or op.op in ROW_MAPPED) and pos == 0) else IDENTITY
+            win = _window(op) if (windowed(op.op, op.params) and pos == 0) else IDENTITY
             tensors[d.name].consumers.append((i, len(names)))
             names.append(d.name)
             wins.append(win)

@@ -43,7 +43,7 @@ from ..ir import Network, ops
 from ..ir.node import DataNode
 from ..ir.ops import schema
 from ..kernels import bands as kernel_bands
-from ..kernels.bands import LANES, ROW_MAPPED, BandLayer, RowTable, RowWindow, band_layout, make_runner, \
+from ..kernels.bands import LANES, BandLayer, RowTable, RowWindow, band_layout, make_runner, \
     window_from_param
 from ..kernels.threads import Scratch
 from . import bands
@@ -433,8 +433,8 @@ def _check_band(ins: Instruction) -> dict:
     norm = schema(op).normalize(p["name"], attrs)
     if norm != attrs:
         raise ValueError(f"attrs {attrs} are not the normal form of {op}'s params ({norm})")
-    if op == "slice" and attrs["axis"] % 4 not in (1, 3):
-        raise ValueError(f"slice of axis {attrs['axis']}: only slices of channels or columns stream")
+    if op == "slice" and attrs["axis"] % 4 == 0:
+        raise ValueError(f"slice of axis {attrs['axis']} (the batch): only slices of channels, rows or columns stream")
     if op == "pad" and (len(attrs["pads"]) != 8 or any(attrs["pads"][:4])):
         raise ValueError(f"pads {attrs['pads']}: only H and W pads of an (N, C, H, W) tensor stream")
     acts = [o for o in ins.operands if o.segment != CONST]
@@ -517,7 +517,7 @@ def _check_band(ins: Instruction) -> dict:
     for k, wn in enumerate(windows):
         wshape = p["weight_shape"] if op == "conv2d" else consts[0].shape if op == "conv_transpose2d" else None
         want = layer_window(op, attrs, descs[0][0], descs[-1][0], wshape) \
-            if ((op in ops.WINDOW or op in ROW_MAPPED) and k == 0) else RowWindow()
+            if (bands.windowed(op, attrs) and k == 0) else RowWindow()
         if wn != want:
             raise ValueError(f"window {k} is {_describe(wn, want)}; the params give {_describe(want, wn)}")
     if isinstance(p.get("rows_max"), bool) or not isinstance(p.get("rows_max"), int) or p["rows_max"] < 1:

@@ -1024,7 +1024,7 @@ WINDOW = frozenset({"conv2d", "max_pool", "avg_pool"})
 # concat on rows of either layout; activation, prelu, add/sub/mul/div with a constant broadcast
 # over the rows and channel_norm through their layer kernels on row bands; any other op through
 # its reference kernel on NCHW rows)
-# (slice: of channels or columns only, compiler/bands.py `refusal`)
+# (slice: of channels or columns; a slice of rows streams through a row window, compiler/bands.py `windowed`)
 ROW_LOCAL = frozenset({"relu", "activation", "prelu", *BINARY, "scale", "batch_norm",
                        "channel_norm", "dropout", "local_response_norm", "concat", "slice"})
 # output row r reads a monotone range of input rows [lo(r), hi(r)) that no integer-stride window

@@ -123,6 +123,19 @@ def window_from_param(v) -> RowWindow | RowTable:
 ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool"})
 
 
+def row_slice(kind: str, params: dict) -> bool:
+    """A slice of rows (axis 2 of (N, C, H, W)): a row-mapped op, where channel and column slices
+    are row-local. YOLOv5's Focus, `x[..., ::2, ::2]`, is one of rows and one of columns."""
+    return kind == "slice" and params["axis"] % 4 == 2
+
+
+def slice_window(params: dict, height: int) -> RowWindow:
+    """A row slice's window: output row r is input row start + r * step, its start clipped to the
+    height as Python's slices clip (steps are positive: the op's normal form)."""
+    start = slice(params["start"], params["stop"], params["step"]).indices(height)[0]
+    return RowWindow(params["step"], start, 1)
+
+
 def _table(lo, hi, height: int) -> RowTable:
     """The monotone hull of per-row needs [lo[r], hi[r]) (rows needing nothing: lo >= hi):
     lo the suffix minimum, hi the prefix maximum, clipped to [0, H], lo <= hi."""
@@ -665,7 +678,8 @@ class MappedRunner(Runner):
                        are zeros (they only feed output rows outside [r0, r1));
     pad                the rows mapped through the pad's index (movement._edge_index), W padded by
                        kernels/movement.py's pad, rows of the constant border filled (NCHW);
-    adaptive_avg_pool  its reference (kernels/reduce.py) with its `band` argument (NCHW)."""
+    adaptive_avg_pool  its reference (kernels/reduce.py) with its `band` argument (NCHW);
+    slice of rows      every step-th row of the band (either layout; a `RowWindow`, `slice_window`)."""
 
     def __init__(self, layer: BandLayer):
         super().__init__(layer)
@@ -703,6 +717,8 @@ class MappedRunner(Runner):
         return lo, hi, b0, b1, top
 
     def scratch_need(self):
+        if self.layer.kind == "slice":
+            return {}
         n, c, _, w = self.in_shapes[0]
         R = self.band
         rin = max(self._in_rows(r, min(r + R, self.layer.rows)) for r in range(0, self.layer.rows))
@@ -715,8 +731,11 @@ class MappedRunner(Runner):
 
     def run(self, rings, scratch, r0, r1, dst):
         kind, p = self.layer.kind, self.p
-        blocked = dst.ndim == 5
         ring = rings[0]
+        if kind == "slice":     # input rows lo, lo + step, ... (hi - lo = (r1 - r0 - 1) * step + 1)
+            dst[...] = ring.read(*self.win.rows(r0, r1))[:, :, ::p["step"]]
+            return
+        blocked = dst.ndim == 5
         y = dst if dst.flags.c_contiguous else scratch.get("yband", dst.shape, dst.dtype)
         if kind == "conv_transpose2d":
             self._run_convt(ring, scratch, r0, r1, y, blocked)
@@ -778,7 +797,7 @@ class MappedRunner(Runner):
 def make_runner(layer: BandLayer) -> Runner:
     """The band kernel of a layer: by op family (conv, pool, row-mapped; everything else is
     row-local)."""
-    if layer.kind in ROW_MAPPED:
+    if layer.kind in ROW_MAPPED or row_slice(layer.kind, layer.params):
         return MappedRunner(layer)
     if layer.kind == "conv2d":
         if layer.params.get("algorithm", "reference") != "reference" and np.dtype(layer.dtype) == np.float32:
