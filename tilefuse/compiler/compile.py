@@ -42,7 +42,8 @@ class Plan:
         return sum(r["bytes"] for r in self.rows)
 
     def __str__(self) -> str:
-        head = (f"{'#':>3} {'kernel':<16} {'algorithm':<10} {'layout':<6} {'partitioning':<24} {'tasks':>5} "
+        kw = max([16] + [len(r["kernel"]) for r in self.rows])    # (band:pixel_shuffle)
+        head = (f"{'#':>3} {'kernel':<{kw}} {'algorithm':<10} {'layout':<6} {'partitioning':<24} {'tasks':>5} "
                 f"{'tiles':<22} {'output':<22} {'MFLOP':>9} {'MB':>7} {'ms':>7}  operands (segment+offset)")
         lines = [head, "-" * len(head)]
         if self.target:
@@ -55,7 +56,7 @@ class Plan:
             tiles = ",".join(f"{k}={v}" for k, v in r["tiles"].items()) or "-"
             ms = f"{r['measured_seconds'] * 1e3:>7.2f}" if r.get("measured_seconds") else f"{'-':>7}"
             tasks = r.get("tasks") if r.get("tasks") is not None else "-"
-            lines.append(f"{r['index']:>3} {r['kernel']:<16} {r['algorithm']:<10} {r['layout']:<6} "
+            lines.append(f"{r['index']:>3} {r['kernel']:<{kw}} {r['algorithm']:<10} {r['layout']:<6} "
                          f"{r['partitioning']:<24} {tasks:>5} {tiles:<22} {str(r['output_shape']):<22} "
                          f"{r['flops'] / 1e6:>9.2f} {r['bytes'] / 1e6:>7.2f} {ms}  {ops}")
         lines.append("-" * len(head))

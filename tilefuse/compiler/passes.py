@@ -269,12 +269,49 @@ def _shuffle_chain(net: Network, r1: OpNode):
     return pm, r2
 
 
+# (inverse, mode) -> (the 6-D view of x, the permutation) of PixelShuffle / DepthToSpace and their inverses as
+# model code and the ONNX importer write them (view -> permute -> view); kernels/reference.py pixel_shuffle
+_PIXEL_SHUFFLE_FORMS = {
+    (False, "crd"): (lambda n, c, h, w, r: (n, c // (r * r), r, r, h, w), (0, 1, 4, 2, 5, 3)),
+    (False, "dcr"): (lambda n, c, h, w, r: (n, r, r, c // (r * r), h, w), (0, 3, 4, 1, 5, 2)),
+    (True, "crd"): (lambda n, c, h, w, r: (n, c, h // r, r, w // r, r), (0, 1, 3, 5, 2, 4)),
+    (True, "dcr"): (lambda n, c, h, w, r: (n, c, h // r, r, w // r, r), (0, 3, 5, 1, 2, 4)),
+}
+
+
+def _pixel_shuffle_chain(net: Network, r1: OpNode):
+    """(permute, reshape, params) when r1 starts a pixel shuffle or unshuffle (either channel order): reshape
+    (N, C, H, W) to one of `_PIXEL_SHUFFLE_FORMS`' 6-D views, its permutation, reshape to the op's 4-D output,
+    each intermediate read only by the next; else None."""
+    x, y = r1.inputs[0], r1.outputs[0]
+    if len(x.shape) != 4 or len(y.shape) != 6:
+        return None
+    pm = _single_user(net, y)
+    if pm is None or pm.op != "permute":
+        return None
+    r2 = _single_user(net, pm.outputs[0])
+    if r2 is None or r2.op != "reshape" or len(r2.outputs[0].shape) != 4:
+        return None
+    n, c, h, w = x.shape
+    oh = r2.outputs[0].shape[2]
+    for (inverse, mode), (view, perm) in _PIXEL_SHUFFLE_FORMS.items():
+        r = (h // oh if oh and h % oh == 0 else 0) if inverse else (oh // h if oh % h == 0 else 0)
+        if r < 1 or (inverse and w % r) or (not inverse and c % (r * r)):
+            continue
+        want = (n, c * r * r, h // r, w // r) if inverse else (n, c // (r * r), h * r, w * r)
+        if tuple(y.shape) == view(n, c, h, w, r) and tuple(pm.params["perm"]) == perm and \
+                tuple(r2.outputs[0].shape) == want:
+            return pm, r2, {"factor": r, "mode": mode, "inverse": inverse}
+    return None
+
+
 def canonicalize(net: Network) -> PassResult:
     """One form per computation, so later passes and kernels see the fast op:
     mean over (H, W) with keepdim -> global_avg_pool, without -> global_avg_pool + flatten; adaptive_avg_pool to 1x1 -> global_avg_pool,
     to the input size -> nothing, to a divisor of it -> avg_pool; permute by the identity and
     reshape to the same shape -> nothing; reshape (N, ...) -> (N, prod) -> flatten; reshape to
-    (N, g, C/g, H, W) -> permute (0, 2, 1, 3, 4) -> reshape back -> channel_shuffle; activation
+    (N, g, C/g, H, W) -> permute (0, 2, 1, 3, 4) -> reshape back -> channel_shuffle; the 6-D view -> permute
+    -> view of a pixel (un)shuffle / DepthToSpace / SpaceToDepth -> pixel_shuffle; activation
     relu -> relu; a binary op's constant operand cut to the axes it varies on (`_shrink_broadcast_constant`), and
     an expand (x * ones) read only by broadcasting ops dropped (`_bypass_expand`)."""
     net = net.clone()
@@ -312,6 +349,13 @@ def canonicalize(net: Network) -> PassResult:
             for o in (op, pm, r2):
                 _drop(net, o)
             _make_op(net, "channel_shuffle", [x], {"groups": out.shape[1]}, r2.name, r2.outputs[0])
+            n += 1
+            continue
+        elif op.op == "reshape" and _pixel_shuffle_chain(net, op) is not None:
+            pm, r2, ps = _pixel_shuffle_chain(net, op)
+            for o in (op, pm, r2):
+                _drop(net, o)
+            _make_op(net, "pixel_shuffle", [x], ps, r2.name, r2.outputs[0])
             n += 1
             continue
         elif op.op == "reshape" and len(out.shape) == 2 and out.shape[0] == x.shape[0] and len(x.shape) > 2:

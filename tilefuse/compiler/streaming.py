@@ -335,13 +335,14 @@ class StreamPlan:
 
     def __str__(self) -> str:
         mib = 2.0 ** 20
-        head = (f"{'#':>3} {'op':<10} {'name':<22} {'output':<22} {'rows held':>10} {'held MiB':>9} "
+        ow = max([10] + [len(r["op"]) for r in self.rows])        # (pixel_shuffle, conv_transpose2d)
+        head = (f"{'#':>3} {'op':<{ow}} {'name':<22} {'output':<22} {'rows held':>10} {'held MiB':>9} "
                 f"{'whole MiB':>10} {'MFLOP':>9} {'stage':>5}")
         lines = [head, "-" * len(head)]
         for r in self.rows:
             held = "whole" if r["whole"] else f"{r['capacity']}/{r['height']}"
             held += "c" if r.get("layout") == "nchwc" else " "
-            lines.append(f"{r['index']:>3} {r['op']:<10} {r['name'][:22]:<22} {str(r['shape']):<22} {held:>10} "
+            lines.append(f"{r['index']:>3} {r['op']:<{ow}} {r['name'][:22]:<22} {str(r['shape']):<22} {held:>10} "
                          f"{r['held_bytes'] / mib:>9.2f} {r['bytes'] / mib:>10.2f} {r['flops'] / 1e6:>9.1f} "
                          f"{r['stage']:>5}")
         lines.append("-" * len(head))
@@ -454,7 +455,8 @@ def _check_band(ins: Instruction) -> dict:
         if pattern != want:
             raise ValueError(f"operands are {pattern!r} (a: activation, c: constant); a transposed conv takes "
                              f"{want!r}")
-    elif (op in ops.POOL or op in ("resize", "pad") or op in kernel_bands.BLOCKED_ROW_OPS - {"add"}) and "c" in pattern:
+    elif (op in ops.POOL or op in ("resize", "pad", "pixel_shuffle") or op in kernel_bands.BLOCKED_ROW_OPS - {"add"}) \
+            and "c" in pattern:
         raise ValueError(f"{op} takes no constant operands; found {pattern!r} (a: activation, c: constant)")
     tensors = p.get("tensors")
     if not isinstance(tensors, (list, tuple)) or len(tensors) != len(acts):

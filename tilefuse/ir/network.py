@@ -460,6 +460,12 @@ class Network:
         xs = list(x) if isinstance(x, (list, tuple)) else [x]
         return self.add_op("channel_shuffle", xs, {"groups": groups, "start": start, "stop": stop}, name)
 
+    def pixel_shuffle(self, x: DataNode, factor: int, mode: str = "crd", inverse: bool = False,
+                      name: str | None = None) -> DataNode:
+        """nn.PixelShuffle(factor) / ONNX DepthToSpace (mode "dcr" or "crd"); inverse=True:
+        nn.PixelUnshuffle / SpaceToDepth ("dcr")."""
+        return self.add_op("pixel_shuffle", [x], {"factor": factor, "mode": mode, "inverse": inverse}, name)
+
     def slice(self, x: DataNode, axis: int, start: int = 0, stop: int | None = None, step: int = 1,
               name: str | None = None) -> DataNode:
         return self.add_op("slice", [x], dict(axis=axis, start=start, stop=stop, step=step), name)

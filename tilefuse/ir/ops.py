@@ -824,6 +824,41 @@ _register(OpSchema("channel_shuffle", "shape", ("x*",), _shuffle_norm, _shuffle_
                    lambda i, o, p: 0))
 
 
+def _pixel_shuffle_norm(node, p):
+    mode, inverse = p.get("mode", "crd"), p.get("inverse", False)
+    if mode not in ("crd", "dcr"):
+        raise GraphError(node, f"pixel_shuffle mode={mode!r}; expected 'crd' (PyTorch's order, ONNX's CRD) or 'dcr' "
+                               f"(ONNX DepthToSpace's default and SpaceToDepth's order)")
+    if not isinstance(inverse, (bool, np.bool_)):
+        raise GraphError(node, f"parameter inverse={inverse!r} must be a bool")
+    return {"factor": _int(node, "factor", p.get("factor"), 1), "mode": mode, "inverse": bool(inverse)}
+
+
+def _pixel_shuffle_infer(node, ins, p):
+    x = ins[0]
+    _expect_rank(node, "input", x, 4)
+    n, c, h, w = x.shape
+    r = p["factor"]
+    if p["inverse"]:
+        if h % r or w % r:
+            raise GraphError(node, f"pixel_unshuffle by {r} of '{x.name}' {x.shape}: height {h} and width {w} must "
+                                   f"be multiples of {r}")
+        return (n, c * r * r, h // r, w // r)
+    if c % (r * r):
+        raise GraphError(node, f"pixel_shuffle by {r} of '{x.name}' {x.shape}: {c} channels; expected a multiple "
+                               f"of {r * r}")
+    return (n, c // (r * r), h * r, w * r)
+
+
+# PixelShuffle / DepthToSpace (inverse: PixelUnshuffle / SpaceToDepth) by `factor` r: input channel
+# c*r*r + i*r + j ("crd"; "dcr": (i*r + j)*C' + c) is output channel c at row h*r + i, column w*r + j.
+# What model code writes as view -> permute -> view (compiler/passes.py canonicalize recognizes it).
+# Output row R reads input row R // r (inverse: rows [R*r, R*r + r)): a row-mapped op.
+_register(OpSchema("pixel_shuffle", "shape", ("x",), _pixel_shuffle_norm, _pixel_shuffle_infer,
+                   lambda x, factor, mode, inverse: ref.pixel_shuffle(x, factor, mode, inverse),
+                   lambda i, o, p: 0))
+
+
 PAD_MODES = ("constant", "reflect", "replicate")
 
 
@@ -1013,7 +1048,8 @@ NORM = ops_in("norm")                # per-channel / cross-channel maps (batch_n
 ELEMENTWISE = ops_in("elementwise")  # one output element per input element (relu, activation, add, ...)
 LINEAR = ops_in("linear")            # dense layers (linear)
 REDUCE = ops_in("reduce")            # reductions along axes (softmax, mean, sum)
-SHAPE = ops_in("shape")              # data movement (flatten, concat, reshape, permute, slice, pad, channel_shuffle)
+SHAPE = ops_in("shape")              # data movement (flatten, concat, reshape, permute, slice, pad, channel_shuffle,
+                                     # pixel_shuffle)
 RESIZE = ops_in("resize")            # spatial resampling (resize: nearest, bilinear)
 
 # property groups:
@@ -1030,7 +1066,7 @@ ROW_LOCAL = frozenset({"relu", "activation", "prelu", *BINARY, "scale", "batch_n
 # output row r reads a monotone range of input rows [lo(r), hi(r)) that no integer-stride window
 # describes (upsampling, transposed convs, reflected borders, adaptive windows): the row-band
 # schedule tabulates it from the op's params (kernels/bands.py `row_window`, `RowTable`)
-ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool"})
+ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool", "pixel_shuffle"})
 # ops with a fused epilogue activation (`relu` / `act` parameters): a following ReLU or activation
 # fuses into them (compiler/passes.py fuse_activation); lowering splits it out again for a kernel
 # that cannot apply it

@@ -120,7 +120,7 @@ def window_from_param(v) -> RowWindow | RowTable:
 
 
 # the ops `row_window` tabulates and `MappedRunner` runs (the IR's ops.ROW_MAPPED group)
-ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool"})
+ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool", "pixel_shuffle"})
 
 
 def row_slice(kind: str, params: dict) -> bool:
@@ -175,6 +175,10 @@ def row_window(kind: str, params: dict, in_shape, out_shape, weight_shape=None) 
             lo, hi = src, src + 1
     elif kind == "adaptive_avg_pool":
         lo, hi = ref.adaptive_windows(h, ho)
+    elif kind == "pixel_shuffle":       # output row R: input row R // f (unshuffle: rows [R f, R f + f))
+        f = params["factor"]
+        lo = r * f if params["inverse"] else r // f
+        hi = lo + (f if params["inverse"] else 1)
     else:
         raise ValueError(f"{kind} has no row table")
     return _table(lo, hi, h)
@@ -679,6 +683,8 @@ class MappedRunner(Runner):
     pad                the rows mapped through the pad's index (movement._edge_index), W padded by
                        kernels/movement.py's pad, rows of the constant border filled (NCHW);
     adaptive_avg_pool  its reference (kernels/reduce.py) with its `band` argument (NCHW);
+    pixel_shuffle      kernels/movement.py's on the band of input rows, the rows [r0, r1) of its result
+                       (an unshuffle's band gives exactly those; NCHW);
     slice of rows      every step-th row of the band (either layout; a `RowWindow`, `slice_window`)."""
 
     def __init__(self, layer: BandLayer):
@@ -721,6 +727,11 @@ class MappedRunner(Runner):
             return {}
         n, c, _, w = self.in_shapes[0]
         R = self.band
+        if self.layer.kind == "pixel_shuffle" and not self.p["inverse"]:   # its band's rows, whole
+            f = self.p["factor"]
+            rin = max(self._in_rows(r, min(r + R, self.layer.rows)) for r in range(0, self.layer.rows))
+            return {"xband": n * c * rin * w, "yband": n * self.out_shape[1] * R * self.out_shape[3],
+                    "yfull": n * self.out_shape[1] * rin * f * self.out_shape[3]}
         rin = max(self._in_rows(r, min(r + R, self.layer.rows)) for r in range(0, self.layer.rows))
         if self.layer.kind == "conv_transpose2d":
             rin = max(b1 - b0 for r in range(self.layer.rows)
@@ -750,6 +761,8 @@ class MappedRunner(Runner):
                 if kind == "resize":
                     resize_kernel.resize(y, xb, layout="nchwc" if blocked else "nchw", channels=self.out_shape[1],
                                          threads=self.threads, band=(r0, lo, self.height), **p)
+                elif kind == "pixel_shuffle":
+                    self._run_pixel_shuffle(xb, scratch, r0, r1, lo, y)
                 else:
                     y[...] = ref.adaptive_avg_pool(xb, tuple(p["output_size"]), band=(r0, r1, lo, self.height))
         if y is not dst:
@@ -780,6 +793,18 @@ class MappedRunner(Runner):
                                         p["dilation"], p["groups"], act=p.get("act") if p.get("act") is not None
                                         else (("relu", 0.0, 0.0) if p["relu"] else None))
             y[...] = full[:, :, :r1 - r0]
+
+    def _run_pixel_shuffle(self, xb, scratch, r0, r1, lo, y):
+        """Input rows [lo, hi) shuffle to output rows [lo f, hi f) (an unshuffle's to [r0, r1))."""
+        p = self.p
+        if p["inverse"]:
+            movement.pixel_shuffle(y, xb, **p)
+            return
+        f = p["factor"]
+        n, c, rows, w = xb.shape
+        full = scratch.get("yfull", (n, c // (f * f), rows * f, w * f), self.dtype)
+        movement.pixel_shuffle(full, xb, **p)
+        y[...] = full[:, :, r0 - lo * f:r1 - lo * f]
 
     def _run_pad(self, ring, scratch, r0, r1, lo, hi, y):
         p = self.p

@@ -1,5 +1,5 @@
 """Data movement runtime kernels: reshape, permute, slice, pad (constant / reflect / replicate),
-concat, channel_shuffle.
+concat, channel_shuffle, pixel_shuffle (and its inverse).
 
 Each writes `out` in place with one numpy copy (strided views, no temporaries except the
 reflect / replicate index gathers); exact, no arithmetic. NCHW (any rank), and for slice, pad,
@@ -390,6 +390,28 @@ def _lanes_par(nt, out, bases, cbs, table, nseg, src, idx, simd):
         _lanes_seq(counter, nb.get_thread_id(), out, bases, cbs, table, nseg, src, idx, simd)
 
 
+def pixel_shuffle(out, x, *, factor, mode="crd", inverse=False, **_):
+    """PixelShuffle / DepthToSpace (inverse: PixelUnshuffle / SpaceToDepth), NCHW: one strided copy
+    of x's 6-D view into out's (kernels/reference.py `pixel_shuffle` says which element goes where)."""
+    n, c, h, w = x.shape
+    r = int(factor)
+    if not out.flags.c_contiguous:
+        from . import reference as ref
+        out[...] = ref.pixel_shuffle(x, r, mode, inverse)
+        return
+    if not inverse:
+        co = c // (r * r)
+        o6 = out.reshape(n, co, h, r, w, r)                      # (N, C', H, i, W, j)
+        x6 = x.reshape((n, co, r, r, h, w) if mode == "crd" else (n, r, r, co, h, w))
+        np.copyto(o6, x6.transpose((0, 1, 4, 2, 5, 3) if mode == "crd" else (0, 3, 4, 1, 5, 2)))
+        return
+    x6 = x.reshape(n, c, h // r, r, w // r, r)                   # (N, C, H', i, W', j)
+    if mode == "crd":                                            # out (N, C, i, j, H', W')
+        np.copyto(out.reshape(n, c, r, r, h // r, w // r), x6.transpose(0, 1, 3, 5, 2, 4))
+    else:                                                        # out (N, i, j, C, H', W')
+        np.copyto(out.reshape(n, r, r, c, h // r, w // r), x6.transpose(0, 3, 5, 1, 2, 4))
+
+
 KERNELS = {"reshape": reshape, "permute": permute, "slice": slice_, "pad": pad, "concat": concat,
-           "channel_shuffle": channel_shuffle}
+           "channel_shuffle": channel_shuffle, "pixel_shuffle": pixel_shuffle}
 BLOCKED = frozenset({"slice", "pad", "concat", "channel_shuffle"})   # kernels with an NCHW16c form

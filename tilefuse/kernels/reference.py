@@ -322,6 +322,25 @@ def channel_shuffle(xs, groups, start=0, stop=None):
     return np.ascontiguousarray(y[:, start:stop])
 
 
+def pixel_shuffle(x, factor, mode="crd", inverse=False):
+    """PixelShuffle / DepthToSpace by r = factor, (N, C, H, W) -> (N, C/r^2, H r, W r): input channel
+    c*r*r + i*r + j ("crd": PyTorch's, ONNX's CRD; "dcr": (i*r + j)*C/r^2 + c, ONNX's default) goes to
+    row h*r + i, column w*r + j of output channel c. inverse: PixelUnshuffle / SpaceToDepth, its exact
+    inverse (N, C, H, W) -> (N, C r^2, H/r, W/r) ("crd": torch.pixel_unshuffle, "dcr": SpaceToDepth)."""
+    n, c, h, w = x.shape
+    r = factor
+    if not inverse:
+        co = c // (r * r)
+        if mode == "crd":   # (N, C', i, j, H, W) -> (N, C', H, i, W, j)
+            v = x.reshape(n, co, r, r, h, w).transpose(0, 1, 4, 2, 5, 3)
+        else:               # (N, i, j, C', H, W) -> (N, C', H, i, W, j)
+            v = x.reshape(n, r, r, co, h, w).transpose(0, 3, 4, 1, 5, 2)
+        return np.ascontiguousarray(v).reshape(n, co, h * r, w * r)
+    v = x.reshape(n, c, h // r, r, w // r, r)                    # (N, C, H', i, W', j)
+    v = v.transpose(0, 1, 3, 5, 2, 4) if mode == "crd" else v.transpose(0, 3, 5, 1, 2, 4)
+    return np.ascontiguousarray(v).reshape(n, c * r * r, h // r, w // r)
+
+
 def slice_axis(x, axis, start, stop, step):
     """x[..., start:stop:step, ...] along `axis` (Python slice rules, step >= 1)."""
     idx = [slice(None)] * x.ndim

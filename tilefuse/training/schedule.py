@@ -512,6 +512,10 @@ class TrainingSchedule:
     def _fwd_permute(self, op):
         self._simple(op, lambda x: _physical(np.transpose(_logical(x), op.params["perm"])))
 
+    def _fwd_pixel_shuffle(self, op):
+        p = op.params
+        self._simple(op, lambda x: _physical(ref.pixel_shuffle(_logical(x), p["factor"], p["mode"], p["inverse"])))
+
     def _fwd_slice(self, op):
         p = op.params
         ax = p["axis"] % len(op.inputs[0].shape)
@@ -955,6 +959,12 @@ class TrainingSchedule:
     def _bwd_permute(self, op):
         inv = tuple(int(i) for i in np.argsort(op.params["perm"]))
         self._bwd_simple(op, lambda dy, x: _physical(np.transpose(_logical(dy), inv)), reads_x=False)
+
+    def _bwd_pixel_shuffle(self, op):
+        """A permutation of the elements: dy through the inverse shuffle."""
+        p = op.params
+        self._bwd_simple(op, lambda dy, x: _physical(ref.pixel_shuffle(_logical(dy), p["factor"], p["mode"],
+                                                                       not p["inverse"])), reads_x=False)
 
     def _bwd_slice(self, op):
         p, shape = op.params, op.inputs[0].shape

@@ -1048,23 +1048,15 @@ def _depth_space(cx: Ctx, nd: OnnxNode, used):
     mode = _str(nd.attrs, "mode", "DCR")
     if mode not in ("DCR", "CRD"):
         raise nd.refuse(f"mode={mode!r}; expected DCR or CRD")
+    if b < 1:
+        raise GraphError(nd.where, f"blocksize {b}; expected a positive integer")
     if nd.op == "DepthToSpace":
         if c % (b * b):
             raise GraphError(nd.where, f"channels {c} are not a multiple of blocksize^2 = {b * b}")
-        if mode == "DCR":     # (N, b, b, C/b^2, H, W) -> (N, C/b^2, H, b, W, b)
-            shape6, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
-        else:                 # CRD: (N, C/b^2, b, b, H, W) -> (N, C/b^2, H, b, W, b)
-            shape6, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
-        out = (n, c // (b * b), h * b, w * b)
     else:
         if h % b or w % b:
             raise GraphError(nd.where, f"H, W = {h}, {w} are not multiples of blocksize {b}")
-        # (N, C, H/b, b, W/b, b) -> DCR (N, b, b, C, H/b, W/b), CRD (N, C, b, b, H/b, W/b)
-        shape6, out = (n, c, h // b, b, w // b, b), (n, c * b * b, h // b, w // b)
-        perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
-    y = cx.net.reshape(x, shape6, name=cx.fresh(nd.name + ".6d"))
-    y = cx.net.permute(y, perm, name=cx.fresh(nd.name + ".perm"))
-    return cx.net.reshape(y, out, name=cx.fresh(nd.name))
+    return cx.net.pixel_shuffle(x, b, mode.lower(), inverse=nd.op == "SpaceToDepth", name=cx.fresh(nd.name))
 
 
 def _softmax(cx: Ctx, nd: OnnxNode, used):
@@ -1337,7 +1329,7 @@ RULES: dict[str, Rule] = {
               "constant pads (a negative pad crops); constant, reflect, edge"),
     "Expand": _r(_expand, (8, 13), "", "mul", "constant shape; as x * ones over the expanded axes"),
     "Tile": _r(_tile, (6, 13), "", "concat", "constant repeats, up to 64 per axis"),
-    "DepthToSpace": _r(_depth_space, (11, 13, 28), "blocksize mode", "reshape permute", "DCR and CRD"),
-    "SpaceToDepth": _r(_depth_space, (1, 13, 28), "blocksize mode", "reshape permute", "DCR and CRD"),
+    "DepthToSpace": _r(_depth_space, (11, 13, 28), "blocksize mode", "pixel_shuffle", "DCR and CRD"),
+    "SpaceToDepth": _r(_depth_space, (1, 13, 28), "blocksize", "pixel_shuffle", "inverse=True (DCR's order)"),
 }
 """ONNX op type -> Rule; the importer's vocabulary (constant-only nodes go to fold.FOLD)."""
