@@ -224,3 +224,30 @@ def test_trains_as_its_reshape_permute_form():
     assert set(got[1]) == set(want[1]) and any(np.abs(g).max() > 0 for g in got[1].values())
     for k in want[1]:
         np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+@pytest.mark.parametrize("mode", ["dcr", "crd"])
+def test_both_orders_stream_on_either_ring_layout(mode, monkeypatch):
+    """Shuffles and unshuffles of either channel order between convs (channel counts that leave padded lanes in
+    NCHW16c rings, factors 2 and 3): NCHW16c rings on both sides take the lane gather
+    (`movement.pixel_shuffle_band_nchwc`), NCHW rings the layer kernel; equal to the reference at odd band
+    sizes."""
+    from test_stream_upsample import check_streams
+    rng = np.random.default_rng(5)
+
+    def conv(net, y, co):
+        ci = y.shape[1]
+        return net.conv2d(y, (rng.standard_normal((co, ci, 3, 3)) * 0.2).astype(np.float32),
+                          (rng.standard_normal(co) * 0.1).astype(np.float32), padding=1)
+    net = Network(f"shuffles_{mode}")
+    x = net.input("x", (2, 5, 12, 8))
+    y = conv(net, x, 144)
+    y = net.pixel_shuffle(y, 3, mode=mode)                    # (2, 16, 36, 24)
+    y = conv(net, y, 20)
+    y = net.pixel_shuffle(y, 2, mode=mode, inverse=True)      # (2, 80, 18, 12)
+    net.output(conv(net, y, 7))
+    calls = []
+    gather = movement.pixel_shuffle_band_nchwc
+    monkeypatch.setattr(movement, "pixel_shuffle_band_nchwc", lambda *a, **k: calls.append(k) or gather(*a, **k))
+    check_streams(net, band_rows=(1, 3), must=("pixel_shuffle",))
+    assert {(k["factor"], k["inverse"]) for k in calls} == {(3, False), (2, True)}

@@ -311,7 +311,8 @@ def canonicalize(net: Network) -> PassResult:
     to the input size -> nothing, to a divisor of it -> avg_pool; permute by the identity and
     reshape to the same shape -> nothing; reshape (N, ...) -> (N, prod) -> flatten; reshape to
     (N, g, C/g, H, W) -> permute (0, 2, 1, 3, 4) -> reshape back -> channel_shuffle; the 6-D view -> permute
-    -> view of a pixel (un)shuffle / DepthToSpace / SpaceToDepth -> pixel_shuffle; activation
+    -> view of a pixel (un)shuffle / DepthToSpace / SpaceToDepth -> pixel_shuffle, and an activation after it moved
+    before it (`_hoist_act_over_pixel_shuffle`); activation
     relu -> relu; a binary op's constant operand cut to the axes it varies on (`_shrink_broadcast_constant`), and
     an expand (x * ones) read only by broadcasting ops dropped (`_bypass_expand`)."""
     net = net.clone()
@@ -372,9 +373,29 @@ def canonicalize(net: Network) -> PassResult:
             _drop(net, op)
             _make_op(net, new[0], [x], new[1], op.name, out)
             n += 1
+    n += _hoist_act_over_pixel_shuffle(net)
     if n:
         _reorder(net)
     return PassResult(net, n > 0, f"{n} ops canonicalized")
+
+
+def _hoist_act_over_pixel_shuffle(net: Network) -> int:
+    """pixel_shuffle -> relu / activation (element-wise, no per-channel parameter) becomes activation ->
+    pixel_shuffle: the same values moved (a shuffle permutes elements), and the activation can then fuse into
+    the conv before the shuffle (a super-resolution upsampler's conv -> PixelShuffle -> LeakyReLU: one pass
+    fewer over the largest tensor). Only where the shuffle is its input's one reader and the activation its."""
+    n = 0
+    for ps in [o for o in net.ops if o.op == "pixel_shuffle"]:
+        act = _single_user(net, ps.outputs[0])
+        if act is None or act.op not in ("relu", "activation") or _single_user(net, ps.inputs[0]) is not ps:
+            continue
+        x, z = ps.inputs[0], act.outputs[0]
+        _drop(net, ps)
+        _drop(net, act)
+        pre = _make_op(net, act.op, [x], act.params, net._fresh(act.name))
+        _make_op(net, "pixel_shuffle", [pre.outputs[0]], ps.params, ps.name, z)
+        n += 1
+    return n
 
 
 _BINARY = ops.BINARY

@@ -248,6 +248,8 @@ def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc
         return "nchw", False, False
     if kind == "slice":       # kernels/movement.py's slice_: lane copies of channels, or columns
         return "same", True, True
+    if kind == "pixel_shuffle":   # NCHW bands, converted from / to NCHW16c rings by the band kernel (the convs
+        return "any", True, True  # around a super-resolution upsampler keep their NCHW16c forms)
     if kind in ROW_KERNELS:   # their layer kernels' NCHW16c forms; binary ops: per-channel constants
         # (not a div by a constant: broadcast.binary's blocked per-channel loop divides the padded
         # lanes by 0, which numba raises as ZeroDivisionError)
@@ -683,8 +685,10 @@ class MappedRunner(Runner):
     pad                the rows mapped through the pad's index (movement._edge_index), W padded by
                        kernels/movement.py's pad, rows of the constant border filled (NCHW);
     adaptive_avg_pool  its reference (kernels/reduce.py) with its `band` argument (NCHW);
-    pixel_shuffle      kernels/movement.py's on the band of input rows, the rows [r0, r1) of its result
-                       (an unshuffle's band gives exactly those; NCHW);
+    pixel_shuffle      NCHW16c rings in and out: `movement.pixel_shuffle_band_nchwc`, a lane gather of
+                       the output rows [r0, r1); else kernels/movement.py's on the NCHW band of input
+                       rows, the rows [r0, r1) of its result (an unshuffle's band gives exactly those),
+                       an NCHW16c ring on one side converted (`band_as`, `store_band`);
     slice of rows      every step-th row of the band (either layout; a `RowWindow`, `slice_window`)."""
 
     def __init__(self, layer: BandLayer):
@@ -727,11 +731,13 @@ class MappedRunner(Runner):
             return {}
         n, c, _, w = self.in_shapes[0]
         R = self.band
-        if self.layer.kind == "pixel_shuffle" and not self.p["inverse"]:   # its band's rows, whole
-            f = self.p["factor"]
+        if self.layer.kind == "pixel_shuffle":   # NCHW bands in and out (converted from / to NCHW16c rings)
+            f = 1 if self.p["inverse"] else self.p["factor"]
             rin = max(self._in_rows(r, min(r + R, self.layer.rows)) for r in range(0, self.layer.rows))
-            return {"xband": n * c * rin * w, "yband": n * self.out_shape[1] * R * self.out_shape[3],
-                    "yfull": n * self.out_shape[1] * rin * f * self.out_shape[3]}
+            need = {"xband": n * c * rin * w, "yband": n * self.out_shape[1] * R * self.out_shape[3]}
+            if not self.p["inverse"]:           # the band's rows shuffled whole
+                need["yfull"] = n * self.out_shape[1] * rin * f * self.out_shape[3]
+            return need
         rin = max(self._in_rows(r, min(r + R, self.layer.rows)) for r in range(0, self.layer.rows))
         if self.layer.kind == "conv_transpose2d":
             rin = max(b1 - b0 for r in range(self.layer.rows)
@@ -745,6 +751,20 @@ class MappedRunner(Runner):
         ring = rings[0]
         if kind == "slice":     # input rows lo, lo + step, ... (hi - lo = (r1 - r0 - 1) * step + 1)
             dst[...] = ring.read(*self.win.rows(r0, r1))[:, :, ::p["step"]]
+            return
+        if kind == "pixel_shuffle":     # NCHW16c rings both sides: one lane gather; else on NCHW bands
+            lo, hi = self.win.rows(r0, r1)
+            n, co, _, wo = self.out_shape
+            if dst.ndim == 5 and ring.blocked and self.dtype == np.float32:
+                movement.pixel_shuffle_band_nchwc(dst, ring.read(lo, hi), channels=co, row0=r0, lo=lo,
+                                                  threads=self.threads, **p)
+                return
+            xb = band_as(ring, lo, hi, False, scratch, "xband", self.threads)
+            y = dst if dst.ndim == 4 and dst.flags.c_contiguous else \
+                scratch.get("yband", (n, co, r1 - r0, wo), self.dtype)
+            self._run_pixel_shuffle(xb, scratch, r0, r1, lo, y)
+            if y is not dst:
+                store_band(y, dst, co, self.threads)
             return
         blocked = dst.ndim == 5
         y = dst if dst.flags.c_contiguous else scratch.get("yband", dst.shape, dst.dtype)
@@ -761,8 +781,6 @@ class MappedRunner(Runner):
                 if kind == "resize":
                     resize_kernel.resize(y, xb, layout="nchwc" if blocked else "nchw", channels=self.out_shape[1],
                                          threads=self.threads, band=(r0, lo, self.height), **p)
-                elif kind == "pixel_shuffle":
-                    self._run_pixel_shuffle(xb, scratch, r0, r1, lo, y)
                 else:
                     y[...] = ref.adaptive_avg_pool(xb, tuple(p["output_size"]), band=(r0, r1, lo, self.height))
         if y is not dst:

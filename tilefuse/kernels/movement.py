@@ -412,6 +412,69 @@ def pixel_shuffle(out, x, *, factor, mode="crd", inverse=False, **_):
         np.copyto(out.reshape(n, r, r, c, h // r, w // r), x6.transpose(0, 3, 5, 1, 2, 4))
 
 
+def pixel_shuffle_band_nchwc(out5, x5, *, factor, mode, inverse, channels, row0, lo, threads=None):
+    """A streamed band of pixel_shuffle on NCHW16c rows (kernels/bands.py): out5 (N, Ob, R, Wo, 16) are output
+    rows [row0, row0 + R) of `channels` real channels, x5 (N, Cb, rows, W, 16) input rows from `lo` on. One
+    task loop over (image, output block, row); every output lane read from its input channel, position and
+    lane (the reference's order), the padded lanes written zero."""
+    n, ob, rows = out5.shape[:3]
+    numba_region(_shuffle_par, _shuffle_seq, threads, n * ob * rows, out5, x5, int(factor), mode == "dcr",
+                 bool(inverse), int(channels), int(row0), int(lo))
+
+
+@njit(nogil=True, cache=True)
+def _shuffle_seq(counter, tid, out5, x5, r, dcr, inverse, co, row0, lo):
+    n_img, ob, rows, wo, _ = out5.shape
+    rr = r * r
+    cin = co // rr                                 # an unshuffle's input channels (its output has cin * r * r)
+    src = np.empty(16, np.int64)                   # per lane: input channel of the output lane, this (i, j)
+    while True:
+        t = atomic_add(counter, 0, 1)
+        if t >= n_img * ob * rows:
+            break
+        n = t // (ob * rows)
+        b = (t // rows) % ob
+        q = t % rows
+        g = row0 + q                               # the output row
+        nl = min(16, co - b * 16)                  # real lanes of this block
+        if not inverse:                            # output (c, g, x) <- input (ci, g // r, x // r)
+            i = g % r
+            h = g // r - lo
+            for j in range(r):
+                for l in range(nl):
+                    c = b * 16 + l
+                    src[l] = (i * r + j) * co + c if dcr else c * rr + i * r + j
+                for w in range(wo // r):
+                    x = w * r + j
+                    for l in range(nl):
+                        out5[n, b, q, x, l] = x5[n, src[l] >> 4, h, w, src[l] & 15]
+                    for l in range(nl, 16):
+                        out5[n, b, q, x, l] = 0.0
+        else:                                      # output (c, g, x) <- input (ci, g r + i, x r + j)
+            for l in range(nl):
+                c = b * 16 + l
+                if dcr:
+                    k = c // cin
+                    src[l] = c - k * cin
+                else:
+                    k = c % rr
+                    src[l] = c // rr
+                i = k // r
+                j = k - i * r
+                for x in range(wo):
+                    out5[n, b, q, x, l] = x5[n, src[l] >> 4, g * r + i - lo, x * r + j, src[l] & 15]
+            for x in range(wo):
+                for l in range(nl, 16):
+                    out5[n, b, q, x, l] = 0.0
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _shuffle_par(nt, out5, x5, r, dcr, inverse, co, row0, lo):
+    counter = np.zeros(1, np.int64)
+    for _w in nb.prange(nt):
+        _shuffle_seq(counter, nb.get_thread_id(), out5, x5, r, dcr, inverse, co, row0, lo)
+
+
 KERNELS = {"reshape": reshape, "permute": permute, "slice": slice_, "pad": pad, "concat": concat,
            "channel_shuffle": channel_shuffle, "pixel_shuffle": pixel_shuffle}
 BLOCKED = frozenset({"slice", "pad", "concat", "channel_shuffle"})   # kernels with an NCHW16c form
