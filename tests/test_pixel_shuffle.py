@@ -135,6 +135,9 @@ def test_model_codes_view_permute_view_compiles_to_pixel_shuffle(superres):
     c = tilefuse.compile(net)
     kinds = [o.op for o in c.network.ops]
     assert kinds.count("pixel_shuffle") == 3 and "permute" not in kinds and "reshape" not in kinds
+    # the LeakyReLU after the last shuffle moved before it (a shuffle permutes elements) and into the conv
+    assert "activation" not in kinds
+    assert [o.params["act"][0] for o in c.network.ops if o.name == "upsample.2"] == ["leaky_relu"]
     assert [o.params for o in c.network.ops if o.op == "pixel_shuffle"] == [
         {"factor": 2, "mode": "crd", "inverse": True}, {"factor": 2, "mode": "crd", "inverse": False},
         {"factor": 3, "mode": "crd", "inverse": False}]
@@ -251,3 +254,31 @@ def test_both_orders_stream_on_either_ring_layout(mode, monkeypatch):
     monkeypatch.setattr(movement, "pixel_shuffle_band_nchwc", lambda *a, **k: calls.append(k) or gather(*a, **k))
     check_streams(net, band_rows=(1, 3), must=("pixel_shuffle",))
     assert {(k["factor"], k["inverse"]) for k in calls} == {(3, False), (2, True)}
+
+
+def test_only_a_lone_element_wise_activation_moves_before_a_shuffle():
+    """relu / activation after a shuffle read by nothing else moves before it (and fuses into the conv); a PReLU
+    (a slope per channel: the shuffle changes the channels) or an activation whose shuffle has a second reader
+    stays where it is. Values equal the reference either way."""
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((16, 3, 3, 3)) * 0.3).astype(np.float32)
+
+    def build(kind):
+        net = Network(kind)
+        x = net.input("x", (1, 3, 5, 6))
+        ps = net.pixel_shuffle(net.conv2d(x, w, np.zeros(16, np.float32), padding=1, name="conv"), 2, name="ps")
+        if kind == "prelu":
+            net.output(net.prelu(ps, np.linspace(-0.5, 0.5, 4).astype(np.float32)))
+        elif kind == "shared":
+            net.output(net.add(net.activation(ps, "silu"), ps))
+        else:
+            net.output(net.activation(ps, "silu"))
+        return net
+
+    x = _rand(1, 3, 5, 6, seed=7)
+    for kind, fused in (("lone", True), ("prelu", False), ("shared", False)):
+        net = build(kind)
+        c = tilefuse.compile(net)
+        conv = next(o for o in c.network.ops if o.op == "conv2d")
+        assert (conv.params.get("act") is not None and conv.params["act"][0] == "silu") == fused, kind
+        assert_close(c.run(x), evaluate(net, x)[0], f"{kind} vs reference", tol=1e-5)
