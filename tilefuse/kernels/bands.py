@@ -731,14 +731,12 @@ class MappedRunner(Runner):
             return {}
         n, c, _, w = self.in_shapes[0]
         R = self.band
-        if self.layer.kind == "pixel_shuffle":   # NCHW bands in and out (converted from / to NCHW16c rings)
-            f = 1 if self.p["inverse"] else self.p["factor"]
-            rin = max(self._in_rows(r, min(r + R, self.layer.rows)) for r in range(0, self.layer.rows))
+        rin = max(self._in_rows(r, min(r + R, self.layer.rows)) for r in range(0, self.layer.rows))
+        if self.layer.kind == "pixel_shuffle":   # NCHW bands in and out (the path without NCHW16c rings)
             need = {"xband": n * c * rin * w, "yband": n * self.out_shape[1] * R * self.out_shape[3]}
             if not self.p["inverse"]:           # the band's rows shuffled whole
-                need["yfull"] = n * self.out_shape[1] * rin * f * self.out_shape[3]
+                need["yfull"] = n * self.out_shape[1] * rin * self.p["factor"] * self.out_shape[3]
             return need
-        rin = max(self._in_rows(r, min(r + R, self.layer.rows)) for r in range(0, self.layer.rows))
         if self.layer.kind == "conv_transpose2d":
             rin = max(b1 - b0 for r in range(self.layer.rows)
                       for _, _, b0, b1, _ in [self._convt_band(r, min(r + R, self.layer.rows))])
