@@ -449,7 +449,7 @@ def check(kind: str, seed: int) -> str | None:
 def _evaluator(model):
     """ONNX's reference evaluator, its LRN replaced: onnx 1.23.2's loops the channel over the batch axis
     (`for c in range(x.shape[0])`), so every channel from N on gets a square sum of 0 (seed 77014535); its
-    BatchNormalization and dilated Conv too (below)."""
+    BatchNormalization, dilated Conv and GELU too (below)."""
     from onnx.reference import ReferenceEvaluator
     from onnx.reference.op_run import OpRun
 
@@ -516,6 +516,20 @@ def _evaluator(model):
                 y += b.reshape(1, -1, 1, 1)
             return (y.astype(x.dtype),)
 
+    class Gelu(OpRun):
+        """GELU(erf) with Phi = erfc(-x / sqrt 2) / 2: onnx's x / 2 (1 + erf(x / sqrt 2)) cancels, in float64 too (0
+        below x = -8.3, where tilefuse's float32 GELU(-9) is -1.0e-18 and a reciprocal after it finite: seed
+        101115614); the tanh form as onnx's."""
+        op_domain = ""
+
+        def _run(self, x, approximate=None):
+            from scipy.special import erfc
+            if approximate == "tanh":
+                y = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+            else:
+                y = 0.5 * x * erfc(-x / np.sqrt(2))
+            return (y.astype(x.dtype),)
+
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
 
     def softmax(x, axis, log):
@@ -559,7 +573,7 @@ def _evaluator(model):
             given = [] if given is None else [int(v) for v in np.asarray(given).reshape(-1)]
             return (np.squeeze(x) if not given else np.squeeze(x, axis=tuple(given)),)
 
-    return ReferenceEvaluator(model, new_ops=[LRN, BatchNormalization, Conv, Softmax, LogSoftmax, Squeeze])
+    return ReferenceEvaluator(model, new_ops=[LRN, BatchNormalization, Conv, Softmax, LogSoftmax, Squeeze, Gelu])
 
 
 def _float64_model(model):

@@ -63,7 +63,9 @@ from vectorizing): exp32 follows Cephes' expf (a fitted degree-6 polynomial in E
 a shifter constant read back as integer bits) with the exponent built in the float's bits, tanh32 and
 erf32 are Eigen's rational approximations, and divisions go through np.divide (no Python
 ZeroDivisionError check). Their error against float64 is below 1e-6 absolute on all of float32;
-tests/test_activations.py holds them to 2e-6 of PyTorch.
+tests/test_activations.py holds them to 2e-6 of PyTorch. GELU(erf) takes Phi from an erfc form, not
+1 + erf (which cancels for x < 0): relative accuracy in the negative tail too, where PyTorch's and ONNX
+Runtime's GELU are 0 or 100% off (`_phi_lower`).
 """
 from __future__ import annotations
 
@@ -169,8 +171,8 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
     elif name == "silu":
         y = d * 0.5 * (1.0 + np.tanh(0.5 * d))
     elif name == "gelu":
-        from math import erf
-        y = 0.5 * d * (1.0 + np.vectorize(erf, otypes=[np.float64])(d * _SQRT1_2)) if d.size else d
+        # Phi(x) = erfc(-x / sqrt 2) / 2: no cancellation in the negative tail (1 + erf lost all digits below -8)
+        y = 0.5 * d * np.vectorize(math.erfc, otypes=[np.float64])(-d * _SQRT1_2) if d.size else d
     elif name == "gelu_tanh":
         with np.errstate(over="ignore", invalid="ignore"):   # 0.5 (1 + tanh z) = 1 / (1 + e^-2z): no cancellation
             s = 1.0 / (1.0 + np.exp(-2.0 * _GELU_C * (d + 0.044715 * d ** 3)))
@@ -232,8 +234,8 @@ def derivative(name: str, dy: np.ndarray, x: np.ndarray, alpha: float = 0.0, bet
             k = {"sigmoid": lambda: s * (1.0 - s), "silu": lambda: s * (1.0 + d * (1.0 - s)),
                  "log_sigmoid": lambda: 1.0 - s}[name]()
         elif name == "gelu":
-            erf = np.vectorize(math.erf, otypes=[np.float64])(d * _SQRT1_2) if d.size else d
-            k = 0.5 * (1.0 + erf) + d * np.exp(-0.5 * d * d) / math.sqrt(2.0 * math.pi)
+            erfc = np.vectorize(math.erfc, otypes=[np.float64])(-d * _SQRT1_2) if d.size else d
+            k = 0.5 * erfc + d * np.exp(-0.5 * d * d) / math.sqrt(2.0 * math.pi)
         elif name == "gelu_tanh":
             s = 1.0 / (1.0 + np.exp(-2.0 * _GELU_C * (d + 0.044715 * d ** 3)))    # = 0.5 (1 + tanh z)
             k = np.where(s < GELU_TANH_FLUSH, 0.0 * d,
@@ -285,6 +287,18 @@ _FHALF, _FSIXTH = np.float32(0.5), np.float32(1.0 / 6.0)
 _FSQRT1_2, _FGELU_C, _FGELU_K = np.float32(_SQRT1_2), np.float32(_GELU_C), np.float32(0.044715)
 _FGELU_2C = np.float32(2.0 * _GELU_C)
 _FGELU_FLUSH = np.float32(GELU_TANH_FLUSH)
+# GELU(erf) as x Phi(x) with Phi(-a) = erfc(a / sqrt 2) / 2 = t e^(C(t) - a^2 / 2), t = 1 / (1 + a / (2 sqrt 2)):
+# Numerical Recipes' erfc (erfcc: a degree-9 polynomial C in t, 1.2e-7 relative for every a >= 0) with its
+# constant term less ln 2. x / 2 (1 + erf(x / sqrt 2)) cancelled for x < 0 (GELU(-5.57) was 9.3e-7 off, 16x its
+# value, and a reciprocal after it a factor of 3: tests/onnx_graphs.py seed 101115614); this form does not, and
+# costs one exp32 and one division as the rational erf did one division. |x| is clamped at _GELU_FAR, where
+# t e^(...) = 4e-38 is still a normal float (a subnormal one costs a microcode assist per lane); below -_GELU_FAR
+# GELU is x * 0 (its value is above -1e-36): -0, NaN at -inf, as 1 + erf's was.
+_GELU_FAR = np.float32(12.85)
+_FERFC_T = np.float32(0.5 * _SQRT1_2)
+_GP = tuple(np.float32(c) for c in (-1.26551223 - math.log(2.0), 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+                                     0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277))
+_FINV_SQRT_2PI = np.float32(1.0 / math.sqrt(2.0 * math.pi))
 
 
 @intrinsic
@@ -385,6 +399,16 @@ def erf32(x):
     q = (((_EB[0] * c2 + _EB[1]) * c2 + _EB[2]) * c2 + _EB[3]) * c2 + _EB[4]
     t = np.divide(p, q)
     return _F1 if x >= _ERF_CLAMP else (-_F1 if x <= -_ERF_CLAMP else t)
+
+
+@njit(inline="always", cache=True)
+def _phi_lower(a):
+    """Phi(-a) = erfc(a / sqrt 2) / 2 for float32 a in [0, _GELU_FAR] (the callers clamp), vectorizable;
+    within 1.2e-7 relative before float32's rounding of a^2 / 2 in the exponent."""
+    t = np.divide(_F1, _F1 + _FERFC_T * a)
+    q = ((((((((_GP[9] * t + _GP[8]) * t + _GP[7]) * t + _GP[6]) * t + _GP[5]) * t + _GP[4]) * t + _GP[3]) * t
+          + _GP[2]) * t + _GP[1]) * t + _GP[0]
+    return t * exp32(q - _FHALF * a * a)
 
 
 # sigmoid's exponent is kept within +-_SIG_CLAMP: e^-87 = 1.6e-38 is still a normal float, so neither
@@ -637,7 +661,8 @@ def apply_scalar(code, v, alpha, beta):
     if code == 6:
         return v * _sigmoid(v)
     if code == 7:
-        return _FHALF * v * (_F1 + erf32(v * _FSQRT1_2))
+        h = _phi_lower(min(abs(v), _GELU_FAR))
+        return v * (h if v < _F0 else _F1 - h) if v >= -_GELU_FAR else v * _F0
     if code == 8:
         # 0.5 (1 + tanh z) as sigmoid(2z): 1 + tanh z cancelled in the negative tail (GELU(-4.32) = -1.36e-5 came
         # out 3% off; tests/onnx_graphs.py seed 77022427), the sigmoid's 1 / (1 + e^-2z) does not; 0 (x 0) where
@@ -755,7 +780,6 @@ def apply_inplace(x, code, alpha, beta):
 # tests compare both with PyTorch (tests/test_training_modern.py).
 GRAD_CODES = frozenset(range(12))
 _F1_3 = np.float32(1.0 / 3.0)
-_FINV_SQRT_2PI = np.float32(1.0 / math.sqrt(2.0 * math.pi))
 _FGELU_K3 = np.float32(3.0 * 0.044715)
 
 
@@ -779,9 +803,10 @@ def _grad_scalar(code, g, v, a, b):
         s = _sigmoid(v)
         return g * (s * (_F1 + v * (_F1 - s)))
     if code == 7:
-        cdf = _FHALF * (_F1 + erf32(v * _FSQRT1_2))
-        pdf = exp32(max(-_FHALF * v * v, -_SIG_CLAMP)) * _FINV_SQRT_2PI
-        return g * (cdf + v * pdf)
+        c = min(max(v, -_GELU_FAR), _GELU_FAR)
+        h = _phi_lower(abs(c))
+        k = (h if v < _F0 else _F1 - h) + c * (exp32(-_FHALF * c * c) * _FINV_SQRT_2PI)    # Phi + x phi
+        return g * (k if v >= -_GELU_FAR else v * _F0)
     if code == 8:
         s = _sigmoid(_FGELU_2C * (v + _FGELU_K * v * v * v))       # 0.5 (1 + t); 1 - t^2 = 4 s (1 - s)
         k = s + _F2 * v * s * (_F1 - s) * _FGELU_C * (_F1 + _FGELU_K3 * v * v)
