@@ -347,7 +347,8 @@ def test_float16_row_mapped_ops_stream():
 
 @pytest.mark.parametrize("axis,start,stop,step", [(1, 3, 17, 1), (1, 0, 20, 3), (1, 16, 20, 1), (-1, 1, 8, 2),
                                                   (2, 1, 9, 1), (2, 0, None, 2), (-2, 1, None, 2), (2, -8, 10, 3),
-                                                  (2, 4, 5, 1), (2, 0, 11, 4)])
+                                                  (2, 4, 5, 1), (2, 0, 11, 4),
+                                                  (1, -1, None, -1), (1, 17, 2, -3), (3, -1, None, -1), (-1, 7, 0, -2)])
 def test_channel_row_and_column_slices_stream(axis, start, stop, step):
     """torch.chunk / x[:, :c] (channel slices, NCHW16c rings through movement.slice_'s lane copies),
     column slices and slices of rows (a row window: output row r reads input row start + r * step)

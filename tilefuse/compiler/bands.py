@@ -170,6 +170,9 @@ def refusal(op: OpNode) -> str | None:
         return "adaptive_avg_pool to height 1 does not stream: it reads whole planes (a global op)"
     if op.op == "slice" and op.params["axis"] % 4 == 0:
         return f"slice of axis {op.params['axis']} (the batch); only slices of channels, rows or columns stream"
+    if op.op == "slice" and op.params["axis"] % 4 == 2 and op.params["step"] < 0:
+        return (f"slice of rows with step {op.params['step']} (rows reversed: a flip of H) needs the whole image; "
+                f"only flips of channels or columns stream")
     if op.op == "concat" and op.params["axis"] % 4 != 1:
         return f"concat on axis {op.params['axis']}; only channel concats (axis 1) stream"
     if op.params.get("has_input_scale"):

@@ -436,6 +436,8 @@ def _check_band(ins: Instruction) -> dict:
         raise ValueError(f"attrs {attrs} are not the normal form of {op}'s params ({norm})")
     if op == "slice" and attrs["axis"] % 4 == 0:
         raise ValueError(f"slice of axis {attrs['axis']} (the batch): only slices of channels, rows or columns stream")
+    if op == "slice" and attrs["axis"] % 4 == 2 and attrs["step"] < 0:
+        raise ValueError(f"slice of rows with step {attrs['step']} (rows reversed) does not stream")
     if op == "pad" and (len(attrs["pads"]) != 8 or any(attrs["pads"][:4])):
         raise ValueError(f"pads {attrs['pads']}: only H and W pads of an (N, C, H, W) tensor stream")
     acts = [o for o in ins.operands if o.segment != CONST]

@@ -880,6 +880,18 @@ def _slice(imp, x, dim=0, start=None, end=None, step=1):
     return imp.net.slice(x, dim, s[0], s[1], s[2], name=imp.op_name())
 
 
+def _flip(imp, x, dims):
+    """torch.flip / x.flip(dims): one reversed slice (step -1) per dimension of size > 1."""
+    x = imp.tensor(x)
+    axes = [d for d in dict.fromkeys(int(d) % len(x.shape) for d in dims) if x.shape[d] > 1]
+    if not axes:
+        return x
+    base = imp.op_name()
+    for i, d in enumerate(axes):
+        x = imp.net.slice(x, d, -1, None, -1, name=base if i == len(axes) - 1 else imp.unique(f"{base}.{i}"))
+    return x
+
+
 def _narrow(imp, x, dim, start, length):
     return _slice(imp, x, dim, start, int(start) + int(length))
 
@@ -1302,6 +1314,7 @@ _ATEN = {
     "t": lambda imp, x: _transpose(imp, x, 0, 1),
     "slice": _slice,
     "narrow": _narrow,
+    "flip": _flip,
     "select": _select,
     "split": _split,
     "split_with_sizes": _split_sizes,

@@ -770,7 +770,11 @@ _register(OpSchema("permute", "shape", ("x",), _permute_norm, _permute_infer,
 
 
 def _slice_norm(node, p):
-    step = _int(node, "step", p.get("step", 1), 1)
+    """Python's slice rules along one axis; a negative step reverses (torch.flip, ONNX Slice steps < 0: start -1,
+    stop None, step -1 is the whole axis reversed)."""
+    step = _int(node, "step", p.get("step", 1))
+    if step == 0:
+        raise GraphError(node, "parameter step=0; expected a non-zero step (negative: reversed)")
     start = _int(node, "start", p.get("start", 0))
     stop = p.get("stop")
     stop = None if stop is None else _int(node, "stop", stop)

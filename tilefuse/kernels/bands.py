@@ -124,14 +124,15 @@ ROW_MAPPED = frozenset({"resize", "conv_transpose2d", "pad", "adaptive_avg_pool"
 
 
 def row_slice(kind: str, params: dict) -> bool:
-    """A slice of rows (axis 2 of (N, C, H, W)): a row-mapped op, where channel and column slices
-    are row-local. YOLOv5's Focus, `x[..., ::2, ::2]`, is one of rows and one of columns."""
-    return kind == "slice" and params["axis"] % 4 == 2
+    """A slice of rows (axis 2 of (N, C, H, W)) in their order: a row-mapped op, where channel and column
+    slices are row-local. YOLOv5's Focus, `x[..., ::2, ::2]`, is one of rows and one of columns. Rows
+    reversed (a negative step: torch.flip of H) are neither: the streaming compiler refuses them."""
+    return kind == "slice" and params["axis"] % 4 == 2 and params["step"] > 0
 
 
 def slice_window(params: dict, height: int) -> RowWindow:
     """A row slice's window: output row r is input row start + r * step, its start clipped to the
-    height as Python's slices clip (steps are positive: the op's normal form)."""
+    height as Python's slices clip (positive steps: `row_slice`)."""
     start = slice(params["start"], params["stop"], params["step"]).indices(height)[0]
     return RowWindow(params["step"], start, 1)
 

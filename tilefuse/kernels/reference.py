@@ -342,7 +342,7 @@ def pixel_shuffle(x, factor, mode="crd", inverse=False):
 
 
 def slice_axis(x, axis, start, stop, step):
-    """x[..., start:stop:step, ...] along `axis` (Python slice rules, step >= 1)."""
+    """x[..., start:stop:step, ...] along `axis` (Python slice rules; a negative step reverses)."""
     idx = [slice(None)] * x.ndim
     idx[axis] = slice(start, stop, step)
     return np.ascontiguousarray(x[tuple(idx)])

@@ -569,15 +569,16 @@ def _transpose(cx: Ctx, nd: OnnxNode, used):
 
 
 def _slice_axis(cx: Ctx, nd: OnnxNode, x: DataNode, axis: int, idx: range, name: str | None = None):
-    """x restricted to the indices `idx` (a range) along axis: the slice op (step >= 1) or nothing."""
+    """x restricted to the indices `idx` (a range) along axis: the slice op (a negative step reverses) or
+    nothing."""
     if len(idx) == 0:
         raise nd.refuse(f"slice of axis {axis} of {x.shape} is empty; expected at least one element")
-    if idx.step < 0:
-        raise nd.refuse(f"slice of axis {axis} with step {idx.step}; tilefuse slices with steps >= 1")
     if idx == range(x.shape[axis]):
         return x
-    return cx.net.slice(x, axis, idx.start, idx.start + (len(idx) - 1) * idx.step + 1, idx.step,
-                        name=name or cx.fresh(f"{nd.name}.axis{axis}"))
+    step = idx.step if len(idx) > 1 else 1
+    last = idx[-1]       # Python's stop one step past the last index; reversed to index 0: None (-1 is the end)
+    stop = last + 1 if step > 0 else (last - 1 if last > 0 else None)
+    return cx.net.slice(x, axis, idx.start, stop, step, name=name or cx.fresh(f"{nd.name}.axis{axis}"))
 
 
 def _slice(cx: Ctx, nd: OnnxNode, used):
@@ -1307,7 +1308,7 @@ RULES: dict[str, Rule] = {
     "Squeeze": _r(_squeeze, (1, 11, 13, 21, 23, 24, 25), "axes", "reshape", "constant axes"),
     "Unsqueeze": _r(_unsqueeze, (1, 11, 13, 21, 23, 24, 25), "axes", "reshape", "constant axes"),
     "Transpose": _r(_transpose, (1, 13, 21, 23, 24, 25), "perm", "permute"),
-    "Slice": _r(_slice, (1, 10, 11, 13), "starts ends axes", "slice", "constant starts/ends/axes/steps; steps >= 1"),
+    "Slice": _r(_slice, (1, 10, 11, 13), "starts ends axes", "slice", "constant starts/ends/axes/steps"),
     "Gather": _r(_gather, (1, 11, 13), "axis", "slice reshape concat",
                   "constant indices forming at most 256 runs of consecutive values"),
     "Greater": _r(_comparison, (7, 9, 13), "", "-", "read by Where, Not or a Cast to float"),
