@@ -224,6 +224,10 @@ def test_cost_host_kind():
     # LLVM's own 256-bit tuning kept (TILEFUSE_VECTOR_BITS=256), an AMD core, a client core: the base rates
     assert isa.cost_host_of("emeraldrapids", 256) == isa.cost_host_of("znver4", 512) == "base"
     assert isa.cost_host_of("znver3", 256) == isa.cost_host_of("tigerlake", 512) == "base"
+    # a server core a hypervisor reports as a client model (rocketlake) has AMX tiles; a real Rocket Lake does not
+    assert isa.cost_host_of("rocketlake", 512, "+avx512f,+amx-bf16,+amx-tile") == "intel-avx512"
+    assert isa.cost_host_of("rocketlake", 512, "+avx512f,-amx-tile") == "base"
+    assert isa.cost_host_of("rocketlake", 256, "+avx512f,+amx-tile") == "base"
     assert isa.cost_host() in HOST_RATES
     args = ((1, 256, 14, 14), (256, 256, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
     base, intel = (estimate_cost("direct", *args, host=h) for h in ("base", "intel-avx512"))

@@ -131,8 +131,11 @@ def _tuned_prefer_256(cpu_name: str) -> bool:
 # The algorithm cost model's host kinds (kernels/conv/select.py, HOST_RATES). Intel's AVX-512 server
 # cores (two 512-bit FMA pipes on the Xeon Gold / Platinum parts) run the direct conv's assembly strip
 # ~1.6x faster against the Winograd kernels than the machines the model was calibrated on (Zen 3 / Zen 4):
-# measured on an Emerald Rapids VM (benchmarks/RESULTS.md, twenty-fourth session). Only the LLVM CPU name
-# and the compiled width decide, so a plan is the same in every process on a host.
+# measured on an Emerald Rapids VM (benchmarks/RESULTS.md, twenty-fourth session). The LLVM CPU name, the
+# compiled width and one feature decide, so a plan is the same in every process on a host: a hypervisor may
+# report a server core as a client model (a 2-vCPU KVM guest with AMX, 2 MiB of L2 a core, reads as CPUID model
+# 167, `rocketlake` to LLVM; sixty-fourth session), so AMX tiles (`amx-tile`: Sapphire Rapids and later server
+# cores only) count as a server core too.
 COST_HOST_ENV = "TILEFUSE_COST_HOST"
 _INTEL_AVX512_SERVER = re.compile(r"^(skylake-avx512|cascadelake|cooperlake|icelake-server|sapphirerapids|"
                                   r"emeraldrapids|graniterapids.*|diamondrapids)$")
@@ -148,12 +151,13 @@ def cost_host() -> str:
             raise ValueError(f"{COST_HOST_ENV}={want!r}: expected one of {COST_HOSTS}")
         return want
     i = info()
-    return cost_host_of(i["llvm_cpu"], i["vector_bits"])
+    return cost_host_of(i["llvm_cpu"], i["vector_bits"], _codegen_target()[1])
 
 
-def cost_host_of(llvm_cpu: str, vector_bits: int) -> str:
-    """The cost model's host kind for an LLVM CPU name and the compiled vector width."""
-    return "intel-avx512" if vector_bits == 512 and _INTEL_AVX512_SERVER.match(llvm_cpu or "") else "base"
+def cost_host_of(llvm_cpu: str, vector_bits: int, features: str = "") -> str:
+    """The cost model's host kind for an LLVM CPU name, the compiled vector width and LLVM's feature string."""
+    server = _INTEL_AVX512_SERVER.match(llvm_cpu or "") or "+amx-tile" in features.split(",")
+    return "intel-avx512" if vector_bits == 512 and server else "base"
 
 
 @functools.lru_cache(maxsize=1)
