@@ -205,3 +205,31 @@ def test_trains_gradients_through_flips_equal_pytorchs():
         want = p.grad.numpy()
         np.testing.assert_allclose(grads[k].reshape(want.shape), want, rtol=1e-4, atol=1e-5 * np.abs(want).max(),
                                    err_msg=k)
+
+
+@pytest.mark.parametrize("axis,indices,slices", [
+    (1, [2, 1, 0], 1),                       # BGR -> RGB as exporters write x[:, [2, 1, 0]]
+    (1, [7, 6, 5, 4, 3, 2, 1, 0, 8], 2),     # reversed, then one more
+    (3, [0, 2, 4, 6], 1),                    # strided
+    (2, [5, 3, 1, 1, 2], 2),                 # reversed by 2, then the repeated 1 starts a consecutive pair
+    (3, [6, 0], 1),                          # two indices: one reversed slice of step 6
+    (1, [[3, 2], [1, 0]], 1)])               # 2-D indices
+def test_onnx_gather_of_evenly_spaced_indices_is_one_slice_each(axis, indices, slices):
+    """An ONNX Gather with constant indices becomes one slice per run of evenly spaced indices (reversed and strided
+    too), then a concat: the slice count, and the values against ONNX Runtime."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    idx = np.array(indices, np.int64)
+    shape = [1, 9, 7, 8]
+    out = shape[:axis] + list(idx.shape) + shape[axis + 1:]
+    g = helper.make_graph([helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+                          [numpy_helper.from_array(idx, "i")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    net = tilefuse.from_onnx(model)
+    assert [o.op for o in net.ops].count("slice") == slices, [(o.op, o.params) for o in net.ops]
+    got = tilefuse.compile(net).run(x)
+    assert got.shape == want.shape and np.array_equal(got, want)

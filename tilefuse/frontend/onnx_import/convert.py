@@ -612,24 +612,30 @@ def _gather(cx: Ctx, nd: OnnxNode, used):
     return _gather_runs(cx, nd, x, axis, [int(i) % n for i in idx.reshape(-1)], idx.shape)
 
 
-# a gather becomes one slice per run of consecutive indices, then a concat: up to this many (VGG's 7x7 adaptive
-# pool of an 8x8 map, as the dynamo exporter writes it, is 98 runs of 2)
+# a gather becomes one slice per run of evenly spaced indices (consecutive, reversed: [2, 1, 0] for BGR -> RGB,
+# strided), then a concat: up to this many (VGG's 7x7 adaptive pool of an 8x8 map, as the dynamo exporter writes
+# it, is 98 runs of 2)
 MAX_GATHER_RUNS = 256
 
 
 def _gather_runs(cx: Ctx, nd: OnnxNode, x: DataNode, axis: int, ids: list[int], shape) -> DataNode:
-    """x's entries `ids` (in range) along `axis`, as slices of the consecutive runs concatenated, the axis then
-    reshaped to `shape` (the indices' shape)."""
+    """x's entries `ids` (in range) along `axis`, as slices of the runs of evenly spaced indices (a run: its first
+    two indices set the step, nonzero, and it goes on while the step holds) concatenated, the axis then reshaped to
+    `shape` (the indices' shape)."""
     if not ids:
         raise nd.refuse(f"indices of shape {tuple(shape)} are empty; expected at least one index")
-    runs, start = [], 0    # consecutive runs of the (flattened) indices -> one slice each, concatenated
-    for k in range(1, len(ids) + 1):
-        if k == len(ids) or ids[k] != ids[k - 1] + 1:
-            runs.append(range(ids[start], ids[k - 1] + 1))
-            start = k
+    runs, k = [], 0         # runs of the (flattened) indices -> one slice each, concatenated
+    while k < len(ids):
+        j, step = k + 1, 1
+        if j < len(ids) and ids[j] != ids[k]:
+            step = ids[j] - ids[k]
+            while j < len(ids) and ids[j] - ids[j - 1] == step:
+                j += 1
+        runs.append(range(ids[k], ids[j - 1] + (1 if step > 0 else -1), step))
+        k = j
     if len(runs) > MAX_GATHER_RUNS:
         raise nd.refuse(f"indices {ids[:8]}... form {len(runs)} runs; tilefuse gathers up to {MAX_GATHER_RUNS} "
-                        f"runs of consecutive indices (as slices)")
+                        f"runs of evenly spaced indices (as slices)")
     parts = [_slice_axis(cx, nd, x, axis, rg) for rg in runs]
     y = parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=axis, name=cx.fresh(nd.name + ".concat"))
     # (..., len(ids), ...) -> (..., *indices.shape, ...)
@@ -1310,7 +1316,7 @@ RULES: dict[str, Rule] = {
     "Transpose": _r(_transpose, (1, 13, 21, 23, 24, 25), "perm", "permute"),
     "Slice": _r(_slice, (1, 10, 11, 13), "starts ends axes", "slice", "constant starts/ends/axes/steps"),
     "Gather": _r(_gather, (1, 11, 13), "axis", "slice reshape concat",
-                  "constant indices forming at most 256 runs of consecutive values"),
+                  "constant indices forming at most 256 runs of evenly spaced values"),
     "Greater": _r(_comparison, (7, 9, 13), "", "-", "read by Where, Not or a Cast to float"),
     "GreaterOrEqual": _r(_comparison, (12, 16), "", "-", "read by Where, Not or a Cast to float"),
     "Less": _r(_comparison, (7, 9, 13), "", "-", "read by Where, Not or a Cast to float"),
@@ -1323,7 +1329,7 @@ RULES: dict[str, Rule] = {
     "Where": _r(_where, (9, 16), "", "where",
                 "the condition a comparison of computed tensors (or its Not) or a constant; X, Y not both constant"),
     "GatherND": _r(_gather_nd, (11, 12, 13), "batch_dims", "slice reshape concat",
-                   "constant indices forming at most 256 runs of consecutive positions; batch_dims 0"),
+                   "constant indices forming at most 256 runs of evenly spaced positions; batch_dims 0"),
     "Split": _r(_split, (2, 11, 13, 18), "axis split num_outputs", "slice", "constant split"),
     "Concat": _r(_concat, (4, 11, 13), "axis", "concat"),
     "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad slice",
