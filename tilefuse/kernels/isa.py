@@ -151,7 +151,13 @@ def cost_host() -> str:
             raise ValueError(f"{COST_HOST_ENV}={want!r}: expected one of {COST_HOSTS}")
         return want
     i = info()
-    return cost_host_of(i["llvm_cpu"], i["vector_bits"], _codegen_target()[1])
+    return cost_host_of(i["llvm_cpu"], i["vector_bits"], _codegen_features())
+
+
+@functools.lru_cache(maxsize=1)
+def _codegen_features() -> str:
+    """LLVM's feature string numba compiles for (fixed once its code generator exists: `info()` made it)."""
+    return _codegen_target()[1]
 
 
 def cost_host_of(llvm_cpu: str, vector_bits: int, features: str = "") -> str:
