@@ -16,6 +16,7 @@ import tilefuse
 from tilefuse import models
 from tilefuse.kernels import pool, registry, stem_pool
 from tilefuse.kernels.conv import stem
+from tilefuse.kernels.conv.planner import plan_stem
 from tilefuse.kernels.reference import pool_out_size
 
 RNG = np.random.default_rng(31)
@@ -24,7 +25,7 @@ UNCOMPUTED = np.float32(1e30)       # the stem output before the pair writes it:
 
 
 def _pair(n, cin, h, w, co, k, s, pad, pk, ps, ppad, pdil=1, ceil=False, rows=None, threads=2, act=None,
-          relu=True):
+          relu=True, stem_output=True):
     x = RNG.standard_normal((n, cin, h, w)).astype(np.float32)
     prep = stem.prepare(RNG.standard_normal((co, cin, k, k)).astype(np.float32) * 0.2,
                         RNG.standard_normal(co).astype(np.float32))
@@ -42,7 +43,7 @@ def _pair(n, cin, h, w, co, k, s, pad, pk, ps, ppad, pdil=1, ceil=False, rows=No
     got_o = np.full_like(want_o, UNCOMPUTED)
     got_y = np.full_like(want_y, SENTINEL)
     stem_pool.run(got_o, x, prep, got_y, pool_kernel=pl["kernel_size"], pool_stride=pl["stride"],
-                  pool_padding=pl["padding"], pool_dilation=pl["dilation"], **conv)
+                  pool_padding=pl["padding"], pool_dilation=pl["dilation"], stem_output=stem_output, **conv)
     return want_o, want_y, got_o, got_y
 
 
@@ -64,6 +65,42 @@ def test_pair_gives_the_bits_of_stem_then_pool(geom, threads):
     assert np.array_equal(got_o, want_o)
     assert not (got_y == SENTINEL).any(), "a pool output left unwritten"
     assert np.array_equal(got_y, want_y)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 5])
+@pytest.mark.parametrize("geom", [
+    # n, cin, h, w, co, k, s, pad, pool k, stride, pad, dilation, ceil, stem band rows
+    (1, 3, 224, 224, 64, 7, 2, 3, 3, 2, 1, 1, False, None),     # ResNet's stem and pool, the plan's bands
+    (2, 3, 61, 47, 40, 7, 2, 3, 3, 2, 1, 1, False, 7),          # 7-row bands: a sub-block wraps the 6-row ring
+    (1, 3, 64, 50, 24, 3, 1, 1, 3, 2, 1, 1, True, 5),           # ceil_mode: a last window past the map
+    (1, 4, 33, 35, 16, 5, 2, 2, 2, 2, 0, 1, False, 3),          # 2x2 pool, no padding: a 5-row ring
+    (3, 3, 40, 40, 32, 7, 2, 3, 3, 2, 1, 1, False, 1),          # one-row bands: every row an edge row
+    (1, 1, 30, 30, 16, 3, 1, 1, 3, 1, 1, 2, False, 9),          # stride-1 pool, dilation 2: an 8-row ring
+    (1, 3, 77, 77, 32, 3, 1, 1, 3, 3, 0, 1, False, 23),         # pool stride 3: rows no window reads
+    (2, 3, 29, 31, 48, 7, 2, 3, 3, 2, 1, 1, False, 100),        # a band larger than the map: whole images
+])
+def test_pair_into_the_ring_gives_the_pool_bits(geom, threads):
+    """stem_output=False (the pool the stem's only reader): the stem rows in a per-thread ring of
+    stem_pool.ring_rows rows; the pool's output is the bits of stem then pool, and the stem's output holds the
+    rows the straddling pool rows read (those are what `_edge_seq` reads), the others left as they were."""
+    *g, rows = geom
+    n, cin, h, w, co, k, s, pad, pk, ps, ppad, pdil, ceil = g
+    want_o, want_y, got_o, got_y = _pair(n, cin, h, w, co, k, s, pad, pk, ps, ppad, pdil, ceil, rows, threads,
+                                         stem_output=False)
+    assert not (got_y == SENTINEL).any(), "a pool output left unwritten"
+    assert np.array_equal(got_y, want_y)
+    written = (got_o != UNCOMPUTED).all(axis=(1, 3, 4))         # (N, Ho): the stem rows written out
+    ho, wo = want_o.shape[2:4]
+    hp = want_y.shape[2]
+    rows = rows or plan_stem(cin, k, k, s, 1, ho, wo, w + 2 * pad, n, want_o.shape[1], threads)["rows"]
+    need = np.zeros(ho, bool)
+    for i in stem_pool.edge_rows(1, ho, rows, hp, ps, ppad, pk, pdil)[:, 1]:
+        lo, hi = stem_pool._window(i, ps, ppad, pk, pdil, ho)
+        need[lo:hi + 1] = True
+    assert (written >= need).all(), "a row a straddling pool row reads was not written out"
+    assert np.array_equal(got_o.transpose(0, 2, 1, 3, 4)[written], want_o.transpose(0, 2, 1, 3, 4)[written])
+    if 16 <= rows < ho:         # bands of many rows: most rows stay in the ring
+        assert written.mean() < 0.5, f"{written.mean():.0%} of the stem's rows written out"
 
 
 def test_pair_with_an_activation_past_clip():

@@ -375,6 +375,10 @@ def bind_stem_pools(program, views, threads, taken=()) -> dict:
     bound: dict = {}
     if not STEM_POOL:
         return bound
+    readers: dict[str, int] = {}
+    for ins in program:
+        for op in ins.inputs:
+            readers[op.name] = readers.get(op.name, 0) + 1
     for i, ins, nxt in _free_pairs(program, views, taken):
         p, q = ins.params, nxt.params
         keys = tuple(p.get("prepared") or ())
@@ -398,7 +402,9 @@ def bind_stem_pools(program, views, threads, taken=()) -> dict:
         kw = dict(stride=p["stride"], padding=p["padding"], dilation=p["dilation"], relu=p.get("relu", False),
                   act=p.get("act"), pool_kernel=tuple(q["kernel_size"]), pool_stride=tuple(q["stride"]),
                   pool_padding=tuple(q.get("padding", (0, 0, 0, 0))), pool_dilation=tuple(q.get("dilation", (1, 1))),
-                  threads=threads_for("conv2d", cv, p, threads))
+                  threads=threads_for("conv2d", cv, p, threads),
+                  # the pool its only reader: the stem rows in a ring, not all written out (stem_pool.RING)
+                  stem_output=readers.get(ins.output.name, 0) != 1)
 
         def run_pair(out, x, *args, kw=kw, y=y, keys=keys, nk=nk, has_res=has_res):
             run_stem_pool(out, x, dict(zip(keys, args[:nk])), y, args[nk] if has_res else None, **kw)

@@ -17,6 +17,7 @@ pool, for every grid and thread count (tests/test_stem_pool.py). The session bin
 from __future__ import annotations
 
 import functools
+import os
 
 import numba as nb
 import numpy as np
@@ -25,9 +26,17 @@ from numba import njit
 from .conv import stem
 from .conv._nb import atomic_add
 from .pool import _pool_rows
-from .threads import numba_region
+from .threads import numba_region, scratch
 
 SUB_ROWS = 4      # stem rows a task computes before it pools what they complete (4 x 112 x 64 floats: 115 KB)
+# the stem rows into a per-thread ring instead of the stem's output when only the pool reads it (run's
+# stem_output=False); TILEFUSE_STEM_RING=0 or False: into the output as before (the same bits)
+RING = os.environ.get("TILEFUSE_STEM_RING", "1").strip() != "0"
+
+
+def ring_rows(k: int, d: int) -> int:
+    """The ring's rows: a sub-block's and the rows of a pool window before it (k, d: the pool's along H)."""
+    return SUB_ROWS + (k - 1) * d
 
 
 @njit(nogil=True, cache=True)
@@ -50,10 +59,28 @@ def _interior(r0, r1, s, pt, k, d, h, ho):
 
 
 @njit(nogil=True, cache=True)
+def _stem_into_ring(ring4, cap, n, b3, x0, wb, s0, s1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta):
+    """Stem rows [s0, s1) of image n into the ring ring4 (1, Ob, cap*Wo, 16): row i in slot i % cap, in pieces that
+    do not wrap. `_stem_rows` takes a piece's rows as rows [a, b) of a map whose row 0 is stem row delta = a - a % cap
+    (its input rows shifted by delta * sh): the same code, each output's FMA chain unchanged."""
+    a = s0
+    while a < s1:
+        sa = a % cap
+        b = min(s1, a + cap - sa)
+        delta = a - sa
+        stem._stem_rows(ring4, 0, b3, x0 - delta * sh, wb, sa, sa + (b - a), Wo, sh, sw, dh, dw, bias, res, has_res,
+                        code, alpha, beta)
+        a = b
+
+
+@njit(nogil=True, cache=True)
 def _task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0, r1, pt, pl, Wp, Wo, sh, sw, dh, dw,
-          y, pk, ps, pp, pd):
+          y, pk, ps, pp, pd, ring, cap):
     """One stem task (image n, stem rows [r0, r1)) with the pool rows interior to it. out (N, Ob, Ho*Wo, 16);
-    y (N, Ob, Hp, Wq, 16); pk, ps, pp, pd: the pool's (kh, kw), stride, (top, left) padding, dilation."""
+    y (N, Ob, Hp, Wq, 16); pk, ps, pp, pd: the pool's (kh, kw), stride, (top, left) padding, dilation.
+    cap == 0: the stem rows go to `out`, the pool reads them there. cap > 0: they go to this thread's ring of
+    cap rows (`ring`, 1-D scratch), the pool reads them there, and only the rows that pool rows outside the
+    band read (`_edge_seq`'s) are copied to `out`."""
     C = x.shape[1]
     Ob, Ho = out.shape[1], out.shape[2] // Wo
     out5 = out.reshape(out.shape[0], Ob, Ho, Wo, 16)            # (N, Ob, Ho*Wo, 16) -> (N, Ob, Ho, Wo, 16)
@@ -63,38 +90,56 @@ def _task(out, x, band, wb, bias, res, has_res, code, alpha, beta, n, r0, r1, pt
     stem._pad_rows(b3, x, n, x0 - pt, pl)
     Hp = y.shape[2]
     ia, ib = _interior(r0, r1, ps[0], pp[0], pk[0], pd[0], Ho, Hp)
+    ring4 = ring[:Ob * cap * Wo * 16].reshape(1, Ob, cap * Wo, 16)
+    ring5 = ring4.reshape(1, Ob, cap, Wo, 16)                   # (1, Ob, cap*Wo, 16) -> (1, Ob, cap, Wo, 16)
+    y1 = y[n:n + 1]
+    # the band's rows that pool rows outside [ia, ib) read: [r0, elo) and [ehi, r1) (windows are monotone)
+    elo = min(r1, _window(ia - 1, ps[0], pp[0], pk[0], pd[0], Ho)[1] + 1) if ia > 0 else r0
+    ehi = max(r0, _window(ib, ps[0], pp[0], pk[0], pd[0], Ho)[0]) if ib < Hp else r1
     done = ia
     for s0 in range(r0, r1, SUB_ROWS):
         s1 = min(r1, s0 + SUB_ROWS)
-        stem._stem_rows(out, n, b3, x0, wb, s0, s1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
+        if cap == 0:
+            stem._stem_rows(out, n, b3, x0, wb, s0, s1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha, beta)
+        else:
+            _stem_into_ring(ring4, cap, n, b3, x0, wb, s0, s1, Wo, sh, sw, dh, dw, bias, res, has_res, code, alpha,
+                            beta)
+            for i in range(s0, s1):
+                if i < elo or i >= ehi:
+                    for ob in range(Ob):
+                        out5[n, ob, i] = ring5[0, ob, i % cap]
         e = done
         while e < ib and _window(e, ps[0], pp[0], pk[0], pd[0], Ho)[1] <= s1 - 1:
             e += 1
         if e > done:
-            _pool_rows(y, out5, Ho, 0, Ho, Wo, pk[0], pk[1], ps[0], ps[1], pd[0], pd[1], pp[0], pp[1], n, 0, Ob,
-                       done, e)
+            if cap == 0:
+                _pool_rows(y, out5, Ho, 0, Ho, Wo, pk[0], pk[1], ps[0], ps[1], pd[0], pd[1], pp[0], pp[1], n, 0, Ob,
+                           done, e)
+            else:
+                _pool_rows(y1, ring5, cap, 0, Ho, Wo, pk[0], pk[1], ps[0], ps[1], pd[0], pd[1], pp[0], pp[1], 0, 0,
+                           Ob, done, e)
             done = e
 
 
 @njit(nogil=True, cache=True)
 def _seq(counter, tid, tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, Wo, sh, sw, dh, dw,
-         y, pk, ps, pp, pd):
+         y, pk, ps, pp, pd, ring, cap):
     """One worker of the stem tasks (threads.numba_region)."""
     while True:
         i = atomic_add(counter, 0, 1)
         if i >= tasks.shape[0]:
             break
         _task(out, x, band[tid], wb, bias, res, has_res, code, alpha, beta, tasks[i, 0], tasks[i, 1], tasks[i, 2],
-              pt, pl, Wp, Wo, sh, sw, dh, dw, y, pk, ps, pp, pd)
+              pt, pl, Wp, Wo, sh, sw, dh, dw, y, pk, ps, pp, pd, ring[tid], cap)
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def _par(nt, tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp, Wo, sh, sw, dh, dw, y, pk, ps,
-         pp, pd):
+         pp, pd, ring, cap):
     counter = np.zeros(1, np.int64)
     for _w in nb.prange(nt):
         _seq(counter, nb.get_thread_id(), tasks, out, x, band, wb, bias, res, has_res, code, alpha, beta, pt, pl, Wp,
-             Wo, sh, sw, dh, dw, y, pk, ps, pp, pd)
+             Wo, sh, sw, dh, dw, y, pk, ps, pp, pd, ring, cap)
 
 
 @njit(nogil=True, cache=True)
@@ -131,9 +176,11 @@ def edge_rows(n: int, ho: int, rows: int, hp: int, s: int, pt: int, k: int, d: i
 
 def run(out_b, x, prepared, pool_out, residual_b=None, *, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
         relu=False, act=None, pool_kernel, pool_stride, pool_padding=(0, 0, 0, 0), pool_dilation=(1, 1),
-        threads=None, plan=None) -> None:
+        threads=None, plan=None, stem_output=True) -> None:
     """stem.run_to_nchwc(out_b, x, prepared, residual_b, ...) and then pool.max_pool(pool_out, out_b, ...) (NCHW16c,
-    the pool's output shape from the IR: ceil_mode is in it), computed together (module docstring)."""
+    the pool's output shape from the IR: ceil_mode is in it), computed together (module docstring).
+    stem_output=False: nothing reads the stem's output but the pool (the session's binder knows): the stem rows go
+    to a per-thread ring of `ring_rows` rows, and out_b gets only the rows of band edges (RING)."""
     n, ob = out_b.shape[:2]
     if pool_out.ndim != 5 or pool_out.shape[:2] != (n, ob) or pool_out.shape[4] != 16:
         raise ValueError(f"stem_pool: pool output {pool_out.shape}; expected (N, Ob, Hp, Wp, 16) with N={n}, Ob={ob}")
@@ -143,7 +190,12 @@ def run(out_b, x, prepared, pool_out, residual_b=None, *, stride=(1, 1), padding
     ps = np.array(pool_stride, np.int64)
     pp = np.array((pool_padding[0], pool_padding[2]), np.int64)
     pd = np.array(pool_dilation, np.int64)
-    numba_region(_par, _seq, threads, len(tasks), tasks, *args, pool_out, pk, ps, pp, pd)
+    cap = ring_rows(int(pk[0]), int(pd[0])) if RING and not stem_output and residual_b is None else 0
+    wo = out_b.shape[3]
+    band = args[2]
+    ring = scratch("stem_ring", (band.shape[0], ob * cap * wo * 16)) if cap else np.empty((band.shape[0], 0),
+                                                                                         np.float32)
+    numba_region(_par, _seq, threads, len(tasks), tasks, *args, pool_out, pk, ps, pp, pd, ring, cap)
     edges = edge_rows(n, out_b.shape[2], rows, pool_out.shape[2], int(ps[0]), int(pp[0]), int(pk[0]), int(pd[0]))
     if len(edges):
         numba_region(_edge_par, _edge_seq, threads, len(edges), edges, out_b, pool_out, pk, ps, pp, pd)
