@@ -423,6 +423,7 @@ def _draws(seed: int):
         module, x = _draw(r)
         _swap_norms(module, seed, attempt)
         _swap_math(module, seed, attempt)
+        _swap_flips(module, seed, attempt)
         yield r, module, x
     raise RuntimeError(f"seed {seed}: no valid draw in 50 tries")
 
@@ -611,6 +612,52 @@ def _swap_math(module, seed: int, attempt: int) -> None:
                 c = child.num_features
                 u = s.random()
                 setattr(m, name, (_L2Norm if u < 1 / 3 else _Normalize if u < 2 / 3 else _LayerNormCF)(c, s).eval())
+
+
+# seeds from here on draw flips (`_swap_flips`); the seeds below keep the networks they had, so the seeds the tests
+# keep for what they once found still build what they found it with
+FLIPS_FROM = 109 * 10 ** 6
+
+
+class _Flipped(nn.Module):
+    """A block with flips around it, as model code writes them: test-time augmentation's horizontal flip
+    (`(f(x) + f(x.flip(3)).flip(3)) / 2`), a BGR <-> RGB channel reversal (`x.flip(1)`, `x[:, [2, 1, 0]]` for three
+    channels), an input flipped along W, an output flipped along H or both (`torch.flip(y, dims=(2, 3))`)."""
+    KINDS = ("tta", "channels", "index", "in_w", "out_h", "out_hw")
+
+    def __init__(self, block, s):
+        super().__init__()
+        self.block = block
+        self.kind = _pick(s, self.KINDS)
+
+    def forward(self, x):
+        if self.kind == "tta":
+            return (self.block(x) + self.block(x.flip(3)).flip(3)) * 0.5
+        if self.kind == "channels":
+            return self.block(x.flip(1))
+        if self.kind == "index":
+            idx = list(range(x.size(1)))[::-1] if x.size(1) != 3 else [2, 1, 0]
+            return self.block(x[:, idx])
+        if self.kind == "in_w":
+            return self.block(x.flip(3))
+        if self.kind == "out_h":
+            return self.block(x).flip(2)
+        return torch.flip(self.block(x), dims=(2, 3))
+
+
+def _swap_flips(module, seed: int, attempt: int) -> None:
+    """For seeds from FLIPS_FROM: a sixth of the blocks (a RandomNet's or a TrainNet's features) wrapped in
+    `_Flipped`, from a side generator, so that the main draws stay what they were."""
+    if seed < FLIPS_FROM:
+        return
+    s = np.random.default_rng([seed, attempt, 13])
+    for m in list(module.modules()):
+        if not isinstance(m, (nn.ModuleList, nn.Sequential)):
+            continue
+        for name, child in list(m.named_children()):
+            if isinstance(child, (nn.Linear, Head)) or s.random() >= 1 / 6:
+                continue
+            setattr(m, name, _Flipped(child, s))
 
 
 def _draw(r):

@@ -233,3 +233,51 @@ def test_onnx_gather_of_evenly_spaced_indices_is_one_slice_each(axis, indices, s
     assert [o.op for o in net.ops].count("slice") == slices, [(o.op, o.params) for o in net.ops]
     got = tilefuse.compile(net).run(x)
     assert got.shape == want.shape and np.array_equal(got, want)
+
+
+class _Indexed(nn.Module):
+    """Constant-index gathers as model code writes them, around a conv."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.conv = nn.Conv2d(3, 4, 3, 1, 1)
+
+    def forward(self, x):
+        if self.kind == "bgr":
+            x = x[:, [2, 1, 0]]                                 # BGR -> RGB
+        elif self.kind == "index_select":
+            x = x.index_select(1, torch.tensor([1, 1, 0]))
+        elif self.kind == "rows":
+            x = x[:, :, [0, 2, 4, 6, 8, 3]]                     # strided rows, then one more
+        elif self.kind == "tensor":
+            x = x[:, :, :, torch.arange(x.size(3) - 1, -1, -1)]  # columns reversed by an arange
+        y = self.conv(x)
+        return y[:, [3, 0]] if self.kind == "out" else y
+
+
+@pytest.mark.parametrize("kind,slices", [("bgr", 1), ("index_select", 2), ("rows", 2), ("tensor", 1), ("out", 1)])
+def test_torch_constant_indexing_is_one_slice_per_run(kind, slices):
+    """x[:, [2, 1, 0]], index_select and x[..., idx] with constant integer indices (aten.index.Tensor,
+    aten.index_select) import as ONNX's Gather does (frontend/gather.py): one slice per run of evenly spaced
+    indices, concatenated; the values are PyTorch's."""
+    torch.manual_seed(0)
+    m = _Indexed(kind).eval()
+    x = torch.randn(2, 3, 10, 9)
+    net = tilefuse.from_torch(m, x)
+    assert [o.op for o in net.ops].count("slice") == slices, [(o.op, o.params) for o in net.ops]
+    with torch.no_grad():
+        want = m(x).numpy()
+    got = tilefuse.compile(net, threads=2).run(x.numpy())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_indexing_with_two_index_tensors_is_refused_by_name():
+    """x[:, [1, 0], [2, 3]] (two index tensors: pairs of entries, not a gather along one dim) is refused naming
+    the node and what tilefuse takes."""
+    class Two(nn.Module):
+        def forward(self, x):
+            return x[:, [1, 0], [2, 3]] * 2
+
+    with pytest.raises(tilefuse.errors.UnsupportedOpError, match=r"2 index tensors.*node 'index'.*x\[:, \[2, 1, 0\]\]"):
+        tilefuse.from_torch(Two(), torch.randn(1, 3, 5, 5))

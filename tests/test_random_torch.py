@@ -18,10 +18,16 @@ import random_torch as RT
 
 TORCH_SEEDS = list(range(0, 40)) + [45, 46, 97, 61000165, 66000438]   # 66000438: a draw float32 rounding decides
 ONNX_SEEDS = list(range(0, 24)) + [37, 45, 69, 321, 344, 61000165]
+# seeds from random_torch.FLIPS_FROM draw flips around blocks (`_Flipped`: test-time augmentation, x.flip(1),
+# x[:, [2, 1, 0]], flipped inputs and outputs); 109000033 drew the x[:, idx] that from_torch refused before
+FLIP_SEEDS = {109000033: {"out_h", "channels", "index"}, 109000036: {"tta", "out_hw"},
+              109000037: {"out_hw", "out_h", "channels", "in_w"}}
+TORCH_SEEDS += list(FLIP_SEEDS)
+ONNX_SEEDS += [109000033, 109000037]
 # 95000019: an export without L2Norm's `+ 1e-10` (0 / 0 at an all-zero position) whose NaN meets a max pool:
 # ONNX Runtime's pool drops it, PyTorch's and tilefuse's keep it
 DYNAMO_SEEDS = [0, 1, 45, 95000019]
-STREAM_SEEDS = list(range(0, 16)) + [45]
+STREAM_SEEDS = list(range(0, 16)) + [45, 109000036, 109000037]
 TRAIN_SEEDS = list(range(0, 16)) + [70001998]   # 70001998: a true gradient of 0 in rounding noise
 # the whole vocabulary trained: 42 and 43 (F.normalize's constant ones, L2Norm's `weight.view(1, -1, 1, 1)`:
 # refused before), 1000062 and 1000082 (F.normalize of an all-zero position: NaN gradients before), 1000192 (an
@@ -34,7 +40,17 @@ TRAIN_SEEDS = list(range(0, 16)) + [70001998]   # 70001998: a true gradient of 0
 # 65001588, 65003019: draws that float32's rounding of a layer's output decides (checked on the loss only; they
 # fail if `check_train_modern` stops probing that rounding)
 TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 8000513, 12000641, 65001588,
-                                           65003019]
+                                           65003019, 109000007, 109000019]   # the last two: flips trained
+
+
+@pytest.mark.parametrize("seed,kinds", FLIP_SEEDS.items())
+def test_flip_seeds_draw_their_flips(seed, kinds):
+    """The flip seeds above still draw the flips they were chosen for (a change of the generator would make
+    them test something else), and the seeds below FLIPS_FROM none."""
+    module, _ = RT.build(seed)
+    assert {m.kind for m in module.modules() if isinstance(m, RT._Flipped)} == kinds
+    module, _ = RT.build(seed - RT.FLIPS_FROM)
+    assert not any(isinstance(m, RT._Flipped) for m in module.modules())
 
 
 @pytest.mark.parametrize("seed", TORCH_SEEDS)

@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import GraphError, UnsupportedOpError
 from ..ir import DataNode, Network
 from ..kernels import activations as _acts
-from . import boolexpr
+from . import boolexpr, gather
 
 try:  # torch is a test / import-time dependency, not a runtime one
     import torch
@@ -892,6 +892,52 @@ def _flip(imp, x, dims):
     return x
 
 
+def _gather_dim(imp, x, dim, index, what):
+    """x's entries at the constant integer indices `index` (a Const, any shape) along dim: one slice per run of
+    evenly spaced indices, concatenated (frontend/gather.py), the dim then reshaped to the indices' shape."""
+    x = imp.tensor(x)
+    dim = dim % len(x.shape)
+    if not isinstance(index, Const):
+        raise imp.fail(f"{what} with computed indices", "expected constant integer indices (a list or a tensor "
+                                                       "built from constants)")
+    t = index.tensor
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise imp.fail(f"{what} with indices of dtype {t.dtype}", "expected integer indices")
+    ids = t.reshape(-1).tolist()
+    n = x.shape[dim]
+    if not ids:
+        raise imp.fail(f"{what} with no indices", "expected at least one index")
+    bad = [i for i in ids if not -n <= i < n]
+    if bad:
+        raise imp.fail(f"{what} with indices {bad[:8]} out of range for dim {dim} of size {n}",
+                       f"expected indices in [{-n}, {n})")
+    runs = gather.index_runs([i % n for i in ids])
+    if len(runs) > gather.MAX_RUNS:
+        raise imp.fail(f"{what} whose indices form {len(runs)} runs",
+                       f"tilefuse gathers up to {gather.MAX_RUNS} runs of evenly spaced indices (as slices)")
+    base = imp.op_name()
+    parts = [x if r == range(n) else imp.net.slice(x, dim, *gather.slice_args(r), name=imp.unique(f"{base}.{k}"))
+             for k, r in enumerate(runs)]
+    y = parts[0] if len(parts) == 1 else imp.net.concat(parts, axis=dim, name=imp.unique(f"{base}.cat"))
+    # (..., len(ids), ...) -> (..., *index.shape, ...)
+    return _reshape(imp, y, list(x.shape[:dim]) + list(t.shape) + list(x.shape[dim + 1:]))
+
+
+def _index(imp, x, indices):
+    """aten.index.Tensor, x[:, idx] and the like: one constant integer index tensor (a list), every other dim whole
+    (None); `_gather_dim`."""
+    x = imp.tensor(x)
+    adv = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(adv) != 1:
+        raise imp.fail(f"indexing with {len(adv)} index tensors", "expected one index tensor, every other dim "
+                                                                   "taken whole (x[:, [2, 1, 0]])")
+    return _gather_dim(imp, x, adv[0][0], adv[0][1], "indexing")
+
+
+def _index_select(imp, x, dim, index):
+    return _gather_dim(imp, x, dim, index, "index_select")
+
+
 def _narrow(imp, x, dim, start, length):
     return _slice(imp, x, dim, start, int(start) + int(length))
 
@@ -1315,6 +1361,8 @@ _ATEN = {
     "slice": _slice,
     "narrow": _narrow,
     "flip": _flip,
+    "index": _index,
+    "index_select": _index_select,
     "select": _select,
     "split": _split,
     "split_with_sizes": _split_sizes,

@@ -21,7 +21,7 @@ import numpy as np
 from ...errors import GraphError, UnsupportedOpError
 from ...ir import Network
 from ...ir.node import DataNode, rounded_product
-from .. import boolexpr
+from .. import boolexpr, gather
 from . import fold
 
 
@@ -575,10 +575,7 @@ def _slice_axis(cx: Ctx, nd: OnnxNode, x: DataNode, axis: int, idx: range, name:
         raise nd.refuse(f"slice of axis {axis} of {x.shape} is empty; expected at least one element")
     if idx == range(x.shape[axis]):
         return x
-    step = idx.step if len(idx) > 1 else 1
-    last = idx[-1]       # Python's stop one step past the last index; reversed to index 0: None (-1 is the end)
-    stop = last + 1 if step > 0 else (last - 1 if last > 0 else None)
-    return cx.net.slice(x, axis, idx.start, stop, step, name=name or cx.fresh(f"{nd.name}.axis{axis}"))
+    return cx.net.slice(x, axis, *gather.slice_args(idx), name=name or cx.fresh(f"{nd.name}.axis{axis}"))
 
 
 def _slice(cx: Ctx, nd: OnnxNode, used):
@@ -612,29 +609,15 @@ def _gather(cx: Ctx, nd: OnnxNode, used):
     return _gather_runs(cx, nd, x, axis, [int(i) % n for i in idx.reshape(-1)], idx.shape)
 
 
-# a gather becomes one slice per run of evenly spaced indices (consecutive, reversed: [2, 1, 0] for BGR -> RGB,
-# strided), then a concat: up to this many (VGG's 7x7 adaptive pool of an 8x8 map, as the dynamo exporter writes
-# it, is 98 runs of 2)
-MAX_GATHER_RUNS = 256
-
-
 def _gather_runs(cx: Ctx, nd: OnnxNode, x: DataNode, axis: int, ids: list[int], shape) -> DataNode:
     """x's entries `ids` (in range) along `axis`, as slices of the runs of evenly spaced indices (a run: its first
     two indices set the step, nonzero, and it goes on while the step holds) concatenated, the axis then reshaped to
     `shape` (the indices' shape)."""
     if not ids:
         raise nd.refuse(f"indices of shape {tuple(shape)} are empty; expected at least one index")
-    runs, k = [], 0         # runs of the (flattened) indices -> one slice each, concatenated
-    while k < len(ids):
-        j, step = k + 1, 1
-        if j < len(ids) and ids[j] != ids[k]:
-            step = ids[j] - ids[k]
-            while j < len(ids) and ids[j] - ids[j - 1] == step:
-                j += 1
-        runs.append(range(ids[k], ids[j - 1] + (1 if step > 0 else -1), step))
-        k = j
-    if len(runs) > MAX_GATHER_RUNS:
-        raise nd.refuse(f"indices {ids[:8]}... form {len(runs)} runs; tilefuse gathers up to {MAX_GATHER_RUNS} "
+    runs = gather.index_runs(ids)       # runs of the (flattened) indices -> one slice each, concatenated
+    if len(runs) > gather.MAX_RUNS:
+        raise nd.refuse(f"indices {ids[:8]}... form {len(runs)} runs; tilefuse gathers up to {gather.MAX_RUNS} "
                         f"runs of evenly spaced indices (as slices)")
     parts = [_slice_axis(cx, nd, x, axis, rg) for rg in runs]
     y = parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=axis, name=cx.fresh(nd.name + ".concat"))
