@@ -491,9 +491,12 @@ def _pair(v):
 def _convolution(imp, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     x = imp.tensor(x)
     w = imp.weight(w, "weight")
-    if len(w.shape) != 4:
-        raise imp.fail(f"a {len(w.shape) - 2}-D convolution (weight {w.shape})",
-                       "supported: 2-D convolution (Conv2d, ConvTranspose2d)")
+    if len(w.shape) == 3 and len(x.shape) == 3:
+        return _convolution_1d(imp, x, w, b, stride, padding, dilation, transposed, output_padding, groups)
+    if len(w.shape) != 4 or len(x.shape) != 4:
+        raise imp.fail(f"a {len(w.shape) - 2}-D convolution (weight {w.shape}) of an input {x.shape}",
+                       "supported: 2-D convolution (Conv2d, ConvTranspose2d) of (N, C, H, W) and 1-D (Conv1d, "
+                       "ConvTranspose1d) of (N, C, L)")
     ph, pw = _pair(padding)
     name = imp.op_name()
     wd = imp.const_node(w)
@@ -502,6 +505,30 @@ def _convolution(imp, x, w, b, stride, padding, dilation, transposed, output_pad
         return imp.net.conv_transpose2d(x, wd, bd, _pair(stride), (ph, ph, pw, pw), _pair(output_padding),
                                         _pair(dilation), int(groups), name=name)
     return imp.net.conv2d(x, wd, bd, _pair(stride), (ph, ph, pw, pw), _pair(dilation), int(groups), name=name)
+
+
+def _convolution_1d(imp, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    """Conv1d / ConvTranspose1d (ECA-Net's attention: a conv along the channel means, `conv(y.view(n, 1, -1))`) as
+    the 2-D conv of (N, C, 1, L): the weight (Co, Ci/g, K) as (Co, Ci/g, 1, K), each 1-D attribute along W (as the
+    ONNX importer lifts a 1-D Conv)."""
+    n, c, length = x.shape
+    one = lambda v: (int(v[0]) if isinstance(v, (tuple, list)) else int(v))  # noqa: E731
+    if isinstance(padding, str):
+        k, d = w.shape[2], one(dilation)
+        t = d * (k - 1)
+        if padding == "valid" or t == 0:
+            padding = 0
+        elif t % 2:
+            raise imp.fail("a 1-D convolution with padding='same' and an odd total padding",
+                           "padding='same' with an even dilation * (kernel - 1), or numbers")
+        else:
+            padding = t // 2
+    root = w.root if w.root is not None else ((w.key, w.shape) if w.origin == "parameter" else None)
+    w4 = Const(w.tensor.unsqueeze(2), f"{w.key}.as_2d", w.origin, root)    # (Co, Ci/g, K) -> (Co, Ci/g, 1, K)
+    x4 = _reshape(imp, x, (n, c, 1, length))                              # (N, C, L) -> (N, C, 1, L)
+    y = _convolution(imp, x4, w4, b, (1, one(stride)), (0, one(padding)), (1, one(dilation)), transposed,
+                     (0, one(output_padding)), groups)
+    return _reshape(imp, y, (n, y.shape[1], y.shape[3]))                 # (N, Co, 1, L') -> (N, Co, L')
 
 
 def _conv2d_padding(imp, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
@@ -1252,6 +1279,28 @@ def _lrn(imp, x, size, alpha, beta, k):
                                        name=imp.op_name())
 
 
+MAX_REPEATS = 64     # copies along an axis of size > 1 (a concat of them), as the ONNX importer's Tile
+
+
+def _repeat(imp, x, repeats):
+    """x.repeat(*sizes) / torch.tile (a grey image to three channels: `x.repeat(1, 3, 1, 1)`): along an axis of size
+    1 a broadcast (`_expand`: x * ones), along a larger one the copies concatenated, as ONNX's Tile."""
+    x = imp.tensor(x)
+    reps = [int(r) for r in repeats]
+    if len(reps) < len(x.shape) or min(reps) < 1:
+        raise imp.fail(f"repeat {reps} of a {x.shape} tensor", f"at least {len(x.shape)} repeats, each >= 1")
+    shape = (1,) * (len(reps) - len(x.shape)) + tuple(x.shape)
+    y = _reshape(imp, x, shape)                                           # new leading axes of size 1
+    y = _expand(imp, y, [s * r if s == 1 else s for s, r in zip(shape, reps)])
+    for ax, (s, r) in enumerate(zip(shape, reps)):
+        if s > 1 and r > 1:
+            if r > MAX_REPEATS:
+                raise imp.fail(f"repeat {reps} of a {x.shape} tensor ({r} copies of axis {ax})",
+                               f"up to {MAX_REPEATS} copies of an axis larger than 1 (as a concat)")
+            y = imp.net.concat([y] * r, axis=ax, name=imp.op_name())
+    return y
+
+
 def _expand(imp, x, size, *, implicit=False):
     x = imp.tensor(x)
     size = tuple(x.shape[i - (len(size) - len(x.shape))] if s == -1 else int(s) for i, s in enumerate(size))
@@ -1402,6 +1451,7 @@ _ATEN = {
     "_to_copy": _to_copy,
     "dropout": _dropout,
     "expand": _expand,
+    "repeat": _repeat,
     "local_response_norm": _lrn,
     "channel_shuffle": lambda imp, x, groups: imp.net.channel_shuffle(imp.tensor(x), int(groups), name=imp.op_name()),
     "native_channel_shuffle": lambda imp, x, groups: imp.net.channel_shuffle(imp.tensor(x), int(groups),
