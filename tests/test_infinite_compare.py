@@ -1,4 +1,5 @@
-"""Comparisons with +-inf, torch.isinf / isnan, nan_to_num and logsumexp through from_torch.
+"""Comparisons with +-inf, torch.isinf / isnan, nan_to_num and logsumexp through from_torch; ONNX IsNaN, IsInf,
+Shrink, ThresholdedRelu and comparisons with an infinite constant through from_onnx.
 
 The IR's constants are finite, so `x == float("inf")` (in torch's own decomposition of logsumexp, `maxes.abs() ==
 inf`, and of nan_to_num) was refused ("bound constant contains NaN or infinity"). A comparison with an infinity is
@@ -66,3 +67,49 @@ def test_comparison_with_an_infinity_is_pytorchs(cmp, sign, dtype):
     ("masked_fill_inf", lambda x: x.masked_fill(x.abs() == INF, 0.0))])
 def test_nonfinite_idioms_are_pytorchs(name, f):
     _check(f)
+
+
+# ----------------------------------------------------------------------------- ONNX: the same, and the ops on them
+
+def _onnx_check(nodes, inits=()):
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32) * 2
+    x[0, 0, 0] = [np.inf, -np.inf, np.nan, 3.4e38, -3.4e38]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = tilefuse.compile(tilefuse.from_onnx(m)).run(x)
+    assert np.array_equal(got, want, equal_nan=True)
+
+
+def _c(name, v):
+    from onnx import numpy_helper
+    return numpy_helper.from_array(np.array(v, np.float32), name)
+
+
+@pytest.mark.parametrize("pos,neg", [(1, 1), (1, 0), (0, 1), (0, 0)])
+def test_onnx_isinf_is_onnx_runtimes(pos, neg):
+    from onnx import helper
+    _onnx_check([helper.make_node("IsInf", ["x"], ["m"], detect_positive=pos, detect_negative=neg),
+                 helper.make_node("Where", ["m", "one", "x"], ["y"])], [_c("one", [1.0])])
+
+
+def test_onnx_isnan_shrink_thresholded_relu_are_onnx_runtimes():
+    from onnx import helper
+    _onnx_check([helper.make_node("IsNaN", ["x"], ["m"]), helper.make_node("Where", ["m", "zero", "x"], ["y"])],
+                [_c("zero", [0.0])])
+    _onnx_check([helper.make_node("Shrink", ["x"], ["y"], lambd=0.7, bias=0.2)])
+    _onnx_check([helper.make_node("Shrink", ["x"], ["y"])])
+    _onnx_check([helper.make_node("ThresholdedRelu", ["x"], ["y"], alpha=0.5)])
+
+
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("value", [np.inf, -np.inf])
+@pytest.mark.parametrize("op", ["Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"])
+def test_onnx_comparison_with_an_infinity_is_onnx_runtimes(op, value, left):
+    from onnx import helper
+    _onnx_check([helper.make_node(op, ["c", "x"] if left else ["x", "c"], ["m"]),
+                 helper.make_node("Where", ["m", "one", "zero"], ["w"]), helper.make_node("Add", ["w", "x"], ["y"])],
+                [_c("c", value), _c("one", [1.0]), _c("zero", [0.0])])

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..ir import Network
 from ..ir.node import DataNode
 
@@ -63,3 +65,26 @@ def select(net: Network, e, a, b, name: str) -> DataNode:
     if isinstance(e, Or):
         return select(net, e.a, a, select(net, e.b, a, b, net._fresh(name + ".or")), name)
     return net.where(e.l, e.cmp, e.r, a, b, name=name)
+
+
+MIRROR = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge", "eq": "eq", "ne": "ne"}   # a cmp b == b MIRROR[cmp] a
+
+
+def compare_infinite(x: DataNode, cmp: str, inf: float, finite, origin: str):
+    """x cmp inf (+inf or -inf) as comparisons without an infinite constant (the IR's constants are finite):
+    against the dtype's largest finite value M, exactly. x == inf is x > M, x < inf is x <= M, x <= inf is x == x
+    (false for NaN only), x > inf never holds (x == x and not x == x); the same mirrored for -inf. finite(v): the
+    number v as an operand node of x's dtype (the importer's)."""
+    m = float(np.finfo(x.dtype).max)
+    if inf < 0:             # x cmp -inf  <=>  -x MIRROR[cmp] +inf: the rows below with -M and the mirrored cmp
+        cmp, m, above, at_most = MIRROR[cmp], -m, "lt", "ge"
+    else:
+        above, at_most = "gt", "le"
+    beyond = Cmp(x, above, finite(m), origin)          # x == +-inf
+    not_nan = Cmp(x, "eq", x, origin)
+    return {"eq": lambda: beyond, "ne": lambda: Not(beyond), "lt": lambda: Cmp(x, at_most, finite(m), origin),
+            "le": lambda: not_nan, "gt": lambda: And(not_nan, Not(not_nan)), "ge": lambda: beyond}[cmp]()
+
+
+def is_nan(x: DataNode, origin: str) -> Cmp:
+    return Cmp(x, "ne", x, origin)

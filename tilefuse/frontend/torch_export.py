@@ -1112,9 +1112,6 @@ _BOOL_READERS = frozenset({"where", "_to_copy", "logical_not", "bitwise_not", "l
                            "__and__", "logical_or", "bitwise_or", "__or__", "clone", "alias", "detach"})
 
 
-_MIRROR = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge", "eq": "eq", "ne": "ne"}
-
-
 def _infinite(v) -> float | None:
     """+-inf for a number or 0-d constant that is one, else None."""
     if isinstance(v, Const) and v.tensor.dim() == 0 and v.tensor.dtype.is_floating_point:
@@ -1123,22 +1120,8 @@ def _infinite(v) -> float | None:
 
 
 def _compare_infinite(imp, x, cmp, inf):
-    """x cmp +-inf without an infinite constant (the IR's constants are finite): against the dtype's largest finite
-    value M, exactly (x == inf is x > M; x <= inf is x == x, false for NaN only; logsumexp's decomposition and
-    nan_to_num compare with them)."""
-    m = float(np.finfo(x.dtype).max)
-    c = lambda op, v: boolexpr.Cmp(x, op, _where_operand(imp, v, x), imp.where())  # noqa: E731
-    not_nan = boolexpr.Cmp(x, "eq", x, imp.where())
-    if inf < 0:      # x cmp -inf is -x (mirrored cmp) +inf
-        cmp = _MIRROR[cmp]
-        table = {"eq": lambda: c("lt", -m), "ne": lambda: boolexpr.Not(c("lt", -m)), "lt": lambda: c("ge", -m),
-                 "le": lambda: not_nan, "gt": lambda: boolexpr.And(not_nan, boolexpr.Not(not_nan)),
-                 "ge": lambda: c("lt", -m)}
-    else:
-        table = {"eq": lambda: c("gt", m), "ne": lambda: boolexpr.Not(c("gt", m)), "lt": lambda: c("le", m),
-                 "le": lambda: not_nan, "gt": lambda: boolexpr.And(not_nan, boolexpr.Not(not_nan)),
-                 "ge": lambda: c("gt", m)}
-    return table[cmp]()
+    """x cmp +-inf (logsumexp's and nan_to_num's decompositions compare with them): boolexpr.compare_infinite."""
+    return boolexpr.compare_infinite(x, cmp, inf, lambda v: _where_operand(imp, v, x), imp.where())
 
 
 def _compare(cmp):
@@ -1147,14 +1130,13 @@ def _compare(cmp):
         if isinstance(a, DataNode) and _infinite(b) is not None:
             return _compare_infinite(imp, a, cmp, _infinite(b))
         if isinstance(b, DataNode) and _infinite(a) is not None:
-            return _compare_infinite(imp, b, _MIRROR[cmp], _infinite(a))
+            return _compare_infinite(imp, b, boolexpr.MIRROR[cmp], _infinite(a))
         return boolexpr.Cmp(_where_operand(imp, a, like), cmp, _where_operand(imp, b, like), imp.where())
     return f
 
 
 def _isnan(imp, x):
-    x = imp.tensor(x)
-    return boolexpr.Cmp(x, "ne", x, imp.where())
+    return boolexpr.is_nan(imp.tensor(x), imp.where())
 
 
 def _isinf(imp, x):

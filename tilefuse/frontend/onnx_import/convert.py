@@ -789,6 +789,47 @@ def _resize(cx: Ctx, nd: OnnxNode, used):
                          cx.fresh(nd.name))
 
 
+def _upsample(cx: Ctx, nd: OnnxNode, used):
+    """Upsample (opset 7: scales an attribute; 9: input 1) and Resize before opset 11 (scales input 1): older
+    exporters' nearest / bilinear upsampling (torch.onnx at opset 9, YOLOv3's files). Their coordinates are
+    asymmetric (source = destination / scale) and their nearest pixel ONNX Runtime's legacy one: truncated when
+    enlarging, rounded up when shrinking (the floor / ceil nearest modes here); output length floor(in * scale)."""
+    if nd.op == "Resize" and nd.version >= 11:
+        return _resize(cx, nd, used)
+    x = cx.computed(nd, 0)
+    _spatial(nd, x)
+    mode = nd.attrs.get("mode", "nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("nearest", "linear", "bilinear"):
+        raise nd.refuse(f"mode={mode!r}; expected 'nearest' or 'linear'")
+    if nd.op == "Upsample" and nd.version < 9:
+        if "scales" not in nd.attrs:
+            raise GraphError(nd.where, "attribute scales is missing")
+        scales = [float(v) for v in nd.attrs["scales"]]
+    else:
+        sc = cx.const(nd, 1, "scales")
+        if sc is None:
+            raise GraphError(nd.where, "input 1 (scales) is missing")
+        scales = [float(v) for v in np.asarray(sc).reshape(-1)]
+    if len(scales) != 4 or not all(np.isfinite(v) and v > 0 for v in scales):
+        raise GraphError(nd.where, f"scales {scales}; expected 4 positive values for the input {x.shape}")
+    if scales[:2] != [1.0, 1.0]:
+        raise nd.refuse(f"scales {scales}; tilefuse resizes H and W only (scales 1 on N and C)")
+    if nd.op == "Upsample" and min(scales) < 1:
+        raise GraphError(nd.where, f"scales {scales}; Upsample's scales are at least 1 (Resize shrinks)")
+    size = tuple(int(np.floor(x.shape[a] * scales[a])) for a in (2, 3))
+    if min(size) < 1:
+        raise GraphError(nd.where, f"upsample of {x.shape} by {scales} is empty")
+    shrink = [scales[a] < 1 for a in (2, 3)]
+    if mode == "nearest" and shrink[0] != shrink[1] and scales[2] != 1 and scales[3] != 1:
+        raise nd.refuse(f"nearest with scales {scales}: one axis enlarged, the other shrunk (ONNX Runtime "
+                        f"truncates on the first and rounds up on the second; tilefuse takes one rule per resize)")
+    nearest = "ceil" if any(shrink) else "floor"
+    return cx.net.add_op("resize", [x], dict(size=size, mode="linear" if mode != "nearest" else "nearest",
+                                             coord="asymmetric", nearest_mode=nearest, arith="onnx",
+                                             scales=tuple(scales[2:])), cx.fresh(nd.name))
+
+
 def _layer_norm(cx: Ctx, nd: OnnxNode, used):
     x = cx.computed(nd, 0)
     r = len(x.shape)
@@ -1114,9 +1155,25 @@ def _identity(cx: Ctx, nd: OnnxNode, used):
 _ONNX_CMP = {"Greater": "gt", "GreaterOrEqual": "ge", "Less": "lt", "LessOrEqual": "le", "Equal": "eq"}
 
 
+def _one_infinity(cx: Ctx, nd: OnnxNode, i: int) -> float | None:
+    """+-inf where input i is a constant holding that one value (a NaN-guard's `x == inf`), else None."""
+    if not cx.is_const(nd, i):
+        return None
+    v = np.asarray(cx.consts[nd.inputs[i]])
+    return float(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind == "f" and np.isinf(v).all() else None
+
+
 def _comparison(cx: Ctx, nd: OnnxNode, used):
-    """Greater / Less / Equal / ...OrEqual of computed tensors (or one constant): a boolexpr.Cmp, no op yet."""
+    """Greater / Less / Equal / ...OrEqual of computed tensors (or one constant): a boolexpr.Cmp, no op yet. A
+    one-value +-inf constant side: `boolexpr.compare_infinite` (the IR's constants are finite)."""
     dt = next(cx.computed(nd, i).dtype for i in (0, 1) if not cx.is_const(nd, i))   # (constants only: folded)
+    for i in (0, 1):
+        inf = _one_infinity(cx, nd, i)
+        if inf is not None:
+            x = cx.computed(nd, 1 - i)
+            cmp = _ONNX_CMP[nd.op] if i == 1 else boolexpr.MIRROR[_ONNX_CMP[nd.op]]
+            return boolexpr.compare_infinite(x, cmp, inf, lambda v: cx.const_node(
+                cx.fresh(f"{nd.name}.finite"), np.full((1,), v, x.dtype), x.dtype), nd.where)
     a, b = (cx.operand(nd, i, dt, role) for i, role in ((0, "A"), (1, "B")))
     try:
         np.broadcast_shapes(a.shape, b.shape)
@@ -1139,6 +1196,38 @@ def _logical(cx: Ctx, nd: OnnxNode, used):
     if nd.op == "Not":
         return boolexpr.Not(_bool_input(cx, nd, 0))
     return (boolexpr.And if nd.op == "And" else boolexpr.Or)(_bool_input(cx, nd, 0), _bool_input(cx, nd, 1))
+
+
+def _is_nan_inf(cx: Ctx, nd: OnnxNode, used):
+    """IsNaN (x != x) and IsInf (detect_positive / detect_negative: x > M, x < -M, |x| > M for the largest finite
+    M): comparisons (`boolexpr`), read as a comparison is."""
+    x = cx.computed(nd, 0)
+    if nd.op == "IsNaN":
+        return boolexpr.is_nan(x, nd.where)
+    pos, neg = int(nd.attrs.get("detect_positive", 1)), int(nd.attrs.get("detect_negative", 1))
+    finite = lambda v: cx.const_node(cx.fresh(f"{nd.name}.finite"), np.full((1,), v, x.dtype), x.dtype)  # noqa: E731
+    if pos and neg:
+        x = cx.net.activation(x, "abs", name=cx.fresh(nd.name + ".abs"))
+    if not (pos or neg):            # detects nothing: false everywhere (NaN included)
+        return boolexpr.compare_infinite(x, "gt", float("inf"), finite, nd.where)
+    return boolexpr.compare_infinite(x, "eq", float("inf") if pos else float("-inf"), finite, nd.where)
+
+
+def _shrink(cx: Ctx, nd: OnnxNode, used):
+    """Shrink: x + bias where x < -lambd, x - bias where x > lambd, else 0 (NaN: 0, as ONNX Runtime): where ops."""
+    x = cx.computed(nd, 0)
+    lambd, bias = float(nd.attrs.get("lambd", 0.5)), float(nd.attrs.get("bias", 0.0))
+    b = cx.const_node(cx.fresh(nd.name + ".bias"), np.full((1,), bias, x.dtype), x.dtype)
+    above = cx.net.where(x, "gt", lambd, cx.net.sub(x, b, name=cx.fresh(nd.name + ".sub")), 0.0,
+                         name=cx.fresh(nd.name + ".above"))
+    return cx.net.where(x, "lt", -lambd, cx.net.add(x, b, name=cx.fresh(nd.name + ".add")), above,
+                        name=cx.fresh(nd.name))
+
+
+def _thresholded_relu(cx: Ctx, nd: OnnxNode, used):
+    """ThresholdedRelu: x where x > alpha, else 0 (NaN: 0): a where op."""
+    x = cx.computed(nd, 0)
+    return cx.net.where(x, "gt", float(nd.attrs.get("alpha", 1.0)), x, 0.0, name=cx.fresh(nd.name))
 
 
 def _sign(cx: Ctx, nd: OnnxNode, used):
@@ -1223,11 +1312,14 @@ RULES: dict[str, Rule] = {
                    "constant axes"),
     "ReduceSumSquare": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "mul sum",
                           "constant axes"),
-    "Resize": _r(_resize, (11, 13, 18, 19), _RESIZE, "resize",
+    "Upsample": _r(_upsample, (7, 9), "mode scales", "resize",
+                   "H, W of (N, C, H, W); nearest or linear; asymmetric coordinates, ONNX Runtime's legacy nearest "
+                   "pixel (truncated enlarging, rounded up shrinking)"),
+    "Resize": _r(_upsample, (10, 11, 13, 18, 19), _RESIZE, "resize",
                  "H, W of (N, C, H, W); nearest, linear or cubic; not antialiased; half_pixel, "
                  "pytorch_half_pixel, align_corners, "
                  "asymmetric; ONNX Runtime's coordinate order (dst / (out / in): `arith=\"onnx\"`), and its round "
-                 "modes, which take a source within 1e-6 of a half as the half"),
+                 "modes, which take a source within 1e-6 of a half as the half; opset 10 as Upsample"),
     # linear algebra
     "Gemm": _r(_gemm, (7, 9, 11, 13), "alpha beta transA transB", "linear add permute", "constant B and C"),
     "Einsum": _r(_einsum, (12, 28), "equation", "matmul permute reshape sum",
@@ -1309,6 +1401,11 @@ RULES: dict[str, Rule] = {
     "And": _r(_logical, (7,), "", "-", "of comparisons"),
     "Or": _r(_logical, (7,), "", "-", "of comparisons"),
     "Sign": _r(_sign, (9, 13), "", "where"),
+    "IsNaN": _r(_is_nan_inf, (9, 13, 20), "", "-", "read by Where, Not or a Cast to float (x != x)"),
+    "IsInf": _r(_is_nan_inf, (10, 20), "detect_negative detect_positive", "activation(abs)",
+                "read by Where, Not or a Cast to float (against the largest finite value)"),
+    "Shrink": _r(_shrink, (9,), "bias lambd", "where add sub"),
+    "ThresholdedRelu": _r(_thresholded_relu, (10, 22), "alpha", "where"),
     "Where": _r(_where, (9, 16), "", "where",
                 "the condition a comparison of computed tensors (or its Not) or a constant; X, Y not both constant"),
     "GatherND": _r(_gather_nd, (11, 12, 13), "batch_dims", "slice reshape concat",
