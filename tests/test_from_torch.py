@@ -229,8 +229,8 @@ class Wrap(nn.Module):
 
 UNSUPPORTED = [
     # (module, input shape, fragments the message must contain)
-    (Wrap(lambda s, x: s.c(x), c=nn.Conv1d(3, 3, 1)), (1, 3, 8),
-     ["aten.convolution", "a 1-D convolution", "return self.fn(self, x)"]),
+    (Wrap(lambda s, x: s.c(x), c=nn.Conv3d(3, 3, 1)), (1, 3, 2, 8, 8),
+     ["aten.convolution", "a 3-D convolution", "return self.fn(self, x)", "1-D (Conv1d, ConvTranspose1d)"]),
     (Wrap(lambda s, x: s.bn(x), bn=nn.BatchNorm2d(3, track_running_stats=False)), (1, 3, 8, 8),
      ["batch statistics", "running_mean"]),
     (Wrap(lambda s, x: x.sin()), (1, 3, 8, 8), ["ATen op aten.sin"]),
