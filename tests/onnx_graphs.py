@@ -8,7 +8,9 @@ three modes, Slice with negative starts and steps, Reshape with 0 / -1, ReduceMe
 with optional bounds, Softmax, Concat, broadcast Mul / Add, BatchNormalization, Flatten, activations with
 attributes, PRelu) and `tensor` (Gemm with transB / alpha / beta / C of four shapes, MatMul, Softmax on any axis,
 Split, Gather, DepthToSpace, Tile, Expand, LRN, LayerNormalization, Pow, Max / Min with a scalar, Unsqueeze +
-Squeeze, Transpose, ReduceSum / ReduceMean over random axes, Sub / Div either way, Sum / Mean, Gelu, ...).
+Squeeze, Transpose, ReduceSum / ReduceMean over random axes, Sub / Div either way, Sum / Mean, Gelu, ...). From
+seed TAIL_FROM on, half the graphs end in one more node (`_tail`: Shrink, ThresholdedRelu, or a Where of IsNaN,
+IsInf or a comparison with +-inf).
 
 A graph ONNX Runtime rejects is skipped. Otherwise tilefuse must refuse it with a TilefuseError (an op or
 attribute outside what it implements, named) or compute it: every output within 1e-4 of the output's max of ONNX
@@ -64,8 +66,9 @@ def _conv(r, li, cur, n, c, h, w, inits):
     return ins, attrs, [n, o, ho, wo]
 
 
-def build_spatial(seed: int):
-    """(ModelProto, input) of a chain of spatial and channel ops, or None (see the module docstring)."""
+def build_spatial(seed: int, tail: bool = False):
+    """(ModelProto, input) of a chain of spatial and channel ops, or None (see the module docstring); tail: with
+    `_tail`'s last node (`check` asks for it; onnx_mutants' bases do not, so its kept seeds keep their graphs)."""
     from onnx import helper
     r = np.random.default_rng(seed)
     shape0 = [int(r.choice([1, 2])), int(r.choice([1, 3, 4, 8, 16])), int(r.integers(2, 20)), int(r.integers(2, 20))]
@@ -226,11 +229,13 @@ def build_spatial(seed: int):
             inits.append(_c(f"sl{li}", (r.random((c, 1, 1)) * 0.3).astype(np.float32)))
             nodes.append(helper.make_node(op, [cur, f"sl{li}"], [out]))
         cur = out
-    return _model(nodes, inits, shape0, len(shp), opset, r)
+    built = _model(nodes, inits, shape0, len(shp), opset, r)
+    return _tail(built, seed) if tail else built
 
 
-def build_tensor(seed: int):
-    """(ModelProto, input) of a chain of shape, reduction, GEMM and element-wise ops, or None."""
+def build_tensor(seed: int, tail: bool = False):
+    """(ModelProto, input) of a chain of shape, reduction, GEMM and element-wise ops, or None; tail as
+    build_spatial's."""
     from onnx import helper
     r = np.random.default_rng(seed)
     opset = int(r.choice([11, 13, 17, 18, 20, 21]))
@@ -381,7 +386,44 @@ def build_tensor(seed: int):
         elif op == "Tanh":
             nodes.append(helper.make_node(op, [cur], [out]))
         cur = out
-    return _model(nodes, inits, shape0, len(shp), opset, r)
+    built = _model(nodes, inits, shape0, len(shp), opset, r)
+    return _tail(built, seed) if tail else built
+
+
+# seeds from here on may end their graph in one more node (`_tail`); the seeds below keep the graphs they had
+TAIL_FROM = 111 * 10 ** 6
+
+
+def _tail(built, seed: int):
+    """For seeds from TAIL_FROM: half the graphs end in Shrink, ThresholdedRelu, or a Where of IsNaN, IsInf or a
+    comparison with +-inf (shape-preserving), drawn from a side generator so the main draws stay what they were."""
+    if built is None or seed < TAIL_FROM:
+        return built
+    from onnx import helper
+    s = np.random.default_rng([seed, 23])
+    if s.random() < 0.5:
+        return built
+    model, x = built
+    g = model.graph
+    g.node[-1].output[0] = "pre"
+    kind = str(s.choice(["Shrink", "ThresholdedRelu", "IsNaN", "IsInf", "Equal", "Less", "Greater"]))
+    if kind == "Shrink":
+        g.node.append(helper.make_node("Shrink", ["pre"], ["y"], lambd=float(s.choice([0.0, 0.3, 1.0])),
+                                       bias=float(s.choice([0.0, 0.2]))))
+    elif kind == "ThresholdedRelu":
+        g.node.append(helper.make_node("ThresholdedRelu", ["pre"], ["y"], alpha=float(s.choice([0.1, 1.0]))))
+    else:
+        if kind == "IsInf":
+            g.node.append(helper.make_node("IsInf", ["pre"], ["m"], detect_positive=int(s.integers(2)),
+                                           detect_negative=int(s.integers(2))))
+        elif kind == "IsNaN":
+            g.node.append(helper.make_node("IsNaN", ["pre"], ["m"]))
+        else:
+            g.initializer.append(_c("inf", np.array(float(s.choice([np.inf, -np.inf])), np.float32)))
+            g.node.append(helper.make_node(kind, ["pre", "inf"] if s.random() < 0.5 else ["inf", "pre"], ["m"]))
+        g.initializer.append(_c("fill", np.array([float(s.choice([0.0, -1.5]))], np.float32)))
+        g.node.append(helper.make_node("Where", ["m", "fill", "pre"], ["y"]))
+    return model, x
 
 
 def _model(nodes, inits, shape, rank, opset, r):
@@ -417,7 +459,7 @@ def check(kind: str, seed: int) -> str | None:
 
     import tilefuse
     from tilefuse.errors import TilefuseError
-    built = (build_spatial if kind == "spatial" else build_tensor)(seed)
+    built = (build_spatial if kind == "spatial" else build_tensor)(seed, tail=True)
     if built is None:
         return None
     model, x = built

@@ -25,6 +25,22 @@ def test_random_onnx_graphs_match_onnx_runtime_or_are_refused(kind, batch):
     assert not problems, "\n".join(problems[:5])
 
 
+@pytest.mark.parametrize("kind", ["spatial", "tensor"])
+def test_graphs_with_a_nonfinite_tail_match_onnx_runtime(kind):
+    """Seeds from onnx_graphs.TAIL_FROM: half the graphs end in Shrink, ThresholdedRelu, or a Where of IsNaN, IsInf
+    or a comparison with +-inf (ops claimed in the sixty-fifth session); at least a quarter of these have one."""
+    problems, tails = [], 0
+    for seed in range(G.TAIL_FROM, G.TAIL_FROM + SEEDS_PER_BATCH):
+        built = (G.build_spatial if kind == "spatial" else G.build_tensor)(seed, tail=True)
+        tails += built is not None and built[0].graph.node[-1].op_type in ("Shrink", "ThresholdedRelu", "Where") \
+            and any(o == "pre" for n in built[0].graph.node for o in n.output)
+        p = G.check(kind, seed)
+        if p:
+            problems.append(f"seed {seed}: {p}")
+    assert not problems, "\n".join(problems[:5])
+    assert tails >= SEEDS_PER_BATCH // 4, tails
+
+
 # seeds longer runs found (2026-12-05): Resize's round modes near a half (76010120), a mean that cancels to 1e-5
 # of its terms' sum (76047196: float32 rounding decides), the reference's LRN window as a difference of running
 # sums (77014535), GELU(approximate='tanh') in its negative tail (77022427), ONNX Runtime's LRN 0.24% off the
