@@ -510,19 +510,10 @@ def _convolution(imp, x, w, b, stride, padding, dilation, transposed, output_pad
 def _convolution_1d(imp, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     """Conv1d / ConvTranspose1d (ECA-Net's attention: a conv along the channel means, `conv(y.view(n, 1, -1))`) as
     the 2-D conv of (N, C, 1, L): the weight (Co, Ci/g, K) as (Co, Ci/g, 1, K), each 1-D attribute along W (as the
-    ONNX importer lifts a 1-D Conv)."""
+    ONNX importer lifts a 1-D Conv). aten.convolution's padding is numbers (conv1d's 'same' / 'valid' decompose to
+    them)."""
     n, c, length = x.shape
     one = lambda v: (int(v[0]) if isinstance(v, (tuple, list)) else int(v))  # noqa: E731
-    if isinstance(padding, str):
-        k, d = w.shape[2], one(dilation)
-        t = d * (k - 1)
-        if padding == "valid" or t == 0:
-            padding = 0
-        elif t % 2:
-            raise imp.fail("a 1-D convolution with padding='same' and an odd total padding",
-                           "padding='same' with an even dilation * (kernel - 1), or numbers")
-        else:
-            padding = t // 2
     root = w.root if w.root is not None else ((w.key, w.shape) if w.origin == "parameter" else None)
     w4 = Const(w.tensor.unsqueeze(2), f"{w.key}.as_2d", w.origin, root)    # (Co, Ci/g, K) -> (Co, Ci/g, 1, K)
     x4 = _reshape(imp, x, (n, c, 1, length))                              # (N, C, L) -> (N, C, 1, L)

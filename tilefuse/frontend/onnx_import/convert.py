@@ -1155,6 +1155,11 @@ def _identity(cx: Ctx, nd: OnnxNode, used):
 _ONNX_CMP = {"Greater": "gt", "GreaterOrEqual": "ge", "Less": "lt", "LessOrEqual": "le", "Equal": "eq"}
 
 
+def _finite(cx: Ctx, nd: OnnxNode, dtype):
+    """v -> a one-value constant node of dtype (the finite bounds `boolexpr.compare_infinite` compares with)."""
+    return lambda v: cx.const_node(cx.fresh(f"{nd.name}.finite"), np.full((1,), v, dtype), dtype)
+
+
 def _one_infinity(cx: Ctx, nd: OnnxNode, i: int) -> float | None:
     """+-inf where input i is a constant holding that one value (a NaN-guard's `x == inf`), else None."""
     if not cx.is_const(nd, i):
@@ -1172,8 +1177,7 @@ def _comparison(cx: Ctx, nd: OnnxNode, used):
         if inf is not None:
             x = cx.computed(nd, 1 - i)
             cmp = _ONNX_CMP[nd.op] if i == 1 else boolexpr.MIRROR[_ONNX_CMP[nd.op]]
-            return boolexpr.compare_infinite(x, cmp, inf, lambda v: cx.const_node(
-                cx.fresh(f"{nd.name}.finite"), np.full((1,), v, x.dtype), x.dtype), nd.where)
+            return boolexpr.compare_infinite(x, cmp, inf, _finite(cx, nd, x.dtype), nd.where)
     a, b = (cx.operand(nd, i, dt, role) for i, role in ((0, "A"), (1, "B")))
     try:
         np.broadcast_shapes(a.shape, b.shape)
@@ -1205,7 +1209,7 @@ def _is_nan_inf(cx: Ctx, nd: OnnxNode, used):
     if nd.op == "IsNaN":
         return boolexpr.is_nan(x, nd.where)
     pos, neg = int(nd.attrs.get("detect_positive", 1)), int(nd.attrs.get("detect_negative", 1))
-    finite = lambda v: cx.const_node(cx.fresh(f"{nd.name}.finite"), np.full((1,), v, x.dtype), x.dtype)  # noqa: E731
+    finite = _finite(cx, nd, x.dtype)
     if pos and neg:
         x = cx.net.activation(x, "abs", name=cx.fresh(nd.name + ".abs"))
     if not (pos or neg):            # detects nothing: false everywhere (NaN included)
