@@ -24,7 +24,8 @@ ACTS = [("identity", {}), ("relu", {}), ("clip", {"min": -0.5, "max": 0.7}), ("c
         ("gelu", {}), ("gelu_tanh", {}), ("leaky_relu", {"negative_slope": 0.2}), ("elu", {"alpha": 0.7}),
         ("tanh", {}), ("mish", {}), ("softplus", {"beta": 2.0, "threshold": 5.0}), ("abs", {}), ("exp", {}),
         ("log", {}), ("sqrt", {}), ("rsqrt", {}), ("pow", {"exponent": 2.5}), ("celu", {"alpha": 0.7}), ("selu", {}),
-        ("log_sigmoid", {}), ("erf", {}), ("floor", {}), ("ceil", {}), ("round", {})]
+        ("log_sigmoid", {}), ("erf", {}), ("floor", {}), ("ceil", {}), ("round", {}),
+        ("sin", {}), ("cos", {})]
 # NaN below 0 and steep near it: checked against the activation of the kernel's own un-activated output (the
 # conv's rounding near 0 would move ln and sqrt by more than the conv tolerance), NaN where it is negative
 DOMAIN = {"log", "sqrt", "rsqrt", "pow"}

@@ -1,5 +1,5 @@
 """Element-wise math as model code writes it: abs, exp, log, sqrt, rsqrt, pow, CELU, SELU, LogSigmoid, erf, floor,
-ceil, round (activation codes 14-26), and what is composed of them: var / std, F.normalize's vector norm,
+ceil, round, sin, cos (activation codes 14-28), and what is composed of them: var / std, F.normalize's vector norm,
 log_softmax, amin / x.min(dim).
 
 The blocks are those of well-known models, written as their authors wrote them: SSD's L2Norm (`x.pow(2).sum(1,
@@ -48,6 +48,8 @@ CASES = [
     ("floor", {}, torch.floor, XALL, 0),
     ("ceil", {}, torch.ceil, XALL, 0),
     ("round", {}, torch.round, np.concatenate([XALL, np.arange(-6, 6, 0.5, dtype=np.float32)]), 0),
+    ("sin", {}, torch.sin, XALL, 1e-6),
+    ("cos", {}, torch.cos, XALL, 1e-6),
 ]
 SPECIAL = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, -1.0, 1.0, -2.0, 89.0, -89.0, -104.0, 1e-40, -1e-40])
 

@@ -15,7 +15,7 @@ from .ir.ops import schema
 def bind_inputs(net: Network, inputs) -> list[np.ndarray]:
     """One array, a sequence in input order, or a {name: array} mapping, validated against the
     network's inputs (`ir.node.check_inputs`, the one input validator)."""
-    return check_inputs([(d.name, d.shape, d.dtype) for d in net.inputs], inputs, net.name)
+    return check_inputs(net.input_specs(), inputs, net.name)
 
 
 def evaluate(net: Network, inputs, return_all: bool = False):

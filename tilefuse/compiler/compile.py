@@ -310,6 +310,8 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     target["threads"] = resolve_threads(threads)
     meta = {"pass_log": log, "options": {k: v for k, v in options.items() if v not in (None, False)},
             "gflops": sum(low.flops) / 1e9, "target": target}
+    if net.integer_inputs:
+        meta["integer_inputs"] = dict(net.integer_inputs)
     pkg = reoff_pack(net.name, low, mem, meta)
     _share_constants(low, pkg)                               # one copy of the constants, in the package
     validate_package(pkg, f"compiled '{net.name}'")           # what a loader would check, now

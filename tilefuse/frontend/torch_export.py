@@ -225,6 +225,19 @@ class Const:
 _VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias", "detach", "clone",
                        "contiguous", "slice", "select", "lift_fresh_copy", "_to_copy", "flatten", "unflatten"})
 
+# ATen ops that move an integer input's values without computing with them: an integer-valued tensor (from an
+# input the model takes as int64: a diffusion model's timesteps) may pass through these, and leave the integers
+# only where an op's result is a float (`t.float()`, `t[:, None] * freqs`: PyTorch converts the integer to the
+# float first, as the IR's float tensor already is) or a bool (a comparison); integer arithmetic is refused
+_INT_MOVES = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias", "detach", "clone",
+                        "contiguous", "slice", "select", "lift_fresh_copy", "flatten", "unflatten", "expand",
+                        "permute", "transpose", "t", "cat", "repeat", "flip", "index", "index_select", "split",
+                        "split_with_sizes", "chunk", "narrow", "_to_copy"})
+_INT_DTYPES = {}
+if torch is not None:
+    _INT_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
+                   torch.uint8: np.uint8}
+
 _NONDETERMINISTIC = ("rand", "randn", "randint", "bernoulli", "dropout", "native_dropout", "empty",
                      "normal", "uniform", "multinomial")
 
@@ -239,6 +252,7 @@ class _Importer:
         self.consts: dict[tuple[str, str], DataNode] = {}
         self.node = None
         self.dtype = np.dtype(np.float32)
+        self.int_nodes: set = set()   # FX nodes whose values are an integer input's (moved, not computed with)
 
     # ------------------------------------------------------------ helpers
 
@@ -354,6 +368,9 @@ class _Importer:
             raise GraphError(self.net.name, f"forward() takes {len(user)} tensor inputs, expected one "
                                             f"example tensor each; got {len(examples)}")
         ex = iter(examples)
+        floats = [_DTYPES[t.dtype] for t in examples if t.dtype in _DTYPES]
+        float_dt = floats[0] if floats else np.float32      # what an integer input computes as
+        self.dtype = np.dtype(float_dt)
         for n in self.ep.graph.nodes:
             self.node = n
             if n.op == "placeholder":
@@ -361,11 +378,14 @@ class _Importer:
                 kind = s.kind.name if s is not None else "USER_INPUT"
                 if kind == "USER_INPUT":
                     t = next(ex)
+                    if t.dtype in _INT_DTYPES:          # timesteps, a class index: computed as the network's float
+                        self.int_nodes.add(n)
+                        self.env[n] = self.net.input(self.unique(n.name), tuple(t.shape), float_dt,
+                                                     integer=_INT_DTYPES[t.dtype])
+                        continue
                     if t.dtype not in _DTYPES:
                         raise GraphError(n.name, f"example input has dtype {t.dtype}; expected one of "
-                                                 f"{', '.join(str(d) for d in _DTYPES)}")
-                    if not self.net.inputs:
-                        self.dtype = np.dtype(_DTYPES[t.dtype])
+                                                 f"{', '.join(str(d) for d in (*_DTYPES, *_INT_DTYPES))}")
                     self.env[n] = self.net.input(self.unique(n.name), tuple(t.shape), _DTYPES[t.dtype])
                 elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
                     t = state[s.target] if s.target in state else consts[s.target]
@@ -374,8 +394,18 @@ class _Importer:
                 else:
                     raise self.fail(f"a graph input of kind {kind}")
             elif n.op == "call_function":
+                ints = self.int_nodes and any(a in self.int_nodes for a in n.all_input_nodes)
+                if ints:
+                    self._check_integer_use(n)
                 self.env[n] = self.call(n)
+                if ints and _integer_result(n):
+                    self.int_nodes.add(n)
             elif n.op == "output":
+                bad = next((a for a in n.all_input_nodes if a in self.int_nodes), None)
+                if bad is not None:
+                    raise self.fail(f"returning the integer tensor '{bad.name}' (an integer input's values)",
+                                    "tilefuse computes float outputs: return t.float() or a result computed "
+                                    "from it")
                 self.outputs(self.load(n.args[0]))
             elif n.op == "get_attr":
                 self.env[n] = Const(getattr(self.ep.graph_module, n.target), str(n.target))
@@ -386,6 +416,33 @@ class _Importer:
 
     def load(self, a):
         return torch.fx.node.map_arg(a, lambda n: self.env[n])
+
+    def _check_integer_use(self, n) -> None:
+        """An op reading an integer input's values: a move (_INT_MOVES; a conversion to a wider integer), or an op
+        whose result is a float or a bool (the integer converted to the float first, as PyTorch promotes it);
+        integer arithmetic (t + 1, t // 2) is refused, since the IR would compute it in float."""
+        if n.target is operator.getitem:
+            return
+        name = getattr(n.target, "_opname", "")
+        if name in ("index", "index_select", "gather", "take", "embedding", "index_put", "scatter"):
+            data = n.args[1] if name == "embedding" else n.args[0]
+            idx = next((a for a in n.all_input_nodes if a in self.int_nodes and a is not data), None)
+            if idx is not None:
+                raise self.fail(f"indexing with '{idx.name}' (an integer input's values: a gather at run time)",
+                                "tilefuse indexes with constant indices only (x[:, [2, 1, 0]]); an embedding "
+                                "table read at run-time indices is not supported")
+        if not _integer_result(n):
+            return
+        dt = _result_dtype(n)
+        if name == "_to_copy" and (dt not in (torch.int64, torch.int32)):
+            raise self.fail(f"converting an integer input's values to {dt}",
+                            "tilefuse keeps them exact as int32 / int64 or converts them to the float dtype")
+        if name not in _INT_MOVES:
+            src = next(a for a in n.all_input_nodes if a in self.int_nodes)
+            raise self.fail(f"integer arithmetic on '{src.name}' (an integer input's values, result {dt})",
+                            "tilefuse computes in floats and takes an integer input through reshapes, slices, "
+                            "conversions to float (t.float()) and ops with a float result: convert it first "
+                            "(t.float() + 1)")
 
     def call(self, n):
         args, kwargs = self.load(n.args), self.load(n.kwargs)
@@ -468,6 +525,18 @@ class _Importer:
                 # an input returned as is, or the same tensor returned twice: copy it
                 d = self.net.dropout(d, 0.0, name=self.unique(f"{d.name}.copy"))
             self.net.output(d)
+
+
+def _result_dtype(n):
+    v = n.meta.get("val")
+    v = v[0] if isinstance(v, (tuple, list)) and v else v
+    return getattr(v, "dtype", None)
+
+
+def _integer_result(n) -> bool:
+    """The FX node's result (its first, for an op of several) is an integer tensor."""
+    dt = _result_dtype(n)
+    return dt is not None and not dt.is_floating_point and not dt.is_complex and dt != torch.bool
 
 
 def _flatten(v) -> list:
@@ -1364,6 +1433,8 @@ _ATEN = {
     "floor": _act("floor"),
     "ceil": _act("ceil"),
     "round": _round,
+    "sin": _act("sin"),
+    "cos": _act("cos"),
     "exp": _act("exp"),
     "log": _act("log"),
     "sqrt": _act("sqrt"),

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import GraphError
 from . import ops as opdefs
-from .node import DataNode, OpNode
+from .node import DataNode, OpNode, integer_dtype
 
 
 class Network:
@@ -44,6 +44,10 @@ class Network:
         # own order under another name or shape (from_torch: `w.view(1, -1, 1, 1)`, `w[:, None, None]`): the
         # Trainer trains the parameter, reading it in the constant's shape
         self.constant_alias: dict[str, tuple[str, tuple]] = {}
+        # input name -> the integer dtype (a numpy dtype string) the model declares it with: the input computes as
+        # its float dtype, and a run takes an integer array for it where every value is exact in that float
+        # (ir/node.py check_inputs); a diffusion model's timesteps
+        self.integer_inputs: dict[str, str] = {}
         if ops:
             self.ops = _toposort(list(ops), self.inputs)
             for op in self.ops:
@@ -111,11 +115,19 @@ class Network:
         self._names.add(name)
         return name
 
-    def input(self, name: str, shape, dtype=np.float32) -> DataNode:
-        """Declare a variable network input (in order)."""
+    def input(self, name: str, shape, dtype=np.float32, integer=None) -> DataNode:
+        """Declare a variable network input (in order). `integer`: an integer dtype the model declares the input
+        with (its values are integers: timesteps, a class index as a number); it computes as `dtype`, and a run
+        takes an array of any integer dtype for it whose values `dtype` holds exactly."""
         d = DataNode(self._claim(name), shape, dtype)
+        if integer is not None:
+            self.integer_inputs[d.name] = integer_dtype(integer, d.name).str
         self.inputs.append(d)
         return d
+
+    def input_specs(self) -> list[tuple]:
+        """(name, shape, dtype, integer dtype or None) of each input, for `check_inputs`."""
+        return [(d.name, d.shape, d.dtype, self.integer_inputs.get(d.name)) for d in self.inputs]
 
     def constant(self, name: str, array, dtype=None) -> DataNode:
         """A data node with a bound constant."""
@@ -620,6 +632,7 @@ class Network:
         new._names = set(self._names)
         new.constant_origin = dict(self.constant_origin)
         new.constant_alias = dict(self.constant_alias)
+        new.integer_inputs = dict(self.integer_inputs)
         new._counter = itertools.count(next(self._counter))
         return new
 

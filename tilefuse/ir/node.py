@@ -57,14 +57,33 @@ def rounded_product(w: np.ndarray, p: np.ndarray, dt) -> np.ndarray | None:
     return None if np.any(normal & (small | over)) else q
 
 
+def integer_dtype(dtype, where: str) -> np.dtype:
+    """The integer dtype an input may be given as (`Network.input(..., integer=)`): int8 .. int64, uint8 .. uint64."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise GraphError(where, f"integer dtype {dtype!r} is not a numpy dtype") from e
+    if dt.kind not in "iu":
+        raise GraphError(where, f"integer dtype {dt}; expected a numpy integer dtype (int64, int32, ...)")
+    return dt
+
+
+def exact_integers(dt) -> int:
+    """The largest integer magnitude up to which every integer is exact in the float dtype dt (2^24 for float32)."""
+    return 1 << (np.finfo(dt).nmant + 1)
+
+
 def check_inputs(specs, inputs, where: str) -> list[np.ndarray]:
     """The one input validator (the reference evaluator, Session.run, the trainer): `inputs` is
     one array, a sequence in input order or a {name: array} mapping; `specs` are the expected
-    (name, shape, dtype) in order. Each array must have its shape; a float of another precision
-    is converted, integers, bools and the rest are refused: GraphError naming the input with
-    what was found and what was expected."""
-    specs = [(n, tuple(s), np.dtype(d)) for n, s, d in specs]
-    names = [n for n, _, _ in specs]
+    (name, shape, dtype) or (name, shape, dtype, integer dtype) in order. Each array must have its shape; a
+    float of another precision is converted; integers are converted where the spec names an integer dtype (an
+    input the model declares as integer: a diffusion model's timesteps) and every value is exact in the float
+    dtype (|v| <= 2^24 for float32), refused elsewhere, as bools and the rest are: GraphError naming the input
+    with what was found and what was expected."""
+    specs = [(s[0], tuple(s[1]), np.dtype(s[2]), np.dtype(s[3]) if len(s) > 3 and s[3] is not None else None)
+             for s in specs]
+    names = [s[0] for s in specs]
     if isinstance(inputs, np.ndarray) or np.isscalar(inputs):
         inputs = [inputs]
     if isinstance(inputs, Mapping):
@@ -77,13 +96,22 @@ def check_inputs(specs, inputs, where: str) -> list[np.ndarray]:
     if len(inputs) != len(specs):
         raise GraphError(where, f"got {len(inputs)} inputs, expected {len(specs)} ({', '.join(names)})")
     out = []
-    for (name, shape, dt), a in zip(specs, inputs):
+    for (name, shape, dt, integer), a in zip(specs, inputs):
         a = np.asarray(a)
         if a.shape != shape:
             raise GraphError(name, f"input has shape {a.shape}, expected {shape}")
         if a.dtype != dt:
-            if a.dtype.kind != "f" or dt.kind != "f":
-                raise GraphError(name, f"input has dtype {a.dtype}, expected {dt} (the network does not take "
+            if integer is not None and a.dtype.kind in "iu":
+                lim = exact_integers(dt)
+                big = np.abs(a.astype(np.float64)) > lim if a.size else np.zeros(0, bool)
+                if big.any():
+                    v = a.reshape(-1)[int(np.argmax(big.reshape(-1)))]
+                    raise GraphError(name, f"input has the value {v}; the model takes it as {integer}, which "
+                                           f"tilefuse computes in {dt}: expected integers within +-{lim} (exact in "
+                                           f"{dt})")
+            elif a.dtype.kind != "f" or dt.kind != "f":
+                want = f"{dt} or an integer dtype ({integer} in the model)" if integer is not None else str(dt)
+                raise GraphError(name, f"input has dtype {a.dtype}, expected {want} (the network does not take "
                                        f"{a.dtype}; convert it first if that is meant)")
             a = a.astype(dt)
         out.append(a)

@@ -359,7 +359,8 @@ _register(OpSchema("where", "elementwise", ("l", "r", "a", "b"), _where_norm, _w
 _ACT_FLOPS = {"identity": 0, "relu": 1, "clip": 2, "leaky_relu": 2, "hardsigmoid": 3, "hardswish": 4,
               "sigmoid": 4, "silu": 5, "elu": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8, "mish": 7, "softplus": 8,
               "abs": 1, "exp": 8, "log": 12, "sqrt": 1, "rsqrt": 2, "pow": 20, "celu": 9, "selu": 6,
-              "log_sigmoid": 9, "erf": 12, "floor": 1, "ceil": 1, "round": 1}
+              "log_sigmoid": 9, "erf": 12, "floor": 1, "ceil": 1, "round": 1,
+              "sin": 20, "cos": 20}
 
 
 def _activation_norm(node, p):

@@ -51,6 +51,9 @@ The epilogue order of a fused conv is fixed:  y = act(conv(x, w) + bias + residu
  25    ceil         -                             ceil(x)                                   ceil / Ceil
  26    round        -                             x rounded to the nearest integer, halves  round / Round
                                                   to even
+ 27    sin          -                             sin(x) (float64 inside: exact range         sin / Sin
+                                                  reduction at any |x|)
+ 28    cos          -                             cos(x) (as sin)                           cos / Cos
 
 ln, sqrt, rsqrt and pow with p < 0 are infinite at 0: `finite_at_zero` says so, and the compiler keeps such an
 activation out of the epilogues that write act(0) into the padded channels of a blocked tensor (the next conv's
@@ -105,6 +108,8 @@ ACTIVATIONS: dict[str, tuple[int, tuple[str, ...], tuple[float, ...]]] = {
     "floor": (24, (), ()),
     "ceil": (25, (), ()),
     "round": (26, (), ()),
+    "sin": (27, (), ()),
+    "cos": (28, (), ()),
 }
 NAMES = {code: name for name, (code, _, _) in ACTIVATIONS.items()}
 IDENTITY = (0, 0.0, 0.0)
@@ -193,6 +198,9 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
         y = np.vectorize(math.erf, otypes=[np.float64])(d) if d.size else d
     elif name in ("floor", "ceil", "round"):
         y = {"floor": np.floor, "ceil": np.ceil, "round": np.rint}[name](d)
+    elif name in ("sin", "cos"):
+        with np.errstate(invalid="ignore"):       # sin(+-inf) = NaN, as PyTorch
+            y = (np.sin if name == "sin" else np.cos)(d)
     elif name in ("abs", "exp", "log", "sqrt", "rsqrt", "pow", "celu", "selu", "log_sigmoid"):
         with np.errstate(all="ignore"):           # overflow to inf, log(0) = -inf, NaN below 0: as PyTorch
             y = {"abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
@@ -273,6 +281,10 @@ def derivative(name: str, dy: np.ndarray, x: np.ndarray, alpha: float = 0.0, bet
             k = 2.0 / math.sqrt(math.pi) * np.exp(-d * d)
         elif name in ("floor", "ceil", "round"):
             k = np.zeros_like(d)
+        elif name == "sin":
+            k = np.cos(d)
+        elif name == "cos":
+            k = -np.sin(d)
         else:
             raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
         out = g * k
@@ -537,7 +549,7 @@ def _expm1_neg(t):
 SPAN_FASTMATH = {"contract"}
 
 
-# the element-wise math codes (14-26), one function each: apply_span's loop for a code inlines only its own
+# the element-wise math codes (14-28), one function each: apply_span's loop for a code inlines only its own
 # function, and apply_scalar (inlined into every kernel's scalar stores) reaches them through one call of
 # _math_call: inlining all of them there made numba compile 9x longer (apply_span 18 -> 169 s, a conv network's
 # kernels 1.7 -> 6.8 s)
@@ -606,12 +618,26 @@ def _s_round(v, alpha, beta):
     return np.rint(v)        # the current rounding mode: to nearest, halves to even (torch.round, ONNX Round)
 
 
+# sin and cos: libm's float64 functions (exact range reduction at any |x|; rounded to float32 they are within
+# half an ulp and a hair of the true value), a scalar call per value: the loop does not vectorize. They appear in
+# timestep and positional embeddings (a few thousand values), where a float32 polynomial's reduction would lose
+# digits at the arguments those make (t * 10000^(-k/d) up to 1e3 .. 1e4 radians).
+@njit(inline="always", cache=True)
+def _s_sin(v, alpha, beta):
+    return np.float32(math.sin(np.float64(v)))
+
+
+@njit(inline="always", cache=True)
+def _s_cos(v, alpha, beta):
+    return np.float32(math.cos(np.float64(v)))
+
+
 MATH_CODES = 14     # codes from here on: the element-wise math functions
 
 
 @njit(nogil=True, cache=True, fastmath=SPAN_FASTMATH)
 def _math_call(code, v, alpha, beta):
-    """One value of a math code (14-26), out of line (flags stated: never inherited from the caller)."""
+    """One value of a math code (14-28), out of line (flags stated: never inherited from the caller)."""
     if code == 14:
         return _s_abs(v, alpha, beta)
     if code == 15:
@@ -638,6 +664,10 @@ def _math_call(code, v, alpha, beta):
         return _s_ceil(v, alpha, beta)
     if code == 26:
         return _s_round(v, alpha, beta)
+    if code == 27:
+        return _s_sin(v, alpha, beta)
+    if code == 28:
+        return _s_cos(v, alpha, beta)
     return v
 
 
@@ -679,7 +709,7 @@ def apply_scalar(code, v, alpha, beta):
         return v * _mish_ratio(v)
     if code == 13:
         return _softplus(v, alpha, beta)
-    return _math_call(code, v, alpha, beta)      # 14-26 (a call: see _s_abs)
+    return _math_call(code, v, alpha, beta)      # 14-28 (a call: see _s_abs)
 
 
 @njit(inline="always", cache=True)
@@ -701,7 +731,8 @@ def _math_loop(fn):
 
 _L_ABS, _L_EXP, _L_LOG, _L_SQRT, _L_RSQRT, _L_POW, _L_CELU, _L_SELU, _L_LOG_SIGMOID = (
     _math_loop(f) for f in (_s_abs, _s_exp, _s_log, _s_sqrt, _s_rsqrt, _s_pow, _s_celu, _s_selu, _s_log_sigmoid))
-_L_ERF, _L_FLOOR, _L_CEIL, _L_ROUND = (_math_loop(f) for f in (_s_erf, _s_floor, _s_ceil, _s_round))
+_L_ERF, _L_FLOOR, _L_CEIL, _L_ROUND, _L_SIN, _L_COS = (
+    _math_loop(f) for f in (_s_erf, _s_floor, _s_ceil, _s_round, _s_sin, _s_cos))
 
 
 
@@ -763,8 +794,12 @@ def apply_span(f, lo, hi, code, a, b):
         _L_FLOOR(f, lo, hi, a, b)
     elif code == 25:
         _L_CEIL(f, lo, hi, a, b)
-    else:
+    elif code == 26:
         _L_ROUND(f, lo, hi, a, b)
+    elif code == 27:
+        _L_SIN(f, lo, hi, a, b)
+    else:
+        _L_COS(f, lo, hi, a, b)
 
 
 @njit(nogil=True, cache=True)
@@ -776,7 +811,7 @@ def apply_inplace(x, code, alpha, beta):
 
 # training backward (training/schedule.py's activation op): out = dy * act'(x) in float32, one loop per code
 # (the code a constant in each, as apply_span), the kink conventions of `derivative`. Codes 0-11 have a loop;
-# the others (mish, softplus, the math functions 14-26) take `derivative` (numpy, float64 inside), which the
+# the others (mish, softplus, the math functions 14-28) take `derivative` (numpy, float64 inside), which the
 # tests compare both with PyTorch (tests/test_training_modern.py).
 GRAD_CODES = frozenset(range(12))
 _F1_3 = np.float32(1.0 / 3.0)

@@ -17,7 +17,8 @@ def _replay(net: Network, shape, ops, outputs, name: str) -> Network:
     new = Network(name)
     env: dict[str, DataNode] = {}
     for d in net.inputs:
-        env[d.name] = new.input(d.name, shape if shape is not None else d.shape, d.dtype)
+        env[d.name] = new.input(d.name, shape if shape is not None else d.shape, d.dtype,
+                                integer=net.integer_inputs.get(d.name))
     consts: dict[str, DataNode] = {}
     for op in ops:
         ins = []

@@ -161,6 +161,9 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
         raise GraphError(gname, f"input_shapes/constants name {extra}, which are not graph inputs; graph "
                                 f"inputs are {graph_inputs}")
     overridden = False
+    floats = [d[0] for d in (_declared(vi) for vi in g.input if vi.name not in cx.consts and vi.name not in constants)
+              if d is not None and d[0] in _FLOAT_INPUTS]
+    float_dt = floats[0] if floats else np.dtype(np.float32)       # what an integer input computes as
     for vi in g.input:
         if vi.name in cx.consts:
             continue
@@ -177,7 +180,8 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
                 raise GraphError(vi.name, f"constants value has shape {arr.shape}; the model declares {dims}")
             cx.consts[vi.name] = arr
             continue
-        if dt not in _FLOAT_INPUTS:
+        integer = dt is not None and np.dtype(dt).kind in "iu"
+        if dt not in _FLOAT_INPUTS and not integer:
             raise UnsupportedOpError(
                 f"input '{vi.name}' has element type {_elem_name(vi.type.tensor_type.elem_type)}; tilefuse "
                 f"computes float32/float64/float16 tensors (bind a fixed value with constants={{'{vi.name}': "
@@ -193,7 +197,11 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
             if dims is None or len(dims) != len(shape):
                 raise GraphError(vi.name, f"input_shapes gives {shape}; the model declares {dims}")
             overridden |= any(d is not None and d != s for d, s in zip(dims, shape))
-        cx.env[vi.name] = cx.net.input(cx.fresh(vi.name), tuple(shape), dt)
+        if integer:         # timesteps, a class index: computed as the network's float, moved until a Cast
+            cx.env[vi.name] = cx.net.input(cx.fresh(vi.name), tuple(shape), float_dt, integer=dt)
+            cx.ints.add(vi.name)
+        else:
+            cx.env[vi.name] = cx.net.input(cx.fresh(vi.name), tuple(shape), dt)
         check_fits_host(vi.name, tuple(shape), dt)  # before any constant is made to its size
 
     nodes = _live(_recognize(cx, g, input_shapes), [o.name for o in g.output])
@@ -209,6 +217,9 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
                 raise UnsupportedOpError(f"graph output '{vi.name}' is a constant (its subgraph depends on no "
                                          f"graph input); expected a computed tensor")
             raise GraphError(vi.name, "graph output is not produced by any node")
+        if vi.name in cx.ints:
+            raise UnsupportedOpError(f"graph output '{vi.name}' is an integer input's values; tilefuse computes "
+                                     f"float outputs (Cast it to float in the model)")
         if isinstance(d, boolexpr.BOOL):
             raise UnsupportedOpError(f"graph output '{vi.name}' is the bool tensor of a comparison "
                                      f"({boolexpr.leaf(d).origin}); tilefuse computes float tensors")
@@ -303,6 +314,9 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
         if type(attrs[k]) is not int or attrs[k] not in (0, 1):
             raise GraphError(nd.where, f"attribute {k}={attrs[k]!r}; expected 0 or 1")
     ins = list(n.input)
+    ints = [t for t in ins if t in cx.ints]
+    if ints and _integer_use(cx, nd, ints):
+        return
     meta = fold.META_INPUTS.get(n.op_type, ())
     try:
         if n.op_type in fold.FOLD and all(t in cx.consts or (i in meta and t in cx.env)
@@ -336,9 +350,48 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
     for k, t in enumerate(n.output):
         if k < len(outs):
             cx.env[t] = outs[k]
+            if ints and n.op_type in _INT_MOVES:
+                cx.ints.add(t)
         elif t and t in used:
             raise nd.refuse(f"output {k} '{t}' is used, but tilefuse produces only the first {len(outs)} "
                             f"output(s) of {n.op_type}")
+
+
+# ops that move an integer input's values without computing with them (their outputs stay integer-valued); the
+# values leave the integers through a Cast to the float dtype, or a comparison (exact in float for |v| <= 2^24)
+_INT_MOVES = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Slice", "Expand", "Concat",
+                        "Transpose", "Split", "Tile", "Gather"})
+_INT_READERS = frozenset({"Shape", "Size", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"})
+
+
+def _integer_use(cx: Ctx, nd: OnnxNode, ints: list[str]) -> bool:
+    """A node reading an integer input's values (cx.ints): a Cast to the float dtype or to a 32 / 64-bit integer is
+    the identity on the float tensor (True: done here); a move or a comparison imports as usual (False); integer
+    arithmetic (Add, Div: integer division) and a gather at run-time indices are refused by name."""
+    if nd.op in ("Cast", "CastLike"):
+        src = cx.env[nd.inputs[0]]
+        if nd.op == "CastLike":
+            to = np.dtype(cx.consts[nd.inputs[1]].dtype if cx.is_const(nd, 1) else cx.computed(nd, 1).dtype)
+        else:
+            to = fold.np_dtype(nd, nd.attrs["to"])
+        if to.kind in "iu" and to.itemsize >= 4:
+            cx.env[nd.outputs[0]] = src
+            cx.ints.add(nd.outputs[0])
+            return True
+        if to != np.dtype(src.dtype):
+            raise nd.refuse(f"Cast of the integer tensor '{nd.inputs[0]}' (an integer input's values) to {to}; "
+                            f"expected {np.dtype(src.dtype)} (what the network computes) or a 32 / 64-bit integer")
+        cx.env[nd.outputs[0]] = src
+        return True
+    if nd.op == "Gather" and nd.has(1) and nd.inputs[1] in cx.ints:
+        raise nd.refuse(f"Gather at the indices '{nd.inputs[1]}' (an integer input's values: a gather at run time); "
+                        f"tilefuse gathers at constant indices only (an embedding table read at run-time indices "
+                        f"is not supported)")
+    if nd.op not in _INT_MOVES and nd.op not in _INT_READERS:
+        raise nd.refuse(f"{nd.op} of the integer tensor '{ints[0]}' (an integer input's values): integer "
+                        f"arithmetic; tilefuse computes in floats and takes an integer input through reshapes, "
+                        f"slices, comparisons and a Cast to float: Cast it first")
+    return False
 
 
 def _check_declared(cx: Ctx, infos, producers: dict, outputs: set) -> None:
@@ -349,8 +402,8 @@ def _check_declared(cx: Ctx, infos, producers: dict, outputs: set) -> None:
     for vi in infos:
         d = cx.env.get(vi.name)
         decl = _declared(vi)
-        if d is None or decl is None or isinstance(d, boolexpr.BOOL):     # (a comparison's bool: no tensor)
-            continue
+        if d is None or decl is None or isinstance(d, boolexpr.BOOL) or vi.name in cx.ints:
+            continue          # (a comparison's bool: no tensor; an integer input's values: declared integer)
         dt, dims = decl
         n = producers.get(vi.name)
         what = (f"{'graph output' if vi.name in outputs else 'value_info'} '{vi.name}'"

@@ -55,6 +55,7 @@ class Ctx:
     env: dict[str, DataNode] = field(default_factory=dict)
     consts: dict[str, np.ndarray] = field(default_factory=dict)
     used_names: set[str] = field(default_factory=set)
+    ints: set[str] = field(default_factory=set)       # names holding an integer input's values (a float DataNode)
     _const_nodes: dict = field(default_factory=dict)
 
     def fresh(self, base: str) -> str:
@@ -1347,6 +1348,8 @@ RULES: dict[str, Rule] = {
     "Floor": _r(_activation("floor"), (6, 13), "", "activation(floor)"),
     "Ceil": _r(_activation("ceil"), (6, 13), "", "activation(ceil)"),
     "Round": _r(_activation("round"), (11, 22), "", "activation(round)", "halves to even"),
+    "Sin": _r(_activation("sin"), (7, 22), "", "activation(sin)"),
+    "Cos": _r(_activation("cos"), (7, 22), "", "activation(cos)"),
     "Log": _r(_activation("log"), (6, 13), "", "activation(log)"),
     "Sqrt": _r(_activation("sqrt"), (6, 13), "", "activation(sqrt)"),
     "Celu": _r(_activation("celu", alpha=("alpha", 1.0)), (12, 28), "alpha", "activation(celu)", "alpha > 0"),
