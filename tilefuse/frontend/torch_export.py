@@ -1366,6 +1366,28 @@ def _lrn(imp, x, size, alpha, beta, k):
 MAX_REPEATS = 64     # copies along an axis of size > 1 (a concat of them), as the ONNX importer's Tile
 
 
+def _copy(imp, dst, src, non_blocking=False):
+    """aten.copy (functionalized `x[:, 0] = v` / `copy_`): src's values in dst's shape (broadcast)."""
+    shape = tuple(imp.tensor(dst, "destination").shape) if isinstance(dst, DataNode) else tuple(dst.tensor.shape)
+    s = imp.const_node(src) if isinstance(src, Const) else imp.tensor(src, "source")
+    return s if tuple(s.shape) == shape else _expand(imp, s, list(shape))
+
+
+_GRID_MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
+_GRID_PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
+
+
+def _grid_sampler(imp, x, grid, interpolation_mode, padding_mode, align_corners):
+    """F.grid_sample (aten.grid_sampler / grid_sampler_2d with the enums' integers) of 4-D tensors."""
+    x, g = imp.tensor(x), imp.const_node(grid) if isinstance(grid, Const) else imp.tensor(grid, "grid")
+    mode = _GRID_MODES.get(int(interpolation_mode), str(interpolation_mode))
+    if mode not in ("bilinear", "nearest") or len(x.shape) != 4:
+        raise imp.fail(f"grid_sample mode={mode!r} of a {len(x.shape)}-D input",
+                       "supported: 4-D (N, C, H, W) inputs, mode 'bilinear' or 'nearest'")
+    return imp.net.grid_sample(x, g, mode, _GRID_PADDINGS[int(padding_mode)], bool(align_corners),
+                               name=imp.op_name())
+
+
 def _repeat(imp, x, repeats):
     """x.repeat(*sizes) / torch.tile (a grey image to three channels: `x.repeat(1, 3, 1, 1)`): along an axis of size
     1 a broadcast (`_expand`: x * ones), along a larger one the copies concatenated, as ONNX's Tile."""
@@ -1540,6 +1562,9 @@ _ATEN = {
     "dropout": _dropout,
     "expand": _expand,
     "repeat": _repeat,
+    "grid_sampler": _grid_sampler,
+    "copy": _copy,
+    "grid_sampler_2d": _grid_sampler,
     "local_response_norm": _lrn,
     "channel_shuffle": lambda imp, x, groups: imp.net.channel_shuffle(imp.tensor(x), int(groups), name=imp.op_name()),
     "native_channel_shuffle": lambda imp, x, groups: imp.net.channel_shuffle(imp.tensor(x), int(groups),

@@ -478,6 +478,13 @@ class Network:
         nn.PixelUnshuffle / SpaceToDepth ("dcr")."""
         return self.add_op("pixel_shuffle", [x], {"factor": factor, "mode": mode, "inverse": inverse}, name)
 
+    def grid_sample(self, x: DataNode, grid: DataNode, mode: str = "bilinear", padding_mode: str = "zeros",
+                    align_corners: bool = False, name: str | None = None) -> DataNode:
+        """F.grid_sample / ONNX GridSample: x (N, C, H, W) sampled at grid (N, Ho, Wo, 2) of (x, y) in [-1, 1];
+        mode bilinear or nearest, padding_mode zeros, border or reflection."""
+        return self.add_op("grid_sample", [x, grid], {"mode": mode, "padding_mode": padding_mode,
+                                                      "align_corners": align_corners}, name)
+
     def slice(self, x: DataNode, axis: int, start: int = 0, stop: int | None = None, step: int = 1,
               name: str | None = None) -> DataNode:
         return self.add_op("slice", [x], dict(axis=axis, start=start, stop=stop, step=step), name)

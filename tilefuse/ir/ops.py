@@ -945,6 +945,37 @@ _register(OpSchema("resize", "resize", ("x",), _resize_norm, _resize_infer,
                    lambda i, o, p: {"linear": 7, "cubic": 32}.get(p["mode"], 0) * _prod(o)))
 
 
+def _grid_sample_norm(node, p):
+    mode = {"linear": "bilinear"}.get(p.get("mode", "bilinear"), p.get("mode", "bilinear"))
+    if mode not in ref.GRID_MODES:
+        raise GraphError(node, f"grid_sample mode {mode!r} is not supported; expected one of {ref.GRID_MODES}")
+    pad = p.get("padding_mode", "zeros")
+    if pad not in ref.GRID_PADDINGS:
+        raise GraphError(node, f"grid_sample padding_mode {pad!r}; expected one of {ref.GRID_PADDINGS}")
+    ac = p.get("align_corners", False)
+    if not isinstance(ac, (bool, np.bool_)) and ac not in (0, 1):
+        raise GraphError(node, f"grid_sample align_corners={ac!r}; expected a bool")
+    return {"mode": mode, "padding_mode": pad, "align_corners": bool(ac)}
+
+
+def _grid_sample_infer(node, ins, p):
+    """x (N, C, H, W) sampled at grid (N, Ho, Wo, 2) -> (N, C, Ho, Wo)."""
+    x, g = ins
+    _expect_same_dtype(node, ins)
+    _expect_rank(node, "input", x, 4)
+    _expect_rank(node, "grid", g, 4)
+    if g.shape[0] != x.shape[0] or g.shape[3] != 2:
+        raise GraphError(node, f"grid '{g.name}' has shape {g.shape}; expected ({x.shape[0]}, Ho, Wo, 2) for the "
+                               f"input '{x.name}' {x.shape}")
+    return (x.shape[0], x.shape[1], g.shape[1], g.shape[2])
+
+
+# out[n, c, i, j] = x[n, c] at grid[n, i, j] (F.grid_sample, ONNX GridSample: spatial transformers, flow warps)
+_register(OpSchema("grid_sample", "resize", ("x", "grid"), _grid_sample_norm, _grid_sample_infer,
+                   lambda x, grid, **p: ref.grid_sample(x, grid, **p),
+                   lambda i, o, p: (8 if p["mode"] == "bilinear" else 0) * _prod(o) + 10 * _prod(o[2:]) * o[0]))
+
+
 # normalization over channels, adaptive pooling ----------------------------------------------
 
 def _layer_norm_norm(node, p):
@@ -1055,7 +1086,7 @@ LINEAR = ops_in("linear")            # dense layers (linear)
 REDUCE = ops_in("reduce")            # reductions along axes (softmax, mean, sum)
 SHAPE = ops_in("shape")              # data movement (flatten, concat, reshape, permute, slice, pad, channel_shuffle,
                                      # pixel_shuffle)
-RESIZE = ops_in("resize")            # spatial resampling (resize: nearest, bilinear)
+RESIZE = ops_in("resize")            # spatial resampling (resize: nearest, bilinear, bicubic; grid_sample)
 
 # property groups:
 # output row r reads a window of input rows (kernel_size / stride / padding / dilation in H):

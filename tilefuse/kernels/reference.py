@@ -647,3 +647,82 @@ def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mod
     top = xa[:, :, h0][:, :, :, w0] * (1 - lw) + xa[:, :, h0][:, :, :, w1] * lw
     bot = xa[:, :, h1][:, :, :, w0] * (1 - lw) + xa[:, :, h1][:, :, :, w1] * lw
     return (top * (1 - lh) + bot * lh).astype(x.dtype, copy=False)
+
+
+# grid_sample ---------------------------------------------------------------------------------------------------
+# PyTorch's F.grid_sample / ONNX GridSample on 2-D images: out[n, c, i, j] samples x[n, c] at grid[n, i, j] = (gx,
+# gy) in [-1, 1] (gx along W). The arithmetic is ATen's vectorized CPU kernel's (GridSamplerKernel.cpp), in the
+# input's float dtype: the coordinate unnormalized as (g + 1) * ((size - 1) / 2) with align_corners, else
+# (g + 1) * (size / 2) - 0.5; border clips it to [0, size - 1]; reflection folds it into [0, size - 1]
+# (align_corners) or [-0.5, size - 0.5] (then clips); bilinear weights from floor(ix) and the four corners summed
+# nw, ne, sw, se (a corner outside the image reads 0); nearest rounds halves to even and reads 0 outside.
+GRID_MODES = ("bilinear", "nearest")
+GRID_PADDINGS = ("zeros", "border", "reflection")
+
+
+def grid_unnormalize(g, size, padding_mode, align_corners):
+    """Source coordinates (float, input dtype) of normalized grid coordinates g along an axis of `size`."""
+    dt = g.dtype.type
+    with np.errstate(invalid="ignore", over="ignore"):
+        if align_corners:
+            c = (g + dt(1)) * dt((size - 1) / 2)
+        else:
+            c = (g + dt(1)) * dt(size / 2) - dt(0.5)
+        if padding_mode == "border":
+            c = _clip(c, size)
+        elif padding_mode == "reflection":
+            c = _clip(_reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1), size)
+    return c
+
+
+def _reflect(c, twice_low, twice_high):
+    """ATen's vectorized reflect_coordinates: |c - low| modulo twice the span, folded back (min(e, 2 span - e))."""
+    dt = c.dtype.type
+    if twice_low == twice_high:
+        return np.zeros_like(c)
+    lo, span2 = dt(twice_low / 2), dt(twice_high - twice_low)
+    a = np.abs(c - lo)
+    extra = a - np.floor(a / span2) * span2
+    return (np.minimum(extra, span2 - extra) + lo).astype(c.dtype, copy=False)
+
+
+def _clip(c, size):
+    """ATen's clip_coordinates: into [0, size - 1], NaN to 0 (its vector max returns the 0 for a NaN)."""
+    dt = c.dtype.type
+    return np.where(np.isnan(c), dt(0), np.minimum(np.maximum(c, dt(0)), dt(size - 1)))
+
+
+def grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False):
+    """x (N, C, H, W), grid (N, Ho, Wo, 2) -> (N, C, Ho, Wo)."""
+    n, c, h, w = x.shape
+    dt = x.dtype.type
+    ix = grid_unnormalize(grid[..., 0], w, padding_mode, align_corners)     # (N, Ho, Wo)
+    iy = grid_unnormalize(grid[..., 1], h, padding_mode, align_corners)
+    nidx = np.arange(n)[:, None, None]
+
+    def read(yy, xx):
+        """x at integer (yy, xx) (N, Ho, Wo), 0 outside: (N, C, Ho, Wo)."""
+        ok = (xx >= 0) & (xx < w) & (yy >= 0) & (yy < h)
+        v = x[nidx, :, np.where(ok, yy, 0), np.where(ok, xx, 0)]            # (N, Ho, Wo, C)
+        return np.where(ok[..., None], v, dt(0)).transpose(0, 3, 1, 2)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        if mode == "nearest":
+            rx, ry = np.rint(ix), np.rint(iy)
+            return np.ascontiguousarray(read(_as_index(ry), _as_index(rx)))
+        x0, y0 = np.floor(ix), np.floor(iy)
+        we = ix - x0
+        ea = dt(1) - we
+        ns = iy - y0
+        so = dt(1) - ns
+        nw, ne, sw, se = so * ea, so * we, ns * ea, ns * we
+        xi, yi = _as_index(x0), _as_index(y0)
+        out = (read(yi, xi) * nw[:, None] + read(yi, xi + 1) * ne[:, None]
+               + read(yi + 1, xi) * sw[:, None] + read(yi + 1, xi + 1) * se[:, None])
+    return np.ascontiguousarray(out.astype(x.dtype, copy=False))
+
+
+def _as_index(f):
+    """Integer positions of floored / rounded coordinates; NaN and those far outside any image -> -2 (read as 0)."""
+    ok = np.isfinite(f) & (np.abs(f) < 2.0 ** 30)
+    return np.where(ok, f, -2).astype(np.int64)

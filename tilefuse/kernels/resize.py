@@ -1,4 +1,4 @@
-"""Resize runtime kernel: nearest, bilinear and bicubic over H and W, NCHW and NCHW16c.
+"""Resize runtime kernel: nearest, bilinear and bicubic over H and W, NCHW and NCHW16c; grid_sample (NCHW).
 
 The source indices and weights per output row / column come from the reference
 (`ref.resize_nearest_index`, `ref.resize_linear_weights`, `ref.resize_cubic_weights`: float32 arithmetic as
@@ -100,6 +100,87 @@ def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nea
         _zero_pad_lanes(out, int(channels))
 
 
-KERNELS = {"resize": resize}
+# grid_sample: the reference's float32 arithmetic per output position (kernels/reference.py grid_unnormalize,
+# ATen's vectorized kernel's order), NCHW; tasks are (image, output row) pairs, each reading its grid row once
+# and every channel's four corners
+@njit(inline="always", cache=True)
+def _grid_coord(g, size, pad, align):
+    """pad: 0 zeros, 1 border, 2 reflection."""
+    one, zero = np.float32(1.0), np.float32(0.0)
+    if align:
+        c = (g + one) * np.float32((size - 1) / 2)
+    else:
+        c = (g + one) * np.float32(size / 2) - np.float32(0.5)
+    if pad == 2:
+        if align:
+            lo, span2 = zero, np.float32(2 * (size - 1))
+        else:
+            lo, span2 = np.float32(-0.5), np.float32(2 * size)
+        if span2 == zero:
+            c = zero
+        else:
+            a = abs(c - lo)
+            extra = a - np.floor(a / span2) * span2
+            c = min(extra, span2 - extra) + lo
+    if pad >= 1:
+        c = zero if c != c else min(max(c, zero), np.float32(size - 1))
+    return c
+
+
+@njit(inline="always", cache=True)
+def _grid_index(f):
+    """floor / rint result as an index; NaN and far-off coordinates -> -2 (outside)."""
+    if not (abs(f) < np.float32(2.0 ** 30)):
+        return -2
+    return int(f)
+
+
+@njit(nogil=True, cache=True)
+def _grid_row(out, x, grid, n, i, nearest, pad, align):
+    C, H, W = x.shape[1], x.shape[2], x.shape[3]
+    one = np.float32(1.0)
+    for j in range(out.shape[3]):
+        ix = _grid_coord(grid[n, i, j, 0], W, pad, align)
+        iy = _grid_coord(grid[n, i, j, 1], H, pad, align)
+        if nearest:
+            xi, yi = _grid_index(np.rint(ix)), _grid_index(np.rint(iy))
+            if 0 <= xi < W and 0 <= yi < H:
+                for c in range(C):
+                    out[n, c, i, j] = x[n, c, yi, xi]
+            else:
+                for c in range(C):
+                    out[n, c, i, j] = np.float32(0.0)
+            continue
+        x0, y0 = np.floor(ix), np.floor(iy)
+        we = ix - x0
+        ea = one - we
+        ns = iy - y0
+        so = one - ns
+        nw, ne, sw, se = so * ea, so * we, ns * ea, ns * we
+        xa, ya = _grid_index(x0), _grid_index(y0)
+        xb, yb = xa + 1, ya + 1
+        ok_xa, ok_xb, ok_ya, ok_yb = 0 <= xa < W, 0 <= xb < W, 0 <= ya < H, 0 <= yb < H
+        for c in range(C):
+            v_nw = x[n, c, ya, xa] if ok_ya and ok_xa else np.float32(0.0)
+            v_ne = x[n, c, ya, xb] if ok_ya and ok_xb else np.float32(0.0)
+            v_sw = x[n, c, yb, xa] if ok_yb and ok_xa else np.float32(0.0)
+            v_se = x[n, c, yb, xb] if ok_yb and ok_xb else np.float32(0.0)
+            out[n, c, i, j] = v_nw * nw + v_ne * ne + v_sw * sw + v_se * se
+
+
+GRID_PADDING_CODES = {"zeros": 0, "border": 1, "reflection": 2}
+
+
+def grid_sample(out, x, grid, *, mode="bilinear", padding_mode="zeros", align_corners=False, threads=None, **_):
+    """out (N, C, Ho, Wo) = x (N, C, H, W) sampled at grid (N, Ho, Wo, 2) (kernels/reference.py grid_sample)."""
+    if out.dtype != np.float32:
+        out[...] = ref.grid_sample(x, grid, mode, padding_mode, align_corners)
+        return
+    nearest, pad, align = mode == "nearest", GRID_PADDING_CODES[padding_mode], bool(align_corners)
+    tasks = [(n, i) for n in range(out.shape[0]) for i in range(out.shape[2])]
+    parallel_for(lambda t: _grid_row(out, x, grid, t[0], t[1], nearest, pad, align), tasks, threads)
+
+
+KERNELS = {"resize": resize, "grid_sample": grid_sample}
 THREADED = frozenset(KERNELS)
-BLOCKED = frozenset(KERNELS)   # kernels with an NCHW16c form
+BLOCKED = frozenset({"resize"})   # kernels with an NCHW16c form

@@ -790,6 +790,59 @@ def _resize(cx: Ctx, nd: OnnxNode, used):
                          cx.fresh(nd.name))
 
 
+def _grid_sample(cx: Ctx, nd: OnnxNode, used):
+    """GridSample (16: bilinear / nearest / bicubic; 20, 22: linear / nearest / cubic, N-D) of a 4-D input."""
+    x = cx.computed(nd, 0)
+    g = cx.net.constant(cx.fresh(nd.inputs[1]), cx.consts[nd.inputs[1]], dtype=x.dtype) if cx.is_const(nd, 1) \
+        else cx.computed(nd, 1, "grid")
+    mode = nd.attrs.get("mode", b"bilinear" if nd.version < 20 else b"linear")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    pad = nd.attrs.get("padding_mode", b"zeros")
+    pad = pad.decode() if isinstance(pad, bytes) else str(pad)
+    if mode not in ("bilinear", "linear", "nearest") or len(x.shape) != 4:
+        raise nd.refuse(f"GridSample mode {mode!r} of a {len(x.shape)}-D input; tilefuse samples 4-D (N, C, H, W) "
+                        f"inputs, mode {'bilinear' if nd.version < 20 else 'linear'} or nearest")
+    if pad not in ("zeros", "border", "reflection"):
+        raise GraphError(nd.where, f"padding_mode {pad!r}; expected zeros, border or reflection")
+    ac = nd.attrs.get("align_corners", 0)
+    if ac not in (0, 1):
+        raise GraphError(nd.where, f"align_corners={ac!r}; expected 0 or 1")
+    return cx.net.grid_sample(x, g, "bilinear" if mode == "linear" else mode, pad, bool(ac), name=cx.fresh(nd.name))
+
+
+def _linspace_from_neg_one(n: int, align_corners: bool) -> np.ndarray:
+    """ATen's affine_grid base coordinates along an axis of n (float32)."""
+    if n <= 1:
+        return np.zeros(max(n, 1), np.float32)
+    r = np.linspace(-1.0, 1.0, n, dtype=np.float32)
+    return r if align_corners else (r * np.float32((n - 1) / n)).astype(np.float32)
+
+
+def _affine_grid(cx: Ctx, nd: OnnxNode, used):
+    """AffineGrid (20) of a computed 2-D theta (N, 2, 3) and a constant size (N, C, H, W): the base grid (H W, 3) of
+    (x, y, 1) times theta transposed, as ATen's affine_grid (a matmul of the constant base with the computed
+    theta), (N, H, W, 2)."""
+    theta = cx.computed(nd, 0, "theta")
+    size = cx.const(nd, 1, "size")
+    if size is None or np.asarray(size).dtype.kind not in "iu" or np.asarray(size).shape != (4,):
+        raise nd.refuse(f"AffineGrid size {None if size is None else np.asarray(size).tolist()}; tilefuse takes a "
+                        f"constant 4-element (N, C, H, W) size (2-D grids)")
+    n, _, h, w = (int(v) for v in np.asarray(size))
+    if tuple(theta.shape) != (n, 2, 3) or min(h, w) < 1:
+        raise GraphError(nd.where, f"theta '{theta.name}' has shape {theta.shape} for size {[n, _, h, w]}; expected "
+                                   f"({n}, 2, 3) and positive H, W")
+    ac = nd.attrs.get("align_corners", 0)
+    if ac not in (0, 1):
+        raise GraphError(nd.where, f"align_corners={ac!r}; expected 0 or 1")
+    xs, ys = _linspace_from_neg_one(w, bool(ac)), _linspace_from_neg_one(h, bool(ac))
+    base = np.stack([np.broadcast_to(xs[None, :], (h, w)), np.broadcast_to(ys[:, None], (h, w)),
+                     np.ones((h, w), np.float32)], -1).reshape(1, h * w, 3).astype(theta.dtype)
+    base_node = cx.net.constant(cx.fresh(nd.name + ".base"), base, dtype=theta.dtype)
+    tt = cx.net.permute(theta, (0, 2, 1), name=cx.fresh(nd.name + ".theta_t"))              # (N, 3, 2)
+    g = cx.net.matmul(base_node, tt, name=cx.fresh(nd.name + ".matmul"))                      # (N, H W, 2)
+    return cx.net.reshape(g, (n, h, w, 2), name=cx.fresh(nd.name))
+
+
 def _upsample(cx: Ctx, nd: OnnxNode, used):
     """Upsample (opset 7: scales an attribute; 9: input 1) and Resize before opset 11 (scales input 1): older
     exporters' nearest / bilinear upsampling (torch.onnx at opset 9, YOLOv3's files). Their coordinates are
@@ -1317,6 +1370,10 @@ RULES: dict[str, Rule] = {
                    "constant axes"),
     "ReduceSumSquare": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "mul sum",
                           "constant axes"),
+    "AffineGrid": _r(_affine_grid, (20,), "align_corners", "matmul permute reshape",
+                     "2-D: a computed theta (N, 2, 3), a constant size"),
+    "GridSample": _r(_grid_sample, (16, 20, 22), "align_corners mode padding_mode", "grid_sample",
+                     "4-D input; bilinear / linear or nearest (bicubic refused)"),
     "Upsample": _r(_upsample, (7, 9), "mode scales", "resize",
                    "H, W of (N, C, H, W); nearest or linear; asymmetric coordinates, ONNX Runtime's legacy nearest "
                    "pixel (truncated enlarging, rounded up shrinking)"),

@@ -373,6 +373,15 @@ def _expand(node, ins, a):
     return [np.broadcast_to(ins[0], out).copy()]
 
 
+def _tile(node, ins, a):
+    x = np.asarray(ins[0])
+    reps = _ints(node, ins[1], "repeats")
+    if len(reps) != x.ndim or min(reps, default=0) < 0:
+        raise GraphError(node.where, f"Tile of {x.shape} by repeats {list(reps)}; expected {x.ndim} repeats, each >= 0")
+    _check_size(node, [d * r for d, r in zip(x.shape, reps)])
+    return [np.tile(x, tuple(int(r) for r in reps))]
+
+
 def _where(node, ins, a):
     c, x, y = (np.asarray(v) for v in ins)
     if c.dtype != np.bool_:
@@ -406,6 +415,7 @@ FOLD = {
     "ConstantOfShape": _constant_of_shape,
     "Range": _range,
     "Expand": _expand,
+    "Tile": _tile,
     "Where": _where,
     "Add": _binary(lambda n, x, y: x + y),
     "Sub": _binary(lambda n, x, y: x - y),
