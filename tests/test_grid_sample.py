@@ -219,3 +219,15 @@ def test_what_is_refused_is_refused_by_name():
     net = tilefuse.from_torch(STN().eval(), torch.randn(2, 1, 28, 28))
     with pytest.raises(tilefuse.UnsupportedOpError, match=r"op 'grid_sample' has no backward in the trainer"):
         Trainer(net)
+
+
+@pytest.mark.parametrize("exporter,opset", [("torchscript", 16), ("dynamo", 20)])
+def test_flow_warp_through_onnx(exporter, opset):
+    """The flow warp's slice assignments export as ScatterND (TorchScript) / ScatterElements (dynamo)."""
+    torch.manual_seed(3)
+    m = Warp("border").eval()
+    x = torch.randn(2, 6, 11, 14).numpy()
+    blob = _export(m, x, exporter, opset)
+    y = tilefuse.compile(tilefuse.from_onnx(blob)).run(x)
+    assert_close_to_max(y, _ort(blob, x), what="against ONNX Runtime")
+    assert_close_to_max(y, _torch(m, x), what="against PyTorch")

@@ -843,6 +843,105 @@ def _affine_grid(cx: Ctx, nd: OnnxNode, used):
     return cx.net.reshape(g, (n, h, w, 2), name=cx.fresh(nd.name))
 
 
+def _scatter_result(cx: Ctx, nd: OnnxNode, data: DataNode, updates: DataNode, target: np.ndarray) -> DataNode:
+    """data with updates written at constant positions: target[i] is the flat position in data of updates' flat
+    element i. The result, in data's flat order, is cut into runs taken from data or from updates (a slice each,
+    step 1), concatenated and reshaped back: exact, no arithmetic (a slice assignment is 2-4 runs)."""
+    size = int(np.prod(data.shape))
+    if target.size and (target.min() < 0 or target.max() >= size):
+        raise GraphError(nd.where, f"{nd.op} writes position {int(target.max())} of a {size}-element tensor")
+    src = np.full(size, -1, np.int64)          # the updates' element each position takes, -1: data's own
+    src[target] = np.arange(target.size)
+    if np.unique(target).size != target.size:
+        raise nd.refuse(f"{nd.op} writing one position twice (reduction 'none': ONNX leaves the result undefined)")
+    pos = np.arange(size)
+    from_upd = src >= 0
+    idx = np.where(from_upd, src, pos)
+    cut = np.flatnonzero((from_upd[1:] != from_upd[:-1]) | (idx[1:] != idx[:-1] + 1)) + 1
+    starts = np.concatenate([[0], cut])
+    ends = np.concatenate([cut, [size]])
+    if len(starts) > gather.MAX_RUNS:
+        raise nd.refuse(f"{nd.op} at constant indices that make {len(starts)} runs of positions; tilefuse builds up "
+                        f"to {gather.MAX_RUNS} (a slice each)")
+    flat = {}
+
+    def flat_of(t: DataNode, key: str) -> DataNode:
+        if key not in flat:
+            n = int(np.prod(t.shape))
+            flat[key] = t if len(t.shape) == 1 else cx.net.reshape(t, (n,), name=cx.fresh(f"{nd.name}.{key}_flat"))
+        return flat[key]
+    parts = []
+    for a, b in zip(starts, ends):
+        u = bool(from_upd[a])
+        t = flat_of(updates, "updates") if u else flat_of(data, "data")
+        lo = int(idx[a])
+        n_t = int(np.prod(t.shape))
+        parts.append(t if (lo, lo + b - a) == (0, n_t) else
+                     cx.net.slice(t, 0, lo, lo + int(b - a), 1, name=cx.fresh(f"{nd.name}.run")))
+    y = parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=0, name=cx.fresh(nd.name + ".runs"))
+    return cx.net.reshape(y, tuple(data.shape), name=cx.fresh(nd.name))
+
+
+def _scatter_operands(cx: Ctx, nd: OnnxNode):
+    red = nd.attrs.get("reduction", b"none")
+    red = red.decode() if isinstance(red, bytes) else str(red)
+    if red != "none":
+        raise nd.refuse(f"{nd.op} with reduction '{red}'; tilefuse writes (reduction 'none')")
+    if not (cx.is_const(nd, 1)):
+        raise nd.refuse(f"{nd.op} at computed indices '{nd.inputs[1]}'; tilefuse scatters at constant indices "
+                        f"(a slice assignment) only")
+    ops = []
+    for i, role in ((0, "data"), (2, "updates")):
+        ops.append(cx.net.constant(cx.fresh(nd.inputs[i]), cx.consts[nd.inputs[i]]) if cx.is_const(nd, i)
+                   else cx.computed(nd, i, role))
+    data, updates = ops
+    if data.dtype != updates.dtype:
+        raise GraphError(nd.where, f"data {data.dtype} and updates {updates.dtype}; expected one dtype")
+    ind = np.asarray(cx.consts[nd.inputs[1]])
+    if ind.dtype.kind not in "iu":
+        raise GraphError(nd.where, f"indices have dtype {ind.dtype}; expected int64 or int32")
+    return data, updates, ind.astype(np.int64)
+
+
+def _scatter_nd(cx: Ctx, nd: OnnxNode, used):
+    """ScatterND at constant indices (the TorchScript exporter's `x[:, 0] = v`): indices (..., k) name slices of
+    data (the first k axes), updates (indices.shape[:-1] + data.shape[k:]) fill them."""
+    data, updates, ind = _scatter_operands(cx, nd)
+    k = ind.shape[-1] if ind.ndim else 0
+    shp = tuple(data.shape)
+    if ind.ndim < 1 or not 1 <= k <= len(shp) or tuple(updates.shape) != ind.shape[:-1] + shp[k:]:
+        raise GraphError(nd.where, f"ScatterND indices {ind.shape}, updates {updates.shape} for data {shp}; expected "
+                                   f"updates of shape indices.shape[:-1] + data.shape[k:]")
+    dims = np.array(shp[:k])
+    t = ind.reshape(-1, k)
+    if ((t < -dims) | (t >= dims)).any():
+        raise GraphError(nd.where, f"ScatterND index out of range for data {shp}")
+    t = np.where(t < 0, t + dims, t)
+    inner = int(np.prod(shp[k:]))
+    base = np.ravel_multi_index(tuple(t.T), shp[:k]) * inner                # each slice's first flat position
+    target = (base[:, None] + np.arange(inner)[None, :]).reshape(-1)
+    return _scatter_result(cx, nd, data, updates, target)
+
+
+def _scatter_elements(cx: Ctx, nd: OnnxNode, used):
+    """ScatterElements (and Scatter-9/11) at constant indices (the dynamo exporter's select_scatter): updates'
+    element at (i, j, ...) goes to data at the same position with the axis coordinate replaced by the index."""
+    data, updates, ind = _scatter_operands(cx, nd)
+    shp = tuple(data.shape)
+    axis = int(nd.attrs.get("axis", 0))
+    if not -len(shp) <= axis < len(shp) or ind.shape != tuple(updates.shape) or len(ind.shape) != len(shp) or \
+            any(a > b for a, b in zip(ind.shape, shp)):
+        raise GraphError(nd.where, f"{nd.op} indices {ind.shape}, updates {updates.shape}, axis {axis} for data "
+                                   f"{shp}; expected indices and updates of one shape within data's")
+    axis %= len(shp)
+    if ((ind < -shp[axis]) | (ind >= shp[axis])).any():
+        raise GraphError(nd.where, f"{nd.op} index out of range for axis {axis} of {shp}")
+    coords = list(np.indices(ind.shape))
+    coords[axis] = np.where(ind < 0, ind + shp[axis], ind)
+    target = np.ravel_multi_index(tuple(c.reshape(-1) for c in coords), shp)
+    return _scatter_result(cx, nd, data, updates, target)
+
+
 def _upsample(cx: Ctx, nd: OnnxNode, used):
     """Upsample (opset 7: scales an attribute; 9: input 1) and Resize before opset 11 (scales input 1): older
     exporters' nearest / bilinear upsampling (torch.onnx at opset 9, YOLOv3's files). Their coordinates are
@@ -1372,6 +1471,10 @@ RULES: dict[str, Rule] = {
                           "constant axes"),
     "AffineGrid": _r(_affine_grid, (20,), "align_corners", "matmul permute reshape",
                      "2-D: a computed theta (N, 2, 3), a constant size"),
+    "ScatterND": _r(_scatter_nd, (11, 13, 16, 18), "reduction", "reshape slice concat",
+                    "constant indices (a slice assignment), reduction none, each position written once"),
+    "ScatterElements": _r(_scatter_elements, (11, 13, 16, 18), "axis reduction", "reshape slice concat",
+                          "constant indices, reduction none, each position written once"),
     "GridSample": _r(_grid_sample, (16, 20, 22), "align_corners mode padding_mode", "grid_sample",
                      "4-D input; bilinear / linear or nearest (bicubic refused)"),
     "Upsample": _r(_upsample, (7, 9), "mode scales", "resize",
