@@ -424,13 +424,11 @@ class _Importer:
         if n.target is operator.getitem:
             return
         name = getattr(n.target, "_opname", "")
-        if name in ("index", "index_select", "gather", "take", "embedding", "index_put", "scatter"):
-            data = n.args[1] if name == "embedding" else n.args[0]
-            idx = next((a for a in n.all_input_nodes if a in self.int_nodes and a is not data), None)
-            if idx is not None:
-                raise self.fail(f"indexing with '{idx.name}' (an integer input's values: a gather at run time)",
-                                "tilefuse indexes with constant indices only (x[:, [2, 1, 0]]); an embedding "
-                                "table read at run-time indices is not supported")
+        if name in ("take", "index_put", "scatter", "scatter_add", "index_add", "index_copy"):
+            idx = next((a for a in n.all_input_nodes if a in self.int_nodes), None)
+            raise self.fail(f"{name} with '{idx.name}' (an integer input's values) as indices",
+                            "tilefuse reads at run-time indices through x[t], index_select, nn.Embedding and 1-D "
+                            "gather only")
         if not _integer_result(n):
             return
         dt = _result_dtype(n)
@@ -1010,19 +1008,46 @@ def _gather_dim(imp, x, dim, index, what):
     return _reshape(imp, y, list(x.shape[:dim]) + list(t.shape) + list(x.shape[dim + 1:]))
 
 
+def _take(imp, x, dim, index, negative=True):
+    """x (a tensor or a constant table) at run-time indices along dim: the IR's take (an integer input's values)."""
+    x = imp.const_node(x) if isinstance(x, Const) else imp.tensor(x)
+    return imp.net.take(x, index, axis=int(dim), negative=negative, name=imp.op_name())
+
+
 def _index(imp, x, indices):
-    """aten.index.Tensor, x[:, idx] and the like: one constant integer index tensor (a list), every other dim whole
-    (None); `_gather_dim`."""
-    x = imp.tensor(x)
+    """aten.index.Tensor, x[:, idx] and the like: one index tensor, every other dim whole (None); constant indices
+    `_gather_dim`, an integer input's values (alphas[t]) the IR's take."""
     adv = [(d, i) for d, i in enumerate(indices) if i is not None]
     if len(adv) != 1:
         raise imp.fail(f"indexing with {len(adv)} index tensors", "expected one index tensor, every other dim "
                                                                    "taken whole (x[:, [2, 1, 0]])")
-    return _gather_dim(imp, x, adv[0][0], adv[0][1], "indexing")
+    if isinstance(adv[0][1], DataNode):
+        return _take(imp, x, adv[0][0], adv[0][1])
+    return _gather_dim(imp, imp.tensor(x), adv[0][0], adv[0][1], "indexing")
 
 
 def _index_select(imp, x, dim, index):
+    if isinstance(index, DataNode):
+        return _take(imp, x, dim, index)
     return _gather_dim(imp, x, dim, index, "index_select")
+
+
+def _embedding(imp, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """nn.Embedding / F.embedding at run-time indices (a class label input): rows of the table (padding_idx only
+    changes the gradient)."""
+    if not isinstance(indices, DataNode):
+        raise imp.fail("embedding at constant indices", "expected the indices to be an integer network input")
+    return _take(imp, weight, 0, indices, negative=False)
+
+
+def _gather(imp, x, dim, index, sparse_grad=False):
+    """torch.gather of a 1-D tensor at run-time indices (diffusion code's `a.gather(-1, t)`): take; other ranks are
+    refused."""
+    shape = tuple(x.tensor.shape) if isinstance(x, Const) else tuple(imp.tensor(x).shape)
+    if len(shape) != 1 or not isinstance(index, DataNode) or len(index.shape) != 1:
+        raise imp.fail(f"gather along dim {dim} of a {len(shape)}-D tensor",
+                       "tilefuse gathers a 1-D tensor at an integer input's values (a.gather(-1, t))")
+    return _take(imp, x, 0, index, negative=False)
 
 
 def _narrow(imp, x, dim, start, length):
@@ -1522,6 +1547,8 @@ _ATEN = {
     "flip": _flip,
     "index": _index,
     "index_select": _index_select,
+    "embedding": _embedding,
+    "gather": _gather,
     "select": _select,
     "split": _split,
     "split_with_sizes": _split_sizes,

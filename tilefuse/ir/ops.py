@@ -945,6 +945,28 @@ _register(OpSchema("resize", "resize", ("x",), _resize_norm, _resize_infer,
                    lambda i, o, p: {"linear": 7, "cubic": 32}.get(p["mode"], 0) * _prod(o)))
 
 
+def _take_norm(node, p):
+    return {"axis": _int(node, "axis", p.get("axis", 0)), "negative": bool(p.get("negative", True))}
+
+
+def _take_infer(node, ins, p):
+    """x (..., N, ...) at indices of any shape along axis -> x.shape[:axis] + indices.shape + x.shape[axis + 1:]."""
+    x, i = ins
+    _expect_same_dtype(node, ins)
+    ax = p["axis"]
+    if not -len(x.shape) <= ax < len(x.shape):
+        raise GraphError(node, f"axis {ax} of '{x.name}' {x.shape}; expected -{len(x.shape)} <= axis < "
+                               f"{len(x.shape)}")
+    ax %= len(x.shape)
+    return tuple(x.shape[:ax]) + tuple(i.shape) + tuple(x.shape[ax + 1:])
+
+
+# x's slices at run-time indices (an integer input's values): nn.Embedding, table[t], ONNX Gather at computed indices;
+# a run with an index out of range fails naming it (kernels/reference.py take)
+_register(OpSchema("take", "shape", ("x", "indices"), _take_norm, _take_infer,
+                   lambda x, indices, **p: ref.take(x, indices, **p), lambda i, o, p: 0))
+
+
 def _grid_sample_norm(node, p):
     mode = {"linear": "bilinear"}.get(p.get("mode", "bilinear"), p.get("mode", "bilinear"))
     if mode not in ref.GRID_MODES:

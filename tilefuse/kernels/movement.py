@@ -14,6 +14,7 @@ written zero in the same loop.
 from __future__ import annotations
 
 import functools
+import math
 
 import numba as nb
 import numpy as np
@@ -475,6 +476,39 @@ def _shuffle_par(nt, out5, x5, r, dcr, inverse, co, row0, lo):
         _shuffle_seq(counter, nb.get_thread_id(), out5, x5, r, dcr, inverse, co, row0, lo)
 
 
+@njit(nogil=True, cache=True)
+def _take(out3, x3, idx, negative):
+    """out3 (A, K, B) = x3 (A, N, B) at rows idx (K,) (float values); returns the first bad index's position or -1
+    (checked before anything is written)."""
+    n = x3.shape[1]
+    lo = -n if negative else 0
+    for k in range(idx.size):
+        v = idx[k]
+        if not (v == np.floor(v) and v >= lo and v < n):
+            return k
+    for k in range(idx.size):
+        r = int(idx[k])
+        if r < 0:
+            r += n
+        for a in range(x3.shape[0]):
+            for b in range(x3.shape[2]):
+                out3[a, k, b] = x3[a, r, b]
+    return -1
+
+
+def take(out, x, indices, *, axis=0, negative=True, **_):
+    """kernels/reference.py `take` (the ValueError naming a bad index included), one numba loop."""
+    axis %= x.ndim
+    a, n = math.prod(x.shape[:axis]), x.shape[axis]
+    b = math.prod(x.shape[axis + 1:])
+    idx = np.ascontiguousarray(indices).reshape(-1)
+    bad = _take(out.reshape(a, idx.size, b), np.ascontiguousarray(x).reshape(a, n, b), idx, bool(negative))
+    if bad >= 0:
+        from . import reference as ref
+        ref.take(x, indices, axis, negative)       # raises the ValueError naming the index
+        raise ValueError(f"index {idx[bad]} out of range")      # pragma: no cover (the reference raises first)
+
+
 KERNELS = {"reshape": reshape, "permute": permute, "slice": slice_, "pad": pad, "concat": concat,
-           "channel_shuffle": channel_shuffle, "pixel_shuffle": pixel_shuffle}
+           "channel_shuffle": channel_shuffle, "pixel_shuffle": pixel_shuffle, "take": take}
 BLOCKED = frozenset({"slice", "pad", "concat", "channel_shuffle"})   # kernels with an NCHW16c form

@@ -322,6 +322,32 @@ def channel_shuffle(xs, groups, start=0, stop=None):
     return np.ascontiguousarray(y[:, start:stop])
 
 
+def take_check(idx, n: int, negative: bool):
+    """(position, value) of the first index that is not an integer in [-n, n) ([0, n) without negative), or None."""
+    f = np.asarray(idx, np.float64).reshape(-1)
+    lo = -n if negative else 0
+    bad = ~((f == np.floor(f)) & (f >= lo) & (f < n))       # NaN fails every comparison
+    if bad.any():
+        k = int(np.argmax(bad))
+        return k, float(f[k])
+    return None
+
+
+def take(x, indices, axis=0, negative=True):
+    """x's slices along `axis` at run-time indices (integer values held in a float tensor: an integer input's, see
+    ir/node.py check_inputs): np.take, (x.shape[:axis] + indices.shape + x.shape[axis + 1:]); nn.Embedding,
+    `table[t]`, ONNX Gather at computed indices. An index that is not an integer in range is a ValueError naming
+    it (PyTorch and ONNX Runtime refuse it too): never a wrong read."""
+    n = x.shape[axis]
+    bad = take_check(indices, n, negative)
+    if bad is not None:
+        lo = -n if negative else 0
+        raise ValueError(f"index {bad[1]:g} (element {bad[0]} of the indices) is out of range: expected an integer "
+                         f"in [{lo}, {n}) for axis {axis} of {tuple(x.shape)}")
+    i = np.asarray(indices, np.float64).astype(np.int64)
+    return np.ascontiguousarray(np.take(x, np.where(i < 0, i + n, i), axis=axis))
+
+
 def pixel_shuffle(x, factor, mode="crd", inverse=False):
     """PixelShuffle / DepthToSpace by r = factor, (N, C, H, W) -> (N, C/r^2, H r, W r): input channel
     c*r*r + i*r + j ("crd": PyTorch's, ONNX's CRD; "dcr": (i*r + j)*C/r^2 + c, ONNX's default) goes to

@@ -364,10 +364,36 @@ _INT_MOVES = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity"
 _INT_READERS = frozenset({"Shape", "Size", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"})
 
 
+def _take_at_integers(cx: Ctx, nd: OnnxNode) -> None:
+    """Gather, GatherElements of a 1-D tensor and GatherND with one index per row (batch_dims 0) at an integer
+    input's values: the IR's take (nn.Embedding, `alphas[t]`, `a.gather(-1, t)` as the exporters write them)."""
+    known = {"Gather": {"axis"}, "GatherElements": {"axis"}, "GatherND": {"batch_dims"}}[nd.op]
+    unknown = sorted(set(nd.attrs) - known)
+    if unknown:
+        raise nd.refuse(f"attribute(s) {unknown} are not supported; {nd.op} reads {sorted(known)}")
+    idx = cx.env[nd.inputs[1]]
+    data = cx.env[nd.inputs[0]] if nd.inputs[0] in cx.env else \
+        cx.net.constant(cx.fresh(nd.inputs[0]), cx.consts[nd.inputs[0]], dtype=idx.dtype)
+    axis = int(nd.attrs.get("axis", 0))
+    if nd.op == "GatherElements" and (len(data.shape) != 1 or len(idx.shape) != 1):
+        raise nd.refuse(f"GatherElements of a {len(data.shape)}-D tensor at an integer input's values; tilefuse "
+                        f"takes 1-D data and indices (a.gather(-1, t))")
+    if nd.op == "GatherND":
+        if nd.attrs.get("batch_dims", 0) != 0 or len(idx.shape) < 2 or idx.shape[-1] != 1:
+            raise nd.refuse(f"GatherND at an integer input's values of shape {idx.shape} (batch_dims "
+                            f"{nd.attrs.get('batch_dims', 0)}); tilefuse takes one index per row (..., 1), batch_dims 0")
+        idx = cx.net.reshape(idx, tuple(idx.shape[:-1]), name=cx.fresh(nd.name + ".indices"))
+        axis = 0
+    cx.env[nd.outputs[0]] = cx.net.take(data, idx, axis=axis, name=cx.fresh(nd.name))
+    if nd.inputs[0] in cx.ints:
+        cx.ints.add(nd.outputs[0])
+
+
 def _integer_use(cx: Ctx, nd: OnnxNode, ints: list[str]) -> bool:
     """A node reading an integer input's values (cx.ints): a Cast to the float dtype or to a 32 / 64-bit integer is
     the identity on the float tensor (True: done here); a move or a comparison imports as usual (False); integer
-    arithmetic (Add, Div: integer division) and a gather at run-time indices are refused by name."""
+    arithmetic (Add, Div: integer division) is refused by name; a Gather at them is the IR's take (a table read at
+    run-time indices, True)."""
     if nd.op in ("Cast", "CastLike"):
         src = cx.env[nd.inputs[0]]
         if nd.op == "CastLike":
@@ -383,10 +409,9 @@ def _integer_use(cx: Ctx, nd: OnnxNode, ints: list[str]) -> bool:
                             f"expected {np.dtype(src.dtype)} (what the network computes) or a 32 / 64-bit integer")
         cx.env[nd.outputs[0]] = src
         return True
-    if nd.op == "Gather" and nd.has(1) and nd.inputs[1] in cx.ints:
-        raise nd.refuse(f"Gather at the indices '{nd.inputs[1]}' (an integer input's values: a gather at run time); "
-                        f"tilefuse gathers at constant indices only (an embedding table read at run-time indices "
-                        f"is not supported)")
+    if nd.op in ("Gather", "GatherElements", "GatherND") and nd.has(1) and nd.inputs[1] in cx.ints:
+        _take_at_integers(cx, nd)      # a table read at run-time indices
+        return True
     if nd.op not in _INT_MOVES and nd.op not in _INT_READERS:
         raise nd.refuse(f"{nd.op} of the integer tensor '{ints[0]}' (an integer input's values): integer "
                         f"arithmetic; tilefuse computes in floats and takes an integer input through reshapes, "

@@ -903,6 +903,39 @@ def _scatter_operands(cx: Ctx, nd: OnnxNode):
     return data, updates, ind.astype(np.int64)
 
 
+def _gather_elements(cx: Ctx, nd: OnnxNode, used):
+    """GatherElements at constant indices: each output element is data at its own position with the axis
+    coordinate replaced by the index; the positions, in output order, cut into runs of consecutive ones (a slice
+    of the flattened data each), concatenated and reshaped. (At an integer input's values: onnx_import's take.)"""
+    data = cx.computed(nd, 0, "data")
+    ind = cx.const(nd, 1, "indices")
+    shp = tuple(data.shape)
+    ind = np.asarray(ind)
+    axis = int(nd.attrs.get("axis", 0))
+    if ind.dtype.kind not in "iu" or ind.ndim != len(shp) or not -len(shp) <= axis < len(shp) or \
+            any(a > b for d, (a, b) in enumerate(zip(ind.shape, shp)) if d != axis % len(shp)) or ind.size == 0:
+        raise GraphError(nd.where, f"GatherElements indices {ind.dtype} {ind.shape}, axis {axis} for data {shp}; "
+                                   f"expected integer indices of data's rank, within data's shape off the axis")
+    axis %= len(shp)
+    if ((ind < -shp[axis]) | (ind >= shp[axis])).any():
+        raise GraphError(nd.where, f"GatherElements index out of range for axis {axis} of {shp}")
+    coords = list(np.indices(ind.shape))
+    coords[axis] = np.where(ind < 0, ind + shp[axis], ind)
+    pos = np.ravel_multi_index(tuple(c.reshape(-1) for c in coords), shp)
+    cut = np.flatnonzero(pos[1:] != pos[:-1] + 1) + 1
+    starts, ends = np.concatenate([[0], cut]), np.concatenate([cut, [pos.size]])
+    if len(starts) > gather.MAX_RUNS:
+        raise nd.refuse(f"GatherElements at constant indices that make {len(starts)} runs; tilefuse builds up to "
+                        f"{gather.MAX_RUNS} (a slice each)")
+    size = int(np.prod(shp))
+    flat = data if len(shp) == 1 else cx.net.reshape(data, (size,), name=cx.fresh(nd.name + ".flat"))
+    parts = [flat if (int(pos[a]), int(b - a)) == (0, size) else
+             cx.net.slice(flat, 0, int(pos[a]), int(pos[a]) + int(b - a), 1, name=cx.fresh(nd.name + ".run"))
+             for a, b in zip(starts, ends)]
+    y = parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=0, name=cx.fresh(nd.name + ".runs"))
+    return cx.net.reshape(y, tuple(ind.shape), name=cx.fresh(nd.name))
+
+
 def _scatter_nd(cx: Ctx, nd: OnnxNode, used):
     """ScatterND at constant indices (the TorchScript exporter's `x[:, 0] = v`): indices (..., k) name slices of
     data (the first k axes), updates (indices.shape[:-1] + data.shape[k:]) fill them."""
@@ -1471,6 +1504,8 @@ RULES: dict[str, Rule] = {
                           "constant axes"),
     "AffineGrid": _r(_affine_grid, (20,), "align_corners", "matmul permute reshape",
                      "2-D: a computed theta (N, 2, 3), a constant size"),
+    "GatherElements": _r(_gather_elements, (11, 13), "axis", "reshape slice concat take",
+                         "constant indices (runs of the flattened data), or 1-D data at an integer input's values"),
     "ScatterND": _r(_scatter_nd, (11, 13, 16, 18), "reduction", "reshape slice concat",
                     "constant indices (a slice assignment), reduction none, each position written once"),
     "ScatterElements": _r(_scatter_elements, (11, 13, 16, 18), "axis reduction", "reshape slice concat",
