@@ -903,6 +903,17 @@ def _scatter_operands(cx: Ctx, nd: OnnxNode):
     return data, updates, ind.astype(np.int64)
 
 
+def _element_positions(nd: OnnxNode, ind: np.ndarray, axis: int, shp: tuple) -> np.ndarray:
+    """GatherElements / ScatterElements: the flat position in a tensor of shape shp of each element of ind (in
+    ind's flat order): its own position with the axis coordinate replaced by the index (negative from the end)."""
+    axis %= len(shp)
+    if ((ind < -shp[axis]) | (ind >= shp[axis])).any():
+        raise GraphError(nd.where, f"{nd.op} index out of range for axis {axis} of {shp}")
+    coords = list(np.indices(ind.shape))
+    coords[axis] = np.where(ind < 0, ind + shp[axis], ind)
+    return np.ravel_multi_index(tuple(c.reshape(-1) for c in coords), shp)
+
+
 def _gather_elements(cx: Ctx, nd: OnnxNode, used):
     """GatherElements at constant indices: each output element is data at its own position with the axis
     coordinate replaced by the index; the positions, in output order, cut into runs of consecutive ones (a slice
@@ -916,12 +927,7 @@ def _gather_elements(cx: Ctx, nd: OnnxNode, used):
             any(a > b for d, (a, b) in enumerate(zip(ind.shape, shp)) if d != axis % len(shp)) or ind.size == 0:
         raise GraphError(nd.where, f"GatherElements indices {ind.dtype} {ind.shape}, axis {axis} for data {shp}; "
                                    f"expected integer indices of data's rank, within data's shape off the axis")
-    axis %= len(shp)
-    if ((ind < -shp[axis]) | (ind >= shp[axis])).any():
-        raise GraphError(nd.where, f"GatherElements index out of range for axis {axis} of {shp}")
-    coords = list(np.indices(ind.shape))
-    coords[axis] = np.where(ind < 0, ind + shp[axis], ind)
-    pos = np.ravel_multi_index(tuple(c.reshape(-1) for c in coords), shp)
+    pos = _element_positions(nd, ind, axis, shp)
     cut = np.flatnonzero(pos[1:] != pos[:-1] + 1) + 1
     starts, ends = np.concatenate([[0], cut]), np.concatenate([cut, [pos.size]])
     if len(starts) > gather.MAX_RUNS:
@@ -966,13 +972,7 @@ def _scatter_elements(cx: Ctx, nd: OnnxNode, used):
             any(a > b for a, b in zip(ind.shape, shp)):
         raise GraphError(nd.where, f"{nd.op} indices {ind.shape}, updates {updates.shape}, axis {axis} for data "
                                    f"{shp}; expected indices and updates of one shape within data's")
-    axis %= len(shp)
-    if ((ind < -shp[axis]) | (ind >= shp[axis])).any():
-        raise GraphError(nd.where, f"{nd.op} index out of range for axis {axis} of {shp}")
-    coords = list(np.indices(ind.shape))
-    coords[axis] = np.where(ind < 0, ind + shp[axis], ind)
-    target = np.ravel_multi_index(tuple(c.reshape(-1) for c in coords), shp)
-    return _scatter_result(cx, nd, data, updates, target)
+    return _scatter_result(cx, nd, data, updates, _element_positions(nd, ind, axis, shp))
 
 
 def _upsample(cx: Ctx, nd: OnnxNode, used):
