@@ -795,10 +795,8 @@ def _grid_sample(cx: Ctx, nd: OnnxNode, used):
     x = cx.computed(nd, 0)
     g = cx.net.constant(cx.fresh(nd.inputs[1]), cx.consts[nd.inputs[1]], dtype=x.dtype) if cx.is_const(nd, 1) \
         else cx.computed(nd, 1, "grid")
-    mode = nd.attrs.get("mode", b"bilinear" if nd.version < 20 else b"linear")
-    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
-    pad = nd.attrs.get("padding_mode", b"zeros")
-    pad = pad.decode() if isinstance(pad, bytes) else str(pad)
+    mode = _str(nd.attrs, "mode", "bilinear" if nd.version < 20 else "linear")
+    pad = _str(nd.attrs, "padding_mode", "zeros")
     if mode not in ("bilinear", "linear", "nearest") or len(x.shape) != 4:
         raise nd.refuse(f"GridSample mode {mode!r} of a {len(x.shape)}-D input; tilefuse samples 4-D (N, C, H, W) "
                         f"inputs, mode {'bilinear' if nd.version < 20 else 'linear'} or nearest")
@@ -883,8 +881,7 @@ def _scatter_result(cx: Ctx, nd: OnnxNode, data: DataNode, updates: DataNode, ta
 
 
 def _scatter_operands(cx: Ctx, nd: OnnxNode):
-    red = nd.attrs.get("reduction", b"none")
-    red = red.decode() if isinstance(red, bytes) else str(red)
+    red = _str(nd.attrs, "reduction", "none")
     if red != "none":
         raise nd.refuse(f"{nd.op} with reduction '{red}'; tilefuse writes (reduction 'none')")
     if not (cx.is_const(nd, 1)):
