@@ -16,6 +16,10 @@ channels-last, `torch.flatten(x, 1)` and `x.view(x.size(0), -1)`, ...) and check
 - "train_modern": the draws of "torch" in training mode (`build_train_modern`: every block kind, per-pixel labels
   for a dense output) -> `from_torch` -> `Trainer`, the same comparison.
 
+Seeds from FLIPS_FROM wrap blocks in flips (test-time augmentation, channel reversal); seeds from WARPS_FROM in
+grid_sample warps (a flow warp, a spatial transformer, a quarter-pixel shift) and swap activations for sin / cos
+ones (SIREN, snake).
+
 fp32, max error <= 1e-4 x max|reference| (issue 9's criterion). A tilefuse refusal is a finding too: every op
 drawn is in the documented vocabulary (docs/ops.md).
 
@@ -424,6 +428,7 @@ def _draws(seed: int):
         _swap_norms(module, seed, attempt)
         _swap_math(module, seed, attempt)
         _swap_flips(module, seed, attempt)
+        _swap_warps(module, seed, attempt)
         yield r, module, x
     raise RuntimeError(f"seed {seed}: no valid draw in 50 tries")
 
@@ -658,6 +663,85 @@ def _swap_flips(module, seed: int, attempt: int) -> None:
             if isinstance(child, (nn.Linear, Head)) or s.random() >= 1 / 6:
                 continue
             setattr(m, name, _Flipped(child, s))
+
+
+# seeds from here on draw warps and periodic activations (`_swap_warps`); the seeds below keep their networks
+WARPS_FROM = 126 * 10 ** 6
+
+
+class _Periodic(nn.Module):
+    """sin / cos activations as model code writes them: SIREN's sin(w0 x), the snake activation
+    x + sin(a x)^2 / a (BigVGAN's `x + (1.0 / alpha) * pow(sin(x * alpha), 2)`), a cosine gate x cos(x)."""
+    KINDS = ("siren", "snake", "cos")
+
+    def __init__(self, s):
+        super().__init__()
+        self.kind, self.a = _pick(s, self.KINDS), float(s.uniform(0.5, 4.0))
+
+    def forward(self, x):
+        if self.kind == "siren":
+            return torch.sin(self.a * x)
+        if self.kind == "snake":
+            return x + (1.0 / self.a) * torch.pow(torch.sin(x * self.a), 2)
+        return x * torch.cos(x)
+
+
+class _Warped(nn.Module):
+    """A block whose output is resampled by F.grid_sample, as model code writes it: RAFT's flow warp (a pixel
+    grid from torch.meshgrid plus a flow computed from the features, normalized by `2 * x / (W - 1) - 1`,
+    bilinear, align_corners=True), a spatial transformer (F.affine_grid of a theta that the features move),
+    a constant shift by a quarter-pixel amount (nearest or bilinear: a nearest sample never lands within rounding
+    of a tie between two pixels). Padding mode and align_corners drawn."""
+    KINDS = ("flow", "affine", "shift")
+
+    def __init__(self, block, s):
+        super().__init__()
+        self.block, self.kind = block, _pick(s, self.KINDS)
+        self.padding = _pick(s, ("zeros", "border", "reflection"))
+        self.align = bool(s.random() < 0.5)
+        self.mode = _pick(s, ("nearest", "bilinear"))
+        self.amp = float(s.uniform(0.5, 3.0))
+        self.register_buffer("theta", torch.from_numpy(
+            (np.eye(2, 3) + s.uniform(-0.2, 0.2, (2, 3))).astype(np.float32)))
+        self.register_buffer("dir", torch.from_numpy(s.uniform(-1.0, 1.0, (2, 3)).astype(np.float32)))
+        self.shift = tuple(float(_pick(s, (-2.75, -1.25, -0.75, -0.25, 0.25, 0.75, 1.25, 2.75))) for _ in "xy")
+
+    def forward(self, x):
+        y = self.block(x)
+        n, _, h, w = y.shape
+        if self.kind == "flow":
+            f = torch.tanh(y.mean(1, keepdim=True)) * self.amp                      # (N, 1, H, W) pixels
+            flow = torch.cat([f, -0.5 * f], dim=1)
+            ys, xs = torch.meshgrid(torch.arange(h, dtype=y.dtype), torch.arange(w, dtype=y.dtype), indexing="ij")
+            coords = torch.stack([xs, ys], dim=0)[None] + flow                      # (N, 2, H, W)
+            gx = 2 * coords[:, 0] / max(w - 1, 1) - 1
+            gy = 2 * coords[:, 1] / max(h - 1, 1) - 1
+            grid = torch.stack([gx, gy], dim=-1)                                    # (N, H, W, 2)
+            return F.grid_sample(y, grid, mode="bilinear", padding_mode=self.padding, align_corners=True)
+        if self.kind == "affine":
+            theta = self.theta + 0.1 * torch.tanh(y.mean((1, 2, 3)))[:, None, None] * self.dir    # (N, 2, 3)
+            grid = F.affine_grid(theta, list(y.size()), align_corners=self.align)
+            return F.grid_sample(y, grid, padding_mode=self.padding, align_corners=self.align)
+        step_x = 2.0 / max(w - 1, 1) if self.align else 2.0 / w                    # one pixel, normalized
+        step_y = 2.0 / max(h - 1, 1) if self.align else 2.0 / h
+        theta = torch.tensor([[1.0, 0.0, self.shift[0] * step_x], [0.0, 1.0, self.shift[1] * step_y]], dtype=y.dtype)
+        grid = F.affine_grid(theta[None].expand(n, 2, 3), [n, 1, h, w], align_corners=self.align)
+        return F.grid_sample(y, grid, mode=self.mode, padding_mode=self.padding, align_corners=self.align)
+
+
+def _swap_warps(module, seed: int, attempt: int) -> None:
+    """For seeds from WARPS_FROM: a sixth of the blocks wrapped in `_Warped` and an eighth of the remaining
+    activations swapped for `_Periodic`, from a side generator, so that the main draws stay what they were."""
+    if seed < WARPS_FROM:
+        return
+    s = np.random.default_rng([seed, attempt, 17])
+    for m in list(module.modules()):
+        for name, child in list(m.named_children()):
+            if isinstance(child, _ACT_TYPES) and s.random() < 1 / 8:
+                setattr(m, name, _Periodic(s))
+            elif isinstance(m, (nn.ModuleList, nn.Sequential)) and not isinstance(child, (nn.Linear, Head)) \
+                    and s.random() < 1 / 6:
+                setattr(m, name, _Warped(child, s))
 
 
 def _draw(r):

@@ -364,7 +364,8 @@ class _TimesHalf(nn.Module):
 
 def test_integer_arithmetic_is_refused_by_name():
     """Integer arithmetic would be computed in float (t // 2 is not a float division): refused naming the op; ops
-    with a float result are imported, and so is a table read at t (the IR's take, tests/test_take.py)."""
+    with a float result are imported, and so is a table read at t (the IR's take, tests/test_take.py); t returned
+    is returned as int64."""
     x, t = _inputs(int_t=True)
     ex = (torch.from_numpy(x), torch.from_numpy(t))
     with pytest.raises(tilefuse.UnsupportedOpError, match=r"aten.add.Tensor: integer arithmetic on 't' .* convert "
@@ -372,8 +373,9 @@ def test_integer_arithmetic_is_refused_by_name():
         tilefuse.from_torch(_PlusOne(), ex)
     with pytest.raises(tilefuse.UnsupportedOpError, match=r"integer arithmetic on 't'"):
         tilefuse.from_torch(_FloorHalf(), ex)
-    with pytest.raises(tilefuse.UnsupportedOpError, match=r"returning the integer tensor 'unsqueeze'"):
-        tilefuse.from_torch(_ReturnsT(), ex)
+    net = tilefuse.from_torch(_ReturnsT(), ex)            # an integer input's values returned: as int64
+    y, tt = tilefuse.compile(net).run([x, t])
+    assert tt.dtype == np.int64 and np.array_equal(tt, t[:, None])
     with pytest.raises(tilefuse.UnsupportedOpError, match=r"node '/Div' \(Div-14\): Div of the integer tensor 't'"):
         tilefuse.from_onnx(_export(_FloorHalf(), x, t, "torchscript"))
     for m in (_TableAtT(), _TimesHalf()):

@@ -215,10 +215,6 @@ def test_what_is_refused_is_refused_by_name():
         net.grid_sample(a, net.input("g", (1, 8, 8, 3)))
     with pytest.raises(tilefuse.GraphError, match=r"padding_mode 'circular'; expected one of"):
         net.grid_sample(a, net.input("g2", (1, 8, 8, 2)), padding_mode="circular")
-    from tilefuse.training import Trainer
-    net = tilefuse.from_torch(STN().eval(), torch.randn(2, 1, 28, 28))
-    with pytest.raises(tilefuse.UnsupportedOpError, match=r"op 'grid_sample' has no backward in the trainer"):
-        Trainer(net)
 
 
 @pytest.mark.parametrize("exporter,opset", [("torchscript", 16), ("dynamo", 20)])

@@ -24,10 +24,19 @@ FLIP_SEEDS = {109000033: {"out_h", "channels", "index"}, 109000036: {"tta", "out
               109000037: {"out_hw", "out_h", "channels", "in_w"}}
 TORCH_SEEDS += list(FLIP_SEEDS)
 ONNX_SEEDS += [109000033, 109000037]
+# seeds from random_torch.WARPS_FROM draw grid_sample warps around blocks (`_Warped`: RAFT's flow warp, an STN's
+# affine_grid of a computed theta, a constant quarter-pixel shift, nearest or bilinear) and sin / cos activations
+# (`_Periodic`); 126000006's affine_grid has a one-pixel axis, whose ATen decomposition PyTorch's own
+# run_decompositions rejected (from_torch keeps affine_grid_generator whole since)
+WARP_SEEDS = {126000004: ({("affine", "bilinear"), ("shift", "bilinear")}, {"snake"}),
+              126000006: ({("affine", "bilinear"), ("flow", "bilinear"), ("shift", "nearest")}, {"cos"}),
+              126000008: ({("flow", "bilinear"), ("shift", "bilinear"), ("shift", "nearest")}, {"siren"})}
+TORCH_SEEDS += list(WARP_SEEDS)
+ONNX_SEEDS += [126000006, 126000008]
 # 95000019: an export without L2Norm's `+ 1e-10` (0 / 0 at an all-zero position) whose NaN meets a max pool:
 # ONNX Runtime's pool drops it, PyTorch's and tilefuse's keep it
-DYNAMO_SEEDS = [0, 1, 45, 95000019]
-STREAM_SEEDS = list(range(0, 16)) + [45, 109000036, 109000037]
+DYNAMO_SEEDS = [0, 1, 45, 95000019, 126000006]
+STREAM_SEEDS = list(range(0, 16)) + [45, 109000036, 109000037, 126000008]
 TRAIN_SEEDS = list(range(0, 16)) + [70001998]   # 70001998: a true gradient of 0 in rounding noise
 # the whole vocabulary trained: 42 and 43 (F.normalize's constant ones, L2Norm's `weight.view(1, -1, 1, 1)`:
 # refused before), 1000062 and 1000082 (F.normalize of an all-zero position: NaN gradients before), 1000192 (an
@@ -40,7 +49,8 @@ TRAIN_SEEDS = list(range(0, 16)) + [70001998]   # 70001998: a true gradient of 0
 # 65001588, 65003019: draws that float32's rounding of a layer's output decides (checked on the loss only; they
 # fail if `check_train_modern` stops probing that rounding)
 TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 8000513, 12000641, 65001588,
-                                           65003019, 109000007, 109000019]   # the last two: flips trained
+                                           65003019, 109000007, 109000019,   # these two: flips trained
+                                           126000002, 126000010]   # warps trained (grid_sample's backward)
 
 
 @pytest.mark.parametrize("seed,kinds", FLIP_SEEDS.items())
@@ -51,6 +61,18 @@ def test_flip_seeds_draw_their_flips(seed, kinds):
     assert {m.kind for m in module.modules() if isinstance(m, RT._Flipped)} == kinds
     module, _ = RT.build(seed - RT.FLIPS_FROM)
     assert not any(isinstance(m, RT._Flipped) for m in module.modules())
+
+
+@pytest.mark.parametrize("seed,kinds", WARP_SEEDS.items())
+def test_warp_seeds_draw_their_warps(seed, kinds):
+    """The warp seeds above still draw the warps and periodic activations they were chosen for, and the seeds
+    below WARPS_FROM none."""
+    module, _ = RT.build(seed)
+    warps = {(m.kind, m.mode if m.kind == "shift" else "bilinear") for m in module.modules()
+             if isinstance(m, RT._Warped)}
+    assert (warps, {m.kind for m in module.modules() if isinstance(m, RT._Periodic)}) == kinds
+    module, _ = RT.build(seed - RT.WARPS_FROM)
+    assert not any(isinstance(m, (RT._Warped, RT._Periodic)) for m in module.modules())
 
 
 @pytest.mark.parametrize("seed", TORCH_SEEDS)

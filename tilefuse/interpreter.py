@@ -8,7 +8,7 @@ import numpy as np
 
 from .errors import GraphError
 from .ir import Network
-from .ir.node import check_inputs
+from .ir.node import check_inputs, integer_results
 from .ir.ops import schema
 
 
@@ -44,4 +44,5 @@ def evaluate(net: Network, inputs, return_all: bool = False):
             values[out.name] = y
     if return_all:
         return values
-    return [env[id(d)] for d in net.outputs]
+    return integer_results([env[id(d)] for d in net.outputs], [d.name for d in net.outputs], net.integer_outputs,
+                           net.name)

@@ -312,6 +312,8 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
             "gflops": sum(low.flops) / 1e9, "target": target}
     if net.integer_inputs:
         meta["integer_inputs"] = dict(net.integer_inputs)
+    if net.integer_outputs:
+        meta["integer_outputs"] = dict(net.integer_outputs)
     pkg = reoff_pack(net.name, low, mem, meta)
     _share_constants(low, pkg)                               # one copy of the constants, in the package
     validate_package(pkg, f"compiled '{net.name}'")           # what a loader would check, now

@@ -441,20 +441,24 @@ def _validate_package(pkg: DataPackage, where: str) -> None:
         i = kinds.index("input", kinds.index("output"))
         raise PackageError(f"{where}: io slot {i} (input '{pkg.io[i].name}') follows an output; expected the "
                            f"inputs first, then the outputs (a run passes their addresses in that order)")
-    ints = pkg.meta.get("integer_inputs")
-    if ints is not None:        # {input name: integer dtype}: a run converts such arrays (ir/node.py check_inputs)
-        floats = {s.name for s in pkg.inputs if np.dtype(s.dtype).kind == "f"}
+    # {input name: integer dtype}: a run converts such arrays (ir/node.py check_inputs); {output name: integer
+    # dtype}: a run checks and converts such outputs (ir/node.py integer_results)
+    for key, kind, slots in (("integer_inputs", "input", pkg.inputs), ("integer_outputs", "output", pkg.outputs)):
+        ints = pkg.meta.get(key)
+        if ints is None:
+            continue
+        floats = {s.name for s in slots if np.dtype(s.dtype).kind == "f"}
         if not isinstance(ints, dict) or not all(isinstance(k, str) and k in floats and isinstance(v, str)
                                                  for k, v in ints.items()):
-            raise PackageError(f"{where}: meta integer_inputs {ints!r}; expected {{input name: integer dtype}} "
-                               f"naming float inputs among {sorted(floats)}")
+            raise PackageError(f"{where}: meta {key} {ints!r}; expected {{{kind} name: integer dtype}} "
+                               f"naming float {kind}s among {sorted(floats)}")
         for k, v in ints.items():
             try:
                 ok = np.dtype(v).kind in "iu"
             except TypeError:
                 ok = False
             if not ok:
-                raise PackageError(f"{where}: meta integer_inputs gives input '{k}' the dtype {v!r}; expected an "
+                raise PackageError(f"{where}: meta {key} gives {kind} '{k}' the dtype {v!r}; expected an "
                                    f"integer dtype")
     validate_program(pkg, where)
 

@@ -82,15 +82,26 @@ def from_torch(module, example_input, name: str | None = None) -> Network:
                     f"shapes only, not on tensor values") from e
             # fast path: the exported graph as is, when every op maps and no mutation aliases a view;
             # else (the general path) functionalized and decomposed to core ATen, which takes seconds
+            net = None
             if _mutations_are_local(ep):
                 try:
-                    return _Importer(ep, name, direct=True).run(examples)
+                    net = _Importer(ep, name, direct=True).run(examples)
                 except _NeedsDecomposition:
                     pass
-            ep = ep.run_decompositions(_decomposition_table())
-        return _Importer(ep, name).run(examples)
+            if net is None:
+                ep = ep.run_decompositions(_decomposition_table())
+        if net is None:
+            net = _Importer(ep, name).run(examples)
+        net.module_buffers = _persistent_buffers(module)
+        return net
     finally:
         module.train(was_training)
+
+
+def _persistent_buffers(module) -> dict:
+    """The module's persistent buffers by state-dict key, as numpy copies (`Network.module_buffers`)."""
+    names = {k for k, _ in module.named_buffers()}
+    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items() if k in names}
 
 
 class _NeedsDecomposition(Exception):
@@ -152,7 +163,8 @@ def _preserved():
             a.hardtanh.default, a.gelu.default, a.elu.default, a.leaky_relu.default, a.group_norm.default,
             a.instance_norm.default,
             a.mish.default, a.softplus.default, a.celu.default, a.selu.default, a.log_sigmoid.default,
-            a.scaled_dot_product_attention.default, a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec]
+            a.scaled_dot_product_attention.default, a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec,
+            a.affine_grid_generator.default]
 
 
 def _decomposition_table():
@@ -223,7 +235,8 @@ class Const:
 
 # ATen ops that give a tensor's elements in their own order (with as many elements: a view of all of them)
 _VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias", "detach", "clone",
-                       "contiguous", "slice", "select", "lift_fresh_copy", "_to_copy", "flatten", "unflatten"})
+                       "contiguous", "slice", "select", "lift_fresh_copy", "_to_copy", "flatten", "unflatten",
+                       "expand"})
 
 # ATen ops that move an integer input's values without computing with them: an integer-valued tensor (from an
 # input the model takes as int64: a diffusion model's timesteps) may pass through these, and leave the integers
@@ -398,15 +411,12 @@ class _Importer:
                 if ints:
                     self._check_integer_use(n)
                 self.env[n] = self.call(n)
-                if ints and _integer_result(n):
+                if (ints and _integer_result(n)) or _index_result(n):
                     self.int_nodes.add(n)
             elif n.op == "output":
-                bad = next((a for a in n.all_input_nodes if a in self.int_nodes), None)
-                if bad is not None:
-                    raise self.fail(f"returning the integer tensor '{bad.name}' (an integer input's values)",
-                                    "tilefuse computes float outputs: return t.float() or a result computed "
-                                    "from it")
-                self.outputs(self.load(n.args[0]))
+                fx = _flatten(n.args[0])
+                self.outputs(self.load(n.args[0]),
+                             [_INT_DTYPES.get(_result_dtype(a)) if a in self.int_nodes else None for a in fx])
             elif n.op == "get_attr":
                 self.env[n] = Const(getattr(self.ep.graph_module, n.target), str(n.target))
             else:  # pragma: no cover
@@ -510,11 +520,14 @@ class _Importer:
                              for i, t in enumerate(out))
         return out
 
-    def outputs(self, result) -> None:
+    def outputs(self, result, integer=None) -> None:
+        """The network's outputs; integer[i]: the integer dtype output i is returned as (an argmax, an integer
+        input moved), or None."""
         flat = _flatten(result)
+        integer = integer or [None] * len(flat)
         if not flat:
             raise GraphError(self.net.name, "forward() returns no tensor; expected at least one")
-        for v in flat:
+        for v, dt in zip(flat, integer):
             if isinstance(v, Const):
                 raise GraphError(self.net.name, f"forward() returns the constant '{v.key}'; expected tensors "
                                                 f"computed from the inputs")
@@ -522,7 +535,7 @@ class _Importer:
             if d.producer is None or any(d is o for o in self.net.outputs):
                 # an input returned as is, or the same tensor returned twice: copy it
                 d = self.net.dropout(d, 0.0, name=self.unique(f"{d.name}.copy"))
-            self.net.output(d)
+            self.net.output(d, integer=dt)
 
 
 def _result_dtype(n):
@@ -535,6 +548,14 @@ def _integer_result(n) -> bool:
     """The FX node's result (its first, for an op of several) is an integer tensor."""
     dt = _result_dtype(n)
     return dt is not None and not dt.is_floating_point and not dt.is_complex and dt != torch.bool
+
+
+def _index_result(n) -> bool:
+    """The FX node computes indices (the IR's argmax): argmax, argmin, or max / min over a dim (its second
+    result)."""
+    t = getattr(n, "target", None)
+    name = getattr(t, "_opname", "")
+    return name in ("argmax", "argmin") or (name in ("max", "min") and getattr(t, "_overloadname", "") == "dim")
 
 
 def _flatten(v) -> list:
@@ -811,7 +832,7 @@ def _min(imp, x, *rest, **kw):
     overload = imp.node.target._overloadname
     if overload == "dim":
         dim, keepdim = (list(rest) + [kw.get("dim"), kw.get("keepdim", False)][len(rest):])[:2]
-        return (_amin(imp, x, [dim], keepdim), _Unsupported(imp, "the indices of min over a dim (argmin)"))
+        return (_amin(imp, x, [dim], keepdim), _arg_extreme(False)(imp, x, dim, keepdim))
     if overload == "default":
         return _amin(imp, x, None, False)
     if overload == "other":                 # torch.min(a, b): the element-wise minimum
@@ -868,8 +889,21 @@ def _reduce(kind):
 
 
 def _max_dim(imp, x, dim, keepdim=False):
-    """aten.max.dim: (values, indices); the values are the max reduce, the indices refused where used."""
-    return (_reduce("max")(imp, x, [dim], keepdim), _Unsupported(imp, "the indices of max over a dim (argmax)"))
+    """aten.max.dim: (values, indices): the max reduce and the argmax."""
+    return (_reduce("max")(imp, x, [dim], keepdim), _arg_extreme(True)(imp, x, dim, keepdim))
+
+
+def _arg_extreme(largest: bool):
+    """aten.argmax / argmin along a dim (the first extreme; NaN is the extreme): the IR's argmax, an integer
+    tensor (`_Importer.int_nodes`: moved, compared or converted to float, returned as int64)."""
+    def f(imp, x, dim=None, keepdim=False):
+        x = imp.tensor(x)
+        what = "argmax" if largest else "argmin"
+        if dim is None:
+            raise imp.fail(f"{what} over every value of {x.shape} (a 0-d index)",
+                           f"tilefuse has no 0-d tensors: {what}(dim=...) along one axis")
+        return imp.net.argmax(x, int(dim), bool(keepdim), largest, name=imp.op_name())
+    return f
 
 
 def _max(imp, x, *rest, **kw):
@@ -1413,6 +1447,16 @@ def _grid_sampler(imp, x, grid, interpolation_mode, padding_mode, align_corners)
                                name=imp.op_name())
 
 
+def _affine_grid_generator(imp, theta, size, align_corners):
+    """F.affine_grid of a computed theta (N, 2, 3) for a 4-D size (`Network.affine_grid`: ATen's base grid times
+    theta transposed); a constant theta folds. Kept from decomposition: ATen's decomposition of a one-pixel axis
+    writes a tensor literal that PyTorch's own run_decompositions rejects."""
+    theta = imp.tensor(theta, "theta")
+    if len(size) != 4:
+        raise imp.fail(f"affine_grid of size {list(size)}", "a 4-D (N, C, H, W) size (2-D grids)")
+    return imp.net.affine_grid(theta, [int(v) for v in size], bool(align_corners), name=imp.op_name())
+
+
 def _repeat(imp, x, repeats):
     """x.repeat(*sizes) / torch.tile (a grey image to three channels: `x.repeat(1, 3, 1, 1)`): along an axis of size
     1 a broadcast (`_expand`: x * ones), along a larger one the copies concatenated, as ONNX's Tile."""
@@ -1508,6 +1552,8 @@ _ATEN = {
     "mean": _reduce("mean"),
     "sum": _reduce("sum"),
     "amax": _reduce("max"),
+    "argmax": _arg_extreme(True),
+    "argmin": _arg_extreme(False),
     "maximum": _binary("maximum"),
     "gt": _compare("gt"),
     "ge": _compare("ge"),
@@ -1590,6 +1636,7 @@ _ATEN = {
     "expand": _expand,
     "repeat": _repeat,
     "grid_sampler": _grid_sampler,
+    "affine_grid_generator": _affine_grid_generator,
     "copy": _copy,
     "grid_sampler_2d": _grid_sampler,
     "local_response_norm": _lrn,

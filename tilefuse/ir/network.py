@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import GraphError
+from ..kernels import reference as ref
 from . import ops as opdefs
 from .node import DataNode, OpNode, integer_dtype
 
@@ -48,6 +49,13 @@ class Network:
         # its float dtype, and a run takes an integer array for it where every value is exact in that float
         # (ir/node.py check_inputs); a diffusion model's timesteps
         self.integer_inputs: dict[str, str] = {}
+        # output name -> the integer dtype it is returned as (`output(..., integer=)`: argmax's indices, computed as
+        # exact floats): a run checks that every value is an integer and converts (runtime/session.py)
+        self.integer_outputs: dict[str, str] = {}
+        # state-dict key -> value of each persistent buffer of the module an importer read (from_torch): the
+        # Trainer's state_dict hands back those that training does not update (a normalization's `mean` / `std`,
+        # a spatial transformer's base theta) as they were, so that the module's load_state_dict takes it whole
+        self.module_buffers: dict[str, np.ndarray] = {}
         if ops:
             self.ops = _toposort(list(ops), self.inputs)
             for op in self.ops:
@@ -138,8 +146,10 @@ class Network:
         d.bind_constant(a.astype(dtype, copy=False))
         return d
 
-    def output(self, *nodes: DataNode) -> None:
-        """Mark data nodes as network outputs (in order)."""
+    def output(self, *nodes: DataNode, integer=None) -> None:
+        """Mark data nodes as network outputs (in order). `integer`: an integer dtype (np.int64) the outputs are
+        returned as (`integer_outputs`): their values are integers (argmax's indices), which a run checks and
+        converts."""
         for d in nodes:
             if not isinstance(d, DataNode):
                 raise GraphError(self.name, f"output() takes DataNodes, got {type(d).__name__}")
@@ -150,6 +160,8 @@ class Network:
             if any(d is o for o in self.outputs):
                 raise GraphError(d.name, "is already a network output")
             self.outputs.append(d)
+            if integer is not None:
+                self.integer_outputs[d.name] = integer_dtype(integer, d.name).str
 
     def add_op(self, op: str, inputs: Sequence[DataNode], params: dict | None = None,
                name: str | None = None) -> DataNode:
@@ -494,6 +506,28 @@ class Network:
         return self.add_op("grid_sample", [x, grid], {"mode": mode, "padding_mode": padding_mode,
                                                       "align_corners": align_corners}, name)
 
+    def argmax(self, x: DataNode, axis: int, keepdim: bool = False, largest: bool = True, select_last: bool = False,
+               name: str | None = None) -> DataNode:
+        """The index along `axis` of the largest value (largest=False: the smallest) as a float of x's dtype;
+        ties: the first (select_last: the last). Mark an output of it with `output(..., integer=np.int64)`."""
+        return self.add_op("argmax", [x], dict(axis=axis, keepdim=keepdim, largest=largest,
+                                               select_last=select_last), name)
+
+    def affine_grid(self, theta: DataNode, size, align_corners: bool = False, name: str | None = None) -> DataNode:
+        """F.affine_grid / ONNX AffineGrid of a computed theta (N, 2, 3) for size (N, C, H, W): the (N, H, W, 2)
+        grid, ATen's base grid (x, y, 1) per position (a fixed constant '<name>.base') times theta transposed."""
+        base = self._name("affine_grid", name)
+        n, _, h, w = (int(v) for v in size)
+        if tuple(theta.shape) != (n, 2, 3) or min(h, w) < 1:
+            raise GraphError(base, f"theta '{theta.name}' has shape {theta.shape} for size {[int(v) for v in size]}; "
+                                   f"expected ({n}, 2, 3) and positive H, W")
+        grid0 = self.constant(f"{base}.base", ref.affine_grid_base(h, w, bool(align_corners), theta.dtype),
+                              dtype=theta.dtype)                                    # (1, H W, 3)
+        self.constant_origin[grid0.name] = "buffer"
+        tt = self.permute(theta, (0, 2, 1), name=f"{base}.theta_t")                 # (N, 3, 2)
+        g = self.matmul(grid0, tt, name=f"{base}.matmul")                           # (N, H W, 2)
+        return self.reshape(g, (n, h, w, 2), name=base)
+
     def slice(self, x: DataNode, axis: int, start: int = 0, stop: int | None = None, step: int = 1,
               name: str | None = None) -> DataNode:
         return self.add_op("slice", [x], dict(axis=axis, start=start, stop=stop, step=step), name)
@@ -649,6 +683,8 @@ class Network:
         new.constant_origin = dict(self.constant_origin)
         new.constant_alias = dict(self.constant_alias)
         new.integer_inputs = dict(self.integer_inputs)
+        new.integer_outputs = dict(self.integer_outputs)
+        new.module_buffers = dict(self.module_buffers)
         new._counter = itertools.count(next(self._counter))
         return new
 

@@ -68,6 +68,29 @@ def integer_dtype(dtype, where: str) -> np.dtype:
     return dt
 
 
+def integer_results(values: list, names, ints: dict, where: str) -> list:
+    """The outputs named in `ints` (output name -> integer dtype: `Network.integer_outputs`, a package's
+    meta["integer_outputs"]) converted to that dtype, the rest as they are. Each value must be an integer in the
+    dtype's range (an argmax's index is); RuntimeError naming the output, the position and the value otherwise."""
+    if not ints:
+        return values
+    out = []
+    for y, name in zip(values, names):
+        dt = ints.get(name)
+        if dt is None:
+            out.append(y)
+            continue
+        with np.errstate(invalid="ignore"):
+            yi = np.asarray(y).astype(np.dtype(dt))
+            bad = yi != y
+        if bad.any():
+            pos = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
+            raise RuntimeError(f"{where}: output '{name}' is declared {np.dtype(dt)}, but holds "
+                               f"{np.asarray(y)[pos].item()!r} at {pos}; expected integers (an index op's output)")
+        out.append(yi)
+    return out
+
+
 def exact_integers(dt) -> int:
     """The largest integer magnitude up to which every integer is exact in the float dtype dt (2^24 for float32)."""
     return 1 << (np.finfo(dt).nmant + 1)

@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import GraphError
 from ..kernels import activations as _acts
 from ..kernels import reference as ref
+from .node import exact_integers
 
 Shape = tuple[int, ...]
 
@@ -714,6 +715,31 @@ for _kind in ("mean", "sum", "max"):
                        (lambda k: lambda x, axes, keepdim: ref.reduce(
                            k, x, tuple(a % x.ndim for a in axes), keepdim))(_kind),
                        lambda i, o, p: _prod(i[0])))
+
+
+def _argmax_norm(node, p):
+    return {"axis": _int(node, "axis", p.get("axis", 0)), "keepdim": bool(p.get("keepdim", False)),
+            "largest": bool(p.get("largest", True)), "select_last": bool(p.get("select_last", False))}
+
+
+def _argmax_infer(node, ins, p):
+    x = ins[0]
+    (axis,) = _resolve_axes(node, (p["axis"],), len(x.shape))
+    if x.shape[axis] > exact_integers(x.dtype):
+        raise GraphError(node, f"argmax along axis {axis} of {x.shape}: indices up to {x.shape[axis] - 1} are not "
+                               f"exact in {np.dtype(x.dtype)}; expected at most {exact_integers(x.dtype)} values")
+    out = ref._reduced_shape(x.shape, (axis,), p["keepdim"])
+    if not out:
+        raise GraphError(node, f"argmax of the 1-D {x.shape} without keepdim gives a scalar; expected keepdim=True")
+    return out
+
+
+# out = the index along axis of the largest value (largest=False: the smallest) as a float of x's dtype (exact:
+# at most 2^24 values for float32); ties: the first (select_last: the last); NaN counts as the extreme. Its
+# outputs are integers: a network output of it is declared `Network.output(..., integer=np.int64)` and a run
+# returns that dtype (torch.argmax / argmin, max(dim)'s indices, ONNX ArgMax / ArgMin)
+_register(OpSchema("argmax", "reduce", ("x",), _argmax_norm, _argmax_infer,
+                   lambda x, **p: ref.argmax(x, **p), lambda i, o, p: _prod(i[0])))
 
 
 # movement: reshape, permute, slice, pad --------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Reduction runtime kernels: mean / sum / max over axes, adaptive average and max pooling to any size.
+"""Reduction runtime kernels: mean / sum / max over axes, argmax / argmin along one, adaptive average and max
+pooling to any size.
 
 NCHW (any rank) only; the layout pass keeps their inputs NCHW. Global average pooling (mean
 over H and W with keepdim) is canonicalized by the importers to the `global_avg_pool` op, which
@@ -36,7 +37,17 @@ def adaptive_max_pool(out, x, *, output_size, **_):
     out[...] = ref.adaptive_max_pool(x, tuple(output_size))
 
 
+def argmax(out, x, *, axis, keepdim=False, largest=True, select_last=False, **_):
+    """np.argmax / np.argmin along the axis (the first extreme; a NaN is the extreme, its first), on the reversed
+    axis for select_last; the indices written as floats (exact: ops.py bounds the axis)."""
+    v = x[(slice(None),) * (axis % x.ndim) + (slice(None, None, -1),)] if select_last else x
+    idx = (np.argmax if largest else np.argmin)(v, axis=axis)
+    if select_last:
+        idx = x.shape[axis] - 1 - idx
+    out[...] = idx.reshape(out.shape)
+
+
 KERNELS = {"mean": _reduce("mean"), "sum": _reduce("sum"), "max": _reduce("max"),
-           "adaptive_avg_pool": adaptive_avg_pool, "adaptive_max_pool": adaptive_max_pool}
+           "adaptive_avg_pool": adaptive_avg_pool, "adaptive_max_pool": adaptive_max_pool, "argmax": argmax}
 THREADED: frozenset = frozenset()
 BLOCKED = frozenset()

@@ -304,6 +304,24 @@ def reduce(kind, x, axes, keepdim=False):
         _reduced_shape(x.shape, axes, keepdim))
 
 
+def argmax(x, axis, keepdim=False, largest=True, select_last=False):
+    """The index along `axis` of the largest value (largest=False: the smallest), in x's dtype; ties: the first
+    (select_last: the last); a NaN counts as the extreme (the first NaN, as torch.argmax / argmin). Written as a
+    mask of the positions equal to the extreme, then its first True."""
+    v = np.moveaxis(np.asarray(x), axis, -1)
+    if select_last:
+        v = v[..., ::-1]
+    nan = np.isnan(v)
+    with np.errstate(invalid="ignore"):
+        ext = (np.max if largest else np.min)(v, axis=-1, keepdims=True) if v.shape[-1] else v[..., :0]
+        hit = np.where(nan.any(axis=-1, keepdims=True), nan, v == ext)
+    idx = np.argmax(hit, axis=-1)                      # the first True
+    if select_last:
+        idx = v.shape[-1] - 1 - idx
+    out = idx.astype(x.dtype)
+    return np.expand_dims(out, axis) if keepdim else out
+
+
 def _reduced_shape(shape, axes, keepdim):
     return tuple(1 if i in axes else d for i, d in enumerate(shape) if keepdim or i not in axes)
 
@@ -684,6 +702,23 @@ def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mod
 # nw, ne, sw, se (a corner outside the image reads 0); nearest rounds halves to even and reads 0 outside.
 GRID_MODES = ("bilinear", "nearest")
 GRID_PADDINGS = ("zeros", "border", "reflection")
+
+
+def linspace_from_neg_one(n: int, align_corners: bool) -> np.ndarray:
+    """ATen's affine_grid base coordinates along an axis of n (float32): -1 .. 1 (align_corners) or the pixel
+    centres -(n - 1) / n .. (n - 1) / n; one pixel: 0."""
+    if n <= 1:
+        return np.zeros(max(n, 1), np.float32)
+    r = np.linspace(-1.0, 1.0, n, dtype=np.float32)
+    return r if align_corners else (r * np.float32((n - 1) / n)).astype(np.float32)
+
+
+def affine_grid_base(h: int, w: int, align_corners: bool, dtype=np.float32) -> np.ndarray:
+    """(1, H W, 3) rows (x, y, 1) of F.affine_grid's base grid; the grid is this times theta transposed."""
+    xs, ys = linspace_from_neg_one(w, align_corners), linspace_from_neg_one(h, align_corners)
+    base = np.stack([np.broadcast_to(xs[None, :], (h, w)), np.broadcast_to(ys[:, None], (h, w)),
+                     np.ones((h, w), np.float32)], -1)                       # (H, W, 3)
+    return base.reshape(1, h * w, 3).astype(dtype)
 
 
 def grid_unnormalize(g, size, padding_mode, align_corners):

@@ -1,5 +1,6 @@
-"""Backward of the separable resamplers for the training schedule: resize (nearest / linear / cubic, every
-coordinate mode of kernels/reference.py) and adaptive average pooling to any size.
+"""Backward of the resamplers for the training schedule: resize (nearest / linear / cubic, every coordinate
+mode of kernels/reference.py), adaptive average pooling to any size, and grid_sample (`grid_sample_backward`:
+the input's and the grid's gradient, at the end of this file).
 
 Each of them is, along H and along W, a 1-D linear operator given by taps:
 
@@ -106,3 +107,78 @@ def adaptive_max_pool_backward(dy: np.ndarray, x: np.ndarray, output_size) -> np
             ww = w1[j] - w0[j]
             dx[rows, (h0[i] + k // ww) * w + w0[j] + k % ww] += dy2[:, i, j]
     return dx.reshape(a, b, h, w).astype(dy.dtype)
+
+
+def _unnormalize_grad(g: np.ndarray, size: int, padding_mode: str, align_corners: bool):
+    """(c, dc/dg) of ref.grid_unnormalize in float64, with ATen's CPU (vectorized) derivative conventions: a
+    clip passes the gradient where its input is strictly inside (0, size - 1) (0 at the ends, as PyTorch's); a reflection
+    multiplies it by -1 on a mirrored stretch (and on the negative side of the low edge); one pixel reflected
+    with align_corners has none."""
+    scale = (size - 1) / 2 if align_corners else size / 2
+    with np.errstate(invalid="ignore", over="ignore"):
+        c = (g + 1.0) * scale - (0.0 if align_corners else 0.5)
+        d = np.full(g.shape, scale)
+        if padding_mode == "reflection":
+            lo, span = (0.0, size - 1.0) if align_corners else (-0.5, float(size))
+            if span == 0.0:
+                return np.zeros_like(c), np.zeros_like(c)
+            a = c - lo
+            neg = a < 0
+            a = np.abs(a)
+            extra = a - np.floor(a / (2 * span)) * (2 * span)
+            flip = extra > span
+            c = np.where(flip, 2 * span - extra, extra) + lo
+            d = np.where(flip != neg, -d, d)
+        if padding_mode in ("border", "reflection"):
+            inside = (c > 0) & (c < size - 1)
+            d = np.where(inside, d, 0.0)
+            c = np.where(np.isnan(c), 0.0, np.clip(c, 0.0, size - 1.0))
+    return c, d
+
+
+def grid_sample_backward(dy: np.ndarray, x: np.ndarray, grid: np.ndarray, mode: str = "bilinear",
+                         padding_mode: str = "zeros", align_corners: bool = False):
+    """(dx, dgrid) of ref.grid_sample: x (N, C, H, W), grid (N, Ho, Wo, 2), dy (N, C, Ho, Wo), in float64, returned
+    in dy's dtype.
+
+    dx: each output value's gradient times its bilinear weight (nearest: 1) back to the pixels it read; a corner
+    outside the image (zeros padding) read 0 and gets nothing. dgrid (bilinear; nearest's is 0, as PyTorch's):
+    d out / d ix = (1 - ty)(ne - nw) + ty (se - sw) and d out / d iy = (1 - tx)(sw - nw) + tx (se - ne), summed
+    over the channels with dy, times d ix / d gx (`_unnormalize_grad`: the scale, a clip's 0 outside, a
+    reflection's sign). The positions are scattered with one np.add.at per corner over (N * H * W, C) rows."""
+    n, c, h, w = x.shape
+    ho, wo = grid.shape[1:3]
+    xs = np.ascontiguousarray(x.astype(np.float64).transpose(0, 2, 3, 1)).reshape(n * h * w, c)   # (N*H*W, C)
+    g = grid.astype(np.float64)
+    d = np.ascontiguousarray(dy.astype(np.float64).transpose(0, 2, 3, 1)).reshape(-1, c)          # (N*Ho*Wo, C)
+    ix, dix = _unnormalize_grad(g[..., 0], w, padding_mode, align_corners)                        # (N, Ho, Wo)
+    iy, diy = _unnormalize_grad(g[..., 1], h, padding_mode, align_corners)
+    base = (np.arange(n) * (h * w))[:, None, None]
+    dx = np.zeros((n * h * w, c))
+    dgrid = np.zeros(grid.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if mode == "nearest":
+            corners = [(np.rint(iy), np.rint(ix), None, None, None)]
+        else:
+            x0, y0 = np.floor(ix), np.floor(iy)
+            tx, ty = ix - x0, iy - y0
+            # (row, column, weight, d weight / d ix, d weight / d iy) of nw, ne, sw, se
+            corners = [(y0, x0, (1 - tx) * (1 - ty), -(1 - ty), -(1 - tx)),
+                       (y0, x0 + 1, tx * (1 - ty), 1 - ty, -tx),
+                       (y0 + 1, x0, (1 - tx) * ty, -ty, 1 - tx),
+                       (y0 + 1, x0 + 1, tx * ty, ty, tx)]
+        for yy, xx, wt, wx, wy in corners:
+            ok = np.isfinite(yy) & np.isfinite(xx) & (xx >= 0) & (xx < w) & (yy >= 0) & (yy < h)
+            row = (base + np.where(ok, yy, 0).astype(np.int64) * w + np.where(ok, xx, 0).astype(np.int64))[ok]
+            dsel = d[ok.reshape(-1)]                                                                 # (k, C)
+            np.add.at(dx, row, dsel if wt is None else dsel * wt[ok][:, None])
+            if wt is not None:
+                gv = np.zeros(ok.shape)
+                gv[ok] = (dsel * xs[row]).sum(axis=1)            # sum_c dy * value at this corner
+                dgrid[..., 0] += gv * wx
+                dgrid[..., 1] += gv * wy
+    dgrid[..., 0] *= dix
+    dgrid[..., 1] *= diy
+    dt = dy.dtype
+    return (np.ascontiguousarray(dx.reshape(n, h, w, c).transpose(0, 3, 1, 2)).astype(dt),
+            dgrid.astype(dt))

@@ -48,7 +48,7 @@ from ..compiler.compile import CompiledNetwork
 from ..compiler.package import DataPackage, validate_package
 from ..compiler.program import CONST, DIRECT, HIDDEN, IO, Instruction, Operand, decode
 from ..errors import DeviceError
-from ..ir.node import check_inputs
+from ..ir.node import check_inputs, integer_results
 from ..kernels.registry import (KERNELS, THREADED, bind as bind_kernel, bind_chains, bind_se_sums,  # noqa: F401
                                 bind_stem_pools)
 from ..kernels.placement import keep_off_caller
@@ -511,7 +511,15 @@ class Session:
             self.device.copy_in(a, x)
 
     def _copy_out(self, bufs):
-        ys = [self.device.copy_out(a, s.shape, s.dtype) for a, s in zip(bufs[1], self.package.outputs)]
+        return self._results([self.device.copy_out(a, s.shape, s.dtype)
+                              for a, s in zip(bufs[1], self.package.outputs)])
+
+    def _results(self, ys):
+        """The outputs as a run returns them: integer outputs (meta["integer_outputs"]: argmax's indices)
+        checked and converted; one array, or a list for several."""
+        ints = self.package.meta.get("integer_outputs")
+        if ints:
+            ys = integer_results(ys, [s.name for s in self.package.outputs], ints, self.package.name)
         return ys[0] if len(ys) == 1 else ys
 
     def run(self, xs):
@@ -529,7 +537,7 @@ class Session:
                 raise DeviceError(f"{self.package.name}: an input or output of 0 bytes; expected non-empty tensors")
             self._in_context(None, host={slot.offset: a.reshape(-1).view(np.uint8)
                                          for slot, a in zip(self.package.io, arrays)})
-            return ys[0] if len(ys) == 1 else ys
+            return self._results(ys)
         bufs = self.alloc_io()
         try:
             self._copy_in(xs, bufs)

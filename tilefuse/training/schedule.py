@@ -55,7 +55,7 @@ def _physical(a: np.ndarray) -> np.ndarray:
 
 
 # ops whose constant operands have no weight slot, and which of their operands get a gradient
-_OPERAND_SLOTS = {**{k: (0, 1) for k in ops.BINARY}, "matmul": (0, 1), "where": (2, 3)}
+_OPERAND_SLOTS = {**{k: (0, 1) for k in ops.BINARY}, "matmul": (0, 1), "where": (2, 3), "grid_sample": (0, 1)}
 
 
 def operand_constants(net: Network) -> dict[str, bool]:
@@ -496,6 +496,11 @@ class TrainingSchedule:
 
     def _fwd_matmul(self, op):
         self._fwd_values(op, ref.matmul)
+
+    def _fwd_grid_sample(self, op):
+        p = op.params
+        self._fwd_values(op, lambda x, grid: ref.grid_sample(x, grid, p["mode"], p["padding_mode"],
+                                                             p["align_corners"]))
 
     def _fwd_pad(self, op):
         p = op.params
@@ -940,6 +945,18 @@ class TrainingSchedule:
     def _bwd_matmul(self, op):
         dy = _logical(self.grads[op.outputs[0].name])
         self._operand_grads(op, zip(op.inputs, te.matmul_backward(dy, *(self._value(d) for d in op.inputs))))
+
+    def _bwd_grid_sample(self, op):
+        """The input's gradient and the grid's (a computed grid: a flow, an affine_grid of a computed theta)."""
+        p, dy = op.params, _logical(self.grads[op.outputs[0].name])
+        u = self.log.unit("bwd", op.name)
+        u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
+        for d in op.inputs:
+            if not d.is_constant:
+                u.read(d.name, _nb(self.env[d.name]), op.name)
+        x, grid = (self._value(d) for d in op.inputs)
+        grads = trs.grid_sample_backward(dy, x, grid, p["mode"], p["padding_mode"], p["align_corners"])
+        self._operand_grads(op, zip(op.inputs, grads), u)
 
     def _bwd_pad(self, op):
         p, shape = op.params, op.inputs[0].shape

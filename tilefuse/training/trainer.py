@@ -175,8 +175,10 @@ class Trainer:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Weights and BN running statistics by constant name (torch keys for zoo/from_torch
-        networks, which also get `<bn>.num_batches_tracked`)."""
-        out = {k: v.copy() for k, v in self.params.items()}
+        networks, which also get `<bn>.num_batches_tracked` and the module's other buffers as they were)."""
+        # the module's buffers that training leaves as they are (from_torch's net.module_buffers), then the state
+        out = {k: np.array(v, copy=True) for k, v in self.net.module_buffers.items()}
+        out.update({k: v.copy() for k, v in self.params.items()})
         # (not the importer's unit weights / zero biases of norms without affine parameters: no module state)
         out.update({k: v.copy() for k, v in self.buffers.items() if not k.endswith(_FIXED_SUFFIXES)})
         for p in self._bn_prefixes:
@@ -196,6 +198,13 @@ class Trainer:
                 self.buffers[k][...] = v
             elif k.endswith(".num_batches_tracked"):
                 self.num_batches_tracked = int(v)
+            elif k in self.net.module_buffers:
+                have = self.net.module_buffers[k]
+                if v.shape != have.shape or not np.array_equal(v, have, equal_nan=True):
+                    raise ValueError(f"state key '{k}' is a buffer of the module that the network holds as "
+                                     f"constants folded at import ({have.shape}); a load cannot change it (found "
+                                     f"{v.shape} with other values); expected its value at import, or import the "
+                                     f"module again (from_torch) with the new buffer")
             else:
                 raise KeyError(f"state key '{k}' is not a parameter or buffer of '{self.net.name}'")
 

@@ -217,9 +217,6 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
                 raise UnsupportedOpError(f"graph output '{vi.name}' is a constant (its subgraph depends on no "
                                          f"graph input); expected a computed tensor")
             raise GraphError(vi.name, "graph output is not produced by any node")
-        if vi.name in cx.ints:
-            raise UnsupportedOpError(f"graph output '{vi.name}' is an integer input's values; tilefuse computes "
-                                     f"float outputs (Cast it to float in the model)")
         if isinstance(d, boolexpr.BOOL):
             raise UnsupportedOpError(f"graph output '{vi.name}' is the bool tensor of a comparison "
                                      f"({boolexpr.leaf(d).origin}); tilefuse computes float tensors")
@@ -233,8 +230,17 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
     if not overridden:
         _check_declared(cx, list(g.value_info) + list(g.output), {t: n for n in nodes for t in n.output},
                         {o.name for o in g.output})
-    cx.net.output(*outs)
+    for vi, d in zip(g.output, outs):
+        # integer values (an ArgMax, an integer input moved) are returned in the dtype the model declares
+        cx.net.output(d, integer=_declared_integer(vi) if vi.name in cx.ints else None)
     return cx.net
+
+
+def _declared_integer(vi):
+    """The integer dtype a graph output declares (int64 where it declares none or a float)."""
+    decl = _declared(vi)
+    dt = np.dtype(decl[0]) if decl is not None and decl[0] is not None else None
+    return dt if dt is not None and dt.kind in "iu" else np.int64
 
 
 def _live(nodes, outputs) -> list:

@@ -808,14 +808,6 @@ def _grid_sample(cx: Ctx, nd: OnnxNode, used):
     return cx.net.grid_sample(x, g, "bilinear" if mode == "linear" else mode, pad, bool(ac), name=cx.fresh(nd.name))
 
 
-def _linspace_from_neg_one(n: int, align_corners: bool) -> np.ndarray:
-    """ATen's affine_grid base coordinates along an axis of n (float32)."""
-    if n <= 1:
-        return np.zeros(max(n, 1), np.float32)
-    r = np.linspace(-1.0, 1.0, n, dtype=np.float32)
-    return r if align_corners else (r * np.float32((n - 1) / n)).astype(np.float32)
-
-
 def _affine_grid(cx: Ctx, nd: OnnxNode, used):
     """AffineGrid (20) of a computed 2-D theta (N, 2, 3) and a constant size (N, C, H, W): the base grid (H W, 3) of
     (x, y, 1) times theta transposed, as ATen's affine_grid (a matmul of the constant base with the computed
@@ -825,20 +817,10 @@ def _affine_grid(cx: Ctx, nd: OnnxNode, used):
     if size is None or np.asarray(size).dtype.kind not in "iu" or np.asarray(size).shape != (4,):
         raise nd.refuse(f"AffineGrid size {None if size is None else np.asarray(size).tolist()}; tilefuse takes a "
                         f"constant 4-element (N, C, H, W) size (2-D grids)")
-    n, _, h, w = (int(v) for v in np.asarray(size))
-    if tuple(theta.shape) != (n, 2, 3) or min(h, w) < 1:
-        raise GraphError(nd.where, f"theta '{theta.name}' has shape {theta.shape} for size {[n, _, h, w]}; expected "
-                                   f"({n}, 2, 3) and positive H, W")
     ac = nd.attrs.get("align_corners", 0)
     if ac not in (0, 1):
         raise GraphError(nd.where, f"align_corners={ac!r}; expected 0 or 1")
-    xs, ys = _linspace_from_neg_one(w, bool(ac)), _linspace_from_neg_one(h, bool(ac))
-    base = np.stack([np.broadcast_to(xs[None, :], (h, w)), np.broadcast_to(ys[:, None], (h, w)),
-                     np.ones((h, w), np.float32)], -1).reshape(1, h * w, 3).astype(theta.dtype)
-    base_node = cx.net.constant(cx.fresh(nd.name + ".base"), base, dtype=theta.dtype)
-    tt = cx.net.permute(theta, (0, 2, 1), name=cx.fresh(nd.name + ".theta_t"))              # (N, 3, 2)
-    g = cx.net.matmul(base_node, tt, name=cx.fresh(nd.name + ".matmul"))                      # (N, H W, 2)
-    return cx.net.reshape(g, (n, h, w, 2), name=cx.fresh(nd.name))
+    return cx.net.affine_grid(theta, np.asarray(size), bool(ac), name=cx.fresh(nd.name))
 
 
 def _scatter_result(cx: Ctx, nd: OnnxNode, data: DataNode, updates: DataNode, target: np.ndarray) -> DataNode:
@@ -1454,6 +1436,18 @@ class Rule:
     limits: str = ""                  # what is refused, for docs/ops.md
 
 
+def _arg_extreme(cx: Ctx, nd: OnnxNode, used):
+    """ArgMax / ArgMin: the IR's argmax along `axis` (keepdims, select_last_index); its output is an integer
+    tensor (cx.ints: moved, compared, Cast, or returned as int64)."""
+    x = cx.computed(nd, 0)
+    a = nd.attrs
+    axis = fold._axis(nd, a.get("axis", 0), len(x.shape), "axis")
+    y = cx.net.argmax(x, axis, bool(a.get("keepdims", 1)), nd.op == "ArgMax", bool(a.get("select_last_index", 0)),
+                      name=cx.fresh(nd.name))
+    cx.ints.add(nd.outputs[0])
+    return y
+
+
 def _r(fn, versions, attrs, ir, limits=""):
     return Rule(fn, tuple(versions), frozenset(attrs.split()), tuple(ir.split()), limits)
 
@@ -1489,6 +1483,10 @@ RULES: dict[str, Rule] = {
     "ReduceMean": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "mean global_avg_pool",
                      "constant axes; over H, W of (N, C, H, W): global_avg_pool"),
     "ReduceSum": _r(_reduce, (1, 11, 13), "axes keepdims noop_with_empty_axes", "sum", "constant axes"),
+    "ArgMax": _r(_arg_extreme, (1, 11, 12, 13), "axis keepdims select_last_index", "argmax",
+                 "an int64 result: moved, compared, Cast, or returned (as int64)"),
+    "ArgMin": _r(_arg_extreme, (1, 11, 12, 13), "axis keepdims select_last_index", "argmax",
+                 "an int64 result: moved, compared, Cast, or returned (as int64)"),
     "ReduceMax": _r(_reduce, (1, 11, 12, 13, 18, 20), "axes keepdims noop_with_empty_axes", "max",
                     "constant axes; float tensors"),
     "ReduceMin": _r(_reduce, (1, 11, 12, 13, 18, 20), "axes keepdims noop_with_empty_axes", "max mul",

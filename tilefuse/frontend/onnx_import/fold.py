@@ -382,6 +382,23 @@ def _tile(node, ins, a):
     return [np.tile(x, tuple(int(r) for r in reps))]
 
 
+def _affine_grid(node, ins, a):
+    """AffineGrid (20) of a constant 2-D theta (N, 2, 3): ATen's base grid times theta transposed, (N, H, W, 2)."""
+    from ...kernels.reference import affine_grid_base
+    theta = np.asarray(ins[0])
+    size = _ints(node, ins[1], "size")
+    if len(size) != 4 or theta.shape != (size[0], 2, 3) or min(size[2:]) < 1 or theta.dtype.kind != "f":
+        raise GraphError(node.where, f"AffineGrid of theta {theta.shape} ({theta.dtype}) for size {list(size)}; "
+                                     f"expected a float theta (N, 2, 3) and a 4-element size (N, C, H, W), H, W >= 1")
+    n, _, h, w = (int(v) for v in size)
+    _check_size(node, [n, h, w, 2])
+    ac = a.get("align_corners", 0)
+    if ac not in (0, 1):
+        raise GraphError(node.where, f"align_corners={ac!r}; expected 0 or 1")
+    base = affine_grid_base(h, w, bool(ac), theta.dtype)                       # (1, H W, 3)
+    return [np.matmul(base, theta.transpose(0, 2, 1)).reshape(n, h, w, 2)]    # (N, H W, 2) -> (N, H, W, 2)
+
+
 def _where(node, ins, a):
     c, x, y = (np.asarray(v) for v in ins)
     if c.dtype != np.bool_:
@@ -416,6 +433,7 @@ FOLD = {
     "Range": _range,
     "Expand": _expand,
     "Tile": _tile,
+    "AffineGrid": _affine_grid,
     "Where": _where,
     "Add": _binary(lambda n, x, y: x + y),
     "Sub": _binary(lambda n, x, y: x - y),
@@ -455,5 +473,5 @@ FOLD_ATTRS = {
     "Shape": {"start", "end"}, "Gather": {"axis"}, "Concat": {"axis"}, "Unsqueeze": {"axes"},
     "Squeeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"}, "CastLike": {"saturate", "round_mode"}, "Slice": {"starts", "ends", "axes"},
     "Reshape": {"allowzero"}, "Transpose": {"perm"}, "ConstantOfShape": {"value"}, "Range": {"stash_type"},
-    "ReduceProd": {"axes", "keepdims", "noop_with_empty_axes"},
+    "ReduceProd": {"axes", "keepdims", "noop_with_empty_axes"}, "AffineGrid": {"align_corners"},
 }
