@@ -164,7 +164,7 @@ def _preserved():
             a.instance_norm.default,
             a.mish.default, a.softplus.default, a.celu.default, a.selu.default, a.log_sigmoid.default,
             a.scaled_dot_product_attention.default, a.upsample_bicubic2d.default, a.upsample_bicubic2d.vec,
-            a.affine_grid_generator.default]
+            a.affine_grid_generator.default, a.im2col.default, a.col2im.default]
 
 
 def _decomposition_table():
@@ -1457,6 +1457,24 @@ def _affine_grid_generator(imp, theta, size, align_corners):
     return imp.net.affine_grid(theta, [int(v) for v in size], bool(align_corners), name=imp.op_name())
 
 
+def _im2col(imp, x, kernel_size, dilation, padding, stride):
+    """F.unfold (aten.im2col) of (N, C, H, W): `Network.unfold` (pad, strided slices, concat, reshape: exact).
+    Kept from decomposition (which writes it as an advanced index)."""
+    x = imp.tensor(x)
+    if len(x.shape) != 4:
+        raise imp.fail(f"unfold of {x.shape}", "a 4-D (N, C, H, W) input")
+    return imp.net.unfold(x, kernel_size, dilation, padding, stride, name=imp.op_name())
+
+
+def _col2im(imp, x, output_size, kernel_size, dilation, padding, stride):
+    """F.fold (aten.col2im) of (N, C kh kw, L): `Network.fold` (PyTorch's sums in its order: bitwise). Kept from
+    decomposition (which writes it as an index_put)."""
+    x = imp.tensor(x)
+    if len(x.shape) != 3:
+        raise imp.fail(f"fold of {x.shape}", "a 3-D (N, C kh kw, L) input")
+    return imp.net.fold(x, output_size, kernel_size, dilation, padding, stride, name=imp.op_name())
+
+
 def _repeat(imp, x, repeats):
     """x.repeat(*sizes) / torch.tile (a grey image to three channels: `x.repeat(1, 3, 1, 1)`): along an axis of size
     1 a broadcast (`_expand`: x * ones), along a larger one the copies concatenated, as ONNX's Tile."""
@@ -1637,6 +1655,8 @@ _ATEN = {
     "repeat": _repeat,
     "grid_sampler": _grid_sampler,
     "affine_grid_generator": _affine_grid_generator,
+    "im2col": _im2col,
+    "col2im": _col2im,
     "copy": _copy,
     "grid_sampler_2d": _grid_sampler,
     "local_response_norm": _lrn,

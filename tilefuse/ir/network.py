@@ -506,6 +506,77 @@ class Network:
         return self.add_op("grid_sample", [x, grid], {"mode": mode, "padding_mode": padding_mode,
                                                       "align_corners": align_corners}, name)
 
+    def unfold(self, x: DataNode, kernel_size, dilation=1, padding=0, stride=1, name: str | None = None) -> DataNode:
+        """F.unfold (im2col) of x (N, C, H, W): (N, C kh kw, L), column l the (kh, kw) window at output position l
+        (row-major over (Ho, Wo)), channel c kh kw + i kw + j its element (i, j) of channel c. Exact: a zero pad
+        ('<name>.pad'), per window element (i, j) a strided slice of rows and one of columns ('<name>.i_j.h',
+        '.w') reshaped to (N, C, 1, L), concatenated along axis 2 ('<name>.cat') and reshaped."""
+        base = self._name("unfold", name)
+        if len(x.shape) != 4:
+            raise GraphError(base, f"unfold of {x.shape}; expected (N, C, H, W)")
+        pair = [tuple(int(v) for v in (p if isinstance(p, (tuple, list)) else (p, p))) for p in
+                (kernel_size, dilation, padding, stride)]
+        (kh, kw), (dh, dw), (ph, pw), (sh, sw) = pair
+        if min(kh, kw, dh, dw, sh, sw) < 1 or min(ph, pw) < 0:
+            raise GraphError(base, f"unfold with kernel {(kh, kw)}, dilation {(dh, dw)}, padding {(ph, pw)}, stride "
+                                   f"{(sh, sw)}; expected positive kernel, dilation and stride, padding >= 0")
+        n, c, h, w = x.shape
+        ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        if ho < 1 or wo < 1:
+            raise GraphError(base, f"unfold of {x.shape} with kernel {(kh, kw)}, dilation {(dh, dw)}, padding "
+                                   f"{(ph, pw)}: no window fits; expected H + 2 ph >= dh (kh - 1) + 1 (and W)")
+        xp = self.pad(x, (0, 0, 0, 0, ph, ph, pw, pw), name=f"{base}.pad") if ph or pw else x
+        cols = []
+        for i in range(kh):
+            for j in range(kw):
+                r = self.slice(xp, 2, i * dh, i * dh + sh * (ho - 1) + 1, sh, name=f"{base}.{i}_{j}.h")
+                r = self.slice(r, 3, j * dw, j * dw + sw * (wo - 1) + 1, sw, name=f"{base}.{i}_{j}.w")  # (N, C, Ho, Wo)
+                cols.append(self.reshape(r, (n, c, 1, ho * wo), name=f"{base}.{i}_{j}"))
+        y = self.concat(cols, axis=2, name=f"{base}.cat") if len(cols) > 1 else cols[0]     # (N, C, kh kw, L)
+        return self.reshape(y, (n, c * kh * kw, ho * wo), name=base)
+
+    def fold(self, cols: DataNode, output_size, kernel_size, dilation=1, padding=0, stride=1,
+             name: str | None = None) -> DataNode:
+        """F.fold (col2im), unfold's adjoint: cols (N, C kh kw, L) summed into (N, C, H, W), column l's element
+        (c, i, j) added at row i dh + sh oh - top, column j dw + sw ow - left of output position l = (oh, ow).
+        padding: p, (ph, pw), or (top, left, bottom, right) (ONNX Col2Im's pads). Per (i, j) the (N, C, Ho, Wo)
+        block ('<name>.i_j') spread by the stride (zeros between: pads of (N, C, Ho, 1, Wo, 1)), padded onto the
+        padded canvas, the canvases added in (i, j) order (PyTorch's: the same sums, bitwise), the padding
+        cropped."""
+        base = self._name("fold", name)
+        pair = [tuple(int(v) for v in (p if isinstance(p, (tuple, list)) else (p, p))) for p in
+                (output_size, kernel_size, dilation, stride)]
+        (h, w), (kh, kw), (dh, dw), (sh, sw) = pair
+        pads = tuple(int(v) for v in (padding if isinstance(padding, (tuple, list)) else (padding, padding)))
+        top, left, bottom, right = pads * 2 if len(pads) == 2 else pads
+        if len(cols.shape) != 3 or min(kh, kw, dh, dw, sh, sw, h, w) < 1 or min(top, left, bottom, right) < 0:
+            raise GraphError(base, f"fold of {cols.shape} to {(h, w)}, kernel {(kh, kw)}, dilation {(dh, dw)}, "
+                                   f"padding {pads}, stride {(sh, sw)}; expected (N, C kh kw, L), positive sizes")
+        n, ckk, length = cols.shape
+        hp, wp = h + top + bottom, w + left + right                                      # the padded canvas
+        ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+        if ckk % (kh * kw) or ho < 1 or wo < 1 or ho * wo != length:
+            raise GraphError(base, f"fold of {cols.shape} to {(h, w)} with kernel {(kh, kw)}: expected (N, C {kh * kw}, "
+                                   f"{max(ho, 0) * max(wo, 0)}) (C {kh * kw} channels, {max(ho, 0)} x {max(wo, 0)} "
+                                   f"windows)")
+        c = ckk // (kh * kw)
+        blocks = self.reshape(cols, (n, c, kh * kw, ho, wo), name=f"{base}.blocks")       # (N, C, kh kw, Ho, Wo)
+        acc = None
+        for i in range(kh):
+            for j in range(kw):
+                k = f"{base}.{i}_{j}"
+                b = self.slice(blocks, 2, i * kw + j, i * kw + j + 1, name=f"{k}.take")       # (N, C, 1, Ho, Wo)
+                if sh > 1 or sw > 1:                  # zeros between the rows / columns: (N, C, Ho sh, Wo sw)
+                    b = self.reshape(b, (n, c, ho, 1, wo, 1), name=f"{k}.split")
+                    b = self.pad(b, (0, 0, 0, 0, 0, 0, 0, sh - 1, 0, 0, 0, sw - 1), name=f"{k}.spread")
+                b = self.reshape(b, (n, c, ho * sh, wo * sw), name=f"{k}.rows")
+                # onto the canvas: rows i dh .. i dh + sh (ho - 1) (the spread's trailing zeros cropped or padded)
+                b = self.pad(b, (0, 0, 0, 0, i * dh, hp - i * dh - ho * sh, j * dw, wp - j * dw - wo * sw), name=k)
+                acc = b if acc is None else self.add(acc, b, name=f"{k}.sum")
+        if top or left or bottom or right:
+            acc = self.pad(acc, (0, 0, 0, 0, -top, -bottom, -left, -right), name=f"{base}.crop")
+        return self.reshape(acc, (n, c, h, w), name=base)
+
     def argmax(self, x: DataNode, axis: int, keepdim: bool = False, largest: bool = True, select_last: bool = False,
                name: str | None = None) -> DataNode:
         """The index along `axis` of the largest value (largest=False: the smallest) as a float of x's dtype;

@@ -1448,6 +1448,25 @@ def _arg_extreme(cx: Ctx, nd: OnnxNode, used):
     return y
 
 
+def _col2im(cx: Ctx, nd: OnnxNode, used):
+    """Col2Im (18) of 2-D blocks: `Network.fold` (constant image_shape and block_shape; pads begin and end per
+    axis)."""
+    x = cx.computed(nd, 0)
+    image, block = cx.const(nd, 1, "image_shape"), cx.const(nd, 2, "block_shape")
+    if image is None or block is None or np.asarray(image).shape != (2,) or np.asarray(block).shape != (2,):
+        raise nd.refuse(f"Col2Im with image_shape {None if image is None else np.asarray(image).tolist()} and "
+                        f"block_shape {None if block is None else np.asarray(block).tolist()}; tilefuse takes "
+                        f"constant 2-element shapes (2-D images)")
+    a = nd.attrs
+    dil, strides = tuple(a.get("dilations", (1, 1))), tuple(a.get("strides", (1, 1)))
+    pads = tuple(a.get("pads", (0, 0, 0, 0)))
+    if len(dil) != 2 or len(strides) != 2 or len(pads) != 4:
+        raise GraphError(nd.where, f"dilations {list(dil)}, strides {list(strides)}, pads {list(pads)}; expected 2, "
+                                   f"2 and 4 values (2-D)")
+    return cx.net.fold(x, [int(v) for v in image], [int(v) for v in block], dil, pads, strides,
+                       name=cx.fresh(nd.name))
+
+
 def _r(fn, versions, attrs, ir, limits=""):
     return Rule(fn, tuple(versions), frozenset(attrs.split()), tuple(ir.split()), limits)
 
@@ -1483,6 +1502,8 @@ RULES: dict[str, Rule] = {
     "ReduceMean": _r(_reduce, (1, 11, 13, 18), "axes keepdims noop_with_empty_axes", "mean global_avg_pool",
                      "constant axes; over H, W of (N, C, H, W): global_avg_pool"),
     "ReduceSum": _r(_reduce, (1, 11, 13), "axes keepdims noop_with_empty_axes", "sum", "constant axes"),
+    "Col2Im": _r(_col2im, (18,), "dilations pads strides", "reshape slice pad add",
+                 "2-D; constant image_shape and block_shape"),
     "ArgMax": _r(_arg_extreme, (1, 11, 12, 13), "axis keepdims select_last_index", "argmax",
                  "an int64 result: moved, compared, Cast, or returned (as int64)"),
     "ArgMin": _r(_arg_extreme, (1, 11, 12, 13), "axis keepdims select_last_index", "argmax",
