@@ -1042,10 +1042,11 @@ def _gather_dim(imp, x, dim, index, what):
     return _reshape(imp, y, list(x.shape[:dim]) + list(t.shape) + list(x.shape[dim + 1:]))
 
 
-def _take(imp, x, dim, index, negative=True):
-    """x (a tensor or a constant table) at run-time indices along dim: the IR's take (an integer input's values)."""
+def _take(imp, x, dim, index, negative=True, **grad):
+    """x (a tensor or a constant table) at run-time indices along dim: the IR's take (an integer input's values);
+    grad: nn.Embedding's padding_idx / scale_grad_by_freq (the Trainer's gradient)."""
     x = imp.const_node(x) if isinstance(x, Const) else imp.tensor(x)
-    return imp.net.take(x, index, axis=int(dim), negative=negative, name=imp.op_name())
+    return imp.net.take(x, index, axis=int(dim), negative=negative, name=imp.op_name(), **grad)
 
 
 def _index(imp, x, indices):
@@ -1067,11 +1068,13 @@ def _index_select(imp, x, dim, index):
 
 
 def _embedding(imp, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    """nn.Embedding / F.embedding at run-time indices (a class label input): rows of the table (padding_idx only
-    changes the gradient)."""
+    """nn.Embedding / F.embedding at run-time indices (a class label input): rows of the table (padding_idx and
+    scale_grad_by_freq change only the gradient: kept for the Trainer)."""
     if not isinstance(indices, DataNode):
         raise imp.fail("embedding at constant indices", "expected the indices to be an integer network input")
-    return _take(imp, weight, 0, indices, negative=False)
+    pad = None if padding_idx is None or int(padding_idx) < 0 else int(padding_idx)     # aten's -1: none
+    return _take(imp, weight, 0, indices, negative=False, padding_idx=pad,
+                 scale_grad_by_freq=bool(scale_grad_by_freq))
 
 
 def _gather(imp, x, dim, index, sparse_grad=False):

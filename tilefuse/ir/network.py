@@ -490,14 +490,17 @@ class Network:
         nn.PixelUnshuffle / SpaceToDepth ("dcr")."""
         return self.add_op("pixel_shuffle", [x], {"factor": factor, "mode": mode, "inverse": inverse}, name)
 
-    def take(self, x, indices: DataNode, axis: int = 0, negative: bool = True, name: str | None = None) -> DataNode:
+    def take(self, x, indices: DataNode, axis: int = 0, negative: bool = True, name: str | None = None,
+             padding_idx: int | None = None, scale_grad_by_freq: bool = False) -> DataNode:
         """x's slices along `axis` at run-time indices (a tensor of integer values: an integer input's, see
         `input(..., integer=)`), as np.take: nn.Embedding, `table[t]`, ONNX Gather at computed indices; x may be a
         constant array. A run with an index that is not an integer in [-N, N) ([0, N) without `negative`) fails
-        naming it."""
+        naming it. padding_idx, scale_grad_by_freq: nn.Embedding's (training: no gradient for that row; a row's
+        gradient divided by how often the batch reads it)."""
         n = self._name("take", name)
         x = self._const(n, "table", x, indices.dtype)
-        return self.add_op("take", [x, indices], {"axis": axis, "negative": negative}, n)
+        return self.add_op("take", [x, indices], {"axis": axis, "negative": negative, "padding_idx": padding_idx,
+                                                  "scale_grad_by_freq": scale_grad_by_freq}, n)
 
     def grid_sample(self, x: DataNode, grid: DataNode, mode: str = "bilinear", padding_mode: str = "zeros",
                     align_corners: bool = False, name: str | None = None) -> DataNode:

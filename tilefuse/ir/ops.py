@@ -972,7 +972,10 @@ _register(OpSchema("resize", "resize", ("x",), _resize_norm, _resize_infer,
 
 
 def _take_norm(node, p):
-    return {"axis": _int(node, "axis", p.get("axis", 0)), "negative": bool(p.get("negative", True))}
+    pad = p.get("padding_idx")
+    return {"axis": _int(node, "axis", p.get("axis", 0)), "negative": bool(p.get("negative", True)),
+            "padding_idx": None if pad is None else _int(node, "padding_idx", pad),
+            "scale_grad_by_freq": bool(p.get("scale_grad_by_freq", False))}
 
 
 def _take_infer(node, ins, p):

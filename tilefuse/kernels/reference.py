@@ -351,11 +351,12 @@ def take_check(idx, n: int, negative: bool):
     return None
 
 
-def take(x, indices, axis=0, negative=True):
+def take(x, indices, axis=0, negative=True, padding_idx=None, scale_grad_by_freq=False):
     """x's slices along `axis` at run-time indices (integer values held in a float tensor: an integer input's, see
     ir/node.py check_inputs): np.take, (x.shape[:axis] + indices.shape + x.shape[axis + 1:]); nn.Embedding,
     `table[t]`, ONNX Gather at computed indices. An index that is not an integer in range is a ValueError naming
-    it (PyTorch and ONNX Runtime refuse it too): never a wrong read."""
+    it (PyTorch and ONNX Runtime refuse it too): never a wrong read. padding_idx, scale_grad_by_freq: nn.Embedding's,
+    which change only the training gradient (kernels/train_elementwise.py take_backward)."""
     n = x.shape[axis]
     bad = take_check(indices, n, negative)
     if bad is not None:

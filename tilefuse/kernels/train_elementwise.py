@@ -230,3 +230,24 @@ def softmax_backward(dy: np.ndarray, y: np.ndarray, axis: int, scale: float = 1.
     d, yy = dy.astype(np.float64), y.astype(np.float64)
     s = (d * yy).sum(axis=axis, keepdims=True)
     return (scale * yy * (d - s)).astype(dy.dtype)
+
+
+def take_backward(dy: np.ndarray, x_shape, indices: np.ndarray, axis: int, negative: bool = True,
+                  padding_idx: int | None = None, scale_grad_by_freq: bool = False) -> np.ndarray:
+    """The gradient of take's table (ref.take): dy's slice for each index added into that index's slice along
+    `axis` (np.add.at, float64), in dy's dtype; nn.Embedding's padding_idx row gets none, and with
+    scale_grad_by_freq a row's sum is divided by how many times the indices read it (PyTorch's). dy: x_shape[:axis]
+    + indices.shape + x_shape[axis + 1:]."""
+    n = x_shape[axis]
+    i = np.asarray(indices, np.float64).astype(np.int64).reshape(-1)
+    i = np.where(i < 0, i + n, i) if negative else i
+    pre, post = tuple(x_shape[:axis]), tuple(x_shape[axis + 1:])
+    g = np.asarray(dy, np.float64).reshape(pre + (i.size,) + post)
+    dx = np.zeros(tuple(x_shape))
+    np.add.at(np.moveaxis(dx, axis, 0), i, np.moveaxis(g, axis, 0))      # (N, pre, post) += (K, pre, post)
+    if scale_grad_by_freq:
+        count = np.bincount(i, minlength=n).astype(np.float64)
+        np.moveaxis(dx, axis, -1)[...] /= np.maximum(count, 1.0)
+    if padding_idx is not None:
+        np.moveaxis(dx, axis, 0)[padding_idx] = 0.0
+    return dx.astype(dy.dtype)

@@ -55,7 +55,8 @@ def _physical(a: np.ndarray) -> np.ndarray:
 
 
 # ops whose constant operands have no weight slot, and which of their operands get a gradient
-_OPERAND_SLOTS = {**{k: (0, 1) for k in ops.BINARY}, "matmul": (0, 1), "where": (2, 3), "grid_sample": (0, 1)}
+_OPERAND_SLOTS = {**{k: (0, 1) for k in ops.BINARY}, "matmul": (0, 1), "where": (2, 3), "grid_sample": (0, 1),
+                  "take": (0,)}
 
 
 def operand_constants(net: Network) -> dict[str, bool]:
@@ -501,6 +502,10 @@ class TrainingSchedule:
         p = op.params
         self._fwd_values(op, lambda x, grid: ref.grid_sample(x, grid, p["mode"], p["padding_mode"],
                                                              p["align_corners"]))
+
+    def _fwd_take(self, op):
+        p = op.params
+        self._fwd_values(op, lambda x, idx: ref.take(x, idx, p["axis"], p["negative"]))
 
     def _fwd_pad(self, op):
         p = op.params
@@ -957,6 +962,14 @@ class TrainingSchedule:
         x, grid = (self._value(d) for d in op.inputs)
         grads = trs.grid_sample_backward(dy, x, grid, p["mode"], p["padding_mode"], p["align_corners"])
         self._operand_grads(op, zip(op.inputs, grads), u)
+
+    def _bwd_take(self, op):
+        """The table's gradient (an nn.Embedding's weight, a computed tensor); the indices (integers) get none."""
+        p, dy = op.params, _logical(self.grads[op.outputs[0].name])
+        x, idx = (self._value(d) for d in op.inputs)
+        dx = te.take_backward(dy, x.shape, idx, p["axis"] % x.ndim, p["negative"], p.get("padding_idx"),
+                              p.get("scale_grad_by_freq", False))
+        self._operand_grads(op, [(op.inputs[0], dx)])
 
     def _bwd_pad(self, op):
         p, shape = op.params, op.inputs[0].shape
