@@ -5,7 +5,8 @@ padding mode and align_corners, odd shapes (1 x 1 images, one row or column, gri
 coordinates); the numba kernel (kernels/resize.py) bitwise against the reference at several thread counts; the
 PyTorch tutorial's spatial transformer network (F.affine_grid of a computed theta) and a RAFT / PWC-Net style flow
 warp (`vgrid[:, 0] = 2.0 * vgrid[:, 0].clone() / max(W - 1, 1) - 1.0`, permute, grid_sample) through from_torch;
-the STN through both ONNX exporters (AffineGrid + GridSample at opset 20) and GridSample-16 against ONNX Runtime."""
+the STN through both ONNX exporters (AffineGrid + GridSample at opset 20) and GridSample-16 against ONNX Runtime.
+Bicubic: the 4 x 4 taps each brought in by the padding mode (ATen's get_value_bounded), A = -0.75."""
 from __future__ import annotations
 
 import io
@@ -23,7 +24,7 @@ import tilefuse
 from tilefuse.kernels import reference as ref
 from tilefuse.kernels.resize import grid_sample as grid_kernel
 
-MODES = ["bilinear", "nearest"]
+MODES = ["bilinear", "nearest", "bicubic"]
 PADS = ["zeros", "border", "reflection"]
 # (N, C, H, W, Ho, Wo)
 SHAPES = [(2, 3, 5, 7, 4, 6), (1, 1, 1, 1, 3, 3), (1, 2, 1, 9, 2, 5), (3, 17, 13, 11, 9, 10), (1, 4, 6, 1, 1, 7)]
@@ -191,7 +192,9 @@ def test_stn_through_onnx(exporter):
 @pytest.mark.parametrize("opset", [16, 20])
 @pytest.mark.parametrize("kw", [dict(), dict(mode="nearest", padding_mode="border"),
                                 dict(padding_mode="reflection", align_corners=True),
-                                dict(mode="nearest", padding_mode="reflection")], ids=str)
+                                dict(mode="nearest", padding_mode="reflection"),
+                                dict(mode="bicubic", padding_mode="border"),
+                                dict(mode="bicubic", padding_mode="reflection", align_corners=True)], ids=str)
 def test_grid_sample_through_onnx_matches_onnx_runtime(kw, opset):
     torch.manual_seed(2)
     m = SampleAtConv(**kw).eval()
@@ -202,12 +205,17 @@ def test_grid_sample_through_onnx_matches_onnx_runtime(kw, opset):
     assert_close_to_max(y, _torch(m, x), what="against PyTorch")
 
 
+class Volumetric(nn.Module):
+    def forward(self, x):
+        return F.grid_sample(x, torch.tanh(x[:, :3].permute(0, 2, 3, 4, 1)), align_corners=False)
+
+
 def test_what_is_refused_is_refused_by_name():
-    x = torch.randn(1, 3, 8, 8)
-    with pytest.raises(tilefuse.UnsupportedOpError, match=r"grid_sample mode='bicubic' of a 4-D input"):
-        tilefuse.from_torch(SampleAtConv(mode="bicubic"), x)
-    blob = _export(SampleAtConv(mode="bicubic"), x.numpy(), "torchscript", 16)
-    with pytest.raises(tilefuse.UnsupportedOpError, match=r"GridSample mode 'bicubic' of a 4-D input"):
+    x = torch.randn(1, 3, 4, 5, 6)
+    with pytest.raises(tilefuse.UnsupportedOpError, match=r"grid_sample mode='bilinear' of a 5-D input"):
+        tilefuse.from_torch(Volumetric(), x)
+    blob = _export(Volumetric(), x.numpy(), "dynamo", 20)
+    with pytest.raises(tilefuse.UnsupportedOpError, match=r"GridSample mode 'linear' of a 5-D input; tilefuse samples 4-D"):
         tilefuse.from_onnx(blob)
     net = tilefuse.Network("g")
     a = net.input("x", (1, 4, 16, 16))

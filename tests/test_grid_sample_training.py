@@ -138,3 +138,20 @@ def test_a_grid_folded_from_a_parameter_is_refused_by_name():
     net = tilefuse.from_torch(Folded(), torch.randn(1, 3, 5, 5))
     with pytest.raises(tilefuse.UnsupportedOpError, match=r"derived from parameter 'theta'"):
         Trainer(net, SGD(lr=0.1))
+
+
+def test_bicubic_is_refused_by_name_in_training():
+    class Bicubic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.g = nn.Conv2d(3, 2, 3, padding=1)
+            self.fc = nn.Linear(3, 4)
+
+        def forward(self, x):
+            y = F.grid_sample(x, torch.tanh(self.g(x)).permute(0, 2, 3, 1), mode="bicubic", align_corners=False)
+            return self.fc(y.mean((2, 3)))
+
+    net = tilefuse.from_torch(Bicubic(), torch.randn(2, 3, 6, 6))
+    with pytest.raises(tilefuse.UnsupportedOpError, match=r"grid_sample mode 'bicubic' has no backward in the "
+                                                          r"trainer; expected mode 'bilinear' or 'nearest'"):
+        Trainer(net, SGD(lr=0.1))

@@ -1440,12 +1440,13 @@ _GRID_PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
 
 
 def _grid_sampler(imp, x, grid, interpolation_mode, padding_mode, align_corners):
-    """F.grid_sample (aten.grid_sampler / grid_sampler_2d with the enums' integers) of 4-D tensors."""
+    """F.grid_sample (aten.grid_sampler / grid_sampler_2d with the enums' integers) of 4-D tensors: bilinear,
+    nearest, bicubic."""
     x, g = imp.tensor(x), imp.const_node(grid) if isinstance(grid, Const) else imp.tensor(grid, "grid")
     mode = _GRID_MODES.get(int(interpolation_mode), str(interpolation_mode))
-    if mode not in ("bilinear", "nearest") or len(x.shape) != 4:
+    if mode not in ("bilinear", "nearest", "bicubic") or len(x.shape) != 4:
         raise imp.fail(f"grid_sample mode={mode!r} of a {len(x.shape)}-D input",
-                       "supported: 4-D (N, C, H, W) inputs, mode 'bilinear' or 'nearest'")
+                       "supported: 4-D (N, C, H, W) inputs, mode 'bilinear', 'nearest' or 'bicubic'")
     return imp.net.grid_sample(x, g, mode, _GRID_PADDINGS[int(padding_mode)], bool(align_corners),
                                name=imp.op_name())
 

@@ -701,7 +701,7 @@ def resize(x, size, scales=None, mode="nearest", coord="asymmetric", nearest_mod
 # (g + 1) * (size / 2) - 0.5; border clips it to [0, size - 1]; reflection folds it into [0, size - 1]
 # (align_corners) or [-0.5, size - 0.5] (then clips); bilinear weights from floor(ix) and the four corners summed
 # nw, ne, sw, se (a corner outside the image reads 0); nearest rounds halves to even and reads 0 outside.
-GRID_MODES = ("bilinear", "nearest")
+GRID_MODES = ("bilinear", "nearest", "bicubic")
 GRID_PADDINGS = ("zeros", "border", "reflection")
 
 
@@ -730,11 +730,33 @@ def grid_unnormalize(g, size, padding_mode, align_corners):
             c = (g + dt(1)) * dt((size - 1) / 2)
         else:
             c = (g + dt(1)) * dt(size / 2) - dt(0.5)
+        return grid_bound(c, size, padding_mode, align_corners)
+
+
+def grid_bound(c, size, padding_mode, align_corners):
+    """A source coordinate brought into the image by the padding mode: border clips, reflection reflects (about the
+    corner pixels' centres with align_corners, their outer edges without) then clips; zeros leaves it."""
+    with np.errstate(invalid="ignore", over="ignore"):
         if padding_mode == "border":
             c = _clip(c, size)
         elif padding_mode == "reflection":
             c = _clip(_reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1), size)
     return c
+
+
+def grid_cubic_coefficients(t):
+    """ATen's vectorized bicubic grid sampler's four weights (A = -0.75) at fractions t: the taps at -1, 0, 1, 2
+    (distances t + 1, t, 1 - t, 2 - t), in t's dtype."""
+    dt = t.dtype.type
+    a = dt(-0.75)
+
+    def far(x):                      # 1 < x < 2
+        return ((a * x - dt(5) * a) * x + dt(8) * a) * x - dt(4) * a
+
+    def near(x):                     # x <= 1
+        return ((a + dt(2)) * x - (a + dt(3))) * x * x + dt(1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return far(t + dt(1)), near(t), near(dt(1) - t), far(dt(2) - t)
 
 
 def _reflect(c, twice_low, twice_high):
@@ -772,6 +794,21 @@ def grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=Fa
         if mode == "nearest":
             rx, ry = np.rint(ix), np.rint(iy)
             return np.ascontiguousarray(read(_as_index(ry), _as_index(rx)))
+        if mode == "bicubic":
+            # unnormalized only; each of the 4 x 4 taps brought in by the padding mode (ATen's get_value_bounded),
+            # rows interpolated along x, then those along y
+            ux = grid_unnormalize(grid[..., 0], w, "zeros", align_corners)
+            uy = grid_unnormalize(grid[..., 1], h, "zeros", align_corners)
+            x0, y0 = np.floor(ux), np.floor(uy)
+            cx, cy = grid_cubic_coefficients(ux - x0), grid_cubic_coefficients(uy - y0)
+            xs = [_as_index(grid_bound(x0 + dt(k), w, padding_mode, align_corners)) for k in (-1, 0, 1, 2)]
+            out = None
+            for i, k in enumerate((-1, 0, 1, 2)):
+                yi = _as_index(grid_bound(y0 + dt(k), h, padding_mode, align_corners))
+                row = (cx[0][:, None] * read(yi, xs[0]) + cx[1][:, None] * read(yi, xs[1])
+                       + cx[2][:, None] * read(yi, xs[2]) + cx[3][:, None] * read(yi, xs[3]))
+                out = cy[i][:, None] * row if out is None else out + cy[i][:, None] * row
+            return np.ascontiguousarray(out.astype(x.dtype, copy=False))
         x0, y0 = np.floor(ix), np.floor(iy)
         we = ix - x0
         ea = dt(1) - we

@@ -106,11 +106,18 @@ def resize(out, x, *, size, scales=None, mode="nearest", coord="asymmetric", nea
 @njit(inline="always", cache=True)
 def _grid_coord(g, size, pad, align):
     """pad: 0 zeros, 1 border, 2 reflection."""
-    one, zero = np.float32(1.0), np.float32(0.0)
+    one = np.float32(1.0)
     if align:
         c = (g + one) * np.float32((size - 1) / 2)
     else:
         c = (g + one) * np.float32(size / 2) - np.float32(0.5)
+    return _grid_bound(c, size, pad, align)
+
+
+@njit(inline="always", cache=True)
+def _grid_bound(c, size, pad, align):
+    """reference.grid_bound: border clips, reflection reflects then clips, zeros leaves c."""
+    zero = np.float32(0.0)
     if pad == 2:
         if align:
             lo, span2 = zero, np.float32(2 * (size - 1))
@@ -135,14 +142,60 @@ def _grid_index(f):
     return int(f)
 
 
+@njit(inline="always", cache=True)
+def _cubic_far(x):
+    a = np.float32(-0.75)
+    return ((a * x - np.float32(5.0) * a) * x + np.float32(8.0) * a) * x - np.float32(4.0) * a
+
+
+@njit(inline="always", cache=True)
+def _cubic_near(x):
+    a = np.float32(-0.75)
+    return ((a + np.float32(2.0)) * x - (a + np.float32(3.0))) * x * x + np.float32(1.0)
+
+
+@njit(inline="always", cache=True)
+def _bicubic_at(out, x, n, i, j, ux, uy, pad, align, cx, cy, xs, oks):
+    """One output position of bicubic sampling (reference.grid_sample's order): the 4 x 4 taps around the
+    unnormalized (ux, uy), each brought in by the padding mode, rows along x, then along y."""
+    C, H, W = x.shape[1], x.shape[2], x.shape[3]
+    x0, y0 = np.floor(ux), np.floor(uy)
+    tx, ty = ux - x0, uy - y0
+    one = np.float32(1.0)
+    cx[0], cx[1], cx[2], cx[3] = _cubic_far(tx + one), _cubic_near(tx), _cubic_near(one - tx), \
+        _cubic_far(np.float32(2.0) - tx)
+    cy[0], cy[1], cy[2], cy[3] = _cubic_far(ty + one), _cubic_near(ty), _cubic_near(one - ty), \
+        _cubic_far(np.float32(2.0) - ty)
+    for k in range(4):
+        xs[k] = _grid_index(_grid_bound(x0 + np.float32(k - 1), W, pad, align))
+        oks[k] = 0 <= xs[k] < W
+    for c in range(C):
+        acc = np.float32(0.0)
+        for r in range(4):
+            yi = _grid_index(_grid_bound(y0 + np.float32(r - 1), H, pad, align))
+            row = np.float32(0.0)
+            for k in range(4):
+                val = x[n, c, yi, xs[k]] if (0 <= yi < H and oks[k]) else np.float32(0.0)
+                row = cx[k] * val if k == 0 else row + cx[k] * val
+            acc = cy[r] * row if r == 0 else acc + cy[r] * row
+        out[n, c, i, j] = acc
+
+
 @njit(nogil=True, cache=True)
-def _grid_row(out, x, grid, n, i, nearest, pad, align):
+def _grid_row(out, x, grid, n, i, mode, pad, align):
+    """mode: 0 bilinear, 1 nearest, 2 bicubic."""
     C, H, W = x.shape[1], x.shape[2], x.shape[3]
     one = np.float32(1.0)
+    cx, cy = np.empty(4, np.float32), np.empty(4, np.float32)
+    xs, oks = np.empty(4, np.int64), np.empty(4, np.bool_)
     for j in range(out.shape[3]):
+        if mode == 2:
+            _bicubic_at(out, x, n, i, j, _grid_coord(grid[n, i, j, 0], W, 0, align),
+                        _grid_coord(grid[n, i, j, 1], H, 0, align), pad, align, cx, cy, xs, oks)
+            continue
         ix = _grid_coord(grid[n, i, j, 0], W, pad, align)
         iy = _grid_coord(grid[n, i, j, 1], H, pad, align)
-        if nearest:
+        if mode == 1:
             xi, yi = _grid_index(np.rint(ix)), _grid_index(np.rint(iy))
             if 0 <= xi < W and 0 <= yi < H:
                 for c in range(C):
@@ -169,6 +222,7 @@ def _grid_row(out, x, grid, n, i, nearest, pad, align):
 
 
 GRID_PADDING_CODES = {"zeros": 0, "border": 1, "reflection": 2}
+GRID_MODE_CODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
 
 
 def grid_sample(out, x, grid, *, mode="bilinear", padding_mode="zeros", align_corners=False, threads=None, **_):
@@ -176,9 +230,9 @@ def grid_sample(out, x, grid, *, mode="bilinear", padding_mode="zeros", align_co
     if out.dtype != np.float32:
         out[...] = ref.grid_sample(x, grid, mode, padding_mode, align_corners)
         return
-    nearest, pad, align = mode == "nearest", GRID_PADDING_CODES[padding_mode], bool(align_corners)
+    code, pad, align = GRID_MODE_CODES[mode], GRID_PADDING_CODES[padding_mode], bool(align_corners)
     tasks = [(n, i) for n in range(out.shape[0]) for i in range(out.shape[2])]
-    parallel_for(lambda t: _grid_row(out, x, grid, t[0], t[1], nearest, pad, align), tasks, threads)
+    parallel_for(lambda t: _grid_row(out, x, grid, t[0], t[1], code, pad, align), tasks, threads)
 
 
 KERNELS = {"resize": resize, "grid_sample": grid_sample}

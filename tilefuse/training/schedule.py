@@ -166,6 +166,9 @@ class TrainingSchedule:
         if op.op in ("conv2d", "conv_transpose2d") and (op.params.get("relu") or op.params.get("has_residual")):
             raise UnsupportedOpError(f"{op.name}: {op.op} with a fused relu/residual epilogue cannot be "
                                      f"trained; expected a network before inference fusion")
+        if op.op == "grid_sample" and op.params["mode"] == "bicubic":
+            raise UnsupportedOpError(f"{op.name}: grid_sample mode 'bicubic' has no backward in the trainer; "
+                                     f"expected mode 'bilinear' or 'nearest'")
         if op.op == "flatten" and op.params["start_dim"] != 1:
             raise UnsupportedOpError(f"{op.name}: flatten(start_dim={op.params['start_dim']}); "
                                      f"expected start_dim=1")

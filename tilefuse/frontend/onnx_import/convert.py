@@ -797,15 +797,16 @@ def _grid_sample(cx: Ctx, nd: OnnxNode, used):
         else cx.computed(nd, 1, "grid")
     mode = _str(nd.attrs, "mode", "bilinear" if nd.version < 20 else "linear")
     pad = _str(nd.attrs, "padding_mode", "zeros")
-    if mode not in ("bilinear", "linear", "nearest") or len(x.shape) != 4:
+    if mode not in ("bilinear", "linear", "nearest", "bicubic", "cubic") or len(x.shape) != 4:
         raise nd.refuse(f"GridSample mode {mode!r} of a {len(x.shape)}-D input; tilefuse samples 4-D (N, C, H, W) "
-                        f"inputs, mode {'bilinear' if nd.version < 20 else 'linear'} or nearest")
+                        f"inputs, mode {'bilinear, nearest or bicubic' if nd.version < 20 else 'linear, nearest or cubic'}")
     if pad not in ("zeros", "border", "reflection"):
         raise GraphError(nd.where, f"padding_mode {pad!r}; expected zeros, border or reflection")
     ac = nd.attrs.get("align_corners", 0)
     if ac not in (0, 1):
         raise GraphError(nd.where, f"align_corners={ac!r}; expected 0 or 1")
-    return cx.net.grid_sample(x, g, "bilinear" if mode == "linear" else mode, pad, bool(ac), name=cx.fresh(nd.name))
+    mode = {"linear": "bilinear", "cubic": "bicubic"}.get(mode, mode)
+    return cx.net.grid_sample(x, g, mode, pad, bool(ac), name=cx.fresh(nd.name))
 
 
 def _affine_grid(cx: Ctx, nd: OnnxNode, used):
@@ -1527,7 +1528,7 @@ RULES: dict[str, Rule] = {
     "ScatterElements": _r(_scatter_elements, (11, 13, 16, 18), "axis reduction", "reshape slice concat",
                           "constant indices, reduction none, each position written once"),
     "GridSample": _r(_grid_sample, (16, 20, 22), "align_corners mode padding_mode", "grid_sample",
-                     "4-D input; bilinear / linear or nearest (bicubic refused)"),
+                     "4-D input; bilinear / linear, nearest, bicubic / cubic"),
     "Upsample": _r(_upsample, (7, 9), "mode scales", "resize",
                    "H, W of (N, C, H, W); nearest or linear; asymmetric coordinates, ONNX Runtime's legacy nearest "
                    "pixel (truncated enlarging, rounded up shrinking)"),
