@@ -1,5 +1,5 @@
 """Element-wise math as model code writes it: abs, exp, log, sqrt, rsqrt, pow, CELU, SELU, LogSigmoid, erf, floor,
-ceil, round, sin, cos (activation codes 14-28), and what is composed of them: var / std, F.normalize's vector norm,
+ceil, round, sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh (activation codes 14-37), and what is composed of them: var / std, F.normalize's vector norm,
 log_softmax, amin / x.min(dim).
 
 The blocks are those of well-known models, written as their authors wrote them: SSD's L2Norm (`x.pow(2).sum(1,
@@ -50,6 +50,15 @@ CASES = [
     ("round", {}, torch.round, np.concatenate([XALL, np.arange(-6, 6, 0.5, dtype=np.float32)]), 0),
     ("sin", {}, torch.sin, XALL, 1e-6),
     ("cos", {}, torch.cos, XALL, 1e-6),
+    ("tan", {}, torch.tan, XALL, 1e-6),
+    ("asin", {}, torch.asin, XALL, 1e-6),
+    ("acos", {}, torch.acos, XALL, 1e-6),
+    ("atan", {}, torch.atan, XALL, 1e-6),
+    ("sinh", {}, torch.sinh, XALL, 1e-6),
+    ("cosh", {}, torch.cosh, XALL, 1e-6),
+    ("asinh", {}, torch.asinh, XALL, 1e-6),
+    ("acosh", {}, torch.acosh, XALL, 1e-6),
+    ("atanh", {}, torch.atanh, XALL, 1e-6),
 ]
 SPECIAL = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, -1.0, 1.0, -2.0, 89.0, -89.0, -104.0, 1e-40, -1e-40])
 
@@ -242,6 +251,16 @@ class Rounding(nn.Module):
         return q + 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
+class Trigonometric(nn.Module):
+    """tan and the inverse functions on arguments inside their domains (a tanh bounds asin / acos's), as
+    coordinate-transform and SIREN-style code uses them (the hyperbolic ones: `test_hyperbolic_functions_import`;
+    the TorchScript exporter cannot export them)."""
+
+    def forward(self, x):
+        b = torch.tanh(x) * 0.9
+        return torch.asin(b) + torch.acos(b) * 0.5 + torch.atan(x * 3.0) + torch.tan(b)
+
+
 MODELS = {
     "ssd_l2norm": lambda: nn.Sequential(nn.Conv2d(3, 24, 3, padding=1), nn.ReLU(), L2Norm(24, 20),
                                         nn.Conv2d(24, 8, 3, padding=1)),
@@ -259,6 +278,7 @@ MODELS = {
                                                 nn.Conv2d(20, 6, 1)),
     "bare_l2": lambda: nn.Sequential(nn.Conv2d(3, 17, 3), BareL2(), nn.Conv2d(17, 4, 3)),
     "rounding": lambda: nn.Sequential(Rounding(), nn.Conv2d(3, 6, 3)),
+    "trigonometric": lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), Trigonometric(), nn.Conv2d(8, 4, 1)),
 }
 
 
@@ -275,6 +295,19 @@ def test_from_torch_matches_pytorch(name):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_onnx_exports_match_pytorch_and_onnxruntime(name, exporter):
     check_export(MODELS[name], _x(1), exporter)
+
+
+def test_hyperbolic_functions_import():
+    """sinh, cosh, asinh, acosh (of 1 + |x|), atanh (of a tanh's 0.9): from_torch and the dynamo exporter."""
+    class Hyperbolic(nn.Module):
+        def forward(self, x):
+            b = torch.tanh(x) * 0.9
+            y = torch.sinh(b) - torch.cosh(b) * 0.25 + torch.asinh(x)
+            return y + torch.acosh(1.0 + x.abs()) + torch.atanh(b) * 2.0
+
+    m = lambda: nn.Sequential(nn.Conv2d(3, 5, 3), Hyperbolic())                 # noqa: E731
+    check_from_torch(m, _x())
+    check_export(m, _x(1), "dynamo")
 
 
 def test_pow_imports_as_products_roots_and_the_pow_activation():

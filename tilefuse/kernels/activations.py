@@ -54,6 +54,15 @@ The epilogue order of a fused conv is fixed:  y = act(conv(x, w) + bias + residu
  27    sin          -                             sin(x) (float64 inside: exact range         sin / Sin
                                                   reduction at any |x|)
  28    cos          -                             cos(x) (as sin)                           cos / Cos
+ 29    tan          -                             tan(x) (as sin)                           tan / Tan
+ 30    asin         -                             asin(x) (NaN outside [-1, 1]; as sin)     asin / Asin
+ 31    acos         -                             acos(x) (as asin)                         acos / Acos
+ 32    atan         -                             atan(x) (as sin)                          atan / Atan
+ 33    sinh         -                             sinh(x) (inf past float32's range)        sinh / Sinh
+ 34    cosh         -                             cosh(x) (as sinh)                         cosh / Cosh
+ 35    asinh        -                             asinh(x)                                  asinh / Asinh
+ 36    acosh        -                             acosh(x) (NaN below 1)                    acosh / Acosh
+ 37    atanh        -                             atanh(x) (+-inf at +-1, NaN beyond)       atanh / Atanh
 
 ln, sqrt, rsqrt and pow with p < 0 are infinite at 0: `finite_at_zero` says so, and the compiler keeps such an
 activation out of the epilogues that write act(0) into the padded channels of a blocked tensor (the next conv's
@@ -110,7 +119,18 @@ ACTIVATIONS: dict[str, tuple[int, tuple[str, ...], tuple[float, ...]]] = {
     "round": (26, (), ()),
     "sin": (27, (), ()),
     "cos": (28, (), ()),
+    "tan": (29, (), ()),
+    "asin": (30, (), ()),
+    "acos": (31, (), ()),
+    "atan": (32, (), ()),
+    "sinh": (33, (), ()),
+    "cosh": (34, (), ()),
+    "asinh": (35, (), ()),
+    "acosh": (36, (), ()),
+    "atanh": (37, (), ()),
 }
+# the trigonometric and hyperbolic codes 27-37: numpy's float64 function (reference), libm's (kernels)
+TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
 NAMES = {code: name for name, (code, _, _) in ACTIVATIONS.items()}
 IDENTITY = (0, 0.0, 0.0)
 
@@ -198,9 +218,11 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
         y = np.vectorize(math.erf, otypes=[np.float64])(d) if d.size else d
     elif name in ("floor", "ceil", "round"):
         y = {"floor": np.floor, "ceil": np.ceil, "round": np.rint}[name](d)
-    elif name in ("sin", "cos"):
-        with np.errstate(invalid="ignore"):       # sin(+-inf) = NaN, as PyTorch
-            y = (np.sin if name == "sin" else np.cos)(d)
+    elif name in TRIG:
+        with np.errstate(all="ignore"):           # sin(+-inf), asin(2) = NaN, atanh(1) = inf: as PyTorch
+            y = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
+                 "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh,
+                 "atanh": np.arctanh}[name](d)
     elif name in ("abs", "exp", "log", "sqrt", "rsqrt", "pow", "celu", "selu", "log_sigmoid"):
         with np.errstate(all="ignore"):           # overflow to inf, log(0) = -inf, NaN below 0: as PyTorch
             y = {"abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
@@ -285,6 +307,22 @@ def derivative(name: str, dy: np.ndarray, x: np.ndarray, alpha: float = 0.0, bet
             k = np.cos(d)
         elif name == "cos":
             k = -np.sin(d)
+        elif name == "tan":
+            k = 1.0 + np.tan(d) ** 2
+        elif name in ("asin", "acos"):
+            k = (1.0 if name == "asin" else -1.0) / np.sqrt(1.0 - d * d)
+        elif name == "atan":
+            k = 1.0 / (1.0 + d * d)
+        elif name == "sinh":
+            k = np.cosh(d)
+        elif name == "cosh":
+            k = np.sinh(d)
+        elif name == "asinh":
+            k = 1.0 / np.sqrt(d * d + 1.0)
+        elif name == "acosh":
+            k = 1.0 / np.sqrt(d * d - 1.0)
+        elif name == "atanh":
+            k = 1.0 / (1.0 - d * d)
         else:
             raise ValueError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}")
         out = g * k
@@ -549,7 +587,7 @@ def _expm1_neg(t):
 SPAN_FASTMATH = {"contract"}
 
 
-# the element-wise math codes (14-28), one function each: apply_span's loop for a code inlines only its own
+# the element-wise math codes (14-37), one function each: apply_span's loop for a code inlines only its own
 # function, and apply_scalar (inlined into every kernel's scalar stores) reaches them through one call of
 # _math_call: inlining all of them there made numba compile 9x longer (apply_span 18 -> 169 s, a conv network's
 # kernels 1.7 -> 6.8 s)
@@ -632,12 +670,28 @@ def _s_cos(v, alpha, beta):
     return np.float32(math.cos(np.float64(v)))
 
 
+def _libm(fn):
+    """A code's float32 function from libm's float64 one (as sin: one scalar call per value)."""
+    @njit(inline="always", cache=True)
+    def f(v, alpha, beta):
+        return np.float32(fn(np.float64(v)))
+    return f
+
+
+# tan .. atanh: libm's float64 functions rounded to float32, as sin and cos (inverse and hyperbolic functions in
+# coordinate transforms, SIREN-style networks, losses); compiled, asin, acos, acosh and atanh are NaN outside their
+# domains and sinh / cosh overflow to inf (libm's results: numba raises no domain error)
+_s_tan, _s_asin, _s_acos, _s_atan, _s_sinh, _s_cosh, _s_asinh, _s_acosh, _s_atanh = (
+    _libm(fn) for fn in (math.tan, math.asin, math.acos, math.atan, math.sinh, math.cosh, math.asinh, math.acosh,
+                         math.atanh))
+
+
 MATH_CODES = 14     # codes from here on: the element-wise math functions
 
 
 @njit(nogil=True, cache=True, fastmath=SPAN_FASTMATH)
 def _math_call(code, v, alpha, beta):
-    """One value of a math code (14-28), out of line (flags stated: never inherited from the caller)."""
+    """One value of a math code (14-37), out of line (flags stated: never inherited from the caller)."""
     if code == 14:
         return _s_abs(v, alpha, beta)
     if code == 15:
@@ -668,6 +722,24 @@ def _math_call(code, v, alpha, beta):
         return _s_sin(v, alpha, beta)
     if code == 28:
         return _s_cos(v, alpha, beta)
+    if code == 29:
+        return _s_tan(v, alpha, beta)
+    if code == 30:
+        return _s_asin(v, alpha, beta)
+    if code == 31:
+        return _s_acos(v, alpha, beta)
+    if code == 32:
+        return _s_atan(v, alpha, beta)
+    if code == 33:
+        return _s_sinh(v, alpha, beta)
+    if code == 34:
+        return _s_cosh(v, alpha, beta)
+    if code == 35:
+        return _s_asinh(v, alpha, beta)
+    if code == 36:
+        return _s_acosh(v, alpha, beta)
+    if code == 37:
+        return _s_atanh(v, alpha, beta)
     return v
 
 
@@ -709,7 +781,7 @@ def apply_scalar(code, v, alpha, beta):
         return v * _mish_ratio(v)
     if code == 13:
         return _softplus(v, alpha, beta)
-    return _math_call(code, v, alpha, beta)      # 14-28 (a call: see _s_abs)
+    return _math_call(code, v, alpha, beta)      # 14-37 (a call: see _s_abs)
 
 
 @njit(inline="always", cache=True)
@@ -733,6 +805,8 @@ _L_ABS, _L_EXP, _L_LOG, _L_SQRT, _L_RSQRT, _L_POW, _L_CELU, _L_SELU, _L_LOG_SIGM
     _math_loop(f) for f in (_s_abs, _s_exp, _s_log, _s_sqrt, _s_rsqrt, _s_pow, _s_celu, _s_selu, _s_log_sigmoid))
 _L_ERF, _L_FLOOR, _L_CEIL, _L_ROUND, _L_SIN, _L_COS = (
     _math_loop(f) for f in (_s_erf, _s_floor, _s_ceil, _s_round, _s_sin, _s_cos))
+_L_TAN, _L_ASIN, _L_ACOS, _L_ATAN, _L_SINH, _L_COSH, _L_ASINH, _L_ACOSH, _L_ATANH = (
+    _math_loop(f) for f in (_s_tan, _s_asin, _s_acos, _s_atan, _s_sinh, _s_cosh, _s_asinh, _s_acosh, _s_atanh))
 
 
 
@@ -798,8 +872,26 @@ def apply_span(f, lo, hi, code, a, b):
         _L_ROUND(f, lo, hi, a, b)
     elif code == 27:
         _L_SIN(f, lo, hi, a, b)
-    else:
+    elif code == 28:
         _L_COS(f, lo, hi, a, b)
+    elif code == 29:
+        _L_TAN(f, lo, hi, a, b)
+    elif code == 30:
+        _L_ASIN(f, lo, hi, a, b)
+    elif code == 31:
+        _L_ACOS(f, lo, hi, a, b)
+    elif code == 32:
+        _L_ATAN(f, lo, hi, a, b)
+    elif code == 33:
+        _L_SINH(f, lo, hi, a, b)
+    elif code == 34:
+        _L_COSH(f, lo, hi, a, b)
+    elif code == 35:
+        _L_ASINH(f, lo, hi, a, b)
+    elif code == 36:
+        _L_ACOSH(f, lo, hi, a, b)
+    else:
+        _L_ATANH(f, lo, hi, a, b)
 
 
 @njit(nogil=True, cache=True)
@@ -811,7 +903,7 @@ def apply_inplace(x, code, alpha, beta):
 
 # training backward (training/schedule.py's activation op): out = dy * act'(x) in float32, one loop per code
 # (the code a constant in each, as apply_span), the kink conventions of `derivative`. Codes 0-11 have a loop;
-# the others (mish, softplus, the math functions 14-28) take `derivative` (numpy, float64 inside), which the
+# the others (mish, softplus, the math functions 14-37) take `derivative` (numpy, float64 inside), which the
 # tests compare both with PyTorch (tests/test_training_modern.py).
 GRAD_CODES = frozenset(range(12))
 _F1_3 = np.float32(1.0 / 3.0)

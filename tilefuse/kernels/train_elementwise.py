@@ -148,8 +148,9 @@ def _act_grad_seq(counter, tid, out, dy, x, code, a, b):
         A.grad_span(out[i0:i1], dy[i0:i1], x[i0:i1], code, a, b)
 
 
-# activations whose derivative is infinite somewhere (at 0): 0 * inf there is NaN, where dy is 0 the gradient is 0
-_SINGULAR = frozenset({"sqrt", "rsqrt", "log", "pow"})
+# activations whose derivative is infinite somewhere (at 0, at a domain's edge): 0 * inf there is NaN, where dy is 0
+# the gradient is 0
+_SINGULAR = frozenset({"sqrt", "rsqrt", "log", "pow", "tan", "asin", "acos", "acosh", "atanh"})
 
 
 def activation_backward(act, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
