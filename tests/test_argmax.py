@@ -192,3 +192,20 @@ def test_what_is_refused_is_refused_by_name():
         net.argmax(net.input("x", (5,)), 0)
     with pytest.raises(GraphError, match=r"axis 3 is out of range for rank 2"):
         net.argmax(net.input("y", (5, 2)), 3)
+
+
+def test_an_integer_input_given_fractions_is_refused_by_name():
+    """Floats for an input the model declares integer are taken where they hold integers (the one-array call too),
+    refused naming the value elsewhere; an integer input passed through is returned in its dtype."""
+    net = tilefuse.Network("n")
+    t = net.input("t", (4,), integer=np.int64)
+    net.output(net.reshape(t, (2, 2), name="r"), integer=np.int64)
+    sess = tilefuse.compile(net)
+    for a in (np.array([3, 1, -2, 7]), np.float32([3, 1, -2, 7])):
+        got = sess.run(a)
+        assert got.dtype == np.int64 and got.tolist() == [[3, 1], [-2, 7]]
+    with pytest.raises(GraphError, match=r"t: input has the value 1.5 at \(1,\); the model takes it as int64: "
+                                         r"expected integers"):
+        sess.run(np.float32([3, 1.5, -2, 7]))
+    with pytest.raises(GraphError, match=r"input has the value nan at \(0,\)"):
+        tilefuse.evaluate(net, [np.float32([np.nan, 1, 2, 3])])

@@ -102,8 +102,8 @@ def check_inputs(specs, inputs, where: str) -> list[np.ndarray]:
     (name, shape, dtype) or (name, shape, dtype, integer dtype) in order. Each array must have its shape; a
     float of another precision is converted; integers are converted where the spec names an integer dtype (an
     input the model declares as integer: a diffusion model's timesteps) and every value is exact in the float
-    dtype (|v| <= 2^24 for float32), refused elsewhere, as bools and the rest are: GraphError naming the input
-    with what was found and what was expected."""
+    dtype (|v| <= 2^24 for float32), refused elsewhere, as bools and the rest are; floats for such an input must
+    hold integers: GraphError naming the input with what was found and what was expected."""
     specs = [(s[0], tuple(s[1]), np.dtype(s[2]), np.dtype(s[3]) if len(s) > 3 and s[3] is not None else None)
              for s in specs]
     names = [s[0] for s in specs]
@@ -137,6 +137,14 @@ def check_inputs(specs, inputs, where: str) -> list[np.ndarray]:
                 raise GraphError(name, f"input has dtype {a.dtype}, expected {want} (the network does not take "
                                        f"{a.dtype}; convert it first if that is meant)")
             a = a.astype(dt)
+        elif integer is not None and a.size:
+            # floats for an input the model declares integer: accepted where every value is an integer
+            with np.errstate(invalid="ignore"):
+                frac = ~(np.isfinite(a) & (a == np.round(a)))
+            if frac.any():
+                pos = tuple(int(i) for i in np.unravel_index(int(np.argmax(frac)), a.shape))
+                raise GraphError(name, f"input has the value {a[pos].item()!r} at {pos}; the model takes it as "
+                                       f"{integer}: expected integers (an integer array, or floats holding integers)")
         out.append(a)
     return out
 

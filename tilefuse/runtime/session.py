@@ -485,7 +485,8 @@ class Session:
             ints = self.package.meta.get("integer_inputs") or {}
             specs = self._in_specs = [(s.name, tuple(s.shape), np.dtype(s.dtype), ints.get(s.name))
                                       for s in self.package.inputs]
-        if type(xs) is np.ndarray and len(specs) == 1 and xs.shape == specs[0][1] and xs.dtype == specs[0][2]:
+        if type(xs) is np.ndarray and len(specs) == 1 and xs.shape == specs[0][1] and xs.dtype == specs[0][2] \
+                and specs[0][3] is None:
             return [xs]                   # the common call, as check_inputs would pass it
         return check_inputs(specs, xs, self.package.name)
 
