@@ -209,3 +209,25 @@ def test_an_integer_input_given_fractions_is_refused_by_name():
         sess.run(np.float32([3, 1.5, -2, 7]))
     with pytest.raises(GraphError, match=r"input has the value nan at \(0,\)"):
         tilefuse.evaluate(net, [np.float32([np.nan, 1, 2, 3])])
+
+
+def test_unread_indices_compute_no_argmax_and_train():
+    """CBAM's `torch.max(x, 1, keepdim=True)[0]` reads only the values: no argmax op (it would cost a pass and has
+    no backward), and the network trains."""
+    from tilefuse.training import SGD, Trainer
+
+    class SpatialMax(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.fc = nn.Linear(1, 3)
+
+        def forward(self, x):
+            y = torch.max(self.conv(x), 1, keepdim=True)[0] + torch.min(x, 1, keepdim=True)[0]
+            return self.fc(y.mean((2, 3)))
+
+    net = tilefuse.from_torch(SpatialMax(), torch.randn(2, 3, 5, 5))
+    assert "argmax" not in {o.op for o in net.ops}
+    loss, _ = Trainer(net, SGD(lr=0.1)).forward_backward(np.random.default_rng(0).standard_normal(
+        (2, 3, 5, 5)).astype(np.float32), np.array([0, 2]))
+    assert np.isfinite(loss)

@@ -832,7 +832,7 @@ def _min(imp, x, *rest, **kw):
     overload = imp.node.target._overloadname
     if overload == "dim":
         dim, keepdim = (list(rest) + [kw.get("dim"), kw.get("keepdim", False)][len(rest):])[:2]
-        return (_amin(imp, x, [dim], keepdim), _arg_extreme(False)(imp, x, dim, keepdim))
+        return (_amin(imp, x, [dim], keepdim), _dim_indices(imp, False, x, dim, keepdim))
     if overload == "default":
         return _amin(imp, x, None, False)
     if overload == "other":                 # torch.min(a, b): the element-wise minimum
@@ -890,7 +890,15 @@ def _reduce(kind):
 
 def _max_dim(imp, x, dim, keepdim=False):
     """aten.max.dim: (values, indices): the max reduce and the argmax."""
-    return (_reduce("max")(imp, x, [dim], keepdim), _arg_extreme(True)(imp, x, dim, keepdim))
+    return (_reduce("max")(imp, x, [dim], keepdim), _dim_indices(imp, True, x, dim, keepdim))
+
+
+def _dim_indices(imp, largest, x, dim, keepdim):
+    """max.dim / min.dim's indices: the argmax where the graph reads them (`[1]`), else nothing (CBAM's
+    `torch.max(x, 1)[0]` computes no argmax, and trains)."""
+    if not any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in imp.node.users):
+        return None
+    return _arg_extreme(largest)(imp, x, dim, keepdim)
 
 
 def _arg_extreme(largest: bool):
