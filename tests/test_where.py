@@ -136,19 +136,19 @@ def test_onnx_where_selects_between_two_computed_tensors_with_a_constant_conditi
 
 
 def test_what_stays_refused_is_named():
-    class BoolArithmetic(nn.Module):
+    class AnyPositive(nn.Module):
         def forward(self, x):
-            return x + (x > 0)
+            return x * (x > 0).any(1, keepdim=True)     # (bool arithmetic and sums: tests/test_zero_d.py)
 
-    with pytest.raises(UnsupportedOpError, match=r"aten\.add\.Tensor of a comparison's bool tensor.*torch\.where"):
-        tilefuse.from_torch(BoolArithmetic(), torch.from_numpy(_x()))
+    with pytest.raises(UnsupportedOpError, match=r"aten\.any\.dim of a comparison's bool tensor.*torch\.where"):
+        tilefuse.from_torch(AnyPositive(), torch.from_numpy(_x()))
 
-    class CountPositive(nn.Module):
+    class FlipMask(nn.Module):
         def forward(self, x):
-            return x * (x > 0).sum(1, keepdim=True)
+            return x * (x > 0).flip(1)
 
-    with pytest.raises(UnsupportedOpError, match=r"aten\.sum\.dim_IntList of a comparison's bool tensor"):
-        tilefuse.from_torch(CountPositive(), torch.from_numpy(_x()))
+    with pytest.raises(UnsupportedOpError, match=r"aten\.flip\.default of a comparison's bool tensor"):
+        tilefuse.from_torch(FlipMask(), torch.from_numpy(_x()))
     g = helper.make_graph([helper.make_node("Greater", ["x", "z"], ["c"]), helper.make_node("Cast", ["c"], ["i"], to=7),
                            helper.make_node("Cast", ["i"], ["y"], to=1)],
                           "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],

@@ -603,7 +603,7 @@ for _k in ("activation", "prelu", "add", "sub", "mul", "div", "maximum", "minimu
            "channel_norm", "channel_shuffle", "group_norm"):
     VALIDATORS[_k] = blocked_op_validator(_k, _layouts(_k))
 for _k in ("mean", "sum", "max", "reshape", "permute", "layer_norm", "adaptive_avg_pool", "adaptive_max_pool",
-           "matmul", "where", "pixel_shuffle", "grid_sample", "take", "argmax"):
+           "matmul", "where", "pixel_shuffle", "grid_sample", "take", "argmax", "cumsum"):
     VALIDATORS[_k] = op_validator(_k, _layouts(_k))
 
 

@@ -356,7 +356,7 @@ class _Importer:
             return self.const_node(v)
         if isinstance(v, (int, float, bool)):
             key = self.unique(f"{self.op_name_hint()}.scalar")
-            d = self.net.constant(key, np.full((1,), v, dtype=like.dtype), dtype=like.dtype)
+            d = self.net.constant(key, np.full((1,) if like.shape else (), v, dtype=like.dtype), dtype=like.dtype)
             self.net.constant_origin[d.name] = "buffer"
             return d
         raise self.fail(f"{self.target_name()} with an operand of type {type(v).__name__}")
@@ -411,18 +411,36 @@ class _Importer:
                 if ints:
                     self._check_integer_use(n)
                 self.env[n] = self.call(n)
+                self._check_shapes(n, self.env[n])
                 if (ints and _integer_result(n)) or _index_result(n):
                     self.int_nodes.add(n)
             elif n.op == "output":
                 fx = _flatten(n.args[0])
                 self.outputs(self.load(n.args[0]),
-                             [_INT_DTYPES.get(_result_dtype(a)) if a in self.int_nodes else None for a in fx])
+                             [_INT_DTYPES.get(_result_dtype(a)) if a in self.int_nodes else None for a in fx],
+                             [_fx_shape(a) for a in fx])
             elif n.op == "get_attr":
                 self.env[n] = Const(getattr(self.ep.graph_module, n.target), str(n.target))
             else:  # pragma: no cover
                 raise self.fail(f"graph node kind '{n.op}'")
         self.node = None
         return self.net
+
+    def _check_shapes(self, n, result) -> None:
+        """Every tensor the importer built has the shape PyTorch computed for the node (for a 0-d tensor, () or
+        (1,): a one-value constant operand is (1,), which broadcasts as the 0-d tensor does against any tensor of
+        rank >= 1, and `outputs` reshapes it); a difference is an importer bug, refused rather than computed
+        wrong."""
+        vals = n.meta.get("val")
+        got, want = (list(result), list(vals)) if isinstance(result, (tuple, list)) and \
+            isinstance(vals, (tuple, list)) else ([result], [vals])
+        for d, v in zip(got, want):
+            if isinstance(d, DataNode) and isinstance(v, torch.Tensor):
+                shape = tuple(int(s) for s in v.shape)
+                if tuple(d.shape) != shape and not (shape == () and tuple(d.shape) == (1,)):
+                    raise GraphError(d.name, f"the importer built shape {tuple(d.shape)} for {self.target_name()}"
+                                             f" where PyTorch computes {tuple(v.shape)}; please report this "
+                                             f"with the model")
 
     def load(self, a):
         return torch.fx.node.map_arg(a, lambda n: self.env[n])
@@ -471,12 +489,14 @@ class _Importer:
             raise self.fail(f"{self.target_name()} of {bad.what}",
                             f"tilefuse computes the values only; the indices come from {bad.where}")
         cmp = next((v for v in flat if isinstance(v, boolexpr.BOOL)), None)
+        if cmp is not None and name in _BOOL_ARITHMETIC:
+            return self.bool_arithmetic(name, args, kwargs)
         if cmp is not None and name not in _BOOL_READERS:
             if self.direct:             # (x > 0).to(dtype) and the like decompose to a reader
                 raise _NeedsDecomposition(name)
             raise self.fail(f"{self.target_name()} of a comparison's bool tensor (from {boolexpr.leaf(cmp).origin})",
-                            "tilefuse uses a comparison in torch.where(...), ~ / logical_not and .float() / "
-                            ".to(x.dtype) only")
+                            "tilefuse uses a comparison in torch.where(...), ~ / & / |, .float() / .to(x.dtype), "
+                            "arithmetic (x * mask, mask.sum(), mask.cumsum(1)) and x[mask] = v only")
         if not any(isinstance(v, (DataNode, *boolexpr.BOOL)) for v in flat) and \
                 not name.startswith(_NONDETERMINISTIC):
             return self.fold(target, args, kwargs)
@@ -490,6 +510,28 @@ class _Importer:
         schema = getattr(target, "_schema", None)
         if schema is not None and schema.is_mutable and n.args and hasattr(n.args[0], "op"):
             self.env[n.args[0]] = out     # x.add_(y): later reads of x see the result
+        return out
+
+    def bool_arithmetic(self, name, args, kwargs):
+        """Arithmetic reading a comparison's bool tensor. Of bools only, mul is logical and, add logical or (PyTorch's
+        bool result); otherwise PyTorch promotes the bool to 1 / 0 of the float dtype (logaddexp's `(a == b) * x`,
+        nanmean's count `(~isnan(x)).sum()`), and so does the importer (a where op per comparison), the op then
+        importing as usual. A sum of bools is an int64 count: an integer tensor (`int_nodes`)."""
+        if _result_dtype(self.node) == torch.bool and name in ("mul", "add") and not kwargs:
+            a, b = args
+            if isinstance(a, boolexpr.BOOL) and isinstance(b, boolexpr.BOOL):
+                return boolexpr.And(a, b) if name == "mul" else boolexpr.Or(a, b)
+            raise self.fail(f"{self.target_name()} of a bool tensor and a {type(b).__name__}")
+
+        def promote(v):
+            if not isinstance(v, boolexpr.BOOL):
+                return v
+            return boolexpr.select(self.net, v, 1.0, 0.0, self.unique(self.op_name_hint() + ".float"))
+        args = torch.fx.node.map_aggregate(args, promote)
+        kwargs = torch.fx.node.map_aggregate(kwargs, promote)
+        out = _ATEN[name](self, *args, **kwargs)
+        if _integer_result(self.node):
+            self.int_nodes.add(self.node)
         return out
 
     def fold(self, target, args, kwargs):
@@ -520,22 +562,31 @@ class _Importer:
                              for i, t in enumerate(out))
         return out
 
-    def outputs(self, result, integer=None) -> None:
+    def outputs(self, result, integer=None, shapes=None) -> None:
         """The network's outputs; integer[i]: the integer dtype output i is returned as (an argmax, an integer
-        input moved), or None."""
+        input moved), or None; shapes[i]: PyTorch's shape of output i (a 0-d one built as (1,) is reshaped)."""
         flat = _flatten(result)
         integer = integer or [None] * len(flat)
+        shapes = shapes or [None] * len(flat)
         if not flat:
             raise GraphError(self.net.name, "forward() returns no tensor; expected at least one")
-        for v, dt in zip(flat, integer):
+        for v, dt, shape in zip(flat, integer, shapes):
             if isinstance(v, Const):
                 raise GraphError(self.net.name, f"forward() returns the constant '{v.key}'; expected tensors "
                                                 f"computed from the inputs")
             d = self.tensor(v, "network output")
+            if shape == () and d.shape == (1,):
+                d = self.net.reshape(d, (), name=self.unique(f"{d.name}.0d"))
             if d.producer is None or any(d is o for o in self.net.outputs):
                 # an input returned as is, or the same tensor returned twice: copy it
                 d = self.net.dropout(d, 0.0, name=self.unique(f"{d.name}.copy"))
             self.net.output(d, integer=dt)
+
+
+def _fx_shape(n) -> tuple | None:
+    """The shape PyTorch computed for an FX node's tensor, else None."""
+    v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+    return tuple(int(s) for s in v.shape) if isinstance(v, torch.Tensor) else None
 
 
 def _result_dtype(n):
@@ -806,7 +857,7 @@ def _var(imp, x, dims=None, *rest, correction=None, keepdim=False, unbiased=None
     if sqrt:
         v = imp.net.activation(v, "sqrt", name=imp.op_name())
     if with_mean:
-        mean = m if keepdim else _reshape(imp, m, [s_ for i, s_ in enumerate(x.shape) if i not in dims] or [1])
+        mean = m if keepdim else _reshape(imp, m, [s_ for i, s_ in enumerate(x.shape) if i not in dims] or [])
         return (v, mean)
     return v
 
@@ -842,6 +893,8 @@ def _min(imp, x, *rest, **kw):
 
 def _amin(imp, x, dims=None, keepdim=False):
     x = imp.tensor(x)
+    if not x.shape:
+        return x
     dims = tuple(range(len(x.shape))) if dims in (None, []) else tuple(dims)
     return imp.net.min(x, dims, bool(keepdim), name=imp.op_name())
 
@@ -883,8 +936,11 @@ def _reduce(kind):
         x = imp.tensor(x)
         if dtype is not None:
             raise imp.fail(f"{kind} with dtype={dtype}")
+        if not x.shape:
+            return x                # a reduce of a 0-d tensor: itself
         dims = tuple(range(len(x.shape))) if dims in (None, []) else tuple(dims)
-        return imp.net.add_op(kind, [x], {"axes": dims, "keepdim": bool(keepdim)}, imp.op_name())
+        # over every axis without keepdim: a 0-d tensor (Network's reduce and a reshape to ())
+        return getattr(imp.net, kind)(x, dims, bool(keepdim), name=imp.op_name())
     return f
 
 
@@ -907,9 +963,11 @@ def _arg_extreme(largest: bool):
     def f(imp, x, dim=None, keepdim=False):
         x = imp.tensor(x)
         what = "argmax" if largest else "argmin"
-        if dim is None:
-            raise imp.fail(f"{what} over every value of {x.shape} (a 0-d index)",
-                           f"tilefuse has no 0-d tensors: {what}(dim=...) along one axis")
+        if dim is None:         # the index into the flattened x: 0-d (keepdim: x's rank of ones)
+            flat = imp.net.reshape(x, (int(np.prod(x.shape)),), name=imp.unique(imp.op_name_hint() + ".flat")) \
+                if len(x.shape) != 1 else x
+            y = imp.net.argmax(flat, 0, True, largest, name=imp.unique(imp.op_name_hint() + ".keepdim"))
+            return imp.net.reshape(y, (1,) * len(x.shape) if keepdim else (), name=imp.op_name())
         return imp.net.argmax(x, int(dim), bool(keepdim), largest, name=imp.op_name())
     return f
 
@@ -962,12 +1020,12 @@ def _squeeze(imp, x, dims=None):
     if dims is None:
         dims = [i for i, s in enumerate(x.shape) if s == 1]
     dims = {d % r for d in ([dims] if isinstance(dims, int) else dims)}
-    return _reshape(imp, x, [s for i, s in enumerate(x.shape) if not (i in dims and s == 1)] or [1])
+    return _reshape(imp, x, [s for i, s in enumerate(x.shape) if not (i in dims and s == 1)] or [])
 
 
 def _unsqueeze(imp, x, dim):
     x = imp.tensor(x)
-    shape = list(x.shape)
+    shape = list(x.shape) if _fx_shape(imp.node.args[0]) != () else []    # a 0-d tensor's (1,): to (1,)
     shape.insert(dim % (len(shape) + 1), 1)
     return _reshape(imp, x, shape)
 
@@ -983,7 +1041,7 @@ def _flatten_op(imp, x, start_dim=0, end_dim=-1):
 def _permute(imp, x, dims):
     x = imp.tensor(x)
     perm = tuple(int(d) % len(x.shape) for d in dims)
-    if perm == tuple(range(len(x.shape))):
+    if not perm or perm == tuple(range(len(x.shape))):       # permute(()) of a 0-d tensor
         return x
     return imp.net.permute(x, perm, name=imp.op_name())
 
@@ -1095,6 +1153,16 @@ def _gather(imp, x, dim, index, sparse_grad=False):
     return _take(imp, x, 0, index, negative=False)
 
 
+def _cumsum(imp, x, dim, *, dtype=None):
+    """torch.cumsum: the IR's cumsum (float64 accumulation, as PyTorch's CPU cumsum of float32); a bool's
+    (DETR's `not_mask.cumsum(1, dtype=torch.float32)`) as 1 / 0 (bool_arithmetic)."""
+    x = imp.tensor(x)
+    counts = _result_dtype(imp.node.args[0]) == torch.bool and dtype in _INT_DTYPES     # a bool's int64 count
+    if dtype is not None and _DTYPES.get(dtype) != x.dtype and not counts:
+        raise imp.fail(f"cumsum with dtype={dtype}", f"the network computes in {x.dtype}")
+    return imp.net.cumsum(x, int(dim) % len(x.shape), name=imp.op_name())
+
+
 def _narrow(imp, x, dim, start, length):
     return _slice(imp, x, dim, start, int(start) + int(length))
 
@@ -1104,7 +1172,7 @@ def _select(imp, x, dim, index):
     dim = dim % len(x.shape)
     index = index % x.shape[dim]
     y = imp.net.slice(x, dim, index, index + 1, 1, name=imp.op_name())
-    return _reshape(imp, y, [s for i, s in enumerate(x.shape) if i != dim] or [1])
+    return _reshape(imp, y, [s for i, s in enumerate(x.shape) if i != dim] or [])
 
 
 def _split_sizes(imp, x, sizes, dim=0):
@@ -1158,8 +1226,8 @@ def _torch_pads(imp, x, pad):
 
 def _pad(imp, x, pad, mode="constant", value=None):
     x = imp.tensor(x)
-    if mode not in ("constant", "reflect", "replicate"):
-        raise imp.fail(f"pad mode {mode!r}", "supported: constant, reflect, replicate")
+    if mode not in ("constant", "reflect", "replicate", "circular"):
+        raise imp.fail(f"pad mode {mode!r}", "supported: constant, reflect, replicate, circular")
     return imp.net.pad(x, _torch_pads(imp, x, pad), mode, 0.0 if value is None else float(value),
                        name=imp.op_name())
 
@@ -1239,7 +1307,10 @@ class _Unsupported:
 
 # the ATen ops that may read a bool tensor (a boolexpr expression: comparisons kept symbolic)
 _BOOL_READERS = frozenset({"where", "_to_copy", "logical_not", "bitwise_not", "logical_and", "bitwise_and",
-                           "__and__", "logical_or", "bitwise_or", "__or__", "clone", "alias", "detach"})
+                           "__and__", "logical_or", "bitwise_or", "__or__", "clone", "alias", "detach",
+                           "index_put"})
+# arithmetic on a bool tensor: _Importer.bool_arithmetic (the bool as 1 / 0)
+_BOOL_ARITHMETIC = frozenset({"mul", "add", "sub", "rsub", "div", "sum", "cumsum"})
 
 
 def _infinite(v) -> float | None:
@@ -1306,6 +1377,61 @@ def _where(imp, c, a, b):
                        "expected torch.where(x > t, a, b) and the like")
     like = like or boolexpr.leaf(c).l
     return boolexpr.select(imp.net, c, _where_operand(imp, a, like), _where_operand(imp, b, like), imp.op_name())
+
+
+def _index_put(imp, x, indices, values, accumulate=False):
+    """x[mask] = v (aten.index_put with one bool mask, a comparison or a constant, over x's leading dims): where(mask,
+    v, x) (accumulate, x[mask] += v: where(mask, x + v, x)). v a number or a tensor of static shape that broadcasts
+    to x's trailing dims (a 0-d x.mean() included); a value of x[mask]'s own data-dependent shape never reaches
+    here (aten.index of a mask is refused)."""
+    x = imp.tensor(x)
+    if len(indices) != 1 or not isinstance(indices[0], (*boolexpr.BOOL, Const)):
+        raise imp.fail("index_put (x[idx] = v) at computed or several indices",
+                       "tilefuse assigns through one bool mask (x[x < 0] = 0, a comparison or a constant mask); "
+                       "write torch.where(mask, v, x)")
+    mask = indices[0]
+    if isinstance(mask, Const):
+        if mask.tensor.dtype != torch.bool:
+            raise imp.fail("index_put at constant integer indices", "expected a bool mask (x[mask] = v)")
+        keep = Const(mask.tensor.to(next(t for t, n in _DTYPES.items() if np.dtype(n) == x.dtype)), mask.key + ".keep")
+        mask = boolexpr.Cmp(_where_operand(imp, keep, x), "gt", _where_operand(imp, 0.5, x), imp.where())
+    mshape = _fx_shape(imp.node.args[1][0])
+    if mshape is None or len(mshape) > len(x.shape) or tuple(x.shape[:len(mshape)]) != mshape:
+        raise imp.fail(f"x[mask] = v with a mask of shape {mshape} for x of shape {x.shape}",
+                       "expected a mask over x's leading dims (x[x < 0] = 0, x[keep] = 0 with keep of shape (N,))")
+    mask = _bool_trailing(imp, mask, len(mshape), len(x.shape))
+    if isinstance(values, Const) and values.tensor.dim() == 0:
+        values = float(values.tensor)
+    v = imp.operand(values, x)
+    vshape = _fx_shape(imp.node.args[2]) if isinstance(imp.node.args[2], torch.fx.Node) else ()
+    rest = tuple(x.shape[len(mshape):])
+    try:
+        np.broadcast_shapes(tuple(vshape or ()), (1,) + rest)
+    except ValueError:
+        raise imp.fail(f"x[mask] = v with v of shape {vshape} for x of shape {x.shape} and mask {mshape}",
+                       f"expected v to broadcast to (1, *{rest}) (a number, x.mean(), a per-position tensor)") \
+            from None
+    if vshape and len(vshape) == len(rest) + 1:       # (1, *rest): drop the leading 1 (k, the masked count)
+        v = imp.net.reshape(v, rest or (1,), name=imp.unique(imp.op_name_hint() + ".values"))
+    if accumulate:
+        v = imp.net.add(x, v, name=imp.unique(imp.op_name_hint() + ".accumulate"))
+    return boolexpr.select(imp.net, mask, v, x, imp.op_name())
+
+
+def _bool_trailing(imp, e, rank, to):
+    """A bool expression of rank `rank` with `to - rank` trailing unit axes (a mask over leading dims, made to
+    broadcast as index_put reads it)."""
+    if rank == to:
+        return e
+    if isinstance(e, boolexpr.Not):
+        return boolexpr.Not(_bool_trailing(imp, e.e, rank, to))
+    if isinstance(e, (boolexpr.And, boolexpr.Or)):
+        return type(e)(_bool_trailing(imp, e.a, rank, to), _bool_trailing(imp, e.b, rank, to))
+
+    def grow(d):
+        shape = (1,) * (rank - len(d.shape)) + tuple(d.shape) + (1,) * (to - rank)
+        return imp.net.reshape(d, shape, name=imp.unique(f"{d.name}.mask"))
+    return boolexpr.Cmp(grow(e.l), e.cmp, grow(e.r), e.origin)
 
 
 def _where_operand(imp, v, like):
@@ -1601,6 +1727,7 @@ _ATEN = {
     "eq": _compare("eq"),
     "ne": _compare("ne"),
     "where": _where,
+    "index_put": _index_put,
     "isnan": _isnan,
     "isinf": _isinf,
     "logical_not": _logical_not,
@@ -1630,6 +1757,7 @@ _ATEN = {
     "slice": _slice,
     "narrow": _narrow,
     "flip": _flip,
+    "cumsum": _cumsum,
     "index": _index,
     "index_select": _index_select,
     "embedding": _embedding,

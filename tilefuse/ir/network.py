@@ -435,15 +435,27 @@ class Network:
     def minimum(self, a, b, name: str | None = None) -> DataNode:
         return self._binary("minimum", a, b, name)
 
+    def _reduce(self, kind: str, x: DataNode, axes, keepdim: bool, name: str | None) -> DataNode:
+        """A reduce op; over every axis without keepdim (x.mean(), ONNX ReduceMean with keepdims=0) the reduce
+        with keepdim, then a reshape to the 0-d () (the op itself keeps a dim)."""
+        r = len(x.shape)
+        whole = r > 0 and {int(a) % r for a in (axes if isinstance(axes, (tuple, list)) else (axes,))
+                           if -r <= int(a) < r} == set(range(r))
+        if keepdim or not whole:
+            return self.add_op(kind, [x], {"axes": axes, "keepdim": keepdim}, name)
+        n = self._name(kind, name)
+        y = self.add_op(kind, [x], {"axes": axes, "keepdim": True}, self._fresh(n + ".keepdim"))
+        return self.reshape(y, (), name=n)
+
     def mean(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
-        return self.add_op("mean", [x], {"axes": axes, "keepdim": keepdim}, name)
+        return self._reduce("mean", x, axes, keepdim, name)
 
     def sum(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
-        return self.add_op("sum", [x], {"axes": axes, "keepdim": keepdim}, name)
+        return self._reduce("sum", x, axes, keepdim, name)
 
     def max(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
         """The maximum over `axes` (torch.amax, x.max(dim)[0], ONNX ReduceMax)."""
-        return self.add_op("max", [x], {"axes": axes, "keepdim": keepdim}, name)
+        return self._reduce("max", x, axes, keepdim, name)
 
     def min(self, x: DataNode, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
         """The minimum over `axes` (torch.amin, ONNX ReduceMin) as -max(-x): negation is exact."""
@@ -583,9 +595,21 @@ class Network:
     def argmax(self, x: DataNode, axis: int, keepdim: bool = False, largest: bool = True, select_last: bool = False,
                name: str | None = None) -> DataNode:
         """The index along `axis` of the largest value (largest=False: the smallest) as a float of x's dtype;
-        ties: the first (select_last: the last). Mark an output of it with `output(..., integer=np.int64)`."""
+        ties: the first (select_last: the last). Mark an output of it with `output(..., integer=np.int64)`. Of a
+        1-D x without keepdim: the 0-d index (the op with keepdim, then a reshape to ())."""
+        if len(x.shape) == 1 and not keepdim:
+            n = self._name("argmax", name)
+            y = self.add_op("argmax", [x], dict(axis=axis, keepdim=True, largest=largest, select_last=select_last),
+                            self._fresh(n + ".keepdim"))
+            return self.reshape(y, (), name=n)
         return self.add_op("argmax", [x], dict(axis=axis, keepdim=keepdim, largest=largest,
                                                select_last=select_last), name)
+
+    def cumsum(self, x: DataNode, axis: int, exclusive: bool = False, reverse: bool = False,
+               name: str | None = None) -> DataNode:
+        """The running sum along `axis` (exclusive: before each position; reverse: from the end), accumulated in
+        float64 (torch.cumsum, ONNX CumSum; an integral image: two of them)."""
+        return self.add_op("cumsum", [x], dict(axis=axis, exclusive=exclusive, reverse=reverse), name)
 
     def affine_grid(self, theta: DataNode, size, align_corners: bool = False, name: str | None = None) -> DataNode:
         """F.affine_grid / ONNX AffineGrid of a computed theta (N, 2, 3) for size (N, C, H, W): the (N, H, W, 2)
@@ -625,6 +649,8 @@ class Network:
         ('<name>.crop<axis>') removes the rest (padding first, as PyTorch does: a reflection may use the values
         the crop then removes)."""
         pads = tuple(int(v) for v in pads)
+        if mode in ("circular", "wrap"):
+            return self._pad_circular(x, pads, name)
         if min(pads, default=0) >= 0:
             return self.add_op("pad", [x], dict(pads=pads, mode=mode, value=value), name)
         n = self._name("pad", name)
@@ -643,6 +669,31 @@ class Network:
             if lo < 0 or hi < 0:
                 size = y.shape[i]
                 y = self.slice(y, i, max(-lo, 0), size - max(-hi, 0), 1, name=f"{n}.crop{i}")
+        return y
+
+    def _pad_circular(self, x: DataNode, pads, name: str | None) -> DataNode:
+        """Circular padding (PyTorch's mode='circular', Conv2d(padding_mode='circular'); ONNX Pad mode 'wrap',
+        NumPy's 'wrap'): per padded axis the concat of the wrapped-around slices and x, exact; a pad longer than
+        the axis wraps again (whole copies). Negative pads crop first, and the padding wraps the cropped axis (as
+        PyTorch's circular padding does: F.pad(arange(6), (-1, 3)) = [1 2 3 4 5 1 2 3]).
+
+            axis of size d, pads (lo, hi) = (q * d + r, q2 * d + r2):
+            [x[d - r:d], x * q, x, x * q2, x[0:r2]]  (concat along the axis)"""
+        n = self._name("pad", name)
+        if len(pads) != 2 * len(x.shape):
+            raise GraphError(n, f"pads={pads} has {len(pads)} values for input shape {x.shape}; expected "
+                                f"{2 * len(x.shape)} (before, after per axis)")
+        axes = [i for i in range(len(x.shape)) if pads[2 * i] > 0 or pads[2 * i + 1] > 0]
+        crop = tuple(min(v, 0) for v in pads)
+        y = x if min(pads) >= 0 else self.pad(x, crop, name=n if not axes else self._fresh(n + ".crop"))
+        for j, i in enumerate(axes):
+            d = y.shape[i]
+            (q, r), (q2, r2) = divmod(max(pads[2 * i], 0), d), divmod(max(pads[2 * i + 1], 0), d)
+            parts = ([self.slice(y, i, d - r, d, name=self._fresh(f"{n}.wrap{i}lo"))] if r else []) + [y] * q + \
+                [y] + [y] * q2 + ([self.slice(y, i, 0, r2, name=self._fresh(f"{n}.wrap{i}hi"))] if r2 else [])
+            y = self.concat(parts, axis=i, name=n if j == len(axes) - 1 else self._fresh(f"{n}.axis{i}"))
+        if y is x:
+            y = self.dropout(x, 0.0, name=n)        # no padding: a copy, so the op keeps its name
         return y
 
     def resize(self, x: DataNode, size=None, scale_factor=None, mode: str = "nearest",

@@ -742,6 +742,24 @@ _register(OpSchema("argmax", "reduce", ("x",), _argmax_norm, _argmax_infer,
                    lambda x, **p: ref.argmax(x, **p), lambda i, o, p: _prod(i[0])))
 
 
+def _cumsum_norm(node, p):
+    return {"axis": _int(node, "axis", p.get("axis", 0)), "exclusive": bool(p.get("exclusive", False)),
+            "reverse": bool(p.get("reverse", False))}
+
+
+def _cumsum_infer(node, ins, p):
+    x = ins[0]
+    _resolve_axes(node, (p["axis"],), len(x.shape))
+    return tuple(x.shape)
+
+
+# out[..., i, ...] = the sum of x along axis up to i (exclusive: before i; reverse: from the end), accumulated in
+# float64 (PyTorch's CPU cumsum and ONNX Runtime's CumSum of float32 accumulate wider): torch.cumsum, ONNX CumSum;
+# its gradient is the cumsum of dy the other way (kernels/reference.py cumsum)
+_register(OpSchema("cumsum", "reduce", ("x",), _cumsum_norm, _cumsum_infer,
+                   lambda x, **p: ref.cumsum(x, **p), lambda i, o, p: _prod(i[0])))
+
+
 # movement: reshape, permute, slice, pad --------------------------------------------------------
 
 def _reshape_norm(node, p):

@@ -1,5 +1,5 @@
-"""Reduction runtime kernels: mean / sum / max over axes, argmax / argmin along one, adaptive average and max
-pooling to any size.
+"""Reduction runtime kernels: mean / sum / max over axes, argmax / argmin and the running sum (cumsum) along one,
+adaptive average and max pooling to any size.
 
 NCHW (any rank) only; the layout pass keeps their inputs NCHW. Global average pooling (mean
 over H and W with keepdim) is canonicalized by the importers to the `global_avg_pool` op, which
@@ -47,7 +47,13 @@ def argmax(out, x, *, axis, keepdim=False, largest=True, select_last=False, **_)
     out[...] = idx.reshape(out.shape)
 
 
+def cumsum(out, x, *, axis, exclusive=False, reverse=False, **_):
+    """The running sum along the axis in float64 (np.cumsum; ref.cumsum, the same bits)."""
+    out[...] = ref.cumsum(x, axis, exclusive, reverse)
+
+
 KERNELS = {"mean": _reduce("mean"), "sum": _reduce("sum"), "max": _reduce("max"),
-           "adaptive_avg_pool": adaptive_avg_pool, "adaptive_max_pool": adaptive_max_pool, "argmax": argmax}
+           "adaptive_avg_pool": adaptive_avg_pool, "adaptive_max_pool": adaptive_max_pool, "argmax": argmax,
+           "cumsum": cumsum}
 THREADED: frozenset = frozenset()
 BLOCKED = frozenset()

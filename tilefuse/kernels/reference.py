@@ -322,6 +322,25 @@ def argmax(x, axis, keepdim=False, largest=True, select_last=False):
     return np.expand_dims(out, axis) if keepdim else out
 
 
+def cumsum(x, axis, exclusive=False, reverse=False):
+    """The running sum along `axis` (exclusive: of the values before each position; reverse: from the end),
+    accumulated in float64 and rounded once to x's dtype (an integer x: in its own dtype, ONNX's folded CumSum).
+
+        reverse: flip, cumsum, flip;  exclusive: [0, c_0, ..., c_{n-2}] of the inclusive c"""
+    x = np.asarray(x)
+    v = x.astype(np.float64) if x.dtype.kind == "f" else x
+    axis = axis % v.ndim
+    if reverse:
+        v = np.flip(v, axis)
+    c = np.cumsum(v, axis=axis)
+    if exclusive:
+        c = np.concatenate([np.zeros_like(np.take(c, [0], axis=axis)),
+                            np.take(c, range(c.shape[axis] - 1), axis=axis)], axis=axis)
+    if reverse:
+        c = np.flip(c, axis)
+    return np.ascontiguousarray(c).astype(x.dtype)
+
+
 def _reduced_shape(shape, axes, keepdim):
     return tuple(1 if i in axes else d for i, d in enumerate(shape) if keepdim or i not in axes)
 

@@ -525,6 +525,10 @@ class TrainingSchedule:
     def _fwd_permute(self, op):
         self._simple(op, lambda x: _physical(np.transpose(_logical(x), op.params["perm"])))
 
+    def _fwd_cumsum(self, op):
+        p = op.params
+        self._simple(op, lambda x: _physical(ref.cumsum(_logical(x), p["axis"], p["exclusive"], p["reverse"])))
+
     def _fwd_pixel_shuffle(self, op):
         p = op.params
         self._simple(op, lambda x: _physical(ref.pixel_shuffle(_logical(x), p["factor"], p["mode"], p["inverse"])))
@@ -992,6 +996,13 @@ class TrainingSchedule:
     def _bwd_permute(self, op):
         inv = tuple(int(i) for i in np.argsort(op.params["perm"]))
         self._bwd_simple(op, lambda dy, x: _physical(np.transpose(_logical(dy), inv)), reads_x=False)
+
+    def _bwd_cumsum(self, op):
+        """y_i = sum over j <= i of x_j: dx_j = sum over i >= j of dy_i, the cumsum of dy the other way (exclusive
+        stays exclusive)."""
+        p = op.params
+        self._bwd_simple(op, lambda dy, x: _physical(ref.cumsum(_logical(dy), p["axis"], p["exclusive"],
+                                                                not p["reverse"])), reads_x=False)
 
     def _bwd_pixel_shuffle(self, op):
         """A permutation of the elements: dy through the inverse shuffle."""

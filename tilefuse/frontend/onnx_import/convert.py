@@ -721,8 +721,8 @@ def _pad(cx: Ctx, nd: OnnxNode, used):
     axes = list(range(r)) if axes is None else [fold._axis(nd, v, r, "axes") for v in axes]
     if pads is None or len(pads) != 2 * len(axes):
         raise GraphError(nd.where, f"pads {pads} for axes {axes}; expected {2 * len(axes)} values")
-    if mode not in ("constant", "reflect", "edge"):
-        raise nd.refuse(f"mode={mode!r}; expected constant, reflect or edge")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise nd.refuse(f"mode={mode!r}; expected constant, reflect, edge or wrap")
     full = [0] * (2 * r)
     for j, ax in enumerate(axes):     # ONNX (b_0, b_1, ..., e_0, e_1, ...) -> IR (b_0, e_0, b_1, e_1, ...)
         full[2 * ax], full[2 * ax + 1] = pads[j], pads[j + len(axes)]
@@ -733,7 +733,9 @@ def _pad(cx: Ctx, nd: OnnxNode, used):
                             f"the {d + min(lo, hi)} values the crop leaves; expected a pad < {d + min(lo, hi)}")
     if not any(full):
         return x
-    return cx.net.pad(x, full, mode="replicate" if mode == "edge" else mode, value=value, name=cx.fresh(nd.name))
+    # wrap: Network.pad's circular padding (crops first, as ONNX Runtime does)
+    return cx.net.pad(x, full, mode={"edge": "replicate", "wrap": "circular"}.get(mode, mode), value=value,
+                      name=cx.fresh(nd.name))
 
 
 def _resize(cx: Ctx, nd: OnnxNode, used):
@@ -1449,6 +1451,17 @@ def _arg_extreme(cx: Ctx, nd: OnnxNode, used):
     return y
 
 
+def _cumsum(cx: Ctx, nd: OnnxNode, used):
+    """CumSum (11, 14) along a constant axis: the IR's cumsum (exclusive, reverse)."""
+    x = cx.computed(nd, 0)
+    axis = cx.const(nd, 1, "axis")
+    if axis is None:
+        raise nd.refuse("CumSum with a computed axis; tilefuse takes a constant axis")
+    a = nd.attrs
+    return cx.net.cumsum(x, fold._cumsum_axis(nd, axis, len(x.shape)), bool(a.get("exclusive", 0)),
+                         bool(a.get("reverse", 0)), name=cx.fresh(nd.name))
+
+
 def _col2im(cx: Ctx, nd: OnnxNode, used):
     """Col2Im (18) of 2-D blocks: `Network.fold` (constant image_shape and block_shape; pads begin and end per
     axis)."""
@@ -1505,6 +1518,7 @@ RULES: dict[str, Rule] = {
     "ReduceSum": _r(_reduce, (1, 11, 13), "axes keepdims noop_with_empty_axes", "sum", "constant axes"),
     "Col2Im": _r(_col2im, (18,), "dilations pads strides", "reshape slice pad add",
                  "2-D; constant image_shape and block_shape"),
+    "CumSum": _r(_cumsum, (11, 14), "exclusive reverse", "cumsum", "a constant axis; float64 accumulation"),
     "ArgMax": _r(_arg_extreme, (1, 11, 12, 13), "axis keepdims select_last_index", "argmax",
                  "an int64 result: moved, compared, Cast, or returned (as int64)"),
     "ArgMin": _r(_arg_extreme, (1, 11, 12, 13), "axis keepdims select_last_index", "argmax",
@@ -1640,8 +1654,8 @@ RULES: dict[str, Rule] = {
                    "constant indices forming at most 256 runs of evenly spaced positions; batch_dims 0"),
     "Split": _r(_split, (2, 11, 13, 18), "axis split num_outputs", "slice", "constant split"),
     "Concat": _r(_concat, (4, 11, 13), "axis", "concat"),
-    "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad slice",
-              "constant pads (a negative pad crops); constant, reflect, edge"),
+    "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad slice concat",
+              "constant pads (a negative pad crops); constant, reflect, edge, wrap"),
     "Expand": _r(_expand, (8, 13), "", "mul", "constant shape; as x * ones over the expanded axes"),
     "Tile": _r(_tile, (6, 13), "", "concat", "constant repeats, up to 64 per axis"),
     "DepthToSpace": _r(_depth_space, (11, 13, 28), "blocksize mode", "pixel_shuffle", "DCR and CRD"),

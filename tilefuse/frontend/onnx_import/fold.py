@@ -399,6 +399,21 @@ def _affine_grid(node, ins, a):
     return [np.matmul(base, theta.transpose(0, 2, 1)).reshape(n, h, w, 2)]    # (N, H W, 2) -> (N, H, W, 2)
 
 
+def _cumsum(node, ins, a):
+    """CumSum (11, 14) of a constant: kernels/reference.py cumsum (integers in their own dtype)."""
+    from ...kernels.reference import cumsum
+    x, axis = np.asarray(ins[0]), _cumsum_axis(node, ins[1], np.asarray(ins[0]).ndim)
+    return [cumsum(x, axis, bool(a.get("exclusive", 0)), bool(a.get("reverse", 0)))]
+
+
+def _cumsum_axis(node, v, rank) -> int:
+    """CumSum's axis input: one integer in [-rank, rank)."""
+    v = np.asarray(v)
+    if v.size != 1 or v.dtype.kind not in "iu":
+        raise GraphError(node.where, f"CumSum axis {v.tolist()} ({v.dtype}); expected one int32 / int64 value")
+    return _axis(node, int(v.reshape(-1)[0]), rank, "axis")
+
+
 def _where(node, ins, a):
     c, x, y = (np.asarray(v) for v in ins)
     if c.dtype != np.bool_:
@@ -434,6 +449,7 @@ FOLD = {
     "Expand": _expand,
     "Tile": _tile,
     "AffineGrid": _affine_grid,
+    "CumSum": _cumsum,
     "Where": _where,
     "Add": _binary(lambda n, x, y: x + y),
     "Sub": _binary(lambda n, x, y: x - y),
@@ -474,4 +490,5 @@ FOLD_ATTRS = {
     "Squeeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"}, "CastLike": {"saturate", "round_mode"}, "Slice": {"starts", "ends", "axes"},
     "Reshape": {"allowzero"}, "Transpose": {"perm"}, "ConstantOfShape": {"value"}, "Range": {"stash_type"},
     "ReduceProd": {"axes", "keepdims", "noop_with_empty_axes"}, "AffineGrid": {"align_corners"},
+    "CumSum": {"exclusive", "reverse"},
 }
