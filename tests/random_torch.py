@@ -18,7 +18,8 @@ channels-last, `torch.flatten(x, 1)` and `x.view(x.size(0), -1)`, ...) and check
 
 Seeds from FLIPS_FROM wrap blocks in flips (test-time augmentation, channel reversal); seeds from WARPS_FROM in
 grid_sample warps (a flow warp, a spatial transformer, a quarter-pixel shift) and swap activations for sin / cos
-ones (SIREN, snake).
+ones (SIREN, snake); seeds from MASKS_FROM follow blocks with masked assignments, bool arithmetic, 0-d
+statistics (`(x - x.mean()) / x.std()`) and cumsum box filters, and pad some convs circularly.
 
 fp32, max error <= 1e-4 x max|reference| (issue 9's criterion). A tilefuse refusal is a finding too: every op
 drawn is in the documented vocabulary (docs/ops.md).
@@ -429,6 +430,7 @@ def _draws(seed: int):
         _swap_math(module, seed, attempt)
         _swap_flips(module, seed, attempt)
         _swap_warps(module, seed, attempt)
+        _swap_masks(module, seed, attempt)
         yield r, module, x
     raise RuntimeError(f"seed {seed}: no valid draw in 50 tries")
 
@@ -742,6 +744,99 @@ def _swap_warps(module, seed: int, attempt: int) -> None:
             elif isinstance(m, (nn.ModuleList, nn.Sequential)) and not isinstance(child, (nn.Linear, Head)) \
                     and s.random() < 1 / 6:
                 setattr(m, name, _Warped(child, s))
+
+
+MASKS_FROM = 131 * 10 ** 6
+
+
+class _Masked(_WhereAct):
+    """Comparisons as model code writes them beyond torch.where: masked assignment (`z[x < t] = v`, the assigned
+    value a number or a 0-d statistic, a band `(x > t) & (x < hi)`), bool arithmetic (`x * (x > t)`) and a count
+    of bools (`(x > t).sum(1, keepdim=True)`). Thresholds are moved off the data (`_thresholds_off_data`)."""
+
+    def __init__(self, s):
+        nn.Module.__init__(self)
+        self.t, self.hi, self.v = float(s.uniform(-0.3, 0.3)), float(s.uniform(0.5, 1.5)), float(s.uniform(-1, 1))
+        self.kind = 2 + int(s.integers(5))        # _WhereAct's kinds 0 and 1 are not drawn here
+
+    def forward(self, x):
+        if self.kind == 2:
+            z = x.clone()
+            z[x < self.t] = self.v
+            return z
+        if self.kind == 3:
+            z = x.clone()
+            z[x > self.t] = x.std()
+            return z
+        if self.kind == 4:
+            return x * (x > self.t) + (x <= self.t) * 0.1 * x
+        if self.kind == 5:
+            return x * ((x > self.t).sum(1, keepdim=True) / x.size(1))
+        z = x.clone()
+        z[(x > self.t) & (x < self.hi)] = 0.0
+        return z
+
+    def thresholds(self) -> list[str]:
+        return ["t", "hi"] if self.kind == 6 else ["t"]
+
+
+class _Statistic(nn.Module):
+    """Global statistics, 0-d tensors: `(x - x.mean()) / (x.std() + eps)`, `x / (x.abs().max() + 1)`, the mean of
+    torch.var_mean, `x / x.norm()` scaled back, the running mean along the width (`x.cumsum(3)`), and the Deep
+    Guided Filter's box filter (two cumsums and shifted differences) over a radius the map allows."""
+    KINDS = ("standardize", "max", "var_mean", "norm", "running", "box")
+
+    def __init__(self, s):
+        super().__init__()
+        self.kind, self.r = _pick(s, self.KINDS), int(s.integers(1, 3))
+
+    def forward(self, x):
+        if self.kind == "standardize":
+            return (x - x.mean()) / (x.std() + 1e-3)
+        if self.kind == "max":
+            return x / (x.abs().max() + 1)
+        if self.kind == "var_mean":
+            return x - torch.var_mean(x)[1]
+        if self.kind == "norm":
+            return x / (x.norm() + 1e-3) * x.numel() ** 0.5
+        r, (h, w) = self.r, x.shape[-2:]
+        if self.kind == "running" or h <= 2 * r + 1 or w <= 2 * r + 1:
+            return x.cumsum(3) / torch.arange(1, w + 1, dtype=x.dtype)
+        y = x.cumsum(dim=2)
+        y = torch.cat([y[:, :, r:2 * r + 1], y[:, :, 2 * r + 1:] - y[:, :, :-2 * r - 1],
+                       y[:, :, -1:] - y[:, :, -2 * r - 1:-r - 1]], dim=2).cumsum(dim=3)
+        y = torch.cat([y[:, :, :, r:2 * r + 1], y[:, :, :, 2 * r + 1:] - y[:, :, :, :-2 * r - 1],
+                       y[:, :, :, -1:] - y[:, :, :, -2 * r - 1:-r - 1]], dim=3)
+        return y / (2 * r + 1) ** 2
+
+
+class _Then(nn.Module):
+    def __init__(self, block, post):
+        super().__init__()
+        self.block, self.post = block, post
+
+    def forward(self, x):
+        return self.post(self.block(x))
+
+
+def _swap_masks(module, seed: int, attempt: int) -> None:
+    """For seeds from MASKS_FROM: a sixth of the blocks followed by `_Masked`, another sixth by `_Statistic`, and
+    a sixth of the padded convs switched to padding_mode='circular', from a side generator (the main draws stay
+    what they were)."""
+    if seed < MASKS_FROM:
+        return
+    s = np.random.default_rng([seed, attempt, 23])
+    for m in list(module.modules()):
+        if isinstance(m, nn.Conv2d) and m.padding_mode == "zeros" and m.padding != (0, 0) and \
+                not isinstance(m.padding, str) and s.random() < 1 / 6:
+            m.padding_mode = "circular"
+        for name, child in list(m.named_children()):
+            if isinstance(m, (nn.ModuleList, nn.Sequential)) and not isinstance(child, (nn.Linear, Head)):
+                u = s.random()
+                if u < 1 / 6:
+                    setattr(m, name, _Then(child, _Masked(s)))
+                elif u < 1 / 3:
+                    setattr(m, name, _Then(child, _Statistic(s)))
 
 
 def _draw(r):
@@ -1193,9 +1288,11 @@ def check_train_modern(seed: int) -> str | None:
         return f"loss {loss} vs PyTorch {loss_ref}"
     if loss_only:
         return None
+    allow = {}
     for k, g in g64.items():
         err32 = float(np.abs(g32[k] - g).max()) if k in g32 else 0.0
-        problem = _compare_rel(grads.get(k), g, f"gradient of {k}", 0.0, max(tol[k], 4 * err32))
+        allow[k] = max(tol[k], 4 * err32)
+        problem = _compare_rel(grads.get(k), g, f"gradient of {k}", 0.0, allow[k])
         if problem:
             return problem
     m64 = copy_train(ref_module)
@@ -1208,8 +1305,10 @@ def check_train_modern(seed: int) -> str | None:
     unused = {k for k, p in m64.named_parameters() if k not in g64}   # (a Functional's conv its kind leaves out)
     for k, v in m64.state_dict().items():
         if v.dtype.is_floating_point and k not in unused:
+            # lr 0.1 x the gradient's own allowance (seed 132000287: a gradient within 4x float32 PyTorch's error,
+            # above tol, whose step was held to 0.1 x tol)
             problem = _compare_rel(None if k not in sd else sd[k].numpy(), v.numpy(), f"state {k}", 1e-3,
-                                   1e-6 + 0.1 * tol.get(k, 0.0))
+                                   1e-6 + 0.1 * allow.get(k, 0.0))
             if problem:
                 return problem
     return None
@@ -1355,7 +1454,9 @@ def _check_onnx(seed: int, exporter: str) -> str | None:
     try:
         net = tilefuse.from_onnx(blob)
     except TilefuseError as e:
-        return None if broken else f"refused: {e}"
+        # the dynamo exporter writes `z[mask] = v` as NonZero and ScatterND (a scatter at data-dependent indices,
+        # refused by name); the TorchScript exporter's Where imports
+        return None if broken or (exporter == "dynamo" and "'NonZero'" in str(e)) else f"refused: {e}"
     got = _run(net, x, seed)
     if ort_ref is not None and not broken and np.isfinite(ref).all() and not np.isfinite(ort_ref).all():
         # the file computes something else than the module (the dynamo exporter drops the `+ 1e-10` of SSD's

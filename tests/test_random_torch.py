@@ -33,10 +33,19 @@ WARP_SEEDS = {126000004: ({("affine", "bilinear"), ("shift", "bilinear")}, {"sna
               126000008: ({("flow", "bilinear"), ("shift", "bilinear"), ("shift", "nearest")}, {"siren"})}
 TORCH_SEEDS += list(WARP_SEEDS)
 ONNX_SEEDS += [126000006, 126000008]
+# seeds from random_torch.MASKS_FROM follow blocks with masked assignments and bool arithmetic (`_Masked` kinds),
+# 0-d statistics and cumsum box filters (`_Statistic`), and pad convs circularly; 131000012's count
+# `(x > t).sum(1)` exports as Cast(bool -> int64) + ReduceSum, refused by from_onnx before
+MASK_SEEDS = {131000000: ({5, 6}, {"running", "standardize"}, 1),
+              131000012: ({3, 4, 5}, {"max", "norm", "standardize", "var_mean"}, 2),
+              131000016: ({4}, {"box", "max", "var_mean"}, 1),
+              131000026: ({2, 3}, {"norm", "standardize", "var_mean"}, 0)}
+TORCH_SEEDS += list(MASK_SEEDS)
+ONNX_SEEDS += [131000012, 131000016]
 # 95000019: an export without L2Norm's `+ 1e-10` (0 / 0 at an all-zero position) whose NaN meets a max pool:
 # ONNX Runtime's pool drops it, PyTorch's and tilefuse's keep it
-DYNAMO_SEEDS = [0, 1, 45, 95000019, 126000006]
-STREAM_SEEDS = list(range(0, 16)) + [45, 109000036, 109000037, 126000008]
+DYNAMO_SEEDS = [0, 1, 45, 95000019, 126000006, 131000005]
+STREAM_SEEDS = list(range(0, 16)) + [45, 109000036, 109000037, 126000008, 131000013]
 TRAIN_SEEDS = list(range(0, 16)) + [70001998]   # 70001998: a true gradient of 0 in rounding noise
 # the whole vocabulary trained: 42 and 43 (F.normalize's constant ones, L2Norm's `weight.view(1, -1, 1, 1)`:
 # refused before), 1000062 and 1000082 (F.normalize of an all-zero position: NaN gradients before), 1000192 (an
@@ -50,7 +59,8 @@ TRAIN_SEEDS = list(range(0, 16)) + [70001998]   # 70001998: a true gradient of 0
 # fail if `check_train_modern` stops probing that rounding)
 TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 8000513, 12000641, 65001588,
                                            65003019, 109000007, 109000019,   # these two: flips trained
-                                           126000002, 126000010]   # warps trained (grid_sample's backward)
+                                           126000002, 126000010,   # warps trained (grid_sample's backward)
+                                           131000012, 131000016]   # masks, 0-d statistics, cumsum, circular
 
 
 @pytest.mark.parametrize("seed,kinds", FLIP_SEEDS.items())
@@ -73,6 +83,19 @@ def test_warp_seeds_draw_their_warps(seed, kinds):
     assert (warps, {m.kind for m in module.modules() if isinstance(m, RT._Periodic)}) == kinds
     module, _ = RT.build(seed - RT.WARPS_FROM)
     assert not any(isinstance(m, (RT._Warped, RT._Periodic)) for m in module.modules())
+
+
+@pytest.mark.parametrize("seed,kinds", MASK_SEEDS.items())
+def test_mask_seeds_draw_their_masks(seed, kinds):
+    """The mask seeds above still draw the masks, statistics and circular convs they were chosen for, and the
+    seeds below MASKS_FROM none."""
+    from torch import nn
+    for s, want in ((seed, kinds), (seed - RT.MASKS_FROM, (set(), set(), 0))):
+        module, _ = RT.build(s)
+        got = ({m.kind for m in module.modules() if isinstance(m, RT._Masked)},
+               {m.kind for m in module.modules() if isinstance(m, RT._Statistic)},
+               sum(isinstance(m, nn.Conv2d) and m.padding_mode == "circular" for m in module.modules()))
+        assert got == want
 
 
 @pytest.mark.parametrize("seed", TORCH_SEEDS)

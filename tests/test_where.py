@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 import torch.nn as nn
@@ -149,14 +150,38 @@ def test_what_stays_refused_is_named():
 
     with pytest.raises(UnsupportedOpError, match=r"aten\.flip\.default of a comparison's bool tensor"):
         tilefuse.from_torch(FlipMask(), torch.from_numpy(_x()))
-    g = helper.make_graph([helper.make_node("Greater", ["x", "z"], ["c"]), helper.make_node("Cast", ["c"], ["i"], to=7),
+    g = helper.make_graph([helper.make_node("Greater", ["x", "z"], ["c"]), helper.make_node("Cast", ["c"], ["i"], to=10),
                            helper.make_node("Cast", ["i"], ["y"], to=1)],
                           "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
                           [onnx.numpy_helper.from_array(np.float32([0.0]), "z")])
     blob = helper.make_model(g, opset_imports=[helper.make_opsetid("", 16)]).SerializeToString()
-    with pytest.raises(UnsupportedOpError, match=r"Cast of a comparison's bool tensor to int64; expected float32"):
+    with pytest.raises(UnsupportedOpError, match=r"Cast of a comparison's bool tensor to float16; expected float32 "
+                                                 r"or int32 / int64"):
         tilefuse.from_onnx(blob)
+
+
+def test_onnx_counts_of_a_comparison_are_int64():
+    """Cast(bool -> int64) then ReduceSum / CumSum (the exporters' `(x > t).sum(1)`, a running count): exact
+    counts in the float, returned as int64; against ONNX Runtime."""
+    nodes = [helper.make_node("Greater", ["x", "z"], ["c"]), helper.make_node("Cast", ["c"], ["i"], to=7),
+             helper.make_node("ReduceSum", ["i", "ax"], ["n"], keepdims=1),
+             helper.make_node("CumSum", ["i", "one"], ["run"]),
+             helper.make_node("Cast", ["n"], ["nf"], to=1), helper.make_node("Mul", ["x", "nf"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                          [helper.make_tensor_value_info("n", TensorProto.INT64, [2, 1, 4]),
+                           helper.make_tensor_value_info("run", TensorProto.INT64, [2, 3, 4]),
+                           helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
+                          [onnx.numpy_helper.from_array(np.float32([0.0]), "z"),
+                           onnx.numpy_helper.from_array(np.int64([1]), "ax"),
+                           onnx.numpy_helper.from_array(np.int64(1), "one")])
+    blob = helper.make_model(g, opset_imports=[helper.make_opsetid("", 16)]).SerializeToString()
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    want = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = tilefuse.compile(tilefuse.from_onnx(blob)).run(x)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
 
 
 def test_trainer_trains_where_as_the_relu_it_spells():

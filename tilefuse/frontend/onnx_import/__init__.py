@@ -321,7 +321,9 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
             raise GraphError(nd.where, f"attribute {k}={attrs[k]!r}; expected 0 or 1")
     ins = list(n.input)
     ints = [t for t in ins if t in cx.ints]
-    if ints and _integer_use(cx, nd, ints):
+    counting = bool(ints) and n.op_type in _COUNTERS and ins[0] in cx.counts and \
+        all(t in cx.counts or t in cx.consts for t in ins[1:] if t)
+    if ints and not counting and _integer_use(cx, nd, ints):
         return
     meta = fold.META_INPUTS.get(n.op_type, ())
     try:
@@ -356,8 +358,10 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
     for k, t in enumerate(n.output):
         if k < len(outs):
             cx.env[t] = outs[k]
-            if ints and n.op_type in _INT_MOVES:
+            if ints and (n.op_type in _INT_MOVES or counting):
                 cx.ints.add(t)
+                if counting or all(i in cx.counts for i in ints):
+                    cx.counts.add(t)
         elif t and t in used:
             raise nd.refuse(f"output {k} '{t}' is used, but tilefuse produces only the first {len(outs)} "
                             f"output(s) of {n.op_type}")
@@ -368,6 +372,8 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
 _INT_MOVES = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Slice", "Expand", "Concat",
                         "Transpose", "Split", "Tile", "Gather"})
 _INT_READERS = frozenset({"Shape", "Size", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"})
+# sums of a bool's 1 / 0 (cx.counts: `(x > t).sum(1)`, a running count), exact in the float up to 2^24 values
+_COUNTERS = frozenset({"ReduceSum", "CumSum"})
 
 
 def _take_at_integers(cx: Ctx, nd: OnnxNode) -> None:

@@ -56,6 +56,7 @@ class Ctx:
     consts: dict[str, np.ndarray] = field(default_factory=dict)
     used_names: set[str] = field(default_factory=set)
     ints: set[str] = field(default_factory=set)       # names holding an integer input's values (a float DataNode)
+    counts: set[str] = field(default_factory=set)     # of those, a bool's 1 / 0 and sums of them (ReduceSum / CumSum)
     _const_nodes: dict = field(default_factory=dict)
 
     def fresh(self, base: str) -> str:
@@ -78,7 +79,7 @@ class Ctx:
             if isinstance(self.env[t], boolexpr.BOOL):
                 raise nd.refuse(f"{role} '{t}' is the bool tensor of a comparison "
                                 f"({boolexpr.leaf(self.env[t]).origin}); tilefuse uses comparisons in Where, Not, "
-                                f"And, Or and a Cast to float only")
+                                f"And, Or and a Cast to float (or to int32 / int64: a count) only")
             return self.env[t]
         if t in self.consts:
             raise nd.refuse(f"{role} '{t}' is a constant; expected a tensor computed by the graph "
@@ -1416,8 +1417,12 @@ def _cast(cx: Ctx, nd: OnnxNode, used):
         if to == np.dtype(np.bool_):
             return c                # a bool to bool cast (the TorchScript exporter writes them)
         dt = np.dtype(boolexpr.leaf(c).l.dtype)
-        if to is None or to != dt:
-            raise nd.refuse(f"Cast of a comparison's bool tensor to {to}; expected {dt}")
+        if to is not None and to.kind in "iu" and to.itemsize >= 4:
+            # to int32 / int64 (a count's start: `(x > t).sum(1)`): 1 / 0 as floats, an integer tensor (cx.ints)
+            cx.ints.add(nd.outputs[0])
+            cx.counts.add(nd.outputs[0])
+        elif to is None or to != dt:
+            raise nd.refuse(f"Cast of a comparison's bool tensor to {to}; expected {dt} or int32 / int64")
         return boolexpr.select(cx.net, c, 1.0, 0.0, cx.fresh(nd.name))
     x = cx.computed(nd, 0)
     if nd.op == "CastLike":
