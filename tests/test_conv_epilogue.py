@@ -26,14 +26,15 @@ ACTS = [("identity", {}), ("relu", {}), ("clip", {"min": -0.5, "max": 0.7}), ("c
         ("log", {}), ("sqrt", {}), ("rsqrt", {}), ("pow", {"exponent": 2.5}), ("celu", {"alpha": 0.7}), ("selu", {}),
         ("log_sigmoid", {}), ("erf", {}), ("floor", {}), ("ceil", {}), ("round", {}),
         ("sin", {}), ("cos", {}), ("tan", {}), ("asin", {}), ("acos", {}), ("atan", {}), ("sinh", {}), ("cosh", {}),
-        ("asinh", {}), ("acosh", {}), ("atanh", {})]
+        ("asinh", {}), ("acosh", {}), ("atanh", {}), ("trunc", {}), ("fmod", {"divisor": 0.7}),
+        ("remainder", {"divisor": -0.3}), ("floor_divide", {"divisor": 0.45})]
 # NaN below 0 and steep near it: checked against the activation of the kernel's own un-activated output (the
 # conv's rounding near 0 would move ln and sqrt by more than the conv tolerance), NaN where it is negative
 DOMAIN = {"log", "sqrt", "rsqrt", "pow", "asin", "acos", "acosh", "atanh"}
 # steep (tan near its poles, sinh / cosh of large values) but finite: the same check, without NaN
 STEEP = {"tan", "sinh", "cosh"}
 # steps: the same, exactly (a conv's rounding difference from the reference may move a value across a step)
-STEPS = {"floor", "ceil", "round"}
+STEPS = {"floor", "ceil", "round", "trunc", "fmod", "remainder", "floor_divide"}
 
 
 def test_every_activation_is_tested():

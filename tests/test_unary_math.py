@@ -28,6 +28,7 @@ _R = np.random.default_rng(0)
 MAG = np.exp(_R.uniform(-87, 87, 6000))
 XALL = np.concatenate([MAG, -MAG, _R.standard_normal(4000) * 4, np.arange(-5, 6), [1e-30, -1e-30]]).astype(np.float32)
 XPOS = XALL[XALL > 0]
+XDIV = np.concatenate([XALL[np.abs(XALL) < 1e30], np.arange(-6, 6, 0.125, dtype=np.float32)])
 
 # name, params, torch function, inputs, relative tolerance (pow: ln's error times |p ln x|, 1e-5 at e^80)
 CASES = [
@@ -59,6 +60,16 @@ CASES = [
     ("asinh", {}, torch.asinh, XALL, 1e-6),
     ("acosh", {}, torch.acosh, XALL, 1e-6),
     ("atanh", {}, torch.atanh, XALL, 1e-6),
+    ("trunc", {}, torch.trunc, np.concatenate([XALL, np.arange(-6, 6, 0.5, dtype=np.float32)]), 0),
+    # divisors float32 holds (PyTorch in float64 divides by the same number); |x / d| within float32's range
+    # (PyTorch's vectorized float32 fmod is NaN past it, C's fmod exact)
+    ("fmod", {"divisor": 0.75}, lambda t: torch.fmod(t, 0.75), XDIV, 0),
+    ("fmod", {"divisor": -2.5}, lambda t: torch.fmod(t, -2.5), XDIV, 0),
+    ("remainder", {"divisor": 0.375}, lambda t: torch.remainder(t, 0.375), XDIV, 0),
+    ("remainder", {"divisor": -1.5}, lambda t: t % -1.5, XDIV, 0),
+    ("floor_divide", {"divisor": 0.25}, lambda t: torch.div(t, 0.25, rounding_mode="floor"), XDIV, 0),
+    ("floor_divide", {"divisor": -3.0}, lambda t: torch.div(t, -3.0, rounding_mode="floor"), XDIV, 0),  # (x // d:
+    # no PyTorch derivative)
 ]
 SPECIAL = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0, -1.0, 1.0, -2.0, 89.0, -89.0, -104.0, 1e-40, -1e-40])
 
@@ -78,6 +89,19 @@ def test_kernel_and_reference_match_torch(name, params, fn, x, rtol):
         with np.errstate(over="ignore"):
             w32 = want.astype(np.float32)
         np.testing.assert_allclose(got, w32, rtol=max(rtol, 1e-6), atol=1.7e-38)
+
+
+@pytest.mark.parametrize("name,params,fn,x,rtol", [c for c in CASES if c[0] in A.DIVISORS + ("trunc",)])
+def test_division_codes_are_pytorchs_float32_bits(name, params, fn, x, rtol):
+    """trunc, fmod, remainder and floor division bit for bit as PyTorch's float32 (its own roundings: fmod + d,
+    the quotient's steps), signs of zeros included."""
+    n, a, b = A.normalize(name, params)
+    want = fn(torch.from_numpy(x)).numpy()
+    y = x.copy()
+    A.apply_inplace(y, *A.encode(n, a, b))
+    for got in (y, A.reference(n, x, a, b)):
+        np.testing.assert_array_equal(got, want)
+        assert np.array_equal(np.signbit(got), np.signbit(want))
 
 
 @pytest.mark.parametrize("name,params,fn", [c[:3] for c in CASES], ids=[f"{c[0]}{i}" for i, c in enumerate(CASES)])
@@ -308,6 +332,41 @@ def test_hyperbolic_functions_import():
     m = lambda: nn.Sequential(nn.Conv2d(3, 5, 3), Hyperbolic())                 # noqa: E731
     check_from_torch(m, _x())
     check_export(m, _x(1), "dynamo")
+
+
+class Periodic(nn.Module):
+    """Wrapping and quantizing as model code writes them: a phase wrapped to [0, 2 pi) (`x % (2 * math.pi)`),
+    torch.fmod, a floor division's cell index and its offset (`x // s`, `x - s * (x // s)`), frac, trunc, and
+    div(rounding_mode='trunc') by a computed tensor."""
+
+    def forward(self, x):
+        phase = (x * 4.0) % (2 * math.pi)
+        cell = torch.div(x, 0.25, rounding_mode="floor")
+        offset = x - 0.25 * (x // 0.25)
+        q = torch.div(x * 8.0, x.abs() + 1.0, rounding_mode="trunc")
+        return phase + torch.fmod(x * 3.0, -0.75) + cell * 0.1 + offset + torch.frac(x * 5.0) + torch.trunc(x) + q
+
+
+def test_wrapping_and_quantizing_import_as_pytorch():
+    # first, on the input: the steps see the same float32 values as PyTorch's (a conv's rounding before them could
+    # move a value across a step)
+    m = nn.Sequential(Periodic(), nn.Conv2d(3, 4, 3, padding=1))
+    check_from_torch(lambda: m, _x())
+    net = tilefuse.from_torch(m.eval(), torch.from_numpy(_x()))
+    assert {op.params["act"][0] for op in net.ops if op.op == "activation"} >= {"remainder", "floor_divide",
+                                                                                 "fmod", "trunc"}
+    with pytest.raises(UnsupportedOpError, match=r"remainder \(x % d\) by a computed tensor"):
+        tilefuse.from_torch(nn.Sequential(nn.Conv2d(3, 5, 3), _Lambda(lambda x: x % x.flip(1))),
+                            torch.from_numpy(_x()))
+
+
+class _Lambda(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return self.f(x)
 
 
 def test_pow_imports_as_products_roots_and_the_pow_activation():

@@ -909,10 +909,51 @@ def _prelu(imp, x, w):
     return imp.net.add_op("prelu", [x, wd], {}, name)
 
 
+def _divisor(imp, b, what: str) -> float:
+    """The number a division-like op divides by: a number or a one-value constant; else refused by name."""
+    if isinstance(b, Const) and b.tensor.numel() == 1 and b.tensor.dtype != torch.bool and \
+            not b.tensor.dtype.is_complex:
+        return float(b.tensor.reshape(-1)[0])
+    if isinstance(b, (int, float)) and not isinstance(b, bool):
+        return float(b)
+    raise imp.fail(f"{what} by a {'computed tensor' if isinstance(b, DataNode) else 'constant tensor'}",
+                   f"tilefuse computes {what} by a number (x % 2.0, torch.fmod(x, 1.5), x // 0.5)")
+
+
+def _by_divisor(name: str):
+    """fmod / remainder / floor_divide of x by a number: activation codes 39-41 (PyTorch's own arithmetic)."""
+    what = {"fmod": "fmod", "remainder": "remainder (x % d)", "floor_divide": "floor division (x // d)"}[name]
+
+    def f(imp, x, b):
+        if not isinstance(x, DataNode):
+            raise imp.fail(f"{what} of a number or constant by a computed tensor",
+                           f"tilefuse computes {what} of a computed tensor by a number")
+        return imp.net.activation(x, name, name=imp.op_name(), divisor=_divisor(imp, b, what))
+    return f
+
+
+def _trunc_div(imp, a, b):
+    """div(rounding_mode='trunc'): trunc(a / b), as PyTorch computes it."""
+    like = a if isinstance(a, DataNode) else b
+    q = imp.net.add_op("div", [imp.operand(a, like), imp.operand(b, like)], {}, imp.unique(imp.op_name_hint() + ".div"))
+    return imp.net.activation(q, "trunc", name=imp.op_name())
+
+
+def _frac(imp, x):
+    """frac(x) = x - trunc(x) (exact)."""
+    x = imp.tensor(x)
+    t = imp.net.activation(x, "trunc", name=imp.unique(imp.op_name_hint() + ".trunc"))
+    return imp.net.sub(x, t, name=imp.op_name())
+
+
 def _binary(kind):
     def f(imp, a, b, *, alpha=1, rounding_mode=None):
+        if rounding_mode == "trunc" and kind == "div":
+            return _trunc_div(imp, a, b)
+        if rounding_mode == "floor" and kind == "div":
+            return _by_divisor("floor_divide")(imp, a, b)
         if rounding_mode is not None:
-            raise imp.fail(f"div with rounding_mode={rounding_mode!r}", "supported: true division")
+            raise imp.fail(f"div with rounding_mode={rounding_mode!r}", "supported: None, 'trunc', 'floor'")
         like = a if isinstance(a, DataNode) else b
         if alpha != 1:
             if kind not in ("add", "sub"):
@@ -1678,6 +1719,12 @@ _ATEN = {
     "abs": _act("abs"),
     "erf": _act("erf"),
     "floor": _act("floor"),
+    "trunc": _act("trunc"),
+    "fix": _act("trunc"),
+    "frac": _frac,
+    "fmod": _by_divisor("fmod"),
+    "remainder": _by_divisor("remainder"),
+    "floor_divide": _by_divisor("floor_divide"),
     "ceil": _act("ceil"),
     "round": _round,
     "sin": _act("sin"),

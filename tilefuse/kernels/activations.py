@@ -63,6 +63,17 @@ The epilogue order of a fused conv is fixed:  y = act(conv(x, w) + bias + residu
  35    asinh        -                             asinh(x)                                  asinh / Asinh
  36    acosh        -                             acosh(x) (NaN below 1)                    acosh / Acosh
  37    atanh        -                             atanh(x) (+-inf at +-1, NaN beyond)       atanh / Atanh
+ 38    trunc        -                             x rounded toward 0                        trunc, fix, frac (x -
+                                                                                            trunc x), div(rounding_mode
+                                                                                            ='trunc')
+ 39    fmod         (divisor, -)                  x - n d, n = trunc(x / d) exactly (C's    fmod(x, d)
+                                                  fmod: the sign of x; NaN for d = 0)
+ 40    remainder    (divisor, -)                  fmod, plus d where it is non-zero and     remainder(x, d), x % d
+                                                  its sign differs from d's (PyTorch's)
+ 41    floor_divide (divisor, -)                  PyTorch's floor division of x by d (fmod  x // d, floor_divide,
+                                                  based: (x - fmod) / d, one less where     div(rounding_mode=
+                                                  the signs differ, floored, rounded up      'floor')
+                                                  past .5; x / d for d = 0)
 
 ln, sqrt, rsqrt and pow with p < 0 are infinite at 0: `finite_at_zero` says so, and the compiler keeps such an
 activation out of the epilogues that write act(0) into the padded channels of a blocked tensor (the next conv's
@@ -128,7 +139,13 @@ ACTIVATIONS: dict[str, tuple[int, tuple[str, ...], tuple[float, ...]]] = {
     "asinh": (35, (), ()),
     "acosh": (36, (), ()),
     "atanh": (37, (), ()),
+    "trunc": (38, (), ()),
+    "fmod": (39, ("divisor",), (1.0,)),
+    "remainder": (40, ("divisor",), (1.0,)),
+    "floor_divide": (41, ("divisor",), (1.0,)),
 }
+# the codes of x (op) d for a number d: the divisor is alpha
+DIVISORS = ("fmod", "remainder", "floor_divide")
 # the trigonometric and hyperbolic codes 27-37: numpy's float64 function (reference), libm's (kernels)
 TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
 NAMES = {code: name for name, (code, _, _) in ACTIVATIONS.items()}
@@ -161,6 +178,8 @@ def normalize(name: str, params: dict | None = None, where: str = "?") -> tuple[
         raise ValueError(f"{where}: clip min {vals[0]} > max {vals[1]}")
     if name == "pow" and not math.isfinite(vals[0]):
         raise ValueError(f"{where}: pow exponent {vals[0]}; expected a finite number")
+    if name in DIVISORS and not math.isfinite(vals[0]):
+        raise ValueError(f"{where}: {name} divisor {vals[0]}; expected a finite number")
     if name == "celu" and not vals[0] > 0:
         raise ValueError(f"{where}: celu alpha {vals[0]}; expected alpha > 0")
     vals += [0.0] * (2 - len(vals))
@@ -216,8 +235,10 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
         y = d * np.tanh(np.logaddexp(0.0, d))     # softplus without overflow; mish(-inf) = -inf * 0 = nan
     elif name == "erf":
         y = np.vectorize(math.erf, otypes=[np.float64])(d) if d.size else d
-    elif name in ("floor", "ceil", "round"):
-        y = {"floor": np.floor, "ceil": np.ceil, "round": np.rint}[name](d)
+    elif name in ("floor", "ceil", "round", "trunc"):
+        y = {"floor": np.floor, "ceil": np.ceil, "round": np.rint, "trunc": np.trunc}[name](d)
+    elif name in DIVISORS:
+        y = _divide_ref(name, np.asarray(x), alpha)
     elif name in TRIG:
         with np.errstate(all="ignore"):           # sin(+-inf), asin(2) = NaN, atanh(1) = inf: as PyTorch
             y = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
@@ -237,6 +258,26 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
         return y.astype(np.asarray(x).dtype if np.asarray(x).dtype.kind == "f" else np.float32)
 
 
+def _divide_ref(name: str, x: np.ndarray, d: float) -> np.ndarray:
+    """fmod / remainder / floor_divide of x by the number d in x's own dtype, as PyTorch computes them (fmod is
+    exact in any dtype; remainder's `fmod + d` and floor division's steps round in x's dtype)."""
+    dt = x.dtype if x.dtype.kind == "f" else np.dtype(np.float32)
+    v, b = x.astype(dt), dt.type(d)
+    with np.errstate(all="ignore"):
+        m = np.fmod(v, b)
+        if name == "fmod":
+            return m
+        if name == "remainder":
+            return np.where((m != 0) & ((b < 0) != (m < 0)), m + b, m)
+        if b == 0:
+            return v / b
+        q = (v - m) / b
+        q = np.where((m != 0) & ((b < 0) != (m < 0)), q - dt.type(1), q)
+        f = np.floor(q)
+        f = np.where(q - f > dt.type(0.5), f + dt.type(1), f)
+        return np.where(q != 0, f, np.copysign(dt.type(0), v / b))
+
+
 def derivative(name: str, dy: np.ndarray, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
     """dy * act'(x), the training backward of `reference` (float64 inside, returned in dy's dtype).
 
@@ -244,7 +285,8 @@ def derivative(name: str, dy: np.ndarray, x: np.ndarray, alpha: float = 0.0, bet
     (x > 0 counts as the positive branch); clip passes the gradient only strictly inside (min, max), as
     hardtanh / ReLU6 do (torch.clamp also passes it at x = min or max); hardsigmoid strictly inside
     0 < alpha x + beta < 1; hardswish 0 up to -3 inclusive, x / 3 + 1 / 2 strictly between, 1 from 3 on; abs
-    sign(x) (0 at 0); pow with exponent 0 zero; floor, ceil, round zero everywhere."""
+    sign(x) (0 at 0); pow with exponent 0 zero; floor, ceil, round, trunc, floor_divide zero everywhere,
+    fmod and remainder one."""
     d = np.asarray(x, np.float64)
     g = np.asarray(dy, np.float64)
     with np.errstate(all="ignore"):               # inf / NaN propagate as in PyTorch
@@ -301,8 +343,10 @@ def derivative(name: str, dy: np.ndarray, x: np.ndarray, alpha: float = 0.0, bet
             k = _SELU_SCALE * np.where(d > 0, 1.0, _SELU_ALPHA * np.exp(np.minimum(d, 0.0)))
         elif name == "erf":
             k = 2.0 / math.sqrt(math.pi) * np.exp(-d * d)
-        elif name in ("floor", "ceil", "round"):
+        elif name in ("floor", "ceil", "round", "trunc", "floor_divide"):
             k = np.zeros_like(d)
+        elif name in ("fmod", "remainder"):
+            k = np.ones_like(d)              # (PyTorch's: the gradient passes to x)
         elif name == "sin":
             k = np.cos(d)
         elif name == "cos":
@@ -686,12 +730,51 @@ _s_tan, _s_asin, _s_acos, _s_atan, _s_sinh, _s_cosh, _s_asinh, _s_acosh, _s_atan
                          math.atanh))
 
 
+@njit(inline="always", cache=True)
+def _s_trunc(v, alpha, beta):
+    return np.floor(v) if v >= _F0 else np.ceil(v)      # -0.5 -> -0.0, NaN -> NaN, as np.trunc
+
+
+@njit(inline="always", cache=True)
+def _s_fmod(v, alpha, beta):
+    """C's fmod, exact: in float64 (a float32 x and d's result is a float32 value), rounded back."""
+    b = np.float64(alpha)
+    if b == 0.0 or not math.isfinite(np.float64(v)):
+        return np.float32(np.nan)
+    if math.isinf(b):
+        return v
+    return np.float32(np.fmod(np.float64(v), b))
+
+
+@njit(inline="always", cache=True)
+def _s_remainder(v, alpha, beta):
+    m = _s_fmod(v, alpha, beta)
+    if m != _F0 and (alpha < _F0) != (m < _F0):
+        return m + alpha
+    return m
+
+
+@njit(inline="always", cache=True)
+def _s_floor_divide(v, alpha, beta):
+    """PyTorch's div_floor_floating in float32."""
+    if alpha == _F0:
+        return np.divide(v, alpha)
+    m = _s_fmod(v, alpha, beta)
+    q = np.divide(v - m, alpha)
+    if m != _F0 and (alpha < _F0) != (m < _F0):
+        q = q - _F1
+    if q != _F0:
+        f = np.floor(q)
+        return f + _F1 if q - f > _FHALF else f
+    return np.float32(math.copysign(0.0, np.divide(np.float64(v), np.float64(alpha))))
+
+
 MATH_CODES = 14     # codes from here on: the element-wise math functions
 
 
 @njit(nogil=True, cache=True, fastmath=SPAN_FASTMATH)
 def _math_call(code, v, alpha, beta):
-    """One value of a math code (14-37), out of line (flags stated: never inherited from the caller)."""
+    """One value of a math code (14-41), out of line (flags stated: never inherited from the caller)."""
     if code == 14:
         return _s_abs(v, alpha, beta)
     if code == 15:
@@ -740,6 +823,14 @@ def _math_call(code, v, alpha, beta):
         return _s_acosh(v, alpha, beta)
     if code == 37:
         return _s_atanh(v, alpha, beta)
+    if code == 38:
+        return _s_trunc(v, alpha, beta)
+    if code == 39:
+        return _s_fmod(v, alpha, beta)
+    if code == 40:
+        return _s_remainder(v, alpha, beta)
+    if code == 41:
+        return _s_floor_divide(v, alpha, beta)
     return v
 
 
@@ -781,7 +872,7 @@ def apply_scalar(code, v, alpha, beta):
         return v * _mish_ratio(v)
     if code == 13:
         return _softplus(v, alpha, beta)
-    return _math_call(code, v, alpha, beta)      # 14-37 (a call: see _s_abs)
+    return _math_call(code, v, alpha, beta)      # 14-41 (a call: see _s_abs)
 
 
 @njit(inline="always", cache=True)
@@ -807,6 +898,8 @@ _L_ERF, _L_FLOOR, _L_CEIL, _L_ROUND, _L_SIN, _L_COS = (
     _math_loop(f) for f in (_s_erf, _s_floor, _s_ceil, _s_round, _s_sin, _s_cos))
 _L_TAN, _L_ASIN, _L_ACOS, _L_ATAN, _L_SINH, _L_COSH, _L_ASINH, _L_ACOSH, _L_ATANH = (
     _math_loop(f) for f in (_s_tan, _s_asin, _s_acos, _s_atan, _s_sinh, _s_cosh, _s_asinh, _s_acosh, _s_atanh))
+_L_TRUNC, _L_FMOD, _L_REMAINDER, _L_FLOOR_DIVIDE = (
+    _math_loop(f) for f in (_s_trunc, _s_fmod, _s_remainder, _s_floor_divide))
 
 
 
@@ -890,8 +983,16 @@ def apply_span(f, lo, hi, code, a, b):
         _L_ASINH(f, lo, hi, a, b)
     elif code == 36:
         _L_ACOSH(f, lo, hi, a, b)
-    else:
+    elif code == 37:
         _L_ATANH(f, lo, hi, a, b)
+    elif code == 38:
+        _L_TRUNC(f, lo, hi, a, b)
+    elif code == 39:
+        _L_FMOD(f, lo, hi, a, b)
+    elif code == 40:
+        _L_REMAINDER(f, lo, hi, a, b)
+    else:
+        _L_FLOOR_DIVIDE(f, lo, hi, a, b)
 
 
 @njit(nogil=True, cache=True)
