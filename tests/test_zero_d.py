@@ -8,7 +8,9 @@ of shape is refused rather than computed wrong.
 
 Bool tensors in arithmetic are PyTorch's 1 / 0 (`x * (x > 0)`, logaddexp's `(a == b) * x`, nanmean's count
 `(~isnan(x)).sum()`, an int64 output); `x[mask] = v` (index_put with a bool mask over x's leading dims) is
-where(mask, v, x). Every case is compared with PyTorch; the global normalisation trains as PyTorch does."""
+where(mask, v, x), and x[mask] itself (a data-dependent shape) is x computed whole: element-wise ops on it and an
+assignment with the same mask (`y[m] = f(x[m])`, `y[m] += v`), and its sum and mean (0-d). Every case is compared
+with PyTorch; the global normalisation trains as PyTorch does."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,6 +79,38 @@ def _masked_nan(s, y):
     return z
 
 
+def _masked_add(s, y):
+    z = y.clone()
+    z[y > 0.2] += 2.0                   # z[m] = z[m] + 2: x[mask] element-wise, then assigned
+    return z
+
+
+def _masked_values(s, y):
+    z = y.clone()
+    z[y > 0.2] = y[y > 0.2] * 2         # the mask computed twice, as written
+    return z
+
+
+def _masked_elu(s, y):
+    z = y.clone()
+    m = y < 0
+    z[m] = torch.exp(y[m]) - 1
+    return z
+
+
+def _masked_images_from_zeros(s, y):
+    z = torch.zeros_like(y)
+    m = y.mean((1, 2, 3)) > 0
+    z[m] = torch.sigmoid(y[m]) * 3 + 1
+    return z
+
+
+def _masked_nan_values(s, y):
+    z = y.log()
+    z[torch.isnan(z)] = y[torch.isnan(z)] * 0.1
+    return z
+
+
 CASES = {
     "x - x.mean()": lambda s, y: y - y.mean(),
     "(x - x.mean()) / x.std()": lambda s, y: (y - y.mean()) / y.std(),
@@ -98,6 +132,13 @@ CASES = {
     "x[(n, c) mask] = plane": _masked_planes,
     "x[(x > 0) & (x < .5)] = 1": _masked_band,
     "x[isnan(x)] = 0": _masked_nan,
+    "x[m] += 2": _masked_add,
+    "x[m] = x[m] * 2": _masked_values,
+    "x[m] = exp(x[m]) - 1": _masked_elu,
+    "zeros[image mask] = f(x[image mask])": _masked_images_from_zeros,
+    "x[isnan] = x[isnan] * .1": _masked_nan_values,
+    "x[m].mean(), x[m].sum()": lambda s, y: y - y[y > 0].mean() + y[y < -0.5].sum() * 0.01,
+    "x[image mask].mean()": lambda s, y: y * y[y.mean((1, 2, 3)) > -1].mean(),
     "x * (x > 0)": lambda s, y: y * (y > 0) + (y < 0) * 0.1 * y,
     "(x > 0) * (x < .5) (logical and)": lambda s, y: ((y > 0) * (y < 0.5)).float() * y,
     "(x > 0) + (x < -1) (logical or)": lambda s, y: ((y > 0) + (y < -1)).float() * y,
@@ -147,12 +188,19 @@ def test_0d_outputs_are_0d():
         np.testing.assert_allclose(g, w, rtol=1e-5)
 
 
-def test_masked_assignment_of_masked_values_is_refused():
-    def f(s, y):
-        z = y.clone()
-        z[y > 0.2] += 2.0               # z[m] = z[m] + 2: x[mask] has a data-dependent shape
-        return z
-    with pytest.raises(UnsupportedOpError, match=r"aten.index.Tensor of a comparison's bool tensor"):
+def _other_mask(s, y):
+    z = y.clone()
+    z[y > 0] = y[y.flip(1) > 0] * 2      # (the same count of True by construction: a flip keeps it)
+    return z
+
+
+@pytest.mark.parametrize("f,match", [
+    (lambda s, y: y * y[y > 0].amax(), r"aten\.amax\.default of x\[mask\].*its sum and mean"),
+    (lambda s, y: y[y > 0], r"returning x\[mask\].*of a data-dependent shape"),
+    (_other_mask, r"x\[mask\] and y\[other_mask\]|y\[mask\] = x\[other_mask\]"),
+])
+def test_what_x_mask_may_not_do_is_refused(f, match):
+    with pytest.raises(UnsupportedOpError, match=match):
         tilefuse.from_torch(Head(f), torch.randn(1, 4, 5, 5))
 
 

@@ -435,8 +435,8 @@ class _Importer:
         got, want = (list(result), list(vals)) if isinstance(result, (tuple, list)) and \
             isinstance(vals, (tuple, list)) else ([result], [vals])
         for d, v in zip(got, want):
-            if isinstance(d, DataNode) and isinstance(v, torch.Tensor):
-                shape = tuple(int(s) for s in v.shape)
+            if isinstance(d, DataNode) and isinstance(v, torch.Tensor) and all(type(s) is int for s in v.shape):
+                shape = tuple(v.shape)
                 if tuple(d.shape) != shape and not (shape == () and tuple(d.shape) == (1,)):
                     raise GraphError(d.name, f"the importer built shape {tuple(d.shape)} for {self.target_name()}"
                                              f" where PyTorch computes {tuple(v.shape)}; please report this "
@@ -479,6 +479,8 @@ class _Importer:
                 return seq[i]
             raise self.fail(f"indexing a {type(seq).__name__}")
         if not hasattr(target, "_opname"):
+            if target in _SIZE_CHECKS and any(isinstance(v, _MaskedSize) for v in _flatten(args)):
+                return _MaskedSize()    # export's range check of x[mask]'s size (for an _assert_scalar)
             raise self.fail(f"function {getattr(target, '__name__', target)}")
         name = target._opname
         if name.startswith("_assert"):
@@ -488,7 +490,13 @@ class _Importer:
         if bad is not None:
             raise self.fail(f"{self.target_name()} of {bad.what}",
                             f"tilefuse computes the values only; the indices come from {bad.where}")
+        masked = [v for v in flat if isinstance(v, _Masked)]
+        base = name[:-1] if name.endswith("_") and name[:-1] in _ATEN else name     # add_, index_put_
+        if masked and base != "index_put":
+            return self.masked_elementwise(base, args, kwargs, masked)
         cmp = next((v for v in flat if isinstance(v, boolexpr.BOOL)), None)
+        if name == "index" and len(args) == 2 and len(args[1]) == 1 and isinstance(args[1][0], boolexpr.BOOL):
+            return _mask_select(self, *args)
         if cmp is not None and name in _BOOL_ARITHMETIC:
             return self.bool_arithmetic(name, args, kwargs)
         if cmp is not None and name not in _BOOL_READERS:
@@ -511,6 +519,34 @@ class _Importer:
         if schema is not None and schema.is_mutable and n.args and hasattr(n.args[0], "op"):
             self.env[n.args[0]] = out     # x.add_(y): later reads of x see the result
         return out
+
+    def masked_elementwise(self, name, args, kwargs, masked):
+        """An element-wise op on x[mask] (`_Masked`, a data-dependent shape): computed on the whole of x and still
+        x[mask] (`y[m] = x[m] * 2`, `y[m] += v`: index_put then takes it as where(m, ..., y)); every x[mask] it
+        reads must have the same mask, and any other tensor must broadcast against x[mask]'s trailing dims as it
+        does against x's. Anything else reading x[mask] (a reduction, a reshape) is refused by name."""
+        m0 = masked[0]
+        if name == "sym_size":
+            return _MaskedSize()        # read by export's own range checks only (else refused where used)
+        what = f"{self.target_name()} of x[mask] (from {m0.origin}; a data-dependent shape)"
+        hint = "tilefuse computes x[mask] element-wise into an assignment y[mask] = f(x[mask]), and its sum and " \
+               "mean; write torch.where(mask, f(x), y)"
+        if name in ("sum", "mean") and len(masked) == 1 and len(args) == 1 and not kwargs:
+            return _masked_total(self, name, m0)
+        if name not in _MASKED_ELEMENTWISE:
+            raise self.fail(what, hint)
+        if any(not _same_bool(m.mask, m0.mask) for m in masked[1:]):
+            raise self.fail(f"{self.target_name()} of x[mask] and y[other_mask]", hint)
+        rest = len(m0.x.shape) - m0.rank
+        for v in _flatten(args) + _flatten(list(kwargs.values())):
+            if isinstance(v, (DataNode, Const)) and len(v.shape if isinstance(v, DataNode) else v.tensor.shape) > rest:
+                raise self.fail(f"{what} with a tensor of rank > {rest}", hint)
+        unwrap = (lambda v: v.x if isinstance(v, _Masked) else v)
+        out = _ATEN[name](self, *torch.fx.node.map_aggregate(args, unwrap),
+                          **torch.fx.node.map_aggregate(kwargs, unwrap))
+        if not isinstance(out, DataNode):
+            raise self.fail(what, hint)
+        return _Masked(out, m0.mask, m0.rank, m0.origin)
 
     def bool_arithmetic(self, name, args, kwargs):
         """Arithmetic reading a comparison's bool tensor. Of bools only, mul is logical and, add logical or (PyTorch's
@@ -574,6 +610,9 @@ class _Importer:
             if isinstance(v, Const):
                 raise GraphError(self.net.name, f"forward() returns the constant '{v.key}'; expected tensors "
                                                 f"computed from the inputs")
+            if isinstance(v, _Masked):
+                raise self.fail(f"forward() returning {v!r}, of a data-dependent shape",
+                                "return torch.where(mask, x, fill) or a reduction of it (x[mask].sum())")
             d = self.tensor(v, "network output")
             if shape == () and d.shape == (1,):
                 d = self.net.reshape(d, (), name=self.unique(f"{d.name}.0d"))
@@ -586,7 +625,9 @@ class _Importer:
 def _fx_shape(n) -> tuple | None:
     """The shape PyTorch computed for an FX node's tensor, else None."""
     v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-    return tuple(int(s) for s in v.shape) if isinstance(v, torch.Tensor) else None
+    if not isinstance(v, torch.Tensor) or not all(type(s) is int for s in v.shape):
+        return None                             # (a data-dependent size: x[mask]'s)
+    return tuple(v.shape)
 
 
 def _result_dtype(n):
@@ -1420,17 +1461,98 @@ def _where(imp, c, a, b):
     return boolexpr.select(imp.net, c, _where_operand(imp, a, like), _where_operand(imp, b, like), imp.op_name())
 
 
+class _Masked:
+    """x[mask] for a bool mask over x's leading `rank` dims (a data-dependent shape): carried as the whole of x
+    (`x`) and the mask, for element-wise ops and an index_put with the same mask (`_Importer.masked_elementwise`)."""
+
+    def __init__(self, x: DataNode, mask, rank: int, origin: str):
+        self.x, self.mask, self.rank, self.origin = x, mask, rank, origin
+
+    def __repr__(self):
+        return f"x[mask] (from {self.origin})"
+
+
+class _MaskedSize:
+    """The size of x[mask] (data-dependent): what export's own range checks compare; nothing else may read it."""
+
+    def __repr__(self):
+        return "the data-dependent size of x[mask]"
+
+
+_SIZE_CHECKS = frozenset({operator.ge, operator.le, operator.gt, operator.lt, operator.eq, operator.ne})
+
+# the ATen ops computed element-wise on x[mask] (`_Masked`)
+_MASKED_ELEMENTWISE = frozenset({
+    "add", "sub", "mul", "div", "rsub", "neg", "pow", "clamp", "clamp_min", "clamp_max", "relu", "sigmoid", "tanh",
+    "exp", "log", "abs", "sqrt", "rsqrt", "sin", "cos", "hardtanh", "leaky_relu", "gelu", "silu", "maximum",
+    "minimum", "floor", "ceil", "round", "trunc", "fmod", "remainder", "_to_copy", "clone", "alias", "detach",
+    "reciprocal", "square", "elu", "hardswish", "hardsigmoid", "softplus", "mish", "log1p", "expm1", "sign",
+    "lerp", "addcmul", "addcdiv", "where"})
+
+
+def _masked_total(imp, kind, m):
+    """x[mask].sum() / .mean(), 0-d: the sum of where(mask, x, 0); the mean divides by the count (the mask's 1 / 0
+    summed, times the trailing size per selected row; 0 / 0 = NaN for an empty selection, as PyTorch)."""
+    base = imp.op_name_hint()
+    mask = _bool_trailing(imp, m.mask, m.rank, len(m.x.shape))
+    axes = tuple(range(len(m.x.shape)))
+    kept = boolexpr.select(imp.net, mask, m.x, 0.0, imp.unique(base + ".masked"))
+    total = imp.net.sum(kept, axes, name=imp.op_name() if kind == "sum" else imp.unique(base + ".sum"))
+    if kind == "sum":
+        return total
+    ones = boolexpr.select(imp.net, mask, 1.0, 0.0, imp.unique(base + ".mask"))
+    count = imp.net.sum(ones, tuple(range(len(ones.shape))), name=imp.unique(base + ".count"))
+    per_row = int(np.prod(m.x.shape[m.rank:]))
+    if per_row != 1:
+        count = imp.net.mul(count, float(per_row), name=imp.unique(base + ".elements"))
+    return imp.net.div(total, count, name=imp.op_name())
+
+
+def _mask_select(imp, x, indices):
+    """x[mask] (aten.index with one bool mask over x's leading dims): a `_Masked`, for element-wise ops and an
+    assignment with the same mask."""
+    x = imp.tensor(x)
+    mask = indices[0]
+    mshape = _fx_shape(imp.node.args[1][0])
+    if mshape is None or len(mshape) > len(x.shape) or tuple(x.shape[:len(mshape)]) != mshape:
+        raise imp.fail(f"x[mask] with a mask of shape {mshape} for x of shape {x.shape}",
+                       "expected a mask over x's leading dims")
+    return _Masked(x, mask, len(mshape), imp.where())
+
+
+def _same_bool(a, b) -> bool:
+    """Two masks the same expression: the same comparisons of the same tensors (a constant by its value)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Const):
+        return a.tensor.shape == b.tensor.shape and bool((a.tensor == b.tensor).all())
+    if isinstance(a, boolexpr.Not):
+        return _same_bool(a.e, b.e)
+    if isinstance(a, (boolexpr.And, boolexpr.Or)):
+        return _same_bool(a.a, b.a) and _same_bool(a.b, b.b)
+
+    def same(u, v):
+        if u is v:
+            return True
+        return u.is_constant and v.is_constant and u.shape == v.shape and np.array_equal(u.value, v.value)
+    return a.cmp == b.cmp and same(a.l, b.l) and same(a.r, b.r)
+
+
 def _index_put(imp, x, indices, values, accumulate=False):
     """x[mask] = v (aten.index_put with one bool mask, a comparison or a constant, over x's leading dims): where(mask,
     v, x) (accumulate, x[mask] += v: where(mask, x + v, x)). v a number or a tensor of static shape that broadcasts
     to x's trailing dims (a 0-d x.mean() included); a value of x[mask]'s own data-dependent shape never reaches
     here (aten.index of a mask is refused)."""
-    x = imp.tensor(x)
+    x = imp.const_node(x) if isinstance(x, Const) else imp.tensor(x)     # torch.zeros_like(x), then y[m] = ...
     if len(indices) != 1 or not isinstance(indices[0], (*boolexpr.BOOL, Const)):
         raise imp.fail("index_put (x[idx] = v) at computed or several indices",
                        "tilefuse assigns through one bool mask (x[x < 0] = 0, a comparison or a constant mask); "
                        "write torch.where(mask, v, x)")
     mask = indices[0]
+    if isinstance(values, _Masked):         # y[m] = f(x[m]): f computed on the whole of x
+        if not _same_bool(values.mask, mask):
+            raise imp.fail("y[mask] = x[other_mask]", "expected the same mask on both sides (torch.where(...))")
+        values = values.x
     if isinstance(mask, Const):
         if mask.tensor.dtype != torch.bool:
             raise imp.fail("index_put at constant integer indices", "expected a bool mask (x[mask] = v)")
@@ -1444,7 +1566,8 @@ def _index_put(imp, x, indices, values, accumulate=False):
     if isinstance(values, Const) and values.tensor.dim() == 0:
         values = float(values.tensor)
     v = imp.operand(values, x)
-    vshape = _fx_shape(imp.node.args[2]) if isinstance(imp.node.args[2], torch.fx.Node) else ()
+    vshape = () if isinstance(values, DataNode) and values.shape == x.shape else \
+        _fx_shape(imp.node.args[2]) if isinstance(imp.node.args[2], torch.fx.Node) else ()
     rest = tuple(x.shape[len(mshape):])
     try:
         np.broadcast_shapes(tuple(vshape or ()), (1,) + rest)
