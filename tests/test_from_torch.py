@@ -387,3 +387,26 @@ def test_clamp_at_negative_zero_keeps_the_sign_of_zero():
     got = np.asarray(tilefuse.Session(tilefuse.compile(net)).run(x.numpy()))
     np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))          # the signs of the zeros
     np.testing.assert_allclose(got, want, rtol=1e-3)                             # the rest: conv rounding, 1/x
+
+
+class FunctionalLRN(nn.Module):
+    """AlexNet-era code calling F.local_response_norm directly (PyTorch decomposes it to a 3-D average pool)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.lrn = nn.LocalResponseNorm(5)
+
+    def forward(self, x):
+        y = F.local_response_norm(torch.relu(self.conv(x)), 3, alpha=2e-4, beta=0.7, k=2.0)
+        return self.lrn(y)
+
+
+def test_functional_local_response_norm_is_one_op_and_f_is_restored():
+    torch.manual_seed(0)
+    m, x = FunctionalLRN().eval(), torch.randn(2, 3, 9, 9)
+    net = from_torch(m, x)
+    assert [op.op for op in net.ops].count("local_response_norm") == 2
+    with torch.no_grad():
+        np.testing.assert_allclose(tilefuse.compile(net).run(x.numpy()), m(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert F.local_response_norm.__module__ == "torch.nn.functional"      # the export's stand-in is gone

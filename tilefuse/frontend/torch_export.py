@@ -196,15 +196,25 @@ def _lrn_op():
 
 @contextlib.contextmanager
 def _leaf_ops(module):
+    """nn.LocalResponseNorm and F.local_response_norm (AlexNet / GoogLeNet code calls either) as one op while
+    exporting (PyTorch decomposes it to a 3-D average pool over a padded channel axis)."""
     swapped = []
     for m in module.modules():
         if type(m) is nn.LocalResponseNorm:
             op = _lrn_op()
             m.forward = (lambda mm: lambda x: op(x, mm.size, float(mm.alpha), float(mm.beta), float(mm.k)))(m)
             swapped.append(m)
+    functional = F.local_response_norm
+
+    def lrn(input, size, alpha=1e-4, beta=0.75, k=1.0):
+        if input.dim() != 4:
+            return functional(input, size, alpha, beta, k)
+        return _lrn_op()(input, int(size), float(alpha), float(beta), float(k))
+    F.local_response_norm = lrn
     try:
         yield
     finally:
+        F.local_response_norm = functional
         for m in swapped:
             del m.forward
 
