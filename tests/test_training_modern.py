@@ -106,7 +106,7 @@ SHAPES = [((2, 3, 4, 5), (2, 3, 4, 5)), ((2, 3, 4, 5), (1, 3, 1, 1)), ((2, 3, 4,
           ((3, 1, 5), (2, 1, 4, 1)), ((2, 7), (7,)), ((1,), (2, 3, 4))]
 
 
-@pytest.mark.parametrize("kind", ["add", "sub", "mul", "div", "maximum", "minimum"])
+@pytest.mark.parametrize("kind", ["add", "sub", "mul", "div", "maximum", "minimum", "atan2"])
 @pytest.mark.parametrize("sa,sb", SHAPES)
 def test_binary_backward_matches_autograd(kind, sa, sb):
     r = np.random.default_rng(2)

@@ -599,7 +599,7 @@ def blocked_op_validator(op: str, layouts=("nchw",)) -> Callable:
     return validate
 
 
-for _k in ("activation", "prelu", "add", "sub", "mul", "div", "maximum", "minimum", "resize", "pad", "slice", "concat",
+for _k in ("activation", "prelu", "add", "sub", "mul", "div", "maximum", "minimum", "atan2", "resize", "pad", "slice", "concat",
            "channel_norm", "channel_shuffle", "group_norm"):
     VALIDATORS[_k] = blocked_op_validator(_k, _layouts(_k))
 for _k in ("mean", "sum", "max", "reshape", "permute", "layer_norm", "adaptive_avg_pool", "adaptive_max_pool",

@@ -1900,6 +1900,8 @@ _ATEN = {
     "argmax": _arg_extreme(True),
     "argmin": _arg_extreme(False),
     "maximum": _binary("maximum"),
+    "atan2": _binary("atan2"),
+    "arctan2": _binary("atan2"),
     "gt": _compare("gt"),
     "ge": _compare("ge"),
     "lt": _compare("lt"),

@@ -432,6 +432,10 @@ class Network:
         """The element-wise maximum with broadcasting (torch.maximum: NaN if either is NaN)."""
         return self._binary("maximum", a, b, name)
 
+    def atan2(self, a, b, name: str | None = None) -> DataNode:
+        """The angle of the point (b, a) in (-pi, pi] (torch.atan2(a, b), np.arctan2)."""
+        return self._binary("atan2", a, b, name)
+
     def minimum(self, a, b, name: str | None = None) -> DataNode:
         return self._binary("minimum", a, b, name)
 

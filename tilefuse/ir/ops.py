@@ -325,8 +325,9 @@ def _binary_infer(kind):
 _register(OpSchema("relu", "elementwise", ("x",), lambda n, p: {}, _same_infer,
                    lambda x: ref.relu(x), lambda i, o, p: _prod(o)))
 # the element-wise binary ops: a (op) b with NumPy broadcasting, then the fused activation (relu or act); maximum /
-# minimum as torch.maximum / minimum (a NaN in either operand gives NaN)
-BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
+# minimum as torch.maximum / minimum (a NaN in either operand gives NaN); atan2(a, b) the angle of (b, a) in
+# (-pi, pi], as torch.atan2 / np.arctan2
+BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "atan2")
 for _kind in BINARY:
     _register(OpSchema(_kind, "elementwise", ("a", "b"), _epilogue_norm, _binary_infer(_kind),
                        (lambda k: lambda a, b, relu, act=None: ref.binary(k, a, b, relu, act))(_kind),

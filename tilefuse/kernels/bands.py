@@ -58,6 +58,7 @@ ROW_KERNELS = {"activation": broadcast.activation, "prelu": broadcast.prelu,
                "add": broadcast.KERNELS["add"], "sub": broadcast.KERNELS["sub"],
                "mul": broadcast.KERNELS["mul"], "div": broadcast.KERNELS["div"],
                "maximum": broadcast.KERNELS["maximum"], "minimum": broadcast.KERNELS["minimum"],
+               "atan2": broadcast.KERNELS["atan2"],
                "channel_norm": norm.channel_norm, "slice": movement.slice_}
 
 
@@ -254,7 +255,7 @@ def band_layout(kind: str, params: dict, dtype, in_channels, rings: str = "nchwc
     if kind in ROW_KERNELS:   # their layer kernels' NCHW16c forms; binary ops: per-channel constants
         # (not a div by a constant: broadcast.binary's blocked per-channel loop divides the padded
         # lanes by 0, which numba raises as ZeroDivisionError)
-        if kind not in ("sub", "mul", "div", "maximum", "minimum") or (kind != "div" or not const_shapes) and \
+        if kind not in ("sub", "mul", "div", "maximum", "minimum", "atan2") or (kind != "div" or not const_shapes) and \
                 all(_channel_const(s) for s in const_shapes):
             return "same", True, True
     return "nchw", False, False

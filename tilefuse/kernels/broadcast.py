@@ -18,6 +18,8 @@ on the thread count); other dtypes run the numpy reference.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import carray as nb_carray, njit, types
 from numba.extending import overload
@@ -135,8 +137,8 @@ def prelu(out, x, slope, *, layout="nchw", channels=None, threads=None, **_):
 # binary ops --------------------------------------------------------------------------------
 
 _UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
-          "minimum": np.minimum}
-_KIND = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5}
+          "minimum": np.minimum, "atan2": np.arctan2}
+_KIND = {"add": 0, "sub": 1, "mul": 2, "div": 3, "maximum": 4, "minimum": 5, "atan2": 6}
 
 
 @njit(inline="always")
@@ -152,7 +154,9 @@ def _op(kind, a, b):
         return a / b
     if kind == 4:
         return a if a > b or a != a else b
-    return a if a < b or a != a else b
+    if kind == 5:
+        return a if a < b or a != a else b
+    return math.atan2(a, b)         # libm's atan2f / atan2 (a scalar call: this loop does not vectorize)
 
 
 @njit(inline="always")
@@ -177,8 +181,10 @@ def _binary_flat(out, a, b, i0, i1, kind, code, alpha, beta):
         _op_loop(o, x, y, 3)
     elif kind == 4:
         _op_loop(o, x, y, 4)
-    else:
+    elif kind == 5:
         _op_loop(o, x, y, 5)
+    else:
+        _op_loop(o, x, y, 6)
     A.apply_span(o, 0, o.size, code, np.float32(alpha), np.float32(beta))
 
 
@@ -231,8 +237,10 @@ def _binary_channel(out3, x3, s, n, kind, swap, lanes, code, alpha, beta):
             _channel_row(o, x, sv, 3, swap, lanes)
         elif kind == 4:
             _channel_row(o, x, sv, 4, swap, lanes)
-        else:
+        elif kind == 5:
             _channel_row(o, x, sv, 5, swap, lanes)
+        else:
+            _channel_row(o, x, sv, 6, swap, lanes)
         A.apply_span(o, 0, o.size, code, al, be)
 
 
@@ -388,8 +396,9 @@ KERNELS = {
     "div": _binary_kernel("div"),
     "maximum": _binary_kernel("maximum"),
     "minimum": _binary_kernel("minimum"),
+    "atan2": _binary_kernel("atan2"),
     "where": where,
 }
 THREADED = frozenset(KERNELS)
-ACT_KERNELS = frozenset({"activation", "add", "sub", "mul", "div", "maximum", "minimum"})   # they apply act
+ACT_KERNELS = frozenset({"activation", "add", "sub", "mul", "div", "maximum", "minimum", "atan2"})   # they apply act
 BLOCKED = frozenset(KERNELS) - {"where"}   # the kernels here with an NCHW16c form

@@ -272,13 +272,15 @@ def prelu(x, slope):
     return np.where(xa > 0, xa, s * xa).astype(x.dtype, copy=False)
 
 
-_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "atan2": np.arctan2,
+           "maximum": np.maximum,
            "minimum": np.minimum}     # np.maximum / minimum: NaN in either operand gives NaN, as torch's
 
 
 def binary(kind, a, b, relu=False, act=None):
-    """Element-wise add / sub / mul / div / maximum / minimum with NumPy broadcasting, then the activation."""
-    acc = _acc_dtype(a.dtype)
+    """Element-wise add / sub / mul / div / maximum / minimum / atan2 with NumPy broadcasting, then the
+    activation."""
+    acc = _acc_dtype(a.dtype) if kind != "atan2" else np.dtype(np.float64)   # (NumPy's float32 arctan2: 5e-6 off)
     y = _BINARY[kind](a.astype(acc), b.astype(acc))
     if relu:
         np.maximum(y, 0, out=y)

@@ -43,6 +43,10 @@ def binary_backward(kind: str, dy: np.ndarray, a: np.ndarray, b: np.ndarray):
     elif kind == "div":
         ga = dy / b
         gb = -dy * a / (b * b)
+    elif kind == "atan2":             # d/da atan2(a, b) = b / (a^2 + b^2), d/db = -a / (a^2 + b^2) (NaN at 0, 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = a * a + b * b
+            ga, gb = dy * b / r, -dy * a / r
     elif kind in ("maximum", "minimum"):
         half = np.where(a == b, dy * np.float32(0.5), dy)
         wins = a > b if kind == "maximum" else a < b
