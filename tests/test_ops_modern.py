@@ -275,8 +275,8 @@ def test_pad_errors():
         net.pad(x, (0, 0, 0, 0, 3, 0, 0, 0), "reflect", name="p")
     with pytest.raises(GraphError, match="has 4 values for input shape"):
         net.pad(x, (1, 1, 1, 1))
-    with pytest.raises(GraphError, match="pad mode 'circular' is not supported"):
-        net.pad(x, (0,) * 8, "circular")
+    with pytest.raises(GraphError, match="pad mode 'mirror' is not supported"):
+        net.pad(x, (0,) * 8, "mirror")
 
 
 # ----------------------------------------------------------------------------- resize
