@@ -34,9 +34,6 @@ NO_PASSING_CASE = {
                "training cases are refused",
     "LayerNormalization": "every case also returns the Mean and InvStdDev outputs, which tilefuse does not "
                           "produce (refused by name)",
-    "And": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
-                 "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
-                 "(tests/test_where.py, against ONNX Runtime)",
     "Greater": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
                  "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
                  "(tests/test_where.py, against ONNX Runtime)",
@@ -44,9 +41,6 @@ NO_PASSING_CASE = {
                  "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
                  "(tests/test_where.py, against ONNX Runtime)",
     "LessOrEqual": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
-                 "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
-                 "(tests/test_where.py, against ONNX Runtime)",
-    "Not": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
                  "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
                  "(tests/test_where.py, against ONNX Runtime)",
     "Or": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "

@@ -571,3 +571,39 @@ def test_binary_constants_shrink_and_expands_drop_without_changing_a_bit():
         np.testing.assert_array_equal(o1, o2)
     for o1, o2 in zip(evaluate(net, {"x": xv}), tilefuse.compile(net).run(xv)):
         np.testing.assert_allclose(o1, o2, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opset,fmod,d", [(13, 1, 0.75), (13, 1, -2.5), (28, 0, 0.375), (28, 0, -1.5), (28, 1, 3.0)])
+def test_onnx_mod_by_a_number(opset, fmod, d):
+    """ONNX Mod of a computed tensor by a one-value constant (the dynamo exporter writes torch.fmod so): fmod=1 C's
+    fmod, fmod=0 (floats from Mod-28) the divisor's sign; against ONNX's reference evaluator (and ONNX Runtime
+    where it runs the opset), and PyTorch's fmod / remainder."""
+    import onnx
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+    nodes = [helper.make_node("Mul", ["x", "k"], ["y"]), helper.make_node("Mod", ["y", "d"], ["z"], fmod=fmod)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 5])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3, 5])],
+                          [onnx.numpy_helper.from_array(np.float32([3.0]), "k"),
+                           onnx.numpy_helper.from_array(np.float32(d), "d")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    x = _R.standard_normal((2, 3, 5)).astype(np.float32)
+    got = tilefuse.compile(tilefuse.from_onnx(model)).run(x)
+    torch_fn = torch.fmod if fmod else torch.remainder
+    np.testing.assert_array_equal(got, torch_fn(torch.from_numpy(x * 3.0), d).numpy())
+    np.testing.assert_array_equal(got, ReferenceEvaluator(model).run(None, {"x": x})[0])
+    if opset < 28:
+        import onnxruntime as ort
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        np.testing.assert_allclose(got, want[0], rtol=0, atol=1e-6)
+
+
+def test_onnx_mod_by_a_tensor_is_refused_by_name():
+    import onnx
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Mod", ["x", "x"], ["z"], fmod=1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3])])
+    with pytest.raises(UnsupportedOpError, match=r"Mod-13.*B 'x' is computed by the graph; tilefuse needs it to be a "
+                                                 r"constant"):
+        tilefuse.from_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))

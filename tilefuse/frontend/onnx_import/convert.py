@@ -1456,6 +1456,23 @@ def _arg_extreme(cx: Ctx, nd: OnnxNode, used):
     return y
 
 
+def _mod(cx: Ctx, nd: OnnxNode, used):
+    """Mod (10, 13, 28) of a computed float tensor by a one-value constant: fmod=1 (the dynamo exporter's
+    torch.fmod) activation code 39, C's exact fmod; fmod=0 (floats from version 28: the divisor's sign) code 40,
+    PyTorch's remainder (a zero keeps x's sign where the spec gives the divisor's)."""
+    x = cx.computed(nd, 0, "A")
+    d = cx.const(nd, 1, "B")
+    if d is None or np.asarray(d).size != 1:
+        raise nd.refuse(f"Mod by {'a computed tensor' if d is None else f'a constant of shape {np.asarray(d).shape}'}"
+                        f"; tilefuse computes fmod by one number")
+    fmod = nd.attrs.get("fmod", 0)
+    if fmod not in (0, 1) or (fmod == 0 and nd.version < 28):
+        raise GraphError(nd.where, f"Mod of a float tensor with fmod={fmod!r}; Mod-{nd.version} requires fmod=1 for "
+                                   f"floats (fmod=0 from version 28)")
+    return cx.net.activation(x, "fmod" if fmod else "remainder", name=cx.fresh(nd.name),
+                             divisor=float(np.asarray(d).reshape(-1)[0]))
+
+
 def _cumsum(cx: Ctx, nd: OnnxNode, used):
     """CumSum (11, 14) along a constant axis: the IR's cumsum (exclusive, reverse)."""
     x = cx.computed(nd, 0)
@@ -1524,6 +1541,8 @@ RULES: dict[str, Rule] = {
     "Col2Im": _r(_col2im, (18,), "dilations pads strides", "reshape slice pad add",
                  "2-D; constant image_shape and block_shape"),
     "CumSum": _r(_cumsum, (11, 14), "exclusive reverse", "cumsum", "a constant axis; float64 accumulation"),
+    "Mod": _r(_mod, (10, 13, 28), "fmod", "activation(fmod) activation(remainder)",
+              "a float tensor by a one-value constant; fmod=0 from version 28"),
     "ArgMax": _r(_arg_extreme, (1, 11, 12, 13), "axis keepdims select_last_index", "argmax",
                  "an int64 result: moved, compared, Cast, or returned (as int64)"),
     "ArgMin": _r(_arg_extreme, (1, 11, 12, 13), "axis keepdims select_last_index", "argmax",

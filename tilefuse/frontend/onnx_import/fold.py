@@ -350,6 +350,19 @@ def _binary(fn):
     return fold
 
 
+def _mod(node, x, y):
+    """Mod of constants: fmod=1 C's fmod (the sign of x), fmod=0 the divisor's sign (integers; a float needs
+    fmod=1 by the spec)."""
+    if node.attrs.get("fmod", 0) not in (0, 1):
+        raise GraphError(node.where, f"attribute fmod={node.attrs.get('fmod')!r}; expected 0 or 1")
+    if not node.attrs.get("fmod", 0) and (x.dtype.kind == "f" or y.dtype.kind == "f") and node.version < 28:
+        raise GraphError(node.where, f"Mod of a float tensor with fmod=0; Mod-{node.version} requires fmod=1 for "
+                                     f"floats")
+    if x.dtype.kind in "iu" and (y == 0).any():
+        raise GraphError(node.where, "integer Mod by 0")
+    return np.fmod(x, y) if node.attrs.get("fmod", 0) else np.mod(x, y)
+
+
 def _div(node, x, y):
     if x.dtype.kind in "iu":
         return _int_div(node, x, y)
@@ -455,6 +468,7 @@ FOLD = {
     "Sub": _binary(lambda n, x, y: x - y),
     "Mul": _binary(lambda n, x, y: x * y),
     "Div": _binary(_div),
+    "Mod": _binary(_mod),
     "Equal": _binary(lambda n, x, y: x == y),
     "Less": _binary(lambda n, x, y: x < y),
     "Greater": _binary(lambda n, x, y: x > y),
@@ -490,5 +504,5 @@ FOLD_ATTRS = {
     "Squeeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"}, "CastLike": {"saturate", "round_mode"}, "Slice": {"starts", "ends", "axes"},
     "Reshape": {"allowzero"}, "Transpose": {"perm"}, "ConstantOfShape": {"value"}, "Range": {"stash_type"},
     "ReduceProd": {"axes", "keepdims", "noop_with_empty_axes"}, "AffineGrid": {"align_corners"},
-    "CumSum": {"exclusive", "reverse"},
+    "CumSum": {"exclusive", "reverse"}, "Mod": {"fmod"},
 }
