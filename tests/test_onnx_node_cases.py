@@ -37,9 +37,6 @@ NO_PASSING_CASE = {
     "Greater": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
                  "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
                  "(tests/test_where.py, against ONNX Runtime)",
-    "GreaterOrEqual": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
-                 "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
-                 "(tests/test_where.py, against ONNX Runtime)",
     "LessOrEqual": "every case returns the comparison's bool tensor as the graph output; tilefuse computes float "
                  "tensors and keeps a comparison for Where / Not / And / Or / Cast to read "
                  "(tests/test_where.py, against ONNX Runtime)",

@@ -425,7 +425,8 @@ def _shrink_broadcast_constant(net: Network, op: OpNode) -> int:
                 v = v.take([0], axis=k)
         if v.shape == c.value.shape:
             continue
-        d = DataNode(net._fresh(f"{c.name}.reduced"), v.shape, c.dtype, np.ascontiguousarray(v))
+        d = DataNode(net._fresh(f"{c.name}.reduced"), v.shape, c.dtype, np.ascontiguousarray(v),
+                     nonfinite=True)    # a part of c, admitted already
         c.consumers.remove(op)
         op.inputs = [d if j == i else x for j, x in enumerate(op.inputs)]
         d.consumers.append(op)

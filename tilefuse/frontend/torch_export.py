@@ -321,8 +321,9 @@ class _Importer:
             return self.unique(f"{path}.{base}" if path else base)
         return self.unique(base)
 
-    def const_node(self, c: Const) -> DataNode:
-        """The network constant for `c` (created once per key and dtype)."""
+    def const_node(self, c: Const, nonfinite: bool = False) -> DataNode:
+        """The network constant for `c` (created once per key and dtype); NaN and infinities only with `nonfinite`
+        (where's values)."""
         dt = self.dtype
         key = (c.key, str(dt))
         d = self.consts.get(key)
@@ -333,7 +334,7 @@ class _Importer:
             arr = arr.astype(dt)
             if arr.ndim == 0:
                 arr = arr.reshape(1)
-            d = self.net.constant(self.unique(c.key), arr, dtype=dt)
+            d = self.net.constant(self.unique(c.key), arr, dtype=dt, nonfinite=nonfinite)
             self.net.constant_origin[d.name] = c.origin
             if c.root is not None and (c.root[0] != d.name or tuple(c.root[1]) != arr.shape):
                 self.net.constant_alias[d.name] = (c.root[0], tuple(c.root[1]))
@@ -358,15 +359,17 @@ class _Importer:
         raise self.fail(f"{self.target_name()} with a computed {what}",
                         f"expected the {what} to be a parameter or buffer (a constant)")
 
-    def operand(self, v, like: DataNode) -> DataNode:
-        """A binary op operand: a DataNode as is, a constant tensor or a number as a constant."""
+    def operand(self, v, like: DataNode, nonfinite: bool = False) -> DataNode:
+        """A binary op operand: a DataNode as is, a constant tensor or a number as a constant (NaN and infinities
+        only with `nonfinite`: where's values)."""
         if isinstance(v, DataNode):
             return v
         if isinstance(v, Const):
-            return self.const_node(v)
+            return self.const_node(v, nonfinite)
         if isinstance(v, (int, float, bool)):
             key = self.unique(f"{self.op_name_hint()}.scalar")
-            d = self.net.constant(key, np.full((1,) if like.shape else (), v, dtype=like.dtype), dtype=like.dtype)
+            d = self.net.constant(key, np.full((1,) if like.shape else (), v, dtype=like.dtype), dtype=like.dtype,
+                                  nonfinite=nonfinite)
             self.net.constant_origin[d.name] = "buffer"
             return d
         raise self.fail(f"{self.target_name()} with an operand of type {type(v).__name__}")
@@ -1468,7 +1471,8 @@ def _where(imp, c, a, b):
         raise imp.fail("torch.where with a condition that is not a comparison or a constant mask",
                        "expected torch.where(x > t, a, b) and the like")
     like = like or boolexpr.leaf(c).l
-    return boolexpr.select(imp.net, c, _where_operand(imp, a, like), _where_operand(imp, b, like), imp.op_name())
+    return boolexpr.select(imp.net, c, _where_operand(imp, a, like, True), _where_operand(imp, b, like, True),
+                           imp.op_name())
 
 
 class _Masked:
@@ -1608,11 +1612,12 @@ def _bool_trailing(imp, e, rank, to):
     return boolexpr.Cmp(grow(e.l), e.cmp, grow(e.r), e.origin)
 
 
-def _where_operand(imp, v, like):
-    """A where / comparison operand as a DataNode: a 0-d constant (scalar_tensor) as one value."""
+def _where_operand(imp, v, like, value: bool = False):
+    """A where / comparison operand as a DataNode: a 0-d constant (scalar_tensor) as one value; where's values
+    (`value`) may be infinite or NaN (masked_fill(mask, -inf))."""
     if isinstance(v, Const) and v.tensor.dim() == 0:
         v = float(v.tensor)
-    return imp.operand(v, like)
+    return imp.operand(v, like, value)
 
 
 def _full_like(imp, x, fill_value, *, dtype=None, **_):

@@ -137,13 +137,13 @@ class Network:
         """(name, shape, dtype, integer dtype or None) of each input, for `check_inputs`."""
         return [(d.name, d.shape, d.dtype, self.integer_inputs.get(d.name)) for d in self.inputs]
 
-    def constant(self, name: str, array, dtype=None) -> DataNode:
-        """A data node with a bound constant."""
+    def constant(self, name: str, array, dtype=None, nonfinite: bool = False) -> DataNode:
+        """A data node with a bound constant (NaN and infinities only with `nonfinite`: `DataNode.bind_constant`)."""
         a = np.asarray(array)
         if dtype is None:
             dtype = a.dtype if a.dtype in (np.float16, np.float32, np.float64) else np.float32
         d = DataNode(self._claim(name), a.shape, dtype)
-        d.bind_constant(a.astype(dtype, copy=False))
+        d.bind_constant(a.astype(dtype, copy=False), nonfinite)
         return d
 
     def output(self, *nodes: DataNode, integer=None) -> None:
@@ -420,11 +420,12 @@ class Network:
 
     def where(self, l, cmp: str, r, a, b, name: str | None = None) -> DataNode:
         """a where (l cmp r) else b, cmp one of gt, ge, lt, le, eq, ne; all four broadcast, any of them may be a
-        number or a constant array (the first DataNode gives the dtype)."""
+        number or a constant array (the first DataNode gives the dtype); a and b may be infinite or NaN (masked_fill
+        with -inf)."""
         n = self._name("where", name)
         dt = next(v.dtype for v in (l, r, a, b) if isinstance(v, DataNode))
         ins = [v if isinstance(v, DataNode) else self.constant(
-            self._fresh(f"{n}.{role}"), np.asarray(v, dtype=dt).reshape(np.shape(v) or (1,)), dt)
+            self._fresh(f"{n}.{role}"), np.asarray(v, dtype=dt).reshape(np.shape(v) or (1,)), dt, role in "ab")
             for v, role in ((l, "l"), (r, "r"), (a, "a"), (b, "b"))]
         return self.add_op("where", ins, {"cmp": cmp}, n)
 

@@ -154,7 +154,7 @@ class DataNode:
 
     __slots__ = ("name", "shape", "dtype", "producer", "consumers", "value")
 
-    def __init__(self, name: str, shape, dtype=np.float32, value: np.ndarray | None = None):
+    def __init__(self, name: str, shape, dtype=np.float32, value: np.ndarray | None = None, nonfinite: bool = False):
         self.name = str(name)
         self.shape = as_shape(shape, self.name)
         self.dtype = as_dtype(dtype, self.name)
@@ -162,10 +162,12 @@ class DataNode:
         self.consumers: list[OpNode] = []
         self.value: np.ndarray | None = None
         if value is not None:
-            self.bind_constant(value)
+            self.bind_constant(value, nonfinite)
 
-    def bind_constant(self, array) -> "DataNode":
-        """Bind constant data to this node (QingLong's bindConstant); it stops being a variable."""
+    def bind_constant(self, array, nonfinite: bool = False) -> "DataNode":
+        """Bind constant data to this node (QingLong's bindConstant); it stops being a variable. NaN and
+        infinities are refused (a diverged checkpoint's weights) unless `nonfinite`: the values a where op
+        selects (`masked_fill(mask, -inf)`, torch.where(m, x, nan)), which the model means as they are."""
         a = np.asarray(array)
         if a.shape != self.shape:
             raise GraphError(self.name, f"bound constant has shape {a.shape}, expected {self.shape}")
@@ -173,8 +175,9 @@ class DataNode:
             if not np.can_cast(a.dtype, self.dtype, casting="same_kind"):
                 raise GraphError(self.name, f"bound constant has dtype {a.dtype}, expected {self.dtype}")
             a = a.astype(self.dtype)
-        if not np.all(np.isfinite(a)):
-            raise GraphError(self.name, "bound constant contains NaN or infinity")
+        if not nonfinite and not np.all(np.isfinite(a)):
+            raise GraphError(self.name, "bound constant contains NaN or infinity (a weight or an operand other "
+                                        "than the values a where / masked_fill selects)")
         if self.producer is not None:
             raise GraphError(self.name, f"is produced by op '{self.producer.name}' and cannot be a constant")
         # frozen, so that no one changes a bound constant in place; a writable array is copied first (freezing

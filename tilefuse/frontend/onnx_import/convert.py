@@ -98,18 +98,19 @@ class Ctx:
                             f"(an initializer or a constant expression)")
         raise GraphError(nd.where, f"{role} '{t}' is not produced by any earlier node or graph input")
 
-    def const_node(self, name: str, arr: np.ndarray, dtype) -> DataNode:
-        """A constant operand as a DataNode (shared when the same array is used again)."""
+    def const_node(self, name: str, arr: np.ndarray, dtype, nonfinite: bool = False) -> DataNode:
+        """A constant operand as a DataNode (shared when the same array is used again); NaN and infinities only
+        with `nonfinite` (Where's values)."""
         arr = np.asarray(arr, dtype=dtype, order="C")      # (ascontiguousarray makes a 0-d array 1-d)
         key = (name, arr.dtype.str, arr.shape, arr.tobytes())
         if key not in self._const_nodes:
-            self._const_nodes[key] = self.net.constant(self.fresh(name), arr, dtype)
+            self._const_nodes[key] = self.net.constant(self.fresh(name), arr, dtype, nonfinite)
         return self._const_nodes[key]
 
-    def operand(self, nd: OnnxNode, i: int, dtype, role: str = "input") -> DataNode:
-        """Input i as a DataNode, computed or constant."""
+    def operand(self, nd: OnnxNode, i: int, dtype, role: str = "input", nonfinite: bool = False) -> DataNode:
+        """Input i as a DataNode, computed or constant (NaN and infinities only with `nonfinite`)."""
         if self.is_const(nd, i):
-            return self.const_node(nd.inputs[i], self.consts[nd.inputs[i]], dtype)
+            return self.const_node(nd.inputs[i], self.consts[nd.inputs[i]], dtype, nonfinite)
         return self.computed(nd, i, role)
 
 
@@ -644,7 +645,7 @@ def _where(cx: Ctx, nd: OnnxNode, used):
         raise nd.refuse("X and Y are constants (expected the node folded)")
     dt = next((cx.computed(nd, i).dtype for i in (1, 2) if not cx.is_const(nd, i)), None) or \
         boolexpr.leaf(c).l.dtype
-    a, b = (cx.operand(nd, i, dt, role) for i, role in ((1, "X"), (2, "Y")))
+    a, b = (cx.operand(nd, i, dt, role, nonfinite=True) for i, role in ((1, "X"), (2, "Y")))
     if not isinstance(c, boolexpr.BOOL):
         c = boolexpr.Cmp(cx.const_node(nd.inputs[0] + ".keep", cond.astype(dt), dt), "gt",
                          cx.const_node(nd.name + ".half", np.full((1,), 0.5, dt), dt), nd.where)
