@@ -27,10 +27,11 @@ ACTS = [("identity", {}), ("relu", {}), ("clip", {"min": -0.5, "max": 0.7}), ("c
         ("log_sigmoid", {}), ("erf", {}), ("floor", {}), ("ceil", {}), ("round", {}),
         ("sin", {}), ("cos", {}), ("tan", {}), ("asin", {}), ("acos", {}), ("atan", {}), ("sinh", {}), ("cosh", {}),
         ("asinh", {}), ("acosh", {}), ("atanh", {}), ("trunc", {}), ("fmod", {"divisor": 0.7}),
-        ("remainder", {"divisor": -0.3}), ("floor_divide", {"divisor": 0.45})]
+        ("remainder", {"divisor": -0.3}), ("floor_divide", {"divisor": 0.45}), ("log2", {}), ("log10", {}),
+        ("base_pow", {"base": 1.7}), ("erfc", {})]
 # NaN below 0 and steep near it: checked against the activation of the kernel's own un-activated output (the
 # conv's rounding near 0 would move ln and sqrt by more than the conv tolerance), NaN where it is negative
-DOMAIN = {"log", "sqrt", "rsqrt", "pow", "asin", "acos", "acosh", "atanh"}
+DOMAIN = {"log", "log2", "log10", "sqrt", "rsqrt", "pow", "asin", "acos", "acosh", "atanh"}
 # steep (tan near its poles, sinh / cosh of large values) but finite: the same check, without NaN
 STEEP = {"tan", "sinh", "cosh"}
 # steps: the same, exactly (a conv's rounding difference from the reference may move a value across a step)

@@ -35,6 +35,13 @@ CASES = [
     ("abs", {}, torch.abs, XALL, 0),
     ("exp", {}, torch.exp, XALL, 2e-6),
     ("log", {}, torch.log, XPOS, 2e-6),
+    ("log2", {}, torch.log2, XPOS, 1e-6),
+    ("log10", {}, torch.log10, XPOS, 1e-6),
+    ("base_pow", {}, torch.exp2, XALL, 1e-6),
+    ("base_pow", {"base": 10.0}, lambda t: 10.0 ** t, XALL, 1e-6),
+    ("base_pow", {"base": 0.375}, lambda t: torch.pow(0.375, t), XALL, 1e-6),   # (bases float32 holds: the
+    # kernel's parameters are float32, as PyTorch's float32 pow rounds its number base)
+    ("erfc", {}, torch.erfc, XALL, 1e-6),
     ("sqrt", {}, torch.sqrt, XPOS, 2e-6),
     ("rsqrt", {}, torch.rsqrt, XPOS, 2e-6),
     ("pow", {"exponent": 2.5}, lambda t: torch.pow(t, 2.5), XALL, 2e-5),
@@ -332,6 +339,24 @@ def test_hyperbolic_functions_import():
     m = lambda: nn.Sequential(nn.Conv2d(3, 5, 3), Hyperbolic())                 # noqa: E731
     check_from_torch(m, _x())
     check_export(m, _x(1), "dynamo")
+
+
+def test_base_two_and_ten_functions_and_erfc_import():
+    """An entropy in bits (-p log2 p), decibels (10 log10 of a power), an octave scale (2^x) and a Gaussian tail
+    (erfc(x / sqrt 2) / 2): from_torch (one activation each) and the dynamo exporter's forms (their gradients:
+    tests/test_training_modern.py, from CASES)."""
+    class Bits(nn.Module):
+        def forward(self, x):
+            p = x.softmax(1)
+            entropy = -(p * torch.log2(p)).sum(1, keepdim=True)
+            db = 10.0 * torch.log10(x * x + 1e-3)
+            return entropy + db + torch.exp2(x * 0.5) + 10.0 ** (x * 0.1) + 0.5 * torch.erfc(x / math.sqrt(2.0))
+
+    m = lambda: nn.Sequential(nn.Conv2d(3, 5, 3), Bits())                       # noqa: E731
+    check_from_torch(m, _x())
+    check_export(m, _x(1), "dynamo")
+    net = tilefuse.from_torch(m().eval(), torch.from_numpy(_x()))
+    assert {"log2", "log10", "base_pow", "erfc"} <= {op.params["act"][0] for op in net.ops if op.op == "activation"}
 
 
 class Periodic(nn.Module):

@@ -851,7 +851,10 @@ def _elu(imp, x, alpha=1.0, scale=1.0, input_scale=1.0):
 
 def _pow(imp, x, p):
     """x ** p for a number p (or a one-value constant tensor: GeM pooling's learned p): x * x, x * x * x,
-    sqrt, rsqrt, 1 / x and x itself as those ops, any other p as activation(pow)."""
+    sqrt, rsqrt, 1 / x and x itself as those ops, any other p as activation(pow); a number to a tensor's power
+    (pow.Scalar: 2 ** x, torch.pow(10.0, x)) as activation(base_pow)."""
+    if isinstance(x, (int, float, Const)) and isinstance(p, DataNode):
+        return _base_pow(imp, x, p)
     x = imp.tensor(x)
     if isinstance(p, Const):
         if p.tensor.numel() != 1:
@@ -872,6 +875,20 @@ def _pow(imp, x, p):
     if p in (0.5, -0.5):
         return imp.net.activation(x, "sqrt" if p > 0 else "rsqrt", name=name)
     return imp.net.power(x, p, name=name)
+
+
+def _base_pow(imp, c, x):
+    """c ** x for a number (or one-value constant) c > 0: base_pow, libm's pow in float64; 1 ** x is 1 (NaN
+    included, as PyTorch's); c <= 0 is refused by name."""
+    if isinstance(c, Const):
+        if c.tensor.numel() != 1:
+            raise imp.fail(f"pow of a constant base tensor of shape {tuple(c.tensor.shape)}",
+                           "expected a number or a one-value constant base")
+        c = c.tensor.reshape(-1)[0].item()
+    c = float(c)
+    if not (math.isfinite(c) and c > 0):
+        raise imp.fail(f"pow of the base {c} to a tensor's power", "expected a finite base > 0")
+    return imp.net.activation(x, "base_pow", name=imp.op_name(), base=c)
 
 
 def _log1p(imp, x):
@@ -1878,6 +1895,10 @@ _ATEN = {
     "atanh": _act("atanh"),
     "exp": _act("exp"),
     "log": _act("log"),
+    "log2": _act("log2"),
+    "log10": _act("log10"),
+    "exp2": lambda imp, x: imp.net.activation(imp.tensor(x), "base_pow", name=imp.op_name(), base=2.0),
+    "erfc": _act("erfc"),
     "sqrt": _act("sqrt"),
     "rsqrt": _act("rsqrt"),
     "log1p": _log1p,

@@ -74,8 +74,14 @@ The epilogue order of a fused conv is fixed:  y = act(conv(x, w) + bias + residu
                                                   based: (x - fmod) / d, one less where     div(rounding_mode=
                                                   the signs differ, floored, rounded up      'floor')
                                                   past .5; x / d for d = 0)
+ 42    log2         -                             log2(x) (-inf at 0, NaN below; as sin)    log2
+ 43    log10        -                             log10(x) (as log2)                        log10
+ 44    base_pow     (base, -)                     base^x, base > 0 (float64 inside, as      exp2 (base 2), pow(c, x)
+                                                  sin)                                      / c ** x, ONNX Pow(c, x)
+ 45    erfc         -                             1 - erf(x) without the cancellation (as   erfc, special.erfc
+                                                  sin)
 
-ln, sqrt, rsqrt and pow with p < 0 are infinite at 0: `finite_at_zero` says so, and the compiler keeps such an
+ln, log2, log10, sqrt, rsqrt and pow with p < 0 are infinite at 0: `finite_at_zero` says so, and the compiler keeps such an
 activation out of the epilogues that write act(0) into the padded channels of a blocked tensor (the next conv's
 zero weights would multiply an infinity: NaN everywhere); the standalone activation zeroes those lanes.
 
@@ -143,11 +149,17 @@ ACTIVATIONS: dict[str, tuple[int, tuple[str, ...], tuple[float, ...]]] = {
     "fmod": (39, ("divisor",), (1.0,)),
     "remainder": (40, ("divisor",), (1.0,)),
     "floor_divide": (41, ("divisor",), (1.0,)),
+    "log2": (42, (), ()),
+    "log10": (43, (), ()),
+    "base_pow": (44, ("base",), (2.0,)),
+    "erfc": (45, (), ()),
 }
 # the codes of x (op) d for a number d: the divisor is alpha
 DIVISORS = ("fmod", "remainder", "floor_divide")
 # the trigonometric and hyperbolic codes 27-37: numpy's float64 function (reference), libm's (kernels)
 TRIG = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
+# the base-2 / base-10 logarithms, 2^x and erfc (codes 42-45): numpy's / math's float64 function, libm's (kernels)
+LIBM = ("log2", "log10", "base_pow", "erfc")
 NAMES = {code: name for name, (code, _, _) in ACTIVATIONS.items()}
 IDENTITY = (0, 0.0, 0.0)
 
@@ -178,6 +190,8 @@ def normalize(name: str, params: dict | None = None, where: str = "?") -> tuple[
         raise ValueError(f"{where}: clip min {vals[0]} > max {vals[1]}")
     if name == "pow" and not math.isfinite(vals[0]):
         raise ValueError(f"{where}: pow exponent {vals[0]}; expected a finite number")
+    if name == "base_pow" and not (math.isfinite(vals[0]) and vals[0] > 0):
+        raise ValueError(f"{where}: base_pow base {vals[0]}; expected a finite number > 0")
     if name in DIVISORS and not math.isfinite(vals[0]):
         raise ValueError(f"{where}: {name} divisor {vals[0]}; expected a finite number")
     if name == "celu" and not vals[0] > 0:
@@ -239,6 +253,10 @@ def reference(name: str, x: np.ndarray, alpha: float = 0.0, beta: float = 0.0) -
         y = {"floor": np.floor, "ceil": np.ceil, "round": np.rint, "trunc": np.trunc}[name](d)
     elif name in DIVISORS:
         y = _divide_ref(name, np.asarray(x), alpha)
+    elif name in LIBM:
+        with np.errstate(all="ignore"):           # log2(0) = -inf, NaN below 0, 2^x overflows to inf: as PyTorch
+            y = {"log2": np.log2, "log10": np.log10, "base_pow": lambda v: np.power(float(alpha), v),
+                 "erfc": lambda v: np.vectorize(math.erfc, otypes=[np.float64])(v) if v.size else v}[name](d)
     elif name in TRIG:
         with np.errstate(all="ignore"):           # sin(+-inf), asin(2) = NaN, atanh(1) = inf: as PyTorch
             y = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
@@ -331,6 +349,12 @@ def derivative(name: str, dy: np.ndarray, x: np.ndarray, alpha: float = 0.0, bet
             k = np.exp(d)
         elif name == "log":
             k = 1.0 / d
+        elif name in ("log2", "log10"):
+            k = 1.0 / (d * math.log(2.0 if name == "log2" else 10.0))
+        elif name == "base_pow":
+            k = math.log(alpha) * np.power(float(alpha), d)
+        elif name == "erfc":
+            k = -2.0 / math.sqrt(math.pi) * np.exp(-d * d)
         elif name == "sqrt":
             k = 0.5 / np.sqrt(d)
         elif name == "rsqrt":
@@ -730,6 +754,18 @@ _s_tan, _s_asin, _s_acos, _s_atan, _s_sinh, _s_cosh, _s_asinh, _s_acosh, _s_atan
                          math.atanh))
 
 
+# log2, log10, erfc: libm's float64 functions rounded to float32, as sin (exact powers of 2 and 10 give exact
+# logarithms; erfc keeps its relative accuracy in the tail, where 1 - erf is 0)
+_s_log2, _s_log10, _s_erfc = (_libm(fn) for fn in (math.log2, math.log10, math.erfc))
+
+
+@njit(inline="always", cache=True)
+def _s_base_pow(v, alpha, beta):
+    """base^x (base = alpha > 0) by libm's float64 pow, rounded: not exp(x ln base) in float32, whose error grows
+    with |x ln base|."""
+    return np.float32(math.pow(np.float64(alpha), np.float64(v)))
+
+
 @njit(inline="always", cache=True)
 def _s_trunc(v, alpha, beta):
     return np.floor(v) if v >= _F0 else np.ceil(v)      # -0.5 -> -0.0, NaN -> NaN, as np.trunc
@@ -774,7 +810,7 @@ MATH_CODES = 14     # codes from here on: the element-wise math functions
 
 @njit(nogil=True, cache=True, fastmath=SPAN_FASTMATH)
 def _math_call(code, v, alpha, beta):
-    """One value of a math code (14-41), out of line (flags stated: never inherited from the caller)."""
+    """One value of a math code (14-45), out of line (flags stated: never inherited from the caller)."""
     if code == 14:
         return _s_abs(v, alpha, beta)
     if code == 15:
@@ -831,6 +867,14 @@ def _math_call(code, v, alpha, beta):
         return _s_remainder(v, alpha, beta)
     if code == 41:
         return _s_floor_divide(v, alpha, beta)
+    if code == 42:
+        return _s_log2(v, alpha, beta)
+    if code == 43:
+        return _s_log10(v, alpha, beta)
+    if code == 44:
+        return _s_base_pow(v, alpha, beta)
+    if code == 45:
+        return _s_erfc(v, alpha, beta)
     return v
 
 
@@ -872,7 +916,7 @@ def apply_scalar(code, v, alpha, beta):
         return v * _mish_ratio(v)
     if code == 13:
         return _softplus(v, alpha, beta)
-    return _math_call(code, v, alpha, beta)      # 14-41 (a call: see _s_abs)
+    return _math_call(code, v, alpha, beta)      # 14-45 (a call: see _s_abs)
 
 
 @njit(inline="always", cache=True)
@@ -900,6 +944,7 @@ _L_TAN, _L_ASIN, _L_ACOS, _L_ATAN, _L_SINH, _L_COSH, _L_ASINH, _L_ACOSH, _L_ATAN
     _math_loop(f) for f in (_s_tan, _s_asin, _s_acos, _s_atan, _s_sinh, _s_cosh, _s_asinh, _s_acosh, _s_atanh))
 _L_TRUNC, _L_FMOD, _L_REMAINDER, _L_FLOOR_DIVIDE = (
     _math_loop(f) for f in (_s_trunc, _s_fmod, _s_remainder, _s_floor_divide))
+_L_LOG2, _L_LOG10, _L_BASE_POW, _L_ERFC = (_math_loop(f) for f in (_s_log2, _s_log10, _s_base_pow, _s_erfc))
 
 
 
@@ -991,8 +1036,16 @@ def apply_span(f, lo, hi, code, a, b):
         _L_FMOD(f, lo, hi, a, b)
     elif code == 40:
         _L_REMAINDER(f, lo, hi, a, b)
-    else:
+    elif code == 41:
         _L_FLOOR_DIVIDE(f, lo, hi, a, b)
+    elif code == 42:
+        _L_LOG2(f, lo, hi, a, b)
+    elif code == 43:
+        _L_LOG10(f, lo, hi, a, b)
+    elif code == 44:
+        _L_BASE_POW(f, lo, hi, a, b)
+    else:
+        _L_ERFC(f, lo, hi, a, b)
 
 
 @njit(nogil=True, cache=True)

@@ -154,7 +154,7 @@ def _act_grad_seq(counter, tid, out, dy, x, code, a, b):
 
 # activations whose derivative is infinite somewhere (at 0, at a domain's edge): 0 * inf there is NaN, where dy is 0
 # the gradient is 0
-_SINGULAR = frozenset({"sqrt", "rsqrt", "log", "pow", "tan", "asin", "acos", "acosh", "atanh"})
+_SINGULAR = frozenset({"sqrt", "rsqrt", "log", "log2", "log10", "pow", "tan", "asin", "acos", "acosh", "atanh"})
 
 
 def activation_backward(act, dy: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -1130,7 +1130,17 @@ def _reciprocal(cx: Ctx, nd: OnnxNode, used):
 
 def _pow(cx: Ctx, nd: OnnxNode, used):
     """Pow by a one-value constant exponent: 1 (x), 2 and 3 (products), -1 (1 / x), 0.5 (sqrt), any other
-    as activation(pow)."""
+    as activation(pow); a one-value constant base X > 0 to a computed power Y as activation(base_pow) (the dynamo
+    exporter's torch.exp2, 10 ** x)."""
+    if cx.is_const(nd, 0) and not cx.is_const(nd, 1):
+        y, c = cx.computed(nd, 1, "Y"), np.asarray(cx.consts[nd.inputs[0]])
+        if c.size != 1 or np.broadcast_shapes(y.shape, c.shape) != y.shape or c.dtype.kind != "f":
+            raise nd.refuse(f"constant base X of shape {c.shape}, dtype {c.dtype}; tilefuse implements a float "
+                            f"base of one value that does not broadcast Y {y.shape}")
+        b = float(c.reshape(-1)[0])
+        if not (np.isfinite(b) and b > 0):
+            raise nd.refuse(f"constant base X {b}; expected a finite number > 0")
+        return cx.net.activation(y, "base_pow", name=cx.fresh(nd.name), base=b)
     x = cx.computed(nd, 0, "X")
     e = cx.const(nd, 1, "exponent Y")
     if e is None or e.size != 1:
@@ -1591,8 +1601,8 @@ RULES: dict[str, Rule] = {
     "Mean": _r(_variadic_sum, (8, 13), "", "add div", "NumPy broadcasting"),
     "Neg": _r(_neg, (6, 13), "", "mul", "as x * -1"),
     "Reciprocal": _r(_reciprocal, (6, 13), "", "div", "as 1 / x"),
-    "Pow": _r(_pow, (7, 12, 13, 15), "", "mul div activation(sqrt) activation(pow)",
-              "a constant exponent of one value"),
+    "Pow": _r(_pow, (7, 12, 13, 15), "", "mul div activation(sqrt) activation(pow) activation(base_pow)",
+              "a constant exponent of one value, or a constant base > 0 of one value"),
     "Abs": _r(_activation("abs"), (6, 13), "", "activation(abs)"),
     "Exp": _r(_activation("exp"), (6, 13), "", "activation(exp)"),
     "Erf": _r(_activation("erf"), (9, 13), "", "activation(erf)"),
