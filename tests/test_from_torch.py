@@ -410,3 +410,22 @@ def test_functional_local_response_norm_is_one_op_and_f_is_restored():
     with torch.no_grad():
         np.testing.assert_allclose(tilefuse.compile(net).run(x.numpy()), m(x).numpy(), rtol=1e-5, atol=1e-6)
     assert F.local_response_norm.__module__ == "torch.nn.functional"      # the export's stand-in is gone
+
+
+class RReLUNet(nn.Module):
+    """nn.RReLU and F.rrelu in eval mode: a leaky ReLU of slope (lower + upper) / 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.act = nn.RReLU(0.1, 0.3)
+
+    def forward(self, x):
+        y = self.act(self.conv(x))
+        return F.rrelu(y - 0.5, training=self.training)
+
+
+def test_rrelu_at_inference_is_its_mean_slope_leaky_relu():
+    net = check_import(RReLUNet(), (2, 3, 7, 5))
+    slopes = sorted(op.params["act"][1] for op in net.ops if op.op == "activation")
+    assert slopes == pytest.approx([0.2, (1 / 8 + 1 / 3) / 2])

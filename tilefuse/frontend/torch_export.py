@@ -830,6 +830,15 @@ def _leaky_relu(imp, x, negative_slope=0.01):
     return imp.net.activation(imp.tensor(x), "leaky_relu", name=imp.op_name(), negative_slope=float(negative_slope))
 
 
+def _rrelu(imp, x, lower=1.0 / 8.0, upper=1.0 / 3.0, training=False, generator=None):
+    """RReLU at inference: a leaky ReLU of slope (lower + upper) / 2, as PyTorch's eval mode; training mode draws
+    a random slope per element (refused by name)."""
+    if training:
+        raise imp.fail("rrelu with training=True (a random slope per element)",
+                       "expected the module in eval mode or F.rrelu(x, training=False)")
+    return _leaky_relu(imp, x, (float(lower) + float(upper)) / 2.0)
+
+
 def _elu(imp, x, alpha=1.0, scale=1.0, input_scale=1.0):
     """aten.elu: ELU (scale 1, input_scale 1), SELU (torch's constants), CELU (input_scale 1 / alpha); with
     another scale, ELU then a multiply."""
@@ -1865,6 +1874,7 @@ _ATEN = {
     "hardsigmoid": _act("hardsigmoid"),
     "gelu": _gelu,
     "leaky_relu": _leaky_relu,
+    "rrelu": _rrelu,
     "elu": _elu,
     "celu": lambda imp, x, alpha=1.0: imp.net.activation(imp.tensor(x), "celu", name=imp.op_name(),
                                                          alpha=float(alpha)),
