@@ -91,6 +91,19 @@ class MaskBuffer(nn.Module):
         return torch.where(self.mask, x, torch.sigmoid(x))
 
 
+class AnyAll(nn.Module):
+    """any / all of comparisons (a channel active anywhere, a pixel valid in every channel, the whole tensor), as
+    masks and as counts: count_nonzero of a mask (PyTorch writes m != 0)."""
+
+    def forward(self, x):
+        active = (x > 0.5).any(1, keepdim=True)                      # (N, 1, H, W)
+        valid = (x.abs() < 2.0).all(dim=1, keepdim=True)
+        rows = (~(x > -1.0)).any(dim=(1, 3), keepdim=True)           # (N, 1, H, 1)
+        y = torch.where(active & valid, x, -x) + torch.where(rows, 0.5, x)
+        y = y + torch.where((x > 2.5).any(), x, 0.25 * x) + (x < 0).all(3, keepdim=True).float()
+        return y + torch.count_nonzero(x > 0, dim=1).unsqueeze(1).float()
+
+
 MODELS = {
     "where_acts": lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), WhereActs(), nn.Conv2d(8, 4, 3)),
     "band": lambda: nn.Sequential(nn.Conv2d(3, 7, 3, padding=1), Band(), nn.Conv2d(7, 4, 1)),
@@ -102,16 +115,25 @@ def _x(seed=0, shape=(2, 3, 9, 7)):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS) + ["threshold"])
+TORCH_ONLY = {"threshold": lambda: nn.Sequential(nn.Conv2d(3, 5, 3), Threshold()),
+              "any_all": lambda: nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), AnyAll(), nn.Conv2d(6, 4, 1))}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS) + sorted(TORCH_ONLY))
 def test_from_torch_matches_pytorch(name):
-    make = MODELS.get(name) or (lambda: nn.Sequential(nn.Conv2d(3, 5, 3), Threshold()))
-    check_from_torch(make, _x())
+    check_from_torch(MODELS.get(name) or TORCH_ONLY[name], _x())
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_onnx_exports_match_pytorch_and_onnxruntime(name, exporter):
     check_export(MODELS[name], _x(1), exporter)
+
+
+def test_dynamo_export_of_any_all_and_counts_matches():
+    """any / all as the dynamo exporter writes them: Cast(bool -> int64), ReduceMax / ReduceMin, Cast to bool (the
+    TorchScript exporter cannot export count_nonzero)."""
+    check_export(TORCH_ONLY["any_all"], _x(1), "dynamo")
 
 
 def test_stream_schedule_matches():

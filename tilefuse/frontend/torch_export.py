@@ -512,6 +512,12 @@ class _Importer:
             return _mask_select(self, *args)
         if cmp is not None and name in _BOOL_ARITHMETIC:
             return self.bool_arithmetic(name, args, kwargs)
+        if cmp is not None and name in ("any", "all"):
+            return self.bool_reduce(name, *args, **kwargs)
+        if cmp is not None and name in ("eq", "ne") and _bool_constant(args[1]) is not None and \
+                isinstance(args[0], boolexpr.BOOL):
+            # m != 0, m == True (count_nonzero's decomposition): m itself or its negation
+            return args[0] if _bool_constant(args[1]) == (name == "eq") else boolexpr.Not(args[0])
         if cmp is not None and name not in _BOOL_READERS:
             if self.direct:             # (x > 0).to(dtype) and the like decompose to a reader
                 raise _NeedsDecomposition(name)
@@ -582,6 +588,16 @@ class _Importer:
         if _integer_result(self.node):
             self.int_nodes.add(self.node)
         return out
+
+    def bool_reduce(self, name, e, dim=None, keepdim=False):
+        """any / all of a comparison's bool tensor (over dims, or every dim: 0-d): the max / min of its 1 / 0 (a
+        where op) compared with 0.5, a comparison again for where / ~ / arithmetic to read."""
+        if not isinstance(e, boolexpr.BOOL):
+            raise self.fail(f"{self.target_name()} of a bool tensor and a comparison")
+        f = boolexpr.select(self.net, e, 1.0, 0.0, self.unique(self.op_name_hint() + ".float"))
+        dims = list(range(len(f.shape))) if dim is None else list(dim) if isinstance(dim, (list, tuple)) else [dim]
+        r = _ATEN["amax" if name == "any" else "amin"](self, f, dims, keepdim)
+        return boolexpr.Cmp(r, "gt", self.operand(0.5, r), self.where())
 
     def fold(self, target, args, kwargs):
         """Evaluate a constant-only node with torch (e.g. a transposed weight, a scalar tensor)."""
@@ -1432,6 +1448,15 @@ _BOOL_READERS = frozenset({"where", "_to_copy", "logical_not", "bitwise_not", "l
                            "index_put"})
 # arithmetic on a bool tensor: _Importer.bool_arithmetic (the bool as 1 / 0)
 _BOOL_ARITHMETIC = frozenset({"mul", "add", "sub", "rsub", "div", "sum", "cumsum"})
+
+
+def _bool_constant(v) -> bool | None:
+    """True / False for a number 1 / 0 or a bool (or a 0-d constant holding one), else None."""
+    if isinstance(v, Const) and v.tensor.dim() == 0:
+        v = v.tensor.item()
+    if isinstance(v, (bool, int, float)) and v in (0, 1):
+        return bool(v)
+    return None
 
 
 def _infinite(v) -> float | None:

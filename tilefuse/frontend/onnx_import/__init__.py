@@ -372,8 +372,9 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
 _INT_MOVES = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Slice", "Expand", "Concat",
                         "Transpose", "Split", "Tile", "Gather"})
 _INT_READERS = frozenset({"Shape", "Size", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"})
-# sums of a bool's 1 / 0 (cx.counts: `(x > t).sum(1)`, a running count), exact in the float up to 2^24 values
-_COUNTERS = frozenset({"ReduceSum", "CumSum"})
+# sums of a bool's 1 / 0 (cx.counts: `(x > t).sum(1)`, a running count), exact in the float up to 2^24 values,
+# and their maxima / minima (the dynamo exporter's any / all)
+_COUNTERS = frozenset({"ReduceSum", "CumSum", "ReduceMax", "ReduceMin"})
 
 
 def _take_at_integers(cx: Ctx, nd: OnnxNode) -> None:
@@ -415,6 +416,10 @@ def _integer_use(cx: Ctx, nd: OnnxNode, ints: list[str]) -> bool:
         if to.kind in "iu" and to.itemsize >= 4:
             cx.env[nd.outputs[0]] = src
             cx.ints.add(nd.outputs[0])
+            return True
+        if to == np.dtype(np.bool_):      # v != 0 (the dynamo exporter's any / all: ReduceMax of a 1 / 0, then bool)
+            cx.env[nd.outputs[0]] = boolexpr.Cmp(src, "ne", cx.const_node(nd.name + ".zero", np.zeros(1, src.dtype),
+                                                                          src.dtype), nd.where)
             return True
         if to != np.dtype(src.dtype):
             raise nd.refuse(f"Cast of the integer tensor '{nd.inputs[0]}' (an integer input's values) to {to}; "
