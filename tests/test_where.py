@@ -159,13 +159,6 @@ def test_onnx_where_selects_between_two_computed_tensors_with_a_constant_conditi
 
 
 def test_what_stays_refused_is_named():
-    class AnyPositive(nn.Module):
-        def forward(self, x):
-            return x * (x > 0).any(1, keepdim=True)     # (bool arithmetic and sums: tests/test_zero_d.py)
-
-    with pytest.raises(UnsupportedOpError, match=r"aten\.any\.dim of a comparison's bool tensor.*torch\.where"):
-        tilefuse.from_torch(AnyPositive(), torch.from_numpy(_x()))
-
     class FlipMask(nn.Module):
         def forward(self, x):
             return x * (x > 0).flip(1)

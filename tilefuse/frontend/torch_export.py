@@ -1406,6 +1406,45 @@ def _resize(mode):
     return f
 
 
+def _resize_aa(mode):
+    """_upsample_{bilinear,bicubic}2d_aa (F.interpolate(..., antialias=True), torchvision's Resize of a tensor):
+    separable, one matrix per resized axis, each PyTorch's own weights (its kernel applied to the identity: the
+    filter widened by the scale when downsampling, normalized over the taps inside the image), applied as a
+    matmul: x @ Ww^T along W, then Wh @ along H (PyTorch's order; an axis whose size stays is not resampled).
+    .default(x, output_size, align_corners, scales_h, scales_w) and .vec(x, output_size, align_corners,
+    scale_factors)."""
+    def f(imp, x, output_size=None, align_corners=False, *rest, **kw):
+        x = imp.tensor(x)
+        if len(x.shape) != 4:
+            raise imp.fail(f"antialiased {mode} resampling of a {len(x.shape)}-D tensor", "expected (N, C, H, W)")
+        vec = imp.node.target._overloadname == "vec"
+        names = ["scale_factors"] if vec else ["scales_h", "scales_w"]
+        a = dict(zip(names, rest))
+        a.update(kw)
+        scales = a.get("scale_factors") if vec else (a.get("scales_h"), a.get("scales_w"))
+        scales = (None, None) if scales is None else tuple(None if s is None else float(s) for s in scales)
+        h, w = x.shape[2], x.shape[3]
+        if output_size is None:
+            if None in scales:
+                raise imp.fail("antialiased resampling without an output size or a scale")
+            output_size = (int(math.floor(h * scales[0])), int(math.floor(w * scales[1])))
+        ho, wo = int(output_size[0]), int(output_size[1])
+        op = getattr(torch.ops.aten, f"_upsample_{mode}2d_aa").default
+        tdt = next(t for t, n in _DTYPES.items() if np.dtype(n) == x.dtype)
+
+        def weights(n_in, n_out, scale):        # (n_out, n_in): row i holds output i's weights
+            basis = torch.eye(n_in, dtype=tdt).reshape(1, n_in, 1, n_in)
+            return op(basis, [1, n_out], bool(align_corners), None, scale)[0, :, 0, :].T.contiguous().numpy()
+        base, y = imp.op_name_hint(), x
+        if wo != w:                               # (N, C, H, W) @ (W, Wo) -> (N, C, H, Wo)
+            wt = imp.fixed(base + ".aa_w", np.ascontiguousarray(weights(w, wo, scales[1]).T))
+            y = imp.net.matmul(y, wt, name=imp.op_name() if ho == h else imp.unique(base + ".aa_cols"))
+        if ho != h:                               # (Ho, H) @ (N, C, H, Wo) -> (N, C, Ho, Wo)
+            y = imp.net.matmul(imp.fixed(base + ".aa_h", weights(h, ho, scales[0])), y, name=imp.op_name())
+        return y
+    return f
+
+
 def _adaptive_avg_pool(imp, x, output_size):
     from ..models._params import adaptive_avg_pool
     x = imp.tensor(x)
@@ -2018,6 +2057,8 @@ _ATEN = {
     "_upsample_nearest_exact2d": _resize("nearest-exact"),
     "upsample_bilinear2d": _resize("bilinear"),
     "upsample_bicubic2d": _resize("bicubic"),
+    "_upsample_bilinear2d_aa": _resize_aa("bilinear"),
+    "_upsample_bicubic2d_aa": _resize_aa("bicubic"),
     "adaptive_avg_pool2d": _adaptive_avg_pool,
     "_adaptive_avg_pool2d": _adaptive_avg_pool,
     "max_pool2d_with_indices": _max_pool,
