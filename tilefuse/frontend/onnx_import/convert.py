@@ -13,6 +13,7 @@ Constant-only nodes never reach a converter: `fold.py` evaluates them.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -753,10 +754,11 @@ def _resize(cx: Ctx, nd: OnnxNode, used):
     if coord not in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
         raise nd.refuse(f"coordinate_transformation_mode={coord!r}; expected half_pixel, pytorch_half_pixel, "
                         f"align_corners or asymmetric")
-    if s.get("antialias", 0):
-        raise nd.refuse("antialias=1; expected 0")
-    if s.get("exclude_outside", 0) and mode != "cubic":
-        raise nd.refuse(f"exclude_outside=1 with mode={mode!r}; expected 0 (or mode 'cubic')")
+    if s.get("antialias", 0) and mode == "nearest":
+        raise nd.refuse("antialias=1 with mode 'nearest'; expected mode 'linear' or 'cubic' (ONNX defines no "
+                        "antialiased nearest)")
+    if s.get("exclude_outside", 0) and mode != "cubic" and not s.get("antialias", 0):
+        raise nd.refuse(f"exclude_outside=1 with mode={mode!r}; expected 0 (or mode 'cubic', or antialias=1)")
     if s.get("keep_aspect_ratio_policy", "stretch") != "stretch":
         raise nd.refuse(f"keep_aspect_ratio_policy={s['keep_aspect_ratio_policy']!r}; expected 'stretch'")
     scales, sizes = cx.const(nd, 2, "scales"), cx.const(nd, 3, "sizes")
@@ -786,12 +788,79 @@ def _resize(cx: Ctx, nd: OnnxNode, used):
                 raise nd.refuse(f"{coord} with scale {full_scale[ax]} on axis {ax} (size {x.shape[ax]}): the "
                                 f"output length {x.shape[ax] * full_scale[ax]} is not whole; tilefuse implements "
                                 f"whole output lengths (give sizes instead)")
+    if s.get("antialias", 0):
+        return _resize_antialias(cx, nd, x, full_size, [full_scale[ax] if scales is not None else
+                                                        full_size[ax] / x.shape[ax] for ax in (0, 1, 2, 3)],
+                                 mode, coord, float(a.get("cubic_coeff_a", -0.75)), bool(a.get("exclude_outside", 0)))
     extra = {"cubic_a": float(a.get("cubic_coeff_a", -0.75)), "cubic_exclude": bool(a.get("exclude_outside", 0))} \
         if mode == "cubic" else {}
     return cx.net.add_op("resize", [x], dict(size=tuple(full_size[2:]), mode=mode, coord=coord,
                                              nearest_mode=nearest, arith="onnx", **extra,
                                              scales=None if scales is None else tuple(full_scale[2:])),
                          cx.fresh(nd.name))
+
+
+def resize_weights(n_in: int, n_out: int, scale: float, mode: str, coord: str, cubic_a: float = -0.75,
+                   exclude_outside: bool = False, antialias: bool = True) -> np.ndarray:
+    """(n_out, n_in): ONNX Resize's weights along one axis (the reference implementation's, float64). Output x
+    maps to x_ori by the coordinate mode; its taps are base + i, base = ceil(x_ori) - 1, ratio = x_ori - base in
+    (0, 1], i from 1 - n / 2 to n / 2 (the n nearest, ties to the smaller); antialiased, a downsampling by s widens
+    the filter to 1 / s (linear: 2 / s taps of a tent, cubic: 4 / s of Keys' kernel), normalized; taps outside the
+    input take its edge values (or, exclude_outside, are dropped and the rest renormalized)."""
+    w = np.zeros((n_out, n_in))
+    out_len = scale * n_in                     # the unrounded output length (align_corners, pytorch_half_pixel)
+    s = min(scale, 1.0) if antialias else 1.0
+    for x in range(n_out):
+        if coord == "align_corners":
+            x_ori = 0.0 if out_len == 1 else x * (n_in - 1) / (out_len - 1)
+        elif coord == "asymmetric":
+            x_ori = x / scale
+        elif coord == "pytorch_half_pixel" and out_len == 1:
+            x_ori = -0.5
+        else:                                  # half_pixel, pytorch_half_pixel
+            x_ori = (x + 0.5) / scale - 0.5
+        base = math.ceil(x_ori) - 1
+        ratio = x_ori - base
+        if mode == "linear":
+            start = math.floor(-1.0 / s) + 1
+            taps = np.arange(start, 2 - start)
+            c = np.clip(1.0 - np.abs((taps - ratio) * s), 0.0, 1.0)
+        else:
+            start = math.floor(-2.0 / s) + 1
+            taps = np.arange(start, 2 - start)
+            d = np.abs((taps - ratio) * s)
+            A = cubic_a
+            c = np.where(d <= 1, (A + 2) * d ** 3 - (A + 3) * d ** 2 + 1,
+                         np.where(d < 2, A * d ** 3 - 5 * A * d ** 2 + 8 * A * d - 4 * A, 0.0))
+        if antialias:
+            c = c / c.sum()
+        idx = base + taps
+        if exclude_outside:
+            c = np.where((idx >= 0) & (idx < n_in), c, 0.0)
+            c = c / c.sum()
+        np.add.at(w[x], np.clip(idx, 0, n_in - 1), c)
+    return w
+
+
+def _resize_antialias(cx: Ctx, nd: OnnxNode, x: DataNode, size, scale, mode: str, coord: str, cubic_a: float,
+                      exclude: bool) -> DataNode:
+    """Resize with antialias=1 (linear or cubic): one weight matrix per resized axis (`resize_weights`) and a
+    matmul by it, W first, then H (the reference's order); an axis whose matrix is the identity is left."""
+    if coord not in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
+        raise nd.refuse(f"antialias with coordinate_transformation_mode={coord!r}")
+    y = x
+    ww = resize_weights(x.shape[3], size[3], scale[3], mode, coord, cubic_a, exclude)
+    wh = resize_weights(x.shape[2], size[2], scale[2], mode, coord, cubic_a, exclude)
+    keep_w = ww.shape[0] == ww.shape[1] and np.array_equal(ww, np.eye(len(ww)))
+    keep_h = wh.shape[0] == wh.shape[1] and np.array_equal(wh, np.eye(len(wh)))
+    if not keep_w:      # (N, C, H, W) @ (W, Wo) -> (N, C, H, Wo)
+        y = cx.net.matmul(y, cx.const_node(nd.name + ".aa_w", np.ascontiguousarray(ww.T), x.dtype),
+                          name=cx.fresh(nd.name if keep_h else nd.name + ".aa_cols"))
+    if not keep_h:      # (Ho, H) @ (N, C, H, Wo) -> (N, C, Ho, Wo)
+        y = cx.net.matmul(cx.const_node(nd.name + ".aa_h", wh, x.dtype), y, name=cx.fresh(nd.name))
+    if y is x:          # nothing resampled: the identity, a node of its own for the graph's output names
+        y = cx.net.mul(x, 1.0, name=cx.fresh(nd.name))
+    return y
 
 
 def _grid_sample(cx: Ctx, nd: OnnxNode, used):
@@ -1581,8 +1650,9 @@ RULES: dict[str, Rule] = {
     "Upsample": _r(_upsample, (7, 9), "mode scales", "resize",
                    "H, W of (N, C, H, W); nearest or linear; asymmetric coordinates, ONNX Runtime's legacy nearest "
                    "pixel (truncated enlarging, rounded up shrinking)"),
-    "Resize": _r(_upsample, (10, 11, 13, 18, 19), _RESIZE, "resize",
-                 "H, W of (N, C, H, W); nearest, linear or cubic; not antialiased; half_pixel, "
+    "Resize": _r(_upsample, (10, 11, 13, 18, 19), _RESIZE, "resize matmul mul",
+                 "H, W of (N, C, H, W); nearest, linear or cubic; antialiased linear / cubic as a matmul by "
+                 "the reference's weights per resized axis; half_pixel, "
                  "pytorch_half_pixel, align_corners, "
                  "asymmetric; ONNX Runtime's coordinate order (dst / (out / in): `arith=\"onnx\"`), and its round "
                  "modes, which take a source within 1e-6 of a half as the half; opset 10 as Upsample"),
