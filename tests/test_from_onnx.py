@@ -689,3 +689,28 @@ def test_a_one_value_bound_of_a_higher_rank_broadcasts_the_output(op):
     got, want = _run(m, x), _ort(m, x=x)[0]
     assert got.shape == want.shape == (1, 2, 3)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("mode,pads", [("constant", [0, 1, -1, 2]), ("edge", [2, 0, 1, 1]), ("reflect", [1, 2, 0, -1]),
+                                       ("wrap", [3, 1, 2, 0])])
+@pytest.mark.parametrize("reduce", ["ReduceMax", "ReduceMin", "ReduceSum"])
+def test_constant_pads_and_reductions_fold_as_onnxruntime(mode, pads, reduce):
+    """A constant through Pad (every mode, a negative pad crops) and a Reduce* (axes as an input) folds at import
+    (as the expanded Attention functions pad and reduce their masks); the result added to the input."""
+    c = np.random.default_rng(3).standard_normal((4, 5)).astype(np.float32)
+    nodes = [helper.make_node("Pad", ["c", "pads", "v"], ["p"], mode=mode),
+             helper.make_node(reduce, ["p", "axes"], ["r"], keepdims=1),
+             helper.make_node("Add", ["x", "r"], ["y"])]
+    inits = [numpy_helper.from_array(c, "c"), numpy_helper.from_array(np.int64(pads), "pads"),
+             numpy_helper.from_array(np.float32(0.5), "v"), numpy_helper.from_array(np.int64([1]), "axes")]
+    if mode != "constant":
+        nodes[0].input.pop()
+        inits.pop(2)
+    rows = 4 + pads[0] + pads[2]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, rows, 1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, rows, 1])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    x = np.random.default_rng(4).standard_normal((2, rows, 1)).astype(np.float32)
+    net = tilefuse.from_onnx(m)
+    assert [op.op for op in net.ops] == ["add"]
+    np.testing.assert_allclose(tilefuse.evaluate(net, x)[0], _ort(m, x=x)[0], rtol=1e-6, atol=1e-6)

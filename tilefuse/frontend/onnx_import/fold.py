@@ -196,16 +196,53 @@ def axes_input(node, ins, attrs, idx: int, since: int) -> list[int] | None:
 
 # ----------------------------------------------------------------------------- folders
 
-def _reduce_prod(node, ins, a):
-    """ReduceProd (the TorchScript exporter's element count of a shape: var / std's n - 1)."""
+def _reduce(fn, since: int):
+    """ReduceProd (the TorchScript exporter's element count of a shape: var / std's n - 1), ReduceMax / ReduceMin /
+    ReduceSum of constants (the expanded Attention functions' masks); axes an input from opset `since` on. An
+    empty reduction of max / min is refused (ONNX gives the dtype's lowest / highest value)."""
+    def f(node, ins, a):
+        x = np.asarray(ins[0])
+        axes = axes_input(node, ins, a, 1, since)
+        if not axes:
+            if node.version >= since and a.get("noop_with_empty_axes", 0):
+                return [x]
+            axes = list(range(x.ndim))
+        ax = tuple(sorted({_axis(node, v, x.ndim, "axes") for v in axes}))
+        if fn in (np.max, np.min) and any(x.shape[i] == 0 for i in ax):
+            raise UnsupportedOpError(f"{node.where}: folding {node.op} over an empty axis of {x.shape}")
+        return [np.asarray(fn(x, axis=ax, keepdims=bool(a.get("keepdims", 1)))).astype(x.dtype)]
+    return f
+
+
+def _pad_fold(node, ins, a):
+    """Pad (11+: pads, constant_value, axes as inputs) of a constant: constant, edge, reflect or wrap, a negative
+    pad crops (the expanded Attention functions pad their constant masks)."""
     x = np.asarray(ins[0])
-    axes = axes_input(node, ins, a, 1, 18)
-    if not axes:
-        if node.version >= 18 and a.get("noop_with_empty_axes", 0):
-            return [x]
-        axes = list(range(x.ndim))
-    ax = tuple(sorted({_axis(node, v, x.ndim, "axes") for v in axes}))
-    return [np.prod(x, axis=ax, keepdims=bool(a.get("keepdims", 1))).astype(x.dtype)]
+    mode = a.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if node.version < 11:
+        raise UnsupportedOpError(f"{node.where}: folding Pad-{node.version} (pads as an attribute)")
+    pads = _ints(node, ins[1] if len(ins) > 1 else None, "pads") or []
+    axes = _ints(node, ins[3] if len(ins) > 3 else None, "axes")
+    axes = list(range(x.ndim)) if axes is None else [_axis(node, v, x.ndim, "axes") for v in axes]
+    if len(pads) != 2 * len(axes):
+        raise GraphError(node.where, f"pads {pads} for axes {axes}; expected {2 * len(axes)} values")
+    width = [(0, 0)] * x.ndim
+    for j, ax in enumerate(axes):
+        width[ax] = (pads[j], pads[j + len(axes)])
+    crop = tuple(slice(max(-b, 0), x.shape[i] - max(-e, 0)) for i, (b, e) in enumerate(width))
+    x = x[crop]
+    width = [(max(b, 0), max(e, 0)) for b, e in width]
+    _check_size(node, [n + b + e for n, (b, e) in zip(x.shape, width)])
+    if mode == "constant":
+        v = ins[2] if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size else 0
+        return [np.pad(x, width, mode="constant", constant_values=np.asarray(v).reshape(-1)[0] if np.size(v)
+                       else 0)]
+    if mode not in ("edge", "reflect", "wrap"):
+        raise GraphError(node.where, f"Pad mode {mode!r}; expected constant, edge, reflect or wrap")
+    if x.size == 0 and any(b or e for b, e in width):
+        raise GraphError(node.where, f"Pad mode {mode!r} of an empty tensor {x.shape}")
+    return [np.pad(x, width, mode=mode)]
 
 
 def _constant(node, ins, a):
@@ -489,7 +526,11 @@ FOLD = {
     "Log": _unary(np.log),
     "Pow": _binary(lambda n, x, y: np.power(x.astype(np.float64), y).astype(x.dtype)),
     "Not": lambda node, ins, a: [np.logical_not(ins[0])],
-    "ReduceProd": _reduce_prod,
+    "ReduceProd": _reduce(np.prod, 18),
+    "ReduceMax": _reduce(np.max, 18),
+    "ReduceMin": _reduce(np.min, 18),
+    "ReduceSum": _reduce(np.sum, 13),
+    "Pad": _pad_fold,
 }
 """ONNX op -> numpy folder; the ops whose constant-only nodes the importer evaluates."""
 
@@ -503,6 +544,8 @@ FOLD_ATTRS = {
     "Shape": {"start", "end"}, "Gather": {"axis"}, "Concat": {"axis"}, "Unsqueeze": {"axes"},
     "Squeeze": {"axes"}, "Cast": {"to", "saturate", "round_mode"}, "CastLike": {"saturate", "round_mode"}, "Slice": {"starts", "ends", "axes"},
     "Reshape": {"allowzero"}, "Transpose": {"perm"}, "ConstantOfShape": {"value"}, "Range": {"stash_type"},
-    "ReduceProd": {"axes", "keepdims", "noop_with_empty_axes"}, "AffineGrid": {"align_corners"},
+    "ReduceProd": {"axes", "keepdims", "noop_with_empty_axes"}, "ReduceMax": {"axes", "keepdims", "noop_with_empty_axes"},
+    "ReduceMin": {"axes", "keepdims", "noop_with_empty_axes"}, "ReduceSum": {"axes", "keepdims", "noop_with_empty_axes"},
+    "Pad": {"mode"}, "AffineGrid": {"align_corners"},
     "CumSum": {"exclusive", "reverse"}, "Mod": {"fmod"},
 }
