@@ -642,6 +642,9 @@ class _Importer:
             if isinstance(v, _Masked):
                 raise self.fail(f"forward() returning {v!r}, of a data-dependent shape",
                                 "return torch.where(mask, x, fill) or a reduction of it (x[mask].sum())")
+            if isinstance(v, _Unsupported):
+                raise self.fail(f"forward() returning {v.what}",
+                                f"tilefuse computes the values only; the indices come from {v.where}")
             d = self.tensor(v, "network output")
             if shape == () and d.shape == (1,):
                 d = self.net.reshape(d, (), name=self.unique(f"{d.name}.0d"))
@@ -1084,6 +1087,110 @@ def _reduce(kind):
 def _max_dim(imp, x, dim, keepdim=False):
     """aten.max.dim: (values, indices): the max reduce and the argmax."""
     return (_reduce("max")(imp, x, [dim], keepdim), _dim_indices(imp, True, x, dim, keepdim))
+
+
+MAX_SORTED = 64     # the longest axis the sorting network orders (Batcher's: ~n log^2 n / 4 comparators)
+
+
+def batcher_pairs(n: int) -> list[tuple[int, int]]:
+    """Batcher's odd-even merge sort for n values: comparators (i, j), i < j, in order (min to i, max to j). Built
+    for the power of two N >= n and cut to n: the missing inputs stand for +inf, which a comparator leaves where it
+    is, so every comparator reaching past n is a no-op and dropped."""
+    big = 1 << max(0, (n - 1).bit_length())
+    pairs, p = [], 1
+    while p < big:
+        k = p
+        while k >= 1:
+            for j in range(k % p, big - k, 2 * k):
+                for i in range(min(k, big - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p) and i + j + k < n:
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        p *= 2
+    return pairs
+
+
+def _sorted_slices(imp, x: DataNode, dim: int, nan_last: bool) -> list[DataNode]:
+    """x's slices along dim (each of size 1 there) in ascending order, by a sorting network. nan_last: NaN sorts
+    above every number (torch.sort, topk, kthvalue: each comparator is two where ops on a > b or a != a); else a
+    comparator is minimum / maximum, whose NaN reaches every output (torch.median's NaN). Slices no output needs
+    are left to dead-code elimination."""
+    n = x.shape[dim]
+    if n > MAX_SORTED:
+        raise imp.fail(f"{imp.target_name()} along an axis of {n} values",
+                       f"tilefuse orders up to {MAX_SORTED} values (a sorting network of where / min / max ops)")
+    base = imp.unique(imp.op_name_hint() + ".sort")
+    v = [imp.net.slice(x, dim, i, i + 1, name=imp.unique(f"{base}.in{i}")) for i in range(n)]
+    for c, (i, j) in enumerate(batcher_pairs(n)):
+        a, b = v[i], v[j]
+        if nan_last:
+            swap = boolexpr.Or(boolexpr.Cmp(a, "gt", b, imp.where()), boolexpr.Cmp(a, "ne", a, imp.where()))
+            v[i] = boolexpr.select(imp.net, swap, b, a, imp.unique(f"{base}.lo{c}"))
+            v[j] = boolexpr.select(imp.net, swap, a, b, imp.unique(f"{base}.hi{c}"))
+        else:
+            v[i] = imp.net.minimum(a, b, name=imp.unique(f"{base}.lo{c}"))
+            v[j] = imp.net.maximum(a, b, name=imp.unique(f"{base}.hi{c}"))
+    return v
+
+
+def _picked(imp, parts: list[DataNode], dim: int, keepdim: bool) -> DataNode:
+    """The slices concatenated along dim (or the one slice, dim dropped without keepdim)."""
+    y = parts[0] if len(parts) == 1 else imp.net.concat(parts, axis=dim, name=imp.op_name())
+    if len(parts) == 1 and not keepdim:
+        shape = tuple(d for k, d in enumerate(y.shape) if k != dim)
+        return imp.net.reshape(y, shape, name=imp.op_name())
+    return y
+
+
+def _order_stat(imp, x, dim, keepdim, pick, nan_last, what):
+    x = imp.tensor(x)
+    dim = int(dim) % max(len(x.shape), 1)
+    v = _sorted_slices(imp, x, dim, nan_last)
+    return (_picked(imp, [v[pick(len(v))]], dim, keepdim), _Unsupported(imp, f"the indices of {what}"))
+
+
+def _median(imp, x, dim=None, keepdim=False):
+    """median.dim (values, indices): the lower median ((n - 1) // 2 of the sorted values; NaN if any is NaN, as
+    PyTorch's) by a min / max sorting network; median.default of the whole tensor (0-d); the indices are refused
+    where read."""
+    if dim is None:
+        x = imp.tensor(x)
+        flat = imp.net.reshape(x, (int(np.prod(x.shape)),), name=imp.unique(imp.op_name_hint() + ".flat"))
+        return _order_stat(imp, flat, 0, False, lambda n: (n - 1) // 2, False, "median")[0]
+    return _order_stat(imp, x, dim, keepdim, lambda n: (n - 1) // 2, False, "median")
+
+
+def _kthvalue(imp, x, k, dim=-1, keepdim=False):
+    """kthvalue (values, indices): the k-th smallest (NaN above every number, as PyTorch's sort)."""
+    n = imp.tensor(x).shape[int(dim)]
+    if not 1 <= int(k) <= n:
+        raise imp.fail(f"kthvalue k={k} of {n} values")
+    return _order_stat(imp, x, dim, keepdim, lambda n: int(k) - 1, True, "kthvalue")
+
+
+def _sort(imp, x, *args, dim=-1, descending=False, stable=None):
+    """sort / sort.stable (values, indices): the sorting network's slices concatenated (NaN last ascending, first
+    descending, as PyTorch's); the indices are refused where read."""
+    if args:    # sort.default(x, dim, descending) / sort.stable(x, *, stable, dim, descending)
+        dim = args[0]
+        descending = args[1] if len(args) > 1 else descending
+    x = imp.tensor(x)
+    dim = int(dim) % len(x.shape)
+    v = _sorted_slices(imp, x, dim, True)
+    return (_picked(imp, v[::-1] if descending else v, dim, True), _Unsupported(imp, "the indices of sort"))
+
+
+def _topk(imp, x, k, dim=-1, largest=True, sorted=True):
+    """topk (values, indices): the k largest (descending, NaN first) or smallest (ascending) of the sorted slices;
+    the indices are refused where read."""
+    x = imp.tensor(x)
+    dim = int(dim) % len(x.shape)
+    n, k = x.shape[dim], int(k)
+    if not 0 < k <= n:
+        raise imp.fail(f"topk k={k} of {n} values")
+    v = _sorted_slices(imp, x, dim, True)
+    parts = v[::-1][:k] if largest else v[:k]
+    return (_picked(imp, parts, dim, True), _Unsupported(imp, "the indices of topk"))
 
 
 def _dim_indices(imp, largest, x, dim, keepdim):
@@ -2026,6 +2133,10 @@ _ATEN = {
     "amin": _amin,
     "min": _min,
     "max": _max,
+    "median": _median,
+    "kthvalue": _kthvalue,
+    "sort": _sort,
+    "topk": _topk,
     "adaptive_max_pool2d": _adaptive_max_pool,
     "view": _reshape,
     "_unsafe_view": _reshape,
