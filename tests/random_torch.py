@@ -1448,8 +1448,14 @@ def _check_onnx(seed: int, exporter: str) -> str | None:
         return None
     try:
         ort_ref = ort_run(blob, x)
-    except Exception:
+    except Exception as e:
         ort_ref = None
+        if "Shape mismatch attempting to re-use buffer" in str(e):
+            # a file whose constants disagree with its own ops' shapes: the TorchScript exporter folds a shape
+            # after a padded ceil-mode pool by ONNX's pre-opset-22 rule (one row more than PyTorch's) into a
+            # constant (affine_grid's size: seeds 142000849, 142000852); ONNX Runtime stops on it, tilefuse runs
+            # the file as written (the pool as PyTorch, the constant as given), which is not the module
+            return None
     broken = ort_ref is None or ort_ref.shape != ref.shape or _declared_output_shape(blob) != ref.shape
     try:
         net = tilefuse.from_onnx(blob)
@@ -1480,6 +1486,11 @@ def _check_onnx(seed: int, exporter: str) -> str | None:
         problem = _compare_conditioned(got, ort_ref, module, x, f"{exporter} vs ONNX Runtime")
         if problem:
             return problem
+        if _compare(ort_ref, ref, "ONNX Runtime vs PyTorch") is not None:
+            # ONNX Runtime computes the file as tilefuse does, and neither is the module: the export is not the
+            # module (the TorchScript exporter's affine_grid size after a padded ceil-mode pool, folded by ONNX's
+            # pre-opset-22 rule: seed 142000852)
+            return None
     return _compare_conditioned(got, ref, module, x, f"{exporter} vs PyTorch")
 
 
