@@ -714,3 +714,25 @@ def test_constant_pads_and_reductions_fold_as_onnxruntime(mode, pads, reduce):
     net = tilefuse.from_onnx(m)
     assert [op.op for op in net.ops] == ["add"]
     np.testing.assert_allclose(tilefuse.evaluate(net, x)[0], _ort(m, x=x)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_a_constant_only_conv_of_a_shape_derived_encoding_is_evaluated_at_import():
+    """EdgeNeXt's Fourier position encoding as the TorchScript exporter writes it: ConstantOfShape(Shape(x)) ->
+    CumSum -> Sin -> Conv -> Add to x. Every node but the Add is constant-only; Sin folds and the Conv (an op
+    fold.py does not evaluate) runs in a scratch network through the reference evaluator at import."""
+    w = np.random.default_rng(5).standard_normal((3, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("ConstantOfShape", ["s"], ["ones"],
+                              value=numpy_helper.from_array(np.float32([1.0]), "v")),
+             helper.make_node("CumSum", ["ones", "ax"], ["pos"]),
+             helper.make_node("Sin", ["pos"], ["enc"]),
+             helper.make_node("Conv", ["enc", "w"], ["proj"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["x", "proj"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 6, 5])],
+                          [numpy_helper.from_array(np.int64(2), "ax"), numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(6).standard_normal((2, 3, 6, 5)).astype(np.float32)
+    net = tilefuse.from_onnx(m)
+    assert [op.op for op in net.ops] == ["add"]
+    np.testing.assert_allclose(tilefuse.compile(net).run(x), _ort(m, x=x)[0], rtol=1e-5, atol=1e-5)

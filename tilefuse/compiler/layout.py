@@ -11,7 +11,8 @@ function, `LayoutResult.changed` says whether it did anything):
 
 1. choose: a conv whose algorithm has an NCHWc form (`conv_layout`, also used by lowering to
    prepare the weights) runs nchwc; an im2col conv (groups 1: the 3-channel stems) reads nchw
-   and writes nchwc when a blocked conv reads it (`_blocked_output_pays`); the kernels
+   and writes nchwc when a blocked conv reads it (`_blocked_output_pays`; a fused residual is then
+   read blocked, as the output: MobileOne's `conv3x3(x) + conv1x1(x)` stem); the kernels
    that have both forms (pooling, add, relu, scale: `kernels.registry.BLOCKED_FORM`) take the layout of their
    first activation input's producer; global average pool reads nchwc and writes
    (N, C, 1, 1) nchw; the element-wise, activation, resize, pad, slice and concat kernels of
@@ -187,8 +188,11 @@ def assign_layouts(program: list[Instruction], flops: list[int], mode: str = "au
     converted: dict[str, Operand] = {}   # NCHW tensor name -> its blocked copy
     for ins, fl, (lin, lout) in zip(program, flops, choice):
         ops = list(ins.operands)
-        if lin == NCHWC:
-            for i in blocked_inputs(ins):
+        # an im2col conv reading NCHW and writing NCHW16c adds its fused residual in the output's layout
+        to_blocked = blocked_inputs(ins) if lin == NCHWC else [len(ins.inputs) - 1] if (
+            lout == NCHWC and ins.kernel == "conv2d" and ins.params.get("has_residual")) else []
+        if to_blocked:
+            for i in to_blocked:
                 src = ops[i]
                 if src.name not in converted:
                     b = _blocked(src)

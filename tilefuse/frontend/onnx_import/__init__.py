@@ -33,6 +33,7 @@ import numpy as np
 from ...compiler.compile import check_fits_host
 from ...errors import GraphError, TilefuseError, UnsupportedOpError
 from ...ir import Network
+from ...ir.node import DataNode
 from .. import boolexpr
 from . import fold, patterns
 from .convert import RULES, Ctx, OnnxNode
@@ -349,6 +350,9 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
         if unknown:
             raise nd.refuse(f"attribute(s) {unknown} are not supported; {n.op_type} reads "
                             f"{sorted(rule.attrs) or 'no attributes'}")
+        if ins and ins[0] in cx.consts and all(not t or t in cx.consts for t in ins):
+            _evaluate_constant_node(cx, nd, rule, used)
+            return
         outs = rule.convert(cx, nd, used)
     except TilefuseError:
         raise
@@ -365,6 +369,34 @@ def _import_node(cx: Ctx, n, i: int, opset: int, used: set[str]) -> None:
         elif t and t in used:
             raise nd.refuse(f"output {k} '{t}' is used, but tilefuse produces only the first {len(outs)} "
                             f"output(s) of {n.op_type}")
+
+
+def _evaluate_constant_node(cx: Ctx, nd: OnnxNode, rule, used) -> None:
+    """A constant-only node of an op the importer converts but `fold.py` does not evaluate (the TorchScript exporter
+    leaves EdgeNeXt's Fourier position encoding, a function of the input's shape only, as ConstantOfShape ...
+    Conv): converted in a scratch network whose one input is input 0's value, run by the reference evaluator, its
+    outputs constants. Input 0 must be a float tensor (the other inputs stay the constants the converter reads)."""
+    from ...interpreter import evaluate
+    x0 = np.asarray(cx.consts[nd.inputs[0]])
+    if x0.dtype.kind != "f" or x0.ndim == 0:
+        raise nd.refuse(f"input '{nd.inputs[0]}' is a constant of dtype {x0.dtype}, shape {x0.shape}; tilefuse "
+                        f"evaluates a constant-only {nd.op} of a float tensor only")
+    sub = Ctx(Network(f"{nd.name}.fold"))
+    sub.consts = {k: v for k, v in cx.consts.items() if k != nd.inputs[0]}
+    sub.env[nd.inputs[0]] = d = sub.net.input(sub.fresh("x"), x0.shape, x0.dtype)
+    outs = rule.convert(sub, nd, used)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    nodes = [o for o in outs if isinstance(o, DataNode) and o is not d]
+    if any(not isinstance(o, DataNode) for o in outs):
+        raise nd.refuse(f"a constant-only {nd.op} whose result is not a tensor (a comparison) cannot be evaluated")
+    if nodes:
+        sub.net.output(*nodes)
+    vals = iter(evaluate(sub.net, x0) if nodes else [])
+    for t, o in zip(nd.outputs, outs):
+        if t:
+            v = x0 if o is d else np.asarray(next(vals))
+            fold._check_size(nd, v.shape)
+            cx.consts[t] = v
 
 
 # ops that move an integer input's values without computing with them (their outputs stay integer-valued); the

@@ -408,7 +408,7 @@ def _div(node, x, y):
 
 def _unary(fn):
     def fold(node, ins, a):
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(all="ignore"):      # (log(0), 1 / 0, exp overflow: as the ops compute them)
             return [np.asarray(fn(np.asarray(ins[0]))).astype(np.asarray(ins[0]).dtype)]
     return fold
 
@@ -523,6 +523,13 @@ FOLD = {
     "Sqrt": _unary(np.sqrt),
     "Reciprocal": _unary(lambda v: 1 / v),
     "Exp": _unary(np.exp),
+    "Sin": _unary(np.sin),
+    "Cos": _unary(np.cos),
+    "Tan": _unary(np.tan),
+    "Atan": _unary(np.arctan),
+    "Tanh": _unary(np.tanh),
+    "Sigmoid": _unary(lambda v: 1 / (1 + np.exp(-v))),
+    "Round": _unary(np.round),
     "Log": _unary(np.log),
     "Pow": _binary(lambda n, x, y: np.power(x.astype(np.float64), y).astype(x.dtype)),
     "Not": lambda node, ins, a: [np.logical_not(ins[0])],
