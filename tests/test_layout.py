@@ -163,3 +163,27 @@ def test_plan_shows_layout_partitioning_tiles_and_bytes(resnet18):
     target, head = str(plan).splitlines()[:2]
     assert target.startswith("target: ") and "-bit vectors" in target and "threads" in target
     assert all(k in head for k in ("algorithm", "layout", "partitioning", "tasks", "tiles", "MFLOP", "MB", "ms"))
+
+
+@pytest.mark.parametrize("act", ["relu", "none", "plus_one"])
+def test_a_stem_writing_blocked_reads_its_fused_residual_blocked(act):
+    """An im2col conv on 3 channels writes NCHW16c for the 16-channel conv after it; the sum it carries as a fused
+    residual (MobileOne's and FastViT's stems: conv3x3(x) + relu(conv1x1(x))) must be read blocked too (it stayed
+    NCHW: 'residual ... has shape (2, 16, H, W), expected (2, 1, H, W, 16)' at compile)."""
+    from tilefuse.ir import Network
+    rng = np.random.default_rng(7)
+    w = lambda *s: (rng.standard_normal(s) * 0.3).astype(np.float32)      # noqa: E731
+    net = Network("stem_residual")
+    x = net.input("x", (2, 3, 13, 11))
+    side = net.conv2d(x, w(16, 3, 1, 1), w(16), name="c1")
+    side = {"relu": lambda v: net.relu(v), "none": lambda v: v, "plus_one": lambda v: net.add(v, net.constant("one", np.ones(1, np.float32)))}[act](side)
+    y = net.add(net.conv2d(x, w(16, 3, 3, 3), w(16), padding=1, name="c3"), side)
+    net.output(net.conv2d(y, w(16, 16, 3, 3), w(16), padding=1, name="c16"))
+    xv = rng.standard_normal((2, 3, 13, 11)).astype(np.float32)
+    want = _want(net, xv)
+    outs = []
+    for t in (1, 3):
+        c = tilefuse.compile(net, threads=t)
+        outs.append(c.run(xv))
+        _close(outs[-1], want)
+    np.testing.assert_array_equal(outs[0], outs[1])
