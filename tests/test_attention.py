@@ -255,14 +255,63 @@ def test_package_round_trip_and_stream_schedule(name, tmp_path):
     assert_close_to_max(st.run(x), want)
 
 
-def test_masked_or_causal_attention_is_refused_by_name():
-    class Causal(nn.Module):
+class MaskedSDPA(nn.Module):
+    """F.scaled_dot_product_attention over a feature map's pixels with each kind of mask model code passes: a float
+    bias (timm's fused Swin: relative position bias + shift mask), a constant bool mask with a fully masked row,
+    is_causal, a computed bool mask (valid pixels), and a computed float mask with -inf rows."""
+
+    def __init__(self, kind, c=8, n=12):
+        super().__init__()
+        self.kind = kind
+        self.qkv = nn.Conv2d(c, 3 * c, 1)
+        g = torch.Generator().manual_seed(3)
+        self.register_buffer("bias", torch.randn(2, n, n, generator=g))
+        keep = torch.rand(n, n, generator=g) > 0.3
+        keep[3] = False
+        self.register_buffer("keep", keep)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(x).flatten(2).transpose(1, 2).reshape(b, h * w, 3, 2, c // 2).permute(2, 0, 3, 1, 4)
+        if self.kind == "float_bias":
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+        elif self.kind == "bool_constant":
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.keep)
+        elif self.kind == "causal":
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif self.kind == "bool_computed":
+            valid = (q.sum(-1, keepdim=True) > 0) | (k.sum(-1)[:, :, None, :] > 0.5)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid)
+        else:                                                    # float, computed, whole rows of -inf
+            drop = torch.where(q[..., :1] > 0.3, float("-inf"), 0.0)          # (B, h, N, 1): rows
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=drop + self.bias)
+        return x + o.transpose(1, 2).reshape(b, h * w, c).transpose(1, 2).reshape(b, c, h, w)
+
+
+MASKS = ["float_bias", "bool_constant", "causal", "bool_computed", "float_inf_rows"]
+
+
+@pytest.mark.parametrize("kind", MASKS)
+def test_masked_and_causal_attention_match_pytorch(kind):
+    """Fully masked rows are 0, as PyTorch's safe softmax makes them (not 0 / 0)."""
+    torch.manual_seed(5)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), MaskedSDPA(kind)).eval()
+    x = _x(3, (2, 3, 3, 4))
+    want = torch_run(m, x)
+    assert np.isfinite(want).all()
+    net = tilefuse.from_torch(m, torch.from_numpy(x))
+    for t in (1, 3):
+        assert_close_to_max(tilefuse.compile(net, threads=t).run(x), want)
+
+
+def test_attention_dropout_and_gqa_are_refused_by_name():
+    class Dropped(nn.Module):
         def forward(self, x):
             t = x.flatten(2).transpose(1, 2)
-            return F.scaled_dot_product_attention(t, t, t, is_causal=True)
+            return F.scaled_dot_product_attention(t, t, t, dropout_p=0.1)
 
-    with pytest.raises(UnsupportedOpError, match=r"scaled_dot_product_attention with is_causal=True.*no mask"):
-        tilefuse.from_torch(Causal(), torch.from_numpy(_x()))
+    with pytest.raises(UnsupportedOpError, match=r"scaled_dot_product_attention with dropout_p=0.1.*no dropout"):
+        tilefuse.from_torch(Dropped(), torch.from_numpy(_x()))
 
 
 def test_trainer_asks_what_a_matmul_constant_is():

@@ -32,10 +32,7 @@ _PARAMETER_GATHER = ("Trainer: a parameter read through an index (Swin's `relati
                      "relative_position_index.view(-1)]`, also LeViT's `attention_biases[:, attention_bias_idxs]`) "
                      "is refused: 'constant operand ... is derived from parameter ...'")
 
-_MASKED_SDPA = ("from_torch: F.scaled_dot_product_attention(q, k, v, attn_mask=...) is refused (timm Swin's fused "
-                "path: the relative position bias plus the shift mask as attn_mask); both ONNX exporters' files import")
-
-XFAIL_FROM_TORCH = {"swin_fused": (_MASKED_SDPA, UnsupportedOpError)}
+XFAIL_FROM_TORCH = {}      # name -> (reason, exception); none left
 
 XFAIL_EXPORT = {      # (name, exporter) -> (reason, exception); none left
 }

@@ -1591,7 +1591,7 @@ class _Unsupported:
 # the ATen ops that may read a bool tensor (a boolexpr expression: comparisons kept symbolic)
 _BOOL_READERS = frozenset({"where", "_to_copy", "logical_not", "bitwise_not", "logical_and", "bitwise_and",
                            "__and__", "logical_or", "bitwise_or", "__or__", "clone", "alias", "detach",
-                           "index_put"})
+                           "index_put", "scaled_dot_product_attention"})
 # arithmetic on a bool tensor: _Importer.bool_arithmetic (the bool as 1 / 0)
 _BOOL_ARITHMETIC = frozenset({"mul", "add", "sub", "rsub", "div", "sum", "cumsum"})
 
@@ -1861,13 +1861,16 @@ def _mm(imp, x, wt):
 
 
 def _sdpa(imp, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
-    """F.scaled_dot_product_attention without a mask: softmax(q @ k^T * scale) @ v, scale 1 / sqrt(E) unless
-    given (two matmuls, a mul, a softmax over the last axis)."""
-    if attn_mask is not None or is_causal or dropout_p or enable_gqa:
+    """F.scaled_dot_product_attention at inference: softmax(q @ k^T * scale + bias) @ v, scale 1 / sqrt(E) unless
+    given (two matmuls, a mul, a softmax over the last axis). A float attn_mask is added (timm's Swin: the relative
+    position bias plus the shift mask); a bool one (a comparison or a constant) and is_causal keep the scores where
+    True and put -inf elsewhere (a where op); a row a constant mask masks entirely is 0, as PyTorch's safe softmax
+    makes it. dropout and enable_gqa are refused by name."""
+    if dropout_p or enable_gqa or (is_causal and attn_mask is not None):
         raise imp.fail("scaled_dot_product_attention with " + ", ".join(
-            w for w, on in (("an attn_mask", attn_mask is not None), ("is_causal=True", is_causal),
+            w for w, on in (("is_causal=True and an attn_mask", is_causal and attn_mask is not None),
                             (f"dropout_p={dropout_p}", dropout_p), ("enable_gqa=True", enable_gqa)) if on),
-            "supported: no mask, no dropout (eval)")
+            "supported: a float or bool attn_mask or is_causal, no dropout (eval)")
     q, k, v = imp.tensor(q), imp.tensor(k), imp.tensor(v)
     base = imp.op_name_hint()
     r = len(k.shape)
@@ -1875,8 +1878,32 @@ def _sdpa(imp, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale
     s = imp.net.matmul(q, kt, name=imp.unique(base + ".scores"))
     s = imp.net.mul(s, float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]),
                     name=imp.unique(base + ".scaled"))
+    dead = None           # (..., L, 1) bool: rows a constant mask masks entirely
+    safe = attn_mask is not None and not isinstance(attn_mask, Const)   # a computed mask may mask a whole row
+    if is_causal:
+        attn_mask = Const(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), imp.unique(base + ".causal"))
+    if isinstance(attn_mask, Const) and attn_mask.tensor.dtype == torch.bool:
+        keep = attn_mask.tensor
+        dead = ~keep.any(-1, keepdim=True)
+        attn_mask = boolexpr.Cmp(imp.const_node(Const(keep.to(_torch_dtype(s.dtype)), attn_mask.key + ".keep")),
+                                 "gt", imp.operand(0.5, s), imp.where())
+    if isinstance(attn_mask, boolexpr.BOOL):
+        s = boolexpr.select(imp.net, attn_mask, s, imp.operand(-math.inf, s, nonfinite=True),
+                            imp.unique(base + ".masked"))
+    elif attn_mask is not None:
+        s = imp.net.add(s, imp.operand(attn_mask, s), name=imp.unique(base + ".biased"))
     p = imp.net.softmax(s, axis=len(s.shape) - 1, name=imp.unique(base + ".softmax"))
+    if safe:              # PyTorch's safe softmax: a row whose scores are all -inf is 0 (not 0 / 0)
+        top = _reduce("max")(imp, s, [len(s.shape) - 1], True)
+        p = imp.net.where(top, "lt", -float(np.finfo(s.dtype).max), 0.0, p, name=imp.unique(base + ".safe"))
+    if dead is not None and bool(dead.any()):
+        live = imp.const_node(Const((~dead).to(_torch_dtype(s.dtype)), imp.unique(base + ".live")))
+        p = imp.net.where(live, "gt", 0.5, p, 0.0, name=imp.unique(base + ".safe"))
     return imp.net.matmul(p, v, name=imp.op_name())
+
+
+def _torch_dtype(dt):
+    return next(t for t, n in _DTYPES.items() if np.dtype(n) == np.dtype(dt))
 
 
 def _matmul(imp, a, b):
