@@ -147,6 +147,27 @@ def _positional_arity(module) -> int | None:
     return sum(p.default is p.empty for p in params)
 
 
+def _gather_of_parameter(target, args, kwargs, c, shape):
+    """(G, the parameter's value) for target's result when it only moves elements of c, a parameter or a gather
+    of one: target applied to c's flat indices into the parameter (an int64 tensor in c's place; index tensors
+    and the other arguments as they are) gives the result's. None where that does not give an int64 tensor of
+    the result's shape."""
+    if c.gather is not None:
+        idx, value = torch.from_numpy(c.gather[0]).reshape(c.tensor.shape), c.gather[1]
+    else:
+        idx, value = torch.arange(c.tensor.numel(), dtype=torch.int64).reshape(c.tensor.shape), c.tensor.numpy()
+
+    def swap(v):
+        return idx if v is c else v.tensor if isinstance(v, Const) else v
+    try:
+        g = target(*torch.fx.node.map_aggregate(args, swap), **torch.fx.node.map_aggregate(kwargs, swap))
+    except Exception:
+        return None
+    if not isinstance(g, torch.Tensor) or g.dtype != torch.int64 or tuple(g.shape) != tuple(shape):
+        return None
+    return np.ascontiguousarray(g.numpy()), np.array(value, copy=True)
+
+
 def _first_lines(s: str, n: int) -> str:
     lines = [ln for ln in s.strip().splitlines() if ln.strip()]
     return " ".join(lines[:n])
@@ -227,13 +248,16 @@ class Const:
     `constant_origin` (what the Trainer trains): "parameter" (an nn.Parameter as it is), "buffer" (a buffer, a
     constant, a literal), or "derived from parameter '<key>'" (a folded expression of a parameter). `root` is
     (key, shape) of the nn.Parameter whose elements this is in their own order (the parameter itself, or a view
-    of it: `w.view(1, -1, 1, 1)`, `w[:, None, None]`), which the Trainer trains as that parameter."""
+    of it: `w.view(1, -1, 1, 1)`, `w[:, None, None]`), which the Trainer trains as that parameter. `gather` (with
+    root) is (G, the parameter's value) where this is some of the parameter's elements in another order: G (int64,
+    this shape) their flat indices into it (Swin's relative position bias `table[index]`)."""
 
-    def __init__(self, tensor, key: str, origin: str = "buffer", root: tuple | None = None):
+    def __init__(self, tensor, key: str, origin: str = "buffer", root: tuple | None = None, gather=None):
         self.tensor = tensor.detach()
         self.key = key
         self.origin = origin
         self.root = root
+        self.gather = gather
 
     @property
     def shape(self):
@@ -243,6 +267,10 @@ class Const:
         return f"Const({self.key!r}, {self.shape})"
 
 
+# ATen ops that move a tensor's elements (a gather of them, whatever the order: `_gather_of_parameter`)
+_GATHER_OPS = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias", "detach", "clone",
+                         "contiguous", "slice", "select", "lift_fresh_copy", "flatten", "unflatten", "expand",
+                         "permute", "transpose", "t", "index", "index_select", "repeat", "flip", "roll", "narrow"})
 # ATen ops that give a tensor's elements in their own order (with as many elements: a view of all of them)
 _VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias", "detach", "clone",
                        "contiguous", "slice", "select", "lift_fresh_copy", "_to_copy", "flatten", "unflatten",
@@ -336,8 +364,10 @@ class _Importer:
                 arr = arr.reshape(1)
             d = self.net.constant(self.unique(c.key), arr, dtype=dt, nonfinite=nonfinite)
             self.net.constant_origin[d.name] = c.origin
-            if c.root is not None and (c.root[0] != d.name or tuple(c.root[1]) != arr.shape):
+            if c.root is not None and (c.root[0] != d.name or tuple(c.root[1]) != arr.shape or c.gather is not None):
                 self.net.constant_alias[d.name] = (c.root[0], tuple(c.root[1]))
+            if c.gather is not None:
+                self.net.constant_gather[d.name] = (c.gather[0].reshape(-1), c.gather[1])
             self.consts[key] = d
         return d
 
@@ -616,10 +646,17 @@ class _Importer:
             f"derived from parameter '{params[0].key}'" if params[0].origin == "parameter" else params[0].origin)
         consts = [v for v in _flatten(args) if isinstance(v, Const)]
         if isinstance(out, torch.Tensor) and target._opname in _VIEW_OPS and len(consts) == 1 and \
-                consts[0].root is not None and out.dtype == consts[0].tensor.dtype and \
-                out.numel() == int(np.prod(consts[0].root[1])):
+                consts[0].root is not None and consts[0].gather is None and out.dtype == consts[0].tensor.dtype \
+                and out.numel() == int(np.prod(consts[0].root[1])):
             # every element of the parameter in its own order: trained as the parameter (its gradient reshaped)
             return Const(out, key, "parameter", consts[0].root)
+        roots = [c for c in consts if c.root is not None]
+        if isinstance(out, torch.Tensor) and target._opname in _GATHER_OPS and len(roots) == 1 and \
+                out.dtype == roots[0].tensor.dtype and out.dtype.is_floating_point and \
+                all(c is roots[0] or c.origin == "buffer" for c in consts):
+            g = _gather_of_parameter(target, args, kwargs, roots[0], out.shape)
+            if g is not None:       # some of the parameter's elements, moved: trained as the parameter
+                return Const(out, key, "parameter", roots[0].root, g)
         if isinstance(out, torch.Tensor):
             return Const(out, key, origin)
         if isinstance(out, (tuple, list)):

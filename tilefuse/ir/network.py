@@ -45,6 +45,11 @@ class Network:
         # own order under another name or shape (from_torch: `w.view(1, -1, 1, 1)`, `w[:, None, None]`): the
         # Trainer trains the parameter, reading it in the constant's shape
         self.constant_alias: dict[str, tuple[str, tuple]] = {}
+        # constant name -> (G, the parameter's value) where the constant is some of a parameter's elements in another
+        # order (from_torch: Swin's `table[index.view(-1)].view(N, N, -1).permute(2, 0, 1)`): its flat values are
+        # the parameter's flat values at G (int64, the constant's size); constant_alias names the parameter, and
+        # the Trainer trains it (gradient: a scatter-add of the constant's at G)
+        self.constant_gather: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         # input name -> the integer dtype (a numpy dtype string) the model declares it with: the input computes as
         # its float dtype, and a run takes an integer array for it where every value is exact in that float
         # (ir/node.py check_inputs); a diffusion model's timesteps
@@ -812,6 +817,7 @@ class Network:
         new._names = set(self._names)
         new.constant_origin = dict(self.constant_origin)
         new.constant_alias = dict(self.constant_alias)
+        new.constant_gather = dict(self.constant_gather)
         new.integer_inputs = dict(self.integer_inputs)
         new.integer_outputs = dict(self.integer_outputs)
         new.module_buffers = dict(self.module_buffers)

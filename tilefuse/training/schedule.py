@@ -184,7 +184,10 @@ class TrainingSchedule:
         """Value of a constant (trainable copy or buffer) or a live activation."""
         if d.is_constant:
             if d.name in self.alias and self.alias[d.name] in self.params:
-                return self.params[self.alias[d.name]].reshape(d.shape)
+                p = self.params[self.alias[d.name]]
+                if d.name in self.net.constant_gather:      # the parameter's elements at G
+                    return p.reshape(-1)[self.net.constant_gather[d.name][0]].reshape(d.shape)
+                return p.reshape(d.shape)
             if d.name in self.params:
                 return self.params[d.name]
             return self.buffers[d.name] if d.name in self.buffers else d.value    # (a fixed operand: x + 3)
@@ -200,9 +203,14 @@ class TrainingSchedule:
         return self.alias.get(d.name, d.name) in self.params
 
     def _param_grad(self, name, g):
+        gather = self.net.constant_gather.get(name)
         name = self.alias.get(name, name)
         if name not in self.params and name in self.buffers:
             return                  # a fixed weight (BatchNorm2d(affine=False)'s unit weight): no gradient
+        if gather is not None:      # a gather of the parameter's elements: its gradient scattered back, summed
+            full = np.zeros(self.params[name].size, np.float64)
+            np.add.at(full, gather[0], np.asarray(g, np.float64).reshape(-1))
+            g = full
         g = np.asarray(g, dtype=self.params[name].dtype).reshape(self.params[name].shape)
         if name in self.pgrads:
             self.pgrads[name] = self.pgrads[name] + g

@@ -99,7 +99,13 @@ class Trainer:
         """The trained copy of constant d: under its own name, or (a view of a parameter, net.constant_alias)
         under the parameter's name in the parameter's shape."""
         key, shape = self.net.constant_alias.get(d.name, (d.name, d.shape))
-        v = np.array(d.value, copy=True).reshape(shape)
+        if d.name in self.net.constant_gather:      # some of the parameter's elements, moved (a bias table read)
+            g, full = self.net.constant_gather[d.name]
+            v = np.array(full, copy=True).reshape(shape)
+            if not np.array_equal(v.reshape(-1)[g], np.asarray(d.value).reshape(-1), equal_nan=True):
+                raise GraphError(d.name, f"is a gather of parameter '{key}' whose values disagree with it")
+        else:
+            v = np.array(d.value, copy=True).reshape(shape)
         have = self.params.setdefault(key, v)
         if have.shape != v.shape or not np.array_equal(have, v, equal_nan=True):
             raise GraphError(d.name, f"is parameter '{key}' {v.shape}, which the network also holds as "
@@ -215,6 +221,8 @@ class Trainer:
         for d in new.constants():
             key = self.net.constant_alias.get(d.name, (d.name,))[0]
             v = self.params.get(key, self.buffers.get(d.name))
+            if v is not None and d.name in self.net.constant_gather and key in self.params:
+                v = v.reshape(-1)[self.net.constant_gather[d.name][0]].reshape(d.shape)
             if v is not None:
                 v = v.reshape(d.shape)
                 d.value = None
