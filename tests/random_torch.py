@@ -19,7 +19,9 @@ channels-last, `torch.flatten(x, 1)` and `x.view(x.size(0), -1)`, ...) and check
 Seeds from FLIPS_FROM wrap blocks in flips (test-time augmentation, channel reversal); seeds from WARPS_FROM in
 grid_sample warps (a flow warp, a spatial transformer, a quarter-pixel shift) and swap activations for sin / cos
 ones (SIREN, snake); seeds from MASKS_FROM follow blocks with masked assignments, bool arithmetic, 0-d
-statistics (`(x - x.mean()) / x.std()`) and cumsum box filters, and pad some convs circularly.
+statistics (`(x - x.mean()) / x.std()`) and cumsum box filters, and pad some convs circularly; seeds from
+ORDER_FROM follow blocks with sort / median / top-k values, -inf masked softmaxes, any(), log2 / exp2 and
+antialiased shrinks.
 
 fp32, max error <= 1e-4 x max|reference| (issue 9's criterion). A tilefuse refusal is a finding too: every op
 drawn is in the documented vocabulary (docs/ops.md).
@@ -431,6 +433,7 @@ def _draws(seed: int):
         _swap_flips(module, seed, attempt)
         _swap_warps(module, seed, attempt)
         _swap_masks(module, seed, attempt)
+        _swap_order(module, seed, attempt)
         yield r, module, x
     raise RuntimeError(f"seed {seed}: no valid draw in 50 tries")
 
@@ -837,6 +840,56 @@ def _swap_masks(module, seed: int, attempt: int) -> None:
                     setattr(m, name, _Then(child, _Masked(s)))
                 elif u < 1 / 3:
                     setattr(m, name, _Then(child, _Statistic(s)))
+
+
+ORDER_FROM = 143 * 10 ** 6
+
+
+class _Ordered(_WhereAct):
+    """Order statistics and the forty-eighth to sixty-ninth sessions' vocabulary after a block: sort / median /
+    top-k / kthvalue values (a sorting network), a softmax over channels with -inf masks (the largest channel
+    kept), any of a comparison, log2 / exp2, an antialiased bilinear shrink. Thresholds are moved off the data."""
+    KINDS = tuple(range(10, 18))
+
+    def __init__(self, s):
+        nn.Module.__init__(self)
+        self.t, self.kind = float(s.uniform(-0.3, 0.3)), int(_pick(s, self.KINDS))
+        self.k = int(s.integers(1, 4))
+
+    def forward(self, x):
+        c, w = x.shape[1], x.shape[3]
+        if self.kind == 10:
+            return x.sort(1).values
+        if self.kind == 11:
+            return x - x.median(1, keepdim=True).values
+        if self.kind == 12:
+            return x + x.topk(min(self.k, c), dim=1).values.mean(1, keepdim=True)
+        if self.kind == 13:
+            return x + 0.5 * x.kthvalue(min(self.k, w), dim=3, keepdim=True).values
+        if self.kind == 14:
+            drop = (x < self.t) & (x < x.amax(1, keepdim=True))
+            return x.masked_fill(drop, float("-inf")).softmax(1)
+        if self.kind == 15:
+            return torch.where((x > self.t).any(1, keepdim=True), x, -0.5 * x)
+        if self.kind == 16:
+            return torch.log2(x.abs() + 1) + torch.exp2(-x.abs())
+        h = x.shape[2]
+        return F.interpolate(x, size=(max(1, h * 2 // 3), max(1, w * 2 // 3)), mode="bilinear", antialias=True)
+
+    def thresholds(self) -> list[str]:
+        return ["t"] if self.kind in (14, 15) else []
+
+
+def _swap_order(module, seed: int, attempt: int) -> None:
+    """For seeds from ORDER_FROM: a sixth of the blocks followed by `_Ordered`, from a side generator."""
+    if seed < ORDER_FROM:
+        return
+    s = np.random.default_rng([seed, attempt, 29])
+    for m in list(module.modules()):
+        for name, child in list(m.named_children()):
+            if isinstance(m, (nn.ModuleList, nn.Sequential)) and not isinstance(child, (nn.Linear, Head)) and \
+                    s.random() < 1 / 6:
+                setattr(m, name, _Then(child, _Ordered(s)))
 
 
 def _draw(r):
