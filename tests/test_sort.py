@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import tilefuse
 from test_training_modern import _step_against_torch
 from tilefuse.errors import UnsupportedOpError
-from tilefuse.frontend.torch_export import MAX_SORTED, batcher_pairs
+from tilefuse.ir.network import MAX_SORTED, batcher_pairs
 from tilefuse.interpreter import evaluate
 
 
@@ -155,3 +155,27 @@ def test_indices_and_long_axes_are_refused_by_name():
         tilefuse.from_torch(Fn(lambda y: y.sort(1)[1]), x)
     with pytest.raises(UnsupportedOpError, match=f"along an axis of 70 values.*up to {MAX_SORTED}"):
         tilefuse.from_torch(Fn(lambda y: y.flatten(2).median(2).values), _x(shape=(1, 2, 7, 10)))
+
+
+# what the exporters export (neither exports kthvalue, median or a stable sort)
+EXPORTED = {e: ["sort", "sort_descending_last", "topk", "topk_pool", "topk_smallest"] for e in ("torchscript", "dynamo")}
+
+
+@pytest.mark.parametrize("exporter,name", [(e, n) for e, names in EXPORTED.items() for n in names])
+def test_exports_match_onnxruntime_and_pytorch(exporter, name):
+    """The exporters write sort / topk as TopK (the Indices unread): from_onnx imports the Values by the same
+    sorting network."""
+    from onnx_export import check_export
+    check_export(lambda: Fn(CASES[name]), _x(2).numpy(), exporter)
+
+
+def test_onnx_topk_indices_are_refused_by_name():
+    from onnx import TensorProto, helper, numpy_helper
+    g = helper.make_graph([helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+                          [helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 2]),
+                           helper.make_tensor_value_info("i", TensorProto.INT64, [2, 2])],
+                          [numpy_helper.from_array(np.int64([2]), "k")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)])
+    with pytest.raises(UnsupportedOpError, match=r"TopK.*the Indices\) is used; tilefuse computes the Values only"):
+        tilefuse.from_onnx(m)

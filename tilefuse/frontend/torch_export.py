@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import GraphError, UnsupportedOpError
 from ..ir import DataNode, Network
+from ..ir.network import MAX_SORTED
 from ..kernels import activations as _acts
 from . import boolexpr, gather
 
@@ -1126,48 +1127,12 @@ def _max_dim(imp, x, dim, keepdim=False):
     return (_reduce("max")(imp, x, [dim], keepdim), _dim_indices(imp, True, x, dim, keepdim))
 
 
-MAX_SORTED = 64     # the longest axis the sorting network orders (Batcher's: ~n log^2 n / 4 comparators)
-
-
-def batcher_pairs(n: int) -> list[tuple[int, int]]:
-    """Batcher's odd-even merge sort for n values: comparators (i, j), i < j, in order (min to i, max to j). Built
-    for the power of two N >= n and cut to n: the missing inputs stand for +inf, which a comparator leaves where it
-    is, so every comparator reaching past n is a no-op and dropped."""
-    big = 1 << max(0, (n - 1).bit_length())
-    pairs, p = [], 1
-    while p < big:
-        k = p
-        while k >= 1:
-            for j in range(k % p, big - k, 2 * k):
-                for i in range(min(k, big - j - k)):
-                    if (i + j) // (2 * p) == (i + j + k) // (2 * p) and i + j + k < n:
-                        pairs.append((i + j, i + j + k))
-            k //= 2
-        p *= 2
-    return pairs
-
-
 def _sorted_slices(imp, x: DataNode, dim: int, nan_last: bool) -> list[DataNode]:
-    """x's slices along dim (each of size 1 there) in ascending order, by a sorting network. nan_last: NaN sorts
-    above every number (torch.sort, topk, kthvalue: each comparator is two where ops on a > b or a != a); else a
-    comparator is minimum / maximum, whose NaN reaches every output (torch.median's NaN). Slices no output needs
-    are left to dead-code elimination."""
-    n = x.shape[dim]
-    if n > MAX_SORTED:
-        raise imp.fail(f"{imp.target_name()} along an axis of {n} values",
+    """x's slices along dim in ascending order (`Network.sorted_slices`: NaN last, or min / max for the median)."""
+    if x.shape[dim] > MAX_SORTED:
+        raise imp.fail(f"{imp.target_name()} along an axis of {x.shape[dim]} values",
                        f"tilefuse orders up to {MAX_SORTED} values (a sorting network of where / min / max ops)")
-    base = imp.unique(imp.op_name_hint() + ".sort")
-    v = [imp.net.slice(x, dim, i, i + 1, name=imp.unique(f"{base}.in{i}")) for i in range(n)]
-    for c, (i, j) in enumerate(batcher_pairs(n)):
-        a, b = v[i], v[j]
-        if nan_last:
-            swap = boolexpr.Or(boolexpr.Cmp(a, "gt", b, imp.where()), boolexpr.Cmp(a, "ne", a, imp.where()))
-            v[i] = boolexpr.select(imp.net, swap, b, a, imp.unique(f"{base}.lo{c}"))
-            v[j] = boolexpr.select(imp.net, swap, a, b, imp.unique(f"{base}.hi{c}"))
-        else:
-            v[i] = imp.net.minimum(a, b, name=imp.unique(f"{base}.lo{c}"))
-            v[j] = imp.net.maximum(a, b, name=imp.unique(f"{base}.hi{c}"))
-    return v
+    return imp.net.sorted_slices(x, dim, nan_last, name=imp.unique(imp.op_name_hint() + ".sort"))
 
 
 def _picked(imp, parts: list[DataNode], dim: int, keepdim: bool) -> DataNode:

@@ -23,6 +23,27 @@ from . import ops as opdefs
 from .node import DataNode, OpNode, integer_dtype
 
 
+MAX_SORTED = 64     # the longest axis `Network.sorted_slices` orders (Batcher's: ~n log^2 n / 4 comparators)
+
+
+def batcher_pairs(n: int) -> list[tuple[int, int]]:
+    """Batcher's odd-even merge sort for n values: comparators (i, j), i < j, in order (min to i, max to j). Built
+    for the power of two N >= n and cut to n: the missing inputs stand for +inf, which a comparator leaves where it
+    is, so every comparator reaching past n is a no-op and dropped."""
+    big = 1 << max(0, (n - 1).bit_length())
+    pairs, p = [], 1
+    while p < big:
+        k = p
+        while k >= 1:
+            for j in range(k % p, big - k, 2 * k):
+                for i in range(min(k, big - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p) and i + j + k < n:
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        p *= 2
+    return pairs
+
+
 class Network:
     """A directed acyclic graph of OpNodes over DataNodes.
 
@@ -433,6 +454,31 @@ class Network:
             self._fresh(f"{n}.{role}"), np.asarray(v, dtype=dt).reshape(np.shape(v) or (1,)), dt, role in "ab")
             for v, role in ((l, "l"), (r, "r"), (a, "a"), (b, "b"))]
         return self.add_op("where", ins, {"cmp": cmp}, n)
+
+    def sorted_slices(self, x: DataNode, axis: int, nan_last: bool = True, name: str | None = None) -> list:
+        """x's slices along axis (each of size 1 there) in ascending order, by Batcher's sorting network
+        (`batcher_pairs`). nan_last: NaN sorts above every number (torch.sort / topk, ONNX TopK: a comparator is
+        where(a != a, b, where(a > b, b, a)) and its mirror); else a comparator is minimum / maximum, whose NaN
+        reaches every output (torch.median's NaN). Up to MAX_SORTED values; the slices no output reads are left
+        to dead-code elimination."""
+        axis = int(axis) % max(len(x.shape), 1)
+        n = x.shape[axis]
+        base = self._name("sort", name)
+        if n > MAX_SORTED:
+            raise GraphError(base, f"sorting an axis of {n} values; tilefuse orders up to {MAX_SORTED} values (a "
+                                   f"sorting network of where / minimum / maximum ops)")
+        v = [self.slice(x, axis, i, i + 1, name=self._fresh(f"{base}.in{i}")) for i in range(n)]
+        for c, (i, j) in enumerate(batcher_pairs(n)):
+            a, b = v[i], v[j]
+            if nan_last:
+                lo = self.where(a, "gt", b, b, a, name=self._fresh(f"{base}.lo{c}.num"))
+                hi = self.where(a, "gt", b, a, b, name=self._fresh(f"{base}.hi{c}.num"))
+                v[i] = self.where(a, "ne", a, b, lo, name=self._fresh(f"{base}.lo{c}"))
+                v[j] = self.where(a, "ne", a, a, hi, name=self._fresh(f"{base}.hi{c}"))
+            else:
+                v[i] = self.minimum(a, b, name=self._fresh(f"{base}.lo{c}"))
+                v[j] = self.maximum(a, b, name=self._fresh(f"{base}.hi{c}"))
+        return v
 
     def maximum(self, a, b, name: str | None = None) -> DataNode:
         """The element-wise maximum with broadcasting (torch.maximum: NaN if either is NaN)."""

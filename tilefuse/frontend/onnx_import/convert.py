@@ -1524,6 +1524,30 @@ class Rule:
     limits: str = ""                  # what is refused, for docs/ops.md
 
 
+def _topk(cx: Ctx, nd: OnnxNode, used):
+    """TopK (1: k an attribute; 10, 11: K a constant input): the Values by a sorting network along the axis
+    (`Network.sorted_slices`, NaN above every number), the k largest in descending order (largest=0: the k
+    smallest, ascending); sorted=0 leaves the order open, and sorted it is. The Indices output is refused where
+    read (the TorchScript exporter writes torch.sort / topk / kthvalue as TopK and reads the values only)."""
+    x = cx.computed(nd, 0)
+    if len(nd.outputs) > 1 and nd.outputs[1] in used:
+        raise nd.refuse(f"output 1 '{nd.outputs[1]}' (the Indices) is used; tilefuse computes the Values only")
+    if nd.version < 10:
+        k = int(nd.attrs.get("k", -1))
+    else:
+        kk = cx.const(nd, 1, "K")
+        if kk is None or np.asarray(kk).size != 1 or np.asarray(kk).dtype.kind not in "iu":
+            raise GraphError(nd.where, f"K {None if kk is None else np.asarray(kk).tolist()}; expected one int64")
+        k = int(np.asarray(kk).reshape(-1)[0])
+    axis = fold._axis(nd, int(nd.attrs.get("axis", -1)), len(x.shape), "axis")
+    n = x.shape[axis]
+    if not 0 < k <= n:
+        raise GraphError(nd.where, f"k={k} of an axis of {n} values; expected 0 < k <= {n}")
+    v = cx.net.sorted_slices(x, axis, True, name=cx.fresh(nd.name + ".sort"))
+    parts = v[:k] if nd.attrs.get("largest", 1) == 0 else v[::-1][:k]
+    return parts[0] if k == 1 else cx.net.concat(parts, axis=axis, name=cx.fresh(nd.name))
+
+
 def _arg_extreme(cx: Ctx, nd: OnnxNode, used):
     """ArgMax / ArgMin: the IR's argmax along `axis` (keepdims, select_last_index); its output is an integer
     tensor (cx.ints: moved, compared, Cast, or returned as int64)."""
@@ -1623,6 +1647,8 @@ RULES: dict[str, Rule] = {
     "CumSum": _r(_cumsum, (11, 14), "exclusive reverse", "cumsum", "a constant axis; float64 accumulation"),
     "Mod": _r(_mod, (10, 13, 28), "fmod", "activation(fmod) activation(remainder)",
               "a float tensor by a one-value constant; fmod=0 from version 28"),
+    "TopK": _r(_topk, (1, 10, 11, 24), "axis k largest sorted", "slice where concat",
+               "the Values by a sorting network (an axis of up to 64 values); the Indices output refused where read"),
     "ArgMax": _r(_arg_extreme, (1, 11, 12, 13), "axis keepdims select_last_index", "argmax",
                  "an int64 result: moved, compared, Cast, or returned (as int64)"),
     "ArgMin": _r(_arg_extreme, (1, 11, 12, 13), "axis keepdims select_last_index", "argmax",
