@@ -42,6 +42,12 @@ MASK_SEEDS = {131000000: ({5, 6}, {"running", "standardize"}, 1),
               131000026: ({2, 3}, {"norm", "standardize", "var_mean"}, 0)}
 TORCH_SEEDS += list(MASK_SEEDS)
 ONNX_SEEDS += [131000012, 131000016]
+# from ORDER_FROM: blocks followed by `_Ordered` (10 sort, 11 median, 12 top-k, 13 kthvalue, 14 a -inf masked
+# softmax, 15 any, 16 log2 / exp2, 17 an antialiased shrink); 145000453 and 145000456 export sort / topk as TopK,
+# refused by from_onnx before
+ORDER_SEEDS = {143000008: {11, 12, 17}, 143000021: {14, 17}, 143000027: {10, 13, 14, 16}, 143000025: {13, 15, 17}}
+TORCH_SEEDS += list(ORDER_SEEDS)
+ONNX_SEEDS += [145000453, 145000456]
 # 95000019: an export without L2Norm's `+ 1e-10` (0 / 0 at an all-zero position) whose NaN meets a max pool:
 # ONNX Runtime's pool drops it, PyTorch's and tilefuse's keep it
 DYNAMO_SEEDS = [0, 1, 45, 95000019, 126000006, 131000005]
@@ -83,6 +89,13 @@ def test_warp_seeds_draw_their_warps(seed, kinds):
     assert (warps, {m.kind for m in module.modules() if isinstance(m, RT._Periodic)}) == kinds
     module, _ = RT.build(seed - RT.WARPS_FROM)
     assert not any(isinstance(m, (RT._Warped, RT._Periodic)) for m in module.modules())
+
+
+@pytest.mark.parametrize("seed,kinds", ORDER_SEEDS.items())
+def test_order_seeds_draw_their_order_statistics(seed, kinds):
+    for s, want in ((seed, kinds), (seed - RT.ORDER_FROM + RT.MASKS_FROM, set())):
+        module, _ = RT.build(s)
+        assert {m.kind for m in module.modules() if isinstance(m, RT._Ordered)} == want
 
 
 @pytest.mark.parametrize("seed,kinds", MASK_SEEDS.items())
