@@ -870,13 +870,16 @@ class _Ordered(_WhereAct):
             return x + 0.5 * x.kthvalue(min(self.k, w), dim=3, keepdim=True).values
         if self.kind == 14:
             drop = (x < self.t) & (x < x.amax(1, keepdim=True))
-            return x.masked_fill(drop, float("-inf")).softmax(1)
+            # (times x: a block ending in a softmax, last, would be the loss's softmax to the Trainer, which takes
+            # its input as the logits; seeds 149000060, 149000084)
+            return x.masked_fill(drop, float("-inf")).softmax(1) * x
         if self.kind == 15:
             return torch.where((x > self.t).any(1, keepdim=True), x, -0.5 * x)
         if self.kind == 16:
             return torch.log2(x.abs() + 1) + torch.exp2(-x.abs())
         h = x.shape[2]
-        return F.interpolate(x, size=(max(1, h * 2 // 3), max(1, w * 2 // 3)), mode="bilinear", antialias=True)
+        # (an output two columns wide at least: PyTorch's one-column antialiased resize repeats its first row)
+        return F.interpolate(x, size=(max(1, h * 2 // 3), max(2, w * 2 // 3)), mode="bilinear", antialias=True)
 
     def thresholds(self) -> list[str]:
         return ["t"] if self.kind in (14, 15) else []

@@ -58,6 +58,17 @@ def test_matches_pytorch_evaluated_and_compiled(mode, hw, kw):
     np.testing.assert_allclose(tilefuse.compile(net).run(x.numpy()), want, rtol=1e-5, atol=2e-6)
 
 
+def test_pytorchs_one_column_case_is_refused_by_name():
+    """PyTorch's antialiased kernel repeats its first output row when the output is one column wide and the height
+    changes (its own weights, applied per axis, give other rows): refused rather than computed otherwise."""
+    x = torch.tensor([[[[1.0], [10.0], [100.0]]]])
+    with torch.no_grad():
+        y = F.interpolate(x, size=(2, 1), mode="bilinear", antialias=True).flatten()
+    assert y[0] == y[1] and abs(float(y[0]) - 4.375) < 1e-5          # (its weights give 4.375 and 66.25)
+    with pytest.raises(tilefuse.UnsupportedOpError, match=r"one output column.*repeats its first output row"):
+        tilefuse.from_torch(Resample("bilinear", dict(size=(2, 1)), c=1), torch.randn(1, 3, 3, 1))
+
+
 def test_float64_and_a_nonfinite_pixel():
     """float64 weights for a float64 model; a NaN pixel gives NaN wherever PyTorch's output is NaN (the matmul may
     spread it further along its row: 0 * nan)."""

@@ -1538,6 +1538,13 @@ def _resize_aa(mode):
                 raise imp.fail("antialiased resampling without an output size or a scale")
             output_size = (int(math.floor(h * scales[0])), int(math.floor(w * scales[1])))
         ho, wo = int(output_size[0]), int(output_size[1])
+        if wo == 1 and ho not in (1, h):
+            # PyTorch's antialiased kernel (2.13) repeats its first output row when the output is one column wide
+            # and the height changes ((3, 1) -> (2, 1) of [1, 10, 100]: 4.375 twice, not 4.375, 66.25): refused
+            # rather than computed otherwise than PyTorch
+            raise imp.fail(f"antialiased {mode} resampling of {(h, w)} to {(ho, wo)} (one output column)",
+                           "PyTorch repeats its first output row there; resize the height and the width in two "
+                           "calls, or use antialias=False")
         op = getattr(torch.ops.aten, f"_upsample_{mode}2d_aa").default
         tdt = next(t for t, n in _DTYPES.items() if np.dtype(n) == x.dtype)
 
