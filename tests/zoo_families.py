@@ -42,20 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-def randomize(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Non-trivial BN running statistics and affine parameters (fresh modules have mean 0, var 1, gamma 1,
-    beta 0), as tests/modern_models.py."""
-    g = torch.Generator().manual_seed(seed)
-    for m in module.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            c = m.num_features
-            m.running_mean.copy_(torch.rand(c, generator=g) - 0.5)
-            m.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
-            if m.affine:
-                m.weight.data.copy_(torch.rand(c, generator=g) + 0.5)
-                m.bias.data.copy_(torch.rand(c, generator=g) * 0.5 - 0.25)
-    return module
+from modern_models import randomize          # non-trivial BN statistics, the house helper
 
 
 # ----------------------------------------------------------------------------- DenseNet (torchvision)
