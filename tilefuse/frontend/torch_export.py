@@ -1546,7 +1546,7 @@ def _resize_aa(mode):
                            "PyTorch repeats its first output row there; resize the height and the width in two "
                            "calls, or use antialias=False")
         op = getattr(torch.ops.aten, f"_upsample_{mode}2d_aa").default
-        tdt = next(t for t, n in _DTYPES.items() if np.dtype(n) == x.dtype)
+        tdt = _torch_dtype(x.dtype)
 
         def weights(n_in, n_out, scale):        # (n_out, n_in): row i holds output i's weights
             basis = torch.eye(n_in, dtype=tdt).reshape(1, n_in, 1, n_in)
@@ -1670,8 +1670,7 @@ def _where(imp, c, a, b):
     if isinstance(c, Const) and c.tensor.dtype == torch.bool:     # a constant mask: keep > 0.5
         if like is None:
             raise imp.fail("torch.where of constants only")
-        keep = Const(c.tensor.to(next(t for t, n in _DTYPES.items() if np.dtype(n) == like.dtype)),
-                     c.key + ".keep")
+        keep = Const(c.tensor.to(_torch_dtype(like.dtype)), c.key + ".keep")
         c = boolexpr.Cmp(_where_operand(imp, keep, like), "gt", _where_operand(imp, 0.5, like), imp.where())
     if not isinstance(c, boolexpr.BOOL):
         raise imp.fail("torch.where with a condition that is not a comparison or a constant mask",
@@ -1776,7 +1775,7 @@ def _index_put(imp, x, indices, values, accumulate=False):
     if isinstance(mask, Const):
         if mask.tensor.dtype != torch.bool:
             raise imp.fail("index_put at constant integer indices", "expected a bool mask (x[mask] = v)")
-        keep = Const(mask.tensor.to(next(t for t, n in _DTYPES.items() if np.dtype(n) == x.dtype)), mask.key + ".keep")
+        keep = Const(mask.tensor.to(_torch_dtype(x.dtype)), mask.key + ".keep")
         mask = boolexpr.Cmp(_where_operand(imp, keep, x), "gt", _where_operand(imp, 0.5, x), imp.where())
     mshape = _fx_shape(imp.node.args[1][0])
     if mshape is None or len(mshape) > len(x.shape) or tuple(x.shape[:len(mshape)]) != mshape:
@@ -1912,6 +1911,7 @@ def _sdpa(imp, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale
 
 
 def _torch_dtype(dt):
+    """The torch dtype of a numpy float dtype (the importer's _DTYPES backwards)."""
     return next(t for t, n in _DTYPES.items() if np.dtype(n) == np.dtype(dt))
 
 
