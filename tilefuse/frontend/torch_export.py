@@ -531,7 +531,7 @@ class _Importer:
             return None   # export's own metadata / shape assertions: already true for static shapes
         flat = [v for v in _flatten(args) + _flatten(list(kwargs.values()))]
         bad = next((v for v in flat if isinstance(v, _Unsupported)), None)
-        if bad is not None:
+        if bad is not None and not (name == "max_unpool2d" and isinstance(bad, _PoolIndices)):
             raise self.fail(f"{self.target_name()} of {bad.what}",
                             f"tilefuse computes the values only; the indices come from {bad.where}")
         masked = [v for v in flat if isinstance(v, _Masked)]
@@ -1573,7 +1573,30 @@ def _max_pool(imp, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=F
     s = _pair(stride) if stride not in (None, [], ()) else k
     ph, pw = _pair(padding)
     y = imp.net.max_pool(x, k, s, (ph, ph, pw, pw), _pair(dilation), bool(ceil_mode), name=imp.op_name())
-    return (y, _Unsupported(imp, "the indices of max pooling (return_indices=True)"))
+    return (y, _PoolIndices(imp, x, y, k, s, (ph, pw), _pair(dilation), bool(ceil_mode)))
+
+
+def _max_unpool(imp, y, indices, output_size):
+    """F.max_unpool2d / nn.MaxUnpool2d by the indices of a max_pool2d(return_indices=True) with non-overlapping
+    windows (SegNet, ENet): Network.max_unpool, from the pooled input (no index tensor)."""
+    y = imp.tensor(y)
+    if not isinstance(indices, _PoolIndices):
+        raise imp.fail(f"max_unpool2d by indices that are not max_pool2d's ({indices!r})",
+                       "unpool by the indices of a max_pool2d(..., return_indices=True) in the same forward()")
+    p = indices
+    h, w = p.x.shape[2:]
+    ho, wo = p.y.shape[2:]
+    whole = all((n - k) % s == 0 for n, k, s in ((h, p.k[0], p.s[0]), (w, p.k[1], p.s[1])))
+    if tuple(p.k) != tuple(p.s) or p.pad != (0, 0) or p.dilation != (1, 1) or (p.ceil_mode and not whole):
+        raise imp.fail(f"max_unpool2d by the indices of max pooling with kernel {tuple(p.k)}, stride "
+                       f"{tuple(p.s)}, padding {p.pad}, dilation {p.dilation}, ceil_mode={p.ceil_mode} (on "
+                       f"{h}x{w})", "tilefuse unpools windows that do not overlap: stride = kernel_size, no "
+                                    "padding, no dilation, no partial window (ceil_mode on a size that divides)")
+    if tuple(y.shape) != tuple(p.y.shape):
+        raise imp.fail(f"max_unpool2d of a {tuple(y.shape)} tensor by indices of shape {tuple(p.y.shape)}",
+                       "unpool a tensor of the pooled shape")
+    out = tuple(int(v) for v in output_size)[-2:] if output_size else (ho * p.k[0], wo * p.k[1])
+    return imp.net.max_unpool(y, p.x, p.y, p.k, out, name=imp.op_name())
 
 
 def _avg_pool(imp, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
@@ -1595,6 +1618,15 @@ class _Unsupported:
 
     def __repr__(self):
         return self.what
+
+
+class _PoolIndices(_Unsupported):
+    """The indices of max_pool2d(return_indices=True): refused by any op but max_unpool2d, which unpools from
+    the pooled input x and output y (Network.max_unpool)."""
+
+    def __init__(self, imp, x, y, k, s, pad, dilation, ceil_mode):
+        super().__init__(imp, "the indices of max pooling (return_indices=True)")
+        self.x, self.y, self.k, self.s, self.pad, self.dilation, self.ceil_mode = x, y, k, s, pad, dilation, ceil_mode
 
 
 # the ATen ops that may read a bool tensor (a boolexpr expression: comparisons kept symbolic)
@@ -2210,6 +2242,7 @@ _ATEN = {
     "_adaptive_avg_pool2d": _adaptive_avg_pool,
     "max_pool2d_with_indices": _max_pool,
     "max_pool2d": lambda imp, *a, **k: _max_pool(imp, *a, **k)[0],
+    "max_unpool2d": _max_unpool,
     "avg_pool2d": _avg_pool,
     "linear": _linear,
     "addmm": _addmm,

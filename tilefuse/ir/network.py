@@ -686,6 +686,52 @@ class Network:
               name: str | None = None) -> DataNode:
         return self.add_op("slice", [x], dict(axis=axis, start=start, stop=stop, step=step), name)
 
+    def max_unpool(self, y: DataNode, x: DataNode, pooled: DataNode, kernel, output_hw=None,
+                   name: str | None = None) -> DataNode:
+        """nn.MaxUnpool2d(y, indices) where the indices are those of `pooled` = max_pool(x, kernel, stride =
+        kernel, no padding, no dilation, no partial window): y's values written where each window of x held its
+        maximum, zeros elsewhere, without an index tensor. The position is PyTorch's: the first maximum in the
+        window's row-major order, or the last NaN in a window holding one. Per window position p = (i, j), x_p =
+        x[:, :, i::kh, j::kw] (N, C, Ho, Wo); a reverse chain places y at the last NaN (x_p != x_p), a forward
+        chain at the first x_p == pooled among the rest; the kh * kw pieces (N, C, Ho, Wo) interleave back to
+        (N, C, Ho * kh, Wo * kw) (pixel_shuffle "dcr" for square windows, else reshape / permute), and zero rows /
+        columns pad that to output_hw."""
+        n = self._name("max_unpool", name)
+        kh, kw = (int(v) for v in kernel)
+        nb, c, ho, wo = y.shape
+        if tuple(pooled.shape) != tuple(y.shape) or len(x.shape) != 4 or x.shape[:2] != y.shape[:2]:
+            raise GraphError(n, f"max_unpool of {tuple(y.shape)} by the indices of a {tuple(x.shape)} -> "
+                                f"{tuple(pooled.shape)} pool; expected the pooled shape")
+        oh, ow = output_hw if output_hw is not None else (ho * kh, wo * kw)
+        if oh < ho * kh or ow < wo * kw or x.shape[2] < ho * kh or x.shape[3] < wo * kw:
+            raise GraphError(n, f"max_unpool output {oh}x{ow} from {ho}x{wo} windows of {kh}x{kw}; expected at "
+                                f"least {ho * kh}x{wo * kw}")
+        phases = [(i, j) for i in range(kh) for j in range(kw)]
+        xp = []
+        for i, j in phases:                                               # (N, C, Ho, Wo) each
+            rows = self.slice(x, 2, i, i + ho * kh, kh, name=self._fresh(f"{n}.rows{i}{j}"))
+            xp.append(self.slice(rows, 3, j, j + wo * kw, kw, name=self._fresh(f"{n}.x{i}{j}")))
+        rest, nan_place = y, [None] * len(phases)
+        for p in reversed(range(len(phases))):                            # the last NaN of a window
+            nan_place[p] = self.where(xp[p], "ne", xp[p], rest, 0.0, name=self._fresh(f"{n}.nan{p}"))
+            rest = self.where(xp[p], "ne", xp[p], 0.0, rest, name=self._fresh(f"{n}.nanrest{p}"))
+        out = []
+        for p in range(len(phases)):                                      # else the first maximum
+            out.append(self.where(xp[p], "eq", pooled, rest, nan_place[p], name=self._fresh(f"{n}.at{p}")))
+            if p + 1 < len(phases):
+                rest = self.where(xp[p], "eq", pooled, 0.0, rest, name=self._fresh(f"{n}.rest{p}"))
+        cat = self.concat(out, 1, name=self._fresh(f"{n}.phases"))       # (N, kh * kw * C, Ho, Wo)
+        tail = (oh, ow) != (ho * kh, wo * kw)
+        if kh == kw:
+            z = self.pixel_shuffle(cat, kh, "dcr", name=self._fresh(n + ".interleave") if tail else n)
+        else:
+            z = self.reshape(cat, (nb, kh, kw, c, ho, wo), name=self._fresh(n + ".split"))
+            z = self.permute(z, (0, 3, 4, 1, 5, 2), name=self._fresh(n + ".order"))     # (N, C, Ho, kh, Wo, kw)
+            z = self.reshape(z, (nb, c, ho * kh, wo * kw), name=self._fresh(n + ".interleave") if tail else n)
+        if tail:
+            z = self.pad(z, (0, 0, 0, 0, 0, oh - ho * kh, 0, ow - wo * kw), name=n)
+        return z
+
     def split(self, x: DataNode, sizes, axis: int = 1, name: str | None = None) -> list[DataNode]:
         """Consecutive pieces of `sizes` along `axis` (one slice op each: '<name>.0', '<name>.1', ...)."""
         base = self._name("split", name)

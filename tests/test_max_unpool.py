@@ -1,0 +1,144 @@
+"""nn.MaxUnpool2d / F.max_unpool2d by the indices of max_pool2d(return_indices=True) through from_torch (SegNet,
+ENet): Network.max_unpool writes the unpooled values where each window of the pooled input held its maximum,
+without an index tensor (slices of the input, where-chains for PyTorch's choice of position, an interleave).
+The values are copies, so they equal PyTorch's bit for bit, including PyTorch's position for ties (the first
+maximum in row-major order), NaN (the last NaN of the window) and -inf windows; a SegNet-style encoder-decoder
+matches PyTorch at 1 and 3 threads and trains as PyTorch does. Windows that overlap or have padding, and
+indices read by any other op, are refused by name."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tilefuse
+from onnx_export import assert_close_to_max
+from test_training_modern import _step_against_torch
+from tilefuse.errors import UnsupportedOpError
+
+
+class SegNetSmall(nn.Module):
+    """SegNet's encoder-decoder (two stages): conv-BN-ReLU, MaxPool2d(2, 2, return_indices=True), the decoder's
+    MaxUnpool2d(2, 2)(x, indices, output_size=size) with the encoder's sizes (odd inputs: floor pools)."""
+
+    def __init__(self, num_classes=5):
+        super().__init__()
+
+        def cbr(i, o):
+            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(inplace=True))
+        self.enc1, self.enc2 = cbr(3, 8), cbr(8, 16)
+        self.dec2, self.dec1 = cbr(16, 8), cbr(8, 8)
+        self.pool = nn.MaxPool2d(2, 2, return_indices=True)
+        self.unpool = nn.MaxUnpool2d(2, 2)
+        self.classifier = nn.Conv2d(8, num_classes, 1)
+
+    def forward(self, x):
+        x = self.enc1(x)
+        size1 = x.size()
+        x, ind1 = self.pool(x)
+        x = self.enc2(x)
+        size2 = x.size()
+        x, ind2 = self.pool(x)
+        x = self.unpool(x, ind2, output_size=size2)
+        x = self.dec2(x)
+        x = self.unpool(x, ind1, output_size=size1)
+        return self.classifier(self.dec1(x))
+
+
+class Unpool(nn.Module):
+    def __init__(self, kernel, scale=2.0):
+        super().__init__()
+        self.kernel, self.scale = kernel, scale
+
+    def forward(self, x):
+        y, i = F.max_pool2d(x, self.kernel, return_indices=True)
+        return F.max_unpool2d(y * self.scale + 1, i, self.kernel, output_size=x.shape[-2:])
+
+
+def _randomized(m, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for b in m.modules():
+            if isinstance(b, nn.BatchNorm2d):
+                b.running_mean.copy_(torch.rand(b.num_features, generator=g) - 0.5)
+                b.running_var.copy_(torch.rand(b.num_features, generator=g) + 0.5)
+    return m.eval()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 16, 16), (2, 3, 17, 15), (1, 3, 9, 22)])
+def test_segnet_matches_pytorch(shape):
+    torch.manual_seed(0)
+    m = _randomized(SegNetSmall(), 1)
+    x = torch.randn(shape)
+    net = tilefuse.from_torch(m, x)
+    assert sum(o.op == "max_pool" for o in net.ops) == 2
+    want = m(x).detach().numpy()
+    for t in (1, 3):
+        assert_close_to_max(tilefuse.compile(net, threads=t).run(x.numpy()), want, what=f"{t} threads")
+
+
+@pytest.mark.parametrize("kernel", [2, 3, (2, 3), (1, 2)])
+def test_unpooled_values_are_pytorchs_bit_for_bit(kernel):
+    """Random values with many ties (integers 0..3): the position of each window's maximum is PyTorch's."""
+    x = torch.from_numpy(np.random.default_rng(0).integers(0, 4, (2, 3, 12, 18)).astype(np.float32))
+    got = tilefuse.compile(tilefuse.from_torch(Unpool(kernel), x)).run(x.numpy())
+    np.testing.assert_array_equal(got, Unpool(kernel)(x).numpy())
+
+
+def test_nan_and_infinite_windows_place_values_where_pytorch_does():
+    """PyTorch's index: the first maximum; in a window holding NaN the last NaN; an all -inf window its first."""
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1., 1., 2., nan, 7., 7.],
+                      [0., 1., nan, 3., 7., -1.],
+                      [-inf, -inf, 5., 5., nan, nan],
+                      [-inf, -inf, 5., nan, nan, 0.]]).reshape(1, 1, 4, 6).repeat(2, 2, 1, 1)
+    x[1] = -x[1]
+    got = tilefuse.compile(tilefuse.from_torch(Unpool(2), x)).run(x.numpy())
+    want = Unpool(2)(x).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(want).sum() == 12 and (want != 0).sum() == 24     # 6 windows x 4 planes, 3 with NaN
+
+
+def test_segnet_trains_as_pytorch():
+    class Classify(SegNetSmall):
+        def forward(self, x):
+            return super().forward(x).mean((2, 3))
+    torch.manual_seed(3)
+    _step_against_torch(Classify(), torch.randn(2, 3, 12, 12), torch.tensor([1, 4]))
+
+
+class Overlapping(nn.Module):
+    def forward(self, x):
+        y, i = F.max_pool2d(x, 3, 2, return_indices=True)
+        return F.max_unpool2d(y, i, 3, 2)
+
+
+class Padded(nn.Module):
+    def forward(self, x):
+        y, i = F.max_pool2d(x, 2, 2, padding=1, return_indices=True)
+        return F.max_unpool2d(y, i, 2, 2, padding=1)
+
+
+class IndicesOut(nn.Module):
+    def forward(self, x):
+        y, i = F.max_pool2d(x, 2, return_indices=True)
+        return y, i
+
+
+class IndicesRead(nn.Module):
+    def forward(self, x):
+        y, i = F.max_pool2d(x, 2, return_indices=True)
+        return y + i.float()
+
+
+@pytest.mark.parametrize("module,match", [
+    (Overlapping(), r"kernel \(3, 3\), stride \(2, 2\).*stride = kernel_size"),
+    (Padded(), r"padding \(1, 1\).*no padding"),
+    (IndicesOut(), r"returning the indices of max pooling"),
+    (IndicesRead(), r"of the indices of max pooling"),
+])
+def test_other_uses_of_the_indices_are_refused_by_name(module, match):
+    with pytest.raises(UnsupportedOpError, match=match):
+        tilefuse.from_torch(module, torch.randn(1, 2, 8, 8))
