@@ -240,7 +240,6 @@ UNSUPPORTED = [
                                                                      "up to 64 values"]),
     (Wrap(lambda s, x: x.pow(x)), (1, 3, 8, 8), ["aten.pow.Tensor_Tensor", "a computed exponent",
                                                  "in forward: return self.fn(self, x)"]),
-    (Wrap(lambda s, x: F.avg_pool2d(x, 2, divisor_override=3)), (1, 3, 8, 8), ["divisor_override=3"]),
     (Wrap(lambda s, x: x.half()), (1, 3, 8, 8), ["dtype conversion to torch.float16"]),
     (Wrap(lambda s, x: torch.ops.aten.elu(x, 1.0, 1.0, 0.5)), (1, 3, 8, 8), ["elu with scale=1.0, input_scale=0.5"]),
     (Wrap(lambda s, x: torch.div(x, x + 1, rounding_mode="floor")), (1, 3, 8, 8),

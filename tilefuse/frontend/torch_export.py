@@ -1602,12 +1602,30 @@ def _max_unpool(imp, y, indices, output_size):
 def _avg_pool(imp, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
               divisor_override=None):
     x = imp.tensor(x)
-    if divisor_override is not None:
-        raise imp.fail(f"average pooling with divisor_override={divisor_override}")
     k = _pair(kernel_size)
     s = _pair(stride) if stride not in (None, [], ()) else k
     ph, pw = _pair(padding)
+    if divisor_override is not None:
+        return _sum_pool(imp, x, k, s, (ph, pw), bool(ceil_mode), int(divisor_override))
     return imp.net.avg_pool(x, k, s, (ph, ph, pw, pw), bool(ceil_mode), bool(count_include_pad), name=imp.op_name())
+
+
+def _sum_pool(imp, x, k, s, pad, ceil_mode, divisor):
+    """avg_pool2d(divisor_override=d): each window's sum (padding counted as zeros) over d, as an average
+    pooling of whole windows (x zero-padded by `pad` and, for ceil-mode windows past the end, by what they lack)
+    times k_h * k_w / d."""
+    def size(n, k, s, p):                     # PyTorch's pooling output size
+        o = (-(-(n + 2 * p - k) // s) if ceil_mode else (n + 2 * p - k) // s) + 1
+        return o - 1 if ceil_mode and (o - 1) * s >= n + p else o
+    h, w = x.shape[2:]
+    (kh, kw), (sh, sw), (ph, pw) = k, s, pad
+    eh = max(0, (size(h, kh, sh, ph) - 1) * sh + kh - (h + 2 * ph))
+    ew = max(0, (size(w, kw, sw, pw) - 1) * sw + kw - (w + 2 * pw))
+    base = imp.op_name_hint()
+    if ph or pw or eh or ew:
+        x = imp.net.pad(x, (0, 0, 0, 0, ph, ph + eh, pw, pw + ew), name=imp.unique(base + ".zeros"))
+    y = imp.net.avg_pool(x, k, s, 0, False, True, name=imp.unique(base + ".mean"))
+    return imp.net.mul(y, kh * kw / divisor, name=imp.op_name())
 
 
 class _Unsupported:

@@ -1,11 +1,19 @@
-"""nn.MaxUnpool2d / F.max_unpool2d by the indices of max_pool2d(return_indices=True) through from_torch (SegNet,
+"""Pooling idioms through from_torch.
+
+nn.MaxUnpool2d / F.max_unpool2d by the indices of max_pool2d(return_indices=True) through from_torch (SegNet,
 ENet): Network.max_unpool writes the unpooled values where each window of the pooled input held its maximum,
 without an index tensor (slices of the input, where-chains for PyTorch's choice of position, an interleave).
 The values are copies, so they equal PyTorch's bit for bit, including PyTorch's position for ties (the first
 maximum in row-major order), NaN (the last NaN of the window) and -inf windows; a SegNet-style encoder-decoder
 matches PyTorch at 1 and 3 threads and trains as PyTorch does. Windows that overlap or have padding, and
-indices read by any other op, are refused by name."""
+indices read by any other op, are refused by name.
+
+avg_pool2d(divisor_override=d) (a sum pooling over a chosen divisor): every kernel / stride / padding / ceil_mode
+/ count_include_pad combination against PyTorch, fp32 max |error| <= 1e-6 * max |PyTorch| (a mean of whole windows
+times k_h * k_w / d: two roundings PyTorch does not make)."""
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
@@ -142,3 +150,29 @@ class IndicesRead(nn.Module):
 def test_other_uses_of_the_indices_are_refused_by_name(module, match):
     with pytest.raises(UnsupportedOpError, match=match):
         tilefuse.from_torch(module, torch.randn(1, 2, 8, 8))
+
+
+class AvgOver(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, x):
+        return F.avg_pool2d(x, **self.kw)
+
+
+def _divisor_cases():
+    for k, s, p, ceil in itertools.product([2, 3, (2, 3)], [1, 2, (2, 1)], [0, 1], [False, True]):
+        if 2 * p <= min(np.atleast_1d(k)):
+            yield pytest.param(dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil), id=f"k{k}-s{s}-p{p}-c{ceil:d}")
+
+
+@pytest.mark.parametrize("kw", list(_divisor_cases()))
+def test_avg_pool_divisor_override_matches_pytorch(kw):
+    x = torch.randn(2, 3, 11, 10, generator=torch.Generator().manual_seed(0))
+    for d, cip in ((1, True), (3, False), (7, True)):
+        m = AvgOver(**kw, divisor_override=d, count_include_pad=cip)
+        got = tilefuse.compile(tilefuse.from_torch(m, x)).run(x.numpy())
+        want = m(x).numpy()
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
