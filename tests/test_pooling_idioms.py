@@ -129,6 +129,12 @@ class Padded(nn.Module):
         return F.max_unpool2d(y, i, 2, 2, padding=1)
 
 
+class NoOutputSize(nn.Module):
+    def forward(self, x):
+        y, i = F.max_pool2d(x, 2, return_indices=True)
+        return F.max_unpool2d(y, i, 2)
+
+
 class IndicesOut(nn.Module):
     def forward(self, x):
         y, i = F.max_pool2d(x, 2, return_indices=True)
@@ -144,12 +150,14 @@ class IndicesRead(nn.Module):
 @pytest.mark.parametrize("module,match", [
     (Overlapping(), r"kernel \(3, 3\), stride \(2, 2\).*stride = kernel_size"),
     (Padded(), r"padding \(1, 1\).*no padding"),
+    (NoOutputSize(), r"to 8x8 by the indices of a 9x9 input.*output_size=x.size\(\)"),
     (IndicesOut(), r"returning the indices of max pooling"),
     (IndicesRead(), r"of the indices of max pooling"),
 ])
 def test_other_uses_of_the_indices_are_refused_by_name(module, match):
     with pytest.raises(UnsupportedOpError, match=match):
-        tilefuse.from_torch(module, torch.randn(1, 2, 8, 8))
+        tilefuse.from_torch(module, torch.randn(1, 2, 8, 8) if not isinstance(module, NoOutputSize) else
+                            torch.randn(1, 2, 9, 9))
 
 
 class AvgOver(nn.Module):

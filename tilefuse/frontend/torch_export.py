@@ -1596,6 +1596,12 @@ def _max_unpool(imp, y, indices, output_size):
         raise imp.fail(f"max_unpool2d of a {tuple(y.shape)} tensor by indices of shape {tuple(p.y.shape)}",
                        "unpool a tensor of the pooled shape")
     out = tuple(int(v) for v in output_size)[-2:] if output_size else (ho * p.k[0], wo * p.k[1])
+    if out[1] != w or out[0] < ho * p.k[0]:
+        # PyTorch reads an index as h * W + w of the pooled input (width W) in a row of the output's width
+        raise imp.fail(f"max_unpool2d to {out[0]}x{out[1]} by the indices of a {h}x{w} input pooled to {ho}x{wo} "
+                       f"(PyTorch places the values at other rows / columns than the input's there)",
+                       f"pass output_size=x.size() of the pooled input x, or a height of at least {ho * p.k[0]} "
+                       f"with width {w}")
     return imp.net.max_unpool(y, p.x, p.y, p.k, out, name=imp.op_name())
 
 

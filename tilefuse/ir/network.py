@@ -695,7 +695,8 @@ class Network:
         x[:, :, i::kh, j::kw] (N, C, Ho, Wo); a reverse chain places y at the last NaN (x_p != x_p), a forward
         chain at the first x_p == pooled among the rest; the kh * kw pieces (N, C, Ho, Wo) interleave back to
         (N, C, Ho * kh, Wo * kw) (pixel_shuffle "dcr" for square windows, else reshape / permute), and zero rows /
-        columns pad that to output_hw."""
+        columns pad that to output_hw. The placement is at x's (h, w): PyTorch's and ONNX's where the output is as
+        wide as x (they read an index as h * W + w in a row of the output's width; the importers check it)."""
         n = self._name("max_unpool", name)
         kh, kw = (int(v) for v in kernel)
         nb, c, ho, wo = y.shape
