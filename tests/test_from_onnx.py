@@ -337,7 +337,7 @@ def test_refusals_name_node_op_and_what_was_expected():
          UnsupportedOpError, r"node 'g' \(Gather-13\): indices of shape \(0,\) are empty"),
         (_model([helper.make_node("MaxPool", ["x"], ["y", "idx"], name="mp", kernel_shape=[2, 2])], x,
                 [("y", 4), ("idx", 4)]),
-         UnsupportedOpError, r"node 'mp' \(MaxPool-12\): output 1 'idx' \(Indices\) is used"),
+         UnsupportedOpError, r"node 'mp' \(MaxPool-12\): output 1 'idx' \(the Indices\) is used.*only in a MaxUnpool"),
         (_model([helper.make_node("Conv", ["x", "w"], ["y"], name="c3", kernel_shape=[3, 3, 3])],
                 [("x", (1, 3, 5, 5, 5))], [("y", 4)], [("w", np.ones((4, 3, 3, 3, 3), np.float32))]),
          UnsupportedOpError, r"node 'c3' \(Conv-11\): input 'x' has shape \(1, 3, 5, 5, 5\); tilefuse implements "

@@ -6,7 +6,8 @@ without an index tensor (slices of the input, where-chains for PyTorch's choice 
 The values are copies, so they equal PyTorch's bit for bit, including PyTorch's position for ties (the first
 maximum in row-major order), NaN (the last NaN of the window) and -inf windows; a SegNet-style encoder-decoder
 matches PyTorch at 1 and 3 threads and trains as PyTorch does. Windows that overlap or have padding, and
-indices read by any other op, are refused by name.
+indices read by any other op, are refused by name. ONNX: MaxUnpool by a MaxPool's Indices and the dynamo
+exporter's ScatterND form of max_unpool2d import as the same unpool (against PyTorch and ONNX Runtime).
 
 avg_pool2d(divisor_override=d) (a sum pooling over a chosen divisor): every kernel / stride / padding / ceil_mode
 / count_include_pad combination against PyTorch, fp32 max |error| <= 1e-6 * max |PyTorch| (a mean of whole windows
@@ -22,7 +23,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import tilefuse
-from onnx_export import assert_close_to_max
+import onnx
+from onnx_export import assert_close_to_max, export, ort_run
 from test_training_modern import _step_against_torch
 from tilefuse.errors import UnsupportedOpError
 
@@ -159,6 +161,63 @@ def test_other_uses_of_the_indices_are_refused_by_name(module, match):
         tilefuse.from_torch(module, torch.randn(1, 2, 8, 8) if not isinstance(module, NoOutputSize) else
                             torch.randn(1, 2, 9, 9))
 
+
+# ----------------------------------------------------------------------------- ONNX: MaxPool's Indices -> MaxUnpool
+
+@pytest.mark.parametrize("case", ["segnet", "unpool_2x3"])
+def test_dynamo_onnx_export_matches_pytorch_and_onnxruntime(case):
+    """The dynamo exporter writes max_unpool2d as a ScatterND of the Indices re-based per plane (the TorchScript
+    exporter cannot export it): one MaxUnpool node again (patterns._max_unpool), no ScatterND left."""
+    rng = np.random.default_rng(2)
+    if case == "segnet":
+        m, x = _randomized(SegNetSmall(), 2), rng.standard_normal((2, 3, 17, 15)).astype(np.float32)
+    else:
+        m, x = Unpool((2, 3)), rng.integers(0, 4, (2, 3, 9, 12)).astype(np.float32)
+    blob = export(m, x, "dynamo")
+    assert "ScatterND" in {n.op_type for n in onnx.load_from_string(blob).graph.node}
+    net = tilefuse.from_onnx(blob)
+    assert not [o for o in net.ops if o.op == "scatter"]
+    got = tilefuse.compile(net).run(x)
+    assert_close_to_max(got, m(torch.from_numpy(x)).detach().numpy(), what="against PyTorch")
+    assert_close_to_max(got, ort_run(blob, x), what="against ONNX Runtime")
+
+
+def _onnx_unpool(kernel, output_shape=None, indices_input=False, opset=11):
+    from onnx import TensorProto, helper
+    n, c, h, w = 2, 3, 8, 12
+    ho, wo = h // kernel[0], w // kernel[1]
+    nodes = [helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=list(kernel), strides=list(kernel)),
+             helper.make_node("Mul", ["p", "two"], ["y"]),
+             helper.make_node("MaxUnpool", ["y", "idx" if indices_input else "i"] + (["shape"] if output_shape else []),
+                              ["out"], kernel_shape=list(kernel), strides=list(kernel))]
+    inits = [helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])]
+    if output_shape:
+        inits.append(helper.make_tensor("shape", TensorProto.INT64, [4], list(output_shape)))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])]
+    if indices_input:
+        inputs.append(helper.make_tensor_value_info("idx", TensorProto.INT64, [n, c, ho, wo]))
+    g = helper.make_graph(nodes, "unpool", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, [n, c, None, None])],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
+
+
+@pytest.mark.parametrize("kernel,output_shape,opset", [((2, 2), None, 11), ((2, 3), None, 22),
+                                                       ((2, 2), (2, 3, 8, 12), 11)])
+def test_onnx_maxunpool_of_a_maxpool_matches_onnxruntime(kernel, output_shape, opset):
+    blob = _onnx_unpool(kernel, output_shape, opset=opset)
+    x = np.random.default_rng(4).integers(0, 4, (2, 3, 8, 12)).astype(np.float32)     # ties: the first maximum
+    got = tilefuse.compile(tilefuse.from_onnx(blob)).run(x)
+    np.testing.assert_array_equal(got, ort_run(blob, x))
+
+
+def test_onnx_maxunpool_by_other_indices_is_refused_by_name():
+    with pytest.raises(UnsupportedOpError, match=r"MaxUnpool of the integer tensor 'idx'"):
+        tilefuse.from_onnx(_onnx_unpool((2, 2), indices_input=True))
+    with pytest.raises(UnsupportedOpError, match=r"an output of 8x14 .* expected the output 8x12"):
+        tilefuse.from_onnx(_onnx_unpool((2, 2), (2, 3, 8, 14)))
+
+
+# ----------------------------------------------------------------------------- avg_pool2d(divisor_override=d)
 
 class AvgOver(nn.Module):
     def __init__(self, **kw):

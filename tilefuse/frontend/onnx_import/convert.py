@@ -275,12 +275,45 @@ def _pool(cx: Ctx, nd: OnnxNode, used):
     ceil = bool(a.get("ceil_mode", 0))
     name = cx.fresh(nd.name)
     if nd.op == "MaxPool":
-        _check_training_outputs(nd, used, 1, "Indices")
+        if len(nd.outputs) > 1 and nd.outputs[1] in used:
+            raise nd.refuse(f"output 1 '{nd.outputs[1]}' (the Indices) is used; tilefuse reads a MaxPool's Indices "
+                            f"only in a MaxUnpool of windows that do not overlap (or the dynamo exporter's form of "
+                            f"max_unpool2d), without an index tensor")
         return cx.net.max_pool(x, k, s, pad, dilation=d, ceil_mode=ceil, name=name)
     if d != (1, 1):
         raise nd.refuse(f"dilations={list(d)}; tilefuse's avg_pool has no dilation, expected [1, 1]")
     return cx.net.avg_pool(x, k, s, pad, ceil_mode=ceil, count_include_pad=bool(a.get("count_include_pad", 0)),
                            name=name)
+
+
+def _max_unpool(cx: Ctx, nd: OnnxNode, used):
+    """MaxUnpool by the Indices of a MaxPool in the graph (patterns._max_unpool rewrites ONNX MaxUnpool and the
+    dynamo exporter's ScatterND form to inputs (y, the pool's input x, the pool's output)): Network.max_unpool
+    where the windows do not overlap; other indices are refused."""
+    if "output_hw" not in nd.attrs:
+        raise nd.refuse(f"indices '{nd.inputs[1] if len(nd.inputs) > 1 else ''}' that are not the Indices output "
+                        f"of a MaxPool in this graph; tilefuse unpools by a MaxPool's Indices (no index tensor)")
+    y, x, pooled = (cx.computed(nd, i) for i in range(3))
+    a = nd.attrs
+    _spatial(nd, x)
+    k = _hw(nd, a, "kernel_shape", None)
+    s = _hw(nd, a, "strides", (1, 1))
+    d = _hw(nd, a, "dilations", (1, 1))
+    pads = tuple(int(v) for v in a.get("pads", (0, 0, 0, 0)))
+    h, w = x.shape[2:]
+    ho, wo = pooled.shape[2:]
+    if tuple(k) != tuple(s) or any(pads) or tuple(d) != (1, 1) or ho * k[0] > h or wo * k[1] > w:
+        raise nd.refuse(f"unpooling a MaxPool with kernel {list(k)}, strides {list(s)}, pads {list(pads)}, "
+                        f"dilations {list(d)} of {h}x{w} -> {ho}x{wo}; tilefuse unpools windows that do not overlap "
+                        f"(strides = kernel_shape, no pads or dilations, no partial window)")
+    if tuple(y.shape) != tuple(pooled.shape):
+        raise GraphError(nd.where, f"MaxUnpool of {tuple(y.shape)} by the indices of a {tuple(pooled.shape)} "
+                                   f"MaxPool; expected the pooled shape")
+    oh, ow = tuple(a["output_hw"]) if any(a["output_hw"]) else (ho * k[0], wo * k[1])
+    if (a["exact"] and (oh, ow) != (h, w)) or ow != w or oh < ho * k[0]:
+        raise nd.refuse(f"an output of {oh}x{ow} by the indices of a {h}x{w} MaxPool input (the indices are "
+                        f"offsets in x's rows of {w}); expected the output {h}x{w}")
+    return cx.net.max_unpool(y, x, pooled, k, (oh, ow), name=cx.fresh(nd.name))
 
 
 def _global_avg_pool(cx: Ctx, nd: OnnxNode, used):
@@ -1633,7 +1666,7 @@ RULES: dict[str, Rule] = {
     "LRN": _r(_lrn, (1, 13), "alpha beta bias size", "local_response_norm",
               "odd sizes (an even size's ONNX window is one channel off PyTorch's; refused, as ONNX Runtime does)"),
     "MaxPool": _r(_lift_1d(_pool), (1, 8, 10, 11, 12, 22), _POOL + " storage_order", "max_pool reshape",
-                  "1-D (as 2-D) or 2-D; the Indices output is refused"),
+                  "1-D (as 2-D) or 2-D; the Indices output only to MaxUnpool"),
     "AveragePool": _r(_lift_1d(_pool), (1, 7, 10, 11, 19, 22), _POOL + " count_include_pad", "avg_pool reshape",
                       "1-D (as 2-D) or 2-D; dilations 1"),
     "GlobalAveragePool": _r(_lift_1d(_global_avg_pool), (1, 22), "", "global_avg_pool reshape",
@@ -1667,6 +1700,10 @@ RULES: dict[str, Rule] = {
                      "2-D: a computed theta (N, 2, 3), a constant size"),
     "GatherElements": _r(_gather_elements, (11, 13), "axis", "reshape slice concat take",
                          "constant indices (runs of the flattened data), or 1-D data at an integer input's values"),
+    "MaxUnpool": _r(_max_unpool, (9, 11, 22), "kernel_shape strides pads",
+                    "slice where concat pixel_shuffle reshape permute pad",
+                    "2-D; I the Indices of a MaxPool in the graph whose windows do not overlap, output its input's "
+                    "H, W (or the dynamo exporter's ScatterND form of max_unpool2d)"),
     "ScatterND": _r(_scatter_nd, (11, 13, 16, 18), "reduction", "reshape slice concat",
                     "constant indices (a slice assignment), reduction none, each position written once"),
     "ScatterElements": _r(_scatter_elements, (11, 13, 16, 18), "axis reduction", "reshape slice concat",

@@ -7,10 +7,12 @@ exporter writes them out of primitive ops (Erf, Sqrt, ...), each of which would 
   LayerNorm:    m = ReduceMean(x, axes); d = x - m; v = ReduceMean(d ^ 2, axes)
                 y = d / Sqrt(v + eps) [* gamma] [+ beta]
   Mish:         y = x * Tanh(Softplus(x))                     (before opset 18, which has Mish)
+  MaxUnpool:    ONNX MaxUnpool by a MaxPool's Indices, or the dynamo exporter's ScatterND of those indices
+                re-based per plane (`_max_unpool`): one MaxUnpool node reading the pool's input and output
 
 `rewrite(nodes, const)` replaces each such chain (every intermediate used only inside the chain, the
 constants what the formula needs) by one node of domain `tilefuse.pattern` carrying the op it spells
-(Gelu, LayerNormalization, Mish); the importer converts it with that op's rule. A chain that differs in
+(Gelu, LayerNormalization, Mish, MaxUnpool); the importer converts it with that op's rule. A chain that differs in
 any constant, axis or extra use stays as it is and imports op by op (activation(erf), activation(sqrt), ...).
 """
 from __future__ import annotations
@@ -175,6 +177,99 @@ def _mish(g: _Graph, softplus):
     return [softplus, th, mul], ("Mish", [x], mul.output[0], {})
 
 
+def _ints(const, name):
+    v = const(name) if name else None
+    return None if v is None or v.dtype.kind not in "iu" else [int(a) for a in v.reshape(-1)]
+
+
+def _pool_indices(g: _Graph, t):
+    """The MaxPool whose Indices output is t, or None."""
+    mp = g.prod.get(t)
+    return mp if mp is not None and mp.op_type == "MaxPool" and len(mp.output) > 1 and mp.output[1] == t and \
+        _attr(mp, "storage_order", 0) == 0 else None
+
+
+def _unpool_node(mp, y, out, output_hw, exact):
+    attrs = {k: _attr(mp, k) for k in ("kernel_shape", "strides", "pads", "dilations", "ceil_mode")
+             if _attr(mp, k) is not None}
+    return ("MaxUnpool", [y, mp.input[0], mp.output[0]], out, dict(attrs, output_hw=list(output_hw), exact=exact))
+
+
+def _max_unpool(g: _Graph, const, node):
+    """ONNX MaxUnpool(X, I[, output_shape]) with I a MaxPool's Indices, or the dynamo exporter's max_unpool2d:
+
+      I, I1 = MaxPool(x).Indices, MaxPool[kernel 1](x).Indices        (absolute offsets in x's N, C, H, W)
+      i = Reshape(Sub(I, Slice(I1, [0, 0], [1, 1], axes [2, 3])) + plane offsets of the output, [-1])
+      out = Reshape(ScatterND(Reshape(ConstantOfShape(S), [-1]), Unsqueeze(i, -1), Reshape(y, [-1])), S)
+
+    as one MaxUnpool node of this domain with inputs (y, x, MaxPool(x).Y): the pool's input and output, no index
+    tensor (Network.max_unpool). output_hw [0, 0]: MaxUnpool's default size. `exact`: the output's H, W must be x's (ONNX MaxUnpool reads absolute offsets);
+    else its width (the dynamo form re-bases each plane)."""
+    from onnx import numpy_helper
+    if node.op_type == "MaxUnpool":
+        mp = _pool_indices(g, node.input[1])
+        if mp is None:
+            return None
+        hw = None
+        if len(node.input) > 2 and node.input[2]:
+            shape = _ints(const, node.input[2])
+            if shape is None or len(shape) != 4:
+                return None
+            hw = shape[2:]
+        return [node], _unpool_node(mp, node.input[0], node.output[0], hw or [0, 0], 1)
+    sc = node                                                   # ScatterND
+    if _attr(sc, "reduction", b"none") not in (b"none", "none") or len(sc.input) != 3:
+        return None
+    rd, uq, ru = (g.prod.get(t) for t in sc.input)
+    fin = g.only_user(sc.output[0], "Reshape")
+    if any(n is None for n in (rd, uq, ru, fin)) or (rd.op_type, uq.op_type, ru.op_type) != \
+            ("Reshape", "Unsqueeze", "Reshape"):
+        return None
+    flat = [-1]
+    cs = g.prod.get(rd.input[0])
+    shape = _ints(const, cs.input[0]) if cs is not None and cs.op_type == "ConstantOfShape" else None
+    value = _attr(cs, "value") if cs is not None else None
+    if shape is None or len(shape) != 4 or _ints(const, fin.input[1]) != shape or \
+            _ints(const, rd.input[1]) != flat or _ints(const, ru.input[1]) != flat or \
+            (value is not None and np.any(numpy_helper.to_array(value) != 0)):
+        return None
+    axes = _ints(const, uq.input[1]) if len(uq.input) > 1 else _attr(uq, "axes")
+    rf = g.prod.get(uq.input[0])
+    if axes is None or list(axes) not in ([-1], [1]) or rf is None or rf.op_type != "Reshape" or \
+            _ints(const, rf.input[1]) != flat:
+        return None
+    add = g.prod.get(rf.input[0])
+    if add is None or add.op_type != "Add":
+        return None
+    sub = next((g.prod[t] for t in add.input if t in g.prod and g.prod[t].op_type == "Sub"), None)
+    offsets = const(g.other(add, sub.output[0])) if sub is not None else None
+    n, c, oh, ow = shape
+    want = ((np.arange(n)[:, None] * c + np.arange(c)[None]) * (oh * ow)).reshape(n, c, 1, 1)
+    if offsets is None or offsets.shape != want.shape or np.any(offsets != want):
+        return None
+    mp, sl = _pool_indices(g, sub.input[0]), g.prod.get(sub.input[1])
+    if mp is None or sl is None or sl.op_type != "Slice" or len(sl.input) < 4:
+        return None
+    mp1 = _pool_indices(g, sl.input[0])
+    if mp1 is None or mp1.input[0] != mp.input[0] or list(_attr(mp1, "kernel_shape", [])) != [1, 1] or \
+            list(_attr(mp1, "strides", [1, 1])) != [1, 1] or any(_attr(mp1, "pads", [0])) or \
+            [_ints(const, t) for t in sl.input[1:4]] != [[0, 0], [1, 1], [2, 3]] or \
+            (len(sl.input) > 4 and sl.input[4] and _ints(const, sl.input[4]) != [1, 1]):
+        return None
+    chain = [sc, rd, uq, ru, rf, add, sub, fin]
+    ids = {id(m) for m in chain}
+
+    def internal(m):                             # m's outputs read inside the chain only
+        return not any(o in g.keep or any(id(u) not in ids for u in g.users.get(o, [])) for o in m.output if o)
+    if not all(internal(m) for m in chain[:-1]):
+        return None
+    for m in (cs, sl, mp1):                      # producers read by nothing else go too
+        if internal(m):
+            chain.append(m)
+            ids.add(id(m))
+    return chain, _unpool_node(mp, ru.input[0], fin.output[0], (oh, ow), 0)
+
+
 def rewrite(nodes, const, rank, graph_outputs):
     """nodes (NodeProtos in order) -> nodes with the recognized chains replaced by one node each.
 
@@ -189,7 +284,8 @@ def rewrite(nodes, const, rank, graph_outputs):
             continue
         hit = _gelu(g, const, n) if n.op_type == "Erf" else \
             _layer_norm(g, const, n, rank) if n.op_type == "Sqrt" else \
-            _mish(g, n) if n.op_type == "Softplus" else None
+            _mish(g, n) if n.op_type == "Softplus" else \
+            _max_unpool(g, const, n) if n.op_type in ("ScatterND", "MaxUnpool") else None
         if hit is None:
             continue
         chain, (op, ins, out, attrs) = hit
