@@ -162,7 +162,8 @@ def _mutate_init(r, model) -> str | None:
 # them: a seed of an earlier batch changes an op into one of the ops claimed then, so it still builds the mutant it
 # was kept for
 OPS_SINCE = {"IsInf": 110, "IsNaN": 110, "Shrink": 110, "ThresholdedRelu": 110, "Upsample": 110, "TopK": 150,
-             "MaxUnpool": 160}
+             "MaxUnpool": 160, "SplitToSequence": 160, "SequenceAt": 160, "SequenceConstruct": 160,
+             "ConcatFromSequence": 160}
 
 
 def ops_for(seed: int) -> list[str]:

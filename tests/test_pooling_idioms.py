@@ -196,8 +196,8 @@ def _onnx_unpool(kernel, output_shape=None, indices_input=False, opset=11):
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])]
     if indices_input:
         inputs.append(helper.make_tensor_value_info("idx", TensorProto.INT64, [n, c, ho, wo]))
-    g = helper.make_graph(nodes, "unpool", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, [n, c, None, None])],
-                          inits)
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [n, c, None, None])
+    g = helper.make_graph(nodes, "unpool", inputs, [out], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
 
 

@@ -36,7 +36,7 @@ from ...ir import Network
 from ...ir.node import DataNode
 from .. import boolexpr
 from . import fold, patterns
-from .convert import RULES, Ctx, OnnxNode
+from .convert import RULES, Ctx, OnnxNode, Sequence
 
 __all__ = ["from_onnx", "RULES", "claimed_ops"]
 
@@ -221,6 +221,9 @@ def from_onnx(model, input_shapes: dict | None = None, name: str | None = None,
         if isinstance(d, boolexpr.BOOL):
             raise UnsupportedOpError(f"graph output '{vi.name}' is the bool tensor of a comparison "
                                      f"({boolexpr.leaf(d).origin}); tilefuse computes float tensors")
+        if isinstance(d, Sequence):
+            raise UnsupportedOpError(f"graph output '{vi.name}' is a sequence of {len(d)} tensors; tilefuse returns "
+                                     f"tensors (SequenceAt / ConcatFromSequence read a sequence)")
         if d.producer is None:
             raise UnsupportedOpError(f"graph output '{vi.name}' is the graph input '{d.name}' passed through; "
                                      f"expected a computed tensor")

@@ -49,6 +49,10 @@ class OnnxNode:
         return len(self.inputs) > i and bool(self.inputs[i])
 
 
+class Sequence(tuple):
+    """An ONNX sequence value (SplitToSequence, SequenceConstruct): its tensors, known at import."""
+
+
 @dataclass
 class Ctx:
     """Import state: the network being built, computed tensors and folded constants by ONNX name."""
@@ -81,6 +85,9 @@ class Ctx:
                 raise nd.refuse(f"{role} '{t}' is the bool tensor of a comparison "
                                 f"({boolexpr.leaf(self.env[t]).origin}); tilefuse uses comparisons in Where, Not, "
                                 f"And, Or and a Cast to float (or to int32 / int64: a count) only")
+            if isinstance(self.env[t], Sequence):
+                raise nd.refuse(f"{role} '{t}' is a sequence of {len(self.env[t])} tensors; expected a tensor "
+                                f"(SequenceAt / ConcatFromSequence read a sequence)")
             return self.env[t]
         if t in self.consts:
             raise nd.refuse(f"{role} '{t}' is a constant; expected a tensor computed by the graph "
@@ -737,6 +744,78 @@ def _split(cx: Ctx, nd: OnnxNode, used):
         raise GraphError(nd.where, f"split sizes {sizes} for {len(nd.outputs)} outputs of axis {axis} (size {d}); "
                                    f"expected {len(nd.outputs)} positive sizes summing to {d}")
     return cx.net.split(x, sizes, axis=axis, name=cx.fresh(nd.name))
+
+
+def _sequence(cx: Ctx, nd: OnnxNode, i: int) -> Sequence:
+    t = nd.inputs[i] if nd.has(i) else ""
+    v = cx.env.get(t)
+    if not isinstance(v, Sequence):
+        raise nd.refuse(f"input {i} '{t}' is not a sequence from SplitToSequence / SequenceConstruct in this graph")
+    return v
+
+
+def _split_to_sequence(cx: Ctx, nd: OnnxNode, used):
+    """SplitToSequence (the dynamo exporter's torch.split / chunk without its optimizer): the pieces as a Sequence.
+    split a scalar: pieces of that size (the last smaller); 1-D: those sizes; absent: size-1 pieces, squeezed
+    along the axis unless keepdims."""
+    x = cx.computed(nd, 0)
+    axis = fold._axis(nd, nd.attrs.get("axis", 0), len(x.shape))
+    d = x.shape[axis]
+    split = cx.const(nd, 1, "split") if nd.has(1) else None
+    if nd.has(1) and (split is None or np.asarray(split).dtype.kind not in "iu" or np.asarray(split).ndim > 1):
+        raise GraphError(nd.where, f"split {None if split is None else np.asarray(split).tolist()}; expected a "
+                                   f"constant int scalar or 1-D int tensor")
+    if split is None:
+        sizes = [1] * d
+    elif np.asarray(split).ndim == 0:
+        part = int(split)
+        if part < 1:
+            raise GraphError(nd.where, f"split {part}; expected a positive piece size")
+        sizes = [part] * (d // part) + ([d % part] if d % part else [])
+    else:
+        sizes = [int(v) for v in np.asarray(split)]
+    if sum(sizes) != d or min(sizes, default=0) < 1:
+        raise GraphError(nd.where, f"split sizes {sizes} of axis {axis} (size {d}); expected positive sizes "
+                                   f"summing to {d}")
+    parts = cx.net.split(x, sizes, axis=axis, name=cx.fresh(nd.name))
+    if split is None and not nd.attrs.get("keepdims", 1):
+        shape = x.shape[:axis] + x.shape[axis + 1:]                 # (.., 1, ..) -> (.., ..)
+        parts = [cx.net.reshape(v, shape, name=cx.fresh(f"{nd.name}.squeezed{i}")) for i, v in enumerate(parts)]
+    return [Sequence(parts)]
+
+
+def _sequence_at(cx: Ctx, nd: OnnxNode, used):
+    seq = _sequence(cx, nd, 0)
+    pos = cx.const(nd, 1, "position")
+    if pos is None or np.asarray(pos).size != 1 or np.asarray(pos).dtype.kind not in "iu":
+        raise GraphError(nd.where, f"position {None if pos is None else np.asarray(pos).tolist()}; expected a "
+                                   f"constant int scalar")
+    p = int(np.asarray(pos).reshape(-1)[0])
+    if not -len(seq) <= p < len(seq):
+        raise GraphError(nd.where, f"position {p} in a sequence of {len(seq)} tensors; expected "
+                                   f"{-len(seq)} <= position < {len(seq)}")
+    return seq[p]
+
+
+def _sequence_construct(cx: Ctx, nd: OnnxNode, used):
+    return [Sequence(cx.computed(nd, i) for i in range(len(nd.inputs)))]
+
+
+def _concat_from_sequence(cx: Ctx, nd: OnnxNode, used):
+    """ConcatFromSequence: concat along axis, or stack (new_axis=1: each tensor unsqueezed there first)."""
+    seq = _sequence(cx, nd, 0)
+    if not seq:
+        raise GraphError(nd.where, "the sequence is empty; expected at least one tensor")
+    r = len(seq[0].shape)
+    new = bool(nd.attrs.get("new_axis", 0))
+    axis = fold._axis(nd, nd.attrs["axis"], r + new, "axis") if "axis" in nd.attrs else None
+    if axis is None:
+        raise GraphError(nd.where, "attribute axis is missing")
+    parts = list(seq)
+    if new:
+        parts = [cx.net.reshape(v, v.shape[:axis] + (1,) + v.shape[axis:],
+                                name=cx.fresh(f"{nd.name}.unsqueezed{i}")) for i, v in enumerate(parts)]
+    return parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=axis, name=cx.fresh(nd.name))
 
 
 def _pad(cx: Ctx, nd: OnnxNode, used):
@@ -1822,6 +1901,11 @@ RULES: dict[str, Rule] = {
                    "constant indices forming at most 256 runs of evenly spaced positions; batch_dims 0"),
     "Split": _r(_split, (2, 11, 13, 18), "axis split num_outputs", "slice", "constant split"),
     "Concat": _r(_concat, (4, 11, 13), "axis", "concat"),
+    "SplitToSequence": _r(_split_to_sequence, (11, 24), "axis keepdims", "slice reshape",
+                          "split a constant; the sequence read by SequenceAt / ConcatFromSequence"),
+    "SequenceAt": _r(_sequence_at, (11,), "", "", "a constant position"),
+    "SequenceConstruct": _r(_sequence_construct, (11,), "", "", "read by SequenceAt / ConcatFromSequence"),
+    "ConcatFromSequence": _r(_concat_from_sequence, (11,), "axis new_axis", "concat reshape", ""),
     "Pad": _r(_pad, (2, 11, 13, 18, 19, 21, 23, 24, 25), "mode pads value", "pad slice concat",
               "constant pads (a negative pad crops); constant, reflect, edge, wrap"),
     "Expand": _r(_expand, (8, 13), "", "mul", "constant shape; as x * ones over the expanded axes"),

@@ -203,8 +203,8 @@ def _max_unpool(g: _Graph, const, node):
       out = Reshape(ScatterND(Reshape(ConstantOfShape(S), [-1]), Unsqueeze(i, -1), Reshape(y, [-1])), S)
 
     as one MaxUnpool node of this domain with inputs (y, x, MaxPool(x).Y): the pool's input and output, no index
-    tensor (Network.max_unpool). output_hw [0, 0]: MaxUnpool's default size. `exact`: the output's H, W must be x's (ONNX MaxUnpool reads absolute offsets);
-    else its width (the dynamo form re-bases each plane)."""
+    tensor (Network.max_unpool). output_hw [0, 0]: MaxUnpool's default size. `exact`: the output's H, W must be
+    x's (ONNX MaxUnpool reads absolute offsets); else its width (the dynamo form re-bases each plane)."""
     from onnx import numpy_helper
     if node.op_type == "MaxUnpool":
         mp = _pool_indices(g, node.input[1])
