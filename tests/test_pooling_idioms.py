@@ -111,6 +111,27 @@ def test_nan_and_infinite_windows_place_values_where_pytorch_does():
     assert np.isnan(want).sum() == 12 and (want != 0).sum() == 24     # 6 windows x 4 planes, 3 with NaN
 
 
+class UnpoolAfterDropout(nn.Module):
+    """ENet's upsampling bottleneck order: Dropout2d (aten.feature_dropout: from_torch's decomposing path, which
+    keeps max_unpool2d whole) between the pool and the unpool."""
+
+    def __init__(self):
+        super().__init__()
+        self.pool, self.drop, self.unpool = nn.MaxPool2d(2, 2, return_indices=True), nn.Dropout2d(0.1), nn.MaxUnpool2d(2)
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        y, idx = self.pool(x)
+        return self.unpool(self.drop(self.conv(y)), idx, output_size=x.size())
+
+
+def test_unpool_on_the_decomposing_path_matches_pytorch():
+    torch.manual_seed(0)
+    m = UnpoolAfterDropout().eval()
+    x = torch.randn(2, 4, 10, 8)
+    assert_close_to_max(tilefuse.compile(tilefuse.from_torch(m, x)).run(x.numpy()), m(x).detach().numpy())
+
+
 def test_segnet_trains_as_pytorch():
     class Classify(SegNetSmall):
         def forward(self, x):

@@ -1,0 +1,75 @@
+"""Slice assignment through from_torch: `y[:, :c] = f(y[:, :c])` (FasterNet's partial conv, 'slicing' forward),
+`y[..., 1:3] = 0.5`, `y[:, :, ::2] = v`, `y[:, 0] = v`, written as real model code writes them. torch.export
+functionalizes them to aten.slice_scatter (select_scatter decomposes to a where); tilefuse builds the result from
+slices, a concat and, for a step past 1, a reshape to (.., L, step, ..) whose first column is the source. The ops
+move values: results equal PyTorch's bit for bit (the conv case within the fp32 tolerance)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import tilefuse
+from onnx_export import assert_close_to_max
+
+
+class PartialConv(nn.Module):
+    """FasterNet's Partial_conv3, forward 'slicing' (inference)."""
+
+    def __init__(self, dim=6, n_div=3):
+        super().__init__()
+        self.dim_conv3 = dim // n_div
+        self.partial_conv3 = nn.Conv2d(self.dim_conv3, self.dim_conv3, 3, 1, 1, bias=False)
+
+    def forward(self, x):
+        x = x.clone()
+        x[:, :self.dim_conv3, :, :] = self.partial_conv3(x[:, :self.dim_conv3, :, :])
+        return x
+
+
+class Assign(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        y = x * 2
+        self.fn(y, x)
+        return y
+
+
+def _set(index, value):
+    def fn(y, x):
+        y[index] = value(x) if callable(value) else value
+    return fn
+
+
+S = slice
+CASES = {
+    "fill_band": _set((S(None), S(None), S(1, 3)), 0.5),
+    "channel_zero": _set((S(None), 0), 0.0),
+    "select_from_x": _set((S(None), 0), lambda x: x[:, 1] + 1),
+    "even_rows": _set((S(None), S(None), S(None, None, 2)), lambda x: x[:, :, 3:]),          # H 7: rows 0, 2, 4, 6
+    "step3_tail": _set((Ellipsis, S(1, None, 3)), lambda x: -x[..., :2]),      # W 5: columns 1, 4
+    "negative_start": _set((Ellipsis, S(-3, -1)), lambda x: x[..., :2] * 3),
+    "all_of_axis": _set((S(None), S(None, None, 1)), lambda x: x.flip(1)),
+    "step2_odd": _set((S(None), S(None), S(1, None, 2)), lambda x: x[:, :, :3] * 3),     # H 7: rows 1, 3, 5
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_slice_assignment_equals_pytorch(case):
+    m = Assign(CASES[case])
+    x = torch.randn(2, 4, 7, 5, generator=torch.Generator().manual_seed(1))
+    got = tilefuse.compile(tilefuse.from_torch(m, x)).run(x.numpy())
+    np.testing.assert_array_equal(got, m(x).numpy())
+
+
+def test_fasternet_partial_conv_slicing_matches_pytorch():
+    torch.manual_seed(0)
+    m = PartialConv().eval()
+    x = torch.randn(2, 6, 9, 8)
+    net = tilefuse.from_torch(m, x)
+    assert [o.op for o in net.ops].count("concat") == 1
+    assert_close_to_max(tilefuse.compile(net).run(x.numpy()), m(x).detach().numpy())
