@@ -21,7 +21,8 @@ grid_sample warps (a flow warp, a spatial transformer, a quarter-pixel shift) an
 ones (SIREN, snake); seeds from MASKS_FROM follow blocks with masked assignments, bool arithmetic, 0-d
 statistics (`(x - x.mean()) / x.std()`) and cumsum box filters, and pad some convs circularly; seeds from
 ORDER_FROM follow blocks with sort / median / top-k values, -inf masked softmaxes, any(), log2 / exp2 and
-antialiased shrinks.
+antialiased shrinks; seeds from POOL_FROM follow blocks with max unpooling, sum pooling (divisor_override), slice
+assignments and torch.split.
 
 fp32, max error <= 1e-4 x max|reference| (issue 9's criterion). A tilefuse refusal is a finding too: every op
 drawn is in the documented vocabulary (docs/ops.md).
@@ -434,6 +435,7 @@ def _draws(seed: int):
         _swap_warps(module, seed, attempt)
         _swap_masks(module, seed, attempt)
         _swap_order(module, seed, attempt)
+        _swap_pooled(module, seed, attempt)
         yield r, module, x
     raise RuntimeError(f"seed {seed}: no valid draw in 50 tries")
 
@@ -895,6 +897,52 @@ def _swap_order(module, seed: int, attempt: int) -> None:
             if isinstance(m, (nn.ModuleList, nn.Sequential)) and not isinstance(child, (nn.Linear, Head)) and \
                     s.random() < 1 / 6:
                 setattr(m, name, _Then(child, _Ordered(s)))
+
+
+POOL_FROM = 150 * 10 ** 6
+
+
+class _Pooled(nn.Module):
+    """The seventieth session's vocabulary after a block: max_unpool2d by max_pool2d's indices (SegNet, ENet),
+    avg_pool2d(divisor_override), slice assignments (FasterNet's partial conv; a strided one), torch.split /
+    chunk (SplitToSequence in the unoptimized dynamo export)."""
+    KINDS = tuple(range(18, 23))
+
+    def __init__(self, s):
+        super().__init__()
+        self.kind = int(_pick(s, self.KINDS))
+
+    def forward(self, x):
+        c, h, w = x.shape[1:]
+        if self.kind == 18 and h >= 2 and w >= 2:
+            y, i = F.max_pool2d(x, 2, return_indices=True)
+            return x + F.max_unpool2d(F.relu(y) * 0.5, i, 2, output_size=x.shape[-2:])
+        if self.kind == 19:
+            return F.avg_pool2d(x, 3, 1, 1, divisor_override=5)
+        if self.kind == 20 and c >= 2:
+            y = x.clone()
+            y[:, :c // 2] = y[:, :c // 2].sigmoid() * 2
+            return y
+        if self.kind == 21:
+            y = x * 1
+            y[..., 1::3] = x[..., 1::3].abs() - 0.5
+            return y
+        if c >= 2:
+            a, b = torch.split(x, [c // 2, c - c // 2], 1)
+            return torch.cat([b * 0.5, a.tanh()], 1)
+        return x * 0.5
+
+
+def _swap_pooled(module, seed: int, attempt: int) -> None:
+    """For seeds from POOL_FROM: a sixth of the blocks followed by `_Pooled`, from a side generator."""
+    if seed < POOL_FROM:
+        return
+    s = np.random.default_rng([seed, attempt, 31])
+    for m in list(module.modules()):
+        for name, child in list(m.named_children()):
+            if isinstance(m, (nn.ModuleList, nn.Sequential)) and not isinstance(child, (nn.Linear, Head)) and \
+                    s.random() < 1 / 6:
+                setattr(m, name, _Then(child, _Pooled(s)))
 
 
 def _draw(r):

@@ -54,13 +54,13 @@ def _physical(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a.transpose(1, 0, 2, 3) if a.ndim == 4 else a)
 
 
-# ops whose constant operands have no weight slot, and which of their operands get a gradient
+# ops whose constant operands have no weight slot, and which of their operands get a gradient (concat: all)
 _OPERAND_SLOTS = {**{k: (0, 1) for k in ops.BINARY}, "matmul": (0, 1), "where": (2, 3), "grid_sample": (0, 1),
-                  "take": (0,)}
+                  "take": (0,), "concat": None}
 
 
 def operand_constants(net: Network) -> dict[str, bool]:
-    """Constant operands of the binary ops, matmul and where's values (no weight slot says what they are) ->
+    """Constant operands of the binary ops, matmul, where's values and concat (no weight slot says what they are) ->
     trainable or fixed.
 
     A parameter (the network's `constant_origin`, which from_torch fills from torch.export's signature: an
@@ -70,7 +70,8 @@ def operand_constants(net: Network) -> dict[str, bool]:
     multi-value constant of a network that does not say (built by hand, imported from ONNX)."""
     out: dict[str, bool] = {}
     for op in net.ops:
-        for d in (op.inputs[i] for i in _OPERAND_SLOTS.get(op.op, ())):
+        slots = _OPERAND_SLOTS.get(op.op, ())
+        for d in (op.inputs[i] for i in (range(len(op.inputs)) if slots is None else slots)):
             if not d.is_constant:
                 continue
             origin = net.constant_origin.get(d.name)
@@ -468,10 +469,14 @@ class TrainingSchedule:
     def _fwd_concat(self, op):
         ax = op.params["axis"] % len(op.inputs[0].shape)
         phys = {0: 1, 1: 0}.get(ax, ax) if len(op.inputs[0].shape) == 4 else ax
-        xs = [self.env[d.name] for d in op.inputs]
+        # a constant operand (ENet's torch.zeros channel padding, a class token) in the activations' layout
+        dt = next(self.env[d.name].dtype for d in op.inputs if not d.is_constant)
+        xs = [_physical(np.asarray(self.P(d), dtype=dt)) if d.is_constant else self.env[d.name]
+              for d in op.inputs]
         u = self.log.unit("fwd", op.name)
         for d, x in zip(op.inputs, xs):
-            u.read(d.name, _nb(x), op.name)
+            if not d.is_constant:
+                u.read(d.name, _nb(x), op.name)
         self._store(u, op.outputs[0].name, np.concatenate(xs, axis=phys), op.name, op.name)
 
     def _value(self, d):
@@ -894,9 +899,11 @@ class TrainingSchedule:
         phys = {0: 1, 1: 0}.get(ax, ax) if len(op.inputs[0].shape) == 4 else ax
         u = self.log.unit("bwd", op.name)
         u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
-        sizes = np.cumsum([self.env[d.name].shape[phys] for d in op.inputs])[:-1]
+        sizes = np.cumsum([d.shape[ax] for d in op.inputs])[:-1]
         for d, part in zip(op.inputs, np.split(dy, sizes, axis=phys)):
-            if self._wants(d):
+            if d.is_constant:                         # a trained one (a class token): its gradient, IR layout
+                self._operand_grads(op, [(d, _logical(np.ascontiguousarray(part)))], u)
+            elif self._wants(d):
                 self._contribute(d.name, np.ascontiguousarray(part), u, op.name)
 
     def _bwd_binary(self, op):
