@@ -2,7 +2,9 @@
 `y[..., 1:3] = 0.5`, `y[:, :, ::2] = v`, `y[:, 0] = v`, written as real model code writes them. torch.export
 functionalizes them to aten.slice_scatter (select_scatter decomposes to a where); tilefuse builds the result from
 slices, a concat and, for a step past 1, a reshape to (.., L, step, ..) whose first column is the source. The ops
-move values: results equal PyTorch's bit for bit (the conv case within the fp32 tolerance)."""
+move values: results equal PyTorch's bit for bit (the conv case within the fp32 tolerance). Both ONNX exporters'
+forms of the same assignments (TorchScript: ScatterND at constant indices, a strided box of positions nested
+slice assignments (convert._scatter_box); dynamo: Slice / Concat / ScatterND) against PyTorch and ONNX Runtime."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 import torch.nn as nn
 
 import tilefuse
-from onnx_export import assert_close_to_max
+from onnx_export import EXPORTERS, assert_close_to_max, export, ort_run
 
 
 class PartialConv(nn.Module):
@@ -73,3 +75,32 @@ def test_fasternet_partial_conv_slicing_matches_pytorch():
     net = tilefuse.from_torch(m, x)
     assert [o.op for o in net.ops].count("concat") == 1
     assert_close_to_max(tilefuse.compile(net).run(x.numpy()), m(x).detach().numpy())
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_exported_slice_assignment_matches_pytorch_and_onnxruntime(case, exporter):
+    m = Assign(CASES[case])
+    x = np.random.default_rng(2).standard_normal((2, 4, 7, 5)).astype(np.float32)
+    blob = export(m, x, exporter)
+    got = tilefuse.compile(tilefuse.from_onnx(blob)).run(x)
+    np.testing.assert_array_equal(got, m(torch.from_numpy(x)).numpy())
+    np.testing.assert_array_equal(got, ort_run(blob, x))
+
+
+LARGE = {"cols_step3": _set((Ellipsis, S(1, None, 3)), lambda x: -x[..., :4]),         # W 13: columns 1, 4, 7, 10
+         "cols_step2": _set((S(None), S(2, 6), S(None), S(None, None, 2)), lambda x: x[:, :4, :, 6:] * 2)}
+
+
+@pytest.mark.parametrize("case", list(LARGE))
+def test_torchscript_scatter_of_a_large_strided_box_matches(case):
+    """(2, 8, 16, 13): the TorchScript ScatterND writes 500-1800 runs of positions, past the runs form's limit of
+    256 slices; the strided box form writes any number (a few slices)."""
+    m = Assign(LARGE[case])
+    x = np.random.default_rng(3).standard_normal((2, 8, 16, 13)).astype(np.float32)
+    blob = export(m, x, "torchscript")
+    net = tilefuse.from_onnx(blob)
+    assert len([o for o in net.ops if o.op == "slice"]) < 20
+    got = tilefuse.compile(net).run(x)
+    np.testing.assert_array_equal(got, m(torch.from_numpy(x)).numpy())
+    np.testing.assert_array_equal(got, ort_run(blob, x))

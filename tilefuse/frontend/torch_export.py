@@ -2039,48 +2039,16 @@ def _copy(imp, dst, src, non_blocking=False):
 
 def _slice_scatter(imp, x, src, dim=0, start=None, end=None, step=1):
     """aten.slice_scatter (functionalized `y[:, :c] = f(x[:, :c])`, FasterNet's partial conv, `y[..., 1:3] = 0.5`,
-    `y[:, :, ::2] = v`): x with src in place of x[start:end:step] along dim. Step 1: a concat of x's slices around
-    src; a larger step: the region x[start : start + L step] (zero-padded past the end) viewed as (.., L, step, ..),
-    its column 0 replaced by src, viewed back."""
+    `y[:, :, ::2] = v`): x with src in place of x[start:end:step] along dim (`Network.slice_scatter`)."""
     x = imp.const_node(x) if isinstance(x, Const) else imp.tensor(x)
     src = imp.const_node(src) if isinstance(src, Const) else imp.tensor(src, "source")
-    r = len(x.shape)
-    dim = int(dim) % r
-    n = x.shape[dim]
-    start, end, step = slice(start, end, int(step)).indices(n)
-    count = len(range(start, end, step))
-    want = x.shape[:dim] + (count,) + x.shape[dim + 1:]
+    dim = int(dim) % len(x.shape)
+    start, end, step = slice(start, end, int(step)).indices(x.shape[dim])
+    want = x.shape[:dim] + (len(range(start, end, step)),) + x.shape[dim + 1:]
     if tuple(src.shape) != tuple(want):
         raise imp.fail(f"slice_scatter of a {tuple(src.shape)} source into x[{start}:{end}:{step}] along dim {dim} "
                        f"of {tuple(x.shape)}", f"expected a source of shape {want}")
-    if count == 0:
-        return x
-    base = imp.op_name_hint()
-
-    def piece(a, b, what):
-        return imp.net.slice(x, dim, a, b, name=imp.unique(f"{base}.{what}"))
-    if step == 1:
-        mid, stop = src, end
-    else:
-        span = count * step
-        stop = min(start + span, n)
-        region = piece(start, stop, "region")
-        if start + span > n:                                    # zeros past the end: in the kept columns only
-            pads = [0] * (2 * r)
-            pads[2 * dim + 1] = start + span - n
-            region = imp.net.pad(region, pads, name=imp.unique(base + ".region_pad"))
-        split = x.shape[:dim] + (count, step) + x.shape[dim + 1:]
-        cols = imp.net.reshape(region, split, name=imp.unique(base + ".columns"))                # (.., L, step, ..)
-        kept = imp.net.slice(cols, dim + 1, 1, step, name=imp.unique(base + ".kept"))          # (.., L, step-1, ..)
-        new = imp.net.reshape(src, split[:dim + 1] + (1,) + split[dim + 2:], name=imp.unique(base + ".src"))
-        mid = imp.net.concat([new, kept], dim + 1, name=imp.unique(base + ".placed"))         # (.., L, step, ..)
-        mid = imp.net.reshape(mid, x.shape[:dim] + (span,) + x.shape[dim + 1:], name=imp.unique(base + ".merged"))
-        if start + span > n:
-            mid = imp.net.slice(mid, dim, 0, stop - start, name=imp.unique(base + ".crop"))
-    parts = ([piece(0, start, "head")] if start > 0 else []) + [mid] + ([piece(stop, n, "tail")] if stop < n else [])
-    if len(parts) == 1:
-        return mid
-    return imp.net.concat(parts, dim, name=imp.op_name())
+    return imp.net.slice_scatter(x, src, dim, start, end, step, name=imp.op_name())
 
 
 _GRID_MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}

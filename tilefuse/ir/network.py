@@ -733,6 +733,44 @@ class Network:
             z = self.pad(z, (0, 0, 0, 0, 0, oh - ho * kh, 0, ow - wo * kw), name=n)
         return z
 
+    def slice_scatter(self, x: DataNode, src: DataNode, axis: int, start: int, stop: int, step: int = 1,
+                      name: str | None = None) -> DataNode:
+        """x with src in place of x[start:stop:step] along axis (a slice assignment; start, stop as Python's
+        slice(...).indices gives them). Step 1: a concat of x's slices around src; a larger step: the region
+        x[start : start + L step] (zero-padded past the end) viewed as (.., L, step, ..), its column 0 replaced by
+        src, viewed back. Values move, no arithmetic."""
+        n = self._name("slice_scatter", name)
+        r = len(x.shape)
+        axis %= r
+        size = x.shape[axis]
+        count = len(range(start, stop, step))
+        if step < 1 or tuple(src.shape) != x.shape[:axis] + (count,) + x.shape[axis + 1:]:
+            raise GraphError(n, f"slice_scatter of {tuple(src.shape)} into {start}:{stop}:{step} of axis {axis} of "
+                                f"{tuple(x.shape)}; expected a positive step and the slice's shape")
+        if count == 0:
+            return x
+        if step == 1:
+            mid, stop = src, start + count
+        else:
+            span = count * step
+            stop = min(start + span, size)
+            region = self.slice(x, axis, start, stop, name=self._fresh(n + ".region"))
+            if start + span > size:                               # zeros past the end, in the kept columns only
+                pads = [0] * (2 * r)
+                pads[2 * axis + 1] = start + span - size
+                region = self.pad(region, pads, name=self._fresh(n + ".region_pad"))
+            split = x.shape[:axis] + (count, step) + x.shape[axis + 1:]
+            cols = self.reshape(region, split, name=self._fresh(n + ".columns"))              # (.., L, step, ..)
+            kept = self.slice(cols, axis + 1, 1, step, name=self._fresh(n + ".kept"))         # (.., L, step-1, ..)
+            new = self.reshape(src, split[:axis + 1] + (1,) + split[axis + 2:], name=self._fresh(n + ".src"))
+            mid = self.concat([new, kept], axis + 1, name=self._fresh(n + ".placed"))        # (.., L, step, ..)
+            mid = self.reshape(mid, x.shape[:axis] + (span,) + x.shape[axis + 1:], name=self._fresh(n + ".merged"))
+            if start + span > size:
+                mid = self.slice(mid, axis, 0, stop - start, name=self._fresh(n + ".crop"))
+        parts = ([self.slice(x, axis, 0, start, name=self._fresh(n + ".head"))] if start > 0 else []) + [mid] + \
+            ([self.slice(x, axis, stop, size, name=self._fresh(n + ".tail"))] if stop < size else [])
+        return mid if len(parts) == 1 else self.concat(parts, axis, name=n)
+
     def split(self, x: DataNode, sizes, axis: int = 1, name: str | None = None) -> list[DataNode]:
         """Consecutive pieces of `sizes` along `axis` (one slice op each: '<name>.0', '<name>.1', ...)."""
         base = self._name("split", name)

@@ -1027,8 +1027,11 @@ def _scatter_result(cx: Ctx, nd: OnnxNode, data: DataNode, updates: DataNode, ta
     starts = np.concatenate([[0], cut])
     ends = np.concatenate([cut, [size]])
     if len(starts) > gather.MAX_RUNS:
-        raise nd.refuse(f"{nd.op} at constant indices that make {len(starts)} runs of positions; tilefuse builds up "
-                        f"to {gather.MAX_RUNS} (a slice each)")
+        box = _scatter_box(data.shape, target)
+        if box is not None:
+            return _scatter_into_box(cx, nd, data, updates, box)
+        raise nd.refuse(f"{nd.op} at constant indices that make {len(starts)} runs of positions and no strided box "
+                        f"(x[a:b:s, c:d:t, ...] = v); tilefuse builds up to {gather.MAX_RUNS} runs (a slice each)")
     flat = {}
 
     def flat_of(t: DataNode, key: str) -> DataNode:
@@ -1046,6 +1049,39 @@ def _scatter_result(cx: Ctx, nd: OnnxNode, data: DataNode, updates: DataNode, ta
                      cx.net.slice(t, 0, lo, lo + int(b - a), 1, name=cx.fresh(f"{nd.name}.run")))
     y = parts[0] if len(parts) == 1 else cx.net.concat(parts, axis=0, name=cx.fresh(nd.name + ".runs"))
     return cx.net.reshape(y, tuple(data.shape), name=cx.fresh(nd.name))
+
+
+def _scatter_box(shape, target: np.ndarray):
+    """The per-axis (start, step, count) when the flat positions `target`, in their order, are a strided box's in
+    row-major order (the TorchScript exporter's `y[..., 1::3] = v`), else None."""
+    coords = np.unravel_index(target, tuple(shape))
+    box = []
+    for c, size in zip(coords, shape):
+        u = np.unique(c)
+        step = int(u[1] - u[0]) if len(u) > 1 else 1
+        if not np.array_equal(u, u[0] + step * np.arange(len(u))):
+            return None
+        box.append((int(u[0]), step, len(u)))
+    grids = np.meshgrid(*[a + s * np.arange(n) for a, s, n in box], indexing="ij")
+    expected = np.ravel_multi_index(tuple(g.reshape(-1) for g in grids), tuple(shape))
+    return box if np.array_equal(expected, target) else None
+
+
+def _scatter_into_box(cx: Ctx, nd: OnnxNode, data: DataNode, updates: DataNode, box) -> DataNode:
+    """data[a0:b0:s0, a1:b1:s1, ...] = updates: a slice_scatter per axis the box does not span whole, nested
+    (the innermost axis first: a slice of data along the outer axes takes the inner assignment)."""
+    u = cx.net.reshape(updates, tuple(n for _, _, n in box), name=cx.fresh(nd.name + ".box"))
+
+    def put(x: DataNode, axis: int) -> DataNode:
+        if axis == len(box):
+            return u
+        a, s, n = box[axis]
+        if (a, s, n) == (0, 1, x.shape[axis]):
+            return put(x, axis + 1)
+        stop = a + s * (n - 1) + 1
+        inner = put(cx.net.slice(x, axis, a, stop, s, name=cx.fresh(f"{nd.name}.at{axis}")), axis + 1)
+        return cx.net.slice_scatter(x, inner, axis, a, stop, s, name=cx.fresh(f"{nd.name}.put{axis}"))
+    return put(data, 0)
 
 
 def _scatter_operands(cx: Ctx, nd: OnnxNode):
@@ -1783,8 +1819,9 @@ RULES: dict[str, Rule] = {
                     "slice where concat pixel_shuffle reshape permute pad",
                     "2-D; I the Indices of a MaxPool in the graph whose windows do not overlap, output its input's "
                     "H, W (or the dynamo exporter's ScatterND form of max_unpool2d)"),
-    "ScatterND": _r(_scatter_nd, (11, 13, 16, 18), "reduction", "reshape slice concat",
-                    "constant indices (a slice assignment), reduction none, each position written once"),
+    "ScatterND": _r(_scatter_nd, (11, 13, 16, 18), "reduction", "reshape slice concat pad",
+                    "constant indices (a slice assignment: up to 256 runs of positions, or a strided box), reduction "
+                    "none, each position written once"),
     "ScatterElements": _r(_scatter_elements, (11, 13, 16, 18), "axis reduction", "reshape slice concat",
                           "constant indices, reduction none, each position written once"),
     "GridSample": _r(_grid_sample, (16, 20, 22), "align_corners mode padding_mode", "grid_sample",
