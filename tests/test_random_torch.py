@@ -48,9 +48,15 @@ ONNX_SEEDS += [131000012, 131000016]
 ORDER_SEEDS = {143000008: {11, 12, 17}, 143000021: {14, 17}, 143000027: {10, 13, 14, 16}, 143000025: {13, 15, 17}}
 TORCH_SEEDS += list(ORDER_SEEDS)
 ONNX_SEEDS += [145000453, 145000456]
+# from POOL_FROM: blocks followed by `_Pooled` (18 max_unpool2d by max_pool2d's indices, 19 avg_pool2d with
+# divisor_override, 20 a slice assignment, 21 a strided one, 22 torch.split); 153000003 and 153000009 export
+# `y[..., 1::3] = v` as a TorchScript ScatterND of a strided box (past 256 runs: refused before)
+POOL_SEEDS = {153000015: {18, 19, 20, 22}, 153000024: {18, 19, 20, 21}, 153000007: {21, 22}}
+TORCH_SEEDS += list(POOL_SEEDS)
+ONNX_SEEDS += [153000003, 153000009]
 # 95000019: an export without L2Norm's `+ 1e-10` (0 / 0 at an all-zero position) whose NaN meets a max pool:
 # ONNX Runtime's pool drops it, PyTorch's and tilefuse's keep it
-DYNAMO_SEEDS = [0, 1, 45, 95000019, 126000006, 131000005]
+DYNAMO_SEEDS = [0, 1, 45, 95000019, 126000006, 131000005, 153000023]     # 153000023: max_unpool2d's ScatterND
 STREAM_SEEDS = list(range(0, 16)) + [45, 109000036, 109000037, 126000008, 131000013]
 TRAIN_SEEDS = list(range(0, 16)) + [70001998]   # 70001998: a true gradient of 0 in rounding noise
 # the whole vocabulary trained: 42 and 43 (F.normalize's constant ones, L2Norm's `weight.view(1, -1, 1, 1)`:
@@ -96,6 +102,13 @@ def test_order_seeds_draw_their_order_statistics(seed, kinds):
     for s, want in ((seed, kinds), (seed - RT.ORDER_FROM + RT.MASKS_FROM, set())):
         module, _ = RT.build(s)
         assert {m.kind for m in module.modules() if isinstance(m, RT._Ordered)} == want
+
+
+@pytest.mark.parametrize("seed,kinds", POOL_SEEDS.items())
+def test_pool_seeds_draw_their_blocks(seed, kinds):
+    for s, want in ((seed, kinds), (seed - RT.POOL_FROM + RT.ORDER_FROM, set())):
+        module, _ = RT.build(s)
+        assert {m.kind for m in module.modules() if isinstance(m, RT._Pooled)} == want
 
 
 @pytest.mark.parametrize("seed,kinds", MASK_SEEDS.items())
