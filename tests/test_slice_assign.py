@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import tilefuse
 from onnx_export import EXPORTERS, assert_close_to_max, export, ort_run
@@ -104,3 +105,26 @@ def test_torchscript_scatter_of_a_large_strided_box_matches(case):
     got = tilefuse.compile(net).run(x)
     np.testing.assert_array_equal(got, m(torch.from_numpy(x)).numpy())
     np.testing.assert_array_equal(got, ort_run(blob, x))
+
+
+class PartialConvTrain(nn.Module):
+    """The slicing form PyTorch can differentiate: the conv reads x's slice, the assignment writes a clone's."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1)
+        self.pconv = nn.Conv2d(2, 2, 3, padding=1, bias=False)
+        self.head = nn.Linear(6, 5)
+
+    def forward(self, x):
+        x = F.relu(self.stem(x))
+        y = x.clone()
+        y[:, :2] = self.pconv(x[:, :2])
+        y[:, :, ::2] = y[:, :, ::2] * 0.5
+        return self.head(y.mean((2, 3)))
+
+
+def test_slice_assignment_trains_as_pytorch():
+    from test_training_modern import _step_against_torch
+    torch.manual_seed(2)
+    _step_against_torch(PartialConvTrain(), torch.randn(3, 3, 7, 6), torch.tensor([1, 0, 4]))
