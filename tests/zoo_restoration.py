@@ -66,6 +66,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modern_models import randomize as _randomize_bn      # non-trivial BN statistics, the house helper
+from zoo_vision import DropPath                            # timm's, as zoo_vision writes it
 
 
 # ============================================================================= NAFNet (megvii-research)
@@ -1906,30 +1907,6 @@ class VoVNet(nn.Module):
 
 
 # ============================================================================= FasterNet (JierunChen)
-
-def drop_path(x, drop_prob: float = 0., training: bool = False, scale_by_keep: bool = True):
-    """timm.layers.drop_path."""
-    if drop_prob == 0. or not training:
-        return x
-    keep_prob = 1 - drop_prob
-    shape = (x.shape[0],) + (1,) * (x.ndim - 1)  # work with diff dim tensors, not just 2D ConvNets
-    random_tensor = x.new_empty(shape).bernoulli_(keep_prob)
-    if keep_prob > 0.0 and scale_by_keep:
-        random_tensor.div_(keep_prob)
-    return x * random_tensor
-
-
-class DropPath(nn.Module):
-    """timm.layers.DropPath: the identity in eval mode (and with drop_prob = 0, build(train=True))."""
-
-    def __init__(self, drop_prob: float = 0., scale_by_keep: bool = True):
-        super(DropPath, self).__init__()
-        self.drop_prob = drop_prob
-        self.scale_by_keep = scale_by_keep
-
-    def forward(self, x):
-        return drop_path(x, self.drop_prob, self.training, self.scale_by_keep)
-
 
 class Partial_conv3(nn.Module):
 
