@@ -428,3 +428,26 @@ def test_rrelu_at_inference_is_its_mean_slope_leaky_relu():
     net = check_import(RReLUNet(), (2, 3, 7, 5))
     slopes = sorted(op.params["act"][1] for op in net.ops if op.op == "activation")
     assert slopes == pytest.approx([0.2, (1 / 8 + 1 / 3) / 2])
+
+
+class _TwoSlicesOfABuffer(torch.nn.Module):
+    """SSD's box decoding and FCOS's locations: two slices / selects of one buffer (`p[..., 2:]`, `p[..., :2]`;
+    `q[:, 0]`, `q[:, 1]`), which fold to constants of one name ('p.slice', 'q.select')."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("p", torch.arange(8.0).view(2, 4))
+        self.register_buffer("q", torch.arange(8.0).view(4, 2) * 0.5)
+
+    def forward(self, x):
+        y = x * self.p[..., 2:] + self.p[..., :2]
+        return torch.stack([y[:, 0] - self.q[:2, 0], y[:, 1] - self.q[:2, 1]], 1)
+
+
+def test_two_folds_of_one_constant_by_one_op_stay_two_constants():
+    """Both folds got the first one's network constant (one key per constant): y took p's first two columns twice
+    (max error 2.0), FCOS's y coordinates its x ones."""
+    m, x = _TwoSlicesOfABuffer(), torch.randn(2, 2)
+    net = tilefuse.from_torch(m, x)
+    np.testing.assert_array_equal(tilefuse.compile(net).run(x.numpy()), m(x).numpy())
+    assert len([d for d in net.constants() if d.name.startswith("p.slice")]) == 2

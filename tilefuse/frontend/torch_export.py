@@ -301,7 +301,9 @@ class _Importer:
         self.net = Network(name)
         self.env: dict[Any, Any] = {}
         self.used: set[str] = set()
-        self.consts: dict[tuple[str, str], DataNode] = {}
+        # (key, dtype) -> [(the Const's tensor, its network constant)]: two folds of one constant by one op
+        # (`p[..., :2]`, `p[..., 2:]`: both 'p.slice') share a key, not a value
+        self.consts: dict[tuple[str, str], list] = {}
         self.node = None
         self.dtype = np.dtype(np.float32)
         self.int_nodes: set = set()   # FX nodes whose values are an integer input's (moved, not computed with)
@@ -351,11 +353,13 @@ class _Importer:
         return self.unique(base)
 
     def const_node(self, c: Const, nonfinite: bool = False) -> DataNode:
-        """The network constant for `c` (created once per key and dtype); NaN and infinities only with `nonfinite`
-        (where's values)."""
+        """The network constant for `c` (created once per key, dtype and value); NaN and infinities only with
+        `nonfinite` (where's values)."""
         dt = self.dtype
         key = (c.key, str(dt))
-        d = self.consts.get(key)
+        seen = self.consts.setdefault(key, [])
+        d = next((d for t, d in seen if t is c.tensor or (t.shape == c.tensor.shape and t.dtype == c.tensor.dtype
+                                                         and torch.equal(t, c.tensor))), None)
         if d is None:
             arr = c.tensor.cpu().numpy()
             if arr.dtype.kind not in "fiub":
@@ -369,7 +373,7 @@ class _Importer:
                 self.net.constant_alias[d.name] = (c.root[0], tuple(c.root[1]))
             if c.gather is not None:
                 self.net.constant_gather[d.name] = (c.gather[0].reshape(-1), c.gather[1])
-            self.consts[key] = d
+            seen.append((c.tensor, d))
         return d
 
     def fixed(self, base: str, arr: np.ndarray) -> DataNode:
