@@ -451,3 +451,33 @@ def test_two_folds_of_one_constant_by_one_op_stay_two_constants():
     net = tilefuse.from_torch(m, x)
     np.testing.assert_array_equal(tilefuse.compile(net).run(x.numpy()), m(x).numpy())
     assert len([d for d in net.constants() if d.name.startswith("p.slice")]) == 2
+
+
+class _StoresOnSelf(torch.nn.Module):
+    """FocalNet's `self.modulator = self.h(ctx_all)` and YOLO's anchor cache: a forward that stores tensors on
+    the module."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = torch.nn.Conv2d(3, 4, 1)
+        self.anchors, self.shape = torch.zeros(4), None
+
+    def forward(self, x):
+        self.modulator = self.c(x)
+        if self.shape != x.shape:
+            self.anchors, self.shape = torch.arange(4.0), x.shape
+        return self.modulator.mean((2, 3)) + self.anchors
+
+
+def test_import_leaves_the_modules_attributes_as_they_were():
+    """torch.export ran forward() on fake tensors and left them on the module: a deepcopy or an eager run of the
+    user's module afterwards failed ('Cannot access data pointer of Tensor (e.g. FakeTensor ...)')."""
+    import copy
+    m, x = _StoresOnSelf(), torch.randn(1, 3, 8, 8)
+    anchors = m.anchors
+    net = tilefuse.from_torch(m, x)
+    assert not hasattr(m, "modulator") and m.anchors is anchors and m.shape is None and m.training
+    copy.deepcopy(m)
+    with torch.no_grad():
+        np.testing.assert_allclose(tilefuse.compile(net).run(x.numpy()), m(x).numpy(), rtol=1e-6, atol=1e-6)
+    assert type(m.modulator) is torch.Tensor

@@ -70,6 +70,7 @@ def from_torch(module, example_input, name: str | None = None) -> Network:
         raise GraphError(type(module).__name__, f"forward() takes {n_args} tensor inputs, expected one "
                                                 f"example tensor each; got {len(examples)}")
     was_training = module.training
+    attributes = _plain_attributes(module)
     module.eval()
     name = name or type(module).__name__
     try:
@@ -97,6 +98,25 @@ def from_torch(module, example_input, name: str | None = None) -> Network:
         return net
     finally:
         module.train(was_training)
+        _restore_attributes(attributes)
+
+
+def _plain_attributes(module) -> list:
+    """(submodule, a copy of its plain attributes) for each submodule: a forward that stores a tensor on its module
+    (FocalNet's `self.modulator = ...`, YOLO's anchor cache) leaves torch.export's fake tensors there, which a
+    later deepcopy or eager run of the user's module fails on."""
+    return [(m, {k: v for k, v in vars(m).items() if not k.startswith("_")}) for m in module.modules()]
+
+
+def _restore_attributes(saved) -> None:
+    """The plain attributes as they were before the export: those it added removed, those it replaced put back."""
+    for m, before in saved:
+        now = vars(m)
+        for k in [k for k in now if not k.startswith("_") and k not in before]:
+            del now[k]
+        for k, v in before.items():
+            if now.get(k, v) is not v or k not in now:
+                now[k] = v
 
 
 def _persistent_buffers(module) -> dict:
