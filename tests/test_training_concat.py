@@ -1,7 +1,8 @@
-"""Training through a concat with a constant operand: ENet's channel padding of its downsampling main branch
-(torch.cat((main, torch.zeros(n, ch, h, w)), 1): a fixed buffer) and a learned map concatenated as it is
-(torch.cat((x, self.pos), 1) at batch 1: a parameter, trained). One step against PyTorch in float64
-(test_training_modern._step_against_torch: every parameter's gradient, the learned map's included)."""
+"""Training through a concat with a constant operand and a slice of one: ENet's channel padding of its
+downsampling main branch (torch.cat((main, torch.zeros(n, ch, h, w)), 1): a fixed buffer), a learned map
+concatenated as it is (torch.cat((x, self.pos), 1) at batch 1: a parameter, trained), TSM's temporal shift (slices
+of torch.zeros_like(x) assigned from x's segments: the untouched slices stay constants). One step against PyTorch
+in float64 (test_training_modern._step_against_torch: every parameter's gradient, the learned map's included)."""
 from __future__ import annotations
 
 import torch
@@ -50,3 +51,30 @@ def test_a_concatenated_parameter_trains_as_pytorch():
     m = LearnedMap()
     _, grads = _step_against_torch(m, torch.randn(1, 3, 6, 7), torch.tensor([3]))
     assert "pos" in grads and float(abs(grads["pos"]).max()) > 0
+
+
+class TemporalShift(nn.Module):
+    """TSM's shift (mit-han-lab temporal-shift-module) as the repo writes it: slices of torch.zeros_like(x)
+    assigned from x's shifted segments; the zeros' untouched slices stay constants in the network."""
+
+    def __init__(self, n_segment=2, fold_div=4):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.n_segment, self.fold_div = n_segment, fold_div
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = self.conv(x)
+        nt, c, h, w = x.size()
+        x = x.view(nt // self.n_segment, self.n_segment, c, h, w)
+        fold = c // self.fold_div
+        out = torch.zeros_like(x)
+        out[:, :-1, :fold] = x[:, 1:, :fold]
+        out[:, 1:, fold: 2 * fold] = x[:, :-1, fold: 2 * fold]
+        out[:, :, 2 * fold:] = x[:, :, 2 * fold:]
+        return self.fc(out.view(nt, c, h, w).mean((2, 3)))
+
+
+def test_temporal_shift_trains_as_pytorch():
+    torch.manual_seed(2)
+    _step_against_torch(TemporalShift(), torch.randn(4, 3, 5, 6), torch.tensor([0, 1, 4, 2]))

@@ -389,10 +389,16 @@ class TrainingSchedule:
             y = ew.relu_forward(y)
         self._store(u, op.outputs[0].name, y, op.name, op.name)
 
+    def _input(self, d):
+        """Input d as stored (CNHW for 4-D): an activation, or a constant's value (a slice of torch.zeros_like(x)
+        that a slice assignment keeps: TSM's shift)."""
+        return _physical(np.asarray(self.P(d))) if d.is_constant else self.env.get(d.name)
+
     def _simple(self, op, fn):
-        x = self.env[op.inputs[0].name]
+        x = self._input(op.inputs[0])
         u = self.log.unit("fwd", op.name)
-        u.read(op.inputs[0].name, _nb(x), op.name)
+        if not op.inputs[0].is_constant:
+            u.read(op.inputs[0].name, _nb(x), op.name)
         self._store(u, op.outputs[0].name, fn(x), op.name, op.name)
 
     def _fwd_max_pool(self, op):
@@ -784,8 +790,8 @@ class TrainingSchedule:
         dy = self.grads[op.outputs[0].name]
         u = self.log.unit("bwd", op.name)
         u.read("d:" + op.outputs[0].name, _nb(dy), op.name)
-        x = self.env.get(op.inputs[0].name)
-        if reads_x:
+        x = self._input(op.inputs[0])
+        if reads_x and not op.inputs[0].is_constant:
             u.read(op.inputs[0].name, _nb(x), op.name)
         dx = fn(dy, x)                        # (fn may also produce parameter gradients)
         if self._wants(op.inputs[0]):
