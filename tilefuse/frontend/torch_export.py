@@ -109,13 +109,16 @@ def _plain_attributes(module) -> list:
 
 
 def _restore_attributes(saved) -> None:
-    """The plain attributes as they were before the export: those it added removed, those it replaced put back."""
+    """The plain attributes as they were before the export: those it added removed, a tensor it put in place of
+    another value put back. (An attribute torch.export itself restored, to a copy of the value before it ran,
+    stays: timm LeViT's attention-bias cache, a dict filled in place with a fake tensor during the export, comes
+    back as the empty copy.)"""
     for m, before in saved:
         now = vars(m)
         for k in [k for k in now if not k.startswith("_") and k not in before]:
             del now[k]
         for k, v in before.items():
-            if now.get(k, v) is not v or k not in now:
+            if k not in now or (now[k] is not v and isinstance(now[k], torch.Tensor)):
                 now[k] = v
 
 
