@@ -97,7 +97,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from modern_models import randomize          # non-trivial BN statistics, the house helper
-from zoo_vision import DropPath              # timm's, as zoo_vision writes it
+from zoo_vision import BatchNormAct2d, DropPath      # timm's, as zoo_vision writes them
 
 
 def make_divisible(v, divisor=8, min_value=None, round_limit=.9):
@@ -107,60 +107,6 @@ def make_divisible(v, divisor=8, min_value=None, round_limit=.9):
     if new_v < round_limit * v:
         new_v += divisor
     return new_v
-
-
-class BatchNormAct2d(nn.BatchNorm2d):
-    """timm layers/norm_act.py BatchNormAct2d: BatchNorm2d whose forward is a cut & paste of BatchNorm2d's (to avoid
-    issues with torchscript and tracing) followed by drop and act."""
-
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, apply_act=True,
-                 act_layer=nn.ReLU, act_kwargs=None, inplace=True, drop_layer=None):
-        super().__init__(num_features, eps=eps, momentum=momentum, affine=affine,
-                         track_running_stats=track_running_stats)
-        self.drop = drop_layer() if drop_layer is not None else nn.Identity()
-        if apply_act and act_layer is not None:
-            act_kwargs = dict(act_kwargs or {})
-            if act_layer in (nn.ReLU, nn.SiLU, nn.ELU, nn.ReLU6, nn.Hardswish):
-                act_kwargs.setdefault("inplace", inplace)
-            self.act = act_layer(**act_kwargs)
-        else:
-            self.act = nn.Identity()
-
-    def forward(self, x):
-        # cut & paste of torch.nn.BatchNorm2d.forward impl to avoid issues with torchscript and tracing
-        if self.momentum is None:
-            exponential_average_factor = 0.0
-        else:
-            exponential_average_factor = self.momentum
-
-        if self.training and self.track_running_stats:
-            # TODO: if statement only here to tell the jit to skip emitting this when it is None
-            if self.num_batches_tracked is not None:  # type: ignore[has-type]
-                self.num_batches_tracked.add_(1)  # type: ignore[has-type]
-                if self.momentum is None:  # use cumulative moving average
-                    exponential_average_factor = 1.0 / float(self.num_batches_tracked)
-                else:  # use exponential moving average
-                    exponential_average_factor = self.momentum
-
-        if self.training:
-            bn_training = True
-        else:
-            bn_training = (self.running_mean is None) and (self.running_var is None)
-
-        x = F.batch_norm(
-            x,
-            # If buffers are not to be tracked, ensure that they won't be updated
-            self.running_mean if not self.training or self.track_running_stats else None,
-            self.running_var if not self.training or self.track_running_stats else None,
-            self.weight,
-            self.bias,
-            bn_training,
-            exponential_average_factor,
-            self.eps,
-        )
-        x = self.drop(x)
-        x = self.act(x)
-        return x
 
 
 def create_conv2d_pad(in_chs, out_chs, kernel_size, **kwargs):

@@ -1535,27 +1535,36 @@ class RelPosBias(nn.Module):
 
 
 class BatchNormAct2d(nn.BatchNorm2d):
-    """timm BatchNormAct2d (BN written through F.batch_norm, then the activation)."""
+    """timm layers/norm_act.py BatchNormAct2d: BatchNorm2d whose forward is a cut & paste of BatchNorm2d's (to avoid
+    issues with torchscript and tracing) followed by drop and act."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, apply_act=True,
-                 act_layer=nn.GELU):
+                 act_layer=nn.ReLU, act_kwargs=None, inplace=True, drop_layer=None):
         super().__init__(num_features, eps=eps, momentum=momentum, affine=affine,
                          track_running_stats=track_running_stats)
-        self.drop = nn.Identity()
-        self.act = act_layer() if apply_act else nn.Identity()
+        self.drop = drop_layer() if drop_layer is not None else nn.Identity()
+        if apply_act and act_layer is not None:
+            act_kwargs = dict(act_kwargs or {})
+            if act_layer in (nn.ReLU, nn.SiLU, nn.ELU, nn.ReLU6, nn.Hardswish):
+                act_kwargs.setdefault("inplace", inplace)
+            self.act = act_layer(**act_kwargs)
+        else:
+            self.act = nn.Identity()
 
     def forward(self, x):
+        # cut & paste of torch.nn.BatchNorm2d.forward impl to avoid issues with torchscript and tracing
         if self.momentum is None:
             exponential_average_factor = 0.0
         else:
             exponential_average_factor = self.momentum
 
         if self.training and self.track_running_stats:
-            if self.num_batches_tracked is not None:
-                self.num_batches_tracked.add_(1)
-                if self.momentum is None:
+            # TODO: if statement only here to tell the jit to skip emitting this when it is None
+            if self.num_batches_tracked is not None:  # type: ignore[has-type]
+                self.num_batches_tracked.add_(1)  # type: ignore[has-type]
+                if self.momentum is None:  # use cumulative moving average
                     exponential_average_factor = 1.0 / float(self.num_batches_tracked)
-                else:
+                else:  # use exponential moving average
                     exponential_average_factor = self.momentum
 
         if self.training:
@@ -1565,6 +1574,7 @@ class BatchNormAct2d(nn.BatchNorm2d):
 
         x = F.batch_norm(
             x,
+            # If buffers are not to be tracked, ensure that they won't be updated
             self.running_mean if not self.training or self.track_running_stats else None,
             self.running_var if not self.training or self.track_running_stats else None,
             self.weight,
