@@ -22,7 +22,8 @@ ones (SIREN, snake); seeds from MASKS_FROM follow blocks with masked assignments
 statistics (`(x - x.mean()) / x.std()`) and cumsum box filters, and pad some convs circularly; seeds from
 ORDER_FROM follow blocks with sort / median / top-k values, -inf masked softmaxes, any(), log2 / exp2 and
 antialiased shrinks; seeds from POOL_FROM follow blocks with max unpooling, sum pooling (divisor_override), slice
-assignments and torch.split.
+assignments and torch.split; seeds from WEIGHTS_FROM with convs whose weights are computed (dynamic, modulated,
+a computed bias).
 
 fp32, max error <= 1e-4 x max|reference| (issue 9's criterion). A tilefuse refusal is a finding too: every op
 drawn is in the documented vocabulary (docs/ops.md).
@@ -436,6 +437,7 @@ def _draws(seed: int):
         _swap_masks(module, seed, attempt)
         _swap_order(module, seed, attempt)
         _swap_pooled(module, seed, attempt)
+        _swap_computed(module, x, seed, attempt)
         yield r, module, x
     raise RuntimeError(f"seed {seed}: no valid draw in 50 tries")
 
@@ -944,6 +946,71 @@ def _swap_pooled(module, seed: int, attempt: int) -> None:
             if isinstance(m, (nn.ModuleList, nn.Sequential)) and not isinstance(child, (nn.Linear, Head)) and \
                     s.random() < 1 / 6:
                 setattr(m, name, _Then(child, _Pooled(s)))
+
+
+WEIGHTS_FROM = 156 * 10 ** 6
+
+
+class _Computed(nn.Module):
+    """The seventy-first session's vocabulary after a block: convs whose weights the network computes: a dynamic
+    depthwise conv (per-sample kernels, the softmax-weighted sum of 3 expert kernels, the batch folded into the
+    groups: `torch.mm(attention, experts.view(K, -1))`), a modulated conv (StyleGAN2: a kernel times a per-sample
+    per-channel style, demodulated), a conv with a computed bias."""
+    KINDS = tuple(range(23, 26))
+
+    def __init__(self, s, c):
+        super().__init__()
+        self.kind, self.c = int(_pick(s, self.KINDS)), c
+        g = torch.Generator().manual_seed(int(s.integers(2 ** 31)))
+        self.experts = nn.Parameter(torch.randn(3, c * 9, generator=g) * 0.3)
+        self.route = nn.Linear(c, 3)
+        self.weight = nn.Parameter(torch.randn(c, c, 3, 3, generator=g) / (3 * c ** 0.5))
+        self.bias = nn.Parameter(torch.randn(c, generator=g) * 0.2)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        pooled = x.mean((2, 3))                                          # (B, C)
+        if self.kind == 23:
+            att = self.route(pooled).softmax(1)                          # (B, 3)
+            k = torch.mm(att, self.experts).view(b * c, 1, 3, 3)
+            y = F.conv2d(x.reshape(1, b * c, h, w), k, padding=1, groups=b * c)
+            return x + y.view(b, c, h, w)
+        if self.kind == 24:
+            wt = self.weight[None] * (pooled.sigmoid() + 0.5)[:, None, :, None, None]      # (B, O, C, 3, 3)
+            wt = wt * torch.rsqrt(wt.pow(2).sum([2, 3, 4], keepdim=True) + 1e-8)
+            y = F.conv2d(x.reshape(1, b * c, h, w), wt.view(b * c, c, 3, 3), padding=1, groups=b)
+            return y.view(b, c, h, w)
+        return F.conv2d(x, self.weight, self.bias * pooled.mean().tanh(), padding=1)
+
+
+def _swap_computed(module, x, seed: int, attempt: int) -> None:
+    """For seeds from WEIGHTS_FROM: a sixth of the blocks followed by `_Computed`, from a side generator (sized by
+    the block's output in a dry run; a block whose output is not (N, C, H, W) is left as it is)."""
+    if seed < WEIGHTS_FROM:
+        return
+    s = np.random.default_rng([seed, attempt, 37])
+    picked = [(m, name, child) for m in list(module.modules()) for name, child in list(m.named_children())
+              if isinstance(m, (nn.ModuleList, nn.Sequential)) and not isinstance(child, (nn.Linear, Head))]
+    picked = [p for p in picked if s.random() < 1 / 6]
+    shapes = {}
+
+    def seen(mod, inputs, out):                 # (returns None: the output as it is)
+        shapes.setdefault(id(mod), tuple(out.shape) if isinstance(out, torch.Tensor) else None)
+    hooks = [child.register_forward_hook(seen) for _, _, child in picked]
+    was = module.training
+    try:
+        with torch.no_grad():
+            module.eval()(torch.from_numpy(x) if isinstance(x, np.ndarray) else x)
+    except Exception:
+        return                                  # (an invalid draw: the harness finds it again)
+    finally:
+        for h in hooks:
+            h.remove()
+        module.train(was)
+    for m, name, child in picked:
+        shape = shapes.get(id(child))
+        if shape is not None and len(shape) == 4:
+            setattr(m, name, _Then(child, _Computed(s, shape[1])))
 
 
 def _draw(r):

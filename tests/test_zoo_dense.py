@@ -7,8 +7,8 @@ at reduced widths and depths, norms / scales / attention gammas randomized (seed
   from_torch    tilefuse.from_torch -> compile (1 and 3 threads) -> run, against PyTorch
   export        both ONNX exporters -> from_onnx -> compile -> run, against PyTorch and ONNX Runtime (PSPNet by the
                 dynamo exporter only: the TorchScript exporter refuses adaptive_avg_pool2d to 6 of a 9x9 map)
-  training      one Trainer step against PyTorch for the families that output logits (PSPNet, OCRNet: per-pixel
-                targets; TSM: per clip; DANet not compared, see TRAIN)
+  training      one Trainer step against PyTorch for the families that output logits (PSPNet, OCRNet, DANet:
+                per-pixel targets; TSM: per clip)
 
 PointRend is a strict xfail: it picks 64 of 1,024 uncertain points by topk and reads the indices (grid_sample at
 them, scatter_ back); tilefuse sorts up to 64 values and computes no indices.
@@ -27,10 +27,11 @@ import zoo_dense as zd
 
 FAMILIES = [n for n in zd.FAMILIES if n != "pointrend"]
 NOT_TORCHSCRIPT = {"pspnet"}            # the TorchScript exporter refuses a non-divisor adaptive pool
-# (DANet's step is not compared: at seed 5 its stem weight's float32 gradient is off by 9.8e-4 of a largest 0.105,
-# past the 3.3e-4 the comparison allows (3x PyTorch's own float32 error); its channel attention's softmax of
-# max(energy) - energy over Gram-matrix energies amplifies float32 rounding; not root-caused)
-TRAIN = ["pspnet", "ocrnet", "tsm"]
+# (DANet at seed 5: one input of conv51's ReLU is 7.4e-6 in float64 (1.1e-6 of the tensor's largest), while float32
+# PyTorch's error on that tensor reaches 2.5e-5 (train-mode BN after the position attention); tilefuse's float32
+# puts it at -4.7e-6, on the other side of the kink, which moves the stem's gradient by 9.8e-4 of 0.105: within
+# _kink_allowance, whose rounding distance follows PyTorch's own float32 error on each activation input)
+TRAIN = ["pspnet", "ocrnet", "tsm", "danet"]
 POINTREND = pytest.param("pointrend", marks=pytest.mark.xfail(
     reason="topk indices of 1,024 point uncertainties (grid_sample / scatter_ at them)", raises=UnsupportedOpError,
     strict=True))

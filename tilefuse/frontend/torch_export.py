@@ -671,7 +671,8 @@ class _Importer:
         key = f"{keys[0]}.{target._opname}" if len(keys) == 1 else self.node.name
         params = [v for v in _flatten(args) if isinstance(v, Const) and v.origin != "buffer"]
         origin = "buffer" if not params else (
-            f"derived from parameter '{params[0].key}'" if params[0].origin == "parameter" else params[0].origin)
+            f"derived from parameter '{params[0].root[0] if params[0].root else params[0].key}'"
+            if params[0].origin == "parameter" else params[0].origin)
         consts = [v for v in _flatten(args) if isinstance(v, Const)]
         if isinstance(out, torch.Tensor) and target._opname in _VIEW_OPS and len(consts) == 1 and \
                 consts[0].root is not None and consts[0].gather is None and out.dtype == consts[0].tensor.dtype \
@@ -767,6 +768,9 @@ def _pair(v):
 
 def _convolution(imp, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     x = imp.tensor(x)
+    if isinstance(w, DataNode) or isinstance(b, DataNode):
+        return _conv_computed(imp, x, w, b, stride, (padding,) if isinstance(padding, str) else padding, dilation,
+                              transposed, groups)
     w = imp.weight(w, "weight")
     if len(w.shape) == 3 and len(x.shape) == 3:
         return _convolution_1d(imp, x, w, b, stride, padding, dilation, transposed, output_padding, groups)
@@ -799,19 +803,60 @@ def _convolution_1d(imp, x, w, b, stride, padding, dilation, transposed, output_
     return _reshape(imp, y, (n, y.shape[1], y.shape[3]))                 # (N, Co, 1, L') -> (N, Co, L')
 
 
+def _same_padding(padding, kernel, dilation) -> tuple:
+    """conv2d's 'same' / 'valid' as (top, bottom, left, right): torch puts an odd extra pad after."""
+    if padding == "valid":
+        return (0, 0, 0, 0)
+    (kh, kw), (dh, dw) = kernel, _pair(dilation)
+    th, tw = dh * (kh - 1), dw * (kw - 1)
+    return (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+
+
+def _conv_computed(imp, x, w, b, stride, padding, dilation, transposed, groups):
+    """A conv whose weight (or bias) the network computes from its inputs: StyleGAN2's modulated conv (the batch
+    folded into groups), CondConv / dynamic conv's per-sample kernels (Network.conv2d lowers it to im2col and a
+    matmul). A 1-D one (N, C, L) as the 2-D conv of (N, C, 1, L); padding: numbers or ('same',) / ('valid',)."""
+    if transposed:
+        raise imp.fail(f"a transposed convolution whose weight is computed from the inputs (weight "
+                       f"{_shape_of(w)})", "tilefuse runs conv_transpose2d with a parameter or buffer weight")
+    wd = w if isinstance(w, DataNode) else imp.const_node(imp.weight(w, "weight"))
+    bd = None if b is None else b if isinstance(b, DataNode) else imp.const_node(imp.weight(b, "bias"))
+    name = imp.op_name()
+    if len(x.shape) == 3 and len(wd.shape) == 3:
+        n, c, length = x.shape
+        one = lambda v: (int(v[0]) if isinstance(v, (tuple, list)) else int(v))  # noqa: E731
+        x4 = _reshape(imp, x, (n, c, 1, length))                                  # (N, C, L) -> (N, C, 1, L)
+        w4 = imp.net.reshape(wd, (wd.shape[0], wd.shape[1], 1, wd.shape[2]), name=imp.unique(name + ".w2d"))
+        pad = padding if isinstance(padding[0], str) else (0, one(padding))
+        pad = (0, 0) + _same_padding(pad[0], (1, wd.shape[2]), (1, one(dilation)))[2:] if isinstance(pad[0], str) \
+            else (0, 0, pad[1], pad[1])
+        y = imp.net.conv2d(x4, w4, bd, (1, one(stride)), pad, (1, one(dilation)), int(groups),
+                           name=imp.unique(name + ".2d"))
+        return _reshape(imp, y, (n, y.shape[1], y.shape[3]))                     # (N, Co, 1, L') -> (N, Co, L')
+    if len(wd.shape) != 4 or len(x.shape) != 4:
+        raise imp.fail(f"a {len(wd.shape) - 2}-D convolution (weight {wd.shape}) of an input {x.shape}",
+                       "supported: 2-D convolution of (N, C, H, W) and 1-D of (N, C, L)")
+    if isinstance(padding[0], str):
+        pad = _same_padding(padding[0], wd.shape[2:], dilation)
+    else:
+        ph, pw = _pair(padding)
+        pad = (ph, ph, pw, pw)
+    return imp.net.conv2d(x, wd, bd, _pair(stride), pad, _pair(dilation), int(groups), name=name)
+
+
+def _shape_of(v):
+    return tuple(v.shape) if isinstance(v, DataNode) else tuple(v.tensor.shape) if isinstance(v, Const) else v
+
+
 def _conv2d_padding(imp, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     """aten.conv2d: padding as numbers, or 'same' / 'valid' (torch puts an odd extra pad after)."""
     if not isinstance(padding, str):
         return _convolution(imp, x, w, b, stride, padding, dilation, False, (0, 0), groups)
     x = imp.tensor(x)
+    if isinstance(w, DataNode) or isinstance(b, DataNode):
+        return _conv_computed(imp, x, w, b, stride, (padding,), dilation, False, groups)
     w = imp.weight(w, "weight")
-    kh, kw = w.shape[2:]
-    dh, dw = _pair(dilation)
-    if padding == "valid":
-        pad = (0, 0, 0, 0)
-    else:
-        th, tw = dh * (kh - 1), dw * (kw - 1)
-        pad = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+    pad = _same_padding(padding, w.shape[2:], dilation)
     name = imp.op_name()
     bd = imp.const_node(imp.weight(b, "bias")) if b is not None else None
     return imp.net.conv2d(x, imp.const_node(w), bd, _pair(stride), pad, (dh, dw), int(groups), name=name)
@@ -1940,7 +1985,17 @@ def _addmm(imp, b, x, wt, beta=1, alpha=1):
         raise imp.fail(f"addmm with beta={beta}, alpha={alpha}")
     wt = imp.weight(wt, "matrix operand")
     key = wt.key[: -len(".permute")] if wt.key.endswith(".permute") else f"{wt.key}.T"
-    return _linear(imp, x, Const(wt.tensor.t().contiguous(), key, wt.origin), b)
+    t = wt.tensor.t().contiguous()
+    root = gather = None
+    if wt.root is not None and wt.origin == "parameter":
+        # a parameter's elements transposed (Dynamic conv's `torch.mm(attention, self.weight.view(K, -1))`): the
+        # Trainer trains that parameter (a gather of it), not the transposed tensor under a name of its own
+        g = _gather_of_parameter(torch.ops.aten.t.default, (wt,), {}, wt, tuple(t.shape))
+        if g is not None:
+            root = wt.root
+            if tuple(t.shape) != tuple(root[1]) or not np.array_equal(g[0].reshape(-1), np.arange(t.numel())):
+                gather = g
+    return _linear(imp, x, Const(t, key, wt.origin, root, gather), b)
 
 
 def _mm(imp, x, wt):

@@ -205,6 +205,12 @@ class Network:
         for d in inputs:
             if not isinstance(d, DataNode):
                 raise GraphError(name, f"input {d!r} is not a DataNode")
+        fixed = opdefs.CONSTANT_ROLES.get(op, ())
+        for role, d in zip(roles, inputs):
+            if role in fixed and not d.is_constant:
+                raise GraphError(name, f"{op}'s {role} '{d.name}' {d.shape} is computed by the network; expected a "
+                                       f"constant (Network.conv2d lowers a conv of a computed weight or bias to "
+                                       f"im2col and a matmul; elsewhere use mul / add ops)")
         shape = sch.infer(name, list(inputs), p)
         self._claim(name)
         out = DataNode(name, shape, inputs[0].dtype)
@@ -228,11 +234,56 @@ class Network:
     def conv2d(self, x: DataNode, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
                name: str | None = None) -> DataNode:
         n = self._name("conv2d", name)
+        if isinstance(weight, DataNode) and not weight.is_constant:
+            return self._conv2d_computed(x, weight, bias, stride, padding, dilation, groups, n)
+        if isinstance(bias, DataNode) and not bias.is_constant:
+            # a computed bias (O,): the conv without one, the bias added as (1, O, 1, 1)
+            y = self.conv2d(x, weight, None, stride, padding, dilation, groups, name=f"{n}.nobias")
+            if tuple(bias.shape) != (y.shape[1],):
+                raise GraphError(n, f"bias '{bias.name}' has shape {bias.shape}, expected {(y.shape[1],)}")
+            return self.add(y, self.reshape(bias, (1, y.shape[1], 1, 1), name=f"{n}.bias4"), name=n)
         ins = [x, self._const(n, "weight", weight, x.dtype)]
         if bias is not None:
             ins.append(self._const(n, "bias", bias, x.dtype))
         return self.add_op("conv2d", ins, dict(stride=stride, padding=padding, dilation=dilation,
                                                groups=groups, has_bias=bias is not None), n)
+
+    def _conv2d_computed(self, x: DataNode, w: DataNode, bias, stride, padding, dilation, groups,
+                         n: str) -> DataNode:
+        """A conv whose weight the network computes (StyleGAN2's modulated conv, CondConv / dynamic conv's
+        per-sample kernels folded into groups): im2col and a batched matmul, the conv op's weight slot being a
+        constant. cols = unfold(pad(x)) (N, C kh kw, L) -> (N, g, C/g kh kw, L) (its channels (c, i, j) in c's
+        order, so group gi's rows are contiguous); w (O, C/g, kh, kw) -> (g, O/g, C/g kh kw) (the same (c, i, j)
+        order per output); matmul broadcasts to (N, g, O/g, L) -> (N, O, Ho, Wo); a bias (O,) added as (1, O, 1, 1).
+        Shapes and attributes are checked as the conv op checks them."""
+        sch = opdefs.schema("conv2d", n)
+        p = sch.normalize(n, dict(stride=stride, padding=padding, dilation=dilation, groups=groups,
+                                  has_bias=False))
+        _, o, ho, wo = sch.infer(n, [x, w], p)
+        bn, c = x.shape[:2]
+        g, (kh, kw), (t, b, left, r) = p["groups"], w.shape[2:], p["padding"]
+        xp = self.pad(x, (0, 0, 0, 0, t, b, left, r), name=f"{n}.pad") if t or b or left or r else x
+        cols = self.unfold(xp, (kh, kw), p["dilation"], 0, p["stride"], name=f"{n}.cols")    # (N, C kh kw, L)
+        k = c // g * kh * kw
+        if g > 1:
+            cols = self.reshape(cols, (bn, g, k, ho * wo), name=f"{n}.cols_g")               # (N, g, C/g kh kw, L)
+        wm = self.reshape(w, (g, o // g, k) if g > 1 else (o, k), name=f"{n}.w")             # (g, O/g, C/g kh kw)
+        y = self.matmul(wm, cols, name=f"{n}.mm")                                           # (N, g, O/g, L)
+        if bias is None:
+            return self.reshape(y, (bn, o, ho, wo), name=n)
+        y = self.reshape(y, (bn, o, ho, wo), name=f"{n}.nobias")
+        bd = self._const(n, "bias", bias, x.dtype)
+        if tuple(bd.shape) != (o,):
+            raise GraphError(n, f"bias '{bd.name}' has shape {bd.shape}, expected {(o,)}")
+        if not bd.is_constant:
+            return self.add(y, self.reshape(bd, (1, o, 1, 1), name=f"{n}.bias4"), name=n)
+        b4 = self.constant(f"{n}.bias4", np.asarray(bd.value).reshape(1, o, 1, 1), dtype=x.dtype)
+        # (the same parameter as the bias: its origin, and its name and shape for the trainer's gradient)
+        self.constant_alias[b4.name] = self.constant_alias.get(bd.name, (bd.name, bd.shape))
+        for table in (self.constant_origin, self.constant_gather):
+            if bd.name in table:
+                table[b4.name] = table[bd.name]
+        return self.add(y, b4, name=n)
 
     def batch_norm(self, x: DataNode, gamma, beta, mean, var, eps=1e-5, name: str | None = None) -> DataNode:
         n = self._name("batch_norm", name)

@@ -74,6 +74,15 @@ class Trainer:
                         # weight slot: fixed, as in PyTorch
                         self.buffers.setdefault(d.name, np.array(d.value, copy=True))
                         continue
+                    origin = net.constant_origin.get(d.name) or ""
+                    if origin.startswith("derived from"):
+                        # (training it as a free tensor would train another network: refused, not guessed)
+                        raise UnsupportedOpError(
+                            f"{op.name}: constant '{d.name}' in the {op.op}'s weight slot is {origin} (an "
+                            f"expression of it, such as a weight standardization or an equalized-learning-rate "
+                            f"scale, folded at import); its gradient would have to flow back through that "
+                            f"expression; the trainer trains a parameter only where an op reads it as it is (or a "
+                            f"view of it); expected the parameter itself as the weight")
                     if d.name.endswith(_FOLDED_SUFFIXES):
                         raise UnsupportedOpError(
                             f"{op.name}: constant '{d.name}' was folded by the compiler from other constants (a BN "

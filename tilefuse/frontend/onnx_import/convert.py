@@ -190,18 +190,23 @@ def _conv_operands(cx: Ctx, nd: OnnxNode, w_layout: str):
     """Conv / ConvTranspose: x, the weight and bias DataNodes, kernel, strides, dilations."""
     x = cx.computed(nd, 0)
     _spatial(nd, x)
-    w = _float_array(nd, cx.const(nd, 1, "weight W"), "weight W")
-    if w.ndim != 4:
-        raise nd.refuse(f"weight W has shape {w.shape}; expected {w_layout}")
+    # Conv's W and B may be computed by the graph (a modulated / dynamic conv: Network.conv2d lowers it)
+    computed = nd.op == "Conv" and not cx.is_const(nd, 1)
+    w = cx.computed(nd, 1, "weight W") if computed else _float_array(nd, cx.const(nd, 1, "weight W"), "weight W")
+    if len(w.shape) != 4:
+        raise nd.refuse(f"weight W has shape {tuple(w.shape)}; expected {w_layout}")
     a = nd.attrs
-    k = _hw(nd, a, "kernel_shape", w.shape[2:])
-    if k != w.shape[2:]:
-        raise GraphError(nd.where, f"kernel_shape={list(k)} disagrees with weight W of shape {w.shape}")
+    k = _hw(nd, a, "kernel_shape", tuple(w.shape[2:]))
+    if k != tuple(w.shape[2:]):
+        raise GraphError(nd.where, f"kernel_shape={list(k)} disagrees with weight W of shape {tuple(w.shape)}")
     s, d = _hw(nd, a, "strides", (1, 1)), _hw(nd, a, "dilations", (1, 1))
-    b = cx.const(nd, 2, "bias B")
-    b = None if b is None else _float_array(nd, b, "bias B")
-    bn = cx.const_node(nd.inputs[2], b, x.dtype) if b is not None else None
-    return x, cx.const_node(nd.inputs[1], w, x.dtype), bn, k, s, d
+    if nd.op == "Conv" and nd.has(2) and not cx.is_const(nd, 2):
+        bn = cx.computed(nd, 2, "bias B")
+    else:
+        b = cx.const(nd, 2, "bias B")
+        b = None if b is None else _float_array(nd, b, "bias B")
+        bn = cx.const_node(nd.inputs[2], b, x.dtype) if b is not None else None
+    return x, w if computed else cx.const_node(nd.inputs[1], w, x.dtype), bn, k, s, d
 
 
 def _conv(cx: Ctx, nd: OnnxNode, used):
@@ -260,6 +265,11 @@ def _lift_1d(convert_2d):
         if nd.op in ("Conv", "ConvTranspose") and cx.is_const(nd, 1) and cx.consts[nd.inputs[1]].ndim == 3:
             ins[1] = cx.fresh(nd.inputs[1] + ".2d")
             cx.consts[ins[1]] = cx.consts[nd.inputs[1]][:, :, None, :]            # (M, C/g, k) -> (M, C/g, 1, k)
+        elif nd.op == "Conv" and nd.has(1) and not cx.is_const(nd, 1):
+            w = cx.computed(nd, 1, "weight W")
+            if len(w.shape) == 3:                          # a computed weight: (M, C/g, k) -> (M, C/g, 1, k)
+                ins[1] = cx.fresh(nd.inputs[1] + ".2d")
+                cx.env[ins[1]] = cx.net.reshape(w, (w.shape[0], w.shape[1], 1, w.shape[2]), name=ins[1])
         y = convert_2d(cx, OnnxNode(nd.name, nd.op, nd.version, ins, nd.outputs, a), used)
         return cx.net.reshape(y, (y.shape[0], y.shape[1], y.shape[3]), name=cx.fresh(nd.name))
     return convert
