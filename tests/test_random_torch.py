@@ -54,9 +54,15 @@ ONNX_SEEDS += [145000453, 145000456]
 POOL_SEEDS = {153000015: {18, 19, 20, 22}, 153000024: {18, 19, 20, 21}, 153000007: {21, 22}}
 TORCH_SEEDS += list(POOL_SEEDS)
 ONNX_SEEDS += [153000003, 153000009]
+# from WEIGHTS_FROM: blocks followed by `_Computed` (23 a dynamic depthwise conv, 24 a modulated conv, 25 a computed
+# bias); 156000000: a computed bias at batch 1, which the compiled conv read as a constant (wrong by 0.058 x max)
+WEIGHT_SEEDS = {156000000: {25}, 156000036: {23, 24, 25}, 156000002: {23, 24}}
+TORCH_SEEDS += list(WEIGHT_SEEDS)
+ONNX_SEEDS += [156000019]
 # 95000019: an export without L2Norm's `+ 1e-10` (0 / 0 at an all-zero position) whose NaN meets a max pool:
 # ONNX Runtime's pool drops it, PyTorch's and tilefuse's keep it
-DYNAMO_SEEDS = [0, 1, 45, 95000019, 126000006, 131000005, 153000023]     # 153000023: max_unpool2d's ScatterND
+DYNAMO_SEEDS = [0, 1, 45, 95000019, 126000006, 131000005, 153000023,     # 153000023: max_unpool2d's ScatterND
+                156000016]                                                 # computed conv weights and bias
 STREAM_SEEDS = list(range(0, 16)) + [45, 109000036, 109000037, 126000008, 131000013]
 TRAIN_SEEDS = list(range(0, 16)) + [70001998]   # 70001998: a true gradient of 0 in rounding noise
 # the whole vocabulary trained: 42 and 43 (F.normalize's constant ones, L2Norm's `weight.view(1, -1, 1, 1)`:
@@ -72,7 +78,8 @@ TRAIN_SEEDS = list(range(0, 16)) + [70001998]   # 70001998: a true gradient of 0
 TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 8000513, 12000641, 65001588,
                                            65003019, 109000007, 109000019,   # these two: flips trained
                                            126000002, 126000010,   # warps trained (grid_sample's backward)
-                                           131000012, 131000016]   # masks, 0-d statistics, cumsum, circular
+                                           131000012, 131000016,   # masks, 0-d statistics, cumsum, circular
+                                           156000010, 156000021]   # convs of computed weights trained
 
 
 @pytest.mark.parametrize("seed,kinds", FLIP_SEEDS.items())
@@ -109,6 +116,13 @@ def test_pool_seeds_draw_their_blocks(seed, kinds):
     for s, want in ((seed, kinds), (seed - RT.POOL_FROM + RT.ORDER_FROM, set())):
         module, _ = RT.build(s)
         assert {m.kind for m in module.modules() if isinstance(m, RT._Pooled)} == want
+
+
+@pytest.mark.parametrize("seed,kinds", WEIGHT_SEEDS.items())
+def test_weight_seeds_draw_their_blocks(seed, kinds):
+    for s, want in ((seed, kinds), (seed - RT.WEIGHTS_FROM + RT.POOL_FROM, set())):
+        module, _ = RT.build(s)
+        assert {m.kind for m in module.modules() if isinstance(m, RT._Computed)} == want
 
 
 @pytest.mark.parametrize("seed,kinds", MASK_SEEDS.items())
