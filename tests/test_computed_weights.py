@@ -359,3 +359,24 @@ def test_weight_standardization_runs_and_its_training_is_refused_by_name():
     assert_close_to_max(tilefuse.compile(net).run(x.numpy()), m(x).detach().numpy())
     with pytest.raises(UnsupportedOpError, match=r"conv1.*weight slot is derived from parameter 'conv1.weight'"):
         Trainer(net, SGD(lr=0.1))
+
+
+class HyperLinear(nn.Module):
+    """A hypernetwork's head: per-batch linear weights and bias computed from the input's statistics."""
+
+    def __init__(self, c=6, out=5):
+        super().__init__()
+        self.c, self.out = c, out
+        self.gen_w = nn.Linear(c, c * out)
+        self.gen_b = nn.Linear(c, out)
+        self.fixed = nn.Parameter(torch.randn(out, c) * 0.3)
+
+    def forward(self, x):                          # (B, C, H, W)
+        f = x.mean((2, 3))                         # (B, C)
+        ctx = f.mean(0)                            # (C,): one weight for the batch
+        w = self.gen_w(ctx).view(self.out, self.c).tanh()
+        return F.linear(f, w, self.gen_b(ctx)) + F.linear(f, self.fixed, self.gen_b(ctx).sigmoid())
+
+
+def test_linear_with_a_computed_weight_and_bias():
+    check_from_torch(lambda: HyperLinear(), _x(3, 3)[:, :, :8, :8].repeat(2, axis=1))

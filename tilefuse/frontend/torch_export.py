@@ -1974,6 +1974,20 @@ def _sign(imp, x):
 
 def _linear(imp, x, w, b=None):
     x = imp.tensor(x)
+    if len(x.shape) == 1:                          # nn.Linear of a vector (K,): as (1, K), then (O,)
+        y = _linear(imp, _reshape(imp, x, (1, x.shape[0])), w, b)
+        return _reshape(imp, y, y.shape[1:])
+    if isinstance(w, DataNode) or isinstance(b, DataNode):
+        # a weight or bias the network computes (a hypernetwork's F.linear(x, w)): x @ w.T (+ b) as a matmul
+        name = imp.op_name()
+        if isinstance(w, DataNode):
+            if len(w.shape) != 2:
+                raise imp.fail(f"linear with a computed weight {w.shape}", "expected (out_features, in_features)")
+            wt = imp.net.permute(w, (1, 0), name=imp.unique(name + ".wT"))                # (O, K) -> (K, O)
+            y = imp.net.matmul(x, wt, name=name if b is None else imp.unique(name + ".mm"))
+        else:
+            y = imp.net.linear(x, imp.const_node(imp.weight(w, "weight")), None, name=imp.unique(name + ".mm"))
+        return y if b is None else imp.net.add(y, imp.operand(b, y), name=name)
     wd = imp.const_node(imp.weight(w, "weight"))
     bd = imp.const_node(imp.weight(b, "bias")) if b is not None else None
     return imp.net.linear(x, wd, bd, name=imp.op_name())
