@@ -859,7 +859,7 @@ def _conv2d_padding(imp, x, w, b=None, stride=1, padding=0, dilation=1, groups=1
     pad = _same_padding(padding, w.shape[2:], dilation)
     name = imp.op_name()
     bd = imp.const_node(imp.weight(b, "bias")) if b is not None else None
-    return imp.net.conv2d(x, imp.const_node(w), bd, _pair(stride), pad, (dh, dw), int(groups), name=name)
+    return imp.net.conv2d(x, imp.const_node(w), bd, _pair(stride), pad, _pair(dilation), int(groups), name=name)
 
 
 def _batch_norm(imp, x, w, b, mean, var, momentum, eps):
