@@ -59,12 +59,12 @@ def assert_close_to_max(y: np.ndarray, ref: np.ndarray, rel: float = 1e-4, what:
     assert err <= rel * scale, f"{what}: max error {err:.3g} > {rel} * max|ref| = {rel * scale:.3g}"
 
 
-def check_from_torch(make, x: np.ndarray, seed: int = 0, threads=(1, 3)):
+def check_from_torch(make, x: np.ndarray, seed: int = 0, threads=(1, 3), fold_parameters: bool = True):
     """tilefuse.from_torch(make()) -> compile (each thread count) against PyTorch (the issue's fp32 criterion)."""
     import tilefuse
     torch.manual_seed(seed)
     m = make().eval()
-    net = tilefuse.from_torch(m, torch.from_numpy(x))
+    net = tilefuse.from_torch(m, torch.from_numpy(x), fold_parameters=fold_parameters)
     want = torch_run(m, x)
     for t in threads:
         assert_close_to_max(tilefuse.compile(net, threads=t).run(x), want, what=f"{t} threads")

@@ -23,7 +23,8 @@ statistics (`(x - x.mean()) / x.std()`) and cumsum box filters, and pad some con
 ORDER_FROM follow blocks with sort / median / top-k values, -inf masked softmaxes, any(), log2 / exp2 and
 antialiased shrinks; seeds from POOL_FROM follow blocks with max unpooling, sum pooling (divisor_override), slice
 assignments and torch.split; seeds from WEIGHTS_FROM with convs whose weights are computed (dynamic, modulated,
-a computed bias).
+a computed bias), and from EXPRESSIONS_FROM also convs whose weights are expressions of parameters (weight
+standardization, weight norm, an equalized learning rate: kept as ops when the train checks import them).
 
 fp32, max error <= 1e-4 x max|reference| (issue 9's criterion). A tilefuse refusal is a finding too: every op
 drawn is in the documented vocabulary (docs/ops.md).
@@ -951,24 +952,42 @@ def _swap_pooled(module, seed: int, attempt: int) -> None:
 WEIGHTS_FROM = 156 * 10 ** 6
 
 
+EXPRESSIONS_FROM = 161 * 10 ** 6
+
+
 class _Computed(nn.Module):
     """The seventy-first session's vocabulary after a block: convs whose weights the network computes: a dynamic
     depthwise conv (per-sample kernels, the softmax-weighted sum of 3 expert kernels, the batch folded into the
     groups: `torch.mm(attention, experts.view(K, -1))`), a modulated conv (StyleGAN2: a kernel times a per-sample
-    per-channel style, demodulated), a conv with a computed bias."""
+    per-channel style, demodulated), a conv with a computed bias; from EXPRESSIONS_FROM (the seventy-second
+    session's) also convs whose weights are expressions of parameters: weight standardization with a gain
+    (NFNet's ScaledStdConv2d), weight norm (g * v / ||v||), an equalized learning rate (StyleGAN's
+    `weight * scale`, `bias * lr_mul`)."""
     KINDS = tuple(range(23, 26))
+    EXPRESSION_KINDS = tuple(range(23, 29))
 
-    def __init__(self, s, c):
+    def __init__(self, s, c, kinds=KINDS):
         super().__init__()
-        self.kind, self.c = int(_pick(s, self.KINDS)), c
+        self.kind, self.c = int(_pick(s, kinds)), c
         g = torch.Generator().manual_seed(int(s.integers(2 ** 31)))
         self.experts = nn.Parameter(torch.randn(3, c * 9, generator=g) * 0.3)
         self.route = nn.Linear(c, 3)
         self.weight = nn.Parameter(torch.randn(c, c, 3, 3, generator=g) / (3 * c ** 0.5))
         self.bias = nn.Parameter(torch.randn(c, generator=g) * 0.2)
+        if self.kind >= 26:
+            self.gain = nn.Parameter(torch.rand(c, 1, 1, 1, generator=g) + 0.5)
 
     def forward(self, x):
         b, c, h, w = x.shape
+        if self.kind == 26:                                              # ScaledStdConv2d
+            wt = F.batch_norm(self.weight.reshape(1, c, -1), None, None, weight=(self.gain * (c * 9) ** -0.5).view(-1),
+                              training=True, momentum=0., eps=1e-6).reshape_as(self.weight)
+            return F.conv2d(x, wt, self.bias, padding=1)
+        if self.kind == 27:                                              # weight norm over dims 1..3
+            wt = self.gain * self.weight / torch.linalg.vector_norm(self.weight, dim=(1, 2, 3), keepdim=True)
+            return x + F.conv2d(x, wt * 0.3, padding=1)
+        if self.kind == 28:                                              # equalized learning rate
+            return F.conv2d(x, self.weight * (3 * c ** 0.5) * (c * 9) ** -0.5, self.bias * 0.5, padding=1)
         pooled = x.mean((2, 3))                                          # (B, C)
         if self.kind == 23:
             att = self.route(pooled).softmax(1)                          # (B, 3)
@@ -1010,7 +1029,8 @@ def _swap_computed(module, x, seed: int, attempt: int) -> None:
     for m, name, child in picked:
         shape = shapes.get(id(child))
         if shape is not None and len(shape) == 4:
-            setattr(m, name, _Then(child, _Computed(s, shape[1])))
+            kinds = _Computed.KINDS if seed < EXPRESSIONS_FROM else _Computed.EXPRESSION_KINDS
+            setattr(m, name, _Then(child, _Computed(s, shape[1], kinds)))
 
 
 def _draw(r):
@@ -1414,7 +1434,8 @@ def check_train_modern(seed: int) -> str | None:
     from tilefuse.kernels import train_conv
     from tilefuse.training import SGD, Trainer
     module, x, labels = build_train_modern(seed)
-    net = tilefuse.from_torch(module, torch.from_numpy(x.copy()))
+    # (expressions of parameters kept as ops: the import for training)
+    net = tilefuse.from_torch(module, torch.from_numpy(x.copy()), fold_parameters=False)
     ref_module = _head_off(module)
     loss_ref, g64 = _torch_step(ref_module, x, labels, torch.float64)
     safe = contextlib.nullcontext()

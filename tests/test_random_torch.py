@@ -59,6 +59,10 @@ ONNX_SEEDS += [153000003, 153000009]
 WEIGHT_SEEDS = {156000000: {25}, 156000036: {23, 24, 25}, 156000002: {23, 24}}
 TORCH_SEEDS += list(WEIGHT_SEEDS)
 ONNX_SEEDS += [156000019]
+# from EXPRESSIONS_FROM: also 26 a weight-standardized conv with a gain (NFNet), 27 weight norm, 28 an equalized
+# learning rate (expressions of parameters: folded for inference, kept as ops and trained through by the train check)
+EXPRESSION_SEEDS = {161000052: {25, 27, 28}, 161000022: {24, 26, 28}, 161000003: {27}}
+TORCH_SEEDS += [161000052]
 # 95000019: an export without L2Norm's `+ 1e-10` (0 / 0 at an all-zero position) whose NaN meets a max pool:
 # ONNX Runtime's pool drops it, PyTorch's and tilefuse's keep it
 DYNAMO_SEEDS = [0, 1, 45, 95000019, 126000006, 131000005, 153000023,     # 153000023: max_unpool2d's ScatterND
@@ -79,7 +83,8 @@ TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 80
                                            65003019, 109000007, 109000019,   # these two: flips trained
                                            126000002, 126000010,   # warps trained (grid_sample's backward)
                                            131000012, 131000016,   # masks, 0-d statistics, cumsum, circular
-                                           156000010, 156000021]   # convs of computed weights trained
+                                           156000010, 156000021,   # convs of computed weights trained
+                                           161000022, 161000003]   # through expressions of parameters
 
 
 @pytest.mark.parametrize("seed,kinds", FLIP_SEEDS.items())
@@ -116,6 +121,14 @@ def test_pool_seeds_draw_their_blocks(seed, kinds):
     for s, want in ((seed, kinds), (seed - RT.POOL_FROM + RT.ORDER_FROM, set())):
         module, _ = RT.build(s)
         assert {m.kind for m in module.modules() if isinstance(m, RT._Pooled)} == want
+
+
+@pytest.mark.parametrize("seed,kinds", EXPRESSION_SEEDS.items())
+def test_expression_seeds_draw_their_blocks(seed, kinds):
+    """The seeds draw the expression kinds they were chosen for; the weight seeds below EXPRESSIONS_FROM no kind
+    past 25 (test_weight_seeds_draw_their_blocks: exactly theirs)."""
+    module, _ = RT.build(seed)
+    assert {m.kind for m in module.modules() if isinstance(m, RT._Computed)} == kinds
 
 
 @pytest.mark.parametrize("seed,kinds", WEIGHT_SEEDS.items())

@@ -233,7 +233,7 @@ def _kink_allowance(module, x, labels, g64, rel=1e-6):
     return {k: float(v.max()) for k, v in allow.items()}, len(near)
 
 
-def _step_against_torch(module, x, labels, schedule="fused"):
+def _step_against_torch(module, x, labels, schedule="fused", fold_parameters=True):
     """One forward / backward through from_torch + Trainer and through PyTorch (float32 and float64). Per
     tensor: within 2e-3 of its largest value (1e-3 of the largest gradient's for a tensor whose gradient is
     ~0), 3x float32 PyTorch's own error, or, where float32 rounding decides an activation's kink, the
@@ -241,7 +241,7 @@ def _step_against_torch(module, x, labels, schedule="fused"):
     for m in module.modules():
         if isinstance(m, nn.Dropout):
             m.p = 0.0                 # (the Trainer's dropout draws its own mask)
-    net = tilefuse.from_torch(module, x)
+    net = tilefuse.from_torch(module, x, fold_parameters=fold_parameters)
     tr = Trainer(net, SGD(lr=0.05, momentum=0.9), schedule=schedule)
     module.train()
     m64 = copy.deepcopy(module).double()

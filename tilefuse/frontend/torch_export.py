@@ -51,7 +51,7 @@ if torch is not None:
 
 # ----------------------------------------------------------------------------- entry point
 
-def from_torch(module, example_input, name: str | None = None) -> Network:
+def from_torch(module, example_input, name: str | None = None, fold_parameters: bool = True) -> Network:
     """Import a torch.nn.Module as a tilefuse Network (inference semantics).
 
     example_input: a tensor or a tuple/list of tensors, one per forward() argument; their shapes
@@ -87,14 +87,15 @@ def from_torch(module, example_input, name: str | None = None) -> Network:
             net = None
             if _mutations_are_local(ep):
                 try:
-                    net = _Importer(ep, name, direct=True).run(examples)
+                    net = _Importer(ep, name, direct=True, fold_parameters=fold_parameters).run(examples)
                 except _NeedsDecomposition:
                     pass
             if net is None:
                 ep = ep.run_decompositions(_decomposition_table())
         if net is None:
-            net = _Importer(ep, name).run(examples)
+            net = _Importer(ep, name, fold_parameters=fold_parameters).run(examples)
         net.module_buffers = _persistent_buffers(module)
+        net.train_mode_updates.update(_train_mode_updates(module))
         return net
     finally:
         module.train(was_training)
@@ -120,6 +121,24 @@ def _restore_attributes(saved) -> None:
         for k, v in before.items():
             if k not in now or (now[k] is not v and isinstance(now[k], torch.Tensor)):
                 now[k] = v
+
+
+def _train_mode_updates(module) -> dict:
+    """Submodules whose training-mode forward computes with state the eval-mode export does not show: spectral
+    norm (torch.nn.utils.parametrizations.spectral_norm, or the older hook torch.nn.utils.spectral_norm) runs a
+    power iteration on its u / v buffers before every training forward, so its sigma differs from the eval graph's.
+    (`Network.train_mode_updates`: the Trainer refuses the network naming them.)"""
+    out = {}
+    for path, m in module.named_modules():
+        if _stochastic_depth(m) is not None and _stochastic_depth(m)[1] == "unscaled":
+            out[path] = "DropPath(scale_by_keep=False): its training forward drops samples without the 1 / keep scale"
+        if type(m).__name__ == "_SpectralNorm" and type(m).__module__.startswith("torch.nn.utils"):
+            out[path] = "spectral norm: its training forward updates u / v by power iteration"
+        for hook in getattr(m, "_forward_pre_hooks", {}).values():
+            if type(hook).__name__ == "SpectralNorm" and type(hook).__module__.startswith("torch.nn.utils"):
+                out[path or type(m).__name__] = (f"spectral norm of '{hook.name}': its training forward updates "
+                                                 f"u / v by power iteration")
+    return out
 
 
 def _persistent_buffers(module) -> dict:
@@ -224,6 +243,38 @@ def _decomposition_table():
 _LRN_OP = None
 
 
+_DROP_PATH_OP = None
+
+
+def _drop_path_op():
+    """tilefuse::drop_path(x, p, mode): the identity (an eval-mode forward), which the export keeps as one node so
+    that the network holds the stochastic depth a training forward applies."""
+    global _DROP_PATH_OP
+    if _DROP_PATH_OP is None:
+        @torch.library.custom_op("tilefuse::drop_path", mutates_args=())
+        def drop_path(x: torch.Tensor, p: float, mode: str) -> torch.Tensor:
+            return x.clone()
+
+        @drop_path.register_fake
+        def _(x, p, mode):
+            return torch.empty_like(x)
+
+        _DROP_PATH_OP = drop_path
+    return _DROP_PATH_OP
+
+
+def _stochastic_depth(m):
+    """(p, mode) of a stochastic-depth module with p > 0, by duck type: torchvision.ops.StochasticDepth (p, mode
+    'row' / 'batch'), timm's DropPath (drop_prob, scale_by_keep; one draw per sample); else None. A DropPath that
+    does not scale by 1 / keep is (p, 'unscaled')."""
+    name = type(m).__name__
+    if name == "StochasticDepth" and isinstance(getattr(m, "p", None), float) and m.p > 0:
+        return m.p, getattr(m, "mode", "row")
+    if name == "DropPath" and isinstance(getattr(m, "drop_prob", None), float) and m.drop_prob > 0:
+        return m.drop_prob, "row" if getattr(m, "scale_by_keep", True) else "unscaled"
+    return None
+
+
 def _lrn_op():
     global _LRN_OP
     if _LRN_OP is None:
@@ -242,12 +293,18 @@ def _lrn_op():
 @contextlib.contextmanager
 def _leaf_ops(module):
     """nn.LocalResponseNorm and F.local_response_norm (AlexNet / GoogLeNet code calls either) as one op while
-    exporting (PyTorch decomposes it to a 3-D average pool over a padded channel axis)."""
+    exporting (PyTorch decomposes it to a 3-D average pool over a padded channel axis); a stochastic-depth module
+    with p > 0 (torchvision's StochasticDepth, timm's DropPath: the identity in eval mode, so nothing would be
+    exported) as tilefuse::drop_path, a dropout op for the Trainer."""
     swapped = []
     for m in module.modules():
         if type(m) is nn.LocalResponseNorm:
             op = _lrn_op()
             m.forward = (lambda mm: lambda x: op(x, mm.size, float(mm.alpha), float(mm.beta), float(mm.k)))(m)
+            swapped.append(m)
+        elif _stochastic_depth(m) is not None and _stochastic_depth(m)[1] in ("row", "batch"):
+            op = _drop_path_op()
+            m.forward = (lambda pm: lambda x: op(x, float(pm[0]), pm[1]))(_stochastic_depth(m))
             swapped.append(m)
     functional = F.local_response_norm
 
@@ -318,8 +375,9 @@ _NONDETERMINISTIC = ("rand", "randn", "randint", "bernoulli", "dropout", "native
 
 
 class _Importer:
-    def __init__(self, ep, name: str, direct: bool = False):
+    def __init__(self, ep, name: str, direct: bool = False, fold_parameters: bool = True):
         self.ep = ep
+        self.fold_parameters = fold_parameters
         self.direct = direct          # the undecomposed graph: unknown ops ask for decomposition
         self.net = Network(name)
         self.env: dict[Any, Any] = {}
@@ -408,6 +466,8 @@ class _Importer:
     def tensor(self, v, what="input") -> DataNode:
         if isinstance(v, DataNode):
             return v
+        if isinstance(v, Const):        # an op that computes with a constant (beside a computed operand, or a
+            return self.const_node(v)   # parameter with fold_parameters=False: `batch_norm(w.reshape(1, O, -1))`)
         raise self.fail(f"{self.target_name()} with a {type(v).__name__} {what}",
                         "expected a tensor computed from the network inputs")
 
@@ -584,7 +644,10 @@ class _Importer:
                             "arithmetic (x * mask, mask.sum(), mask.cumsum(1)) and x[mask] = v only")
         if not any(isinstance(v, (DataNode, *boolexpr.BOOL)) for v in flat) and \
                 not name.startswith(_NONDETERMINISTIC):
-            return self.fold(target, args, kwargs)
+            out = self.fold(target, args, kwargs)
+            if self.fold_parameters or not _derived(out):
+                return out
+            args, kwargs = self.parameters_as_nodes(args, kwargs)
         fn = _ATEN.get(name.rstrip("_") if name not in _ATEN else name)
         if fn is None:
             if self.direct:
@@ -656,6 +719,13 @@ class _Importer:
         dims = list(range(len(f.shape))) if dim is None else list(dim) if isinstance(dim, (list, tuple)) else [dim]
         r = _ATEN["amax" if name == "any" else "amin"](self, f, dims, keepdim)
         return boolexpr.Cmp(r, "gt", self.operand(0.5, r), self.where())
+
+    def parameters_as_nodes(self, args, kwargs):
+        """(fold_parameters=False) args and kwargs with each parameter (or view of one) a network constant, for
+        an op that computes with it: the network computes the expression, the Trainer trains the parameter."""
+        def node(v):
+            return self.const_node(v) if isinstance(v, Const) and v.origin != "buffer" else v
+        return torch.fx.node.map_aggregate(args, node), torch.fx.node.map_aggregate(kwargs, node)
 
     def fold(self, target, args, kwargs):
         """Evaluate a constant-only node with torch (e.g. a transposed weight, a scalar tensor)."""
@@ -748,6 +818,11 @@ def _index_result(n) -> bool:
     return name in ("argmax", "argmin") or (name in ("max", "min") and getattr(t, "_overloadname", "") == "dim")
 
 
+def _derived(v) -> bool:
+    """Whether a fold's result is an expression of a parameter (not a buffer, not the parameter's own elements)."""
+    return any(isinstance(c, Const) and c.origin.startswith("derived from") for c in _flatten(v))
+
+
 def _flatten(v) -> list:
     if isinstance(v, (tuple, list)):
         out = []
@@ -769,8 +844,8 @@ def _pair(v):
 def _convolution(imp, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     x = imp.tensor(x)
     if isinstance(w, DataNode) or isinstance(b, DataNode):
-        return _conv_computed(imp, x, w, b, stride, (padding,) if isinstance(padding, str) else padding, dilation,
-                              transposed, groups)
+        return _conv_computed(imp, x, w, b, stride, padding if isinstance(padding, (tuple, list)) else (padding,),
+                              dilation, transposed, groups)
     w = imp.weight(w, "weight")
     if len(w.shape) == 3 and len(x.shape) == 3:
         return _convolution_1d(imp, x, w, b, stride, padding, dilation, transposed, output_padding, groups)
@@ -876,8 +951,50 @@ def _batch_norm(imp, x, w, b, mean, var, momentum, eps):
 def _batch_norm_aten(imp, x, w, b, mean, var, training, momentum, eps, *rest):
     """aten.batch_norm (the exported graph before decomposition)."""
     if training or mean is None:
-        return _batch_norm_training(imp)
+        return _batch_norm_training(imp, x, w, b, mean, var, training, momentum, eps)[0]
     return _batch_norm(imp, x, w, b, mean, var, momentum, eps)[0]
+
+
+def _const_reshaped(c: Const, shape) -> Const:
+    """Const c reshaped (a view of the same parameter elements, in their order)."""
+    g = None if c.gather is None else (c.gather[0].reshape(shape), c.gather[1])
+    return Const(c.tensor.reshape(shape), c.key, c.origin, c.root, g)
+
+
+def _batch_norm_training(imp, x, w, b, *rest):
+    """Batch norm with the batch's statistics and no running buffers (F.batch_norm(x, None, None, training=True):
+    timm's StdConv2d weight standardization; BatchNorm2d(track_running_stats=False)): mean and biased variance
+    over every axis but 1, as mean, sub, mul, mean, add, rsqrt, mul, then the affine weight and bias (constants or
+    computed, (C,) viewed as (1, C, 1, ...)). Returns (y, None, None) as native_batch_norm does.
+    rest: (running_mean, running_var, training, momentum, eps[, cudnn]) or, for _native_batch_norm_legit.no_stats,
+    (training, momentum, eps)."""
+    if imp.node.target._overloadname == "no_stats":
+        rest = (None, None) + tuple(rest)
+    mean, var, training, momentum, eps = rest[:5]
+    if mean is not None or var is not None:
+        raise imp.fail("batch norm with batch statistics that also updates running_mean / running_var "
+                       "(training=True with buffers)", "an inference import reads the running statistics; "
+                       "expected the module in eval mode (from_torch calls module.eval())")
+    x = imp.tensor(x)
+    r = len(x.shape)
+    if r < 2:
+        raise imp.fail(f"batch norm of a rank-{r} input {x.shape}", "expected (N, C, ...)")
+    dims = tuple(i for i in range(r) if i != 1)
+    base = imp.op_name_hint()
+    m = imp.net.mean(x, dims, keepdim=True, name=imp.unique(base + ".mean"))          # (1, C, 1, ...)
+    d = imp.net.sub(x, m, name=imp.unique(base + ".centered"))
+    v = imp.net.mean(imp.net.mul(d, d, name=imp.unique(base + ".square")), dims, keepdim=True,
+                     name=imp.unique(base + ".var"))
+    v = imp.net.add(v, imp.operand(float(eps), v), name=imp.unique(base + ".var_eps"))
+    y = imp.net.mul(d, imp.net.activation(v, "rsqrt", name=imp.unique(base + ".rstd")),
+                    name=imp.unique(base + ".normalized") if w is not None or b is not None else imp.op_name())
+    shape = [1, x.shape[1]] + [1] * (r - 2)
+    for k, t in (("weight", w), ("bias", b)):
+        if t is None:
+            continue
+        t = _reshape(imp, t, shape) if isinstance(t, DataNode) else imp.operand(_const_reshaped(t, shape), y)
+        y = (imp.net.mul if k == "weight" else imp.net.add)(y, t, name=imp.unique(f"{base}.{k}"))
+    return (y, None, None)
 
 
 def _group_norm(imp, x, groups, w=None, b=None, eps=1e-5, *rest):
@@ -910,11 +1027,6 @@ def _instance_norm(imp, x, w, b, mean, var, use_input_stats, momentum, eps, *res
 
 def _conv_transpose(imp, x, w, b=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     return _convolution(imp, x, w, b, stride, padding, dilation, True, output_padding, groups)
-
-
-def _batch_norm_training(imp, *a, **k):
-    raise imp.fail("batch norm with batch statistics (training=True or track_running_stats=False)",
-                   "inference import needs running_mean / running_var")
 
 
 def _act(name, **fixed):
@@ -1069,6 +1181,25 @@ def _var(imp, x, dims=None, *rest, correction=None, keepdim=False, unbiased=None
         mean = m if keepdim else _reshape(imp, m, [s_ for i, s_ in enumerate(x.shape) if i not in dims] or [])
         return (v, mean)
     return v
+
+
+def _cdist(imp, x1, x2, p=2.0, compute_mode=None):
+    """aten._cdist_forward(x1, x2, p, compute_mode): x1 (.., P, M), x2 (.., R, M) -> (.., P, R), the batch axes
+    broadcast; order 1, 2, inf: the norm over M of x1[.., :, None, :] - x2[.., None, :, :] (`Network.vector_norm`),
+    as PyTorch's kernel computes it. (torch.cdist of order 2 with more than 25 rows on either side never reaches
+    this op: PyTorch's Python computes sqrt(max(|a|^2 + |b|^2 - 2 a.b, 0)) with a matmul, which the export traces.)"""
+    x1, x2 = imp.tensor(x1), imp.tensor(x2)
+    p = float(p)
+    if len(x1.shape) < 2 or len(x2.shape) < 2 or x1.shape[-1] != x2.shape[-1]:
+        raise imp.fail(f"cdist of {x1.shape} and {x2.shape}", "expected (.., P, M) and (.., R, M)")
+    if p not in (1.0, 2.0, math.inf):
+        raise imp.fail(f"cdist of order {p}", "supported: p = 1, 2, inf")
+    name = imp.op_name()
+    (P, M), R = x1.shape[-2:], x2.shape[-2]
+    a = _reshape(imp, x1, tuple(x1.shape[:-1]) + (1, M))                         # (.., P, 1, M)
+    b = _reshape(imp, x2, tuple(x2.shape[:-2]) + (1, R, M))                      # (.., 1, R, M)
+    d = imp.net.sub(a, b, name=imp.unique(name + ".diff"))                       # (.., P, R, M)
+    return imp.net.vector_norm(d, p, (len(d.shape) - 1,), False, name=name)
 
 
 def _vector_norm(imp, x, ord=2, dim=None, keepdim=False, *, dtype=None):
@@ -1354,6 +1485,39 @@ def _flatten_op(imp, x, start_dim=0, end_dim=-1):
     sd, ed = start_dim % r, end_dim % r
     shape = list(x.shape[:sd]) + [int(np.prod(x.shape[sd:ed + 1]))] + list(x.shape[ed + 1:])
     return _reshape(imp, x, shape)
+
+
+def _tensor_unfold(imp, x, dim, size, step):
+    """Tensor.unfold(dim, size, step): the n = (L - size) // step + 1 windows of `size` along dim, dim's extent
+    becoming n and the window a new last axis (HaloNet's `kv.unfold(2, win, block)`, patchify's
+    `x.unfold(2, p, p).unfold(3, p, p)`). step == size: a slice to n * size, a reshape (.., n, size, ..) and a
+    permute moving the window axis last; else one strided slice per window element, concatenated on a new last
+    axis. Exact (elements moved)."""
+    x = imp.tensor(x)
+    r = len(x.shape)
+    d = int(dim) % r if r else 0
+    length = x.shape[d] if r else 1
+    size, step = int(size), int(step)
+    if size < 0 or step < 1 or size > length:
+        raise imp.fail(f"unfold(dim={dim}, size={size}, step={step}) of a tensor {x.shape}",
+                       f"expected 0 <= size <= {length} (the extent of dim {d}) and step >= 1")
+    if r == 0:
+        return _reshape(imp, x, (1,))
+    n = (length - size) // step + 1
+    shape = tuple(x.shape)
+    name = imp.op_name()
+    if step == size and size > 0:
+        if n * size != length:
+            x = imp.net.slice(x, d, 0, n * size, 1, name=imp.unique(name + ".whole"))
+        y = _reshape(imp, x, shape[:d] + (n, size) + shape[d + 1:])              # (.., n, size, ..)
+        perm = tuple(i for i in range(r + 1) if i != d + 1) + (d + 1,)
+        return imp.net.permute(y, perm, name=name) if perm != tuple(range(r + 1)) else y
+    out = shape[:d] + (n,) + shape[d + 1:]
+    parts = [_reshape(imp, imp.net.slice(x, d, j, j + step * (n - 1) + 1, step, name=imp.unique(f"{name}.{j}")),
+                      out + (1,)) for j in range(size)]                           # window element j: (.., n, .., 1)
+    if not parts:
+        raise imp.fail(f"unfold of windows of size 0 (tensor {x.shape})", "expected size >= 1")
+    return parts[0] if len(parts) == 1 else imp.net.concat(parts, axis=r, name=name)
 
 
 def _permute(imp, x, dims):
@@ -2100,9 +2264,30 @@ def _identity(imp, x, *a, **k):
 
 
 def _dropout(imp, x, p=0.5, train=False):
+    """aten.dropout / feature_dropout (nn.Dropout, Dropout1d / Dropout2d) of an eval-mode export: a dropout op
+    (the identity at inference, compiled away; the Trainer's mask per element or per (sample, channel)); p = 0:
+    nothing. Alpha dropout's training forward (SELU's) is none the Trainer has: the network records it
+    (`Network.train_mode_updates`) and the Trainer refuses it naming the op."""
     if train:
         raise imp.fail("dropout with train=True", "import inference graphs (eval mode)")
-    return x
+    x = imp.tensor(x)
+    if not float(p):
+        return x
+    kind = imp.node.target._opname
+    name = imp.op_name()
+    if "alpha" in kind:
+        imp.net.train_mode_updates[name] = (f"{kind}(p={float(p)}): its training forward (alpha dropout) is none "
+                                            f"the trainer has")
+        return x
+    return imp.net.dropout(x, float(p), name=name, mode="channel" if kind.startswith("feature") else "element")
+
+
+def _drop_path(imp, x, p, mode):
+    """tilefuse::drop_path (`_leaf_ops`: torchvision's StochasticDepth, timm's DropPath with p > 0): a dropout op
+    with one draw per sample ('row') or for the batch ('batch')."""
+    stack = list((imp.node.meta.get("nn_module_stack") or {}).values())
+    name = imp.unique(stack[-1][0] if stack and stack[-1][0] else "drop_path")       # the module's path
+    return imp.net.dropout(imp.tensor(x), float(p), name=name, mode="batch" if mode == "batch" else "sample")
 
 
 def _to_copy(imp, x, *, dtype=None, **k):
@@ -2347,6 +2532,8 @@ _ATEN = {
     "unsqueeze": _unsqueeze,
     "flatten": _flatten_op,
     "permute": _permute,
+    "_cdist_forward": _cdist,
+    "unfold": _tensor_unfold,
     "transpose": _transpose,
     "t": lambda imp, x: _transpose(imp, x, 0, 1),
     "slice": _slice,
@@ -2398,6 +2585,7 @@ _ATEN = {
     "lift_fresh_copy": _identity,
     "_to_copy": _to_copy,
     "dropout": _dropout,
+    "drop_path": _drop_path,
     "feature_dropout": _dropout,
     "alpha_dropout": _dropout,
     "feature_alpha_dropout": _dropout,

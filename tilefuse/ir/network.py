@@ -82,6 +82,9 @@ class Network:
         # Trainer's state_dict hands back those that training does not update (a normalization's `mean` / `std`,
         # a spatial transformer's base theta) as they were, so that the module's load_state_dict takes it whole
         self.module_buffers: dict[str, np.ndarray] = {}
+        # module path -> what its training-mode forward does that the eval-mode graph does not (from_torch: a
+        # spectral norm's power iteration, which updates its u / v buffers); the Trainer refuses such a network
+        self.train_mode_updates: dict[str, str] = {}
         if ops:
             self.ops = _toposort(list(ops), self.inputs)
             for op in self.ops:
@@ -336,8 +339,10 @@ class Network:
     def concat(self, xs: Iterable[DataNode], axis: int = 1, name: str | None = None) -> DataNode:
         return self.add_op("concat", list(xs), {"axis": axis}, name)
 
-    def dropout(self, x: DataNode, p: float = 0.5, name: str | None = None) -> DataNode:
-        return self.add_op("dropout", [x], {"p": p}, name)
+    def dropout(self, x: DataNode, p: float = 0.5, name: str | None = None, mode: str = "element") -> DataNode:
+        """The identity at inference; in training (the Trainer) x times a random keep mask / (1 - p), one draw per
+        element, per (sample, channel), per sample or per batch (`ops.DROPOUT_MODES`)."""
+        return self.add_op("dropout", [x], {"p": p, "mode": mode}, name)
 
     # ---------------------------------------------------------------- modern CNN ops (issue 9)
 
@@ -1003,6 +1008,7 @@ class Network:
         new.integer_inputs = dict(self.integer_inputs)
         new.integer_outputs = dict(self.integer_outputs)
         new.module_buffers = dict(self.module_buffers)
+        new.train_mode_updates = dict(self.train_mode_updates)
         new._counter = itertools.count(next(self._counter))
         return new
 

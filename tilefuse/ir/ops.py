@@ -398,11 +398,19 @@ _register(OpSchema("prelu", "elementwise", ("x", "slope"), lambda n, p: {}, _pre
                    lambda x, s: ref.prelu(x, s), lambda i, o, p: 2 * _prod(o)))
 
 
+# what one draw of a dropout's training mask covers: an element (nn.Dropout), a channel of one sample (Dropout1d /
+# Dropout2d: axes 0 and 1), a sample (stochastic depth, DropPath: axis 0), the whole batch (StochasticDepth "batch")
+DROPOUT_MODES = ("element", "channel", "sample", "batch")
+
+
 def _dropout_norm(node, p):
     prob = float(p.get("p", 0.5))
     if not 0.0 <= prob < 1.0:
         raise GraphError(node, f"parameter p={prob} must be in [0, 1)")
-    return {"p": prob}
+    mode = p.get("mode", "element")
+    if mode not in DROPOUT_MODES:
+        raise GraphError(node, f"parameter mode={mode!r}; expected one of {', '.join(DROPOUT_MODES)}")
+    return {"p": prob} if mode == "element" else {"p": prob, "mode": mode}
 
 
 _register(OpSchema("dropout", "elementwise", ("x",), _dropout_norm, _same_infer,

@@ -57,6 +57,11 @@ def _physical(a: np.ndarray) -> np.ndarray:
 # ops whose constant operands have no weight slot, and which of their operands get a gradient (concat: all)
 _OPERAND_SLOTS = {**{k: (0, 1) for k in ops.BINARY}, "matmul": (0, 1), "where": (2, 3), "grid_sample": (0, 1),
                   "take": (0,), "concat": None}
+# ops whose backward (`_bwd_simple`) gives input 0 a gradient, which a parameter there gets (an expression of a
+# parameter imported with from_torch(fold_parameters=False): `w.reshape(1, O, -1).mean(2)`, `w.abs()`)
+_INPUT0_GRAD = frozenset({"activation", "adaptive_avg_pool", "adaptive_max_pool", "avg_pool", "cumsum", "flatten",
+                          "global_avg_pool", "local_response_norm", "max", "max_pool", "mean", "norm", "pad",
+                          "permute", "pixel_shuffle", "reshape", "resize", "slice", "softmax", "sum"})
 
 
 def operand_constants(net: Network) -> dict[str, bool]:
@@ -70,6 +75,17 @@ def operand_constants(net: Network) -> dict[str, bool]:
     multi-value constant of a network that does not say (built by hand, imported from ONNX)."""
     out: dict[str, bool] = {}
     for op in net.ops:
+        if op.op in _INPUT0_GRAD and op.inputs[0].is_constant:
+            # a parameter (or view of one) that an op computes with: trained through the op's backward; any
+            # other constant there (a buffer, a literal, a hand-built network's) stays fixed as before
+            origin = net.constant_origin.get(op.inputs[0].name) or ""
+            if origin == "parameter":
+                out[op.inputs[0].name] = True
+            elif origin.startswith("derived from"):
+                raise UnsupportedOpError(
+                    f"{op.name}: constant input '{op.inputs[0].name}' is {origin} (folded at import); its "
+                    f"gradient would have to flow back through the fold; expected the network imported with "
+                    f"from_torch(..., fold_parameters=False), which keeps the expression as ops")
         slots = _OPERAND_SLOTS.get(op.op, ())
         for d in (op.inputs[i] for i in (range(len(op.inputs)) if slots is None else slots)):
             if not d.is_constant:
@@ -88,7 +104,8 @@ def operand_constants(net: Network) -> dict[str, bool]:
                 raise UnsupportedOpError(
                     f"{op.name}: constant operand '{d.name}' is {origin}; the trainer trains a parameter only "
                     f"where an op uses it as it is; expected the parameter itself as the operand (e.g. a layer "
-                    f"scale stored as (C, 1, 1))")
+                    f"scale stored as (C, 1, 1)), or the network imported with from_torch(..., "
+                    f"fold_parameters=False), which keeps the expression as ops")
     return out
 
 
@@ -466,9 +483,15 @@ class TrainingSchedule:
             self.env[op.outputs[0].name] = ew.relu_forward(self.env[op.outputs[0].name])
 
     def _fwd_dropout(self, op):
-        prob = op.params["p"]
+        prob, mode = op.params["p"], op.params.get("mode", "element")
         x = self.env[op.inputs[0].name]
-        mask = (self.rng.random(x.shape) >= prob).astype(x.dtype) / (1.0 - prob) if prob > 0 else None
+        # one draw per element (as stored), or per (N, C), per N, one for the batch (drawn in the IR layout,
+        # stored as x is: it broadcasts over the other axes)
+        shape = op.inputs[0].shape
+        draw = {"channel": shape[:2] + (1,) * (len(shape) - 2), "sample": shape[:1] + (1,) * (len(shape) - 1),
+                "batch": (1,) * len(shape)}.get(mode)
+        keep = self.rng.random(x.shape) >= prob if draw is None else _physical(self.rng.random(draw) >= prob)
+        mask = keep.astype(x.dtype) / (1.0 - prob) if prob > 0 else None
         self.saved[op.name] = mask
         self._simple(op, lambda x: x * mask if mask is not None else x.copy())
 
@@ -794,7 +817,10 @@ class TrainingSchedule:
         if reads_x and not op.inputs[0].is_constant:
             u.read(op.inputs[0].name, _nb(x), op.name)
         dx = fn(dy, x)                        # (fn may also produce parameter gradients)
-        if self._wants(op.inputs[0]):
+        if op.inputs[0].is_constant:
+            if op.op in _INPUT0_GRAD and self.trains(op.inputs[0]):     # an expression of a parameter
+                self._param_grad(op.inputs[0].name, _logical(dx))
+        elif self._wants(op.inputs[0]):
             self._contribute(op.inputs[0].name, dx, u, op.name)
 
     def _phys_shape(self, d):

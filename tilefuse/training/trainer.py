@@ -37,7 +37,7 @@ from ..interpreter import bind_inputs
 from ..ir import Network, ops
 from ..kernels import dense
 from ..kernels.elementwise import all_finite, finite_many
-from .schedule import TrainingSchedule, operand_constants
+from .schedule import _INPUT0_GRAD, _OPERAND_SLOTS, TrainingSchedule, operand_constants
 from .traffic import format_report, pattern_table
 
 _TRAINABLE = {"conv2d": (1, 2), "conv_transpose2d": (1, 2), "linear": (1, 2), "batch_norm": (1, 2), "scale": (1, 2),
@@ -47,6 +47,23 @@ _TRAINABLE = {"conv2d": (1, 2), "conv_transpose2d": (1, 2), "linear": (1, 2), "b
 _FIXED_SUFFIXES = (".unit_weight", ".zero_bias")
 # weights the compiler's passes computed from others (passes._absorb_affine, fold_bn): not trainable as such
 _FOLDED_SUFFIXES = (".weight_folded", ".bias_folded")
+
+
+def _check_parameter_reads(net: Network) -> None:
+    """Every read of a parameter (`constant_origin` 'parameter') is one whose backward gives it a gradient: a
+    weight slot, an operand slot, input 0 of an op whose backward differentiates it. A read anywhere else would
+    train the parameter with part of its gradient missing: refused naming the op."""
+    for op in net.ops:
+        slots = _OPERAND_SLOTS.get(op.op, ())
+        for i, d in enumerate(op.inputs):
+            if not d.is_constant or net.constant_origin.get(d.name) != "parameter":
+                continue
+            if i in _TRAINABLE.get(op.op, ()) or (slots is None or i in slots) or (i == 0 and op.op in _INPUT0_GRAD):
+                continue
+            raise UnsupportedOpError(
+                f"{op.name}: parameter '{d.name}' {d.shape} is input {i} of a {op.op}, whose backward in the trainer "
+                f"gives that input no gradient; expected a parameter only as a weight, an operand of an "
+                f"element-wise op, a matmul, a concat, or input 0 of {', '.join(sorted(_INPUT0_GRAD))}")
 
 
 class Trainer:
@@ -60,6 +77,12 @@ class Trainer:
                              f"-100, 255 for VOC-style masks) or None")
         self.ignore_index = None if ignore_index is None else int(ignore_index)
         net.lint()
+        for path, what in net.train_mode_updates.items():
+            # (the step would train the eval graph's function: silently another gradient than PyTorch's)
+            raise UnsupportedOpError(
+                f"{path}: {what}, which the network (exported in eval mode) does not hold; tilefuse trains only "
+                f"networks whose training forward is the eval graph with batch statistics and dropout; expected "
+                f"the module without it (torch.nn.utils.parametrize.remove_parametrizations, or train it in PyTorch)")
         self.net = net
         self.optimizer = optimizer
         self.params: dict[str, np.ndarray] = {}
@@ -81,8 +104,8 @@ class Trainer:
                             f"{op.name}: constant '{d.name}' in the {op.op}'s weight slot is {origin} (an "
                             f"expression of it, such as a weight standardization or an equalized-learning-rate "
                             f"scale, folded at import); its gradient would have to flow back through that "
-                            f"expression; the trainer trains a parameter only where an op reads it as it is (or a "
-                            f"view of it); expected the parameter itself as the weight")
+                            f"expression; expected the network imported with from_torch(..., "
+                            f"fold_parameters=False), which keeps the expression as ops the trainer differentiates")
                     if d.name.endswith(_FOLDED_SUFFIXES):
                         raise UnsupportedOpError(
                             f"{op.name}: constant '{d.name}' was folded by the compiler from other constants (a BN "
@@ -99,6 +122,7 @@ class Trainer:
         for name, trainable in operand_constants(net).items():
             if trainable:
                 self._add_param(net.data[name])
+        _check_parameter_reads(net)
         self.num_batches_tracked = 0
         self.threads = threads                       # None: all cores (kernels.threads.cpu_count())
         self.schedule = TrainingSchedule(net, self.params, self.buffers, schedule, bn_momentum, seed)
