@@ -154,7 +154,9 @@ def test_inception_concat_residual_two_outputs():
     ops = {o.name: o for o in net.ops}
     assert ops["b2.2"].params["padding"] == (0, 1, 1, 2)   # even kernel 'same': extra pad after
     assert ops["cat"].op == "concat" and ops["add"].op == "add"
-    assert "drop" not in ops and "ident" not in ops          # eval-mode dropout and Identity vanish
+    assert "ident" not in ops                                 # Identity vanishes
+    assert ops["drop"].op == "dropout"                        # (the Trainer's mask; compile removes it)
+    assert not any(o.op == "dropout" for o in tilefuse.compile(net).network.ops)
     assert ops["view"].op == "flatten"
 
 

@@ -8,7 +8,8 @@ sample and channel), 'sample' (one per sample: stochastic depth 'row', DropPath)
 the Trainer draws its mask. Checked: the ops and modes imported, inference unchanged (compiled, 1 and 3 threads,
 against PyTorch's eval forward), each mask's shape and values, a step's gradients against PyTorch's with the
 Trainer's masks put in place of PyTorch's dropouts (float64, every parameter), masks drawn anew each step and
-the drop fraction near p; alpha dropout and an unscaled DropPath refused by name.
+the drop fraction near p; alpha dropout, an unscaled DropPath, RReLU and an InstanceNorm2d with running
+statistics (training forwards the eval export does not show) refused by name.
 Tolerance: gradients within 1e-3 of each tensor's largest (plus 1e-4 of the largest gradient).
 """
 from __future__ import annotations
@@ -180,9 +181,14 @@ def test_masks_are_drawn_anew_each_step_and_drop_about_p():
     assert abs(frac - 0.3) < 0.0125, frac
 
 
-@pytest.mark.parametrize("module,what", [(nn.AlphaDropout(0.1), r"alpha_dropout\(p=0.1\).*alpha dropout"),
-                                         (DropPath(0.1, scale_by_keep=False), r"DropPath\(scale_by_keep=False\)")])
-def test_a_dropout_the_trainer_does_not_have_is_refused_naming_it(module, what):
+@pytest.mark.parametrize("module,what", [
+    (nn.AlphaDropout(0.1), r"alpha_dropout\(p=0.1\).*alpha dropout"),
+    (DropPath(0.1, scale_by_keep=False), r"DropPath\(scale_by_keep=False\)"),
+    (nn.RReLU(), r"RReLU\(lower=0.125, upper=0.33+\d*\).*random slope"),
+    (nn.InstanceNorm2d(4, track_running_stats=True), r"inner: instance norm with running statistics.*each sample's")])
+def test_a_training_forward_the_trainer_does_not_have_is_refused_naming_it(module, what):
+    """Modules whose training forward the eval-mode export does not show: inference as PyTorch's eval, and the
+    Trainer refuses the network naming them (it would train the eval graph's function)."""
     class M(nn.Module):
         def __init__(self):
             super().__init__()

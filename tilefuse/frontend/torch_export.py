@@ -87,13 +87,15 @@ def from_torch(module, example_input, name: str | None = None, fold_parameters: 
             net = None
             if _mutations_are_local(ep):
                 try:
-                    net = _Importer(ep, name, direct=True, fold_parameters=fold_parameters).run(examples)
+                    net = _Importer(ep, name, direct=True, fold_parameters=fold_parameters,
+                                    modules=dict(module.named_modules())).run(examples)
                 except _NeedsDecomposition:
                     pass
             if net is None:
                 ep = ep.run_decompositions(_decomposition_table())
         if net is None:
-            net = _Importer(ep, name, fold_parameters=fold_parameters).run(examples)
+            net = _Importer(ep, name, fold_parameters=fold_parameters,
+                            modules=dict(module.named_modules())).run(examples)
         net.module_buffers = _persistent_buffers(module)
         net.train_mode_updates.update(_train_mode_updates(module))
         return net
@@ -375,9 +377,10 @@ _NONDETERMINISTIC = ("rand", "randn", "randint", "bernoulli", "dropout", "native
 
 
 class _Importer:
-    def __init__(self, ep, name: str, direct: bool = False, fold_parameters: bool = True):
+    def __init__(self, ep, name: str, direct: bool = False, fold_parameters: bool = True, modules=None):
         self.ep = ep
         self.fold_parameters = fold_parameters
+        self.modules = modules or {}  # module path -> module (the user's: a BN's momentum, which eval export drops)
         self.direct = direct          # the undecomposed graph: unknown ops ask for decomposition
         self.net = Network(name)
         self.env: dict[Any, Any] = {}
@@ -491,6 +494,11 @@ class _Importer:
             self.net.constant_origin[d.name] = "buffer"
             return d
         raise self.fail(f"{self.target_name()} with an operand of type {type(v).__name__}")
+
+    def module(self):
+        """The user's module whose forward made the current node (the innermost on its nn_module_stack), or None."""
+        stack = list((self.node.meta.get("nn_module_stack") or {}).values())
+        return self.modules.get(stack[-1][0]) if stack else None
 
     def op_name_hint(self) -> str:
         stack = list((self.node.meta.get("nn_module_stack") or {}).values())
@@ -945,6 +953,11 @@ def _batch_norm(imp, x, w, b, mean, var, momentum, eps):
     g = imp.const_node(w) if w is not None else imp.fixed(f"{prefix}.unit_weight", np.ones(c, imp.dtype))
     bb = imp.const_node(b) if b is not None else imp.fixed(f"{prefix}.zero_bias", np.zeros(c, imp.dtype))
     y = imp.net.batch_norm(x, g, bb, imp.const_node(mean), imp.const_node(var), eps=float(eps), name=imp.op_name())
+    m = imp.module()
+    if isinstance(m, nn.modules.batchnorm._BatchNorm):
+        # the running statistics' momentum a training step uses (None: the cumulative average), which the
+        # eval-mode graph does not carry
+        imp.net.bn_momentum[y.producer.name] = None if m.momentum is None else float(m.momentum)
     return (y, None, None)
 
 
@@ -1018,7 +1031,11 @@ def _instance_norm(imp, x, w, b, mean, var, use_input_stats, momentum, eps, *res
     """aten.instance_norm: statistics of each image's channel (group_norm with groups = C), or, with
     track_running_stats in eval mode (use_input_stats False), the running statistics (batch_norm)."""
     if not use_input_stats:
-        return _batch_norm(imp, x, w, b, mean, var, momentum, eps)[0]
+        y = _batch_norm(imp, x, w, b, mean, var, momentum, eps)[0]
+        imp.net.train_mode_updates[y.producer.name] = (
+            "instance norm with running statistics (track_running_stats=True): its training forward normalizes by "
+            "each sample's own statistics, the eval graph by the running ones")
+        return y
     xt = imp.tensor(x)
     if len(xt.shape) < 3:
         raise imp.fail(f"instance norm of a rank-{len(xt.shape)} input {xt.shape}", "expected (N, C, ...)")
@@ -1077,7 +1094,11 @@ def _rrelu(imp, x, lower=1.0 / 8.0, upper=1.0 / 3.0, training=False, generator=N
     if training:
         raise imp.fail("rrelu with training=True (a random slope per element)",
                        "expected the module in eval mode or F.rrelu(x, training=False)")
-    return _leaky_relu(imp, x, (float(lower) + float(upper)) / 2.0)
+    y = _leaky_relu(imp, x, (float(lower) + float(upper)) / 2.0)
+    if float(lower) != float(upper):
+        imp.net.train_mode_updates[y.producer.name] = (f"RReLU(lower={float(lower)}, upper={float(upper)}): its "
+                                                       f"training forward draws a random slope per element")
+    return y
 
 
 def _elu(imp, x, alpha=1.0, scale=1.0, input_scale=1.0):

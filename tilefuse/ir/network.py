@@ -85,6 +85,9 @@ class Network:
         # module path -> what its training-mode forward does that the eval-mode graph does not (from_torch: a
         # spectral norm's power iteration, which updates its u / v buffers); the Trainer refuses such a network
         self.train_mode_updates: dict[str, str] = {}
+        # batch_norm op name -> its module's momentum for the running statistics (None: PyTorch's cumulative
+        # average), where an importer knows it (from_torch); the Trainer's default for the others
+        self.bn_momentum: dict[str, float | None] = {}
         if ops:
             self.ops = _toposort(list(ops), self.inputs)
             for op in self.ops:
@@ -1009,6 +1012,7 @@ class Network:
         new.integer_outputs = dict(self.integer_outputs)
         new.module_buffers = dict(self.module_buffers)
         new.train_mode_updates = dict(self.train_mode_updates)
+        new.bn_momentum = dict(self.bn_momentum)
         new._counter = itertools.count(next(self._counter))
         return new
 

@@ -113,13 +113,16 @@ class TrainingSchedule:
     """One network's training step under the 'unfused' or 'fused' schedule."""
 
     def __init__(self, net: Network, params: dict, buffers: dict, mode: str = "fused",
-                 bn_momentum: float = 0.1, seed: int = 0):
+                 bn_momentum: float | None = None, seed: int = 0):
         if mode not in ("fused", "unfused"):
             raise ValueError(f"schedule '{mode}' is not known; expected 'fused' or 'unfused'")
         self.net, self.params, self.buffers, self.mode = net, params, buffers, mode
         # a constant that is a view of a parameter (net.constant_alias) -> that parameter's name in params
         self.alias = {name: key for name, (key, _) in net.constant_alias.items()}
+        # the running statistics' momentum: bn_momentum for every BN where given; else each BN's own
+        # (net.bn_momentum: from_torch's module's, None the cumulative average), 0.1 (PyTorch's default) for the rest
         self.momentum = bn_momentum
+        self.batches_tracked = lambda: 0     # (the Trainer's count of training forwards before this one)
         self.rng = np.random.default_rng(seed)
         if len(net.outputs) != 1:
             raise GraphError(net.name, f"has {len(net.outputs)} outputs; training expects one "
@@ -351,13 +354,21 @@ class TrainingSchedule:
         a2, b2 = self.bn[pat.bn3.name].fwd_coefs(x1.dtype)
         return x1, tc.Pre(a=f1, b=f2, s=s, a2=a2, b2=b2, relu=True, r_out=r)
 
+    def bn_momentum(self, name: str) -> float:
+        """The momentum this step's running-statistics update of BN `name` uses (PyTorch's: a cumulative
+        average, momentum None, weighs the n-th batch 1 / n)."""
+        if self.momentum is not None:
+            return float(self.momentum)
+        m = self.net.bn_momentum.get(name, 0.1)
+        return 1.0 / (self.batches_tracked() + 1) if m is None else m
+
     def _bn_finalize(self, bn, s, ss, m):
         g, b, mean, var = bn.inputs[1:]
         run = None
         if mean.name in self.buffers and var.name in self.buffers:
             run = (self.buffers[mean.name], self.buffers[var.name])
         st = norm.BNState().finalize_forward(s, ss, m, self.P(g), self.P(b), bn.params["eps"], run,
-                                          self.momentum)
+                                          self.bn_momentum(bn.name))
         self.bn[bn.name] = st
         return st
 

@@ -13,7 +13,8 @@ imported unit weight and zero bias, GroupNorm(affine=False) and InstanceNorm2d's
 constant operands of binary ops that the network records as parameters (`Network.constant_origin`, which from_torch
 fills: ConvNeXt's layer scale; literals and buffers such as x + 3 stay fixed; schedule.operand_constants refuses
 the rest by name). batch_norm mean/var are buffers (running statistics,
-updated with `bn_momentum`, PyTorch's unbiased variance). The network's constants are never
+updated with each BN's momentum (`Network.bn_momentum`, else 0.1; the `bn_momentum` argument overrides it),
+PyTorch's unbiased variance). The network's constants are never
 modified: the trainer keeps its own writable copies.
 
 The loss is PyTorch's F.cross_entropy over logits (N, classes) with labels (N,), or over a dense prediction
@@ -68,7 +69,7 @@ def _check_parameter_reads(net: Network) -> None:
 
 class Trainer:
     def __init__(self, net: Network, optimizer=None, schedule: str = "fused",
-                 loss: str = "cross_entropy", bn_momentum: float = 0.1, seed: int = 0,
+                 loss: str = "cross_entropy", bn_momentum: float | None = None, seed: int = 0,
                  threads: int | None = None, ignore_index: int | None = -100):
         if loss != "cross_entropy":
             raise ValueError(f"loss '{loss}' is not supported; expected 'cross_entropy'")
@@ -123,9 +124,13 @@ class Trainer:
             if trainable:
                 self._add_param(net.data[name])
         _check_parameter_reads(net)
-        self.num_batches_tracked = 0
+        # PyTorch's count of training batches so far: the module's (from_torch's net.module_buffers), else 0; it
+        # weighs a cumulative-average BN's update (momentum=None) and goes back in the state dict
+        self.num_batches_tracked = max((int(v) for k, v in net.module_buffers.items()
+                                        if k.endswith(".num_batches_tracked")), default=0)
         self.threads = threads                       # None: all cores (kernels.threads.cpu_count())
         self.schedule = TrainingSchedule(net, self.params, self.buffers, schedule, bn_momentum, seed)
+        self.schedule.batches_tracked = lambda: self.num_batches_tracked
         self.last_loss = None
 
     def _add_param(self, d) -> None:
