@@ -1427,7 +1427,8 @@ def check_train_modern(seed: int) -> str | None:
     error there. Rounding can decide a step at a kink (ReLU, ReLU6, hardswish, clamp, max pools, where, |x|,
     a max of two tensors) or an ill-conditioned normalization: a draw whose float64 gradients move by more than
     half that tolerance when the input moves by 1e-5 of its largest value (two random directions), or when every
-    layer's output moves by float32's rounding (two draws), checks the loss only. Where PyTorch's float64
+    layer's output moves by float32's rounding (two draws), checks the loss only. The loss: within 1e-4
+    relative, 4x PyTorch float32's own error, or 2x its float64 move under those rounding draws. Where PyTorch's float64
     gradients are not finite (SSD's L2Norm, `sqrt` of a zero sum of squares: inf x 0), the references are taken
     with that square root made differentiable at 0 (`_safe_sqrt`): the function's own derivative there is
     finite."""
@@ -1445,9 +1446,13 @@ def check_train_modern(seed: int) -> str | None:
         with safe:
             loss_ref, g64 = _torch_step(ref_module, x, labels, torch.float64)
     with safe:
-        _, g32 = _torch_step(ref_module, x, labels, torch.float32)
+        loss32, g32 = _torch_step(ref_module, x, labels, torch.float32)
     floor = 1e-4 * max((float(np.abs(g).max()) for g in g64.values()), default=0.0)
     tol = {k: 1e-3 * float(np.abs(g).max()) + floor for k, g in g64.items()}
+    # the loss: 1e-4 relative, or within 4x PyTorch float32's own error, or 2x its move under float32's rounding
+    # of every layer's output (seeds 162000018, 162000041: a batch norm of nearly constant channels, where
+    # PyTorch's float32 loss is 2e-3 off and a rounding jitter moves the float64 loss by 3e-2)
+    loss_tol = max(1e-4 * max(1.0, abs(loss_ref)), 4 * abs(loss32 - loss_ref))
     rs = np.random.default_rng([seed, 5])
     loss_only = False
     for probe in range(4):
@@ -1458,7 +1463,8 @@ def check_train_modern(seed: int) -> str | None:
                 xp = x + (1e-5 * float(np.abs(x).max()) * rs.standard_normal(x.shape)).astype(np.float32)
                 _, gp = _torch_step(ref_module, xp, labels, torch.float64)
             else:
-                _, gp = _torch_step(ref_module, x, labels, torch.float64, jitter=seed * 4 + probe)
+                lp, gp = _torch_step(ref_module, x, labels, torch.float64, jitter=seed * 4 + probe)
+                loss_tol = max(loss_tol, 2 * abs(lp - loss_ref))
         if any(float(np.abs(gp[k] - g).max()) > 0.5 * tol[k] for k, g in g64.items()):
             loss_only = True
             break
@@ -1479,8 +1485,13 @@ def check_train_modern(seed: int) -> str | None:
             raise
     finally:
         train_conv.WINOGRAD = saved
-    if abs(loss - loss_ref) > 1e-4 * max(1.0, abs(loss_ref)):
-        return f"loss {loss} vs PyTorch {loss_ref}"
+    if abs(loss - loss_ref) > loss_tol:
+        for probe in (2, 3):                  # (the probes above may have stopped before the rounding jitters)
+            with safe:
+                lp, _ = _torch_step(ref_module, x, labels, torch.float64, jitter=seed * 4 + probe)
+            loss_tol = max(loss_tol, 2 * abs(lp - loss_ref))
+    if abs(loss - loss_ref) > loss_tol:
+        return f"loss {loss} vs PyTorch {loss_ref} (allowed {loss_tol:.3g})"
     if loss_only:
         return None
     allow = {}

@@ -84,7 +84,8 @@ TRAIN_MODERN_SEEDS = list(range(0, 12)) + [42, 43, 1000062, 1000082, 1000192, 80
                                            126000002, 126000010,   # warps trained (grid_sample's backward)
                                            131000012, 131000016,   # masks, 0-d statistics, cumsum, circular
                                            156000010, 156000021,   # convs of computed weights trained
-                                           161000022, 161000003]   # through expressions of parameters
+                                           161000022, 161000003,   # through expressions of parameters
+                                           162000041]   # a loss float32 rounding moves by 1e-3 (PyTorch's too)
 
 
 @pytest.mark.parametrize("seed,kinds", FLIP_SEEDS.items())
