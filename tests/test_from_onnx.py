@@ -165,14 +165,23 @@ def test_pool_without_strides_uses_stride_one(op):
     np.testing.assert_allclose(y, _ort(m, x=x)[0], rtol=RTOL, atol=ATOL)
 
 
-def test_batchnorm_training_mode_is_refused():
+def test_batchnorm_training_mode_normalizes_by_the_batch_and_refuses_running_outputs():
+    """training_mode=1 with only Y read (the exporters' weight standardization): the batch's mean and biased
+    variance, scale and B after (numpy's reference); the running statistics read by the graph: refused."""
     c = 3
-    inits = [("s", np.ones(c, np.float32)), ("b", np.zeros(c, np.float32)), ("m", np.zeros(c, np.float32)),
-             ("v", np.ones(c, np.float32))]
+    rng = np.random.default_rng(0)
+    s_, b_ = rng.random(c).astype(np.float32) + 0.5, rng.standard_normal(c).astype(np.float32)
+    inits = [("s", s_), ("b", b_), ("m", np.zeros(c, np.float32)), ("v", np.ones(c, np.float32))]
     m = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn",
-                                 training_mode=1)], [("x", (2, c, 4, 4))], [("y", 4)], inits, opset=15)
-    with pytest.raises(UnsupportedOpError, match=r"node 'bn' \(BatchNormalization-15\): training_mode=1"):
-        tilefuse.from_onnx(m)
+                                 training_mode=1, epsilon=1e-3)], [("x", (2, c, 4, 5))], [("y", 4)], inits, opset=15)
+    x = rng.standard_normal((2, c, 4, 5)).astype(np.float32) * 3 + 1
+    mu, var = x.mean((0, 2, 3), keepdims=True), x.var((0, 2, 3), keepdims=True)
+    want = (x - mu) / np.sqrt(var + 1e-3) * s_.reshape(1, c, 1, 1) + b_.reshape(1, c, 1, 1)
+    np.testing.assert_allclose(tilefuse.compile(tilefuse.from_onnx(m)).run(x), want, rtol=1e-5, atol=1e-5)
+    mr = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], name="bn",
+                                  training_mode=1)], [("x", (2, c, 4, 4))], [("y", 4), ("rm", 1)], inits, opset=15)
+    with pytest.raises(UnsupportedOpError, match=r"node 'bn' \(BatchNormalization-15\): output 1 'rm'"):
+        tilefuse.from_onnx(mr)
     # before opset 14, training mode is written as the extra outputs (mean, var, saved statistics)
     m9 = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv", "sm", "sv"],
                                   name="bn")], [("x", (2, c, 4, 4))], [("y", 4)], inits, opset=9)

@@ -216,11 +216,40 @@ def _conv(cx: Ctx, nd: OnnxNode, used):
                          groups=int(a.get("group", 1)), name=cx.fresh(nd.name))
 
 
+def _batch_norm_batch_stats(cx: Ctx, nd: OnnxNode, used):
+    """BatchNormalization with training_mode=1 whose running-statistics outputs nothing reads (the exporters'
+    `F.batch_norm(w, None, None, training=True)`: timm's StdConv2d weight standardization): Y with the batch's
+    mean and biased variance over every axis but 1, as mean, sub, mul, mean, add, rsqrt, mul, then scale and B
+    (constants or computed, (C,) viewed as (1, C, 1, ...))."""
+    _check_training_outputs(nd, used, 1, "running statistics (training_mode=1 updates them)")
+    x = cx.computed(nd, 0)
+    r = len(x.shape)
+    if r < 2:
+        raise GraphError(nd.where, f"input '{x.name}' has shape {x.shape}; expected (N, C, ...)")
+    dims = tuple(i for i in range(r) if i != 1)
+    m = cx.net.mean(x, dims, keepdim=True, name=cx.fresh(nd.name + ".mean"))             # (1, C, 1, ...)
+    d = cx.net.sub(x, m, name=cx.fresh(nd.name + ".centered"))
+    v = cx.net.mean(cx.net.mul(d, d, name=cx.fresh(nd.name + ".square")), dims, keepdim=True,
+                    name=cx.fresh(nd.name + ".var"))
+    eps = cx.const_node(nd.name + ".eps", np.full((1,), float(nd.attrs.get("epsilon", 1e-5))), x.dtype)
+    v = cx.net.add(v, eps, name=cx.fresh(nd.name + ".var_eps"))
+    y = cx.net.mul(d, cx.net.activation(v, "rsqrt", name=cx.fresh(nd.name + ".rstd")),
+                   name=cx.fresh(nd.name + ".normalized"))
+    shape = (1, x.shape[1]) + (1,) * (r - 2)
+    for i, role, fn in ((1, "scale", cx.net.mul), (2, "B", cx.net.add)):
+        if cx.is_const(nd, i):
+            t = cx.const_node(nd.inputs[i] + ".view", _float_array(nd, cx.consts[nd.inputs[i]], role).reshape(shape),
+                              x.dtype)
+        else:
+            t = cx.net.reshape(cx.computed(nd, i, role), shape, name=cx.fresh(nd.inputs[i] + ".view"))
+        y = fn(y, t, name=cx.fresh(nd.name if i == 2 else nd.name + ".scaled"))
+    return y
+
+
 def _batch_norm(cx: Ctx, nd: OnnxNode, used):
     a = nd.attrs
     if a.get("training_mode", 0):
-        raise nd.refuse("training_mode=1 normalizes with the batch statistics; tilefuse imports "
-                        "inference graphs, expected training_mode=0")
+        return _batch_norm_batch_stats(cx, nd, used)
     if nd.version < 14 and sum(1 for t in nd.outputs[1:] if t) > 0:
         raise nd.refuse(f"outputs {list(nd.outputs)}: before opset 14 extra outputs (mean, var, saved "
                         f"statistics) mean training mode; expected the single output Y (test mode)")
@@ -1782,7 +1811,10 @@ RULES: dict[str, Rule] = {
                         "output_padding output_shape pads strides", "conv_transpose2d reshape",
                         "1-D (as 2-D) or 2-D; constant W and B"),
     "BatchNormalization": _r(_batch_norm, (7, 9, 14, 15), "epsilon momentum spatial training_mode",
-                             "batch_norm reshape", "inference (training_mode=0); constant statistics"),
+                             "batch_norm reshape mean sub mul add activation",
+                             "inference (training_mode=0); constant statistics; training_mode=1 with only Y read: the "
+                             "batch's statistics (exported weight standardization), its running outputs read: "
+                             "refused"),
     "LayerNormalization": _r(_layer_norm, (17,), "axis epsilon stash_type", "layer_norm",
                              "constant Scale and B; the Mean/InvStdDev outputs are refused"),
     "InstanceNormalization": _r(_group_norm, (6, 22), "epsilon", "group_norm", "constant scale and B"),
