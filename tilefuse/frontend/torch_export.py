@@ -978,7 +978,8 @@ def _batch_norm_training(imp, x, w, b, *rest):
     """Batch norm with the batch's statistics and no running buffers (F.batch_norm(x, None, None, training=True):
     timm's StdConv2d weight standardization; BatchNorm2d(track_running_stats=False)): mean and biased variance
     over every axis but 1, as mean, sub, mul, mean, add, rsqrt, mul, then the affine weight and bias (constants or
-    computed, (C,) viewed as (1, C, 1, ...)). Returns (y, None, None) as native_batch_norm does.
+    computed, (C,) viewed as (1, C, 1, ...)) (`Network.batch_stats_normalize`). Returns (y, None, None) as
+    native_batch_norm does.
     rest: (running_mean, running_var, training, momentum, eps[, cudnn]) or, for _native_batch_norm_legit.no_stats,
     (training, momentum, eps)."""
     if imp.node.target._overloadname == "no_stats":
@@ -992,15 +993,9 @@ def _batch_norm_training(imp, x, w, b, *rest):
     r = len(x.shape)
     if r < 2:
         raise imp.fail(f"batch norm of a rank-{r} input {x.shape}", "expected (N, C, ...)")
-    dims = tuple(i for i in range(r) if i != 1)
     base = imp.op_name_hint()
-    m = imp.net.mean(x, dims, keepdim=True, name=imp.unique(base + ".mean"))          # (1, C, 1, ...)
-    d = imp.net.sub(x, m, name=imp.unique(base + ".centered"))
-    v = imp.net.mean(imp.net.mul(d, d, name=imp.unique(base + ".square")), dims, keepdim=True,
-                     name=imp.unique(base + ".var"))
-    v = imp.net.add(v, imp.operand(float(eps), v), name=imp.unique(base + ".var_eps"))
-    y = imp.net.mul(d, imp.net.activation(v, "rsqrt", name=imp.unique(base + ".rstd")),
-                    name=imp.unique(base + ".normalized") if w is not None or b is not None else imp.op_name())
+    y = imp.net.batch_stats_normalize(x, float(eps), name=imp.unique(base + ".normalized")
+                                      if w is not None or b is not None else imp.op_name())
     shape = [1, x.shape[1]] + [1] * (r - 2)
     for k, t in (("weight", w), ("bias", b)):
         if t is None:

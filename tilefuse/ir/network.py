@@ -578,6 +578,23 @@ class Network:
         neg = self.mul(x, -1.0, name=self._fresh(n + ".neg"))
         return self.mul(self.max(neg, axes, keepdim, name=self._fresh(n + ".max")), -1.0, name=n)
 
+    def batch_stats_normalize(self, x: DataNode, eps: float, name: str | None = None) -> DataNode:
+        """(x - mean) / sqrt(var + eps) with the batch's statistics over every axis but 1 (var biased), no affine:
+        batch norm without running buffers (from_torch's `F.batch_norm(w, None, None, training=True)`, ONNX
+        BatchNormalization training_mode=1) as mean, sub, mul, mean, add, rsqrt, mul."""
+        r = len(x.shape)
+        if r < 2:
+            raise GraphError(name or "batch_stats_normalize", f"input {x.shape}; expected (N, C, ...)")
+        n = name or self._fresh("batch_stats")
+        dims = tuple(i for i in range(r) if i != 1)
+        m = self.mean(x, dims, keepdim=True, name=self._fresh(n + ".mean"))              # (1, C, 1, ...)
+        d = self.sub(x, m, name=self._fresh(n + ".centered"))
+        v = self.mean(self.mul(d, d, name=self._fresh(n + ".square")), dims, keepdim=True,
+                      name=self._fresh(n + ".var"))
+        e = self.constant(self._fresh(n + ".eps"), np.full((1,), eps, x.dtype), dtype=x.dtype)
+        v = self.add(v, e, name=self._fresh(n + ".var_eps"))
+        return self.mul(d, self.activation(v, "rsqrt", name=self._fresh(n + ".rstd")), name=n)
+
     def vector_norm(self, x: DataNode, ord, axes, keepdim: bool = False, name: str | None = None) -> DataNode:
         """The vector norm over `axes` (torch.linalg.vector_norm, F.normalize's, ONNX ReduceL1 / ReduceL2):
         ord 2: sqrt(sum(x * x)); 1: sum(|x|); inf: max(|x|)."""

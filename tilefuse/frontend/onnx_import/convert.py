@@ -219,22 +219,14 @@ def _conv(cx: Ctx, nd: OnnxNode, used):
 def _batch_norm_batch_stats(cx: Ctx, nd: OnnxNode, used):
     """BatchNormalization with training_mode=1 whose running-statistics outputs nothing reads (the exporters'
     `F.batch_norm(w, None, None, training=True)`: timm's StdConv2d weight standardization): Y with the batch's
-    mean and biased variance over every axis but 1, as mean, sub, mul, mean, add, rsqrt, mul, then scale and B
+    mean and biased variance over every axis but 1 (`Network.batch_stats_normalize`), then scale and B
     (constants or computed, (C,) viewed as (1, C, 1, ...))."""
     _check_training_outputs(nd, used, 1, "running statistics (training_mode=1 updates them)")
     x = cx.computed(nd, 0)
     r = len(x.shape)
     if r < 2:
         raise GraphError(nd.where, f"input '{x.name}' has shape {x.shape}; expected (N, C, ...)")
-    dims = tuple(i for i in range(r) if i != 1)
-    m = cx.net.mean(x, dims, keepdim=True, name=cx.fresh(nd.name + ".mean"))             # (1, C, 1, ...)
-    d = cx.net.sub(x, m, name=cx.fresh(nd.name + ".centered"))
-    v = cx.net.mean(cx.net.mul(d, d, name=cx.fresh(nd.name + ".square")), dims, keepdim=True,
-                    name=cx.fresh(nd.name + ".var"))
-    eps = cx.const_node(nd.name + ".eps", np.full((1,), float(nd.attrs.get("epsilon", 1e-5))), x.dtype)
-    v = cx.net.add(v, eps, name=cx.fresh(nd.name + ".var_eps"))
-    y = cx.net.mul(d, cx.net.activation(v, "rsqrt", name=cx.fresh(nd.name + ".rstd")),
-                   name=cx.fresh(nd.name + ".normalized"))
+    y = cx.net.batch_stats_normalize(x, float(nd.attrs.get("epsilon", 1e-5)), name=cx.fresh(nd.name + ".normalized"))
     shape = (1, x.shape[1]) + (1,) * (r - 2)
     for i, role, fn in ((1, "scale", cx.net.mul), (2, "B", cx.net.add)):
         if cx.is_const(nd, i):
