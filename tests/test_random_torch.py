@@ -67,7 +67,8 @@ ONNX_SEEDS += [161000005]     # BatchNormalization training_mode=1 on a weight (
 # 95000019: an export without L2Norm's `+ 1e-10` (0 / 0 at an all-zero position) whose NaN meets a max pool:
 # ONNX Runtime's pool drops it, PyTorch's and tilefuse's keep it
 DYNAMO_SEEDS = [0, 1, 45, 95000019, 126000006, 131000005, 153000023,     # 153000023: max_unpool2d's ScatterND
-                156000016]                                                 # computed conv weights and bias
+                156000016,                                                 # computed conv weights and bias
+                161000065]                                  # two max_unpool2d sharing their zeros (refused before)
 STREAM_SEEDS = list(range(0, 16)) + [45, 109000036, 109000037, 126000008, 131000013]
 TRAIN_SEEDS = list(range(0, 16)) + [70001998]   # 70001998: a true gradient of 0 in rounding noise
 # the whole vocabulary trained: 42 and 43 (F.normalize's constant ones, L2Norm's `weight.view(1, -1, 1, 1)`:
