@@ -1,10 +1,12 @@
 """Convolutions whose weights the network computes from its inputs: StyleGAN2's modulated conv (tests/zoo_blocks.py),
 CondConv (timm's CondConv2d: per-sample kernels as a routing-weighted sum of expert kernels, the batch folded into
 the groups), Dynamic Convolution (Chen et al. 2020, kaijieshi7's Dynamic_conv2d: attention over K kernels), a 1-D
-conv with a computed kernel and 'same' padding. Network.conv2d lowers such a conv to im2col and a batched matmul
-(ops the compiler, the interpreter and the Trainer already have), checked here against torch.nn.functional.conv2d
-for odd shapes, groups, strides, dilations, asymmetric pads and a computed bias; the models through from_torch
-(1 and 3 threads), both ONNX exporters (ONNX Runtime too) and one Trainer step against PyTorch.
+conv with a computed kernel and 'same' padding. Such a conv is a conv2d op with a computed weight (and bias): the
+interpreter's reference conv and the Trainer's conv kernels run it (their gradient for the weight flowing into the
+graph), compile lowers it to im2col and a batched matmul (compiler.passes.lower_computed_convs). Checked here
+against torch.nn.functional.conv2d and its autograd for odd shapes, groups, strides, dilations, asymmetric pads and
+a computed bias; the models through from_torch (1 and 3 threads), both ONNX exporters (ONNX Runtime too) and one
+Trainer step against PyTorch.
 
 A conv weight folded at import from a parameter (timm's StdConv2d weight standardization) runs for inference; the
 Trainer refuses it by name (training the folded tensor as a free parameter would train another network).
@@ -39,7 +41,9 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_conv_with_a_computed_weight_equals_torch(case):
     """The weight (and a computed bias) are network inputs: interpreter and compiled program (1 and 3 threads)
-    against F.conv2d; no conv op is left (the lowering), and the output is the conv's name."""
+    against F.conv2d; the compiled network has no conv op left (the lowering) and its output keeps the conv's
+    name; the Trainer's gradients of x, the weight and the bias (the conv output as per-pixel logits) against
+    PyTorch's autograd."""
     n, c, h, w, o, k, stride, pad, dil, g, bias = case
     kh, kw = (k, k) if isinstance(k, int) else k
     r = np.random.default_rng(len(CASES) + n * c)
@@ -51,7 +55,7 @@ def test_conv_with_a_computed_weight_equals_torch(case):
     bd = None if bias is None else b if bias == "constant" else net.input("b", b.shape)
     y = net.conv2d(xd, wd, bd, stride, pad, dil, g, name="conv")
     net.output(y)
-    assert y.name == "conv" and not any(op.op == "conv2d" for op in net.ops)
+    assert y.name == "conv" and [op.op for op in net.ops] == ["conv2d"]
     xs = [x, wt] + ([b] if bias == "computed" else [])
     xt = F.pad(torch.from_numpy(x), (pad[2], pad[3], pad[0], pad[1]))
     want = F.conv2d(xt, torch.from_numpy(wt), None if bias is None else torch.from_numpy(b), stride, 0, dil,
@@ -59,7 +63,20 @@ def test_conv_with_a_computed_weight_equals_torch(case):
     assert y.shape == want.shape
     assert_close_to_max(evaluate(net, xs)[0], want, what="interpreter")
     for t in (1, 3):
-        assert_close_to_max(tilefuse.compile(net, threads=t).run(xs), want, what=f"{t} threads")
+        cn = tilefuse.compile(net, threads=t)
+        assert not any(op.op == "conv2d" for op in cn.network.ops) and cn.network.outputs[0].name == "conv"
+        assert_close_to_max(cn.run(xs), want, what=f"{t} threads")
+    labels = r.integers(0, o, (want.shape[0],) + want.shape[2:])
+    ts = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, wt, b)]
+    yt = F.conv2d(F.pad(ts[0], (pad[2], pad[3], pad[0], pad[1])), ts[1], None if bias is None else ts[2], stride,
+                  0, dil, g)
+    F.cross_entropy(yt, torch.from_numpy(labels)).backward()
+    _, grads = Trainer(net, SGD(lr=0.1)).forward_backward(xs, labels)
+    names = ("x", "w", "b" if bias == "computed" else "conv.bias")     # (a constant bias: a parameter)
+    assert set(grads) == set(names[:2] + (names[2:] if bias else ()))
+    for name, t in zip(names, ts):
+        if name in grads:
+            assert_close_to_max(grads[name], t.grad.numpy(), what=f"d{name}")
 
 
 def test_a_computed_bias_beside_a_constant_weight_is_added_after_the_conv():
@@ -80,12 +97,11 @@ def test_a_computed_bias_beside_a_constant_weight_is_added_after_the_conv():
 
 
 def test_ops_with_constant_slots_refuse_a_computed_tensor_there():
-    """Built directly (add_op), a conv / conv_transpose2d / norm with a computed weight is refused by name: the
-    compiler would pack it as a constant."""
+    """Built directly (add_op), a conv_transpose2d / norm with a computed weight is refused by name: the compiler
+    would pack it as a constant (a conv2d takes one: compile lowers it)."""
     net = Network("slots")
     x, w = net.input("x", (1, 4, 6, 6)), net.input("w", (4, 4, 3, 3))
-    with pytest.raises(GraphError, match=r"conv.*conv2d's weight 'w' \(4, 4, 3, 3\) is computed by the network"):
-        net.add_op("conv2d", [x, w], {"padding": 1}, "conv")
+    net.add_op("conv2d", [x, w], {"padding": 1}, "conv")
     with pytest.raises(GraphError, match=r"up.*conv_transpose2d's weight 'w' .* is computed by the network"):
         net.conv_transpose2d(x, w, name="up")
     g = net.input("g", (4,))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import GraphError
 from ..ir import Network, OpNode, ops
 from ..ir.network import _toposort
 from ..ir.node import DataNode, rounded_product
@@ -70,6 +71,38 @@ def remove_dropout(net: Network) -> PassResult:
         net.ops.remove(op)
         n += 1
     return PassResult(net, n > 0, f"{n} dropout removed")
+
+
+def computed_conv(op: OpNode) -> bool:
+    """A conv2d whose weight the network computes (its bias may be computed too)."""
+    return op.op == "conv2d" and not op.inputs[1].is_constant
+
+
+def lower_computed_convs(net: Network) -> PassResult:
+    """A conv whose weight the network computes -> im2col and a batched matmul (`Network.conv2d_as_matmul`): the
+    runtime's conv kernels read weights prepared at compile time. Not an optimization: `compile` runs it before
+    the pass list (whatever `passes=` says); the reference evaluator and the Trainer run the conv op itself."""
+    if not any(computed_conv(op) for op in net.ops):
+        return PassResult(net, False, "no conv of a computed weight")
+    net = net.clone()
+    n = 0
+    for op in [o for o in net.ops if computed_conv(o)]:
+        p, out = op.params, op.outputs[0]
+        if p.get("relu") or p.get("has_residual") or p.get("has_input_scale") or _has_act(op):
+            raise GraphError(op.name, "a conv of a computed weight with a fused epilogue; expected the plain conv "
+                                      "the builder makes (fusions run after this lowering)")
+        x, w = op.inputs[0], op.inputs[1]
+        bias = op.inputs[2] if p["has_bias"] else None
+        _drop(net, op)
+        net._names.difference_update({op.name, out.name})
+        y = net.conv2d_as_matmul(x, w, bias, p["stride"], p["padding"], p["dilation"], p["groups"], out.name)
+        for c in list(out.consumers):            # y (named as out) takes out's place
+            c.inputs = [y if d is out else d for d in c.inputs]
+            y.consumers.append(c)
+        net.outputs = [y if d is out else d for d in net.outputs]
+        n += 1
+    _reorder(net)
+    return PassResult(net, True, f"{n} convs of computed weights as im2col and a matmul")
 
 
 def _scale_rows(w: np.ndarray, s: np.ndarray, dt) -> np.ndarray | None:

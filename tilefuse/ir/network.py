@@ -240,9 +240,8 @@ class Network:
     def conv2d(self, x: DataNode, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
                name: str | None = None) -> DataNode:
         n = self._name("conv2d", name)
-        if isinstance(weight, DataNode) and not weight.is_constant:
-            return self._conv2d_computed(x, weight, bias, stride, padding, dilation, groups, n)
-        if isinstance(bias, DataNode) and not bias.is_constant:
+        computed = isinstance(weight, DataNode) and not weight.is_constant
+        if isinstance(bias, DataNode) and not bias.is_constant and not computed:
             # a computed bias (O,): the conv without one, the bias added as (1, O, 1, 1)
             y = self.conv2d(x, weight, None, stride, padding, dilation, groups, name=f"{n}.nobias")
             if tuple(bias.shape) != (y.shape[1],):
@@ -254,11 +253,13 @@ class Network:
         return self.add_op("conv2d", ins, dict(stride=stride, padding=padding, dilation=dilation,
                                                groups=groups, has_bias=bias is not None), n)
 
-    def _conv2d_computed(self, x: DataNode, w: DataNode, bias, stride, padding, dilation, groups,
+    def conv2d_as_matmul(self, x: DataNode, w: DataNode, bias, stride, padding, dilation, groups,
                          n: str) -> DataNode:
         """A conv whose weight the network computes (StyleGAN2's modulated conv, CondConv / dynamic conv's
-        per-sample kernels folded into groups): im2col and a batched matmul, the conv op's weight slot being a
-        constant. cols = unfold(pad(x)) (N, C kh kw, L) -> (N, g, C/g kh kw, L) (its channels (c, i, j) in c's
+        per-sample kernels folded into groups) as im2col and a batched matmul, for the compiled runtime, whose conv
+        kernels read prepared constant weights (compiler.passes.lower_computed_convs; the conv op itself carries
+        such a weight for the reference evaluator and the Trainer).
+        cols = unfold(pad(x)) (N, C kh kw, L) -> (N, g, C/g kh kw, L) (its channels (c, i, j) in c's
         order, so group gi's rows are contiguous); w (O, C/g, kh, kw) -> (g, O/g, C/g kh kw) (the same (c, i, j)
         order per output); matmul broadcasts to (N, g, O/g, L) -> (N, O, Ho, Wo); a bias (O,) added as (1, O, 1, 1).
         Shapes and attributes are checked as the conv op checks them."""

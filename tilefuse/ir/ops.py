@@ -103,8 +103,11 @@ class OpSchema:
 
 OPS: dict[str, OpSchema] = {}
 # input roles that must be constants (the compiler packs them, folds BNs into them, the Trainer trains them): a
-# computed one is refused when the op is built (Network.conv2d lowers a conv of a computed weight or bias first)
-CONSTANT_ROLES = {"conv2d": ("weight", "bias"), "conv_transpose2d": ("weight", "bias"), "linear": ("weight", "bias"),
+# computed one is refused when the op is built. conv2d's weight and bias may be computed (a hypernetwork's,
+# CondConv's, a weight standardized by ops the Trainer differentiates): the Trainer runs its conv kernels on them,
+# the reference evaluator its conv, and compile lowers such a conv to im2col and a matmul first
+# (compiler.passes.lower_computed_convs)
+CONSTANT_ROLES = {"conv_transpose2d": ("weight", "bias"), "linear": ("weight", "bias"),
                   "batch_norm": ("gamma", "beta", "mean", "var"), "scale": ("alpha", "beta"), "prelu": ("slope",),
                   "squeeze_excitation": ("w1", "b1", "w2", "b2"), "group_norm": ("gamma", "beta"),
                   "layer_norm": ("gamma", "beta"), "channel_norm": ("gamma", "beta")}

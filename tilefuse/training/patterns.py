@@ -62,7 +62,8 @@ class Pattern:
 def _plain_conv(op) -> bool:
     """A conv the fused units can run: not an inference-fused one, not one of kernels/train_direct.py's
     (depthwise, small-group and fc convs run their own kernels, with no input stage or epilogue to fuse into)."""
-    if op is None or op.op != "conv2d" or op.params.get("relu") or op.params.get("has_residual"):
+    if op is None or op.op != "conv2d" or op.params.get("relu") or op.params.get("has_residual") or \
+            not all(d.is_constant for d in op.inputs[1:]):         # (a computed weight: a conv of its own)
         return False
     return direct_conv(op.inputs[0].shape, op.inputs[1].shape, op.params) is None
 

@@ -214,6 +214,17 @@ class TrainingSchedule:
             return self.buffers[d.name] if d.name in self.buffers else d.value    # (a fixed operand: x + 3)
         return self.env[d.name]
 
+    def _weight(self, d):
+        """A conv's weight or bias: a constant's (trained) value, or a computed tensor in the IR's layout (OIHW)."""
+        return self.P(d) if d.is_constant else np.ascontiguousarray(_logical(self.env[d.name]))
+
+    def _weight_grad(self, d, g, u, layer):
+        """A conv weight's or bias's gradient: its parameter's, or (computed by the network) into the graph."""
+        if d.is_constant:
+            self._param_grad(d.name, g)
+        elif self._wants(d):
+            self._contribute(d.name, _physical(np.asarray(g, d.dtype)), u, layer)
+
     def _store(self, u, name, arr, layer, writer):
         self.env[name] = arr
         u.write(name, _nb(arr), layer)
@@ -296,11 +307,12 @@ class TrainingSchedule:
         x, w = op.inputs[0], op.inputs[1]
         p = op.params
         g = tc.ConvGeom(x.shape, w.shape, p["stride"], p["padding"], p["dilation"], p["groups"])
-        bias = self.P(op.inputs[2]) if p["has_bias"] else None
+        bias = self._weight(op.inputs[2]) if p["has_bias"] else None
         direct = direct_conv(x.shape, w.shape, p)      # (never in a pattern: patterns._plain_conv)
         if direct is not None:
             u.read(x.name, _nb(self.env[x.name]), op.name)
-            self._store(u, op.outputs[0].name, direct[0](self.env[x.name], self.P(w), g, bias), op.name, op.name)
+            self._store(u, op.outputs[0].name, direct[0](self.env[x.name], self._weight(w), g, bias), op.name,
+                        op.name)
             return
         pre, src = tc.IDENTITY, x
         pat = self.c2_of.get(op.name)
@@ -311,7 +323,7 @@ class TrainingSchedule:
         stats = None
         if op.name in self.stat_of:
             stats = (np.zeros(g.O), np.zeros(g.O))
-        y = tc.conv_forward_cnhw(self.env[src.name], self.P(w), g, bias=bias, pre=pre, stats=stats)
+        y = tc.conv_forward_cnhw(self.env[src.name], self._weight(w), g, bias=bias, pre=pre, stats=stats)
         self._store(u, op.outputs[0].name, y, op.name, op.name)
         if stats is not None:
             _, bn = self.stat_of[op.name]
@@ -677,11 +689,11 @@ class TrainingSchedule:
                 acc = self.grads[target]
                 u.read("d:" + target, _nb(acc), self.fork_owner[target])
                 post = tc.Post(acc=acc)
-        dw, db, dx = tc.conv_backward_cnhw(dy, self.env[src.name], self.P(w), g, pre=pre, post=post,
+        dw, db, dx = tc.conv_backward_cnhw(dy, self.env[src.name], self._weight(w), g, pre=pre, post=post,
                                           dy_pre=dy_pre, need_dx=need_dx, has_bias=p["has_bias"])
-        self._param_grad(w.name, dw)
+        self._weight_grad(w, dw, u, op.name)
         if p["has_bias"]:
-            self._param_grad(op.inputs[2].name, db)
+            self._weight_grad(op.inputs[2], db, u, op.name)
         if op.name in self.stat_of:
             pat_, bn = self.stat_of[op.name]
             self.mem.free("d:" + bn.outputs[0].name)
@@ -703,10 +715,10 @@ class TrainingSchedule:
         u.read("d:" + op.outputs[0].name, _nb(dy), op.name, side="out")
         u.read(x.name, _nb(self.env[x.name]), op.name)
         need_dx = self._wants(x)
-        dw, db, dx = backward(dy, self.env[x.name], self.P(w), g, need_dx, op.params["has_bias"])
-        self._param_grad(w.name, dw)
+        dw, db, dx = backward(dy, self.env[x.name], self._weight(w), g, need_dx, op.params["has_bias"])
+        self._weight_grad(w, dw, u, op.name)
         if db is not None:
-            self._param_grad(op.inputs[2].name, db)
+            self._weight_grad(op.inputs[2], db, u, op.name)
         if need_dx:
             self._contribute(x.name, dx, u, op.name)
 
