@@ -1,7 +1,8 @@
 """What `from_torch(..., fold_parameters=False)` costs: a network whose conv weights are expressions of parameters
 (an NF-ResNet stage: ScaledStdConv2d, weight standardization with a gain) imported folded (the inference import:
-the convs keep their weight slots and fast kernels) and kept (the expressions as ops, each conv lowered to im2col
-and a matmul: what the Trainer needs), against PyTorch in the same run.
+the convs keep their weight slots and fast kernels) and kept (the expressions as ops feeding each conv's weight:
+what the Trainer needs; the Trainer runs its conv kernels on the computed weight, compile folds the expressions
+back into constants), against PyTorch in the same run.
 
     .venv/bin/python benchmarks/parameter_expressions.py --threads 2 --reps 5
 

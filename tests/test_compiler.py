@@ -193,3 +193,34 @@ def test_a_fold_that_would_flush_or_overflow_a_weight_is_not_made(case):
     for g, want in zip(got, tilefuse.evaluate(net, xi)):
         assert np.all(np.isfinite(g))
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=max(4e-45, 1e-5 * float(np.abs(want).max())))
+
+
+def test_fold_constants_gives_a_conv_of_an_expression_of_constants_a_constant_weight():
+    """compile's fold_constants (before the lowering of convs of computed weights): a weight standardization of a
+    constant folds into one constant, so the compiled conv keeps a constant weight and its fast kernels (without
+    the fold it would be lowered to im2col and a matmul); not folded: an expand of a constant to a larger tensor
+    (a column plus a row: beyond FOLD_LIMIT), a result with NaN (computed at run time as the reference does). The compiled
+    program equals the interpreter on the unfolded network."""
+    rng = np.random.default_rng(3)
+    net = tilefuse.Network("ws")
+    x = net.input("x", (2, 3, 16, 16))
+    w = net.constant("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    ws = net.mul(net.sub(w, net.mean(w, (1, 2, 3), True, name="w_mean"), name="w_centred"), 0.5, name="w_std")
+    y = net.conv2d(x, ws, padding=1, name="conv")                                  # (2, 4, 16, 16)
+    big = net.add(net.constant("col", rng.standard_normal((2, 4, 16, 1)).astype(np.float32)),
+                  net.constant("row", rng.standard_normal((1, 1, 1, 1024)).astype(np.float32)), name="big")
+    nan = net.activation(net.constant("neg", -np.ones((1, 4, 1, 1), np.float32)), "log", name="nan")
+    net.output(net.add(y, net.slice(big, 3, 0, 16), name="plus_big"))
+    net.output(net.add(y, nan, name="with_nan"))
+    res = P.fold_constants(net)
+    assert res.detail == "3 ops of constants folded" and res.network.op("conv").inputs[1].is_constant
+    assert {"big", "nan"} <= {op.name for op in res.network.ops}
+    assert not any(op.op == "conv2d" for op in P.lower_computed_convs(net).network.ops)
+    cn = tilefuse.compile(net, threads=2)
+    assert cn.pass_log[0] == "fold_constants: 3 ops of constants folded"
+    conv = [op for op in cn.network.ops if op.op == "conv2d"]
+    assert len(conv) == 1 and conv[0].inputs[1].is_constant
+    xi = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    for g, want in zip(cn.run(xi), tilefuse.evaluate(net, xi)):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5 * float(np.nanmax(np.abs(want))))
+        assert np.array_equal(np.isnan(g), np.isnan(want))

@@ -8,8 +8,8 @@ normalizes with the batch's statistics in eval mode too.
 from_torch folds such an expression into one constant by default (the inference network: the conv keeps its fast
 weight-slot path); the Trainer refuses that constant by name, since training it as a free tensor would train
 another network. With `from_torch(..., fold_parameters=False)` the expression stays in the network as ops on the
-parameter (a constant the Trainer trains), the conv's weight is computed and the conv lowered (im2col + matmul):
-inference against PyTorch at 1 and 3 threads, one training step (fused and unfused schedules) against PyTorch in
+parameter (a constant the Trainer trains) and the conv's weight is computed (the Trainer runs its conv kernels on
+it; compile folds the expression back into a constant weight): inference against PyTorch at 1 and 3 threads, one training step (fused and unfused schedules) against PyTorch in
 float64 with every parameter's gradient, and one SGD step whose state dict equals PyTorch's and loads back.
 Spectral norm runs for inference (folded or kept) and the Trainer refuses it naming the module: its training
 forward updates u / v by a power iteration that the eval-mode export does not hold.
@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from onnx_export import check_from_torch
+from onnx_export import assert_close_to_max, check_from_torch
 from test_computed_weights import StdConv2d
 from test_training_modern import _step_against_torch
 from torch.nn.utils import parametrizations
@@ -179,6 +179,20 @@ def _x(seed=0, n=4, size=8):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_inference_matches_pytorch(name, fold):
     check_from_torch(lambda: _build(name), _x(), fold_parameters=fold)
+
+
+@pytest.mark.parametrize("name", ["nfnet", "bit", "weight_norm", "equalized_lr"])
+def test_compile_folds_the_kept_expressions_into_constant_weights(name):
+    """For inference, compile folds the expressions of parameters (`passes.fold_constants`): every conv of the kept
+    network gets a constant weight (the folded import's convs, not the im2col lowering), and the two programs agree
+    within float32 rounding."""
+    m, x = _build(name), _x()
+    kept = tilefuse.compile(tilefuse.from_torch(m, torch.from_numpy(x), fold_parameters=False), threads=2)
+    folded = tilefuse.compile(tilefuse.from_torch(m, torch.from_numpy(x)), threads=2)
+    assert kept.pass_log[0].startswith("fold_constants: ")
+    convs = [[op for op in c.network.ops if op.op == "conv2d"] for c in (kept, folded)]
+    assert len(convs[0]) == len(convs[1]) > 0 and all(op.inputs[1].is_constant for op in convs[0])
+    assert_close_to_max(kept.run(x), folded.run(x), what="kept vs folded")
 
 
 @pytest.mark.parametrize("schedule", ["fused", "unfused"])

@@ -62,7 +62,9 @@ def test_profile_rows_add_up(tmp_path):
     prog = compiled.package.program()
     assert [r["kernel"] for r in p.rows] == [i.kernel for i in prog]
     assert all(r["seconds"] > 0 for r in p.rows) and p.threads == 2
-    assert 0 <= p.overhead_seconds < p.total_seconds and p.overhead_seconds == p.between_seconds
+    # (the overhead is a median over passes, the total the best pass: no order between them under load, where a
+    # fresh clone's suite once measured 9.9 ms between kernels against a 0.7 ms best pass)
+    assert p.overhead_seconds >= 0 and p.overhead_seconds == p.between_seconds and p.total_seconds > 0
     convs = [r for r in p.rows if r["kernel"] == "conv2d"]
     assert convs and all(r["tasks"] and r["partitioning"] != "-" for r in convs)
     text = str(p)

@@ -14,7 +14,7 @@ from .layout import NCHW, assign_layouts, check_layouts, conv_layout, conv_trans
 from .lower import Lowered, lower, with_program
 from .memory import MemoryPlan, plan_hidden
 from .package import DataPackage, reoff_pack, save_package, validate_package
-from .passes import lower_computed_convs
+from .passes import fold_constants, lower_computed_convs
 from .passlist import run_passes
 from .program import SEGMENTS
 from .streaming import RING_C, WHOLE, StreamInfo, StreamPlan, lower_streamed, stream_plan
@@ -287,10 +287,13 @@ def compile(net: Network, target: str = "cpu", *, schedule: str = "layer", passe
     options = {"target": target, "winograd": winograd, "algorithm": algorithm, "threads": threads,
                "tune": tune, "layout": layout, "schedule": schedule}
     tuning: dict = {}
-    low_net = lower_computed_convs(net)                      # (required: the kernels read prepared weights)
+    # before the pass list, whatever `passes=` says: expressions of constants folded (a conv reading one gets a
+    # constant weight), then a conv of a computed weight lowered (the kernels read prepared weights)
+    folded = fold_constants(net)
+    low_net = lower_computed_convs(folded.network)
     opt, log = run_passes(low_net.network, passes)           # graph passes (passlist.py)
-    if low_net.changed:
-        log = [f"lower_computed_convs: {low_net.detail}"] + log
+    log = [f"{r}: {res.detail}" for r, res in (("fold_constants", folded), ("lower_computed_convs", low_net))
+           if res.changed] + log
     res = choose_algorithms(opt, algorithm=algorithm, winograd=winograd, tune=tune, threads=threads,
                             layout=layout, tuning=tuning)    # each conv's algorithm (algorithms.py)
     opt, log = res.network, log + [f"choose_algorithms: {res.detail}"]

@@ -73,6 +73,38 @@ def remove_dropout(net: Network) -> PassResult:
     return PassResult(net, n > 0, f"{n} dropout removed")
 
 
+FOLD_LIMIT = 1 << 16          # elements a folded constant may have beyond its largest constant operand's
+
+
+def fold_constants(net: Network) -> PassResult:
+    """An op whose inputs are all constants -> its value, computed once by the reference kernel (TVM's FoldConstant):
+    the expressions of parameters `from_torch(..., fold_parameters=False)` keeps for the Trainer (a weight
+    standardization, weight norm's g * v / ||v||), so a conv reading one gets a constant weight and its fast
+    kernels. Not folded: a network output (an op writes it), a result with NaN or infinities (computed at run time
+    as written), and a result larger than its largest constant operand by more than FOLD_LIMIT elements (an
+    expand of a constant to an activation's size stays an op)."""
+    from ..ir.ops import schema
+    if not any(op.inputs and all(d.is_constant for d in op.inputs) for op in net.ops):
+        return PassResult(net, False, "no op of constants only")
+    net = net.clone()
+    outs = {id(d) for d in net.outputs}
+    n = 0
+    for op in list(net.ops):
+        out = op.outputs[0]
+        if not op.inputs or not all(d.is_constant for d in op.inputs) or id(out) in outs or \
+                int(np.prod(out.shape)) > max(d.value.size for d in op.inputs) + FOLD_LIMIT:
+            continue
+        with np.errstate(all="ignore"):
+            v = np.asarray(schema(op.op, op.name).reference(*[d.value for d in op.inputs], **op.params))
+        if v.shape != tuple(out.shape) or not np.all(np.isfinite(v)):
+            continue
+        _drop(net, op)
+        out.producer = None
+        out.bind_constant(v.astype(out.dtype, copy=False))
+        n += 1
+    return PassResult(net, n > 0, f"{n} ops of constants folded")
+
+
 def computed_conv(op: OpNode) -> bool:
     """A conv2d whose weight the network computes (its bias may be computed too)."""
     return op.op == "conv2d" and not op.inputs[1].is_constant
