@@ -199,8 +199,8 @@ def test_fold_constants_gives_a_conv_of_an_expression_of_constants_a_constant_we
     """compile's fold_constants (before the lowering of convs of computed weights): a weight standardization of a
     constant folds into one constant, so the compiled conv keeps a constant weight and its fast kernels (without
     the fold it would be lowered to im2col and a matmul); not folded: an expand of a constant to a larger tensor
-    (a column plus a row: beyond FOLD_LIMIT), a result with NaN (computed at run time as the reference does). The compiled
-    program equals the interpreter on the unfolded network."""
+    (a column plus a row: beyond FOLD_LIMIT), a result with NaN (computed at run time as the reference does). The
+    compiled program equals the interpreter on the unfolded network."""
     rng = np.random.default_rng(3)
     net = tilefuse.Network("ws")
     x = net.input("x", (2, 3, 16, 16))

@@ -9,8 +9,8 @@ from_torch folds such an expression into one constant by default (the inference 
 weight-slot path); the Trainer refuses that constant by name, since training it as a free tensor would train
 another network. With `from_torch(..., fold_parameters=False)` the expression stays in the network as ops on the
 parameter (a constant the Trainer trains) and the conv's weight is computed (the Trainer runs its conv kernels on
-it; compile folds the expression back into a constant weight): inference against PyTorch at 1 and 3 threads, one training step (fused and unfused schedules) against PyTorch in
-float64 with every parameter's gradient, and one SGD step whose state dict equals PyTorch's and loads back.
+it; compile folds the expression back into a constant weight): inference against PyTorch at 1 and 3 threads,
+one training step (fused and unfused schedules) against PyTorch in float64 with every parameter's gradient, and one SGD step whose state dict equals PyTorch's and loads back.
 Spectral norm runs for inference (folded or kept) and the Trainer refuses it naming the module: its training
 forward updates u / v by a power iteration that the eval-mode export does not hold.
 Tolerances: inference fp32 max |tilefuse - torch| <= 1e-4 max |torch| (onnx_export.assert_close_to_max);
